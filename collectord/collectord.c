@@ -1,0 +1,204 @@
+#define KP_LOG_MODULE "collectord"
+#include "collectord.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "control.h"
+#include "ingest.h"
+#include "kp_codec.h"
+#include "kp_err.h"
+#include "kp_http.h"
+#include "kp_log.h"
+#include "kp_rpc.h"
+#include "kp_strbuf.h"
+#include "sink_pg.h"
+
+struct kp_collectord {
+    struct kp_collectord_config cfg; /* borrowed strings: the caller's config outlives us */
+    struct kp_ingest *ingest;
+    struct kp_sink *sink;
+    struct kp_control *control;
+    struct kp_rpc_method methods[1 + KP_CONTROL_N_METHODS];
+    struct kp_rpc_server *server;
+    struct kp_http *http;
+};
+
+static bool healthz(void *ud)
+{
+    return true;
+}
+
+static bool readyz(void *ud, char *why, size_t len)
+{
+    struct kp_collectord *d = ud;
+
+    if (!kp_sink_ready(d->sink)) {
+        snprintf(why, len, "PostgreSQL is not reachable or the schema is not applied\n");
+        return false;
+    }
+    return true;
+}
+
+static int metrics(void *ud, struct kp_strbuf *out)
+{
+    struct kp_collectord *d = ud;
+    struct kp_sink_stats ss;
+    struct kp_ingest_stats is;
+
+    kp_sink_get_stats(d->sink, &ss);
+    kp_ingest_get_stats(d->ingest, &is);
+#define COUNTER(name, help, v)                                                                     \
+    kp_strbuf_appendf(out, "# HELP kprof_collectord_" name " " help "\n# TYPE kprof_collectord_" name \
+                      " counter\nkprof_collectord_" name " %" PRIu64 "\n", (uint64_t) (v))
+#define GAUGE(name, help, v)                                                                       \
+    kp_strbuf_appendf(out, "# HELP kprof_collectord_" name " " help "\n# TYPE kprof_collectord_" name \
+                      " gauge\nkprof_collectord_" name " %" PRIu64 "\n", (uint64_t) (v))
+    COUNTER("streams_opened_total", "Ingest streams opened.", is.streams_opened);
+    COUNTER("batches_received_total", "Batches received on Ingest.Push.", is.batches_received);
+    COUNTER("batches_invalid_total", "Batches rejected by validation.", is.batches_invalid);
+    COUNTER("bytes_received_total", "Encoded batch bytes received.", is.bytes_received);
+    COUNTER("stream_pauses_total", "Times a stream stopped reading because the queue was full.",
+            is.pauses);
+    COUNTER("batches_committed_total", "Batches committed to PostgreSQL.", ss.batches_committed);
+    COUNTER("batches_duplicate_total", "Repeated batches recognised and skipped.",
+            ss.batches_duplicate);
+    COUNTER("batches_rejected_total", "Batches for unknown runs or ranks.", ss.batches_rejected);
+    COUNTER("rows_committed_total", "Event rows committed to PostgreSQL.", ss.rows_committed);
+    COUNTER("flushes_total", "Flush transactions committed.", ss.flushes);
+    COUNTER("flush_failures_total", "Flush transactions rolled back and retried.",
+            ss.flush_failures);
+    GAUGE("queued_bytes", "Encoded bytes waiting for PostgreSQL.", ss.queued_bytes);
+    GAUGE("queued_batches", "Batches waiting for PostgreSQL.", ss.queued_items);
+#undef COUNTER
+#undef GAUGE
+    return 0;
+}
+
+static int write_ready_file(const struct kp_collectord *d, char *errbuf, size_t errlen)
+{
+    char tmp[4096];
+    FILE *f;
+
+    if (d->cfg.ready_file == NULL || d->cfg.ready_file[0] == '\0') {
+        return 0;
+    }
+    snprintf(tmp, sizeof(tmp), "%s.tmp", d->cfg.ready_file);
+    if ((f = fopen(tmp, "w")) == NULL) {
+        snprintf(errbuf, errlen, "cannot write --ready-file %s: %s", tmp, strerror(errno));
+        return -errno;
+    }
+    fprintf(f, "grpc=127.0.0.1:%d\n", kp_collectord_port(d));
+    if (d->http != NULL) {
+        fprintf(f, "http=127.0.0.1:%d\n", kp_collectord_http_port(d));
+    }
+    if (fclose(f) != 0 || rename(tmp, d->cfg.ready_file) != 0) {
+        snprintf(errbuf, errlen, "cannot write --ready-file %s: %s", d->cfg.ready_file,
+                 strerror(errno));
+        return -EIO;
+    }
+    return 0;
+}
+
+int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_collectord **out,
+                         char *errbuf, size_t errlen)
+{
+    struct kp_collectord *d = calloc(1, sizeof(*d));
+    struct kp_batch_limits limits = {
+        .max_name_bytes = (size_t) cfg->max_name_bytes,
+        .max_strings = KP_CODEC_DEFAULT_MAX_STRINGS,
+        .max_rows = KP_CODEC_DEFAULT_MAX_ROWS,
+    };
+    struct kp_sink_config scfg = {
+        .conninfo = cfg->pg_conninfo,
+        .queue_max_bytes = (size_t) cfg->queue_max_bytes,
+        .flush_max_rows = (size_t) cfg->flush_max_rows,
+        .flush_interval_ms = cfg->flush_interval_ms,
+        .retry_max_ms = cfg->retry_max_ms,
+    };
+    struct kp_rpc_server_opts sopts = {
+        .listen = cfg->listen,
+        .max_message_bytes = (size_t) cfg->max_message_bytes,
+        .tls_cert_file = cfg->tls_cert,
+        .tls_key_file = cfg->tls_key,
+        .name = "kprof-collectord",
+    };
+    struct kp_http_handlers hh = { .healthz = healthz, .readyz = readyz, .metrics = metrics };
+    int rc;
+
+    if (d == NULL) {
+        snprintf(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    d->cfg = *cfg;
+    if ((rc = kp_codec_selfcheck(errbuf, errlen)) != 0) {
+        goto fail;
+    }
+    if ((d->ingest = kp_ingest_create(&limits)) == NULL) {
+        rc = -ENOMEM;
+        snprintf(errbuf, errlen, "out of memory");
+        goto fail;
+    }
+    if ((rc = kp_sink_create(&scfg, kp_ingest_done_cb, d->ingest, &d->sink, errbuf, errlen)) !=
+        0) {
+        goto fail;
+    }
+    kp_ingest_set_sink(d->ingest, d->sink);
+    if ((rc = kp_control_create(cfg->pg_conninfo, &d->control, errbuf, errlen)) != 0) {
+        goto fail;
+    }
+    d->methods[0] = kp_ingest_method(d->ingest);
+    kp_control_methods(d->control, &d->methods[1]);
+    if ((rc = kp_rpc_server_create(&sopts, d->methods, 1 + KP_CONTROL_N_METHODS, &d->server,
+                                   errbuf, errlen)) != 0) {
+        goto fail;
+    }
+    if (cfg->http_listen != NULL && cfg->http_listen[0] != '\0' &&
+        (rc = kp_http_create(cfg->http_listen, &hh, d, &d->http, errbuf, errlen)) != 0) {
+        goto fail;
+    }
+    if ((rc = write_ready_file(d, errbuf, errlen)) != 0) {
+        goto fail;
+    }
+    kp_log_info("serving grpc=%s port=%d http_port=%d", cfg->listen, kp_collectord_port(d),
+                kp_collectord_http_port(d));
+    *out = d;
+    return 0;
+fail:
+    kp_collectord_destroy(d);
+    return rc;
+}
+
+int kp_collectord_port(const struct kp_collectord *d)
+{
+    return d->server != NULL ? kp_rpc_server_port(d->server) : 0;
+}
+
+int kp_collectord_http_port(const struct kp_collectord *d)
+{
+    return d->http != NULL ? kp_http_port(d->http) : 0;
+}
+
+void kp_collectord_destroy(struct kp_collectord *d)
+{
+    if (d == NULL) {
+        return;
+    }
+    /*
+     * Order matters: stop taking calls and let live streams end (their batches still commit),
+     * then flush and free the sink (its last done_cb may still send on calls, which is safe
+     * until the server is destroyed), then the server, whose queue drains the last tags.
+     */
+    kp_http_destroy(d->http);
+    if (d->server != NULL) {
+        kp_rpc_server_shutdown(d->server, d->cfg.shutdown_grace_ms);
+    }
+    kp_sink_destroy(d->sink, d->cfg.shutdown_grace_ms);
+    kp_control_destroy(d->control);
+    kp_rpc_server_destroy(d->server);
+    kp_ingest_destroy(d->ingest);
+    free(d);
+}

@@ -1,0 +1,47 @@
+/*
+ * kprof-collectord as an object: main.c and the in-process tests both drive it through
+ * create/destroy. Threads: the gRPC completion-queue thread (ingest and control callbacks),
+ * the sink's flush thread, the control worker, and the HTTP thread.
+ */
+#ifndef KP_COLLECTORD_H
+#define KP_COLLECTORD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct kp_collectord;
+
+struct kp_collectord_config {
+    char *listen;                /* gRPC address, e.g. "127.0.0.1:7070" */
+    char *http_listen;           /* /healthz, /readyz, /metrics; "" disables */
+    char *pg_conninfo;           /* libpq conninfo */
+    char *tls_cert;              /* PEM files; empty: plaintext */
+    char *tls_key;
+    int log_level;               /* index into error, warn, info, debug */
+    char *ready_file;            /* written with the bound addresses once serving */
+    long long max_message_bytes; /* largest Batch accepted on the wire */
+    long long max_name_bytes;
+    long long queue_max_bytes;
+    long long flush_max_rows;
+    long long flush_interval_ms;
+    long long retry_max_ms;
+    long long shutdown_grace_ms;
+};
+
+/*
+ * Connects to PostgreSQL, applies migrations, starts the sink, the control worker, the gRPC
+ * server and the HTTP server. Returns 0 and *out, or a negative code with a message in
+ * errbuf that says what to do. Blocks on PostgreSQL.
+ */
+int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_collectord **out,
+                         char *errbuf, size_t errlen);
+
+/* The bound gRPC and HTTP ports. */
+int kp_collectord_port(const struct kp_collectord *d);
+int kp_collectord_http_port(const struct kp_collectord *d);
+
+/* Stops serving: refuses new calls, lets live streams finish within the grace period, flushes
+ * what is queued, and frees everything. Accepts NULL. */
+void kp_collectord_destroy(struct kp_collectord *d);
+
+#endif

@@ -1,0 +1,332 @@
+#define KP_LOG_MODULE "control"
+#include "control.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+#include "kp_codec.h"
+#include "kp_err.h"
+#include "kp_log.h"
+#include "kp_pg.h"
+#include "kprof.pb-c.h"
+#include "store.h"
+
+#define KP_CONTROL_QUEUE_MAX 256
+#define KP_CONTROL_MAX_TEXT  256
+
+enum job_type { JOB_CREATE, JOB_END, JOB_LIST };
+
+struct job {
+    enum job_type type;
+    struct kp_rpc_call *call; /* a reference */
+    ProtobufCMessage *req;    /* owned */
+    struct job *next;
+};
+
+struct kp_control {
+    char *conninfo;
+    PGconn *pg;
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    struct job *head, *tail;
+    size_t queued;
+    bool stopping;
+    struct kp_complain pg_complain;
+};
+
+static void job_free(struct job *j)
+{
+    protobuf_c_message_free_unpacked(j->req, NULL);
+    kp_rpc_call_unref(j->call);
+    free(j);
+}
+
+static bool text_ok(const char *s, const char *what, bool required, char *err, size_t len)
+{
+    size_t n = s == NULL ? 0 : strlen(s);
+
+    if (required && n == 0) {
+        snprintf(err, len, "%s is required", what);
+        return false;
+    }
+    if (n > KP_CONTROL_MAX_TEXT) {
+        snprintf(err, len, "%s is %zu bytes long; the limit is %d", what, n, KP_CONTROL_MAX_TEXT);
+        return false;
+    }
+    if (!kp_utf8_valid(s == NULL ? "" : s, n)) {
+        snprintf(err, len, "%s is not valid UTF-8", what);
+        return false;
+    }
+    return true;
+}
+
+/* Returns a working connection, or NULL with the reason in err. Worker thread only. */
+static PGconn *pg_get(struct kp_control *c, char *err, size_t len)
+{
+    if (c->pg != NULL && PQstatus(c->pg) == CONNECTION_OK) {
+        return c->pg;
+    }
+    if (c->pg != NULL) {
+        PQfinish(c->pg);
+        c->pg = NULL;
+    }
+    if (kp_pg_connect(c->conninfo, "kprof-collectord-control", &c->pg, err, len) != 0) {
+        kp_complain(&c->pg_complain, KP_LOG_ERROR, KP_LOG_MODULE,
+                    "PostgreSQL unreachable for control requests err=\"%s\"", err);
+        return NULL;
+    }
+    kp_release(&c->pg_complain, KP_LOG_MODULE, "PostgreSQL reachable again for control requests");
+    return c->pg;
+}
+
+static grpc_status_code status_of(int rc)
+{
+    switch (rc) {
+    case KP_ENOTFOUND:
+        return GRPC_STATUS_NOT_FOUND;
+    case KP_EPROTO:
+    case -EINVAL:
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    default:
+        return GRPC_STATUS_UNAVAILABLE;
+    }
+}
+
+static void run_job(struct kp_control *c, struct job *j)
+{
+    char err[512] = "";
+    PGconn *pg;
+    int rc;
+
+    if (j->type == JOB_CREATE) {
+        Kprof__V1__CreateRunRequest *r = (Kprof__V1__CreateRunRequest *) j->req;
+
+        if (!text_ok(r->job, "job", true, err, sizeof(err)) ||
+            !text_ok(r->name, "name", false, err, sizeof(err))) {
+            kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
+            return;
+        }
+        if (r->world_size == 0 || r->world_size > KP_STORE_MAX_WORLD_SIZE) {
+            snprintf(err, sizeof(err), "world_size %u is out of range (1..%d)", r->world_size,
+                     KP_STORE_MAX_WORLD_SIZE);
+            kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
+            return;
+        }
+    }
+    if ((pg = pg_get(c, err, sizeof(err))) == NULL) {
+        char details[600];
+
+        snprintf(details, sizeof(details), "PostgreSQL is unreachable (%s); retry later", err);
+        kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, details);
+        return;
+    }
+    switch (j->type) {
+    case JOB_CREATE: {
+        Kprof__V1__CreateRunRequest *r = (Kprof__V1__CreateRunRequest *) j->req;
+        Kprof__V1__Run run = KPROF__V1__RUN__INIT;
+
+        rc = kp_store_create_run(pg, r->job, r->name, r->world_size, (int) r->source, &run, err,
+                                 sizeof(err));
+        if (rc == 0) {
+            kp_log_info("run created run=%" PRIu64 " job=%s world_size=%u", run.id, r->job,
+                        r->world_size);
+            kp_rpc_call_reply(j->call, &run.base);
+        }
+        kp_store_run_fini(&run);
+        break;
+    }
+    case JOB_END: {
+        Kprof__V1__EndRunRequest *r = (Kprof__V1__EndRunRequest *) j->req;
+        Kprof__V1__Run run = KPROF__V1__RUN__INIT;
+
+        rc = kp_store_end_run(pg, r->run_id, r->failed, &run, err, sizeof(err));
+        if (rc == 0) {
+            kp_log_info("run ended run=%" PRIu64 " failed=%d", run.id, (int) r->failed);
+            kp_rpc_call_reply(j->call, &run.base);
+        }
+        kp_store_run_fini(&run);
+        break;
+    }
+    case JOB_LIST: {
+        Kprof__V1__ListRunsRequest *r = (Kprof__V1__ListRunsRequest *) j->req;
+        Kprof__V1__ListRunsResponse resp = KPROF__V1__LIST_RUNS_RESPONSE__INIT;
+
+        if (!text_ok(r->job, "job", false, err, sizeof(err))) {
+            kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
+            return;
+        }
+        rc = kp_store_list_runs(pg, r->job, r->limit, &resp, err, sizeof(err));
+        if (rc == 0) {
+            kp_rpc_call_reply(j->call, &resp.base);
+        }
+        kp_store_list_fini(&resp);
+        break;
+    }
+    default:
+        rc = -EINVAL;
+        break;
+    }
+    if (rc != 0) {
+        if (rc != KP_ENOTFOUND && rc != KP_EPROTO && rc != -EINVAL) {
+            kp_log_warn("control request failed method=%s err=\"%s\"",
+                        kp_rpc_call_method(j->call), err);
+        }
+        kp_rpc_call_finish(j->call, status_of(rc), err);
+    }
+}
+
+static void *worker(void *arg)
+{
+    struct kp_control *c = arg;
+
+    for (;;) {
+        struct job *j;
+
+        pthread_mutex_lock(&c->mu);
+        while (c->head == NULL && !c->stopping) {
+            pthread_cond_wait(&c->cond, &c->mu);
+        }
+        if (c->head == NULL) {
+            pthread_mutex_unlock(&c->mu);
+            break;
+        }
+        j = c->head;
+        c->head = j->next;
+        if (c->head == NULL) {
+            c->tail = NULL;
+        }
+        c->queued--;
+        pthread_mutex_unlock(&c->mu);
+        if (c->stopping) {
+            kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, "collectord is shutting down");
+        }
+        else {
+            run_job(c, j);
+        }
+        job_free(j);
+    }
+    return NULL;
+}
+
+static void enqueue(struct kp_control *c, enum job_type type, struct kp_rpc_call *call,
+                    ProtobufCMessage *req)
+{
+    struct job *j = calloc(1, sizeof(*j));
+    bool full;
+
+    if (j == NULL) {
+        protobuf_c_message_free_unpacked(req, NULL);
+        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
+        return;
+    }
+    j->type = type;
+    j->call = call;
+    j->req = req;
+    kp_rpc_call_ref(call);
+    pthread_mutex_lock(&c->mu);
+    full = c->queued >= KP_CONTROL_QUEUE_MAX || c->stopping;
+    if (!full) {
+        if (c->tail != NULL) {
+            c->tail->next = j;
+        }
+        else {
+            c->head = j;
+        }
+        c->tail = j;
+        c->queued++;
+        pthread_cond_signal(&c->cond);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (full) {
+        kp_log_warn("control queue full; rejecting method=%s peer=%s", kp_rpc_call_method(call),
+                    kp_rpc_call_peer(call));
+        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                           "too many control requests queued; retry later");
+        job_free(j);
+    }
+}
+
+static void on_create(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    enqueue(ud, JOB_CREATE, call, req);
+}
+
+static void on_end(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    enqueue(ud, JOB_END, call, req);
+}
+
+static void on_list(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    enqueue(ud, JOB_LIST, call, req);
+}
+
+void kp_control_methods(struct kp_control *c, struct kp_rpc_method *out)
+{
+    out[0] = (struct kp_rpc_method) { .path = "/kprof.v1.Control/CreateRun",
+                                      .kind = KP_RPC_UNARY,
+                                      .request = &kprof__v1__create_run_request__descriptor,
+                                      .on_request = on_create,
+                                      .ud = c };
+    out[1] = (struct kp_rpc_method) { .path = "/kprof.v1.Control/EndRun",
+                                      .kind = KP_RPC_UNARY,
+                                      .request = &kprof__v1__end_run_request__descriptor,
+                                      .on_request = on_end,
+                                      .ud = c };
+    out[2] = (struct kp_rpc_method) { .path = "/kprof.v1.Control/ListRuns",
+                                      .kind = KP_RPC_UNARY,
+                                      .request = &kprof__v1__list_runs_request__descriptor,
+                                      .on_request = on_list,
+                                      .ud = c };
+}
+
+int kp_control_create(const char *conninfo, struct kp_control **out, char *errbuf, size_t errlen)
+{
+    struct kp_control *c = calloc(1, sizeof(*c));
+
+    if (c == NULL || (c->conninfo = strdup(conninfo)) == NULL) {
+        free(c);
+        snprintf(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    if (pthread_create(&c->thread, NULL, worker, c) != 0) {
+        snprintf(errbuf, errlen, "cannot start the control worker");
+        kp_control_destroy(c);
+        return -EAGAIN;
+    }
+    c->started = true;
+    *out = c;
+    return 0;
+}
+
+void kp_control_destroy(struct kp_control *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->stopping = true;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->mu);
+    if (c->started) {
+        pthread_join(c->thread, NULL);
+    }
+    if (c->pg != NULL) {
+        PQfinish(c->pg);
+    }
+    pthread_cond_destroy(&c->cond);
+    pthread_mutex_destroy(&c->mu);
+    free(c->conninfo);
+    free(c);
+}

@@ -1,0 +1,349 @@
+#define KP_LOG_MODULE "ingest"
+#include "ingest.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_err.h"
+#include "kp_log.h"
+
+struct ingest_call {
+    struct kp_ingest *ing;
+    struct kp_rpc_call *call; /* a reference, dropped when the state is freed */
+    pthread_mutex_t mu;
+    int refs;           /* the call's, plus one per batch in the sink */
+    size_t outstanding; /* batches in the sink */
+    bool half_closed, finished, closed, paused;
+    struct ingest_call *paused_next;
+};
+
+struct kp_ingest {
+    struct kp_batch_limits limits;
+    struct kp_sink *sink;
+    pthread_mutex_t mu; /* guards paused */
+    struct ingest_call *paused;
+    _Atomic uint64_t streams_opened, batches_received, batches_invalid, bytes_received, pauses;
+};
+
+struct kp_ingest *kp_ingest_create(const struct kp_batch_limits *limits)
+{
+    struct kp_ingest *ing = calloc(1, sizeof(*ing));
+
+    if (ing == NULL) {
+        return NULL;
+    }
+    ing->limits = *limits;
+    pthread_mutex_init(&ing->mu, NULL);
+    return ing;
+}
+
+void kp_ingest_set_sink(struct kp_ingest *ing, struct kp_sink *sink)
+{
+    ing->sink = sink;
+}
+
+void kp_ingest_destroy(struct kp_ingest *ing)
+{
+    if (ing == NULL) {
+        return;
+    }
+    pthread_mutex_destroy(&ing->mu);
+    free(ing);
+}
+
+void kp_ingest_get_stats(struct kp_ingest *ing, struct kp_ingest_stats *out)
+{
+    out->streams_opened = atomic_load(&ing->streams_opened);
+    out->batches_received = atomic_load(&ing->batches_received);
+    out->batches_invalid = atomic_load(&ing->batches_invalid);
+    out->bytes_received = atomic_load(&ing->bytes_received);
+    out->pauses = atomic_load(&ing->pauses);
+}
+
+static void state_unref(struct ingest_call *st, int n)
+{
+    int left;
+
+    pthread_mutex_lock(&st->mu);
+    st->refs -= n;
+    left = st->refs;
+    pthread_mutex_unlock(&st->mu);
+    if (left == 0) {
+        kp_rpc_call_unref(st->call);
+        pthread_mutex_destroy(&st->mu);
+        free(st);
+    }
+}
+
+static void *on_open(struct kp_rpc_call *call, void *ud)
+{
+    struct kp_ingest *ing = ud;
+    struct ingest_call *st = calloc(1, sizeof(*st));
+
+    if (st == NULL) {
+        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
+        return NULL;
+    }
+    st->ing = ing;
+    st->call = call;
+    st->refs = 1;
+    kp_rpc_call_ref(call);
+    pthread_mutex_init(&st->mu, NULL);
+    atomic_fetch_add(&ing->streams_opened, 1);
+    kp_log_debug("stream opened peer=%s", kp_rpc_call_peer(call));
+    return st;
+}
+
+static enum kp_rpc_next on_message(struct kp_rpc_call *call, ProtobufCMessage *msg,
+                                   size_t wire_bytes, void *state)
+{
+    struct ingest_call *st = state;
+    struct kp_ingest *ing;
+    Kprof__V1__Batch *b = (Kprof__V1__Batch *) msg;
+    struct kp_sink_item *item;
+    char err[256], details[320];
+    int rc;
+
+    if (st == NULL) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        return KP_RPC_STOP;
+    }
+    ing = st->ing;
+    atomic_fetch_add(&ing->batches_received, 1);
+    atomic_fetch_add(&ing->bytes_received, wire_bytes);
+    rc = kp_batch_validate(b, &ing->limits, err, sizeof(err));
+    if (rc != 0) {
+        atomic_fetch_add(&ing->batches_invalid, 1);
+        kp_log_warn("rejected batch peer=%s run=%" PRIu64 " rank=%u stream=%" PRIu64
+                    " seq=%" PRIu64 " err=\"%s\"",
+                    kp_rpc_call_peer(call), b->run_id, b->rank, b->stream, b->seq, err);
+        snprintf(details, sizeof(details), "batch run=%" PRIu64 " rank=%u seq=%" PRIu64 ": %s",
+                 b->run_id, b->rank, b->seq, err);
+        protobuf_c_message_free_unpacked(msg, NULL);
+        pthread_mutex_lock(&st->mu);
+        st->finished = true;
+        pthread_mutex_unlock(&st->mu);
+        kp_rpc_call_finish(call,
+                           rc == KP_ETOOBIG ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                                            : GRPC_STATUS_INVALID_ARGUMENT,
+                           details);
+        return KP_RPC_STOP;
+    }
+    if ((item = calloc(1, sizeof(*item))) == NULL) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
+        return KP_RPC_STOP;
+    }
+    item->batch = b;
+    item->wire_bytes = wire_bytes;
+    item->rows = kp_batch_total_rows(b);
+    item->origin = st;
+    pthread_mutex_lock(&st->mu);
+    st->refs++;
+    st->outstanding++;
+    pthread_mutex_unlock(&st->mu);
+    if (kp_sink_submit(ing->sink, item)) {
+        return KP_RPC_CONTINUE;
+    }
+    /* The queue is full: stop reading this stream until a flush makes room. */
+    pthread_mutex_lock(&ing->mu);
+    pthread_mutex_lock(&st->mu);
+    if (!st->paused) {
+        st->paused = true;
+        st->refs++;
+        st->paused_next = ing->paused;
+        ing->paused = st;
+    }
+    pthread_mutex_unlock(&st->mu);
+    pthread_mutex_unlock(&ing->mu);
+    atomic_fetch_add(&ing->pauses, 1);
+    /* A flush may have made room before we were on the list: check once more. */
+    if (kp_sink_has_room(ing->sink)) {
+        return KP_RPC_CONTINUE; /* the next done_cb unlinks us; resume is then a no-op */
+    }
+    return KP_RPC_PAUSE;
+}
+
+static void maybe_finish_ok(struct ingest_call *st)
+{
+    bool finish;
+
+    pthread_mutex_lock(&st->mu);
+    finish = st->half_closed && st->outstanding == 0 && !st->finished;
+    if (finish) {
+        st->finished = true;
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (finish) {
+        kp_rpc_call_finish(st->call, GRPC_STATUS_OK, "");
+    }
+}
+
+static void on_half_close(struct kp_rpc_call *call, void *state)
+{
+    struct ingest_call *st = state;
+
+    if (st == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&st->mu);
+    st->half_closed = true;
+    pthread_mutex_unlock(&st->mu);
+    maybe_finish_ok(st);
+}
+
+static void on_close(struct kp_rpc_call *call, bool cancelled, void *state)
+{
+    struct ingest_call *st = state;
+
+    if (st == NULL) {
+        return;
+    }
+    if (cancelled) {
+        kp_log_info("stream ended by the client peer=%s outstanding=%zu",
+                    kp_rpc_call_peer(call), st->outstanding);
+    }
+    pthread_mutex_lock(&st->mu);
+    st->closed = true;
+    pthread_mutex_unlock(&st->mu);
+    state_unref(st, 1);
+}
+
+struct kp_rpc_method kp_ingest_method(struct kp_ingest *ing)
+{
+    struct kp_rpc_method m = {
+        .path = "/kprof.v1.Ingest/Push",
+        .kind = KP_RPC_STREAM,
+        .request = &kprof__v1__batch__descriptor,
+        .on_open = on_open,
+        .on_message = on_message,
+        .on_half_close = on_half_close,
+        .on_close = on_close,
+        .ud = ing,
+    };
+
+    return m;
+}
+
+static grpc_status_code status_of(int err)
+{
+    switch (err) {
+    case KP_ENOTFOUND:
+        return GRPC_STATUS_NOT_FOUND;
+    case KP_EPROTO:
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    case KP_ESHUTDOWN:
+        return GRPC_STATUS_UNAVAILABLE;
+    default:
+        return GRPC_STATUS_INTERNAL;
+    }
+}
+
+/* Acks (and rejections) for one call: the items of items[from..n) whose origin is st. */
+static void settle_call(struct ingest_call *st, struct kp_sink_item **items, size_t from, size_t n,
+                        bool *done)
+{
+    Kprof__V1__Ack ack = KPROF__V1__ACK__INIT;
+    Kprof__V1__BatchRef *refs;
+    Kprof__V1__BatchRef **ptrs;
+    size_t count = 0, settled = 0;
+    int reject = 0;
+    char reason[sizeof(items[0]->err)] = "";
+
+    for (size_t i = from; i < n; i++) {
+        count += items[i]->origin == st;
+    }
+    refs = calloc(count, sizeof(*refs));
+    ptrs = calloc(count, sizeof(*ptrs));
+    for (size_t i = from; i < n; i++) {
+        struct kp_sink_item *it = items[i];
+        const Kprof__V1__Batch *b = it->batch;
+
+        if (it->origin != st) {
+            continue;
+        }
+        done[i] = true;
+        settled++;
+        if (it->status != 0) {
+            if (reject == 0) {
+                reject = it->status;
+                snprintf(reason, sizeof(reason), "%s", it->err);
+            }
+            continue;
+        }
+        if (refs != NULL && ptrs != NULL) {
+            Kprof__V1__BatchRef *r = &refs[ack.n_batches];
+
+            kprof__v1__batch_ref__init(r);
+            r->run_id = b->run_id;
+            r->rank = b->rank;
+            r->stream = b->stream;
+            r->seq = b->seq;
+            r->duplicate = it->duplicate;
+            ptrs[ack.n_batches++] = r;
+        }
+    }
+    ack.batches = ptrs;
+    if (ack.n_batches > 0) {
+        kp_rpc_call_send(st->call, &ack.base);
+    }
+    free(refs);
+    free(ptrs);
+    pthread_mutex_lock(&st->mu);
+    st->outstanding -= settled;
+    if (reject != 0) {
+        st->finished = true;
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (reject != 0) {
+        kp_log_warn("batch not stored peer=%s err=\"%s\"", kp_rpc_call_peer(st->call), reason);
+        kp_rpc_call_finish(st->call, status_of(reject), reason);
+    }
+    maybe_finish_ok(st);
+    state_unref(st, (int) settled);
+}
+
+void kp_ingest_done_cb(struct kp_sink_item **items, size_t n, void *ud)
+{
+    struct kp_ingest *ing = ud;
+    bool *done = calloc(n, sizeof(bool));
+    struct ingest_call *resume;
+
+    for (size_t i = 0; i < n; i++) {
+        if (done != NULL && !done[i]) {
+            settle_call(items[i]->origin, items, i, n, done);
+        }
+        else if (done == NULL) {
+            /* Out of memory: settle one by one. */
+            bool one = false;
+            struct kp_sink_item *it = items[i];
+
+            settle_call(it->origin, &items[i], 0, 1, &one);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        kp_sink_item_free(items[i]);
+    }
+    free(done);
+    if (!kp_sink_has_room(ing->sink)) {
+        return;
+    }
+    pthread_mutex_lock(&ing->mu);
+    resume = ing->paused;
+    ing->paused = NULL;
+    pthread_mutex_unlock(&ing->mu);
+    while (resume != NULL) {
+        struct ingest_call *next = resume->paused_next;
+
+        pthread_mutex_lock(&resume->mu);
+        resume->paused = false;
+        pthread_mutex_unlock(&resume->mu);
+        kp_rpc_call_resume(resume->call);
+        state_unref(resume, 1);
+        resume = next;
+    }
+}

@@ -1,0 +1,50 @@
+/*
+ * Ingest.Push, the gRPC half of ingestion (the durable half is sink_pg.h).
+ *
+ * Per stream: each Batch is unpacked by kp_rpc, validated here (kp_batch_validate with the
+ * configured limits) and queued to the sink. A batch that fails validation ends the call with
+ * INVALID_ARGUMENT (or RESOURCE_EXHAUSTED over a size limit) and a reason naming the column;
+ * batches already queued from that call are still stored. When the sink settles batches
+ * (after COMMIT), the call gets one Ack listing them, each marked duplicate or not; a batch
+ * the sink rejects ends the call with NOT_FOUND (unknown run) or INVALID_ARGUMENT (rank
+ * outside the world size). Once the client half-closes and every batch it sent is settled,
+ * the call ends OK. While the sink's queue is over its byte limit, the stream stops reading
+ * (gRPC flow control back to the producer) and resumes when a flush makes room.
+ */
+#ifndef KP_INGEST_H
+#define KP_INGEST_H
+
+#include <stdint.h>
+
+#include "kp_codec.h"
+#include "kp_rpc.h"
+#include "sink_pg.h"
+
+struct kp_ingest;
+
+/* Creates the ingest state. limits is copied. Returns NULL on ENOMEM. */
+struct kp_ingest *kp_ingest_create(const struct kp_batch_limits *limits);
+
+/* Sets the sink (borrowed; set once, before the server starts). */
+void kp_ingest_set_sink(struct kp_ingest *ing, struct kp_sink *sink);
+
+/* The method table entry of Ingest.Push, bound to ing. */
+struct kp_rpc_method kp_ingest_method(struct kp_ingest *ing);
+
+/* The sink's done callback; ud is the kp_ingest. */
+void kp_ingest_done_cb(struct kp_sink_item **items, size_t n, void *ud);
+
+/* Counters for /metrics. */
+struct kp_ingest_stats {
+    uint64_t streams_opened;
+    uint64_t batches_received;
+    uint64_t batches_invalid;
+    uint64_t bytes_received;
+    uint64_t pauses;
+};
+void kp_ingest_get_stats(struct kp_ingest *ing, struct kp_ingest_stats *out);
+
+/* Frees the ingest state. Every call must be closed and the sink destroyed first. */
+void kp_ingest_destroy(struct kp_ingest *ing);
+
+#endif

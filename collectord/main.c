@@ -1,0 +1,90 @@
+/* kprof-collectord: parses the configuration, runs the daemon until SIGTERM or SIGINT. */
+#define KP_LOG_MODULE "collectord"
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "collectord.h"
+#include "kp_config.h"
+#include "kp_log.h"
+
+static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
+
+#define OFF(f) offsetof(struct kp_collectord_config, f)
+static const struct kp_config_def collectord_config[] = {
+    { "listen", KP_CONFIG_STRING, "127.0.0.1:7070", 0, 0, OFF(listen),
+      "gRPC address (Ingest and Control): host:port, [v6]:port or unix:/path; port 0 picks one",
+      NULL, false },
+    { "http-listen", KP_CONFIG_STRING, "127.0.0.1:7071", 0, 0, OFF(http_listen),
+      "address of /healthz, /readyz and /metrics; empty disables", NULL, false },
+    { "pg-conninfo", KP_CONFIG_STRING, "dbname=kprof", 0, 0, OFF(pg_conninfo),
+      "libpq connection string of the kprof database", NULL, true },
+    { "tls-cert", KP_CONFIG_STRING, "", 0, 0, OFF(tls_cert),
+      "PEM certificate chain: serve gRPC over TLS (with --tls-key)", NULL, false },
+    { "tls-key", KP_CONFIG_STRING, "", 0, 0, OFF(tls_key), "PEM private key of --tls-cert", NULL,
+      true },
+    { "log-level", KP_CONFIG_ENUM, "info", 0, 0, OFF(log_level), "error, warn, info or debug",
+      log_levels, false },
+    { "ready-file", KP_CONFIG_STRING, "", 0, 0, OFF(ready_file),
+      "file to write the bound addresses to (grpc=..., http=...) once serving", NULL, false },
+    { "max-message-bytes", KP_CONFIG_SIZE, "64MiB", 1024, 1LL << 30, OFF(max_message_bytes),
+      "largest encoded batch accepted; larger ones get RESOURCE_EXHAUSTED", NULL, false },
+    { "max-name-bytes", KP_CONFIG_SIZE, "16KiB", 64, 1LL << 20, OFF(max_name_bytes),
+      "longest name (kernel, op, shapes string) accepted in a batch", NULL, false },
+    { "queue-max-bytes", KP_CONFIG_SIZE, "256MiB", 1LL << 20, 1LL << 36, OFF(queue_max_bytes),
+      "batches waiting for PostgreSQL; over this, streams stop reading (flow control)", NULL,
+      false },
+    { "flush-max-rows", KP_CONFIG_INT, "65536", 1, 1LL << 24, OFF(flush_max_rows),
+      "event rows per PostgreSQL transaction", NULL, false },
+    { "flush-interval", KP_CONFIG_DURATION, "50ms", 1, 60000, OFF(flush_interval_ms),
+      "longest wait to fill a flush once a batch is queued", NULL, false },
+    { "retry-max", KP_CONFIG_DURATION, "5s", 10, 600000, OFF(retry_max_ms),
+      "backoff cap while PostgreSQL is unreachable", NULL, false },
+    { "shutdown-grace", KP_CONFIG_DURATION, "10s", 0, 600000, OFF(shutdown_grace_ms),
+      "on SIGTERM, how long live streams get to finish before they are cancelled", NULL,
+      false },
+};
+#undef OFF
+
+int main(int argc, char **argv)
+{
+    struct kp_collectord_config cfg;
+    struct kp_collectord *d = NULL;
+    size_t n = sizeof(collectord_config) / sizeof(collectord_config[0]);
+    char err[1024];
+    sigset_t set;
+    int action, sig, rc;
+
+    memset(&cfg, 0, sizeof(cfg));
+    if (kp_config_load(collectord_config, n, &cfg, "kprof-collectord", argc, argv, err,
+                       sizeof(err), &action) != 0) {
+        fprintf(stderr, "kprof-collectord: %s (see --help)\n", err);
+        kp_config_fini(collectord_config, n, &cfg);
+        return 2;
+    }
+    if (action == KP_CONFIG_EXIT_OK) {
+        kp_config_fini(collectord_config, n, &cfg);
+        return 0;
+    }
+    kp_log_set_level((enum kp_log_level) cfg.log_level);
+    /* Signals are taken synchronously by this thread; every other thread inherits the mask. */
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    rc = kp_collectord_create(&cfg, &d, err, sizeof(err));
+    if (rc != 0) {
+        kp_log_error("cannot start: %s", err);
+        kp_config_fini(collectord_config, n, &cfg);
+        return 1;
+    }
+    sigwait(&set, &sig);
+    kp_log_info("stopping signal=%s", sig == SIGTERM ? "TERM" : "INT");
+    kp_collectord_destroy(d);
+    kp_config_fini(collectord_config, n, &cfg);
+    kp_log_info("stopped");
+    return 0;
+}

@@ -1,0 +1,1699 @@
+/*
+ * The PostgreSQL sink (see sink_pg.h for the protocol). DESIGN of this file:
+ *
+ * Threads. Submitters (ingest, on the gRPC thread) append to a FIFO under `mu`. One flush
+ * thread takes a prefix of it (up to flush_max_rows rows), stores it, hands it to done_cb
+ * and takes the next. Everything below "flush thread only" in struct kp_sink, the PG
+ * connection included, belongs to that thread; `mu` guards the queue, the counters and the
+ * stop flags, and is never held across PostgreSQL I/O or done_cb.
+ *
+ * One flush, for the items items[lo..hi) not settled yet (flush_once):
+ *   1. runs: each batch's run must exist and its rank be under the run's world size. A small
+ *      direct-mapped cache of (run, world size) answers; misses are looked up together.
+ *      Failures settle the item at once (KP_ENOTFOUND / KP_EPROTO).
+ *   2. names: every string of every batch maps to a names.id. A text -> id hash map answers;
+ *      misses are de-duplicated, sorted (so that concurrent collectords lock names rows in the
+ *      same order) and inserted in one INSERT ... ON CONFLICT ... RETURNING, autocommitted.
+ *   3. BEGIN; LOCK the event tables' parents in name order, the order that
+ *      kp_create_run_partitions and kp_drop_run take them in (their CREATE/DROP TABLE ...
+ *      PARTITION lock the parents ACCESS EXCLUSIVE, so any other order can deadlock); insert
+ *      the batch keys into ingest_batches ON CONFLICT DO NOTHING RETURNING: the keys that come
+ *      back are new, the others duplicates (keys repeated within the flush are de-duplicated
+ *      here first); one COPY per kind of all new batches' rows, encoded in 256 KiB chunks
+ *      while PostgreSQL parses the previous ones; upsert `ranks` (one row per run and rank,
+ *      increments summed here) and `devices`; COMMIT. Only then are the items settled.
+ *
+ * Failures. After a failed statement the transaction is rolled back and kp_pg_last_fault
+ * decides: a lost connection is re-made (and the migrations re-checked) after a capped
+ * full-jitter backoff, and the same items flushed again; the ingest_batches keys make the
+ * retry exact even when a COMMIT's outcome was unknown (such batches come back as
+ * duplicates). A transient server error (deadlock, disk full, ...) retries the same way on
+ * the same connection. A statement error means some batch's data is wrong (validated batches
+ * should never get here, so this is a defence): the range is split in halves and each half
+ * flushed on its own, down to single batches, and a batch that still fails alone is rejected
+ * with KP_EPROTO and PostgreSQL's message, while the rest commit. Items that were settled in
+ * an attempt stay settled across retries.
+ *
+ * Stop. kp_sink_destroy lets the thread drain the queue; while PostgreSQL fails it retries
+ * until drain_timeout_ms has passed, then settles what is left with KP_ESHUTDOWN. A statement
+ * that hangs past the deadline is cancelled (PQcancel) from the destroying thread.
+ */
+#define KP_LOG_MODULE "sink_pg"
+#include "sink_pg.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
+
+#include "kp_codec.h"
+#include "kp_err.h"
+#include "kp_log.h"
+#include "kp_pg.h"
+#include "kp_strbuf.h"
+
+#define KP_SINK_APPLICATION_NAME          "kprof-collectord-sink"
+#define KP_SINK_DEFAULT_QUEUE_MAX_BYTES   (256u << 20)
+#define KP_SINK_DEFAULT_FLUSH_MAX_ROWS    50000
+#define KP_SINK_DEFAULT_FLUSH_INTERVAL_MS 100
+#define KP_SINK_DEFAULT_RETRY_MAX_MS      10000
+#define KP_SINK_RETRY_BASE_MS             50
+#define KP_SINK_COPY_CHUNK                (256u << 10) /* bytes encoded per PQputCopyData */
+#define KP_SINK_RUN_CACHE_SLOTS           4096         /* direct-mapped, power of 2 */
+#define KP_SINK_NAME_CACHE_MAX_ENTRIES    (1u << 20)   /* then the cache starts over */
+#define KP_SINK_NAME_CACHE_MAX_BYTES      (128u << 20)
+#define KP_SINK_NAMES_PER_INSERT          4096
+#define KP_SINK_NAMES_BYTES_PER_INSERT    (4u << 20)
+#define KP_SINK_CANCEL_GRACE_MS           1000 /* past the drain deadline, then PQcancel */
+
+enum item_state {
+    ST_PENDING, /* not settled; part of this attempt */
+    ST_NEW,     /* its key was inserted in the open transaction */
+    ST_DUP,     /* its key was stored before (or earlier in this flush) */
+    ST_DONE,    /* settled: status/duplicate/err are final */
+};
+
+struct run_slot {
+    int32_t run_id; /* 0: empty */
+    int32_t world_size;
+};
+
+struct name_entry {
+    char *name; /* owned by the cache; NULL: empty slot */
+    uint64_t hash;
+    int32_t id;
+};
+
+/* A name of this flush that the cache lacks; `name` is borrowed from a batch. */
+struct name_miss {
+    const char *name;
+    uint64_t hash;
+    int32_t id; /* 0 until resolved */
+};
+
+struct key_ref {
+    int64_t run, rank, stream, seq;
+    uint32_t idx; /* into items[] */
+};
+
+struct dev_ref {
+    int64_t run, rank, dev;
+    uint32_t idx; /* into items[] */
+    uint32_t d;   /* into the batch's devices[] */
+};
+
+struct kp_sink {
+    /* Set by kp_sink_create, then read-only. */
+    char *conninfo;
+    size_t queue_max_bytes;
+    size_t flush_max_rows;
+    long long flush_interval_ms;
+    long long retry_max_ms;
+    kp_sink_done_cb *done;
+    void *done_ud;
+    char lock_sql[512];
+    char copy_cols[KP_EV_COUNT][640];
+
+    /* Guarded by mu. */
+    pthread_mutex_t mu;
+    pthread_cond_t cond; /* CLOCK_MONOTONIC; queue changes, stop, thread exit */
+    struct kp_sink_item *head, *tail;
+    size_t pending_rows;        /* rows queued and not yet taken by a flush */
+    long long pending_since_ns; /* when the oldest untaken item was queued */
+    size_t queued_bytes;        /* wire bytes submitted and not settled */
+    size_t queued_items;
+    bool stopping;
+    long long drain_deadline_ns;
+    bool thread_started;
+    bool thread_exited;
+    PGcancel *cancel; /* of the flush thread's connection */
+    struct kp_sink_stats stats;
+    pthread_t thread;
+    atomic_bool ready;
+
+    /* Flush thread only. */
+    PGconn *conn;
+    struct kp_complain complain;
+    unsigned rng;
+    unsigned failures; /* consecutive failed attempts */
+    struct kp_sink_item **items;
+    size_t n_items, cap_items;
+    uint8_t *state;   /* enum item_state of items[i] */
+    size_t *name_off; /* items[i]'s name ids start at name_ids[name_off[i]] */
+    size_t cap_state, cap_name_off;
+    int32_t *name_ids;
+    size_t cap_name_ids;
+    struct key_ref *keys;
+    size_t cap_keys;
+    struct dev_ref *devs;
+    size_t cap_devs;
+    struct run_slot runs[KP_SINK_RUN_CACHE_SLOTS];
+    struct run_slot *found; /* this flush's look-up, sorted by run_id */
+    size_t n_found, cap_found;
+    struct name_entry *names; /* open addressing, linear probing */
+    size_t names_cap, names_n, names_bytes;
+    struct name_miss *miss;
+    size_t n_miss, cap_miss;
+    uint32_t *miss_slots; /* 0: empty, else index + 1 into miss[] */
+    size_t miss_slots_cap;
+    const char **sorted;
+    size_t cap_sorted;
+    struct kp_strbuf copy;    /* COPY data, reused across flushes */
+    struct kp_strbuf arr[18]; /* array-literal parameters, reused */
+    char err[512];            /* the last failure's message */
+};
+
+static long long mono_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long) ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static struct timespec abs_ts(long long ns)
+{
+    struct timespec ts = { .tv_sec = ns / 1000000000LL, .tv_nsec = ns % 1000000000LL };
+
+    return ts;
+}
+
+/* Returns p grown to hold at least n elements of size bytes (capacity *cap), or NULL (p
+ * unchanged). */
+static void *grow_impl(void *p, size_t *cap, size_t n, size_t size)
+{
+    size_t c = *cap < 64 ? 64 : *cap;
+    void *q;
+
+    if (n <= *cap && p != NULL) {
+        return p;
+    }
+    while (c < n) {
+        c *= 2;
+    }
+    if ((q = realloc(p, c * size)) == NULL) {
+        return NULL;
+    }
+    *cap = c;
+    return q;
+}
+
+/* Grows the array arr (capacity cap) to hold n elements. Returns 0 or -ENOMEM. */
+#define GROW(arr, cap, n)                                                                          \
+    __extension__({                                                                                \
+        void *grow_p_ = grow_impl((arr), &(cap), (n), sizeof(*(arr)));                             \
+        grow_p_ != NULL ? ((arr) = grow_p_, 0) : -ENOMEM;                                          \
+    })
+
+static uint64_t hash_str(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+
+    for (; *s != '\0'; s++) {
+        h = (h ^ (unsigned char) *s) * 0x100000001b3ULL;
+    }
+    return h ^ (h >> 29);
+}
+
+/* --- the name cache (text -> names.id) --- */
+
+static void names_clear(struct kp_sink *s)
+{
+    for (size_t i = 0; i < s->names_cap; i++) {
+        free(s->names[i].name);
+    }
+    free(s->names);
+    s->names = NULL;
+    s->names_cap = s->names_n = s->names_bytes = 0;
+}
+
+static int32_t names_get(const struct kp_sink *s, const char *name, uint64_t h)
+{
+    size_t mask = s->names_cap - 1;
+
+    if (s->names_cap == 0) {
+        return 0;
+    }
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        const struct name_entry *e = &s->names[i];
+
+        if (e->name == NULL) {
+            return 0;
+        }
+        if (e->hash == h && strcmp(e->name, name) == 0) {
+            return e->id;
+        }
+    }
+}
+
+static void names_place(struct name_entry *tab, size_t cap, struct name_entry e)
+{
+    for (size_t i = e.hash & (cap - 1);; i = (i + 1) & (cap - 1)) {
+        if (tab[i].name == NULL) {
+            tab[i] = e;
+            return;
+        }
+    }
+}
+
+/* Adds name -> id. The cache is a cache: when full, or out of memory, it starts over. */
+static void names_put(struct kp_sink *s, const char *name, uint64_t h, int32_t id)
+{
+    size_t len = strlen(name);
+    struct name_entry e;
+
+    if (s->names_n >= KP_SINK_NAME_CACHE_MAX_ENTRIES ||
+        s->names_bytes + len > KP_SINK_NAME_CACHE_MAX_BYTES) {
+        kp_log_info("name cache full entries=%zu bytes=%zu; starting over", s->names_n,
+                    s->names_bytes);
+        names_clear(s);
+    }
+    if ((s->names_n + 1) * 2 > s->names_cap) {
+        size_t cap = s->names_cap == 0 ? 1024 : s->names_cap * 2;
+        struct name_entry *tab = calloc(cap, sizeof(*tab));
+
+        if (tab == NULL) {
+            return;
+        }
+        for (size_t i = 0; i < s->names_cap; i++) {
+            if (s->names[i].name != NULL) {
+                names_place(tab, cap, s->names[i]);
+            }
+        }
+        free(s->names);
+        s->names = tab;
+        s->names_cap = cap;
+    }
+    if ((e.name = malloc(len + 1)) == NULL) {
+        return;
+    }
+    memcpy(e.name, name, len + 1);
+    e.hash = h;
+    e.id = id;
+    names_place(s->names, s->names_cap, e);
+    s->names_n++;
+    s->names_bytes += len + 1;
+}
+
+/* Returns the index of name in miss[]: found, or added if add is true; -1 if absent and not
+ * added; -ENOMEM. */
+static long miss_find(struct kp_sink *s, const char *name, uint64_t h, bool add)
+{
+    size_t mask;
+
+    if (add && (s->n_miss + 1) * 2 > s->miss_slots_cap) {
+        size_t cap = s->miss_slots_cap == 0 ? 256 : s->miss_slots_cap * 2;
+        uint32_t *tab = calloc(cap, sizeof(*tab));
+
+        if (tab == NULL) {
+            return -ENOMEM;
+        }
+        for (size_t m = 0; m < s->n_miss; m++) {
+            size_t i = s->miss[m].hash & (cap - 1);
+
+            while (tab[i] != 0) {
+                i = (i + 1) & (cap - 1);
+            }
+            tab[i] = (uint32_t) m + 1;
+        }
+        free(s->miss_slots);
+        s->miss_slots = tab;
+        s->miss_slots_cap = cap;
+    }
+    if (s->miss_slots_cap == 0) {
+        return -1;
+    }
+    mask = s->miss_slots_cap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        uint32_t m = s->miss_slots[i];
+
+        if (m == 0) {
+            if (!add) {
+                return -1;
+            }
+            if (GROW(s->miss, s->cap_miss, s->n_miss + 1) != 0) {
+                return -ENOMEM;
+            }
+            s->miss[s->n_miss] = (struct name_miss) { name, h, 0 };
+            s->miss_slots[i] = (uint32_t) ++s->n_miss;
+            return (long) s->n_miss - 1;
+        }
+        if (s->miss[m - 1].hash == h && strcmp(s->miss[m - 1].name, name) == 0) {
+            return (long) m - 1;
+        }
+    }
+}
+
+static void miss_reset(struct kp_sink *s)
+{
+    if (s->miss_slots != NULL) {
+        memset(s->miss_slots, 0, s->miss_slots_cap * sizeof(*s->miss_slots));
+    }
+    s->n_miss = 0;
+}
+
+/* --- array literals for unnest() parameters --- */
+
+static int arr_open(struct kp_strbuf *b)
+{
+    kp_strbuf_reset(b);
+    return kp_strbuf_putc(b, '{');
+}
+
+static int arr_close(struct kp_strbuf *b)
+{
+    return kp_strbuf_putc(b, '}');
+}
+
+static int arr_i64(struct kp_strbuf *b, int64_t v)
+{
+    char tmp[24];
+    int n = snprintf(tmp, sizeof(tmp), "%s%" PRId64, b->len > 1 ? "," : "", v);
+
+    return kp_strbuf_append(b, tmp, (size_t) n);
+}
+
+static int arr_null(struct kp_strbuf *b)
+{
+    return kp_strbuf_append_str(b, b->len > 1 ? ",NULL" : "NULL");
+}
+
+/* Appends v, or NULL when v is 0 (proto3's "not set"). */
+static int arr_i64_or_null(struct kp_strbuf *b, int64_t v)
+{
+    return v == 0 ? arr_null(b) : arr_i64(b, v);
+}
+
+/* Appends s as a quoted element: " and \ get a backslash. */
+static int arr_text(struct kp_strbuf *b, const char *s)
+{
+    int rc = 0;
+
+    if (b->len > 1) {
+        rc |= kp_strbuf_putc(b, ',');
+    }
+    rc |= kp_strbuf_putc(b, '"');
+    while (*s != '\0') {
+        size_t n = strcspn(s, "\"\\");
+
+        rc |= kp_strbuf_append(b, s, n);
+        s += n;
+        if (*s != '\0') {
+            rc |= kp_strbuf_putc(b, '\\');
+            rc |= kp_strbuf_putc(b, *s++);
+        }
+    }
+    rc |= kp_strbuf_putc(b, '"');
+    return rc;
+}
+
+/* --- settling --- */
+
+static void settle(struct kp_sink *s, size_t i, int status, const char *err)
+{
+    struct kp_sink_item *it = s->items[i];
+
+    it->status = status;
+    it->duplicate = false;
+    snprintf(it->err, sizeof(it->err), "%s", err != NULL ? err : "");
+    s->state[i] = ST_DONE;
+}
+
+static void reject(struct kp_sink *s, size_t i, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void reject(struct kp_sink *s, size_t i, int status, const char *fmt, ...)
+{
+    struct kp_sink_item *it = s->items[i];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(it->err, sizeof(it->err), fmt, ap);
+    va_end(ap);
+    it->status = status;
+    it->duplicate = false;
+    s->state[i] = ST_DONE;
+}
+
+/* --- one attempt --- */
+
+/* Records a failure of the current attempt: its message, and the fault to act on. */
+static int attempt_failed(struct kp_sink *s, int rc, const char *what, const char *err)
+{
+    snprintf(s->err, sizeof(s->err), "%s: %s", what, err);
+    return rc;
+}
+
+static enum kp_pg_fault attempt_fault(struct kp_sink *s, int rc)
+{
+    if (rc == -ENOMEM) {
+        return KP_PG_FAULT_TRANSIENT;
+    }
+    return kp_pg_last_fault(s->conn);
+}
+
+static struct run_slot *run_slot(struct kp_sink *s, int32_t run)
+{
+    return &s->runs[(uint32_t) run & (KP_SINK_RUN_CACHE_SLOTS - 1)];
+}
+
+static int cmp_run_slot(const void *pa, const void *pb)
+{
+    const struct run_slot *a = pa, *b = pb;
+
+    return a->run_id < b->run_id ? -1 : a->run_id > b->run_id;
+}
+
+/* The world size of run, from the cache or this flush's look-up; 0 if it does not exist. */
+static int32_t world_size_of(struct kp_sink *s, uint64_t run)
+{
+    struct run_slot key = { (int32_t) run, 0 };
+    const struct run_slot *f;
+
+    if (run == 0 || run > INT32_MAX) {
+        return 0;
+    }
+    if (run_slot(s, (int32_t) run)->run_id == (int32_t) run) {
+        return run_slot(s, (int32_t) run)->world_size;
+    }
+    f = s->n_found > 0 ? bsearch(&key, s->found, s->n_found, sizeof(key), cmp_run_slot) : NULL;
+    return f != NULL ? f->world_size : 0;
+}
+
+/* Step 1: settles the items whose run is unknown or rank out of range. */
+static int check_runs(struct kp_sink *s, size_t lo, size_t hi)
+{
+    struct kp_strbuf *ids = &s->arr[0];
+    const char *params[1];
+    PGresult *res = NULL;
+    char err[384];
+    bool any = false;
+    int rc = 0;
+
+    s->n_found = 0;
+    if ((rc = arr_open(ids)) != 0) {
+        return rc;
+    }
+    for (size_t i = lo; i < hi; i++) {
+        const Kprof__V1__Batch *b = s->items[i]->batch;
+
+        if (s->state[i] == ST_PENDING && b->run_id > 0 && b->run_id <= INT32_MAX &&
+            run_slot(s, (int32_t) b->run_id)->run_id != (int32_t) b->run_id) {
+            rc |= arr_i64(ids, (int64_t) b->run_id);
+            any = true;
+        }
+    }
+    if ((rc |= arr_close(ids)) != 0) {
+        return -ENOMEM;
+    }
+    if (any) {
+        params[0] = ids->data;
+        if ((rc = kp_pg_query(s->conn, "SELECT id, world_size FROM runs WHERE id = ANY($1::int[])",
+                              1, params, &res, err, sizeof(err))) != 0) {
+            return attempt_failed(s, rc, "look up runs", err);
+        }
+        if (GROW(s->found, s->cap_found, (size_t) PQntuples(res)) != 0) {
+            PQclear(res);
+            return -ENOMEM;
+        }
+        for (int r = 0; r < PQntuples(res); r++) {
+            struct run_slot f = { (int32_t) strtol(PQgetvalue(res, r, 0), NULL, 10),
+                                  (int32_t) strtol(PQgetvalue(res, r, 1), NULL, 10) };
+
+            *run_slot(s, f.run_id) = f;
+            s->found[s->n_found++] = f;
+        }
+        PQclear(res);
+        qsort(s->found, s->n_found, sizeof(*s->found), cmp_run_slot);
+    }
+    for (size_t i = lo; i < hi; i++) {
+        const Kprof__V1__Batch *b = s->items[i]->batch;
+        int32_t ws;
+
+        if (s->state[i] != ST_PENDING) {
+            continue;
+        }
+        if ((ws = world_size_of(s, b->run_id)) == 0) {
+            reject(s, i, KP_ENOTFOUND,
+                   "run %" PRIu64
+                   " does not exist; create it with Control.CreateRun (kprofctl start / import)",
+                   b->run_id);
+            kp_log_debug("batch rejected run=%" PRIu64 " rank=%u stream=%" PRIu64 " seq=%" PRIu64
+                         " err=\"no such run\"",
+                         b->run_id, b->rank, b->stream, b->seq);
+        }
+        else if ((int64_t) b->rank >= ws) {
+            reject(s, i, KP_EPROTO, "rank %u is outside run %" PRIu64 "'s world size %d", b->rank,
+                   b->run_id, ws);
+            kp_log_debug("batch rejected run=%" PRIu64 " rank=%u stream=%" PRIu64 " seq=%" PRIu64
+                         " err=\"rank outside world size %d\"",
+                         b->run_id, b->rank, b->stream, b->seq, ws);
+        }
+    }
+    return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *) a, *(const char *const *) b);
+}
+
+/* Inserts sorted[0..n) into names and records the ids that come back in miss[]. */
+static int insert_names(struct kp_sink *s, size_t from, size_t n)
+{
+    struct kp_strbuf *lit = &s->arr[0];
+    const char *params[1];
+    PGresult *res = NULL;
+    char err[384];
+    int rc = arr_open(lit);
+
+    for (size_t i = from; i < from + n; i++) {
+        rc |= arr_text(lit, s->sorted[i]);
+    }
+    if ((rc |= arr_close(lit)) != 0) {
+        return -ENOMEM;
+    }
+    params[0] = lit->data;
+    if ((rc = kp_pg_query(s->conn,
+                          "INSERT INTO names (name) SELECT unnest($1::text[]) "
+                          "ON CONFLICT (md5(name)) DO UPDATE SET name = EXCLUDED.name "
+                          "RETURNING id, name",
+                          1, params, &res, err, sizeof(err))) != 0) {
+        return attempt_failed(s, rc, "resolve names", err);
+    }
+    for (int r = 0; r < PQntuples(res); r++) {
+        const char *name = PQgetvalue(res, r, 1);
+        uint64_t h = hash_str(name);
+        long m = miss_find(s, name, h, false);
+
+        if (m >= 0) {
+            s->miss[m].id = (int32_t) strtol(PQgetvalue(res, r, 0), NULL, 10);
+        }
+    }
+    PQclear(res);
+    return 0;
+}
+
+/* Step 2: fills name_ids for the pending items. */
+static int resolve_names(struct kp_sink *s, size_t lo, size_t hi)
+{
+    size_t total = 0, from, bytes;
+    int rc;
+
+    for (size_t i = lo; i < hi; i++) {
+        s->name_off[i] = total;
+        if (s->state[i] == ST_PENDING) {
+            total += s->items[i]->batch->n_strings;
+        }
+    }
+    if (GROW(s->name_ids, s->cap_name_ids, total + 1) != 0) {
+        return -ENOMEM;
+    }
+    miss_reset(s);
+    for (size_t i = lo; i < hi; i++) {
+        const Kprof__V1__Batch *b = s->items[i]->batch;
+        int32_t *ids = s->name_ids + s->name_off[i];
+
+        if (s->state[i] != ST_PENDING) {
+            continue;
+        }
+        for (size_t j = 1; j < b->n_strings; j++) {
+            uint64_t h = hash_str(b->strings[j]);
+            int32_t id = names_get(s, b->strings[j], h);
+            long m;
+
+            if (id == 0) {
+                if ((m = miss_find(s, b->strings[j], h, true)) < 0) {
+                    return (int) m;
+                }
+                id = (int32_t) (-m - 1); /* resolved below */
+            }
+            ids[j] = id;
+        }
+        if (b->n_strings > 0) {
+            ids[0] = 0;
+        }
+    }
+    if (s->n_miss == 0) {
+        return 0;
+    }
+    if (GROW(s->sorted, s->cap_sorted, s->n_miss) != 0) {
+        return -ENOMEM;
+    }
+    for (size_t m = 0; m < s->n_miss; m++) {
+        s->sorted[m] = s->miss[m].name;
+    }
+    qsort(s->sorted, s->n_miss, sizeof(*s->sorted), cmp_str);
+    from = 0;
+    bytes = 0;
+    for (size_t m = 0; m <= s->n_miss; m++) {
+        if (m == s->n_miss || m - from >= KP_SINK_NAMES_PER_INSERT ||
+            bytes >= KP_SINK_NAMES_BYTES_PER_INSERT) {
+            if (m > from && (rc = insert_names(s, from, m - from)) != 0) {
+                return rc;
+            }
+            from = m;
+            bytes = 0;
+        }
+        if (m < s->n_miss) {
+            bytes += strlen(s->sorted[m]) + 3;
+        }
+    }
+    for (size_t m = 0; m < s->n_miss; m++) {
+        if (s->miss[m].id <= 0) {
+            snprintf(s->err, sizeof(s->err), "resolve names: no id came back for a name");
+            return KP_EPG;
+        }
+        names_put(s, s->miss[m].name, s->miss[m].hash, s->miss[m].id);
+    }
+    for (size_t i = lo; i < hi; i++) {
+        const Kprof__V1__Batch *b = s->items[i]->batch;
+        int32_t *ids = s->name_ids + s->name_off[i];
+
+        if (s->state[i] != ST_PENDING) {
+            continue;
+        }
+        for (size_t j = 1; j < b->n_strings; j++) {
+            if (ids[j] < 0) {
+                ids[j] = s->miss[-(ids[j] + 1)].id;
+            }
+        }
+    }
+    return 0;
+}
+
+static int cmp_key(const void *pa, const void *pb)
+{
+    const struct key_ref *a = pa, *b = pb;
+
+    if (a->run != b->run) {
+        return a->run < b->run ? -1 : 1;
+    }
+    if (a->rank != b->rank) {
+        return a->rank < b->rank ? -1 : 1;
+    }
+    if (a->stream != b->stream) {
+        return a->stream < b->stream ? -1 : 1;
+    }
+    if (a->seq != b->seq) {
+        return a->seq < b->seq ? -1 : 1;
+    }
+    return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
+static bool same_key(const struct key_ref *a, const struct key_ref *b)
+{
+    return a->run == b->run && a->rank == b->rank && a->stream == b->stream && a->seq == b->seq;
+}
+
+/* Step 3a: inserts the keys; marks pending items ST_NEW or ST_DUP. Returns the number new. */
+static long insert_keys(struct kp_sink *s, size_t lo, size_t hi)
+{
+    struct kp_strbuf *a = s->arr;
+    const char *params[5];
+    PGresult *res = NULL;
+    size_t n = 0, u = 0;
+    long n_new = 0;
+    char err[384];
+    int rc = 0;
+
+    if (GROW(s->keys, s->cap_keys, hi - lo) != 0) {
+        return -ENOMEM;
+    }
+    for (size_t i = lo; i < hi; i++) {
+        const Kprof__V1__Batch *b = s->items[i]->batch;
+
+        if (s->state[i] == ST_PENDING) {
+            s->keys[n++] = (struct key_ref) { (int64_t) b->run_id, b->rank, (int64_t) b->stream,
+                                              (int64_t) b->seq, (uint32_t) i };
+        }
+    }
+    if (n == 0) {
+        return 0;
+    }
+    /* Sorted, so that concurrent flushes lock keys in one order; repeats within the flush
+     * are duplicates of their first occurrence. */
+    qsort(s->keys, n, sizeof(*s->keys), cmp_key);
+    for (int p = 0; p < 5; p++) {
+        rc |= arr_open(&a[p]);
+    }
+    for (size_t k = 0; k < n; k++) {
+        if (k > 0 && same_key(&s->keys[k], &s->keys[u - 1])) {
+            s->state[s->keys[k].idx] = ST_DUP;
+            continue;
+        }
+        s->keys[u++] = s->keys[k];
+        rc |= arr_i64(&a[0], s->keys[k].run);
+        rc |= arr_i64(&a[1], s->keys[k].rank);
+        rc |= arr_i64(&a[2], s->keys[k].stream);
+        rc |= arr_i64(&a[3], s->keys[k].seq);
+        rc |= arr_i64(&a[4], (int64_t) kp_batch_total_rows(s->items[s->keys[k].idx]->batch));
+        s->state[s->keys[k].idx] = ST_DUP; /* until the INSERT says it is new */
+    }
+    for (int p = 0; p < 5; p++) {
+        rc |= arr_close(&a[p]);
+        params[p] = a[p].data;
+    }
+    if (rc != 0) {
+        return -ENOMEM;
+    }
+    if ((rc = kp_pg_query(s->conn,
+                          "INSERT INTO ingest_batches (run_id, rank, stream, seq, rows) "
+                          "SELECT * FROM unnest($1::int[], $2::int[], $3::bigint[], "
+                          "$4::bigint[], $5::int[]) ON CONFLICT DO NOTHING "
+                          "RETURNING run_id, rank, stream, seq",
+                          5, params, &res, err, sizeof(err))) != 0) {
+        return attempt_failed(s, rc, "insert batch keys", err);
+    }
+    for (int r = 0; r < PQntuples(res); r++) {
+        struct key_ref want = {
+            strtoll(PQgetvalue(res, r, 0), NULL, 10), strtoll(PQgetvalue(res, r, 1), NULL, 10),
+            strtoll(PQgetvalue(res, r, 2), NULL, 10), strtoll(PQgetvalue(res, r, 3), NULL, 10), 0
+        };
+        size_t l = 0, h = u;
+
+        while (l < h) {
+            size_t m = l + (h - l) / 2;
+
+            if (cmp_key(&s->keys[m], &want) < 0 && !same_key(&s->keys[m], &want)) {
+                l = m + 1;
+            }
+            else {
+                h = m;
+            }
+        }
+        if (l < u && same_key(&s->keys[l], &want) && s->state[s->keys[l].idx] == ST_DUP) {
+            s->state[s->keys[l].idx] = ST_NEW;
+            n_new++;
+        }
+    }
+    PQclear(res);
+    return n_new;
+}
+
+/* Step 3b: one COPY of kind k's rows of the new items. Returns the rows copied. */
+static long copy_kind(struct kp_sink *s, enum kp_event_kind k, size_t lo, size_t hi)
+{
+    const struct kp_event_kind_info *ki = &kp_event_kinds[k];
+    size_t want = 0;
+    long got;
+    char err[384];
+    int rc;
+
+    for (size_t i = lo; i < hi; i++) {
+        if (s->state[i] == ST_NEW) {
+            want += kp_batch_rows(s->items[i]->batch, k);
+        }
+    }
+    if (want == 0) {
+        return 0;
+    }
+    if ((rc = kp_pg_copy_begin(s->conn, ki->table, s->copy_cols[k], err, sizeof(err))) != 0) {
+        return attempt_failed(s, rc, ki->table, err);
+    }
+    kp_strbuf_reset(&s->copy);
+    for (size_t i = lo; i < hi; i++) {
+        if (s->state[i] != ST_NEW || kp_batch_rows(s->items[i]->batch, k) == 0) {
+            continue;
+        }
+        if (kp_codec_copy_text(s->items[i]->batch, k, s->name_ids + s->name_off[i], &s->copy) <
+            0) {
+            kp_pg_copy_end(s->conn, "collectord is out of memory", err, sizeof(err));
+            snprintf(s->err, sizeof(s->err), "%s: out of memory encoding rows", ki->table);
+            return -ENOMEM;
+        }
+        if (s->copy.len >= KP_SINK_COPY_CHUNK) {
+            if ((rc = kp_pg_copy_put(s->conn, s->copy.data, s->copy.len, err, sizeof(err))) != 0) {
+                kp_pg_copy_end(s->conn, "send failed", s->err, sizeof(s->err));
+                return attempt_failed(s, rc, ki->table, err);
+            }
+            kp_strbuf_reset(&s->copy);
+        }
+    }
+    if (s->copy.len > 0 &&
+        (rc = kp_pg_copy_put(s->conn, s->copy.data, s->copy.len, err, sizeof(err))) != 0) {
+        kp_pg_copy_end(s->conn, "send failed", s->err, sizeof(s->err));
+        return attempt_failed(s, rc, ki->table, err);
+    }
+    if ((got = kp_pg_copy_end(s->conn, NULL, err, sizeof(err))) < 0) {
+        return attempt_failed(s, (int) got, ki->table, err);
+    }
+    if ((size_t) got != want) {
+        kp_log_error("copy row count mismatch table=%s want=%zu got=%ld", ki->table, want, got);
+    }
+    return got;
+}
+
+static int cmp_rank(const void *pa, const void *pb)
+{
+    const struct key_ref *a = pa, *b = pb;
+
+    if (a->run != b->run) {
+        return a->run < b->run ? -1 : 1;
+    }
+    if (a->rank != b->rank) {
+        return a->rank < b->rank ? -1 : 1;
+    }
+    return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
+/*
+ * Step 3c: adds the new items' counts to `ranks`, one row per (run, rank). A group whose
+ * batches carried no rank_info passes job NULL, which keeps the row's identity columns;
+ * with rank_info, job is non-NULL ('' if the producer sent none).
+ */
+static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
+{
+    struct kp_strbuf *a = s->arr;
+    const char *params[13];
+    size_t n = 0;
+    char err[384];
+    int rc = 0;
+
+    for (size_t i = lo; i < hi; i++) {
+        const Kprof__V1__Batch *b = s->items[i]->batch;
+
+        if (s->state[i] == ST_NEW) {
+            s->keys[n++] = (struct key_ref) { (int64_t) b->run_id, b->rank, 0, 0, (uint32_t) i };
+        }
+    }
+    if (n == 0) {
+        return 0;
+    }
+    qsort(s->keys, n, sizeof(*s->keys), cmp_rank);
+    for (int p = 0; p < 13; p++) {
+        rc |= arr_open(&a[p]);
+    }
+    for (size_t g = 0; g < n;) {
+        const Kprof__V1__RankInfo *info = NULL;
+        int64_t batches = 0, records = 0, dropped = 0, cupti = 0, overhead = 0;
+        size_t e = g;
+
+        for (; e < n && s->keys[e].run == s->keys[g].run && s->keys[e].rank == s->keys[g].rank;
+             e++) {
+            const Kprof__V1__Batch *b = s->items[s->keys[e].idx]->batch;
+
+            batches++;
+            records += (int64_t) kp_batch_total_rows(b);
+            if (b->stats != NULL) {
+                dropped += (int64_t) b->stats->records_dropped;
+                cupti += (int64_t) b->stats->cupti_dropped;
+                overhead += (int64_t) b->stats->overhead_ns;
+            }
+            if (b->rank_info != NULL) {
+                info = b->rank_info; /* the latest wins */
+            }
+        }
+        rc |= arr_i64(&a[0], s->keys[g].run);
+        rc |= arr_i64(&a[1], s->keys[g].rank);
+        if (info != NULL) {
+            rc |= arr_text(&a[2], info->job);
+            rc |= info->host[0] != '\0' ? arr_text(&a[3], info->host) : arr_null(&a[3]);
+            rc |= arr_i64_or_null(&a[4], info->pid);
+            rc |= arr_i64(&a[5], info->local_rank);
+            rc |= info->device >= 0 && info->device <= INT16_MAX ? arr_i64(&a[6], info->device)
+                                                                   : arr_null(&a[6]);
+            rc |= arr_i64(&a[7], info->clock_offset_ns);
+        }
+        else {
+            for (int p = 2; p <= 6; p++) {
+                rc |= arr_null(&a[p]);
+            }
+            rc |= arr_i64(&a[7], 0);
+        }
+        rc |= arr_i64(&a[8], batches);
+        rc |= arr_i64(&a[9], records);
+        rc |= arr_i64(&a[10], dropped);
+        rc |= arr_i64(&a[11], cupti);
+        rc |= arr_i64(&a[12], overhead);
+        g = e;
+    }
+    for (int p = 0; p < 13; p++) {
+        rc |= arr_close(&a[p]);
+        params[p] = a[p].data;
+    }
+    if (rc != 0) {
+        return -ENOMEM;
+    }
+    if ((rc = kp_pg_query(
+             s->conn,
+             "INSERT INTO ranks AS k (run_id, rank, job, host, pid, local_rank, device, "
+             "clock_offset_ns, batches, records, records_dropped, cupti_dropped, overhead_ns) "
+             "SELECT * FROM unnest($1::int[], $2::int[], $3::text[], $4::text[], $5::int[], "
+             "$6::int[], $7::smallint[], $8::bigint[], $9::bigint[], $10::bigint[], "
+             "$11::bigint[], $12::bigint[], $13::bigint[]) "
+             "ON CONFLICT (run_id, rank) DO UPDATE SET "
+             "job = coalesce(EXCLUDED.job, k.job), "
+             "host = CASE WHEN EXCLUDED.job IS NULL THEN k.host ELSE EXCLUDED.host END, "
+             "pid = CASE WHEN EXCLUDED.job IS NULL THEN k.pid ELSE EXCLUDED.pid END, "
+             "local_rank = CASE WHEN EXCLUDED.job IS NULL THEN k.local_rank "
+             "ELSE EXCLUDED.local_rank END, "
+             "device = CASE WHEN EXCLUDED.job IS NULL THEN k.device ELSE EXCLUDED.device END, "
+             "clock_offset_ns = CASE WHEN EXCLUDED.job IS NULL THEN k.clock_offset_ns "
+             "ELSE EXCLUDED.clock_offset_ns END, "
+             "batches = k.batches + EXCLUDED.batches, records = k.records + EXCLUDED.records, "
+             "records_dropped = k.records_dropped + EXCLUDED.records_dropped, "
+             "cupti_dropped = k.cupti_dropped + EXCLUDED.cupti_dropped, "
+             "overhead_ns = k.overhead_ns + EXCLUDED.overhead_ns, last_seen = now()",
+             13, params, NULL, err, sizeof(err))) != 0) {
+        return attempt_failed(s, rc, "ranks", err);
+    }
+    return 0;
+}
+
+static int cmp_dev(const void *pa, const void *pb)
+{
+    const struct dev_ref *a = pa, *b = pb;
+
+    if (a->run != b->run) {
+        return a->run < b->run ? -1 : 1;
+    }
+    if (a->rank != b->rank) {
+        return a->rank < b->rank ? -1 : 1;
+    }
+    if (a->dev != b->dev) {
+        return a->dev < b->dev ? -1 : 1;
+    }
+    if (a->idx != b->idx) {
+        return a->idx < b->idx ? -1 : 1;
+    }
+    return a->d < b->d ? -1 : a->d > b->d;
+}
+
+/* Step 3d: upserts the new items' devices; for a device seen twice the latest wins. */
+static int upsert_devices(struct kp_sink *s, size_t lo, size_t hi)
+{
+    struct kp_strbuf *a = s->arr;
+    const char *params[18];
+    size_t n = 0;
+    char err[384];
+    int rc = 0;
+
+    for (size_t i = lo; i < hi; i++) {
+        if (s->state[i] == ST_NEW) {
+            n += s->items[i]->batch->n_devices;
+        }
+    }
+    if (n == 0) {
+        return 0;
+    }
+    if (GROW(s->devs, s->cap_devs, n) != 0) {
+        return -ENOMEM;
+    }
+    n = 0;
+    for (size_t i = lo; i < hi; i++) {
+        const Kprof__V1__Batch *b = s->items[i]->batch;
+
+        for (size_t d = 0; s->state[i] == ST_NEW && d < b->n_devices; d++) {
+            s->devs[n++] = (struct dev_ref) { (int64_t) b->run_id, b->rank, b->devices[d]->id,
+                                              (uint32_t) i, (uint32_t) d };
+        }
+    }
+    qsort(s->devs, n, sizeof(*s->devs), cmp_dev);
+    for (int p = 0; p < 18; p++) {
+        rc |= arr_open(&a[p]);
+    }
+    for (size_t k = 0; k < n; k++) {
+        const struct dev_ref *r = &s->devs[k];
+        const Kprof__V1__Device *d;
+
+        if (k + 1 < n && r->run == r[1].run && r->rank == r[1].rank && r->dev == r[1].dev) {
+            continue; /* a later one of the same device follows */
+        }
+        d = s->items[r->idx]->batch->devices[r->d];
+        rc |= arr_i64(&a[0], r->run);
+        rc |= arr_i64(&a[1], r->rank);
+        rc |= arr_i64(&a[2], r->dev);
+        rc |= arr_text(&a[3], d->name);
+        rc |= arr_i64_or_null(&a[4], (int64_t) d->global_memory_bytes);
+        rc |= arr_i64_or_null(&a[5], (int64_t) d->memory_bandwidth_bytes_per_s);
+        rc |= arr_i64_or_null(&a[6], d->sm_count);
+        rc |= arr_i64_or_null(&a[7], d->clock_khz);
+        rc |= arr_i64_or_null(&a[8], d->max_threads_per_block);
+        rc |= arr_i64_or_null(&a[9], d->max_threads_per_sm);
+        rc |= arr_i64_or_null(&a[10], d->max_blocks_per_sm);
+        rc |= arr_i64_or_null(&a[11], d->regs_per_sm);
+        rc |= arr_i64_or_null(&a[12], d->regs_per_block);
+        rc |= arr_i64_or_null(&a[13], d->smem_per_sm);
+        rc |= arr_i64_or_null(&a[14], d->smem_per_block);
+        rc |= arr_i64_or_null(&a[15], d->warp_size);
+        /* 0 is a real minor version (8.0); both are unset only together. */
+        rc |= d->cc_major == 0 ? arr_null(&a[16]) : arr_i64(&a[16], d->cc_major);
+        rc |= d->cc_major == 0 ? arr_null(&a[17]) : arr_i64(&a[17], d->cc_minor);
+    }
+    for (int p = 0; p < 18; p++) {
+        rc |= arr_close(&a[p]);
+        params[p] = a[p].data;
+    }
+    if (rc != 0) {
+        return -ENOMEM;
+    }
+    if ((rc = kp_pg_query(
+             s->conn,
+             "INSERT INTO devices AS d (run_id, rank, id, name, global_memory_bytes, "
+             "memory_bandwidth_bytes_per_s, sm_count, clock_khz, max_threads_per_block, "
+             "max_threads_per_sm, max_blocks_per_sm, regs_per_sm, regs_per_block, smem_per_sm, "
+             "smem_per_block, warp_size, cc_major, cc_minor) "
+             "SELECT * FROM unnest($1::int[], $2::int[], $3::smallint[], $4::text[], "
+             "$5::bigint[], $6::bigint[], $7::int[], $8::int[], $9::int[], $10::int[], "
+             "$11::int[], $12::int[], $13::int[], $14::int[], $15::int[], $16::int[], "
+             "$17::smallint[], $18::smallint[]) "
+             "ON CONFLICT (run_id, rank, id) DO UPDATE SET name = EXCLUDED.name, "
+             "global_memory_bytes = EXCLUDED.global_memory_bytes, "
+             "memory_bandwidth_bytes_per_s = EXCLUDED.memory_bandwidth_bytes_per_s, "
+             "sm_count = EXCLUDED.sm_count, clock_khz = EXCLUDED.clock_khz, "
+             "max_threads_per_block = EXCLUDED.max_threads_per_block, "
+             "max_threads_per_sm = EXCLUDED.max_threads_per_sm, "
+             "max_blocks_per_sm = EXCLUDED.max_blocks_per_sm, "
+             "regs_per_sm = EXCLUDED.regs_per_sm, regs_per_block = EXCLUDED.regs_per_block, "
+             "smem_per_sm = EXCLUDED.smem_per_sm, smem_per_block = EXCLUDED.smem_per_block, "
+             "warp_size = EXCLUDED.warp_size, cc_major = EXCLUDED.cc_major, "
+             "cc_minor = EXCLUDED.cc_minor",
+             18, params, NULL, err, sizeof(err))) != 0) {
+        return attempt_failed(s, rc, "devices", err);
+    }
+    return 0;
+}
+
+/*
+ * One attempt at storing the unsettled items of items[lo..hi) (steps 1-3 at the top).
+ * Returns 0 with every item of the range settled, or a negative code with s->err set and
+ * the transaction rolled back.
+ */
+static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
+{
+    uint64_t rows = 0, n_new = 0, n_dup = 0;
+    size_t pending = 0;
+    char err[384];
+    long r;
+    int rc;
+
+    for (size_t i = lo; i < hi; i++) {
+        if (s->state[i] != ST_DONE) {
+            s->state[i] = ST_PENDING;
+        }
+    }
+    if ((rc = check_runs(s, lo, hi)) != 0 || (rc = resolve_names(s, lo, hi)) != 0) {
+        goto fail;
+    }
+    for (size_t i = lo; i < hi; i++) {
+        pending += s->state[i] == ST_PENDING;
+    }
+    if (pending == 0) {
+        return 0;
+    }
+    if ((rc = kp_pg_exec(s->conn, s->lock_sql, err, sizeof(err))) != 0) {
+        rc = attempt_failed(s, rc, "begin", err);
+        goto fail;
+    }
+    if ((r = insert_keys(s, lo, hi)) < 0) {
+        rc = (int) r;
+        goto fail;
+    }
+    for (int k = 0; r > 0 && k < KP_EV_COUNT; k++) {
+        long got = copy_kind(s, (enum kp_event_kind) k, lo, hi);
+
+        if (got < 0) {
+            rc = (int) got;
+            goto fail;
+        }
+        rows += (uint64_t) got;
+    }
+    if ((rc = upsert_ranks(s, lo, hi)) != 0 || (rc = upsert_devices(s, lo, hi)) != 0) {
+        goto fail;
+    }
+    if ((rc = kp_pg_exec(s->conn, "COMMIT", err, sizeof(err))) != 0) {
+        rc = attempt_failed(s, rc, "commit", err);
+        goto fail;
+    }
+    for (size_t i = lo; i < hi; i++) {
+        if (s->state[i] == ST_NEW || s->state[i] == ST_DUP) {
+            bool dup = s->state[i] == ST_DUP;
+
+            settle(s, i, 0, NULL);
+            s->items[i]->duplicate = dup;
+            n_new += !dup;
+            n_dup += dup;
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    s->stats.batches_committed += n_new;
+    s->stats.batches_duplicate += n_dup;
+    s->stats.rows_committed += rows;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+fail:
+    if (rc == -ENOMEM && s->err[0] == '\0') {
+        snprintf(s->err, sizeof(s->err), "out of memory");
+    }
+    kp_pg_rollback(s->conn);
+    return rc;
+}
+
+/*
+ * Flushes items[lo..hi), isolating batches that make statements fail. Returns 0 when every
+ * item of the range is settled, or the failure (connection or transient) to retry after.
+ */
+static int flush_range(struct kp_sink *s, size_t lo, size_t hi, bool *isolating)
+{
+    size_t pending = 0, mid, seen = 0;
+    int rc;
+
+    s->err[0] = '\0';
+    if ((rc = flush_once(s, lo, hi)) == 0) {
+        return 0;
+    }
+    if (attempt_fault(s, rc) != KP_PG_FAULT_STATEMENT) {
+        return rc;
+    }
+    /* The data is wrong somewhere (or a run went away under us: ask again). */
+    memset(s->runs, 0, sizeof(s->runs));
+    pthread_mutex_lock(&s->mu);
+    s->stats.flush_failures++;
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = lo; i < hi; i++) {
+        pending += s->state[i] != ST_DONE;
+    }
+    if (!*isolating) {
+        kp_log_warn("flush failed items=%zu err=\"%s\"; isolating the bad batch", pending, s->err);
+        *isolating = true;
+    }
+    if (pending <= 1) {
+        for (size_t i = lo; i < hi; i++) {
+            const Kprof__V1__Batch *b = s->items[i]->batch;
+
+            if (s->state[i] == ST_DONE) {
+                continue;
+            }
+            reject(s, i, KP_EPROTO, "PostgreSQL refused the batch: %s", s->err);
+            kp_log_warn("batch rejected run=%" PRIu64 " rank=%u stream=%" PRIu64 " seq=%" PRIu64
+                        " err=\"%s\"",
+                        b->run_id, b->rank, b->stream, b->seq, s->err);
+        }
+        return 0;
+    }
+    for (mid = lo; mid < hi; mid++) {
+        if (s->state[mid] != ST_DONE && ++seen > pending / 2) {
+            break;
+        }
+    }
+    if ((rc = flush_range(s, lo, mid, isolating)) != 0) {
+        return rc;
+    }
+    return flush_range(s, mid, hi, isolating);
+}
+
+/* --- connection --- */
+
+static void drop_conn(struct kp_sink *s)
+{
+    PGcancel *cancel;
+
+    pthread_mutex_lock(&s->mu);
+    cancel = s->cancel;
+    s->cancel = NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (cancel != NULL) {
+        PQfreeCancel(cancel);
+    }
+    if (s->conn != NULL) {
+        PQfinish(s->conn);
+        s->conn = NULL;
+    }
+    atomic_store(&s->ready, false);
+}
+
+/* Takes conn (a fresh connection with the schema current) as the sink's connection. */
+static void adopt_conn(struct kp_sink *s, PGconn *conn)
+{
+    PGcancel *cancel = PQgetCancel(conn);
+
+    s->conn = conn;
+    pthread_mutex_lock(&s->mu);
+    s->cancel = cancel;
+    pthread_mutex_unlock(&s->mu);
+    /* Another server (a failover, a restore) may have other ids: start the caches over. */
+    memset(s->runs, 0, sizeof(s->runs));
+    names_clear(s);
+    atomic_store(&s->ready, true);
+}
+
+static int connect_pg(struct kp_sink *s, char *errbuf, size_t errlen)
+{
+    PGconn *conn = NULL;
+    int rc;
+
+    if ((rc = kp_pg_connect(s->conninfo, KP_SINK_APPLICATION_NAME, &conn, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    if ((rc = kp_pg_migrate(conn, errbuf, errlen)) < 0) {
+        PQfinish(conn);
+        return rc;
+    }
+    adopt_conn(s, conn);
+    return 0;
+}
+
+/* True once destroy asked to stop and the drain deadline has passed. */
+static bool give_up(struct kp_sink *s)
+{
+    bool r;
+
+    pthread_mutex_lock(&s->mu);
+    r = s->stopping && mono_ns() >= s->drain_deadline_ns;
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+/* Waits the next full-jitter backoff, or less if the drain deadline comes first. */
+static void backoff(struct kp_sink *s)
+{
+    long long cap_ms = KP_SINK_RETRY_BASE_MS, wait_ms, end;
+    unsigned n = s->failures < 30 ? s->failures : 30;
+
+    for (unsigned i = 1; i < n && cap_ms < s->retry_max_ms; i++) {
+        cap_ms *= 2;
+    }
+    if (cap_ms > s->retry_max_ms) {
+        cap_ms = s->retry_max_ms;
+    }
+    wait_ms = (long long) (rand_r(&s->rng) % (unsigned) (cap_ms + 1));
+    end = mono_ns() + wait_ms * 1000000LL;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        long long now = mono_ns(), until = end;
+        struct timespec ts;
+
+        if (now >= end || (s->stopping && now >= s->drain_deadline_ns)) {
+            break;
+        }
+        if (s->stopping && s->drain_deadline_ns < until) {
+            until = s->drain_deadline_ns;
+        }
+        ts = abs_ts(until);
+        pthread_cond_timedwait(&s->cond, &s->mu, &ts);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Stores the taken items, retrying through failures; settles every one of them. */
+static void flush(struct kp_sink *s)
+{
+    char err[384];
+    bool isolating = false;
+    int rc;
+
+    memset(s->state, ST_PENDING, s->n_items);
+    for (;;) {
+        if (s->conn == NULL || PQstatus(s->conn) != CONNECTION_OK) {
+            drop_conn(s);
+            rc = connect_pg(s, err, sizeof(err));
+            if (rc != 0) {
+                snprintf(s->err, sizeof(s->err), "connect: %s", err);
+            }
+        }
+        if (s->conn != NULL) {
+            rc = flush_range(s, 0, s->n_items, &isolating);
+            if (rc == 0) {
+                break;
+            }
+            if (attempt_fault(s, rc) == KP_PG_FAULT_CONN) {
+                drop_conn(s);
+            }
+        }
+        s->failures++;
+        pthread_mutex_lock(&s->mu);
+        s->stats.flush_failures++;
+        pthread_mutex_unlock(&s->mu);
+        kp_complain(&s->complain, KP_LOG_WARN, KP_LOG_MODULE,
+                    "flush failed items=%zu attempt=%u err=\"%s\"; retrying", s->n_items,
+                    s->failures, s->err);
+        if (give_up(s)) {
+            for (size_t i = 0; i < s->n_items; i++) {
+                if (s->state[i] != ST_DONE) {
+                    reject(s, i, KP_ESHUTDOWN, "collectord stopped before the batch was stored: %s",
+                           s->err);
+                }
+            }
+            kp_log_error("sink stopped with batches unstored items=%zu err=\"%s\"", s->n_items,
+                         s->err);
+            return;
+        }
+        backoff(s);
+    }
+    if (s->failures > 0) {
+        kp_release(&s->complain, KP_LOG_MODULE, "flush recovered failed_attempts=%u", s->failures);
+        s->failures = 0;
+    }
+}
+
+/* Hands items[0..n_items) to done_cb, after taking them off the byte count. */
+static void hand_back(struct kp_sink *s)
+{
+    size_t bytes = 0, rejected = 0;
+
+    for (size_t i = 0; i < s->n_items; i++) {
+        bytes += s->items[i]->wire_bytes;
+        rejected += s->items[i]->status != 0;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->queued_bytes -= bytes;
+    s->queued_items -= s->n_items;
+    s->stats.batches_rejected += rejected;
+    s->stats.flushes++;
+    pthread_mutex_unlock(&s->mu);
+    if (s->n_items > 0) {
+        s->done(s->items, s->n_items, s->done_ud);
+    }
+    s->n_items = 0;
+}
+
+/* Moves a prefix of the queue (at most flush_max_rows rows, at least one item) into items[].
+ * Called with mu held. */
+static int take(struct kp_sink *s)
+{
+    size_t rows = 0;
+
+    while (s->head != NULL) {
+        struct kp_sink_item *it = s->head;
+        size_t r = it->rows > 0 ? it->rows : 1;
+
+        if (s->n_items > 0 && rows + r > s->flush_max_rows) {
+            break;
+        }
+        if (GROW(s->items, s->cap_items, s->n_items + 1) != 0) {
+            break;
+        }
+        s->head = it->next;
+        if (s->head == NULL) {
+            s->tail = NULL;
+        }
+        it->next = NULL;
+        s->items[s->n_items++] = it;
+        rows += r;
+        s->pending_rows -= it->rows;
+    }
+    s->pending_since_ns = mono_ns();
+    return s->n_items > 0 ? 0 : -ENOMEM;
+}
+
+/* Sizes the per-item arrays for items[]. */
+static int ensure_item_arrays(struct kp_sink *s)
+{
+    if (GROW(s->state, s->cap_state, s->n_items) != 0 ||
+        GROW(s->name_off, s->cap_name_off, s->n_items) != 0) {
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+static void *flush_main(void *arg)
+{
+    struct kp_sink *s = arg;
+
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        long long now;
+
+        if (s->head == NULL) {
+            if (s->stopping) {
+                break;
+            }
+            pthread_cond_wait(&s->cond, &s->mu);
+            continue;
+        }
+        now = mono_ns();
+        if (!s->stopping && s->pending_rows < s->flush_max_rows &&
+            now < s->pending_since_ns + s->flush_interval_ms * 1000000LL) {
+            struct timespec ts = abs_ts(s->pending_since_ns + s->flush_interval_ms * 1000000LL);
+
+            pthread_cond_timedwait(&s->cond, &s->mu, &ts);
+            continue;
+        }
+        if (take(s) != 0) {
+            struct timespec ts = abs_ts(now + 100000000LL);
+
+            /* Out of memory for the flush arrays: try again shortly. */
+            pthread_cond_timedwait(&s->cond, &s->mu, &ts);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (ensure_item_arrays(s) != 0) {
+            for (size_t i = 0; i < s->n_items; i++) {
+                s->items[i]->status = -ENOMEM;
+                snprintf(s->items[i]->err, sizeof(s->items[i]->err), "collectord is out of memory");
+            }
+        }
+        else {
+            flush(s);
+        }
+        hand_back(s);
+        pthread_mutex_lock(&s->mu);
+    }
+    s->thread_exited = true;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* --- public --- */
+
+static int cmp_cstr(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *) a, *(const char *const *) b);
+}
+
+/* Builds "BEGIN; LOCK TABLE ONLY a, ONLY b, ... IN ROW EXCLUSIVE MODE" over ingest_batches
+ * and the event tables, in name order (see the top of this file). */
+static void build_lock_sql(struct kp_sink *s)
+{
+    const char *tables[KP_EV_COUNT + 1];
+    size_t n = 0, o;
+
+    tables[n++] = "ingest_batches";
+    for (int k = 0; k < KP_EV_COUNT; k++) {
+        tables[n++] = kp_event_kinds[k].table;
+    }
+    qsort(tables, n, sizeof(tables[0]), cmp_cstr);
+    o = (size_t) snprintf(s->lock_sql, sizeof(s->lock_sql), "BEGIN; LOCK TABLE ");
+    for (size_t i = 0; i < n && o < sizeof(s->lock_sql); i++) {
+        o += (size_t) snprintf(s->lock_sql + o, sizeof(s->lock_sql) - o, "%sONLY %s",
+                               i > 0 ? ", " : "", tables[i]);
+    }
+    if (o < sizeof(s->lock_sql)) {
+        snprintf(s->lock_sql + o, sizeof(s->lock_sql) - o, " IN ROW EXCLUSIVE MODE");
+    }
+}
+
+int kp_sink_create(const struct kp_sink_config *cfg, kp_sink_done_cb *done, void *ud,
+                   struct kp_sink **out, char *errbuf, size_t errlen)
+{
+    struct kp_sink *s = NULL;
+    pthread_condattr_t ca;
+    int rc;
+
+    if (done == NULL) {
+        snprintf(errbuf, errlen, "sink: done callback is required");
+        return -EINVAL;
+    }
+    if ((rc = kp_codec_selfcheck(errbuf, errlen)) != 0) {
+        return rc;
+    }
+    if ((s = calloc(1, sizeof(*s))) == NULL) {
+        snprintf(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    kp_strbuf_init(&s->copy, 0);
+    for (size_t p = 0; p < sizeof(s->arr) / sizeof(s->arr[0]); p++) {
+        kp_strbuf_init(&s->arr[p], 0);
+    }
+    if ((s->conninfo = strdup(cfg->conninfo != NULL ? cfg->conninfo : "")) == NULL) {
+        snprintf(errbuf, errlen, "out of memory");
+        rc = -ENOMEM;
+        goto fail;
+    }
+    s->queue_max_bytes =
+        cfg->queue_max_bytes > 0 ? cfg->queue_max_bytes : KP_SINK_DEFAULT_QUEUE_MAX_BYTES;
+    s->flush_max_rows =
+        cfg->flush_max_rows > 0 ? cfg->flush_max_rows : KP_SINK_DEFAULT_FLUSH_MAX_ROWS;
+    s->flush_interval_ms =
+        cfg->flush_interval_ms >= 0 ? cfg->flush_interval_ms : KP_SINK_DEFAULT_FLUSH_INTERVAL_MS;
+    s->retry_max_ms = cfg->retry_max_ms > 0 ? cfg->retry_max_ms : KP_SINK_DEFAULT_RETRY_MAX_MS;
+    s->done = done;
+    s->done_ud = ud;
+    s->rng = (unsigned) mono_ns() ^ (unsigned) getpid();
+    atomic_init(&s->ready, false);
+    build_lock_sql(s);
+    for (int k = 0; k < KP_EV_COUNT; k++) {
+        kp_codec_copy_columns((enum kp_event_kind) k, s->copy_cols[k], sizeof(s->copy_cols[k]));
+    }
+    if ((rc = connect_pg(s, errbuf, errlen)) != 0) {
+        goto fail;
+    }
+    if ((rc = pthread_create(&s->thread, NULL, flush_main, s)) != 0) {
+        snprintf(errbuf, errlen, "sink: cannot start the flush thread: %s", strerror(rc));
+        rc = -rc;
+        goto fail;
+    }
+    s->thread_started = true;
+    kp_log_info("sink started flush_max_rows=%zu flush_interval_ms=%lld queue_max_bytes=%zu",
+                s->flush_max_rows, s->flush_interval_ms, s->queue_max_bytes);
+    *out = s;
+    return 0;
+fail:
+    kp_sink_destroy(s, 0);
+    return rc;
+}
+
+bool kp_sink_submit(struct kp_sink *s, struct kp_sink_item *item)
+{
+    bool room, wake;
+
+    item->next = NULL;
+    item->status = 0;
+    item->duplicate = false;
+    item->err[0] = '\0';
+    if (item->rows == 0) {
+        item->rows = kp_batch_total_rows(item->batch);
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->tail == NULL) {
+        s->head = item;
+        s->pending_since_ns = mono_ns();
+    }
+    else {
+        s->tail->next = item;
+    }
+    s->tail = item;
+    wake = s->head == item || (s->pending_rows < s->flush_max_rows &&
+                               s->pending_rows + item->rows >= s->flush_max_rows);
+    s->pending_rows += item->rows;
+    s->queued_bytes += item->wire_bytes;
+    s->queued_items++;
+    room = s->queued_bytes < s->queue_max_bytes;
+    if (wake) {
+        pthread_cond_broadcast(&s->cond);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return room;
+}
+
+bool kp_sink_has_room(struct kp_sink *s)
+{
+    bool room;
+
+    pthread_mutex_lock(&s->mu);
+    room = s->queued_bytes < s->queue_max_bytes;
+    pthread_mutex_unlock(&s->mu);
+    return room;
+}
+
+bool kp_sink_ready(struct kp_sink *s)
+{
+    return s != NULL && atomic_load(&s->ready);
+}
+
+void kp_sink_get_stats(struct kp_sink *s, struct kp_sink_stats *out)
+{
+    pthread_mutex_lock(&s->mu);
+    *out = s->stats;
+    out->queued_bytes = s->queued_bytes;
+    out->queued_items = s->queued_items;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kp_sink_item_free(struct kp_sink_item *item)
+{
+    if (item == NULL) {
+        return;
+    }
+    if (item->batch != NULL) {
+        protobuf_c_message_free_unpacked(&item->batch->base, NULL);
+    }
+    free(item);
+}
+
+void kp_sink_destroy(struct kp_sink *s, long long drain_timeout_ms)
+{
+    if (s == NULL) {
+        return;
+    }
+    if (s->thread_started) {
+        long long deadline = mono_ns() + (drain_timeout_ms > 0 ? drain_timeout_ms : 0) * 1000000LL;
+        long long cancel_at = deadline + KP_SINK_CANCEL_GRACE_MS * 1000000LL;
+
+        pthread_mutex_lock(&s->mu);
+        s->stopping = true;
+        s->drain_deadline_ns = deadline;
+        pthread_cond_broadcast(&s->cond);
+        /* The drain takes as long as PostgreSQL works; past the deadline, a statement that
+         * hangs is cancelled every grace period, so that the flush fails and gives up. */
+        while (!s->thread_exited) {
+            struct timespec ts = abs_ts(cancel_at);
+
+            if (mono_ns() >= cancel_at) {
+                char err[256];
+
+                if (s->cancel != NULL) {
+                    PQcancel(s->cancel, err, sizeof(err));
+                }
+                cancel_at += KP_SINK_CANCEL_GRACE_MS * 1000000LL;
+                continue;
+            }
+            pthread_cond_timedwait(&s->cond, &s->mu, &ts);
+        }
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    /* What was submitted after the thread's last look (or with no thread) is not stored. */
+    s->n_items = 0;
+    while (s->head != NULL) {
+        struct kp_sink_item *it = s->head;
+
+        s->head = it->next;
+        it->next = NULL;
+        it->status = KP_ESHUTDOWN;
+        snprintf(it->err, sizeof(it->err), "collectord stopped before the batch was stored");
+        if (GROW(s->items, s->cap_items, s->n_items + 1) != 0) {
+            kp_sink_item_free(it); /* out of memory: the submitter never hears back */
+            continue;
+        }
+        s->items[s->n_items++] = it;
+    }
+    s->tail = NULL;
+    if (s->n_items > 0) {
+        hand_back(s);
+    }
+    drop_conn(s);
+    names_clear(s);
+    kp_strbuf_fini(&s->copy);
+    for (size_t p = 0; p < sizeof(s->arr) / sizeof(s->arr[0]); p++) {
+        kp_strbuf_fini(&s->arr[p]);
+    }
+    free(s->items);
+    free(s->state);
+    free(s->name_off);
+    free(s->name_ids);
+    free(s->keys);
+    free(s->devs);
+    free(s->found);
+    free(s->miss);
+    free(s->miss_slots);
+    free(s->sorted);
+    pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->mu);
+    free(s->conninfo);
+    free(s);
+}

@@ -1,0 +1,256 @@
+#define KP_LOG_MODULE "store"
+#include "store.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_codec.h"
+#include "kp_err.h"
+#include "kp_log.h"
+#include "kp_pg.h"
+
+/* The columns of a Run, in fill_run's order; `r` is the runs row. */
+#define RUN_COLS                                                                                   \
+    "r.id, r.job, r.name, r.state, r.source, r.world_size, "                                      \
+    "(extract(epoch FROM r.created_at) * 1000000000)::bigint, "                                   \
+    "coalesce((extract(epoch FROM r.ended_at) * 1000000000)::bigint, 0), "                        \
+    "(SELECT count(*) FROM ingest_batches b WHERE b.run_id = r.id)"
+
+static bool owned(const char *s)
+{
+    return s != NULL && s != protobuf_c_empty_string;
+}
+
+void kp_store_run_fini(Kprof__V1__Run *r)
+{
+    if (r == NULL) {
+        return;
+    }
+    if (owned(r->job)) {
+        free(r->job);
+    }
+    if (owned(r->name)) {
+        free(r->name);
+    }
+    r->job = (char *) protobuf_c_empty_string;
+    r->name = (char *) protobuf_c_empty_string;
+}
+
+void kp_store_list_fini(Kprof__V1__ListRunsResponse *r)
+{
+    if (r == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < r->n_runs; i++) {
+        kp_store_run_fini(r->runs[i]);
+        free(r->runs[i]);
+    }
+    free(r->runs);
+    r->runs = NULL;
+    r->n_runs = 0;
+}
+
+static long long cell_ll(const PGresult *res, int row, int col)
+{
+    return PQgetisnull(res, row, col) ? 0 : strtoll(PQgetvalue(res, row, col), NULL, 10);
+}
+
+/* Fills r from row of res (RUN_COLS). Returns 0 or -ENOMEM. */
+static int fill_run(const PGresult *res, int row, Kprof__V1__Run *r)
+{
+    char *job = strdup(PQgetvalue(res, row, 1));
+    char *name = strdup(PQgetvalue(res, row, 2));
+
+    if (job == NULL || name == NULL) {
+        free(job);
+        free(name);
+        return -ENOMEM;
+    }
+    kp_store_run_fini(r);
+    r->id = (uint64_t) cell_ll(res, row, 0);
+    r->job = job;
+    r->name = name;
+    r->state = (Kprof__V1__RunState) cell_ll(res, row, 3);
+    r->source = (Kprof__V1__RunSource) cell_ll(res, row, 4);
+    r->world_size = (uint32_t) cell_ll(res, row, 5);
+    r->created_ns = (int64_t) cell_ll(res, row, 6);
+    r->ended_ns = (int64_t) cell_ll(res, row, 7);
+    r->batches = (uint64_t) cell_ll(res, row, 8);
+    return 0;
+}
+
+static int check_text(const char *what, const char *s, bool required, char *errbuf,
+                      size_t errlen)
+{
+    size_t n = s == NULL ? 0 : strlen(s);
+
+    if (required && n == 0) {
+        snprintf(errbuf, errlen, "%s must not be empty", what);
+        return KP_EPROTO;
+    }
+    if (n > KP_STORE_MAX_TEXT_BYTES) {
+        snprintf(errbuf, errlen, "%s is %zu bytes long; the limit is %d bytes", what, n,
+                 KP_STORE_MAX_TEXT_BYTES);
+        return KP_EPROTO;
+    }
+    if (!kp_utf8_valid(s == NULL ? "" : s, n)) {
+        snprintf(errbuf, errlen, "%s is not valid UTF-8", what);
+        return KP_EPROTO;
+    }
+    return 0;
+}
+
+int kp_store_create_run(PGconn *c, const char *job, const char *name, uint32_t world_size,
+                        int source, Kprof__V1__Run *out, char *errbuf, size_t errlen)
+{
+    char ws[16], src[16], id[24], err[384];
+    const char *params[4] = { job, name != NULL ? name : "", src, ws };
+    PGresult *res = NULL;
+    int rc;
+
+    if ((rc = check_text("job", job, true, errbuf, errlen)) != 0 ||
+        (rc = check_text("name", name, false, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    if (world_size == 0 || world_size > KP_STORE_MAX_WORLD_SIZE) {
+        snprintf(errbuf, errlen, "world_size %" PRIu32 " is out of range (1..%d)", world_size,
+                 KP_STORE_MAX_WORLD_SIZE);
+        return KP_EPROTO;
+    }
+    if (source < KPROF__V1__RUN_SOURCE__RUN_SOURCE_UNSPECIFIED ||
+        source > KPROF__V1__RUN_SOURCE__RUN_SOURCE_SYNTHETIC) {
+        snprintf(errbuf, errlen, "source %d is not a RunSource", source);
+        return KP_EPROTO;
+    }
+    snprintf(ws, sizeof(ws), "%" PRIu32, world_size);
+    snprintf(src, sizeof(src), "%d", source);
+    if ((rc = kp_pg_exec(c, "BEGIN", err, sizeof(err))) != 0 ||
+        (rc = kp_pg_query(c,
+                          "INSERT INTO runs AS r (job, name, source, world_size) "
+                          "VALUES ($1, $2, $3, $4) RETURNING " RUN_COLS,
+                          4, params, &res, err, sizeof(err))) != 0) {
+        snprintf(errbuf, errlen, "create run: %s", err);
+        goto out;
+    }
+    snprintf(id, sizeof(id), "%s", PQgetvalue(res, 0, 0));
+    params[0] = id;
+    if ((rc = kp_pg_query(c, "SELECT kp_create_run_partitions($1)", 1, params, NULL, err,
+                          sizeof(err))) != 0 ||
+        (rc = kp_pg_exec(c, "COMMIT", err, sizeof(err))) != 0) {
+        snprintf(errbuf, errlen, "create run: %s", err);
+        goto out;
+    }
+    if ((rc = fill_run(res, 0, out)) != 0) {
+        snprintf(errbuf, errlen, "out of memory");
+    }
+out:
+    if (rc != 0) {
+        kp_pg_rollback(c);
+    }
+    PQclear(res);
+    return rc;
+}
+
+int kp_store_end_run(PGconn *c, uint64_t run_id, bool failed, Kprof__V1__Run *out,
+                     char *errbuf, size_t errlen)
+{
+    char id[24], state[8], err[384];
+    const char *params[2] = { id, state };
+    PGresult *res = NULL;
+    int rc;
+
+    if (run_id == 0 || run_id > INT32_MAX) {
+        snprintf(errbuf, errlen, "run %" PRIu64 " does not exist", run_id);
+        return KP_ENOTFOUND;
+    }
+    snprintf(id, sizeof(id), "%" PRIu64, run_id);
+    snprintf(state, sizeof(state), "%d",
+             failed ? KPROF__V1__RUN_STATE__RUN_STATE_FAILED : KPROF__V1__RUN_STATE__RUN_STATE_ENDED);
+    /* Only an open run changes state; ended_at keeps the first end. */
+    if ((rc = kp_pg_query(c,
+                          "UPDATE runs AS r SET "
+                          "state = CASE WHEN r.state = 1 THEN $2::smallint ELSE r.state END, "
+                          "ended_at = coalesce(r.ended_at, now()) "
+                          "WHERE r.id = $1 RETURNING " RUN_COLS,
+                          2, params, &res, err, sizeof(err))) != 0) {
+        snprintf(errbuf, errlen, "end run: %s", err);
+        goto out;
+    }
+    if (PQntuples(res) == 0) {
+        snprintf(errbuf, errlen, "run %" PRIu64 " does not exist", run_id);
+        rc = KP_ENOTFOUND;
+        goto out;
+    }
+    if ((rc = fill_run(res, 0, out)) != 0) {
+        snprintf(errbuf, errlen, "out of memory");
+    }
+out:
+    PQclear(res);
+    return rc;
+}
+
+int kp_store_list_runs(PGconn *c, const char *job, uint32_t limit,
+                       Kprof__V1__ListRunsResponse *out, char *errbuf, size_t errlen)
+{
+    char lim[16], err[384];
+    const char *params[2];
+    PGresult *res = NULL;
+    int n, rc;
+
+    if (job == NULL) {
+        job = "";
+    }
+    if ((rc = check_text("job", job, false, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    if (limit == 0) {
+        limit = KP_STORE_DEFAULT_LIMIT;
+    }
+    if (limit > KP_STORE_MAX_LIMIT) {
+        limit = KP_STORE_MAX_LIMIT;
+    }
+    snprintf(lim, sizeof(lim), "%" PRIu32, limit);
+    if (job[0] == '\0') {
+        params[0] = lim;
+        rc = kp_pg_query(c, "SELECT " RUN_COLS " FROM runs r ORDER BY r.id DESC LIMIT $1", 1,
+                         params, &res, err, sizeof(err));
+    }
+    else {
+        params[0] = job;
+        params[1] = lim;
+        rc = kp_pg_query(c,
+                         "SELECT " RUN_COLS
+                         " FROM runs r WHERE r.job = $1 ORDER BY r.id DESC LIMIT $2",
+                         2, params, &res, err, sizeof(err));
+    }
+    if (rc != 0) {
+        snprintf(errbuf, errlen, "list runs: %s", err);
+        goto out;
+    }
+    kp_store_list_fini(out);
+    n = PQntuples(res);
+    if (n > 0 && (out->runs = calloc((size_t) n, sizeof(*out->runs))) == NULL) {
+        rc = -ENOMEM;
+    }
+    for (int i = 0; i < n && rc == 0; i++) {
+        Kprof__V1__Run *r = malloc(sizeof(*r));
+
+        if (r == NULL) {
+            rc = -ENOMEM;
+            break;
+        }
+        kprof__v1__run__init(r);
+        out->runs[out->n_runs++] = r;
+        rc = fill_run(res, i, r);
+    }
+    if (rc != 0) {
+        snprintf(errbuf, errlen, "out of memory");
+        kp_store_list_fini(out);
+    }
+out:
+    PQclear(res);
+    return rc;
+}

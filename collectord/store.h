@@ -1,0 +1,61 @@
+/*
+ * Run bookkeeping for the Control service: create, end and list runs in PostgreSQL.
+ *
+ * A run is a row of `runs` plus one partition per event table (kp_create_run_partitions),
+ * made in one transaction, so a run that exists can always take events. Times travel as unix
+ * nanoseconds; `batches` counts the run's rows in ingest_batches.
+ *
+ * Every function borrows a connection that the caller uses from one thread, may block on
+ * PostgreSQL, and returns 0 or a negative code with a one-line reason in errbuf:
+ * KP_EPROTO for an invalid argument, KP_ENOTFOUND for a run that does not exist, KP_EPG when
+ * PostgreSQL failed (kp_pg_last_fault() tells whether the connection was lost), -ENOMEM.
+ */
+#ifndef KP_STORE_H
+#define KP_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <libpq-fe.h>
+
+#include "kprof.pb-c.h"
+
+#define KP_STORE_MAX_WORLD_SIZE  (1 << 20)
+#define KP_STORE_MAX_TEXT_BYTES  4096 /* job and name */
+#define KP_STORE_DEFAULT_LIMIT   100  /* ListRuns with limit 0 */
+#define KP_STORE_MAX_LIMIT       10000
+
+/*
+ * Creates a run of job (non-empty) named name ("" or NULL: none) with world_size ranks
+ * (1..KP_STORE_MAX_WORLD_SIZE) and source (a Kprof__V1__RunSource), with its partitions, in
+ * one transaction. Fills *out (initialised with KPROF__V1__RUN__INIT by the caller; its strings
+ * are owned: kp_store_run_fini, also after a failure).
+ */
+int kp_store_create_run(PGconn *c, const char *job, const char *name, uint32_t world_size,
+                        int source, Kprof__V1__Run *out, char *errbuf, size_t errlen);
+
+/*
+ * Ends run run_id: state ENDED, or FAILED if failed, and ended_at now. Ending an ended run
+ * changes nothing and is not an error. KP_ENOTFOUND if there is no such run. Fills *out like
+ * kp_store_create_run.
+ */
+int kp_store_end_run(PGconn *c, uint64_t run_id, bool failed, Kprof__V1__Run *out,
+                     char *errbuf, size_t errlen);
+
+/*
+ * Lists the newest runs of job ("" or NULL: every job), newest first, at most limit (0:
+ * KP_STORE_DEFAULT_LIMIT; capped at KP_STORE_MAX_LIMIT). Fills *out (initialised by the caller
+ * with KPROF__V1__LIST_RUNS_RESPONSE__INIT; what it holds is owned: kp_store_list_fini, also
+ * after a failure).
+ */
+int kp_store_list_runs(PGconn *c, const char *job, uint32_t limit,
+                       Kprof__V1__ListRunsResponse *out, char *errbuf, size_t errlen);
+
+/* Frees the strings the store put into r and resets them to empty. Accepts NULL. */
+void kp_store_run_fini(Kprof__V1__Run *r);
+
+/* Frees the runs the store put into r and empties it. Accepts NULL. */
+void kp_store_list_fini(Kprof__V1__ListRunsResponse *r);
+
+#endif

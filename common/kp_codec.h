@@ -1,0 +1,121 @@
+/*
+ * The batch codec: how kprof's columnar event messages (proto/kprof.proto) map to PostgreSQL.
+ *
+ * Each event kind (kernels, memcpys, ...) is one protobuf message of parallel repeated
+ * fields, and one PostgreSQL table whose columns are (run_id, rank, <the fields, same names,
+ * same order>). The spec table in kp_codec.c gives each field its SQL type and role. The
+ * validator and the COPY encoder walk that table and protobuf-c's field descriptors, so a new
+ * column is one row in the table, one field in the proto and one migration.
+ *
+ * Validation guarantees that a valid batch can be COPYed without error: every column has 0 or
+ * n values, every value fits its SQL type, every name index points into the string table,
+ * every string is valid UTF-8 within the length limit, and timestamps do not overflow.
+ */
+#ifndef KP_CODEC_H
+#define KP_CODEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kprof.pb-c.h"
+
+struct kp_strbuf;
+
+enum kp_event_kind {
+    KP_EV_KERNEL,
+    KP_EV_MEMCPY,
+    KP_EV_MEMSET,
+    KP_EV_API,
+    KP_EV_OP,
+    KP_EV_STEP,
+    KP_EV_COUNTER,
+    KP_EV_COLLECTIVE,
+    KP_EV_SYNC,
+    KP_EV_COUNT
+};
+
+enum kp_col_sql {
+    KP_SQL_INT2,
+    KP_SQL_INT4,
+    KP_SQL_INT8,
+    KP_SQL_FLOAT8,
+};
+
+enum kp_col_role {
+    KP_ROLE_VALUE, /* stored as is */
+    KP_ROLE_TS,    /* delta-encoded CLOCK_REALTIME ns, see kprof.proto */
+    KP_ROLE_NAME,  /* index into the batch's string table; stored as a names.id */
+};
+
+struct kp_column_spec {
+    const char *name; /* the proto field's name and the SQL column's name */
+    enum kp_col_sql sql;
+    enum kp_col_role role;
+    bool required; /* must have n values */
+};
+
+struct kp_event_kind_info {
+    const char *table;      /* PostgreSQL table */
+    const char *label;      /* short name for logs and metrics: "kernel", "memcpy", ... */
+    const char *field;      /* the Batch field that holds this kind */
+    const struct kp_column_spec *columns;
+    size_t n_columns;       /* columns[0] is the one whose length is the row count */
+    const ProtobufCMessageDescriptor *desc;
+};
+
+extern const struct kp_event_kind_info kp_event_kinds[KP_EV_COUNT];
+
+struct kp_batch_limits {
+    size_t max_name_bytes; /* longest string in the string table or rank info */
+    size_t max_strings;    /* entries in the string table */
+    size_t max_rows;       /* rows of all kinds together */
+};
+
+#define KP_CODEC_DEFAULT_MAX_NAME_BYTES 16384
+#define KP_CODEC_DEFAULT_MAX_STRINGS    (1u << 20)
+#define KP_CODEC_DEFAULT_MAX_ROWS       (1u << 22)
+
+/* Checks that the spec table matches the compiled proto descriptors. Returns 0, or
+ * KP_EPROTO with the mismatch in errbuf. Call once at start (tests call it too). */
+int kp_codec_selfcheck(char *errbuf, size_t errlen);
+
+/* Returns kind k's message in b, or NULL if the batch has none. */
+const ProtobufCMessage *kp_batch_kind(const Kprof__V1__Batch *b, enum kp_event_kind k);
+
+/* Returns the row count of kind k in b (0 if absent). */
+size_t kp_batch_rows(const Kprof__V1__Batch *b, enum kp_event_kind k);
+
+/* Returns the rows of all kinds in b. */
+size_t kp_batch_total_rows(const Kprof__V1__Batch *b);
+
+/*
+ * Validates b (see the top of this file). Returns 0; or KP_EPROTO (malformed) or KP_ETOOBIG
+ * (over a limit) with a one-line reason in errbuf naming the kind, column and row.
+ */
+int kp_batch_validate(const Kprof__V1__Batch *b, const struct kp_batch_limits *lim, char *errbuf,
+                      size_t errlen);
+
+/* True if s[0..len) is valid UTF-8 without NUL bytes. */
+bool kp_utf8_valid(const char *s, size_t len);
+
+/*
+ * Appends kind k's rows of a validated batch to out in PostgreSQL COPY text format, in the
+ * column order "run_id, rank, <spec columns>" (see kp_codec_copy_columns). name_ids maps the
+ * batch's string indexes to names.id (entry 0 is ignored: index 0 is NULL). Returns the rows
+ * written, or -ENOMEM.
+ */
+long kp_codec_copy_text(const Kprof__V1__Batch *b, enum kp_event_kind k, const int32_t *name_ids,
+                        struct kp_strbuf *out);
+
+/* Writes "run_id, rank, col, ..." for kind k into buf. Returns buf. */
+const char *kp_codec_copy_columns(enum kp_event_kind k, char *buf, size_t len);
+
+/* Reads value i of a repeated numeric field as int64 (uint64 reinterpreted; validation
+ * guarantees it fits). For callers that walk columns themselves (tests, analyzers). */
+int64_t kp_codec_get_i64(const ProtobufCMessage *m, const ProtobufCFieldDescriptor *f, size_t i);
+
+/* Returns the descriptor of column c of kind k (resolved by kp_codec_selfcheck). */
+const ProtobufCFieldDescriptor *kp_codec_field(enum kp_event_kind k, size_t c);
+
+#endif

@@ -1,0 +1,102 @@
+/*
+ * kp_pg: the libpq helpers every kprof binary shares.
+ *
+ * Errors: each call returns 0 (or a count) on success. On failure it returns KP_EPG (or
+ * -ENOMEM, KP_ECONFIG, KP_ESCHEMA where stated) and writes one line into errbuf: the server's
+ * message and SQLSTATE, or libpq's own text when the connection failed. Right after a failed
+ * call, kp_pg_last_fault() tells the caller what kind of failure it was, so that it can decide
+ * between reconnecting, retrying and giving up on the statement's data.
+ *
+ * Connections are plain libpq PGconn objects in blocking mode; each helper is as thread-safe
+ * as libpq is: one thread per connection at a time. Notices are logged at debug level.
+ */
+#ifndef KP_PG_H
+#define KP_PG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <libpq-fe.h>
+
+/* What went wrong in the last failed kp_pg_* call of this thread. */
+enum kp_pg_fault {
+    KP_PG_FAULT_NONE,      /* the last call succeeded */
+    KP_PG_FAULT_CONN,      /* the connection is lost (CONNECTION_BAD, SQLSTATE 08xxx,
+                              57P01..57P03 shutdown): reconnect, then retry */
+    KP_PG_FAULT_TRANSIENT, /* the server refused for now (deadlock, serialization failure,
+                              out of resources, read-only after a failover, cancelled, lock
+                              timeout): roll back and retry the same work later */
+    KP_PG_FAULT_STATEMENT, /* the statement or its data is wrong; the same work will fail
+                              the same way */
+};
+
+/*
+ * Connects to conninfo (a libpq conninfo string or URI; "" uses libpq's PG* environment) as
+ * application_name, which overrides one in conninfo. Adds connect_timeout=10, TCP keepalive
+ * settings and client_encoding=UTF8 where conninfo sets none. Returns 0 and *out (owned: PQfinish); KP_ECONFIG if
+ * conninfo does not parse; KP_EPG with libpq's message if the connection failed. Blocks.
+ */
+int kp_pg_connect(const char *conninfo, const char *application_name, PGconn **out,
+                  char *errbuf, size_t errlen);
+
+/* Runs sql (one or more statements, no parameters) and discards the result. Returns 0 or
+ * KP_EPG. Blocks. */
+int kp_pg_exec(PGconn *c, const char *sql, char *errbuf, size_t errlen);
+
+/*
+ * Runs one statement with n_params text parameters (NULL entries are SQL NULLs). Returns 0
+ * and, if out is not NULL, the result in *out (owned: PQclear); or KP_EPG. Blocks.
+ */
+int kp_pg_query(PGconn *c, const char *sql, int n_params, const char *const *params,
+                PGresult **out, char *errbuf, size_t errlen);
+
+/*
+ * COPY in three steps: begin ("COPY table (columns) FROM STDIN", text format), put any number
+ * of buffers (whole rows or not: they are one stream), end. kp_pg_copy_end returns the rows
+ * copied, or KP_EPG; with abort_reason non-NULL it makes the server abandon the COPY instead
+ * (and returns KP_EPG, leaving kp_pg_last_fault as the caller's failure made it). After a
+ * failed put, call kp_pg_copy_end with a reason: it takes the connection out of COPY state.
+ * Blocks.
+ */
+int kp_pg_copy_begin(PGconn *c, const char *table, const char *columns, char *errbuf,
+                     size_t errlen);
+int kp_pg_copy_put(PGconn *c, const char *data, size_t len, char *errbuf, size_t errlen);
+long kp_pg_copy_end(PGconn *c, const char *abort_reason, char *errbuf, size_t errlen);
+
+/* Begin, one put of data[0..len), end. Returns the rows copied, or KP_EPG. Blocks. */
+long kp_pg_copy_in(PGconn *c, const char *table, const char *columns, const char *data,
+                   size_t len, char *errbuf, size_t errlen);
+
+/*
+ * Applies the embedded migrations (kp_migrations.h) that the database lacks, in version
+ * order, each in its own transaction, recorded in kp_schema_migrations. Concurrent callers
+ * (several collectords starting at once) are serialised by a transaction-scoped advisory lock,
+ * so each migration runs once. Returns the number applied (0 when the schema was current);
+ * KP_ESCHEMA if the database has a version newer than this binary knows; or KP_EPG. Blocks.
+ */
+int kp_pg_migrate(PGconn *c, char *errbuf, size_t errlen);
+
+/* Rolls back c's open transaction, if any, keeping this thread's last fault for
+ * kp_pg_last_fault (the rollback's own failure is ignored: a lost connection rolls back on
+ * its own). Blocks. */
+void kp_pg_rollback(PGconn *c);
+
+/* The newest migration version compiled into this binary. */
+int kp_pg_schema_version(void);
+
+/*
+ * Classifies the last failure of a kp_pg_* call made by this thread on c: see enum
+ * kp_pg_fault. Call it right after the failure. c may be NULL (then it is CONN).
+ */
+enum kp_pg_fault kp_pg_last_fault(const PGconn *c);
+
+/* True if the last failure of this thread on c was a connection loss (KP_PG_FAULT_CONN). */
+bool kp_pg_conn_lost(const PGconn *c);
+
+/* The SQLSTATE of this thread's last failed kp_pg_* call ("" if it had none). */
+const char *kp_pg_last_sqlstate(void);
+
+/* Classifies a SQLSTATE alone (NULL or "": statement). */
+enum kp_pg_fault kp_pg_classify_sqlstate(const char *sqlstate);
+
+#endif

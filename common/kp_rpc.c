@@ -1,0 +1,1239 @@
+/*
+ * kp_rpc over gRPC's C core (1.51). See ../shared/specs/grpc-core.md for the measured call
+ * sequences and traps this follows:
+ *  - every batch in flight holds a reference on its call context (tags complete in any order,
+ *    the close tag often before the status tag);
+ *  - one op of each kind in flight per call, so sends queue and go one at a time;
+ *  - a NULL RECV_MESSAGE with success is "no more messages", but whether the call ended
+ *    cleanly is known only from RECV_CLOSE_ON_SERVER's cancelled flag;
+ *  - a catch-all request answers unregistered methods (else they hang to the deadline);
+ *  - SO_REUSEPORT off, so a second server on a port fails instead of splitting traffic;
+ *  - shutdown: shutdown_and_notify, cancel after the grace period, destroy, then drain the
+ *    queue until GRPC_QUEUE_SHUTDOWN while still handling call tags.
+ */
+#define KP_LOG_MODULE "rpc"
+#include "kp_rpc.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "kp_err.h"
+#include "kp_log.h"
+
+#define KP_RPC_DEFAULT_MAX_MSG (64u << 20)
+
+enum tag_type {
+    TAG_NEW,      /* a registered method's call arrived */
+    TAG_NEW_ANY,  /* the catch-all request for unknown methods */
+    TAG_RECV,
+    TAG_SEND,
+    TAG_CLOSE,    /* RECV_CLOSE_ON_SERVER */
+    TAG_STATUS,
+    TAG_SHUTDOWN,
+};
+
+struct tag {
+    enum tag_type type;
+    struct kp_rpc_call *call;
+};
+
+struct sendq {
+    grpc_byte_buffer *bb;
+    struct sendq *next;
+};
+
+struct kp_rpc_call {
+    struct kp_rpc_server *srv;
+    const struct kp_rpc_method *m; /* NULL for the catch-all */
+    size_t method_index;
+    grpc_call *call;
+    pthread_mutex_t mu;
+    int refs;
+    void *state;
+    gpr_timespec deadline;
+    grpc_metadata_array req_md;
+    grpc_call_details details; /* catch-all only */
+    grpc_byte_buffer *payload; /* unary request, or the message being received */
+    int close_cancelled;
+    struct tag t_new, t_recv, t_send, t_close, t_status;
+    grpc_byte_buffer *send_bb; /* in flight */
+    struct sendq *q_head, *q_tail;
+    grpc_status_code code;
+    char *status_details;
+    char *peer;
+    bool md_sent, recv_busy, paused, resume_pending, in_message_cb, stop_reading;
+    bool send_busy, finish_requested, status_started, status_done, close_done;
+    bool closed_notified, cancelled, live;
+};
+
+struct kp_rpc_server {
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    pthread_t thread;
+    bool thread_started;
+    const struct kp_rpc_method *methods;
+    size_t n_methods;
+    void **registered;
+    int port;
+    char name[64];
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool shutdown_started, shutdown_done, destroyed_server;
+    struct tag shutdown_tag;
+};
+
+static const char *const status_names[] = {
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED",
+};
+
+const char *kp_rpc_status_name(grpc_status_code code)
+{
+    if ((unsigned) code < sizeof(status_names) / sizeof(status_names[0])) {
+        return status_names[code];
+    }
+    return "UNKNOWN";
+}
+
+static gpr_timespec deadline_ms(long long ms)
+{
+    if (ms < 0) {
+        return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    }
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
+}
+
+/* Packs msg into a byte buffer (returns owned, or NULL on ENOMEM). */
+static grpc_byte_buffer *pack_msg(const ProtobufCMessage *msg)
+{
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    grpc_slice s = grpc_slice_malloc(len);
+    grpc_byte_buffer *bb;
+
+    protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
+    bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+static grpc_byte_buffer *bytes_bb(const void *buf, size_t len)
+{
+    grpc_slice s = grpc_slice_from_copied_buffer(buf, len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+
+    grpc_slice_unref(s);
+    return bb;
+}
+
+/* Unpacks a received buffer; *wire gets its size. NULL if it does not parse. */
+static ProtobufCMessage *unpack_bb(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb,
+                                   size_t *wire)
+{
+    ProtobufCMessage *m;
+    grpc_byte_buffer_reader r;
+    grpc_slice all;
+
+    *wire = grpc_byte_buffer_length(bb);
+    if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE &&
+        bb->data.raw.slice_buffer.count == 1) {
+        grpc_slice s = bb->data.raw.slice_buffer.slices[0];
+
+        return protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    }
+    if (!grpc_byte_buffer_reader_init(&r, bb)) {
+        return NULL;
+    }
+    all = grpc_byte_buffer_reader_readall(&r);
+    grpc_byte_buffer_reader_destroy(&r);
+    m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
+    grpc_slice_unref(all);
+    return m;
+}
+
+/* --- Server --- */
+
+static void call_free(struct kp_rpc_call *c)
+{
+    struct sendq *q = c->q_head;
+
+    while (q != NULL) {
+        struct sendq *next = q->next;
+
+        grpc_byte_buffer_destroy(q->bb);
+        free(q);
+        q = next;
+    }
+    if (c->payload != NULL) {
+        grpc_byte_buffer_destroy(c->payload);
+    }
+    if (c->send_bb != NULL) {
+        grpc_byte_buffer_destroy(c->send_bb);
+    }
+    if (c->call != NULL) {
+        grpc_call_unref(c->call);
+    }
+    grpc_metadata_array_destroy(&c->req_md);
+    if (c->m == NULL) {
+        grpc_call_details_destroy(&c->details);
+    }
+    if (c->peer != NULL) {
+        gpr_free(c->peer);
+    }
+    free(c->status_details);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+void kp_rpc_call_ref(struct kp_rpc_call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->refs++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void kp_rpc_call_unref(struct kp_rpc_call *c)
+{
+    int left;
+
+    pthread_mutex_lock(&c->mu);
+    left = --c->refs;
+    pthread_mutex_unlock(&c->mu);
+    if (left == 0) {
+        call_free(c);
+    }
+}
+
+static struct kp_rpc_call *call_new(struct kp_rpc_server *s, const struct kp_rpc_method *m,
+                                    size_t index)
+{
+    struct kp_rpc_call *c = calloc(1, sizeof(*c));
+
+    if (c == NULL) {
+        return NULL;
+    }
+    c->srv = s;
+    c->m = m;
+    c->method_index = index;
+    c->refs = 1; /* the pending request; becomes the "live" reference */
+    pthread_mutex_init(&c->mu, NULL);
+    grpc_metadata_array_init(&c->req_md);
+    if (m == NULL) {
+        grpc_call_details_init(&c->details);
+    }
+    c->t_new = (struct tag) { m == NULL ? TAG_NEW_ANY : TAG_NEW, c };
+    c->t_recv = (struct tag) { TAG_RECV, c };
+    c->t_send = (struct tag) { TAG_SEND, c };
+    c->t_close = (struct tag) { TAG_CLOSE, c };
+    c->t_status = (struct tag) { TAG_STATUS, c };
+    return c;
+}
+
+/* Arms the request for method index (or the catch-all when index == n_methods). */
+static void request_arm(struct kp_rpc_server *s, size_t index)
+{
+    const struct kp_rpc_method *m = index < s->n_methods ? &s->methods[index] : NULL;
+    struct kp_rpc_call *c = call_new(s, m, index);
+    grpc_call_error e;
+
+    if (c == NULL) {
+        kp_log_error("out of memory arming a request; method=%s", m ? m->path : "*");
+        return;
+    }
+    if (m == NULL) {
+        e = grpc_server_request_call(s->server, &c->call, &c->details, &c->req_md, s->cq, s->cq,
+                                     &c->t_new);
+    }
+    else {
+        e = grpc_server_request_registered_call(
+            s->server, s->registered[index], &c->call, &c->deadline, &c->req_md,
+            m->kind == KP_RPC_UNARY ? &c->payload : NULL, s->cq, s->cq, &c->t_new);
+    }
+    if (e != GRPC_CALL_OK) {
+        kp_log_error("request_call failed method=%s err=%d", m ? m->path : "*", (int) e);
+        call_free(c);
+    }
+}
+
+/* Starts a batch holding a reference; on failure drops it. Called with c->mu held. */
+static bool batch_locked(struct kp_rpc_call *c, const grpc_op *ops, size_t n, struct tag *t)
+{
+    grpc_call_error e;
+
+    c->refs++;
+    e = grpc_call_start_batch(c->call, ops, n, t, NULL);
+    if (e != GRPC_CALL_OK) {
+        c->refs--;
+        kp_log_warn("start_batch failed method=%s peer=%s err=%d", kp_rpc_call_method(c),
+                    c->peer ? c->peer : "?", (int) e);
+        return false;
+    }
+    return true;
+}
+
+static void recv_arm_locked(struct kp_rpc_call *c)
+{
+    grpc_op ops[2];
+    size_t n = 0;
+
+    if (c->recv_busy || c->stop_reading || c->finish_requested || c->cancelled) {
+        return;
+    }
+    memset(ops, 0, sizeof(ops));
+    if (!c->md_sent) {
+        ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+        n++;
+        c->md_sent = true;
+    }
+    ops[n].op = GRPC_OP_RECV_MESSAGE;
+    ops[n].data.recv_message.recv_message = &c->payload;
+    n++;
+    if (batch_locked(c, ops, n, &c->t_recv)) {
+        c->recv_busy = true;
+    }
+    else {
+        c->stop_reading = true;
+    }
+}
+
+/* Starts the next send, or the status once the sends are done. Called with c->mu held. */
+static void pump_locked(struct kp_rpc_call *c)
+{
+    grpc_op ops[2];
+    size_t n = 0;
+    grpc_slice details;
+
+    if (c->send_busy || c->status_started || c->cancelled || c->call == NULL) {
+        return;
+    }
+    memset(ops, 0, sizeof(ops));
+    if (!c->md_sent) {
+        ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+        n++;
+    }
+    if (c->q_head != NULL) {
+        struct sendq *q = c->q_head;
+
+        c->q_head = q->next;
+        if (c->q_head == NULL) {
+            c->q_tail = NULL;
+        }
+        c->send_bb = q->bb;
+        free(q);
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = c->send_bb;
+        n++;
+        if (batch_locked(c, ops, n, &c->t_send)) {
+            c->send_busy = true;
+            c->md_sent = true;
+        }
+        else {
+            grpc_byte_buffer_destroy(c->send_bb);
+            c->send_bb = NULL;
+        }
+        return;
+    }
+    if (!c->finish_requested) {
+        return;
+    }
+    details = grpc_slice_from_copied_string(c->status_details ? c->status_details : "");
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = c->code;
+    ops[n].data.send_status_from_server.status_details = &details;
+    n++;
+    c->status_started = true;
+    c->md_sent = true;
+    if (!batch_locked(c, ops, n, &c->t_status)) {
+        c->status_done = true;
+    }
+    grpc_slice_unref(details);
+}
+
+int kp_rpc_call_send(struct kp_rpc_call *c, const ProtobufCMessage *msg)
+{
+    struct sendq *q = malloc(sizeof(*q));
+    int rc = 0;
+
+    if (q == NULL) {
+        return -ENOMEM;
+    }
+    q->next = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->finish_requested || c->cancelled || c->closed_notified) {
+        rc = -ECANCELED;
+        goto out;
+    }
+    q->bb = pack_msg(msg);
+    if (c->q_tail != NULL) {
+        c->q_tail->next = q;
+    }
+    else {
+        c->q_head = q;
+    }
+    c->q_tail = q;
+    q = NULL;
+    pump_locked(c);
+out:
+    pthread_mutex_unlock(&c->mu);
+    free(q);
+    return rc;
+}
+
+int kp_rpc_call_finish(struct kp_rpc_call *c, grpc_status_code code, const char *details)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&c->mu);
+    if (c->finish_requested || c->cancelled || c->closed_notified) {
+        rc = -ECANCELED;
+        goto out;
+    }
+    c->finish_requested = true;
+    c->stop_reading = true;
+    c->code = code;
+    c->status_details = strdup(details ? details : "");
+    pump_locked(c);
+out:
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int kp_rpc_call_reply(struct kp_rpc_call *c, const ProtobufCMessage *msg)
+{
+    int rc = kp_rpc_call_send(c, msg);
+
+    if (rc != 0) {
+        return rc;
+    }
+    return kp_rpc_call_finish(c, GRPC_STATUS_OK, "");
+}
+
+void kp_rpc_call_resume(struct kp_rpc_call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->paused) {
+        c->paused = false;
+        recv_arm_locked(c);
+    }
+    else if (c->in_message_cb) {
+        c->resume_pending = true;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+const char *kp_rpc_call_peer(const struct kp_rpc_call *c)
+{
+    return c->peer != NULL ? c->peer : "unknown";
+}
+
+const char *kp_rpc_call_method(const struct kp_rpc_call *c)
+{
+    return c->m != NULL ? c->m->path : "unknown";
+}
+
+/*
+ * Runs on_close once the call is over: RECV_CLOSE_ON_SERVER has completed, and the status,
+ * if one was started, has gone out. A call closed before any status was started was
+ * cancelled by the client (or its deadline). Called without the lock.
+ */
+static void maybe_closed(struct kp_rpc_call *c)
+{
+    bool notify = false, cancelled = false;
+
+    pthread_mutex_lock(&c->mu);
+    if (c->live && !c->closed_notified && c->close_done &&
+        (!c->status_started || c->status_done)) {
+        notify = true;
+        c->closed_notified = true;
+        cancelled = c->close_cancelled || !c->status_started;
+        c->cancelled = c->cancelled || cancelled;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!notify) {
+        return;
+    }
+    if (c->m != NULL && c->m->kind == KP_RPC_STREAM && c->m->on_close != NULL) {
+        c->m->on_close(c, cancelled, c->state);
+    }
+    kp_rpc_call_unref(c); /* the live reference */
+}
+
+static void on_new_call(struct kp_rpc_server *s, struct kp_rpc_call *c, bool ok)
+{
+    const struct kp_rpc_method *m = c->m;
+    grpc_op op;
+    ProtobufCMessage *req;
+    size_t wire;
+    char details[256];
+
+    request_arm(s, c->method_index);
+    c->live = true;
+    c->peer = grpc_call_get_peer(c->call);
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &c->close_cancelled;
+    pthread_mutex_lock(&c->mu);
+    if (!batch_locked(c, &op, 1, &c->t_close)) {
+        c->close_done = true;
+    }
+    pthread_mutex_unlock(&c->mu);
+
+    if (m == NULL) {
+        char *method = grpc_slice_to_c_string(c->details.method);
+
+        kp_log_warn("unknown method=%s peer=%s", method, kp_rpc_call_peer(c));
+        snprintf(details, sizeof(details), "method %s is not implemented by %s", method,
+                 s->name);
+        gpr_free(method);
+        kp_rpc_call_finish(c, GRPC_STATUS_UNIMPLEMENTED, details);
+        return;
+    }
+    if (m->kind == KP_RPC_UNARY) {
+        if (c->payload == NULL) {
+            kp_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, "the request message is missing");
+            return;
+        }
+        req = unpack_bb(m->request, c->payload, &wire);
+        grpc_byte_buffer_destroy(c->payload);
+        c->payload = NULL;
+        if (req == NULL) {
+            kp_log_warn("malformed request method=%s peer=%s bytes=%zu", m->path,
+                        kp_rpc_call_peer(c), wire);
+            snprintf(details, sizeof(details), "malformed %s: failed to unpack %zu bytes",
+                     m->request->name, wire);
+            kp_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, details);
+            return;
+        }
+        m->on_request(c, req, m->ud);
+        return;
+    }
+    c->state = m->on_open != NULL ? m->on_open(c, m->ud) : NULL;
+    pthread_mutex_lock(&c->mu);
+    recv_arm_locked(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void on_recv(struct kp_rpc_call *c, bool ok)
+{
+    grpc_byte_buffer *bb;
+    ProtobufCMessage *msg;
+    enum kp_rpc_next next;
+    size_t wire;
+    char details[256];
+
+    pthread_mutex_lock(&c->mu);
+    c->recv_busy = false;
+    bb = c->payload;
+    c->payload = NULL;
+    if (!ok) {
+        /* Over the size limit (the core has told the client), or the call broke. */
+        c->stop_reading = true;
+        pthread_mutex_unlock(&c->mu);
+        if (bb != NULL) {
+            grpc_byte_buffer_destroy(bb);
+        }
+        kp_rpc_call_finish(c, GRPC_STATUS_UNAVAILABLE, "receive failed");
+        return;
+    }
+    if (bb == NULL) {
+        c->stop_reading = true;
+        pthread_mutex_unlock(&c->mu);
+        if (c->m->on_half_close != NULL) {
+            c->m->on_half_close(c, c->state);
+        }
+        else {
+            kp_rpc_call_finish(c, GRPC_STATUS_OK, "");
+        }
+        return;
+    }
+    c->in_message_cb = true;
+    c->resume_pending = false;
+    pthread_mutex_unlock(&c->mu);
+
+    msg = unpack_bb(c->m->request, bb, &wire);
+    grpc_byte_buffer_destroy(bb);
+    if (msg == NULL) {
+        kp_log_warn("malformed message method=%s peer=%s bytes=%zu", c->m->path,
+                    kp_rpc_call_peer(c), wire);
+        snprintf(details, sizeof(details), "malformed %s: failed to unpack %zu bytes",
+                 c->m->request->name, wire);
+        kp_rpc_call_finish(c, GRPC_STATUS_INVALID_ARGUMENT, details);
+        next = KP_RPC_STOP;
+    }
+    else {
+        next = c->m->on_message(c, msg, wire, c->state);
+    }
+
+    pthread_mutex_lock(&c->mu);
+    c->in_message_cb = false;
+    if (next == KP_RPC_PAUSE && c->resume_pending) {
+        next = KP_RPC_CONTINUE;
+    }
+    if (next == KP_RPC_CONTINUE) {
+        recv_arm_locked(c);
+    }
+    else if (next == KP_RPC_PAUSE) {
+        c->paused = true;
+    }
+    else {
+        c->stop_reading = true;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void on_send(struct kp_rpc_call *c, bool ok)
+{
+    pthread_mutex_lock(&c->mu);
+    c->send_busy = false;
+    grpc_byte_buffer_destroy(c->send_bb);
+    c->send_bb = NULL;
+    if (!ok) {
+        /* The client is gone: drop what is queued; the close tag will say cancelled. */
+        c->cancelled = true;
+    }
+    pump_locked(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void dispatch(struct kp_rpc_server *s, grpc_event *ev)
+{
+    struct tag *t = ev->tag;
+    struct kp_rpc_call *c = t->call;
+    bool ok = ev->success != 0;
+
+    switch (t->type) {
+    case TAG_SHUTDOWN:
+        pthread_mutex_lock(&s->mu);
+        s->shutdown_done = true;
+        pthread_cond_broadcast(&s->cond);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    case TAG_NEW:
+    case TAG_NEW_ANY:
+        if (!ok) { /* shutting down: the armed request comes back unused */
+            kp_rpc_call_unref(c);
+            return;
+        }
+        on_new_call(s, c, ok);
+        maybe_closed(c);
+        return; /* the request's reference became the live one */
+    case TAG_RECV:
+        on_recv(c, ok);
+        break;
+    case TAG_SEND:
+        on_send(c, ok);
+        break;
+    case TAG_CLOSE:
+        pthread_mutex_lock(&c->mu);
+        c->close_done = true;
+        if (c->close_cancelled) {
+            c->cancelled = true;
+        }
+        pthread_mutex_unlock(&c->mu);
+        break;
+    case TAG_STATUS:
+        pthread_mutex_lock(&c->mu);
+        c->status_done = true;
+        pthread_mutex_unlock(&c->mu);
+        break;
+    }
+    maybe_closed(c);
+    kp_rpc_call_unref(c); /* the batch's reference */
+}
+
+static void *server_thread(void *arg)
+{
+    struct kp_rpc_server *s = arg;
+
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(s->cq, deadline_ms(200), NULL);
+
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) {
+            break;
+        }
+        if (ev.type == GRPC_OP_COMPLETE) {
+            dispatch(s, &ev);
+        }
+    }
+    return NULL;
+}
+
+static char *read_file(const char *path, char *errbuf, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long len;
+
+    if (f == NULL) {
+        snprintf(errbuf, errlen, "cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || len > (16 << 20) ||
+        fseek(f, 0, SEEK_SET) != 0 || (buf = malloc((size_t) len + 1)) == NULL ||
+        fread(buf, 1, (size_t) len, f) != (size_t) len) {
+        snprintf(errbuf, errlen, "cannot read %s", path);
+        free(buf);
+        buf = NULL;
+    }
+    else {
+        buf[len] = '\0';
+    }
+    fclose(f);
+    return buf;
+}
+
+static grpc_server_credentials *server_creds(const struct kp_rpc_server_opts *o, char *errbuf,
+                                             size_t errlen)
+{
+    grpc_ssl_pem_key_cert_pair pair;
+    grpc_server_credentials *creds = NULL;
+    char *cert = NULL, *key = NULL;
+
+    if (o->tls_cert_file == NULL || o->tls_cert_file[0] == '\0') {
+        return grpc_insecure_server_credentials_create();
+    }
+    if ((cert = read_file(o->tls_cert_file, errbuf, errlen)) == NULL ||
+        (key = read_file(o->tls_key_file ? o->tls_key_file : "", errbuf, errlen)) == NULL) {
+        goto out;
+    }
+    pair.cert_chain = cert;
+    pair.private_key = key;
+    creds = grpc_ssl_server_credentials_create_ex(NULL, &pair, 1,
+                                                  GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE, NULL);
+    if (creds == NULL) {
+        snprintf(errbuf, errlen, "TLS credentials from %s and %s are not usable",
+                 o->tls_cert_file, o->tls_key_file);
+    }
+out:
+    free(cert);
+    free(key);
+    return creds;
+}
+
+int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_rpc_method *methods,
+                         size_t n_methods, struct kp_rpc_server **out, char *errbuf, size_t errlen)
+{
+    struct kp_rpc_server *s = calloc(1, sizeof(*s));
+    grpc_server_credentials *creds = NULL;
+    grpc_arg args[2];
+    grpc_channel_args cargs;
+    int rc = -ENOMEM;
+
+    if (s == NULL) {
+        snprintf(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    grpc_init();
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    s->methods = methods;
+    s->n_methods = n_methods;
+    snprintf(s->name, sizeof(s->name), "%s", opts->name ? opts->name : "kprof");
+    s->shutdown_tag = (struct tag) { TAG_SHUTDOWN, NULL };
+    if ((s->registered = calloc(n_methods + 1, sizeof(void *))) == NULL) {
+        goto fail;
+    }
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer =
+        (int) (opts->max_message_bytes ? opts->max_message_bytes : KP_RPC_DEFAULT_MAX_MSG);
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = GRPC_ARG_ALLOW_REUSEPORT;
+    args[1].value.integer = 0;
+    cargs.num_args = 2;
+    cargs.args = args;
+    s->server = grpc_server_create(&cargs, NULL);
+    s->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(s->server, s->cq, NULL);
+    for (size_t i = 0; i < n_methods; i++) {
+        s->registered[i] = grpc_server_register_method(
+            s->server, methods[i].path, NULL,
+            methods[i].kind == KP_RPC_UNARY ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER
+                                            : GRPC_SRM_PAYLOAD_NONE,
+            0);
+        if (s->registered[i] == NULL) {
+            snprintf(errbuf, errlen, "cannot register method %s", methods[i].path);
+            rc = -EINVAL;
+            goto fail;
+        }
+    }
+    if ((creds = server_creds(opts, errbuf, errlen)) == NULL) {
+        rc = KP_ECONFIG;
+        goto fail;
+    }
+    s->port = grpc_server_add_http2_port(s->server, opts->listen, creds);
+    grpc_server_credentials_release(creds);
+    if (s->port == 0) {
+        snprintf(errbuf, errlen,
+                 "cannot listen on %s (address in use or invalid); pick another --listen",
+                 opts->listen);
+        rc = -EADDRINUSE;
+        goto fail;
+    }
+    if (strncmp(opts->listen, "unix:", 5) == 0) {
+        s->port = 0;
+    }
+    grpc_server_start(s->server);
+    for (size_t i = 0; i <= n_methods; i++) {
+        request_arm(s, i);
+    }
+    if (pthread_create(&s->thread, NULL, server_thread, s) != 0) {
+        snprintf(errbuf, errlen, "cannot start the server thread");
+        rc = -EAGAIN;
+        goto fail;
+    }
+    s->thread_started = true;
+    *out = s;
+    return 0;
+fail:
+    kp_rpc_server_destroy(s);
+    return rc;
+}
+
+int kp_rpc_server_port(const struct kp_rpc_server *s)
+{
+    return s->port;
+}
+
+static bool wait_shutdown(struct kp_rpc_server *s, long long ms)
+{
+    struct timespec ts;
+    bool done;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (ms % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    pthread_mutex_lock(&s->mu);
+    while (!s->shutdown_done) {
+        if (pthread_cond_timedwait(&s->cond, &s->mu, &ts) != 0) {
+            break;
+        }
+    }
+    done = s->shutdown_done;
+    pthread_mutex_unlock(&s->mu);
+    return done;
+}
+
+void kp_rpc_server_shutdown(struct kp_rpc_server *s, long long grace_ms)
+{
+    if (s == NULL || s->server == NULL || !s->thread_started) {
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->shutdown_started) {
+        pthread_mutex_unlock(&s->mu);
+        wait_shutdown(s, 10000);
+        return;
+    }
+    s->shutdown_started = true;
+    pthread_mutex_unlock(&s->mu);
+    grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+    if (!wait_shutdown(s, grace_ms)) {
+        kp_log_info("cancelling calls still open after the grace period grace_ms=%lld",
+                    grace_ms);
+        grpc_server_cancel_all_calls(s->server);
+        wait_shutdown(s, 10000);
+    }
+}
+
+void kp_rpc_server_destroy(struct kp_rpc_server *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    if (s->server != NULL) {
+        if (s->thread_started) {
+            kp_rpc_server_shutdown(s, 0);
+        }
+        else {
+            grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+            grpc_server_cancel_all_calls(s->server);
+        }
+        grpc_server_destroy(s->server);
+    }
+    if (s->cq != NULL) {
+        grpc_completion_queue_shutdown(s->cq);
+        if (s->thread_started) {
+            pthread_join(s->thread, NULL);
+        }
+        else {
+            /* Never started: drain here (armed requests come back failed). */
+            for (;;) {
+                grpc_event ev = grpc_completion_queue_next(s->cq, deadline_ms(-1), NULL);
+
+                if (ev.type == GRPC_QUEUE_SHUTDOWN) {
+                    break;
+                }
+                dispatch(s, &ev);
+            }
+        }
+        grpc_completion_queue_destroy(s->cq);
+    }
+    free(s->registered);
+    pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    grpc_shutdown();
+}
+
+/* --- Client --- */
+
+struct kp_rpc_channel {
+    grpc_channel *ch;
+};
+
+struct kp_rpc_stream {
+    grpc_call *call;
+    grpc_completion_queue *cq;
+    const ProtobufCMessageDescriptor *resp_desc;
+    grpc_metadata_array init_md, trail_md;
+    grpc_status_code status;
+    grpc_slice status_details;
+    const char *error_string;
+    grpc_byte_buffer *recv_bb;
+    bool recv_armed, status_done, broken;
+    char t_send, t_recv, t_status, t_close; /* addresses serve as tags */
+};
+
+int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *opts,
+                          struct kp_rpc_channel **out, char *errbuf, size_t errlen)
+{
+    struct kp_rpc_channel *c = calloc(1, sizeof(*c));
+    grpc_channel_credentials *creds;
+    grpc_arg args[2];
+    grpc_channel_args cargs;
+    char *ca = NULL;
+
+    if (c == NULL) {
+        snprintf(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    grpc_init();
+    if (opts != NULL && opts->tls_ca_file != NULL && opts->tls_ca_file[0] != '\0') {
+        if ((ca = read_file(opts->tls_ca_file, errbuf, errlen)) == NULL) {
+            free(c);
+            grpc_shutdown();
+            return KP_ECONFIG;
+        }
+        creds = grpc_ssl_credentials_create(ca, NULL, NULL, NULL);
+    }
+    else {
+        creds = grpc_insecure_credentials_create();
+    }
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = (int) (opts != NULL && opts->max_message_bytes
+                                       ? opts->max_message_bytes
+                                       : KP_RPC_DEFAULT_MAX_MSG);
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = -1;
+    cargs.num_args = 2;
+    cargs.args = args;
+    c->ch = grpc_channel_create(target, creds, &cargs);
+    grpc_channel_credentials_release(creds);
+    free(ca);
+    *out = c;
+    return 0;
+}
+
+void kp_rpc_channel_destroy(struct kp_rpc_channel *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    grpc_channel_destroy(c->ch);
+    free(c);
+    grpc_shutdown();
+}
+
+static void status_fill(struct kp_rpc_status *st, grpc_status_code code, grpc_slice details,
+                        const char *error_string)
+{
+    char *d;
+
+    if (st == NULL) {
+        return;
+    }
+    st->code = code;
+    d = grpc_slice_to_c_string(details);
+    snprintf(st->details, sizeof(st->details), "%s", d[0] != '\0' ? d : (error_string ? error_string : ""));
+    gpr_free(d);
+}
+
+static void cq_drain_destroy(grpc_completion_queue *cq)
+{
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(cq);
+}
+
+int kp_rpc_unary(struct kp_rpc_channel *ch, const char *path, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
+                 long long timeout_ms, struct kp_rpc_status *st)
+{
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_slice method = grpc_slice_from_static_string(path);
+    grpc_metadata_array init_md, trail_md;
+    grpc_byte_buffer *send_bb = pack_msg(req), *recv_bb = NULL;
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    const char *error_string = NULL;
+    grpc_op ops[6];
+    grpc_call *call;
+    grpc_event ev;
+    char tag;
+    size_t wire;
+    int rc = KP_ERPC;
+
+    *resp = NULL;
+    grpc_metadata_array_init(&init_md);
+    grpc_metadata_array_init(&trail_md);
+    call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
+                                    deadline_ms(timeout_ms > 0 ? timeout_ms : -1), NULL);
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send_bb;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &recv_bb;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &trail_md;
+    ops[5].data.recv_status_on_client.status = &code;
+    ops[5].data.recv_status_on_client.status_details = &details;
+    ops[5].data.recv_status_on_client.error_string = &error_string;
+    if (grpc_call_start_batch(call, ops, 6, &tag, NULL) != GRPC_CALL_OK) {
+        code = GRPC_STATUS_INTERNAL;
+    }
+    else {
+        ev = grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        (void) ev;
+    }
+    status_fill(st, code, details, error_string);
+    if (code == GRPC_STATUS_OK) {
+        if (recv_bb == NULL || (*resp = unpack_bb(resp_desc, recv_bb, &wire)) == NULL) {
+            if (st != NULL) {
+                st->code = GRPC_STATUS_INTERNAL;
+                snprintf(st->details, sizeof(st->details), "the reply to %s did not unpack",
+                         path);
+            }
+        }
+        else {
+            rc = 0;
+        }
+    }
+    if (recv_bb != NULL) {
+        grpc_byte_buffer_destroy(recv_bb);
+    }
+    grpc_byte_buffer_destroy(send_bb);
+    grpc_slice_unref(details);
+    gpr_free((void *) error_string);
+    grpc_metadata_array_destroy(&init_md);
+    grpc_metadata_array_destroy(&trail_md);
+    grpc_call_unref(call);
+    cq_drain_destroy(cq);
+    return rc;
+}
+
+int kp_rpc_stream_open(struct kp_rpc_channel *ch, const char *path,
+                       const ProtobufCMessageDescriptor *resp_desc, long long timeout_ms,
+                       struct kp_rpc_stream **out, struct kp_rpc_status *st)
+{
+    struct kp_rpc_stream *s = calloc(1, sizeof(*s));
+    grpc_op ops[2];
+
+    if (s == NULL) {
+        return -ENOMEM;
+    }
+    s->cq = grpc_completion_queue_create_for_pluck(NULL);
+    s->resp_desc = resp_desc;
+    s->status_details = grpc_empty_slice();
+    grpc_metadata_array_init(&s->init_md);
+    grpc_metadata_array_init(&s->trail_md);
+    s->call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, s->cq,
+                                       grpc_slice_from_static_string(path), NULL,
+                                       deadline_ms(timeout_ms > 0 ? timeout_ms : -1), NULL);
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (grpc_call_start_batch(s->call, ops, 1, &s->t_send, NULL) != GRPC_CALL_OK) {
+        goto fail;
+    }
+    grpc_completion_queue_pluck(s->cq, &s->t_send, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    /* Armed from the start, so an early error status is seen (spec pitfall 6). */
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[0].data.recv_initial_metadata.recv_initial_metadata = &s->init_md;
+    ops[1].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[1].data.recv_status_on_client.trailing_metadata = &s->trail_md;
+    ops[1].data.recv_status_on_client.status = &s->status;
+    ops[1].data.recv_status_on_client.status_details = &s->status_details;
+    ops[1].data.recv_status_on_client.error_string = &s->error_string;
+    if (grpc_call_start_batch(s->call, ops, 2, &s->t_status, NULL) != GRPC_CALL_OK) {
+        goto fail;
+    }
+    *out = s;
+    return 0;
+fail:
+    if (st != NULL) {
+        st->code = GRPC_STATUS_INTERNAL;
+        snprintf(st->details, sizeof(st->details), "cannot start a call to %s", path);
+    }
+    s->status_done = true;
+    kp_rpc_stream_destroy(s);
+    return KP_ERPC;
+}
+
+static int stream_send_bb(struct kp_rpc_stream *s, grpc_byte_buffer *bb)
+{
+    grpc_op op;
+    grpc_event ev;
+
+    if (s->broken) {
+        grpc_byte_buffer_destroy(bb);
+        return KP_ERPC;
+    }
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_SEND_MESSAGE;
+    op.data.send_message.send_message = bb;
+    if (grpc_call_start_batch(s->call, &op, 1, &s->t_send, NULL) != GRPC_CALL_OK) {
+        grpc_byte_buffer_destroy(bb);
+        s->broken = true;
+        return KP_ERPC;
+    }
+    ev = grpc_completion_queue_pluck(s->cq, &s->t_send, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    grpc_byte_buffer_destroy(bb);
+    if (!ev.success) {
+        s->broken = true;
+        return KP_ERPC;
+    }
+    return 0;
+}
+
+int kp_rpc_stream_send(struct kp_rpc_stream *s, const ProtobufCMessage *msg)
+{
+    return stream_send_bb(s, pack_msg(msg));
+}
+
+int kp_rpc_stream_send_bytes(struct kp_rpc_stream *s, const void *buf, size_t len)
+{
+    return stream_send_bb(s, bytes_bb(buf, len));
+}
+
+int kp_rpc_stream_recv(struct kp_rpc_stream *s, ProtobufCMessage **msg, long long timeout_ms)
+{
+    grpc_op op;
+    grpc_event ev;
+    grpc_byte_buffer *bb;
+    size_t wire;
+
+    *msg = NULL;
+    if (!s->recv_armed) {
+        memset(&op, 0, sizeof(op));
+        op.op = GRPC_OP_RECV_MESSAGE;
+        op.data.recv_message.recv_message = &s->recv_bb;
+        if (grpc_call_start_batch(s->call, &op, 1, &s->t_recv, NULL) != GRPC_CALL_OK) {
+            return KP_ERPC;
+        }
+        s->recv_armed = true;
+    }
+    ev = grpc_completion_queue_pluck(s->cq, &s->t_recv, deadline_ms(timeout_ms), NULL);
+    if (ev.type == GRPC_QUEUE_TIMEOUT) {
+        return -ETIMEDOUT;
+    }
+    s->recv_armed = false;
+    bb = s->recv_bb;
+    s->recv_bb = NULL;
+    if (!ev.success) {
+        if (bb != NULL) {
+            grpc_byte_buffer_destroy(bb);
+        }
+        return KP_ERPC;
+    }
+    if (bb == NULL) {
+        return 0;
+    }
+    *msg = unpack_bb(s->resp_desc, bb, &wire);
+    grpc_byte_buffer_destroy(bb);
+    return *msg != NULL ? 1 : KP_EPROTO;
+}
+
+int kp_rpc_stream_close_send(struct kp_rpc_stream *s)
+{
+    grpc_op op;
+    grpc_event ev;
+
+    if (s->broken) {
+        return KP_ERPC;
+    }
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    if (grpc_call_start_batch(s->call, &op, 1, &s->t_close, NULL) != GRPC_CALL_OK) {
+        return KP_ERPC;
+    }
+    ev = grpc_completion_queue_pluck(s->cq, &s->t_close, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                     NULL);
+    return ev.success ? 0 : KP_ERPC;
+}
+
+int kp_rpc_stream_finish(struct kp_rpc_stream *s, struct kp_rpc_status *st, long long timeout_ms)
+{
+    if (!s->status_done) {
+        grpc_event ev = grpc_completion_queue_pluck(s->cq, &s->t_status, deadline_ms(timeout_ms),
+                                                    NULL);
+
+        if (ev.type == GRPC_QUEUE_TIMEOUT) {
+            return -ETIMEDOUT;
+        }
+        s->status_done = true;
+    }
+    status_fill(st, s->status, s->status_details, s->error_string);
+    return s->status == GRPC_STATUS_OK ? 0 : KP_ERPC;
+}
+
+void kp_rpc_stream_destroy(struct kp_rpc_stream *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    if (s->call != NULL) {
+        if (!s->status_done) {
+            grpc_call_cancel(s->call, NULL);
+            grpc_completion_queue_pluck(s->cq, &s->t_status, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                        NULL);
+        }
+        if (s->recv_armed) {
+            grpc_completion_queue_pluck(s->cq, &s->t_recv, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                        NULL);
+        }
+        if (s->recv_bb != NULL) {
+            grpc_byte_buffer_destroy(s->recv_bb);
+        }
+        grpc_call_unref(s->call);
+    }
+    grpc_slice_unref(s->status_details);
+    gpr_free((void *) s->error_string);
+    grpc_metadata_array_destroy(&s->init_md);
+    grpc_metadata_array_destroy(&s->trail_md);
+    cq_drain_destroy(s->cq);
+    free(s);
+}

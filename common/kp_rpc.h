@@ -1,0 +1,185 @@
+/*
+ * kp_rpc: kprof's one wrapper over gRPC's C core (grpc.h), used by every binary. It speaks
+ * real gRPC over HTTP/2, so any gRPC client in any language can call kprof's services; the
+ * messages are protobuf-c messages.
+ *
+ * Server: methods are registered up front with a path ("/kprof.v1.Ingest/Push"), a kind and
+ * the request's descriptor. One thread of the server's own turns the completion queue and
+ * runs the callbacks; requests that fail to unpack are answered INVALID_ARGUMENT by the
+ * wrapper (logged once) and never reach a callback; unknown methods get UNIMPLEMENTED.
+ * Replies, stream messages, resume and finish may be issued from any thread: each call
+ * keeps its sends in order, with one send in flight, and sends its status after them.
+ *
+ * Call lifetime: the wrapper holds a reference while the call is live; a callee that keeps
+ * the call past a callback (to answer from a worker thread) takes its own with
+ * kp_rpc_call_ref and drops it with kp_rpc_call_unref. on_close runs exactly once, when the
+ * call is over (status sent or client gone); after it, sends and finish are no-ops.
+ *
+ * Client: blocking unary calls, and streams on which one thread sends while another receives.
+ */
+#ifndef KP_RPC_H
+#define KP_RPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <grpc/status.h>
+#include <protobuf-c/protobuf-c.h>
+
+struct kp_rpc_server;
+struct kp_rpc_call;
+struct kp_rpc_channel;
+struct kp_rpc_stream;
+
+enum kp_rpc_kind {
+    KP_RPC_UNARY,  /* one request, one reply */
+    KP_RPC_STREAM, /* a client stream of requests; the server may send any number of replies */
+};
+
+/* What a stream's on_message tells the wrapper to do next. */
+enum kp_rpc_next {
+    KP_RPC_CONTINUE, /* read the next message */
+    KP_RPC_PAUSE,    /* stop reading until kp_rpc_call_resume (flow control to the client) */
+    KP_RPC_STOP,     /* read no more (the callee has finished the call or will) */
+};
+
+/* Unary: the request, owned by the callee (protobuf_c_message_free_unpacked). The callee
+ * answers, now or later from any thread, with kp_rpc_call_reply or kp_rpc_call_finish. */
+typedef void kp_rpc_request_cb(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud);
+/* Stream opened. Returns the callee's per-call state (passed to the other callbacks). */
+typedef void *kp_rpc_open_cb(struct kp_rpc_call *call, void *ud);
+/* A stream message, owned by the callee; wire_bytes is its encoded size. */
+typedef enum kp_rpc_next kp_rpc_message_cb(struct kp_rpc_call *call, ProtobufCMessage *msg,
+                                           size_t wire_bytes, void *state);
+/* The client has sent its last message. The callee finishes the call when it is ready. */
+typedef void kp_rpc_half_close_cb(struct kp_rpc_call *call, void *state);
+/* The call is over: cancelled is true if the client went away (or was cancelled) before a
+ * status was sent. Last callback for this call. */
+typedef void kp_rpc_close_cb(struct kp_rpc_call *call, bool cancelled, void *state);
+
+struct kp_rpc_method {
+    const char *path; /* "/package.Service/Method" */
+    enum kp_rpc_kind kind;
+    const ProtobufCMessageDescriptor *request;
+    kp_rpc_request_cb *on_request; /* unary */
+    kp_rpc_open_cb *on_open;       /* stream */
+    kp_rpc_message_cb *on_message;
+    kp_rpc_half_close_cb *on_half_close;
+    kp_rpc_close_cb *on_close;
+    void *ud;
+};
+
+struct kp_rpc_server_opts {
+    const char *listen;          /* "127.0.0.1:0" (port 0: ephemeral), "[::1]:7070", "unix:/path" */
+    size_t max_message_bytes;    /* larger requests get RESOURCE_EXHAUSTED; 0: 64 MiB */
+    const char *tls_cert_file;   /* PEM; with tls_key_file, serve TLS; NULL: plaintext */
+    const char *tls_key_file;
+    const char *name;            /* for logs and UNIMPLEMENTED details, e.g. "kprof-collectord" */
+};
+
+/*
+ * Creates a server with the given methods (borrowed: they must outlive the server), binds
+ * and starts it with its completion-queue thread. Returns 0 and *out, or a negative code with
+ * the reason in errbuf (e.g. the address is in use).
+ */
+int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_rpc_method *methods,
+                         size_t n_methods, struct kp_rpc_server **out, char *errbuf,
+                         size_t errlen);
+
+/* The bound TCP port (useful with port 0), or 0 for unix sockets. */
+int kp_rpc_server_port(const struct kp_rpc_server *s);
+
+/*
+ * Stops accepting calls, waits up to grace_ms for live calls to finish, then cancels the rest.
+ * Callbacks may still run (on_close of cancelled calls) and sends from other threads stay safe
+ * until kp_rpc_server_destroy. Blocks. Not from a callback.
+ */
+void kp_rpc_server_shutdown(struct kp_rpc_server *s, long long grace_ms);
+
+/* Shuts down if needed, drains the queue, joins the thread and frees the server. Every
+ * reference the callee took on a call must have been dropped. Accepts NULL. */
+void kp_rpc_server_destroy(struct kp_rpc_server *s);
+
+/* Server-side call operations. All are thread-safe. */
+void kp_rpc_call_ref(struct kp_rpc_call *call);
+void kp_rpc_call_unref(struct kp_rpc_call *call);
+
+/* Queues a message to the client (borrowed: packed before return). Returns 0, -ENOMEM, or
+ * -ECANCELED if the call is finished or gone. */
+int kp_rpc_call_send(struct kp_rpc_call *call, const ProtobufCMessage *msg);
+
+/* Ends the call with a status after the queued sends. details is copied. Later calls are
+ * no-ops. Returns 0, or -ECANCELED if it was already finished or gone. */
+int kp_rpc_call_finish(struct kp_rpc_call *call, grpc_status_code code, const char *details);
+
+/* kp_rpc_call_send then kp_rpc_call_finish(OK): the reply of a unary call. */
+int kp_rpc_call_reply(struct kp_rpc_call *call, const ProtobufCMessage *msg);
+
+/* Reads again after KP_RPC_PAUSE. No-op if not paused or finished. */
+void kp_rpc_call_resume(struct kp_rpc_call *call);
+
+/* The client's address ("ipv4:127.0.0.1:5555") and the method path, for logs. Borrowed. */
+const char *kp_rpc_call_peer(const struct kp_rpc_call *call);
+const char *kp_rpc_call_method(const struct kp_rpc_call *call);
+
+/* Returns GRPC_STATUS_INVALID_ARGUMENT etc. as text ("INVALID_ARGUMENT"). */
+const char *kp_rpc_status_name(grpc_status_code code);
+
+/* --- Client --- */
+
+struct kp_rpc_status {
+    grpc_status_code code;
+    char details[512];
+};
+
+struct kp_rpc_channel_opts {
+    size_t max_message_bytes; /* largest reply accepted; 0: 64 MiB */
+    const char *tls_ca_file;  /* PEM of the CA that signed the server's cert; NULL: plaintext */
+};
+
+/* Creates a channel to target ("127.0.0.1:7070", "unix:/path"). Connects lazily. opts may be
+ * NULL. Returns 0 and *out (kp_rpc_channel_destroy), or a negative code with errbuf. */
+int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *opts,
+                          struct kp_rpc_channel **out, char *errbuf, size_t errlen);
+void kp_rpc_channel_destroy(struct kp_rpc_channel *ch);
+
+/*
+ * A blocking unary call. On success returns 0 and *resp (owned:
+ * protobuf_c_message_free_unpacked). On failure returns KP_ERPC with the status in *st
+ * (UNAVAILABLE when nothing listens, DEADLINE_EXCEEDED after timeout_ms, ...).
+ */
+int kp_rpc_unary(struct kp_rpc_channel *ch, const char *path, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
+                 long long timeout_ms, struct kp_rpc_status *st);
+
+/* Opens a stream call. timeout_ms bounds the whole call (0: none). Returns 0 and *out
+ * (kp_rpc_stream_destroy), or a negative code with the status in *st. */
+int kp_rpc_stream_open(struct kp_rpc_channel *ch, const char *path,
+                       const ProtobufCMessageDescriptor *resp_desc, long long timeout_ms,
+                       struct kp_rpc_stream **out, struct kp_rpc_status *st);
+
+/* Sends a message (borrowed) and waits until the transport took it. Returns 0, or KP_ERPC if
+ * the call is broken (then kp_rpc_stream_finish tells why). One sending thread at a time. */
+int kp_rpc_stream_send(struct kp_rpc_stream *s, const ProtobufCMessage *msg);
+
+/* Sends bytes as they are (pre-encoded messages, or garbage in tests). */
+int kp_rpc_stream_send_bytes(struct kp_rpc_stream *s, const void *buf, size_t len);
+
+/* Receives the next reply: returns 1 and *msg (owned), 0 at the end of the server's
+ * messages, -ETIMEDOUT after timeout_ms (the receive stays armed for the next call; -1:
+ * wait indefinitely), KP_EPROTO if a reply failed to unpack, or KP_ERPC. One receiving
+ * thread at a time; it may run beside the sending thread. */
+int kp_rpc_stream_recv(struct kp_rpc_stream *s, ProtobufCMessage **msg, long long timeout_ms);
+
+/* Tells the server no more messages follow. */
+int kp_rpc_stream_close_send(struct kp_rpc_stream *s);
+
+/* Waits for the call's final status (up to timeout_ms; -1: indefinitely). Returns 0 if the
+ * status is OK, KP_ERPC otherwise (status in *st), -ETIMEDOUT. Replies not yet received are
+ * discarded. */
+int kp_rpc_stream_finish(struct kp_rpc_stream *s, struct kp_rpc_status *st, long long timeout_ms);
+
+/* Cancels the call if it is not finished, and frees it. Accepts NULL. */
+void kp_rpc_stream_destroy(struct kp_rpc_stream *s);
+
+#endif

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what kprof needs to build, test and run on Debian 12 (apt). Run as root, or it
+# uses sudo. Safe to run again.
+set -euo pipefail
+
+pkgs=(
+  build-essential cmake pkg-config git
+  clang libclang-rt-14-dev clang-format
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
+  python3 python3-grpcio python3-protobuf
+  libpq-dev postgresql postgresql-client
+  libcmocka-dev librdkafka-dev zlib1g-dev
+)
+
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  if ! command -v sudo >/dev/null; then
+    echo "install-deps: run as root or install sudo" >&2
+    exit 1
+  fi
+  sudo_cmd=(sudo)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -q
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+# Debian's postgresql package may start a cluster of its own on 5432; kprof's stack and tests
+# use their own data directories and ports and leave it alone.

@@ -1,0 +1,335 @@
+/* Unit tests of the batch codec (common/kp_codec.c): the spec table against the proto, the
+ * validator's refusals, and the exact COPY text. No PostgreSQL. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kp_codec.h"
+#include "kp_err.h"
+#include "kp_strbuf.h"
+#include "kprof.pb-c.h"
+
+#define BASE_NS 1000000LL
+
+static const struct kp_batch_limits limits = {
+    .max_name_bytes = KP_CODEC_DEFAULT_MAX_NAME_BYTES,
+    .max_strings = KP_CODEC_DEFAULT_MAX_STRINGS,
+    .max_rows = KP_CODEC_DEFAULT_MAX_ROWS,
+};
+
+/* A small valid batch in static storage that each test copies and breaks one way. */
+struct fixture {
+    Kprof__V1__Batch b;
+    Kprof__V1__Kernels k;
+    Kprof__V1__Counters c;
+    Kprof__V1__Steps st;
+    Kprof__V1__RankInfo ri;
+    char *strings[3];
+    int64_t k_start[2];
+    uint64_t k_dur[2];
+    uint32_t k_name[2];
+    uint64_t k_corr[2];
+    uint32_t k_device[2];
+    uint32_t c_metric[4];
+    double c_value[4];
+    int64_t st_step[2];
+    int64_t st_start[2];
+    uint64_t st_dur[2];
+};
+
+static void fixture_init(struct fixture *f)
+{
+    memset(f, 0, sizeof(*f));
+    kprof__v1__batch__init(&f->b);
+    kprof__v1__kernels__init(&f->k);
+    kprof__v1__counters__init(&f->c);
+    kprof__v1__steps__init(&f->st);
+    kprof__v1__rank_info__init(&f->ri);
+    f->strings[0] = "";
+    f->strings[1] = "sgemm_128x64";
+    f->strings[2] = "sm__inst_executed.sum";
+    f->b.run_id = 7;
+    f->b.rank = 3;
+    f->b.stream = 1;
+    f->b.seq = 0;
+    f->b.base_ns = BASE_NS;
+    f->b.n_strings = 3;
+    f->b.strings = f->strings;
+
+    f->k_start[0] = 1000; /* delta-encoded: 1001000, then 1001005 */
+    f->k_start[1] = 5;
+    f->k_dur[0] = 10;
+    f->k_dur[1] = 20;
+    f->k_name[0] = 1;
+    f->k_name[1] = 0; /* no name: NULL */
+    f->k_corr[0] = 77;
+    f->k_corr[1] = 78;
+    f->k_device[0] = 0;
+    f->k_device[1] = 1;
+    f->k.n_start_ns = 2;
+    f->k.start_ns = f->k_start;
+    f->k.n_dur_ns = 2;
+    f->k.dur_ns = f->k_dur;
+    f->k.n_name = 2;
+    f->k.name = f->k_name;
+    f->k.n_correlation = 2;
+    f->k.correlation = f->k_corr;
+    f->b.kernels = &f->k;
+
+    for (int i = 0; i < 4; i++) {
+        f->c_metric[i] = 2;
+    }
+    f->c_value[0] = NAN;
+    f->c_value[1] = INFINITY;
+    f->c_value[2] = -INFINITY;
+    f->c_value[3] = 0.25;
+    f->c.n_metric = 4;
+    f->c.metric = f->c_metric;
+    f->c.n_value = 4;
+    f->c.value = f->c_value;
+    f->b.counters = &f->c;
+
+    f->st_step[0] = 1;
+    f->st_step[1] = 2;
+    f->st_start[0] = 100; /* 1000100, then 1000050: deltas may be negative */
+    f->st_start[1] = -50;
+    f->st_dur[0] = 5;
+    f->st_dur[1] = 6;
+    f->st.n_step = 2;
+    f->st.step = f->st_step;
+    f->st.n_start_ns = 2;
+    f->st.start_ns = f->st_start;
+    f->st.n_dur_ns = 2;
+    f->st.dur_ns = f->st_dur;
+    f->b.steps = &f->st;
+}
+
+static void test_selfcheck(void **state)
+{
+    char err[256] = "";
+
+    assert_int_equal(kp_codec_selfcheck(err, sizeof(err)), 0);
+    assert_string_equal(err, "");
+    /* Every kind's first column is its row count. */
+    for (int k = 0; k < KP_EV_COUNT; k++) {
+        assert_true(kp_event_kinds[k].columns[0].required);
+        assert_non_null(kp_codec_field((enum kp_event_kind) k, 0));
+    }
+}
+
+static void test_valid_batch(void **state)
+{
+    struct fixture f;
+    char err[256] = "";
+
+    fixture_init(&f);
+    assert_int_equal(kp_batch_validate(&f.b, &limits, err, sizeof(err)), 0);
+    assert_int_equal(kp_batch_rows(&f.b, KP_EV_KERNEL), 2);
+    assert_int_equal(kp_batch_rows(&f.b, KP_EV_COUNTER), 4);
+    assert_int_equal(kp_batch_rows(&f.b, KP_EV_STEP), 2);
+    assert_int_equal(kp_batch_rows(&f.b, KP_EV_MEMCPY), 0);
+    assert_int_equal(kp_batch_total_rows(&f.b), 8);
+}
+
+/* Each case breaks the fixture one way; the refusal must name what is wrong. */
+enum breakage {
+    BREAK_LENGTH,
+    BREAK_NAME_INDEX,
+    BREAK_UTF8,
+    BREAK_LONG_NAME,
+    BREAK_SMALLINT,
+    BREAK_TS_OVERFLOW,
+    BREAK_RUN_ID,
+    BREAK_UINT64,
+    BREAK_REQUIRED_NAME,
+    BREAK_RANK_DEVICE,
+    BREAK_REQUIRED_MISSING,
+};
+
+struct bad_case {
+    enum breakage what;
+    int rc;
+    const char *needle; /* must appear in the message */
+};
+
+static const struct bad_case bad_cases[] = {
+    { BREAK_LENGTH, KP_EPROTO, "kernels.dur_ns" },
+    { BREAK_NAME_INDEX, KP_EPROTO, "kernels.name[1]" },
+    { BREAK_UTF8, KP_EPROTO, "strings[1]" },
+    { BREAK_LONG_NAME, KP_ETOOBIG, "strings[1]" },
+    { BREAK_SMALLINT, KP_EPROTO, "kernels.device[1]" },
+    { BREAK_TS_OVERFLOW, KP_EPROTO, "kernels.start_ns" },
+    { BREAK_RUN_ID, KP_EPROTO, "run_id" },
+    { BREAK_UINT64, KP_EPROTO, "kernels.correlation[0]" },
+    { BREAK_REQUIRED_NAME, KP_EPROTO, "counters.metric[3]" },
+    { BREAK_RANK_DEVICE, KP_EPROTO, "rank_info" },
+    { BREAK_REQUIRED_MISSING, KP_EPROTO, "counters.value" },
+};
+
+static void test_validate_refuses(void **state)
+{
+    static char long_name[KP_CODEC_DEFAULT_MAX_NAME_BYTES + 2];
+
+    for (size_t i = 0; i < sizeof(bad_cases) / sizeof(bad_cases[0]); i++) {
+        const struct bad_case *bc = &bad_cases[i];
+        struct fixture f;
+        char err[256] = "";
+        int rc;
+
+        fixture_init(&f);
+        switch (bc->what) {
+        case BREAK_LENGTH:
+            f.k.n_dur_ns = 1;
+            break;
+        case BREAK_NAME_INDEX:
+            f.k_name[1] = 3;
+            break;
+        case BREAK_UTF8:
+            f.strings[1] = "bad \xc3\x28 utf8";
+            break;
+        case BREAK_LONG_NAME:
+            memset(long_name, 'x', sizeof(long_name) - 1);
+            f.strings[1] = long_name;
+            break;
+        case BREAK_SMALLINT:
+            f.k.n_device = 2;
+            f.k.device = f.k_device;
+            f.k_device[1] = 40000;
+            break;
+        case BREAK_TS_OVERFLOW:
+            f.b.base_ns = INT64_MAX - 500;
+            break;
+        case BREAK_RUN_ID:
+            f.b.run_id = 0;
+            break;
+        case BREAK_UINT64:
+            f.k_corr[0] = UINT64_MAX;
+            break;
+        case BREAK_REQUIRED_NAME:
+            f.c_metric[3] = 0;
+            break;
+        case BREAK_RANK_DEVICE:
+            f.ri.device = 70000;
+            f.b.rank_info = &f.ri;
+            break;
+        case BREAK_REQUIRED_MISSING:
+            f.c.n_value = 0;
+            break;
+        }
+        rc = kp_batch_validate(&f.b, &limits, err, sizeof(err));
+        if (rc != bc->rc || strstr(err, bc->needle) == NULL) {
+            fail_msg("case %zu: rc=%d (want %d) err=\"%s\" (want it to name %s)", i, rc, bc->rc,
+                     err, bc->needle);
+        }
+    }
+}
+
+static void test_utf8(void **state)
+{
+    assert_true(kp_utf8_valid("", 0));
+    assert_true(kp_utf8_valid("aten::addmm", 11));
+    assert_true(kp_utf8_valid("\xc3\xbc\xe2\x82\xac\xf0\x9f\x98\x80", 9)); /* ü € 😀 */
+    assert_false(kp_utf8_valid("a\0b", 3));                                /* NUL */
+    assert_false(kp_utf8_valid("\xc0\xaf", 2));                            /* overlong */
+    assert_false(kp_utf8_valid("\xed\xa0\x80", 3));                        /* surrogate */
+    assert_false(kp_utf8_valid("\xf4\x90\x80\x80", 4));                    /* > U+10FFFF */
+    assert_false(kp_utf8_valid("\xe2\x82", 2));                            /* truncated */
+}
+
+static void test_copy_text(void **state)
+{
+    struct fixture f;
+    struct kp_strbuf sb;
+    int32_t name_ids[3] = { 0, 42, 43 };
+    char cols[512];
+    const char *want_kernels =
+        "7\t3\t1001000\t10\t42\t\\N\t\\N\t\\N\t77\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N"
+        "\t\\N\t\\N\t\\N\t\\N\n"
+        "7\t3\t1001005\t20\t\\N\t\\N\t\\N\t\\N\t78\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N"
+        "\t\\N\t\\N\t\\N\t\\N\n";
+    const char *want_counters = "7\t3\t43\t\\N\tNaN\t\\N\n"
+                                "7\t3\t43\t\\N\tInfinity\t\\N\n"
+                                "7\t3\t43\t\\N\t-Infinity\t\\N\n"
+                                "7\t3\t43\t\\N\t0.25\t\\N\n";
+    const char *want_steps = "7\t3\t1000100\t1\t5\n"
+                             "7\t3\t1000050\t2\t6\n";
+
+    fixture_init(&f);
+    kp_strbuf_init(&sb, 0);
+
+    assert_int_equal(kp_codec_copy_text(&f.b, KP_EV_KERNEL, name_ids, &sb), 2);
+    assert_non_null(sb.data);
+    assert_int_equal(sb.len, strlen(want_kernels));
+    assert_memory_equal(sb.data, want_kernels, sb.len);
+
+    kp_strbuf_reset(&sb);
+    assert_int_equal(kp_codec_copy_text(&f.b, KP_EV_COUNTER, name_ids, &sb), 4);
+    assert_int_equal(sb.len, strlen(want_counters));
+    assert_memory_equal(sb.data, want_counters, sb.len);
+
+    /* Appends: a second kind goes after what is there. */
+    assert_int_equal(kp_codec_copy_text(&f.b, KP_EV_STEP, name_ids, &sb), 2);
+    assert_int_equal(sb.len, strlen(want_counters) + strlen(want_steps));
+    assert_memory_equal(sb.data + strlen(want_counters), want_steps, strlen(want_steps));
+
+    /* A kind the batch lacks writes nothing. */
+    kp_strbuf_reset(&sb);
+    assert_int_equal(kp_codec_copy_text(&f.b, KP_EV_MEMCPY, name_ids, &sb), 0);
+    assert_int_equal(sb.len, 0);
+
+    assert_string_equal(kp_codec_copy_columns(KP_EV_STEP, cols, sizeof(cols)),
+                        "run_id, rank, start_ns, step, dur_ns");
+    assert_string_equal(kp_codec_copy_columns(KP_EV_COUNTER, cols, sizeof(cols)),
+                        "run_id, rank, metric, correlation, value, device");
+    kp_strbuf_fini(&sb);
+}
+
+/* Extreme values are written in full; start_ns deltas accumulate from base_ns. */
+static void test_copy_text_extremes(void **state)
+{
+    struct fixture f;
+    struct kp_strbuf sb;
+    int32_t name_ids[3] = { 0, 1, 2 };
+    char err[256] = "", line0[128], line1[128];
+
+    fixture_init(&f);
+    f.b.run_id = INT32_MAX;
+    f.b.rank = INT32_MAX;
+    f.b.base_ns = INT64_MIN;
+    f.st_start[0] = 0;         /* INT64_MIN */
+    f.st_start[1] = INT64_MAX; /* INT64_MIN + INT64_MAX = -1 */
+    f.st_step[0] = INT64_MIN;
+    f.st_step[1] = INT64_MAX;
+    f.st_dur[0] = (uint64_t) INT64_MAX;
+    f.st_dur[1] = 0;
+    f.b.kernels = NULL;
+    f.b.counters = NULL;
+    assert_int_equal(kp_batch_validate(&f.b, &limits, err, sizeof(err)), 0);
+    kp_strbuf_init(&sb, 0);
+    assert_int_equal(kp_codec_copy_text(&f.b, KP_EV_STEP, name_ids, &sb), 2);
+    snprintf(line0, sizeof(line0), "2147483647\t2147483647\t%lld\t%lld\t%lld\n",
+             (long long) INT64_MIN, (long long) INT64_MIN, (long long) INT64_MAX);
+    snprintf(line1, sizeof(line1), "2147483647\t2147483647\t-1\t%lld\t0\n", (long long) INT64_MAX);
+    assert_int_equal(sb.len, strlen(line0) + strlen(line1));
+    assert_memory_equal(sb.data, line0, strlen(line0));
+    assert_memory_equal(sb.data + strlen(line0), line1, strlen(line1));
+    kp_strbuf_fini(&sb);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_selfcheck),        cmocka_unit_test(test_valid_batch),
+        cmocka_unit_test(test_validate_refuses), cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_copy_text),        cmocka_unit_test(test_copy_text_extremes),
+    };
+
+    return cmocka_run_group_tests_name("codec", tests, NULL, NULL);
+}
