@@ -66,8 +66,9 @@
 #define KP_SINK_DEFAULT_RETRY_MAX_MS      10000
 #define KP_SINK_RETRY_BASE_MS             50
 #define KP_SINK_COPY_CHUNK                (256u << 10) /* bytes encoded per PQputCopyData */
-#define KP_SINK_RUN_CACHE_SLOTS           4096         /* direct-mapped, power of 2 */
-#define KP_SINK_NAME_CACHE_MAX_ENTRIES    (1u << 20)   /* then the cache starts over */
+#define KP_SINK_COPY_FIRST_CHUNK          (16u << 10)
+#define KP_SINK_RUN_CACHE_SLOTS           4096       /* direct-mapped, power of 2 */
+#define KP_SINK_NAME_CACHE_MAX_ENTRIES    (1u << 20) /* then the cache starts over */
 #define KP_SINK_NAME_CACHE_MAX_BYTES      (128u << 20)
 #define KP_SINK_NAMES_PER_INSERT          4096
 #define KP_SINK_NAMES_BYTES_PER_INSERT    (4u << 20)
@@ -206,10 +207,10 @@ static void *grow_impl(void *p, size_t *cap, size_t n, size_t size)
 }
 
 /* Grows the array arr (capacity cap) to hold n elements. Returns 0 or -ENOMEM. */
-#define GROW(arr, cap, n)                                                                          \
-    __extension__({                                                                                \
-        void *grow_p_ = grow_impl((arr), &(cap), (n), sizeof(*(arr)));                             \
-        grow_p_ != NULL ? ((arr) = grow_p_, 0) : -ENOMEM;                                          \
+#define GROW(arr, cap, n)                                              \
+    __extension__({                                                    \
+        void *grow_p_ = grow_impl((arr), &(cap), (n), sizeof(*(arr))); \
+        grow_p_ != NULL ? ((arr) = grow_p_, 0) : -ENOMEM;              \
     })
 
 static uint64_t hash_str(const char *s)
@@ -341,7 +342,7 @@ static long miss_find(struct kp_sink *s, const char *name, uint64_t h, bool add)
             if (GROW(s->miss, s->cap_miss, s->n_miss + 1) != 0) {
                 return -ENOMEM;
             }
-            s->miss[s->n_miss] = (struct name_miss) { name, h, 0 };
+            s->miss[s->n_miss] = (struct name_miss){ name, h, 0 };
             s->miss_slots[i] = (uint32_t) ++s->n_miss;
             return (long) s->n_miss - 1;
         }
@@ -731,8 +732,8 @@ static long insert_keys(struct kp_sink *s, size_t lo, size_t hi)
         const Kprof__V1__Batch *b = s->items[i]->batch;
 
         if (s->state[i] == ST_PENDING) {
-            s->keys[n++] = (struct key_ref) { (int64_t) b->run_id, b->rank, (int64_t) b->stream,
-                                              (int64_t) b->seq, (uint32_t) i };
+            s->keys[n++] = (struct key_ref){ (int64_t) b->run_id, b->rank, (int64_t) b->stream,
+                                             (int64_t) b->seq, (uint32_t) i };
         }
     }
     if (n == 0) {
@@ -773,10 +774,10 @@ static long insert_keys(struct kp_sink *s, size_t lo, size_t hi)
         return attempt_failed(s, rc, "insert batch keys", err);
     }
     for (int r = 0; r < PQntuples(res); r++) {
-        struct key_ref want = {
-            strtoll(PQgetvalue(res, r, 0), NULL, 10), strtoll(PQgetvalue(res, r, 1), NULL, 10),
-            strtoll(PQgetvalue(res, r, 2), NULL, 10), strtoll(PQgetvalue(res, r, 3), NULL, 10), 0
-        };
+        struct key_ref want = { strtoll(PQgetvalue(res, r, 0), NULL, 10),
+                                strtoll(PQgetvalue(res, r, 1), NULL, 10),
+                                strtoll(PQgetvalue(res, r, 2), NULL, 10),
+                                strtoll(PQgetvalue(res, r, 3), NULL, 10), 0 };
         size_t l = 0, h = u;
 
         while (l < h) {
@@ -802,7 +803,7 @@ static long insert_keys(struct kp_sink *s, size_t lo, size_t hi)
 static long copy_kind(struct kp_sink *s, enum kp_event_kind k, size_t lo, size_t hi)
 {
     const struct kp_event_kind_info *ki = &kp_event_kinds[k];
-    size_t want = 0;
+    size_t want = 0, chunk = KP_SINK_COPY_FIRST_CHUNK;
     long got;
     char err[384];
     int rc;
@@ -823,18 +824,20 @@ static long copy_kind(struct kp_sink *s, enum kp_event_kind k, size_t lo, size_t
         if (s->state[i] != ST_NEW || kp_batch_rows(s->items[i]->batch, k) == 0) {
             continue;
         }
-        if (kp_codec_copy_text(s->items[i]->batch, k, s->name_ids + s->name_off[i], &s->copy) <
-            0) {
+        if (kp_codec_copy_text(s->items[i]->batch, k, s->name_ids + s->name_off[i], &s->copy) < 0) {
             kp_pg_copy_end(s->conn, "collectord is out of memory", err, sizeof(err));
             snprintf(s->err, sizeof(s->err), "%s: out of memory encoding rows", ki->table);
             return -ENOMEM;
         }
-        if (s->copy.len >= KP_SINK_COPY_CHUNK) {
+        /* The first chunk is small so that PostgreSQL starts parsing at once; later ones
+         * grow, and are encoded while it parses the ones before. */
+        if (s->copy.len >= chunk) {
             if ((rc = kp_pg_copy_put(s->conn, s->copy.data, s->copy.len, err, sizeof(err))) != 0) {
                 kp_pg_copy_end(s->conn, "send failed", s->err, sizeof(s->err));
                 return attempt_failed(s, rc, ki->table, err);
             }
             kp_strbuf_reset(&s->copy);
+            chunk = chunk * 2 < KP_SINK_COPY_CHUNK ? chunk * 2 : KP_SINK_COPY_CHUNK;
         }
     }
     if (s->copy.len > 0 &&
@@ -881,7 +884,7 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
         const Kprof__V1__Batch *b = s->items[i]->batch;
 
         if (s->state[i] == ST_NEW) {
-            s->keys[n++] = (struct key_ref) { (int64_t) b->run_id, b->rank, 0, 0, (uint32_t) i };
+            s->keys[n++] = (struct key_ref){ (int64_t) b->run_id, b->rank, 0, 0, (uint32_t) i };
         }
     }
     if (n == 0) {
@@ -919,7 +922,7 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
             rc |= arr_i64_or_null(&a[4], info->pid);
             rc |= arr_i64(&a[5], info->local_rank);
             rc |= info->device >= 0 && info->device <= INT16_MAX ? arr_i64(&a[6], info->device)
-                                                                   : arr_null(&a[6]);
+                                                                 : arr_null(&a[6]);
             rc |= arr_i64(&a[7], info->clock_offset_ns);
         }
         else {
@@ -1012,8 +1015,8 @@ static int upsert_devices(struct kp_sink *s, size_t lo, size_t hi)
         const Kprof__V1__Batch *b = s->items[i]->batch;
 
         for (size_t d = 0; s->state[i] == ST_NEW && d < b->n_devices; d++) {
-            s->devs[n++] = (struct dev_ref) { (int64_t) b->run_id, b->rank, b->devices[d]->id,
-                                              (uint32_t) i, (uint32_t) d };
+            s->devs[n++] = (struct dev_ref){ (int64_t) b->run_id, b->rank, b->devices[d]->id,
+                                             (uint32_t) i, (uint32_t) d };
         }
     }
     qsort(s->devs, n, sizeof(*s->devs), cmp_dev);
@@ -1090,6 +1093,7 @@ static int upsert_devices(struct kp_sink *s, size_t lo, size_t hi)
 static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
 {
     uint64_t rows = 0, n_new = 0, n_dup = 0;
+    long long t0 = mono_ns(), t_names, t_copy, t_end;
     size_t pending = 0;
     char err[384];
     long r;
@@ -1103,6 +1107,7 @@ static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
     if ((rc = check_runs(s, lo, hi)) != 0 || (rc = resolve_names(s, lo, hi)) != 0) {
         goto fail;
     }
+    t_names = mono_ns();
     for (size_t i = lo; i < hi; i++) {
         pending += s->state[i] == ST_PENDING;
     }
@@ -1126,6 +1131,7 @@ static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
         }
         rows += (uint64_t) got;
     }
+    t_copy = mono_ns();
     if ((rc = upsert_ranks(s, lo, hi)) != 0 || (rc = upsert_devices(s, lo, hi)) != 0) {
         goto fail;
     }
@@ -1133,6 +1139,7 @@ static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
         rc = attempt_failed(s, rc, "commit", err);
         goto fail;
     }
+    t_end = mono_ns();
     for (size_t i = lo; i < hi; i++) {
         if (s->state[i] == ST_NEW || s->state[i] == ST_DUP) {
             bool dup = s->state[i] == ST_DUP;
@@ -1148,6 +1155,10 @@ static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
     s->stats.batches_duplicate += n_dup;
     s->stats.rows_committed += rows;
     pthread_mutex_unlock(&s->mu);
+    kp_log_debug("flush committed items=%zu new=%" PRIu64 " duplicate=%" PRIu64 " rows=%" PRIu64
+                 " lookup_ms=%.1f copy_ms=%.1f commit_ms=%.1f",
+                 pending, n_new, n_dup, rows, (double) (t_names - t0) / 1e6,
+                 (double) (t_copy - t_names) / 1e6, (double) (t_end - t_copy) / 1e6);
     return 0;
 fail:
     if (rc == -ENOMEM && s->err[0] == '\0') {
@@ -1163,7 +1174,7 @@ fail:
  */
 static int flush_range(struct kp_sink *s, size_t lo, size_t hi, bool *isolating)
 {
-    size_t pending = 0, mid, seen = 0;
+    size_t pending = 0, mid, seen = 0, before = 0;
     int rc;
 
     s->err[0] = '\0';
@@ -1173,19 +1184,33 @@ static int flush_range(struct kp_sink *s, size_t lo, size_t hi, bool *isolating)
     if (attempt_fault(s, rc) != KP_PG_FAULT_STATEMENT) {
         return rc;
     }
-    /* The data is wrong somewhere (or a run went away under us: ask again). */
-    memset(s->runs, 0, sizeof(s->runs));
     pthread_mutex_lock(&s->mu);
     s->stats.flush_failures++;
     pthread_mutex_unlock(&s->mu);
+    /* A run may have gone away under the cache (kp_drop_run): check the runs afresh, and if
+     * that settles anything, try the rest again as it is. */
+    for (size_t i = lo; i < hi; i++) {
+        before += s->state[i] != ST_DONE;
+        if (s->state[i] != ST_DONE) {
+            s->state[i] = ST_PENDING;
+        }
+    }
+    memset(s->runs, 0, sizeof(s->runs));
+    if ((rc = check_runs(s, lo, hi)) != 0) {
+        return rc;
+    }
     for (size_t i = lo; i < hi; i++) {
         pending += s->state[i] != ST_DONE;
     }
+    if (pending < before) {
+        return pending == 0 ? 0 : flush_range(s, lo, hi, isolating);
+    }
+    /* The data of some batch is wrong: halve the range until the culprit stands alone. */
     if (!*isolating) {
         kp_log_warn("flush failed items=%zu err=\"%s\"; isolating the bad batch", pending, s->err);
         *isolating = true;
     }
-    if (pending <= 1) {
+    if (pending == 1) {
         for (size_t i = lo; i < hi; i++) {
             const Kprof__V1__Batch *b = s->items[i]->batch;
 

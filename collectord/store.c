@@ -13,10 +13,10 @@
 #include "kp_pg.h"
 
 /* The columns of a Run, in fill_run's order; `r` is the runs row. */
-#define RUN_COLS                                                                                   \
-    "r.id, r.job, r.name, r.state, r.source, r.world_size, "                                      \
-    "(extract(epoch FROM r.created_at) * 1000000000)::bigint, "                                   \
-    "coalesce((extract(epoch FROM r.ended_at) * 1000000000)::bigint, 0), "                        \
+#define RUN_COLS                                                           \
+    "r.id, r.job, r.name, r.state, r.source, r.world_size, "               \
+    "(extract(epoch FROM r.created_at) * 1000000000)::bigint, "            \
+    "coalesce((extract(epoch FROM r.ended_at) * 1000000000)::bigint, 0), " \
     "(SELECT count(*) FROM ingest_batches b WHERE b.run_id = r.id)"
 
 static bool owned(const char *s)
@@ -82,8 +82,7 @@ static int fill_run(const PGresult *res, int row, Kprof__V1__Run *r)
     return 0;
 }
 
-static int check_text(const char *what, const char *s, bool required, char *errbuf,
-                      size_t errlen)
+static int check_text(const char *what, const char *s, bool required, char *errbuf, size_t errlen)
 {
     size_t n = s == NULL ? 0 : strlen(s);
 
@@ -154,8 +153,8 @@ out:
     return rc;
 }
 
-int kp_store_end_run(PGconn *c, uint64_t run_id, bool failed, Kprof__V1__Run *out,
-                     char *errbuf, size_t errlen)
+int kp_store_end_run(PGconn *c, uint64_t run_id, bool failed, Kprof__V1__Run *out, char *errbuf,
+                     size_t errlen)
 {
     char id[24], state[8], err[384];
     const char *params[2] = { id, state };
@@ -168,7 +167,8 @@ int kp_store_end_run(PGconn *c, uint64_t run_id, bool failed, Kprof__V1__Run *ou
     }
     snprintf(id, sizeof(id), "%" PRIu64, run_id);
     snprintf(state, sizeof(state), "%d",
-             failed ? KPROF__V1__RUN_STATE__RUN_STATE_FAILED : KPROF__V1__RUN_STATE__RUN_STATE_ENDED);
+             failed ? KPROF__V1__RUN_STATE__RUN_STATE_FAILED
+                    : KPROF__V1__RUN_STATE__RUN_STATE_ENDED);
     /* Only an open run changes state; ended_at keeps the first end. */
     if ((rc = kp_pg_query(c,
                           "UPDATE runs AS r SET "
@@ -192,8 +192,8 @@ out:
     return rc;
 }
 
-int kp_store_list_runs(PGconn *c, const char *job, uint32_t limit,
-                       Kprof__V1__ListRunsResponse *out, char *errbuf, size_t errlen)
+int kp_store_list_runs(PGconn *c, const char *job, uint32_t limit, Kprof__V1__ListRunsResponse *out,
+                       char *errbuf, size_t errlen)
 {
     char lim[16], err[384];
     const char *params[2];
@@ -221,10 +221,9 @@ int kp_store_list_runs(PGconn *c, const char *job, uint32_t limit,
     else {
         params[0] = job;
         params[1] = lim;
-        rc = kp_pg_query(c,
-                         "SELECT " RUN_COLS
-                         " FROM runs r WHERE r.job = $1 ORDER BY r.id DESC LIMIT $2",
-                         2, params, &res, err, sizeof(err));
+        rc = kp_pg_query(
+            c, "SELECT " RUN_COLS " FROM runs r WHERE r.job = $1 ORDER BY r.id DESC LIMIT $2", 2,
+            params, &res, err, sizeof(err));
     }
     if (rc != 0) {
         snprintf(errbuf, errlen, "list runs: %s", err);

@@ -21,10 +21,10 @@
 
 #include "kprof.pb-c.h"
 
-#define KP_STORE_MAX_WORLD_SIZE  (1 << 20)
-#define KP_STORE_MAX_TEXT_BYTES  4096 /* job and name */
-#define KP_STORE_DEFAULT_LIMIT   100  /* ListRuns with limit 0 */
-#define KP_STORE_MAX_LIMIT       10000
+#define KP_STORE_MAX_WORLD_SIZE (1 << 20)
+#define KP_STORE_MAX_TEXT_BYTES 4096 /* job and name */
+#define KP_STORE_DEFAULT_LIMIT  100  /* ListRuns with limit 0 */
+#define KP_STORE_MAX_LIMIT      10000
 
 /*
  * Creates a run of job (non-empty) named name ("" or NULL: none) with world_size ranks
@@ -40,8 +40,8 @@ int kp_store_create_run(PGconn *c, const char *job, const char *name, uint32_t w
  * changes nothing and is not an error. KP_ENOTFOUND if there is no such run. Fills *out like
  * kp_store_create_run.
  */
-int kp_store_end_run(PGconn *c, uint64_t run_id, bool failed, Kprof__V1__Run *out,
-                     char *errbuf, size_t errlen);
+int kp_store_end_run(PGconn *c, uint64_t run_id, bool failed, Kprof__V1__Run *out, char *errbuf,
+                     size_t errlen);
 
 /*
  * Lists the newest runs of job ("" or NULL: every job), newest first, at most limit (0:
@@ -49,8 +49,8 @@ int kp_store_end_run(PGconn *c, uint64_t run_id, bool failed, Kprof__V1__Run *ou
  * with KPROF__V1__LIST_RUNS_RESPONSE__INIT; what it holds is owned: kp_store_list_fini, also
  * after a failure).
  */
-int kp_store_list_runs(PGconn *c, const char *job, uint32_t limit,
-                       Kprof__V1__ListRunsResponse *out, char *errbuf, size_t errlen);
+int kp_store_list_runs(PGconn *c, const char *job, uint32_t limit, Kprof__V1__ListRunsResponse *out,
+                       char *errbuf, size_t errlen);
 
 /* Frees the strings the store put into r and resets them to empty. Accepts NULL. */
 void kp_store_run_fini(Kprof__V1__Run *r);

@@ -289,11 +289,11 @@ static const char *shown(const struct kp_config_def *d, const char *val, char *b
 /* ---- applying one value ---- */
 
 /* Parses val for row d and stores it in cfg. origin says where val came from (already
- * masked) and starts the error message. Returns 0, KP_ECONFIG or -ENOMEM. */
+ * masked) and starts the error message; is_default marks the row's own default, which may
+ * leave a required string empty. Returns 0, KP_ECONFIG or -ENOMEM. */
 static int apply(const struct kp_config_def *d, void *cfg, const char *val, const char *origin,
-                 char *errbuf, size_t errlen)
+                 bool is_default, char *errbuf, size_t errlen)
 {
-    bool is_default = strncmp(origin, "config table:", 13) == 0;
     char allowed[256];
     long long v = 0;
     char *end, *copy, **sp;
@@ -646,7 +646,7 @@ static int load_file(const struct kp_config_def *defs, size_t n, void *cfg, cons
                  shown(d, val, tmp, sizeof(tmp)));
         rc = expand(val, &exp, prefix, errbuf, errlen);
         if (rc == 0) {
-            rc = apply(d, cfg, exp.data, prefix, errbuf, errlen);
+            rc = apply(d, cfg, exp.data, prefix, false, errbuf, errlen);
         }
     }
 out:
@@ -771,7 +771,7 @@ static int load_env(const struct kp_config_def *defs, size_t n, void *cfg, char 
             continue;
         }
         snprintf(origin, sizeof(origin), "%s=%s", env, shown(&defs[i], val, tmp, sizeof(tmp)));
-        rc = apply(&defs[i], cfg, val, origin, errbuf, errlen);
+        rc = apply(&defs[i], cfg, val, origin, false, errbuf, errlen);
         if (rc != 0) {
             return rc;
         }
@@ -808,7 +808,7 @@ static int load_defaults(const struct kp_config_def *defs, size_t n, void *cfg, 
         def = default_of(&defs[i]);
         snprintf(origin, sizeof(origin), "config table: default of %s (%s)", defs[i].name,
                  shown(&defs[i], def, tmp, sizeof(tmp)));
-        rc = apply(&defs[i], cfg, def, origin, errbuf, errlen);
+        rc = apply(&defs[i], cfg, def, origin, true, errbuf, errlen);
         if (rc != 0) {
             return rc;
         }
@@ -925,7 +925,7 @@ int kp_config_load_args(const struct kp_config_def *defs, size_t n, void *cfg, c
         if (rc == 0 && t.kind == TOK_KEY) {
             snprintf(origin, sizeof(origin), "--%s=%s", t.d->name,
                      shown(t.d, t.val, tmp, sizeof(tmp)));
-            rc = apply(t.d, cfg, t.val, origin, errbuf, errlen);
+            rc = apply(t.d, cfg, t.val, origin, false, errbuf, errlen);
         }
         if (rc != 0) {
             goto fail;

@@ -22,11 +22,12 @@
 #include "kp_log.h"
 #include "kp_strbuf.h"
 
-#define HTTP_DRAIN_MS        1000       /* lingering close: wait this long for the peer's FIN */
-#define HTTP_DRAIN_MAX_BYTES (64 << 10) /* ... and read at most this much of what it still sends \
-                                         */
-#define HTTP_ACCEPT_PAUSE_MS 100        /* after EMFILE and friends */
-#define HTTP_HEADER_MAX      512        /* our response headers */
+#define HTTP_DRAIN_MS 1000 /* lingering close: wait this long for the peer's FIN */
+#define HTTP_DRAIN_MAX_BYTES                                                              \
+    (64 << 10)                   /* ... and read at most this much of what it still sends \
+                                  */
+#define HTTP_ACCEPT_PAUSE_MS 100 /* after EMFILE and friends */
+#define HTTP_HEADER_MAX      512 /* our response headers */
 
 enum conn_state {
     CONN_FREE,

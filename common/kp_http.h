@@ -63,7 +63,7 @@ struct kp_http_limits {
 
 /* Counters, for the daemon's /metrics and for tests. */
 struct kp_http_stats {
-    uint64_t requests;       /* answered, any status */
+    uint64_t requests;       /* answered, any status, except the two below */
     uint64_t rejected_conns; /* answered 503 because max_conns were open */
     uint64_t timeouts;       /* closed by the timeout */
     uint64_t oversized;      /* answered 431 */

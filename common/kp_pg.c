@@ -101,8 +101,8 @@ static void notice_cb(void *arg, const char *message)
     kp_log_debug("notice msg=\"%s\"", line);
 }
 
-int kp_pg_connect(const char *conninfo, const char *application_name, PGconn **out,
-                  char *errbuf, size_t errlen)
+int kp_pg_connect(const char *conninfo, const char *application_name, PGconn **out, char *errbuf,
+                  size_t errlen)
 {
     PQconninfoOption *opts = NULL;
     const char *keys[10];
@@ -221,16 +221,15 @@ int kp_pg_exec(PGconn *c, const char *sql, char *errbuf, size_t errlen)
     return check_result(c, PQexec(c, sql), NULL, errbuf, errlen);
 }
 
-int kp_pg_query(PGconn *c, const char *sql, int n_params, const char *const *params,
-                PGresult **out, char *errbuf, size_t errlen)
+int kp_pg_query(PGconn *c, const char *sql, int n_params, const char *const *params, PGresult **out,
+                char *errbuf, size_t errlen)
 {
     PGresult *res = PQexecParams(c, sql, n_params, NULL, params, NULL, NULL, 0);
 
     return check_result(c, res, out, errbuf, errlen);
 }
 
-int kp_pg_copy_begin(PGconn *c, const char *table, const char *columns, char *errbuf,
-                     size_t errlen)
+int kp_pg_copy_begin(PGconn *c, const char *table, const char *columns, char *errbuf, size_t errlen)
 {
     size_t len = strlen(table) + strlen(columns) + 32;
     char *sql = malloc(len);
@@ -322,8 +321,8 @@ long kp_pg_copy_end(PGconn *c, const char *abort_reason, char *errbuf, size_t er
     return rows;
 }
 
-long kp_pg_copy_in(PGconn *c, const char *table, const char *columns, const char *data,
-                   size_t len, char *errbuf, size_t errlen)
+long kp_pg_copy_in(PGconn *c, const char *table, const char *columns, const char *data, size_t len,
+                   char *errbuf, size_t errlen)
 {
     char scratch[8];
     int rc;

@@ -33,11 +33,12 @@ enum kp_pg_fault {
 /*
  * Connects to conninfo (a libpq conninfo string or URI; "" uses libpq's PG* environment) as
  * application_name, which overrides one in conninfo. Adds connect_timeout=10, TCP keepalive
- * settings and client_encoding=UTF8 where conninfo sets none. Returns 0 and *out (owned: PQfinish); KP_ECONFIG if
- * conninfo does not parse; KP_EPG with libpq's message if the connection failed. Blocks.
+ * settings and client_encoding=UTF8 where conninfo sets none. Returns 0 and *out (owned: PQfinish);
+ * KP_ECONFIG if conninfo does not parse; KP_EPG with libpq's message if the connection failed.
+ * Blocks.
  */
-int kp_pg_connect(const char *conninfo, const char *application_name, PGconn **out,
-                  char *errbuf, size_t errlen);
+int kp_pg_connect(const char *conninfo, const char *application_name, PGconn **out, char *errbuf,
+                  size_t errlen);
 
 /* Runs sql (one or more statements, no parameters) and discards the result. Returns 0 or
  * KP_EPG. Blocks. */
@@ -47,8 +48,8 @@ int kp_pg_exec(PGconn *c, const char *sql, char *errbuf, size_t errlen);
  * Runs one statement with n_params text parameters (NULL entries are SQL NULLs). Returns 0
  * and, if out is not NULL, the result in *out (owned: PQclear); or KP_EPG. Blocks.
  */
-int kp_pg_query(PGconn *c, const char *sql, int n_params, const char *const *params,
-                PGresult **out, char *errbuf, size_t errlen);
+int kp_pg_query(PGconn *c, const char *sql, int n_params, const char *const *params, PGresult **out,
+                char *errbuf, size_t errlen);
 
 /*
  * COPY in three steps: begin ("COPY table (columns) FROM STDIN", text format), put any number
@@ -64,8 +65,8 @@ int kp_pg_copy_put(PGconn *c, const char *data, size_t len, char *errbuf, size_t
 long kp_pg_copy_end(PGconn *c, const char *abort_reason, char *errbuf, size_t errlen);
 
 /* Begin, one put of data[0..len), end. Returns the rows copied, or KP_EPG. Blocks. */
-long kp_pg_copy_in(PGconn *c, const char *table, const char *columns, const char *data,
-                   size_t len, char *errbuf, size_t errlen);
+long kp_pg_copy_in(PGconn *c, const char *table, const char *columns, const char *data, size_t len,
+                   char *errbuf, size_t errlen);
 
 /*
  * Applies the embedded migrations (kp_migrations.h) that the database lacks, in version

@@ -1210,6 +1210,14 @@ int kp_rpc_stream_finish(struct kp_rpc_stream *s, struct kp_rpc_status *st, long
     return s->status == GRPC_STATUS_OK ? 0 : KP_ERPC;
 }
 
+void kp_rpc_stream_cancel(struct kp_rpc_stream *s)
+{
+    /* grpc_call_cancel is thread-safe; the call stays referenced until destroy. */
+    if (s != NULL && s->call != NULL) {
+        grpc_call_cancel(s->call, NULL);
+    }
+}
+
 void kp_rpc_stream_destroy(struct kp_rpc_stream *s)
 {
     if (s == NULL) {

@@ -179,6 +179,11 @@ int kp_rpc_stream_close_send(struct kp_rpc_stream *s);
  * discarded. */
 int kp_rpc_stream_finish(struct kp_rpc_stream *s, struct kp_rpc_status *st, long long timeout_ms);
 
+/* Cancels the call from any thread: a send or recv blocked in another thread returns
+ * KP_ERPC and finish reports CANCELLED. The owner still calls kp_rpc_stream_destroy (after
+ * the other threads are out of the stream's functions). */
+void kp_rpc_stream_cancel(struct kp_rpc_stream *s);
+
 /* Cancels the call if it is not finished, and frees it. Accepts NULL. */
 void kp_rpc_stream_destroy(struct kp_rpc_stream *s);
 

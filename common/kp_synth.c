@@ -835,8 +835,10 @@ static void allreduce(struct kp_synth *s, uint32_t b)
     s->cpu_bwd += base_dur(s, 1500, 0.3);
     op_close(s, &fo, ab(s, s->cpu_bwd));
 
-    /* Ring allreduce: 2(w-1)/w of the bytes at ~40 GB/s bus bandwidth, plus latency. */
-    xfer = 15000 + (int64_t) (bytes * 2.0 * (double) (w - 1) / (double) w / 40.0) +
+    /* Ring allreduce: 2(w-1)/w of the bytes at the bus bandwidth (NVLink within a node of 8,
+     * the network beyond), plus latency. */
+    xfer = 15000 + (int64_t) (bytes * 2.0 * (double) (w - 1) / (double) w /
+                              (w <= 8 ? 150.0 : 80.0)) +
            (w == 1 ? (int64_t) (bytes / 400.0) : 0);
     xfer = (int64_t) ((double) xfer * (0.95 + 0.1 * base_u(s)));
     t = s->gpu > ready ? s->gpu : ready;

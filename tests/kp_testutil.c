@@ -89,8 +89,7 @@ static PGconn *connect_or_fail(const char *conninfo)
 }
 
 static void quiet_notice(void *arg, const char *msg)
-{
-}
+{}
 
 PGconn *kp_test_pg_connect(void)
 {

@@ -582,7 +582,8 @@ static void test_file_errors(void **state)
         { "verbose = sometimes\n", "1: verbose = sometimes: not a bool (use true or false)" },
         { "listen = ${NOPE\n", "1: listen = ${NOPE: unterminated ${" },
         { "listen = ${}\n", "1: listen = ${}: bad variable name in ${...}" },
-        { "pg.conninfo = ${KP_UNSET_VAR:-password=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx}\n",
+        { "pg.conninfo = ${KP_UNSET_VAR:-password=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+          "xxxxxxxxxxxxxxxxxxxxxxxx}\n",
           "1: pg.conninfo = ***: too long (at most 64 bytes)" },
         { " = 5\n", "1: unknown key ''" },
     };

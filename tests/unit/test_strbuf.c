@@ -174,10 +174,20 @@ static void test_zeroed_struct(void **state)
     kp_strbuf_fini(&sb);
 }
 
+/* Sanitizers report a huge allocation instead of returning NULL. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+
 static void test_enomem(void **state)
 {
-#if defined(__SANITIZE_ADDRESS__)
-    skip(); /* ASan reports huge allocations instead of returning NULL */
+#ifdef SANITIZED
+    skip();
 #else
     struct kp_strbuf sb;
 

@@ -1,0 +1,540 @@
+/*
+ * kprof-loadgen: synthetic PyTorch DDP traffic (kp_synth) pushed into kprof-collectord
+ * through Ingest.Push (kp_push), one producer stream per rank, to load-test ingestion and to
+ * fill a database with realistic runs (stragglers included) for the analyses.
+ *
+ * It creates a run (Control.CreateRun, world size = --ranks) unless --run-id names one, runs
+ * the ranks on a bounded pool of threads, waits until every batch is acknowledged (that is,
+ * committed), ends the run it created, and prints a summary; --json prints one JSON object
+ * with the figures and, per rank and event kind, the rows and dur_ns sums that were sent, so
+ * tests can compare the database with them.
+ */
+#define KP_LOG_MODULE "loadgen"
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kp_codec.h"
+#include "kp_config.h"
+#include "kp_err.h"
+#include "kp_log.h"
+#include "kp_push.h"
+#include "kp_rpc.h"
+#include "kp_synth.h"
+
+#define LOADGEN_MAX_RANKS   4096
+#define LOADGEN_MAX_THREADS 256
+
+static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
+
+struct loadgen_config {
+    char *collector;
+    char *tls_ca;
+    char *job;
+    char *name;
+    long long ranks;
+    long long threads;
+    long long steps;
+    long long first_step;
+    long long kernels_per_step;
+    long long batch_rows;
+    long long seed;
+    long long run_id;
+    long long start_ns;
+    long long window;
+    long long give_up_ms;
+    char *straggler;
+    char *dataload_straggler;
+    bool json;
+    bool end_run;
+    int log_level;
+};
+
+#define OFF(f) offsetof(struct loadgen_config, f)
+static const struct kp_config_def loadgen_defs[] = {
+    { "collector", KP_CONFIG_STRING, "127.0.0.1:7070", 1, 0, OFF(collector),
+      "kprof-collectord's gRPC address (host:port or unix:/path)", NULL, false },
+    { "tls-ca", KP_CONFIG_STRING, "", 0, 0, OFF(tls_ca),
+      "PEM of the CA that signed collectord's certificate: use TLS", NULL, false },
+    { "ranks", KP_CONFIG_INT, "4", 1, LOADGEN_MAX_RANKS, OFF(ranks),
+      "ranks (world size) to simulate, one producer stream each", NULL, false },
+    { "threads", KP_CONFIG_INT, "0", 0, LOADGEN_MAX_THREADS, OFF(threads),
+      "worker threads; each runs whole ranks in turn (0: one per rank, at most 64)", NULL,
+      false },
+    { "steps", KP_CONFIG_INT, "100", 0, 1000000, OFF(steps), "training steps per rank", NULL,
+      false },
+    { "first-step", KP_CONFIG_INT, "0", 0, 1000000000, OFF(first_step),
+      "number of the first step", NULL, false },
+    { "kernels-per-step", KP_CONFIG_INT, "200", KP_SYNTH_MIN_KERNELS_PER_STEP,
+      KP_SYNTH_MAX_KERNELS_PER_STEP, OFF(kernels_per_step),
+      "compute kernels per step and rank (NCCL kernels come on top)", NULL, false },
+    { "batch-rows", KP_CONFIG_INT, "4000", KP_SYNTH_MIN_BATCH_ROWS, KP_SYNTH_MAX_BATCH_ROWS,
+      OFF(batch_rows), "target rows (events of all kinds) per batch", NULL, false },
+    { "job", KP_CONFIG_STRING, "loadgen", 1, 256, OFF(job), "job name of the run", NULL,
+      false },
+    { "name", KP_CONFIG_STRING, "", 0, 256, OFF(name), "run name (CreateRun)", NULL, false },
+    { "run-id", KP_CONFIG_INT, "0", 0, 2147483647, OFF(run_id),
+      "push into this existing run; 0: create one with world size --ranks", NULL, false },
+    { "seed", KP_CONFIG_INT, "1", 0, 0x7fffffffffffffffLL, OFF(seed),
+      "seed of the synthetic traffic (same seed, same events)", NULL, false },
+    { "start-ns", KP_CONFIG_INT, "0", 0, 0x7fffffffffffffffLL, OFF(start_ns),
+      "CLOCK_REALTIME ns of the first step; 0: now", NULL, false },
+    { "straggler", KP_CONFIG_STRING, "", 0, 0, OFF(straggler),
+      "compute slowdowns, RANK:FACTOR[,RANK:FACTOR...], e.g. 3:1.4 (1.0 = nominal)", NULL,
+      false },
+    { "dataload-straggler", KP_CONFIG_STRING, "", 0, 0, OFF(dataload_straggler),
+      "data-loading slowdowns, RANK:FACTOR[,...]", NULL, false },
+    { "window", KP_CONFIG_INT, "32", 1, KP_PUSH_MAX_WINDOW, OFF(window),
+      "unacknowledged batches per rank", NULL, false },
+    { "give-up", KP_CONFIG_DURATION, "30s", 100, 86400000, OFF(give_up_ms),
+      "fail when collectord makes no progress for this long", NULL, false },
+    { "json", KP_CONFIG_BOOL, "false", 0, 0, OFF(json),
+      "print the summary as one JSON object on stdout", NULL, false },
+    { "end-run", KP_CONFIG_BOOL, "true", 0, 0, OFF(end_run),
+      "end the run (EndRun) when done, if loadgen created it", NULL, false },
+    { "log-level", KP_CONFIG_ENUM, "warn", 0, 0, OFF(log_level), "error, warn, info or debug",
+      log_levels, false },
+};
+#undef OFF
+#define N_DEFS (sizeof(loadgen_defs) / sizeof(loadgen_defs[0]))
+
+struct rank_result {
+    struct kp_synth_totals totals;
+    struct kp_push_stats push;
+    int rc;                     /* 0, or the failure */
+    struct kp_rpc_status status; /* when rc is KP_ERPC */
+    char err[640];
+};
+
+struct loadgen {
+    const struct loadgen_config *cfg;
+    struct kp_rpc_channel *ch;
+    uint64_t run_id;
+    int64_t start_ns;
+    double *slow, *dlslow;
+    struct rank_result *res;
+    atomic_uint next_rank;
+    atomic_llong first_send_ns; /* CLOCK_MONOTONIC; LLONG_MAX until the first send */
+    atomic_llong last_ack_ns;
+    atomic_bool abort;
+};
+
+static long long mono_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long) ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void atomic_min(atomic_llong *a, long long v)
+{
+    long long cur = atomic_load(a);
+
+    while (v < cur && !atomic_compare_exchange_weak(a, &cur, v)) {
+    }
+}
+
+static void atomic_max(atomic_llong *a, long long v)
+{
+    long long cur = atomic_load(a);
+
+    while (v > cur && !atomic_compare_exchange_weak(a, &cur, v)) {
+    }
+}
+
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Parses "R:F[,R:F...]" into f[0..n). Returns 0 or KP_ECONFIG with errbuf. */
+static int parse_factors(const char *flag, const char *s, double *f, long long n, char *errbuf,
+                         size_t errlen)
+{
+    const char *p = s;
+
+    while (p != NULL && *p != '\0') {
+        char *end;
+        long long r;
+        double v;
+
+        errno = 0;
+        r = strtoll(p, &end, 10);
+        if (end == p || *end != ':' || errno != 0) {
+            snprintf(errbuf, errlen, "--%s=%s: expected RANK:FACTOR[,RANK:FACTOR...]", flag, s);
+            return KP_ECONFIG;
+        }
+        if (r < 0 || r >= n) {
+            snprintf(errbuf, errlen, "--%s=%s: rank %lld is outside 0..%lld (--ranks)", flag, s,
+                     r, n - 1);
+            return KP_ECONFIG;
+        }
+        p = end + 1;
+        v = strtod(p, &end);
+        if (end == p || (*end != ',' && *end != '\0') || !(v >= 0.1 && v <= 100.0)) {
+            snprintf(errbuf, errlen, "--%s=%s: the factor of rank %lld must be in [0.1, 100]",
+                     flag, s, r);
+            return KP_ECONFIG;
+        }
+        f[r] = v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}
+
+static void run_rank(struct loadgen *lg, uint32_t rank)
+{
+    const struct loadgen_config *cfg = lg->cfg;
+    struct rank_result *res = &lg->res[rank];
+    struct kp_synth_opts so;
+    struct kp_push_opts po;
+    struct kp_synth *syn = NULL;
+    struct kp_push *push = NULL;
+    Kprof__V1__Batch *b;
+    uint64_t stream;
+    bool first = true;
+    int rc;
+
+    memset(&so, 0, sizeof(so));
+    so.seed = (uint64_t) cfg->seed;
+    so.rank = rank;
+    so.world_size = (uint32_t) cfg->ranks;
+    so.first_step = cfg->first_step;
+    so.n_steps = (uint32_t) cfg->steps;
+    so.kernels_per_step = (uint32_t) cfg->kernels_per_step;
+    so.batch_rows = (uint32_t) cfg->batch_rows;
+    so.compute_slowdown = lg->slow;
+    so.dataload_slowdown = lg->dlslow;
+    so.start_ns = lg->start_ns;
+    so.run_id = lg->run_id;
+    so.job = cfg->job;
+    memset(&po, 0, sizeof(po));
+    po.window = (uint32_t) cfg->window;
+    po.give_up_after_ms = cfg->give_up_ms;
+    /* a fresh producer stream per rank and invocation: nothing to dedup against */
+    stream = mix64(lg->run_id ^ mix64(((uint64_t) getpid() << 32) ^ (uint64_t) mono_ns()) ^
+                   ((uint64_t) rank << 48)) &
+             0x7fffffffffffffffULL;
+    stream = stream == 0 ? 1 : stream;
+
+    if ((rc = kp_synth_create(&so, &syn)) != 0) {
+        snprintf(res->err, sizeof(res->err), "cannot create the generator: %s",
+                 kp_strerror(rc));
+        goto out;
+    }
+    if ((rc = kp_push_create(lg->ch, stream, &po, &push)) != 0) {
+        snprintf(res->err, sizeof(res->err), "cannot create the producer: %s",
+                 kp_strerror(rc));
+        goto out;
+    }
+    while (!atomic_load(&lg->abort) && (rc = kp_synth_next(syn, &b)) == 1) {
+        if (first) {
+            atomic_min(&lg->first_send_ns, mono_ns());
+            first = false;
+        }
+        if ((rc = kp_push_send(push, b)) != 0) {
+            break;
+        }
+    }
+    if (rc == 0 && !atomic_load(&lg->abort)) {
+        rc = kp_push_flush(push, -1);
+    }
+    if (rc == 0) {
+        atomic_max(&lg->last_ack_ns, mono_ns());
+    }
+    else if (rc == KP_ERPC) {
+        kp_push_error(push, &res->status);
+        snprintf(res->err, sizeof(res->err), "%s: %s", kp_rpc_status_name(res->status.code),
+                 res->status.details);
+    }
+    else if (res->err[0] == '\0') {
+        snprintf(res->err, sizeof(res->err), "%s", kp_strerror(rc));
+    }
+out:
+    res->rc = rc;
+    if (rc != 0) {
+        atomic_store(&lg->abort, true); /* no point going on: the run is incomplete */
+    }
+    if (syn != NULL) {
+        res->totals = *kp_synth_totals(syn);
+    }
+    if (push != NULL) {
+        kp_push_get_stats(push, &res->push);
+    }
+    kp_push_destroy(push);
+    kp_synth_destroy(syn);
+}
+
+static void *worker(void *arg)
+{
+    struct loadgen *lg = arg;
+    unsigned r;
+
+    while ((r = atomic_fetch_add(&lg->next_rank, 1)) < (unsigned) lg->cfg->ranks) {
+        run_rank(lg, r);
+    }
+    return NULL;
+}
+
+static const char *unreachable_hint(const struct loadgen_config *cfg, const char *details,
+                                    char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "cannot reach collectord at %s: %s; start it with deploy/local/kprof-stack up or "
+             "pass --collector",
+             cfg->collector, details);
+    return buf;
+}
+
+/* Creates the run, or checks that collectord answers. Returns 0 or 1 (message printed). */
+static int control(struct loadgen *lg)
+{
+    const struct loadgen_config *cfg = lg->cfg;
+    ProtobufCMessage *resp = NULL;
+    struct kp_rpc_status st;
+    char msg[1024];
+    int rc;
+
+    memset(&st, 0, sizeof(st));
+    if (cfg->run_id == 0) {
+        Kprof__V1__CreateRunRequest req = KPROF__V1__CREATE_RUN_REQUEST__INIT;
+
+        req.job = cfg->job;
+        req.name = cfg->name;
+        req.world_size = (uint32_t) cfg->ranks;
+        req.source = KPROF__V1__RUN_SOURCE__RUN_SOURCE_SYNTHETIC;
+        rc = kp_rpc_unary(lg->ch, "/kprof.v1.Control/CreateRun", &req.base,
+                          &kprof__v1__run__descriptor, &resp, 15000, &st);
+        if (rc == 0) {
+            lg->run_id = ((Kprof__V1__Run *) resp)->id;
+            protobuf_c_message_free_unpacked(resp, NULL);
+            if (lg->run_id == 0 || lg->run_id > INT32_MAX) {
+                fprintf(stderr, "kprof-loadgen: CreateRun returned run id %" PRIu64 "\n",
+                        lg->run_id);
+                return 1;
+            }
+            return 0;
+        }
+    }
+    else {
+        Kprof__V1__ListRunsRequest req = KPROF__V1__LIST_RUNS_REQUEST__INIT;
+
+        lg->run_id = (uint64_t) cfg->run_id;
+        req.limit = 1;
+        rc = kp_rpc_unary(lg->ch, "/kprof.v1.Control/ListRuns", &req.base,
+                          &kprof__v1__list_runs_response__descriptor, &resp, 15000, &st);
+        if (rc == 0) {
+            protobuf_c_message_free_unpacked(resp, NULL);
+            return 0;
+        }
+    }
+    if (st.code == GRPC_STATUS_UNAVAILABLE || st.code == GRPC_STATUS_DEADLINE_EXCEEDED) {
+        fprintf(stderr, "kprof-loadgen: %s\n", unreachable_hint(cfg, st.details, msg, sizeof(msg)));
+    }
+    else {
+        fprintf(stderr, "kprof-loadgen: collectord at %s refused %s: %s: %s\n", cfg->collector,
+                cfg->run_id == 0 ? "CreateRun" : "ListRuns", kp_rpc_status_name(st.code),
+                st.details);
+    }
+    return 1;
+}
+
+static void end_run(struct loadgen *lg, bool failed)
+{
+    Kprof__V1__EndRunRequest req = KPROF__V1__END_RUN_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    struct kp_rpc_status st;
+
+    req.run_id = lg->run_id;
+    req.failed = failed;
+    if (kp_rpc_unary(lg->ch, "/kprof.v1.Control/EndRun", &req.base, &kprof__v1__run__descriptor,
+                     &resp, 15000, &st) != 0) {
+        kp_log_warn("EndRun failed run=%" PRIu64 " status=%s details=\"%s\"", lg->run_id,
+                    kp_rpc_status_name(st.code), st.details);
+        return;
+    }
+    protobuf_c_message_free_unpacked(resp, NULL);
+}
+
+static void print_json(const struct loadgen *lg, uint64_t events, uint64_t batches,
+                       uint64_t bytes, double secs, const struct kp_push_stats *sum)
+{
+    const struct loadgen_config *cfg = lg->cfg;
+
+    printf("{\"run_id\":%" PRIu64 ",\"ranks\":%lld,\"steps\":%lld,\"kernels_per_step\":%lld,"
+           "\"seed\":%lld,\"events\":%" PRIu64 ",\"batches\":%" PRIu64 ",\"bytes\":%" PRIu64
+           ",\"seconds\":%.6f,\"events_per_s\":%.1f,\"duplicates\":%" PRIu64
+           ",\"reconnects\":%" PRIu64 ",\"resent\":%" PRIu64 ",\"expected\":[",
+           lg->run_id, cfg->ranks, cfg->steps, cfg->kernels_per_step, cfg->seed, events, batches,
+           bytes, secs, secs > 0 ? (double) events / secs : 0.0, sum->duplicates,
+           sum->reconnects, sum->resent);
+    for (long long r = 0; r < cfg->ranks; r++) {
+        const struct kp_synth_totals *t = &lg->res[r].totals;
+
+        printf("%s{\"rank\":%lld,\"batches\":%" PRIu64 ",\"events\":%" PRIu64 ",\"kinds\":{",
+               r ? "," : "", r, t->batches, t->all_rows);
+        for (int k = 0; k < KP_EV_COUNT; k++) {
+            printf("%s\"%s\":{\"rows\":%" PRIu64 ",\"dur_ns\":%" PRIu64 "}", k ? "," : "",
+                   kp_event_kinds[k].label, t->rows[k], t->dur_ns[k]);
+        }
+        printf("}}");
+    }
+    printf("]}\n");
+}
+
+int main(int argc, char **argv)
+{
+    struct loadgen_config cfg;
+    struct kp_rpc_channel_opts co;
+    struct kp_push_stats sum;
+    struct loadgen lg;
+    pthread_t *th = NULL;
+    uint64_t events = 0, batches = 0, bytes = 0;
+    long long nthreads, started = 0;
+    char err[1024];
+    int action, rc = 1;
+    bool failed = false, created;
+    double secs;
+
+    memset(&cfg, 0, sizeof(cfg));
+    memset(&lg, 0, sizeof(lg));
+    if (kp_config_load(loadgen_defs, N_DEFS, &cfg, "kprof-loadgen", argc, argv, err, sizeof(err),
+                       &action) != 0) {
+        fprintf(stderr, "kprof-loadgen: %s (see --help)\n", err);
+        kp_config_fini(loadgen_defs, N_DEFS, &cfg);
+        return 2;
+    }
+    if (action == KP_CONFIG_EXIT_OK) {
+        kp_config_fini(loadgen_defs, N_DEFS, &cfg);
+        return 0;
+    }
+    kp_log_set_level((enum kp_log_level) cfg.log_level);
+    signal(SIGPIPE, SIG_IGN);
+    lg.cfg = &cfg;
+    lg.slow = calloc((size_t) cfg.ranks, sizeof(double));
+    lg.dlslow = calloc((size_t) cfg.ranks, sizeof(double));
+    lg.res = calloc((size_t) cfg.ranks, sizeof(struct rank_result));
+    nthreads = cfg.threads ? cfg.threads : (cfg.ranks < 64 ? cfg.ranks : 64);
+    nthreads = nthreads > cfg.ranks ? cfg.ranks : nthreads;
+    th = calloc((size_t) nthreads, sizeof(pthread_t));
+    if (lg.slow == NULL || lg.dlslow == NULL || lg.res == NULL || th == NULL) {
+        fprintf(stderr, "kprof-loadgen: out of memory\n");
+        goto out;
+    }
+    for (long long r = 0; r < cfg.ranks; r++) {
+        lg.slow[r] = 1.0;
+        lg.dlslow[r] = 1.0;
+    }
+    if (parse_factors("straggler", cfg.straggler, lg.slow, cfg.ranks, err, sizeof(err)) != 0 ||
+        parse_factors("dataload-straggler", cfg.dataload_straggler, lg.dlslow, cfg.ranks, err,
+                      sizeof(err)) != 0) {
+        fprintf(stderr, "kprof-loadgen: %s (see --help)\n", err);
+        rc = 2;
+        goto out;
+    }
+    memset(&co, 0, sizeof(co));
+    co.tls_ca_file = cfg.tls_ca;
+    if (kp_rpc_channel_create(cfg.collector, &co, &lg.ch, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kprof-loadgen: --collector=%s: %s\n", cfg.collector, err);
+        rc = 2;
+        goto out;
+    }
+    if (control(&lg) != 0) {
+        goto out;
+    }
+    created = cfg.run_id == 0;
+    if (cfg.start_ns != 0) {
+        lg.start_ns = cfg.start_ns;
+    }
+    else {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        lg.start_ns = (int64_t) ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    }
+    atomic_init(&lg.next_rank, 0);
+    atomic_init(&lg.first_send_ns, 0x7fffffffffffffffLL);
+    atomic_init(&lg.last_ack_ns, 0);
+    atomic_init(&lg.abort, false);
+    kp_log_info("pushing run=%" PRIu64 " ranks=%lld steps=%lld kernels_per_step=%lld threads=%lld",
+                lg.run_id, cfg.ranks, cfg.steps, cfg.kernels_per_step, nthreads);
+    for (long long i = 0; i < nthreads; i++) {
+        if (pthread_create(&th[i], NULL, worker, &lg) != 0) {
+            break;
+        }
+        started++;
+    }
+    if (started == 0) {
+        fprintf(stderr, "kprof-loadgen: cannot start worker threads\n");
+        goto out;
+    }
+    for (long long i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+    }
+
+    memset(&sum, 0, sizeof(sum));
+    for (long long r = 0; r < cfg.ranks; r++) {
+        const struct rank_result *res = &lg.res[r];
+
+        events += res->totals.all_rows;
+        batches += res->push.batches;
+        bytes += res->push.bytes;
+        sum.duplicates += res->push.duplicates;
+        sum.reconnects += res->push.reconnects;
+        sum.resent += res->push.resent;
+        if (res->rc != 0 && !failed) {
+            failed = true;
+            if (res->rc == KP_ERPC && (res->status.code == GRPC_STATUS_UNAVAILABLE ||
+                                       res->status.code == GRPC_STATUS_DEADLINE_EXCEEDED)) {
+                fprintf(stderr, "kprof-loadgen: rank %lld: %s\n", r,
+                        unreachable_hint(&cfg, res->err, err, sizeof(err)));
+            }
+            else {
+                fprintf(stderr, "kprof-loadgen: rank %lld: collectord did not take the batches: %s\n",
+                        r, res->err);
+            }
+        }
+    }
+    if (created && cfg.end_run) {
+        end_run(&lg, failed);
+    }
+    if (failed) {
+        goto out;
+    }
+    secs = lg.last_ack_ns > lg.first_send_ns
+               ? (double) (lg.last_ack_ns - lg.first_send_ns) / 1e9
+               : 0.0;
+    if (cfg.json) {
+        print_json(&lg, events, batches, bytes, secs, &sum);
+    }
+    else {
+        printf("run %" PRIu64 ": %lld ranks x %lld steps, %" PRIu64 " events in %" PRIu64
+               " batches (%.1f MB) committed in %.3f s: %.0f events/s; duplicates %" PRIu64
+               ", reconnects %" PRIu64 ", resent %" PRIu64 "\n",
+               lg.run_id, cfg.ranks, cfg.steps, events, batches, (double) bytes / 1e6, secs,
+               secs > 0 ? (double) events / secs : 0.0, sum.duplicates, sum.reconnects,
+               sum.resent);
+    }
+    rc = 0;
+out:
+    free(th);
+    free(lg.slow);
+    free(lg.dlslow);
+    free(lg.res);
+    kp_rpc_channel_destroy(lg.ch);
+    kp_config_fini(loadgen_defs, N_DEFS, &cfg);
+    return rc;
+}
