@@ -19,20 +19,22 @@
  *      PARTITION lock the parents ACCESS EXCLUSIVE, so any other order can deadlock); insert
  *      the batch keys into ingest_batches ON CONFLICT DO NOTHING RETURNING: the keys that come
  *      back are new, the others duplicates (keys repeated within the flush are de-duplicated
- *      here first); one COPY per kind of all new batches' rows, encoded in 256 KiB chunks
- *      while PostgreSQL parses the previous ones; upsert `ranks` (one row per run and rank,
- *      increments summed here) and `devices`; COMMIT. Only then are the items settled.
+ *      here first); one COPY per kind of all new batches' rows, encoded in chunks (16 KiB
+ *      first, growing to 256 KiB) while PostgreSQL parses the previous ones; upsert `ranks`
+ *      (one row per run and rank, increments summed here) and `devices`; COMMIT. Only then
+ *      are the items settled.
  *
  * Failures. After a failed statement the transaction is rolled back and kp_pg_last_fault
  * decides: a lost connection is re-made (and the migrations re-checked) after a capped
  * full-jitter backoff, and the same items flushed again; the ingest_batches keys make the
  * retry exact even when a COMMIT's outcome was unknown (such batches come back as
  * duplicates). A transient server error (deadlock, disk full, ...) retries the same way on
- * the same connection. A statement error means some batch's data is wrong (validated batches
- * should never get here, so this is a defence): the range is split in halves and each half
- * flushed on its own, down to single batches, and a batch that still fails alone is rejected
- * with KP_EPROTO and PostgreSQL's message, while the rest commit. Items that were settled in
- * an attempt stay settled across retries.
+ * the same connection. After a statement error the runs are checked afresh (a run dropped
+ * under the cache fails the COPY; its batches then come back KP_ENOTFOUND). Otherwise some
+ * batch's data is wrong (validated batches should never get here, so this is a defence): the
+ * range is split in halves and each half flushed on its own, down to single batches, and a
+ * batch that still fails alone is rejected with KP_EPROTO and PostgreSQL's message, while the
+ * rest commit. Items that were settled in an attempt stay settled across retries.
  *
  * Stop. kp_sink_destroy lets the thread drain the queue; while PostgreSQL fails it retries
  * until drain_timeout_ms has passed, then settles what is left with KP_ESHUTDOWN. A statement

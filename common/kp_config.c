@@ -22,21 +22,6 @@ static const char *const type_names[] = {
     [KP_CONFIG_DURATION] = "DURATION", [KP_CONFIG_STRING] = "STRING", [KP_CONFIG_ENUM] = "ENUM",
 };
 
-static void set_err(char *errbuf, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *errbuf, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (errbuf == NULL || errlen == 0) {
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(errbuf, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static void *field(void *cfg, const struct kp_config_def *d)
 {
     return (char *) cfg + d->offset;
@@ -304,7 +289,7 @@ static int apply(const struct kp_config_def *d, void *cfg, const char *val, cons
     switch (d->type) {
     case KP_CONFIG_BOOL:
         if (kp_parse_bool(val, &b) != 0) {
-            set_err(errbuf, errlen, "%s: not a bool (use true or false)", origin);
+            kp_errbuf_set(errbuf, errlen, "%s: not a bool (use true or false)", origin);
             return KP_ECONFIG;
         }
         *(bool *) field(cfg, d) = b;
@@ -313,7 +298,7 @@ static int apply(const struct kp_config_def *d, void *cfg, const char *val, cons
         errno = 0;
         v = strtoll(val, &end, 10);
         if (val[0] == '\0' || isspace((unsigned char) val[0]) || *end != '\0') {
-            set_err(errbuf, errlen, "%s: not an integer", origin);
+            kp_errbuf_set(errbuf, errlen, "%s: not an integer", origin);
             return KP_ECONFIG;
         }
         rc = errno == ERANGE ? -ERANGE : 0;
@@ -321,14 +306,14 @@ static int apply(const struct kp_config_def *d, void *cfg, const char *val, cons
     case KP_CONFIG_SIZE:
         rc = kp_parse_size(val, &v);
         if (rc == -EINVAL) {
-            set_err(errbuf, errlen, "%s: not a size (use e.g. 16384, 16KiB, 1MiB)", origin);
+            kp_errbuf_set(errbuf, errlen, "%s: not a size (use e.g. 16384, 16KiB, 1MiB)", origin);
             return KP_ECONFIG;
         }
         break;
     case KP_CONFIG_DURATION:
         rc = kp_parse_duration_ms(val, &v);
         if (rc == -EINVAL) {
-            set_err(errbuf, errlen, "%s: not a duration (use e.g. 500ms, 30s, 2m, 1h)", origin);
+            kp_errbuf_set(errbuf, errlen, "%s: not a duration (use e.g. 500ms, 30s, 2m, 1h)", origin);
             return KP_ECONFIG;
         }
         break;
@@ -337,20 +322,20 @@ static int apply(const struct kp_config_def *d, void *cfg, const char *val, cons
         /* A required string may default to empty: check_required() catches it if no
          * other source sets it. */
         if (len == 0 && d->min > 0 && !is_default) {
-            set_err(errbuf, errlen, "%s: must not be empty", origin);
+            kp_errbuf_set(errbuf, errlen, "%s: must not be empty", origin);
             return KP_ECONFIG;
         }
         if (len > 0 && len < (size_t) d->min) {
-            set_err(errbuf, errlen, "%s: too short (at least %lld bytes)", origin, d->min);
+            kp_errbuf_set(errbuf, errlen, "%s: too short (at least %lld bytes)", origin, d->min);
             return KP_ECONFIG;
         }
         if (d->max > 0 && len > (size_t) d->max) {
-            set_err(errbuf, errlen, "%s: too long (at most %lld bytes)", origin, d->max);
+            kp_errbuf_set(errbuf, errlen, "%s: too long (at most %lld bytes)", origin, d->max);
             return KP_ECONFIG;
         }
         copy = strdup(val);
         if (copy == NULL) {
-            set_err(errbuf, errlen, "%s: out of memory", origin);
+            kp_errbuf_set(errbuf, errlen, "%s: out of memory", origin);
             return -ENOMEM;
         }
         sp = field(cfg, d);
@@ -365,19 +350,19 @@ static int apply(const struct kp_config_def *d, void *cfg, const char *val, cons
             }
         }
         fmt_enum_values(d, ", ", allowed, sizeof(allowed));
-        set_err(errbuf, errlen, "%s: not one of: %s", origin, allowed);
+        kp_errbuf_set(errbuf, errlen, "%s: not one of: %s", origin, allowed);
         return KP_ECONFIG;
     default:
-        set_err(errbuf, errlen, "%s: bad type in config table", origin);
+        kp_errbuf_set(errbuf, errlen, "%s: bad type in config table", origin);
         return KP_ECONFIG;
     }
     /* INT, SIZE and DURATION: range. */
     if (rc == -ERANGE || ((d->min != 0 || d->max != 0) && (v < d->min || v > d->max))) {
         if (d->min == 0 && d->max == 0) {
-            set_err(errbuf, errlen, "%s: out of range (must fit a 64-bit signed integer)", origin);
+            kp_errbuf_set(errbuf, errlen, "%s: out of range (must fit a 64-bit signed integer)", origin);
         }
         else {
-            set_err(errbuf, errlen, "%s: out of range (allowed %s)", origin,
+            kp_errbuf_set(errbuf, errlen, "%s: out of range (allowed %s)", origin,
                     fmt_bounds(d, allowed, sizeof(allowed)));
         }
         return KP_ECONFIG;
@@ -446,7 +431,7 @@ static int check_table(const struct kp_config_def *defs, size_t n, char *errbuf,
             }
         }
         if (why != NULL) {
-            set_err(errbuf, errlen, "config table: row %zu (%s): %s", i,
+            kp_errbuf_set(errbuf, errlen, "config table: row %zu (%s): %s", i,
                     d->name != NULL ? d->name : "NULL", why);
         }
     }
@@ -486,7 +471,7 @@ static int expand(const char *val, struct kp_strbuf *out, const char *prefix, ch
         }
         close = strchr(p, '}');
         if (close == NULL) {
-            set_err(errbuf, errlen, "%s: unterminated ${", prefix);
+            kp_errbuf_set(errbuf, errlen, "%s: unterminated ${", prefix);
             return KP_ECONFIG;
         }
         colon = strstr(p, ":-");
@@ -495,7 +480,7 @@ static int expand(const char *val, struct kp_strbuf *out, const char *prefix, ch
         }
         nlen = (size_t) (colon - (p + 2));
         if (nlen == 0 || nlen >= sizeof(name)) {
-            set_err(errbuf, errlen, "%s: bad variable name in ${...}", prefix);
+            kp_errbuf_set(errbuf, errlen, "%s: bad variable name in ${...}", prefix);
             return KP_ECONFIG;
         }
         memcpy(name, p + 2, nlen);
@@ -514,7 +499,7 @@ static int expand(const char *val, struct kp_strbuf *out, const char *prefix, ch
         rc = kp_strbuf_reserve(out, 0); /* so that out->data is a string even if empty */
     }
     if (rc != 0) {
-        set_err(errbuf, errlen, "%s: value too long after expansion", prefix);
+        kp_errbuf_set(errbuf, errlen, "%s: value too long after expansion", prefix);
         return rc == -ENOMEM ? -ENOMEM : KP_ECONFIG;
     }
     return 0;
@@ -547,24 +532,24 @@ static int read_file(const char *path, char **buf, size_t *len, char *errbuf, si
             return 1;
         }
         rc = -errno;
-        set_err(errbuf, errlen, "config file %s: %s", path, strerror(errno));
+        kp_errbuf_set(errbuf, errlen, "config file %s: %s", path, strerror(errno));
         return rc;
     }
     b = malloc(KP_CONFIG_FILE_MAX + 1);
     if (b == NULL) {
-        set_err(errbuf, errlen, "config file %s: out of memory", path);
+        kp_errbuf_set(errbuf, errlen, "config file %s: out of memory", path);
         rc = -ENOMEM;
         goto out;
     }
     got = fread(b, 1, KP_CONFIG_FILE_MAX + 1, f);
     if (ferror(f)) {
         rc = -EIO;
-        set_err(errbuf, errlen, "config file %s: read error", path);
+        kp_errbuf_set(errbuf, errlen, "config file %s: read error", path);
         goto out;
     }
     if (got > KP_CONFIG_FILE_MAX) {
         rc = KP_ECONFIG;
-        set_err(errbuf, errlen, "config file %s: bigger than %d bytes", path, KP_CONFIG_FILE_MAX);
+        kp_errbuf_set(errbuf, errlen, "config file %s: bigger than %d bytes", path, KP_CONFIG_FILE_MAX);
         goto out;
     }
     b[got] = '\0';
@@ -592,7 +577,7 @@ static int load_file(const struct kp_config_def *defs, size_t n, void *cfg, cons
     rc = read_file(path, &buf, &len, errbuf, errlen);
     if (rc == 1) {
         if (must_exist) {
-            set_err(errbuf, errlen, "--config=%s: no such file", path);
+            kp_errbuf_set(errbuf, errlen, "--config=%s: no such file", path);
             rc = KP_ECONFIG;
         }
         else {
@@ -604,7 +589,7 @@ static int load_file(const struct kp_config_def *defs, size_t n, void *cfg, cons
         goto out;
     }
     if (strlen(buf) != len) {
-        set_err(errbuf, errlen, "config file %s: contains a NUL byte", path);
+        kp_errbuf_set(errbuf, errlen, "config file %s: contains a NUL byte", path);
         rc = KP_ECONFIG;
         goto out;
     }
@@ -614,7 +599,7 @@ static int load_file(const struct kp_config_def *defs, size_t n, void *cfg, cons
         end = nl != NULL ? nl : line + strlen(line);
         nl = nl != NULL ? nl + 1 : end;
         if (end - line > KP_CONFIG_LINE_MAX) {
-            set_err(errbuf, errlen, "%s:%d: line longer than %d bytes", path, lineno,
+            kp_errbuf_set(errbuf, errlen, "%s:%d: line longer than %d bytes", path, lineno,
                     KP_CONFIG_LINE_MAX);
             rc = KP_ECONFIG;
             break;
@@ -625,7 +610,7 @@ static int load_file(const struct kp_config_def *defs, size_t n, void *cfg, cons
         }
         eq = strchr(key, '=');
         if (eq == NULL) {
-            set_err(errbuf, errlen, "%s:%d: expected key = value", path, lineno);
+            kp_errbuf_set(errbuf, errlen, "%s:%d: expected key = value", path, lineno);
             rc = KP_ECONFIG;
             break;
         }
@@ -638,7 +623,7 @@ static int load_file(const struct kp_config_def *defs, size_t n, void *cfg, cons
         }
         d = find_def(defs, n, key, strlen(key));
         if (d == NULL) {
-            set_err(errbuf, errlen, "%s:%d: unknown key '%s'", path, lineno, key);
+            kp_errbuf_set(errbuf, errlen, "%s:%d: unknown key '%s'", path, lineno, key);
             rc = KP_ECONFIG;
             break;
         }
@@ -702,7 +687,7 @@ static int next_tok(const struct kp_config_def *defs, size_t n, int argc, char *
         return 0;
     }
     if (arg[1] != '-') {
-        set_err(errbuf, errlen, "unknown flag %s (flags are --key=value; see --help)", arg);
+        kp_errbuf_set(errbuf, errlen, "unknown flag %s (flags are --key=value; see --help)", arg);
         return KP_ECONFIG;
     }
     name = arg + 2;
@@ -713,7 +698,7 @@ static int next_tok(const struct kp_config_def *defs, size_t n, int argc, char *
         (nlen == 7 && strncmp(name, "dry-run", 7) == 0) ||
         (nlen == 12 && strncmp(name, "print-config", 12) == 0)) {
         if (eq != NULL) {
-            set_err(errbuf, errlen, "--%.*s takes no value", (int) nlen, name);
+            kp_errbuf_set(errbuf, errlen, "--%.*s takes no value", (int) nlen, name);
             return KP_ECONFIG;
         }
         t->kind = name[0] == 'h' ? TOK_HELP : name[0] == 'd' ? TOK_DRY_RUN : TOK_PRINT;
@@ -732,13 +717,13 @@ static int next_tok(const struct kp_config_def *defs, size_t n, int argc, char *
                 return 0;
             }
             if (t->d != NULL && t->d->type == KP_CONFIG_BOOL) {
-                set_err(errbuf, errlen, "%s: --no-%s takes no value", arg, t->d->name);
+                kp_errbuf_set(errbuf, errlen, "%s: --no-%s takes no value", arg, t->d->name);
                 return KP_ECONFIG;
             }
             t->d = NULL;
         }
         if (t->d == NULL) {
-            set_err(errbuf, errlen, "unknown flag --%.*s (see --help)", (int) nlen, name);
+            kp_errbuf_set(errbuf, errlen, "unknown flag --%.*s (see --help)", (int) nlen, name);
             return KP_ECONFIG;
         }
         if (t->d->type == KP_CONFIG_BOOL && eq == NULL) {
@@ -748,7 +733,7 @@ static int next_tok(const struct kp_config_def *defs, size_t n, int argc, char *
     }
     if (t->val == NULL) {
         if (*i >= argc) {
-            set_err(errbuf, errlen, "--%s needs a value (%s)", t->d != NULL ? t->d->name : "config",
+            kp_errbuf_set(errbuf, errlen, "--%s needs a value (%s)", t->d != NULL ? t->d->name : "config",
                     t->d != NULL ? type_names[t->d->type] : "PATH");
             return KP_ECONFIG;
         }
@@ -830,7 +815,7 @@ static int check_required(const struct kp_config_def *defs, size_t n, const void
         v = *(char *const *) cfield(cfg, &defs[i]);
         if (v == NULL || v[0] == '\0') {
             env_name(defs[i].name, env, sizeof(env));
-            set_err(errbuf, errlen, "%s is required: set --%s=..., %s or \"%s = ...\" in the file",
+            kp_errbuf_set(errbuf, errlen, "%s is required: set --%s=..., %s or \"%s = ...\" in the file",
                     defs[i].name, defs[i].name, env, defs[i].name);
             return KP_ECONFIG;
         }
@@ -865,13 +850,13 @@ int kp_config_load_args(const struct kp_config_def *defs, size_t n, void *cfg, c
                       errlen);
         if (rc == 0 && t.kind == TOK_POS) {
             if (pos == NULL) {
-                set_err(first_err == 0 ? errbuf : NULL, errlen,
+                kp_errbuf_set(first_err == 0 ? errbuf : NULL, errlen,
                         "unexpected argument '%s' (%s takes only --key=value flags; see --help)",
                         t.val, prog != NULL ? prog : "this program");
                 rc = KP_ECONFIG;
             }
             else if (pos->n >= pos->max) {
-                set_err(first_err == 0 ? errbuf : NULL, errlen,
+                kp_errbuf_set(first_err == 0 ? errbuf : NULL, errlen,
                         "too many arguments at '%s' (at most %d)", t.val, pos->max);
                 rc = KP_ECONFIG;
             }

@@ -1,5 +1,7 @@
 #include "kp_err.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 const char *kp_strerror(int err)
@@ -32,4 +34,16 @@ const char *kp_strerror(int err)
         return strerror(-err);
     }
     return "unknown error";
+}
+
+void kp_errbuf_set(char *errbuf, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (errbuf == NULL || errlen == 0) {
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(errbuf, errlen, fmt, ap);
+    va_end(ap);
 }

@@ -21,4 +21,11 @@ enum kp_err {
 /* Returns a static description of a code from either range. Thread-safe. */
 const char *kp_strerror(int err);
 
+#include <stddef.h>
+
+/* Formats a message into errbuf (the caller's buffer, as anet does); does nothing if errbuf
+ * is NULL or errlen is 0. */
+void kp_errbuf_set(char *errbuf, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 #endif

@@ -75,21 +75,6 @@ struct kp_http {
     _Atomic uint64_t n_bad;
 };
 
-static void set_err(char *errbuf, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *errbuf, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (errbuf == NULL || errlen == 0) {
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(errbuf, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static long long mono_ms(void)
 {
     struct timespec ts;
@@ -541,7 +526,7 @@ static int open_listener(struct kp_http *s, const char *addr, char *errbuf, size
     int rc, fd = -1, one = 1;
 
     if (parse_listen(addr, host, sizeof(host), port, sizeof(port)) != 0) {
-        set_err(errbuf, errlen, "listen address '%s': want host:port or [v6addr]:port", addr);
+        kp_errbuf_set(errbuf, errlen, "listen address '%s': want host:port or [v6addr]:port", addr);
         rc = -EINVAL;
         goto out;
     }
@@ -550,7 +535,7 @@ static int open_listener(struct kp_http *s, const char *addr, char *errbuf, size
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
     rc = getaddrinfo(host[0] != '\0' ? host : NULL, port, &hints, &res);
     if (rc != 0) {
-        set_err(errbuf, errlen, "listen address '%s': %s", addr, gai_strerror(rc));
+        kp_errbuf_set(errbuf, errlen, "listen address '%s': %s", addr, gai_strerror(rc));
         rc = rc == EAI_SYSTEM ? -errno : -EINVAL;
         goto out;
     }
@@ -570,12 +555,12 @@ static int open_listener(struct kp_http *s, const char *addr, char *errbuf, size
         fd = -1;
     }
     if (fd < 0) {
-        set_err(errbuf, errlen, "listen on '%s': %s", addr, strerror(-rc));
+        kp_errbuf_set(errbuf, errlen, "listen on '%s': %s", addr, strerror(-rc));
         goto out;
     }
     if (getsockname(fd, (struct sockaddr *) &ss, &sl) != 0) {
         rc = -errno;
-        set_err(errbuf, errlen, "getsockname: %s", strerror(errno));
+        kp_errbuf_set(errbuf, errlen, "getsockname: %s", strerror(errno));
         close(fd);
         goto out;
     }
@@ -600,7 +585,7 @@ int kp_http_create_with_limits(const char *listen_addr, const struct kp_http_han
 
     s = calloc(1, sizeof(*s));
     if (s == NULL) {
-        set_err(errbuf, errlen, "out of memory");
+        kp_errbuf_set(errbuf, errlen, "out of memory");
         return -ENOMEM;
     }
     s->listen_fd = -1;
@@ -626,7 +611,7 @@ int kp_http_create_with_limits(const char *listen_addr, const struct kp_http_han
     s->pfds = calloc((size_t) s->max_conns + 2, sizeof(*s->pfds));
     s->pfd_conn = calloc((size_t) s->max_conns + 2, sizeof(*s->pfd_conn));
     if (s->conns == NULL || s->pfds == NULL || s->pfd_conn == NULL) {
-        set_err(errbuf, errlen, "out of memory");
+        kp_errbuf_set(errbuf, errlen, "out of memory");
         rc = -ENOMEM;
         goto fail;
     }
@@ -635,7 +620,7 @@ int kp_http_create_with_limits(const char *listen_addr, const struct kp_http_han
     }
     if (pipe2(s->wake_fd, O_CLOEXEC | O_NONBLOCK) != 0) {
         rc = -errno;
-        set_err(errbuf, errlen, "pipe2: %s", strerror(errno));
+        kp_errbuf_set(errbuf, errlen, "pipe2: %s", strerror(errno));
         goto fail;
     }
     rc = open_listener(
@@ -650,7 +635,7 @@ int kp_http_create_with_limits(const char *listen_addr, const struct kp_http_han
     rc = -pthread_create(&s->thread, NULL, http_main, s);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
-        set_err(errbuf, errlen, "pthread_create: %s", strerror(-rc));
+        kp_errbuf_set(errbuf, errlen, "pthread_create: %s", strerror(-rc));
         goto fail;
     }
     s->thread_started = true;

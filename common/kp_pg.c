@@ -116,7 +116,16 @@ int kp_pg_connect(const char *conninfo, const char *application_name, PGconn **o
     if (conninfo == NULL) {
         conninfo = "";
     }
-    if ((opts = PQconninfoParse(conninfo, &perr)) == NULL) {
+    /* A bare word is a database name, which libpq's expand_dbname takes but
+     * PQconninfoParse refuses. */
+    if (strchr(conninfo, '=') == NULL && strncmp(conninfo, "postgresql://", 13) != 0 &&
+        strncmp(conninfo, "postgres://", 11) != 0) {
+        opts = PQconninfoParse("", &perr);
+    }
+    else {
+        opts = PQconninfoParse(conninfo, &perr);
+    }
+    if (opts == NULL) {
         if (perr == NULL) {
             snprintf(errbuf, errlen, "out of memory");
             return -ENOMEM;

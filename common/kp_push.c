@@ -65,11 +65,11 @@ struct kp_push {
     int failed;
     struct kp_rpc_status fail_status;
 
-    bool had_break;          /* the last call broke: the next one is a reconnect */
-    bool restored;           /* an ack came after a break: log the recovery */
-    long long progress_ms;   /* last ack, or when work became pending */
-    long long retry_at_ms;   /* no call before this */
-    unsigned attempt;        /* backoff exponent */
+    bool had_break;        /* the last call broke: the next one is a reconnect */
+    bool restored;         /* an ack came after a break: log the recovery */
+    long long progress_ms; /* last ack, or when work became pending */
+    long long retry_at_ms; /* no call before this */
+    unsigned attempt;      /* backoff exponent */
     uint64_t rng;
     struct kp_rpc_status last_status;
     struct kp_complain complain; /* I/O thread only */

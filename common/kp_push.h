@@ -18,8 +18,10 @@
  *  - Terminal statuses (INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED, UNIMPLEMENTED,
  *    PERMISSION_DENIED, UNAUTHENTICATED, FAILED_PRECONDITION, OUT_OF_RANGE, ALREADY_EXISTS,
  *    DATA_LOSS) are not retried: the push fails, every later call returns KP_ERPC, and
- *    kp_push_error gives the status code and details. So does giving up after
- *    give_up_after_ms without progress (no call could be kept up, no ack arrived).
+ *    kp_push_error gives the status code and details. So does giving up: no
+ *    acknowledgement for give_up_after_ms while batches are pending (collectord unreachable,
+ *    or not acknowledging), with the last call's status (UNAVAILABLE, ...) or
+ *    DEADLINE_EXCEEDED.
  *  - kp_push_flush half-closes the call once everything is sent and returns when every batch
  *    is acknowledged and collectord has ended the call OK. A later send opens a new call.
  *
@@ -58,17 +60,17 @@ struct kp_push_opts {
 };
 
 struct kp_push_stats {
-    uint64_t batches;       /* accepted by send */
-    uint64_t bytes;         /* their encoded size */
-    uint64_t acked;         /* acknowledged, each batch counted once */
-    uint64_t duplicates;    /* of those, acknowledged as duplicates */
-    uint64_t sends;         /* messages written to a call, repeats included */
-    uint64_t resent;        /* repeats: sends of a batch after its first */
-    uint64_t calls;         /* Push calls opened */
-    uint64_t reconnects;    /* calls opened after a broken one */
-    uint64_t stale_acks;    /* acks for batches not in flight (ignored) */
-    uint32_t inflight;      /* unacknowledged now */
-    uint32_t max_inflight;  /* high-water mark of unacknowledged batches */
+    uint64_t batches;      /* accepted by send */
+    uint64_t bytes;        /* their encoded size */
+    uint64_t acked;        /* acknowledged, each batch counted once */
+    uint64_t duplicates;   /* of those, acknowledged as duplicates */
+    uint64_t sends;        /* messages written to a call, repeats included */
+    uint64_t resent;       /* repeats: sends of a batch after its first */
+    uint64_t calls;        /* Push calls opened */
+    uint64_t reconnects;   /* calls opened after a broken one */
+    uint64_t stale_acks;   /* acks for batches not in flight (ignored) */
+    uint32_t inflight;     /* unacknowledged now */
+    uint32_t max_inflight; /* high-water mark of unacknowledged batches */
 };
 
 /*

@@ -915,7 +915,7 @@ int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *
 {
     struct kp_rpc_channel *c = calloc(1, sizeof(*c));
     grpc_channel_credentials *creds;
-    grpc_arg args[2];
+    grpc_arg args[3];
     grpc_channel_args cargs;
     char *ca = NULL;
 
@@ -943,7 +943,12 @@ int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *
     args[1].type = GRPC_ARG_INTEGER;
     args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
     args[1].value.integer = -1;
-    cargs.num_args = 2;
+    /* gRPC's own reconnect backoff grows to 120 s; producers resume soon after a collectord
+     * restart only if it is capped. */
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
+    args[2].value.integer = 2000;
+    cargs.num_args = 3;
     cargs.args = args;
     c->ch = grpc_channel_create(target, creds, &cargs);
     grpc_channel_credentials_release(creds);

@@ -176,17 +176,28 @@ static const char *const fixed_strings[S_FIRST_BUILT] = {
     [S_CUDA_MEMSET_ASYNC] = "cudaMemsetAsync",
     [S_CUDA_STREAM_SYNC] = "cudaStreamSynchronize",
     [S_CUDA_STREAM_WAIT_EVENT] = "cudaStreamWaitEvent",
-    [S_K_LN_FWD] = "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, float, float const*, float const*, float const*, float*, float*, float*)",
-    [S_K_LN_BWD_DX] = "void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<float, float>(float const*, float const*, float const*, float const*, float const*, float*, int)",
-    [S_K_LN_BWD_DW] = "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel_32x32<float, float>(long, long, float const*, float const*, float const*, float const*, float*, float*)",
-    [S_K_GELU_FWD] = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2> >(int, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2>)",
-    [S_K_GELU_BWD] = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float, float)#1}, at::detail::Array<char*, 3> >(int, at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float, float)#1}, at::detail::Array<char*, 3>)",
-    [S_K_DROPOUT_FWD] = "void at::native::(anonymous namespace)::fused_dropout_kernel_vec<float, float, unsigned int, 1, 4, bool>(at::cuda::detail::TensorInfo<float const, unsigned int>, at::cuda::detail::TensorInfo<float, unsigned int>, at::cuda::detail::TensorInfo<bool, unsigned int>, unsigned int, float, at::PhiloxCudaState)",
-    [S_K_DROPOUT_BWD] = "void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::masked_scale_kernel<bool, float, float>(at::Tensor&, at::Tensor const&, at::Tensor const&, float)::{lambda(float, bool)#1}, at::detail::Array<char*, 3> >(int, at::native::(anonymous namespace)::masked_scale_kernel<bool, float, float>(at::Tensor&, at::Tensor const&, at::Tensor const&, float)::{lambda(float, bool)#1}, at::detail::Array<char*, 3>)",
-    [S_K_ADD] = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)",
-    [S_K_MUL] = "void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, 2> >(int, at::native::AUnaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, 2>)",
-    [S_K_SUM] = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, 4>)",
-    [S_K_FOREACH] = "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>, std::plus<float>, float>(at::native::(anonymous namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>, std::plus<float>, float)",
+    [S_K_LN_FWD] =
+        "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, float, float const*, float const*, float const*, float*, float*, float*)",
+    [S_K_LN_BWD_DX] =
+        "void at::native::(anonymous namespace)::layer_norm_grad_input_kernel_vectorized<float, float>(float const*, float const*, float const*, float const*, float const*, float*, int)",
+    [S_K_LN_BWD_DW] =
+        "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel_32x32<float, float>(long, long, float const*, float const*, float const*, float const*, float*, float*)",
+    [S_K_GELU_FWD] =
+        "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2> >(int, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2>)",
+    [S_K_GELU_BWD] =
+        "void at::native::vectorized_elementwise_kernel<4, at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float, float)#1}, at::detail::Array<char*, 3> >(int, at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float, float)#1}, at::detail::Array<char*, 3>)",
+    [S_K_DROPOUT_FWD] =
+        "void at::native::(anonymous namespace)::fused_dropout_kernel_vec<float, float, unsigned int, 1, 4, bool>(at::cuda::detail::TensorInfo<float const, unsigned int>, at::cuda::detail::TensorInfo<float, unsigned int>, at::cuda::detail::TensorInfo<bool, unsigned int>, unsigned int, float, at::PhiloxCudaState)",
+    [S_K_DROPOUT_BWD] =
+        "void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::masked_scale_kernel<bool, float, float>(at::Tensor&, at::Tensor const&, at::Tensor const&, float)::{lambda(float, bool)#1}, at::detail::Array<char*, 3> >(int, at::native::(anonymous namespace)::masked_scale_kernel<bool, float, float>(at::Tensor&, at::Tensor const&, at::Tensor const&, float)::{lambda(float, bool)#1}, at::detail::Array<char*, 3>)",
+    [S_K_ADD] =
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)",
+    [S_K_MUL] =
+        "void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, 2> >(int, at::native::AUnaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, 2>)",
+    [S_K_SUM] =
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, 4>)",
+    [S_K_FOREACH] =
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>, std::plus<float>, float>(at::native::(anonymous namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>, std::plus<float>, float)",
     [S_K_NCCL] = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
     [S_ALLREDUCE] = "allreduce",
     [S_FLOAT] = "Float",
@@ -215,10 +226,10 @@ struct profile {
 };
 
 static const struct profile profiles[2] = {
-    { "Tesla V100-SXM2-32GB", 80, 7, 0, 1530000, 98304, 34079637504ULL, 898048000000ULL, 512,
-      2048, "float" },
-    { "NVIDIA A100-SXM4-80GB", 108, 8, 0, 1410000, 167936, 85198045184ULL, 2039000000000ULL,
-      1024, 2048, "c10::Half" },
+    { "Tesla V100-SXM2-32GB", 80, 7, 0, 1530000, 98304, 34079637504ULL, 898048000000ULL, 512, 2048,
+      "float" },
+    { "NVIDIA A100-SXM4-80GB", 108, 8, 0, 1410000, 167936, 85198045184ULL, 2039000000000ULL, 1024,
+      2048, "c10::Half" },
 };
 
 /* Kernel kinds of the model. */
@@ -336,7 +347,7 @@ struct kp_synth {
     size_t pend_n[KP_EV_COUNT], pend_cap[KP_EV_COUNT];
     struct checkpoint *cps;
     size_t n_cps, cap_cps;
-    size_t cut_cp;   /* checkpoints consumed by the batch handed out, to shift on next call */
+    size_t cut_cp; /* checkpoints consumed by the batch handed out, to shift on next call */
     bool have_out;
 
     /* the batch handed out */
@@ -614,8 +625,7 @@ static uint64_t api_call(struct kp_synth *s, int64_t *cpu, enum sid name, uint32
 }
 
 /* Launches a kernel of type kt from the CPU cursor *cpu on the compute stream. */
-static uint64_t launch(struct kp_synth *s, int64_t *cpu, uint64_t tid, enum ktype kt,
-                       uint64_t ext)
+static uint64_t launch(struct kp_synth *s, int64_t *cpu, uint64_t tid, enum ktype kt, uint64_t ext)
 {
     const struct kdef *kd = &kdefs[kt];
     Kprof__V1__Kernels *k = &s->p_kernels;
@@ -674,8 +684,8 @@ static uint64_t launch(struct kp_synth *s, int64_t *cpu, uint64_t tid, enum ktyp
 }
 
 /* A memcpy from the CPU cursor on the compute stream. */
-static void memcpy_row(struct kp_synth *s, int64_t *cpu, uint64_t tid, uint64_t ext,
-                       uint64_t bytes, uint32_t copy_kind, uint32_t src_kind, uint32_t dst_kind)
+static void memcpy_row(struct kp_synth *s, int64_t *cpu, uint64_t tid, uint64_t ext, uint64_t bytes,
+                       uint32_t copy_kind, uint32_t src_kind, uint32_t dst_kind)
 {
     Kprof__V1__Memcpys *m = &s->p_memcpys;
     int64_t ready, st, dur, mst, mdur;
@@ -737,8 +747,7 @@ static void fwd_op(struct kp_synth *s, uint64_t parent, enum sid outer, enum sid
     uint64_t p = parent;
 
     if (outer != S_NONE) {
-        op_open(s, &fo, ab(s, s->cpu_main), outer, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tid,
-                parent);
+        op_open(s, &fo, ab(s, s->cpu_main), outer, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tid, parent);
         fo.shapes = shapes;
         fo.dtypes = dtypes;
         s->cpu_main += base_dur(s, 1500, 0.4);
@@ -779,8 +788,7 @@ static void bwd_fn(struct kp_synth *s, enum sid eval, enum sid fn, int64_t seq,
     ff.fwd_tid = tid_main(s);
     s->cpu_bwd += base_dur(s, 2000, 0.4);
     for (size_t i = 0; i < n; i++) {
-        op_open(s, &fa, ab(s, s->cpu_bwd), aten[i], KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tid,
-                ff.id);
+        op_open(s, &fa, ab(s, s->cpu_bwd), aten[i], KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tid, ff.id);
         fa.shapes = S_SH_ACT_H;
         fa.dtypes = S_DT_2;
         s->cpu_bwd += base_dur(s, 3500, 0.4);
@@ -819,8 +827,8 @@ static void allreduce(struct kp_synth *s, uint32_t b)
     double bytes = (double) nelems * 4.0;
     size_t i;
 
-    op_open(s, &fo, ab(s, s->cpu_bwd), S_NCCL_ALLREDUCE, KPROF__V1__OP_KIND__OP_KIND_CPU_OP,
-            tid, 0);
+    op_open(s, &fo, ab(s, s->cpu_bwd), S_NCCL_ALLREDUCE, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tid,
+            0);
     fo.shapes = S_SH_FOREACH;
     fo.dtypes = S_DT_LIST;
     op_start = fo.start;
@@ -837,8 +845,8 @@ static void allreduce(struct kp_synth *s, uint32_t b)
 
     /* Ring allreduce: 2(w-1)/w of the bytes at the bus bandwidth (NVLink within a node of 8,
      * the network beyond), plus latency. */
-    xfer = 15000 + (int64_t) (bytes * 2.0 * (double) (w - 1) / (double) w /
-                              (w <= 8 ? 150.0 : 80.0)) +
+    xfer = 15000 +
+           (int64_t) (bytes * 2.0 * (double) (w - 1) / (double) w / (w <= 8 ? 150.0 : 80.0)) +
            (w == 1 ? (int64_t) (bytes / 400.0) : 0);
     xfer = (int64_t) ((double) xfer * (0.95 + 0.1 * base_u(s)));
     t = s->gpu > ready ? s->gpu : ready;
@@ -950,8 +958,7 @@ static void sim_step(struct kp_synth *s)
 
     op_open(s, &fstep, t0, S_NONE, KPROF__V1__OP_KIND__OP_KIND_PROFILER_STEP, tm, 0);
     fstep.name = STEP_NAME_FLAG | (uint32_t) (s->step - s->o.first_step);
-    op_open(s, &fdl, t0, S_DATALOADER, KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm,
-            fstep.id);
+    op_open(s, &fdl, t0, S_DATALOADER, KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm, fstep.id);
     op_close(s, &fdl, s->my_origin);
 
     /* the input batch to the GPU */
@@ -963,8 +970,8 @@ static void sim_step(struct kp_synth *s)
         f1.shapes = S_SH_TO;
         f1.dtypes = S_DT_TO;
         s->cpu_main += base_dur(s, 3000, 0.3);
-        op_open(s, &f2, ab(s, s->cpu_main), S_ATEN_TO_COPY, KPROF__V1__OP_KIND__OP_KIND_CPU_OP,
-                tm, f1.id);
+        op_open(s, &f2, ab(s, s->cpu_main), S_ATEN_TO_COPY, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
+                f1.id);
         f2.shapes = S_SH_TO;
         f2.dtypes = S_DT_TO;
         s->cpu_main += base_dur(s, 5000, 0.3);
@@ -973,9 +980,8 @@ static void sim_step(struct kp_synth *s)
         f3.shapes = S_SH_TO;
         f3.dtypes = S_DT_TO;
         s->cpu_main += base_dur(s, 2000, 0.3);
-        memcpy_row(s, &s->cpu_main, tm, f3.id,
-                   (uint64_t) s->prof->tokens * s->prof->hidden * 4, MEMCPY_HTOD, MEM_PINNED,
-                   MEM_DEVICE);
+        memcpy_row(s, &s->cpu_main, tm, f3.id, (uint64_t) s->prof->tokens * s->prof->hidden * 4,
+                   MEMCPY_HTOD, MEM_PINNED, MEM_DEVICE);
         s->cpu_main += base_dur(s, 1000, 0.3);
         op_close(s, &f3, ab(s, s->cpu_main));
         s->cpu_main += base_dur(s, 800, 0.3);
@@ -1000,8 +1006,8 @@ static void sim_step(struct kp_synth *s)
         fwd_op(s, fddp.id, S_ATEN_DROPOUT, S_ATEN_NATIVE_DROPOUT, KT_DROPOUT_FWD, S_SH_ACT_H,
                S_DT_1, &q->dropout);
         fwd_op(s, fddp.id, S_NONE, S_ATEN_ADD, KT_ADD, S_SH_ADD, S_DT_2, &q->add);
-        fwd_op(s, fddp.id, S_ATEN_LAYER_NORM, S_ATEN_NATIVE_LAYER_NORM, KT_LN_FWD, S_SH_LN,
-               S_DT_LN, &q->ln);
+        fwd_op(s, fddp.id, S_ATEN_LAYER_NORM, S_ATEN_NATIVE_LAYER_NORM, KT_LN_FWD, S_SH_LN, S_DT_LN,
+               &q->ln);
     }
     s->cpu_main += base_dur(s, 5000, 0.3);
     op_close(s, &fddp, ab(s, s->cpu_main));
@@ -1016,8 +1022,8 @@ static void sim_step(struct kp_synth *s)
     fz.shapes = S_SH_ZERO;
     fz.dtypes = S_DT_1;
     s->cpu_main += base_dur(s, 2500, 0.3);
-    corr = api_call(s, &s->cpu_main, S_CUDA_MEMSET_ASYNC, CBID_MEMSET_ASYNC, tm, fz.id, 4500,
-                    &ready);
+    corr =
+        api_call(s, &s->cpu_main, S_CUDA_MEMSET_ASYNC, CBID_MEMSET_ASYNC, tm, fz.id, 4500, &ready);
     {
         int64_t mst = s->gpu + 1200 > ready ? s->gpu + 1200 : ready;
         uint64_t bytes = s->bucket_nelems[0] * 4;
@@ -1108,8 +1114,8 @@ static void sim_step(struct kp_synth *s)
     s->cpu_main += base_dur(s, 2000, 0.3);
     memcpy_row(s, &s->cpu_main, tm, fdense.id, 4, MEMCPY_DTOH, MEM_DEVICE, MEM_PAGEABLE);
     sync_st = s->cpu_main;
-    corr = api_call(s, &s->cpu_main, S_CUDA_STREAM_SYNC, CBID_STREAM_SYNC, tm, fdense.id, 3000,
-                    NULL);
+    corr =
+        api_call(s, &s->cpu_main, S_CUDA_STREAM_SYNC, CBID_STREAM_SYNC, tm, fdense.id, 3000, NULL);
     sync_en = s->gpu + base_dur(s, 4000, 0.3);
     if (sync_en < s->cpu_main) {
         sync_en = s->cpu_main;
@@ -1145,8 +1151,9 @@ static void sim_step(struct kp_synth *s)
 /* --- batches --- */
 
 static const char *const absent_cols[][2] = {
-    { "kernels", "graph_id" }, { "kernels", "graph_node_id" }, { "ops", "domain" },
-    { "ops", "device" },       { "ops", "stream" },
+    { "kernels", "graph_id" }, { "kernels", "graph_node_id" },
+    { "ops", "domain" },       { "ops", "device" },
+    { "ops", "stream" },
 };
 
 static bool col_absent(enum kp_event_kind k, const char *name)
@@ -1424,13 +1431,13 @@ static int build_strings(struct kp_synth *s, int p)
     for (int i = 0; i < 4; i++) {
         s->pool[S_K_GEMM_FWD1 + i] = gemm_names[p][i];
     }
-#define BUILD(id, ...)                                                                             \
-    do {                                                                                           \
-        snprintf(buf, sizeof(buf), __VA_ARGS__);                                                   \
-        if ((s->owned[id] = strdup(buf)) == NULL) {                                                \
-            return -ENOMEM;                                                                        \
-        }                                                                                          \
-        s->pool[id] = s->owned[id];                                                                \
+#define BUILD(id, ...)                              \
+    do {                                            \
+        snprintf(buf, sizeof(buf), __VA_ARGS__);    \
+        if ((s->owned[id] = strdup(buf)) == NULL) { \
+            return -ENOMEM;                         \
+        }                                           \
+        s->pool[id] = s->owned[id];                 \
     } while (0)
     BUILD(S_SH_TO, "[[%u, %u], [], [], [], [], [], [], []]", n, h);
     BUILD(S_SH_ADDMM1, "[[%u], [%u, %u], [%u, %u], [], []]", 4 * h, n, h, h, 4 * h);
@@ -1464,9 +1471,8 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     *out = NULL;
     if (w == 0 || w > KP_SYNTH_MAX_WORLD_SIZE || opts->rank >= w || opts->first_step < 0 ||
         opts->n_steps > INT32_MAX || opts->first_step > (int64_t) INT32_MAX - opts->n_steps ||
-        (opts->kernels_per_step != 0 &&
-         (opts->kernels_per_step < KP_SYNTH_MIN_KERNELS_PER_STEP ||
-          opts->kernels_per_step > KP_SYNTH_MAX_KERNELS_PER_STEP)) ||
+        (opts->kernels_per_step != 0 && (opts->kernels_per_step < KP_SYNTH_MIN_KERNELS_PER_STEP ||
+                                         opts->kernels_per_step > KP_SYNTH_MAX_KERNELS_PER_STEP)) ||
         (opts->batch_rows != 0 && (opts->batch_rows < KP_SYNTH_MIN_BATCH_ROWS ||
                                    opts->batch_rows > KP_SYNTH_MAX_BATCH_ROWS)) ||
         opts->run_id > INT32_MAX || opts->start_ns < 0) {
@@ -1493,8 +1499,8 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     if (s->o.start_ns == 0) {
         s->o.start_ns = KP_SYNTH_DEFAULT_START_NS;
     }
-    s->kernels_per_step = opts->kernels_per_step ? opts->kernels_per_step
-                                                 : KP_SYNTH_DEFAULT_KERNELS_PER_STEP;
+    s->kernels_per_step =
+        opts->kernels_per_step ? opts->kernels_per_step : KP_SYNTH_DEFAULT_KERNELS_PER_STEP;
     s->batch_rows = opts->batch_rows ? opts->batch_rows : KP_SYNTH_DEFAULT_BATCH_ROWS;
     p = (int) (mix64(opts->seed ^ 0x9f0f11e) & 1);
     s->prof = &profiles[p];
@@ -1506,9 +1512,8 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     s->n_blocks = (k - s->n_opt) / 16;
     s->n_extra = k - s->n_opt - 16 * s->n_blocks;
     s->blocks_per_bucket = s->n_blocks / 16 + 1;
-    s->n_buckets = s->n_blocks == 0 ? 1
-                                    : (s->n_blocks + s->blocks_per_bucket - 1) /
-                                          s->blocks_per_bucket;
+    s->n_buckets =
+        s->n_blocks == 0 ? 1 : (s->n_blocks + s->blocks_per_bucket - 1) / s->blocks_per_bucket;
 
     s->slow = calloc(w, sizeof(double));
     s->dlslow = calloc(w, sizeof(double));

@@ -56,26 +56,31 @@ struct kp_synth;
 
 struct kp_synth_opts {
     uint64_t seed;
-    uint32_t rank;                /* < world_size */
-    uint32_t world_size;          /* 1..KP_SYNTH_MAX_WORLD_SIZE */
-    int64_t first_step;           /* number of the first step (>= 0) */
-    uint32_t n_steps;             /* steps to generate */
-    uint32_t kernels_per_step;    /* compute kernels per step, NCCL excluded; 0: default */
-    uint32_t batch_rows;          /* target rows per batch; 0: default */
+    uint32_t rank;                   /* < world_size */
+    uint32_t world_size;             /* 1..KP_SYNTH_MAX_WORLD_SIZE */
+    int64_t first_step;              /* number of the first step (>= 0) */
+    uint32_t n_steps;                /* steps to generate */
+    uint32_t kernels_per_step;       /* compute kernels per step, NCCL excluded; 0: default */
+    uint32_t batch_rows;             /* target rows per batch; 0: default */
     const double *compute_slowdown;  /* world_size factors in [0.1, 100] (borrowed, copied by
                                       * create); 1.0 = nominal; NULL: all 1.0 */
     const double *dataload_slowdown; /* the same for the data-loading gap */
-    int64_t start_ns;             /* CLOCK_REALTIME ns of the first step's start; 0: default */
-    uint64_t run_id;              /* copied into every batch (stream and seq stay 0) */
-    const char *job;              /* rank_info.job (copied); NULL: "synthetic" */
+    int64_t start_ns;                /* CLOCK_REALTIME ns of the first step's start; 0: default */
+    uint64_t run_id;                 /* copied into every batch (stream and seq stay 0) */
+    const char *job;                 /* rank_info.job (copied); NULL: "synthetic" */
 };
 
-/* What the generator has emitted so far, per event kind (kp_event_kinds order). */
+/*
+ * What the generator has produced so far, per event kind (kp_event_kinds order), counted as
+ * rows are generated (a step at a time, independently of the batch encoding): mid-way they
+ * may run ahead of the batches returned by up to a batch or so; once kp_synth_next has
+ * returned 0 they equal the sums over all returned batches (what a database should hold).
+ */
 struct kp_synth_totals {
     uint64_t batches;
-    uint64_t steps;                  /* steps completed */
+    uint64_t steps; /* steps completed */
     uint64_t rows[KP_EV_COUNT];
-    uint64_t dur_ns[KP_EV_COUNT];    /* sum of dur_ns; 0 for counters, which have none */
+    uint64_t dur_ns[KP_EV_COUNT]; /* sum of dur_ns; 0 for counters, which have none */
     uint64_t all_rows;
 };
 
@@ -85,12 +90,13 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out);
 
 /*
  * Produces the next batch: returns 1 and *out, 0 when all steps have been emitted, or
- * -ENOMEM. The batch is borrowed: it stays valid, and the caller may change its header
- * fields (run_id, rank, stream, seq), until the next call or kp_synth_destroy.
+ * -ENOMEM (after which the generator is only fit for kp_synth_destroy). The batch is
+ * borrowed: it stays valid, and the caller may change its header fields (run_id, rank,
+ * stream, seq), until the next call or kp_synth_destroy.
  */
 int kp_synth_next(struct kp_synth *s, Kprof__V1__Batch **out);
 
-/* Totals of the batches returned so far. Borrowed, updated by kp_synth_next. */
+/* The totals (see struct kp_synth_totals). Borrowed, updated by kp_synth_next. */
 const struct kp_synth_totals *kp_synth_totals(const struct kp_synth *s);
 
 /* Adds b's rows and dur_ns sums into t (batches += 1). Tests use it to re-count batches. */

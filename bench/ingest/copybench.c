@@ -50,8 +50,8 @@ static const struct kp_config_def copy_defs[] = {
       false },
     { "ranks", KP_CONFIG_INT, "4", 1, 4096, OFF(ranks), "ranks to generate", NULL, false },
     { "steps", KP_CONFIG_INT, "100", 0, 1000000, OFF(steps), "steps per rank", NULL, false },
-    { "first-step", KP_CONFIG_INT, "0", 0, 1000000000, OFF(first_step), "first step number",
-      NULL, false },
+    { "first-step", KP_CONFIG_INT, "0", 0, 1000000000, OFF(first_step), "first step number", NULL,
+      false },
     { "kernels-per-step", KP_CONFIG_INT, "200", KP_SYNTH_MIN_KERNELS_PER_STEP,
       KP_SYNTH_MAX_KERNELS_PER_STEP, OFF(kernels_per_step), "compute kernels per step", NULL,
       false },
@@ -60,8 +60,8 @@ static const struct kp_config_def copy_defs[] = {
     { "seed", KP_CONFIG_INT, "1", 0, 0x7fffffffffffffffLL, OFF(seed), "seed", NULL, false },
     { "start-ns", KP_CONFIG_INT, "1700000000000000000", 1, 0x7fffffffffffffffLL, OFF(start_ns),
       "CLOCK_REALTIME ns of the first step", NULL, false },
-    { "flush-rows", KP_CONFIG_INT, "65536", 1, 1LL << 24, OFF(flush_rows),
-      "rows per transaction", NULL, false },
+    { "flush-rows", KP_CONFIG_INT, "65536", 1, 1LL << 24, OFF(flush_rows), "rows per transaction",
+      NULL, false },
     { "drop", KP_CONFIG_BOOL, "false", 0, 0, OFF(drop), "drop the run when done", NULL, false },
 };
 #undef OFF
@@ -100,7 +100,8 @@ static int map_put(struct name_map *m, const char *k, int32_t id)
         }
         for (size_t j = 0; j < m->cap; j++) {
             if (m->keys[j] != NULL) {
-                for (i = fnv(m->keys[j]) & (g.cap - 1); g.keys[i] != NULL; i = (i + 1) & (g.cap - 1)) {
+                for (i = fnv(m->keys[j]) & (g.cap - 1); g.keys[i] != NULL;
+                     i = (i + 1) & (g.cap - 1)) {
                 }
                 g.keys[i] = m->keys[j];
                 g.ids[i] = m->ids[j];
@@ -325,8 +326,8 @@ struct pipe {
     pthread_mutex_t mu;
     pthread_cond_t cond;
     PGconn *conn;
-    struct unit *full;    /* waiting for the COPY thread */
-    struct unit *done;    /* copied: back to the encoder */
+    struct unit *full; /* waiting for the COPY thread */
+    struct unit *done; /* copied: back to the encoder */
     bool closed, failed;
 };
 

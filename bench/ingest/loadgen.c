@@ -52,6 +52,7 @@ struct loadgen_config {
     long long start_ns;
     long long window;
     long long give_up_ms;
+    long long reconnect_max_ms;
     char *straggler;
     char *dataload_straggler;
     bool json;
@@ -68,19 +69,17 @@ static const struct kp_config_def loadgen_defs[] = {
     { "ranks", KP_CONFIG_INT, "4", 1, LOADGEN_MAX_RANKS, OFF(ranks),
       "ranks (world size) to simulate, one producer stream each", NULL, false },
     { "threads", KP_CONFIG_INT, "0", 0, LOADGEN_MAX_THREADS, OFF(threads),
-      "worker threads; each runs whole ranks in turn (0: one per rank, at most 64)", NULL,
-      false },
+      "worker threads; each runs whole ranks in turn (0: one per rank, at most 64)", NULL, false },
     { "steps", KP_CONFIG_INT, "100", 0, 1000000, OFF(steps), "training steps per rank", NULL,
       false },
-    { "first-step", KP_CONFIG_INT, "0", 0, 1000000000, OFF(first_step),
-      "number of the first step", NULL, false },
+    { "first-step", KP_CONFIG_INT, "0", 0, 1000000000, OFF(first_step), "number of the first step",
+      NULL, false },
     { "kernels-per-step", KP_CONFIG_INT, "200", KP_SYNTH_MIN_KERNELS_PER_STEP,
       KP_SYNTH_MAX_KERNELS_PER_STEP, OFF(kernels_per_step),
       "compute kernels per step and rank (NCCL kernels come on top)", NULL, false },
     { "batch-rows", KP_CONFIG_INT, "4000", KP_SYNTH_MIN_BATCH_ROWS, KP_SYNTH_MAX_BATCH_ROWS,
       OFF(batch_rows), "target rows (events of all kinds) per batch", NULL, false },
-    { "job", KP_CONFIG_STRING, "loadgen", 1, 256, OFF(job), "job name of the run", NULL,
-      false },
+    { "job", KP_CONFIG_STRING, "loadgen", 1, 256, OFF(job), "job name of the run", NULL, false },
     { "name", KP_CONFIG_STRING, "", 0, 256, OFF(name), "run name (CreateRun)", NULL, false },
     { "run-id", KP_CONFIG_INT, "0", 0, 2147483647, OFF(run_id),
       "push into this existing run; 0: create one with world size --ranks", NULL, false },
@@ -89,12 +88,13 @@ static const struct kp_config_def loadgen_defs[] = {
     { "start-ns", KP_CONFIG_INT, "0", 0, 0x7fffffffffffffffLL, OFF(start_ns),
       "CLOCK_REALTIME ns of the first step; 0: now", NULL, false },
     { "straggler", KP_CONFIG_STRING, "", 0, 0, OFF(straggler),
-      "compute slowdowns, RANK:FACTOR[,RANK:FACTOR...], e.g. 3:1.4 (1.0 = nominal)", NULL,
-      false },
+      "compute slowdowns, RANK:FACTOR[,RANK:FACTOR...], e.g. 3:1.4 (1.0 = nominal)", NULL, false },
     { "dataload-straggler", KP_CONFIG_STRING, "", 0, 0, OFF(dataload_straggler),
       "data-loading slowdowns, RANK:FACTOR[,...]", NULL, false },
     { "window", KP_CONFIG_INT, "32", 1, KP_PUSH_MAX_WINDOW, OFF(window),
       "unacknowledged batches per rank", NULL, false },
+    { "reconnect-max", KP_CONFIG_DURATION, "1s", 10, 600000, OFF(reconnect_max_ms),
+      "cap of the backoff between attempts to reopen a broken Push call", NULL, false },
     { "give-up", KP_CONFIG_DURATION, "30s", 100, 86400000, OFF(give_up_ms),
       "fail when collectord makes no progress for this long", NULL, false },
     { "json", KP_CONFIG_BOOL, "false", 0, 0, OFF(json),
@@ -110,7 +110,7 @@ static const struct kp_config_def loadgen_defs[] = {
 struct rank_result {
     struct kp_synth_totals totals;
     struct kp_push_stats push;
-    int rc;                     /* 0, or the failure */
+    int rc;                      /* 0, or the failure */
     struct kp_rpc_status status; /* when rc is KP_ERPC */
     char err[640];
 };
@@ -178,15 +178,15 @@ static int parse_factors(const char *flag, const char *s, double *f, long long n
             return KP_ECONFIG;
         }
         if (r < 0 || r >= n) {
-            snprintf(errbuf, errlen, "--%s=%s: rank %lld is outside 0..%lld (--ranks)", flag, s,
-                     r, n - 1);
+            snprintf(errbuf, errlen, "--%s=%s: rank %lld is outside 0..%lld (--ranks)", flag, s, r,
+                     n - 1);
             return KP_ECONFIG;
         }
         p = end + 1;
         v = strtod(p, &end);
         if (end == p || (*end != ',' && *end != '\0') || !(v >= 0.1 && v <= 100.0)) {
-            snprintf(errbuf, errlen, "--%s=%s: the factor of rank %lld must be in [0.1, 100]",
-                     flag, s, r);
+            snprintf(errbuf, errlen, "--%s=%s: the factor of rank %lld must be in [0.1, 100]", flag,
+                     s, r);
             return KP_ECONFIG;
         }
         f[r] = v;
@@ -224,6 +224,8 @@ static void run_rank(struct loadgen *lg, uint32_t rank)
     memset(&po, 0, sizeof(po));
     po.window = (uint32_t) cfg->window;
     po.give_up_after_ms = cfg->give_up_ms;
+    po.reconnect_max_ms = cfg->reconnect_max_ms;
+    po.reconnect_base_ms = cfg->reconnect_max_ms < 50 ? cfg->reconnect_max_ms : 50;
     /* a fresh producer stream per rank and invocation: nothing to dedup against */
     stream = mix64(lg->run_id ^ mix64(((uint64_t) getpid() << 32) ^ (uint64_t) mono_ns()) ^
                    ((uint64_t) rank << 48)) &
@@ -231,13 +233,11 @@ static void run_rank(struct loadgen *lg, uint32_t rank)
     stream = stream == 0 ? 1 : stream;
 
     if ((rc = kp_synth_create(&so, &syn)) != 0) {
-        snprintf(res->err, sizeof(res->err), "cannot create the generator: %s",
-                 kp_strerror(rc));
+        snprintf(res->err, sizeof(res->err), "cannot create the generator: %s", kp_strerror(rc));
         goto out;
     }
     if ((rc = kp_push_create(lg->ch, stream, &po, &push)) != 0) {
-        snprintf(res->err, sizeof(res->err), "cannot create the producer: %s",
-                 kp_strerror(rc));
+        snprintf(res->err, sizeof(res->err), "cannot create the producer: %s", kp_strerror(rc));
         goto out;
     }
     while (!atomic_load(&lg->abort) && (rc = kp_synth_next(syn, &b)) == 1) {
@@ -369,8 +369,8 @@ static void end_run(struct loadgen *lg, bool failed)
     protobuf_c_message_free_unpacked(resp, NULL);
 }
 
-static void print_json(const struct loadgen *lg, uint64_t events, uint64_t batches,
-                       uint64_t bytes, double secs, const struct kp_push_stats *sum)
+static void print_json(const struct loadgen *lg, uint64_t events, uint64_t batches, uint64_t bytes,
+                       double secs, const struct kp_push_stats *sum)
 {
     const struct loadgen_config *cfg = lg->cfg;
 
@@ -379,8 +379,8 @@ static void print_json(const struct loadgen *lg, uint64_t events, uint64_t batch
            ",\"seconds\":%.6f,\"events_per_s\":%.1f,\"duplicates\":%" PRIu64
            ",\"reconnects\":%" PRIu64 ",\"resent\":%" PRIu64 ",\"expected\":[",
            lg->run_id, cfg->ranks, cfg->steps, cfg->kernels_per_step, cfg->seed, events, batches,
-           bytes, secs, secs > 0 ? (double) events / secs : 0.0, sum->duplicates,
-           sum->reconnects, sum->resent);
+           bytes, secs, secs > 0 ? (double) events / secs : 0.0, sum->duplicates, sum->reconnects,
+           sum->resent);
     for (long long r = 0; r < cfg->ranks; r++) {
         const struct kp_synth_totals *t = &lg->res[r].totals;
 
@@ -503,8 +503,9 @@ int main(int argc, char **argv)
                         unreachable_hint(&cfg, res->err, err, sizeof(err)));
             }
             else {
-                fprintf(stderr, "kprof-loadgen: rank %lld: collectord did not take the batches: %s\n",
-                        r, res->err);
+                fprintf(stderr,
+                        "kprof-loadgen: rank %lld: collectord did not take the batches: %s\n", r,
+                        res->err);
             }
         }
     }
@@ -514,9 +515,8 @@ int main(int argc, char **argv)
     if (failed) {
         goto out;
     }
-    secs = lg.last_ack_ns > lg.first_send_ns
-               ? (double) (lg.last_ack_ns - lg.first_send_ns) / 1e9
-               : 0.0;
+    secs = lg.last_ack_ns > lg.first_send_ns ? (double) (lg.last_ack_ns - lg.first_send_ns) / 1e9
+                                             : 0.0;
     if (cfg.json) {
         print_json(&lg, events, batches, bytes, secs, &sum);
     }
@@ -525,8 +525,7 @@ int main(int argc, char **argv)
                " batches (%.1f MB) committed in %.3f s: %.0f events/s; duplicates %" PRIu64
                ", reconnects %" PRIu64 ", resent %" PRIu64 "\n",
                lg.run_id, cfg.ranks, cfg.steps, events, batches, (double) bytes / 1e6, secs,
-               secs > 0 ? (double) events / secs : 0.0, sum.duplicates, sum.reconnects,
-               sum.resent);
+               secs > 0 ? (double) events / secs : 0.0, sum.duplicates, sum.reconnects, sum.resent);
     }
     rc = 0;
 out:

@@ -91,3 +91,29 @@ class Collectord:
         text = self.log_text()
         for bad in ("Sanitizer", "runtime error:", "LeakSanitizer"):
             assert bad not in text, "sanitizer report in collectord log:\n" + text
+
+
+class Stubs:
+    """Hand-made grpcio stubs of kprof's services (no generated _pb2_grpc needed)."""
+
+    def __init__(self, addr):
+        import grpc
+        import kprof_pb2 as pb
+        self.channel = ch = grpc.insecure_channel(addr)
+
+        def unary(path, req, resp):
+            return ch.unary_unary(path, request_serializer=req.SerializeToString,
+                                  response_deserializer=resp.FromString)
+        self.create = unary("/kprof.v1.Control/CreateRun", pb.CreateRunRequest, pb.Run)
+        self.end = unary("/kprof.v1.Control/EndRun", pb.EndRunRequest, pb.Run)
+        self.list_runs = unary("/kprof.v1.Control/ListRuns", pb.ListRunsRequest,
+                               pb.ListRunsResponse)
+        self.push = ch.stream_stream("/kprof.v1.Ingest/Push",
+                                     request_serializer=pb.Batch.SerializeToString,
+                                     response_deserializer=pb.Ack.FromString)
+        self.push_raw = ch.stream_stream("/kprof.v1.Ingest/Push",
+                                         request_serializer=lambda b: b,
+                                         response_deserializer=pb.Ack.FromString)
+
+    def close(self):
+        self.channel.close()

@@ -79,7 +79,7 @@ start() {
         echo "pgfix: already running in $dir"
     else
         if ! as_owner "$bindir/pg_ctl" -D "$dir/db" -w -t 120 -l "$dir/postgres.log" \
-            -o "-c listen_addresses= -k $dir -p $port" start >/dev/null; then
+            -o "-c listen_addresses= -k '$dir' -p $port" start >/dev/null; then
             tail -n 50 "$dir/postgres.log" >&2 || true
             exit 1
         fi

@@ -26,22 +26,9 @@ def main():
     conninfo = kpfix.fresh_db("kp_it_grpcio")
     d = kpfix.Collectord("grpcio", conninfo, ["--max-message-bytes", "1MiB", "--max-name-bytes", "1024"])
     try:
-        ch = grpc.insecure_channel(d.grpc)
-        create = ch.unary_unary("/kprof.v1.Control/CreateRun",
-                                request_serializer=pb.CreateRunRequest.SerializeToString,
-                                response_deserializer=pb.Run.FromString)
-        end = ch.unary_unary("/kprof.v1.Control/EndRun",
-                             request_serializer=pb.EndRunRequest.SerializeToString,
-                             response_deserializer=pb.Run.FromString)
-        list_runs = ch.unary_unary("/kprof.v1.Control/ListRuns",
-                                   request_serializer=pb.ListRunsRequest.SerializeToString,
-                                   response_deserializer=pb.ListRunsResponse.FromString)
-        push = ch.stream_stream("/kprof.v1.Ingest/Push",
-                                request_serializer=pb.Batch.SerializeToString,
-                                response_deserializer=pb.Ack.FromString)
-        push_raw = ch.stream_stream("/kprof.v1.Ingest/Push",
-                                    request_serializer=lambda b: b,
-                                    response_deserializer=pb.Ack.FromString)
+        st = kpfix.Stubs(d.grpc)
+        ch, create, end, list_runs = st.channel, st.create, st.end, st.list_runs
+        push, push_raw = st.push, st.push_raw
 
         run = create(pb.CreateRunRequest(job="ddp-interop", name="py", world_size=2,
                                          source=pb.RUN_SOURCE_SYNTHETIC), timeout=30)

@@ -67,14 +67,8 @@ def stored(run_id):
 
 
 def stubs(addr):
-    ch = grpc.insecure_channel(addr)
-    create = ch.unary_unary("/kprof.v1.Control/CreateRun",
-                            request_serializer=pb.CreateRunRequest.SerializeToString,
-                            response_deserializer=pb.Run.FromString)
-    push = ch.stream_stream("/kprof.v1.Ingest/Push",
-                            request_serializer=pb.Batch.SerializeToString,
-                            response_deserializer=pb.Ack.FromString)
-    return ch, create, push
+    st = kpfix.Stubs(addr)
+    return st.channel, st.create, st.push
 
 
 def test_concurrent_ranks(addr):

@@ -1002,6 +1002,34 @@ static void test_destroy_gives_up(void **state)
         kp_test_pg_int(db, "SELECT count(*) FROM ingest_batches WHERE run_id = %" PRIu64, run), 0);
 }
 
+/* A flush that hangs (here: waiting for a lock) past the drain deadline is cancelled. */
+static void test_destroy_cancels_hung_flush(void **state)
+{
+    struct expect ex = { 0 };
+    struct kp_sink *s;
+    uint64_t run;
+    struct timespec t0, t1;
+    double secs;
+
+    need_db();
+    run = create_run("job-i", 1);
+    s = sink_open(100000, 100000);
+    submit(s, make_batch(run, 0, 1, 0, 5, &ex));
+    kp_test_pg_exec(db, "BEGIN");
+    kp_test_pg_exec(db, "LOCK TABLE kernels IN ACCESS EXCLUSIVE MODE");
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kp_sink_destroy(s, 300);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    kp_test_pg_exec(db, "ROLLBACK");
+    secs = (double) (t1.tv_sec - t0.tv_sec) + (double) (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    if (secs > 10.0) {
+        fail_msg("destroy took %.1f s", secs);
+    }
+    assert_int_equal(col.n, 1);
+    assert_int_equal(col.r[0].status, KP_ESHUTDOWN);
+    assert_non_null(strstr(col.r[0].err, "57014"));
+}
+
 /* (f) Runs: create, list, end; kp_drop_run removes the partitions. */
 static void test_store(void **state)
 {
@@ -1120,8 +1148,12 @@ static void test_dropped_run(void **state)
     kp_sink_destroy(s, 1000);
 }
 
-/* Throughput of the sink against a raw COPY of the same rows (printed, not asserted: timings
- * under sanitizers mean nothing). */
+/*
+ * Throughput of the sink against a raw COPY of the same rows, pre-encoded, in one
+ * transaction (printed, not asserted: timings on a shared machine or under sanitizers mean
+ * little). KPROF_TEST_SINK_ROWS sets flush_max_rows (default 50000); KPROF_TEST_SINK_DEBUG
+ * turns on the sink's per-flush debug lines.
+ */
 static void test_throughput(void **state)
 {
     struct expect ex = { 0 };
@@ -1213,6 +1245,7 @@ int main(void)
         cmocka_unit_test(test_rejections),
         cmocka_unit_test(test_connection_killed),
         cmocka_unit_test(test_destroy_gives_up),
+        cmocka_unit_test(test_destroy_cancels_hung_flush),
         cmocka_unit_test(test_store),
         cmocka_unit_test(test_dropped_run),
         cmocka_unit_test(test_throughput),

@@ -46,12 +46,12 @@ struct fake {
     int port;
     pthread_mutex_t mu;
     /* switches */
-    int drop_after;           /* finish UNAVAILABLE when a call gets its batch number n+1 */
-    int drop_calls;           /* ... on this many calls */
-    bool drop_stores;         /* ... after storing that batch (its ack is lost) */
-    uint64_t reject_seq;      /* finish with reject_code when this seq arrives */
+    int drop_after;      /* finish UNAVAILABLE when a call gets its batch number n+1 */
+    int drop_calls;      /* ... on this many calls */
+    bool drop_stores;    /* ... after storing that batch (its ack is lost) */
+    uint64_t reject_seq; /* finish with reject_code when this seq arrives */
     grpc_status_code reject_code;
-    bool hold_acks;           /* keep acks until fake_release */
+    bool hold_acks; /* keep acks until fake_release */
     /* state */
     bool stored[MAX_SEQ];
     int n_stored, received, calls, dup_acks;
@@ -222,8 +222,7 @@ static void fake_start(struct fake *f, int port, bool with_push)
     f->method.on_close = f_close;
     f->method.ud = f;
     err[0] = '\0';
-    if (kp_rpc_server_create(&so, &f->method, with_push ? 1 : 0, &f->srv, err, sizeof(err)) !=
-        0) {
+    if (kp_rpc_server_create(&so, &f->method, with_push ? 1 : 0, &f->srv, err, sizeof(err)) != 0) {
         fail_msg("fake server on %s: %s", listen, err);
     }
     f->port = kp_rpc_server_port(f->srv);
@@ -751,14 +750,10 @@ static void test_bad_args(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_all_acked),
-        cmocka_unit_test(test_resend_after_break),
-        cmocka_unit_test(test_server_restart),
-        cmocka_unit_test(test_terminal_statuses),
-        cmocka_unit_test(test_window_bound),
-        cmocka_unit_test(test_send_encoded),
-        cmocka_unit_test(test_give_up),
-        cmocka_unit_test(test_destroy_in_flight),
+        cmocka_unit_test(test_all_acked),      cmocka_unit_test(test_resend_after_break),
+        cmocka_unit_test(test_server_restart), cmocka_unit_test(test_terminal_statuses),
+        cmocka_unit_test(test_window_bound),   cmocka_unit_test(test_send_encoded),
+        cmocka_unit_test(test_give_up),        cmocka_unit_test(test_destroy_in_flight),
         cmocka_unit_test(test_bad_args),
     };
 

@@ -212,18 +212,17 @@ static void test_totals(void **state)
 struct rank_rows {
     size_t nk, na, no, nc;
     int64_t *k_start, *a_start, *o_start;
-    uint64_t *k_dur, *k_corr, *k_ext, *a_dur, *a_corr, *a_ext, *o_dur, *o_id, *o_parent,
-        *o_tid;
+    uint64_t *k_dur, *k_corr, *k_ext, *a_dur, *a_corr, *a_ext, *o_dur, *o_id, *o_parent, *o_tid;
     uint32_t *k_stream;
     uint64_t *c_seq;
     int32_t *k_step;
 };
 
-#define APPEND(dst, n, src, m)                                                                     \
-    do {                                                                                           \
-        (dst) = realloc((dst), ((n) + (m) + 1) * sizeof(*(dst)));                                  \
-        assert_non_null(dst);                                                                      \
-        memcpy((dst) + (n), (src), (m) * sizeof(*(dst)));                                          \
+#define APPEND(dst, n, src, m)                                    \
+    do {                                                          \
+        (dst) = realloc((dst), ((n) + (m) + 1) * sizeof(*(dst))); \
+        assert_non_null(dst);                                     \
+        memcpy((dst) + (n), (src), (m) * sizeof(*(dst)));         \
     } while (0)
 
 static void collect(const struct kp_synth_opts *o, struct rank_rows *r)
@@ -530,14 +529,10 @@ static void test_edges(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_batches_validate),
-        cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_totals),
-        cmocka_unit_test(test_links),
-        cmocka_unit_test(test_straggler),
-        cmocka_unit_test(test_dataload_straggler),
-        cmocka_unit_test(test_bad_opts),
-        cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_batches_validate), cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_totals),           cmocka_unit_test(test_links),
+        cmocka_unit_test(test_straggler),        cmocka_unit_test(test_dataload_straggler),
+        cmocka_unit_test(test_bad_opts),         cmocka_unit_test(test_edges),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
