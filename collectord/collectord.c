@@ -51,12 +51,16 @@ static int metrics(void *ud, struct kp_strbuf *out)
 
     kp_sink_get_stats(d->sink, &ss);
     kp_ingest_get_stats(d->ingest, &is);
-#define COUNTER(name, help, v)                                                                     \
-    kp_strbuf_appendf(out, "# HELP kprof_collectord_" name " " help "\n# TYPE kprof_collectord_" name \
-                      " counter\nkprof_collectord_" name " %" PRIu64 "\n", (uint64_t) (v))
-#define GAUGE(name, help, v)                                                                       \
-    kp_strbuf_appendf(out, "# HELP kprof_collectord_" name " " help "\n# TYPE kprof_collectord_" name \
-                      " gauge\nkprof_collectord_" name " %" PRIu64 "\n", (uint64_t) (v))
+#define COUNTER(name, help, v)                                                                   \
+    kp_strbuf_appendf(out,                                                                       \
+                      "# HELP kprof_collectord_" name " " help "\n# TYPE kprof_collectord_" name \
+                      " counter\nkprof_collectord_" name " %" PRIu64 "\n",                       \
+                      (uint64_t) (v))
+#define GAUGE(name, help, v)                                                                     \
+    kp_strbuf_appendf(out,                                                                       \
+                      "# HELP kprof_collectord_" name " " help "\n# TYPE kprof_collectord_" name \
+                      " gauge\nkprof_collectord_" name " %" PRIu64 "\n",                         \
+                      (uint64_t) (v))
     COUNTER("streams_opened_total", "Ingest streams opened.", is.streams_opened);
     COUNTER("batches_received_total", "Batches received on Ingest.Push.", is.batches_received);
     COUNTER("batches_invalid_total", "Batches rejected by validation.", is.batches_invalid);
@@ -142,8 +146,7 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
         snprintf(errbuf, errlen, "out of memory");
         goto fail;
     }
-    if ((rc = kp_sink_create(&scfg, kp_ingest_done_cb, d->ingest, &d->sink, errbuf, errlen)) !=
-        0) {
+    if ((rc = kp_sink_create(&scfg, kp_ingest_done_cb, d->ingest, &d->sink, errbuf, errlen)) != 0) {
         goto fail;
     }
     kp_ingest_set_sink(d->ingest, d->sink);
@@ -152,8 +155,8 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
     }
     d->methods[0] = kp_ingest_method(d->ingest);
     kp_control_methods(d->control, &d->methods[1]);
-    if ((rc = kp_rpc_server_create(&sopts, d->methods, 1 + KP_CONTROL_N_METHODS, &d->server,
-                                   errbuf, errlen)) != 0) {
+    if ((rc = kp_rpc_server_create(&sopts, d->methods, 1 + KP_CONTROL_N_METHODS, &d->server, errbuf,
+                                   errlen)) != 0) {
         goto fail;
     }
     if (cfg->http_listen != NULL && cfg->http_listen[0] != '\0' &&

@@ -12,10 +12,10 @@
 struct kp_collectord;
 
 struct kp_collectord_config {
-    char *listen;                /* gRPC address, e.g. "127.0.0.1:7070" */
-    char *http_listen;           /* /healthz, /readyz, /metrics; "" disables */
-    char *pg_conninfo;           /* libpq conninfo */
-    char *tls_cert;              /* PEM files; empty: plaintext */
+    char *listen;      /* gRPC address, e.g. "127.0.0.1:7070" */
+    char *http_listen; /* /healthz, /readyz, /metrics; "" disables */
+    char *pg_conninfo; /* libpq conninfo */
+    char *tls_cert;    /* PEM files; empty: plaintext */
     char *tls_key;
     int log_level;               /* index into error, warn, info, debug */
     char *ready_file;            /* written with the bound addresses once serving */

@@ -21,7 +21,11 @@
 #define KP_CONTROL_QUEUE_MAX 256
 #define KP_CONTROL_MAX_TEXT  256
 
-enum job_type { JOB_CREATE, JOB_END, JOB_LIST };
+enum job_type {
+    JOB_CREATE,
+    JOB_END,
+    JOB_LIST
+};
 
 struct job {
     enum job_type type;
@@ -177,8 +181,8 @@ static void run_job(struct kp_control *c, struct job *j)
     }
     if (rc != 0) {
         if (rc != KP_ENOTFOUND && rc != KP_EPROTO && rc != -EINVAL) {
-            kp_log_warn("control request failed method=%s err=\"%s\"",
-                        kp_rpc_call_method(j->call), err);
+            kp_log_warn("control request failed method=%s err=\"%s\"", kp_rpc_call_method(j->call),
+                        err);
         }
         kp_rpc_call_finish(j->call, status_of(rc), err);
     }
@@ -272,21 +276,21 @@ static void on_list(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
 
 void kp_control_methods(struct kp_control *c, struct kp_rpc_method *out)
 {
-    out[0] = (struct kp_rpc_method) { .path = "/kprof.v1.Control/CreateRun",
-                                      .kind = KP_RPC_UNARY,
-                                      .request = &kprof__v1__create_run_request__descriptor,
-                                      .on_request = on_create,
-                                      .ud = c };
-    out[1] = (struct kp_rpc_method) { .path = "/kprof.v1.Control/EndRun",
-                                      .kind = KP_RPC_UNARY,
-                                      .request = &kprof__v1__end_run_request__descriptor,
-                                      .on_request = on_end,
-                                      .ud = c };
-    out[2] = (struct kp_rpc_method) { .path = "/kprof.v1.Control/ListRuns",
-                                      .kind = KP_RPC_UNARY,
-                                      .request = &kprof__v1__list_runs_request__descriptor,
-                                      .on_request = on_list,
-                                      .ud = c };
+    out[0] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/CreateRun",
+                                     .kind = KP_RPC_UNARY,
+                                     .request = &kprof__v1__create_run_request__descriptor,
+                                     .on_request = on_create,
+                                     .ud = c };
+    out[1] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/EndRun",
+                                     .kind = KP_RPC_UNARY,
+                                     .request = &kprof__v1__end_run_request__descriptor,
+                                     .on_request = on_end,
+                                     .ud = c };
+    out[2] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/ListRuns",
+                                     .kind = KP_RPC_UNARY,
+                                     .request = &kprof__v1__list_runs_request__descriptor,
+                                     .on_request = on_list,
+                                     .ud = c };
 }
 
 int kp_control_create(const char *conninfo, struct kp_control **out, char *errbuf, size_t errlen)

@@ -118,8 +118,8 @@ static enum kp_rpc_next on_message(struct kp_rpc_call *call, ProtobufCMessage *m
     rc = kp_batch_validate(b, &ing->limits, err, sizeof(err));
     if (rc != 0) {
         atomic_fetch_add(&ing->batches_invalid, 1);
-        kp_log_warn("rejected batch peer=%s run=%" PRIu64 " rank=%u stream=%" PRIu64
-                    " seq=%" PRIu64 " err=\"%s\"",
+        kp_log_warn("rejected batch peer=%s run=%" PRIu64 " rank=%u stream=%" PRIu64 " seq=%" PRIu64
+                    " err=\"%s\"",
                     kp_rpc_call_peer(call), b->run_id, b->rank, b->stream, b->seq, err);
         snprintf(details, sizeof(details), "batch run=%" PRIu64 " rank=%u seq=%" PRIu64 ": %s",
                  b->run_id, b->rank, b->seq, err);
@@ -127,10 +127,9 @@ static enum kp_rpc_next on_message(struct kp_rpc_call *call, ProtobufCMessage *m
         pthread_mutex_lock(&st->mu);
         st->finished = true;
         pthread_mutex_unlock(&st->mu);
-        kp_rpc_call_finish(call,
-                           rc == KP_ETOOBIG ? GRPC_STATUS_RESOURCE_EXHAUSTED
-                                            : GRPC_STATUS_INVALID_ARGUMENT,
-                           details);
+        kp_rpc_call_finish(
+            call, rc == KP_ETOOBIG ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INVALID_ARGUMENT,
+            details);
         return KP_RPC_STOP;
     }
     if ((item = calloc(1, sizeof(*item))) == NULL) {
@@ -204,8 +203,8 @@ static void on_close(struct kp_rpc_call *call, bool cancelled, void *state)
         return;
     }
     if (cancelled) {
-        kp_log_info("stream ended by the client peer=%s outstanding=%zu",
-                    kp_rpc_call_peer(call), st->outstanding);
+        kp_log_info("stream ended by the client peer=%s outstanding=%zu", kp_rpc_call_peer(call),
+                    st->outstanding);
     }
     pthread_mutex_lock(&st->mu);
     st->closed = true;

@@ -43,8 +43,7 @@ static const struct kp_config_def collectord_config[] = {
     { "retry-max", KP_CONFIG_DURATION, "5s", 10, 600000, OFF(retry_max_ms),
       "backoff cap while PostgreSQL is unreachable", NULL, false },
     { "shutdown-grace", KP_CONFIG_DURATION, "10s", 0, 600000, OFF(shutdown_grace_ms),
-      "on SIGTERM, how long live streams get to finish before they are cancelled", NULL,
-      false },
+      "on SIGTERM, how long live streams get to finish before they are cancelled", NULL, false },
 };
 #undef OFF
 
@@ -55,18 +54,12 @@ int main(int argc, char **argv)
     size_t n = sizeof(collectord_config) / sizeof(collectord_config[0]);
     char err[1024];
     sigset_t set;
-    int action, sig, rc;
+    int exit_rc, sig, rc;
 
     memset(&cfg, 0, sizeof(cfg));
-    if (kp_config_load(collectord_config, n, &cfg, "kprof-collectord", argc, argv, err,
-                       sizeof(err), &action) != 0) {
-        fprintf(stderr, "kprof-collectord: %s (see --help)\n", err);
-        kp_config_fini(collectord_config, n, &cfg);
-        return 2;
-    }
-    if (action == KP_CONFIG_EXIT_OK) {
-        kp_config_fini(collectord_config, n, &cfg);
-        return 0;
+    if ((exit_rc = kp_config_main(collectord_config, n, &cfg, "kprof-collectord", argc, argv)) >=
+        0) {
+        return exit_rc;
     }
     kp_log_set_level((enum kp_log_level) cfg.log_level);
     /* Signals are taken synchronously by this thread; every other thread inherits the mask. */

@@ -32,15 +32,15 @@ struct kp_metrics;
 
 /* One decoded batch on its way to PostgreSQL. */
 struct kp_sink_item {
-    Kprof__V1__Batch *batch; /* owned by the item: protobuf_c_message_free_unpacked */
-    size_t wire_bytes;       /* counted against queue_max_bytes */
-    size_t rows;             /* kp_batch_total_rows(batch) */
-    void *origin;            /* the submitter's context (the ingest call); opaque here */
+    Kprof__V1__Batch *batch;   /* owned by the item: protobuf_c_message_free_unpacked */
+    size_t wire_bytes;         /* counted against queue_max_bytes */
+    size_t rows;               /* kp_batch_total_rows(batch) */
+    void *origin;              /* the submitter's context (the ingest call); opaque here */
     struct kp_sink_item *next; /* queue link, owned by the sink while queued */
     /* Filled in by the sink before done_cb: */
-    int status;              /* 0 stored (or duplicate), KP_ENOTFOUND, KP_EPROTO */
-    bool duplicate;          /* the key was stored before; rows skipped */
-    char err[192];           /* reason when status != 0 */
+    int status;     /* 0 stored (or duplicate), KP_ENOTFOUND, KP_EPROTO */
+    bool duplicate; /* the key was stored before; rows skipped */
+    char err[192];  /* reason when status != 0 */
 };
 
 /*
@@ -51,11 +51,11 @@ struct kp_sink_item {
 typedef void kp_sink_done_cb(struct kp_sink_item **items, size_t n, void *ud);
 
 struct kp_sink_config {
-    const char *conninfo;         /* libpq conninfo; borrowed for kp_sink_create's duration */
-    size_t queue_max_bytes;       /* over this, kp_sink_submit says pause */
-    size_t flush_max_rows;        /* rows per transaction */
-    long long flush_interval_ms;  /* longest wait to fill a flush once something is queued */
-    long long retry_max_ms;       /* backoff cap while PostgreSQL is down */
+    const char *conninfo;        /* libpq conninfo; borrowed for kp_sink_create's duration */
+    size_t queue_max_bytes;      /* over this, kp_sink_submit says pause */
+    size_t flush_max_rows;       /* rows per transaction */
+    long long flush_interval_ms; /* longest wait to fill a flush once something is queued */
+    long long retry_max_ms;      /* backoff cap while PostgreSQL is down */
 };
 
 /*
@@ -94,7 +94,7 @@ struct kp_sink_stats {
     uint64_t batches_rejected;
     uint64_t rows_committed;
     uint64_t flushes;
-    uint64_t flush_failures;   /* transactions rolled back and retried */
+    uint64_t flush_failures; /* transactions rolled back and retried */
     uint64_t queued_bytes;
     uint64_t queued_items;
 };

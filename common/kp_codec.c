@@ -11,7 +11,7 @@
 #include "kp_err.h"
 #include "kp_strbuf.h"
 
-#define V KP_ROLE_VALUE
+#define V  KP_ROLE_VALUE
 #define TS KP_ROLE_TS
 #define NM KP_ROLE_NAME
 #define I2 KP_SQL_INT2
@@ -22,44 +22,52 @@
 /* Column order is COPY order; the first column is the row count. Keep in step with
  * proto/kprof.proto and sql/migrations (the selfcheck and tests/it compare them). */
 static const struct kp_column_spec kernel_cols[] = {
-    { "start_ns", I8, TS, true },   { "dur_ns", I8, V, true },      { "name", I4, NM, false },
-    { "device", I2, V, false },     { "context", I4, V, false },    { "stream", I4, V, false },
-    { "correlation", I8, V, false }, { "external_id", I8, V, false }, { "grid_x", I4, V, false },
-    { "grid_y", I4, V, false },     { "grid_z", I4, V, false },     { "block_x", I2, V, false },
-    { "block_y", I2, V, false },    { "block_z", I2, V, false },    { "registers", I2, V, false },
-    { "static_smem", I4, V, false }, { "dynamic_smem", I4, V, false }, { "graph_id", I4, V, false },
+    { "start_ns", I8, TS, true },      { "dur_ns", I8, V, true },
+    { "name", I4, NM, false },         { "device", I2, V, false },
+    { "context", I4, V, false },       { "stream", I4, V, false },
+    { "correlation", I8, V, false },   { "external_id", I8, V, false },
+    { "grid_x", I4, V, false },        { "grid_y", I4, V, false },
+    { "grid_z", I4, V, false },        { "block_x", I2, V, false },
+    { "block_y", I2, V, false },       { "block_z", I2, V, false },
+    { "registers", I2, V, false },     { "static_smem", I4, V, false },
+    { "dynamic_smem", I4, V, false },  { "graph_id", I4, V, false },
     { "graph_node_id", I8, V, false }, { "step", I4, V, false },
 };
 
 static const struct kp_column_spec memcpy_cols[] = {
-    { "start_ns", I8, TS, true },   { "dur_ns", I8, V, true },      { "bytes", I8, V, false },
-    { "copy_kind", I2, V, false },  { "src_kind", I2, V, false },   { "dst_kind", I2, V, false },
-    { "device", I2, V, false },     { "context", I4, V, false },    { "stream", I4, V, false },
-    { "correlation", I8, V, false }, { "external_id", I8, V, false }, { "src_device", I2, V, false },
-    { "dst_device", I2, V, false }, { "step", I4, V, false },
+    { "start_ns", I8, TS, true },    { "dur_ns", I8, V, true },
+    { "bytes", I8, V, false },       { "copy_kind", I2, V, false },
+    { "src_kind", I2, V, false },    { "dst_kind", I2, V, false },
+    { "device", I2, V, false },      { "context", I4, V, false },
+    { "stream", I4, V, false },      { "correlation", I8, V, false },
+    { "external_id", I8, V, false }, { "src_device", I2, V, false },
+    { "dst_device", I2, V, false },  { "step", I4, V, false },
 };
 
 static const struct kp_column_spec memset_cols[] = {
-    { "start_ns", I8, TS, true },   { "dur_ns", I8, V, true },      { "bytes", I8, V, false },
-    { "value", I8, V, false },      { "mem_kind", I2, V, false },   { "device", I2, V, false },
-    { "context", I4, V, false },    { "stream", I4, V, false },     { "correlation", I8, V, false },
+    { "start_ns", I8, TS, true },    { "dur_ns", I8, V, true },    { "bytes", I8, V, false },
+    { "value", I8, V, false },       { "mem_kind", I2, V, false }, { "device", I2, V, false },
+    { "context", I4, V, false },     { "stream", I4, V, false },   { "correlation", I8, V, false },
     { "external_id", I8, V, false }, { "step", I4, V, false },
 };
 
 static const struct kp_column_spec api_cols[] = {
-    { "start_ns", I8, TS, true },   { "dur_ns", I8, V, true },      { "domain", I2, V, false },
-    { "cbid", I4, V, false },       { "name", I4, NM, false },      { "tid", I8, V, false },
-    { "correlation", I8, V, false }, { "external_id", I8, V, false }, { "return_value", I4, V, false },
-    { "step", I4, V, false },
+    { "start_ns", I8, TS, true },     { "dur_ns", I8, V, true },
+    { "domain", I2, V, false },       { "cbid", I4, V, false },
+    { "name", I4, NM, false },        { "tid", I8, V, false },
+    { "correlation", I8, V, false },  { "external_id", I8, V, false },
+    { "return_value", I4, V, false }, { "step", I4, V, false },
 };
 
 static const struct kp_column_spec op_cols[] = {
-    { "start_ns", I8, TS, true },   { "dur_ns", I8, V, true },        { "name", I4, NM, false },
-    { "kind", I2, V, false },       { "tid", I8, V, false },          { "op_id", I8, V, false },
-    { "parent_id", I8, V, false },  { "seq", I8, V, false },          { "fwd_tid", I8, V, false },
-    { "input_shapes", I4, NM, false }, { "input_dtypes", I4, NM, false },
-    { "external_id", I8, V, false }, { "domain", I4, NM, false },     { "device", I2, V, false },
-    { "stream", I4, V, false },     { "step", I4, V, false },
+    { "start_ns", I8, TS, true },      { "dur_ns", I8, V, true },
+    { "name", I4, NM, false },         { "kind", I2, V, false },
+    { "tid", I8, V, false },           { "op_id", I8, V, false },
+    { "parent_id", I8, V, false },     { "seq", I8, V, false },
+    { "fwd_tid", I8, V, false },       { "input_shapes", I4, NM, false },
+    { "input_dtypes", I4, NM, false }, { "external_id", I8, V, false },
+    { "domain", I4, NM, false },       { "device", I2, V, false },
+    { "stream", I4, V, false },        { "step", I4, V, false },
 };
 
 static const struct kp_column_spec step_cols[] = {
@@ -76,30 +84,37 @@ static const struct kp_column_spec counter_cols[] = {
 };
 
 static const struct kp_column_spec collective_cols[] = {
-    { "start_ns", I8, TS, true },   { "dur_ns", I8, V, true },         { "name", I4, NM, false },
-    { "in_nelems", I8, V, false },  { "out_nelems", I8, V, false },    { "dtype", I4, NM, false },
-    { "group_size", I4, V, false }, { "process_group", I4, NM, false }, { "coll_seq", I8, V, false },
-    { "external_id", I8, V, false }, { "tid", I8, V, false },         { "step", I4, V, false },
+    { "start_ns", I8, TS, true },   { "dur_ns", I8, V, true },
+    { "name", I4, NM, false },      { "in_nelems", I8, V, false },
+    { "out_nelems", I8, V, false }, { "dtype", I4, NM, false },
+    { "group_size", I4, V, false }, { "process_group", I4, NM, false },
+    { "coll_seq", I8, V, false },   { "external_id", I8, V, false },
+    { "tid", I8, V, false },        { "step", I4, V, false },
 };
 
 static const struct kp_column_spec sync_cols[] = {
-    { "start_ns", I8, TS, true },   { "dur_ns", I8, V, true },      { "sync_type", I2, V, false },
-    { "device", I2, V, false },     { "context", I4, V, false },    { "stream", I4, V, false },
+    { "start_ns", I8, TS, true },   { "dur_ns", I8, V, true },       { "sync_type", I2, V, false },
+    { "device", I2, V, false },     { "context", I4, V, false },     { "stream", I4, V, false },
     { "cuda_event", I8, V, false }, { "correlation", I8, V, false }, { "step", I4, V, false },
 };
 
-#define KIND(tbl, lbl, fld, cols, d)                                                               \
-    { tbl, lbl, fld, cols, sizeof(cols) / sizeof(cols[0]), &d }
+#define KIND(tbl, lbl, fld, cols, d)                            \
+    {                                                           \
+        tbl, lbl, fld, cols, sizeof(cols) / sizeof(cols[0]), &d \
+    }
 
 const struct kp_event_kind_info kp_event_kinds[KP_EV_COUNT] = {
-    [KP_EV_KERNEL] = KIND("kernels", "kernel", "kernels", kernel_cols, kprof__v1__kernels__descriptor),
-    [KP_EV_MEMCPY] = KIND("memcpys", "memcpy", "memcpys", memcpy_cols, kprof__v1__memcpys__descriptor),
-    [KP_EV_MEMSET] = KIND("memsets", "memset", "memsets", memset_cols, kprof__v1__memsets__descriptor),
+    [KP_EV_KERNEL] =
+        KIND("kernels", "kernel", "kernels", kernel_cols, kprof__v1__kernels__descriptor),
+    [KP_EV_MEMCPY] =
+        KIND("memcpys", "memcpy", "memcpys", memcpy_cols, kprof__v1__memcpys__descriptor),
+    [KP_EV_MEMSET] =
+        KIND("memsets", "memset", "memsets", memset_cols, kprof__v1__memsets__descriptor),
     [KP_EV_API] = KIND("api_calls", "api", "api_calls", api_cols, kprof__v1__api_calls__descriptor),
     [KP_EV_OP] = KIND("ops", "op", "ops", op_cols, kprof__v1__ops__descriptor),
     [KP_EV_STEP] = KIND("steps", "step", "steps", step_cols, kprof__v1__steps__descriptor),
-    [KP_EV_COUNTER] = KIND("counters", "counter", "counters", counter_cols,
-                           kprof__v1__counters__descriptor),
+    [KP_EV_COUNTER] =
+        KIND("counters", "counter", "counters", counter_cols, kprof__v1__counters__descriptor),
     [KP_EV_COLLECTIVE] = KIND("collectives", "collective", "collectives", collective_cols,
                               kprof__v1__collectives__descriptor),
     [KP_EV_SYNC] = KIND("syncs", "sync", "syncs", sync_cols, kprof__v1__syncs__descriptor),
@@ -374,8 +389,8 @@ static int validate_kind(const Kprof__V1__Batch *b, enum kp_event_kind k, char *
 
             for (size_t i = 0; i < n; i++) {
                 if (v[i] > INT64_MAX) {
-                    snprintf(errbuf, errlen, "%s.%s[%zu] = %" PRIu64 " is out of range",
-                             ki->field, cs->name, i, v[i]);
+                    snprintf(errbuf, errlen, "%s.%s[%zu] = %" PRIu64 " is out of range", ki->field,
+                             cs->name, i, v[i]);
                     return KP_EPROTO;
                 }
             }
@@ -389,8 +404,8 @@ static int validate_kind(const Kprof__V1__Batch *b, enum kp_event_kind k, char *
 
             if (cs->role == KP_ROLE_TS) {
                 if (__builtin_add_overflow(ts, v, &ts)) {
-                    snprintf(errbuf, errlen, "%s.%s[%zu]: timestamp overflows", ki->field,
-                             cs->name, i);
+                    snprintf(errbuf, errlen, "%s.%s[%zu]: timestamp overflows", ki->field, cs->name,
+                             i);
                     return KP_EPROTO;
                 }
                 continue;
@@ -411,8 +426,9 @@ static int validate_kind(const Kprof__V1__Batch *b, enum kp_event_kind k, char *
                 continue;
             }
             if (v < lo || v > hi) {
-                snprintf(errbuf, errlen, "%s.%s[%zu] = %" PRId64 " is out of range [%" PRId64
-                         ", %" PRId64 "]", ki->field, cs->name, i, v, lo, hi);
+                snprintf(errbuf, errlen,
+                         "%s.%s[%zu] = %" PRId64 " is out of range [%" PRId64 ", %" PRId64 "]",
+                         ki->field, cs->name, i, v, lo, hi);
                 return KP_EPROTO;
             }
         }
@@ -472,18 +488,18 @@ int kp_batch_validate(const Kprof__V1__Batch *b, const struct kp_batch_limits *l
         }
         if (d->id > INT16_MAX || d->global_memory_bytes > INT64_MAX ||
             d->memory_bandwidth_bytes_per_s > INT64_MAX || d->sm_count > INT32_MAX ||
-            d->clock_khz > INT32_MAX || d->regs_per_sm > INT32_MAX ||
-            d->smem_per_sm > INT32_MAX || d->smem_per_block > INT32_MAX ||
-            d->regs_per_block > INT32_MAX || d->max_threads_per_block > INT32_MAX ||
-            d->max_threads_per_sm > INT32_MAX || d->max_blocks_per_sm > INT32_MAX ||
-            d->warp_size > INT32_MAX || d->cc_major > INT16_MAX || d->cc_minor > INT16_MAX) {
+            d->clock_khz > INT32_MAX || d->regs_per_sm > INT32_MAX || d->smem_per_sm > INT32_MAX ||
+            d->smem_per_block > INT32_MAX || d->regs_per_block > INT32_MAX ||
+            d->max_threads_per_block > INT32_MAX || d->max_threads_per_sm > INT32_MAX ||
+            d->max_blocks_per_sm > INT32_MAX || d->warp_size > INT32_MAX ||
+            d->cc_major > INT16_MAX || d->cc_minor > INT16_MAX) {
             snprintf(errbuf, errlen, "devices[%zu]: a value is out of range", i);
             return KP_EPROTO;
         }
     }
-    if (b->stats != NULL && (b->stats->records_dropped > INT64_MAX ||
-                             b->stats->cupti_dropped > INT64_MAX ||
-                             b->stats->overhead_ns > INT64_MAX)) {
+    if (b->stats != NULL &&
+        (b->stats->records_dropped > INT64_MAX || b->stats->cupti_dropped > INT64_MAX ||
+         b->stats->overhead_ns > INT64_MAX)) {
         snprintf(errbuf, errlen, "stats: a counter is out of range");
         return KP_EPROTO;
     }

@@ -56,11 +56,11 @@ struct kp_column_spec {
 };
 
 struct kp_event_kind_info {
-    const char *table;      /* PostgreSQL table */
-    const char *label;      /* short name for logs and metrics: "kernel", "memcpy", ... */
-    const char *field;      /* the Batch field that holds this kind */
+    const char *table; /* PostgreSQL table */
+    const char *label; /* short name for logs and metrics: "kernel", "memcpy", ... */
+    const char *field; /* the Batch field that holds this kind */
     const struct kp_column_spec *columns;
-    size_t n_columns;       /* columns[0] is the one whose length is the row count */
+    size_t n_columns; /* columns[0] is the one whose length is the row count */
     const ProtobufCMessageDescriptor *desc;
 };
 

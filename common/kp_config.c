@@ -313,7 +313,8 @@ static int apply(const struct kp_config_def *d, void *cfg, const char *val, cons
     case KP_CONFIG_DURATION:
         rc = kp_parse_duration_ms(val, &v);
         if (rc == -EINVAL) {
-            kp_errbuf_set(errbuf, errlen, "%s: not a duration (use e.g. 500ms, 30s, 2m, 1h)", origin);
+            kp_errbuf_set(errbuf, errlen, "%s: not a duration (use e.g. 500ms, 30s, 2m, 1h)",
+                          origin);
             return KP_ECONFIG;
         }
         break;
@@ -359,11 +360,12 @@ static int apply(const struct kp_config_def *d, void *cfg, const char *val, cons
     /* INT, SIZE and DURATION: range. */
     if (rc == -ERANGE || ((d->min != 0 || d->max != 0) && (v < d->min || v > d->max))) {
         if (d->min == 0 && d->max == 0) {
-            kp_errbuf_set(errbuf, errlen, "%s: out of range (must fit a 64-bit signed integer)", origin);
+            kp_errbuf_set(errbuf, errlen, "%s: out of range (must fit a 64-bit signed integer)",
+                          origin);
         }
         else {
             kp_errbuf_set(errbuf, errlen, "%s: out of range (allowed %s)", origin,
-                    fmt_bounds(d, allowed, sizeof(allowed)));
+                          fmt_bounds(d, allowed, sizeof(allowed)));
         }
         return KP_ECONFIG;
     }
@@ -432,7 +434,7 @@ static int check_table(const struct kp_config_def *defs, size_t n, char *errbuf,
         }
         if (why != NULL) {
             kp_errbuf_set(errbuf, errlen, "config table: row %zu (%s): %s", i,
-                    d->name != NULL ? d->name : "NULL", why);
+                          d->name != NULL ? d->name : "NULL", why);
         }
     }
     return why == NULL ? 0 : KP_ECONFIG;
@@ -549,7 +551,8 @@ static int read_file(const char *path, char **buf, size_t *len, char *errbuf, si
     }
     if (got > KP_CONFIG_FILE_MAX) {
         rc = KP_ECONFIG;
-        kp_errbuf_set(errbuf, errlen, "config file %s: bigger than %d bytes", path, KP_CONFIG_FILE_MAX);
+        kp_errbuf_set(errbuf, errlen, "config file %s: bigger than %d bytes", path,
+                      KP_CONFIG_FILE_MAX);
         goto out;
     }
     b[got] = '\0';
@@ -600,7 +603,7 @@ static int load_file(const struct kp_config_def *defs, size_t n, void *cfg, cons
         nl = nl != NULL ? nl + 1 : end;
         if (end - line > KP_CONFIG_LINE_MAX) {
             kp_errbuf_set(errbuf, errlen, "%s:%d: line longer than %d bytes", path, lineno,
-                    KP_CONFIG_LINE_MAX);
+                          KP_CONFIG_LINE_MAX);
             rc = KP_ECONFIG;
             break;
         }
@@ -733,8 +736,9 @@ static int next_tok(const struct kp_config_def *defs, size_t n, int argc, char *
     }
     if (t->val == NULL) {
         if (*i >= argc) {
-            kp_errbuf_set(errbuf, errlen, "--%s needs a value (%s)", t->d != NULL ? t->d->name : "config",
-                    t->d != NULL ? type_names[t->d->type] : "PATH");
+            kp_errbuf_set(errbuf, errlen, "--%s needs a value (%s)",
+                          t->d != NULL ? t->d->name : "config",
+                          t->d != NULL ? type_names[t->d->type] : "PATH");
             return KP_ECONFIG;
         }
         t->val = argv[(*i)++];
@@ -815,8 +819,9 @@ static int check_required(const struct kp_config_def *defs, size_t n, const void
         v = *(char *const *) cfield(cfg, &defs[i]);
         if (v == NULL || v[0] == '\0') {
             env_name(defs[i].name, env, sizeof(env));
-            kp_errbuf_set(errbuf, errlen, "%s is required: set --%s=..., %s or \"%s = ...\" in the file",
-                    defs[i].name, defs[i].name, env, defs[i].name);
+            kp_errbuf_set(errbuf, errlen,
+                          "%s is required: set --%s=..., %s or \"%s = ...\" in the file",
+                          defs[i].name, defs[i].name, env, defs[i].name);
             return KP_ECONFIG;
         }
     }
@@ -850,14 +855,15 @@ int kp_config_load_args(const struct kp_config_def *defs, size_t n, void *cfg, c
                       errlen);
         if (rc == 0 && t.kind == TOK_POS) {
             if (pos == NULL) {
-                kp_errbuf_set(first_err == 0 ? errbuf : NULL, errlen,
-                        "unexpected argument '%s' (%s takes only --key=value flags; see --help)",
-                        t.val, prog != NULL ? prog : "this program");
+                kp_errbuf_set(
+                    first_err == 0 ? errbuf : NULL, errlen,
+                    "unexpected argument '%s' (%s takes only --key=value flags; see --help)", t.val,
+                    prog != NULL ? prog : "this program");
                 rc = KP_ECONFIG;
             }
             else if (pos->n >= pos->max) {
                 kp_errbuf_set(first_err == 0 ? errbuf : NULL, errlen,
-                        "too many arguments at '%s' (at most %d)", t.val, pos->max);
+                              "too many arguments at '%s' (at most %d)", t.val, pos->max);
                 rc = KP_ECONFIG;
             }
             else {
@@ -1048,4 +1054,22 @@ void kp_config_usage(const struct kp_config_def *defs, size_t n, const char *pro
         }
         fprintf(out, "      %s\n", d->help != NULL ? d->help : "");
     }
+}
+
+int kp_config_main(const struct kp_config_def *defs, size_t n, void *cfg, const char *prog,
+                   int argc, char **argv)
+{
+    char err[1024];
+    int action;
+
+    if (kp_config_load(defs, n, cfg, prog, argc, argv, err, sizeof(err), &action) != 0) {
+        fprintf(stderr, "%s: %s\n", prog, err);
+        kp_config_fini(defs, n, cfg);
+        return 2;
+    }
+    if (action == KP_CONFIG_EXIT_OK) {
+        kp_config_fini(defs, n, cfg);
+        return 0;
+    }
+    return -1;
 }

@@ -105,6 +105,14 @@ int kp_config_load_args(const struct kp_config_def *defs, size_t n, void *cfg, c
                         size_t errlen, int *action);
 
 /* Frees cfg's strings and sets them to NULL. Safe to call twice. */
+/*
+ * The start of every main(): kp_config_load, with errors printed to stderr as
+ * "prog: reason". Returns -1 when the program should run with cfg, or the exit
+ * status (0 after --help/--dry-run/--print-config, 2 on a bad setting; cfg is then freed).
+ */
+int kp_config_main(const struct kp_config_def *defs, size_t n, void *cfg, const char *prog,
+                   int argc, char **argv);
+
 void kp_config_fini(const struct kp_config_def *defs, size_t n, void *cfg);
 
 /* Writes the --help text for the table to out: every key with its type, default, bounds or

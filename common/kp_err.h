@@ -8,14 +8,14 @@
 
 enum kp_err {
     KP_EBASE = -10000,
-    KP_EPG = -10001,        /* PostgreSQL failed (connection, statement, COPY) */
-    KP_EPROTO = -10002,     /* malformed or inconsistent protocol message */
-    KP_ERPC = -10003,       /* gRPC call failed */
-    KP_ENOTFOUND = -10004,  /* a named thing (run, rank, job) does not exist */
-    KP_ETOOBIG = -10005,    /* over a configured size limit */
-    KP_ECONFIG = -10006,    /* bad configuration value */
-    KP_ESCHEMA = -10007,    /* database schema is newer than this binary */
-    KP_ESHUTDOWN = -10008,  /* the object is stopping */
+    KP_EPG = -10001,       /* PostgreSQL failed (connection, statement, COPY) */
+    KP_EPROTO = -10002,    /* malformed or inconsistent protocol message */
+    KP_ERPC = -10003,      /* gRPC call failed */
+    KP_ENOTFOUND = -10004, /* a named thing (run, rank, job) does not exist */
+    KP_ETOOBIG = -10005,   /* over a configured size limit */
+    KP_ECONFIG = -10006,   /* bad configuration value */
+    KP_ESCHEMA = -10007,   /* database schema is newer than this binary */
+    KP_ESHUTDOWN = -10008, /* the object is stopping */
 };
 
 /* Returns a static description of a code from either range. Thread-safe. */

@@ -30,11 +30,11 @@ int kp_log_parse_level(const char *s, enum kp_log_level *out);
 void kp_log_write(enum kp_log_level level, const char *module, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-#define kp_log_at(level, ...)                                                                      \
-    do {                                                                                           \
-        if ((int) (level) <= kp_log_level_current) {                                               \
-            kp_log_write((level), KP_LOG_MODULE, __VA_ARGS__);                                     \
-        }                                                                                          \
+#define kp_log_at(level, ...)                                  \
+    do {                                                       \
+        if ((int) (level) <= kp_log_level_current) {           \
+            kp_log_write((level), KP_LOG_MODULE, __VA_ARGS__); \
+        }                                                      \
     } while (0)
 
 #define kp_log_error(...) kp_log_at(KP_LOG_ERROR, __VA_ARGS__)

@@ -33,11 +33,11 @@
 #define KP_RPC_DEFAULT_MAX_MSG (64u << 20)
 
 enum tag_type {
-    TAG_NEW,      /* a registered method's call arrived */
-    TAG_NEW_ANY,  /* the catch-all request for unknown methods */
+    TAG_NEW,     /* a registered method's call arrived */
+    TAG_NEW_ANY, /* the catch-all request for unknown methods */
     TAG_RECV,
     TAG_SEND,
-    TAG_CLOSE,    /* RECV_CLOSE_ON_SERVER */
+    TAG_CLOSE, /* RECV_CLOSE_ON_SERVER */
     TAG_STATUS,
     TAG_SHUTDOWN,
 };
@@ -93,9 +93,22 @@ struct kp_rpc_server {
 };
 
 static const char *const status_names[] = {
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
     "UNAUTHENTICATED",
 };
 
@@ -232,11 +245,11 @@ static struct kp_rpc_call *call_new(struct kp_rpc_server *s, const struct kp_rpc
     if (m == NULL) {
         grpc_call_details_init(&c->details);
     }
-    c->t_new = (struct tag) { m == NULL ? TAG_NEW_ANY : TAG_NEW, c };
-    c->t_recv = (struct tag) { TAG_RECV, c };
-    c->t_send = (struct tag) { TAG_SEND, c };
-    c->t_close = (struct tag) { TAG_CLOSE, c };
-    c->t_status = (struct tag) { TAG_STATUS, c };
+    c->t_new = (struct tag){ m == NULL ? TAG_NEW_ANY : TAG_NEW, c };
+    c->t_recv = (struct tag){ TAG_RECV, c };
+    c->t_send = (struct tag){ TAG_SEND, c };
+    c->t_close = (struct tag){ TAG_CLOSE, c };
+    c->t_status = (struct tag){ TAG_STATUS, c };
     return c;
 }
 
@@ -452,8 +465,7 @@ static void maybe_closed(struct kp_rpc_call *c)
     bool notify = false, cancelled = false;
 
     pthread_mutex_lock(&c->mu);
-    if (c->live && !c->closed_notified && c->close_done &&
-        (!c->status_started || c->status_done)) {
+    if (c->live && !c->closed_notified && c->close_done && (!c->status_started || c->status_done)) {
         notify = true;
         c->closed_notified = true;
         cancelled = c->close_cancelled || !c->status_started;
@@ -493,8 +505,7 @@ static void on_new_call(struct kp_rpc_server *s, struct kp_rpc_call *c, bool ok)
         char *method = grpc_slice_to_c_string(c->details.method);
 
         kp_log_warn("unknown method=%s peer=%s", method, kp_rpc_call_peer(c));
-        snprintf(details, sizeof(details), "method %s is not implemented by %s", method,
-                 s->name);
+        snprintf(details, sizeof(details), "method %s is not implemented by %s", method, s->name);
         gpr_free(method);
         kp_rpc_call_finish(c, GRPC_STATUS_UNIMPLEMENTED, details);
         return;
@@ -712,8 +723,8 @@ static grpc_server_credentials *server_creds(const struct kp_rpc_server_opts *o,
     creds = grpc_ssl_server_credentials_create_ex(NULL, &pair, 1,
                                                   GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE, NULL);
     if (creds == NULL) {
-        snprintf(errbuf, errlen, "TLS credentials from %s and %s are not usable",
-                 o->tls_cert_file, o->tls_key_file);
+        snprintf(errbuf, errlen, "TLS credentials from %s and %s are not usable", o->tls_cert_file,
+                 o->tls_key_file);
     }
 out:
     free(cert);
@@ -740,7 +751,7 @@ int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_
     s->methods = methods;
     s->n_methods = n_methods;
     snprintf(s->name, sizeof(s->name), "%s", opts->name ? opts->name : "kprof");
-    s->shutdown_tag = (struct tag) { TAG_SHUTDOWN, NULL };
+    s->shutdown_tag = (struct tag){ TAG_SHUTDOWN, NULL };
     if ((s->registered = calloc(n_methods + 1, sizeof(void *))) == NULL) {
         goto fail;
     }
@@ -844,8 +855,7 @@ void kp_rpc_server_shutdown(struct kp_rpc_server *s, long long grace_ms)
     pthread_mutex_unlock(&s->mu);
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
     if (!wait_shutdown(s, grace_ms)) {
-        kp_log_info("cancelling calls still open after the grace period grace_ms=%lld",
-                    grace_ms);
+        kp_log_info("cancelling calls still open after the grace period grace_ms=%lld", grace_ms);
         grpc_server_cancel_all_calls(s->server);
         wait_shutdown(s, 10000);
     }
@@ -937,9 +947,9 @@ int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *
     }
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = (int) (opts != NULL && opts->max_message_bytes
-                                       ? opts->max_message_bytes
-                                       : KP_RPC_DEFAULT_MAX_MSG);
+    args[0].value.integer =
+        (int) (opts != NULL && opts->max_message_bytes ? opts->max_message_bytes
+                                                       : KP_RPC_DEFAULT_MAX_MSG);
     args[1].type = GRPC_ARG_INTEGER;
     args[1].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
     args[1].value.integer = -1;
@@ -977,7 +987,8 @@ static void status_fill(struct kp_rpc_status *st, grpc_status_code code, grpc_sl
     }
     st->code = code;
     d = grpc_slice_to_c_string(details);
-    snprintf(st->details, sizeof(st->details), "%s", d[0] != '\0' ? d : (error_string ? error_string : ""));
+    snprintf(st->details, sizeof(st->details), "%s",
+             d[0] != '\0' ? d : (error_string ? error_string : ""));
     gpr_free(d);
 }
 
@@ -1039,8 +1050,7 @@ int kp_rpc_unary(struct kp_rpc_channel *ch, const char *path, const ProtobufCMes
         if (recv_bb == NULL || (*resp = unpack_bb(resp_desc, recv_bb, &wire)) == NULL) {
             if (st != NULL) {
                 st->code = GRPC_STATUS_INTERNAL;
-                snprintf(st->details, sizeof(st->details), "the reply to %s did not unpack",
-                         path);
+                snprintf(st->details, sizeof(st->details), "the reply to %s did not unpack", path);
             }
         }
         else {
@@ -1195,16 +1205,15 @@ int kp_rpc_stream_close_send(struct kp_rpc_stream *s)
     if (grpc_call_start_batch(s->call, &op, 1, &s->t_close, NULL) != GRPC_CALL_OK) {
         return KP_ERPC;
     }
-    ev = grpc_completion_queue_pluck(s->cq, &s->t_close, gpr_inf_future(GPR_CLOCK_REALTIME),
-                                     NULL);
+    ev = grpc_completion_queue_pluck(s->cq, &s->t_close, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
     return ev.success ? 0 : KP_ERPC;
 }
 
 int kp_rpc_stream_finish(struct kp_rpc_stream *s, struct kp_rpc_status *st, long long timeout_ms)
 {
     if (!s->status_done) {
-        grpc_event ev = grpc_completion_queue_pluck(s->cq, &s->t_status, deadline_ms(timeout_ms),
-                                                    NULL);
+        grpc_event ev =
+            grpc_completion_queue_pluck(s->cq, &s->t_status, deadline_ms(timeout_ms), NULL);
 
         if (ev.type == GRPC_QUEUE_TIMEOUT) {
             return -ETIMEDOUT;

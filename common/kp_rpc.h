@@ -70,11 +70,11 @@ struct kp_rpc_method {
 };
 
 struct kp_rpc_server_opts {
-    const char *listen;          /* "127.0.0.1:0" (port 0: ephemeral), "[::1]:7070", "unix:/path" */
-    size_t max_message_bytes;    /* larger requests get RESOURCE_EXHAUSTED; 0: 64 MiB */
-    const char *tls_cert_file;   /* PEM; with tls_key_file, serve TLS; NULL: plaintext */
+    const char *listen;        /* "127.0.0.1:0" (port 0: ephemeral), "[::1]:7070", "unix:/path" */
+    size_t max_message_bytes;  /* larger requests get RESOURCE_EXHAUSTED; 0: 64 MiB */
+    const char *tls_cert_file; /* PEM; with tls_key_file, serve TLS; NULL: plaintext */
     const char *tls_key_file;
-    const char *name;            /* for logs and UNIMPLEMENTED details, e.g. "kprof-collectord" */
+    const char *name; /* for logs and UNIMPLEMENTED details, e.g. "kprof-collectord" */
 };
 
 /*
@@ -83,8 +83,7 @@ struct kp_rpc_server_opts {
  * the reason in errbuf (e.g. the address is in use).
  */
 int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_rpc_method *methods,
-                         size_t n_methods, struct kp_rpc_server **out, char *errbuf,
-                         size_t errlen);
+                         size_t n_methods, struct kp_rpc_server **out, char *errbuf, size_t errlen);
 
 /* The bound TCP port (useful with port 0), or 0 for unix sockets. */
 int kp_rpc_server_port(const struct kp_rpc_server *s);

@@ -27,8 +27,7 @@ PGconn *kp_test_pg_connect(void);
 
 /* Runs a query that returns one integer (e.g. "SELECT count(*) ..."); fails the test on
  * error. */
-long long kp_test_pg_int(PGconn *c, const char *sql_fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+long long kp_test_pg_int(PGconn *c, const char *sql_fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Runs a statement; fails the test on error. */
 void kp_test_pg_exec(PGconn *c, const char *sql_fmt, ...) __attribute__((format(printf, 2, 3)));

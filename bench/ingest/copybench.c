@@ -505,19 +505,12 @@ int main(int argc, char **argv)
     const char *params[2];
     double t0, secs;
     long long kern_rows = 0, kern_bytes = 0;
-    int action, rc = 1;
+    int exit_rc, rc = 1;
 
     memset(&cfg, 0, sizeof(cfg));
     memset(&names, 0, sizeof(names));
-    if (kp_config_load(copy_defs, N_DEFS, &cfg, "kprof-bench-copy", argc, argv, err, sizeof(err),
-                       &action) != 0) {
-        fprintf(stderr, "kprof-bench-copy: %s (see --help)\n", err);
-        kp_config_fini(copy_defs, N_DEFS, &cfg);
-        return 2;
-    }
-    if (action == KP_CONFIG_EXIT_OK) {
-        kp_config_fini(copy_defs, N_DEFS, &cfg);
-        return 0;
+    if ((exit_rc = kp_config_main(copy_defs, N_DEFS, &cfg, "kprof-bench-copy", argc, argv)) >= 0) {
+        return exit_rc;
     }
     if (kp_codec_selfcheck(err, sizeof(err)) != 0) {
         fprintf(stderr, "kprof-bench-copy: codec: %s\n", err);

@@ -405,21 +405,14 @@ int main(int argc, char **argv)
     uint64_t events = 0, batches = 0, bytes = 0;
     long long nthreads, started = 0;
     char err[1024];
-    int action, rc = 1;
+    int exit_rc, rc = 1;
     bool failed = false, created;
     double secs;
 
     memset(&cfg, 0, sizeof(cfg));
     memset(&lg, 0, sizeof(lg));
-    if (kp_config_load(loadgen_defs, N_DEFS, &cfg, "kprof-loadgen", argc, argv, err, sizeof(err),
-                       &action) != 0) {
-        fprintf(stderr, "kprof-loadgen: %s (see --help)\n", err);
-        kp_config_fini(loadgen_defs, N_DEFS, &cfg);
-        return 2;
-    }
-    if (action == KP_CONFIG_EXIT_OK) {
-        kp_config_fini(loadgen_defs, N_DEFS, &cfg);
-        return 0;
+    if ((exit_rc = kp_config_main(loadgen_defs, N_DEFS, &cfg, "kprof-loadgen", argc, argv)) >= 0) {
+        return exit_rc;
     }
     kp_log_set_level((enum kp_log_level) cfg.log_level);
     signal(SIGPIPE, SIG_IGN);

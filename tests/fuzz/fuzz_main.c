@@ -111,7 +111,7 @@ int main(int argc, char **argv)
                 }
                 break;
             case 2: /* overwrite a byte with an interesting value */
-                buf[rng() % n] = (uint8_t[]) { 0x00, 0xff, 0x7f, 0x80, 0x0a, 0xc0 }[rng() % 6];
+                buf[rng() % n] = (uint8_t[]){ 0x00, 0xff, 0x7f, 0x80, 0x0a, 0xc0 }[rng() % 6];
                 break;
             default: { /* insert random bytes */
                 size_t at = rng() % (n + 1), k = 1 + rng() % 8;
