@@ -699,6 +699,16 @@ void kp_push_get_stats(struct kp_push *p, struct kp_push_stats *out)
     pthread_mutex_unlock(&p->mu);
 }
 
+uint64_t kp_push_acked_through(struct kp_push *p)
+{
+    uint64_t head;
+
+    pthread_mutex_lock(&p->mu);
+    head = p->head; /* slots below head are acknowledged and released */
+    pthread_mutex_unlock(&p->mu);
+    return head;
+}
+
 void kp_push_destroy(struct kp_push *p)
 {
     if (p == NULL) {

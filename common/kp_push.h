@@ -108,6 +108,13 @@ int kp_push_error(struct kp_push *p, struct kp_rpc_status *st);
 
 void kp_push_get_stats(struct kp_push *p, struct kp_push_stats *out);
 
+/*
+ * Returns how far acknowledgements have reached: every seq below the returned value is
+ * acknowledged (first_seq while nothing is). Acks that arrive out of order do not move it past
+ * an unacknowledged seq. Any thread.
+ */
+uint64_t kp_push_acked_through(struct kp_push *p);
+
 /* Cancels the call, stops the threads and frees everything; unacknowledged batches are
  * dropped (flush first to keep them). Accepts NULL. */
 void kp_push_destroy(struct kp_push *p);

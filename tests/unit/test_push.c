@@ -681,6 +681,40 @@ static void test_send_encoded(void **state)
     fake_free(f);
 }
 
+static bool acked_through_13(void *arg)
+{
+    return kp_push_acked_through(arg) == 13;
+}
+
+/* kp_push_acked_through: stays at first_seq while acks are held, then reaches the end. */
+static void test_acked_through(void **state)
+{
+    struct fake *f = fake_new();
+    struct kp_rpc_channel *ch = channel_to(f->port);
+    struct kp_push_opts o = test_opts(8);
+    struct kp_push *p;
+    struct waitarg w;
+
+    (void) state;
+    f->hold_acks = true;
+    o.first_seq = 10;
+    assert_int_equal(kp_push_create(ch, 77, &o, &p), 0);
+    assert_int_equal(kp_push_acked_through(p), 10);
+    send_tiny(p, 3, 0);
+    w.p = p;
+    w.f = f;
+    w.n = 3;
+    assert_true(kp_test_wait_for(received_at_least, &w, 10000));
+    assert_int_equal(kp_push_acked_through(p), 10); /* sent, not acknowledged */
+    fake_release(f);
+    assert_true(kp_test_wait_for(acked_through_13, p, 10000));
+    assert_int_equal(kp_push_flush(p, kp_test_scaled_ms(10000)), 0);
+    assert_int_equal(kp_push_acked_through(p), 13);
+    kp_push_destroy(p);
+    kp_rpc_channel_destroy(ch);
+    fake_free(f);
+}
+
 /* Nobody listens: the push gives up after give_up_after_ms with UNAVAILABLE. */
 static void test_give_up(void **state)
 {
@@ -754,7 +788,7 @@ int main(void)
         cmocka_unit_test(test_server_restart), cmocka_unit_test(test_terminal_statuses),
         cmocka_unit_test(test_window_bound),   cmocka_unit_test(test_send_encoded),
         cmocka_unit_test(test_give_up),        cmocka_unit_test(test_destroy_in_flight),
-        cmocka_unit_test(test_bad_args),
+        cmocka_unit_test(test_bad_args),       cmocka_unit_test(test_acked_through),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

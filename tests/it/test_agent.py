@@ -1,0 +1,308 @@
+"""kprof-agent end to end: a real kprof-collectord (fresh database), the real kprof-agent and a
+Python stand-in for libkprof_inject.so (tests/it/kpwire.py):
+  1. capture --wait: HELLO, ARM, STEP / WINDOW_BEGIN / STRINGS / RECORDS / WINDOW_END; the
+     exact rows in PostgreSQL (kernels with external_id and step, ops, steps, api_calls),
+     warm-up and after-window records left out, the run ended;
+  2. a malformed message and a refused uid only close that connection; ps still works;
+     control errors (no such job, busy) have their exit codes;
+  3. collectord stopped during the capture: the agent spools, collectord comes back, every
+     row is stored exactly once;
+  4. the agent restarted while records are spooled and unacknowledged: replayed after the
+     restart, no duplicates."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import kpfix
+import kpwire as kw
+
+kpfix.require_env()
+
+DB = "kp_it_agent"
+T = 1_760_000_000_000_000_000
+AGENT = os.path.join(kpfix.BIN, "agent", "kprof-agent")
+DIR = os.path.join(kpfix.TEST_DIR, "agent-it")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Agent:
+    def __init__(self, name, collector, extra=()):
+        self.sock = os.path.join(DIR, "agent.sock")
+        self.spool = os.path.join(DIR, "spool")
+        self.ready = os.path.join(DIR, name + ".ready")
+        self.log_path = os.path.join(DIR, name + ".log")
+        if os.path.exists(self.ready):
+            os.unlink(self.ready)
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [AGENT, "--socket", self.sock, "--socket-mode", "0666", "--collector", collector,
+             "--spool-dir", self.spool, "--ready-file", self.ready, "--batch-ms", "30ms",
+             "--http-listen", "127.0.0.1:0", "--log-level", "debug"] + list(extra),
+            stdout=self.log, stderr=subprocess.STDOUT)
+        kpfix.wait_for(lambda: os.path.exists(self.ready) or self.proc.poll() is not None, 30,
+                       "agent ready")
+        assert self.proc.poll() is None, "agent exited:\n" + self.text()
+
+    def text(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=30 * kpfix.SCALE)
+        self.log.close()
+        text = self.text()
+        for bad in ("Sanitizer", "runtime error:"):
+            assert bad not in text, "sanitizer report in the agent log:\n" + text
+        return self.proc.returncode
+
+
+def ctl(agent, *args, wait=True):
+    cmd = [AGENT] + list(args[:1]) + ["--socket", agent.sock] + list(args[1:])
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if not wait:
+        return p
+    out, err = p.communicate(timeout=60 * kpfix.SCALE)
+    return p.returncode, out, err
+
+
+def q(sql):
+    return kpfix.psql(sql, db=DB)
+
+
+def rows(sql):
+    out = q(sql)
+    return [tuple(line.split("|")) for line in out.splitlines()] if out else []
+
+
+def eq(got, want):
+    assert got == want, "got %r, want %r" % (got, want)
+
+
+def library(agent, job, rank=0, world=1, step=-1):
+    lib = kw.Conn(agent.sock)
+    lib.send(kw.hello(job, rank, local_rank=rank, world_size=world, device=rank, step=step))
+    mtype, payload = lib.recv()
+    assert mtype == kw.WELCOME
+    accepted, reason = kw.parse_welcome(payload)
+    assert accepted == 1, reason
+    return lib
+
+
+def recv_arm(lib):
+    mtype, payload = lib.recv()
+    assert mtype == kw.ARM, mtype
+    return kw.parse_arm(payload)
+
+
+def test_capture_rows(agent):
+    lib = library(agent, "itjob", step=5)
+    lib.send(kw.status(0, kw.ST_DORMANT, 5))
+    cap = ctl(agent, "capture", "--job", "itjob", "--steps", "2", "--wait", "--json", wait=False)
+    arm = recv_arm(lib)
+    assert arm["target_step"] == 7 and arm["n_steps"] == 2, arm
+    cid, run = arm["capture_id"], arm["run_id"]
+    assert run > 0
+    lib.send(kw.strings({1: "volta_sgemm_128x64_nn", 2: "cudaLaunchKernel", 3: "aten::mm",
+                         4: "[[2, 3], [3, 4]]"}))
+    lib.send(kw.status(cid, kw.ST_ARMED, 6))
+    lib.send(kw.step(6, T))
+    # warm-up: launched before the window, so its kernel is left out too
+    lib.send(kw.records(kw.REC_API, [kw.api(T + 100, T + 110, 1, 2)]))
+    lib.send(kw.records(kw.REC_KERNEL, [kw.kernel(T + 1100, T + 1150, 1, 1)]))
+    lib.send(kw.step(7, T + 1000))
+    lib.send(kw.window(kw.WINDOW_BEGIN, cid, run, T + 1000, 0, 7, -1))
+    lib.send(kw.records(kw.REC_KERNEL, [kw.kernel(T + 1300, T + 1390, 2, 1)]))  # before its API
+    lib.send(kw.records(kw.REC_API, [kw.api(T + 1200, T + 1210, 2, 2, external_id=50)]))
+    lib.send(kw.records(kw.REC_RANGE, [kw.range_(T + 1150, T + 1400, 50, 3, seq=9, op_id=4,
+                                                 shapes=4)]))
+    lib.send(kw.step(8, T + 2000))
+    lib.send(kw.records(kw.REC_API, [kw.api(T + 2100, T + 2120, 3, 2)]))
+    lib.send(kw.records(kw.REC_KERNEL, [kw.kernel(T + 2200, T + 2300, 3, 1)]))
+    lib.send(kw.step(9, T + 3000))
+    lib.send(kw.records(kw.REC_API, [kw.api(T + 3100, T + 3120, 4, 2)]))  # after the window
+    lib.send(kw.window(kw.WINDOW_END, cid, run, T + 1000, T + 3000, 7, 8, records_=8, dropped=2))
+    lib.send(kw.status(cid, kw.ST_DONE, 9))
+    out, err = cap.communicate(timeout=60 * kpfix.SCALE)
+    assert cap.returncode == 0, (cap.returncode, out, err)
+    res = json.loads(out)
+    assert res["run_id"] == run and res["result"] == "ok", res
+    eq(rows("SELECT k.start_ns - %d, k.dur_ns, k.step, k.external_id, k.correlation, n.name "
+                "FROM kernels k JOIN names n ON n.id = k.name WHERE run_id = %d ORDER BY 1"
+                % (T, run)),[("1300", "90", "7", "50", "2", "volta_sgemm_128x64_nn"),
+                                ("2200", "100", "8", "0", "3", "volta_sgemm_128x64_nn")])
+    eq(rows("SELECT a.start_ns - %d, a.step, a.external_id, a.correlation, a.domain, n.name "
+                "FROM api_calls a JOIN names n ON n.id = a.name WHERE run_id = %d ORDER BY 1"
+                % (T, run)),[("1200", "7", "50", "2", "1", "cudaLaunchKernel"),
+                                ("2100", "8", "0", "3", "1", "cudaLaunchKernel")])
+    eq(rows("SELECT o.start_ns - %d, o.dur_ns, o.op_id, o.external_id, o.step, o.seq, "
+                "n.name, s.name FROM ops o JOIN names n ON n.id = o.name "
+                "JOIN names s ON s.id = o.input_shapes WHERE run_id = %d" % (T, run)),
+        [("1150", "250", "50", "50", "7", "9", "aten::mm", "[[2, 3], [3, 4]]")])
+    eq(rows("SELECT step, start_ns - %d, dur_ns FROM steps WHERE run_id = %d ORDER BY 1"
+                % (T, run)),[("7", "1000", "1000"), ("8", "2000", "1000")])
+    eq(rows("SELECT job, host, pid, records_dropped FROM ranks WHERE run_id = %d" % run),
+        [("itjob", "testhost", str(os.getpid()), "2")])
+    assert q("SELECT state FROM runs WHERE id = %d" % run) == "2"  # ended
+    return lib
+
+
+def test_bad_peers(agent, lib):
+    # a malformed message closes only that connection
+    bad = kw.Conn(agent.sock)
+    bad.send(b"\x00" * 40)
+    assert bad.closed(), "a malformed message must close the connection"
+    bad.close()
+    # a record count that does not match its payload, after a valid HELLO
+    bad = library(agent, "otherjob", rank=0)
+    m = bytearray(kw.records(kw.REC_API, [kw.api(T, T + 1, 9, 0)]))
+    m[12] = 3  # count = 3, payload has 1
+    bad.send(bytes(m))
+    assert bad.closed()
+    bad.close()
+    # a refused uid is answered WELCOME accepted=0 at accept (needs root to become another user)
+    if os.getuid() == 0:
+        code = ("import sys; sys.path.insert(0, %r); import kpwire as kw; c = kw.Conn(%r); "
+                "t, p = c.recv(); a, r = kw.parse_welcome(p); "
+                "print(a, r)" % (os.path.dirname(os.path.abspath(__file__)), agent.sock))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)), timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("0 uid 65534 is not allowed"), out.stdout
+        assert "connection refused" in agent.text()
+    else:
+        print("skip: refused-uid check needs root")
+    # the good connection is still registered and served
+    rc, out, err = ctl(agent, "ps", "--json")
+    assert rc == 0, err
+    procs = json.loads(out)
+    assert [p["job"] for p in procs if p["pid"] == os.getpid()] == ["itjob"], procs
+    # control errors
+    rc, out, err = ctl(agent, "capture", "--job", "nosuchjob")
+    assert rc == 3 and "registered jobs: itjob" in err, (rc, err)
+    rc, out, err = ctl(agent, "capture", "--job", "itjob", "--ranks", "3")
+    assert rc == 2 and "outside the job's world size" in err, (rc, err)
+    rc, out, err = ctl(agent, "ps", "--socket", os.path.join(DIR, "nothing.sock"))
+    assert rc == 5 and "is kprof-agent running?" in err, (rc, err)
+
+
+def send_window(lib, arm, first, n_api, start_step):
+    """A window of two steps with n_api API records + kernels; returns the expected rows."""
+    cid, run = arm["capture_id"], arm["run_id"]
+    base = T + first * 1_000_000_000
+    lib.send(kw.step(start_step, base))
+    lib.send(kw.window(kw.WINDOW_BEGIN, cid, run, base, 0, start_step, -1))
+    chunk = []
+    for i in range(n_api):
+        corr = first * 100000 + i + 1
+        t = base + 1000 + i * 1000
+        chunk.append((kw.api(t, t + 100, corr, 2), kw.kernel(t + 200, t + 700, corr, 1)))
+        if len(chunk) == 100:
+            lib.send(kw.records(kw.REC_API, [a for a, _ in chunk]))
+            lib.send(kw.records(kw.REC_KERNEL, [k for _, k in chunk]))
+            chunk = []
+    if chunk:
+        lib.send(kw.records(kw.REC_API, [a for a, _ in chunk]))
+        lib.send(kw.records(kw.REC_KERNEL, [k for _, k in chunk]))
+    end = base + 1000 + n_api * 1000 + 1000
+    lib.send(kw.step(start_step + 1, end))
+    lib.send(kw.window(kw.WINDOW_END, cid, run, base, end, start_step, start_step))
+    lib.send(kw.status(cid, kw.ST_DONE, start_step + 1))
+
+
+def counts(run):
+    return (int(q("SELECT count(*) FROM api_calls WHERE run_id = %d" % run)),
+            int(q("SELECT count(DISTINCT correlation) FROM api_calls WHERE run_id = %d" % run)),
+            int(q("SELECT count(*) FROM kernels WHERE run_id = %d" % run)))
+
+
+def segments(agent):
+    return [f for f in os.listdir(agent.spool) if f.startswith("seg-")]
+
+
+def test_collectord_down(agent, coll, conninfo, port, lib):
+    cap = ctl(agent, "capture", "--job", "itjob", "--start-step", "20", "--steps", "1", "--wait",
+              wait=False)
+    arm = recv_arm(lib)
+    run = arm["run_id"]
+    coll.stop(signal.SIGKILL)
+    send_window(lib, arm, 1, 1000, 20)
+    kpfix.wait_for(lambda: len(segments(agent)) > 0, 30, "records spooled")
+    time.sleep(0.3)  # the agent keeps retrying meanwhile; nothing may be lost
+    assert cap.poll() is None, "capture --wait must wait for the acknowledgement"
+    coll = kpfix.Collectord("agent-coll2", conninfo, ["--listen", "127.0.0.1:%d" % port])
+    out, err = cap.communicate(timeout=120 * kpfix.SCALE)
+    assert cap.returncode == 0, (out, err)
+    assert counts(run) == (1000, 1000, 1000), counts(run)
+    return coll
+
+
+def test_agent_restart(agent, coll, conninfo, port):
+    lib = library(agent, "itjob", step=30)
+    cap = ctl(agent, "capture", "--job", "itjob", "--start-step", "31", "--steps", "1",
+              wait=False)
+    arm = recv_arm(lib)
+    out, err = cap.communicate(timeout=60)
+    assert cap.returncode == 0 and out.startswith("run_id=%d\n" % arm["run_id"]), (out, err)
+    run = arm["run_id"]
+    coll.stop(signal.SIGKILL)
+    send_window(lib, arm, 2, 700, 31)
+    kpfix.wait_for(lambda: "window ended run=%d" % run in agent.text(), 30, "window end")
+    kpfix.wait_for(lambda: len(segments(agent)) > 0, 30, "records spooled")
+    lib.close()
+    assert agent.stop() == 0
+    assert segments(agent), "the spool must keep unacknowledged records across a restart"
+    agent = Agent("agent2", "127.0.0.1:%d" % port)
+    assert "spool recovered" in agent.text()
+    coll = kpfix.Collectord("agent-coll3", conninfo, ["--listen", "127.0.0.1:%d" % port])
+    kpfix.wait_for(lambda: counts(run)[0] >= 700 and counts(run)[2] >= 700, 60, "replay stored")
+    kpfix.wait_for(lambda: not segments(agent), 30, "spool acknowledged and deleted")
+    assert counts(run) == (700, 700, 700), counts(run)
+    dup = q("SELECT count(*) FROM (SELECT seq FROM ingest_batches WHERE run_id = %d "
+            "GROUP BY stream, seq HAVING count(*) > 1) d" % run)
+    assert dup == "0"
+    return agent, coll
+
+
+def main():
+    shutil.rmtree(DIR, ignore_errors=True)
+    os.makedirs(DIR)
+    conninfo = kpfix.fresh_db(DB)
+    port = free_port()
+    coll = kpfix.Collectord("agent-coll", conninfo, ["--listen", "127.0.0.1:%d" % port])
+    agent = Agent("agent", "127.0.0.1:%d" % port)
+    try:
+        lib = test_capture_rows(agent)
+        print("ok capture rows")
+        test_bad_peers(agent, lib)
+        print("ok bad peers")
+        coll = test_collectord_down(agent, coll, conninfo, port, lib)
+        print("ok collectord down")
+        lib.close()
+        agent, coll = test_agent_restart(agent, coll, conninfo, port)
+        print("ok agent restart")
+    except BaseException:
+        print("--- agent log ---\n" + agent.text()[-20000:], file=sys.stderr)
+        print("--- collectord log ---\n" + coll.log_text()[-5000:], file=sys.stderr)
+        raise
+    finally:
+        agent.stop()
+        coll.stop()
+    coll.assert_clean_log()
+
+
+if __name__ == "__main__":
+    main()
