@@ -108,6 +108,7 @@ struct session {
     uint64_t records, dropped; /* as the library reports them */
     time_t since;
     long long step_t0_ms;
+    long long step_seen_ms; /* when current_step last changed */
     int64_t step0;
     /* strings: id -> text */
     struct strent *strs;
@@ -481,19 +482,35 @@ static void note_step(struct session *s, int64_t step)
     if (step < 0) {
         return;
     }
-    if (s->step0 < 0) {
-        s->step0 = step;
+    if (s->step0 < 0 || step < s->step0) {
+        s->step0 = step; /* first report, or the counter went back (a restarted process) */
         s->step_t0_ms = mono_ms();
+    }
+    if (step != s->current_step) {
+        s->step_seen_ms = mono_ms();
     }
     s->current_step = step;
 }
 
+/* Observed milliseconds per step (0 while unknown). */
 static long long step_ms(const struct session *s)
 {
     if (s->step0 < 0 || s->current_step <= s->step0) {
         return 0;
     }
-    return (mono_ms() - s->step_t0_ms) / (s->current_step - s->step0);
+    return (s->step_seen_ms - s->step_t0_ms) / (s->current_step - s->step0);
+}
+
+/* The step the process is most likely at now: its last report (heartbeats come once a second,
+ * a fast job steps many times in between) moved on by the observed step rate. */
+static int64_t step_now(const struct session *s)
+{
+    long long ms = step_ms(s);
+
+    if (s->current_step < 0 || ms <= 0) {
+        return s->current_step;
+    }
+    return s->current_step + (int64_t) ((mono_ms() - s->step_seen_ms) / ms);
 }
 
 /* --- the batcher's sink: the spool --- */
@@ -788,8 +805,9 @@ static int parse_kv(char *text, struct kv *kv, char *err, size_t errlen)
         continue;                \
     }
         KEY(verb)
-        KEY(job) KEY(ranks) KEY(run) KEY(start_step) KEY(steps) KEY(duration_ms) KEY(activities)
-            KEY(name) KEY(wait)
+        KEY(job)
+        KEY(ranks) KEY(run) KEY(start_step) KEY(steps) KEY(duration_ms) KEY(activities) KEY(name)
+            KEY(wait)
 #undef KEY
                 snprintf(err, errlen, "error=unknown request key \"%.100s\"", line);
         return -EINVAL;
@@ -1066,14 +1084,22 @@ static void ctl_capture(struct kp_agent *a, struct session *client, const struct
     }
     else if (c->steps > 0) {
         int64_t mx = -1;
+        long long fastest_ms = 0;
 
         for (size_t i = 0; i < c->n; i++) {
-            if (c->ranks[i].s->current_step > mx) {
-                mx = c->ranks[i].s->current_step;
+            int64_t now = step_now(c->ranks[i].s);
+            long long ms = step_ms(c->ranks[i].s);
+            if (now > mx) {
+                mx = now;
+            }
+            if (ms > 0 && (fastest_ms == 0 || ms < fastest_ms)) {
+                fastest_ms = ms;
             }
         }
         if (mx >= 0) {
-            c->start_step = mx + 2;
+            /* Two steps ahead (a warm-up step, then the window), plus what the fastest rank
+             * can step while the command travels and the estimate errs: half a second. */
+            c->start_step = mx + 2 + (fastest_ms > 0 ? (500 + fastest_ms - 1) / fastest_ms : 0);
         }
         else {
             c->start_step = -1; /* no steps known: a time window that starts now */
@@ -1405,6 +1431,13 @@ static bool on_message(struct kp_agent *a, struct session *s, size_t n)
         kp_metric_add(a->m_dropped_lib, (int64_t) w.dropped);
         kp_batcher_destroy(s->bat);
         s->bat = NULL;
+        if (r->state != RS_FAILED && bs.invalid > 0) {
+            r->state = RS_FAILED;
+            snprintf(r->reason, sizeof(r->reason),
+                     "kprof bug: %" PRIu64 " batches of this rank failed validation and were "
+                     "dropped (the agent log names the column); please report it",
+                     bs.invalid);
+        }
         if (r->state != RS_FAILED) {
             r->state = RS_DONE;
         }

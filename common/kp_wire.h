@@ -218,7 +218,7 @@ struct kp_wire_sync {
     int64_t start_ns, end_ns;
     uint64_t correlation;
     uint32_t sync_type; /* CUpti_ActivitySynchronizationType */
-    uint32_t device, context, stream, cuda_event;
+    uint32_t device, context, stream, cuda_event; /* 0 where CUPTI says "not applicable" */
     uint32_t pad;
 };
 

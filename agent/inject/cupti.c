@@ -606,6 +606,54 @@ static uint32_t intern_cstr(const char *s)
     return s != NULL ? kpi_intern(s, strnlen(s, 65536)) : 0;
 }
 
+/*
+ * Kernel names: CUPTI hands the same few hundred (often very long) names over and over, so
+ * the worker keeps a direct-mapped cache keyed by the name pointer, holding its own copy of
+ * the text. A hit is confirmed by comparing the text (strncmp stops at the NUL, so a reused
+ * pointer to another string can never be taken for the old name); a miss interns as usual.
+ * Worker thread only.
+ */
+#define KPI_NAME_CACHE     512
+#define KPI_NAME_CACHE_MAX 512 /* longer names are not cached */
+
+struct kpi_name_slot {
+    const char *ptr;
+    uint32_t id;
+    uint32_t len;
+    char text[KPI_NAME_CACHE_MAX + 1];
+};
+static struct kpi_name_slot *g_name_cache;
+
+static uint32_t intern_kernel_name(const char *s)
+{
+    struct kpi_name_slot *e;
+    size_t len;
+
+    if (s == NULL) {
+        return 0;
+    }
+    if (g_name_cache == NULL) {
+        g_name_cache = calloc(KPI_NAME_CACHE, sizeof(*g_name_cache));
+        if (g_name_cache == NULL) {
+            return intern_cstr(s);
+        }
+    }
+    e = &g_name_cache[((uintptr_t) s >> 3) % KPI_NAME_CACHE];
+    if (e->ptr == s && strncmp(s, e->text, (size_t) e->len + 1) == 0) {
+        return e->id;
+    }
+    len = strnlen(s, 65536);
+    uint32_t id = kpi_intern(s, len);
+    if (len <= KPI_NAME_CACHE_MAX) {
+        e->ptr = s;
+        e->id = id;
+        e->len = (uint32_t) len;
+        memcpy(e->text, s, len);
+        e->text[len] = '\0';
+    }
+    return id;
+}
+
 /* "cudaLaunchKernel_v7000" → "cudaLaunchKernel": the version suffix is CUPTI's, not the API's. */
 static size_t api_name_len(const char *s)
 {
@@ -700,7 +748,7 @@ static void decode_kernel(const CUpti_ActivityKernel10 *k, struct kpi_sink *sink
     w.end_ns = (int64_t) k->end;
     w.correlation = k->correlationId;
     w.graph_node_id = k->graphNodeId;
-    w.name = intern_cstr(k->name); /* CUPTI owns the pointer: only valid now */
+    w.name = intern_kernel_name(k->name); /* CUPTI owns the pointer: only valid now */
     w.device = k->deviceId;
     w.context = k->contextId;
     w.stream = k->streamId;
@@ -821,10 +869,21 @@ static void decode_sync(const CUpti_ActivitySynchronization2 *s, struct kpi_sink
     w.end_ns = (int64_t) s->end;
     w.correlation = s->correlationId;
     w.sync_type = (uint32_t) s->type;
-    w.device = ctx_device(s->contextId);
-    w.context = s->contextId;
-    w.stream = s->streamId;
-    w.cuda_event = s->cudaEventId;
+    /* CUPTI_SYNCHRONIZATION_INVALID_VALUE marks a field that does not apply (no stream for a
+     * context sync, no event for a stream sync): those travel as 0 (kp_wire.h). The device
+     * comes from the context when known, else the process's device, else 0. */
+    if (s->contextId != CUPTI_SYNCHRONIZATION_INVALID_VALUE) {
+        w.device = ctx_device(s->contextId);
+        w.context = s->contextId;
+    }
+    else {
+        w.device = ctx_device(UINT32_MAX - 1); /* no such context: the process's device */
+    }
+    if (w.device == UINT32_MAX) {
+        w.device = 0;
+    }
+    w.stream = s->streamId != CUPTI_SYNCHRONIZATION_INVALID_VALUE ? s->streamId : 0;
+    w.cuda_event = s->cudaEventId != CUPTI_SYNCHRONIZATION_INVALID_VALUE ? s->cudaEventId : 0;
     sink->rec(sink->ctx, KP_REC_SYNC, &w, 0, w.start_ns);
 }
 

@@ -113,13 +113,25 @@ static uint64_t kp__env_size(const char *name, uint64_t def, uint64_t lo, uint64
 
 static uint32_t kp__hash(const char *s, size_t len)
 {
-    /* FNV-1a, 64-bit, folded: cheap, good enough for names and shape strings. */
-    uint64_t h = 1469598103934665603ull;
+    /* Eight bytes a step (multiply, xor-shift), then the tail: kernel names run to hundreds of
+     * bytes and are hashed once per kernel record, so a byte-wise hash would dominate decode. */
+    const uint64_t m = 0x9e3779b97f4a7c15ull;
+    uint64_t h = 0x2545f4914f6cdd1dull ^ (len * m);
+    size_t i = 0;
 
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char) s[i];
-        h *= 1099511628211ull;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * m;
+        h ^= h >> 29;
     }
+    if (i < len) {
+        uint64_t w = 0;
+        memcpy(&w, s + i, len - i);
+        h = (h ^ w) * m;
+        h ^= h >> 29;
+    }
+    h *= m;
     return (uint32_t) (h ^ (h >> 32));
 }
 

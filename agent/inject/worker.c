@@ -54,6 +54,7 @@
 #define KPI_FLUSH_EVERY_MS  250
 #define KPI_GRACE_MS        200
 #define KPI_STATUS_EVERY_MS 1000
+#define KPI_STATUS_STEP_MS  100
 #define KPI_WELCOME_WAIT_MS 5000
 #define KPI_BACKOFF_MIN_MS  1000u
 #define KPI_BACKOFF_MAX_MS  10000u
@@ -128,6 +129,7 @@ static struct {
     struct kpi_batch batch[KPI_REC_KINDS];
     struct kpi_capture cap;
     int64_t next_status, next_flush;
+    int64_t status_at, status_step; /* when the last STATUS went out, and the step it told */
     int nvtx_ours;
 
     unsigned char rbuf[KP_WIRE_MAX_MSG + 64];
@@ -253,6 +255,39 @@ static void queue_send(void)
     }
 }
 
+/*
+ * Like enqueue, for a payload that sits right after sizeof(struct kp_wire_hdr) writable bytes
+ * at msg: when nothing is queued the message goes straight to the socket from there (no
+ * allocation, no copy: the common case while the agent keeps up); otherwise, or on EAGAIN, it
+ * is queued behind the others.
+ */
+static int send_or_enqueue(enum kp_wire_type type, uint32_t count, uint8_t *msg, uint32_t len,
+                           uint32_t nrec)
+{
+    size_t total = sizeof(struct kp_wire_hdr) + len;
+
+    if (W.qhead == NULL && W.fd >= 0 && W.kill_reason == NULL && W.link == LINK_UP) {
+        kp_wire_hdr_init((struct kp_wire_hdr *) msg, type, len, count);
+        for (;;) {
+            ssize_t n = send(W.fd, msg, total, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (n >= 0) {
+                atomic_fetch_add_explicit(&kpi_core.c.records_sent, nrec, memory_order_relaxed);
+                return 0;
+            }
+            if (errno != EINTR) {
+                break;
+            }
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOBUFS) {
+            /* Not here (we may be deep inside the decoder): the loop closes the link. */
+            count_dropped(nrec);
+            W.kill_reason = "sending to the agent failed (connection reset)";
+            return -1;
+        }
+    }
+    return enqueue(type, count, msg + sizeof(struct kp_wire_hdr), len, nrec);
+}
+
 /* ---- strings ---- */
 
 static void strings_flush(void)
@@ -332,8 +367,8 @@ static void batch_flush(uint32_t kind)
     rh.kind = kind;
     rh.rec_size = rs;
     memcpy(b->buf + sizeof(struct kp_wire_hdr), &rh, sizeof(rh));
-    if (enqueue(KP_W_RECORDS, b->count, b->buf + sizeof(struct kp_wire_hdr),
-                (uint32_t) (sizeof(rh) + (size_t) b->count * rs), b->count) == 0) {
+    if (send_or_enqueue(KP_W_RECORDS, b->count, b->buf,
+                        (uint32_t) (sizeof(rh) + (size_t) b->count * rs), b->count) == 0) {
         W.cap.records += b->count;
     }
     b->count = 0;
@@ -417,7 +452,9 @@ static void send_status(void)
     }
     fill_status(&s);
     enqueue(KP_W_STATUS, 0, &s, sizeof(s), 0);
-    W.next_status = mono_ns() + KPI_STATUS_EVERY_MS * MS;
+    W.status_at = mono_ns();
+    W.status_step = s.current_step;
+    W.next_status = W.status_at + KPI_STATUS_EVERY_MS * MS;
 }
 
 static void update_dropped(void)
@@ -1125,7 +1162,12 @@ static void *worker_main(void *arg)
         if (W.link == LINK_UP) {
             batches_flush();
         }
-        if (W.link == LINK_UP && now >= W.next_status) {
+        /* Heartbeats once a second, and sooner (at most every KPI_STATUS_STEP_MS) when the
+         * step moved: the agent picks a capture's common start step from these reports. */
+        if (W.link == LINK_UP && (now >= W.next_status ||
+                                  (now - W.status_at >= KPI_STATUS_STEP_MS * MS &&
+                                   atomic_load_explicit(&kpi_core.current_step,
+                                                        memory_order_relaxed) != W.status_step))) {
             send_status();
         }
         queue_send();

@@ -546,6 +546,8 @@ int main(int argc, char **argv)
         return 1;
     }
     setenv("KPROF_CUPTI_PATH", di.dli_fname, 1);
+    /* Kernel names as real CUPTI hands them over: one pointer per distinct kernel. */
+    setenv("FAKECUPTI_SHARED_NAMES", "1", 0);
     setenv("RANK", "0", 0);
     printf("capture bench: %zu launches, %d CUPTI records each (ext-corr + API + kernel)\n",
            launches, CB_RECS_PER_LAUNCH);

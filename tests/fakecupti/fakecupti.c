@@ -663,6 +663,45 @@ static void fc_write_gpu(uint32_t device, const void *rec, char *name)
     }
 }
 
+/*
+ * FAKECUPTI_SHARED_NAMES=1: kernel names behave as CUPTI documents them ("shared across all
+ * activity records representing the same kernel"): one copy per distinct name, alive until
+ * the process exits. By default each record gets its own copy, freed once the library reuses
+ * the buffer, so a library that keeps a name pointer past decoding is caught.
+ */
+#define FC_SHARED_NAMES 256
+static const char *fc_shared_name(const char *s)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char *names[FC_SHARED_NAMES];
+    static atomic_int on = -1;
+    const char *out = NULL;
+    int v = atomic_load(&on);
+
+    if (v < 0) {
+        const char *e = getenv("FAKECUPTI_SHARED_NAMES");
+        v = e != NULL && strcmp(e, "1") == 0;
+        atomic_store(&on, v);
+    }
+    if (!v || s == NULL) {
+        return NULL;
+    }
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < FC_SHARED_NAMES; i++) {
+        if (names[i] == NULL) {
+            names[i] = strdup(s);
+            out = names[i];
+            break;
+        }
+        if (strcmp(names[i], s) == 0) {
+            out = names[i];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return out; /* NULL (table full or no memory): a per-record copy instead */
+}
+
 uint32_t fakecupti_launch_kernel(const struct fakecupti_kernel *k)
 {
     struct fc_call c;
@@ -676,7 +715,8 @@ uint32_t fakecupti_launch_kernel(const struct fakecupti_kernel *k)
                                                              : CUPTI_ACTIVITY_KIND_INVALID;
     if (kind != CUPTI_ACTIVITY_KIND_INVALID) {
         uint64_t seq = atomic_fetch_add(&g_kernel_seq, 1) + 1;
-        char *name = strdup(k->name ? k->name : "");
+        const char *shared = fc_shared_name(k->name);
+        char *name = shared != NULL ? NULL : strdup(k->name ? k->name : "");
 
         memset(&r, 0, sizeof(r));
         r.kind = kind;
@@ -700,10 +740,10 @@ uint32_t fakecupti_launch_kernel(const struct fakecupti_kernel *k)
         r.dynamicSharedMemory = k->dynamic_smem;
         r.correlationId = c.corr;
         r.gridId = (int64_t) seq;
-        r.name = name;
+        r.name = shared != NULL ? shared : name;
         r.graphNodeId = k->graph_node_id;
         r.graphId = k->graph_id;
-        if (name) {
+        if (shared != NULL || name != NULL) {
             fc_write_gpu(k->device, &r, name);
         }
         else {
