@@ -806,10 +806,10 @@ static int parse_kv(char *text, struct kv *kv, char *err, size_t errlen)
     }
         KEY(verb)
         KEY(job)
-        KEY(ranks) KEY(run) KEY(start_step) KEY(steps) KEY(duration_ms) KEY(activities) KEY(name)
-            KEY(wait)
+        KEY(ranks)
+        KEY(run) KEY(start_step) KEY(steps) KEY(duration_ms) KEY(activities) KEY(name) KEY(wait)
 #undef KEY
-                snprintf(err, errlen, "error=unknown request key \"%.100s\"", line);
+            snprintf(err, errlen, "error=unknown request key \"%.100s\"", line);
         return -EINVAL;
     }
     return 0;
@@ -1099,7 +1099,9 @@ static void ctl_capture(struct kp_agent *a, struct session *client, const struct
         if (mx >= 0) {
             /* Two steps ahead (a warm-up step, then the window), plus what the fastest rank
              * can step while the command travels and the estimate errs: half a second. */
-            c->start_step = mx + 2 + (fastest_ms > 0 ? (500 + fastest_ms - 1) / fastest_ms : 0);
+            c->start_step =
+                mx + 2 +
+                (fastest_ms > 0 ? (500 + fastest_ms - 1) / fastest_ms : KP_CTL_UNKNOWN_RATE_MARGIN);
         }
         else {
             c->start_step = -1; /* no steps known: a time window that starts now */

@@ -45,5 +45,8 @@ enum kp_ctl_status {
 
 #define KP_CTL_DEFAULT_STEPS       5
 #define KP_CTL_DEFAULT_DURATION_MS 5000
+/* Steps added to the default start step while no rank's step rate is known yet (the agent has
+ * seen one step report): enough for a job stepping every few ms to still be short of it. */
+#define KP_CTL_UNKNOWN_RATE_MARGIN 8
 
 #endif

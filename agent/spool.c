@@ -283,7 +283,9 @@ static int recover(struct kp_spool *sp, char *errbuf, size_t errlen)
         }
         firsts[n++] = f;
     }
-    qsort(firsts, n, sizeof(*firsts), cmp_u64);
+    if (n > 1) { /* n == 0 leaves firsts NULL, which qsort must not be given */
+        qsort(firsts, n, sizeof(*firsts), cmp_u64);
+    }
     for (size_t i = 0; i < n; i++) {
         char path[4200];
         uint64_t first, last, size;

@@ -157,7 +157,7 @@ static void *open_cupti(char *where, size_t where_cap)
         h = try_open(env, RTLD_NOW | RTLD_LOCAL, err, sizeof(err));
         if (h == NULL) {
             snprintf(kpi_core.cupti_error, sizeof(kpi_core.cupti_error),
-                     "KPROF_CUPTI_PATH=%s cannot be loaded (%s); point it at CUDA 13's "
+                     "KPROF_CUPTI_PATH=%.80s cannot be loaded (%.60s); point it at CUDA 13's "
                      "libcupti.so.13 or unset it",
                      env, err);
             return NULL;
@@ -173,7 +173,7 @@ static void *open_cupti(char *where, size_t where_cap)
         }
     }
     snprintf(kpi_core.cupti_error, sizeof(kpi_core.cupti_error),
-             "libcupti.so.13 not found (%s); install CUDA 13's CUPTI, add its lib64 to "
+             "libcupti.so.13 not found (%.80s); install CUDA 13's CUPTI, add its lib64 to "
              "LD_LIBRARY_PATH or set KPROF_CUPTI_PATH",
              err);
     return NULL;
@@ -312,7 +312,7 @@ int kpi_cupti_init(void)
         void *p = dlsym(h, g_syms[i].name);
         if (p == NULL && g_syms[i].required) {
             snprintf(kpi_core.cupti_error, sizeof(kpi_core.cupti_error),
-                     "%s lacks %s: not a CUDA 13 libcupti; set KPROF_CUPTI_PATH to CUDA 13's "
+                     "%.80s lacks %.40s: not a CUDA 13 libcupti; set KPROF_CUPTI_PATH to CUDA 13's "
                      "libcupti.so.13",
                      where, g_syms[i].name);
             memset(&g_fn, 0, sizeof(g_fn));
@@ -322,10 +322,11 @@ int kpi_cupti_init(void)
     }
     r = g_fn.GetVersion(&ver);
     if (r != CUPTI_SUCCESS || ver < KPI_MIN_CUPTI) {
-        snprintf(kpi_core.cupti_error, sizeof(kpi_core.cupti_error),
-                 "%s reports CUPTI API version %u (%s); kprof needs >= %u (CUDA 13.0 Update 1): "
-                 "upgrade CUDA/CUPTI",
-                 where, ver, r == CUPTI_SUCCESS ? "too old" : result_name(r), KPI_MIN_CUPTI);
+        snprintf(
+            kpi_core.cupti_error, sizeof(kpi_core.cupti_error),
+            "%.80s reports CUPTI API version %u (%.40s); kprof needs >= %u (CUDA 13.0 Update 1): "
+            "upgrade CUDA/CUPTI",
+            where, ver, r == CUPTI_SUCCESS ? "too old" : result_name(r), KPI_MIN_CUPTI);
         return -1;
     }
     kpi_core.cupti_version = ver;
@@ -765,6 +766,21 @@ static void decode_kernel(const CUpti_ActivityKernel10 *k, struct kpi_sink *sink
     sink->rec(sink->ctx, KP_REC_KERNEL, &w, w.name, w.start_ns);
 }
 
+/* Memcpy6 and MemcpyPtoP4 share these fields (same names, same meaning). */
+#define KPI_MEMCPY_FIELDS(w, m)               \
+    do {                                      \
+        (w).start_ns = (int64_t) (m)->start;  \
+        (w).end_ns = (int64_t) (m)->end;      \
+        (w).bytes = (m)->bytes;               \
+        (w).correlation = (m)->correlationId; \
+        (w).copy_kind = (m)->copyKind;        \
+        (w).src_kind = (m)->srcKind;          \
+        (w).dst_kind = (m)->dstKind;          \
+        (w).device = (m)->deviceId;           \
+        (w).context = (m)->contextId;         \
+        (w).stream = (m)->streamId;           \
+    } while (0)
+
 static void decode_memcpy(const CUpti_ActivityMemcpy6 *m, struct kpi_sink *sink)
 {
     struct kp_wire_memcpy w;
@@ -774,16 +790,7 @@ static void decode_memcpy(const CUpti_ActivityMemcpy6 *m, struct kpi_sink *sink)
         return;
     }
     memset(&w, 0, sizeof(w));
-    w.start_ns = (int64_t) m->start;
-    w.end_ns = (int64_t) m->end;
-    w.bytes = m->bytes;
-    w.correlation = m->correlationId;
-    w.copy_kind = m->copyKind;
-    w.src_kind = m->srcKind;
-    w.dst_kind = m->dstKind;
-    w.device = m->deviceId;
-    w.context = m->contextId;
-    w.stream = m->streamId;
+    KPI_MEMCPY_FIELDS(w, m);
     w.src_device = m->deviceId;
     w.dst_device = m->deviceId;
     sink->rec(sink->ctx, KP_REC_MEMCPY, &w, 0, w.start_ns);
@@ -798,16 +805,7 @@ static void decode_p2p(const CUpti_ActivityMemcpyPtoP4 *m, struct kpi_sink *sink
         return;
     }
     memset(&w, 0, sizeof(w));
-    w.start_ns = (int64_t) m->start;
-    w.end_ns = (int64_t) m->end;
-    w.bytes = m->bytes;
-    w.correlation = m->correlationId;
-    w.copy_kind = m->copyKind;
-    w.src_kind = m->srcKind;
-    w.dst_kind = m->dstKind;
-    w.device = m->deviceId;
-    w.context = m->contextId;
-    w.stream = m->streamId;
+    KPI_MEMCPY_FIELDS(w, m);
     w.src_device = m->srcDeviceId;
     w.dst_device = m->dstDeviceId;
     sink->rec(sink->ctx, KP_REC_MEMCPY, &w, 0, w.start_ns);

@@ -32,6 +32,25 @@ def psql(sql, db="kprof"):
     return out.stdout.strip()
 
 
+def psql_rows(sql, db="kprof"):
+    """The rows of a query as tuples of strings (NULL is ""). Fields are split on \\x1f, not
+    '|', so names with any printable character survive; rows on \\n only."""
+    out = subprocess.run([PSQL, conninfo(db), "-qtAX", "-F", "\x1f", "-v", "ON_ERROR_STOP=1",
+                          "-c", sql], check=True, capture_output=True, text=True)
+    return [tuple(line.split("\x1f")) for line in out.stdout.split("\n") if line]
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a server that must come back on
+    the same port after a restart)."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def fresh_db(name):
     psql("DROP DATABASE IF EXISTS %s WITH (FORCE)" % name, db="postgres")
     psql("CREATE DATABASE %s" % name, db="postgres")
@@ -64,8 +83,14 @@ class Collectord:
              "--http-listen", "127.0.0.1:0", "--pg-conninfo", conninfo_,
              "--ready-file", self.ready] + list(extra),
             stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for(lambda: os.path.exists(self.ready) or self.proc.poll() is not None, 30,
-                 "collectord ready")
+        try:
+            wait_for(lambda: os.path.exists(self.ready) or self.proc.poll() is not None, 30,
+                     "collectord ready")
+        except AssertionError:
+            self.proc.kill()  # not ready in time: do not leave it running
+            self.proc.wait()
+            self.log.close()
+            raise AssertionError("collectord not ready in 30 s:\n" + self.log_text())
         if self.proc.poll() is not None:
             raise AssertionError("collectord exited: " + open(self.log_path).read())
         addrs = dict(l.strip().split("=", 1) for l in open(self.ready) if "=" in l)
