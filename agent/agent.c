@@ -46,10 +46,14 @@
 #include "spool.h"
 
 #define KP_AGENT_MAX_STRINGS_BYTES (64u << 20) /* per session */
-#define KP_AGENT_TICK_MS           50
-#define KP_AGENT_MAX_ALLOW         64
-#define KP_AGENT_DEADLINE_MIN_MS   60000
-#define KP_AGENT_PUSH_WINDOW       32
+/* Highest string id a session may define. The table is indexed by id, so this bounds its
+ * size (16 bytes an id) whatever a peer sends; the library caps its table at 2^20 names
+ * (KPI_INTERN_MAX_ENTRIES), so its ids stay below this even with raced-out entries. */
+#define KP_AGENT_MAX_STRING_ID   (1u << 21)
+#define KP_AGENT_TICK_MS         50
+#define KP_AGENT_MAX_ALLOW       64
+#define KP_AGENT_DEADLINE_MIN_MS 60000
+#define KP_AGENT_PUSH_WINDOW     32
 
 enum rank_state {
     RS_ARMED,
@@ -170,7 +174,7 @@ struct kp_agent {
     struct kp_metrics *metrics;
     struct kp_metric *m_sessions, *m_records, *m_dropped_agent, *m_dropped_lib, *m_spooled,
         *m_acked, *m_spool_full, *m_spool_bytes, *m_invalid, *m_captures, *m_refused, *m_malformed,
-        *m_terminal, *m_warmup;
+        *m_rec_malformed, *m_terminal, *m_warmup;
     _Atomic long long loop_ms;
     uint8_t buf[KP_WIRE_MAX_MSG + 8] __attribute__((aligned(8)));
 };
@@ -268,7 +272,7 @@ static void session_strings(struct kp_agent *a, struct session *s, const uint8_t
         off += sizeof(e);
         const char *text = (const char *) p + off;
         off += ((size_t) e[1] + 3u) & ~(size_t) 3u;
-        if (e[0] > (1u << 24) || s->str_bytes + e[1] > KP_AGENT_MAX_STRINGS_BYTES) {
+        if (e[0] > KP_AGENT_MAX_STRING_ID || s->str_bytes + e[1] > KP_AGENT_MAX_STRINGS_BYTES) {
             if (s->str_dropped++ == 0) {
                 kp_log_warn("strings table full, names will be empty pid=%u id=%u bytes=%zu",
                             s->pid, e[0], s->str_bytes);
@@ -733,7 +737,7 @@ static void capture_arm(struct kp_agent *a, struct capture *c)
         o.emit = emit_batch;
         o.ud = s;
         if ((rc = kp_batcher_create(&o, &s->bat)) != 0) {
-            rank_fail(a, c, i, "out of memory creating the batcher");
+            rank_fail(a, c, i, "cannot start the batcher: %s", strerror(-rc));
             continue;
         }
         st_ms = step_ms(s);
@@ -807,7 +811,8 @@ static int parse_kv(char *text, struct kv *kv, char *err, size_t errlen)
         KEY(verb)
         KEY(job)
         KEY(ranks)
-        KEY(run) KEY(start_step) KEY(steps) KEY(duration_ms) KEY(activities) KEY(name) KEY(wait)
+        KEY(run)
+        KEY(start_step) KEY(steps) KEY(duration_ms) KEY(activities) KEY(name) KEY(wait)
 #undef KEY
             snprintf(err, errlen, "error=unknown request key \"%.100s\"", line);
         return -EINVAL;
@@ -1429,6 +1434,7 @@ static bool on_message(struct kp_agent *a, struct session *s, size_t n)
         kp_batcher_window_end(s->bat, &w);
         kp_batcher_get_stats(s->bat, &bs);
         kp_metric_add(a->m_invalid, (int64_t) bs.invalid);
+        kp_metric_add(a->m_rec_malformed, (int64_t) bs.malformed);
         kp_metric_add(a->m_warmup, (int64_t) (bs.warmup + bs.after));
         kp_metric_add(a->m_dropped_lib, (int64_t) w.dropped);
         kp_batcher_destroy(s->bat);
@@ -1445,9 +1451,9 @@ static bool on_message(struct kp_agent *a, struct session *s, size_t n)
         }
         kp_log_info("window ended run=%" PRIu64 " rank=%d steps=%" PRId64 "..%" PRId64
                     " records_in=%" PRIu64 " kept=%" PRIu64 " warmup=%" PRIu64 " after=%" PRIu64
-                    " batches=%" PRIu64 " lib_dropped=%" PRIu64,
+                    " batches=%" PRIu64 " lib_dropped=%" PRIu64 " malformed=%" PRIu64,
                     s->cap->run_id, r->rank, w.first_step, w.last_step, bs.records_in, bs.kept,
-                    bs.warmup, bs.after, bs.batches, w.dropped);
+                    bs.warmup, bs.after, bs.batches, w.dropped, bs.malformed);
         return true;
     }
     default: {
@@ -1808,6 +1814,8 @@ static int metrics_init(struct kp_agent *a)
     rc |= metric(a, &a->m_captures, "kprof_agent_captures_total", "Captures armed.", C, NULL, NULL);
     rc |= metric(a, &a->m_refused, "kprof_agent_connections_refused_total",
                  "Connections refused (uid, limit).", C, NULL, NULL);
+    rc |= metric(a, &a->m_rec_malformed, "kprof_agent_records_dropped_total", drop, C, "reason",
+                 "malformed");
     rc |= metric(a, &a->m_malformed, "kprof_agent_malformed_messages_total",
                  "Connections closed for a malformed message.", C, NULL, NULL);
     return rc != 0 ? -EINVAL : 0;

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -97,6 +98,8 @@ struct kp_batcher {
     bool rank_info_sent;
     uint64_t lib_dropped, lib_cupti, lib_overhead;
     uint64_t inc_dropped, inc_cupti, inc_overhead;
+    long long mal_next_ms; /* next malformed log line allowed (mono ms); 0: none logged yet */
+    uint64_t mal_logged;   /* stats.malformed at the last log line */
     struct kp_batcher_stats st;
 };
 
@@ -205,6 +208,216 @@ static bool is_gpu(uint32_t kind)
 {
     return kind == KP_REC_KERNEL || kind == KP_REC_MEMCPY || kind == KP_REC_MEMSET;
 }
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+
+    if (__builtin_add_overflow(a, b, &r) || r > INT64_MAX) {
+        return INT64_MAX;
+    }
+    return r;
+}
+
+static const char *kind_name(uint32_t kind)
+{
+    switch (kind) {
+    case KP_REC_KERNEL:
+        return "kernel";
+    case KP_REC_MEMCPY:
+        return "memcpy";
+    case KP_REC_MEMSET:
+        return "memset";
+    case KP_REC_API:
+        return "api";
+    case KP_REC_SYNC:
+        return "sync";
+    case KP_REC_RANGE:
+        return "range";
+    default:
+        return "step";
+    }
+}
+
+/* Counts one malformed record (or STEP) and logs it, rate-limited (batcher.h). */
+static void malformed(struct kp_batcher *b, uint32_t kind, const char *field, int64_t sv,
+                      uint64_t uv, bool is_signed)
+{
+    long long now;
+    char val[24];
+
+    b->st.malformed++;
+    now = mono_ms();
+    if (b->mal_next_ms != 0 && now < b->mal_next_ms) {
+        return;
+    }
+    if (is_signed) {
+        snprintf(val, sizeof(val), "%" PRId64, sv);
+    }
+    else {
+        snprintf(val, sizeof(val), "%" PRIu64, uv);
+    }
+    kp_log_warn("malformed record dropped run=%" PRIu64 " rank=%u kind=%s field=%s value=%s "
+                "malformed=%" PRIu64 " since_last_log=%" PRIu64
+                " (the process's libkprof_inject.so sent a value out of range: a bug or a version "
+                "mismatch; the other records are kept)",
+                b->o.run_id, b->o.rank, kind_name(kind), field, val, b->st.malformed,
+                b->st.malformed - b->mal_logged);
+    b->mal_logged = b->st.malformed;
+    b->mal_next_ms = now + KP_BATCHER_MALFORMED_LOG_MS;
+}
+
+/* An id column: 0xFFFFFFFF (CUPTI's "not applicable") becomes 0; true if it then fits max. */
+static bool fix_id(uint32_t *v, int64_t max)
+{
+    if (*v == UINT32_MAX) {
+        *v = 0;
+    }
+    return (int64_t) *v <= max;
+}
+
+#define CHECK_U32(field, max)            \
+    do {                                 \
+        if ((int64_t) (field) > (max)) { \
+            bad = #field;                \
+            uv = (field);                \
+            goto fail;                   \
+        }                                \
+    } while (0)
+#define CHECK_ID(field, max)            \
+    do {                                \
+        uv = (field);                   \
+        if (!fix_id(&(field), (max))) { \
+            bad = #field;               \
+            goto fail;                  \
+        }                               \
+    } while (0)
+#define CHECK_U64(field)                      \
+    do {                                      \
+        if ((field) > (uint64_t) INT64_MAX) { \
+            bad = #field;                     \
+            uv = (field);                     \
+            goto fail;                        \
+        }                                     \
+    } while (0)
+
+/*
+ * Checks a record from the wire against its columns' SQL ranges (batcher.h), replacing the
+ * "not applicable" ids by 0 in place. Returns true if it may go on; false if it was counted
+ * as malformed (and logged).
+ */
+static bool rec_check(struct kp_batcher *b, uint32_t kind, union rec *r)
+{
+    const char *bad = NULL;
+    uint64_t uv = 0;
+    int64_t sv = 0;
+    bool is_signed = false;
+
+    if (r->k.start_ns < 0) {
+        bad = "start_ns";
+        sv = r->k.start_ns;
+        is_signed = true;
+        goto fail;
+    }
+    if (r->k.end_ns < r->k.start_ns) {
+        bad = "end_ns";
+        sv = r->k.end_ns;
+        is_signed = true;
+        goto fail;
+    }
+    switch (kind) {
+    case KP_REC_KERNEL: {
+        struct kp_wire_kernel *k = &r->k;
+
+        CHECK_U64(k->correlation);
+        CHECK_U64(k->graph_node_id);
+        CHECK_ID(k->device, INT16_MAX);
+        CHECK_ID(k->context, INT32_MAX);
+        CHECK_ID(k->stream, INT32_MAX);
+        CHECK_U32(k->grid_x, INT32_MAX);
+        CHECK_U32(k->grid_y, INT32_MAX);
+        CHECK_U32(k->grid_z, INT32_MAX);
+        CHECK_U32(k->block_x, INT16_MAX);
+        CHECK_U32(k->block_y, INT16_MAX);
+        CHECK_U32(k->block_z, INT16_MAX);
+        CHECK_U32(k->registers, INT16_MAX);
+        CHECK_U32(k->static_smem, INT32_MAX);
+        CHECK_U32(k->dynamic_smem, INT32_MAX);
+        CHECK_U32(k->graph_id, INT32_MAX);
+        break;
+    }
+    case KP_REC_MEMCPY: {
+        struct kp_wire_memcpy *m = &r->m;
+
+        CHECK_U64(m->bytes);
+        CHECK_U64(m->correlation);
+        CHECK_U32(m->copy_kind, INT16_MAX);
+        CHECK_U32(m->src_kind, INT16_MAX);
+        CHECK_U32(m->dst_kind, INT16_MAX);
+        CHECK_ID(m->device, INT16_MAX);
+        CHECK_ID(m->context, INT32_MAX);
+        CHECK_ID(m->stream, INT32_MAX);
+        CHECK_ID(m->src_device, INT16_MAX);
+        CHECK_ID(m->dst_device, INT16_MAX);
+        break;
+    }
+    case KP_REC_MEMSET: {
+        struct kp_wire_memset *m = &r->s;
+
+        CHECK_U64(m->bytes);
+        CHECK_U64(m->correlation);
+        CHECK_U32(m->mem_kind, INT16_MAX);
+        CHECK_ID(m->device, INT16_MAX);
+        CHECK_ID(m->context, INT32_MAX);
+        CHECK_ID(m->stream, INT32_MAX);
+        break;
+    }
+    case KP_REC_API: {
+        struct kp_wire_api *a = &r->a;
+
+        CHECK_U64(a->correlation);
+        CHECK_U64(a->external_id);
+        CHECK_U64(a->tid);
+        CHECK_U32(a->domain, INT16_MAX);
+        CHECK_U32(a->cbid, INT32_MAX);
+        break;
+    }
+    case KP_REC_SYNC: {
+        struct kp_wire_sync *y = &r->y;
+
+        CHECK_U64(y->correlation);
+        CHECK_U32(y->sync_type, INT16_MAX);
+        CHECK_ID(y->device, INT16_MAX);
+        CHECK_ID(y->context, INT32_MAX);
+        CHECK_ID(y->stream, INT32_MAX);
+        CHECK_ID(y->cuda_event, INT64_MAX);
+        break;
+    }
+    case KP_REC_RANGE: {
+        struct kp_wire_range *g = &r->r;
+
+        CHECK_U64(g->range_id);
+        CHECK_U64(g->parent_id);
+        CHECK_U64(g->tid);
+        CHECK_U32(g->kind, INT16_MAX);
+        break;
+    }
+    default:
+        break;
+    }
+    return true;
+fail:
+    /* "k->device" -> "device" */
+    if (strchr(bad, '>') != NULL) {
+        bad = strchr(bad, '>') + 1;
+    }
+    malformed(b, kind, bad, sv, uv, is_signed);
+    return false;
+}
+
+#undef CHECK_U32
+#undef CHECK_ID
+#undef CHECK_U64
 
 static int64_t rec_start(uint32_t kind, const union rec *r)
 {
@@ -349,7 +562,7 @@ static void keep(struct kp_batcher *b, uint32_t kind, const union rec *r)
             cap = b->o.batch_rows;
         }
         if ((n = realloc(b->rows, cap * sizeof(*n))) == NULL) {
-            b->inc_dropped++;
+            b->inc_dropped = sat_add(b->inc_dropped, 1);
             return;
         }
         b->rows = n;
@@ -484,7 +697,7 @@ static void pend_add(struct kp_batcher *b, uint32_t kind, const union rec *r, bo
             if (cap <= b->n_pend || (n = realloc(b->pend, cap * sizeof(*n))) == NULL) {
                 pend_compact(b);
                 if (b->n_pend == b->cap_pend) {
-                    b->inc_dropped++;
+                    b->inc_dropped = sat_add(b->inc_dropped, 1);
                     return;
                 }
             }
@@ -623,6 +836,10 @@ static uint32_t intern(struct kp_batcher *b, struct strtab *t, uint32_t id)
         b->st.missing_strings++;
         return 0;
     }
+    if (t->n >= KP_CODEC_DEFAULT_MAX_STRINGS) {
+        b->st.missing_strings++; /* the batch's table is full (batch_rows near 1M) */
+        return 0;
+    }
     if (t->n == t->cap) {
         size_t cap = t->cap * 2;
         char **s = realloc(t->s, cap * sizeof(*s));
@@ -654,9 +871,10 @@ static uint32_t intern(struct kp_batcher *b, struct strtab *t, uint32_t id)
     return (uint32_t) t->n++;
 }
 
+/* end - start, both >= 0 (rec_check, kp_batcher_step): never above INT64_MAX. */
 static uint64_t dur(int64_t start, int64_t end)
 {
-    return end > start ? (uint64_t) (end - start) : 0;
+    return end > start ? (uint64_t) end - (uint64_t) start : 0;
 }
 
 #define ALLOC_COL(msg, field, n)                                                     \
@@ -1029,7 +1247,7 @@ out:
     if (oom) {
         kp_log_error("out of memory building a batch run=%" PRIu64 " rank=%u rows=%zu", b->o.run_id,
                      b->o.rank, rows);
-        b->inc_dropped += b->n_rows;
+        b->inc_dropped = sat_add(b->inc_dropped, b->n_rows);
     }
     free(buf);
     free_kind(&kk.base);
@@ -1052,12 +1270,41 @@ out:
 
 /* --- public --- */
 
+/* A copy of s (NULL: "") that kp_batch_validate accepts: at most the name limit, each byte
+ * that does not start a valid UTF-8 sequence replaced by '?'. Returns owned, or NULL. */
+static char *clean_text(const char *s)
+{
+    size_t n = s != NULL ? strnlen(s, KP_CODEC_DEFAULT_MAX_NAME_BYTES) : 0, j = 0;
+    char *out = malloc(n + 1);
+
+    if (out == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char) s[i];
+        size_t len = c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
+
+        if (len <= n - i && kp_utf8_valid(s + i, len)) {
+            memcpy(out + j, s + i, len);
+            j += len;
+            i += len;
+        }
+        else {
+            out[j++] = '?';
+            i++;
+        }
+    }
+    out[j] = '\0';
+    return out;
+}
+
 int kp_batcher_create(const struct kp_batcher_opts *o, struct kp_batcher **out)
 {
     struct kp_batcher *b;
 
     *out = NULL;
-    if (o == NULL || o->emit == NULL) {
+    if (o == NULL || o->emit == NULL || o->run_id == 0 || o->run_id > INT32_MAX ||
+        o->rank > INT32_MAX) {
         return -EINVAL;
     }
     if ((b = calloc(1, sizeof(*b))) == NULL) {
@@ -1070,8 +1317,20 @@ int kp_batcher_create(const struct kp_batcher_opts *o, struct kp_batcher **out)
     if (b->o.activities == 0) {
         b->o.activities = KP_ACT_DEFAULT;
     }
-    b->job = strdup(o->job != NULL ? o->job : "");
-    b->host = strdup(o->host != NULL ? o->host : "");
+    b->job = clean_text(o->job);
+    b->host = clean_text(o->host);
+    if (b->o.device < -1 || b->o.device > INT16_MAX) {
+        b->o.device = -1;
+    }
+    if (b->o.pid > INT32_MAX) {
+        b->o.pid = 0;
+    }
+    if (b->o.local_rank > INT32_MAX) {
+        b->o.local_rank = 0;
+    }
+    if (b->o.world_size > INT32_MAX) {
+        b->o.world_size = 0;
+    }
     b->cap_steps = 256;
     b->steps = malloc(b->cap_steps * sizeof(*b->steps));
     if (b->job == NULL || b->host == NULL || b->steps == NULL) {
@@ -1128,6 +1387,14 @@ void kp_batcher_step(struct kp_batcher *b, const struct kp_wire_step *s)
     if (b->phase == PH_ENDED) {
         return;
     }
+    if (s->step < 0 || s->step > INT32_MAX) {
+        malformed(b, 0, "step", s->step, 0, true);
+        return;
+    }
+    if (s->start_ns < 0) {
+        malformed(b, 0, "start_ns", s->start_ns, 0, true);
+        return;
+    }
     if (b->n_steps > 0 && s->start_ns < b->steps[b->n_steps - 1].start) {
         return; /* out of order: ignore (steps only move forward) */
     }
@@ -1181,6 +1448,9 @@ void kp_batcher_records(struct kp_batcher *b, uint32_t kind, uint32_t rec_size, 
         memset(&r, 0, sizeof(r));
         memcpy(&r, p, n);
         b->st.records_in++;
+        if (!rec_check(b, kind, &r)) {
+            continue;
+        }
         if (rec_end(kind, &r) > b->last_time) {
             b->last_time = rec_end(kind, &r);
         }
@@ -1206,22 +1476,22 @@ void kp_batcher_counters(struct kp_batcher *b, uint64_t dropped, uint64_t cupti_
                          uint64_t overhead_ns)
 {
     if (dropped > b->lib_dropped) {
-        b->inc_dropped += dropped - b->lib_dropped;
+        b->inc_dropped = sat_add(b->inc_dropped, dropped - b->lib_dropped);
         b->lib_dropped = dropped;
     }
     if (cupti_dropped > b->lib_cupti) {
-        b->inc_cupti += cupti_dropped - b->lib_cupti;
+        b->inc_cupti = sat_add(b->inc_cupti, cupti_dropped - b->lib_cupti);
         b->lib_cupti = cupti_dropped;
     }
     if (overhead_ns > b->lib_overhead) {
-        b->inc_overhead += overhead_ns - b->lib_overhead;
+        b->inc_overhead = sat_add(b->inc_overhead, overhead_ns - b->lib_overhead);
         b->lib_overhead = overhead_ns;
     }
 }
 
 void kp_batcher_add_dropped(struct kp_batcher *b, uint64_t n)
 {
-    b->inc_dropped += n;
+    b->inc_dropped = sat_add(b->inc_dropped, n);
 }
 
 void kp_batcher_tick(struct kp_batcher *b, long long now_ms)
@@ -1248,12 +1518,18 @@ int kp_batcher_window_end(struct kp_batcher *b, const struct kp_wire_window *w)
         kp_batcher_counters(b, w->dropped, w->cupti_dropped, w->overhead_ns);
     }
     else if (b->we == INT64_MAX) {
-        b->we = b->last_time > b->ws ? b->last_time + 1 : b->ws;
+        b->we = b->last_time > b->ws ? (b->last_time < INT64_MAX ? b->last_time + 1 : INT64_MAX)
+                                     : b->ws;
     }
     pend_rescan(b, true);
     emit_failed = b->st.emit_failed;
     cut(b, true);
     b->phase = PH_ENDED;
+    if (b->st.malformed > 0) {
+        kp_log_warn("capture had malformed records run=%" PRIu64 " rank=%u malformed=%" PRIu64
+                    " records_in=%" PRIu64 " (dropped; the first is logged above by field)",
+                    b->o.run_id, b->o.rank, b->st.malformed, b->st.records_in);
+    }
     return b->st.emit_failed > emit_failed ? -ENOSPC : 0;
 }
 

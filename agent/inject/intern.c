@@ -36,7 +36,7 @@
 #define KPI_INTERN_DEF_ENTRIES   65536u
 #define KPI_INTERN_DEF_ARENA     (8u << 20)
 #define KPI_INTERN_MIN_ENTRIES   64u
-#define KPI_INTERN_MAX_ENTRIES   (1u << 22)
+#define KPI_INTERN_MAX_ENTRIES   (1u << 20) /* the agent accepts ids up to 2^21 */
 #define KPI_INTERN_MIN_ARENA     (64u << 10)
 #define KPI_INTERN_MAX_ARENA     (1ull << 32)
 #define KPI_INTERN_OFF_BITS      40

@@ -111,7 +111,10 @@ def recv_arm(lib):
 def test_capture_rows(agent):
     lib = library(agent, "itjob", step=5)
     lib.send(kw.status(0, kw.ST_DORMANT, 5))
-    cap = ctl(agent, "capture", "--job", "itjob", "--steps", "2", "--wait", "--json", wait=False)
+    # An explicit start step (the default one, a rate-dependent margin ahead of the ranks'
+    # steps, is exercised by test_capture.py).
+    cap = ctl(agent, "capture", "--job", "itjob", "--start-step", "7", "--steps", "2", "--wait",
+              "--json", wait=False)
     arm = recv_arm(lib)
     assert arm["target_step"] == 7 and arm["n_steps"] == 2, arm
     cid, run = arm["capture_id"], arm["run_id"]
