@@ -1,0 +1,3081 @@
+/*
+ * kp_kineto: streaming Kineto trace JSON → kprof batches. See kp_kineto.h for the contract
+ * and the mapping.
+ *
+ * DESIGN. Three layers, all in this file:
+ *  1. struct jr, a pull JSON tokenizer over a refillable 256 KiB buffer. It never holds more
+ *     than one string (bounded by max_string_bytes) and one number token; nesting is bounded
+ *     by max_depth (skipping recurses at most that deep). Positions (line, column, byte) are
+ *     kept for errors: lines are counted in whitespace, the only place a raw newline may be.
+ *  2. The trace walker: the top-level object (or a bare array), its metadata keys, and each
+ *     traceEvents entry parsed into a struct ev — the envelope plus every args key the mapping
+ *     uses, whatever their order (args may come before cat) — then mapped by ev_finish.
+ *  3. struct kb, the batch builder: rows per kind as structs, names interned per batch in a
+ *     hash table, and at batch_rows rows (or 8 MiB of names) a flush that writes the columns
+ *     (delta-encoded start_ns; optional columns left out when every row has the "none"
+ *     value), validates the batch with kp_batch_validate and hands it to the callback.
+ * Memory is O(batch_rows + max_string_bytes), independent of the file.
+ */
+#define KP_LOG_MODULE "kineto"
+#include "kp_kineto.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <zlib.h>
+
+#include "kp_err.h"
+#include "kp_strbuf.h"
+
+#define JR_CHUNK         (256u * 1024u)
+#define EV_MAX_BYTES     (8u << 20) /* strings of one event together */
+#define KB_MAX_STR_BYTES (8u << 20) /* names of one batch before a flush */
+#define I2MAX            32767
+#define I4MAX            INT32_MAX
+
+const char *const kp_kineto_cat_names[KP_KINETO_CAT_COUNT] = {
+    "cpu_op",          "user_annotation", "gpu_user_annotation",
+    "python_function", "cuda_runtime",    "cuda_driver",
+    "kernel",          "gpu_memcpy",      "gpu_memset",
+    "cuda_sync",       "memory",          "ac2g",
+    "fwdbwd",          "profiler_step",   "collective",
+    "metadata",        "skipped",
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* 1. The tokenizer */
+
+struct jr {
+    kp_kineto_read_cb *read;
+    void *read_ud;
+    kp_kineto_progress_cb *progress;
+    void *progress_ud;
+    unsigned char *buf;
+    size_t len, pos;
+    bool eof;
+    uint64_t off;        /* bytes before buf[0] */
+    uint64_t line;       /* 1-based */
+    uint64_t line_start; /* offset of the current line's first byte */
+    uint64_t tok_off, tok_line, tok_col;
+    int64_t event; /* index into traceEvents while inside one, else -1 */
+    char *str;     /* the last string read, NUL-terminated */
+    size_t slen, scap, smax;
+    char num[72];
+    size_t nlen;
+    uint32_t depth, max_depth;
+    int err; /* sticky */
+    char *errbuf;
+    size_t errlen;
+};
+
+__attribute__((format(printf, 2, 3))) static int jr_fail(struct jr *j, const char *fmt, ...)
+{
+    char msg[512];
+    char where[64] = "";
+    va_list ap;
+
+    if (j->err != 0) {
+        return j->err;
+    }
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (j->event >= 0) {
+        snprintf(where, sizeof(where), ", traceEvents[%" PRId64 "]", j->event);
+    }
+    kp_errbuf_set(j->errbuf, j->errlen,
+                  "line %" PRIu64 ", column %" PRIu64 " (byte %" PRIu64 ")%s: %s", j->tok_line,
+                  j->tok_col, j->tok_off, where, msg);
+    j->err = KP_EPROTO;
+    return j->err;
+}
+
+static inline void jr_mark(struct jr *j)
+{
+    j->tok_off = j->off + j->pos;
+    j->tok_line = j->line;
+    j->tok_col = j->tok_off - j->line_start + 1;
+}
+
+/* Refills the buffer. Returns 1 if bytes are available, 0 at the end, or the error. */
+static int jr_fill(struct jr *j)
+{
+    ssize_t n;
+
+    if (j->err != 0) {
+        return j->err;
+    }
+    if (j->eof) {
+        return 0;
+    }
+    j->off += j->len;
+    j->pos = 0;
+    j->len = 0;
+    char msg[512] = "";
+
+    n = j->read(j->read_ud, j->buf, JR_CHUNK, msg, sizeof(msg));
+    if (n < 0) {
+        jr_mark(j);
+        jr_fail(j, "%s", msg[0] != '\0' ? msg : kp_strerror((int) n));
+        j->err = (int) n;
+        return j->err;
+    }
+    if (n == 0) {
+        j->eof = true;
+        return 0;
+    }
+    j->len = (size_t) n;
+    return 1;
+}
+
+/* Next byte without consuming it, -1 at the end, or -2 on a read error. */
+static inline int jr_peekc(struct jr *j)
+{
+    if (j->pos < j->len) {
+        return j->buf[j->pos];
+    }
+    int rc = jr_fill(j);
+    if (rc <= 0) {
+        return rc == 0 ? -1 : -2;
+    }
+    return j->buf[j->pos];
+}
+
+/* Skips whitespace; returns the next significant byte (not consumed), -1 at the end, -2 on
+ * a read error. Marks the token position. */
+static inline int jr_ws(struct jr *j)
+{
+    for (;;) {
+        while (j->pos < j->len) {
+            unsigned char c = j->buf[j->pos];
+
+            if (c == ' ' || c == '\t' || c == '\r') {
+                j->pos++;
+            }
+            else if (c == '\n') {
+                j->pos++;
+                j->line++;
+                j->line_start = j->off + j->pos;
+            }
+            else {
+                jr_mark(j);
+                return c;
+            }
+        }
+        int rc = jr_fill(j);
+        if (rc <= 0) {
+            jr_mark(j);
+            return rc == 0 ? -1 : -2;
+        }
+    }
+}
+
+static const char *jr_what(int c)
+{
+    static __thread char b[16];
+
+    if (c == -1) {
+        return "the end of the input";
+    }
+    if (c >= 0x20 && c < 0x7f) {
+        snprintf(b, sizeof(b), "'%c'", c);
+    }
+    else {
+        snprintf(b, sizeof(b), "byte 0x%02x", (unsigned) c & 0xff);
+    }
+    return b;
+}
+
+static int jr_unexpected(struct jr *j, int c, const char *expected)
+{
+    if (c == -2) {
+        return j->err;
+    }
+    if (c == -1) {
+        return jr_fail(j, "the input ends early (truncated file?): expected %s", expected);
+    }
+    return jr_fail(j, "expected %s, got %s", expected, jr_what(c));
+}
+
+static int jr_str_grow(struct jr *j, size_t need)
+{
+    size_t cap;
+    char *p;
+
+    if (need > j->smax) {
+        return jr_fail(j, "a string longer than %zu bytes (max_string_bytes)", j->smax);
+    }
+    if (need + 1 <= j->scap) {
+        return 0;
+    }
+    cap = j->scap ? j->scap : 256;
+    while (cap < need + 1) {
+        cap *= 2;
+    }
+    if ((p = realloc(j->str, cap)) == NULL) {
+        j->err = -ENOMEM;
+        return j->err;
+    }
+    j->str = p;
+    j->scap = cap;
+    return 0;
+}
+
+static int jr_put_utf8(struct jr *j, uint32_t cp)
+{
+    char u[4];
+    size_t n;
+
+    if (cp == 0) {
+        cp = 0xfffd; /* NUL cannot be stored: names are C strings */
+    }
+    if (cp < 0x80) {
+        u[0] = (char) cp;
+        n = 1;
+    }
+    else if (cp < 0x800) {
+        u[0] = (char) (0xc0 | (cp >> 6));
+        u[1] = (char) (0x80 | (cp & 0x3f));
+        n = 2;
+    }
+    else if (cp < 0x10000) {
+        u[0] = (char) (0xe0 | (cp >> 12));
+        u[1] = (char) (0x80 | ((cp >> 6) & 0x3f));
+        u[2] = (char) (0x80 | (cp & 0x3f));
+        n = 3;
+    }
+    else {
+        u[0] = (char) (0xf0 | (cp >> 18));
+        u[1] = (char) (0x80 | ((cp >> 12) & 0x3f));
+        u[2] = (char) (0x80 | ((cp >> 6) & 0x3f));
+        u[3] = (char) (0x80 | (cp & 0x3f));
+        n = 4;
+    }
+    if (jr_str_grow(j, j->slen + n) != 0) {
+        return j->err;
+    }
+    memcpy(j->str + j->slen, u, n);
+    j->slen += n;
+    return 0;
+}
+
+static int jr_hex4(struct jr *j, uint32_t *out)
+{
+    uint32_t v = 0;
+
+    for (int i = 0; i < 4; i++) {
+        int c = jr_peekc(j);
+
+        if (c >= '0' && c <= '9') {
+            v = v * 16 + (uint32_t) (c - '0');
+        }
+        else if (c >= 'a' && c <= 'f') {
+            v = v * 16 + (uint32_t) (c - 'a' + 10);
+        }
+        else if (c >= 'A' && c <= 'F') {
+            v = v * 16 + (uint32_t) (c - 'A' + 10);
+        }
+        else {
+            return jr_unexpected(j, c, "4 hex digits after \\u");
+        }
+        j->pos++;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Reads a string token (the next byte must be '"') into j->str. Raw bytes are copied as they
+ * are (UTF-8 is checked where names are stored); escapes are decoded. */
+static int jr_string(struct jr *j)
+{
+    j->slen = 0;
+    j->pos++; /* the opening quote */
+    for (;;) {
+        size_t start = j->pos, i = j->pos;
+
+        while (i < j->len) {
+            unsigned char c = j->buf[i];
+
+            if (c == '"' || c == '\\' || c < 0x20) {
+                break;
+            }
+            i++;
+        }
+        if (i > start) {
+            if (jr_str_grow(j, j->slen + (i - start)) != 0) {
+                return j->err;
+            }
+            memcpy(j->str + j->slen, j->buf + start, i - start);
+            j->slen += i - start;
+            j->pos = i;
+        }
+        int c = jr_peekc(j);
+        if (c < 0) {
+            return jr_unexpected(j, c, "the end of a string ('\"')");
+        }
+        if (c == '"') {
+            j->pos++;
+            break;
+        }
+        if (c < 0x20) {
+            return jr_fail(j, "a raw control character (0x%02x) inside a string", (unsigned) c);
+        }
+        if (c == '\\') {
+            uint32_t cp, lo;
+            int e;
+
+            j->pos++;
+            e = jr_peekc(j);
+            if (e < 0) {
+                return jr_unexpected(j, e, "an escape after '\\'");
+            }
+            j->pos++;
+            switch (e) {
+            case '"':
+            case '\\':
+            case '/':
+                cp = (uint32_t) e;
+                break;
+            case 'b':
+                cp = '\b';
+                break;
+            case 'f':
+                cp = '\f';
+                break;
+            case 'n':
+                cp = '\n';
+                break;
+            case 'r':
+                cp = '\r';
+                break;
+            case 't':
+                cp = '\t';
+                break;
+            case 'u':
+                if (jr_hex4(j, &cp) != 0) {
+                    return j->err;
+                }
+                if (cp >= 0xd800 && cp < 0xdc00) {
+                    if (jr_peekc(j) == '\\') {
+                        j->pos++;
+                        if (jr_peekc(j) != 'u') {
+                            return jr_fail(j, "a lone UTF-16 surrogate in a \\u escape");
+                        }
+                        j->pos++;
+                        if (jr_hex4(j, &lo) != 0) {
+                            return j->err;
+                        }
+                        if (lo < 0xdc00 || lo > 0xdfff) {
+                            return jr_fail(j, "a lone UTF-16 surrogate in a \\u escape");
+                        }
+                        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                    }
+                    else {
+                        cp = 0xfffd;
+                    }
+                }
+                else if (cp >= 0xdc00 && cp <= 0xdfff) {
+                    cp = 0xfffd;
+                }
+                break;
+            default:
+                return jr_fail(j, "an invalid escape '\\%c' in a string", e);
+            }
+            if (jr_put_utf8(j, cp) != 0) {
+                return j->err;
+            }
+        }
+    }
+    if (jr_str_grow(j, j->slen) != 0) {
+        return j->err;
+    }
+    j->str[j->slen] = '\0';
+    return 0;
+}
+
+/* Reads a number token (strict JSON grammar) into j->num. */
+static int jr_number(struct jr *j)
+{
+    int c;
+    size_t digits;
+
+    j->nlen = 0;
+#define NUM_TAKE()                                                                        \
+    do {                                                                                  \
+        if (j->nlen + 1 >= sizeof(j->num)) {                                              \
+            return jr_fail(j, "a number longer than %zu characters", sizeof(j->num) - 2); \
+        }                                                                                 \
+        j->num[j->nlen++] = (char) c;                                                     \
+        j->pos++;                                                                         \
+    } while (0)
+    c = jr_peekc(j);
+    if (c == '-') {
+        NUM_TAKE();
+        c = jr_peekc(j);
+    }
+    if (c == '0') {
+        NUM_TAKE();
+        c = jr_peekc(j);
+    }
+    else if (c >= '1' && c <= '9') {
+        while (c >= '0' && c <= '9') {
+            NUM_TAKE();
+            c = jr_peekc(j);
+        }
+    }
+    else {
+        return jr_unexpected(j, c, "a digit");
+    }
+    if (c == '.') {
+        NUM_TAKE();
+        c = jr_peekc(j);
+        digits = 0;
+        while (c >= '0' && c <= '9') {
+            NUM_TAKE();
+            c = jr_peekc(j);
+            digits++;
+        }
+        if (digits == 0) {
+            return jr_unexpected(j, c, "a digit after '.'");
+        }
+    }
+    if (c == 'e' || c == 'E') {
+        NUM_TAKE();
+        c = jr_peekc(j);
+        if (c == '+' || c == '-') {
+            NUM_TAKE();
+            c = jr_peekc(j);
+        }
+        digits = 0;
+        while (c >= '0' && c <= '9') {
+            NUM_TAKE();
+            c = jr_peekc(j);
+            digits++;
+        }
+        if (digits == 0) {
+            return jr_unexpected(j, c, "a digit in the exponent");
+        }
+    }
+#undef NUM_TAKE
+    if (c == -2) {
+        return j->err;
+    }
+    j->num[j->nlen] = '\0';
+    return 0;
+}
+
+static int jr_literal(struct jr *j, const char *lit)
+{
+    for (const char *p = lit; *p != '\0'; p++) {
+        int c = jr_peekc(j);
+
+        if (c != *p) {
+            return jr_unexpected(j, c, lit);
+        }
+        j->pos++;
+    }
+    return 0;
+}
+
+static int jr_enter(struct jr *j)
+{
+    if (++j->depth > j->max_depth) {
+        return jr_fail(j, "nesting deeper than %u levels", j->max_depth);
+    }
+    return 0;
+}
+
+/* After a value inside a container: consumes ',' and returns 1, or the closer and returns
+ * 0. */
+static int jr_after(struct jr *j, char closer)
+{
+    int c = jr_ws(j);
+
+    if (c == ',') {
+        j->pos++;
+        return 1;
+    }
+    if (c == closer) {
+        j->pos++;
+        j->depth--;
+        return 0;
+    }
+    return jr_unexpected(j, c,
+                         closer == '}' ? "',' or '}' in an object" : "',' or ']' in an array");
+}
+
+/* Object iteration. Call jr_obj_begin at '{' and then jr_obj_key until it returns 0: each 1
+ * leaves the key in j->str and the position at the value. */
+static int jr_obj_begin(struct jr *j, bool *first)
+{
+    int c = jr_ws(j);
+
+    if (c != '{') {
+        return jr_unexpected(j, c, "'{'");
+    }
+    j->pos++;
+    *first = true;
+    return jr_enter(j);
+}
+
+static int jr_obj_key(struct jr *j, bool *first)
+{
+    int c;
+
+    if (*first) {
+        *first = false;
+        c = jr_ws(j);
+        if (c == '}') {
+            j->pos++;
+            j->depth--;
+            return 0;
+        }
+    }
+    else {
+        int rc = jr_after(j, '}');
+
+        if (rc <= 0) {
+            return rc;
+        }
+        c = jr_ws(j);
+    }
+    if (c != '"') {
+        return jr_unexpected(j, c, "a key (a string) in an object");
+    }
+    if (jr_string(j) != 0) {
+        return j->err;
+    }
+    c = jr_ws(j);
+    if (c != ':') {
+        return jr_unexpected(j, c, "':' after a key");
+    }
+    j->pos++;
+    return 1;
+}
+
+static int jr_arr_begin(struct jr *j, bool *first)
+{
+    int c = jr_ws(j);
+
+    if (c != '[') {
+        return jr_unexpected(j, c, "'['");
+    }
+    j->pos++;
+    *first = true;
+    return jr_enter(j);
+}
+
+/* Returns 1 if an element follows (position at it), 0 after ']'. */
+static int jr_arr_next(struct jr *j, bool *first)
+{
+    if (*first) {
+        *first = false;
+        int c = jr_ws(j);
+
+        if (c == ']') {
+            j->pos++;
+            j->depth--;
+            return 0;
+        }
+        return c < 0 ? jr_unexpected(j, c, "a value or ']'") : 1;
+    }
+    return jr_after(j, ']');
+}
+
+static int jr_skip(struct jr *j);
+
+static int jr_skip_container(struct jr *j, int c)
+{
+    bool first;
+    int rc;
+
+    if (c == '{') {
+        if (jr_obj_begin(j, &first) != 0) {
+            return j->err;
+        }
+        while ((rc = jr_obj_key(j, &first)) == 1) {
+            if (jr_skip(j) != 0) {
+                return j->err;
+            }
+        }
+        return rc;
+    }
+    if (jr_arr_begin(j, &first) != 0) {
+        return j->err;
+    }
+    while ((rc = jr_arr_next(j, &first)) == 1) {
+        if (jr_skip(j) != 0) {
+            return j->err;
+        }
+    }
+    return rc;
+}
+
+/* Skips one value of any type. Recursion is bounded by max_depth. */
+static int jr_skip(struct jr *j)
+{
+    int c = jr_ws(j);
+
+    switch (c) {
+    case '{':
+    case '[':
+        return jr_skip_container(j, c);
+    case '"':
+        return jr_string(j);
+    case 't':
+        return jr_literal(j, "true");
+    case 'f':
+        return jr_literal(j, "false");
+    case 'n':
+        return jr_literal(j, "null");
+    default:
+        if (c == '-' || (c >= '0' && c <= '9')) {
+            return jr_number(j);
+        }
+        return jr_unexpected(j, c, "a value");
+    }
+}
+
+/* Appends s as a Python string literal ('...'). */
+static int py_str(struct kp_strbuf *sb, const char *s, size_t n)
+{
+    int rc = kp_strbuf_putc(sb, '\'');
+
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        if (s[i] == '\'' || s[i] == '\\') {
+            rc = kp_strbuf_putc(sb, '\\');
+        }
+        if (rc == 0) {
+            rc = kp_strbuf_putc(sb, s[i]);
+        }
+    }
+    return rc == 0 ? kp_strbuf_putc(sb, '\'') : rc;
+}
+
+/* Reads one value and appends it to sb as Python's str() would print it ("[[32, 128], []]",
+ * "['float', 'Scalar']", None, True). */
+static int jr_capture(struct jr *j, struct kp_strbuf *sb)
+{
+    int c = jr_ws(j), rc = 0;
+    bool first;
+
+    switch (c) {
+    case '[':
+    case '{':
+        if (c == '[' ? jr_arr_begin(j, &first) : jr_obj_begin(j, &first)) {
+            return j->err;
+        }
+        rc = kp_strbuf_putc(sb, (char) c);
+        for (size_t n = 0; rc == 0; n++) {
+            int more = c == '[' ? jr_arr_next(j, &first) : jr_obj_key(j, &first);
+
+            if (more < 0) {
+                return more;
+            }
+            if (more == 0) {
+                break;
+            }
+            if (n > 0) {
+                rc = kp_strbuf_append(sb, ", ", 2);
+            }
+            if (rc == 0 && c == '{') {
+                rc = py_str(sb, j->str, j->slen);
+                if (rc == 0) {
+                    rc = kp_strbuf_append(sb, ": ", 2);
+                }
+            }
+            if (rc == 0 && jr_capture(j, sb) != 0) {
+                return j->err;
+            }
+        }
+        if (rc == 0) {
+            rc = kp_strbuf_putc(sb, c == '[' ? ']' : '}');
+        }
+        break;
+    case '"':
+        if (jr_string(j) != 0) {
+            return j->err;
+        }
+        rc = py_str(sb, j->str, j->slen);
+        break;
+    case 't':
+        if (jr_literal(j, "true") != 0) {
+            return j->err;
+        }
+        rc = kp_strbuf_append_str(sb, "True");
+        break;
+    case 'f':
+        if (jr_literal(j, "false") != 0) {
+            return j->err;
+        }
+        rc = kp_strbuf_append_str(sb, "False");
+        break;
+    case 'n':
+        if (jr_literal(j, "null") != 0) {
+            return j->err;
+        }
+        rc = kp_strbuf_append_str(sb, "None");
+        break;
+    default:
+        if (c == '-' || (c >= '0' && c <= '9')) {
+            if (jr_number(j) != 0) {
+                return j->err;
+            }
+            rc = kp_strbuf_append(sb, j->num, j->nlen);
+            break;
+        }
+        return jr_unexpected(j, c, "a value");
+    }
+    if (rc == KP_ETOOBIG) {
+        return jr_fail(j, "an event's strings and lists exceed %u bytes", EV_MAX_BYTES);
+    }
+    if (rc != 0) {
+        j->err = rc;
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Numbers */
+
+/* Parses the JSON number text s (µs) into ns, rounded half away from zero, without floating
+ * point for the common forms. Returns 0 or -ERANGE. */
+static int num_us_to_ns(const char *s, int64_t *out)
+{
+    const char *p = s;
+    bool neg = false;
+    int64_t v = 0;
+    int fd = 0;
+
+    if (strpbrk(s, "eE") != NULL) {
+        long double d = strtold(s, NULL) * 1000.0L;
+
+        if (!(d > -9.2e18L && d < 9.2e18L)) {
+            return -ERANGE;
+        }
+        *out = (int64_t) (d < 0 ? d - 0.5L : d + 0.5L); /* round half away from zero */
+        return 0;
+    }
+    if (*p == '-') {
+        neg = true;
+        p++;
+    }
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (INT64_MAX / 1000 - 9) / 10) {
+            return -ERANGE;
+        }
+        v = v * 10 + (*p - '0');
+    }
+    v *= 1000;
+    if (*p == '.') {
+        int mult = 100;
+
+        for (p++; *p >= '0' && *p <= '9'; p++, fd++) {
+            if (fd < 3) {
+                v += (*p - '0') * mult;
+                mult /= 10;
+            }
+            else if (fd == 3 && *p >= '5') {
+                v += 1;
+            }
+        }
+    }
+    *out = neg ? -v : v;
+    return 0;
+}
+
+enum num_rc {
+    NUM_OK = 0,
+    NUM_NAN = 1,
+    NUM_RANGE = 2
+};
+
+/* Text (a JSON number, or a string from an old trace) to int64: integral text exactly,
+ * otherwise truncated. "N/A", "inf", "" and other non-numbers give NUM_NAN. */
+static enum num_rc text_to_i64(const char *s, int64_t *out)
+{
+    char *end;
+
+    while (*s == ' ') {
+        s++;
+    }
+    if (*s == '\0') {
+        return NUM_NAN;
+    }
+    if (strpbrk(s, ".eE") == NULL) {
+        long long v;
+
+        errno = 0;
+        v = strtoll(s, &end, 10);
+        if (end == s || *end != '\0') {
+            return NUM_NAN;
+        }
+        if (errno == ERANGE) {
+            return NUM_RANGE;
+        }
+        *out = v;
+        return NUM_OK;
+    }
+    double d = strtod(s, &end);
+    if (end == s || *end != '\0' || d != d) { /* d != d: NaN (no libm) */
+        return NUM_NAN;
+    }
+    if (!(d > -9.2e18 && d < 9.2e18)) {
+        return NUM_RANGE;
+    }
+    *out = (int64_t) d;
+    return NUM_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* 3. The batch builder */
+
+struct r_kernel {
+    int64_t ts;
+    uint64_t dur, corr, ext, graph_node;
+    uint32_t name, device, context, stream, grid[3], block[3], regs, smem, graph_id;
+};
+
+struct r_memcpy {
+    int64_t ts;
+    uint64_t dur, bytes, corr, ext;
+    uint32_t copy_kind, src_kind, dst_kind, device, context, stream, src_dev, dst_dev;
+};
+
+struct r_memset {
+    int64_t ts;
+    uint64_t dur, bytes, corr, ext;
+    uint32_t mem_kind, device, context, stream;
+};
+
+struct r_api {
+    int64_t ts;
+    uint64_t dur, tid, corr, ext;
+    uint32_t domain, cbid, name;
+};
+
+struct r_op {
+    int64_t ts, seq;
+    uint64_t dur, tid, op_id, parent_id, fwd_tid, ext;
+    uint32_t name, kind, shapes, dtypes, stream;
+    int32_t device;
+};
+
+struct r_step {
+    int64_t step, ts;
+    uint64_t dur;
+};
+
+struct r_coll {
+    int64_t ts;
+    uint64_t dur, in, out, seq, ext, tid;
+    uint32_t name, dtype, group_size, pg;
+};
+
+struct r_sync {
+    int64_t ts;
+    uint64_t dur, corr;
+    uint32_t type, device, context, stream, event;
+};
+
+#define KB_KIND(T, f) \
+    struct T *f;      \
+    size_t n_##f, cap_##f
+
+struct kb {
+    KB_KIND(r_kernel, kern);
+    KB_KIND(r_memcpy, mcpy);
+    KB_KIND(r_memset, mset);
+    KB_KIND(r_api, api);
+    KB_KIND(r_op, op);
+    KB_KIND(r_step, step);
+    KB_KIND(r_coll, coll);
+    KB_KIND(r_sync, sync);
+    size_t rows;
+    int64_t base_ns;
+    bool have_base;
+    /* per-batch string table: bytes holds the NUL-terminated strings, off[i] where i starts */
+    struct kp_strbuf bytes;
+    uint32_t *off;
+    size_t nstr, cap_str;
+    uint32_t *htab; /* index + 1, 0 empty */
+    size_t hcap;
+    char **ptrs;
+    size_t cap_ptrs;
+    unsigned char *mem; /* column arena of a flush */
+    size_t mem_cap, mem_used;
+};
+
+static void kb_fini(struct kb *b)
+{
+    free(b->kern);
+    free(b->mcpy);
+    free(b->mset);
+    free(b->api);
+    free(b->op);
+    free(b->step);
+    free(b->coll);
+    free(b->sync);
+    kp_strbuf_fini(&b->bytes);
+    free(b->off);
+    free(b->htab);
+    free(b->ptrs);
+    free(b->mem);
+}
+
+static uint64_t hash_bytes(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ULL;
+
+    for (size_t i = 0; i < n; i++) {
+        h = (h ^ (unsigned char) s[i]) * 1099511628211ULL;
+    }
+    return h ^ (h >> 29);
+}
+
+static int kb_rehash(struct kb *b, size_t cap)
+{
+    uint32_t *t = calloc(cap, sizeof(*t));
+
+    if (t == NULL) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < b->nstr; i++) {
+        const char *s = b->bytes.data + b->off[i];
+        size_t h = (size_t) hash_bytes(s, strlen(s)) & (cap - 1);
+
+        while (t[h] != 0) {
+            h = (h + 1) & (cap - 1);
+        }
+        t[h] = (uint32_t) i + 1;
+    }
+    free(b->htab);
+    b->htab = t;
+    b->hcap = cap;
+    return 0;
+}
+
+/* Interns s[0..n) (valid UTF-8 without NUL, at most the name limit) and returns its index
+ * (0 for ""), or a negative code. */
+static int64_t kb_intern(struct kb *b, const char *s, size_t n)
+{
+    size_t h;
+    int rc;
+
+    if (n == 0) {
+        return 0;
+    }
+    if ((b->nstr + 1) * 2 > b->hcap && kb_rehash(b, b->hcap ? b->hcap * 2 : 1024) != 0) {
+        return -ENOMEM;
+    }
+    h = (size_t) hash_bytes(s, n) & (b->hcap - 1);
+    while (b->htab[h] != 0) {
+        const char *t = b->bytes.data + b->off[b->htab[h] - 1];
+
+        if (strncmp(t, s, n) == 0 && t[n] == '\0') {
+            return b->htab[h] - 1;
+        }
+        h = (h + 1) & (b->hcap - 1);
+    }
+    if (b->nstr == b->cap_str) {
+        size_t cap = b->cap_str ? b->cap_str * 2 : 1024;
+        uint32_t *o = realloc(b->off, cap * sizeof(*o));
+
+        if (o == NULL) {
+            return -ENOMEM;
+        }
+        b->off = o;
+        b->cap_str = cap;
+    }
+    b->off[b->nstr] = (uint32_t) b->bytes.len;
+    if ((rc = kp_strbuf_append(&b->bytes, s, n)) != 0 || (rc = kp_strbuf_putc(&b->bytes, 0)) != 0) {
+        return rc;
+    }
+    b->htab[h] = (uint32_t) b->nstr + 1;
+    return (int64_t) b->nstr++;
+}
+
+static void kb_reset(struct kb *b)
+{
+    b->n_kern = b->n_mcpy = b->n_mset = b->n_api = b->n_op = b->n_step = b->n_coll = b->n_sync = 0;
+    b->rows = 0;
+    b->have_base = false;
+    kp_strbuf_reset(&b->bytes);
+    b->nstr = 0;
+    if (b->htab != NULL) {
+        memset(b->htab, 0, b->hcap * sizeof(*b->htab));
+    }
+    /* index 0 is the empty string */
+    if (b->cap_str == 0) {
+        b->off = malloc(1024 * sizeof(*b->off));
+        b->cap_str = b->off != NULL ? 1024 : 0;
+    }
+    if (b->off != NULL && kp_strbuf_putc(&b->bytes, 0) == 0) {
+        b->off[0] = 0;
+        b->nstr = 1;
+    }
+}
+
+/* Reserves a row of kind f; evaluates to a pointer or NULL. */
+#define KB_ADD(b, f)                                                                         \
+    ((b)->n_##f < (b)->cap_##f || kb_grow((void **) &(b)->f, &(b)->cap_##f, sizeof(*(b)->f)) \
+         ? memset(&(b)->f[(b)->n_##f++], 0, sizeof(*(b)->f))                                 \
+         : NULL)
+
+static bool kb_grow(void **p, size_t *cap, size_t size)
+{
+    size_t c = *cap ? *cap * 2 : 256;
+    void *q = realloc(*p, c * size);
+
+    if (q == NULL) {
+        return false;
+    }
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+static void *kb_mem(struct kb *b, size_t n)
+{
+    void *p;
+
+    n = (n + 7) & ~(size_t) 7;
+    if (b->mem_used + n > b->mem_cap) {
+        return NULL; /* sized up front by kb_flush */
+    }
+    p = b->mem + b->mem_used;
+    b->mem_used += n;
+    return p;
+}
+
+/* Fills column F of message M from rows R[0..N) with EXPR (r is the row); an optional column
+ * (REQ false) whose every value is DEF is left out (NULL in PostgreSQL). */
+#define COLUMN(M, F, N, R, EXPR, DEF, REQ)              \
+    do {                                                \
+        bool any_ = (REQ);                              \
+        for (size_t i_ = 0; !any_ && i_ < (N); i_++) {  \
+            const __typeof__((R)[0]) *r = &(R)[i_];     \
+            any_ = (EXPR) != (DEF);                     \
+        }                                               \
+        if (any_) {                                     \
+            (M).F = kb_mem(b, (N) * sizeof(*(M).F));    \
+            (M).n_##F = (N);                            \
+            for (size_t i_ = 0; i_ < (N); i_++) {       \
+                const __typeof__((R)[0]) *r = &(R)[i_]; \
+                (M).F[i_] = (EXPR);                     \
+            }                                           \
+        }                                               \
+    } while (0)
+
+#define STARTS(M, N, R)                                  \
+    do {                                                 \
+        int64_t prev_ = b->base_ns;                      \
+        (M).start_ns = kb_mem(b, (N) * sizeof(int64_t)); \
+        (M).n_start_ns = (N);                            \
+        for (size_t i_ = 0; i_ < (N); i_++) {            \
+            (M).start_ns[i_] = (R)[i_].ts - prev_;       \
+            prev_ = (R)[i_].ts;                          \
+        }                                                \
+    } while (0)
+
+/* ------------------------------------------------------------------------------------------ */
+/* 2. The trace walker */
+
+enum arg_id {
+    A_EXT,
+    A_EXT_LOWER,
+    A_CORR,
+    A_CBID,
+    A_DEVICE,
+    A_CONTEXT,
+    A_STREAM,
+    A_REGS,
+    A_SMEM,
+    A_BYTES,
+    A_SEQ,
+    A_FWD_TID,
+    A_PY_ID,
+    A_PY_PARENT,
+    A_IN_NELEMS,
+    A_OUT_NELEMS,
+    A_GROUP_SIZE,
+    A_PG_ID,
+    A_COLL_SEQ,
+    A_DEV_TYPE,
+    A_DEV_ID,
+    A_ADDR,
+    A_MEM_BYTES,
+    A_TOTAL_ALLOC,
+    A_TOTAL_RES,
+    A_FROM_DEV,
+    A_TO_DEV,
+    A_GRAPH_ID,
+    A_GRAPH_NODE,
+    A_EVENT_ID,
+    A_NUM_COUNT,
+    /* strings */
+    S_COLL_NAME = A_NUM_COUNT,
+    S_DTYPE,
+    S_PG_NAME,
+    S_PG_DESC,
+    S_COUNT,
+    /* captured lists and arrays */
+    C_SHAPES = S_COUNT,
+    C_TYPES,
+    C_GRID,
+    C_BLOCK,
+    ARG_COUNT
+};
+
+struct arg_key {
+    const char *key;
+    uint8_t len;
+    uint8_t id;
+};
+
+#define AK(s, id)                        \
+    {                                    \
+        s, (uint8_t) (sizeof(s) - 1), id \
+    }
+static const struct arg_key arg_keys[] = {
+    AK("External id", A_EXT),
+    AK("external id", A_EXT_LOWER),
+    AK("correlation", A_CORR),
+    AK("cbid", A_CBID),
+    AK("device", A_DEVICE),
+    AK("context", A_CONTEXT),
+    AK("stream", A_STREAM),
+    AK("registers per thread", A_REGS),
+    AK("shared memory", A_SMEM),
+    AK("bytes", A_BYTES),
+    AK("Sequence number", A_SEQ),
+    AK("Fwd thread id", A_FWD_TID),
+    AK("Python id", A_PY_ID),
+    AK("Python parent id", A_PY_PARENT),
+    AK("In msg nelems", A_IN_NELEMS),
+    AK("Out msg nelems", A_OUT_NELEMS),
+    AK("Group size", A_GROUP_SIZE),
+    AK("Process Group ID", A_PG_ID),
+    AK("Seq", A_COLL_SEQ),
+    AK("Device Type", A_DEV_TYPE),
+    AK("Device Id", A_DEV_ID),
+    AK("Addr", A_ADDR),
+    AK("Bytes", A_MEM_BYTES),
+    AK("Total Allocated", A_TOTAL_ALLOC),
+    AK("Total Reserved", A_TOTAL_RES),
+    AK("fromDevice", A_FROM_DEV),
+    AK("toDevice", A_TO_DEV),
+    AK("graph id", A_GRAPH_ID),
+    AK("graph node id", A_GRAPH_NODE),
+    AK("wait_on_cuda_event_id", A_EVENT_ID),
+    AK("event_id", A_EVENT_ID),
+    AK("Collective name", S_COLL_NAME),
+    AK("dtype", S_DTYPE),
+    AK("Process Group Name", S_PG_NAME),
+    AK("Process Group Description", S_PG_DESC),
+    AK("Input Dims", C_SHAPES),
+    AK("Input dims", C_SHAPES),
+    AK("Input type", C_TYPES),
+    AK("grid", C_GRID),
+    AK("block", C_BLOCK),
+};
+#undef AK
+#define N_ARG_KEYS (sizeof(arg_keys) / sizeof(arg_keys[0]))
+
+/* One traceEvents entry. Strings live in k->evs (offset, length). */
+struct ev {
+    int ph; /* 0: absent */
+    bool has_ts, has_dur, has_id;
+    int64_t ts_ns, dur_ns;
+    bool pid_num, tid_num; /* an int, or a string with digits ("stream 7", "25738") */
+    int64_t pid, tid;
+    uint32_t name_off, name_len, cat_off, cat_len;
+    bool has_name, has_cat;
+    uint64_t have;             /* bit per enum arg_id */
+    int64_t a[A_NUM_COUNT];    /* numeric args */
+    uint32_t s_off[ARG_COUNT]; /* string and captured args in k->evs */
+    uint32_t s_len[ARG_COUNT];
+    int64_t grid[3], block[3];
+};
+
+struct kp_kineto {
+    const struct kp_kineto_opts *opts;
+    struct jr j;
+    struct kb b;
+    struct kp_strbuf evs; /* the current event's strings */
+    struct ev e;
+    struct kp_kineto_meta *meta;
+    kp_kineto_batch_cb *cb;
+    void *cb_ud;
+    size_t max_name;
+    uint32_t batch_rows;
+    bool sent_first;
+    uint64_t ev_index;
+};
+
+static bool has(const struct ev *e, int id)
+{
+    return (e->have >> id) & 1;
+}
+
+static const char *evstr(struct kp_kineto *k, uint32_t off)
+{
+    return k->evs.data + off;
+}
+
+/* Stores j->str (or s) in the event's string space. */
+static int ev_keep(struct kp_kineto *k, const char *s, size_t n, uint32_t *off, uint32_t *len)
+{
+    int rc;
+
+    *off = (uint32_t) k->evs.len;
+    *len = (uint32_t) n;
+    if ((rc = kp_strbuf_append(&k->evs, s, n)) != 0 || (rc = kp_strbuf_putc(&k->evs, 0)) != 0) {
+        if (rc == KP_ETOOBIG) {
+            return jr_fail(&k->j, "an event's strings exceed %u bytes", EV_MAX_BYTES);
+        }
+        k->j.err = rc;
+        return rc;
+    }
+    return 0;
+}
+
+/* Reads a scalar the mapping needs as an integer. Numbers and numeric strings give
+ * NUM_OK; null, non-numeric strings ("N/A", "inf") and booleans give NUM_NAN (absent);
+ * containers are an error. */
+static int read_int(struct kp_kineto *k, const char *what, int64_t *out, bool *present)
+{
+    struct jr *j = &k->j;
+    int c = jr_ws(j);
+    enum num_rc r;
+
+    *present = false;
+    if (c == '"') {
+        if (jr_string(j) != 0) {
+            return j->err;
+        }
+        r = text_to_i64(j->str, out);
+    }
+    else if (c == '-' || (c >= '0' && c <= '9')) {
+        if (jr_number(j) != 0) {
+            return j->err;
+        }
+        r = text_to_i64(j->num, out);
+    }
+    else if (c == 'n' || c == 't' || c == 'f') {
+        return jr_skip(j);
+    }
+    else if (c == '{' || c == '[') {
+        return jr_fail(j, "%s must be a number, got %s", what, c == '{' ? "an object" : "an array");
+    }
+    else {
+        return jr_unexpected(j, c, "a value");
+    }
+    if (r == NUM_RANGE) {
+        return jr_fail(j, "%s is out of the 64-bit range", what);
+    }
+    *present = r == NUM_OK;
+    return 0;
+}
+
+/* Reads a string the mapping needs; numbers are taken as their text, null as absent. */
+static int read_str(struct kp_kineto *k, const char *what, uint32_t *off, uint32_t *len,
+                    bool *present)
+{
+    struct jr *j = &k->j;
+    int c = jr_ws(j);
+
+    *present = false;
+    if (c == '"') {
+        if (jr_string(j) != 0) {
+            return j->err;
+        }
+        *present = true;
+        return ev_keep(k, j->str, j->slen, off, len);
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        if (jr_number(j) != 0) {
+            return j->err;
+        }
+        *present = true;
+        return ev_keep(k, j->num, j->nlen, off, len);
+    }
+    if (c == 'n') {
+        return jr_literal(j, "null");
+    }
+    if (c < 0) {
+        return jr_unexpected(j, c, "a value");
+    }
+    return jr_fail(j, "%s must be a string, got %s", what, jr_what(c));
+}
+
+/* Reads [x, y, z] (fewer entries leave 1s). */
+static int read_dim3(struct kp_kineto *k, const char *what, int64_t v[3], bool *present)
+{
+    struct jr *j = &k->j;
+    int c = jr_ws(j), rc;
+    bool first, p;
+    size_t n = 0;
+
+    *present = false;
+    if (c == 'n') {
+        return jr_literal(j, "null");
+    }
+    if (c != '[') {
+        return jr_fail(j, "%s must be an array of 3 ints, got %s", what, jr_what(c));
+    }
+    v[0] = v[1] = v[2] = 1;
+    if (jr_arr_begin(j, &first) != 0) {
+        return j->err;
+    }
+    while ((rc = jr_arr_next(j, &first)) == 1) {
+        int64_t x = 0;
+
+        if (n >= 3) {
+            return jr_fail(j, "%s must be an array of 3 ints, got more", what);
+        }
+        if (read_int(k, what, &x, &p) != 0) {
+            return j->err;
+        }
+        v[n++] = p ? x : 0;
+    }
+    *present = rc == 0;
+    return rc;
+}
+
+static int parse_args(struct kp_kineto *k)
+{
+    struct jr *j = &k->j;
+    struct ev *e = &k->e;
+    bool first, present;
+    int rc, c = jr_ws(j);
+
+    if (c == 'n') {
+        return jr_literal(j, "null");
+    }
+    if (c != '{') {
+        return jr_fail(j, "args must be an object, got %s", jr_what(c));
+    }
+    if (jr_obj_begin(j, &first) != 0) {
+        return j->err;
+    }
+    while ((rc = jr_obj_key(j, &first)) == 1) {
+        const struct arg_key *ak = NULL;
+        char what[64];
+
+        for (size_t i = 0; i < N_ARG_KEYS; i++) {
+            if (arg_keys[i].len == j->slen && memcmp(arg_keys[i].key, j->str, j->slen) == 0) {
+                ak = &arg_keys[i];
+                break;
+            }
+        }
+        if (ak == NULL) {
+            if (jr_skip(j) != 0) {
+                return j->err;
+            }
+            continue;
+        }
+        snprintf(what, sizeof(what), "args.%s", ak->key);
+        if (ak->id < A_NUM_COUNT) {
+            int64_t v = 0;
+
+            if (read_int(k, what, &v, &present) != 0) {
+                return j->err;
+            }
+            if (present) {
+                e->a[ak->id] = v;
+                e->have |= 1ULL << ak->id;
+            }
+            else {
+                e->have &= ~(1ULL << ak->id);
+            }
+        }
+        else if (ak->id < S_COUNT) {
+            if (read_str(k, what, &e->s_off[ak->id], &e->s_len[ak->id], &present) != 0) {
+                return j->err;
+            }
+            e->have = present ? e->have | (1ULL << ak->id) : e->have & ~(1ULL << ak->id);
+        }
+        else if (ak->id == C_GRID || ak->id == C_BLOCK) {
+            if (read_dim3(k, what, ak->id == C_GRID ? e->grid : e->block, &present) != 0) {
+                return j->err;
+            }
+            e->have = present ? e->have | (1ULL << ak->id) : e->have & ~(1ULL << ak->id);
+        }
+        else {
+            size_t start = k->evs.len;
+
+            if (jr_capture(j, &k->evs) != 0) {
+                return j->err;
+            }
+            if (kp_strbuf_putc(&k->evs, 0) != 0) {
+                return jr_fail(j, "an event's strings exceed %u bytes", EV_MAX_BYTES);
+            }
+            e->s_off[ak->id] = (uint32_t) start;
+            e->s_len[ak->id] = (uint32_t) (k->evs.len - start - 1);
+            e->have |= 1ULL << ak->id;
+        }
+    }
+    return rc;
+}
+
+/* pid/tid: an int, or a string whose first digits are the number ("stream 7", "25738").
+ * Negative ints are made positive (kineto does so since 2024-10). */
+static int parse_id(struct kp_kineto *k, const char *what, int64_t *out, bool *num)
+{
+    struct jr *j = &k->j;
+    int c = jr_ws(j);
+    bool present;
+
+    *num = false;
+    if (c == '"') {
+        const char *p;
+
+        if (jr_string(j) != 0) {
+            return j->err;
+        }
+        p = j->str;
+        while (*p != '\0' && !(*p >= '0' && *p <= '9')) {
+            p++;
+        }
+        if (*p != '\0') {
+            int64_t v = 0;
+
+            for (; *p >= '0' && *p <= '9' && v < INT64_MAX / 10 - 9; p++) {
+                v = v * 10 + (*p - '0');
+            }
+            *out = v;
+            *num = true;
+        }
+        return 0;
+    }
+    if (read_int(k, what, out, &present) != 0) {
+        return j->err;
+    }
+    if (present) {
+        *out = *out < 0 ? (*out == INT64_MIN ? INT64_MAX : -*out) : *out;
+        *num = true;
+    }
+    return 0;
+}
+
+static int parse_time(struct kp_kineto *k, const char *what, int64_t *out, bool *present)
+{
+    struct jr *j = &k->j;
+    int c = jr_ws(j);
+    const char *text;
+
+    *present = false;
+    if (c == '"') { /* old traces quote some numbers */
+        if (jr_string(j) != 0) {
+            return j->err;
+        }
+        text = j->str;
+        char *end;
+        errno = 0;
+        (void) strtod(text, &end);
+        if (end == text || *end != '\0' || strpbrk(text, "nNiI") != NULL) {
+            return jr_fail(j, "%s must be a number of microseconds, got \"%.40s\"", what, text);
+        }
+    }
+    else if (c == '-' || (c >= '0' && c <= '9')) {
+        if (jr_number(j) != 0) {
+            return j->err;
+        }
+        text = j->num;
+    }
+    else if (c < 0) {
+        return jr_unexpected(j, c, "a value");
+    }
+    else {
+        return jr_fail(j, "%s must be a number of microseconds, got %s", what, jr_what(c));
+    }
+    if (num_us_to_ns(text, out) != 0) {
+        return jr_fail(j, "%s = %.40s is out of range", what, text);
+    }
+    *present = true;
+    return 0;
+}
+
+/* Checks that an arg fits the column; absent gives def. */
+static int arg_in(struct kp_kineto *k, int id, int64_t lo, int64_t hi, int64_t def, int64_t *out)
+{
+    const struct ev *e = &k->e;
+
+    if (!has(e, id)) {
+        *out = def;
+        return 0;
+    }
+    if (e->a[id] < lo || e->a[id] > hi) {
+        const char *key = "?";
+
+        for (size_t i = 0; i < N_ARG_KEYS; i++) {
+            if (arg_keys[i].id == id) {
+                key = arg_keys[i].key;
+                break;
+            }
+        }
+        return jr_fail(&k->j, "args.%s = %" PRId64 " is out of range (%" PRId64 "..%" PRId64 ")",
+                       key, e->a[id], lo, hi);
+    }
+    *out = e->a[id];
+    return 0;
+}
+
+/* Interns a name: cut to the limit at a UTF-8 boundary, invalid UTF-8 replaced. */
+static int64_t intern_name(struct kp_kineto *k, const char *s, size_t n)
+{
+    char *tmp = NULL;
+    int64_t idx;
+
+    if (n > k->max_name) {
+        n = k->max_name;
+        while (n > 0 && ((unsigned char) s[n] & 0xc0) == 0x80) {
+            n--;
+        }
+        k->meta->names_truncated++;
+    }
+    if (!kp_utf8_valid(s, n)) {
+        /* replace every byte of an invalid sequence with '?' (same length, still bounded) */
+        size_t i = 0;
+
+        if ((tmp = malloc(n + 1)) == NULL) {
+            return -ENOMEM;
+        }
+        memcpy(tmp, s, n);
+        while (i < n) {
+            size_t l = 1;
+            unsigned char c = (unsigned char) tmp[i];
+
+            if (c >= 0xc2 && c <= 0xdf) {
+                l = 2;
+            }
+            else if (c >= 0xe0 && c <= 0xef) {
+                l = 3;
+            }
+            else if (c >= 0xf0 && c <= 0xf4) {
+                l = 4;
+            }
+            if (c == 0 || (c >= 0x80 && l == 1) || i + l > n || !kp_utf8_valid(tmp + i, l)) {
+                tmp[i] = '?';
+                l = 1;
+            }
+            i += l;
+        }
+        s = tmp;
+    }
+    idx = kb_intern(&k->b, s, n);
+    free(tmp);
+    return idx;
+}
+
+static int64_t intern_ev(struct kp_kineto *k, int id)
+{
+    if (!has(&k->e, id)) {
+        return 0;
+    }
+    return intern_name(k, evstr(k, k->e.s_off[id]), k->e.s_len[id]);
+}
+
+static int kb_flush(struct kp_kineto *k);
+
+/* Counts a row and its start for the batch; flushes when full. */
+static int row_added(struct kp_kineto *k, int kind, int64_t ts)
+{
+    struct kb *b = &k->b;
+
+    if (!b->have_base) {
+        b->base_ns = ts;
+        b->have_base = true;
+    }
+    if (ts < k->meta->min_ns) {
+        k->meta->min_ns = ts;
+    }
+    if (ts > k->meta->max_ns) {
+        k->meta->max_ns = ts;
+    }
+    k->meta->rows[kind]++;
+    b->rows++;
+    return 0;
+}
+
+static bool batch_full(struct kp_kineto *k)
+{
+    return k->b.rows >= k->batch_rows || k->b.bytes.len >= KB_MAX_STR_BYTES;
+}
+
+/* Lower-cases cat into buf (at most len-1 bytes; longer cats never match). */
+static void lower_cat(struct kp_kineto *k, char *buf, size_t len)
+{
+    const char *c = evstr(k, k->e.cat_off);
+    size_t n = k->e.cat_len;
+
+    if (!k->e.has_cat || n >= len) {
+        buf[0] = '\0';
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        buf[i] = (char) ((c[i] >= 'A' && c[i] <= 'Z') ? c[i] + 32 : c[i]);
+    }
+    buf[n] = '\0';
+}
+
+enum map {
+    M_SKIP,
+    M_CPU_OP,
+    M_USER_ANN,
+    M_GPU_ANN,
+    M_PY,
+    M_RUNTIME,
+    M_DRIVER,
+    M_KERNEL,
+    M_MEMCPY,
+    M_MEMSET,
+    M_SYNC,
+    M_FLOW_AC2G,
+    M_FLOW_FWDBWD,
+};
+
+static enum map classify(const char *cat)
+{
+    static const struct {
+        const char *cat;
+        enum map m;
+    } t[] = {
+        { "cpu_op", M_CPU_OP },
+        { "operator", M_CPU_OP },
+        { "user_annotation", M_USER_ANN },
+        { "gpu_user_annotation", M_GPU_ANN },
+        { "user", M_GPU_ANN },
+        { "python_function", M_PY },
+        { "cuda_runtime", M_RUNTIME },
+        { "runtime", M_RUNTIME },
+        { "cuda_driver", M_DRIVER },
+        { "kernel", M_KERNEL },
+        { "gpu_memcpy", M_MEMCPY },
+        { "memcpy", M_MEMCPY },
+        { "gpu_memset", M_MEMSET },
+        { "memset", M_MEMSET },
+        { "cuda_sync", M_SYNC },
+        { "ac2g", M_FLOW_AC2G },
+        { "async", M_FLOW_AC2G },
+        { "async_gpu", M_FLOW_AC2G },
+        { "async_cpu_to_gpu", M_FLOW_AC2G },
+        { "fwdbwd", M_FLOW_FWDBWD },
+        { "forward_backward", M_FLOW_FWDBWD },
+    };
+
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+        if (strcmp(cat, t[i].cat) == 0) {
+            return t[i].m;
+        }
+    }
+    return M_SKIP;
+}
+
+/* The External id of a runtime/GPU event after the trap rule (kp_kineto.h). */
+static uint64_t gpu_ext(struct kp_kineto *k)
+{
+    const struct ev *e = &k->e;
+    int64_t ext = 0;
+
+    if (has(e, A_EXT)) {
+        ext = e->a[A_EXT];
+    }
+    else if (has(e, A_EXT_LOWER)) {
+        ext = e->a[A_EXT_LOWER];
+    }
+    if (ext <= 0) {
+        return 0;
+    }
+    if (has(e, A_CORR) && e->a[A_CORR] == ext) {
+        k->meta->ext_dropped++;
+        return 0;
+    }
+    return (uint64_t) ext;
+}
+
+static int64_t abs_ts(struct kp_kineto *k)
+{
+    int64_t base = k->opts->meta != NULL ? k->opts->meta->base_ns : k->meta->base_ns;
+
+    if (__builtin_add_overflow(base, k->e.ts_ns, &base)) {
+        return INT64_MAX;
+    }
+    return base;
+}
+
+/* GPU events: the device from args.device, else the pid; the stream from args.stream, else
+ * the tid ("stream 7"). */
+static int gpu_where(struct kp_kineto *k, int64_t *device, int64_t *stream)
+{
+    const struct ev *e = &k->e;
+
+    if (arg_in(k, A_DEVICE, 0, I2MAX, e->pid_num && e->pid <= I2MAX ? e->pid : 0, device) != 0 ||
+        arg_in(k, A_STREAM, 0, I4MAX, e->tid_num && e->tid <= I4MAX ? e->tid : 0, stream) != 0) {
+        return k->j.err;
+    }
+    if (k->meta->device < 0) {
+        k->meta->device = (int32_t) *device;
+    }
+    return 0;
+}
+
+static void cpu_seen(struct kp_kineto *k)
+{
+    if (k->meta->pid == 0 && k->e.pid_num && k->e.pid > 0 && k->e.pid <= UINT32_MAX) {
+        k->meta->pid = (uint32_t) k->e.pid;
+    }
+}
+
+static int64_t name_idx(struct kp_kineto *k)
+{
+    return intern_name(k, evstr(k, k->e.name_off), k->e.name_len);
+}
+
+/* "ProfilerStep#12" → 12. */
+static bool profiler_step(struct kp_kineto *k, int64_t *step)
+{
+    const char *n = evstr(k, k->e.name_off);
+    static const char pfx[] = "ProfilerStep#";
+
+    if (k->e.name_len <= sizeof(pfx) - 1 || memcmp(n, pfx, sizeof(pfx) - 1) != 0) {
+        return false;
+    }
+    return text_to_i64(n + sizeof(pfx) - 1, step) == NUM_OK && *step >= 0;
+}
+
+#define OOM(x)                  \
+    do {                        \
+        if ((x) == NULL) {      \
+            k->j.err = -ENOMEM; \
+            return k->j.err;    \
+        }                       \
+    } while (0)
+#define IDX(var, expr)           \
+    do {                         \
+        int64_t i_ = (expr);     \
+        if (i_ < 0) {            \
+            k->j.err = (int) i_; \
+            return k->j.err;     \
+        }                        \
+        var = (uint32_t) i_;     \
+    } while (0)
+
+static int map_op(struct kp_kineto *k, enum map m)
+{
+    struct ev *e = &k->e;
+    struct r_op *o;
+    int64_t v, step = 0;
+    uint32_t kind;
+    bool is_step = false;
+
+    if (m == M_GPU_ANN) {
+        kind = KPROF__V1__OP_KIND__OP_KIND_GPU_USER_ANNOTATION;
+    }
+    else if (m == M_PY) {
+        kind = KPROF__V1__OP_KIND__OP_KIND_PYTHON_FUNCTION;
+    }
+    else {
+        is_step = profiler_step(k, &step);
+        kind = is_step ? KPROF__V1__OP_KIND__OP_KIND_PROFILER_STEP
+                       : (m == M_CPU_OP ? KPROF__V1__OP_KIND__OP_KIND_CPU_OP
+                                        : KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION);
+    }
+    OOM(o = KB_ADD(&k->b, op));
+    o->ts = abs_ts(k);
+    o->dur = (uint64_t) e->dur_ns;
+    o->kind = kind;
+    o->seq = -1;
+    o->device = -1;
+    IDX(o->name, name_idx(k));
+    if (m == M_GPU_ANN) {
+        int64_t dev, stream;
+
+        if (gpu_where(k, &dev, &stream) != 0 || arg_in(k, A_EXT, 0, INT64_MAX, 0, &v) != 0) {
+            return k->j.err;
+        }
+        o->device = (int32_t) dev;
+        o->stream = (uint32_t) stream;
+        o->ext = (uint64_t) v;
+    }
+    else {
+        cpu_seen(k);
+        o->tid = e->tid_num ? (uint64_t) e->tid : 0;
+        if (m == M_PY) {
+            if (arg_in(k, A_PY_ID, 0, INT64_MAX - (int64_t) KP_KINETO_PY_ID_BASE, -1, &v) != 0) {
+                return k->j.err;
+            }
+            o->op_id = v >= 0 ? KP_KINETO_PY_ID_BASE + (uint64_t) v : 0;
+            if (arg_in(k, A_PY_PARENT, 0, INT64_MAX - (int64_t) KP_KINETO_PY_ID_BASE, -1, &v) !=
+                0) {
+                return k->j.err;
+            }
+            o->parent_id = v >= 0 ? KP_KINETO_PY_ID_BASE + (uint64_t) v : 0;
+        }
+        else {
+            if (arg_in(k, A_EXT, 0, INT64_MAX, 0, &v) != 0) {
+                return k->j.err;
+            }
+            o->op_id = o->ext = (uint64_t) v;
+            if (arg_in(k, A_SEQ, -1, INT64_MAX, -1, &o->seq) != 0 ||
+                arg_in(k, A_FWD_TID, 0, INT64_MAX, 0, &v) != 0) {
+                return k->j.err;
+            }
+            o->fwd_tid = (uint64_t) v;
+            IDX(o->shapes, intern_ev(k, C_SHAPES));
+            IDX(o->dtypes, intern_ev(k, C_TYPES));
+        }
+    }
+    row_added(k, KP_EV_OP, o->ts);
+    if (m == M_GPU_ANN) {
+        k->meta->cats[KP_KINETO_GPU_USER_ANNOTATION]++;
+        return 0;
+    }
+    k->meta->cats[m == M_PY       ? KP_KINETO_PYTHON_FUNCTION
+                  : m == M_CPU_OP ? KP_KINETO_CPU_OP
+                                  : KP_KINETO_USER_ANNOTATION]++;
+    if (is_step) {
+        struct r_step *s;
+
+        OOM(s = KB_ADD(&k->b, step));
+        s->step = step;
+        s->ts = o->ts;
+        s->dur = o->dur;
+        row_added(k, KP_EV_STEP, s->ts);
+        k->meta->cats[KP_KINETO_PROFILER_STEP]++;
+    }
+    if (m == M_CPU_OP && has(e, S_COLL_NAME)) {
+        struct r_coll *c;
+        uint64_t ext = o->ext, tid = o->tid;
+        int64_t ts = o->ts, dur = (int64_t) o->dur;
+
+        OOM(c = KB_ADD(&k->b, coll));
+        c->ts = ts;
+        c->dur = (uint64_t) dur;
+        c->ext = ext;
+        c->tid = tid;
+        IDX(c->name, intern_ev(k, S_COLL_NAME));
+        IDX(c->dtype, intern_ev(k, S_DTYPE));
+        if (has(e, S_PG_NAME)) {
+            IDX(c->pg, intern_ev(k, S_PG_NAME));
+        }
+        else if (has(e, S_PG_DESC)) {
+            IDX(c->pg, intern_ev(k, S_PG_DESC));
+        }
+        else if (has(e, A_PG_ID)) {
+            char id[32];
+            int n = snprintf(id, sizeof(id), "%" PRId64, e->a[A_PG_ID]);
+
+            IDX(c->pg, intern_name(k, id, (size_t) n));
+        }
+        if (arg_in(k, A_IN_NELEMS, 0, INT64_MAX, 0, &v) != 0) {
+            return k->j.err;
+        }
+        c->in = (uint64_t) v;
+        if (arg_in(k, A_OUT_NELEMS, 0, INT64_MAX, 0, &v) != 0) {
+            return k->j.err;
+        }
+        c->out = (uint64_t) v;
+        if (arg_in(k, A_GROUP_SIZE, 0, I4MAX, 0, &v) != 0) {
+            return k->j.err;
+        }
+        c->group_size = (uint32_t) v;
+        if (arg_in(k, A_COLL_SEQ, 0, INT64_MAX, 0, &v) != 0) {
+            return k->j.err;
+        }
+        c->seq = (uint64_t) v;
+        row_added(k, KP_EV_COLLECTIVE, c->ts);
+        k->meta->cats[KP_KINETO_COLLECTIVE]++;
+    }
+    return 0;
+}
+
+static int map_api(struct kp_kineto *k, enum map m)
+{
+    struct ev *e = &k->e;
+    struct r_api *a;
+    int64_t v;
+
+    cpu_seen(k);
+    OOM(a = KB_ADD(&k->b, api));
+    a->ts = abs_ts(k);
+    a->dur = (uint64_t) e->dur_ns;
+    a->domain = m == M_DRIVER ? KPROF__V1__API_DOMAIN__API_DOMAIN_DRIVER
+                              : KPROF__V1__API_DOMAIN__API_DOMAIN_RUNTIME;
+    a->tid = e->tid_num ? (uint64_t) e->tid : 0;
+    IDX(a->name, name_idx(k));
+    if (arg_in(k, A_CBID, 0, I4MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    a->cbid = (uint32_t) v;
+    if (arg_in(k, A_CORR, 0, INT64_MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    a->corr = (uint64_t) v;
+    a->ext = gpu_ext(k);
+    row_added(k, KP_EV_API, a->ts);
+    k->meta->cats[m == M_DRIVER ? KP_KINETO_CUDA_DRIVER : KP_KINETO_CUDA_RUNTIME]++;
+    return 0;
+}
+
+static int map_kernel(struct kp_kineto *k)
+{
+    struct ev *e = &k->e;
+    struct r_kernel *r;
+    int64_t dev, stream, v;
+
+    if (gpu_where(k, &dev, &stream) != 0) {
+        return k->j.err;
+    }
+    OOM(r = KB_ADD(&k->b, kern));
+    r->ts = abs_ts(k);
+    r->dur = (uint64_t) e->dur_ns;
+    r->device = (uint32_t) dev;
+    r->stream = (uint32_t) stream;
+    IDX(r->name, name_idx(k));
+    if (arg_in(k, A_CONTEXT, 0, I4MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    r->context = (uint32_t) v;
+    if (arg_in(k, A_CORR, 0, INT64_MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    r->corr = (uint64_t) v;
+    r->ext = gpu_ext(k);
+    for (int i = 0; i < 3; i++) {
+        if (has(e, C_GRID) && (e->grid[i] < 0 || e->grid[i] > I4MAX)) {
+            return jr_fail(&k->j, "args.grid[%d] = %" PRId64 " is out of range (0..%d)", i,
+                           e->grid[i], I4MAX);
+        }
+        if (has(e, C_BLOCK) && (e->block[i] < 0 || e->block[i] > I2MAX)) {
+            return jr_fail(&k->j, "args.block[%d] = %" PRId64 " is out of range (0..%d)", i,
+                           e->block[i], I2MAX);
+        }
+        r->grid[i] = has(e, C_GRID) ? (uint32_t) e->grid[i] : 0;
+        r->block[i] = has(e, C_BLOCK) ? (uint32_t) e->block[i] : 0;
+    }
+    if (arg_in(k, A_REGS, 0, I2MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    r->regs = (uint32_t) v;
+    if (arg_in(k, A_SMEM, 0, I4MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    r->smem = (uint32_t) v;
+    if (arg_in(k, A_GRAPH_ID, 0, I4MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    r->graph_id = (uint32_t) v;
+    if (arg_in(k, A_GRAPH_NODE, 0, INT64_MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    r->graph_node = (uint64_t) v;
+    row_added(k, KP_EV_KERNEL, r->ts);
+    k->meta->cats[KP_KINETO_KERNEL]++;
+    return 0;
+}
+
+/* CUPTI's names as kineto prints them (memcpyKindString, memoryKindString). */
+static uint32_t word_index(const char *s, size_t n, const char *const *words)
+{
+    for (uint32_t i = 0; words[i] != NULL; i++) {
+        if (strlen(words[i]) == n && memcmp(words[i], s, n) == 0) {
+            return i;
+        }
+    }
+    return 0;
+}
+
+static const char *const memcpy_kinds[] = { "Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA",
+                                            "AtoD",    "DtoA", "DtoD", "HtoH", "PtoP", NULL };
+static const char *const memory_kinds[] = { "Unknown",       "Pageable",       "Pinned",
+                                            "Device",        "Array",          "Managed",
+                                            "Device Static", "Managed Static", NULL };
+
+/* "Memcpy HtoD (Pinned -> Device)": kind, src, dst; "Memset (Device)": src only. */
+static void parse_mem_name(const char *n, size_t len, uint32_t *kind, uint32_t *src, uint32_t *dst)
+{
+    const char *sp = memchr(n, ' ', len), *lp = memchr(n, '(', len);
+
+    *kind = *src = *dst = 0;
+    if (sp != NULL && lp != NULL && lp > sp + 1) {
+        *kind = word_index(sp + 1, (size_t) (lp - sp - 2 > 0 ? lp - sp - 2 : 0), memcpy_kinds);
+    }
+    if (lp != NULL) {
+        const char *end = memchr(lp, ')', len - (size_t) (lp - n));
+        const char *arrow = end != NULL ? strstr(lp, " -> ") : NULL;
+
+        if (end == NULL) {
+            return;
+        }
+        if (arrow != NULL && arrow < end) {
+            *src = word_index(lp + 1, (size_t) (arrow - lp - 1), memory_kinds);
+            *dst = word_index(arrow + 4, (size_t) (end - arrow - 4), memory_kinds);
+        }
+        else {
+            *src = word_index(lp + 1, (size_t) (end - lp - 1), memory_kinds);
+        }
+    }
+}
+
+static int map_memcpy(struct kp_kineto *k, bool memset_)
+{
+    struct ev *e = &k->e;
+    int64_t dev, stream, ctx, corr, bytes, v;
+    uint32_t kind, src, dst;
+
+    if (gpu_where(k, &dev, &stream) != 0 || arg_in(k, A_CONTEXT, 0, I4MAX, 0, &ctx) != 0 ||
+        arg_in(k, A_CORR, 0, INT64_MAX, 0, &corr) != 0 ||
+        arg_in(k, A_BYTES, 0, INT64_MAX, 0, &bytes) != 0) {
+        return k->j.err;
+    }
+    parse_mem_name(evstr(k, e->name_off), e->name_len, &kind, &src, &dst);
+    if (memset_) {
+        struct r_memset *r;
+
+        OOM(r = KB_ADD(&k->b, mset));
+        r->ts = abs_ts(k);
+        r->dur = (uint64_t) e->dur_ns;
+        r->bytes = (uint64_t) bytes;
+        r->mem_kind = src;
+        r->device = (uint32_t) dev;
+        r->context = (uint32_t) ctx;
+        r->stream = (uint32_t) stream;
+        r->corr = (uint64_t) corr;
+        r->ext = gpu_ext(k);
+        row_added(k, KP_EV_MEMSET, r->ts);
+        k->meta->cats[KP_KINETO_GPU_MEMSET]++;
+        return 0;
+    }
+    struct r_memcpy *r;
+
+    OOM(r = KB_ADD(&k->b, mcpy));
+    r->ts = abs_ts(k);
+    r->dur = (uint64_t) e->dur_ns;
+    r->bytes = (uint64_t) bytes;
+    r->copy_kind = kind;
+    r->src_kind = src;
+    r->dst_kind = dst;
+    r->device = (uint32_t) dev;
+    r->context = (uint32_t) ctx;
+    r->stream = (uint32_t) stream;
+    r->corr = (uint64_t) corr;
+    r->ext = gpu_ext(k);
+    if (arg_in(k, A_FROM_DEV, 0, I2MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    r->src_dev = (uint32_t) v;
+    if (arg_in(k, A_TO_DEV, 0, I2MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    r->dst_dev = (uint32_t) v;
+    row_added(k, KP_EV_MEMCPY, r->ts);
+    k->meta->cats[KP_KINETO_GPU_MEMCPY]++;
+    return 0;
+}
+
+static int map_sync(struct kp_kineto *k)
+{
+    static const char *const types[] = { "Unknown",     "Event Sync",   "Stream Wait Event",
+                                         "Stream Sync", "Context Sync", NULL };
+    struct ev *e = &k->e;
+    struct r_sync *r;
+    int64_t dev, stream, v;
+
+    if (gpu_where(k, &dev, &stream) != 0) {
+        return k->j.err;
+    }
+    OOM(r = KB_ADD(&k->b, sync));
+    r->ts = abs_ts(k);
+    r->dur = (uint64_t) e->dur_ns;
+    r->type = word_index(evstr(k, e->name_off), e->name_len, types);
+    r->device = (uint32_t) dev;
+    r->stream = (uint32_t) (stream >= 1000000 ? stream - 1000000 : stream);
+    if (arg_in(k, A_CONTEXT, 0, I4MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    r->context = (uint32_t) v;
+    if (arg_in(k, A_CORR, 0, INT64_MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    r->corr = (uint64_t) v;
+    if (arg_in(k, A_EVENT_ID, 0, I4MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    r->event = (uint32_t) v;
+    row_added(k, KP_EV_SYNC, r->ts);
+    k->meta->cats[KP_KINETO_CUDA_SYNC]++;
+    return 0;
+}
+
+static int map_memory(struct kp_kineto *k)
+{
+    struct ev *e = &k->e;
+    struct r_op *o;
+    int64_t v;
+
+    cpu_seen(k);
+    OOM(o = KB_ADD(&k->b, op));
+    o->ts = abs_ts(k);
+    o->kind = KPROF__V1__OP_KIND__OP_KIND_UNSPECIFIED;
+    o->tid = e->tid_num ? (uint64_t) e->tid : 0;
+    IDX(o->name, name_idx(k));
+    if (arg_in(k, A_DEV_ID, -1, I2MAX, -1, &v) != 0) {
+        return k->j.err;
+    }
+    o->device = (int32_t) v;
+    if (arg_in(k, A_DEV_TYPE, 0, I4MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    o->stream = (uint32_t) v;
+    if (arg_in(k, A_MEM_BYTES, INT64_MIN, INT64_MAX, 0, &o->seq) != 0) {
+        return k->j.err;
+    }
+    if (arg_in(k, A_ADDR, 0, INT64_MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    o->ext = (uint64_t) v;
+    if (arg_in(k, A_TOTAL_ALLOC, 0, INT64_MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    o->op_id = (uint64_t) v;
+    if (arg_in(k, A_TOTAL_RES, 0, INT64_MAX, 0, &v) != 0) {
+        return k->j.err;
+    }
+    o->parent_id = (uint64_t) v;
+    row_added(k, KP_EV_OP, o->ts);
+    k->meta->cats[KP_KINETO_MEMORY]++;
+    return 0;
+}
+
+/* Maps the event just parsed (k->e). */
+static int ev_finish(struct kp_kineto *k)
+{
+    struct ev *e = &k->e;
+    char cat[32];
+    enum map m;
+    int rc = 0;
+
+    size_t snap[8] = { k->b.n_kern, k->b.n_mcpy, k->b.n_mset, k->b.n_api,
+                       k->b.n_op,   k->b.n_step, k->b.n_coll, k->b.n_sync };
+    size_t snap_rows = k->b.rows;
+
+    if (e->ph == 0) {
+        return jr_fail(&k->j, "the event has no \"ph\" (phase)");
+    }
+    lower_cat(k, cat, sizeof(cat));
+    m = classify(cat);
+    switch (e->ph) {
+    case 'M':
+        k->meta->cats[KP_KINETO_METADATA]++;
+        return 0;
+    case 's':
+    case 'f':
+    case 't':
+        if (m == M_FLOW_AC2G || m == M_FLOW_FWDBWD) {
+            if (!e->has_id) {
+                return jr_fail(&k->j, "a flow event (cat %s) has no \"id\"", cat);
+            }
+            k->meta->cats[m == M_FLOW_AC2G ? KP_KINETO_FLOW_AC2G : KP_KINETO_FLOW_FWDBWD]++;
+        }
+        else {
+            k->meta->cats[KP_KINETO_SKIPPED]++;
+        }
+        return 0;
+    case 'i':
+    case 'I':
+        if (e->has_name &&
+            ((e->name_len == 8 && memcmp(evstr(k, e->name_off), "[memory]", 8) == 0) ||
+             (e->name_len == 13 && memcmp(evstr(k, e->name_off), "[OutOfMemory]", 13) == 0))) {
+            if (!e->has_ts) {
+                return jr_fail(&k->j, "a %s event has no \"ts\"", evstr(k, e->name_off));
+            }
+            rc = map_memory(k);
+            break;
+        }
+        k->meta->cats[KP_KINETO_SKIPPED]++;
+        return 0;
+    case 'X':
+        if (m == M_SKIP || m == M_FLOW_AC2G || m == M_FLOW_FWDBWD) {
+            k->meta->cats[KP_KINETO_SKIPPED]++;
+            return 0;
+        }
+        if (!e->has_name) {
+            return jr_fail(&k->j, "a \"%s\" event has no \"name\"", cat);
+        }
+        if (!e->has_ts) {
+            return jr_fail(&k->j, "a \"%s\" event has no \"ts\"", cat);
+        }
+        if (!e->has_dur) {
+            return jr_fail(&k->j, "a \"%s\" complete event (ph X) has no \"dur\"", cat);
+        }
+        if (e->dur_ns < 0) {
+            e->dur_ns = 0; /* kineto clamps negative durations too */
+        }
+        switch (m) {
+        case M_CPU_OP:
+        case M_USER_ANN:
+        case M_GPU_ANN:
+        case M_PY:
+            rc = map_op(k, m);
+            break;
+        case M_RUNTIME:
+        case M_DRIVER:
+            rc = map_api(k, m);
+            break;
+        case M_KERNEL:
+            rc = map_kernel(k);
+            break;
+        case M_MEMCPY:
+            rc = map_memcpy(k, false);
+            break;
+        case M_MEMSET:
+            rc = map_memcpy(k, true);
+            break;
+        case M_SYNC:
+            rc = map_sync(k);
+            break;
+        default:
+            break;
+        }
+        break;
+    default:
+        k->meta->cats[KP_KINETO_SKIPPED]++;
+        return 0;
+    }
+    if (rc != 0) {
+        /* drop the rows of the event that failed half-way (--partial flushes the rest) */
+        k->b.n_kern = snap[0];
+        k->b.n_mcpy = snap[1];
+        k->b.n_mset = snap[2];
+        k->b.n_api = snap[3];
+        k->b.n_op = snap[4];
+        k->b.n_step = snap[5];
+        k->b.n_coll = snap[6];
+        k->b.n_sync = snap[7];
+        k->b.rows = snap_rows;
+        return rc;
+    }
+    if (batch_full(k)) {
+        rc = kb_flush(k);
+    }
+    return rc;
+}
+
+static int parse_event(struct kp_kineto *k)
+{
+    struct jr *j = &k->j;
+    struct ev *e = &k->e;
+    bool first, present;
+    int rc;
+
+    e->ph = 0;
+    e->has_ts = e->has_dur = e->has_id = e->has_name = e->has_cat = false;
+    e->pid_num = e->tid_num = false;
+    e->have = 0;
+    kp_strbuf_reset(&k->evs);
+    if (jr_ws(j) != '{') {
+        return jr_fail(j, "an event must be an object, got %s", jr_what(jr_ws(j)));
+    }
+    if (jr_obj_begin(j, &first) != 0) {
+        return j->err;
+    }
+    while ((rc = jr_obj_key(j, &first)) == 1) {
+        const char *key = j->str;
+
+        switch (j->slen) {
+        case 2:
+            if (strcmp(key, "ph") == 0) {
+                int c = jr_ws(j);
+
+                if (c != '"') {
+                    return jr_fail(j, "\"ph\" must be a string, got %s", jr_what(c));
+                }
+                if (jr_string(j) != 0) {
+                    return j->err;
+                }
+                if (j->slen != 1) {
+                    return jr_fail(j, "\"ph\" must be one character, got \"%.20s\"", j->str);
+                }
+                e->ph = (unsigned char) j->str[0];
+                continue;
+            }
+            if (strcmp(key, "ts") == 0) {
+                if (parse_time(k, "\"ts\"", &e->ts_ns, &e->has_ts) != 0) {
+                    return j->err;
+                }
+                continue;
+            }
+            if (strcmp(key, "id") == 0) {
+                int64_t v;
+
+                if (read_int(k, "\"id\"", &v, &present) != 0) {
+                    return j->err;
+                }
+                e->has_id = true; /* ids may be strings in other producers' traces */
+                continue;
+            }
+            break;
+        case 3:
+            if (strcmp(key, "cat") == 0) {
+                if (read_str(k, "\"cat\"", &e->cat_off, &e->cat_len, &e->has_cat) != 0) {
+                    return j->err;
+                }
+                continue;
+            }
+            if (strcmp(key, "dur") == 0) {
+                if (parse_time(k, "\"dur\"", &e->dur_ns, &e->has_dur) != 0) {
+                    return j->err;
+                }
+                continue;
+            }
+            if (strcmp(key, "pid") == 0) {
+                if (parse_id(k, "\"pid\"", &e->pid, &e->pid_num) != 0) {
+                    return j->err;
+                }
+                continue;
+            }
+            if (strcmp(key, "tid") == 0) {
+                if (parse_id(k, "\"tid\"", &e->tid, &e->tid_num) != 0) {
+                    return j->err;
+                }
+                continue;
+            }
+            break;
+        case 4:
+            if (strcmp(key, "name") == 0) {
+                if (read_str(k, "\"name\"", &e->name_off, &e->name_len, &e->has_name) != 0) {
+                    return j->err;
+                }
+                continue;
+            }
+            if (strcmp(key, "args") == 0) {
+                if (parse_args(k) != 0) {
+                    return j->err;
+                }
+                continue;
+            }
+            break;
+        default:
+            break;
+        }
+        if (jr_skip(j) != 0) {
+            return j->err;
+        }
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    return ev_finish(k);
+}
+
+static int parse_events(struct kp_kineto *k)
+{
+    struct jr *j = &k->j;
+    bool first;
+    int rc;
+
+    if (jr_arr_begin(j, &first) != 0) {
+        return j->err;
+    }
+    while ((rc = jr_arr_next(j, &first)) == 1) {
+        j->event = (int64_t) k->ev_index;
+        if (parse_event(k) != 0) {
+            return j->err;
+        }
+        k->ev_index++;
+        k->meta->events++;
+        j->event = -1;
+    }
+    return rc;
+}
+
+static int parse_dist(struct kp_kineto *k)
+{
+    struct jr *j = &k->j;
+    bool first, present;
+    int rc, c = jr_ws(j);
+
+    if (c == 'n') {
+        return jr_literal(j, "null");
+    }
+    if (c != '{') {
+        return jr_fail(j, "distributedInfo must be an object, got %s", jr_what(c));
+    }
+    if (jr_obj_begin(j, &first) != 0) {
+        return j->err;
+    }
+    while ((rc = jr_obj_key(j, &first)) == 1) {
+        int64_t v = 0;
+
+        if (strcmp(j->str, "rank") == 0 || strcmp(j->str, "world_size") == 0) {
+            bool is_rank = j->str[0] == 'r';
+
+            if (read_int(k, is_rank ? "distributedInfo.rank" : "distributedInfo.world_size", &v,
+                         &present) != 0) {
+                return j->err;
+            }
+            if (present && (v < 0 || v > (is_rank ? 65535 : 65536))) {
+                return jr_fail(j, "distributedInfo.%s = %" PRId64 " is out of range",
+                               is_rank ? "rank" : "world_size", v);
+            }
+            if (present && is_rank) {
+                k->meta->has_rank = true;
+                k->meta->rank = (uint32_t) v;
+            }
+            else if (present) {
+                k->meta->world_size = (uint32_t) v;
+            }
+        }
+        else if (jr_skip(j) != 0) {
+            return j->err;
+        }
+    }
+    return rc;
+}
+
+static int parse_device(struct kp_kineto *k, struct kp_kineto_device *d)
+{
+    static const struct {
+        const char *key;
+        size_t off;
+        bool u64;
+    } f[] = {
+        { "id", offsetof(struct kp_kineto_device, id), false },
+        { "numSms", offsetof(struct kp_kineto_device, sm_count), false },
+        { "computeMajor", offsetof(struct kp_kineto_device, cc_major), false },
+        { "computeMinor", offsetof(struct kp_kineto_device, cc_minor), false },
+        { "maxThreadsPerBlock", offsetof(struct kp_kineto_device, max_threads_per_block), false },
+        { "maxThreadsPerMultiprocessor", offsetof(struct kp_kineto_device, max_threads_per_sm),
+          false },
+        { "regsPerBlock", offsetof(struct kp_kineto_device, regs_per_block), false },
+        { "regsPerMultiprocessor", offsetof(struct kp_kineto_device, regs_per_sm), false },
+        { "sharedMemPerBlock", offsetof(struct kp_kineto_device, smem_per_block), false },
+        { "sharedMemPerMultiprocessor", offsetof(struct kp_kineto_device, smem_per_sm), false },
+        { "warpSize", offsetof(struct kp_kineto_device, warp_size), false },
+        { "totalGlobalMem", offsetof(struct kp_kineto_device, global_memory_bytes), true },
+    };
+    struct jr *j = &k->j;
+    bool first, present;
+    int rc;
+
+    memset(d, 0, sizeof(*d));
+    if (jr_ws(j) != '{') {
+        return jr_fail(j, "a deviceProperties entry must be an object, got %s", jr_what(jr_ws(j)));
+    }
+    if (jr_obj_begin(j, &first) != 0) {
+        return j->err;
+    }
+    while ((rc = jr_obj_key(j, &first)) == 1) {
+        size_t i;
+
+        if (strcmp(j->str, "name") == 0) {
+            int c = jr_ws(j);
+
+            if (c != '"') {
+                return jr_fail(j, "deviceProperties[].name must be a string, got %s", jr_what(c));
+            }
+            if (jr_string(j) != 0) {
+                return j->err;
+            }
+            size_t n = j->slen < sizeof(d->name) - 1 ? j->slen : sizeof(d->name) - 1;
+            while (n > 0 && n < j->slen && ((unsigned char) j->str[n] & 0xc0) == 0x80) {
+                n--;
+            }
+            memcpy(d->name, j->str, n);
+            d->name[n] = '\0';
+            if (!kp_utf8_valid(d->name, n)) {
+                snprintf(d->name, sizeof(d->name), "unknown");
+            }
+            continue;
+        }
+        for (i = 0; i < sizeof(f) / sizeof(f[0]) && strcmp(j->str, f[i].key) != 0; i++) {
+        }
+        if (i == sizeof(f) / sizeof(f[0])) {
+            if (jr_skip(j) != 0) {
+                return j->err;
+            }
+            continue;
+        }
+        int64_t v = 0;
+        char what[64];
+
+        snprintf(what, sizeof(what), "deviceProperties[].%s", f[i].key);
+        if (read_int(k, what, &v, &present) != 0) {
+            return j->err;
+        }
+        if (!present) {
+            continue;
+        }
+        if (v < 0 || v > (f[i].u64 ? INT64_MAX : (i == 0 ? I2MAX : I4MAX))) {
+            return jr_fail(j, "%s = %" PRId64 " is out of range", what, v);
+        }
+        if (f[i].u64) {
+            *(uint64_t *) ((char *) d + f[i].off) = (uint64_t) v;
+        }
+        else {
+            *(uint32_t *) ((char *) d + f[i].off) = (uint32_t) v;
+        }
+    }
+    return rc;
+}
+
+static int parse_devices(struct kp_kineto *k)
+{
+    struct jr *j = &k->j;
+    bool first;
+    int rc, c = jr_ws(j);
+
+    if (c == 'n') {
+        return jr_literal(j, "null");
+    }
+    if (c != '[') {
+        return jr_fail(j, "deviceProperties must be an array, got %s", jr_what(c));
+    }
+    k->meta->n_devices = 0;
+    if (jr_arr_begin(j, &first) != 0) {
+        return j->err;
+    }
+    while ((rc = jr_arr_next(j, &first)) == 1) {
+        struct kp_kineto_device d;
+
+        if (parse_device(k, &d) != 0) {
+            return j->err;
+        }
+        if (k->meta->n_devices < KP_KINETO_MAX_DEVICES) {
+            k->meta->devices[k->meta->n_devices++] = d;
+        }
+    }
+    return rc;
+}
+
+static int parse_top(struct kp_kineto *k)
+{
+    struct jr *j = &k->j;
+    bool first, seen_events = false, present;
+    int rc, c = jr_ws(j);
+
+    if (c == '[') { /* a bare event array is a valid trace too */
+        if (parse_events(k) != 0) {
+            return j->err;
+        }
+    }
+    else if (c == '{') {
+        if (jr_obj_begin(j, &first) != 0) {
+            return j->err;
+        }
+        while ((rc = jr_obj_key(j, &first)) == 1) {
+            if (strcmp(j->str, "traceEvents") == 0) {
+                c = jr_ws(j);
+                if (c != '[') {
+                    return jr_fail(j, "traceEvents must be an array, got %s", jr_what(c));
+                }
+                if (parse_events(k) != 0) {
+                    return j->err;
+                }
+                seen_events = true;
+            }
+            else if (strcmp(j->str, "distributedInfo") == 0) {
+                if (parse_dist(k) != 0) {
+                    return j->err;
+                }
+            }
+            else if (strcmp(j->str, "deviceProperties") == 0) {
+                if (parse_devices(k) != 0) {
+                    return j->err;
+                }
+            }
+            else if (strcmp(j->str, "baseTimeNanoseconds") == 0) {
+                int64_t v = 0;
+
+                if (read_int(k, "baseTimeNanoseconds", &v, &present) != 0) {
+                    return j->err;
+                }
+                if (present && v < 0) {
+                    return jr_fail(j, "baseTimeNanoseconds = %" PRId64 " is negative", v);
+                }
+                k->meta->base_ns = present ? v : 0;
+            }
+            else if (strcmp(j->str, "host_name") == 0 || strcmp(j->str, "hostname") == 0) {
+                uint32_t off, len;
+
+                kp_strbuf_reset(&k->evs);
+                if (read_str(k, "host_name", &off, &len, &present) != 0) {
+                    return j->err;
+                }
+                if (present) {
+                    size_t n = len < sizeof(k->meta->host) - 1 ? len : sizeof(k->meta->host) - 1;
+
+                    memcpy(k->meta->host, evstr(k, off), n);
+                    k->meta->host[n] = '\0';
+                    if (!kp_utf8_valid(k->meta->host, n)) {
+                        k->meta->host[0] = '\0';
+                    }
+                }
+            }
+            else if (jr_skip(j) != 0) {
+                return j->err;
+            }
+        }
+        if (rc != 0) {
+            return rc;
+        }
+        if (!seen_events) {
+            return jr_fail(j, "the trace has no \"traceEvents\" array (is this a Kineto trace?)");
+        }
+    }
+    else {
+        return jr_unexpected(j, c, "a trace: '{' or '['");
+    }
+    c = jr_ws(j);
+    if (c != -1) {
+        return c == -2 ? j->err
+                       : jr_fail(j, "unexpected %s after the end of the trace", jr_what(c));
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Flush */
+
+static int kb_flush(struct kp_kineto *k)
+{
+    struct kb *b = &k->b;
+    Kprof__V1__Batch m = KPROF__V1__BATCH__INIT;
+    Kprof__V1__Kernels kern = KPROF__V1__KERNELS__INIT;
+    Kprof__V1__Memcpys mcpy = KPROF__V1__MEMCPYS__INIT;
+    Kprof__V1__Memsets mset = KPROF__V1__MEMSETS__INIT;
+    Kprof__V1__ApiCalls api = KPROF__V1__API_CALLS__INIT;
+    Kprof__V1__Ops op = KPROF__V1__OPS__INIT;
+    Kprof__V1__Steps step = KPROF__V1__STEPS__INIT;
+    Kprof__V1__Collectives coll = KPROF__V1__COLLECTIVES__INIT;
+    Kprof__V1__Syncs sync = KPROF__V1__SYNCS__INIT;
+    Kprof__V1__RankInfo ri = KPROF__V1__RANK_INFO__INIT;
+    Kprof__V1__Device devs[KP_KINETO_MAX_DEVICES];
+    Kprof__V1__Device *devp[KP_KINETO_MAX_DEVICES];
+    const struct kp_kineto_meta *src = k->opts->meta != NULL ? k->opts->meta : k->meta;
+    struct kp_batch_limits lim;
+    char err[512];
+    size_t need;
+    int rc;
+
+    if (b->rows == 0 && k->sent_first) {
+        return 0;
+    }
+    need = (b->n_kern + b->n_mcpy + b->n_mset + b->n_api + b->n_op + b->n_step + b->n_coll +
+            b->n_sync) *
+               24 * sizeof(uint64_t) +
+           8192; /* + the padding of every column */
+    if (need > b->mem_cap) {
+        unsigned char *p = realloc(b->mem, need);
+
+        if (p == NULL) {
+            k->j.err = -ENOMEM;
+            return k->j.err;
+        }
+        b->mem = p;
+        b->mem_cap = need;
+    }
+    b->mem_used = 0;
+    if (b->cap_ptrs < b->nstr) {
+        char **p = realloc(b->ptrs, b->nstr * sizeof(*p));
+
+        if (p == NULL) {
+            k->j.err = -ENOMEM;
+            return k->j.err;
+        }
+        b->ptrs = p;
+        b->cap_ptrs = b->nstr;
+    }
+    for (size_t i = 0; i < b->nstr; i++) {
+        b->ptrs[i] = b->bytes.data + b->off[i];
+    }
+    m.run_id = k->opts->run_id != 0 ? k->opts->run_id : 1; /* a scan validates as run 1 */
+    m.rank = k->opts->rank;
+    m.strings = b->ptrs;
+    m.n_strings = b->nstr;
+    m.base_ns = b->have_base ? b->base_ns : 0;
+
+    if (b->n_kern) {
+        size_t n = b->n_kern;
+        const struct r_kernel *R = b->kern;
+
+        STARTS(kern, n, R);
+        COLUMN(kern, dur_ns, n, R, r->dur, 0, true);
+        COLUMN(kern, name, n, R, r->name, 0, true);
+        COLUMN(kern, device, n, R, r->device, 0, true);
+        COLUMN(kern, context, n, R, r->context, 0, false);
+        COLUMN(kern, stream, n, R, r->stream, 0, true);
+        COLUMN(kern, correlation, n, R, r->corr, 0, false);
+        COLUMN(kern, external_id, n, R, r->ext, 0, false);
+        COLUMN(kern, grid_x, n, R, r->grid[0], 0, false);
+        COLUMN(kern, grid_y, n, R, r->grid[1], 0, false);
+        COLUMN(kern, grid_z, n, R, r->grid[2], 0, false);
+        COLUMN(kern, block_x, n, R, r->block[0], 0, false);
+        COLUMN(kern, block_y, n, R, r->block[1], 0, false);
+        COLUMN(kern, block_z, n, R, r->block[2], 0, false);
+        COLUMN(kern, registers, n, R, r->regs, 0, false);
+        COLUMN(kern, static_smem, n, R, r->smem, 0, false);
+        COLUMN(kern, graph_id, n, R, r->graph_id, 0, false);
+        COLUMN(kern, graph_node_id, n, R, r->graph_node, 0, false);
+        m.kernels = &kern;
+    }
+    if (b->n_mcpy) {
+        size_t n = b->n_mcpy;
+        const struct r_memcpy *R = b->mcpy;
+
+        STARTS(mcpy, n, R);
+        COLUMN(mcpy, dur_ns, n, R, r->dur, 0, true);
+        COLUMN(mcpy, bytes, n, R, r->bytes, 0, true);
+        COLUMN(mcpy, copy_kind, n, R, r->copy_kind, 0, false);
+        COLUMN(mcpy, src_kind, n, R, r->src_kind, 0, false);
+        COLUMN(mcpy, dst_kind, n, R, r->dst_kind, 0, false);
+        COLUMN(mcpy, device, n, R, r->device, 0, true);
+        COLUMN(mcpy, context, n, R, r->context, 0, false);
+        COLUMN(mcpy, stream, n, R, r->stream, 0, true);
+        COLUMN(mcpy, correlation, n, R, r->corr, 0, false);
+        COLUMN(mcpy, external_id, n, R, r->ext, 0, false);
+        COLUMN(mcpy, src_device, n, R, r->src_dev, 0, false);
+        COLUMN(mcpy, dst_device, n, R, r->dst_dev, 0, false);
+        m.memcpys = &mcpy;
+    }
+    if (b->n_mset) {
+        size_t n = b->n_mset;
+        const struct r_memset *R = b->mset;
+
+        STARTS(mset, n, R);
+        COLUMN(mset, dur_ns, n, R, r->dur, 0, true);
+        COLUMN(mset, bytes, n, R, r->bytes, 0, true);
+        COLUMN(mset, mem_kind, n, R, r->mem_kind, 0, false);
+        COLUMN(mset, device, n, R, r->device, 0, true);
+        COLUMN(mset, context, n, R, r->context, 0, false);
+        COLUMN(mset, stream, n, R, r->stream, 0, true);
+        COLUMN(mset, correlation, n, R, r->corr, 0, false);
+        COLUMN(mset, external_id, n, R, r->ext, 0, false);
+        m.memsets = &mset;
+    }
+    if (b->n_api) {
+        size_t n = b->n_api;
+        const struct r_api *R = b->api;
+
+        STARTS(api, n, R);
+        COLUMN(api, dur_ns, n, R, r->dur, 0, true);
+        COLUMN(api, domain, n, R, r->domain, 0, true);
+        COLUMN(api, cbid, n, R, r->cbid, 0, false);
+        COLUMN(api, name, n, R, r->name, 0, true);
+        COLUMN(api, tid, n, R, r->tid, 0, true);
+        COLUMN(api, correlation, n, R, r->corr, 0, false);
+        COLUMN(api, external_id, n, R, r->ext, 0, false);
+        m.api_calls = &api;
+    }
+    if (b->n_op) {
+        size_t n = b->n_op;
+        const struct r_op *R = b->op;
+
+        STARTS(op, n, R);
+        COLUMN(op, dur_ns, n, R, r->dur, 0, true);
+        COLUMN(op, name, n, R, r->name, 0, true);
+        COLUMN(op, kind, n, R, r->kind, 0xffffffffu, true);
+        COLUMN(op, tid, n, R, r->tid, 0, false);
+        COLUMN(op, op_id, n, R, r->op_id, 0, false);
+        COLUMN(op, parent_id, n, R, r->parent_id, 0, false);
+        COLUMN(op, seq, n, R, r->seq, -1, false);
+        COLUMN(op, fwd_tid, n, R, r->fwd_tid, 0, false);
+        COLUMN(op, input_shapes, n, R, r->shapes, 0, false);
+        COLUMN(op, input_dtypes, n, R, r->dtypes, 0, false);
+        COLUMN(op, external_id, n, R, r->ext, 0, false);
+        COLUMN(op, device, n, R, r->device, -1, false);
+        COLUMN(op, stream, n, R, r->stream, 0, false);
+        m.ops = &op;
+    }
+    if (b->n_step) {
+        size_t n = b->n_step;
+        const struct r_step *R = b->step;
+
+        COLUMN(step, step, n, R, r->step, 0, true);
+        STARTS(step, n, R);
+        COLUMN(step, dur_ns, n, R, r->dur, 0, true);
+        m.steps = &step;
+    }
+    if (b->n_coll) {
+        size_t n = b->n_coll;
+        const struct r_coll *R = b->coll;
+
+        STARTS(coll, n, R);
+        COLUMN(coll, dur_ns, n, R, r->dur, 0, true);
+        COLUMN(coll, name, n, R, r->name, 0, true);
+        COLUMN(coll, in_nelems, n, R, r->in, 0, false);
+        COLUMN(coll, out_nelems, n, R, r->out, 0, false);
+        COLUMN(coll, dtype, n, R, r->dtype, 0, false);
+        COLUMN(coll, group_size, n, R, r->group_size, 0, false);
+        COLUMN(coll, process_group, n, R, r->pg, 0, false);
+        COLUMN(coll, coll_seq, n, R, r->seq, 0, false);
+        COLUMN(coll, external_id, n, R, r->ext, 0, false);
+        COLUMN(coll, tid, n, R, r->tid, 0, true);
+        m.collectives = &coll;
+    }
+    if (b->n_sync) {
+        size_t n = b->n_sync;
+        const struct r_sync *R = b->sync;
+
+        STARTS(sync, n, R);
+        COLUMN(sync, dur_ns, n, R, r->dur, 0, true);
+        COLUMN(sync, sync_type, n, R, r->type, 0, true);
+        COLUMN(sync, device, n, R, r->device, 0, true);
+        COLUMN(sync, context, n, R, r->context, 0, false);
+        COLUMN(sync, stream, n, R, r->stream, 0, true);
+        COLUMN(sync, cuda_event, n, R, r->event, 0, false);
+        COLUMN(sync, correlation, n, R, r->corr, 0, false);
+        m.syncs = &sync;
+    }
+    if (!k->sent_first) {
+        ri.job = (char *) (k->opts->job != NULL ? k->opts->job : "");
+        ri.host = (char *) src->host;
+        ri.pid = src->pid;
+        ri.world_size = k->opts->world_size;
+        ri.device = src->device;
+        m.rank_info = &ri;
+        for (size_t i = 0; i < src->n_devices; i++) {
+            const struct kp_kineto_device *d = &src->devices[i];
+
+            kprof__v1__device__init(&devs[i]);
+            devs[i].id = d->id;
+            devs[i].name = (char *) d->name;
+            devs[i].sm_count = d->sm_count;
+            devs[i].cc_major = d->cc_major;
+            devs[i].cc_minor = d->cc_minor;
+            devs[i].global_memory_bytes = d->global_memory_bytes;
+            devs[i].max_threads_per_block = d->max_threads_per_block;
+            devs[i].max_threads_per_sm = d->max_threads_per_sm;
+            devs[i].regs_per_block = d->regs_per_block;
+            devs[i].regs_per_sm = d->regs_per_sm;
+            devs[i].smem_per_block = d->smem_per_block;
+            devs[i].smem_per_sm = d->smem_per_sm;
+            devs[i].warp_size = d->warp_size;
+            devp[i] = &devs[i];
+        }
+        m.devices = devp;
+        m.n_devices = src->n_devices;
+    }
+    lim.max_name_bytes = k->max_name;
+    lim.max_strings = KP_CODEC_DEFAULT_MAX_STRINGS;
+    lim.max_rows = KP_CODEC_DEFAULT_MAX_ROWS;
+    if ((rc = kp_batch_validate(&m, &lim, err, sizeof(err))) != 0) {
+        return jr_fail(&k->j, "batch %" PRIu64 " (the events before this one) is invalid: %s",
+                       k->meta->batches + 1, err);
+    }
+    k->meta->batches++;
+    k->sent_first = true;
+    if (k->cb != NULL && (rc = k->cb(&m, k->cb_ud)) != 0) {
+        k->j.err = rc;
+        kp_errbuf_set(k->j.errbuf, k->j.errlen, "sending batch %" PRIu64 ": %s", k->meta->batches,
+                      kp_strerror(rc));
+        return rc;
+    }
+    kb_reset(b);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Entry points */
+
+int kp_kineto_parse(kp_kineto_read_cb *read, void *read_ud, const struct kp_kineto_opts *opts,
+                    kp_kineto_batch_cb *cb, void *cb_ud, struct kp_kineto_meta *meta_out,
+                    char *errbuf, size_t errlen)
+{
+    struct kp_kineto *k;
+    int rc;
+
+    if (read == NULL || opts == NULL || meta_out == NULL || (cb != NULL && opts->meta == NULL)) {
+        kp_errbuf_set(errbuf, errlen, "kp_kineto_parse: bad arguments");
+        return -EINVAL;
+    }
+    if ((k = calloc(1, sizeof(*k))) == NULL) {
+        kp_errbuf_set(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    memset(meta_out, 0, sizeof(*meta_out));
+    meta_out->device = -1;
+    meta_out->min_ns = INT64_MAX;
+    meta_out->max_ns = INT64_MIN;
+    k->opts = opts;
+    k->meta = meta_out;
+    k->cb = cb;
+    k->cb_ud = cb_ud;
+    k->max_name = opts->max_name_bytes ? opts->max_name_bytes : KP_CODEC_DEFAULT_MAX_NAME_BYTES;
+    k->batch_rows = opts->batch_rows ? opts->batch_rows : KP_KINETO_DEFAULT_BATCH_ROWS;
+    k->j.read = read;
+    k->j.read_ud = read_ud;
+    k->j.progress = opts->progress;
+    k->j.progress_ud = opts->progress_ud;
+    k->j.line = 1;
+    k->j.event = -1;
+    k->j.smax =
+        opts->max_string_bytes ? opts->max_string_bytes : KP_KINETO_DEFAULT_MAX_STRING_BYTES;
+    k->j.max_depth = opts->max_depth ? opts->max_depth : KP_KINETO_DEFAULT_MAX_DEPTH;
+    k->j.errbuf = errbuf;
+    k->j.errlen = errlen;
+    kp_strbuf_init(&k->evs, EV_MAX_BYTES);
+    kp_strbuf_init(&k->b.bytes, 0);
+    if ((k->j.buf = malloc(JR_CHUNK)) == NULL) {
+        rc = -ENOMEM;
+        kp_errbuf_set(errbuf, errlen, "out of memory");
+        goto out;
+    }
+    kb_reset(&k->b);
+    if (k->b.nstr != 1) {
+        rc = -ENOMEM;
+        kp_errbuf_set(errbuf, errlen, "out of memory");
+        goto out;
+    }
+    rc = parse_top(k);
+    if (rc == 0 && (k->b.rows > 0 || !k->sent_first)) {
+        rc = kb_flush(k);
+    }
+    else if (rc == KP_EPROTO && opts->partial && cb != NULL && k->b.rows > 0) {
+        /* --partial: send what was read before the error, keep the error's message */
+        char saved[1024];
+
+        snprintf(saved, sizeof(saved), "%s", errbuf != NULL ? errbuf : "");
+        k->j.err = 0;
+        k->j.errbuf = NULL;
+        k->j.errlen = 0;
+        if (kb_flush(k) != 0) {
+            kp_errbuf_set(errbuf, errlen, "%s (and the rows before it could not be sent)", saved);
+        }
+        else {
+            kp_errbuf_set(errbuf, errlen, "%s", saved);
+        }
+    }
+    if (rc == -ENOMEM && k->j.err == -ENOMEM) {
+        kp_errbuf_set(errbuf, errlen, "out of memory");
+    }
+    meta_out->json_bytes = k->j.off + k->j.pos;
+    if (meta_out->min_ns == INT64_MAX) {
+        meta_out->min_ns = meta_out->max_ns = 0;
+    }
+out:
+    free(k->j.buf);
+    free(k->j.str);
+    kp_strbuf_fini(&k->evs);
+    kb_fini(&k->b);
+    free(k);
+    return rc;
+}
+
+struct mem_src {
+    const unsigned char *p;
+    size_t len, pos;
+};
+
+static ssize_t mem_read(void *ud, void *buf, size_t len, char *errbuf, size_t errlen)
+{
+    struct mem_src *m = ud;
+    size_t n = m->len - m->pos < len ? m->len - m->pos : len;
+
+    memcpy(buf, m->p + m->pos, n);
+    m->pos += n;
+    return (ssize_t) n;
+}
+
+int kp_kineto_parse_mem(const void *data, size_t len, const struct kp_kineto_opts *opts,
+                        kp_kineto_batch_cb *cb, void *cb_ud, struct kp_kineto_meta *meta_out,
+                        char *errbuf, size_t errlen)
+{
+    struct mem_src m = { data, len, 0 };
+
+    return kp_kineto_parse(mem_read, &m, opts, cb, cb_ud, meta_out, errbuf, errlen);
+}
+
+struct gz_src {
+    gzFile gz;
+    const struct kp_kineto_opts *opts;
+};
+
+static ssize_t gz_read_cb(void *ud, void *buf, size_t len, char *errbuf, size_t errlen)
+{
+    struct gz_src *g = ud;
+    int n = gzread(g->gz, buf, (unsigned) len), zerr;
+
+    if (n < 0) {
+        const char *msg = gzerror(g->gz, &zerr);
+
+        kp_errbuf_set(errbuf, errlen,
+                      "gzip: %s (near compressed byte %lld); the file is corrupt or truncated",
+                      msg != NULL ? msg : "read error", (long long) gzoffset(g->gz));
+        return zerr == Z_ERRNO ? -EIO : KP_EPROTO;
+    }
+    if (n == 0 && (gzerror(g->gz, &zerr), zerr != Z_OK)) {
+        kp_errbuf_set(
+            errbuf, errlen,
+            "gzip: the compressed stream ends early (near compressed byte %lld): the file is truncated",
+            (long long) gzoffset(g->gz));
+        return KP_EPROTO;
+    }
+    if (g->opts->progress != NULL) {
+        g->opts->progress((uint64_t) gzoffset(g->gz), g->opts->progress_ud);
+    }
+    return n;
+}
+
+int kp_kineto_parse_file(const char *path, const struct kp_kineto_opts *opts,
+                         kp_kineto_batch_cb *cb, void *cb_ud, struct kp_kineto_meta *meta_out,
+                         char *errbuf, size_t errlen)
+{
+    struct gz_src g = { NULL, opts };
+    char inner[768];
+    int rc;
+
+    errno = 0;
+    if ((g.gz = gzopen(path, "rb")) == NULL) {
+        rc = errno ? -errno : -ENOMEM;
+        kp_errbuf_set(errbuf, errlen, "%s: cannot open: %s", path, strerror(-rc));
+        return rc;
+    }
+    gzbuffer(g.gz, 256 * 1024);
+    inner[0] = '\0';
+    rc = kp_kineto_parse(gz_read_cb, &g, opts, cb, cb_ud, meta_out, inner, sizeof(inner));
+    if (rc != 0) {
+        kp_errbuf_set(errbuf, errlen, "%s: %s", path, inner[0] ? inner : kp_strerror(rc));
+    }
+    gzclose(g.gz);
+    return rc;
+}
+
+long kp_kineto_rank_from_name(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    long found = -1;
+
+    base = base != NULL ? base + 1 : path;
+    for (const char *p = base; *p != '\0'; p++) {
+        static const char *const pfx[] = { "rank", "worker" };
+
+        for (size_t i = 0; i < 2; i++) {
+            size_t n = strlen(pfx[i]);
+
+            if (strncasecmp(p, pfx[i], n) == 0) {
+                const char *q = p + n;
+                long v = 0;
+
+                if (*q == '-' || *q == '_' || *q == '.') {
+                    q++;
+                }
+                if (*q < '0' || *q > '9') {
+                    continue;
+                }
+                for (; *q >= '0' && *q <= '9' && v < 1000000; q++) {
+                    v = v * 10 + (*q - '0');
+                }
+                found = v;
+            }
+        }
+    }
+    return found;
+}

@@ -1,0 +1,195 @@
+/*
+ * kp_kineto: a streaming reader of torch.profiler (Kineto) chrome-trace JSON that turns the
+ * trace into kprof protocol batches (proto/kprof.proto), in constant memory whatever the file
+ * size. Reference: specs/torch-trace-formats.md, Part B.
+ *
+ * Parsing. A pull tokenizer of its own reads the JSON through a caller's read callback (or a
+ * file, gzip or plain, through zlib) in 256 KiB chunks; no DOM is built. Every string is
+ * bounded (max_string_bytes), nesting is bounded (max_depth), names longer than
+ * max_name_bytes are cut at a UTF-8 boundary, invalid UTF-8 and NUL become U+FFFD. An
+ * error (bad JSON, wrong type, missing field, out-of-range value, hostile sizes) stops the
+ * parse with KP_EPROTO and a one-line message giving the line, the column, the byte offset
+ * in the (decompressed) JSON and the event index, e.g.
+ *   "line 40, column 77 (byte 5124), traceEvents[12]: args.grid must be an array of 3 ints".
+ *
+ * Two passes. Times are µs relative to baseTimeNanoseconds (~2.4+) or absolute µs (older),
+ * and before 2025-03 baseTimeNanoseconds came after traceEvents; the rank and world size
+ * (distributedInfo), the device table and the External-id mode may come anywhere too. So an
+ * import scans a file first (cb NULL: every event is parsed, mapped and checked exactly as in
+ * the second pass, batches are built and validated with kp_batch_validate, nothing is sent)
+ * and gets a struct kp_kineto_meta, then parses it again with opts.meta set and a callback
+ * that sends the batches. A file that scans clean converts clean.
+ *
+ * Mapping (Kineto → kprof; export inverts it):
+ *  - cat cpu_op, Operator (1.8/1.9)   → ops, kind CPU_OP (ProfilerStep#N: kind PROFILER_STEP
+ *                                        plus a steps row), op_id = external_id = External id,
+ *                                        seq = Sequence number (-1 if none), fwd_tid = Fwd
+ *                                        thread id, input_shapes = str(Input Dims) ("[[32, 128],
+ *                                        []]"), input_dtypes = repr(Input type) ("['float']")
+ *  - user_annotation                  → ops USER_ANNOTATION (ProfilerStep#N: PROFILER_STEP +
+ *                                        steps row {step N, ts, dur}), ids as cpu_op
+ *  - gpu_user_annotation (any case), User (1.8) → ops GPU_USER_ANNOTATION, external_id =
+ *                                        External id, op_id 0, device = pid, stream = tid
+ *  - python_function                  → ops PYTHON_FUNCTION, op_id = KP_KINETO_PY_ID_BASE +
+ *                                        Python id, parent_id = the same of Python parent id
+ *  - record_param_comms with Collective name → also a collectives row (name, dtype, In/Out
+ *                                        msg nelems, Group size, Process Group Name (or
+ *                                        Description, or ID), coll_seq = Seq, External id, tid)
+ *  - cuda_runtime, Runtime (≤1.10)    → api_calls domain RUNTIME; cuda_driver → DRIVER
+ *  - kernel                           → kernels (shared memory → static_smem: Kineto gives
+ *                                        static + dynamic as one number)
+ *  - gpu_memcpy, Memcpy               → memcpys, copy/src/dst kinds parsed from the name
+ *                                        ("Memcpy HtoD (Pinned -> Device)"); peer copies take
+ *                                        fromDevice/toDevice
+ *  - gpu_memset, Memset               → memsets, mem_kind from the name
+ *  - cuda_sync                        → syncs (sync_type from the name, CUPTI's enum)
+ *  - [memory], [OutOfMemory] instants → ops rows of kind OP_KIND_UNSPECIFIED (0) with that
+ *                                        name and dur 0: device = Device Id, stream = Device
+ *                                        Type, seq = Bytes, external_id = Addr, op_id = Total
+ *                                        Allocated, parent_id = Total Reserved (a stopgap
+ *                                        until the schema has a memory table)
+ *  - ac2g / async / async_gpu / async_cpu_to_gpu and fwdbwd / forward_backward flows: counted
+ *    and checked, not stored: an ac2g id is the CUPTI correlation both ends already carry; a
+ *    fwdbwd pair is (Fwd thread id, Sequence number), which the ops rows keep.
+ *  - deviceProperties → Batch.devices; distributedInfo → rank and world size; the first
+ *    batch carries rank_info (job, host_name, the CPU pid, the device of the first GPU event).
+ *  - The External id trap (B.6): from 1.11 to 2.2 the runtime and GPU events' External id is
+ *    their own CUPTI correlation, and 2.3-2.5 falls back to it for events outside any op. An
+ *    External id equal to the event's correlation is therefore dropped (0: no link); the
+ *    lower-case `external id` of 1.8-1.10 is the CPU op's and is kept.
+ *  - Metadata (M), Trace spans, other instants and other categories are counted as skipped.
+ *
+ * Times: ns since the epoch = baseTimeNanoseconds (0 if absent) + ts µs × 1000, parsed from
+ * the decimal text without floating point, rounded to the ns.
+ *
+ * Thread-safety: none needed; a parse uses only its own state.
+ */
+#ifndef KP_KINETO_H
+#define KP_KINETO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kp_codec.h"
+#include "kprof.pb-c.h"
+
+#define KP_KINETO_DEFAULT_BATCH_ROWS       4096
+#define KP_KINETO_DEFAULT_MAX_STRING_BYTES (1u << 20)
+#define KP_KINETO_DEFAULT_MAX_DEPTH        64
+#define KP_KINETO_MAX_DEVICES              64
+#define KP_KINETO_PY_ID_BASE               (1ULL << 56)
+
+/* The event categories counted while parsing (file side of the import's accounting). */
+enum kp_kineto_cat {
+    KP_KINETO_CPU_OP,              /* cpu_op, Operator */
+    KP_KINETO_USER_ANNOTATION,     /* user_annotation (ProfilerStep# included) */
+    KP_KINETO_GPU_USER_ANNOTATION, /* gpu_user_annotation, gpu_user_Annotation, User */
+    KP_KINETO_PYTHON_FUNCTION,
+    KP_KINETO_CUDA_RUNTIME, /* cuda_runtime, Runtime */
+    KP_KINETO_CUDA_DRIVER,
+    KP_KINETO_KERNEL,
+    KP_KINETO_GPU_MEMCPY,
+    KP_KINETO_GPU_MEMSET,
+    KP_KINETO_CUDA_SYNC,
+    KP_KINETO_MEMORY,        /* [memory] and [OutOfMemory] instants */
+    KP_KINETO_FLOW_AC2G,     /* ac2g, async, async_gpu, async_cpu_to_gpu (s and f) */
+    KP_KINETO_FLOW_FWDBWD,   /* fwdbwd, forward_backward (s and f) */
+    KP_KINETO_PROFILER_STEP, /* ProfilerStep#N CPU slices (also counted in their cat) */
+    KP_KINETO_COLLECTIVE,    /* record_param_comms with Collective name (also cpu_op) */
+    KP_KINETO_METADATA,      /* ph M */
+    KP_KINETO_SKIPPED,       /* everything else */
+    KP_KINETO_CAT_COUNT
+};
+
+/* Labels of enum kp_kineto_cat, for logs and JSON ("cpu_op", "ac2g", ...). */
+extern const char *const kp_kineto_cat_names[KP_KINETO_CAT_COUNT];
+
+struct kp_kineto_device {
+    uint32_t id;
+    char name[128];
+    uint32_t sm_count, cc_major, cc_minor, max_threads_per_block, max_threads_per_sm;
+    uint32_t regs_per_block, regs_per_sm, smem_per_block, smem_per_sm, warp_size;
+    uint64_t global_memory_bytes;
+};
+
+/* What a parse learned about the file; filled by every parse, needed by the second. */
+struct kp_kineto_meta {
+    bool has_rank;       /* distributedInfo.rank was present */
+    uint32_t rank;       /* distributedInfo.rank */
+    uint32_t world_size; /* distributedInfo.world_size, 0 if absent */
+    int64_t base_ns;     /* baseTimeNanoseconds, 0 if absent */
+    char host[256];      /* host_name / hostname metadata, "" if absent */
+    uint32_t pid;        /* pid of the first CPU event, 0 if none */
+    int32_t device;      /* device of the first GPU event, -1 if none */
+    size_t n_devices;
+    struct kp_kineto_device devices[KP_KINETO_MAX_DEVICES];
+    uint64_t json_bytes;                /* decompressed bytes parsed */
+    uint64_t events;                    /* traceEvents entries */
+    uint64_t cats[KP_KINETO_CAT_COUNT]; /* per category */
+    uint64_t rows[KP_EV_COUNT];         /* rows produced per kind */
+    uint64_t batches;                   /* batches produced */
+    uint64_t ext_dropped;               /* External ids dropped by the trap rule */
+    uint64_t names_truncated;           /* names cut to max_name_bytes */
+    int64_t min_ns, max_ns;             /* span of the events' start times */
+};
+
+/* Reads up to len bytes into buf. Returns the count, 0 at the end, or a negative code with a
+ * message in errbuf (e.g. a gzip error). */
+typedef ssize_t kp_kineto_read_cb(void *ud, void *buf, size_t len, char *errbuf, size_t errlen);
+
+/* Receives a batch (borrowed: valid until the callback returns). Returns 0 to go on, or a
+ * negative code that stops the parse and is returned by it. */
+typedef int kp_kineto_batch_cb(Kprof__V1__Batch *b, void *ud);
+
+/* Progress: bytes of input consumed so far (compressed bytes for gzip files). */
+typedef void kp_kineto_progress_cb(uint64_t in_bytes, void *ud);
+
+struct kp_kineto_opts {
+    uint64_t run_id;                   /* copied into every batch */
+    uint32_t rank;                     /* copied into every batch */
+    const char *job;                   /* rank_info.job; NULL: "" */
+    uint32_t world_size;               /* rank_info.world_size */
+    const struct kp_kineto_meta *meta; /* from the scan: base_ns, devices, host; NULL in
+                                        * a scan (then cb must be NULL too) */
+    uint32_t batch_rows;               /* rows per batch; 0: KP_KINETO_DEFAULT_BATCH_ROWS */
+    size_t max_string_bytes;           /* longest JSON string; 0: default (1 MiB) */
+    size_t max_name_bytes;             /* names are cut to this; 0: the codec default */
+    uint32_t max_depth;                /* JSON nesting; 0: KP_KINETO_DEFAULT_MAX_DEPTH */
+    bool partial;                      /* on a parse error, still send the rows read before
+                                        * it (the error is returned all the same) */
+    kp_kineto_progress_cb *progress;   /* may be NULL; called once per chunk */
+    void *progress_ud;
+};
+
+/*
+ * Parses one trace from read (see the top of this file). With cb NULL it scans: builds and
+ * validates the batches but drops them. meta_out (required) gets what was learned. Returns 0;
+ * KP_EPROTO with the position and reason in errbuf; the read callback's error; cb's error;
+ * -ENOMEM; or -EINVAL for bad opts. Blocks only in read and cb.
+ */
+int kp_kineto_parse(kp_kineto_read_cb *read, void *read_ud, const struct kp_kineto_opts *opts,
+                    kp_kineto_batch_cb *cb, void *cb_ud, struct kp_kineto_meta *meta_out,
+                    char *errbuf, size_t errlen);
+
+/* kp_kineto_parse over a memory buffer (borrowed). */
+int kp_kineto_parse_mem(const void *data, size_t len, const struct kp_kineto_opts *opts,
+                        kp_kineto_batch_cb *cb, void *cb_ud, struct kp_kineto_meta *meta_out,
+                        char *errbuf, size_t errlen);
+
+/*
+ * kp_kineto_parse over a file, gzip-compressed or plain (zlib tells them apart). errbuf
+ * starts with the path ("trace.json.gz: gzip: invalid stored block lengths (compressed byte
+ * 40960)", "x.json: line 3, column 9 (byte 60): ..."). Returns as kp_kineto_parse, or
+ * -errno if the file cannot be opened.
+ */
+int kp_kineto_parse_file(const char *path, const struct kp_kineto_opts *opts,
+                         kp_kineto_batch_cb *cb, void *cb_ud, struct kp_kineto_meta *meta_out,
+                         char *errbuf, size_t errlen);
+
+/* Finds a rank in a trace's file name: "rank-3", "rank_3", "rank3", "worker3" (any case),
+ * the last such match in the base name. Returns the rank, or -1 if there is none. */
+long kp_kineto_rank_from_name(const char *path);
+
+#endif

@@ -1,0 +1,55 @@
+/*
+ * kprofctl: kprof's command-line client, verbs in the kubectl style (DESIGN.md "kprofctl").
+ * This file only dispatches: `kprofctl VERB [flags] [args]` runs the verb's entry point from
+ * the table below. To add a verb, write kprofctl/<verb>.c with `int kprofctl_<verb>(int argc,
+ * char **argv)`, declare it in kprofctl.h and add a row here.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "kprofctl.h"
+
+#ifndef KPROF_VERSION
+#define KPROF_VERSION "dev"
+#endif
+
+static const struct kprofctl_verb verbs[] = {
+    { "import", "load torch.profiler (Kineto) trace files into a new run", kprofctl_import },
+};
+#define N_VERBS (sizeof(verbs) / sizeof(verbs[0]))
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: kprofctl VERB [flags] [args]\n\nverbs:\n");
+    for (size_t i = 0; i < N_VERBS; i++) {
+        fprintf(out, "  %-10s %s\n", verbs[i].name, verbs[i].summary);
+    }
+    fprintf(out,
+            "\n`kprofctl VERB --help` lists a verb's flags. Flags also come from the environment\n"
+            "(KPROF_<FLAG>, e.g. KPROF_COLLECTOR) and /etc/kprof/kprofctl.conf.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("kprofctl %s\n", KPROF_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < N_VERBS; i++) {
+        if (strcmp(argv[1], verbs[i].name) == 0) {
+            return verbs[i].run(argc - 1, argv + 1);
+        }
+    }
+    fprintf(stderr, "kprofctl: unknown verb \"%s\"\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
