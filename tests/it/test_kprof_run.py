@@ -684,11 +684,26 @@ class Clock(unittest.TestCase):
         self.assertEqual(ticks, [1, 2, None, 3, 4])
 
 
+def sanitizer_preload(lib):
+    """An ASan build of the library needs the ASan runtime loaded first when the program
+    (python3 here) is not instrumented: the LD_PRELOAD and options for it, or {}."""
+    try:
+        out = subprocess.run(["ldd", lib], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return {}
+    for line in out.splitlines():
+        parts = line.split()
+        if parts and parts[0].startswith("libasan.so") and len(parts) >= 3:
+            return {"LD_PRELOAD": parts[2], "ASAN_OPTIONS": "detect_leaks=0"}
+    return {}
+
+
 @unittest.skipUnless(os.path.exists(REAL_LIB), "libkprof_inject.so not built at " + REAL_LIB)
 class RealLibrary(unittest.TestCase):
     def test_current_step_matches(self):
         env = base_env(PYTHONPATH=FAKE_DIR, TRAIN_STATS="1", TRAIN_STEPS="11",
-                       KPROF_AGENT_SOCKET=os.path.join(T, "no-agent.sock"))
+                       KPROF_AGENT_SOCKET=os.path.join(T, "no-agent.sock"),
+                       **sanitizer_preload(REAL_LIB))
         r = run([KPROF_RUN, "-q", "--lib", REAL_LIB, "--", sys.executable,
                  os.path.join(T, "train.py")], env)
         self.assertEqual(r.returncode, 0, r.stderr)
