@@ -15,11 +15,16 @@
  *     (delta-encoded start_ns; optional columns left out when every row has the "none"
  *     value), validates the batch with kp_batch_validate and hands it to the callback.
  * Memory is O(batch_rows + max_string_bytes), independent of the file.
+ *  4. The spool (end of the file): a scan's validated batches, encoded without the fields a
+ *     replay puts in front, in memory up to a limit, then in an unlinked temporary file.
+ * Speed: the tokenizer finds string ends eight bytes at a time (str_span) and reads plain
+ * numbers in one pass over the buffer; integers up to 18 digits skip strtoll.
  */
 #define KP_LOG_MODULE "kineto"
 #include "kp_kineto.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -27,9 +32,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "kp_err.h"
+#include "kp_log.h"
 #include "kp_strbuf.h"
 
 #define JR_CHUNK         (256u * 1024u)
@@ -289,6 +296,40 @@ static int jr_hex4(struct jr *j, uint32_t *out)
     return 0;
 }
 
+/* Index of the first '"', '\\' or control byte in p[0..n), or n. Eight bytes at a time: a
+ * byte of w is flagged if it is 0 after xor with the quote or the backslash, or below 0x20
+ * (the classic has-less-than word trick); flags above the first true one may be false, so
+ * the lowest flagged byte is the answer (little-endian). */
+static inline size_t str_span(const unsigned char *p, size_t n)
+{
+    size_t i = 0;
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w, q, b, t;
+
+        memcpy(&w, p + i, 8);
+        q = w ^ (ones * '"');
+        b = w ^ (ones * '\\');
+        t = ((q - ones) & ~q) | ((b - ones) & ~b) | ((w - ones * 0x20) & ~w);
+        t &= highs;
+        if (t != 0) {
+            return i + (size_t) (__builtin_ctzll(t) >> 3);
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        unsigned char c = p[i];
+
+        if (c == '"' || c == '\\' || c < 0x20) {
+            break;
+        }
+    }
+    return i;
+}
+
 /* Reads a string token (the next byte must be '"') into j->str. Raw bytes are copied as they
  * are (UTF-8 is checked where names are stored); escapes are decoded. */
 static int jr_string(struct jr *j)
@@ -296,16 +337,8 @@ static int jr_string(struct jr *j)
     j->slen = 0;
     j->pos++; /* the opening quote */
     for (;;) {
-        size_t start = j->pos, i = j->pos;
+        size_t start = j->pos, i = j->pos + str_span(j->buf + j->pos, j->len - j->pos);
 
-        while (i < j->len) {
-            unsigned char c = j->buf[i];
-
-            if (c == '"' || c == '\\' || c < 0x20) {
-                break;
-            }
-            i++;
-        }
         if (i > start) {
             if (jr_str_grow(j, j->slen + (i - start)) != 0) {
                 return j->err;
@@ -405,6 +438,43 @@ static int jr_number(struct jr *j)
     size_t digits;
 
     j->nlen = 0;
+    {
+        /* fast path: -?int(.digits)? ending inside the buffer, no exponent */
+        const unsigned char *p = j->buf + j->pos, *q = p, *end = j->buf + j->len, *d;
+
+        if (q < end && *q == '-') {
+            q++;
+        }
+        if (q < end && *q == '0') {
+            q++;
+        }
+        else if (q < end && *q >= '1' && *q <= '9') {
+            while (q < end && *q >= '0' && *q <= '9') {
+                q++;
+            }
+        }
+        else {
+            goto slow;
+        }
+        if (q < end && *q == '.') {
+            d = ++q;
+            while (q < end && *q >= '0' && *q <= '9') {
+                q++;
+            }
+            if (q == d) {
+                goto slow;
+            }
+        }
+        if (q >= end || *q == 'e' || *q == 'E' || (size_t) (q - p) + 2 > sizeof(j->num)) {
+            goto slow;
+        }
+        j->nlen = (size_t) (q - p);
+        memcpy(j->num, p, j->nlen);
+        j->num[j->nlen] = '\0';
+        j->pos += j->nlen;
+        return 0;
+    }
+slow:
 #define NUM_TAKE()                                                                        \
     do {                                                                                  \
         if (j->nlen + 1 >= sizeof(j->num)) {                                              \
@@ -743,6 +813,18 @@ static int jr_capture(struct jr *j, struct kp_strbuf *sb)
 /* ------------------------------------------------------------------------------------------ */
 /* Numbers */
 
+/* num_us_to_ns of a number with an exponent. */
+static int num_exp_to_ns(const char *s, int64_t *out)
+{
+    long double d = strtold(s, NULL) * 1000.0L;
+
+    if (!(d > -9.2e18L && d < 9.2e18L)) {
+        return -ERANGE;
+    }
+    *out = (int64_t) (d < 0 ? d - 0.5L : d + 0.5L); /* round half away from zero */
+    return 0;
+}
+
 /* Parses the JSON number text s (µs) into ns, rounded half away from zero, without floating
  * point for the common forms. Returns 0 or -ERANGE. */
 static int num_us_to_ns(const char *s, int64_t *out)
@@ -752,22 +834,13 @@ static int num_us_to_ns(const char *s, int64_t *out)
     int64_t v = 0;
     int fd = 0;
 
-    if (strpbrk(s, "eE") != NULL) {
-        long double d = strtold(s, NULL) * 1000.0L;
-
-        if (!(d > -9.2e18L && d < 9.2e18L)) {
-            return -ERANGE;
-        }
-        *out = (int64_t) (d < 0 ? d - 0.5L : d + 0.5L); /* round half away from zero */
-        return 0;
-    }
     if (*p == '-') {
         neg = true;
         p++;
     }
     for (; *p >= '0' && *p <= '9'; p++) {
         if (v > (INT64_MAX / 1000 - 9) / 10) {
-            return -ERANGE;
+            return strpbrk(s, "eE") != NULL ? num_exp_to_ns(s, out) : -ERANGE;
         }
         v = v * 10 + (*p - '0');
     }
@@ -785,6 +858,9 @@ static int num_us_to_ns(const char *s, int64_t *out)
             }
         }
     }
+    if (*p == 'e' || *p == 'E') {
+        return num_exp_to_ns(s, out);
+    }
     *out = neg ? -v : v;
     return 0;
 }
@@ -801,6 +877,20 @@ static enum num_rc text_to_i64(const char *s, int64_t *out)
 {
     char *end;
 
+    {
+        /* fast path: -?[0-9]{1,18}, which cannot overflow */
+        const char *p = s + (*s == '-');
+        int64_t v = 0;
+        int n = 0;
+
+        for (; *p >= '0' && *p <= '9' && n < 18; p++, n++) {
+            v = v * 10 + (*p - '0');
+        }
+        if (*p == '\0' && n > 0) {
+            *out = *s == '-' ? -v : v;
+            return NUM_OK;
+        }
+    }
     while (*s == ' ') {
         s++;
     }
@@ -1136,11 +1226,12 @@ struct arg_key {
     const char *key;
     uint8_t len;
     uint8_t id;
+    const char *what; /* "args.<key>", for errors */
 };
 
-#define AK(s, id)                        \
-    {                                    \
-        s, (uint8_t) (sizeof(s) - 1), id \
+#define AK(s, id)                                   \
+    {                                               \
+        s, (uint8_t) (sizeof(s) - 1), id, "args." s \
     }
 static const struct arg_key arg_keys[] = {
     AK("External id", A_EXT),
@@ -1203,6 +1294,31 @@ struct ev {
     int64_t grid[3], block[3];
 };
 
+/* A record of the spool: this header, then len bytes of the encoded batch. */
+struct spool_rec {
+    uint32_t len;
+    uint32_t first; /* the batch that carries rank_info and devices */
+    int64_t base_ns;
+    uint64_t in_bytes; /* input position when the batch was built (for progress) */
+};
+
+#define SPOOL_WBUF (1u << 20) /* write buffer once the spool is a file */
+
+struct kp_kineto_spool {
+    size_t mem_limit;
+    unsigned char *buf; /* every record while in memory; the write buffer once in a file */
+    size_t len, cap;
+    int fd; /* the unlinked temporary file, -1 while in memory */
+    uint64_t file_bytes;
+    uint64_t records, bytes;
+    uint64_t in_bytes; /* latest input position the reader reported */
+    int64_t base_used; /* the base time the rows were built with */
+    bool base_set;
+    bool used;     /* a scan wrote to it */
+    bool unusable; /* see kp_kineto.h: replay answers KP_KINETO_REPARSE */
+    bool replayed;
+};
+
 struct kp_kineto {
     const struct kp_kineto_opts *opts;
     struct jr j;
@@ -1216,6 +1332,7 @@ struct kp_kineto {
     uint32_t batch_rows;
     bool sent_first;
     uint64_t ev_index;
+    struct kp_kineto_spool *spool;
 };
 
 static bool has(const struct ev *e, int id)
@@ -1225,7 +1342,7 @@ static bool has(const struct ev *e, int id)
 
 static const char *evstr(struct kp_kineto *k, uint32_t off)
 {
-    return k->evs.data + off;
+    return k->evs.data != NULL ? k->evs.data + off : ""; /* nothing kept yet: empty */
 }
 
 /* Stores j->str (or s) in the event's string space. */
@@ -1366,7 +1483,7 @@ static int parse_args(struct kp_kineto *k)
     }
     while ((rc = jr_obj_key(j, &first)) == 1) {
         const struct arg_key *ak = NULL;
-        char what[64];
+        const char *what;
 
         for (size_t i = 0; i < N_ARG_KEYS; i++) {
             if (arg_keys[i].len == j->slen && memcmp(arg_keys[i].key, j->str, j->slen) == 0) {
@@ -1380,7 +1497,7 @@ static int parse_args(struct kp_kineto *k)
             }
             continue;
         }
-        snprintf(what, sizeof(what), "args.%s", ak->key);
+        what = ak->what;
         if (ak->id < A_NUM_COUNT) {
             int64_t v = 0;
 
@@ -1670,8 +1787,10 @@ static enum map classify(const char *cat)
         { "forward_backward", M_FLOW_FWDBWD },
     };
 
+    size_t n = strlen(cat);
+
     for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-        if (strcmp(cat, t[i].cat) == 0) {
+        if (cat[0] == t[i].cat[0] && strlen(t[i].cat) == n && memcmp(cat, t[i].cat, n) == 0) {
             return t[i].m;
         }
     }
@@ -1704,6 +1823,15 @@ static int64_t abs_ts(struct kp_kineto *k)
 {
     int64_t base = k->opts->meta != NULL ? k->opts->meta->base_ns : k->meta->base_ns;
 
+    if (k->spool != NULL) {
+        if (!k->spool->base_set) {
+            k->spool->base_used = base;
+            k->spool->base_set = true;
+        }
+        else if (k->spool->base_used != base) {
+            k->spool->unusable = true; /* rows built with two different bases */
+        }
+    }
     if (__builtin_add_overflow(base, k->e.ts_ns, &base)) {
         return INT64_MAX;
     }
@@ -2644,6 +2772,186 @@ static int parse_top(struct kp_kineto *k)
 /* ------------------------------------------------------------------------------------------ */
 /* Flush */
 
+/* The first batch's rank_info and devices, from the opts and the file's meta. */
+static void fill_rank_info(const struct kp_kineto_opts *opts, const struct kp_kineto_meta *src,
+                           Kprof__V1__Batch *m, Kprof__V1__RankInfo *ri, Kprof__V1__Device *devs,
+                           Kprof__V1__Device **devp)
+{
+    ri->job = (char *) (opts->job != NULL ? opts->job : "");
+    ri->host = (char *) src->host;
+    ri->pid = src->pid;
+    ri->world_size = opts->world_size;
+    ri->device = src->device;
+    m->rank_info = ri;
+    for (size_t i = 0; i < src->n_devices; i++) {
+        const struct kp_kineto_device *d = &src->devices[i];
+
+        kprof__v1__device__init(&devs[i]);
+        devs[i].id = d->id;
+        devs[i].name = (char *) d->name;
+        devs[i].sm_count = d->sm_count;
+        devs[i].cc_major = d->cc_major;
+        devs[i].cc_minor = d->cc_minor;
+        devs[i].global_memory_bytes = d->global_memory_bytes;
+        devs[i].max_threads_per_block = d->max_threads_per_block;
+        devs[i].max_threads_per_sm = d->max_threads_per_sm;
+        devs[i].regs_per_block = d->regs_per_block;
+        devs[i].regs_per_sm = d->regs_per_sm;
+        devs[i].smem_per_block = d->smem_per_block;
+        devs[i].smem_per_sm = d->smem_per_sm;
+        devs[i].warp_size = d->warp_size;
+        devp[i] = &devs[i];
+    }
+    m->devices = devp;
+    m->n_devices = src->n_devices;
+}
+
+/* Gives up on the spool (the import parses the file again): frees what it holds. */
+static void spool_drop(struct kp_kineto_spool *s)
+{
+    s->unusable = true;
+    free(s->buf);
+    s->buf = NULL;
+    s->len = s->cap = 0;
+    if (s->fd >= 0) {
+        close(s->fd);
+        s->fd = -1;
+    }
+}
+
+static bool write_all(int fd, const unsigned char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w <= 0) {
+            return false;
+        }
+        p += w;
+        n -= (size_t) w;
+    }
+    return true;
+}
+
+/* Moves the buffered records to the file (created on the first call). */
+static bool spool_spill(struct kp_kineto_spool *s)
+{
+    if (s->fd < 0) {
+        const char *dir = getenv("TMPDIR");
+        char path[4096];
+
+        if (dir == NULL || dir[0] == '\0') {
+            dir = "/tmp";
+        }
+        snprintf(path, sizeof(path), "%s/kprof-import-XXXXXX", dir);
+        if ((s->fd = mkstemp(path)) < 0) {
+            kp_log_warn("cannot create a temporary file in %s (%s): the trace will be parsed "
+                        "twice; set TMPDIR to a writable directory",
+                        dir, strerror(errno));
+            return false;
+        }
+        unlink(path);
+        (void) fcntl(s->fd, F_SETFD, FD_CLOEXEC);
+    }
+    if (!write_all(s->fd, s->buf, s->len)) {
+        kp_log_warn("cannot write the scanned batches to a temporary file (%s): the trace will "
+                    "be parsed twice; set TMPDIR to a directory with free space",
+                    strerror(errno));
+        return false;
+    }
+    s->file_bytes += s->len;
+    s->len = 0;
+    return true;
+}
+
+/* Keeps a validated batch (m) in the spool, without what the replay puts in front. A
+ * failure only makes the spool unusable: the scan goes on. */
+static void spool_put(struct kp_kineto *k, Kprof__V1__Batch *m)
+{
+    struct kp_kineto_spool *s = k->spool;
+    struct spool_rec h;
+    size_t body, need;
+
+    h.first = m->rank_info != NULL;
+    h.base_ns = m->base_ns;
+    h.in_bytes = s->in_bytes;
+    m->run_id = 0;
+    m->rank = 0;
+    m->base_ns = 0;
+    m->rank_info = NULL;
+    m->devices = NULL;
+    m->n_devices = 0;
+    body = kprof__v1__batch__get_packed_size(m);
+    if (body > UINT32_MAX - sizeof(h)) {
+        spool_drop(s);
+        return;
+    }
+    h.len = (uint32_t) body;
+    need = sizeof(h) + body;
+    if (s->fd < 0 && s->len + need > s->mem_limit) {
+        if (!spool_spill(s)) {
+            spool_drop(s);
+            return;
+        }
+        if (s->cap > 2 * SPOOL_WBUF) { /* from now on only a write buffer */
+            free(s->buf);
+            s->buf = NULL;
+            s->cap = 0;
+        }
+    }
+    if (s->fd >= 0 && s->len + need > SPOOL_WBUF && s->len > 0 && !spool_spill(s)) {
+        spool_drop(s);
+        return;
+    }
+    if (s->len + need > s->cap) {
+        size_t cap = s->cap ? s->cap : 64 * 1024;
+        unsigned char *p;
+
+        while (cap < s->len + need) {
+            cap *= 2;
+        }
+        if ((p = realloc(s->buf, cap)) == NULL) {
+            spool_drop(s);
+            return;
+        }
+        s->buf = p;
+        s->cap = cap;
+    }
+    memcpy(s->buf + s->len, &h, sizeof(h));
+    kprof__v1__batch__pack(m, s->buf + s->len + sizeof(h));
+    s->len += need;
+    s->records++;
+    s->bytes += need;
+}
+
+/* End of a clean scan: a file spool flushes its buffer and frees it. */
+static void spool_seal(struct kp_kineto_spool *s)
+{
+    if (s->unusable) {
+        return;
+    }
+    if (s->fd >= 0) {
+        if (s->len > 0 && !spool_spill(s)) {
+            spool_drop(s);
+            return;
+        }
+        free(s->buf);
+        s->buf = NULL;
+        s->cap = 0;
+    }
+    else if (s->cap > s->len && s->len > 0) {
+        unsigned char *p = realloc(s->buf, s->len);
+
+        if (p != NULL) {
+            s->buf = p;
+            s->cap = s->len;
+        }
+    }
+}
+
 static int kb_flush(struct kp_kineto *k)
 {
     struct kb *b = &k->b;
@@ -2835,33 +3143,7 @@ static int kb_flush(struct kp_kineto *k)
         m.syncs = &sync;
     }
     if (!k->sent_first) {
-        ri.job = (char *) (k->opts->job != NULL ? k->opts->job : "");
-        ri.host = (char *) src->host;
-        ri.pid = src->pid;
-        ri.world_size = k->opts->world_size;
-        ri.device = src->device;
-        m.rank_info = &ri;
-        for (size_t i = 0; i < src->n_devices; i++) {
-            const struct kp_kineto_device *d = &src->devices[i];
-
-            kprof__v1__device__init(&devs[i]);
-            devs[i].id = d->id;
-            devs[i].name = (char *) d->name;
-            devs[i].sm_count = d->sm_count;
-            devs[i].cc_major = d->cc_major;
-            devs[i].cc_minor = d->cc_minor;
-            devs[i].global_memory_bytes = d->global_memory_bytes;
-            devs[i].max_threads_per_block = d->max_threads_per_block;
-            devs[i].max_threads_per_sm = d->max_threads_per_sm;
-            devs[i].regs_per_block = d->regs_per_block;
-            devs[i].regs_per_sm = d->regs_per_sm;
-            devs[i].smem_per_block = d->smem_per_block;
-            devs[i].smem_per_sm = d->smem_per_sm;
-            devs[i].warp_size = d->warp_size;
-            devp[i] = &devs[i];
-        }
-        m.devices = devp;
-        m.n_devices = src->n_devices;
+        fill_rank_info(k->opts, src, &m, &ri, devs, devp);
     }
     lim.max_name_bytes = k->max_name;
     lim.max_strings = KP_CODEC_DEFAULT_MAX_STRINGS;
@@ -2872,6 +3154,9 @@ static int kb_flush(struct kp_kineto *k)
     }
     k->meta->batches++;
     k->sent_first = true;
+    if (k->spool != NULL && !k->spool->unusable) {
+        spool_put(k, &m);
+    }
     if (k->cb != NULL && (rc = k->cb(&m, k->cb_ud)) != 0) {
         k->j.err = rc;
         kp_errbuf_set(k->j.errbuf, k->j.errlen, "sending batch %" PRIu64 ": %s", k->meta->batches,
@@ -2892,7 +3177,8 @@ int kp_kineto_parse(kp_kineto_read_cb *read, void *read_ud, const struct kp_kine
     struct kp_kineto *k;
     int rc;
 
-    if (read == NULL || opts == NULL || meta_out == NULL || (cb != NULL && opts->meta == NULL)) {
+    if (read == NULL || opts == NULL || meta_out == NULL || (cb != NULL && opts->meta == NULL) ||
+        (opts->spool != NULL && (cb != NULL || opts->meta != NULL || opts->spool->used))) {
         kp_errbuf_set(errbuf, errlen, "kp_kineto_parse: bad arguments");
         return -EINVAL;
     }
@@ -2908,6 +3194,10 @@ int kp_kineto_parse(kp_kineto_read_cb *read, void *read_ud, const struct kp_kine
     k->meta = meta_out;
     k->cb = cb;
     k->cb_ud = cb_ud;
+    k->spool = opts->spool;
+    if (k->spool != NULL) {
+        k->spool->used = true;
+    }
     k->max_name = opts->max_name_bytes ? opts->max_name_bytes : KP_CODEC_DEFAULT_MAX_NAME_BYTES;
     k->batch_rows = opts->batch_rows ? opts->batch_rows : KP_KINETO_DEFAULT_BATCH_ROWS;
     k->j.read = read;
@@ -2961,6 +3251,14 @@ int kp_kineto_parse(kp_kineto_read_cb *read, void *read_ud, const struct kp_kine
         meta_out->min_ns = meta_out->max_ns = 0;
     }
 out:
+    if (k->spool != NULL) {
+        if (rc == 0) {
+            spool_seal(k->spool);
+        }
+        else {
+            spool_drop(k->spool);
+        }
+    }
     free(k->j.buf);
     free(k->j.str);
     kp_strbuf_fini(&k->evs);
@@ -3018,6 +3316,9 @@ static ssize_t gz_read_cb(void *ud, void *buf, size_t len, char *errbuf, size_t 
             (long long) gzoffset(g->gz));
         return KP_EPROTO;
     }
+    if (g->opts->spool != NULL) {
+        g->opts->spool->in_bytes = (uint64_t) gzoffset(g->gz);
+    }
     if (g->opts->progress != NULL) {
         g->opts->progress((uint64_t) gzoffset(g->gz), g->opts->progress_ud);
     }
@@ -3045,6 +3346,191 @@ int kp_kineto_parse_file(const char *path, const struct kp_kineto_opts *opts,
         kp_errbuf_set(errbuf, errlen, "%s: %s", path, inner[0] ? inner : kp_strerror(rc));
     }
     gzclose(g.gz);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Spool */
+
+int kp_kineto_spool_create(size_t mem_limit, struct kp_kineto_spool **out)
+{
+    struct kp_kineto_spool *s = calloc(1, sizeof(*s));
+
+    if (s == NULL) {
+        return -ENOMEM;
+    }
+    s->mem_limit = mem_limit;
+    s->fd = -1;
+    *out = s;
+    return 0;
+}
+
+void kp_kineto_spool_destroy(struct kp_kineto_spool *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    spool_drop(s);
+    free(s);
+}
+
+size_t kp_kineto_spool_mem_bytes(const struct kp_kineto_spool *s)
+{
+    return s != NULL ? s->cap : 0;
+}
+
+uint64_t kp_kineto_spool_bytes(const struct kp_kineto_spool *s)
+{
+    return s != NULL && !s->unusable ? s->bytes : 0;
+}
+
+static bool read_at(int fd, void *buf, size_t n, uint64_t off)
+{
+    unsigned char *p = buf;
+
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t) off);
+
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r <= 0) {
+            if (r == 0) {
+                errno = EIO;
+            }
+            return false;
+        }
+        p += r;
+        n -= (size_t) r;
+        off += (uint64_t) r;
+    }
+    return true;
+}
+
+/* The fields in front of a spooled batch; packed into out (NULL: only the size). */
+static size_t spool_prefix(const struct kp_kineto_opts *opts, const struct spool_rec *h,
+                           int64_t shift, uint8_t *out, const struct kp_batch_limits *lim,
+                           char *err, size_t errlen, int *valid)
+{
+    Kprof__V1__Batch m = KPROF__V1__BATCH__INIT;
+    Kprof__V1__RankInfo ri = KPROF__V1__RANK_INFO__INIT;
+    Kprof__V1__Device devs[KP_KINETO_MAX_DEVICES];
+    Kprof__V1__Device *devp[KP_KINETO_MAX_DEVICES];
+
+    m.run_id = opts->run_id;
+    m.rank = opts->rank;
+    m.base_ns = h->base_ns + shift;
+    if (h->first) {
+        fill_rank_info(opts, opts->meta, &m, &ri, devs, devp);
+    }
+    if (valid != NULL) {
+        *valid = kp_batch_validate(&m, lim, err, errlen);
+    }
+    return out != NULL ? kprof__v1__batch__pack(&m, out) : kprof__v1__batch__get_packed_size(&m);
+}
+
+int kp_kineto_spool_replay(struct kp_kineto_spool *s, const struct kp_kineto_opts *opts,
+                           kp_kineto_encoded_cb *cb, void *cb_ud, struct kp_kineto_meta *meta_out,
+                           char *errbuf, size_t errlen)
+{
+    const struct kp_kineto_meta *meta;
+    struct kp_batch_limits lim;
+    struct spool_rec h;
+    unsigned char *buf = NULL;
+    size_t cap = 0, pos = 0;
+    uint64_t off = 0;
+    int64_t shift = 0, lo = 0, hi = 0;
+    char err[512];
+    int rc = 0, valid;
+
+    if (s == NULL || opts == NULL || opts->meta == NULL || cb == NULL || meta_out == NULL) {
+        kp_errbuf_set(errbuf, errlen, "kp_kineto_spool_replay: bad arguments");
+        return -EINVAL;
+    }
+    meta = opts->meta;
+    if (s->unusable || s->replayed || !s->used || s->records == 0) {
+        return KP_KINETO_REPARSE;
+    }
+    if (s->base_set && __builtin_sub_overflow(meta->base_ns, s->base_used, &shift)) {
+        return KP_KINETO_REPARSE;
+    }
+    if (shift != 0 && (meta->max_ns == INT64_MAX || meta->min_ns == INT64_MIN ||
+                       __builtin_add_overflow(meta->min_ns, shift, &lo) ||
+                       __builtin_add_overflow(meta->max_ns, shift, &hi))) {
+        return KP_KINETO_REPARSE; /* a time saturated in the scan, or would now */
+    }
+    /* the first batch's rank_info as the second parse would build it must validate */
+    lim.max_name_bytes =
+        opts->max_name_bytes ? opts->max_name_bytes : KP_CODEC_DEFAULT_MAX_NAME_BYTES;
+    lim.max_strings = KP_CODEC_DEFAULT_MAX_STRINGS;
+    lim.max_rows = KP_CODEC_DEFAULT_MAX_ROWS;
+    memset(&h, 0, sizeof(h));
+    h.first = 1;
+    (void) spool_prefix(opts, &h, 0, NULL, &lim, err, sizeof(err), &valid);
+    if (valid != 0) {
+        return KP_KINETO_REPARSE;
+    }
+    s->replayed = true;
+    *meta_out = *meta;
+    for (int kind = 0; shift != 0 && kind < KP_EV_COUNT; kind++) {
+        if (meta->rows[kind] > 0) { /* with no rows, min_ns and max_ns are 0 unshifted */
+            meta_out->min_ns = lo;
+            meta_out->max_ns = hi;
+            break;
+        }
+    }
+    for (uint64_t r = 0; r < s->records; r++) {
+        size_t pre, need;
+
+        if (s->fd < 0) {
+            memcpy(&h, s->buf + pos, sizeof(h));
+            pos += sizeof(h);
+        }
+        else {
+            if (!read_at(s->fd, &h, sizeof(h), off)) {
+                rc = -errno;
+                kp_errbuf_set(errbuf, errlen, "reading back the scanned batches: %s",
+                              strerror(errno));
+                break;
+            }
+            off += sizeof(h);
+        }
+        pre = spool_prefix(opts, &h, shift, NULL, NULL, NULL, 0, NULL);
+        need = pre + h.len;
+        if (need > cap) {
+            unsigned char *p = realloc(buf, need);
+
+            if (p == NULL) {
+                rc = -ENOMEM;
+                kp_errbuf_set(errbuf, errlen, "out of memory");
+                break;
+            }
+            buf = p;
+            cap = need;
+        }
+        (void) spool_prefix(opts, &h, shift, buf, NULL, NULL, 0, NULL);
+        if (s->fd < 0) {
+            memcpy(buf + pre, s->buf + pos, h.len);
+            pos += h.len;
+        }
+        else {
+            if (!read_at(s->fd, buf + pre, h.len, off)) {
+                rc = -errno;
+                kp_errbuf_set(errbuf, errlen, "reading back the scanned batches: %s",
+                              strerror(errno));
+                break;
+            }
+            off += h.len;
+        }
+        if (opts->progress != NULL) {
+            opts->progress(h.in_bytes, opts->progress_ud);
+        }
+        if ((rc = cb(buf, need, cb_ud)) != 0) {
+            kp_errbuf_set(errbuf, errlen, "sending batch %" PRIu64 ": %s", r + 1, kp_strerror(rc));
+            break;
+        }
+    }
+    free(buf);
     return rc;
 }
 

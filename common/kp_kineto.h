@@ -20,6 +20,18 @@
  * and gets a struct kp_kineto_meta, then parses it again with opts.meta set and a callback
  * that sends the batches. A file that scans clean converts clean.
  *
+ * One parse instead of two: a spool (struct kp_kineto_spool, opts.spool in a scan) keeps
+ * each validated batch of the scan, protobuf-encoded, without the fields only known after
+ * every file is scanned (run_id, rank, rank_info, devices; base_ns apart), in memory up to
+ * its limit and beyond that in an unlinked temporary file in $TMPDIR (or /tmp).
+ * kp_kineto_spool_replay then hands each batch back, encoded, with those fields in front
+ * (fields of a protobuf message may come in any order), the start times shifted if
+ * baseTimeNanoseconds came after the events: the same batches, bytes aside, that a second
+ * parse would build. Where it cannot be sure of that (baseTimeNanoseconds changed between
+ * events, a shift that would overflow, a rank_info that does not validate, the temporary
+ * file could not be written) it says so before sending anything, and the file is parsed
+ * again the old way.
+ *
  * Mapping (Kineto → kprof; export inverts it):
  *  - cat cpu_op, Operator (1.8/1.9)   → ops, kind CPU_OP (ProfilerStep#N: kind PROFILER_STEP
  *                                        plus a steps row), op_id = external_id = External id,
@@ -135,6 +147,8 @@ struct kp_kineto_meta {
     int64_t min_ns, max_ns;             /* span of the events' start times */
 };
 
+struct kp_kineto_spool;
+
 /* Reads up to len bytes into buf. Returns the count, 0 at the end, or a negative code with a
  * message in errbuf (e.g. a gzip error). */
 typedef ssize_t kp_kineto_read_cb(void *ud, void *buf, size_t len, char *errbuf, size_t errlen);
@@ -161,13 +175,18 @@ struct kp_kineto_opts {
                                         * it (the error is returned all the same) */
     kp_kineto_progress_cb *progress;   /* may be NULL; called once per chunk */
     void *progress_ud;
+    struct kp_kineto_spool *spool; /* a scan (cb NULL) keeps its batches here; a fresh
+                                    * spool per parse; NULL: none */
 };
 
 /*
  * Parses one trace from read (see the top of this file). With cb NULL it scans: builds and
- * validates the batches but drops them. meta_out (required) gets what was learned. Returns 0;
- * KP_EPROTO with the position and reason in errbuf; the read callback's error; cb's error;
- * -ENOMEM; or -EINVAL for bad opts. Blocks only in read and cb.
+ * validates the batches and drops them, or keeps them in opts.spool. meta_out (required) gets
+ * what was learned. Returns 0; KP_EPROTO with the position and reason in errbuf; the read
+ * callback's error; cb's error; -ENOMEM; or -EINVAL for bad opts (a cb without opts.meta; a
+ * spool with a cb, with opts.meta, or already used). A spool only fails quietly (it becomes
+ * unusable and the replay says KP_KINETO_REPARSE); a scan that fails leaves it unusable.
+ * Blocks only in read and cb.
  */
 int kp_kineto_parse(kp_kineto_read_cb *read, void *read_ud, const struct kp_kineto_opts *opts,
                     kp_kineto_batch_cb *cb, void *cb_ud, struct kp_kineto_meta *meta_out,
@@ -187,6 +206,39 @@ int kp_kineto_parse_mem(const void *data, size_t len, const struct kp_kineto_opt
 int kp_kineto_parse_file(const char *path, const struct kp_kineto_opts *opts,
                          kp_kineto_batch_cb *cb, void *cb_ud, struct kp_kineto_meta *meta_out,
                          char *errbuf, size_t errlen);
+
+/* Receives one encoded Batch (borrowed: valid until the callback returns) whose stream and
+ * seq are unset (kp_push_send_encoded appends them). Returns 0 or a negative code that stops
+ * the replay and is returned by it. */
+typedef int kp_kineto_encoded_cb(const void *buf, size_t len, void *ud);
+
+/* kp_kineto_spool_replay's answer when the spool cannot stand for a second parse; the
+ * callback was not called: parse the file again with kp_kineto_parse_file. */
+#define KP_KINETO_REPARSE 1
+
+/* Creates an empty spool that keeps up to mem_limit bytes in memory (0: none), the rest in
+ * a temporary file created when needed. Returns 0 and *out, or -ENOMEM. */
+int kp_kineto_spool_create(size_t mem_limit, struct kp_kineto_spool **out);
+
+/* Frees the spool and its file. Accepts NULL. */
+void kp_kineto_spool_destroy(struct kp_kineto_spool *s);
+
+/* Bytes the spool holds in memory (after its scan: what it keeps until the replay). */
+size_t kp_kineto_spool_mem_bytes(const struct kp_kineto_spool *s);
+
+/* Bytes of encoded batches the spool holds, in memory and on disk. */
+uint64_t kp_kineto_spool_bytes(const struct kp_kineto_spool *s);
+
+/*
+ * Sends the batches of a clean scan through cb, in order, as the second parse with the same
+ * opts would (opts.meta: that scan's meta, plus run_id, rank, job, world_size; opts.progress
+ * gets the input position each batch was read at). meta_out gets the scan's meta, its times
+ * shifted like the rows. Returns 0; KP_KINETO_REPARSE (nothing sent) if the spool cannot be
+ * used; cb's error; or -EIO / -ENOMEM with a message in errbuf. One replay per spool.
+ */
+int kp_kineto_spool_replay(struct kp_kineto_spool *s, const struct kp_kineto_opts *opts,
+                           kp_kineto_encoded_cb *cb, void *cb_ud, struct kp_kineto_meta *meta_out,
+                           char *errbuf, size_t errlen);
 
 /* Finds a rank in a trace's file name: "rank-3", "rank_3", "rank3", "worker3" (any case),
  * the last such match in the base name. Returns the rank, or -1 if there is none. */

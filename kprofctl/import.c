@@ -11,10 +11,13 @@
  *  2. Ranks: distributedInfo.rank, else the file name (rank-3, worker3), else --rank (one
  *     file only). Two files of one rank are an error. The world size is the largest of
  *     distributedInfo.world_size, the highest rank + 1 and --world-size.
- *  3. Control.CreateRun (source IMPORT), then each file is parsed again and its batches are
- *     pushed on one producer stream (kp_push: acked only once committed), then EndRun. If the
- *     push fails, the run is ended FAILED and the user is told how to drop it (collectord has
- *     no delete RPC).
+ *  3. Control.CreateRun (source IMPORT), then each file's batches are pushed on one producer
+ *     stream (kp_push: acked only once committed), then EndRun. The batches come from the
+ *     file's spool (kp_kineto_spool: the scan kept them encoded, up to IMPORT_SPOOL_MEM bytes
+ *     in memory for all files together, the rest in temporary files), so each file is parsed
+ *     once; a file whose spool cannot stand for a second parse (kp_kineto.h) is parsed again.
+ *     If the push fails, the run is ended FAILED and the user is told how to drop it
+ *     (collectord has no delete RPC).
  * A progress bar goes to stderr when it is a terminal; the run id goes to stdout, as JSON
  * with --json.
  */
@@ -45,6 +48,7 @@
 
 #define IMPORT_MAX_ARGS  4096
 #define IMPORT_MAX_FILES 65536
+#define IMPORT_SPOOL_MEM (64u << 20) /* scanned batches kept in memory, all files together */
 
 static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
 static const char *const progress_modes[] = { "auto", "on", "off", NULL };
@@ -108,6 +112,7 @@ struct trace_file {
     struct kp_kineto_meta sent;
     int scan_rc;
     int send_rc;
+    struct kp_kineto_spool *spool; /* the scan's batches; NULL: parse again */
     char err[1024];
 };
 
@@ -124,6 +129,8 @@ struct import {
     size_t cur_index;
     struct kp_push *push;
     uint64_t batches_sent;
+    size_t spool_mem;  /* in memory in the spools */
+    uint64_t reparsed; /* files parsed a second time */
 };
 
 static volatile sig_atomic_t g_interrupted;
@@ -314,6 +321,44 @@ static int send_batch(Kprof__V1__Batch *b, void *ud)
     return rc;
 }
 
+static int send_encoded(const void *buf, size_t len, void *ud)
+{
+    struct import *im = ud;
+    int rc;
+
+    if (g_interrupted) {
+        return -EINTR;
+    }
+    if ((rc = kp_push_send_encoded(im->push, buf, len, NULL)) == 0) {
+        im->batches_sent++;
+    }
+    return rc;
+}
+
+/* Sends file f's batches: from its spool, or by parsing it again. */
+static int send_file(struct import *im, struct trace_file *f, struct kp_kineto_opts *o)
+{
+    int rc = KP_KINETO_REPARSE;
+
+    if (f->spool != NULL) {
+        rc =
+            kp_kineto_spool_replay(f->spool, o, send_encoded, im, &f->sent, f->err, sizeof(f->err));
+        kp_kineto_spool_destroy(f->spool);
+        f->spool = NULL;
+        if (rc != 0 && rc != KP_KINETO_REPARSE) {
+            char inner[sizeof(f->err)];
+
+            memcpy(inner, f->err, sizeof(inner));
+            kp_errbuf_set(f->err, sizeof(f->err), "%s: %s", f->path, inner);
+        }
+    }
+    if (rc == KP_KINETO_REPARSE) {
+        im->reparsed++;
+        rc = kp_kineto_parse_file(f->path, o, send_batch, im, &f->sent, f->err, sizeof(f->err));
+    }
+    return rc;
+}
+
 static bool control_call(struct kp_rpc_channel *ch, const char *cfg_collector, const char *method,
                          const ProtobufCMessage *req, Kprof__V1__Run **run)
 {
@@ -423,8 +468,17 @@ static size_t scan_all(struct import *im)
 
         im->cur_index = i;
         im->cur_bytes = 0;
+        o.spool = NULL;
+        if (kp_kineto_spool_create(IMPORT_SPOOL_MEM - im->spool_mem, &f->spool) == 0) {
+            o.spool = f->spool;
+        }
         f->scan_rc =
             kp_kineto_parse_file(f->path, &o, NULL, NULL, &f->scan, f->err, sizeof(f->err));
+        if (f->scan_rc != 0) { /* --partial parses it again, up to the error */
+            kp_kineto_spool_destroy(f->spool);
+            f->spool = NULL;
+        }
+        im->spool_mem += kp_kineto_spool_mem_bytes(f->spool);
         im->done_bytes += f->size;
         if (f->scan_rc != 0) {
             bad++;
@@ -642,8 +696,7 @@ int kprofctl_import(int argc, char **argv)
         im.cur_bytes = 0;
         o.rank = (uint32_t) f->rank;
         o.meta = &f->scan;
-        f->send_rc =
-            kp_kineto_parse_file(f->path, &o, send_batch, &im, &f->sent, f->err, sizeof(f->err));
+        f->send_rc = send_file(&im, f, &o);
         im.done_bytes += f->size;
         if (f->send_rc == 0) {
             continue;
@@ -706,6 +759,7 @@ out:
     kp_rpc_channel_destroy(ch);
     for (size_t i = 0; i < im.n_files; i++) {
         free(im.files[i].path);
+        kp_kineto_spool_destroy(im.files[i].spool);
     }
     free(im.files);
     kp_config_fini(import_defs, N_DEFS, &cfg);

@@ -5,10 +5,12 @@
  * encoded like kp_push does. Invariants checked (abort on violation): the scan and the
  * conversion agree on success, rows and batches; every emitted batch passes
  * kp_batch_validate (kp_kineto validates before emitting) and packs. Limits are small so that
- * hostile sizes (strings, nesting, rows per batch) are reached. Built with -fsanitize=fuzzer
- * under KPROF_FUZZ (clang); otherwise linked with fuzz_main.c for ctest. fuzz_main.c's seeds
- * are protobuf batches, so the first call also plays a deterministic JSON-aware mutation run
- * (truncations, flips, inserted JSON tokens) of the Kineto seeds below.
+ * hostile sizes (strings, nesting, rows per batch) are reached. Then the importer's one-parse
+ * path: a scan into a kp_kineto_spool (sometimes spilled to a temporary file) whose replay
+ * must give the same batches, byte for byte once repacked, or decline before sending any. Built
+ * with -fsanitize=fuzzer under KPROF_FUZZ (clang); otherwise linked with fuzz_main.c for ctest.
+ * fuzz_main.c's seeds are protobuf batches, so the first call also plays a deterministic JSON-aware
+ * mutation run (truncations, flips, inserted JSON tokens) of the Kineto seeds below.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -23,7 +25,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 struct sink {
     uint64_t batches, rows;
+    uint64_t hash; /* of every batch, packed (canonical field order) */
 };
+
+static uint64_t fnv(uint64_t h, const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        h = (h ^ p[i]) * 1099511628211ULL;
+    }
+    return h;
+}
 
 static int sink_cb(Kprof__V1__Batch *b, void *ud)
 {
@@ -43,17 +54,33 @@ static int sink_cb(Kprof__V1__Batch *b, void *ud)
     if (kprof__v1__batch__pack(b, buf) != len) {
         abort();
     }
+    s->hash = fnv(s->hash, buf, len);
     free(buf);
     s->batches++;
     s->rows += kp_batch_total_rows(b);
     return 0;
 }
 
+/* A spool's replay: each encoded batch must decode, validate and pack like the second
+ * parse's. */
+static int enc_cb(const void *buf, size_t len, void *ud)
+{
+    Kprof__V1__Batch *b = kprof__v1__batch__unpack(NULL, len, buf);
+    int rc;
+
+    if (b == NULL || b->stream != 0 || b->seq != 0) {
+        abort();
+    }
+    rc = sink_cb(b, ud);
+    kprof__v1__batch__free_unpacked(b, NULL);
+    return rc;
+}
+
 static int one_input(const uint8_t *data, size_t size)
 {
     struct kp_kineto_opts o;
     struct kp_kineto_meta scan, conv;
-    struct sink s = { 0, 0 };
+    struct sink s = { 0, 0, 0 };
     char err[1024];
     int rc1, rc2;
 
@@ -81,6 +108,36 @@ static int one_input(const uint8_t *data, size_t size)
         }
     }
     if (rows != s.rows) {
+        abort();
+    }
+
+    /* The importer's path: a scan into a spool (sometimes a file), then its replay, which
+     * must give the second parse's batches or decline before sending anything. */
+    struct kp_kineto_spool *sp;
+    struct kp_kineto_meta scan2, rep;
+    struct sink r = { 0, 0, 0 };
+
+    if (kp_kineto_spool_create((size & 7) == 0 ? 64 : 1u << 20, &sp) != 0) {
+        return 0;
+    }
+    o.meta = NULL;
+    o.spool = sp;
+    if (kp_kineto_parse_mem(data, size, &o, NULL, NULL, &scan2, err, sizeof(err)) != 0 ||
+        scan2.batches != scan.batches) {
+        abort(); /* the spool must not change the scan */
+    }
+    o.spool = NULL;
+    o.meta = &scan2;
+    rc1 = kp_kineto_spool_replay(sp, &o, enc_cb, &r, &rep, err, sizeof(err));
+    kp_kineto_spool_destroy(sp);
+    if (rc1 == KP_KINETO_REPARSE) {
+        if (r.batches != 0) {
+            abort();
+        }
+        return 0;
+    }
+    if (rc1 != 0 || r.batches != s.batches || r.rows != s.rows || r.hash != s.hash ||
+        rep.min_ns != conv.min_ns || rep.max_ns != conv.max_ns) {
         abort();
     }
     return 0;

@@ -50,7 +50,100 @@ static void capture_free(struct capture *c)
     c->n = 0;
 }
 
-/* Scans, then converts with the scan's meta; both must succeed. */
+/* Encoded batches from a spool's replay, unpacked and packed again (canonical field order). */
+struct enc_capture {
+    uint8_t *buf[MAX_BATCHES];
+    size_t len[MAX_BATCHES];
+    size_t n;
+};
+
+static int enc_cb(const void *buf, size_t len, void *ud)
+{
+    struct enc_capture *c = ud;
+    Kprof__V1__Batch *b = kprof__v1__batch__unpack(NULL, len, buf);
+
+    assert_non_null(b);
+    assert_true(c->n < MAX_BATCHES);
+    assert_int_equal(b->stream, 0);
+    assert_int_equal(b->seq, 0);
+    c->len[c->n] = kprof__v1__batch__get_packed_size(b);
+    c->buf[c->n] = malloc(c->len[c->n] + 1);
+    assert_non_null(c->buf[c->n]);
+    kprof__v1__batch__pack(b, c->buf[c->n]);
+    c->n++;
+    kprof__v1__batch__free_unpacked(b, NULL);
+    return 0;
+}
+
+static void enc_free(struct enc_capture *c)
+{
+    for (size_t i = 0; i < c->n; i++) {
+        free(c->buf[i]);
+    }
+    c->n = 0;
+}
+
+static void meta_equal(const struct kp_kineto_meta *a, const struct kp_kineto_meta *b)
+{
+    assert_int_equal(a->events, b->events);
+    assert_int_equal(a->batches, b->batches);
+    assert_int_equal(a->json_bytes, b->json_bytes);
+    assert_int_equal(a->base_ns, b->base_ns);
+    assert_int_equal(a->min_ns, b->min_ns);
+    assert_int_equal(a->max_ns, b->max_ns);
+    assert_int_equal(a->ext_dropped, b->ext_dropped);
+    assert_int_equal(a->names_truncated, b->names_truncated);
+    assert_memory_equal(a->rows, b->rows, sizeof(a->rows));
+    assert_memory_equal(a->cats, b->cats, sizeof(a->cats));
+}
+
+/* Scans with a spool (in memory up to mem_limit) and replays it with the opts of the second
+ * parse; the replayed batches must equal those of that parse (c), field for field. */
+static void check_spool(const char *json, struct kp_kineto_opts o, size_t mem_limit,
+                        const struct kp_kineto_meta *conv, const struct capture *c)
+{
+    struct kp_kineto_spool *sp;
+    struct kp_kineto_meta scan, replayed;
+    struct enc_capture e = { .n = 0 };
+    char err[1024] = "";
+    int rc;
+
+    assert_int_equal(kp_kineto_spool_create(mem_limit, &sp), 0);
+    o.meta = NULL;
+    o.spool = sp;
+    rc = kp_kineto_parse_mem(json, strlen(json), &o, NULL, NULL, &scan, err, sizeof(err));
+    if (rc != 0) {
+        fail_msg("scan with a spool failed: %s", err);
+    }
+    assert_true(kp_kineto_spool_bytes(sp) > 0);
+    assert_true(kp_kineto_spool_mem_bytes(sp) <= mem_limit);
+    o.spool = NULL;
+    o.meta = &scan;
+    rc = kp_kineto_spool_replay(sp, &o, enc_cb, &e, &replayed, err, sizeof(err));
+    if (rc != 0) {
+        fail_msg("replay failed (%d): %s", rc, err);
+    }
+    /* one replay per spool */
+    assert_int_equal(kp_kineto_spool_replay(sp, &o, enc_cb, &e, &replayed, err, sizeof(err)),
+                     KP_KINETO_REPARSE);
+    kp_kineto_spool_destroy(sp);
+    meta_equal(&replayed, conv);
+    assert_int_equal(e.n, c->n);
+    for (size_t i = 0; i < c->n; i++) {
+        size_t len = kprof__v1__batch__get_packed_size(c->b[i]);
+        uint8_t *buf = malloc(len + 1);
+
+        assert_non_null(buf);
+        kprof__v1__batch__pack(c->b[i], buf);
+        assert_int_equal(e.len[i], len);
+        assert_memory_equal(e.buf[i], buf, len);
+        free(buf);
+    }
+    enc_free(&e);
+}
+
+/* Scans, then converts with the scan's meta; both must succeed. The spool's replay (in
+ * memory, and in a temporary file) must give the same batches as the conversion. */
 static void import(const char *json, uint32_t batch_rows, struct kp_kineto_meta *meta,
                    struct capture *c)
 {
@@ -75,6 +168,8 @@ static void import(const char *json, uint32_t batch_rows, struct kp_kineto_meta 
         fail_msg("convert failed: %s", err);
     }
     assert_int_equal(meta->batches, c->n);
+    check_spool(json, o, 1 << 20, meta, c);
+    check_spool(json, o, 0, meta, c);
 }
 
 static const char *str(const Kprof__V1__Batch *b, uint32_t idx)
@@ -628,6 +723,94 @@ static void test_file_and_gzip(void **state)
     assert_non_null(strstr(err, "/nonexistent/x.json: cannot open"));
 }
 
+/* Where a spool cannot stand for a second parse, the replay says so and sends nothing. */
+static void test_spool_reparse(void **state)
+{
+    /* baseTimeNanoseconds between two traceEvents arrays: rows built with two bases */
+    static const char two_bases[] =
+        "{\"traceEvents\": [{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"k\", \"pid\": 0, "
+        "\"tid\": 7, \"ts\": 1, \"dur\": 1}], \"baseTimeNanoseconds\": 1000, \"traceEvents\": "
+        "[{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"k\", \"pid\": 0, \"tid\": 7, \"ts\": 2, "
+        "\"dur\": 1}]}";
+    /* a shift that overflows: the scan's times are near the top already */
+    static const char overflow[] =
+        "{\"traceEvents\": [{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"k\", \"pid\": 0, "
+        "\"tid\": 7, \"ts\": 9000000000000000, \"dur\": 1}], \"baseTimeNanoseconds\": "
+        "9000000000000000000}";
+    const char *cases[] = { two_bases, overflow };
+    struct kp_kineto_opts o;
+    struct kp_kineto_meta scan, m;
+    struct enc_capture e = { .n = 0 };
+    char err[512];
+
+    for (size_t i = 0; i < 2; i++) {
+        struct kp_kineto_spool *sp;
+
+        memset(&o, 0, sizeof(o));
+        assert_int_equal(kp_kineto_spool_create(1 << 20, &sp), 0);
+        o.spool = sp;
+        assert_int_equal(kp_kineto_parse_mem(cases[i], strlen(cases[i]), &o, NULL, NULL, &scan, err,
+                                             sizeof(err)),
+                         0);
+        /* a spool serves one scan; a convert pass takes none */
+        assert_int_equal(
+            kp_kineto_parse_mem(cases[i], strlen(cases[i]), &o, NULL, NULL, &m, err, sizeof(err)),
+            -EINVAL);
+        o.spool = NULL;
+        o.meta = &scan;
+        o.run_id = 3;
+        assert_int_equal(kp_kineto_spool_replay(sp, &o, enc_cb, &e, &m, err, sizeof(err)),
+                         KP_KINETO_REPARSE);
+        assert_int_equal(e.n, 0);
+        kp_kineto_spool_destroy(sp);
+    }
+    /* no temporary file can be created: the scan goes on, the replay declines */
+    {
+        struct kp_kineto_spool *sp;
+        const char *old = getenv("TMPDIR");
+        char *saved = old != NULL ? strdup(old) : NULL;
+
+        memset(&o, 0, sizeof(o));
+        setenv("TMPDIR", "/nonexistent/kp_kineto_test", 1);
+        assert_int_equal(kp_kineto_spool_create(0, &sp), 0);
+        o.spool = sp;
+        assert_int_equal(kp_kineto_parse_mem("[]", 2, &o, NULL, NULL, &scan, err, sizeof(err)), 0);
+        if (saved != NULL) {
+            setenv("TMPDIR", saved, 1);
+            free(saved);
+        }
+        else {
+            unsetenv("TMPDIR");
+        }
+        assert_int_equal(kp_kineto_spool_bytes(sp), 0);
+        o.spool = NULL;
+        o.meta = &scan;
+        o.run_id = 3;
+        assert_int_equal(kp_kineto_spool_replay(sp, &o, enc_cb, &e, &m, err, sizeof(err)),
+                         KP_KINETO_REPARSE);
+        assert_int_equal(e.n, 0);
+        kp_kineto_spool_destroy(sp);
+    }
+    /* a failed scan leaves nothing to replay */
+    {
+        struct kp_kineto_spool *sp;
+
+        memset(&o, 0, sizeof(o));
+        assert_int_equal(kp_kineto_spool_create(1 << 20, &sp), 0);
+        o.spool = sp;
+        assert_int_equal(
+            kp_kineto_parse_mem("[{\"ph\": 1}]", 12, &o, NULL, NULL, &scan, err, sizeof(err)),
+            KP_EPROTO);
+        assert_int_equal(kp_kineto_spool_bytes(sp), 0);
+        o.spool = NULL;
+        o.meta = &scan;
+        o.run_id = 3;
+        assert_int_equal(kp_kineto_spool_replay(sp, &o, enc_cb, &e, &m, err, sizeof(err)),
+                         KP_KINETO_REPARSE);
+        kp_kineto_spool_destroy(sp);
+    }
+}
+
 static void test_rank_from_name(void **state)
 {
     assert_int_equal(kp_kineto_rank_from_name("/a/rank-3.Apr_03.1102.pt.trace.json.gz"), 3);
@@ -649,6 +832,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_callback_error_and_args),
         cmocka_unit_test(test_file_and_gzip),
+        cmocka_unit_test(test_spool_reparse),
         cmocka_unit_test(test_rank_from_name),
     };
 
