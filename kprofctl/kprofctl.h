@@ -19,4 +19,8 @@ struct kprofctl_verb {
 /* kprofctl import --job NAME FILE_OR_DIR...: torch.profiler traces into a run (import.c). */
 int kprofctl_import(int argc, char **argv);
 
+/* kprofctl export --run R [--rank N] -o FILE|DIR|-: a run as Chrome trace JSON (export.c).
+ * Also exits 3 when the run or rank does not exist. */
+int kprofctl_export(int argc, char **argv);
+
 #endif

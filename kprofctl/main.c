@@ -15,6 +15,7 @@
 
 static const struct kprofctl_verb verbs[] = {
     { "import", "load torch.profiler (Kineto) trace files into a new run", kprofctl_import },
+    { "export", "write a run as Chrome/Perfetto trace JSON (one file per rank)", kprofctl_export },
 };
 #define N_VERBS (sizeof(verbs) / sizeof(verbs[0]))
 

@@ -1,0 +1,374 @@
+"""kprofctl export against the real kprof-collectord and PostgreSQL: the import -> export ->
+import round trip.
+  1. Peer traces (the HTA 2-rank pair, HTA's ns-resolution rank, a tbplugin ResNet50 trace and
+     every tbplugin case) are imported, the run is exported (one file per rank into a
+     directory, or one file, gzip or not), each exported file is checked as a Chrome trace
+     (json.load; every event has ph/ts/pid/tid; X durations >= 0; ts and dur with 3 decimals;
+     every ac2g s has its f with the same id, s on an API call's start and f on a GPU
+     activity's start; metadata names every track), the export is imported again and the two
+     runs are compared table by table: row counts and the multisets of every column that
+     import fills (names as text; NULL read as import's default, since whether an all-default
+     column is sent as NULL depends on the batch) must be equal, devices and ranks included.
+  2. A captured-style run (kprof-loadgen's synthetic DDP traffic, 2 ranks) is exported: every
+     GPU row's External id names an op's External id, every GPU activity with a launching API
+     call has its ac2g flow, and the event counts per category equal the rows in PostgreSQL.
+  3. Errors: unknown run (exit 3), a rank not in the run (3), several ranks into one file (2),
+     missing --run (2), PostgreSQL unreachable (1), an unwritable output (1, nothing left
+     behind).
+Prints the export rate (MB/s of JSON) for the biggest peer trace."""
+import collections
+import decimal
+import glob
+import gzip
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+import kpfix
+
+kpfix.require_env()
+
+DB = "kp_it_export"
+PEERS = os.environ.get("KPROF_PEERS_DIR", "/work/shared/peers")
+KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
+LOADGEN = os.path.join(kpfix.BIN, "bench", "ingest", "kprof-loadgen")
+D = decimal.Decimal
+US3 = re.compile(r'"(ts|dur)": (-?\d+\.\d{3})[,}]')
+
+# Per table: the columns import fills, each as an SQL expression over t (names joined as text,
+# NULL read as import's default).
+NM = "coalesce((SELECT name FROM names WHERE id = t.%s), '')"
+COLS = {
+    "kernels": ["start_ns", "dur_ns", NM % "name", "coalesce(device, 0)", "coalesce(stream, 0)",
+                "coalesce(context, 0)", "coalesce(correlation, 0)", "coalesce(external_id, 0)",
+                "coalesce(grid_x, 0)", "coalesce(grid_y, 0)", "coalesce(grid_z, 0)",
+                "coalesce(block_x, 0)", "coalesce(block_y, 0)", "coalesce(block_z, 0)",
+                "coalesce(registers, 0)", "coalesce(static_smem, 0) + coalesce(dynamic_smem, 0)",
+                "coalesce(graph_id, 0)", "coalesce(graph_node_id, 0)"],
+    "memcpys": ["start_ns", "dur_ns", "coalesce(bytes, 0)", "coalesce(copy_kind, 0)",
+                "coalesce(src_kind, 0)", "coalesce(dst_kind, 0)", "coalesce(device, 0)",
+                "coalesce(context, 0)", "coalesce(stream, 0)", "coalesce(correlation, 0)",
+                "coalesce(external_id, 0)", "coalesce(src_device, 0)", "coalesce(dst_device, 0)"],
+    "memsets": ["start_ns", "dur_ns", "coalesce(bytes, 0)", "coalesce(mem_kind, 0)",
+                "coalesce(device, 0)", "coalesce(context, 0)", "coalesce(stream, 0)",
+                "coalesce(correlation, 0)", "coalesce(external_id, 0)"],
+    "api_calls": ["start_ns", "dur_ns", "coalesce(domain, 0)", "coalesce(cbid, 0)", NM % "name",
+                  "coalesce(tid, 0)", "coalesce(correlation, 0)", "coalesce(external_id, 0)"],
+    "ops": ["start_ns", "dur_ns", NM % "name", "coalesce(kind, 0)", "coalesce(tid, 0)",
+            "coalesce(op_id, 0)", "coalesce(parent_id, 0)", "coalesce(seq, -1)",
+            "coalesce(fwd_tid, 0)", NM % "input_shapes", NM % "input_dtypes",
+            "coalesce(external_id, 0)", "coalesce(device, -1)", "coalesce(stream, 0)"],
+    "steps": ["start_ns", "step", "dur_ns"],
+    "collectives": ["start_ns", "dur_ns", NM % "name", "coalesce(in_nelems, 0)",
+                    "coalesce(out_nelems, 0)", NM % "dtype", "coalesce(group_size, 0)",
+                    NM % "process_group", "coalesce(coll_seq, 0)", "coalesce(external_id, 0)",
+                    "coalesce(tid, 0)"],
+    "syncs": ["start_ns", "dur_ns", "coalesce(sync_type, 0)", "coalesce(device, 0)",
+              "coalesce(context, 0)", "coalesce(stream, 0)", "coalesce(cuda_event, 0)",
+              "coalesce(correlation, 0)"],
+    "devices": ["id", "name", "coalesce(global_memory_bytes, 0)", "coalesce(sm_count, 0)",
+                "coalesce(max_threads_per_block, 0)", "coalesce(max_threads_per_sm, 0)",
+                "coalesce(regs_per_sm, 0)", "coalesce(regs_per_block, 0)",
+                "coalesce(smem_per_sm, 0)", "coalesce(smem_per_block, 0)",
+                "coalesce(warp_size, 0)", "coalesce(cc_major, 0)", "coalesce(cc_minor, 0)"],
+    "ranks": ["coalesce(host, '')", "coalesce(pid, 0)", "coalesce(device, 0)"],
+}
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+HAS_MEMORY = False
+
+
+def run(cmd, ok=True, timeout=300):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * kpfix.SCALE)
+    if ok and p.returncode != 0:
+        raise AssertionError("%s failed (%d):\n%s" % (cmd, p.returncode, p.stderr))
+    for bad in ("Sanitizer", "runtime error:"):
+        assert bad not in p.stderr, p.stderr
+    return p
+
+
+def kimport(*args):
+    p = run([KPROFCTL, "import", "--collector", COLLECTOR, "--json", "--progress", "off"] +
+            list(args))
+    return json.loads(p.stdout)
+
+
+def kexport(run_id, out, *extra, ok=True, pg=None):
+    return run([KPROFCTL, "export", "--run", str(run_id), "-o", out, "--pg",
+                pg if pg is not None else CONNINFO] + list(extra), ok=ok)
+
+
+def ranks_of(run_id):
+    return [int(r) for r in kpfix.psql("SELECT rank FROM ranks WHERE run_id = %d ORDER BY rank"
+                                       % run_id, db=DB).split()]
+
+
+def compare_runs(a, b, rank_map):
+    """Every table of run a equals run b's, rank by rank (rank_map: a's rank -> b's)."""
+    total = 0
+    for ra, rb in rank_map.items():
+        for table, cols in COLS.items():
+            sel = ", ".join(cols)
+            where = "run_id = %d AND rank = %d"
+            qa = "SELECT %s FROM %s t WHERE %s" % (sel, table, where % (a, ra))
+            qb = "SELECT %s FROM %s t WHERE %s" % (sel, table, where % (b, rb))
+            na = int(kpfix.psql("SELECT count(*) FROM (%s) x" % qa, db=DB))
+            nb = int(kpfix.psql("SELECT count(*) FROM (%s) x" % qb, db=DB))
+            assert na == nb, "%s rank %d: %d rows in run %d, %d after the round trip" % (
+                table, ra, na, a, nb)
+            only_a = kpfix.psql_rows("(%s) EXCEPT ALL (%s) LIMIT 5" % (qa, qb), db=DB)
+            only_b = kpfix.psql_rows("(%s) EXCEPT ALL (%s) LIMIT 5" % (qb, qa), db=DB)
+            only_a = [str(r)[:300] for r in only_a]
+            only_b = [str(r)[:300] for r in only_b]
+            assert not only_a and not only_b, (
+                "%s rank %d differs after the round trip (columns %s):\n only in run %d: %s\n"
+                " only in run %d: %s" % (table, ra, cols, a, only_a, b, only_b))
+            total += na
+    return total
+
+
+def load(path):
+    if path.endswith(".gz"):
+        with gzip.open(path, "rb") as f:
+            raw = f.read()
+    else:
+        with open(path, "rb") as f:
+            raw = f.read()
+    return raw, json.loads(raw, parse_float=D)
+
+
+def check_chrome(path, run_id, rank):
+    """Checks one exported file as a Chrome trace and against the run's rows."""
+    raw, t = load(path)
+    assert t["schemaVersion"] == 1 and t["displayTimeUnit"] == "ns", list(t)
+    assert t["distributedInfo"]["rank"] == rank, t["distributedInfo"]
+    ws = int(kpfix.psql("SELECT world_size FROM runs WHERE id = %d" % run_id, db=DB))
+    assert t["distributedInfo"]["world_size"] == ws
+    assert isinstance(t["baseTimeNanoseconds"], int) and t["baseTimeNanoseconds"] >= 0
+    ndev = int(kpfix.psql("SELECT count(*) FROM devices WHERE run_id = %d AND rank = %d"
+                          % (run_id, rank), db=DB))
+    assert len(t["deviceProperties"]) == ndev
+    evs = t["traceEvents"]
+    cats = collections.Counter()
+    starts, tracks, named = set(), set(), set()
+    flows = {"s": collections.Counter(), "f": collections.Counter()}
+    flow_ev = []
+    for e in evs:
+        for k in ("ph", "ts", "pid", "tid"):
+            assert k in e, (k, e)
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int), e
+        ph = e["ph"]
+        if ph == "X":
+            assert e["dur"] >= 0 and "name" in e and "cat" in e, e
+            cats[e["cat"]] += 1
+            starts.add((e["pid"], e["tid"], e["ts"], e["cat"]))
+            tracks.add((e["pid"], e["tid"]))
+        elif ph in ("s", "f"):
+            assert e["cat"] == "ac2g" and isinstance(e["id"], int), e
+            flows[ph][e["id"]] += 1
+            flow_ev.append(e)
+            if ph == "f":
+                assert e["bp"] == "e", e
+        elif ph == "i":
+            cats["[memory]"] += 1
+            tracks.add((e["pid"], e["tid"]))
+        elif ph == "M":
+            if e["name"] == "thread_name":
+                named.add((e["pid"], e["tid"]))
+        else:
+            raise AssertionError("unexpected phase %r" % e)
+    # every ts/dur is written with exactly 3 decimals (ns)
+    n_times = len(US3.findall(raw.decode()))
+    n_expected = sum(1 + (e["ph"] == "X") for e in evs)
+    assert n_times == n_expected, (n_times, n_expected)
+    assert flows["s"] == flows["f"], "unmatched ac2g flows"
+    for e in flow_ev:
+        if e["ph"] == "s":
+            assert any((e["pid"], e["tid"], e["ts"], c) in starts
+                       for c in ("cuda_runtime", "cuda_driver", "overhead")), e
+        else:
+            assert any((e["pid"], e["tid"], e["ts"], c) in starts for c in GPU_CATS), e
+    assert tracks <= named, "tracks without a thread_name: %s" % (tracks - named)
+    # event counts equal the rows
+    def rows(sql):
+        return int(kpfix.psql(sql % (run_id, rank), db=DB))
+    assert cats["kernel"] == rows("SELECT count(*) FROM kernels WHERE run_id = %d AND rank = %d")
+    assert cats["gpu_memcpy"] == rows("SELECT count(*) FROM memcpys WHERE run_id = %d AND "
+                                      "rank = %d")
+    assert cats["gpu_memset"] == rows("SELECT count(*) FROM memsets WHERE run_id = %d AND "
+                                      "rank = %d")
+    assert cats["cuda_sync"] == rows("SELECT count(*) FROM syncs WHERE run_id = %d AND rank = %d")
+    assert cats["cuda_runtime"] + cats["cuda_driver"] + cats["overhead"] == rows(
+        "SELECT count(*) FROM api_calls WHERE run_id = %d AND rank = %d")
+    n_mem = rows("SELECT count(*) FROM ops WHERE run_id = %d AND rank = %d AND kind = 0")
+    if HAS_MEMORY:
+        n_mem += rows("SELECT count(*) FROM memory_events WHERE run_id = %d AND rank = %d")
+    assert cats["[memory]"] == n_mem, (cats["[memory]"], n_mem)
+    n_ops = rows("SELECT count(*) FROM ops WHERE run_id = %d AND rank = %d")
+    assert sum(cats[c] for c in ("cpu_op", "user_annotation", "gpu_user_annotation",
+                                 "python_function", "[memory]")) >= n_ops
+    return t, cats, sum(flows["s"].values())
+
+
+def flow_rows(run_id, rank):
+    q = ("SELECT count(*) FROM api_calls a JOIN (SELECT correlation FROM kernels WHERE run_id = "
+         "{r} AND rank = {k} UNION ALL SELECT correlation FROM memcpys WHERE run_id = {r} AND "
+         "rank = {k} UNION ALL SELECT correlation FROM memsets WHERE run_id = {r} AND rank = {k}"
+         ") g ON g.correlation = a.correlation WHERE a.run_id = {r} AND a.rank = {k} AND "
+         "a.correlation > 0").format(r=run_id, k=rank)
+    return int(kpfix.psql(q, db=DB))
+
+
+def round_trip(job, paths, out, extra_import=(), extra_export=()):
+    """Imports paths, exports to out (a directory or a file), checks and imports the export,
+    and compares the runs. Returns (rows compared, export JSON bytes, export seconds)."""
+    res = kimport("--job", job, *extra_import, *paths)
+    a = res["run_id"]
+    p = kexport(a, out, "--json", *extra_export)
+    ex = json.loads(p.stdout)
+    assert ex["run_id"] == a and len(ex["files"]) == len(ranks_of(a)), ex
+    for f in ex["files"]:
+        t, cats, nflows = check_chrome(f["path"], a, f["rank"])
+        assert nflows == flow_rows(a, f["rank"]) == f["flows"], (nflows, f)
+    again = kimport("--job", job + "-again", *extra_import, out)
+    b = again["run_id"]
+    assert ranks_of(a) == ranks_of(b), (ranks_of(a), ranks_of(b))
+    ws = kpfix.psql("SELECT world_size FROM runs WHERE id IN (%d, %d) ORDER BY id" % (a, b),
+                    db=DB).split()
+    assert ws[0] == ws[1], ws
+    n = compare_runs(a, b, {r: r for r in ranks_of(a)})
+    return n, ex["json_bytes"], ex["seconds"]
+
+
+def main():
+    global COLLECTOR, CONNINFO
+    CONNINFO = kpfix.fresh_db(DB)
+    cd = kpfix.Collectord("it_export", CONNINFO)
+    COLLECTOR = cd.grpc
+    global HAS_MEMORY
+    # schema 2 (migration 0002) adds memory_events: compare it too when this build has it
+    HAS_MEMORY = kpfix.psql("SELECT to_regclass('memory_events') IS NOT NULL", db=DB) == "t"
+    if HAS_MEMORY:
+        COLS["memory_events"] = ["start_ns", NM % "name", "coalesce(tid, 0)", "coalesce(addr, 0)",
+                                 "coalesce(bytes, 0)", "coalesce(total_allocated, 0)",
+                                 "coalesce(total_reserved, 0)", "coalesce(device, -1)",
+                                 "coalesce(device_type, 0)"]
+    tmp = tempfile.mkdtemp(prefix="kp_export_", dir=kpfix.TEST_DIR)
+    try:
+        # 1. round trips
+        hta2 = sorted(glob.glob(os.path.join(PEERS, "hta", "trace_filter_2rank", "*.json.gz")))
+        d = os.path.join(tmp, "hta2")
+        os.makedirs(d)
+        n, _, _ = round_trip("hta-2rank", hta2, d)
+        assert len(os.listdir(d)) == 2, os.listdir(d)
+        print("HTA 2-rank: %d rows equal after the round trip" % n)
+
+        big = glob.glob(os.path.join(PEERS, "hta", "ns_resolution_rank0", "*.json.gz"))[0]
+        out = os.path.join(tmp, "ns.json.gz")
+        n, nbytes, secs = round_trip("hta-ns", [big], out)
+        with open(out, "rb") as f:
+            assert f.read(2) == b"\x1f\x8b", "not gzip"
+        assert not glob.glob(out + ".tmp.*")
+        print("HTA ns-resolution: %d rows equal; export %.1f MB of JSON in %.3f s = %.1f MB/s "
+              "(gzip level 1)" % (n, nbytes / 1e6, secs, nbytes / 1e6 / secs))
+        out = os.path.join(tmp, "ns-plain.json")
+        res = kimport("--job", "hta-ns-plain", big)
+        p = kexport(res["run_id"], out, "--json")
+        ex = json.loads(p.stdout)
+        print("HTA ns-resolution plain: export %.1f MB of JSON in %.3f s = %.1f MB/s" % (
+            ex["json_bytes"] / 1e6, ex["seconds"], ex["json_bytes"] / 1e6 / ex["seconds"]))
+        assert os.path.getsize(out) == ex["json_bytes"]
+
+        tb = sorted(glob.glob(os.path.join(PEERS, "tbplugin", "resnet50", "traces", "*",
+                                           "*.json.gz")))[0]
+        n, _, _ = round_trip("tb-resnet", [tb], os.path.join(tmp, "resnet.json"))
+        print("tbplugin resnet50: %d rows equal" % n)
+
+        ncases = 0
+        for case in sorted(glob.glob(os.path.join(PEERS, "tbplugin", "cases", "*.json"))):
+            with open(case) as f:
+                c = json.load(f)
+            name = os.path.basename(case)[:-5]
+            src = os.path.join(tmp, "case-" + name)
+            os.makedirs(src)
+            if "trace" in c:
+                path = os.path.join(src, name + ".json")
+                with open(path, "w") as f:
+                    json.dump(c["trace"], f)
+                od = os.path.join(tmp, "case-out-" + name + ".json")
+                round_trip("tbcase", [path], od, extra_import=("--rank", "0"))
+                ncases += 1
+            elif "traces" in c:
+                for w, t in c["traces"].items():
+                    with open(os.path.join(src, w + ".json"), "w") as f:
+                        json.dump(t, f)
+                od = os.path.join(tmp, "case-out-" + name)
+                os.makedirs(od)
+                round_trip("tbcase", [src], od)
+                ncases += 1
+        print("tbplugin cases: %d round trips equal" % ncases)
+        assert ncases >= 10, ncases
+
+        # 2. a captured-style run (synthetic DDP traffic)
+        p = run([LOADGEN, "--collector", COLLECTOR, "--ranks", "2", "--steps", "3",
+                 "--kernels-per-step", "40", "--job", "synthetic", "--json"])
+        lg = json.loads(p.stdout)
+        rid = lg.get("run_id") or int(kpfix.psql("SELECT max(id) FROM runs WHERE job = "
+                                                  "'synthetic'", db=DB))
+        d = os.path.join(tmp, "synth")
+        os.makedirs(d)
+        ex = json.loads(kexport(rid, d, "--json", "--gzip").stdout)
+        assert len(ex["files"]) == 2, ex
+        for f in ex["files"]:
+            assert f["path"].endswith(".json.gz")
+            t, cats, nflows = check_chrome(f["path"], rid, f["rank"])
+            assert nflows == flow_rows(rid, f["rank"]) and nflows > 0, nflows
+            evs = t["traceEvents"]
+            op_ext = {e["args"]["External id"] for e in evs if e.get("cat") in (
+                "cpu_op", "user_annotation") and "External id" in e.get("args", {})}
+            gpu = [e for e in evs if e.get("cat") in GPU_CATS]
+            linked = [e for e in gpu if "External id" in e["args"]]
+            assert gpu and len(linked) == len(gpu), (len(gpu), len(linked))
+            missing = [e for e in linked if e["args"]["External id"] not in op_ext]
+            assert not missing, "GPU rows whose External id names no op: %s" % missing[:3]
+            # each launch links to its kernel through the flow, and both carry the same op
+            api = {e["args"]["correlation"]: e for e in evs if e.get("cat") == "cuda_runtime"}
+            for e in gpu:
+                a = api.get(e["args"]["correlation"])
+                assert a is not None, e
+                assert a["args"].get("External id") in (None, e["args"]["External id"]), (a, e)
+            kernels = int(kpfix.psql("SELECT count(*) FROM kernels WHERE run_id = %d AND "
+                                     "rank = %d" % (rid, f["rank"]), db=DB))
+            assert cats["kernel"] == kernels > 0
+        print("captured-style run %d: %d files, op<->kernel ids and flows OK" % (
+            rid, len(ex["files"])))
+
+        # 3. errors
+        p = kexport(999999, os.path.join(tmp, "x.json"), ok=False)
+        assert p.returncode == 3 and "run 999999 does not exist" in p.stderr, p.stderr
+        p = kexport(rid, os.path.join(tmp, "x.json"), "--rank", "7", ok=False)
+        assert p.returncode == 3 and "has no rank 7" in p.stderr and "0, 1" in p.stderr, p.stderr
+        p = kexport(rid, os.path.join(tmp, "x.json"), ok=False)
+        assert p.returncode == 2 and "--rank" in p.stderr, p.stderr
+        p = run([KPROFCTL, "export", "-o", os.path.join(tmp, "x.json")], ok=False)
+        assert p.returncode == 2 and "--run is required" in p.stderr, p.stderr
+        p = kexport(rid, os.path.join(tmp, "x.json"), "--rank", "0", ok=False,
+                    pg="host=/nonexistent-socket-dir port=1 dbname=x connect_timeout=2")
+        assert p.returncode == 1 and "cannot connect to PostgreSQL" in p.stderr, p.stderr
+        p = kexport(rid, os.path.join(tmp, "no-such-dir", "x.json"), "--rank", "0", ok=False)
+        assert p.returncode == 1 and "cannot write" in p.stderr, p.stderr
+        assert not os.path.exists(os.path.join(tmp, "x.json"))
+        # stdout
+        p = kexport(rid, "-", "--rank", "1")
+        t = json.loads(p.stdout)
+        assert t["distributedInfo"]["rank"] == 1 and t["traceEvents"]
+        print("error cases OK")
+    finally:
+        rc = cd.stop()
+        cd.assert_clean_log()
+    assert rc == 0, rc
+
+
+if __name__ == "__main__":
+    main()
