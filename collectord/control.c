@@ -24,7 +24,8 @@
 enum job_type {
     JOB_CREATE,
     JOB_END,
-    JOB_LIST
+    JOB_LIST,
+    JOB_DROP
 };
 
 struct job {
@@ -100,6 +101,8 @@ static grpc_status_code status_of(int rc)
     case KP_EPROTO:
     case -EINVAL:
         return GRPC_STATUS_INVALID_ARGUMENT;
+    case -EBUSY:
+        return GRPC_STATUS_FAILED_PRECONDITION;
     default:
         return GRPC_STATUS_UNAVAILABLE;
     }
@@ -175,12 +178,25 @@ static void run_job(struct kp_control *c, struct job *j)
         kp_store_list_fini(&resp);
         break;
     }
+    case JOB_DROP: {
+        Kprof__V1__DropRunRequest *r = (Kprof__V1__DropRunRequest *) j->req;
+        Kprof__V1__Run run = KPROF__V1__RUN__INIT;
+
+        rc = kp_store_drop_run(pg, r->run_id, &run, err, sizeof(err));
+        if (rc == 0) {
+            kp_log_info("run dropped run=%" PRIu64 " job=%s batches=%" PRIu64 " peer=%s", run.id,
+                        run.job, run.batches, kp_rpc_call_peer(j->call));
+            kp_rpc_call_reply(j->call, &run.base);
+        }
+        kp_store_run_fini(&run);
+        break;
+    }
     default:
         rc = -EINVAL;
         break;
     }
     if (rc != 0) {
-        if (rc != KP_ENOTFOUND && rc != KP_EPROTO && rc != -EINVAL) {
+        if (rc != KP_ENOTFOUND && rc != KP_EPROTO && rc != -EINVAL && rc != -EBUSY) {
             kp_log_warn("control request failed method=%s err=\"%s\"", kp_rpc_call_method(j->call),
                         err);
         }
@@ -274,6 +290,11 @@ static void on_list(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
     enqueue(ud, JOB_LIST, call, req);
 }
 
+static void on_drop(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    enqueue(ud, JOB_DROP, call, req);
+}
+
 void kp_control_methods(struct kp_control *c, struct kp_rpc_method *out)
 {
     out[0] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/CreateRun",
@@ -290,6 +311,11 @@ void kp_control_methods(struct kp_control *c, struct kp_rpc_method *out)
                                      .kind = KP_RPC_UNARY,
                                      .request = &kprof__v1__list_runs_request__descriptor,
                                      .on_request = on_list,
+                                     .ud = c };
+    out[3] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/DropRun",
+                                     .kind = KP_RPC_UNARY,
+                                     .request = &kprof__v1__drop_run_request__descriptor,
+                                     .on_request = on_drop,
                                      .ud = c };
 }
 

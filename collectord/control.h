@@ -1,7 +1,7 @@
 /*
- * The Control service of kprof-collectord: runs are created (started), ended (stopped) and
- * listed. Requests are handed from the gRPC thread to one worker thread with its own
- * PostgreSQL connection (reconnected on demand), which answers them.
+ * The Control service of kprof-collectord: runs are created (started), ended (stopped),
+ * listed and dropped. Requests are handed from the gRPC thread to one worker thread with its
+ * own PostgreSQL connection (reconnected on demand), which answers them.
  */
 #ifndef KP_CONTROL_H
 #define KP_CONTROL_H
@@ -12,7 +12,7 @@
 
 struct kp_control;
 
-#define KP_CONTROL_N_METHODS 3
+#define KP_CONTROL_N_METHODS 4
 
 /* Starts the worker. conninfo is copied. Returns 0 and *out, or a negative code. */
 int kp_control_create(const char *conninfo, struct kp_control **out, char *errbuf, size_t errlen);

@@ -192,6 +192,60 @@ out:
     return rc;
 }
 
+int kp_store_drop_run(PGconn *c, uint64_t run_id, Kprof__V1__Run *out, char *errbuf, size_t errlen)
+{
+    char id[24], err[384];
+    const char *params[1] = { id };
+    PGresult *res = NULL;
+    long long state;
+    int rc;
+
+    if (run_id == 0 || run_id > INT32_MAX) {
+        snprintf(errbuf, errlen, "run %" PRIu64 " does not exist", run_id);
+        return KP_ENOTFOUND;
+    }
+    snprintf(id, sizeof(id), "%" PRIu64, run_id);
+    /* FOR NO KEY UPDATE holds off a concurrent EndRun (and another DropRun) until COMMIT,
+     * but not the sink, whose ranks upsert takes FOR KEY SHARE on the run: the sink locks
+     * the event tables first and the run row last, kp_drop_run the other way round, so a
+     * stronger lock here could deadlock with it. */
+    if ((rc = kp_pg_exec(c, "BEGIN", err, sizeof(err))) != 0 ||
+        (rc = kp_pg_query(c, "SELECT " RUN_COLS " FROM runs r WHERE r.id = $1 FOR NO KEY UPDATE", 1,
+                          params, &res, err, sizeof(err))) != 0) {
+        snprintf(errbuf, errlen, "drop run: %s", err);
+        goto out;
+    }
+    if (PQntuples(res) == 0) {
+        snprintf(errbuf, errlen, "run %" PRIu64 " does not exist", run_id);
+        rc = KP_ENOTFOUND;
+        goto out;
+    }
+    state = cell_ll(res, 0, 3);
+    if (state == KPROF__V1__RUN_STATE__RUN_STATE_OPEN) {
+        snprintf(errbuf, errlen,
+                 "run %" PRIu64 " is still open (it may be taking events); end it first "
+                 "(EndRun, failed=true if it is being abandoned), then drop it",
+                 run_id);
+        rc = -EBUSY;
+        goto out;
+    }
+    if ((rc = fill_run(res, 0, out)) != 0) {
+        snprintf(errbuf, errlen, "out of memory");
+        goto out;
+    }
+    if ((rc = kp_pg_query(c, "SELECT kp_drop_run($1)", 1, params, NULL, err, sizeof(err))) != 0 ||
+        (rc = kp_pg_exec(c, "COMMIT", err, sizeof(err))) != 0) {
+        snprintf(errbuf, errlen, "drop run: %s", err);
+        goto out;
+    }
+out:
+    if (rc != 0) {
+        kp_pg_rollback(c);
+    }
+    PQclear(res);
+    return rc;
+}
+
 int kp_store_list_runs(PGconn *c, const char *job, uint32_t limit, Kprof__V1__ListRunsResponse *out,
                        char *errbuf, size_t errlen)
 {

@@ -1,5 +1,5 @@
 /*
- * Run bookkeeping for the Control service: create, end and list runs in PostgreSQL.
+ * Run bookkeeping for the Control service: create, end, list and drop runs in PostgreSQL.
  *
  * A run is a row of `runs` plus one partition per event table (kp_create_run_partitions),
  * made in one transaction, so a run that exists can always take events. Times travel as unix
@@ -7,8 +7,9 @@
  *
  * Every function borrows a connection that the caller uses from one thread, may block on
  * PostgreSQL, and returns 0 or a negative code with a one-line reason in errbuf:
- * KP_EPROTO for an invalid argument, KP_ENOTFOUND for a run that does not exist, KP_EPG when
- * PostgreSQL failed (kp_pg_last_fault() tells whether the connection was lost), -ENOMEM.
+ * KP_EPROTO for an invalid argument, KP_ENOTFOUND for a run that does not exist, -EBUSY for a
+ * run in the wrong state (kp_store_drop_run), KP_EPG when PostgreSQL failed
+ * (kp_pg_last_fault() tells whether the connection was lost), -ENOMEM.
  */
 #ifndef KP_STORE_H
 #define KP_STORE_H
@@ -51,6 +52,16 @@ int kp_store_end_run(PGconn *c, uint64_t run_id, bool failed, Kprof__V1__Run *ou
  */
 int kp_store_list_runs(PGconn *c, const char *job, uint32_t limit, Kprof__V1__ListRunsResponse *out,
                        char *errbuf, size_t errlen);
+
+/*
+ * Drops run run_id and every row stored for it (kp_drop_run: its partitions, then the run,
+ * ranks and devices cascading), in one transaction. Only a run that has been ended (ENDED or
+ * FAILED) is dropped: an OPEN run may still be taking batches, so it is refused with -EBUSY
+ * and left alone (end it first). KP_ENOTFOUND if there is no such run. Fills *out like
+ * kp_store_create_run with the run as it was just before the drop. Waits for flushes of the
+ * run's batches that are in progress (the sink's transaction locks the tables it drops).
+ */
+int kp_store_drop_run(PGconn *c, uint64_t run_id, Kprof__V1__Run *out, char *errbuf, size_t errlen);
 
 /* Frees the strings the store put into r and resets them to empty. Accepts NULL. */
 void kp_store_run_fini(Kprof__V1__Run *r);

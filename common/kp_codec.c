@@ -98,6 +98,19 @@ static const struct kp_column_spec sync_cols[] = {
     { "cuda_event", I8, V, false }, { "correlation", I8, V, false }, { "step", I4, V, false },
 };
 
+static const struct kp_column_spec memory_cols[] = {
+    { "start_ns", I8, TS, true },
+    { "name", I4, NM, false },
+    { "device_type", I2, V, false },
+    { "device", I2, V, false },
+    { "addr", I8, V, false },
+    { "bytes", I8, V, false },
+    { "total_allocated", I8, V, false },
+    { "total_reserved", I8, V, false },
+    { "tid", I8, V, false },
+    { "step", I4, V, false },
+};
+
 #define KIND(tbl, lbl, fld, cols, d)                            \
     {                                                           \
         tbl, lbl, fld, cols, sizeof(cols) / sizeof(cols[0]), &d \
@@ -118,6 +131,8 @@ const struct kp_event_kind_info kp_event_kinds[KP_EV_COUNT] = {
     [KP_EV_COLLECTIVE] = KIND("collectives", "collective", "collectives", collective_cols,
                               kprof__v1__collectives__descriptor),
     [KP_EV_SYNC] = KIND("syncs", "sync", "syncs", sync_cols, kprof__v1__syncs__descriptor),
+    [KP_EV_MEMORY] = KIND("memory_events", "memory", "memory", memory_cols,
+                          kprof__v1__memory_events__descriptor),
 };
 
 #undef V

@@ -32,6 +32,7 @@ enum kp_event_kind {
     KP_EV_COUNTER,
     KP_EV_COLLECTIVE,
     KP_EV_SYNC,
+    KP_EV_MEMORY, /* allocator events (Kineto [memory] / [OutOfMemory]) */
     KP_EV_COUNT
 };
 

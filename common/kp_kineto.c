@@ -973,6 +973,13 @@ struct r_sync {
     uint32_t type, device, context, stream, event;
 };
 
+struct r_mem {
+    int64_t ts, bytes;
+    uint64_t addr, total_alloc, total_res, tid;
+    uint32_t name, device_type;
+    int32_t device;
+};
+
 #define KB_KIND(T, f) \
     struct T *f;      \
     size_t n_##f, cap_##f
@@ -986,6 +993,7 @@ struct kb {
     KB_KIND(r_step, step);
     KB_KIND(r_coll, coll);
     KB_KIND(r_sync, sync);
+    KB_KIND(r_mem, memev);
     size_t rows;
     int64_t base_ns;
     bool have_base;
@@ -1011,6 +1019,7 @@ static void kb_fini(struct kb *b)
     free(b->step);
     free(b->coll);
     free(b->sync);
+    free(b->memev);
     kp_strbuf_fini(&b->bytes);
     free(b->off);
     free(b->htab);
@@ -1092,7 +1101,8 @@ static int64_t kb_intern(struct kb *b, const char *s, size_t n)
 
 static void kb_reset(struct kb *b)
 {
-    b->n_kern = b->n_mcpy = b->n_mset = b->n_api = b->n_op = b->n_step = b->n_coll = b->n_sync = 0;
+    b->n_kern = b->n_mcpy = b->n_mset = b->n_api = b->n_op = b->n_step = b->n_coll = b->n_sync =
+        b->n_memev = 0;
     b->rows = 0;
     b->have_base = false;
     kp_strbuf_reset(&b->bytes);
@@ -2245,39 +2255,38 @@ static int map_sync(struct kp_kineto *k)
 static int map_memory(struct kp_kineto *k)
 {
     struct ev *e = &k->e;
-    struct r_op *o;
+    struct r_mem *r;
     int64_t v;
 
     cpu_seen(k);
-    OOM(o = KB_ADD(&k->b, op));
-    o->ts = abs_ts(k);
-    o->kind = KPROF__V1__OP_KIND__OP_KIND_UNSPECIFIED;
-    o->tid = e->tid_num ? (uint64_t) e->tid : 0;
-    IDX(o->name, name_idx(k));
+    OOM(r = KB_ADD(&k->b, memev));
+    r->ts = abs_ts(k);
+    r->tid = e->tid_num ? (uint64_t) e->tid : 0;
+    IDX(r->name, name_idx(k));
     if (arg_in(k, A_DEV_ID, -1, I2MAX, -1, &v) != 0) {
         return k->j.err;
     }
-    o->device = (int32_t) v;
-    if (arg_in(k, A_DEV_TYPE, 0, I4MAX, 0, &v) != 0) {
+    r->device = (int32_t) v;
+    if (arg_in(k, A_DEV_TYPE, 0, I2MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    o->stream = (uint32_t) v;
-    if (arg_in(k, A_MEM_BYTES, INT64_MIN, INT64_MAX, 0, &o->seq) != 0) {
+    r->device_type = (uint32_t) v;
+    if (arg_in(k, A_MEM_BYTES, INT64_MIN, INT64_MAX, 0, &r->bytes) != 0) {
         return k->j.err;
     }
     if (arg_in(k, A_ADDR, 0, INT64_MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    o->ext = (uint64_t) v;
+    r->addr = (uint64_t) v;
     if (arg_in(k, A_TOTAL_ALLOC, 0, INT64_MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    o->op_id = (uint64_t) v;
+    r->total_alloc = (uint64_t) v;
     if (arg_in(k, A_TOTAL_RES, 0, INT64_MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    o->parent_id = (uint64_t) v;
-    row_added(k, KP_EV_OP, o->ts);
+    r->total_res = (uint64_t) v;
+    row_added(k, KP_EV_MEMORY, r->ts);
     k->meta->cats[KP_KINETO_MEMORY]++;
     return 0;
 }
@@ -2290,8 +2299,8 @@ static int ev_finish(struct kp_kineto *k)
     enum map m;
     int rc = 0;
 
-    size_t snap[8] = { k->b.n_kern, k->b.n_mcpy, k->b.n_mset, k->b.n_api,
-                       k->b.n_op,   k->b.n_step, k->b.n_coll, k->b.n_sync };
+    size_t snap[9] = { k->b.n_kern, k->b.n_mcpy, k->b.n_mset, k->b.n_api,  k->b.n_op,
+                       k->b.n_step, k->b.n_coll, k->b.n_sync, k->b.n_memev };
     size_t snap_rows = k->b.rows;
 
     if (e->ph == 0) {
@@ -2387,6 +2396,7 @@ static int ev_finish(struct kp_kineto *k)
         k->b.n_step = snap[5];
         k->b.n_coll = snap[6];
         k->b.n_sync = snap[7];
+        k->b.n_memev = snap[8];
         k->b.rows = snap_rows;
         return rc;
     }
@@ -2964,6 +2974,7 @@ static int kb_flush(struct kp_kineto *k)
     Kprof__V1__Steps step = KPROF__V1__STEPS__INIT;
     Kprof__V1__Collectives coll = KPROF__V1__COLLECTIVES__INIT;
     Kprof__V1__Syncs sync = KPROF__V1__SYNCS__INIT;
+    Kprof__V1__MemoryEvents memev = KPROF__V1__MEMORY_EVENTS__INIT;
     Kprof__V1__RankInfo ri = KPROF__V1__RANK_INFO__INIT;
     Kprof__V1__Device devs[KP_KINETO_MAX_DEVICES];
     Kprof__V1__Device *devp[KP_KINETO_MAX_DEVICES];
@@ -2977,7 +2988,7 @@ static int kb_flush(struct kp_kineto *k)
         return 0;
     }
     need = (b->n_kern + b->n_mcpy + b->n_mset + b->n_api + b->n_op + b->n_step + b->n_coll +
-            b->n_sync) *
+            b->n_sync + b->n_memev) *
                24 * sizeof(uint64_t) +
            8192; /* + the padding of every column */
     if (need > b->mem_cap) {
@@ -3141,6 +3152,21 @@ static int kb_flush(struct kp_kineto *k)
         COLUMN(sync, cuda_event, n, R, r->event, 0, false);
         COLUMN(sync, correlation, n, R, r->corr, 0, false);
         m.syncs = &sync;
+    }
+    if (b->n_memev) {
+        size_t n = b->n_memev;
+        const struct r_mem *R = b->memev;
+
+        STARTS(memev, n, R);
+        COLUMN(memev, name, n, R, r->name, 0, true);
+        COLUMN(memev, device_type, n, R, r->device_type, 0, true);
+        COLUMN(memev, device, n, R, r->device, -1, true);
+        COLUMN(memev, addr, n, R, r->addr, 0, false);
+        COLUMN(memev, bytes, n, R, r->bytes, 0, true);
+        COLUMN(memev, total_allocated, n, R, r->total_alloc, 0, false);
+        COLUMN(memev, total_reserved, n, R, r->total_res, 0, false);
+        COLUMN(memev, tid, n, R, r->tid, 0, false);
+        m.memory = &memev;
     }
     if (!k->sent_first) {
         fill_rank_info(k->opts, src, &m, &ri, devs, devp);

@@ -55,11 +55,11 @@
  *                                        fromDevice/toDevice
  *  - gpu_memset, Memset               → memsets, mem_kind from the name
  *  - cuda_sync                        → syncs (sync_type from the name, CUPTI's enum)
- *  - [memory], [OutOfMemory] instants → ops rows of kind OP_KIND_UNSPECIFIED (0) with that
- *                                        name and dur 0: device = Device Id, stream = Device
- *                                        Type, seq = Bytes, external_id = Addr, op_id = Total
- *                                        Allocated, parent_id = Total Reserved (a stopgap
- *                                        until the schema has a memory table)
+ *  - [memory], [OutOfMemory] instants → memory_events (MemoryEvents): name, device = Device
+ *                                        Id (-1: none), device_type = Device Type, addr =
+ *                                        Addr, bytes = Bytes (< 0: a free), total_allocated
+ *                                        = Total Allocated, total_reserved = Total Reserved
+ *                                        (addr and the totals NULL when a batch has none)
  *  - ac2g / async / async_gpu / async_cpu_to_gpu and fwdbwd / forward_backward flows: counted
  *    and checked, not stored: an ac2g id is the CUPTI correlation both ends already carry; a
  *    fwdbwd pair is (Fwd thread id, Sequence number), which the ops rows keep.

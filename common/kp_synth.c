@@ -45,6 +45,13 @@
 #define STREAM_COMM    13
 #define CONTEXT_ID     1
 
+/* The caching allocator: activations live at MEM_BASE + i * act stride (LIFO), and the
+ * reserved pool grows in MEM_SEGMENT steps and never shrinks. c10::DeviceType CUDA = 1. */
+#define MEM_BASE        0x7f3a00000000ULL
+#define MEM_ALIGN       512
+#define MEM_SEGMENT     (20LL << 20)
+#define MEM_DEVICE_CUDA 1
+
 enum sid {
     S_NONE = 0,
     S_DATALOADER,
@@ -109,6 +116,7 @@ enum sid {
     S_DEFAULT_PG,
     S_M_SM_THROUGHPUT,
     S_M_DRAM_BYTES,
+    S_MEMORY,
     /* built at create from the model's sizes */
     S_SH_TO,
     S_SH_ADDMM1,
@@ -204,6 +212,7 @@ static const char *const fixed_strings[S_FIRST_BUILT] = {
     [S_DEFAULT_PG] = "default_pg",
     [S_M_SM_THROUGHPUT] = "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     [S_M_DRAM_BYTES] = "dram__bytes_read.sum",
+    [S_MEMORY] = "[memory]",
 };
 
 /* The GEMMs differ by device profile: 0 = V100 in fp32, 1 = A100 with autocast to fp16. */
@@ -332,6 +341,8 @@ struct kp_synth {
     uint32_t first_gemm_corr_done;
     struct block_seq *bseq;
     bool nomem;
+    uint32_t mem_live;                   /* activations allocated and not yet freed */
+    int64_t mem_allocated, mem_reserved; /* the allocator's totals, bytes */
 
     /* pending rows */
     Kprof__V1__Kernels p_kernels;
@@ -343,6 +354,7 @@ struct kp_synth {
     Kprof__V1__Counters p_counters;
     Kprof__V1__Collectives p_colls;
     Kprof__V1__Syncs p_syncs;
+    Kprof__V1__MemoryEvents p_memory;
     ProtobufCMessage *pend[KP_EV_COUNT];
     size_t pend_n[KP_EV_COUNT], pend_cap[KP_EV_COUNT];
     struct checkpoint *cps;
@@ -361,6 +373,7 @@ struct kp_synth {
     Kprof__V1__Counters o_counters;
     Kprof__V1__Collectives o_colls;
     Kprof__V1__Syncs o_syncs;
+    Kprof__V1__MemoryEvents o_memory;
     ProtobufCMessage *out[KP_EV_COUNT];
     size_t out_cap[KP_EV_COUNT];
     char **strs;
@@ -736,6 +749,56 @@ static void sync_row(struct kp_synth *s, int64_t st, int64_t en, uint32_t type, 
     add_dur(s, KP_EV_SYNC, en - st);
 }
 
+/* An allocator event at abs time at on thread tid: bytes > 0 allocates, < 0 frees. */
+static void mem_row(struct kp_synth *s, int64_t at, uint64_t tid, uint64_t addr, int64_t bytes)
+{
+    Kprof__V1__MemoryEvents *m = &s->p_memory;
+    size_t i = row_add(s, KP_EV_MEMORY);
+
+    s->mem_allocated += bytes;
+    if (s->mem_reserved < s->mem_allocated) {
+        s->mem_reserved = (s->mem_allocated + MEM_SEGMENT - 1) / MEM_SEGMENT * MEM_SEGMENT;
+    }
+    m->start_ns[i] = at;
+    m->name[i] = S_MEMORY;
+    m->device_type[i] = MEM_DEVICE_CUDA;
+    m->device[i] = (int32_t) (s->o.rank % 8);
+    m->addr[i] = addr;
+    m->bytes[i] = bytes;
+    m->total_allocated[i] = (uint64_t) s->mem_allocated;
+    m->total_reserved[i] = (uint64_t) s->mem_reserved;
+    m->tid[i] = tid;
+    m->step[i] = (int32_t) s->step;
+}
+
+/* The size of one activation (tokens x hidden floats), rounded up to the allocator's
+ * alignment. */
+static int64_t act_bytes(const struct kp_synth *s)
+{
+    int64_t n = (int64_t) s->prof->tokens * s->prof->hidden * 4;
+
+    return (n + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN;
+}
+
+/* A forward op allocates its output activation... */
+static void mem_alloc_act(struct kp_synth *s, int64_t at, uint64_t tid)
+{
+    uint64_t addr = MEM_BASE + (uint64_t) s->mem_live * (uint64_t) act_bytes(s);
+
+    s->mem_live++;
+    mem_row(s, at, tid, addr, act_bytes(s));
+}
+
+/* ...and the backward frees the newest one still alive (none: nothing happens). */
+static void mem_free_act(struct kp_synth *s, int64_t at, uint64_t tid)
+{
+    if (s->mem_live == 0) {
+        return;
+    }
+    s->mem_live--;
+    mem_row(s, at, tid, MEM_BASE + (uint64_t) s->mem_live * (uint64_t) act_bytes(s), -act_bytes(s));
+}
+
 /* --- the model --- */
 
 /* A leaf op with one kernel: [parent →] leaf → cudaLaunchKernel → kernel. */
@@ -761,6 +824,7 @@ static void fwd_op(struct kp_synth *s, uint64_t parent, enum sid outer, enum sid
         *aseq = fl.seq;
     }
     s->cpu_main += base_dur(s, 4000, 0.4);
+    mem_alloc_act(s, ab(s, s->cpu_main), tid);
     launch(s, &s->cpu_main, tid, kt, fl.id);
     s->cpu_main += base_dur(s, 1500, 0.4);
     op_close(s, &fl, ab(s, s->cpu_main));
@@ -795,6 +859,7 @@ static void bwd_fn(struct kp_synth *s, enum sid eval, enum sid fn, int64_t seq,
         if (kts[i] != KT_COUNT) {
             launch(s, &s->cpu_bwd, tid, kts[i], fa.id);
         }
+        mem_free_act(s, ab(s, s->cpu_bwd), tid);
         s->cpu_bwd += base_dur(s, 1200, 0.4);
         op_close(s, &fa, ab(s, s->cpu_bwd));
         checkpoint(s);
@@ -1098,6 +1163,10 @@ static void sim_step(struct kp_synth *s)
         checkpoint(s);
     }
     op_close(s, &ffe, ab(s, s->cpu_main));
+    /* what backward left alive is freed once the step's graph goes */
+    while (s->mem_live > 0) {
+        mem_free_act(s, ab(s, s->cpu_main), tm);
+    }
     s->cpu_main += base_dur(s, 3000, 0.3);
     op_close(s, &fopt, ab(s, s->cpu_main));
 
@@ -1562,6 +1631,7 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     kprof__v1__counters__init(&s->p_counters);
     kprof__v1__collectives__init(&s->p_colls);
     kprof__v1__syncs__init(&s->p_syncs);
+    kprof__v1__memory_events__init(&s->p_memory);
     kprof__v1__kernels__init(&s->o_kernels);
     kprof__v1__memcpys__init(&s->o_memcpys);
     kprof__v1__memsets__init(&s->o_memsets);
@@ -1571,6 +1641,7 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     kprof__v1__counters__init(&s->o_counters);
     kprof__v1__collectives__init(&s->o_colls);
     kprof__v1__syncs__init(&s->o_syncs);
+    kprof__v1__memory_events__init(&s->o_memory);
     s->pend[KP_EV_KERNEL] = &s->p_kernels.base;
     s->pend[KP_EV_MEMCPY] = &s->p_memcpys.base;
     s->pend[KP_EV_MEMSET] = &s->p_memsets.base;
@@ -1580,6 +1651,7 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     s->pend[KP_EV_COUNTER] = &s->p_counters.base;
     s->pend[KP_EV_COLLECTIVE] = &s->p_colls.base;
     s->pend[KP_EV_SYNC] = &s->p_syncs.base;
+    s->pend[KP_EV_MEMORY] = &s->p_memory.base;
     s->out[KP_EV_KERNEL] = &s->o_kernels.base;
     s->out[KP_EV_MEMCPY] = &s->o_memcpys.base;
     s->out[KP_EV_MEMSET] = &s->o_memsets.base;
@@ -1589,6 +1661,7 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     s->out[KP_EV_COUNTER] = &s->o_counters.base;
     s->out[KP_EV_COLLECTIVE] = &s->o_colls.base;
     s->out[KP_EV_SYNC] = &s->o_syncs.base;
+    s->out[KP_EV_MEMORY] = &s->o_memory.base;
     for (int i = 0; i < KP_EV_COUNT; i++) {
         if (table_reserve(s->pend[i], &s->pend_cap[i], 256) != 0) {
             goto fail;

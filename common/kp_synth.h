@@ -15,7 +15,9 @@
  *    ncclDevKernel on the communication stream) and its host-side collective row;
  *  - a cudaStreamWaitEvent (sync row) before the optimizer, the optimizer's foreach kernels,
  *    loss.item() (a device-to-host copy and a cudaStreamSynchronize, sync row), two counter
- *    rows for the first GEMM, a ProfilerStep#N op and a step row.
+ *    rows for the first GEMM, a ProfilerStep#N op and a step row;
+ *  - caching-allocator events (memory_events): each forward op allocates its activation,
+ *    backward frees the newest one, and what is left is freed after the optimizer.
  * Kernels carry grid, block, registers and shared memory; correlation links a kernel (or
  * copy, memset) to its API call, external_id links both to the innermost op (op_id).
  *

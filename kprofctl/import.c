@@ -16,8 +16,8 @@
  *     file's spool (kp_kineto_spool: the scan kept them encoded, up to IMPORT_SPOOL_MEM bytes
  *     in memory for all files together, the rest in temporary files), so each file is parsed
  *     once; a file whose spool cannot stand for a second parse (kp_kineto.h) is parsed again.
- *     If the push fails, the run is ended FAILED and the user is told how to drop it
- *     (collectord has no delete RPC).
+ *     If the push fails, the run is ended FAILED and then dropped (Control.DropRun) with
+ *     whatever part of it was stored; if the drop fails, the user is told how to drop it.
  * A progress bar goes to stderr when it is a terminal; the run id goes to stdout, as JSON
  * with --json.
  */
@@ -580,7 +580,7 @@ int kprofctl_import(int argc, char **argv)
     uint32_t world_size = 0;
     size_t bad;
     int action, rc = 1;
-    bool run_failed = false, any_partial = false;
+    bool run_failed = false, any_partial = false, ended = false;
 
     memset(&cfg, 0, sizeof(cfg));
     memset(&im, 0, sizeof(im));
@@ -742,13 +742,31 @@ end:
         if (control_call(ch, cfg.collector, "EndRun", &req.base, &run)) {
             protobuf_c_message_free_unpacked(&run->base, NULL);
             run = NULL;
+            ended = true;
         }
     }
     if (run_failed) {
-        fprintf(stderr,
-                "kprofctl import: run %" PRIu64 " is marked FAILED and may hold part of the "
-                "traces; drop it with: psql -c 'SELECT kp_drop_run(%" PRIu64 ")'\n",
-                run_id, run_id);
+        Kprof__V1__DropRunRequest req = KPROF__V1__DROP_RUN_REQUEST__INIT;
+
+        /* nothing more may go out for the run: unacknowledged batches are given up */
+        kp_push_destroy(im.push);
+        im.push = NULL;
+        req.run_id = run_id;
+        /* DropRun refuses a run that is still open, so only an ended one is worth asking */
+        if (ended && control_call(ch, cfg.collector, "DropRun", &req.base, &run)) {
+            protobuf_c_message_free_unpacked(&run->base, NULL);
+            run = NULL;
+            fprintf(stderr,
+                    "kprofctl import: run %" PRIu64 " was dropped; nothing of these traces "
+                    "was kept\n",
+                    run_id);
+        }
+        else {
+            fprintf(stderr,
+                    "kprofctl import: run %" PRIu64 " is marked FAILED and may hold part of "
+                    "the traces; drop it with: psql -c 'SELECT kp_drop_run(%" PRIu64 ")'\n",
+                    run_id, run_id);
+        }
     }
     else {
         print_result(&im, run_id, world_size, (double) (mono_ns() - im.start_ns) / 1e9,

@@ -129,9 +129,12 @@ bytes_per_kernel() {
 check_totals() {
     local json=$1 run=$2 t q
     for t in kernel:kernels memcpy:memcpys memset:memsets api:api_calls op:ops step:steps \
-        counter:counters collective:collectives sync:syncs; do
+        counter:counters collective:collectives sync:syncs memory:memory_events; do
         q="SELECT rank, count(*), coalesce(sum(dur_ns), 0) FROM ${t#*:} WHERE run_id = $run GROUP BY rank ORDER BY rank"
-        [ "${t%%:*}" = counter ] && q="SELECT rank, count(*), 0 FROM counters WHERE run_id = $run GROUP BY rank ORDER BY rank"
+        # no dur_ns: counters and memory events (instants)
+        case ${t%%:*} in counter | memory)
+            q="SELECT rank, count(*), 0 FROM ${t#*:} WHERE run_id = $run GROUP BY rank ORDER BY rank" ;;
+        esac
         sql "$q" | sed "s/^/${t%%:*}|/"
     done >"$work/got"
     "$py" - "$json" "$work/got" <<'EOF'

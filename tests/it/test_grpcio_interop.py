@@ -22,6 +22,81 @@ def batch(run_id, rank, seq, n=5, stream=7, name="volta_sgemm_128x64_nn"):
     return b
 
 
+def memory_batch(run_id, seq):
+    """Two allocator events (an allocation and its free) and one OOM, as kprofctl import
+    would send Kineto's [memory] / [OutOfMemory] events."""
+    b = pb.Batch(run_id=run_id, rank=0, stream=8, seq=seq, base_ns=1_700_000_000_000_000_000)
+    b.strings.extend(["", "[memory]", "[OutOfMemory]"])
+    m = b.memory
+    m.start_ns.extend([1000, 500, 10])
+    m.name.extend([1, 1, 2])
+    m.device_type.extend([1, 1, 1])
+    m.device.extend([0, 0, -1])
+    m.addr.extend([0x7F0000000000, 0x7F0000000000, 0])
+    m.bytes.extend([2097152, -2097152, 1 << 40])
+    m.total_allocated.extend([2097152, 0, 0])
+    m.total_reserved.extend([20971520, 20971520, 20971520])
+    m.tid.extend([77, 77, 78])
+    m.step.extend([5, 5, 5])
+    return b
+
+
+def check_memory_and_drop(ch, st, run, expect):
+    """MemoryEvents stored as sent; DropRun: an ended run is dropped with its rows, an open
+    one is refused with FAILED_PRECONDITION, an unknown id is NOT_FOUND."""
+    SC = grpc.StatusCode
+    db = "kp_it_grpcio"
+    drop = ch.unary_unary("/kprof.v1.Control/DropRun",
+                          request_serializer=pb.DropRunRequest.SerializeToString,
+                          response_deserializer=pb.Run.FromString)
+
+    run2 = st.create(pb.CreateRunRequest(job="ddp-interop", name="mem", world_size=1,
+                                         source=pb.RUN_SOURCE_IMPORT), timeout=30)
+    acks = list(st.push(iter([memory_batch(run2.id, 1)]), timeout=30))
+    assert [(a.seq, a.duplicate) for ack in acks for a in ack.batches] == [(1, False)], acks
+    rows = kpfix.psql_rows(
+        "SELECT m.start_ns - 1700000000000000000, n.name, m.device_type, m.device, m.addr, "
+        "m.bytes, m.total_allocated, m.total_reserved, m.tid, m.step FROM memory_events m "
+        "JOIN names n ON n.id = m.name WHERE m.run_id = %d ORDER BY m.start_ns" % run2.id, db=db)
+    want = [["1000", "[memory]", "1", "0", str(0x7F0000000000), "2097152", "2097152",
+             "20971520", "77", "5"],
+            ["1500", "[memory]", "1", "0", str(0x7F0000000000), "-2097152", "0", "20971520",
+             "77", "5"],
+            ["1510", "[OutOfMemory]", "1", "-1", "0", str(1 << 40), "0", "20971520", "78", "5"]]
+    assert [list(r) for r in rows] == want, rows
+
+    # Open: refused, and nothing is dropped.
+    expect(lambda: drop(pb.DropRunRequest(run_id=run2.id), timeout=30),
+           SC.FAILED_PRECONDITION, "EndRun")
+    assert kpfix.psql("SELECT count(*) FROM memory_events WHERE run_id = %d" % run2.id,
+                      db=db) == "3"
+    # Unknown ids.
+    expect(lambda: drop(pb.DropRunRequest(run_id=424242), timeout=30), SC.NOT_FOUND, "424242")
+    expect(lambda: drop(pb.DropRunRequest(run_id=0), timeout=30), SC.NOT_FOUND, "does not exist")
+
+    # Ended: dropped with every row; the answer is the run as it was.
+    gone = drop(pb.DropRunRequest(run_id=run.id), timeout=30)
+    assert gone.id == run.id and gone.state == pb.RUN_STATE_ENDED and gone.batches == 7, gone
+    assert gone.job == "ddp-interop" and gone.world_size == 2, gone
+    assert kpfix.psql("SELECT count(*) FROM kernels WHERE run_id = %d" % run.id, db=db) == "0"
+    assert kpfix.psql("SELECT count(*) FROM runs WHERE id = %d" % run.id, db=db) == "0"
+    assert kpfix.psql("SELECT count(*) FROM pg_tables WHERE tablename ~ '_r%d$'" % run.id,
+                      db=db) == "0"
+    expect(lambda: drop(pb.DropRunRequest(run_id=run.id), timeout=30), SC.NOT_FOUND, str(run.id))
+    # Batches for the dropped run are refused like those of an unknown run.
+    expect(lambda: list(st.push(iter([batch(run.id, 0, 99)]), timeout=30)), SC.NOT_FOUND, "")
+    runs = st.list_runs(pb.ListRunsRequest(job="ddp-interop"), timeout=30).runs
+    assert [r.id for r in runs] == [run2.id], runs
+
+    # The import's clean-up after a failure: EndRun(failed), then DropRun.
+    failed = st.end(pb.EndRunRequest(run_id=run2.id, failed=True), timeout=30)
+    assert failed.state == pb.RUN_STATE_FAILED, failed
+    gone = drop(pb.DropRunRequest(run_id=run2.id), timeout=30)
+    assert gone.id == run2.id and gone.state == pb.RUN_STATE_FAILED and gone.batches == 1, gone
+    assert kpfix.psql("SELECT count(*) FROM memory_events", db=db) == "0"
+    assert kpfix.psql("SELECT count(*) FROM runs", db=db) == "0"
+
+
 def main():
     conninfo = kpfix.fresh_db("kp_it_grpcio")
     d = kpfix.Collectord("grpcio", conninfo, ["--max-message-bytes", "1MiB", "--max-name-bytes", "1024"])
@@ -89,6 +164,8 @@ def main():
         assert ended.state == pb.RUN_STATE_ENDED and ended.ended_ns >= ended.created_ns
         runs = list_runs(pb.ListRunsRequest(job="ddp-interop"), timeout=30).runs
         assert [r.id for r in runs] == [run.id] and runs[0].batches == 7, runs
+
+        check_memory_and_drop(ch, st, run, expect)
         ch.close()
     finally:
         rc = d.stop()

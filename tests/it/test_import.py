@@ -66,7 +66,7 @@ def expected(trace):
         name, args = e.get("name", ""), e.get("args") or {}
         cats[cat] = cats.get(cat, 0) + 1
         if ph == "i" and name in ("[memory]", "[OutOfMemory]"):
-            add(("ops", 0), e["ts"], 0)
+            add(("memory_events",), e["ts"], 0)
         if ph != "X":
             continue
         step = name.startswith("ProfilerStep#") and name[13:].isdigit()
@@ -102,12 +102,13 @@ def stored(run_id, rank):
     got, sums = {}, {}
     for table, kcol in (("kernels", None), ("memcpys", None), ("memsets", None),
                         ("api_calls", "domain"), ("ops", "kind"), ("steps", None),
-                        ("collectives", None), ("syncs", None)):
+                        ("collectives", None), ("syncs", None), ("memory_events", None)):
         sel = (kcol + ", ") if kcol else ""
         grp = (" GROUP BY " + kcol) if kcol else ""
+        dur = "0" if table == "memory_events" else "coalesce(sum(dur_ns), 0)"  # instants
         for row in kpfix.psql_rows("SELECT %scount(*), coalesce(sum(start_ns), 0)::text, "
-                                   "coalesce(sum(dur_ns), 0)::text FROM %s WHERE run_id = %d AND "
-                                   "rank = %d%s" % (sel, table, run_id, rank, grp), db=DB):
+                                   "%s::text FROM %s WHERE run_id = %d AND "
+                                   "rank = %d%s" % (sel, dur, table, run_id, rank, grp), db=DB):
             if kcol:
                 key, n, s, d = (table, int(row[0])), int(row[1]), int(row[2]), int(row[3])
             else:

@@ -135,7 +135,7 @@ static const struct result *find_result(uint64_t run, uint32_t rank, uint64_t st
 /* What the generated batches of one (run, rank) hold, for comparing with PostgreSQL. */
 struct expect {
     long long rows[KP_EV_COUNT];
-    long long dur[KP_EV_COUNT];   /* sum of dur_ns (counters: sum of 2 * value) */
+    long long dur[KP_EV_COUNT];   /* sum of dur_ns (counters: 2 * value; memory: bytes) */
     long long start[KP_EV_COUNT]; /* sum of start_ns - BASE_NS */
     long long batches, records;
 };
@@ -182,6 +182,7 @@ static Kprof__V1__Batch *make_batch(uint64_t run, uint32_t rank, uint64_t stream
     Kprof__V1__Counters ct = KPROF__V1__COUNTERS__INIT;
     Kprof__V1__Collectives co = KPROF__V1__COLLECTIVES__INIT;
     Kprof__V1__Syncs sy = KPROF__V1__SYNCS__INIT;
+    Kprof__V1__MemoryEvents me = KPROF__V1__MEMORY_EVENTS__INIT;
     Kprof__V1__RankInfo ri = KPROF__V1__RANK_INFO__INIT;
     Kprof__V1__Device dev = KPROF__V1__DEVICE__INIT;
     Kprof__V1__Device *devs[1] = { &dev };
@@ -198,12 +199,14 @@ static Kprof__V1__Batch *make_batch(uint64_t run, uint32_t rank, uint64_t stream
     int32_t *i32 = calloc(nk, sizeof(int32_t));
     int64_t *i64 = calloc(nk, sizeof(int64_t));
     double *dbl = calloc(nk, sizeof(double));
+    int64_t *mbytes = calloc(nk, sizeof(int64_t));
     uint8_t *wire;
     size_t len;
     Kprof__V1__Batch *out;
 
     assert_non_null(delta);
     assert_non_null(dbl);
+    assert_non_null(mbytes);
     for (int j = 0; j < N_STRINGS; j++) {
         gen_string(sbuf[j], sizeof(sbuf[j]), j);
         strings[j] = sbuf[j];
@@ -346,6 +349,31 @@ static Kprof__V1__Batch *make_batch(uint64_t run, uint32_t rank, uint64_t stream
     sy.cuda_event = u32;
     b.syncs = &sy;
     EXPECT(KP_EV_SYNC, n);
+
+    /* Allocator events: allocations and frees alternate (bytes +-512 (i + 1)). */
+    me.n_start_ns = n;
+    me.start_ns = delta;
+    me.n_name = n;
+    me.name = name;
+    me.n_device_type = n;
+    me.device_type = u32;
+    me.n_device = n;
+    me.device = i32;
+    me.n_bytes = n;
+    FILL(mbytes, n, (i % 2 ? -512 : 512) * (int64_t) (i + 1));
+    me.bytes = mbytes;
+    me.n_total_allocated = n;
+    me.total_allocated = u64;
+    b.memory = &me;
+    {
+        long long d0 = ex->dur[KP_EV_MEMORY];
+
+        EXPECT(KP_EV_MEMORY, n);
+        ex->dur[KP_EV_MEMORY] = d0; /* no dur_ns: the sum of bytes stands in */
+        for (size_t i = 0; i < n; i++) {
+            ex->dur[KP_EV_MEMORY] += mbytes[i];
+        }
+    }
 #undef EXPECT
 
     if (seq == 0) {
@@ -392,6 +420,7 @@ static Kprof__V1__Batch *make_batch(uint64_t run, uint32_t rank, uint64_t stream
     free(i32);
     free(i64);
     free(dbl);
+    free(mbytes);
     {
         char err[256];
         struct kp_batch_limits lim = { KP_CODEC_DEFAULT_MAX_NAME_BYTES,
@@ -464,7 +493,15 @@ static void check_rank(uint64_t run, uint32_t rank, const struct expect *ex)
             fail_msg("%s run=%" PRIu64 " rank=%u: %lld rows, sent %lld", t, run, rank, rows,
                      ex->rows[k]);
         }
-        if (k == KP_EV_COUNTER) {
+        if (k == KP_EV_MEMORY) {
+            assert_int_equal(kp_test_pg_int(db,
+                                            "SELECT coalesce(sum(bytes), 0)::bigint FROM "
+                                            "memory_events WHERE run_id = %" PRIu64
+                                            " AND rank = %u",
+                                            run, rank),
+                             ex->dur[k]);
+        }
+        else if (k == KP_EV_COUNTER) {
             assert_int_equal(kp_test_pg_int(db,
                                             "SELECT coalesce(sum(value * 2), 0)::bigint FROM "
                                             "counters WHERE run_id = %" PRIu64 " AND rank = %u",
@@ -472,11 +509,13 @@ static void check_rank(uint64_t run, uint32_t rank, const struct expect *ex)
                              ex->dur[k]);
             continue;
         }
-        assert_int_equal(kp_test_pg_int(db,
-                                        "SELECT coalesce(sum(dur_ns), 0)::bigint FROM %s "
-                                        "WHERE run_id = %" PRIu64 " AND rank = %u",
-                                        t, run, rank),
-                         ex->dur[k]);
+        else {
+            assert_int_equal(kp_test_pg_int(db,
+                                            "SELECT coalesce(sum(dur_ns), 0)::bigint FROM %s "
+                                            "WHERE run_id = %" PRIu64 " AND rank = %u",
+                                            t, run, rank),
+                             ex->dur[k]);
+        }
         assert_int_equal(kp_test_pg_int(db,
                                         "SELECT coalesce(sum(start_ns - %lld), 0)::bigint FROM %s "
                                         "WHERE run_id = %" PRIu64 " AND rank = %u",
@@ -1073,7 +1112,7 @@ static void test_store(void **state)
                                     "SELECT count(*) FROM kp_run_tables t WHERE "
                                     "to_regclass(t.name || '_r%" PRIu64 "') IS NOT NULL",
                                     id),
-                     10);
+                     KP_EV_COUNT + 1); /* the event tables and ingest_batches */
 
     s = sink_open(100000, 5);
     for (uint64_t seq = 0; seq < 3; seq++) {
@@ -1146,6 +1185,290 @@ static void test_dropped_run(void **state)
     wait_results(2, 10000);
     assert_int_equal(col.r[1].status, KP_ENOTFOUND);
     kp_sink_destroy(s, 1000);
+}
+
+/* Unpacks a copy of b as ingest would hand it to the sink (owned). */
+static Kprof__V1__Batch *wire_copy(const Kprof__V1__Batch *b)
+{
+    size_t len = protobuf_c_message_get_packed_size(&b->base);
+    uint8_t *wire = malloc(len);
+    Kprof__V1__Batch *out;
+
+    assert_non_null(wire);
+    protobuf_c_message_pack(&b->base, wire);
+    out = kprof__v1__batch__unpack(NULL, len, wire);
+    assert_non_null(out);
+    free(wire);
+    return out;
+}
+
+/* Allocator events are stored exactly, every column, extremes and NULLs included. */
+static void test_memory_rows_exact(void **state)
+{
+    static const char *const want[] = {
+        "0|[memory]|1|0|139637976727552|1048576|1048576|2097152|4242|3",
+        "2|[OutOfMemory]|1|7|0|85899345920|9223372036854775807|9223372036854775807|0|-1",
+        "3|NULL|0|-1|9223372036854775807|-9223372036854775808|0|0|9223372036854775807|"
+        "-2147483648",
+        "5|[memory]|1|0|139637976727552|-1048576|0|2097152|4242|3",
+    };
+    Kprof__V1__Batch b = KPROF__V1__BATCH__INIT;
+    Kprof__V1__MemoryEvents me = KPROF__V1__MEMORY_EVENTS__INIT;
+    char *strings[] = { "", "[memory]", "[OutOfMemory]" };
+    int64_t start[] = { 0, 5, -3, 1 }; /* 0, 5, 2, 3 */
+    uint32_t name[] = { 1, 1, 2, 0 };
+    uint32_t dtype[] = { 1, 1, 1, 0 };
+    int32_t device[] = { 0, 0, 7, -1 };
+    uint64_t addr[] = { 0x7f0000000000ULL, 0x7f0000000000ULL, 0, INT64_MAX };
+    int64_t bytes[] = { 1048576, -1048576, 85899345920LL, INT64_MIN };
+    uint64_t total_alloc[] = { 1048576, 0, INT64_MAX, 0 };
+    uint64_t total_res[] = { 2097152, 2097152, INT64_MAX, 0 };
+    uint64_t tid[] = { 4242, 4242, 0, INT64_MAX };
+    int32_t step[] = { 3, 3, -1, INT32_MIN };
+    struct kp_sink *s;
+    PGresult *res;
+    char sql[512];
+    uint64_t run;
+
+    need_db();
+    run = create_run("job-mem", 1);
+    b.run_id = run;
+    b.stream = 1;
+    b.base_ns = BASE_NS;
+    b.n_strings = 3;
+    b.strings = strings;
+#define COL(f, a) \
+    me.n_##f = 4; \
+    me.f = a
+    COL(start_ns, start);
+    COL(name, name);
+    COL(device_type, dtype);
+    COL(device, device);
+    COL(addr, addr);
+    COL(bytes, bytes);
+    COL(total_allocated, total_alloc);
+    COL(total_reserved, total_res);
+    COL(tid, tid);
+    COL(step, step);
+#undef COL
+    b.memory = &me;
+    s = sink_open(100000, 5);
+    submit(s, wire_copy(&b));
+    wait_results(1, 10000);
+    if (col.r[0].status != 0) {
+        fail_msg("memory batch: status=%d err=%s", col.r[0].status, col.r[0].err);
+    }
+    kp_sink_destroy(s, 1000);
+
+    snprintf(sql, sizeof(sql),
+             "SELECT concat_ws('|', m.start_ns - %lld, coalesce(n.name, 'NULL'), m.device_type, "
+             "m.device, m.addr, m.bytes, m.total_allocated, m.total_reserved, m.tid, m.step) "
+             "FROM memory_events m LEFT JOIN names n ON n.id = m.name "
+             "WHERE m.run_id = %" PRIu64 " ORDER BY m.start_ns",
+             BASE_NS, run);
+    res = PQexec(db, sql);
+    assert_int_equal(PQresultStatus(res), PGRES_TUPLES_OK);
+    assert_int_equal(PQntuples(res), 4);
+    for (int r = 0; r < 4; r++) {
+        assert_string_equal(PQgetvalue(res, r, 0), want[r]);
+    }
+    PQclear(res);
+    assert_int_equal(
+        kp_test_pg_int(db, "SELECT records FROM ranks WHERE run_id = %" PRIu64 " AND rank = 0",
+                       run),
+        4);
+}
+
+struct dropper {
+    uint64_t run;
+    int rc;
+    bool done;
+    char err[512];
+};
+
+static void *drop_main(void *arg)
+{
+    struct dropper *d = arg;
+    Kprof__V1__Run out = KPROF__V1__RUN__INIT;
+    PGconn *c = NULL;
+
+    d->rc = kp_pg_connect(conninfo, "kprof-test-drop", &c, d->err, sizeof(d->err));
+    if (d->rc == 0) {
+        d->rc = kp_store_drop_run(c, d->run, &out, d->err, sizeof(d->err));
+        kp_store_run_fini(&out);
+        PQfinish(c);
+    }
+    __atomic_store_n(&d->done, true, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+static bool drop_waiting(void *arg)
+{
+    (void) arg;
+    return kp_test_pg_int(db, "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                              "'kprof-test-drop' AND wait_event_type = 'Lock'") == 1;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *) a, *(const char *const *) b);
+}
+
+/* (g) kp_store_drop_run: refuses an open run, drops an ended one with all its rows, and
+ * waits for (never deadlocks with) a sink transaction that is storing the run's batches. */
+static void test_drop_run(void **state)
+{
+    Kprof__V1__Run out = KPROF__V1__RUN__INIT;
+    struct expect ex = { 0 };
+    struct kp_sink *s;
+    char err[512] = "";
+    uint64_t run, run2;
+
+    need_db();
+    run = create_run("job-drop", 2);
+    s = sink_open(100000, 5);
+    submit(s, make_batch(run, 0, 1, 0, 4, &ex));
+    submit(s, make_batch(run, 1, 1, 0, 4, &ex));
+    wait_results(2, 10000);
+    assert_int_equal(col.r[0].status, 0);
+    assert_int_equal(col.r[1].status, 0);
+    kp_sink_destroy(s, 1000);
+
+    /* Open: refused, nothing dropped, the connection usable. */
+    assert_int_equal(kp_store_drop_run(db, run, &out, err, sizeof(err)), -EBUSY);
+    assert_non_null(strstr(err, "open"));
+    assert_non_null(strstr(err, "EndRun"));
+    assert_int_equal(PQtransactionStatus(db), PQTRANS_IDLE);
+    assert_int_equal(
+        kp_test_pg_int(db, "SELECT count(*) FROM memory_events WHERE run_id = %" PRIu64, run),
+        ex.rows[KP_EV_MEMORY]);
+    assert_true(ex.rows[KP_EV_MEMORY] > 0);
+
+    assert_int_equal(kp_store_end_run(db, run, true, &out, err, sizeof(err)), 0);
+    assert_int_equal(kp_store_drop_run(db, run, &out, err, sizeof(err)), 0);
+    assert_int_equal(out.id, run);
+    assert_string_equal(out.job, "job-drop");
+    assert_int_equal(out.state, KPROF__V1__RUN_STATE__RUN_STATE_FAILED);
+    assert_int_equal(out.batches, 2);
+    assert_int_equal(kp_test_pg_int(db,
+                                    "SELECT count(*) FROM kp_run_tables t WHERE "
+                                    "to_regclass(t.name || '_r%" PRIu64 "') IS NOT NULL",
+                                    run),
+                     0);
+    assert_int_equal(kp_test_pg_int(db, "SELECT count(*) FROM runs WHERE id = %" PRIu64, run), 0);
+    assert_int_equal(kp_test_pg_int(db, "SELECT count(*) FROM ranks WHERE run_id = %" PRIu64, run),
+                     0);
+    assert_int_equal(
+        kp_test_pg_int(db, "SELECT count(*) FROM devices WHERE run_id = %" PRIu64, run), 0);
+    assert_int_equal(kp_store_drop_run(db, run, &out, err, sizeof(err)), KP_ENOTFOUND);
+    assert_non_null(strstr(err, "does not exist"));
+    assert_int_equal(kp_store_drop_run(db, 0, &out, err, sizeof(err)), KP_ENOTFOUND);
+    assert_int_equal(kp_store_drop_run(db, (uint64_t) INT32_MAX + 1, &out, err, sizeof(err)),
+                     KP_ENOTFOUND);
+    assert_int_equal(PQtransactionStatus(db), PQTRANS_IDLE);
+    kp_store_run_fini(&out);
+
+    /* A drop while a sink-like transaction holds the tables (in the sink's lock order) and
+     * then upserts ranks (FOR KEY SHARE on the run's row): the drop waits, then succeeds. */
+    run2 = create_run("job-drop", 1);
+    assert_int_equal(kp_store_end_run(db, run2, false, &out, err, sizeof(err)), 0);
+    kp_store_run_fini(&out);
+    {
+        const char *tables[KP_EV_COUNT + 1];
+        char lock[1024];
+        size_t o, n = 0;
+        struct dropper d = { .run = run2 };
+        pthread_t th;
+        PGconn *c = NULL;
+
+        tables[n++] = "ingest_batches";
+        for (int k = 0; k < KP_EV_COUNT; k++) {
+            tables[n++] = kp_event_kinds[k].table;
+        }
+        qsort(tables, n, sizeof(tables[0]), cmp_str);
+        o = (size_t) snprintf(lock, sizeof(lock), "BEGIN; LOCK TABLE ");
+        for (size_t i = 0; i < n; i++) {
+            o += (size_t) snprintf(lock + o, sizeof(lock) - o, "%sONLY %s", i ? ", " : "",
+                                   tables[i]);
+        }
+        snprintf(lock + o, sizeof(lock) - o, " IN ROW EXCLUSIVE MODE");
+        assert_int_equal(kp_pg_connect(conninfo, "kprof-test-sinklike", &c, err, sizeof(err)), 0);
+        kp_test_pg_exec(c, "%s", lock);
+        assert_int_equal(pthread_create(&th, NULL, drop_main, &d), 0);
+        if (!kp_test_wait_for(drop_waiting, NULL, 10000)) {
+            fail_msg("the drop did not wait for the sink's transaction (done=%d rc=%d err=%s)",
+                     (int) __atomic_load_n(&d.done, __ATOMIC_SEQ_CST), d.rc, d.err);
+        }
+        assert_false(__atomic_load_n(&d.done, __ATOMIC_SEQ_CST));
+        /* The ranks upsert comes after the drop has locked the run's row: a drop that took
+         * the row FOR UPDATE would deadlock here. */
+        kp_test_pg_exec(c, "INSERT INTO ranks (run_id, rank) VALUES (%" PRIu64 ", 0)", run2);
+        kp_test_pg_exec(
+            c, "INSERT INTO memory_events (run_id, rank, start_ns) VALUES (%" PRIu64 ", 0, 1)",
+            run2);
+        kp_test_pg_exec(c, "COMMIT");
+        pthread_join(th, NULL);
+        if (d.rc != 0) {
+            fail_msg("drop after the sink's commit: rc=%d err=%s", d.rc, d.err);
+        }
+        PQfinish(c);
+    }
+    assert_int_equal(kp_test_pg_int(db, "SELECT count(*) FROM runs WHERE id = %" PRIu64, run2), 0);
+    assert_int_equal(kp_test_pg_int(db, "SELECT count(*) FROM ranks WHERE run_id = %" PRIu64, run2),
+                     0);
+    assert_int_equal(kp_test_pg_int(db,
+                                    "SELECT count(*) FROM pg_tables WHERE tablename = "
+                                    "'memory_events_r%" PRIu64 "'",
+                                    run2),
+                     0);
+}
+
+/* Migration 0002 on a version-1 database gives the runs already there a memory_events
+ * partition, and kp_drop_run drops it with them. */
+static void test_migrate_existing_runs(void **state)
+{
+    char ci[1024], err[512] = "";
+    PGconn *c = NULL;
+    long long old;
+
+    need_db();
+    assert_true(kp_migrations_count >= 2);
+    assert_int_equal(kp_migrations[0].version, 1);
+    kp_test_pg_fresh_db("kprof_test_migrate_v1", ci, sizeof(ci));
+    assert_int_equal(kp_pg_connect(ci, "kprof-test", &c, err, sizeof(err)), 0);
+    kp_test_pg_exec(c, "CREATE TABLE kp_schema_migrations (version integer PRIMARY KEY, "
+                       "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())");
+    kp_test_pg_exec(c, "%s", kp_migrations[0].sql);
+    kp_test_pg_exec(c, "INSERT INTO kp_schema_migrations (version, name) VALUES (1, '%s')",
+                    kp_migrations[0].name);
+    old = kp_test_pg_int(c, "INSERT INTO runs (job, world_size) VALUES ('old', 1) RETURNING id");
+    kp_test_pg_exec(c, "SELECT kp_create_run_partitions(%lld)", old);
+    assert_int_equal(kp_test_pg_int(c,
+                                    "SELECT count(*) FROM pg_tables WHERE tablename = "
+                                    "'memory_events_r%lld'",
+                                    old),
+                     0);
+
+    assert_int_equal(kp_pg_migrate(c, err, sizeof(err)), (int) kp_migrations_count - 1);
+    assert_int_equal(kp_test_pg_int(c,
+                                    "SELECT count(*) FROM pg_tables WHERE tablename = "
+                                    "'memory_events_r%lld'",
+                                    old),
+                     1);
+    kp_test_pg_exec(c,
+                    "INSERT INTO memory_events (run_id, rank, start_ns, bytes) VALUES (%lld, "
+                    "0, 1, -512)",
+                    old);
+    assert_int_equal(kp_test_pg_int(c, "SELECT count(*) FROM kp_run_tables WHERE name = "
+                                       "'memory_events'"),
+                     1);
+    kp_test_pg_exec(c, "SELECT kp_drop_run(%lld)", old);
+    assert_int_equal(kp_test_pg_int(c,
+                                    "SELECT count(*) FROM pg_tables WHERE tablename LIKE "
+                                    "'%%_r%lld'",
+                                    old),
+                     0);
+    PQfinish(c);
 }
 
 /*
@@ -1248,6 +1571,9 @@ int main(void)
         cmocka_unit_test(test_destroy_cancels_hung_flush),
         cmocka_unit_test(test_store),
         cmocka_unit_test(test_dropped_run),
+        cmocka_unit_test(test_memory_rows_exact),
+        cmocka_unit_test(test_drop_run),
+        cmocka_unit_test(test_migrate_existing_runs),
         cmocka_unit_test(test_throughput),
     };
 

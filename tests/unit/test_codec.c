@@ -323,12 +323,91 @@ static void test_copy_text_extremes(void **state)
     kp_strbuf_fini(&sb);
 }
 
+/* The allocator-event kind: its columns, its refusals and its exact COPY text (signed bytes,
+ * device -1, a NULL name, absent columns as \N). */
+static void test_memory_kind(void **state)
+{
+    Kprof__V1__Batch b = KPROF__V1__BATCH__INIT;
+    Kprof__V1__MemoryEvents me = KPROF__V1__MEMORY_EVENTS__INIT;
+    char *strings[] = { "", "[memory]" };
+    int64_t start[] = { 10, 5 };
+    uint32_t name[] = { 1, 0 };
+    int32_t device[] = { 0, -1 };
+    uint64_t addr[] = { 0x7f0000000000ULL, 4096 };
+    int64_t bytes[] = { 1048576, INT64_MIN };
+    uint64_t total[] = { 1048576, 0 };
+    uint32_t dtype[] = { 1, 40000 };
+    int32_t step[] = { 3, 3 };
+    int32_t name_ids[2] = { 0, 99 };
+    struct kp_strbuf sb;
+    char err[256] = "", cols[512];
+    const char *want = "7\t3\t1000010\t99\t\\N\t0\t139637976727552\t1048576\t1048576\t\\N"
+                       "\t\\N\t3\n"
+                       "7\t3\t1000015\t\\N\t\\N\t-1\t4096\t-9223372036854775808\t0\t\\N"
+                       "\t\\N\t3\n";
+
+    assert_string_equal(kp_event_kinds[KP_EV_MEMORY].table, "memory_events");
+    assert_string_equal(kp_codec_copy_columns(KP_EV_MEMORY, cols, sizeof(cols)),
+                        "run_id, rank, start_ns, name, device_type, device, addr, bytes, "
+                        "total_allocated, total_reserved, tid, step");
+    b.run_id = 7;
+    b.rank = 3;
+    b.base_ns = BASE_NS;
+    b.n_strings = 2;
+    b.strings = strings;
+    me.n_start_ns = 2;
+    me.start_ns = start;
+    me.n_name = 2;
+    me.name = name;
+    me.n_device = 2;
+    me.device = device;
+    me.n_addr = 2;
+    me.addr = addr;
+    me.n_bytes = 2;
+    me.bytes = bytes;
+    me.n_total_allocated = 2;
+    me.total_allocated = total;
+    me.n_step = 2;
+    me.step = step;
+    b.memory = &me;
+    assert_int_equal(kp_batch_validate(&b, &limits, err, sizeof(err)), 0);
+    assert_int_equal(kp_batch_rows(&b, KP_EV_MEMORY), 2);
+    assert_int_equal(kp_batch_total_rows(&b), 2);
+
+    kp_strbuf_init(&sb, 0);
+    assert_int_equal(kp_codec_copy_text(&b, KP_EV_MEMORY, name_ids, &sb), 2);
+    assert_int_equal(sb.len, strlen(want));
+    assert_memory_equal(sb.data, want, sb.len);
+    kp_strbuf_fini(&sb);
+
+    /* device_type is a smallint */
+    me.n_device_type = 2;
+    me.device_type = dtype;
+    assert_int_equal(kp_batch_validate(&b, &limits, err, sizeof(err)), KP_EPROTO);
+    assert_non_null(strstr(err, "memory.device_type[1]"));
+    me.n_device_type = 0;
+    /* an address past INT64_MAX does not fit a bigint */
+    addr[1] = UINT64_MAX;
+    assert_int_equal(kp_batch_validate(&b, &limits, err, sizeof(err)), KP_EPROTO);
+    assert_non_null(strstr(err, "memory.addr[1]"));
+    addr[1] = 4096;
+    /* every column has 0 or n values */
+    me.n_bytes = 1;
+    assert_int_equal(kp_batch_validate(&b, &limits, err, sizeof(err)), KP_EPROTO);
+    assert_non_null(strstr(err, "memory.bytes"));
+    me.n_bytes = 2;
+    name[1] = 2;
+    assert_int_equal(kp_batch_validate(&b, &limits, err, sizeof(err)), KP_EPROTO);
+    assert_non_null(strstr(err, "memory.name[1]"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_selfcheck),        cmocka_unit_test(test_valid_batch),
         cmocka_unit_test(test_validate_refuses), cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_copy_text),        cmocka_unit_test(test_copy_text_extremes),
+        cmocka_unit_test(test_memory_kind),
     };
 
     return cmocka_run_group_tests_name("codec", tests, NULL, NULL);

@@ -353,9 +353,23 @@ static void test_current_format(void **state)
     assert_int_equal(b->syncs->sync_type[0], 3); /* Stream Sync */
     assert_int_equal(b->syncs->stream[0], 7);
 
-    /* ops: step, addmm, memory, backward, comms, gpu annotation, 2 python */
+    /* [memory]: its own kind, every column */
+    const Kprof__V1__MemoryEvents *me = b->memory;
+    assert_non_null(me);
+    assert_int_equal(me->n_start_ns, 1);
+    assert_int_equal(start_of(b, me->start_ns, 0), BASE + 5031000);
+    assert_string_equal(str(b, me->name[0]), "[memory]");
+    assert_int_equal(me->bytes[0], -4096);
+    assert_int_equal(me->addr[0], 140230045696000ULL);
+    assert_int_equal(me->total_allocated[0], 4096);
+    assert_int_equal(me->total_reserved[0], 2097152);
+    assert_int_equal(me->device[0], 0);
+    assert_int_equal(me->device_type[0], 1);
+    assert_int_equal(me->tid[0], 4242);
+
+    /* ops: step, addmm, backward, comms, gpu annotation, 2 python */
     const Kprof__V1__Ops *o = b->ops;
-    assert_int_equal(o->n_start_ns, 8);
+    assert_int_equal(o->n_start_ns, 7);
     assert_int_equal(o->kind[0], KPROF__V1__OP_KIND__OP_KIND_PROFILER_STEP);
     assert_int_equal(o->kind[1], KPROF__V1__OP_KIND__OP_KIND_CPU_OP);
     assert_string_equal(str(b, o->name[1]), "aten::addmm");
@@ -366,25 +380,17 @@ static void test_current_format(void **state)
     assert_string_equal(str(b, o->input_dtypes[1]), "['c10::BFloat16', 'Scalar']");
     assert_int_equal(start_of(b, o->start_ns, 1), BASE + 5030400);
     assert_int_equal(o->dur_ns[1], 35600);
-    assert_int_equal(o->kind[2], KPROF__V1__OP_KIND__OP_KIND_UNSPECIFIED); /* [memory] */
-    assert_string_equal(str(b, o->name[2]), "[memory]");
-    assert_int_equal(o->seq[2], -4096);
-    assert_int_equal(o->external_id[2], 140230045696000ULL);
-    assert_int_equal(o->op_id[2], 4096);
-    assert_int_equal(o->parent_id[2], 2097152);
-    assert_int_equal(o->device[2], 0);
-    assert_int_equal(o->stream[2], 1);
-    assert_int_equal(o->fwd_tid[3], 1);
-    assert_int_equal(o->tid[3], 4301);
-    assert_int_equal(o->kind[5], KPROF__V1__OP_KIND__OP_KIND_GPU_USER_ANNOTATION);
-    assert_int_equal(o->device[5], 0);
-    assert_int_equal(o->stream[5], 7);
-    assert_int_equal(o->external_id[5], 1);
-    assert_int_equal(o->op_id[5], 0);
-    assert_int_equal(o->kind[6], KPROF__V1__OP_KIND__OP_KIND_PYTHON_FUNCTION);
-    assert_int_equal(o->op_id[6], KP_KINETO_PY_ID_BASE + 9);
-    assert_int_equal(o->parent_id[6], 0);
-    assert_int_equal(o->parent_id[7], KP_KINETO_PY_ID_BASE + 9);
+    assert_int_equal(o->fwd_tid[2], 1);
+    assert_int_equal(o->tid[2], 4301);
+    assert_int_equal(o->kind[4], KPROF__V1__OP_KIND__OP_KIND_GPU_USER_ANNOTATION);
+    assert_int_equal(o->device[4], 0);
+    assert_int_equal(o->stream[4], 7);
+    assert_int_equal(o->external_id[4], 1);
+    assert_int_equal(o->op_id[4], 0);
+    assert_int_equal(o->kind[5], KPROF__V1__OP_KIND__OP_KIND_PYTHON_FUNCTION);
+    assert_int_equal(o->op_id[5], KP_KINETO_PY_ID_BASE + 9);
+    assert_int_equal(o->parent_id[5], 0);
+    assert_int_equal(o->parent_id[6], KP_KINETO_PY_ID_BASE + 9);
     assert_int_equal(o->device[1], -1);
 
     /* steps and collectives */
@@ -402,7 +408,8 @@ static void test_current_format(void **state)
     assert_int_equal(b->collectives->external_id[0], 50);
     assert_int_equal(b->collectives->tid[0], 4301);
 
-    assert_int_equal(m.rows[KP_EV_OP], 8);
+    assert_int_equal(m.rows[KP_EV_OP], 7);
+    assert_int_equal(m.rows[KP_EV_MEMORY], 1);
     assert_int_equal(m.rows[KP_EV_STEP], 1);
     capture_free(&c);
 }
@@ -467,8 +474,11 @@ static void test_old_format(void **state)
     assert_int_equal(start_of(b, b->steps->start_ns, 0), 1623142623460111000LL);
     assert_string_equal(str(b, b->ops->input_shapes[1]), "[[1, 3], [8]]");
     assert_int_equal(b->ops->tid[1], 25738);
-    assert_int_equal(b->ops->device[2], -1); /* [memory] on the CPU */
-    assert_int_equal(b->ops->seq[2], 4);
+    assert_int_equal(b->memory->device[0], -1); /* [memory] on the CPU */
+    assert_int_equal(b->memory->device_type[0], 0);
+    assert_int_equal(b->memory->bytes[0], 4);
+    assert_int_equal(b->memory->n_addr, 0); /* no Addr, no Total *: absent columns */
+    assert_int_equal(b->memory->n_total_allocated, 0);
     assert_int_equal(b->api_calls->external_id[0], 2); /* 1.x external id is the op's */
     assert_int_equal(b->kernels->stream[0], 7);        /* from tid "stream 7" */
     assert_int_equal(b->kernels->external_id[0], 2);
@@ -476,8 +486,8 @@ static void test_old_format(void **state)
     assert_int_equal(b->memcpys->stream[0], 9);
     assert_int_equal(b->memcpys->copy_kind[0], 2);
     assert_int_equal(b->memcpys->dst_kind[0], 1);
-    assert_int_equal(b->ops->kind[3], KPROF__V1__OP_KIND__OP_KIND_GPU_USER_ANNOTATION);
-    assert_int_equal(b->ops->stream[4], 5);
+    assert_int_equal(b->ops->kind[2], KPROF__V1__OP_KIND__OP_KIND_GPU_USER_ANNOTATION);
+    assert_int_equal(b->ops->stream[3], 5);
     capture_free(&c);
 }
 
