@@ -72,7 +72,8 @@ struct cap_rank {
     bool last_emitted; /* the capture's last batch of this rank is in the spool */
     uint64_t last_seq; /* its seq */
     uint64_t spool_dropped;
-    long long deadline_ms; /* CLOCK_MONOTONIC: FAILED if the window has not begun by then */
+    long long deadline_ms; /* CLOCK_MONOTONIC: FAILED if the window has not begun by then, or
+                            * (once begun) has not ended by then */
     char reason[300];
 };
 
@@ -651,6 +652,25 @@ static void capture_finish(struct kp_agent *a, struct capture *c, const char *ex
     capture_free(a, c);
 }
 
+/* How long a begun window may take to end: --window-timeout, else a minute, stretched for
+ * slow steps (twice the expected window, plus slack) and for long time windows. */
+static long long window_budget_ms(const struct kp_agent *a, const struct capture *c,
+                                  const struct session *s)
+{
+    long long budget = KP_AGENT_DEADLINE_MIN_MS, st_ms = step_ms(s);
+
+    if (a->cfg.window_timeout_ms > 0) {
+        return a->cfg.window_timeout_ms;
+    }
+    if (c->steps > 0 && st_ms > 0 && 2 * ((long long) c->steps + 5) * st_ms > budget) {
+        budget = 2 * ((long long) c->steps + 5) * st_ms;
+    }
+    if (c->duration_ms > 0 && (long long) c->duration_ms + KP_AGENT_DEADLINE_MIN_MS > budget) {
+        budget = (long long) c->duration_ms + KP_AGENT_DEADLINE_MIN_MS;
+    }
+    return budget;
+}
+
 /* Called on every tick: deadlines, and the end of captures whose ranks are all over. */
 static void capture_check(struct kp_agent *a, struct capture *c)
 {
@@ -669,6 +689,19 @@ static void capture_check(struct kp_agent *a, struct capture *c)
                       "rank %d did not begin its window (step %" PRId64
                       ") in time: current step %" PRId64
                       "; is the training loop running and is the kprof step hook active?",
+                      r->rank, c->start_step, r->s != NULL ? r->s->current_step : -1);
+            if (r->s != NULL) {
+                struct kp_wire_disarm d = { r->s->capture_id };
+
+                send_msg(r->s->fd, KP_W_DISARM, &d, sizeof(d), 0);
+            }
+        }
+        if (r->state == RS_BEGUN && now >= r->deadline_ms) {
+            rank_fail(a, c, i,
+                      "rank %d began its window (step %" PRId64
+                      ") but did not end it in time (now at step %" PRId64
+                      "): the training loop may be stuck or the process too busy to drain; "
+                      "the rows received so far are kept",
                       r->rank, c->start_step, r->s != NULL ? r->s->current_step : -1);
             if (r->s != NULL) {
                 struct kp_wire_disarm d = { r->s->capture_id };
@@ -812,7 +845,8 @@ static int parse_kv(char *text, struct kv *kv, char *err, size_t errlen)
         KEY(job)
         KEY(ranks)
         KEY(run)
-        KEY(start_step) KEY(steps) KEY(duration_ms) KEY(activities) KEY(name) KEY(wait)
+        KEY(start_step)
+        KEY(steps) KEY(duration_ms) KEY(activities) KEY(name) KEY(wait)
 #undef KEY
             snprintf(err, errlen, "error=unknown request key \"%.100s\"", line);
         return -EINVAL;
@@ -1424,6 +1458,7 @@ static bool on_message(struct kp_agent *a, struct session *s, size_t n)
             kp_batcher_window_begin(s->bat, &w);
             if (r->state == RS_ARMED) {
                 r->state = RS_BEGUN;
+                r->deadline_ms = mono_ms() + window_budget_ms(a, s->cap, s);
             }
             kp_log_info("window begun run=%" PRIu64 " rank=%d first_step=%" PRId64, s->cap->run_id,
                         r->rank, w.first_step);

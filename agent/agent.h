@@ -27,10 +27,11 @@ struct kp_agent_config {
     long long batch_rows;
     long long batch_ms;
     long long max_sessions;
-    char *http_listen; /* "" disables */
-    char *ready_file;  /* written with "socket=<path>" (and "http=...") once listening */
-    int log_level;     /* index into error, warn, info, debug */
-    char *host;        /* this node's name for logs; "" : gethostname() */
+    long long window_timeout_ms; /* a begun window must end within this; 0: from the step rate */
+    char *http_listen;           /* "" disables */
+    char *ready_file;            /* written with "socket=<path>" (and "http=...") once listening */
+    int log_level;               /* index into error, warn, info, debug */
+    char *host;                  /* this node's name for logs; "" : gethostname() */
 };
 
 /*

@@ -50,6 +50,10 @@ static const struct kp_config_def agent_config[] = {
       "longest time rows wait for a batch to fill", NULL, false },
     { "max-sessions", KP_CONFIG_INT, "1024", 1, 65536, OFF(max_sessions),
       "processes connected at once; more are refused", NULL, false },
+    { "window-timeout", KP_CONFIG_DURATION, "0", 0, 86400000, OFF(window_timeout_ms),
+      "a rank that began its capture window must end it within this, else it is failed "
+      "(0: 60 s, or more for slow steps or long durations)",
+      NULL, false },
     { "http-listen", KP_CONFIG_STRING, "", 0, 0, OFF(http_listen),
       "address of /healthz, /readyz and /metrics (e.g. 127.0.0.1:7072); empty disables", NULL,
       false },

@@ -280,6 +280,26 @@ def test_agent_restart(agent, coll, conninfo, port):
     return agent, coll
 
 
+def test_window_timeout(agent):
+    """A rank that begins its window and then goes silent (a stuck training loop) is failed at
+    --window-timeout with a reason, and DISARMed; the capture ends instead of waiting forever."""
+    lib = library(agent, "stuckjob", step=5)
+    lib.send(kw.status(0, kw.ST_DORMANT, 5))
+    cap = ctl(agent, "capture", "--job", "stuckjob", "--start-step", "7", "--steps", "2",
+              "--wait", wait=False)
+    arm = recv_arm(lib)
+    cid, run = arm["capture_id"], arm["run_id"]
+    lib.send(kw.step(7, T + 1000))
+    lib.send(kw.window(kw.WINDOW_BEGIN, cid, run, T + 1000, 0, 7, -1))
+    out, err = cap.communicate(timeout=60 * kpfix.SCALE)
+    assert cap.returncode == 1, (cap.returncode, out, err)
+    assert "began its window (step 7) but did not end it in time" in out, out
+    mtype, payload = lib.recv()
+    assert mtype == kw.DISARM, mtype
+    assert q("SELECT state FROM runs WHERE id = %d" % run) == "3"  # failed
+    lib.close()
+
+
 def main():
     shutil.rmtree(DIR, ignore_errors=True)
     os.makedirs(DIR)
@@ -297,6 +317,10 @@ def main():
         lib.close()
         agent, coll = test_agent_restart(agent, coll, conninfo, port)
         print("ok agent restart")
+        assert agent.stop() == 0
+        agent = Agent("agent3", "127.0.0.1:%d" % port, ["--window-timeout", "1s"])
+        test_window_timeout(agent)
+        print("ok window timeout")
     except BaseException:
         print("--- agent log ---\n" + agent.text()[-20000:], file=sys.stderr)
         print("--- collectord log ---\n" + coll.log_text()[-5000:], file=sys.stderr)
