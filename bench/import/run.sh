@@ -82,19 +82,9 @@ fi
 work=$(mktemp -d /tmp/kprof-bench-import.XXXXXX)
 pgdir=/tmp/kprof-bench-pg.$$
 pgport=$((5500 + $$ % 400))
-cpid=
-started_pg=0
-cleanup() {
-    if [ -n "$cpid" ]; then
-        kill -TERM "$cpid" 2>/dev/null || true
-        wait "$cpid" 2>/dev/null || true
-    fi
-    if [ "$started_pg" = 1 ]; then
-        "$root/tests/it/pgfix.sh" stop "$pgdir" "$pgport" >/dev/null 2>&1 || true
-    fi
-    rm -rf "$work"
-}
-trap cleanup EXIT
+bench=bench/import
+# shellcheck source=../stack.sh
+. "$root/bench/stack.sh"
 
 # The file kprofctl reads: named rank-0 so that it needs no --rank.
 file=$work/rank-0.pt.trace.json.gz
@@ -103,31 +93,7 @@ echo "bench/import: building the trace: $trace x $copies" >&2
     die "mktrace.py failed"
 json_bytes=$(cat "$work/json_bytes")
 
-if [ -n "${KPROF_BENCH_PG:-}" ]; then
-    [ -n "${KPROF_COLLECTOR:-}" ] ||
-        die "KPROF_BENCH_PG is set: set KPROF_COLLECTOR too (a collectord writing to that database)"
-    pg=$KPROF_BENCH_PG
-    addr=$KPROF_COLLECTOR
-else
-    [ -z "${KPROF_COLLECTOR:-}" ] ||
-        echo "bench/import: KPROF_COLLECTOR is set but KPROF_BENCH_PG is not; using throwaway ones" >&2
-    [ -x "$collectord" ] || die "$collectord is missing; build it"
-    echo "bench/import: starting a throwaway PostgreSQL in $pgdir" >&2
-    started_pg=1
-    "$root/tests/it/pgfix.sh" start "$pgdir" "$pgport" >"$work/pgfix.log" 2>&1 ||
-        { cat "$work/pgfix.log" >&2; die "PostgreSQL did not start"; }
-    pg="host=$pgdir port=$pgport user=kprof dbname=kprof"
-    "$collectord" --listen 127.0.0.1:0 --http-listen "" --pg-conninfo "$pg" \
-        --ready-file "$work/ready" --log-level warn >"$work/collectord.log" 2>&1 &
-    cpid=$!
-    for _ in $(seq 1 300); do
-        [ -s "$work/ready" ] && grep -q '^grpc=' "$work/ready" && break
-        kill -0 "$cpid" 2>/dev/null || { cat "$work/collectord.log" >&2; die "collectord exited"; }
-        sleep 0.1
-    done
-    grep -q '^grpc=' "$work/ready" 2>/dev/null || die "collectord did not get ready in 30 s"
-    addr=$(sed -n 's/^grpc=//p' "$work/ready")
-fi
+bench_stack_up
 
 sql() { psql "$pg" -qtAX -v ON_ERROR_STOP=1 -c "$1"; }
 field() { "$py" -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
