@@ -23,4 +23,8 @@ int kprofctl_import(int argc, char **argv);
  * Also exits 3 when the run or rank does not exist. */
 int kprofctl_export(int argc, char **argv);
 
+/* kprofctl runs [--job J] [--limit N] [--json|--csv] [-c COLS] [-w WIDTH]: the newest runs
+ * from Control.ListRuns as a table (runs.c). Also exits 5 when collectord is unreachable. */
+int kprofctl_runs(int argc, char **argv);
+
 #endif

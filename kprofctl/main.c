@@ -16,6 +16,7 @@
 static const struct kprofctl_verb verbs[] = {
     { "import", "load torch.profiler (Kineto) trace files into a new run", kprofctl_import },
     { "export", "write a run as Chrome/Perfetto trace JSON (one file per rank)", kprofctl_export },
+    { "runs", "list runs, newest first (--job J, --limit N, --json, --csv)", kprofctl_runs },
 };
 #define N_VERBS (sizeof(verbs) / sizeof(verbs[0]))
 
