@@ -18,30 +18,47 @@ void kp_wire_hdr_init(struct kp_wire_hdr *h, enum kp_wire_type type, uint32_t le
 size_t kp_wire_rec_size(uint32_t kind)
 {
     switch (kind) {
-    case KP_REC_KERNEL: return sizeof(struct kp_wire_kernel);
-    case KP_REC_MEMCPY: return sizeof(struct kp_wire_memcpy);
-    case KP_REC_MEMSET: return sizeof(struct kp_wire_memset);
-    case KP_REC_API: return sizeof(struct kp_wire_api);
-    case KP_REC_SYNC: return sizeof(struct kp_wire_sync);
-    case KP_REC_RANGE: return sizeof(struct kp_wire_range);
-    default: return 0;
+    case KP_REC_KERNEL:
+        return sizeof(struct kp_wire_kernel);
+    case KP_REC_MEMCPY:
+        return sizeof(struct kp_wire_memcpy);
+    case KP_REC_MEMSET:
+        return sizeof(struct kp_wire_memset);
+    case KP_REC_API:
+        return sizeof(struct kp_wire_api);
+    case KP_REC_SYNC:
+        return sizeof(struct kp_wire_sync);
+    case KP_REC_RANGE:
+        return sizeof(struct kp_wire_range);
+    default:
+        return 0;
     }
 }
 
 static size_t fixed_payload(uint16_t type)
 {
     switch (type) {
-    case KP_W_HELLO: return sizeof(struct kp_wire_hello);
-    case KP_W_WELCOME: return sizeof(struct kp_wire_welcome);
-    case KP_W_ARM: return sizeof(struct kp_wire_arm);
-    case KP_W_DISARM: return sizeof(struct kp_wire_disarm);
-    case KP_W_STATUS: return sizeof(struct kp_wire_status);
-    case KP_W_RECORDS: return sizeof(struct kp_wire_records);
+    case KP_W_HELLO:
+        return sizeof(struct kp_wire_hello);
+    case KP_W_WELCOME:
+        return sizeof(struct kp_wire_welcome);
+    case KP_W_ARM:
+        return sizeof(struct kp_wire_arm);
+    case KP_W_DISARM:
+        return sizeof(struct kp_wire_disarm);
+    case KP_W_STATUS:
+        return sizeof(struct kp_wire_status);
+    case KP_W_RECORDS:
+        return sizeof(struct kp_wire_records);
     case KP_W_WINDOW_BEGIN:
-    case KP_W_WINDOW_END: return sizeof(struct kp_wire_window);
-    case KP_W_STEP: return sizeof(struct kp_wire_step);
-    case KP_W_CTL_REPLY: return sizeof(struct kp_wire_ctl_reply);
-    default: return 0;
+    case KP_W_WINDOW_END:
+        return sizeof(struct kp_wire_window);
+    case KP_W_STEP:
+        return sizeof(struct kp_wire_step);
+    case KP_W_CTL_REPLY:
+        return sizeof(struct kp_wire_ctl_reply);
+    default:
+        return 0;
     }
 }
 
@@ -86,7 +103,8 @@ int kp_wire_check(const void *msg, size_t n, const char **why)
         if ((uint64_t) h.count * r.rec_size != h.len - sizeof(r)) {
             return fail(why, "records: count times record size does not match the payload");
         }
-    } else if (h.type == KP_W_STRINGS) {
+    }
+    else if (h.type == KP_W_STRINGS) {
         size_t off = 0;
         for (uint32_t i = 0; i < h.count; i++) {
             uint32_t e[2];
@@ -128,8 +146,8 @@ void kp_wire_strlcpy(char *dst, size_t cap, const char *src)
 
 const char *kp_wire_state_name(uint32_t state)
 {
-    static const char *const names[] = {"dormant", "armed",    "warmup", "capturing",
-                                        "flushing", "done", "failed"};
+    static const char *const names[] = { "dormant",  "armed", "warmup", "capturing",
+                                         "flushing", "done",  "failed" };
     return state < sizeof(names) / sizeof(names[0]) ? names[state] : "?";
 }
 
@@ -138,9 +156,10 @@ int kp_wire_parse_activities(const char *s, uint32_t *mask, const char **bad)
     static const struct {
         const char *name;
         uint32_t bit;
-    } acts[] = {{"kernel", KP_ACT_KERNEL}, {"memcpy", KP_ACT_MEMCPY},   {"memset", KP_ACT_MEMSET},
-                {"runtime", KP_ACT_RUNTIME}, {"nvtx", KP_ACT_NVTX},     {"sync", KP_ACT_SYNC},
-                {"overhead", KP_ACT_OVERHEAD}, {"all", KP_ACT_DEFAULT}};
+    } acts[] = { { "kernel", KP_ACT_KERNEL },     { "memcpy", KP_ACT_MEMCPY },
+                 { "memset", KP_ACT_MEMSET },     { "runtime", KP_ACT_RUNTIME },
+                 { "nvtx", KP_ACT_NVTX },         { "sync", KP_ACT_SYNC },
+                 { "overhead", KP_ACT_OVERHEAD }, { "all", KP_ACT_DEFAULT } };
     uint32_t m = 0;
     const char *p = s;
 

@@ -85,38 +85,38 @@ enum kp_wire_state {
 };
 
 struct kp_wire_hello {
-    uint32_t wire_version;   /* KP_WIRE_VERSION */
-    uint32_t pid;            /* self-reported (the agent trusts SO_PEERCRED instead) */
-    int32_t rank;            /* RANK, -1 if unknown */
-    int32_t local_rank;      /* LOCAL_RANK, -1 */
-    int32_t world_size;      /* WORLD_SIZE, -1 */
-    int32_t device;          /* CUDA ordinal if known, else -1 */
-    uint32_t cupti_version;  /* cuptiGetVersion(), 0 if CUPTI is unavailable */
-    uint32_t flags;          /* KP_HELLO_* */
-    int64_t current_step;    /* -1 before the first step */
-    uint64_t start_time_ns;  /* CLOCK_REALTIME at library init: one process incarnation */
-    char job[256];           /* KPROF_JOB, TORCHELASTIC_RUN_ID or SLURM_JOB_ID; "" if none */
-    char host[256];          /* gethostname() */
-    char cupti_error[256];   /* why CUPTI is unusable ("" if fine): captures will fail */
+    uint32_t wire_version;  /* KP_WIRE_VERSION */
+    uint32_t pid;           /* self-reported (the agent trusts SO_PEERCRED instead) */
+    int32_t rank;           /* RANK, -1 if unknown */
+    int32_t local_rank;     /* LOCAL_RANK, -1 */
+    int32_t world_size;     /* WORLD_SIZE, -1 */
+    int32_t device;         /* CUDA ordinal if known, else -1 */
+    uint32_t cupti_version; /* cuptiGetVersion(), 0 if CUPTI is unavailable */
+    uint32_t flags;         /* KP_HELLO_* */
+    int64_t current_step;   /* -1 before the first step */
+    uint64_t start_time_ns; /* CLOCK_REALTIME at library init: one process incarnation */
+    char job[256];          /* KPROF_JOB, TORCHELASTIC_RUN_ID or SLURM_JOB_ID; "" if none */
+    char host[256];         /* gethostname() */
+    char cupti_error[256];  /* why CUPTI is unusable ("" if fine): captures will fail */
 };
 #define KP_HELLO_STEP_HOOK 1u /* kprof_step() has been called (the Python hook is active) */
 #define KP_HELLO_NVTX      2u /* the NVTX injection is ours */
 
 struct kp_wire_welcome {
-    uint32_t accepted;  /* 1, or 0: the agent refuses this process (reason says why) */
+    uint32_t accepted; /* 1, or 0: the agent refuses this process (reason says why) */
     uint32_t pad;
-    uint64_t agent_id;  /* the agent's incarnation, for logs */
+    uint64_t agent_id; /* the agent's incarnation, for logs */
     char reason[256];
 };
 
 struct kp_wire_arm {
-    uint64_t capture_id;   /* the agent's id for this window in this process */
+    uint64_t capture_id; /* the agent's id for this window in this process */
     uint64_t run_id;
-    int64_t target_step;   /* first step of the window; -1: start now (time window) */
-    uint32_t n_steps;      /* window length in steps; 0: use duration_ms */
-    uint32_t activities;   /* KP_ACT_* mask; 0: KP_ACT_DEFAULT */
-    uint64_t duration_ms;  /* window length in ms (also the limit for a step window; 0: none) */
-    uint64_t deadline_ns;  /* CLOCK_REALTIME: give up (FAILED) if the window has not begun */
+    int64_t target_step;  /* first step of the window; -1: start now (time window) */
+    uint32_t n_steps;     /* window length in steps; 0: use duration_ms */
+    uint32_t activities;  /* KP_ACT_* mask; 0: KP_ACT_DEFAULT */
+    uint64_t duration_ms; /* window length in ms (also the limit for a step window; 0: none) */
+    uint64_t deadline_ns; /* CLOCK_REALTIME: give up (FAILED) if the window has not begun */
 };
 
 struct kp_wire_disarm {
@@ -124,25 +124,25 @@ struct kp_wire_disarm {
 };
 
 struct kp_wire_status {
-    uint64_t capture_id;     /* 0 when no capture */
-    uint32_t state;          /* enum kp_wire_state */
-    int32_t device;          /* -1 if still unknown */
+    uint64_t capture_id; /* 0 when no capture */
+    uint32_t state;      /* enum kp_wire_state */
+    int32_t device;      /* -1 if still unknown */
     int64_t current_step;
-    uint64_t records;        /* records sent to the agent in this capture */
-    uint64_t dropped;        /* dropped by the library (queue full, buffer pool empty, ...) */
-    uint64_t cupti_dropped;  /* cuptiActivityGetNumDroppedRecords, summed */
-    uint64_t incomplete;     /* records without timestamps */
-    uint64_t overhead_ns;    /* CUPTI overhead in this capture */
-    char reason[256];        /* FAILED: what went wrong and what to do */
+    uint64_t records;       /* records sent to the agent in this capture */
+    uint64_t dropped;       /* dropped by the library (queue full, buffer pool empty, ...) */
+    uint64_t cupti_dropped; /* cuptiActivityGetNumDroppedRecords, summed */
+    uint64_t incomplete;    /* records without timestamps */
+    uint64_t overhead_ns;   /* CUPTI overhead in this capture */
+    char reason[256];       /* FAILED: what went wrong and what to do */
 };
 
 struct kp_wire_window {
     uint64_t capture_id;
     uint64_t run_id;
-    int64_t start_ns;        /* CLOCK_REALTIME of the window's first step start (or arm time) */
-    int64_t end_ns;          /* WINDOW_END: end of the window; BEGIN: 0 */
-    int64_t first_step;      /* -1 for a time window */
-    int64_t last_step;       /* WINDOW_END: last step inside the window; BEGIN: -1 */
+    int64_t start_ns;   /* CLOCK_REALTIME of the window's first step start (or arm time) */
+    int64_t end_ns;     /* WINDOW_END: end of the window; BEGIN: 0 */
+    int64_t first_step; /* -1 for a time window */
+    int64_t last_step;  /* WINDOW_END: last step inside the window; BEGIN: -1 */
     /* WINDOW_END: the capture's final counters (as in STATUS) */
     uint64_t records, dropped, cupti_dropped, incomplete, overhead_ns;
     /* clock pair at this point: detects clock steps across the window */
@@ -155,7 +155,11 @@ struct kp_wire_step {
     uint32_t source;  /* enum kp_wire_step_source */
     uint32_t pad;
 };
-enum kp_wire_step_source { KP_STEP_HOOK = 1, KP_STEP_NVTX_RANGE = 2, KP_STEP_NVTX_MARK = 3 };
+enum kp_wire_step_source {
+    KP_STEP_HOOK = 1,
+    KP_STEP_NVTX_RANGE = 2,
+    KP_STEP_NVTX_MARK = 3
+};
 
 /* RECORDS payload header: `count` records of `rec_size` bytes each follow. */
 struct kp_wire_records {
@@ -167,9 +171,9 @@ enum kp_wire_rec_kind {
     KP_REC_KERNEL = 1,
     KP_REC_MEMCPY = 2,
     KP_REC_MEMSET = 3,
-    KP_REC_API = 4,      /* runtime/driver API call, and CUPTI overhead (domain 3) */
+    KP_REC_API = 4, /* runtime/driver API call, and CUPTI overhead (domain 3) */
     KP_REC_SYNC = 5,
-    KP_REC_RANGE = 6,    /* NVTX / op range instance */
+    KP_REC_RANGE = 6, /* NVTX / op range instance */
 };
 
 /* Times are CLOCK_REALTIME ns (CUPTI's default source). Strings are ids from STRINGS, 0 = "". */
@@ -191,7 +195,7 @@ struct kp_wire_memcpy {
     uint64_t correlation;
     uint32_t copy_kind, src_kind, dst_kind; /* CUpti_ActivityMemcpyKind, CUpti_ActivityMemoryKind */
     uint32_t device, context, stream;
-    uint32_t src_device, dst_device;        /* peer copies; else = device */
+    uint32_t src_device, dst_device; /* peer copies; else = device */
 };
 
 struct kp_wire_memset {
@@ -217,24 +221,24 @@ struct kp_wire_api {
 struct kp_wire_sync {
     int64_t start_ns, end_ns;
     uint64_t correlation;
-    uint32_t sync_type; /* CUpti_ActivitySynchronizationType */
+    uint32_t sync_type;                           /* CUpti_ActivitySynchronizationType */
     uint32_t device, context, stream, cuda_event; /* 0 where CUPTI says "not applicable" */
     uint32_t pad;
 };
 
 struct kp_wire_range {
     int64_t start_ns, end_ns;
-    uint64_t range_id;   /* process-unique instance id (the CUSTOM2 external id), never 0 */
-    uint64_t parent_id;  /* enclosing instance on the same thread and domain, 0: none */
-    uint64_t tid;        /* gettid() */
-    int64_t seq;         /* PyTorch autograd seq from "..., seq = N", -1 if none */
-    int64_t op_id;       /* PyTorch op_id from "..., op_id = N", -1 if none */
-    uint32_t name;       /* op name only ("aten::addmm"), message parsed */
-    uint32_t domain;     /* domain name id, 0 = default domain */
-    uint32_t shapes;     /* "sizes = [[...]]" text, 0 if none */
-    uint32_t kind;       /* kprof.v1.OpKind: CPU_OP for emit_nvtx ops, NVTX otherwise,
-                          * PROFILER_STEP for ProfilerStep#N */
-    uint32_t flags;      /* KP_RANGE_* */
+    uint64_t range_id;  /* process-unique instance id (the CUSTOM2 external id), never 0 */
+    uint64_t parent_id; /* enclosing instance on the same thread and domain, 0: none */
+    uint64_t tid;       /* gettid() */
+    int64_t seq;        /* PyTorch autograd seq from "..., seq = N", -1 if none */
+    int64_t op_id;      /* PyTorch op_id from "..., op_id = N", -1 if none */
+    uint32_t name;      /* op name only ("aten::addmm"), message parsed */
+    uint32_t domain;    /* domain name id, 0 = default domain */
+    uint32_t shapes;    /* "sizes = [[...]]" text, 0 if none */
+    uint32_t kind;      /* kprof.v1.OpKind: CPU_OP for emit_nvtx ops, NVTX otherwise,
+                         * PROFILER_STEP for ProfilerStep#N */
+    uint32_t flags;     /* KP_RANGE_* */
     uint32_t pad;
 };
 #define KP_RANGE_PRE_WINDOW 1u /* pushed before recording began (no id pushed to CUPTI) */

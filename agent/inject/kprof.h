@@ -25,22 +25,22 @@ extern "C" {
 int kprof_step(int64_t step);
 
 struct kprof_stats {
-    uint32_t size;           /* caller sets sizeof(struct kprof_stats) */
-    uint32_t state;          /* enum kp_wire_state of the current or last capture */
-    int64_t current_step;    /* -1 before the first step */
+    uint32_t size;        /* caller sets sizeof(struct kprof_stats) */
+    uint32_t state;       /* enum kp_wire_state of the current or last capture */
+    int64_t current_step; /* -1 before the first step */
     uint64_t buffers_requested, buffers_declined, buffers_completed;
-    uint64_t records_decoded;    /* CUPTI records walked by the drain */
-    uint64_t records_sent;       /* compact records handed to the agent */
-    uint64_t records_dropped;    /* dropped by kprof (queue full, agent gone, ring full) */
-    uint64_t cupti_dropped;      /* reported by cuptiActivityGetNumDroppedRecords */
-    uint64_t ranges;             /* NVTX range instances recorded */
-    uint64_t ranges_dropped;     /* range ring full */
-    uint64_t names;              /* interned strings */
-    uint64_t names_overflow;     /* strings replaced by "(kprof: name table full)" */
-    uint64_t agent_connects;     /* successful registrations */
-    uint64_t captures;           /* windows completed */
-    uint32_t connected;          /* 1 while registered with an agent */
-    uint32_t enabled_kinds;  /* CUPTI activity kinds enabled right now (0 while dormant) */
+    uint64_t records_decoded; /* CUPTI records walked by the drain */
+    uint64_t records_sent;    /* compact records handed to the agent */
+    uint64_t records_dropped; /* dropped by kprof (queue full, agent gone, ring full) */
+    uint64_t cupti_dropped;   /* reported by cuptiActivityGetNumDroppedRecords */
+    uint64_t ranges;          /* NVTX range instances recorded */
+    uint64_t ranges_dropped;  /* range ring full */
+    uint64_t names;           /* interned strings */
+    uint64_t names_overflow;  /* strings replaced by "(kprof: name table full)" */
+    uint64_t agent_connects;  /* successful registrations */
+    uint64_t captures;        /* windows completed */
+    uint32_t connected;       /* 1 while registered with an agent */
+    uint32_t enabled_kinds;   /* CUPTI activity kinds enabled right now (0 while dormant) */
 };
 
 /* Copies the library's counters. Returns 0, or -1 if size is wrong. */
