@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "control.h"
+#include "coord.h"
 #include "ingest.h"
 #include "kp_codec.h"
 #include "kp_err.h"
@@ -22,6 +23,7 @@ struct kp_collectord {
     struct kp_ingest *ingest;
     struct kp_sink *sink;
     struct kp_control *control;
+    struct kp_coord *coord;
     struct kp_rpc_method methods[1 + KP_CONTROL_N_METHODS];
     struct kp_rpc_server *server;
     struct kp_http *http;
@@ -150,7 +152,13 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
         goto fail;
     }
     kp_ingest_set_sink(d->ingest, d->sink);
-    if ((rc = kp_control_create(cfg->pg_conninfo, &d->control, errbuf, errlen)) != 0) {
+    struct kp_coord_opts copts = { .agent_grace_ms = cfg->agent_grace_ms };
+
+    if ((rc = kp_coord_create(&copts, &d->coord)) != 0) {
+        snprintf(errbuf, errlen, "out of memory");
+        goto fail;
+    }
+    if ((rc = kp_control_create(cfg->pg_conninfo, d->coord, &d->control, errbuf, errlen)) != 0) {
         goto fail;
     }
     d->methods[0] = kp_ingest_method(d->ingest);
@@ -196,12 +204,16 @@ void kp_collectord_destroy(struct kp_collectord *d)
      * until the server is destroyed), then the server, whose queue drains the last tags.
      */
     kp_http_destroy(d->http);
+    if (d->coord != NULL) {
+        kp_coord_shutdown(d->coord); /* agents' Attach calls never end by themselves */
+    }
     if (d->server != NULL) {
         kp_rpc_server_shutdown(d->server, d->cfg.shutdown_grace_ms);
     }
     kp_sink_destroy(d->sink, d->cfg.shutdown_grace_ms);
     kp_control_destroy(d->control);
     kp_rpc_server_destroy(d->server);
+    kp_coord_destroy(d->coord);
     kp_ingest_destroy(d->ingest);
     free(d);
 }

@@ -1,7 +1,8 @@
 /*
  * kprof-collectord as an object: main.c and the in-process tests both drive it through
- * create/destroy. Threads: the gRPC completion-queue thread (ingest and control callbacks),
- * the sink's flush thread, the control worker, and the HTTP thread.
+ * create/destroy. Threads: the gRPC completion-queue thread (ingest, control and agent
+ * Attach callbacks), the sink's flush thread, the control worker (which also runs the capture
+ * coordinator's tick), and the HTTP thread.
  */
 #ifndef KP_COLLECTORD_H
 #define KP_COLLECTORD_H
@@ -26,6 +27,7 @@ struct kp_collectord_config {
     long long flush_interval_ms;
     long long retry_max_ms;
     long long shutdown_grace_ms;
+    long long agent_grace_ms; /* an attached agent away this long fails its capture ranks */
 };
 
 /*

@@ -8,9 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <libpq-fe.h>
 
+#include "coord.h"
 #include "kp_codec.h"
 #include "kp_err.h"
 #include "kp_log.h"
@@ -20,12 +22,15 @@
 
 #define KP_CONTROL_QUEUE_MAX 256
 #define KP_CONTROL_MAX_TEXT  256
+#define KP_CONTROL_TICK_MS   100
 
 enum job_type {
     JOB_CREATE,
     JOB_END,
     JOB_LIST,
-    JOB_DROP
+    JOB_DROP,
+    JOB_START,
+    JOB_STATUS,
 };
 
 struct job {
@@ -36,6 +41,8 @@ struct job {
 };
 
 struct kp_control {
+    struct kp_coord *coord; /* borrowed */
+    bool recovered;         /* kp_coord_recover ran */
     char *conninfo;
     PGconn *pg;
     pthread_t thread;
@@ -45,6 +52,7 @@ struct kp_control {
     struct job *head, *tail;
     size_t queued;
     bool stopping;
+    long long last_tick_ms;
     struct kp_complain pg_complain;
 };
 
@@ -90,6 +98,12 @@ static PGconn *pg_get(struct kp_control *c, char *err, size_t len)
         return NULL;
     }
     kp_release(&c->pg_complain, KP_LOG_MODULE, "PostgreSQL reachable again for control requests");
+    if (!c->recovered && c->coord != NULL) {
+        if (kp_coord_recover(c->coord, c->pg, err, len) != 0) {
+            kp_log_warn("cannot mark captures left open by an earlier collectord err=\"%s\"", err);
+        }
+        c->recovered = true;
+    }
     return c->pg;
 }
 
@@ -128,6 +142,16 @@ static void run_job(struct kp_control *c, struct job *j)
             kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
             return;
         }
+    }
+    if (j->type == JOB_START || j->type == JOB_STATUS) {
+        pg = pg_get(c, err, sizeof(err)); /* NULL: the coordinator says what it can */
+        if (j->type == JOB_START) {
+            kp_coord_start(c->coord, pg, j->call, (Kprof__V1__StartCaptureRequest *) j->req);
+        }
+        else {
+            kp_coord_status(c->coord, pg, j->call, (Kprof__V1__CaptureStatusRequest *) j->req);
+        }
+        return;
     }
     if ((pg = pg_get(c, err, sizeof(err))) == NULL) {
         char details[600];
@@ -204,6 +228,25 @@ static void run_job(struct kp_control *c, struct job *j)
     }
 }
 
+/* The coordinator's periodic work, with the connection if PostgreSQL is reachable. */
+static void tick(struct kp_control *c)
+{
+    char err[512];
+    long long now;
+    struct timespec ts;
+
+    if (c->coord == NULL) {
+        return;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    now = (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    if (now - c->last_tick_ms < KP_CONTROL_TICK_MS) {
+        return;
+    }
+    c->last_tick_ms = now;
+    kp_coord_tick(c->coord, pg_get(c, err, sizeof(err)));
+}
+
 static void *worker(void *arg)
 {
     struct kp_control *c = arg;
@@ -212,12 +255,26 @@ static void *worker(void *arg)
         struct job *j;
 
         pthread_mutex_lock(&c->mu);
-        while (c->head == NULL && !c->stopping) {
-            pthread_cond_wait(&c->cond, &c->mu);
+        if (c->head == NULL && !c->stopping) {
+            struct timespec ts;
+
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += KP_CONTROL_TICK_MS * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&c->cond, &c->mu, &ts);
         }
         if (c->head == NULL) {
+            bool stop = c->stopping;
+
             pthread_mutex_unlock(&c->mu);
-            break;
+            if (stop) {
+                break;
+            }
+            tick(c);
+            continue;
         }
         j = c->head;
         c->head = j->next;
@@ -233,6 +290,7 @@ static void *worker(void *arg)
             run_job(c, j);
         }
         job_free(j);
+        tick(c); /* a busy queue must not starve the deadlines */
     }
     return NULL;
 }
@@ -295,6 +353,33 @@ static void on_drop(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
     enqueue(ud, JOB_DROP, call, req);
 }
 
+static void on_start(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    enqueue(ud, JOB_START, call, req);
+}
+
+static void on_status(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    enqueue(ud, JOB_STATUS, call, req);
+}
+
+/* ListJobs and StopCapture need no PostgreSQL: answered on the gRPC thread. */
+static void on_jobs(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    struct kp_control *c = ud;
+
+    kp_coord_list_jobs(c->coord, call, (Kprof__V1__ListJobsRequest *) req);
+    protobuf_c_message_free_unpacked(req, NULL);
+}
+
+static void on_stop(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    struct kp_control *c = ud;
+
+    kp_coord_stop(c->coord, call, (Kprof__V1__StopCaptureRequest *) req);
+    protobuf_c_message_free_unpacked(req, NULL);
+}
+
 void kp_control_methods(struct kp_control *c, struct kp_rpc_method *out)
 {
     out[0] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/CreateRun",
@@ -317,9 +402,31 @@ void kp_control_methods(struct kp_control *c, struct kp_rpc_method *out)
                                      .request = &kprof__v1__drop_run_request__descriptor,
                                      .on_request = on_drop,
                                      .ud = c };
+    out[4] = kp_coord_attach_method(c->coord);
+    out[5] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/ListJobs",
+                                     .kind = KP_RPC_UNARY,
+                                     .request = &kprof__v1__list_jobs_request__descriptor,
+                                     .on_request = on_jobs,
+                                     .ud = c };
+    out[6] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/StartCapture",
+                                     .kind = KP_RPC_UNARY,
+                                     .request = &kprof__v1__start_capture_request__descriptor,
+                                     .on_request = on_start,
+                                     .ud = c };
+    out[7] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/StopCapture",
+                                     .kind = KP_RPC_UNARY,
+                                     .request = &kprof__v1__stop_capture_request__descriptor,
+                                     .on_request = on_stop,
+                                     .ud = c };
+    out[8] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/CaptureStatus",
+                                     .kind = KP_RPC_UNARY,
+                                     .request = &kprof__v1__capture_status_request__descriptor,
+                                     .on_request = on_status,
+                                     .ud = c };
 }
 
-int kp_control_create(const char *conninfo, struct kp_control **out, char *errbuf, size_t errlen)
+int kp_control_create(const char *conninfo, struct kp_coord *coord, struct kp_control **out,
+                      char *errbuf, size_t errlen)
 {
     struct kp_control *c = calloc(1, sizeof(*c));
 
@@ -328,6 +435,7 @@ int kp_control_create(const char *conninfo, struct kp_control **out, char *errbu
         snprintf(errbuf, errlen, "out of memory");
         return -ENOMEM;
     }
+    c->coord = coord;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cond, NULL);
     if (pthread_create(&c->thread, NULL, worker, c) != 0) {

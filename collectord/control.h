@@ -1,7 +1,9 @@
 /*
  * The Control service of kprof-collectord: runs are created (started), ended (stopped),
- * listed and dropped. Requests are handed from the gRPC thread to one worker thread with its
- * own PostgreSQL connection (reconnected on demand), which answers them.
+ * listed and dropped, and captures are started, stopped and followed across the attached
+ * agents (coord.h). Requests that need PostgreSQL are handed from the gRPC thread to one
+ * worker thread with its own connection (reconnected on demand), which answers them and
+ * runs the coordinator's tick every 100 ms.
  */
 #ifndef KP_CONTROL_H
 #define KP_CONTROL_H
@@ -11,11 +13,14 @@
 #include "kp_rpc.h"
 
 struct kp_control;
+struct kp_coord;
 
-#define KP_CONTROL_N_METHODS 4
+#define KP_CONTROL_N_METHODS 9
 
-/* Starts the worker. conninfo is copied. Returns 0 and *out, or a negative code. */
-int kp_control_create(const char *conninfo, struct kp_control **out, char *errbuf, size_t errlen);
+/* Starts the worker. conninfo is copied; coord is borrowed (it must outlive c). Returns 0
+ * and *out, or a negative code. */
+int kp_control_create(const char *conninfo, struct kp_coord *coord, struct kp_control **out,
+                      char *errbuf, size_t errlen);
 
 /* Fills out[KP_CONTROL_N_METHODS] with the Control methods bound to c. */
 void kp_control_methods(struct kp_control *c, struct kp_rpc_method *out);

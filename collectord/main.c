@@ -44,6 +44,8 @@ static const struct kp_config_def collectord_config[] = {
       "backoff cap while PostgreSQL is unreachable", NULL, false },
     { "shutdown-grace", KP_CONFIG_DURATION, "10s", 0, 600000, OFF(shutdown_grace_ms),
       "on SIGTERM, how long live streams get to finish before they are cancelled", NULL, false },
+    { "agent-grace", KP_CONFIG_DURATION, "15s", 100, 3600000, OFF(agent_grace_ms),
+      "fail the capture ranks of an attached kprof-agent that stays away this long", NULL, false },
 };
 #undef OFF
 

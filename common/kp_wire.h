@@ -29,6 +29,7 @@
 #ifndef KP_WIRE_H
 #define KP_WIRE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -276,5 +277,17 @@ const char *kp_wire_state_name(uint32_t state);
 /* Parses "kernel,memcpy,memset,runtime,nvtx,sync,overhead" or "all" into a KP_ACT_* mask.
  * Returns 0, or -EINVAL with the offending word in *bad (points into s). */
 int kp_wire_parse_activities(const char *s, uint32_t *mask, const char **bad);
+
+/*
+ * Parses a rank selection: "all" (or NULL or "") sets *all, else a list such as "0,3-5" marks
+ * sel[r] = 1 for each rank (sel has world entries, zeroed by the caller). Returns 0, -EINVAL
+ * if the text is not such a list, or -ERANGE if a rank is world or above (*bad_rank says
+ * which).
+ */
+int kp_wire_parse_ranks(const char *s, uint32_t world, uint8_t *sel, bool *all, long *bad_rank);
+
+/* Writes the ranks r with sel[r] != 0 (r < n) as a short list ("0-3,5,7-9") into buf, cut
+ * with "..." if it does not fit. Returns buf. */
+char *kp_wire_format_ranks(const uint8_t *sel, size_t n, char *buf, size_t cap);
 
 #endif

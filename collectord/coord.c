@@ -1,0 +1,1586 @@
+#define KP_LOG_MODULE "coord"
+#include "coord.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kp_codec.h"
+#include "kp_err.h"
+#include "kp_log.h"
+#include "kp_pg.h"
+#include "kp_strbuf.h"
+#include "kp_wire.h"
+#include "store.h"
+
+#define KP_COORD_MAX_TEXT      256
+#define KP_COORD_MAX_REASON    2048
+#define KP_COORD_MAX_PROCESSES 65536
+#define KP_COORD_MAX_RANKS     (1u << 20)
+#define KP_COORD_MAX_STEPS     100000
+#define KP_COORD_MAX_DUR_MS    (24LL * 3600 * 1000)
+#define KP_COORD_MAX_DEADLINE  (7LL * 24 * 3600 * 1000)
+#define KP_COORD_REARM_MS      2000
+#define KP_COORD_UNKNOWN_RATE  8 /* steps of margin while no rank's step rate is known */
+#define KP_COORD_STATUS_LIMIT  20
+
+#define ST_PENDING   KPROF__V1__RANK_STATE__RANK_STATE_PENDING
+#define ST_CAPTURING KPROF__V1__RANK_STATE__RANK_STATE_CAPTURING
+#define ST_FLUSHING  KPROF__V1__RANK_STATE__RANK_STATE_FLUSHING
+#define ST_DONE      KPROF__V1__RANK_STATE__RANK_STATE_DONE
+#define ST_FAILED    KPROF__V1__RANK_STATE__RANK_STATE_FAILED
+
+struct agent {
+    struct kp_coord *coord;
+    struct kp_rpc_call *call; /* a reference; NULL once the call is over */
+    uint64_t id;              /* the agent_id of its reports; 0 before the first */
+    char host[KP_COORD_MAX_TEXT + 1];
+    char peer[128];
+    Kprof__V1__AgentReport *report; /* the newest, owned */
+    long long report_ms;            /* CLOCK_MONOTONIC of its arrival */
+    long long gone_ms;              /* when the call ended; 0 while attached */
+    bool invalid_logged;
+    struct agent *next;
+};
+
+struct crank {
+    int32_t rank;
+    int state; /* Kprof__V1__RankState */
+    uint64_t agent_id;
+    char host[KP_COORD_MAX_TEXT + 1];
+    uint32_t pid;
+    uint64_t records, dropped;
+    int64_t first_step, last_step;
+    long long armed_ms; /* when ARM was last sent for it */
+    char reason[KP_COORD_MAX_REASON + 1];
+};
+
+struct cap {
+    uint64_t run_id; /* 0 while the run is being created */
+    char job[KP_COORD_MAX_TEXT + 1];
+    char name[KP_COORD_MAX_TEXT + 1];
+    char activities_text[KP_COORD_MAX_TEXT + 1];
+    uint32_t world_size;
+    int64_t start_step;
+    uint32_t steps;
+    uint64_t duration_ms;
+    uint32_t activities;
+    long long deadline_ms; /* CLOCK_MONOTONIC */
+    int64_t deadline_ns;   /* CLOCK_REALTIME, for users */
+    bool stopped;
+    bool ending; /* its end is being written to PostgreSQL */
+    bool ended;
+    int run_state; /* Kprof__V1__RunState */
+    int64_t created_ns, ended_ns;
+    long long ended_ms;
+    size_t n;
+    struct crank *ranks;
+    struct cap *next; /* newest first */
+};
+
+struct kp_coord {
+    struct kp_coord_opts o;
+    pthread_mutex_t mu;
+    struct agent *agents;
+    struct cap *caps;
+};
+
+static long long mono_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t real_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static bool terminal(int st)
+{
+    return st == ST_DONE || st == ST_FAILED;
+}
+
+static const char *state_name(int st)
+{
+    switch (st) {
+    case ST_PENDING:
+        return "pending";
+    case ST_CAPTURING:
+        return "capturing";
+    case ST_FLUSHING:
+        return "flushing";
+    case ST_DONE:
+        return "done";
+    case ST_FAILED:
+        return "failed";
+    default:
+        return "unknown";
+    }
+}
+
+static bool text_ok(const char *s, size_t max)
+{
+    size_t n = s == NULL ? 0 : strlen(s);
+
+    return n <= max && kp_utf8_valid(s == NULL ? "" : s, n);
+}
+
+static void copy_text(char *dst, size_t cap, const char *src)
+{
+    kp_wire_strlcpy(dst, cap, src != NULL ? src : "");
+}
+
+/* ---- lookups (mu held) ---- */
+
+static struct cap *cap_by_run(struct kp_coord *c, uint64_t run_id)
+{
+    for (struct cap *k = c->caps; k != NULL; k = k->next) {
+        if (run_id != 0 && k->run_id == run_id) {
+            return k;
+        }
+    }
+    return NULL;
+}
+
+/* The capture of job that is not over (also one whose run is still being created). */
+static struct cap *cap_active_of_job(struct kp_coord *c, const char *job)
+{
+    for (struct cap *k = c->caps; k != NULL; k = k->next) {
+        if (!k->ended && strcmp(k->job, job) == 0) {
+            return k;
+        }
+    }
+    return NULL;
+}
+
+static struct agent *agent_by_id(struct kp_coord *c, uint64_t id)
+{
+    struct agent *best = NULL;
+
+    for (struct agent *a = c->agents; a != NULL; a = a->next) {
+        if (a->id == id && id != 0 && (best == NULL || (best->call == NULL && a->call != NULL))) {
+            best = a;
+        }
+    }
+    return best;
+}
+
+static void cap_free(struct cap *k)
+{
+    if (k != NULL) {
+        free(k->ranks);
+        free(k);
+    }
+}
+
+static void cap_unlink(struct kp_coord *c, struct cap *k)
+{
+    for (struct cap **pp = &c->caps; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == k) {
+            *pp = k->next;
+            return;
+        }
+    }
+}
+
+/* ---- commands to agents (mu held) ---- */
+
+static void send_cmd(struct agent *a, const Kprof__V1__CaptureCommand *cmd)
+{
+    int rc;
+
+    if (a == NULL || a->call == NULL) {
+        return;
+    }
+    if ((rc = kp_rpc_call_send(a->call, &cmd->base)) != 0) {
+        kp_log_warn("cannot send a command to the agent host=%s kind=%d run=%" PRIu64 " err=%s",
+                    a->host, (int) cmd->kind, cmd->run_id, kp_strerror(rc));
+    }
+}
+
+/* Sends ARM for the ranks of k hosted by a that are still pending (all: every one of them). */
+static void send_arm(struct kp_coord *c, struct cap *k, struct agent *a, bool all)
+{
+    Kprof__V1__CaptureCommand cmd = KPROF__V1__CAPTURE_COMMAND__INIT;
+    int32_t *ranks = malloc((k->n ? k->n : 1) * sizeof(*ranks));
+    long long now = mono_ms();
+    size_t n = 0;
+
+    if (ranks == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < k->n; i++) {
+        struct crank *r = &k->ranks[i];
+
+        if (r->agent_id == a->id && (all || r->state == ST_PENDING)) {
+            ranks[n++] = r->rank;
+            r->armed_ms = now;
+        }
+    }
+    if (n > 0) {
+        cmd.kind = KPROF__V1__CAPTURE_COMMAND__KIND__KIND_ARM;
+        cmd.run_id = k->run_id;
+        cmd.job = k->job;
+        cmd.n_ranks = n;
+        cmd.ranks = ranks;
+        cmd.start_step = k->start_step;
+        cmd.steps = k->steps;
+        cmd.duration_ms = k->duration_ms;
+        cmd.activities = k->activities;
+        cmd.world_size = k->world_size;
+        send_cmd(a, &cmd);
+        kp_log_info("capture armed on agent run=%" PRIu64 " host=%s ranks=%zu start_step=%" PRId64,
+                    k->run_id, a->host, n, k->start_step);
+    }
+    free(ranks);
+    (void) c;
+}
+
+/* Sends a STOP or FORGET for k to every agent hosting one of its ranks. */
+static void send_to_hosts(struct kp_coord *c, struct cap *k, int kind, const char *reason)
+{
+    Kprof__V1__CaptureCommand cmd = KPROF__V1__CAPTURE_COMMAND__INIT;
+
+    cmd.kind = (Kprof__V1__CaptureCommand__Kind) kind;
+    cmd.run_id = k->run_id;
+    cmd.job = k->job;
+    cmd.reason = (char *) (reason != NULL ? reason : "");
+    for (struct agent *a = c->agents; a != NULL; a = a->next) {
+        bool hosts = false;
+
+        for (size_t i = 0; i < k->n && !hosts; i++) {
+            hosts = k->ranks[i].agent_id == a->id;
+        }
+        if (hosts) {
+            send_cmd(a, &cmd);
+        }
+    }
+}
+
+static void rank_set_failed(struct cap *k, struct crank *r, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void rank_set_failed(struct cap *k, struct crank *r, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (terminal(r->state)) {
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(r->reason, sizeof(r->reason), fmt, ap);
+    va_end(ap);
+    r->state = ST_FAILED;
+    kp_log_warn("capture rank failed run=%" PRIu64 " rank=%d host=%s reason=\"%s\"", k->run_id,
+                r->rank, r->host, r->reason);
+}
+
+/* ---- Attach ---- */
+
+static bool report_valid(const Kprof__V1__AgentReport *r, char *why, size_t len)
+{
+    if (!text_ok(r->host, KP_COORD_MAX_TEXT) || !text_ok(r->version, KP_COORD_MAX_TEXT)) {
+        snprintf(why, len, "AgentReport.host or .version is not UTF-8 of at most %d bytes",
+                 KP_COORD_MAX_TEXT);
+        return false;
+    }
+    if (r->agent_id == 0) {
+        snprintf(why, len, "AgentReport.agent_id must not be 0");
+        return false;
+    }
+    if (r->n_processes > KP_COORD_MAX_PROCESSES || r->n_ranks > KP_COORD_MAX_RANKS) {
+        snprintf(why, len, "AgentReport has too many processes (%zu) or ranks (%zu)",
+                 r->n_processes, r->n_ranks);
+        return false;
+    }
+    for (size_t i = 0; i < r->n_processes; i++) {
+        const Kprof__V1__AgentProcess *p = r->processes[i];
+
+        if (!text_ok(p->job, KP_COORD_MAX_TEXT)) {
+            snprintf(why, len, "processes[%zu].job is not UTF-8 of at most %d bytes", i,
+                     KP_COORD_MAX_TEXT);
+            return false;
+        }
+        if (p->world_size > KP_STORE_MAX_WORLD_SIZE || p->rank >= KP_STORE_MAX_WORLD_SIZE) {
+            snprintf(why, len, "processes[%zu]: rank %d or world size %u out of range", i, p->rank,
+                     p->world_size);
+            return false;
+        }
+    }
+    for (size_t i = 0; i < r->n_ranks; i++) {
+        const Kprof__V1__AgentCaptureRank *q = r->ranks[i];
+
+        if (!text_ok(q->reason, KP_COORD_MAX_REASON)) {
+            snprintf(why, len, "ranks[%zu].reason is not UTF-8 of at most %d bytes", i,
+                     KP_COORD_MAX_REASON);
+            return false;
+        }
+        if (q->state < ST_PENDING || q->state > ST_FAILED) {
+            snprintf(why, len, "ranks[%zu].state %d is not a RankState", i, (int) q->state);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Takes in the rank states of a's report (mu held). */
+static void apply_report(struct kp_coord *c, struct agent *a)
+{
+    const Kprof__V1__AgentReport *rep = a->report;
+    long long now = mono_ms();
+
+    for (size_t i = 0; i < rep->n_ranks; i++) {
+        const Kprof__V1__AgentCaptureRank *q = rep->ranks[i];
+        struct cap *k = cap_by_run(c, q->run_id);
+
+        if (k == NULL || k->ended) {
+            continue;
+        }
+        for (size_t j = 0; j < k->n; j++) {
+            struct crank *r = &k->ranks[j];
+
+            if (r->rank != q->rank || r->agent_id != a->id) {
+                continue;
+            }
+            if (terminal(r->state) || (int) q->state < r->state) {
+                break; /* final already, or an older picture */
+            }
+            if ((int) q->state != r->state) {
+                kp_log_info("capture rank run=%" PRIu64 " rank=%d host=%s state=%s%s%s", k->run_id,
+                            r->rank, r->host, state_name((int) q->state),
+                            q->reason[0] ? " reason=" : "", q->reason);
+            }
+            r->state = (int) q->state;
+            r->records = q->records;
+            r->dropped = q->dropped;
+            if (q->pid != 0) {
+                r->pid = q->pid;
+            }
+            r->first_step = q->first_step;
+            r->last_step = q->last_step;
+            copy_text(r->reason, sizeof(r->reason), q->reason);
+            break;
+        }
+    }
+    /* ARMs that may not have arrived (the call broke before they went out): again */
+    for (struct cap *k = c->caps; k != NULL; k = k->next) {
+        bool want = false;
+
+        if (k->ended || k->run_id == 0) {
+            continue;
+        }
+        for (size_t j = 0; j < k->n && !want; j++) {
+            struct crank *r = &k->ranks[j];
+
+            if (r->agent_id != a->id || r->state != ST_PENDING ||
+                now - r->armed_ms < KP_COORD_REARM_MS) {
+                continue;
+            }
+            want = true;
+            for (size_t i = 0; i < rep->n_ranks; i++) {
+                if (rep->ranks[i]->run_id == k->run_id && rep->ranks[i]->rank == r->rank) {
+                    want = false; /* it knows */
+                    break;
+                }
+            }
+        }
+        if (want) {
+            send_arm(c, k, a, false);
+        }
+    }
+}
+
+static void *att_open(struct kp_rpc_call *call, void *ud)
+{
+    struct kp_coord *c = ud;
+    struct agent *a = calloc(1, sizeof(*a));
+
+    if (a == NULL) {
+        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
+        return NULL;
+    }
+    kp_rpc_call_ref(call);
+    a->coord = c;
+    a->call = call;
+    copy_text(a->peer, sizeof(a->peer), kp_rpc_call_peer(call));
+    pthread_mutex_lock(&c->mu);
+    a->next = c->agents;
+    c->agents = a;
+    pthread_mutex_unlock(&c->mu);
+    kp_log_debug("attach call opened peer=%s", a->peer);
+    return a;
+}
+
+static enum kp_rpc_next att_message(struct kp_rpc_call *call, ProtobufCMessage *msg,
+                                    size_t wire_bytes, void *state)
+{
+    struct agent *a = state;
+    struct kp_coord *c;
+    Kprof__V1__AgentReport *rep = (Kprof__V1__AgentReport *) msg;
+    char why[300];
+
+    (void) wire_bytes;
+    if (a == NULL) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        return KP_RPC_STOP;
+    }
+    c = a->coord;
+    if (!report_valid(rep, why, sizeof(why))) {
+        if (!a->invalid_logged) {
+            kp_log_warn("agent report refused peer=%s err=\"%s\"", a->peer, why);
+            a->invalid_logged = true;
+        }
+        protobuf_c_message_free_unpacked(msg, NULL);
+        kp_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, why);
+        return KP_RPC_STOP;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (a->id == 0) {
+        /* first report: a reconnecting agent takes over its earlier entry's ranks (by id) */
+        a->id = rep->agent_id;
+        copy_text(a->host, sizeof(a->host), rep->host);
+        kp_log_info("agent attached host=%s agent_id=%016" PRIx64 " peer=%s processes=%zu", a->host,
+                    a->id, a->peer, rep->n_processes);
+        for (struct agent **pp = &c->agents; *pp != NULL;) {
+            struct agent *o = *pp;
+
+            if (o != a && o->id == a->id && o->call == NULL) {
+                *pp = o->next;
+                if (o->report != NULL) {
+                    protobuf_c_message_free_unpacked(&o->report->base, NULL);
+                }
+                free(o);
+                continue;
+            }
+            pp = &o->next;
+        }
+    }
+    else if (rep->agent_id != a->id) {
+        pthread_mutex_unlock(&c->mu);
+        protobuf_c_message_free_unpacked(msg, NULL);
+        kp_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                           "AgentReport.agent_id changed within one Attach call");
+        return KP_RPC_STOP;
+    }
+    if (a->report != NULL) {
+        protobuf_c_message_free_unpacked(&a->report->base, NULL);
+    }
+    a->report = rep;
+    a->report_ms = mono_ms();
+    apply_report(c, a);
+    pthread_mutex_unlock(&c->mu);
+    return KP_RPC_CONTINUE;
+}
+
+static void att_half_close(struct kp_rpc_call *call, void *state)
+{
+    (void) state;
+    kp_rpc_call_finish(call, GRPC_STATUS_OK, "");
+}
+
+static void att_close(struct kp_rpc_call *call, bool cancelled, void *state)
+{
+    struct agent *a = state;
+    struct kp_coord *c;
+
+    if (a == NULL) {
+        return;
+    }
+    c = a->coord;
+    pthread_mutex_lock(&c->mu);
+    a->call = NULL;
+    a->gone_ms = mono_ms();
+    pthread_mutex_unlock(&c->mu);
+    if (a->id != 0) {
+        kp_log_info("agent detached host=%s agent_id=%016" PRIx64 " peer=%s cancelled=%d", a->host,
+                    a->id, a->peer, (int) cancelled);
+    }
+    kp_rpc_call_unref(call);
+}
+
+struct kp_rpc_method kp_coord_attach_method(struct kp_coord *c)
+{
+    return (struct kp_rpc_method){ .path = "/kprof.v1.Control/Attach",
+                                   .kind = KP_RPC_STREAM,
+                                   .request = &kprof__v1__agent_report__descriptor,
+                                   .on_open = att_open,
+                                   .on_message = att_message,
+                                   .on_half_close = att_half_close,
+                                   .on_close = att_close,
+                                   .ud = c };
+}
+
+/* ---- replies ---- */
+
+/* A Capture message over a struct cap (strings borrowed from it). */
+struct capmsg {
+    Kprof__V1__Capture m;
+    Kprof__V1__Run run;
+    Kprof__V1__CaptureRank *r;
+    Kprof__V1__CaptureRank **rp;
+};
+
+static int capmsg_fill(struct capmsg *cm, struct cap *k)
+{
+    kprof__v1__capture__init(&cm->m);
+    kprof__v1__run__init(&cm->run);
+    cm->r = calloc(k->n ? k->n : 1, sizeof(*cm->r));
+    cm->rp = calloc(k->n ? k->n : 1, sizeof(*cm->rp));
+    if (cm->r == NULL || cm->rp == NULL) {
+        free(cm->r);
+        free(cm->rp);
+        cm->r = NULL;
+        cm->rp = NULL;
+        return -ENOMEM;
+    }
+    cm->run.id = k->run_id;
+    cm->run.job = k->job;
+    cm->run.name = k->name;
+    cm->run.state = (Kprof__V1__RunState) k->run_state;
+    cm->run.source = KPROF__V1__RUN_SOURCE__RUN_SOURCE_CAPTURE;
+    cm->run.world_size = k->world_size;
+    cm->run.created_ns = k->created_ns;
+    cm->run.ended_ns = k->ended_ns;
+    cm->m.run = &cm->run;
+    cm->m.start_step = k->start_step;
+    cm->m.steps = k->steps;
+    cm->m.duration_ms = k->duration_ms;
+    cm->m.activities = k->activities_text;
+    cm->m.deadline_ns = k->deadline_ns;
+    cm->m.stopped = k->stopped;
+    for (size_t i = 0; i < k->n; i++) {
+        Kprof__V1__CaptureRank *r = &cm->r[i];
+        struct crank *q = &k->ranks[i];
+
+        kprof__v1__capture_rank__init(r);
+        r->rank = q->rank;
+        r->host = q->host;
+        r->pid = q->pid;
+        r->state = (Kprof__V1__RankState) q->state;
+        r->records = q->records;
+        r->dropped = q->dropped;
+        r->reason = q->reason;
+        r->first_step = q->first_step;
+        r->last_step = q->last_step;
+        cm->rp[i] = r;
+    }
+    cm->m.n_ranks = k->n;
+    cm->m.ranks = cm->rp;
+    return 0;
+}
+
+static void capmsg_fini(struct capmsg *cm)
+{
+    free(cm->r);
+    free(cm->rp);
+}
+
+/* Answers call with k as a Capture, or (as_list) as a CaptureStatusResponse of one. */
+static void reply_capture(struct kp_rpc_call *call, struct cap *k, bool as_list)
+{
+    Kprof__V1__CaptureStatusResponse resp = KPROF__V1__CAPTURE_STATUS_RESPONSE__INIT;
+    Kprof__V1__Capture *one[1];
+    struct capmsg cm;
+
+    if (capmsg_fill(&cm, k) != 0) {
+        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
+        return;
+    }
+    one[0] = &cm.m;
+    resp.n_captures = 1;
+    resp.captures = one;
+    kp_rpc_call_reply(call, as_list ? &resp.base : &cm.m.base);
+    capmsg_fini(&cm);
+}
+
+/* ---- ListJobs ---- */
+
+struct procref {
+    const Kprof__V1__AgentProcess *p;
+    const struct agent *a;
+};
+
+static int procref_cmp(const void *x, const void *y)
+{
+    const struct procref *a = x, *b = y;
+    int d = strcmp(a->p->job, b->p->job);
+
+    if (d != 0) {
+        return d;
+    }
+    return (a->p->rank > b->p->rank) - (a->p->rank < b->p->rank);
+}
+
+/* The processes of job (NULL: all) on attached agents, sorted by job and rank (mu held).
+ * Returns the count, or -ENOMEM; *out is owned by the caller. */
+static long gather(struct kp_coord *c, const char *job, struct procref **out)
+{
+    size_t n = 0, cap = 0;
+    struct procref *v = NULL;
+
+    for (struct agent *a = c->agents; a != NULL; a = a->next) {
+        if (a->call == NULL || a->report == NULL) {
+            continue;
+        }
+        for (size_t i = 0; i < a->report->n_processes; i++) {
+            const Kprof__V1__AgentProcess *p = a->report->processes[i];
+
+            if (job != NULL && strcmp(p->job, job) != 0) {
+                continue;
+            }
+            if (n == cap) {
+                size_t ncap = cap ? cap * 2 : 64;
+                struct procref *nv = realloc(v, ncap * sizeof(*nv));
+
+                if (nv == NULL) {
+                    free(v);
+                    return -ENOMEM;
+                }
+                v = nv;
+                cap = ncap;
+            }
+            v[n].p = p;
+            v[n].a = a;
+            n++;
+        }
+    }
+    if (n > 1) {
+        qsort(v, n, sizeof(*v), procref_cmp);
+    }
+    *out = v;
+    return (long) n;
+}
+
+void kp_coord_list_jobs(struct kp_coord *c, struct kp_rpc_call *call,
+                        const Kprof__V1__ListJobsRequest *req)
+{
+    Kprof__V1__ListJobsResponse resp = KPROF__V1__LIST_JOBS_RESPONSE__INIT;
+    Kprof__V1__Job *jobs = NULL, **jp = NULL;
+    Kprof__V1__JobRank *ranks = NULL, **rp = NULL;
+    struct procref *v = NULL;
+    size_t nj = 0;
+    long n;
+
+    if (!text_ok(req->job, KP_COORD_MAX_TEXT)) {
+        kp_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                           "job is not UTF-8 of at most 256 bytes");
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    n = gather(c, req->job[0] ? req->job : NULL, &v);
+    if (n < 0 || (n > 0 && ((jobs = calloc((size_t) n, sizeof(*jobs))) == NULL ||
+                            (jp = calloc((size_t) n, sizeof(*jp))) == NULL ||
+                            (ranks = calloc((size_t) n, sizeof(*ranks))) == NULL ||
+                            (rp = calloc((size_t) n, sizeof(*rp))) == NULL))) {
+        pthread_mutex_unlock(&c->mu);
+        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
+        goto out;
+    }
+    for (long i = 0; i < n; i++) {
+        const Kprof__V1__AgentProcess *p = v[i].p;
+        Kprof__V1__JobRank *r = &ranks[i];
+        Kprof__V1__Job *j;
+
+        if (nj == 0 || strcmp(jobs[nj - 1].name, p->job) != 0) {
+            struct cap *k = cap_active_of_job(c, p->job);
+
+            j = &jobs[nj];
+            kprof__v1__job__init(j);
+            j->name = p->job;
+            j->ranks = &rp[i];
+            j->run_id = k != NULL ? k->run_id : 0;
+            jp[nj++] = j;
+        }
+        j = &jobs[nj - 1];
+        kprof__v1__job_rank__init(r);
+        r->rank = p->rank;
+        r->host = (char *) v[i].a->host;
+        r->pid = p->pid;
+        r->local_rank = p->local_rank;
+        r->device = p->device;
+        r->step = p->step;
+        r->step_ms = p->step_ms;
+        r->run_id = p->run_id;
+        rp[i] = r;
+        j->n_ranks++;
+        if (p->world_size > j->world_size) {
+            j->world_size = p->world_size;
+        }
+        {
+            bool seen = false;
+
+            for (size_t q = 0; q + 1 < j->n_ranks && !seen; q++) {
+                seen = strcmp(j->ranks[q]->host, r->host) == 0;
+            }
+            j->hosts += seen ? 0 : 1;
+        }
+    }
+    resp.n_jobs = nj;
+    resp.jobs = jp;
+    kp_rpc_call_reply(call, &resp.base);
+    pthread_mutex_unlock(&c->mu);
+out:
+    free(v);
+    free(jobs);
+    free(jp);
+    free(ranks);
+    free(rp);
+}
+
+/* ---- StopCapture ---- */
+
+void kp_coord_stop(struct kp_coord *c, struct kp_rpc_call *call,
+                   const Kprof__V1__StopCaptureRequest *req)
+{
+    char err[600];
+    struct cap *k;
+
+    if (!text_ok(req->job, KP_COORD_MAX_TEXT) || (req->run_id == 0) == (req->job[0] == '\0')) {
+        kp_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                           "give either run_id or job (the job's capture in progress)");
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    k = req->run_id != 0 ? cap_by_run(c, req->run_id) : cap_active_of_job(c, req->job);
+    if (k == NULL || k->run_id == 0) {
+        pthread_mutex_unlock(&c->mu);
+        if (req->run_id != 0) {
+            snprintf(err, sizeof(err),
+                     "run %" PRIu64 " is not a capture in progress (kprofctl status lists the "
+                     "captures; kprofctl runs lists every run)",
+                     req->run_id);
+        }
+        else {
+            snprintf(err, sizeof(err),
+                     "no capture of job %s is in progress (kprofctl status lists the captures)",
+                     req->job);
+        }
+        kp_rpc_call_finish(call, GRPC_STATUS_NOT_FOUND, err);
+        return;
+    }
+    if (k->ended || k->ending) {
+        snprintf(err, sizeof(err),
+                 "run %" PRIu64 " has ended already (kprofctl status --run %" PRIu64 " shows how)",
+                 k->run_id, k->run_id);
+        pthread_mutex_unlock(&c->mu);
+        kp_rpc_call_finish(call, GRPC_STATUS_FAILED_PRECONDITION, err);
+        return;
+    }
+    if (!k->stopped) {
+        k->stopped = true;
+        snprintf(err, sizeof(err), "stopped by %s", kp_rpc_call_peer(call));
+        send_to_hosts(c, k, KPROF__V1__CAPTURE_COMMAND__KIND__KIND_STOP, err);
+        kp_log_info("capture stop requested run=%" PRIu64 " job=%s peer=%s", k->run_id, k->job,
+                    kp_rpc_call_peer(call));
+    }
+    reply_capture(call, k, false);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- StartCapture ---- */
+
+/* The step a process is most likely at now: its report moved on by its step rate. */
+static int64_t step_now(const struct procref *pr, long long now)
+{
+    const Kprof__V1__AgentProcess *p = pr->p;
+    long long age = (long long) p->step_age_ms + (now - pr->a->report_ms);
+
+    if (p->step < 0 || p->step_ms == 0 || age <= 0) {
+        return p->step;
+    }
+    return p->step + age / p->step_ms;
+}
+
+static grpc_status_code finish_err(struct kp_rpc_call *call, grpc_status_code code, const char *msg)
+{
+    kp_log_info("StartCapture refused status=%s err=\"%s\" peer=%s", kp_rpc_status_name(code), msg,
+                kp_rpc_call_peer(call));
+    kp_rpc_call_finish(call, code, msg);
+    return code;
+}
+
+/* Validates req and reserves the ranks: a new capture (run_id 0) linked into c. Returns it,
+ * or NULL after answering the call. mu held. */
+static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
+                        const Kprof__V1__StartCaptureRequest *req, uint32_t activities)
+{
+    char err[1400], list[400];
+    struct procref *v = NULL;
+    const struct procref **by_rank = NULL;
+    uint8_t *sel = NULL, *missing = NULL;
+    struct cap *k = NULL, *busy;
+    uint32_t world = 0;
+    long long now = mono_ms(), slowest = 0, fastest = 0, budget;
+    int64_t mx = -1, mn = INT64_MAX;
+    long n, bad_rank = 0;
+    bool all, any_missing = false;
+    size_t nsel = 0;
+    int rc;
+
+    n = gather(c, req->job, &v);
+    if (n < 0) {
+        finish_err(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
+        goto out;
+    }
+    if (n == 0) {
+        struct procref *all_v = NULL;
+        long na = gather(c, NULL, &all_v);
+        struct kp_strbuf sb;
+
+        kp_strbuf_init(&sb, 300);
+        for (long i = 0; i < na; i++) {
+            if (i == 0 || strcmp(all_v[i].p->job, all_v[i - 1].p->job) != 0) {
+                kp_strbuf_appendf(&sb, "%s%s", sb.len ? ", " : "", all_v[i].p->job);
+            }
+        }
+        snprintf(err, sizeof(err),
+                 "job %s is not registered with any attached agent; registered jobs: %s (kprofctl "
+                 "jobs lists them; workers register when started with kprof-run on a node whose "
+                 "kprof-agent is attached to this collectord)",
+                 req->job, sb.len ? sb.data : "none");
+        kp_strbuf_fini(&sb);
+        free(all_v);
+        finish_err(call, GRPC_STATUS_NOT_FOUND, err);
+        goto out;
+    }
+    for (long i = 0; i < n; i++) {
+        if (v[i].p->world_size > world) {
+            world = v[i].p->world_size;
+        }
+        if (v[i].p->rank >= 0 && (uint32_t) v[i].p->rank >= world) {
+            world = (uint32_t) v[i].p->rank + 1;
+        }
+    }
+    if (world == 0 || (sel = calloc(world, 1)) == NULL || (missing = calloc(world, 1)) == NULL ||
+        (by_rank = calloc(world, sizeof(*by_rank))) == NULL) {
+        finish_err(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
+        goto out;
+    }
+    rc = kp_wire_parse_ranks(req->ranks, world, sel, &all, &bad_rank);
+    if (rc == -ERANGE) {
+        snprintf(err, sizeof(err),
+                 "ranks %.100s: rank %ld is outside job %s's world size %u (its ranks are 0..%u)",
+                 req->ranks, bad_rank, req->job, world, world - 1);
+        finish_err(call, GRPC_STATUS_INVALID_ARGUMENT, err);
+        goto out;
+    }
+    if (rc != 0) {
+        snprintf(err, sizeof(err), "ranks %.100s: not a rank list (use all, or e.g. 0,3-5)",
+                 req->ranks);
+        finish_err(call, GRPC_STATUS_INVALID_ARGUMENT, err);
+        goto out;
+    }
+    if (all) {
+        memset(sel, 1, world);
+    }
+    /* one process per rank: the one reported most recently if a rank shows up twice */
+    for (long i = 0; i < n; i++) {
+        int32_t r = v[i].p->rank;
+
+        if (r >= 0 && (uint32_t) r < world &&
+            (by_rank[r] == NULL || by_rank[r]->a->report_ms < v[i].a->report_ms)) {
+            by_rank[r] = &v[i];
+        }
+    }
+    for (uint32_t r = 0; r < world; r++) {
+        if (sel[r] && by_rank[r] == NULL) {
+            missing[r] = 1;
+            any_missing = true;
+        }
+        nsel += sel[r];
+    }
+    if (any_missing) {
+        snprintf(err, sizeof(err),
+                 "no attached agent hosts rank(s) %s of job %s (world size %u): start kprof-agent "
+                 "with --collector pointing here on their nodes, or pick --ranks among the "
+                 "attached ones (kprofctl jobs lists them)",
+                 kp_wire_format_ranks(missing, world, list, sizeof(list)), req->job, world);
+        finish_err(call, GRPC_STATUS_FAILED_PRECONDITION, err);
+        goto out;
+    }
+    if ((busy = cap_active_of_job(c, req->job)) != NULL) {
+        snprintf(err, sizeof(err),
+                 "job %s is already capturing (run %" PRIu64
+                 "): wait for it (kprofctl status --run %" PRIu64
+                 " --watch) or stop it (kprofctl stop --run %" PRIu64 ")",
+                 req->job, busy->run_id, busy->run_id, busy->run_id);
+        finish_err(call, GRPC_STATUS_ALREADY_EXISTS, err);
+        goto out;
+    }
+    for (uint32_t r = 0; r < world; r++) {
+        if (sel[r] && by_rank[r]->p->run_id != 0) {
+            snprintf(err, sizeof(err),
+                     "rank %u of job %s (pid %u on %s) is capturing for run %" PRIu64
+                     " already (a capture started on its agent with kprof-agent capture?): wait "
+                     "for it to end",
+                     r, req->job, by_rank[r]->p->pid, by_rank[r]->a->host, by_rank[r]->p->run_id);
+            finish_err(call, GRPC_STATUS_ALREADY_EXISTS, err);
+            goto out;
+        }
+    }
+    if ((k = calloc(1, sizeof(*k))) == NULL ||
+        (k->ranks = calloc(nsel, sizeof(*k->ranks))) == NULL) {
+        free(k);
+        k = NULL;
+        finish_err(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
+        goto out;
+    }
+    copy_text(k->job, sizeof(k->job), req->job);
+    copy_text(k->name, sizeof(k->name), req->name);
+    copy_text(k->activities_text, sizeof(k->activities_text),
+              req->activities[0] ? req->activities : "all");
+    k->world_size = world;
+    k->activities = activities;
+    k->run_state = KPROF__V1__RUN_STATE__RUN_STATE_OPEN;
+    for (uint32_t r = 0; r < world; r++) {
+        const struct procref *pr = by_rank[r];
+        struct crank *q;
+        int64_t at;
+
+        if (!sel[r]) {
+            continue;
+        }
+        q = &k->ranks[k->n++];
+        q->rank = (int32_t) r;
+        q->state = ST_PENDING;
+        q->agent_id = pr->a->id;
+        copy_text(q->host, sizeof(q->host), pr->a->host);
+        q->pid = pr->p->pid;
+        q->first_step = -1;
+        q->last_step = -1;
+        at = step_now(pr, now);
+        if (at > mx) {
+            mx = at;
+        }
+        if (at < mn) {
+            mn = at;
+        }
+        if (pr->p->step_ms > 0 && (fastest == 0 || pr->p->step_ms < fastest)) {
+            fastest = pr->p->step_ms;
+        }
+        if (pr->p->step_ms > slowest) {
+            slowest = pr->p->step_ms;
+        }
+    }
+    /* the window: a common future step, or a time window when no rank reports steps */
+    k->steps = req->steps;
+    k->duration_ms = req->duration_ms;
+    if (k->steps == 0 && k->duration_ms == 0) {
+        k->steps = (uint32_t) c->o.default_steps;
+    }
+    if (k->steps > 0 && mx >= 0) {
+        /* a warm-up step, then the window, plus what the fastest rank steps while the
+         * command travels to every agent */
+        k->start_step =
+            mx + 2 +
+            (fastest > 0 ? (c->o.start_margin_ms + fastest - 1) / fastest : KP_COORD_UNKNOWN_RATE);
+    }
+    else {
+        k->start_step = -1;
+        if (k->steps > 0 && k->duration_ms == 0) {
+            k->duration_ms = 5000; /* no steps known: a 5 s time window */
+        }
+        k->steps = 0;
+    }
+    budget = c->o.min_deadline_ms;
+    if (k->steps > 0 && slowest > 0) {
+        long long need =
+            2 * (k->start_step - (mn > 0 ? mn : 0) + (long long) k->steps + 5) * slowest + 60000;
+        budget = need > budget ? need : budget;
+    }
+    if (k->duration_ms > 0 && (long long) k->duration_ms + 60000 > budget) {
+        budget = (long long) k->duration_ms + 60000;
+    }
+    if (req->deadline_ms > 0) {
+        budget = (long long) req->deadline_ms;
+    }
+    k->deadline_ms = now + budget;
+    k->deadline_ns = real_ns() + (int64_t) budget * 1000000;
+    k->next = c->caps;
+    c->caps = k;
+out:
+    free(v);
+    free(sel);
+    free(missing);
+    free(by_rank);
+    return k;
+}
+
+/* Writes k's captures row (if first) and its ranks' rows, in one transaction. */
+static int persist(PGconn *pg, const struct cap *k, bool first, char *err, size_t len)
+{
+    char run[24], a[24], b[24], d[24], e[24], f[24], g[24], h[24], i8[24];
+    int rc;
+
+    snprintf(run, sizeof(run), "%" PRIu64, k->run_id);
+    if ((rc = kp_pg_exec(pg, "BEGIN", err, len)) != 0) {
+        return rc;
+    }
+    if (first) {
+        const char *p[6] = { run, a, b, d, k->activities_text, e };
+
+        snprintf(a, sizeof(a), "%" PRId64, k->start_step);
+        snprintf(b, sizeof(b), "%u", k->steps);
+        snprintf(d, sizeof(d), "%" PRIu64, k->duration_ms);
+        snprintf(e, sizeof(e), "%" PRId64, k->deadline_ns / 1000);
+        rc = kp_pg_query(pg,
+                         "INSERT INTO captures (run_id, start_step, steps, duration_ms, "
+                         "activities, deadline_at) VALUES ($1, $2, $3, $4, $5, "
+                         "to_timestamp($6::bigint / 1e6))",
+                         6, p, NULL, err, len);
+    }
+    else {
+        const char *p[2] = { run, k->stopped ? "true" : "false" };
+
+        rc = kp_pg_query(pg, "UPDATE captures SET stopped = $2 WHERE run_id = $1", 2, p, NULL, err,
+                         len);
+    }
+    for (size_t i = 0; rc == 0 && i < k->n; i++) {
+        const struct crank *q = &k->ranks[i];
+        const char *p[10] = { run, a, b, q->host, d, e, f, g, h, q->reason };
+
+        snprintf(a, sizeof(a), "%d", q->rank);
+        snprintf(b, sizeof(b), "%d", q->state);
+        snprintf(d, sizeof(d), "%u", q->pid);
+        snprintf(e, sizeof(e), "%" PRIu64, q->records);
+        snprintf(f, sizeof(f), "%" PRIu64, q->dropped);
+        snprintf(g, sizeof(g), "%" PRId64, q->first_step);
+        snprintf(h, sizeof(h), "%" PRId64, q->last_step);
+        (void) i8;
+        rc = kp_pg_query(pg,
+                         "INSERT INTO capture_ranks (run_id, rank, state, host, pid, records, "
+                         "dropped, first_step, last_step, reason) VALUES ($1, $2, $3, $4, $5, "
+                         "$6, $7, $8, $9, $10) ON CONFLICT (run_id, rank) DO UPDATE SET "
+                         "state = EXCLUDED.state, host = EXCLUDED.host, pid = EXCLUDED.pid, "
+                         "records = EXCLUDED.records, dropped = EXCLUDED.dropped, "
+                         "first_step = EXCLUDED.first_step, last_step = EXCLUDED.last_step, "
+                         "reason = EXCLUDED.reason, updated_at = now()",
+                         10, p, NULL, err, len);
+    }
+    if (rc != 0) {
+        char ignore[64];
+
+        kp_pg_exec(pg, "ROLLBACK", ignore, sizeof(ignore));
+        return rc;
+    }
+    return kp_pg_exec(pg, "COMMIT", err, len);
+}
+
+static struct cap *cap_copy(const struct cap *k)
+{
+    struct cap *s = malloc(sizeof(*s));
+
+    if (s == NULL) {
+        return NULL;
+    }
+    *s = *k;
+    s->next = NULL;
+    if ((s->ranks = malloc((k->n ? k->n : 1) * sizeof(*s->ranks))) == NULL) {
+        free(s);
+        return NULL;
+    }
+    memcpy(s->ranks, k->ranks, k->n * sizeof(*s->ranks));
+    return s;
+}
+
+void kp_coord_start(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
+                    const Kprof__V1__StartCaptureRequest *req)
+{
+    Kprof__V1__Run run = KPROF__V1__RUN__INIT;
+    char err[1200], pgerr[600];
+    const char *bad = NULL;
+    uint32_t activities = KP_ACT_DEFAULT;
+    struct cap *k, *snap;
+    int rc;
+
+    if (req->job[0] == '\0' || !text_ok(req->job, KP_COORD_MAX_TEXT) ||
+        !text_ok(req->name, KP_COORD_MAX_TEXT) || !text_ok(req->ranks, KP_COORD_MAX_TEXT) ||
+        !text_ok(req->activities, KP_COORD_MAX_TEXT)) {
+        finish_err(call, GRPC_STATUS_INVALID_ARGUMENT,
+                   "job is required; job, name, ranks and activities must be UTF-8 of at most "
+                   "256 bytes");
+        return;
+    }
+    if (req->n_metrics > 0) {
+        finish_err(call, GRPC_STATUS_UNIMPLEMENTED,
+                   "hardware counters (metrics) are not captured yet: the injection library "
+                   "does not drive CUPTI's range profiler; start the capture without --metrics");
+        return;
+    }
+    if (req->steps > KP_COORD_MAX_STEPS) {
+        snprintf(err, sizeof(err), "steps %u is out of range (1..%d)", req->steps,
+                 KP_COORD_MAX_STEPS);
+        finish_err(call, GRPC_STATUS_INVALID_ARGUMENT, err);
+        return;
+    }
+    if ((long long) req->duration_ms > KP_COORD_MAX_DUR_MS ||
+        (long long) req->deadline_ms > KP_COORD_MAX_DEADLINE) {
+        finish_err(call, GRPC_STATUS_INVALID_ARGUMENT,
+                   "duration is over 24 h or deadline over 7 days");
+        return;
+    }
+    if (req->activities[0] != '\0' &&
+        kp_wire_parse_activities(req->activities, &activities, &bad) != 0) {
+        snprintf(err, sizeof(err),
+                 "activities: unknown \"%.50s\" (use kernel,memcpy,memset,runtime,nvtx,sync,"
+                 "overhead or all)",
+                 bad != NULL ? bad : "");
+        finish_err(call, GRPC_STATUS_INVALID_ARGUMENT, err);
+        return;
+    }
+    if (pg == NULL) {
+        finish_err(call, GRPC_STATUS_UNAVAILABLE,
+                   "PostgreSQL is unreachable, so no run can be created; retry later");
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    k = plan(c, call, req, activities);
+    snap = k != NULL ? cap_copy(k) : NULL;
+    pthread_mutex_unlock(&c->mu);
+    if (k == NULL) {
+        return;
+    }
+    if (snap == NULL) {
+        rc = -ENOMEM;
+        snprintf(pgerr, sizeof(pgerr), "out of memory");
+        goto undo;
+    }
+    rc = kp_store_create_run(pg, snap->job, snap->name, snap->world_size,
+                             KPROF__V1__RUN_SOURCE__RUN_SOURCE_CAPTURE, &run, pgerr, sizeof(pgerr));
+    if (rc != 0) {
+        goto undo;
+    }
+    snap->run_id = run.id;
+    if ((rc = persist(pg, snap, true, pgerr, sizeof(pgerr))) != 0) {
+        Kprof__V1__Run ended = KPROF__V1__RUN__INIT;
+        char ignore[300];
+
+        kp_store_end_run(pg, run.id, true, &ended, ignore, sizeof(ignore));
+        kp_store_run_fini(&ended);
+        goto undo;
+    }
+    pthread_mutex_lock(&c->mu);
+    k->run_id = run.id;
+    k->created_ns = run.created_ns;
+    for (struct agent *a = c->agents; a != NULL; a = a->next) {
+        if (a->call != NULL) {
+            send_arm(c, k, a, true);
+        }
+    }
+    kp_log_info("capture started run=%" PRIu64 " job=%s ranks=%zu start_step=%" PRId64
+                " steps=%u duration_ms=%" PRIu64 " deadline_s=%lld peer=%s",
+                k->run_id, k->job, k->n, k->start_step, k->steps, k->duration_ms,
+                (k->deadline_ms - mono_ms()) / 1000, kp_rpc_call_peer(call));
+    reply_capture(call, k, false);
+    pthread_mutex_unlock(&c->mu);
+    kp_store_run_fini(&run);
+    cap_free(snap);
+    return;
+undo:
+    pthread_mutex_lock(&c->mu);
+    cap_unlink(c, k);
+    pthread_mutex_unlock(&c->mu);
+    cap_free(k);
+    cap_free(snap);
+    kp_store_run_fini(&run);
+    snprintf(err, sizeof(err), "cannot record the capture in PostgreSQL (%s); retry later", pgerr);
+    kp_log_warn("StartCapture failed job=%s err=\"%s\"", req->job, pgerr);
+    kp_rpc_call_finish(
+        call, rc == -ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_UNAVAILABLE, err);
+}
+
+/* ---- CaptureStatus ---- */
+
+#define CAP_COLS                                                                         \
+    "r.id, r.job, r.name, r.state, r.world_size, "                                       \
+    "(extract(epoch FROM r.created_at) * 1000000000)::bigint, "                          \
+    "coalesce((extract(epoch FROM r.ended_at) * 1000000000)::bigint, 0), c.start_step, " \
+    "c.steps, c.duration_ms, c.activities, "                                             \
+    "(extract(epoch FROM c.deadline_at) * 1000000000)::bigint, c.stopped"
+
+static long long cell_ll(const PGresult *res, int row, int col)
+{
+    return PQgetisnull(res, row, col) ? 0 : strtoll(PQgetvalue(res, row, col), NULL, 10);
+}
+
+/* Reads capture run_id from PostgreSQL into a new struct cap. Returns 0, KP_ENOTFOUND (with
+ * the reason in err), KP_EPG or -ENOMEM. */
+static int load_capture(PGconn *pg, uint64_t run_id, struct cap **out, char *err, size_t len)
+{
+    char run[24];
+    const char *p[1] = { run };
+    PGresult *res = NULL, *rr = NULL;
+    struct cap *k;
+    int rc;
+
+    snprintf(run, sizeof(run), "%" PRIu64, run_id);
+    if ((rc = kp_pg_query(pg,
+                          "SELECT " CAP_COLS " FROM runs r JOIN captures c ON c.run_id = r.id "
+                          "WHERE r.id = $1",
+                          1, p, &res, err, len)) != 0) {
+        return rc;
+    }
+    if (PQntuples(res) == 0) {
+        PQclear(res);
+        if ((rc = kp_pg_query(pg, "SELECT source FROM runs WHERE id = $1", 1, p, &res, err, len)) !=
+            0) {
+            return rc;
+        }
+        if (PQntuples(res) == 0) {
+            snprintf(err, len, "there is no run %" PRIu64 " (kprofctl runs lists the runs)",
+                     run_id);
+        }
+        else {
+            snprintf(err, len,
+                     "run %" PRIu64 " was not started with kprofctl start, so it has no capture "
+                     "state (kprofctl runs shows it)",
+                     run_id);
+        }
+        PQclear(res);
+        return KP_ENOTFOUND;
+    }
+    if ((rc = kp_pg_query(pg,
+                          "SELECT rank, state, host, pid, records, dropped, first_step, last_step, "
+                          "reason FROM capture_ranks WHERE run_id = $1 ORDER BY rank",
+                          1, p, &rr, err, len)) != 0) {
+        PQclear(res);
+        return rc;
+    }
+    if ((k = calloc(1, sizeof(*k))) == NULL ||
+        (k->ranks = calloc((size_t) PQntuples(rr) + 1, sizeof(*k->ranks))) == NULL) {
+        free(k);
+        PQclear(res);
+        PQclear(rr);
+        return -ENOMEM;
+    }
+    k->run_id = run_id;
+    copy_text(k->job, sizeof(k->job), PQgetvalue(res, 0, 1));
+    copy_text(k->name, sizeof(k->name), PQgetvalue(res, 0, 2));
+    k->run_state = (int) cell_ll(res, 0, 3);
+    k->world_size = (uint32_t) cell_ll(res, 0, 4);
+    k->created_ns = cell_ll(res, 0, 5);
+    k->ended_ns = cell_ll(res, 0, 6);
+    k->start_step = cell_ll(res, 0, 7);
+    k->steps = (uint32_t) cell_ll(res, 0, 8);
+    k->duration_ms = (uint64_t) cell_ll(res, 0, 9);
+    copy_text(k->activities_text, sizeof(k->activities_text), PQgetvalue(res, 0, 10));
+    k->deadline_ns = cell_ll(res, 0, 11);
+    k->stopped = strcmp(PQgetvalue(res, 0, 12), "t") == 0;
+    k->ended = true;
+    for (int i = 0; i < PQntuples(rr); i++) {
+        struct crank *q = &k->ranks[k->n++];
+
+        q->rank = (int32_t) cell_ll(rr, i, 0);
+        q->state = (int) cell_ll(rr, i, 1);
+        copy_text(q->host, sizeof(q->host), PQgetvalue(rr, i, 2));
+        q->pid = (uint32_t) cell_ll(rr, i, 3);
+        q->records = (uint64_t) cell_ll(rr, i, 4);
+        q->dropped = (uint64_t) cell_ll(rr, i, 5);
+        q->first_step = cell_ll(rr, i, 6);
+        q->last_step = cell_ll(rr, i, 7);
+        copy_text(q->reason, sizeof(q->reason), PQgetvalue(rr, i, 8));
+    }
+    PQclear(res);
+    PQclear(rr);
+    *out = k;
+    return 0;
+}
+
+void kp_coord_status(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
+                     const Kprof__V1__CaptureStatusRequest *req)
+{
+    Kprof__V1__CaptureStatusResponse resp = KPROF__V1__CAPTURE_STATUS_RESPONSE__INIT;
+    struct capmsg *cms = NULL;
+    Kprof__V1__Capture **cp = NULL;
+    struct cap *k = NULL;
+    size_t limit = req->limit ? req->limit : KP_COORD_STATUS_LIMIT, n = 0;
+    char err[600];
+    int rc;
+
+    if (req->run_id != 0) {
+        pthread_mutex_lock(&c->mu);
+        if ((k = cap_by_run(c, req->run_id)) != NULL) {
+            reply_capture(call, k, true);
+            pthread_mutex_unlock(&c->mu);
+            return;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (pg == NULL) {
+            kp_rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE,
+                               "PostgreSQL is unreachable and the run is not a capture in "
+                               "progress; retry later");
+            return;
+        }
+        if ((rc = load_capture(pg, req->run_id, &k, err, sizeof(err))) != 0) {
+            kp_rpc_call_finish(call,
+                               rc == KP_ENOTFOUND ? GRPC_STATUS_NOT_FOUND
+                               : rc == -ENOMEM    ? GRPC_STATUS_RESOURCE_EXHAUSTED
+                                                  : GRPC_STATUS_UNAVAILABLE,
+                               err);
+            return;
+        }
+        reply_capture(call, k, true);
+        cap_free(k);
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    for (k = c->caps; k != NULL; k = k->next) {
+        n += k->run_id != 0;
+    }
+    n = n < limit ? n : limit;
+    if ((cms = calloc(n + 1, sizeof(*cms))) == NULL || (cp = calloc(n + 1, sizeof(*cp))) == NULL) {
+        pthread_mutex_unlock(&c->mu);
+        free(cms);
+        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
+        return;
+    }
+    for (k = c->caps; k != NULL && resp.n_captures < n; k = k->next) {
+        if (k->run_id == 0) {
+            continue;
+        }
+        if (capmsg_fill(&cms[resp.n_captures], k) != 0) {
+            break;
+        }
+        cp[resp.n_captures] = &cms[resp.n_captures].m;
+        resp.n_captures++;
+    }
+    resp.captures = cp;
+    kp_rpc_call_reply(call, &resp.base);
+    pthread_mutex_unlock(&c->mu);
+    for (size_t i = 0; i < resp.n_captures; i++) {
+        capmsg_fini(&cms[i]);
+    }
+    free(cms);
+    free(cp);
+}
+
+/* ---- the tick ---- */
+
+/* Fails what must fail now and returns (copies of) the captures to end. mu held. */
+static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
+{
+    long long now = mono_ms();
+    size_t nt = 0, kept = 0;
+
+    for (struct cap *k = c->caps; k != NULL; k = k->next) {
+        bool over = true, expired;
+
+        if (k->run_id == 0 || k->ended || k->ending) {
+            continue;
+        }
+        expired = now >= k->deadline_ms;
+        for (size_t i = 0; i < k->n; i++) {
+            struct crank *r = &k->ranks[i];
+            struct agent *a;
+
+            if (terminal(r->state)) {
+                continue;
+            }
+            a = agent_by_id(c, r->agent_id);
+            if (a == NULL || (a->call == NULL && now - a->gone_ms >= c->o.agent_grace_ms)) {
+                rank_set_failed(k, r,
+                                "lost contact with the kprof-agent on host %s for over %lld s "
+                                "while the rank was %s (the agent stopped, or its connection to "
+                                "collectord broke); the rows it stored before are kept",
+                                r->host, c->o.agent_grace_ms / 1000, state_name(r->state));
+            }
+            else if (expired) {
+                rank_set_failed(k, r,
+                                "the capture's deadline passed while the rank was %s (step "
+                                "%" PRId64 " of the window %" PRId64 "..%" PRId64
+                                "); the rows stored so far are kept (give kprofctl start a "
+                                "longer --deadline if the steps are that slow)",
+                                state_name(r->state), r->last_step, k->start_step,
+                                k->start_step + (int64_t) k->steps - 1);
+            }
+            over &= terminal(r->state);
+        }
+        if (expired) {
+            send_to_hosts(c, k, KPROF__V1__CAPTURE_COMMAND__KIND__KIND_STOP, "deadline passed");
+        }
+        if (over && nt < max) {
+            struct cap *snap = cap_copy(k);
+
+            if (snap != NULL) {
+                k->ending = true;
+                todo[nt++] = snap;
+            }
+        }
+    }
+    /* agents away for longer than the grace: forget them */
+    for (struct agent **pp = &c->agents; *pp != NULL;) {
+        struct agent *a = *pp;
+
+        if (a->call == NULL && now - a->gone_ms >= c->o.agent_grace_ms) {
+            *pp = a->next;
+            if (a->report != NULL) {
+                protobuf_c_message_free_unpacked(&a->report->base, NULL);
+            }
+            free(a);
+            continue;
+        }
+        pp = &a->next;
+    }
+    /* ended captures beyond the ones kept for status */
+    for (struct cap **pp = &c->caps; *pp != NULL;) {
+        struct cap *k = *pp;
+
+        if (k->ended && ++kept > (size_t) c->o.keep_ended) {
+            *pp = k->next;
+            cap_free(k);
+            continue;
+        }
+        pp = &k->next;
+    }
+    return nt;
+}
+
+void kp_coord_tick(struct kp_coord *c, PGconn *pg)
+{
+    struct cap *todo[16];
+    size_t nt;
+
+    pthread_mutex_lock(&c->mu);
+    nt = tick_locked(c, todo, sizeof(todo) / sizeof(todo[0]));
+    pthread_mutex_unlock(&c->mu);
+    for (size_t i = 0; i < nt; i++) {
+        struct cap *s = todo[i], *k;
+        Kprof__V1__Run run = KPROF__V1__RUN__INIT;
+        char err[600] = "";
+        size_t failed = 0, done = 0;
+        int rc = KP_EPG;
+
+        for (size_t j = 0; j < s->n; j++) {
+            failed += s->ranks[j].state == ST_FAILED;
+            done += s->ranks[j].state == ST_DONE;
+        }
+        if (pg != NULL && (rc = persist(pg, s, false, err, sizeof(err))) == 0) {
+            rc = kp_store_end_run(pg, s->run_id, failed > 0, &run, err, sizeof(err));
+        }
+        pthread_mutex_lock(&c->mu);
+        if ((k = cap_by_run(c, s->run_id)) != NULL) {
+            k->ending = false;
+            if (rc == 0) {
+                k->ended = true;
+                k->ended_ms = mono_ms();
+                k->run_state = run.state;
+                k->ended_ns = run.ended_ns;
+                send_to_hosts(c, k, KPROF__V1__CAPTURE_COMMAND__KIND__KIND_FORGET, "");
+            }
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (rc == 0) {
+            kp_log_info("capture ended run=%" PRIu64 " job=%s ranks=%zu done=%zu failed=%zu "
+                        "stopped=%d",
+                        s->run_id, s->job, s->n, done, failed, (int) s->stopped);
+        }
+        else if (pg != NULL) {
+            kp_log_warn("cannot end the capture in PostgreSQL run=%" PRIu64
+                        " err=\"%s\" (retrying)",
+                        s->run_id, err);
+        }
+        kp_store_run_fini(&run);
+        cap_free(s);
+    }
+}
+
+int kp_coord_recover(struct kp_coord *c, PGconn *pg, char *errbuf, size_t errlen)
+{
+    int rc;
+
+    (void) c;
+    rc = kp_pg_exec(pg,
+                    "BEGIN;"
+                    "UPDATE capture_ranks SET state = 5, updated_at = now(), reason = "
+                    "'collectord restarted during the capture, so its end was not seen; the "
+                    "rows stored before are kept' WHERE state < 4 AND run_id IN (SELECT c.run_id "
+                    "FROM captures c JOIN runs r ON r.id = c.run_id WHERE r.state = 1);"
+                    "UPDATE runs SET state = 3, ended_at = now() WHERE state = 1 AND id IN "
+                    "(SELECT run_id FROM captures);"
+                    "COMMIT",
+                    errbuf, errlen);
+    if (rc != 0) {
+        char ignore[64];
+
+        kp_pg_exec(pg, "ROLLBACK", ignore, sizeof(ignore));
+    }
+    return rc;
+}
+
+int kp_coord_create(const struct kp_coord_opts *o, struct kp_coord **out)
+{
+    struct kp_coord *c = calloc(1, sizeof(*c));
+
+    if (c == NULL) {
+        return -ENOMEM;
+    }
+    c->o = *o;
+    if (c->o.agent_grace_ms <= 0) {
+        c->o.agent_grace_ms = 15000;
+    }
+    if (c->o.default_steps <= 0) {
+        c->o.default_steps = 5;
+    }
+    if (c->o.keep_ended <= 0) {
+        c->o.keep_ended = 100;
+    }
+    if (c->o.start_margin_ms <= 0) {
+        c->o.start_margin_ms = 1000;
+    }
+    if (c->o.min_deadline_ms <= 0) {
+        c->o.min_deadline_ms = 120000;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    *out = c;
+    return 0;
+}
+
+void kp_coord_shutdown(struct kp_coord *c)
+{
+    pthread_mutex_lock(&c->mu);
+    for (struct agent *a = c->agents; a != NULL; a = a->next) {
+        if (a->call != NULL) {
+            kp_rpc_call_finish(a->call, GRPC_STATUS_UNAVAILABLE, "collectord is shutting down");
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void kp_coord_destroy(struct kp_coord *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    while (c->agents != NULL) {
+        struct agent *a = c->agents;
+
+        c->agents = a->next;
+        if (a->report != NULL) {
+            protobuf_c_message_free_unpacked(&a->report->base, NULL);
+        }
+        if (a->call != NULL) {
+            kp_rpc_call_unref(a->call);
+        }
+        free(a);
+    }
+    while (c->caps != NULL) {
+        struct cap *k = c->caps;
+
+        c->caps = k->next;
+        cap_free(k);
+    }
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
