@@ -1,13 +1,39 @@
 /*
  * kprofctl's verbs. main.c dispatches `kprofctl VERB ARGS...` through a table of struct
  * kprofctl_verb; each verb lives in its own .c file and parses its own flags with
- * kp_config_load_args (so --help works per verb and KPROF_<KEY> env vars apply).
+ * kp_config_load_args (so --help works per verb and KPROF_<KEY> env vars apply). The verbs
+ * that call collectord's Control service share their flags, call and output code
+ * (rpcverb.h); the capture verbs share how a capture is shown (capview.h).
+ *
+ * Exit statuses. Every verb over collectord uses these, and its --help lists them:
+ *   0    ok
+ *   1    failed: collectord refused for a reason not listed below, the output could not be
+ *        written, or (start --wait, status --watch) a rank of the capture FAILED
+ *   2    usage: bad flags, or collectord found the request invalid (INVALID_ARGUMENT, e.g. a
+ *        rank outside the job's world size)
+ *   3    not found: an unknown job or run (NOT_FOUND)
+ *   4    busy: a selected rank is capturing already (ALREADY_EXISTS)
+ *   5    collectord unreachable (UNAVAILABLE, DEADLINE_EXCEEDED)
+ *   6    no agent: a selected rank has no kprof-agent attached (FAILED_PRECONDITION)
+ *   130  interrupted (SIGINT) while waiting (start --wait, status --watch)
+ * import and export keep their own (import.c, export.c): 0, 1, 2 and, for export, 3.
  */
 #ifndef KPROFCTL_H
 #define KPROFCTL_H
 
-/* A verb's entry point: argv[0] is the verb's name. Returns the process exit status:
- * 0 success, 1 failure (message printed), 2 bad usage. */
+enum kprofctl_exit {
+    KPROFCTL_EXIT_OK = 0,
+    KPROFCTL_EXIT_FAILED = 1,
+    KPROFCTL_EXIT_USAGE = 2,
+    KPROFCTL_EXIT_NOT_FOUND = 3,
+    KPROFCTL_EXIT_BUSY = 4,
+    KPROFCTL_EXIT_UNREACHABLE = 5,
+    KPROFCTL_EXIT_NO_AGENT = 6,
+    KPROFCTL_EXIT_INTERRUPTED = 130,
+};
+
+/* A verb's entry point: argv[0] is the verb's name. Returns the process exit status
+ * (enum kprofctl_exit). */
 typedef int kprofctl_verb_cb(int argc, char **argv);
 
 struct kprofctl_verb {
@@ -24,7 +50,23 @@ int kprofctl_import(int argc, char **argv);
 int kprofctl_export(int argc, char **argv);
 
 /* kprofctl runs [--job J] [--limit N] [--json|--csv] [-c COLS] [-w WIDTH]: the newest runs
- * from Control.ListRuns as a table (runs.c). Also exits 5 when collectord is unreachable. */
+ * from Control.ListRuns as a table (runs.c). */
 int kprofctl_runs(int argc, char **argv);
+
+/* kprofctl jobs [--job J] [--json|--csv] [-c COLS] [-w WIDTH]: every registered rank of every
+ * job from Control.ListJobs, one row each (jobs.c). */
+int kprofctl_jobs(int argc, char **argv);
+
+/* kprofctl start --job J [--ranks all|0,3-5] [--steps N | --duration 30s] ... [--wait]:
+ * Control.StartCapture; prints the run id (start.c). */
+int kprofctl_start(int argc, char **argv);
+
+/* kprofctl stop (--run R | --job J): Control.StopCapture; prints the capture's ranks
+ * (stop.c). */
+int kprofctl_stop(int argc, char **argv);
+
+/* kprofctl status [--run R] [--watch]: Control.CaptureStatus, one row per rank of each
+ * capture (status.c). */
+int kprofctl_status(int argc, char **argv);
 
 #endif

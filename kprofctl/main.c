@@ -17,6 +17,11 @@ static const struct kprofctl_verb verbs[] = {
     { "import", "load torch.profiler (Kineto) trace files into a new run", kprofctl_import },
     { "export", "write a run as Chrome/Perfetto trace JSON (one file per rank)", kprofctl_export },
     { "runs", "list runs, newest first (--job J, --limit N, --json, --csv)", kprofctl_runs },
+    { "jobs", "list the ranks registered with kprof-agents, by job (--job J)", kprofctl_jobs },
+    { "start", "start a capture of a job; prints the run id (--job J, --steps N, --wait)",
+      kprofctl_start },
+    { "stop", "end a capture's window early (--run R or --job J)", kprofctl_stop },
+    { "status", "each rank's state in the captures (--run R, --watch)", kprofctl_status },
 };
 #define N_VERBS (sizeof(verbs) / sizeof(verbs[0]))
 

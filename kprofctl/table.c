@@ -651,6 +651,11 @@ static void json_string(const char *s, FILE *out)
     fputc('"', out);
 }
 
+void kp_table_json_string(const char *s, FILE *out)
+{
+    json_string(s, out);
+}
+
 static int print_json(const struct kp_table *t, FILE *out)
 {
     if (t->n_rows == 0) {

@@ -1,0 +1,231 @@
+/*
+ * kprofctl jobs [--job J] [--json|--csv] [-c COLS] [-w WIDTH]: the jobs whose worker
+ * processes are registered with attached kprof-agents (Control.ListJobs), one row per
+ * registered rank, sorted by job, then rank (unknown ranks first), then host and pid.
+ *
+ * Output (stable; tests parse --json): the columns
+ *   job, world_size (number; null when unknown), rank (number; null when unknown), host,
+ *   pid (number), local_rank (number; null when unknown), device (number; null when
+ *   negative), step (number: the last step the rank reported; null before the first),
+ *   step_ms (number: observed ms per step; null when unknown), run (number: the capture the
+ *   rank is in now; null when idle)
+ * as aligned text, CSV, or (--json) an array of objects keyed by those names. With no job,
+ * the text output is the header alone and a hint goes to stderr; CSV is the header, JSON
+ * "[]".
+ *
+ * Exit status (kprofctl.h): 0 listed (also when none is registered), 2 bad usage, 5
+ * collectord unreachable, 1 anything else.
+ */
+#define KP_LOG_MODULE "jobs"
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_config.h"
+#include "kp_err.h"
+#include "kprof.pb-c.h"
+#include "kprofctl.h"
+#include "rpcverb.h"
+#include "table.h"
+
+struct jobs_config {
+    struct kp_rpcverb_common common; /* first: the common rows' offsets */
+    char *job;
+};
+
+#define OFF(f) offsetof(struct jobs_config, f)
+static const struct kp_config_def jobs_defs[] = {
+    { "job", KP_CONFIG_STRING, "", 0, 4096, OFF(job), "only this job's ranks (default: all jobs)",
+      NULL, false },
+};
+#undef OFF
+#define N_DEFS (sizeof(jobs_defs) / sizeof(jobs_defs[0]))
+
+enum jobs_col {
+    COL_JOB,
+    COL_WORLD_SIZE,
+    COL_RANK,
+    COL_HOST,
+    COL_PID,
+    COL_LOCAL_RANK,
+    COL_DEVICE,
+    COL_STEP,
+    COL_STEP_MS,
+    COL_RUN,
+    N_COLS,
+};
+
+static const struct kp_table_col jobs_cols[N_COLS] = {
+    [COL_JOB] = { "job", KP_TABLE_TEXT },
+    [COL_WORLD_SIZE] = { "world_size", KP_TABLE_NUMERIC },
+    [COL_RANK] = { "rank", KP_TABLE_NUMERIC },
+    [COL_HOST] = { "host", KP_TABLE_TEXT },
+    [COL_PID] = { "pid", KP_TABLE_NUMERIC },
+    [COL_LOCAL_RANK] = { "local_rank", KP_TABLE_NUMERIC },
+    [COL_DEVICE] = { "device", KP_TABLE_NUMERIC },
+    [COL_STEP] = { "step", KP_TABLE_NUMERIC },
+    [COL_STEP_MS] = { "step_ms", KP_TABLE_NUMERIC },
+    [COL_RUN] = { "run", KP_TABLE_NUMERIC },
+};
+
+static const struct kp_rpcverb_spec jobs_spec = {
+    .name = "jobs",
+    .synopsis =
+        "kprofctl jobs [--job J] [--json|--csv] [-c COLS] [-w WIDTH]\n"
+        "  The ranks registered with attached kprof-agents (Control.ListJobs), one row\n"
+        "  each, by job then rank: job, world_size, rank, host, pid, local_rank, device,\n"
+        "  step (the last one reported), step_ms, run (the capture it is in; - when idle).\n",
+    .exit_ok = "listed (also when no job is registered)",
+    .defs = jobs_defs,
+    .n_defs = N_DEFS,
+    .cols = jobs_cols,
+    .n_cols = N_COLS,
+};
+
+struct job_row {
+    const Kprof__V1__Job *job;
+    const Kprof__V1__JobRank *rank;
+};
+
+static int cmp_row(const void *a, const void *b)
+{
+    const struct job_row *x = a, *y = b;
+    int c = strcmp(x->job->name, y->job->name);
+
+    if (c != 0) {
+        return c;
+    }
+    if (x->rank->rank != y->rank->rank) {
+        return x->rank->rank < y->rank->rank ? -1 : 1;
+    }
+    if ((c = strcmp(x->rank->host, y->rank->host)) != 0) {
+        return c;
+    }
+    return (x->rank->pid > y->rank->pid) - (x->rank->pid < y->rank->pid);
+}
+
+static int add_row(struct kp_table *t, const struct job_row *row)
+{
+    const Kprof__V1__Job *j = row->job;
+    const Kprof__V1__JobRank *r = row->rank;
+    int rc = 0;
+
+    rc = rc != 0 ? rc : kp_table_add_row(t);
+    rc = rc != 0 ? rc : kp_table_set_str(t, COL_JOB, j->name);
+    if (j->world_size > 0) {
+        rc = rc != 0 ? rc : kp_table_set_u64(t, COL_WORLD_SIZE, j->world_size);
+    }
+    if (r->rank >= 0) {
+        rc = rc != 0 ? rc : kp_table_set_i64(t, COL_RANK, r->rank);
+    }
+    rc = rc != 0 ? rc
+                 : kp_table_set_str(t, COL_HOST,
+                                    r->host != NULL && r->host[0] != '\0' ? r->host : NULL);
+    rc = rc != 0 ? rc : kp_table_set_u64(t, COL_PID, r->pid);
+    if (r->local_rank >= 0) {
+        rc = rc != 0 ? rc : kp_table_set_i64(t, COL_LOCAL_RANK, r->local_rank);
+    }
+    if (r->device >= 0) {
+        rc = rc != 0 ? rc : kp_table_set_i64(t, COL_DEVICE, r->device);
+    }
+    if (r->step >= 0) {
+        rc = rc != 0 ? rc : kp_table_set_i64(t, COL_STEP, r->step);
+    }
+    if (r->step_ms > 0) {
+        rc = rc != 0 ? rc : kp_table_set_u64(t, COL_STEP_MS, r->step_ms);
+    }
+    if (r->run_id > 0) {
+        rc = rc != 0 ? rc : kp_table_set_u64(t, COL_RUN, r->run_id);
+    }
+    return rc;
+}
+
+/* The rows of resp sorted, into *out (owned: free). Returns 0 or -ENOMEM. */
+static int collect(const Kprof__V1__ListJobsResponse *resp, struct job_row **out, size_t *n_out)
+{
+    struct job_row *rows;
+    size_t n = 0;
+
+    for (size_t i = 0; i < resp->n_jobs; i++) {
+        n += resp->jobs[i]->n_ranks;
+    }
+    if ((rows = malloc((n + 1) * sizeof(*rows))) == NULL) {
+        return -ENOMEM;
+    }
+    n = 0;
+    for (size_t i = 0; i < resp->n_jobs; i++) {
+        for (size_t k = 0; k < resp->jobs[i]->n_ranks; k++) {
+            rows[n].job = resp->jobs[i];
+            rows[n].rank = resp->jobs[i]->ranks[k];
+            n++;
+        }
+    }
+    qsort(rows, n, sizeof(*rows), cmp_row);
+    *out = rows;
+    *n_out = n;
+    return 0;
+}
+
+int kprofctl_jobs(int argc, char **argv)
+{
+    struct jobs_config cfg;
+    struct kp_rpcverb v;
+    struct kp_table *t = NULL;
+    struct job_row *rows = NULL;
+    Kprof__V1__ListJobsRequest req = KPROF__V1__LIST_JOBS_REQUEST__INIT;
+    ProtobufCMessage *msg = NULL;
+    size_t n_rows = 0;
+    int rc, r;
+
+    memset(&cfg, 0, sizeof(cfg));
+    if ((rc = kp_rpcverb_init(&v, &jobs_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
+        goto out;
+    }
+    if ((rc = kp_rpcverb_table(&v, &t)) != 0) {
+        goto out;
+    }
+    req.job = cfg.job;
+    if ((rc = kp_rpcverb_call(&v, "ListJobs", &req.base, &kprof__v1__list_jobs_response__descriptor,
+                              &msg)) != 0) {
+        goto out;
+    }
+    if ((r = collect((Kprof__V1__ListJobsResponse *) msg, &rows, &n_rows)) != 0) {
+        kp_rpcverb_error(&v, "%s", kp_strerror(r));
+        rc = KPROFCTL_EXIT_FAILED;
+        goto out;
+    }
+    for (size_t i = 0; i < n_rows; i++) {
+        if ((r = add_row(t, &rows[i])) != 0) {
+            kp_rpcverb_error(&v, "%s", kp_strerror(r));
+            rc = KPROFCTL_EXIT_FAILED;
+            goto out;
+        }
+    }
+    if ((rc = kp_rpcverb_print(&v, t, stdout)) != 0) {
+        goto out;
+    }
+    if (n_rows == 0 && v.format == KP_TABLE_FORMAT_TEXT) {
+        if (cfg.job[0] != '\0') {
+            fprintf(stderr,
+                    "kprofctl jobs: job \"%s\" is not registered: start its workers with "
+                    "kprof-run and check that kprof-agent runs on their nodes\n",
+                    cfg.job);
+        }
+        else {
+            fprintf(stderr, "kprofctl jobs: no job is registered: start workers with kprof-run "
+                            "and check that kprof-agent runs on their nodes\n");
+        }
+    }
+out:
+    free(rows);
+    if (msg != NULL) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+    }
+    kp_table_destroy(t);
+    kp_rpcverb_fini(&v);
+    return rc;
+}

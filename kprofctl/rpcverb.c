@@ -1,0 +1,366 @@
+/*
+ * kp_rpcverb: the flags, call and table output shared by kprofctl's verbs over collectord's
+ * Control service (rpcverb.h).
+ */
+#include "rpcverb.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <string.h>
+#include <time.h>
+
+#include "kp_err.h"
+#include "kp_log.h"
+#include "kprofctl.h"
+
+#define RPCVERB_MAX_ARGS 256
+#define RPCVERB_FLAGBUF  4096
+#define RPCVERB_PATH_MAX 128
+
+static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
+
+#define OFF(f) offsetof(struct kp_rpcverb_common, f)
+/* Before the verb's own rows. */
+static const struct kp_config_def head_defs[] = {
+    { "collector", KP_CONFIG_STRING, "127.0.0.1:7070", 1, 0, OFF(collector),
+      "kprof-collectord's gRPC address (host:port or unix:/path)", NULL, false },
+    { "tls-ca", KP_CONFIG_STRING, "", 0, 0, OFF(tls_ca),
+      "PEM of the CA that signed collectord's certificate: use TLS", NULL, false },
+};
+/* After them; "columns" gets the verb's column list as its help. */
+static const struct kp_config_def tail_defs[] = {
+    { "json", KP_CONFIG_BOOL, "false", 0, 0, OFF(json), "print a JSON array of objects", NULL,
+      false },
+    { "csv", KP_CONFIG_BOOL, "false", 0, 0, OFF(csv), "print CSV with a header line", NULL, false },
+    { "columns", KP_CONFIG_STRING, "", 0, 1024, OFF(columns), NULL, NULL, false },
+    { "width", KP_CONFIG_INT, "0", 0, 100000, OFF(width),
+      "-w: cut text cells wider than this many columns with \"…\" (0: no limit; text output)", NULL,
+      false },
+    { "timeout", KP_CONFIG_DURATION, "15s", 100, 3600000, OFF(timeout_ms),
+      "give up on collectord after this long", NULL, false },
+    { "log-level", KP_CONFIG_ENUM, "warn", 0, 0, OFF(log_level), "error, warn, info or debug",
+      log_levels, false },
+};
+#undef OFF
+#define N_HEAD (sizeof(head_defs) / sizeof(head_defs[0]))
+#define N_TAIL (sizeof(tail_defs) / sizeof(tail_defs[0]))
+
+static void vreport(const struct kp_rpcverb *v, const char *suffix, const char *fmt, va_list ap)
+{
+    fprintf(stderr, "kprofctl %s: ", v->spec->name);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "%s\n", suffix);
+}
+
+void kp_rpcverb_error(const struct kp_rpcverb *v, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vreport(v, "", fmt, ap);
+    va_end(ap);
+}
+
+int kp_rpcverb_usage_error(const struct kp_rpcverb *v, const char *fmt, ...)
+{
+    char suffix[128];
+    va_list ap;
+
+    snprintf(suffix, sizeof(suffix), " (see kprofctl %s --help)", v->spec->name);
+    va_start(ap, fmt);
+    vreport(v, suffix, fmt, ap);
+    va_end(ap);
+    return KPROFCTL_EXIT_USAGE;
+}
+
+/* Joins the common rows around the verb's into v->defs. Returns 0 or -E2BIG. */
+static int build_defs(struct kp_rpcverb *v)
+{
+    const struct kp_rpcverb_spec *spec = v->spec;
+    size_t used = 0;
+    int n;
+
+    if (N_HEAD + spec->n_defs + N_TAIL > KP_RPCVERB_MAX_DEFS) {
+        return -E2BIG;
+    }
+    v->n_defs = 0;
+    for (size_t i = 0; i < N_HEAD; i++) {
+        v->defs[v->n_defs++] = head_defs[i];
+    }
+    for (size_t i = 0; i < spec->n_defs; i++) {
+        v->defs[v->n_defs++] = spec->defs[i];
+    }
+    n = snprintf(v->columns_help, sizeof(v->columns_help),
+                 "-c: comma-separated columns to show, in order (");
+    used = n > 0 ? (size_t) n : 0;
+    for (size_t i = 0; i < spec->n_cols && used < sizeof(v->columns_help); i++) {
+        n = snprintf(v->columns_help + used, sizeof(v->columns_help) - used, "%s%s",
+                     i > 0 ? ", " : "", spec->cols[i].name);
+        used += n > 0 ? (size_t) n : 0;
+    }
+    if (used < sizeof(v->columns_help)) {
+        snprintf(v->columns_help + used, sizeof(v->columns_help) - used, ")");
+    }
+    for (size_t i = 0; i < N_TAIL; i++) {
+        v->defs[v->n_defs] = tail_defs[i];
+        if (strcmp(tail_defs[i].name, "columns") == 0) {
+            v->defs[v->n_defs].help = v->columns_help;
+        }
+        if (strcmp(tail_defs[i].name, "json") == 0 && spec->json_help != NULL) {
+            v->defs[v->n_defs].help = spec->json_help;
+        }
+        v->n_defs++;
+    }
+    return 0;
+}
+
+/* True if --help or -h is among the flags (kp_config then prints the usage). */
+static bool wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) {
+            break;
+        }
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static void print_exits(const struct kp_rpcverb_spec *spec, FILE *out)
+{
+    fprintf(out,
+            "\nExit status:\n"
+            "  0    %s\n"
+            "  1    %s\n"
+            "  2    usage: bad flags, or collectord found the request invalid (INVALID_ARGUMENT)\n"
+            "  3    not found: an unknown job or run (NOT_FOUND)\n"
+            "  4    busy: a selected rank is capturing already (ALREADY_EXISTS)\n"
+            "  5    collectord unreachable (UNAVAILABLE, DEADLINE_EXCEEDED)\n"
+            "  6    no agent: a selected rank has no kprof-agent attached (FAILED_PRECONDITION)\n",
+            spec->exit_ok != NULL ? spec->exit_ok : "ok",
+            spec->exit_failed != NULL
+                ? spec->exit_failed
+                : "failed: collectord refused for another reason, or the output failed");
+    if (spec->interruptible) {
+        fprintf(out, "  130  interrupted (ctrl-c) while waiting\n");
+    }
+}
+
+int kp_rpcverb_init(struct kp_rpcverb *v, const struct kp_rpcverb_spec *spec, void *cfg, int argc,
+                    char **argv)
+{
+    struct kp_rpc_channel_opts co;
+    struct kp_config_pos pos;
+    struct kp_table *t = NULL;
+    char *args[RPCVERB_MAX_ARGS];
+    char *av[RPCVERB_MAX_ARGS + 1];
+    char flagbuf[RPCVERB_FLAGBUF];
+    char err[1024];
+    bool help;
+    int action, rc;
+
+    memset(v, 0, sizeof(*v));
+    v->spec = spec;
+    v->cfg = cfg;
+    v->common = cfg;
+    if (build_defs(v) != 0) {
+        kp_rpcverb_error(v, "too many flags in the verb's table");
+        return KPROFCTL_EXIT_FAILED;
+    }
+    if (argc > RPCVERB_MAX_ARGS) {
+        return kp_rpcverb_usage_error(v, "too many arguments");
+    }
+    if (kp_table_short_flags(argc, argv, av, flagbuf, sizeof(flagbuf)) != 0) {
+        return kp_rpcverb_usage_error(v, "arguments too long");
+    }
+    help = wants_help(argc, av);
+    if (help) {
+        fputs(spec->synopsis, stdout);
+        fputc('\n', stdout);
+    }
+    pos.args = args;
+    pos.max = RPCVERB_MAX_ARGS;
+    pos.n = 0;
+    if (kp_config_load_args(v->defs, v->n_defs, cfg, "kprofctl", argc, av, &pos, err, sizeof(err),
+                            &action) != 0) {
+        return kp_rpcverb_usage_error(v, "%s", err);
+    }
+    if (action == KP_CONFIG_EXIT_OK) {
+        if (help) {
+            print_exits(spec, stdout);
+        }
+        return fflush(stdout) == 0 ? KPROFCTL_EXIT_OK : KPROFCTL_EXIT_FAILED;
+    }
+    kp_log_set_level((enum kp_log_level) v->common->log_level);
+    if (pos.n > 0) {
+        return kp_rpcverb_usage_error(v, "unexpected argument \"%s\"", args[0]);
+    }
+    if (v->common->json && v->common->csv) {
+        kp_rpcverb_error(v, "--json and --csv exclude each other: pick one");
+        return KPROFCTL_EXIT_USAGE;
+    }
+    v->format = v->common->json  ? KP_TABLE_FORMAT_JSON
+                : v->common->csv ? KP_TABLE_FORMAT_CSV
+                                 : KP_TABLE_FORMAT_TEXT;
+    if ((rc = kp_table_create(spec->cols, spec->n_cols, &t)) != 0) {
+        kp_rpcverb_error(v, "%s", kp_strerror(rc));
+        return KPROFCTL_EXIT_FAILED;
+    }
+    rc = kp_table_select(t, v->common->columns, err, sizeof(err));
+    kp_table_destroy(t);
+    if (rc != 0) {
+        kp_rpcverb_error(v, "-c %s: %s", v->common->columns, err);
+        return KPROFCTL_EXIT_USAGE;
+    }
+    memset(&co, 0, sizeof(co));
+    co.tls_ca_file =
+        v->common->tls_ca != NULL && v->common->tls_ca[0] != '\0' ? v->common->tls_ca : NULL;
+    if (kp_rpc_channel_create(v->common->collector, &co, &v->ch, err, sizeof(err)) != 0) {
+        kp_rpcverb_error(v, "--collector=%s: %s", v->common->collector, err);
+        return KPROFCTL_EXIT_USAGE;
+    }
+    return KP_RPCVERB_RUN;
+}
+
+void kp_rpcverb_fini(struct kp_rpcverb *v)
+{
+    if (v == NULL || v->spec == NULL) {
+        return;
+    }
+    kp_rpc_channel_destroy(v->ch);
+    v->ch = NULL;
+    if (v->cfg != NULL && v->n_defs > 0) {
+        kp_config_fini(v->defs, v->n_defs, v->cfg);
+    }
+}
+
+int kp_rpcverb_exit_code(grpc_status_code code)
+{
+    switch (code) {
+    case GRPC_STATUS_OK:
+        return KPROFCTL_EXIT_OK;
+    case GRPC_STATUS_INVALID_ARGUMENT:
+    case GRPC_STATUS_OUT_OF_RANGE:
+        return KPROFCTL_EXIT_USAGE;
+    case GRPC_STATUS_NOT_FOUND:
+        return KPROFCTL_EXIT_NOT_FOUND;
+    case GRPC_STATUS_ALREADY_EXISTS:
+        return KPROFCTL_EXIT_BUSY;
+    case GRPC_STATUS_UNAVAILABLE:
+    case GRPC_STATUS_DEADLINE_EXCEEDED:
+        return KPROFCTL_EXIT_UNREACHABLE;
+    case GRPC_STATUS_FAILED_PRECONDITION:
+        return KPROFCTL_EXIT_NO_AGENT;
+    default:
+        return KPROFCTL_EXIT_FAILED;
+    }
+}
+
+int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMessage *req,
+                    const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp)
+{
+    char path[RPCVERB_PATH_MAX];
+    struct kp_rpc_status st;
+    int rc;
+
+    *resp = NULL;
+    snprintf(path, sizeof(path), "/kprof.v1.Control/%s", method);
+    memset(&st, 0, sizeof(st));
+    if (kp_rpc_unary(v->ch, path, req, resp_desc, resp, v->common->timeout_ms, &st) == 0) {
+        return 0;
+    }
+    rc = kp_rpcverb_exit_code(st.code);
+    if (rc == KPROFCTL_EXIT_OK) {
+        rc = KPROFCTL_EXIT_FAILED; /* OK with no usable reply */
+    }
+    if (rc == KPROFCTL_EXIT_UNREACHABLE) {
+        kp_rpcverb_error(v,
+                         "cannot reach collectord: %s: %s; is kprof-collectord running at %s? "
+                         "(set --collector or KPROF_COLLECTOR)",
+                         kp_rpc_status_name(st.code), st.details, v->common->collector);
+    }
+    else {
+        kp_rpcverb_error(v, "collectord at %s refused %s%s%s%s: %s: %s", v->common->collector,
+                         method, v->subject[0] != '\0' ? " (" : "", v->subject,
+                         v->subject[0] != '\0' ? ")" : "", kp_rpc_status_name(st.code), st.details);
+    }
+    return rc;
+}
+
+int kp_rpcverb_table(const struct kp_rpcverb *v, struct kp_table **out)
+{
+    struct kp_table *t = NULL;
+    char err[1024];
+    int rc;
+
+    *out = NULL;
+    if ((rc = kp_table_create(v->spec->cols, v->spec->n_cols, &t)) != 0) {
+        kp_rpcverb_error(v, "%s", kp_strerror(rc));
+        return KPROFCTL_EXIT_FAILED;
+    }
+    /* kp_rpcverb_init checked the selection. */
+    if (kp_table_select(t, v->common->columns, err, sizeof(err)) != 0) {
+        kp_rpcverb_error(v, "-c %s: %s", v->common->columns, err);
+        kp_table_destroy(t);
+        return KPROFCTL_EXIT_USAGE;
+    }
+    *out = t;
+    return 0;
+}
+
+int kp_rpcverb_print(const struct kp_rpcverb *v, const struct kp_table *t, FILE *out)
+{
+    if (kp_table_print(t, v->format, (int) v->common->width, out) != 0) {
+        kp_rpcverb_error(v, "writing the table failed: %s", strerror(errno));
+        return KPROFCTL_EXIT_FAILED;
+    }
+    return 0;
+}
+
+const char *kp_rpcverb_run_state_name(Kprof__V1__RunState s)
+{
+    switch (s) {
+    case KPROF__V1__RUN_STATE__RUN_STATE_OPEN:
+        return "open";
+    case KPROF__V1__RUN_STATE__RUN_STATE_ENDED:
+        return "ended";
+    case KPROF__V1__RUN_STATE__RUN_STATE_FAILED:
+        return "failed";
+    default:
+        return "unknown";
+    }
+}
+
+const char *kp_rpcverb_format_time(int64_t ns, char *buf, size_t cap)
+{
+    struct tm tm;
+    time_t secs;
+
+    if (ns <= 0) {
+        return NULL;
+    }
+    secs = (time_t) (ns / 1000000000);
+    if (gmtime_r(&secs, &tm) == NULL || strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0) {
+        snprintf(buf, cap, "%lld", (long long) ns);
+    }
+    return buf;
+}
+
+int kp_rpcverb_set_time(struct kp_table *t, size_t col, int64_t ns)
+{
+    char buf[64];
+    struct tm tm;
+    time_t secs;
+
+    if (ns <= 0) {
+        return kp_table_set_null(t, col);
+    }
+    secs = (time_t) (ns / 1000000000);
+    if (gmtime_r(&secs, &tm) == NULL ||
+        strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm) == 0) {
+        return kp_table_set_i64(t, col, ns); /* as runs always did: the raw number */
+    }
+    return kp_table_set_str(t, col, buf);
+}

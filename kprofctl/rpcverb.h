@@ -1,0 +1,130 @@
+/*
+ * kp_rpcverb: what every kprofctl verb over collectord's Control service shares, so that
+ * runs, jobs, start, stop and status parse, call and print alike:
+ *
+ *   flags   --collector, --tls-ca (before the verb's own flags in --help), then --json,
+ *           --csv, --columns (-c), --width (-w), --timeout and --log-level (after them), in
+ *           one kp_config table built from the common rows and the verb's; --help adds the
+ *           verb's synopsis above the flags and the exit statuses (kprofctl.h) below them.
+ *   call    one blocking unary call to /kprof.v1.Control/<Method>; a failed status is printed
+ *           with collectord's details and mapped to an exit status (kp_rpcverb_exit_code).
+ *   output  the verb's table (table.h) with the -c selection, printed as text, CSV or JSON.
+ *
+ * Messages go to stderr as "kprofctl VERB: ...". Not thread-safe.
+ */
+#ifndef KPROFCTL_RPCVERB_H
+#define KPROFCTL_RPCVERB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <grpc/status.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "kp_config.h"
+#include "kp_rpc.h"
+#include "kprof.pb-c.h"
+#include "table.h"
+
+#define KP_RPCVERB_MAX_DEFS 48 /* common rows plus the verb's */
+#define KP_RPCVERB_RUN      (-1)
+
+/* The common flags. A verb's config struct has this as its FIRST member, so that the common
+ * rows' offsets are valid in it. */
+struct kp_rpcverb_common {
+    char *collector;
+    char *tls_ca;
+    bool json;
+    bool csv;
+    char *columns;
+    long long width;
+    long long timeout_ms; /* one call's deadline */
+    int log_level;
+};
+
+/* What a verb tells the module about itself; static, borrowed for the verb's run. */
+struct kp_rpcverb_spec {
+    const char *name;        /* "runs": messages start "kprofctl runs: " */
+    const char *synopsis;    /* --help's first lines: usage and what the verb prints */
+    const char *exit_ok;     /* --help's line for exit 0 ("listed (also when there are none)") */
+    const char *exit_failed; /* --help's line for exit 1; NULL: the common one */
+    bool interruptible;      /* waits: --help lists 130 (interrupted) */
+    const char *json_help;   /* --json's help; NULL: "print a JSON array of objects" */
+    const struct kp_config_def *defs; /* the verb's own flags (offsets into its config) */
+    size_t n_defs;
+    const struct kp_table_col *cols; /* the verb's table */
+    size_t n_cols;
+};
+
+/* One verb's run. Caller-owned (kp_rpcverb_init/fini). */
+struct kp_rpcverb {
+    const struct kp_rpcverb_spec *spec;
+    void *cfg;                        /* the verb's config (borrowed) */
+    struct kp_rpcverb_common *common; /* == cfg */
+    struct kp_config_def defs[KP_RPCVERB_MAX_DEFS];
+    size_t n_defs;
+    char columns_help[1024];
+    enum kp_table_format format;
+    struct kp_rpc_channel *ch;
+    char subject[256]; /* what the call is about ("job ddp-42", "run 17"), named when refused */
+};
+
+/*
+ * Parses argv into cfg (the verb's config struct, zeroed by the caller, struct
+ * kp_rpcverb_common first) with the common flags and spec's, checks them (no positional
+ * arguments, not both --json and --csv, known -c columns), sets the log level and creates
+ * the channel (which connects lazily). Prints what went wrong. Returns KP_RPCVERB_RUN to go
+ * on, or the exit status to return at once: 0 after --help, --dry-run or --print-config, 2
+ * for bad usage, 1 when out of memory. Call kp_rpcverb_fini in every case.
+ */
+int kp_rpcverb_init(struct kp_rpcverb *v, const struct kp_rpcverb_spec *spec, void *cfg, int argc,
+                    char **argv);
+
+/* Frees the channel and cfg's strings. Safe on a zeroed or failed v. */
+void kp_rpcverb_fini(struct kp_rpcverb *v);
+
+/* Prints "kprofctl VERB: <message> (see kprofctl VERB --help)" and returns 2. */
+int kp_rpcverb_usage_error(const struct kp_rpcverb *v, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Prints "kprofctl VERB: <message>". */
+void kp_rpcverb_error(const struct kp_rpcverb *v, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/*
+ * Calls /kprof.v1.Control/<method> (e.g. "ListRuns") with req (borrowed) within --timeout.
+ * Returns 0 and *resp (owned: protobuf_c_message_free_unpacked), or the exit status for the
+ * failed call (kp_rpcverb_exit_code) after printing collectord's status and details (and
+ * v->subject, when set); for an unreachable collectord the message asks whether
+ * kprof-collectord runs at --collector.
+ * Blocks.
+ */
+int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMessage *req,
+                    const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp);
+
+/* The exit status for a gRPC status (kprofctl.h): OK 0; INVALID_ARGUMENT, OUT_OF_RANGE 2;
+ * NOT_FOUND 3; ALREADY_EXISTS 4; UNAVAILABLE, DEADLINE_EXCEEDED 5; FAILED_PRECONDITION 6;
+ * anything else 1. */
+int kp_rpcverb_exit_code(grpc_status_code code);
+
+/* Creates the verb's table with the -c selection applied. Returns 0 and *out
+ * (kp_table_destroy), or 1 after printing why. */
+int kp_rpcverb_table(const struct kp_rpcverb *v, struct kp_table **out);
+
+/* Prints t to out in the chosen format and -w width. Returns 0, or 1 after printing why. */
+int kp_rpcverb_print(const struct kp_rpcverb *v, const struct kp_table *t, FILE *out);
+
+/* ns since the epoch as "2026-11-22T02:34:15Z" (whole seconds, UTC) into buf (at least 32
+ * bytes). Returns buf, or NULL when ns <= 0 (not set). */
+const char *kp_rpcverb_format_time(int64_t ns, char *buf, size_t cap);
+
+/* A run's state as kprofctl prints it: "open", "ended", "failed" or "unknown". */
+const char *kp_rpcverb_run_state_name(Kprof__V1__RunState s);
+
+/* Sets a table cell to kp_rpcverb_format_time(ns); NULL when ns <= 0. Returns as
+ * kp_table_set_str. */
+int kp_rpcverb_set_time(struct kp_table *t, size_t col, int64_t ns);
+
+#endif
