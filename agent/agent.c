@@ -8,6 +8,13 @@
  * stream = the spool's stream id and seq = the spool seq, so a replay after any crash or
  * reconnect is deduplicated by collectord. A capture is complete when every rank is done or
  * failed and the spool is acknowledged through the last batch of every rank.
+ *
+ * Captures come from `kprof-agent capture` (local: the agent may create and end the run, a
+ * waiting client gets the result, the capture is freed once complete) or from collectord's
+ * KIND_ARM commands over Control.Attach (remote, attach.h). A remote capture is reported in
+ * every AgentReport (PENDING, CAPTURING, FLUSHING, DONE or FAILED per rank); a rank's process
+ * is released for other captures as soon as the rank is over, and the capture itself stays,
+ * for the reports, until KIND_FORGET or KP_AGENT_FINISHED_KEEP_MS after it completed.
  */
 #define _GNU_SOURCE
 #define KP_LOG_MODULE "agent"
@@ -32,8 +39,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "attach.h"
 #include "batcher.h"
 #include "ctl.h"
+#include "kp_codec.h"
 #include "kp_err.h"
 #include "kp_http.h"
 #include "kp_log.h"
@@ -54,6 +63,16 @@
 #define KP_AGENT_MAX_ALLOW       64
 #define KP_AGENT_DEADLINE_MIN_MS 60000
 #define KP_AGENT_PUSH_WINDOW     32
+/* Reports to collectord: built every tick, published when something but the step ages
+ * changed, and at least this often. */
+#define KP_AGENT_REPORT_MS 500
+/* Captures armed by collectord stay (reported in their final state) until it sends
+ * KIND_FORGET, or this long after they finished, at most KP_AGENT_MAX_FINISHED of them. */
+#define KP_AGENT_FINISHED_KEEP_MS (10 * 60 * 1000)
+#define KP_AGENT_MAX_FINISHED     64
+/* collectord refuses a whole report with a rank or world size at or above this
+ * (KP_STORE_MAX_WORLD_SIZE): such values are reported as unknown */
+#define KP_AGENT_REPORT_MAX_RANK (1 << 20)
 
 enum rank_state {
     RS_ARMED,
@@ -75,6 +94,16 @@ struct cap_rank {
     long long deadline_ms; /* CLOCK_MONOTONIC: FAILED if the window has not begun by then, or
                             * (once begun) has not ended by then */
     char reason[300];
+    /* reported to collectord (remote captures) */
+    uint64_t records;     /* records_in of its batcher, kept once the batcher is gone */
+    uint64_t malformed;   /* records its batcher dropped as malformed */
+    uint64_t lib_dropped; /* the library's dropped + cupti_dropped in this capture */
+    uint64_t spool_rows;  /* rows lost with the batches the spool refused */
+    int spool_err;        /* the first spool append error (negative errno) */
+    int64_t first_step;   /* the window's, -1 until known */
+    int64_t last_step;    /* -1 until WINDOW_END */
+    bool stopped;         /* KIND_STOP came before its window began: done, no data */
+    int reported;         /* the RankState last reported (0: none yet) */
 };
 
 struct capture {
@@ -82,7 +111,10 @@ struct capture {
     uint64_t run_id;
     char job[256];
     char name[256];
-    bool created_run; /* the agent created it: it ends it */
+    bool created_run;      /* the agent created it: it ends it */
+    bool remote;           /* armed by collectord (KIND_ARM): reported, kept until KIND_FORGET */
+    bool stopped;          /* KIND_STOP received */
+    long long finished_ms; /* remote: CLOCK_MONOTONIC when every rank was over; 0: live */
     bool wait;
     bool run_pending;       /* CreateRun in flight */
     bool ending;            /* EndRun in flight, or finished */
@@ -159,6 +191,11 @@ struct kp_agent {
     uint64_t next_capture_id;
     struct kp_spool *spool;
     struct kp_rpc_channel *ch;
+    /* Control.Attach (NULL with --attach=false); the report is built by the loop thread */
+    struct kp_attach *att;
+    long long report_ms; /* CLOCK_MONOTONIC of the last publish */
+    uint8_t *report_key; /* the last published report packed with step ages zeroed */
+    size_t report_key_len;
     /* uplink */
     pthread_t uplink;
     bool uplink_started;
@@ -175,7 +212,8 @@ struct kp_agent {
     struct kp_metrics *metrics;
     struct kp_metric *m_sessions, *m_records, *m_dropped_agent, *m_dropped_lib, *m_spooled,
         *m_acked, *m_spool_full, *m_spool_bytes, *m_invalid, *m_captures, *m_refused, *m_malformed,
-        *m_rec_malformed, *m_terminal, *m_warmup;
+        *m_rec_malformed, *m_terminal, *m_warmup, *m_attached, *m_commands, *m_commands_dropped,
+        *m_reports;
     _Atomic long long loop_ms;
     uint8_t buf[KP_WIRE_MAX_MSG + 8] __attribute__((aligned(8)));
 };
@@ -246,6 +284,30 @@ static void ctl_reply(struct session *s, int status, const char *text)
     if (send(s->fd, buf, sizeof(h) + sizeof(r) + n, MSG_NOSIGNAL) < 0) {
         kp_log_warn("cannot answer a control client err=\"%s\"", strerror(errno));
     }
+}
+
+/* Replaces, in place, each byte of s that does not start a valid UTF-8 sequence with '?'
+ * (names from processes and truncated reasons go into protobuf strings, which collectord
+ * checks). */
+static void utf8_clean(char *s)
+{
+    size_t n = strlen(s), j = 0;
+
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char) s[i];
+        size_t len = c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
+
+        if (len <= n - i && kp_utf8_valid(s + i, len)) {
+            memmove(s + j, s + i, len);
+            j += len;
+            i += len;
+        }
+        else {
+            s[j++] = '?';
+            i++;
+        }
+    }
+    s[j] = '\0';
 }
 
 /* --- sessions --- */
@@ -324,6 +386,16 @@ static struct capture *capture_find(struct kp_agent *a, uint64_t id)
     return NULL;
 }
 
+/* Keeps the counters of a rank's batcher before it is destroyed (and while it lives). */
+static void rank_note_batcher(struct cap_rank *r, const struct kp_batcher *b)
+{
+    struct kp_batcher_stats bs;
+
+    kp_batcher_get_stats(b, &bs);
+    r->records = bs.records_in;
+    r->malformed = bs.malformed;
+}
+
 static void rank_fail(struct kp_agent *a, struct capture *c, size_t i, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
@@ -345,6 +417,7 @@ static void rank_fail(struct kp_agent *a, struct capture *c, size_t i, const cha
     if (r->s != NULL && r->s->bat != NULL) {
         /* keep what was captured: the decided rows and the final stats */
         kp_batcher_window_end(r->s->bat, NULL);
+        rank_note_batcher(r, r->s->bat);
         kp_batcher_destroy(r->s->bat);
         r->s->bat = NULL;
     }
@@ -356,9 +429,16 @@ static void session_close(struct kp_agent *a, struct session *s)
         struct capture *c = s->cap;
         struct cap_rank *r = &c->ranks[s->cap_idx];
 
-        if (r->state == RS_ARMED || r->state == RS_BEGUN) {
+        if (r->state == RS_BEGUN) {
             rank_fail(a, c, s->cap_idx,
-                      "process %u disconnected during the capture (exited or crashed)", s->pid);
+                      "process %u (rank %d) exited or closed its connection during the window",
+                      s->pid, r->rank);
+        }
+        else if (r->state == RS_ARMED) {
+            rank_fail(a, c, s->cap_idx,
+                      "process %u (rank %d) exited or closed its connection while armed, before "
+                      "its window began",
+                      s->pid, r->rank);
         }
         r->s = NULL;
         s->cap = NULL;
@@ -535,6 +615,10 @@ static int emit_batch(void *ud, const uint8_t *buf, size_t len, size_t rows, boo
         if (c != NULL) {
             struct cap_rank *r = &c->ranks[s->cap_idx];
 
+            r->spool_rows += rows;
+            if (r->spool_err == 0) {
+                r->spool_err = rc;
+            }
             if (r->spool_dropped++ == 0) {
                 kp_log_error("spool full, batch dropped run=%" PRIu64 " rank=%d rows=%zu "
                              "err=\"%s\" (is collectord reachable? raise --spool-max-bytes)",
@@ -671,6 +755,18 @@ static long long window_budget_ms(const struct kp_agent *a, const struct capture
     return budget;
 }
 
+/* A rank of a remote capture is over (done or failed, its batcher gone): its process may join
+ * another capture at once, while the capture keeps the rank's final state for the reports. */
+static void rank_release(struct capture *c, size_t i)
+{
+    struct cap_rank *r = &c->ranks[i];
+
+    if (r->s != NULL && r->s->cap == c && r->s->cap_idx == i) {
+        r->s->cap = NULL;
+    }
+    r->s = NULL;
+}
+
 /* Called on every tick: deadlines, and the end of captures whose ranks are all over. */
 static void capture_check(struct kp_agent *a, struct capture *c)
 {
@@ -678,7 +774,7 @@ static void capture_check(struct kp_agent *a, struct capture *c)
     long long now = mono_ms();
     bool over = true;
 
-    if (c->run_pending || c->ending) {
+    if (c->run_pending || c->ending || c->finished_ms != 0) {
         return;
     }
     for (size_t i = 0; i < c->n; i++) {
@@ -712,11 +808,31 @@ static void capture_check(struct kp_agent *a, struct capture *c)
         if (r->state == RS_ARMED || r->state == RS_BEGUN) {
             over = false;
         }
-        else if (r->last_emitted && r->last_seq > acked) {
-            over = false; /* not yet acknowledged by collectord */
+        else {
+            if (r->last_emitted && r->last_seq > acked) {
+                over = false; /* not yet acknowledged by collectord */
+            }
+            if (c->remote) {
+                rank_release(c, i);
+            }
         }
     }
     if (!over) {
+        return;
+    }
+    if (c->remote) {
+        /* kept, so that reports keep telling the ranks' final states, until collectord
+         * forgets it (or captures_expire) */
+        bool failed = false;
+
+        for (size_t i = 0; i < c->n; i++) {
+            /* a rank whose last batch the spool refused is reported FAILED too */
+            failed |= c->ranks[i].state == RS_FAILED ||
+                      (!c->ranks[i].stopped && !c->ranks[i].last_emitted);
+        }
+        c->finished_ms = now;
+        kp_log_info("capture complete run=%" PRIu64 " ranks=%zu failed=%d", c->run_id, c->n,
+                    (int) failed);
         return;
     }
     if (c->created_run) {
@@ -748,6 +864,8 @@ static void capture_arm(struct kp_agent *a, struct capture *c)
         long long st_ms, wait_ms;
         int rc;
 
+        r->first_step = -1;
+        r->last_step = -1;
         if (s == NULL) {
             rank_fail(a, c, i, "process %u disconnected before the capture was armed", r->pid);
             continue;
@@ -1342,6 +1460,519 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* --- collectord's capture control (Control.Attach) --- */
+
+static const char *cmd_kind_name(int kind)
+{
+    switch (kind) {
+    case KPROF__V1__CAPTURE_COMMAND__KIND__KIND_ARM:
+        return "ARM";
+    case KPROF__V1__CAPTURE_COMMAND__KIND__KIND_STOP:
+        return "STOP";
+    case KPROF__V1__CAPTURE_COMMAND__KIND__KIND_FORGET:
+        return "FORGET";
+    default:
+        return "UNKNOWN";
+    }
+}
+
+static const char *rank_state_name(Kprof__V1__RankState st)
+{
+    switch (st) {
+    case KPROF__V1__RANK_STATE__RANK_STATE_PENDING:
+        return "PENDING";
+    case KPROF__V1__RANK_STATE__RANK_STATE_CAPTURING:
+        return "CAPTURING";
+    case KPROF__V1__RANK_STATE__RANK_STATE_FLUSHING:
+        return "FLUSHING";
+    case KPROF__V1__RANK_STATE__RANK_STATE_DONE:
+        return "DONE";
+    case KPROF__V1__RANK_STATE__RANK_STATE_FAILED:
+        return "FAILED";
+    default:
+        return "UNSPECIFIED";
+    }
+}
+
+static struct capture *remote_find(struct kp_agent *a, uint64_t run_id)
+{
+    for (struct capture *c = a->caps; c != NULL; c = c->next) {
+        if (c->remote && c->run_id == run_id) {
+            return c;
+        }
+    }
+    return NULL;
+}
+
+static void send_disarm(struct cap_rank *r)
+{
+    if (r->s != NULL) {
+        struct kp_wire_disarm d = { r->s->capture_id };
+
+        send_msg(r->s->fd, KP_W_DISARM, &d, sizeof(d), 0);
+    }
+}
+
+/* The session of rank `rank` of `job`: an idle one if there are several (a restarted process
+ * whose old connection lingers), else the newest. NULL if none is registered. */
+static struct session *rank_session(struct kp_agent *a, const char *job, int32_t rank)
+{
+    struct session *found = NULL;
+
+    for (struct session *s = a->sessions; s != NULL; s = s->next) {
+        if (!s->hello || strcmp(s->h.job, job) != 0 || (s->h.rank >= 0 ? s->h.rank : 0) != rank) {
+            continue;
+        }
+        if (s->cap == NULL) {
+            return s;
+        }
+        if (found == NULL) {
+            found = s;
+        }
+    }
+    return found;
+}
+
+/* KIND_ARM: a remote capture of cmd->ranks of cmd->job, armed at once. */
+static void cmd_arm(struct kp_agent *a, const Kprof__V1__CaptureCommand *cmd)
+{
+    const char *job = cmd->job != NULL ? cmd->job : "";
+    long long now = mono_ms();
+    struct capture *c;
+    uint32_t world = 0;
+
+    for (c = a->caps; c != NULL; c = c->next) {
+        if (c->run_id == cmd->run_id) {
+            /* collectord resends its arms after a reconnect */
+            kp_log_info("capture command ignored: run %" PRIu64 " already has a capture here",
+                        cmd->run_id);
+            return;
+        }
+    }
+    if (cmd->run_id == 0 || cmd->n_ranks == 0) {
+        kp_log_warn("capture command ignored: ARM without a run id or ranks run=%" PRIu64
+                    " ranks=%zu",
+                    cmd->run_id, cmd->n_ranks);
+        return;
+    }
+    if ((c = calloc(1, sizeof(*c))) == NULL ||
+        (c->ranks = calloc(cmd->n_ranks, sizeof(*c->ranks))) == NULL) {
+        kp_log_error("capture command dropped: out of memory run=%" PRIu64, cmd->run_id);
+        free(c);
+        return;
+    }
+    c->id = ++a->next_capture_id;
+    c->run_id = cmd->run_id;
+    c->remote = true;
+    kp_wire_strlcpy(c->job, sizeof(c->job), job);
+    c->start_step = cmd->start_step >= 0 ? cmd->start_step : -1;
+    c->steps = cmd->steps;
+    c->duration_ms = cmd->duration_ms;
+    c->activities = cmd->activities != 0 ? cmd->activities : KP_ACT_DEFAULT;
+    if (c->steps == 0 && c->duration_ms == 0) {
+        c->duration_ms = KP_CTL_DEFAULT_DURATION_MS; /* a window needs an end */
+    }
+    for (size_t k = 0; k < cmd->n_ranks; k++) {
+        int32_t rank = cmd->ranks[k];
+        struct cap_rank *r = &c->ranks[c->n];
+        struct session *s;
+        bool dup = false;
+
+        for (size_t j = 0; j < c->n; j++) {
+            dup |= c->ranks[j].rank == rank;
+        }
+        if (dup) {
+            continue;
+        }
+        r->rank = rank;
+        r->first_step = -1;
+        r->last_step = -1;
+        r->deadline_ms = now + KP_AGENT_DEADLINE_MIN_MS;
+        s = rank_session(a, job, rank);
+        if (s == NULL) {
+            r->state = RS_FAILED;
+            snprintf(r->reason, sizeof(r->reason),
+                     "rank %d of job %.100s is not registered on the agent on host %.100s (pid "
+                     "gone?)",
+                     rank, job, a->host);
+        }
+        else if (s->cap != NULL) {
+            r->state = RS_FAILED;
+            r->pid = s->pid;
+            snprintf(r->reason, sizeof(r->reason), "rank %d is already capturing for run %" PRIu64,
+                     rank, s->cap->run_id);
+        }
+        else {
+            r->state = RS_ARMED;
+            r->s = s;
+            r->pid = s->pid;
+            s->cap = c;
+            s->cap_idx = c->n;
+            if (s->h.world_size > 0 && (uint32_t) s->h.world_size > world) {
+                world = (uint32_t) s->h.world_size;
+            }
+        }
+        if (r->state == RS_FAILED) {
+            kp_log_warn("capture rank failed run=%" PRIu64 " rank=%d pid=%u reason=\"%s\"",
+                        c->run_id, r->rank, r->pid, r->reason);
+        }
+        c->n++;
+    }
+    c->world_size = cmd->world_size != 0 ? cmd->world_size : world != 0 ? world : (uint32_t) c->n;
+    c->next = a->caps;
+    a->caps = c;
+    capture_arm(a, c);
+}
+
+/* KIND_STOP: armed ranks are disarmed and done (nothing captured); begun ranks are disarmed,
+ * and the library ends their window (WINDOW_END makes them done as usual). */
+static void cmd_stop(struct kp_agent *a, const Kprof__V1__CaptureCommand *cmd)
+{
+    struct capture *c = remote_find(a, cmd->run_id);
+    long long now = mono_ms();
+
+    if (c == NULL) {
+        kp_log_info("capture command ignored: no capture of run %" PRIu64 " here", cmd->run_id);
+        return;
+    }
+    c->stopped = true; /* the reason is in the command's log line */
+    for (size_t i = 0; i < c->n; i++) {
+        struct cap_rank *r = &c->ranks[i];
+
+        if (r->state == RS_ARMED) {
+            send_disarm(r);
+            if (r->s != NULL && r->s->bat != NULL) {
+                rank_note_batcher(r, r->s->bat);
+                kp_batcher_destroy(r->s->bat);
+                r->s->bat = NULL;
+            }
+            r->state = RS_DONE;
+            r->stopped = true;
+            snprintf(r->reason, sizeof(r->reason), "stopped before its window began");
+        }
+        else if (r->state == RS_BEGUN) {
+            send_disarm(r);
+            if (r->deadline_ms > now + KP_AGENT_DEADLINE_MIN_MS) {
+                r->deadline_ms = now + KP_AGENT_DEADLINE_MIN_MS;
+            }
+        }
+    }
+}
+
+/* KIND_FORGET: collectord has ended the run; ranks still live are disarmed. */
+static void cmd_forget(struct kp_agent *a, const Kprof__V1__CaptureCommand *cmd)
+{
+    struct capture *c = remote_find(a, cmd->run_id);
+
+    if (c == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        if (c->ranks[i].state == RS_ARMED || c->ranks[i].state == RS_BEGUN) {
+            kp_log_warn("capture forgotten while rank %d still captures run=%" PRIu64
+                        "; disarmed, its rows so far are kept",
+                        c->ranks[i].rank, c->run_id);
+            send_disarm(&c->ranks[i]);
+        }
+    }
+    capture_free(a, c);
+}
+
+static void cmd_log(const Kprof__V1__CaptureCommand *cmd)
+{
+    char ranks[256];
+    size_t off = 0;
+
+    ranks[0] = '\0';
+    for (size_t i = 0; i < cmd->n_ranks; i++) {
+        int n = snprintf(ranks + off, sizeof(ranks) - off, "%s%d", i ? "," : "", cmd->ranks[i]);
+
+        if (n < 0 || (size_t) n >= sizeof(ranks) - off) {
+            snprintf(ranks + (off < sizeof(ranks) - 8 ? off : sizeof(ranks) - 8), 8, ",...");
+            break;
+        }
+        off += (size_t) n;
+    }
+    switch (cmd->kind) {
+    case KPROF__V1__CAPTURE_COMMAND__KIND__KIND_ARM:
+        kp_log_info("capture command kind=ARM run=%" PRIu64 " job=%s ranks=%s start_step=%" PRId64
+                    " steps=%u duration_ms=%" PRIu64 " activities=0x%x world_size=%u",
+                    cmd->run_id, cmd->job != NULL ? cmd->job : "", ranks[0] ? ranks : "-",
+                    cmd->start_step, cmd->steps, cmd->duration_ms, cmd->activities,
+                    cmd->world_size);
+        break;
+    case KPROF__V1__CAPTURE_COMMAND__KIND__KIND_STOP:
+        kp_log_info("capture command kind=STOP run=%" PRIu64 " reason=\"%s\"", cmd->run_id,
+                    cmd->reason != NULL ? cmd->reason : "");
+        break;
+    default:
+        kp_log_info("capture command kind=%s run=%" PRIu64, cmd_kind_name(cmd->kind), cmd->run_id);
+        break;
+    }
+}
+
+/* Frees the remote captures finished more than KP_AGENT_FINISHED_KEEP_MS ago, and the oldest
+ * finished ones beyond KP_AGENT_MAX_FINISHED. */
+static void captures_expire(struct kp_agent *a, long long now)
+{
+    size_t n = 0;
+
+    for (struct capture *c = a->caps, *next; c != NULL; c = next) {
+        next = c->next;
+        if (!c->remote || c->finished_ms == 0) {
+            continue;
+        }
+        if (now - c->finished_ms >= KP_AGENT_FINISHED_KEEP_MS) {
+            kp_log_info("capture state dropped run=%" PRIu64 " (finished %lld s ago)", c->run_id,
+                        (now - c->finished_ms) / 1000);
+            capture_free(a, c);
+            continue;
+        }
+        n++;
+    }
+    while (n > KP_AGENT_MAX_FINISHED) {
+        struct capture *oldest = NULL;
+
+        for (struct capture *c = a->caps; c != NULL; c = c->next) {
+            if (c->remote && c->finished_ms != 0 &&
+                (oldest == NULL || c->finished_ms < oldest->finished_ms)) {
+                oldest = c;
+            }
+        }
+        capture_free(a, oldest);
+        n--;
+    }
+}
+
+/* The state of a remote capture's rank as reported to collectord; reason (len bytes) gets
+ * the text for FAILED and DONE-with-a-note, else "". */
+static Kprof__V1__RankState rank_report_state(const struct cap_rank *r, uint64_t acked,
+                                              char *reason, size_t len)
+{
+    reason[0] = '\0';
+    switch (r->state) {
+    case RS_ARMED:
+        return KPROF__V1__RANK_STATE__RANK_STATE_PENDING;
+    case RS_BEGUN:
+        return KPROF__V1__RANK_STATE__RANK_STATE_CAPTURING;
+    case RS_FAILED:
+        snprintf(reason, len, "%s", r->reason);
+        return KPROF__V1__RANK_STATE__RANK_STATE_FAILED;
+    case RS_DONE:
+        break;
+    }
+    if (r->stopped) {
+        snprintf(reason, len, "%s", r->reason);
+        return KPROF__V1__RANK_STATE__RANK_STATE_DONE;
+    }
+    if (!r->last_emitted) {
+        /* its last batch never reached the spool: nothing will ever make it DONE */
+        if (r->spool_dropped > 0) {
+            snprintf(reason, len,
+                     "%" PRIu64 " batches (%" PRIu64 " records) of this rank, the last one "
+                     "included, were dropped because the agent's spool refused them (%s): is "
+                     "collectord reachable? raise --spool-max-bytes",
+                     r->spool_dropped, r->spool_rows, strerror(-r->spool_err));
+        }
+        else {
+            snprintf(reason, len, "the last batch of this rank was not stored (see the agent log)");
+        }
+        return KPROF__V1__RANK_STATE__RANK_STATE_FAILED;
+    }
+    if (r->spool_dropped > 0) {
+        snprintf(reason, len,
+                 "%" PRIu64 " batches (%" PRIu64 " records) dropped: the agent's spool refused "
+                 "them (raise --spool-max-bytes)",
+                 r->spool_dropped, r->spool_rows);
+    }
+    if (r->last_seq > acked) {
+        return KPROF__V1__RANK_STATE__RANK_STATE_FLUSHING;
+    }
+    return KPROF__V1__RANK_STATE__RANK_STATE_DONE;
+}
+
+/* Packs m into a fresh buffer (*out, free). Returns its length, or 0 and *out NULL. */
+static size_t pack_alloc(const ProtobufCMessage *m, uint8_t **out)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+
+    if ((*out = malloc(n > 0 ? n : 1)) == NULL) {
+        return 0;
+    }
+    return protobuf_c_message_pack(m, *out);
+}
+
+/*
+ * Builds the AgentReport (every registered process, every rank of every remote capture),
+ * logs the ranks whose reported state changed, and publishes the report when something but
+ * the step ages changed, or KP_AGENT_REPORT_MS after the last publish. Loop thread.
+ */
+static void report_update(struct kp_agent *a, long long now)
+{
+    Kprof__V1__AgentReport rep = KPROF__V1__AGENT_REPORT__INIT;
+    Kprof__V1__AgentProcess *procs = NULL, **pp = NULL;
+    Kprof__V1__AgentCaptureRank *ranks = NULL, **rp = NULL;
+    char(*reasons)[sizeof(((struct cap_rank *) 0)->reason) + 200] = NULL;
+    uint64_t acked = atomic_load(&a->acked_through);
+    uint8_t *key = NULL, *full = NULL;
+    size_t np = 0, nr = 0, key_len, full_len;
+    uint32_t *ages = NULL;
+
+    if (a->att == NULL) {
+        return;
+    }
+    for (struct session *s = a->sessions; s != NULL; s = s->next) {
+        np += s->hello;
+    }
+    for (struct capture *c = a->caps; c != NULL; c = c->next) {
+        nr += c->remote ? c->n : 0;
+    }
+    if ((np > 0 &&
+         ((procs = calloc(np, sizeof(*procs))) == NULL || (pp = calloc(np, sizeof(*pp))) == NULL ||
+          (ages = calloc(np, sizeof(*ages))) == NULL)) ||
+        (nr > 0 &&
+         ((ranks = calloc(nr, sizeof(*ranks))) == NULL || (rp = calloc(nr, sizeof(*rp))) == NULL ||
+          (reasons = calloc(nr, sizeof(*reasons))) == NULL))) {
+        goto out; /* the next tick tries again */
+    }
+    rep.host = a->host;
+    rep.agent_id = a->agent_id;
+    rep.version = (char *) KPROF_VERSION;
+    np = 0;
+    for (struct session *s = a->sessions; s != NULL; s = s->next) {
+        Kprof__V1__AgentProcess *p = &procs[np];
+        long long ms = step_ms(s);
+
+        if (!s->hello) {
+            continue;
+        }
+        kprof__v1__agent_process__init(p);
+        p->job = s->h.job;
+        p->rank = s->h.rank >= 0 && s->h.rank < KP_AGENT_REPORT_MAX_RANK ? s->h.rank : -1;
+        p->local_rank = s->h.local_rank;
+        p->world_size = s->h.world_size > 0 && s->h.world_size <= KP_AGENT_REPORT_MAX_RANK
+                            ? (uint32_t) s->h.world_size
+                            : 0;
+        p->pid = s->pid;
+        p->device = s->h.device;
+        p->step = s->current_step;
+        p->step_ms = ms > 0 ? (ms < UINT32_MAX ? (uint32_t) ms : UINT32_MAX) : 0;
+        p->run_id = s->cap != NULL ? s->cap->run_id : 0;
+        if (s->current_step >= 0 && now > s->step_seen_ms) {
+            long long age = now - s->step_seen_ms;
+
+            ages[np] = age < UINT32_MAX ? (uint32_t) age : UINT32_MAX;
+        }
+        pp[np] = p;
+        np++;
+    }
+    rep.n_processes = np;
+    rep.processes = pp;
+    nr = 0;
+    for (struct capture *c = a->caps; c != NULL; c = c->next) {
+        if (!c->remote) {
+            continue;
+        }
+        for (size_t i = 0; i < c->n; i++) {
+            struct cap_rank *r = &c->ranks[i];
+            Kprof__V1__AgentCaptureRank *q = &ranks[nr];
+
+            kprof__v1__agent_capture_rank__init(q);
+            q->run_id = c->run_id;
+            q->rank = r->rank;
+            q->pid = r->pid;
+            q->state = rank_report_state(r, acked, reasons[nr], sizeof(reasons[nr]));
+            utf8_clean(reasons[nr]);
+            q->reason = reasons[nr];
+            if (r->s != NULL && r->s->cap == c && r->s->bat != NULL) {
+                rank_note_batcher(r, r->s->bat);
+            }
+            q->records = r->records;
+            q->dropped = r->lib_dropped + r->malformed + r->spool_rows;
+            q->first_step = r->first_step;
+            q->last_step = r->last_step;
+            if ((int) q->state != r->reported) {
+                r->reported = (int) q->state;
+                kp_log_info("capture rank state run=%" PRIu64 " rank=%d pid=%u state=%s "
+                            "records=%" PRIu64 " dropped=%" PRIu64 " steps=%" PRId64 "..%" PRId64
+                            " reason=\"%s\"",
+                            c->run_id, r->rank, r->pid, rank_state_name(q->state), q->records,
+                            q->dropped, q->first_step, q->last_step, q->reason);
+            }
+            rp[nr] = q;
+            nr++;
+        }
+    }
+    rep.n_ranks = nr;
+    rep.ranks = rp;
+    /* what changed is judged without the step ages, which move on every tick */
+    if ((key_len = pack_alloc(&rep.base, &key)) == 0 && key == NULL) {
+        goto out;
+    }
+    if (a->report_key != NULL && key_len == a->report_key_len &&
+        memcmp(key, a->report_key, key_len) == 0 && now - a->report_ms < KP_AGENT_REPORT_MS) {
+        goto out;
+    }
+    for (size_t i = 0; i < np; i++) {
+        procs[i].step_age_ms = ages[i];
+    }
+    if ((full_len = pack_alloc(&rep.base, &full)) == 0 && full == NULL) {
+        goto out;
+    }
+    if (kp_attach_publish(a->att, full, full_len) != 0) {
+        goto out;
+    }
+    free(a->report_key);
+    a->report_key = key;
+    a->report_key_len = key_len;
+    key = NULL;
+    a->report_ms = now;
+out:
+    free(full);
+    free(key);
+    free(reasons);
+    free(rp);
+    free(ranks);
+    free(ages);
+    free(pp);
+    free(procs);
+}
+
+/* Commands queued by the attach thread. Loop thread. */
+static void on_commands(struct kp_agent *a)
+{
+    Kprof__V1__CaptureCommand *cmd;
+    bool any = false;
+
+    if (a->att == NULL) {
+        return;
+    }
+    while ((cmd = kp_attach_take(a->att)) != NULL) {
+        cmd_log(cmd);
+        switch (cmd->kind) {
+        case KPROF__V1__CAPTURE_COMMAND__KIND__KIND_ARM:
+            cmd_arm(a, cmd);
+            break;
+        case KPROF__V1__CAPTURE_COMMAND__KIND__KIND_STOP:
+            cmd_stop(a, cmd);
+            break;
+        case KPROF__V1__CAPTURE_COMMAND__KIND__KIND_FORGET:
+            cmd_forget(a, cmd);
+            break;
+        default:
+            kp_log_warn("capture command of unknown kind %d ignored run=%" PRIu64
+                        " (a newer collectord?)",
+                        (int) cmd->kind, cmd->run_id);
+            break;
+        }
+        protobuf_c_message_free_unpacked(&cmd->base, NULL);
+        any = true;
+    }
+    if (any) {
+        report_update(a, mono_ms()); /* the ranks' new states go out at once */
+    }
+}
+
 /* --- library messages --- */
 
 static bool malformed(struct kp_agent *a, struct session *s, const char *why)
@@ -1386,6 +2017,8 @@ static bool on_message(struct kp_agent *a, struct session *s, size_t n)
         s->h.job[sizeof(s->h.job) - 1] = '\0';
         s->h.host[sizeof(s->h.host) - 1] = '\0';
         s->h.cupti_error[sizeof(s->h.cupti_error) - 1] = '\0';
+        utf8_clean(s->h.job);
+        utf8_clean(s->h.host);
         s->hello = true;
         note_step(s, s->h.current_step);
         send_welcome(a, s->fd, true, "");
@@ -1412,6 +2045,7 @@ static bool on_message(struct kp_agent *a, struct session *s, size_t n)
             if (s->bat != NULL) {
                 kp_batcher_counters(s->bat, st.dropped, st.cupti_dropped, st.overhead_ns);
             }
+            r->lib_dropped = st.dropped + st.cupti_dropped;
             if (st.state == KP_ST_FAILED) {
                 rank_fail(a, s->cap, s->cap_idx, "%s",
                           st.reason[0] ? st.reason : "the library reported a failure");
@@ -1457,6 +2091,7 @@ static bool on_message(struct kp_agent *a, struct session *s, size_t n)
         }
         if (h.type == KP_W_WINDOW_BEGIN) {
             kp_batcher_window_begin(s->bat, &w);
+            r->first_step = w.first_step;
             if (r->state == RS_ARMED) {
                 r->state = RS_BEGUN;
                 r->deadline_ms = mono_ms() + window_budget_ms(a, s->cap, s);
@@ -1473,6 +2108,11 @@ static bool on_message(struct kp_agent *a, struct session *s, size_t n)
         kp_metric_add(a->m_rec_malformed, (int64_t) bs.malformed);
         kp_metric_add(a->m_warmup, (int64_t) (bs.warmup + bs.after));
         kp_metric_add(a->m_dropped_lib, (int64_t) w.dropped);
+        r->records = bs.records_in;
+        r->malformed = bs.malformed;
+        r->lib_dropped = w.dropped + w.cupti_dropped;
+        r->first_step = w.first_step;
+        r->last_step = w.last_step;
         kp_batcher_destroy(s->bat);
         s->bat = NULL;
         if (r->state != RS_FAILED && bs.invalid > 0) {
@@ -1540,12 +2180,24 @@ static void on_tick(struct kp_agent *a)
             kp_batcher_tick(s->bat, now);
         }
     }
+    on_commands(a);
     for (struct capture *c = a->caps, *next; c != NULL; c = next) {
         next = c->next;
         capture_check(a, c);
     }
+    captures_expire(a, now);
     kp_spool_get_stats(a->spool, &ss);
     kp_metric_set(a->m_spool_bytes, (int64_t) ss.bytes);
+    report_update(a, now);
+    if (a->att != NULL) {
+        struct kp_attach_stats as;
+
+        kp_attach_get_stats(a->att, &as);
+        kp_metric_set(a->m_attached, as.attached ? 1 : 0);
+        kp_metric_set(a->m_commands, (int64_t) as.commands_received);
+        kp_metric_set(a->m_commands_dropped, (int64_t) (as.commands_dropped + as.commands_bad));
+        kp_metric_set(a->m_reports, (int64_t) as.reports_sent);
+    }
 }
 
 /* --- uplink --- */
@@ -1854,6 +2506,14 @@ static int metrics_init(struct kp_agent *a)
                  "malformed");
     rc |= metric(a, &a->m_malformed, "kprof_agent_malformed_messages_total",
                  "Connections closed for a malformed message.", C, NULL, NULL);
+    rc |= metric(a, &a->m_attached, "kprof_agent_attached",
+                 "1 while the Control.Attach call to collectord is up.", G, NULL, NULL);
+    rc |= metric(a, &a->m_commands, "kprof_agent_capture_commands_total",
+                 "Capture commands received from collectord.", C, NULL, NULL);
+    rc |= metric(a, &a->m_commands_dropped, "kprof_agent_capture_commands_dropped_total",
+                 "Capture commands dropped (queue full or not unpackable).", C, NULL, NULL);
+    rc |= metric(a, &a->m_reports, "kprof_agent_reports_sent_total",
+                 "Reports sent to collectord (heartbeats included).", C, NULL, NULL);
     return rc != 0 ? -EINVAL : 0;
 }
 
@@ -1885,6 +2545,7 @@ int kp_agent_create(const struct kp_agent_config *cfg, struct kp_agent **out, ch
     else if (gethostname(a->host, sizeof(a->host) - 1) != 0) {
         strcpy(a->host, "localhost");
     }
+    utf8_clean(a->host);
     a->agent_id = ((uint64_t) time(NULL) << 20) ^ (uint64_t) getpid();
     a->socket_mode = (unsigned) strtoul(cfg->socket_mode ? cfg->socket_mode : "0660", &end, 8);
     if (end == cfg->socket_mode || *end != '\0' || a->socket_mode > 07777) {
@@ -1947,6 +2608,18 @@ int kp_agent_create(const struct kp_agent_config *cfg, struct kp_agent **out, ch
         goto fail;
     }
     a->uplink_started = true;
+    if (cfg->attach) {
+        struct kp_attach_opts ao;
+
+        memset(&ao, 0, sizeof(ao));
+        ao.ch = a->ch;
+        ao.target = cfg->collector;
+        ao.wake_fd = a->evfd;
+        if ((rc = kp_attach_create(&ao, &a->att)) != 0) {
+            snprintf(errbuf, errlen, "cannot start the attach thread: %s", strerror(-rc));
+            goto fail;
+        }
+    }
     if (cfg->http_listen != NULL && cfg->http_listen[0] != '\0' &&
         (rc = kp_http_create(cfg->http_listen, &hh, a, &a->http, errbuf, errlen)) != 0) {
         goto fail;
@@ -1954,9 +2627,10 @@ int kp_agent_create(const struct kp_agent_config *cfg, struct kp_agent **out, ch
     if ((rc = write_ready_file(a, errbuf, errlen)) != 0) {
         goto fail;
     }
-    kp_log_info("listening socket=%s collector=%s spool=%s stream=%" PRIu64 " http_port=%d",
+    kp_log_info("listening socket=%s collector=%s spool=%s stream=%" PRIu64
+                " http_port=%d attach=%d agent_id=%" PRIu64,
                 cfg->socket, cfg->collector, cfg->spool_dir, kp_spool_stream_id(a->spool),
-                a->http != NULL ? kp_http_port(a->http) : 0);
+                a->http != NULL ? kp_http_port(a->http) : 0, (int) cfg->attach, a->agent_id);
     *out = a;
     return 0;
 fail:
@@ -1991,6 +2665,7 @@ int kp_agent_run(struct kp_agent *a)
                     /* spurious */
                 }
                 on_jobs_done(a);
+                on_commands(a);
             }
             else if (p == &a->tfd) {
                 uint64_t v;
@@ -2054,6 +2729,7 @@ void kp_agent_destroy(struct kp_agent *a)
     }
     atomic_store(&a->stopping, true);
     kp_http_destroy(a->http);
+    kp_attach_destroy(a->att); /* before the eventfd it writes to is closed */
     if (a->uplink_started) {
         kp_spool_wake(a->spool);
         pthread_join(a->uplink, NULL);
@@ -2092,6 +2768,7 @@ void kp_agent_destroy(struct kp_agent *a)
     if (a->tfd >= 0) {
         close(a->tfd);
     }
+    free(a->report_key);
     kp_rpc_channel_destroy(a->ch);
     kp_spool_close(a->spool);
     kp_metrics_destroy(a->metrics);

@@ -7,11 +7,14 @@
  * appends to the spool); the uplink thread (reads the spool in seq order and pushes it to
  * collectord on one kp_push stream, acknowledging the spool as collectord acknowledges);
  * the control worker (blocking Control.CreateRun / EndRun calls, results back to the loop by
- * queue + eventfd); the HTTP thread (/healthz, /readyz, /metrics) when --http-listen is set.
+ * queue + eventfd); the attach thread (attach.h: keeps a Control.Attach call open, sends the
+ * loop's reports and queues collectord's capture commands for the loop, woken by the same
+ * eventfd); the HTTP thread (/healthz, /readyz, /metrics) when --http-listen is set.
  */
 #ifndef KP_AGENT_H
 #define KP_AGENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 struct kp_agent;
@@ -32,6 +35,7 @@ struct kp_agent_config {
     char *ready_file;            /* written with "socket=<path>" (and "http=...") once listening */
     int log_level;               /* index into error, warn, info, debug */
     char *host;                  /* this node's name for logs; "" : gethostname() */
+    bool attach;                 /* Control.Attach to collectord: reports, capture commands */
 };
 
 /*

@@ -63,6 +63,10 @@ static const struct kp_config_def agent_config[] = {
       log_levels, false },
     { "host", KP_CONFIG_STRING, "", 0, 255, OFF(host), "this node's name; empty: gethostname()",
       NULL, false },
+    { "attach", KP_CONFIG_BOOL, "true", 0, 0, OFF(attach),
+      "attach to collectord (Control.Attach): report the registered processes and obey "
+      "kprofctl's capture commands",
+      NULL, false },
 };
 #undef OFF
 

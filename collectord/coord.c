@@ -45,6 +45,8 @@ struct agent {
     Kprof__V1__AgentReport *report; /* the newest, owned */
     long long report_ms;            /* CLOCK_MONOTONIC of its arrival */
     long long gone_ms;              /* when the call ended; 0 while attached */
+    bool local;                     /* kp_coord_feed_report's: attached without a call */
+    uint32_t slot;                  /* ... and which one */
     bool invalid_logged;
     struct agent *next;
 };
@@ -631,7 +633,7 @@ static long gather(struct kp_coord *c, const char *job, struct procref **out)
     struct procref *v = NULL;
 
     for (struct agent *a = c->agents; a != NULL; a = a->next) {
-        if (a->call == NULL || a->report == NULL) {
+        if ((a->call == NULL && !a->local) || a->report == NULL) {
             continue;
         }
         for (size_t i = 0; i < a->report->n_processes; i++) {
@@ -855,6 +857,15 @@ static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
         finish_err(call, GRPC_STATUS_NOT_FOUND, err);
         goto out;
     }
+    if ((busy = cap_active_of_job(c, req->job)) != NULL) {
+        snprintf(err, sizeof(err),
+                 "job %s is already capturing (run %" PRIu64
+                 "): wait for it (kprofctl status --run %" PRIu64
+                 " --watch) or stop it (kprofctl stop --run %" PRIu64 ")",
+                 req->job, busy->run_id, busy->run_id, busy->run_id);
+        finish_err(call, GRPC_STATUS_ALREADY_EXISTS, err);
+        goto out;
+    }
     for (long i = 0; i < n; i++) {
         if (v[i].p->world_size > world) {
             world = v[i].p->world_size;
@@ -908,15 +919,6 @@ static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
                  "attached ones (kprofctl jobs lists them)",
                  kp_wire_format_ranks(missing, world, list, sizeof(list)), req->job, world);
         finish_err(call, GRPC_STATUS_FAILED_PRECONDITION, err);
-        goto out;
-    }
-    if ((busy = cap_active_of_job(c, req->job)) != NULL) {
-        snprintf(err, sizeof(err),
-                 "job %s is already capturing (run %" PRIu64
-                 "): wait for it (kprofctl status --run %" PRIu64
-                 " --watch) or stop it (kprofctl stop --run %" PRIu64 ")",
-                 req->job, busy->run_id, busy->run_id, busy->run_id);
-        finish_err(call, GRPC_STATUS_ALREADY_EXISTS, err);
         goto out;
     }
     for (uint32_t r = 0; r < world; r++) {
@@ -1423,7 +1425,7 @@ static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
     for (struct agent **pp = &c->agents; *pp != NULL;) {
         struct agent *a = *pp;
 
-        if (a->call == NULL && now - a->gone_ms >= c->o.agent_grace_ms) {
+        if (a->call == NULL && !a->local && now - a->gone_ms >= c->o.agent_grace_ms) {
             *pp = a->next;
             if (a->report != NULL) {
                 protobuf_c_message_free_unpacked(&a->report->base, NULL);
@@ -1545,6 +1547,51 @@ int kp_coord_create(const struct kp_coord_opts *o, struct kp_coord **out)
     pthread_mutex_init(&c->mu, NULL);
     *out = c;
     return 0;
+}
+
+int kp_coord_feed_report(struct kp_coord *c, uint32_t slot, const uint8_t *buf, size_t len,
+                         char *why, size_t whylen)
+{
+    Kprof__V1__AgentReport *rep = kprof__v1__agent_report__unpack(NULL, len, buf);
+    struct procref *v = NULL;
+    struct agent *a;
+    long n;
+
+    if (rep == NULL) {
+        snprintf(why, whylen, "AgentReport failed to unpack");
+        return KP_EPROTO;
+    }
+    if (!report_valid(rep, why, whylen)) {
+        protobuf_c_message_free_unpacked(&rep->base, NULL);
+        return KP_EPROTO;
+    }
+    pthread_mutex_lock(&c->mu);
+    for (a = c->agents; a != NULL && !(a->local && a->slot == slot); a = a->next) {
+    }
+    if (a == NULL && (a = calloc(1, sizeof(*a))) != NULL) {
+        a->coord = c;
+        a->local = true;
+        a->slot = slot;
+        a->next = c->agents;
+        c->agents = a;
+    }
+    if (a == NULL) {
+        pthread_mutex_unlock(&c->mu);
+        protobuf_c_message_free_unpacked(&rep->base, NULL);
+        return -ENOMEM;
+    }
+    if (a->report != NULL) {
+        protobuf_c_message_free_unpacked(&a->report->base, NULL);
+    }
+    a->id = rep->agent_id;
+    copy_text(a->host, sizeof(a->host), rep->host);
+    a->report = rep;
+    a->report_ms = mono_ms();
+    apply_report(c, a);
+    n = gather(c, NULL, &v);
+    pthread_mutex_unlock(&c->mu);
+    free(v);
+    return n < 0 ? (int) n : 0;
 }
 
 void kp_coord_shutdown(struct kp_coord *c)

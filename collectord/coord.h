@@ -21,6 +21,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <libpq-fe.h>
 
@@ -38,6 +39,12 @@ struct kp_coord_opts {
 };
 
 int kp_coord_create(const struct kp_coord_opts *o, struct kp_coord **out);
+
+/* Test and fuzz entry: takes an encoded AgentReport as if the agent in `slot` had sent it on
+ * an Attach call (one with no call: commands to it are dropped), and lists the processes
+ * it leaves. Returns 0, KP_EPROTO (why says what was wrong) or -ENOMEM. */
+int kp_coord_feed_report(struct kp_coord *c, uint32_t slot, const uint8_t *buf, size_t len,
+                         char *why, size_t whylen);
 
 /* Ends every Attach call (UNAVAILABLE: the agents reconnect to the next collectord). Before
  * the server's shutdown, so that it need not wait for them. */

@@ -57,6 +57,7 @@ struct kp_push {
     bool in_send_released;
 
     struct kp_rpc_stream *call;
+    struct kp_rpc_stream *rx_call; /* the receiver thread's call (see rx_main) */
     pthread_t rx;
     bool call_done, call_half_closed, call_send_failed;
     struct kp_rpc_status call_status;
@@ -206,9 +207,10 @@ static void *rx_main(void *arg)
     ProtobufCMessage *msg;
     int rc;
 
-    pthread_mutex_lock(&p->mu);
-    call = p->call; /* fixed until the I/O thread has joined this thread */
-    pthread_mutex_unlock(&p->mu);
+    /* rx_call, not call: the I/O thread may clear p->call (to tear the call down) before
+     * this thread first runs; rx_call is set before the thread starts and stays until the
+     * I/O thread has joined it */
+    call = p->rx_call;
     for (;;) {
         rc = kp_rpc_stream_recv(call, &msg, -1);
         if (rc != 1) {
@@ -299,6 +301,7 @@ static void open_call(struct kp_push *p)
         return;
     }
     p->call = c;
+    p->rx_call = c;
     p->call_done = false;
     p->call_half_closed = false;
     p->call_send_failed = false;

@@ -12,6 +12,8 @@
 #include "kprof.pb-c.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+/* A target may seed the mutation run with inputs of its own (else: protobuf batches). */
+size_t kp_fuzz_seed(uint8_t *buf, size_t cap, int variant) __attribute__((weak));
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -94,7 +96,8 @@ int main(int argc, char **argv)
         runs++;
     }
     for (int v = 0; v < 3; v++) {
-        size_t n = seed_batch(seed, sizeof(seed), v);
+        size_t n = kp_fuzz_seed != NULL ? kp_fuzz_seed(seed, sizeof(seed), v)
+                                        : seed_batch(seed, sizeof(seed), v);
 
         LLVMFuzzerTestOneInput(seed, n);
         for (int iter = 0; iter < 20000; iter++) {
