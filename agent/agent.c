@@ -42,6 +42,7 @@
 #include "attach.h"
 #include "batcher.h"
 #include "ctl.h"
+#include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_err.h"
 #include "kp_http.h"
@@ -217,22 +218,6 @@ struct kp_agent {
     _Atomic long long loop_ms;
     uint8_t buf[KP_WIRE_MAX_MSG + 8] __attribute__((aligned(8)));
 };
-
-static long long mono_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t real_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* --- sending --- */
 
@@ -569,10 +554,10 @@ static void note_step(struct session *s, int64_t step)
     }
     if (s->step0 < 0 || step < s->step0) {
         s->step0 = step; /* first report, or the counter went back (a restarted process) */
-        s->step_t0_ms = mono_ms();
+        s->step_t0_ms = kp_mono_ms();
     }
     if (step != s->current_step) {
-        s->step_seen_ms = mono_ms();
+        s->step_seen_ms = kp_mono_ms();
     }
     s->current_step = step;
 }
@@ -595,7 +580,7 @@ static int64_t step_now(const struct session *s)
     if (s->current_step < 0 || ms <= 0) {
         return s->current_step;
     }
-    return s->current_step + (int64_t) ((mono_ms() - s->step_seen_ms) / ms);
+    return s->current_step + (int64_t) ((kp_mono_ms() - s->step_seen_ms) / ms);
 }
 
 /* --- the batcher's sink: the spool --- */
@@ -771,7 +756,7 @@ static void rank_release(struct capture *c, size_t i)
 static void capture_check(struct kp_agent *a, struct capture *c)
 {
     uint64_t acked = atomic_load(&a->acked_through);
-    long long now = mono_ms();
+    long long now = kp_mono_ms();
     bool over = true;
 
     if (c->run_pending || c->ending || c->finished_ms != 0) {
@@ -854,7 +839,7 @@ static void capture_check(struct kp_agent *a, struct capture *c)
 /* Arms every rank of c (the run id is known). */
 static void capture_arm(struct kp_agent *a, struct capture *c)
 {
-    long long now = mono_ms();
+    long long now = kp_mono_ms();
 
     for (size_t i = 0; i < c->n; i++) {
         struct cap_rank *r = &c->ranks[i];
@@ -910,7 +895,7 @@ static void capture_arm(struct kp_agent *a, struct capture *c)
         arm.n_steps = c->steps;
         arm.activities = c->activities;
         arm.duration_ms = c->duration_ms;
-        arm.deadline_ns = (uint64_t) (real_ns() + (int64_t) wait_ms * 1000000);
+        arm.deadline_ns = (uint64_t) (kp_real_ns() + (int64_t) wait_ms * 1000000);
         if ((rc = send_msg(s->fd, KP_W_ARM, &arm, sizeof(arm), 0)) != 0) {
             rank_fail(a, c, i, "cannot send ARM to process %u: %s", s->pid, strerror(-rc));
             continue;
@@ -965,7 +950,9 @@ static int parse_kv(char *text, struct kv *kv, char *err, size_t errlen)
         KEY(run)
         KEY(start_step)
         KEY(steps)
-        KEY(duration_ms) KEY(activities) KEY(name) KEY(wait)
+        KEY(duration_ms)
+        KEY(activities)
+        KEY(name) KEY(wait)
 #undef KEY
             snprintf(err, errlen, "error=unknown request key \"%.100s\"", line);
         return -EINVAL;
@@ -987,44 +974,6 @@ static bool parse_i64(const char *s, long long min, long long max, long long *ou
     }
     *out = v;
     return true;
-}
-
-/* Parses "all" or "0,3-5" into a bitmap of ranks below max. */
-static int parse_ranks(const char *s, bool *sel, int max, bool *all)
-{
-    *all = s == NULL || strcmp(s, "all") == 0 || *s == '\0';
-    if (*all) {
-        return 0;
-    }
-    while (*s != '\0') {
-        char *end;
-        long lo = strtol(s, &end, 10), hi = lo;
-
-        if (end == s || lo < 0) {
-            return -EINVAL;
-        }
-        if (*end == '-') {
-            const char *p = end + 1;
-            hi = strtol(p, &end, 10);
-            if (end == p || hi < lo) {
-                return -EINVAL;
-            }
-        }
-        if (hi >= max) {
-            return -ERANGE;
-        }
-        for (long r = lo; r <= hi; r++) {
-            sel[r] = true;
-        }
-        if (*end == ',') {
-            end++;
-        }
-        else if (*end != '\0') {
-            return -EINVAL;
-        }
-        s = end;
-    }
-    return 0;
 }
 
 static void ctl_ps(struct kp_agent *a, struct session *client)
@@ -1064,7 +1013,8 @@ static void ctl_capture(struct kp_agent *a, struct session *client, const struct
     char err[1200];
     const char *job = kv->job;
     struct capture *c = NULL;
-    bool *sel = NULL, all;
+    uint8_t *sel = NULL;
+    bool all;
     long long v;
     int status = KP_CTL_USAGE, rc;
     uint32_t world = 0;
@@ -1143,7 +1093,7 @@ static void ctl_capture(struct kp_agent *a, struct session *client, const struct
         status = KP_CTL_FAILED;
         goto fail;
     }
-    rc = parse_ranks(kv->ranks, sel, (int) world, &all);
+    rc = kp_wire_parse_ranks(kv->ranks, world < MAX_RANKS ? world : MAX_RANKS, sel, &all, NULL);
     if (rc == -ERANGE) {
         snprintf(err, sizeof(err),
                  "error=ranks %.100s: outside the job's world size %u (ranks are 0..%u)", kv->ranks,
@@ -1186,7 +1136,7 @@ static void ctl_capture(struct kp_agent *a, struct session *client, const struct
         c->ranks[c->n].pid = s->pid;
         c->n++;
         if (rank < MAX_RANKS) {
-            sel[rank] = false; /* found */
+            sel[rank] = 0; /* found */
         }
     }
     if (!all) {
@@ -1279,7 +1229,7 @@ static void ctl_capture(struct kp_agent *a, struct session *client, const struct
         c->ranks[i].s->cap = c;
         c->ranks[i].s->cap_idx = i;
         c->ranks[i].state = RS_ARMED;
-        c->ranks[i].deadline_ms = mono_ms() + KP_AGENT_DEADLINE_MIN_MS;
+        c->ranks[i].deadline_ms = kp_mono_ms() + KP_AGENT_DEADLINE_MIN_MS;
     }
     c->next = a->caps;
     a->caps = c;
@@ -1537,7 +1487,7 @@ static struct session *rank_session(struct kp_agent *a, const char *job, int32_t
 static void cmd_arm(struct kp_agent *a, const Kprof__V1__CaptureCommand *cmd)
 {
     const char *job = cmd->job != NULL ? cmd->job : "";
-    long long now = mono_ms();
+    long long now = kp_mono_ms();
     struct capture *c;
     uint32_t world = 0;
 
@@ -1629,7 +1579,7 @@ static void cmd_arm(struct kp_agent *a, const Kprof__V1__CaptureCommand *cmd)
 static void cmd_stop(struct kp_agent *a, const Kprof__V1__CaptureCommand *cmd)
 {
     struct capture *c = remote_find(a, cmd->run_id);
-    long long now = mono_ms();
+    long long now = kp_mono_ms();
 
     if (c == NULL) {
         kp_log_info("capture command ignored: no capture of run %" PRIu64 " here", cmd->run_id);
@@ -1969,7 +1919,7 @@ static void on_commands(struct kp_agent *a)
         any = true;
     }
     if (any) {
-        report_update(a, mono_ms()); /* the ranks' new states go out at once */
+        report_update(a, kp_mono_ms()); /* the ranks' new states go out at once */
     }
 }
 
@@ -2094,7 +2044,7 @@ static bool on_message(struct kp_agent *a, struct session *s, size_t n)
             r->first_step = w.first_step;
             if (r->state == RS_ARMED) {
                 r->state = RS_BEGUN;
-                r->deadline_ms = mono_ms() + window_budget_ms(a, s->cap, s);
+                r->deadline_ms = kp_mono_ms() + window_budget_ms(a, s->cap, s);
             }
             kp_log_info("window begun run=%" PRIu64 " rank=%d first_step=%" PRId64, s->cap->run_id,
                         r->rank, w.first_step);
@@ -2171,7 +2121,7 @@ static void on_readable(struct kp_agent *a, struct session *s)
 
 static void on_tick(struct kp_agent *a)
 {
-    long long now = mono_ms();
+    long long now = kp_mono_ms();
     struct kp_spool_stats ss;
 
     atomic_store(&a->loop_ms, now);
@@ -2306,7 +2256,7 @@ static bool h_healthz(void *ud)
 {
     struct kp_agent *a = ud;
 
-    return mono_ms() - atomic_load(&a->loop_ms) < 10000;
+    return kp_mono_ms() - atomic_load(&a->loop_ms) < 10000;
 }
 
 static bool h_readyz(void *ud, char *why, size_t len)
@@ -2538,7 +2488,7 @@ int kp_agent_create(const struct kp_agent_config *cfg, struct kp_agent **out, ch
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cond, NULL);
     a->own_uid = (uint32_t) getuid();
-    atomic_store(&a->loop_ms, mono_ms());
+    atomic_store(&a->loop_ms, kp_mono_ms());
     if (cfg->host != NULL && cfg->host[0] != '\0') {
         kp_wire_strlcpy(a->host, sizeof(a->host), cfg->host);
     }

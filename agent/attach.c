@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kp_clock.h"
 #include "kp_err.h"
 #include "kp_log.h"
 
@@ -56,14 +57,6 @@ struct kp_attach {
     struct kp_complain complain;
     bool bad_logged;
 };
-
-static long long mono_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static uint64_t rng_next(struct kp_attach *att)
 {
@@ -145,7 +138,7 @@ static void wait_until_locked(struct kp_attach *att, long long ms)
 
     ts.tv_sec = (time_t) (ms / 1000);
     ts.tv_nsec = (long) (ms % 1000) * 1000000L;
-    while (!att->stop && mono_ms() < ms) {
+    while (!att->stop && kp_mono_ms() < ms) {
         if (pthread_cond_timedwait(&att->cond, &att->mu, &ts) == ETIMEDOUT) {
             break;
         }
@@ -200,7 +193,7 @@ static void *attach_main(void *arg)
         int rc;
 
         if (st == NULL) {
-            if (mono_ms() < retry_at_ms) {
+            if (kp_mono_ms() < retry_at_ms) {
                 wait_until_locked(att, retry_at_ms);
                 continue;
             }
@@ -218,7 +211,7 @@ static void *attach_main(void *arg)
                             "(retrying)",
                             att->target, kp_rpc_status_name(rs.code), rs.details);
                 pthread_mutex_lock(&att->mu);
-                retry_at_ms = mono_ms() + backoff_ms(att, attempt++);
+                retry_at_ms = kp_mono_ms() + backoff_ms(att, attempt++);
                 continue;
             }
             if (att->stop) {
@@ -238,7 +231,7 @@ static void *attach_main(void *arg)
             att->pending = NULL;
         }
         pthread_mutex_unlock(&att->mu);
-        now = mono_ms();
+        now = kp_mono_ms();
         rc = 0;
         if (snap != NULL && (snap_gen != sent_gen || now - last_send_ms >= att->heartbeat_ms)) {
             rc = kp_rpc_stream_send_bytes(st, snap, snap_len);
@@ -271,7 +264,7 @@ static void *attach_main(void *arg)
         }
         if ((rc == 1 || rc == -ETIMEDOUT) && sent && !attached) {
             attached = true;
-            up_since_ms = mono_ms();
+            up_since_ms = kp_mono_ms();
             pthread_mutex_lock(&att->mu);
             att->stats.attached = true;
             att->stats.attaches++;
@@ -295,13 +288,13 @@ static void *attach_main(void *arg)
                 pthread_mutex_lock(&att->mu);
                 break;
             }
-            if (attached && mono_ms() - up_since_ms >= att->max_ms) {
+            if (attached && kp_mono_ms() - up_since_ms >= att->max_ms) {
                 attempt = 0; /* it was up for a while: start the backoff over */
             }
             call_broken(att, st, attached, rc == 0 ? "collectord ended the call" : "call broke");
             st = NULL;
             attached = false;
-            retry_at_ms = mono_ms() + backoff_ms(att, attempt++);
+            retry_at_ms = kp_mono_ms() + backoff_ms(att, attempt++);
         }
         pthread_mutex_lock(&att->mu);
     }
@@ -336,7 +329,7 @@ int kp_attach_create(const struct kp_attach_opts *o, struct kp_attach **out)
     if (att->max_ms < att->base_ms) {
         att->max_ms = att->base_ms;
     }
-    att->rng = ((uint64_t) mono_ms() << 16) ^ (uint64_t) getpid() ^ (uint64_t) (uintptr_t) att;
+    att->rng = ((uint64_t) kp_mono_ms() << 16) ^ (uint64_t) getpid() ^ (uint64_t) (uintptr_t) att;
     if (att->rng == 0) {
         att->rng = 0x9e3779b97f4a7c15ULL;
     }

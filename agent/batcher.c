@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_log.h"
 #include "kprof.pb-c.h"
@@ -196,14 +197,6 @@ static void map_free(struct u64map *m)
 
 /* --- helpers --- */
 
-static long long mono_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static bool is_gpu(uint32_t kind)
 {
     return kind == KP_REC_KERNEL || kind == KP_REC_MEMCPY || kind == KP_REC_MEMSET;
@@ -247,7 +240,7 @@ static void malformed(struct kp_batcher *b, uint32_t kind, const char *field, in
     char val[24];
 
     b->st.malformed++;
-    now = mono_ms();
+    now = kp_mono_ms();
     if (b->mal_next_ms != 0 && now < b->mal_next_ms) {
         return;
     }
@@ -588,7 +581,7 @@ static void keep(struct kp_batcher *b, uint32_t kind, const union rec *r)
         }
     }
     if (b->n_rows == 1) {
-        b->first_row_ms = mono_ms();
+        b->first_row_ms = kp_mono_ms();
     }
     b->st.kept++;
     if (b->n_rows >= b->o.batch_rows) {

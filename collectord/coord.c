@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_err.h"
 #include "kp_log.h"
@@ -92,22 +93,6 @@ struct kp_coord {
     struct agent *agents;
     struct cap *caps;
 };
-
-static long long mono_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t real_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 static bool terminal(int st)
 {
@@ -217,7 +202,7 @@ static void send_arm(struct kp_coord *c, struct cap *k, struct agent *a, bool al
 {
     Kprof__V1__CaptureCommand cmd = KPROF__V1__CAPTURE_COMMAND__INIT;
     int32_t *ranks = malloc((k->n ? k->n : 1) * sizeof(*ranks));
-    long long now = mono_ms();
+    long long now = kp_mono_ms();
     size_t n = 0;
 
     if (ranks == NULL) {
@@ -341,7 +326,7 @@ static bool report_valid(const Kprof__V1__AgentReport *r, char *why, size_t len)
 static void apply_report(struct kp_coord *c, struct agent *a)
 {
     const Kprof__V1__AgentReport *rep = a->report;
-    long long now = mono_ms();
+    long long now = kp_mono_ms();
 
     for (size_t i = 0; i < rep->n_ranks; i++) {
         const Kprof__V1__AgentCaptureRank *q = rep->ranks[i];
@@ -480,7 +465,7 @@ static enum kp_rpc_next att_message(struct kp_rpc_call *call, ProtobufCMessage *
         protobuf_c_message_free_unpacked(&a->report->base, NULL);
     }
     a->report = rep;
-    a->report_ms = mono_ms();
+    a->report_ms = kp_mono_ms();
     apply_report(c, a);
     pthread_mutex_unlock(&c->mu);
     return KP_RPC_CONTINUE;
@@ -503,7 +488,7 @@ static void att_close(struct kp_rpc_call *call, bool cancelled, void *state)
     c = a->coord;
     pthread_mutex_lock(&c->mu);
     a->call = NULL;
-    a->gone_ms = mono_ms();
+    a->gone_ms = kp_mono_ms();
     pthread_mutex_unlock(&c->mu);
     if (a->id != 0) {
         kp_log_info("agent detached host=%s agent_id=%016" PRIx64 " peer=%s cancelled=%d", a->host,
@@ -824,7 +809,7 @@ static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
     uint8_t *sel = NULL, *missing = NULL;
     struct cap *k = NULL, *busy;
     uint32_t world = 0;
-    long long now = mono_ms(), slowest = 0, fastest = 0, budget;
+    long long now = kp_mono_ms(), slowest = 0, fastest = 0, budget;
     int64_t mx = -1, mn = INT64_MAX;
     long n, bad_rank = 0;
     bool all, any_missing = false;
@@ -1009,7 +994,7 @@ static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
         budget = (long long) req->deadline_ms;
     }
     k->deadline_ms = now + budget;
-    k->deadline_ns = real_ns() + (int64_t) budget * 1000000;
+    k->deadline_ns = kp_real_ns() + (int64_t) budget * 1000000;
     k->next = c->caps;
     c->caps = k;
 out:
@@ -1184,7 +1169,7 @@ void kp_coord_start(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
     kp_log_info("capture started run=%" PRIu64 " job=%s ranks=%zu start_step=%" PRId64
                 " steps=%u duration_ms=%" PRIu64 " deadline_s=%lld peer=%s",
                 k->run_id, k->job, k->n, k->start_step, k->steps, k->duration_ms,
-                (k->deadline_ms - mono_ms()) / 1000, kp_rpc_call_peer(call));
+                (k->deadline_ms - kp_mono_ms()) / 1000, kp_rpc_call_peer(call));
     reply_capture(call, k, false);
     pthread_mutex_unlock(&c->mu);
     kp_store_run_fini(&run);
@@ -1373,7 +1358,7 @@ void kp_coord_status(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
 /* Fails what must fail now and returns (copies of) the captures to end. mu held. */
 static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
 {
-    long long now = mono_ms();
+    long long now = kp_mono_ms();
     size_t nt = 0, kept = 0;
 
     for (struct cap *k = c->caps; k != NULL; k = k->next) {
@@ -1476,7 +1461,7 @@ void kp_coord_tick(struct kp_coord *c, PGconn *pg)
             k->ending = false;
             if (rc == 0) {
                 k->ended = true;
-                k->ended_ms = mono_ms();
+                k->ended_ms = kp_mono_ms();
                 k->run_state = run.state;
                 k->ended_ns = run.ended_ns;
                 send_to_hosts(c, k, KPROF__V1__CAPTURE_COMMAND__KIND__KIND_FORGET, "");
@@ -1586,7 +1571,7 @@ int kp_coord_feed_report(struct kp_coord *c, uint32_t slot, const uint8_t *buf, 
     a->id = rep->agent_id;
     copy_text(a->host, sizeof(a->host), rep->host);
     a->report = rep;
-    a->report_ms = mono_ms();
+    a->report_ms = kp_mono_ms();
     apply_report(c, a);
     n = gather(c, NULL, &v);
     pthread_mutex_unlock(&c->mu);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #define KP_LOG_MODULE "http"
+#include "kp_clock.h"
 #include "kp_err.h"
 #include "kp_log.h"
 #include "kp_strbuf.h"
@@ -74,14 +75,6 @@ struct kp_http {
     _Atomic uint64_t n_oversized;
     _Atomic uint64_t n_bad;
 };
-
-static long long mono_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void count(_Atomic uint64_t *c)
 {
@@ -424,7 +417,7 @@ static void *http_main(void *arg)
     int n, nfds, listen_idx;
 
     for (;;) {
-        now = mono_ms();
+        now = kp_mono_ms();
         wait_ms = -1;
         nfds = 0;
         s->pfds[nfds++] = (struct pollfd){ .fd = s->wake_fd[0], .events = POLLIN };
@@ -458,7 +451,7 @@ static void *http_main(void *arg)
         if (n > 0 && s->pfds[0].revents != 0) {
             break; /* kp_http_destroy() */
         }
-        now = mono_ms();
+        now = kp_mono_ms();
         for (int k = 1; n > 0 && k < nfds; k++) {
             if (k == listen_idx || s->pfds[k].revents == 0) {
                 continue;
@@ -474,7 +467,7 @@ static void *http_main(void *arg)
         if (n > 0 && listen_idx >= 0 && s->pfds[listen_idx].revents != 0) {
             accept_all(s, now);
         }
-        expire(s, mono_ms());
+        expire(s, kp_mono_ms());
     }
     return NULL;
 }

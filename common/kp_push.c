@@ -27,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kp_clock.h"
 #include "kp_err.h"
 #include "kp_log.h"
 
@@ -77,14 +78,6 @@ struct kp_push {
 
     struct kp_push_stats st;
 };
-
-static long long mono_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Waits on the condition until abs_ms (CLOCK_MONOTONIC), or indefinitely if abs_ms < 0. */
 static int cond_wait_until(struct kp_push *p, long long abs_ms)
@@ -188,7 +181,7 @@ static void on_ack(struct kp_push *p, const Kprof__V1__Ack *ack)
     }
     if (progress) {
         release_locked(p);
-        p->progress_ms = mono_ms();
+        p->progress_ms = kp_mono_ms();
         p->attempt = 0;
         if (p->had_break) {
             p->restored = true;
@@ -250,7 +243,7 @@ static long long backoff_locked(struct kp_push *p)
     }
     p->attempt++;
     delay = (long long) (rng_next(p) % (uint64_t) (ceil_ms + 1));
-    p->retry_at_ms = mono_ms() + delay;
+    p->retry_at_ms = kp_mono_ms() + delay;
     return delay;
 }
 
@@ -418,7 +411,7 @@ static void *io_main(void *arg)
 
     pthread_mutex_lock(&p->mu);
     while (!p->stop && !p->failed) {
-        long long now = mono_ms();
+        long long now = kp_mono_ms();
 
         if (p->restored) {
             p->restored = false;
@@ -515,7 +508,7 @@ int kp_push_create(struct kp_rpc_channel *ch, uint64_t stream_id, const struct k
     }
     p->give_up_ms = o.give_up_after_ms;
     p->head = p->next = p->send_next = o.first_seq ? o.first_seq : 1;
-    p->rng = (stream_id * 0x9e3779b97f4a7c15ULL) ^ (uint64_t) mono_ms() ^ 0x5deece66dULL;
+    p->rng = (stream_id * 0x9e3779b97f4a7c15ULL) ^ (uint64_t) kp_mono_ms() ^ 0x5deece66dULL;
     if (p->rng == 0) {
         p->rng = 1;
     }
@@ -566,7 +559,7 @@ static int enqueue(struct kp_push *p, uint8_t *buf, size_t len, uint64_t seq)
         return KP_ERPC;
     }
     if (p->head == p->next) {
-        p->progress_ms = mono_ms(); /* the give-up clock starts with pending work */
+        p->progress_ms = kp_mono_ms(); /* the give-up clock starts with pending work */
     }
     sl = &p->ring[p->next % p->cap];
     sl->buf = buf;
@@ -659,7 +652,7 @@ int kp_push_send_encoded(struct kp_push *p, const void *src, size_t len, uint64_
 
 int kp_push_flush(struct kp_push *p, long long timeout_ms)
 {
-    long long deadline = timeout_ms < 0 ? -1 : mono_ms() + timeout_ms;
+    long long deadline = timeout_ms < 0 ? -1 : kp_mono_ms() + timeout_ms;
     int rc = 0;
 
     pthread_mutex_lock(&p->mu);

@@ -17,19 +17,13 @@
 
 #include <cmocka.h>
 
+#include "kp_clock.h"
+
 #define KP_TEST_POLL_MS     5
 #define KP_TEST_MAX_LOG     (64u << 20)
 #define KP_TEST_MAX_SQL_LEN (1u << 20)
 
 extern char **environ;
-
-static long long mono_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* One poll interval of a bounded wait (the only place tests pause). */
 static void poll_pause(void)
@@ -53,13 +47,13 @@ int kp_test_scaled_ms(int timeout_ms)
 
 bool kp_test_wait_for(bool (*cond)(void *arg), void *arg, int timeout_ms)
 {
-    long long deadline = mono_ms() + kp_test_scaled_ms(timeout_ms);
+    long long deadline = kp_mono_ms() + kp_test_scaled_ms(timeout_ms);
 
     for (;;) {
         if (cond(arg)) {
             return true;
         }
-        if (mono_ms() >= deadline) {
+        if (kp_mono_ms() >= deadline) {
             return cond(arg);
         }
         poll_pause();
@@ -258,7 +252,7 @@ int kp_test_child_start(struct kp_test_child *c, const char *name, char *const a
 
 int kp_test_child_stop(struct kp_test_child *c, int sig, int timeout_ms)
 {
-    long long deadline = mono_ms() + kp_test_scaled_ms(timeout_ms);
+    long long deadline = kp_mono_ms() + kp_test_scaled_ms(timeout_ms);
     int status = 0;
     pid_t r;
 
@@ -276,7 +270,7 @@ int kp_test_child_stop(struct kp_test_child *c, int sig, int timeout_ms)
             c->pid = -1;
             return -1;
         }
-        if (mono_ms() >= deadline) {
+        if (kp_mono_ms() >= deadline) {
             break;
         }
         poll_pause();
