@@ -77,7 +77,8 @@ struct cap {
     long long deadline_ms; /* CLOCK_MONOTONIC */
     int64_t deadline_ns;   /* CLOCK_REALTIME, for users */
     bool stopped;
-    bool ending; /* its end is being written to PostgreSQL */
+    bool deadline_stop_sent; /* STOP sent to its agents when the deadline passed */
+    bool ending;             /* its end is being written to PostgreSQL */
     bool ended;
     int run_state; /* Kprof__V1__RunState */
     int64_t created_ns, ended_ns;
@@ -1394,7 +1395,8 @@ static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
             }
             over &= terminal(r->state);
         }
-        if (expired) {
+        if (expired && !k->deadline_stop_sent) {
+            k->deadline_stop_sent = true;
             send_to_hosts(c, k, KPROF__V1__CAPTURE_COMMAND__KIND__KIND_STOP, "deadline passed");
         }
         if (over && nt < max) {
