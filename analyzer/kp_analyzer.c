@@ -1,0 +1,1567 @@
+/*
+ * kp_analyzer: loader, model and views (see kp_analyzer.h).
+ *
+ * DESIGN. The loader reads each table of the (run, rank) with one ordered query into flat
+ * arrays; names are resolved once to indexes into one id-sorted array. The model then links
+ * the arrays by index: each device event to its runtime call (correlation, through a sorted
+ * index), each runtime call to the host node that owns it (external id, through a sorted
+ * index of the nodes in tree order), and every host node into its thread's tree (a stack
+ * over the ops sorted by thread, start, end descending). Nodes are created parent first, so
+ * walking them backwards is a post-order walk: the bottom-up statistics need no recursion.
+ * Everything the views need is in struct kp_an; no view queries PostgreSQL again.
+ */
+#define _GNU_SOURCE /* qsort_r */
+#include "kp_analyzer.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_err.h"
+#include "kp_pg.h"
+#include "kp_ranges.h"
+
+/* OpKind (proto/kprof.proto). */
+enum {
+    OPK_CPU_OP = 1,
+    OPK_USER_ANNOTATION = 2,
+    OPK_GPU_USER_ANNOTATION = 3,
+    OPK_PYTHON_FUNCTION = 4,
+    OPK_NVTX = 5,
+    OPK_PROFILER_STEP = 6,
+};
+
+enum dev_kind {
+    DEV_KERNEL,
+    DEV_MEMCPY,
+    DEV_MEMSET
+};
+
+/* What a host node is (spec §2.4, §2.7). */
+enum node_type {
+    NODE_ROOT,
+    NODE_OPERATOR,   /* an operator that the op tables list */
+    NODE_OTHER_OP,   /* an Operator-category node the op tables leave out */
+    NODE_DATALOADER, /* enumerate(DataLoader)#...__next__ */
+    NODE_OPTIMIZER,  /* Optimizer.step... */
+    NODE_STEP,       /* ProfilerStep#N */
+    NODE_COMM,       /* user annotation named as a communication op */
+};
+
+struct an_name {
+    int64_t id;
+    char *s;
+};
+
+struct an_op {
+    int64_t start, end, tid, ext;
+    int32_t name, shapes; /* indexes into names, -1: none */
+    uint8_t kind;
+};
+
+struct an_rt {
+    int64_t start, end, tid, corr, ext;
+    int32_t owner;     /* node, -1: dropped */
+    int32_t next;      /* next runtime of the same owner */
+    int32_t first_dev; /* device events it launched */
+    int32_t step;      /* the step containing it, -1: none */
+    int64_t dev_ns, tc_ns, kern_ns;
+    bool dummy; /* the stand-in runtime of stale kernels */
+};
+
+struct an_dev {
+    int64_t start, end, corr, ext;
+    int32_t name, rt, next;
+    int32_t grid[3], block[3];
+    int32_t regs, smem;
+    int16_t device; /* -1: none */
+    bool has_grid, has_block;
+    uint8_t kind;
+};
+
+struct an_node {
+    int64_t start, end;
+    int32_t op; /* -1: root */
+    int32_t parent, first_child, last_child, next_sib, n_child;
+    int32_t first_rt, last_rt;
+    int64_t host_self, dev_self, dev_total, tc_self, tc_total, kern_self;
+    bool eligible, eligible_below, dead;
+    uint8_t type;
+};
+
+struct an_tid_root {
+    int64_t tid;
+    int32_t node;
+};
+
+struct kp_an {
+    struct an_name *names;
+    size_t n_names;
+    struct an_op *ops;
+    size_t n_ops;
+    struct an_rt *rts; /* n_rts + 1 slots: the last may be the dummy runtime */
+    size_t n_rts;
+    struct an_dev *devs;
+    size_t n_devs, n_kernels, n_memcpy, n_memset;
+
+    bool built;
+    struct an_node *nodes;
+    size_t n_nodes;
+    struct an_tid_root *roots;
+    size_t n_roots;
+
+    struct kp_an_breakdown bd;
+    struct kp_an_step *steps;
+    struct kp_an_table ops_tab[2], kern_tab[2];
+};
+
+const char *const kp_an_cat_keys[KP_AN_CAT_COUNT] = {
+    "kernel_us",  "memcpy_us",     "memset_us",   "communication_us",
+    "runtime_us", "dataloader_us", "cpu_exec_us", "other_us",
+};
+
+/* ---- loading ------------------------------------------------------------------------- */
+
+static int64_t v64(const PGresult *r, int row, int col)
+{
+    if (PQgetisnull(r, row, col))
+        return 0;
+    return strtoll(PQgetvalue(r, row, col), NULL, 10);
+}
+
+static int cmp_name_id(const void *pa, const void *pb)
+{
+    int64_t a = *(const int64_t *) pa, b = ((const struct an_name *) pb)->id;
+
+    return a < b ? -1 : a > b;
+}
+
+/* The index of name id col in a->names, or -1 for NULL or an unknown id. */
+static int32_t name_idx(const struct kp_an *a, const PGresult *r, int row, int col)
+{
+    int64_t id;
+    const struct an_name *n;
+
+    if (PQgetisnull(r, row, col))
+        return -1;
+    id = v64(r, row, col);
+    n = bsearch(&id, a->names, a->n_names, sizeof(*a->names), cmp_name_id);
+    return n ? (int32_t) (n - a->names) : -1;
+}
+
+static const char *nm(const struct kp_an *a, int32_t idx)
+{
+    return idx >= 0 ? a->names[idx].s : "";
+}
+
+static int query(PGconn *c, const char *sql, const char *const *params, size_t *budget,
+                 size_t max_rows, PGresult **out, char *errbuf, size_t errlen)
+{
+    int rc = kp_pg_query(c, sql, 2, params, out, errbuf, errlen);
+    size_t n;
+
+    if (rc < 0)
+        return rc;
+    n = (size_t) PQntuples(*out);
+    if (max_rows && n > max_rows - *budget) {
+        kp_errbuf_set(errbuf, errlen, "the rank has more than %zu rows: raise the row limit",
+                      max_rows);
+        PQclear(*out);
+        *out = NULL;
+        return KP_ETOOBIG;
+    }
+    *budget += n;
+    return 0;
+}
+
+static int check_run(PGconn *c, const char *const *params, int64_t run, int rank, char *errbuf,
+                     size_t errlen)
+{
+    PGresult *r = NULL;
+    int rc;
+
+    rc = kp_pg_query(c, "SELECT count(*) FROM runs WHERE id = $1", 1, params, &r, errbuf, errlen);
+    if (rc < 0)
+        return rc;
+    if (v64(r, 0, 0) == 0) {
+        PQclear(r);
+        kp_errbuf_set(errbuf, errlen,
+                      "run %" PRId64 " does not exist: `kprofctl runs` lists "
+                      "the runs",
+                      run);
+        return KP_ENOTFOUND;
+    }
+    PQclear(r);
+    rc = kp_pg_query(c,
+                     "SELECT coalesce(string_agg(rank::text, ',' ORDER BY rank), ''), "
+                     "count(*) FILTER (WHERE rank = $2) FROM ranks WHERE run_id = $1",
+                     2, params, &r, errbuf, errlen);
+    if (rc < 0)
+        return rc;
+    if (v64(r, 0, 1) == 0) {
+        kp_errbuf_set(errbuf, errlen,
+                      "run %" PRId64 " has no rank %d: pick one of its ranks (%s) with --rank", run,
+                      rank, PQgetvalue(r, 0, 0)[0] ? PQgetvalue(r, 0, 0) : "none");
+        PQclear(r);
+        return KP_ENOTFOUND;
+    }
+    PQclear(r);
+    return 0;
+}
+
+#define WHERE_RR " WHERE run_id = $1 AND rank = $2"
+
+int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out, char *errbuf,
+               size_t errlen)
+{
+    char runs[24], ranks[16];
+    const char *params[2] = { runs, ranks };
+    struct kp_an *a;
+    PGresult *r = NULL;
+    size_t budget = 0, n;
+    int rc;
+
+    *out = NULL;
+    snprintf(runs, sizeof(runs), "%" PRId64, run);
+    snprintf(ranks, sizeof(ranks), "%d", rank);
+    rc = check_run(c, params, run, rank, errbuf, errlen);
+    if (rc < 0)
+        return rc;
+    a = calloc(1, sizeof(*a));
+    if (!a)
+        return -ENOMEM;
+
+    rc = query(c,
+               "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
+               " UNION SELECT name FROM ops" WHERE_RR " UNION SELECT input_shapes FROM ops" WHERE_RR
+               ") ORDER BY id",
+               params, &budget, max_rows, &r, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+    n = (size_t) PQntuples(r);
+    a->names = calloc(n ? n : 1, sizeof(*a->names));
+    if (!a->names)
+        goto nomem;
+    for (size_t i = 0; i < n; i++) {
+        a->names[i].id = v64(r, (int) i, 0);
+        a->names[i].s = strdup(PQgetvalue(r, (int) i, 1));
+        if (!a->names[i].s)
+            goto nomem;
+        a->n_names++;
+    }
+    PQclear(r);
+
+    rc = query(
+        c,
+        "SELECT start_ns, dur_ns, tid, external_id, name, input_shapes, kind FROM ops" WHERE_RR
+        " ORDER BY tid, start_ns, dur_ns DESC",
+        params, &budget, max_rows, &r, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+    n = (size_t) PQntuples(r);
+    a->ops = calloc(n ? n : 1, sizeof(*a->ops));
+    if (!a->ops)
+        goto nomem;
+    for (size_t i = 0; i < n; i++) {
+        struct an_op *o = &a->ops[i];
+        int row = (int) i;
+
+        o->start = v64(r, row, 0);
+        o->end = o->start + v64(r, row, 1);
+        o->tid = v64(r, row, 2);
+        o->ext = v64(r, row, 3);
+        o->name = name_idx(a, r, row, 4);
+        o->shapes = name_idx(a, r, row, 5);
+        o->kind = (uint8_t) v64(r, row, 6);
+    }
+    a->n_ops = n;
+    PQclear(r);
+
+    /* Runtime calls only: the plugin drops cuda_driver (spec §1). */
+    rc = query(c,
+               "SELECT start_ns, dur_ns, tid, correlation, external_id FROM api_calls" WHERE_RR
+               " AND domain = 1 ORDER BY start_ns, dur_ns DESC",
+               params, &budget, max_rows, &r, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+    n = (size_t) PQntuples(r);
+    a->rts = calloc(n + 1, sizeof(*a->rts));
+    if (!a->rts)
+        goto nomem;
+    for (size_t i = 0; i < n; i++) {
+        struct an_rt *t = &a->rts[i];
+        int row = (int) i;
+
+        t->start = v64(r, row, 0);
+        t->end = t->start + v64(r, row, 1);
+        t->tid = v64(r, row, 2);
+        t->corr = v64(r, row, 3);
+        t->ext = v64(r, row, 4);
+    }
+    a->n_rts = n;
+    PQclear(r);
+
+    rc = query(c,
+               "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, grid_y, "
+               "grid_z, block_x, block_y, block_z, registers, "
+               "static_smem::bigint + coalesce(dynamic_smem, 0), device FROM kernels" WHERE_RR
+               " UNION ALL SELECT 1, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
+               "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memcpys" WHERE_RR
+               " UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
+               "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR
+               " ORDER BY 2, 3 DESC",
+               params, &budget, max_rows, &r, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+    n = (size_t) PQntuples(r);
+    a->devs = calloc(n ? n : 1, sizeof(*a->devs));
+    if (!a->devs)
+        goto nomem;
+    for (size_t i = 0; i < n; i++) {
+        struct an_dev *d = &a->devs[i];
+        int row = (int) i;
+
+        d->kind = (uint8_t) v64(r, row, 0);
+        d->start = v64(r, row, 1);
+        d->end = d->start + v64(r, row, 2);
+        d->corr = v64(r, row, 3);
+        d->ext = v64(r, row, 4);
+        d->name = name_idx(a, r, row, 5);
+        d->has_grid = !PQgetisnull(r, row, 6);
+        d->has_block = !PQgetisnull(r, row, 9);
+        for (int k = 0; k < 3; k++) {
+            d->grid[k] = (int32_t) v64(r, row, 6 + k);
+            d->block[k] = (int32_t) v64(r, row, 9 + k);
+        }
+        d->regs = (int32_t) v64(r, row, 12);
+        d->smem = (int32_t) v64(r, row, 13);
+        d->device = PQgetisnull(r, row, 14) ? -1 : (int16_t) v64(r, row, 14);
+        d->rt = -1;
+        d->next = -1;
+        if (d->kind == DEV_KERNEL)
+            a->n_kernels++;
+        else if (d->kind == DEV_MEMCPY)
+            a->n_memcpy++;
+        else
+            a->n_memset++;
+    }
+    a->n_devs = n;
+    PQclear(r);
+    *out = a;
+    return 0;
+
+nomem:
+    rc = -ENOMEM;
+    kp_errbuf_set(errbuf, errlen, "out of memory loading run %" PRId64 " rank %d", run, rank);
+fail:
+    PQclear(r);
+    kp_an_destroy(a);
+    return rc;
+}
+
+void kp_an_destroy(struct kp_an *a)
+{
+    if (!a)
+        return;
+    for (size_t i = 0; i < a->n_names; i++)
+        free(a->names[i].s);
+    free(a->names);
+    free(a->ops);
+    free(a->rts);
+    free(a->devs);
+    free(a->nodes);
+    free(a->roots);
+    free(a->steps);
+    for (int i = 0; i < 2; i++) {
+        free(a->ops_tab[i].rows);
+        free(a->kern_tab[i].rows);
+    }
+    free(a);
+}
+
+/* ---- names --------------------------------------------------------------------------- */
+
+static bool is_comm_name(const char *s)
+{
+    static const char *const ops[] = { "broadcast", "reduce", "all_reduce", "all_gather",
+                                       "reduce_scatter" };
+    const char *rest;
+
+    if (strncmp(s, "nccl:", 5) == 0 || strncmp(s, "gloo:", 5) == 0)
+        rest = s + 5;
+    else
+        return false;
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+        if (strcmp(rest, ops[i]) == 0)
+            return true;
+    return false;
+}
+
+static bool is_dataloader_name(const char *s)
+{
+    size_t n = strlen(s);
+
+    if (strncmp(s, "enumerate(DataPipe)#", 20) == 0)
+        return true;
+    return strncmp(s, "enumerate(DataLoader)#", 22) == 0 && n >= 9 &&
+           strcmp(s + n - 9, ".__next__") == 0;
+}
+
+static bool is_tc_eligible_op(const char *s)
+{
+    static const char *const ops[] = { "aten::_convolution",
+                                       "aten::conv1d",
+                                       "aten::conv2d",
+                                       "aten::conv3d",
+                                       "aten::conv_tbc",
+                                       "aten::conv_transpose1d",
+                                       "aten::conv_transpose2d",
+                                       "aten::conv_transpose3d",
+                                       "aten::convolution",
+                                       "aten::cudnn_convolution",
+                                       "aten::cudnn_convolution_transpose",
+                                       "aten::prelu",
+                                       "aten::addmm",
+                                       "aten::addmv",
+                                       "aten::addr",
+                                       "aten::matmul",
+                                       "aten::mm",
+                                       "aten::mv",
+                                       "aten::linear",
+                                       "aten::addbmm",
+                                       "aten::baddbmm",
+                                       "aten::bmm",
+                                       "aten::chain_matmul",
+                                       "aten::linalg_multi_dot",
+                                       "aten::_thnn_fused_lstm_cell",
+                                       "aten::_thnn_fused_gru_cell",
+                                       "aten::lstm_cell",
+                                       "aten::gru_cell",
+                                       "aten::rnn_tanh_cell",
+                                       "aten::rnn_relu_cell",
+                                       "CudnnConvolutionBackward",
+                                       "BmmBackward0",
+                                       "aten::cudnn_convolution_transpose_backward",
+                                       "CudnnConvolutionTransposeBackward",
+                                       "MmBackward",
+                                       "aten::cudnn_convolution_backward_weight",
+                                       "aten::addmm_",
+                                       "AddmvBackward",
+                                       "MvBackward",
+                                       "aten::cudnn_convolution_transpose_backward_weight",
+                                       "aten::cudnn_convolution_transpose_backward_input",
+                                       "AddmmBackward",
+                                       "aten::cudnn_convolution_backward_input",
+                                       "AddbmmBackward",
+                                       "aten::cudnn_convolution_backward" };
+
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+        if (strcmp(s, ops[i]) == 0)
+            return true;
+    return false;
+}
+
+bool kp_an_is_tc_kernel(const char *name)
+{
+    static const char *const pats[] = { "h884",
+                                        "s884",
+                                        "h1688",
+                                        "s1688",
+                                        "hmma",
+                                        "i8816",
+                                        "16816",
+                                        "dgrad_1x1_stride_2x2",
+                                        "first_layer_wgrad_kernel",
+                                        "conv1x1",
+                                        "conv2d_c1_k1",
+                                        "direct_group",
+                                        "xmma_implicit_gemm",
+                                        "xmma_sparse_conv",
+                                        "xmma_warp_specialized_implicit_gemm",
+                                        "xmma_gemm",
+                                        "xmma_sparse_gemm",
+                                        "c1688" };
+
+    for (size_t i = 0; i < sizeof(pats) / sizeof(pats[0]); i++)
+        if (strstr(name, pats[i]))
+            return true;
+    return false;
+}
+
+/* The node type of an op, or -1 if it is not a host node (spec §2.4). */
+static int host_type(const struct kp_an *a, const struct an_op *o)
+{
+    const char *s = nm(a, o->name);
+
+    if (o->kind == OPK_PROFILER_STEP)
+        return NODE_STEP;
+    if (o->kind == OPK_USER_ANNOTATION)
+        return is_comm_name(s) ? NODE_COMM : -1;
+    if (o->kind != OPK_CPU_OP)
+        return -1;
+    if (is_dataloader_name(s))
+        return NODE_DATALOADER;
+    if (strncmp(s, "Optimizer.", 10) == 0)
+        return NODE_OPTIMIZER;
+    if (strcmp(s, "DataParallel.forward") == 0 || strcmp(s, "DistributedDataParallel.forward") == 0)
+        return NODE_OTHER_OP;
+    return NODE_OPERATOR;
+}
+
+/* ---- the model ------------------------------------------------------------------------ */
+
+struct key_idx {
+    int64_t key;
+    int32_t idx;
+};
+
+static int cmp_key_idx(const void *pa, const void *pb)
+{
+    const struct key_idx *a = pa, *b = pb;
+
+    if (a->key != b->key)
+        return a->key < b->key ? -1 : 1;
+    return (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+static const struct key_idx *find_key(const struct key_idx *v, size_t n, int64_t key)
+{
+    size_t lo = 0, hi = n;
+
+    while (lo < hi) { /* the first entry with this key */
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (v[mid].key < key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && v[lo].key == key ? &v[lo] : NULL;
+}
+
+static int32_t root_of(const struct kp_an *a, int64_t tid)
+{
+    size_t lo = 0, hi = a->n_roots;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (a->roots[mid].tid == tid)
+            return a->roots[mid].node;
+        if (a->roots[mid].tid < tid)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
+
+static int32_t new_node(struct kp_an *a, int32_t op, int64_t start, int64_t end, uint8_t type)
+{
+    struct an_node *n = &a->nodes[a->n_nodes];
+
+    memset(n, 0, sizeof(*n));
+    n->op = op;
+    n->start = start;
+    n->end = end;
+    n->type = type;
+    n->parent = n->first_child = n->last_child = n->next_sib = -1;
+    n->first_rt = n->last_rt = -1;
+    return (int32_t) a->n_nodes++;
+}
+
+static void add_child(struct kp_an *a, int32_t parent, int32_t child)
+{
+    struct an_node *p = &a->nodes[parent];
+
+    a->nodes[child].parent = parent;
+    if (p->last_child >= 0)
+        a->nodes[p->last_child].next_sib = child;
+    else
+        p->first_child = child;
+    p->last_child = child;
+    p->n_child++;
+}
+
+static void add_rt(struct kp_an *a, int32_t node, int32_t rt)
+{
+    struct an_node *n = &a->nodes[node];
+
+    a->rts[rt].owner = node;
+    a->rts[rt].next = -1;
+    if (n->last_rt >= 0)
+        a->rts[n->last_rt].next = rt;
+    else
+        n->first_rt = rt;
+    n->last_rt = rt;
+}
+
+static int cmp_tid_root(const void *pa, const void *pb)
+{
+    const struct an_tid_root *a = pa, *b = pb;
+
+    return (a->tid > b->tid) - (a->tid < b->tid);
+}
+
+/* The runtime's external id if the device event has none. */
+static int64_t dev_ext(const struct kp_an *a, const struct an_dev *d)
+{
+    if (d->ext)
+        return d->ext;
+    return d->rt >= 0 ? a->rts[d->rt].ext : 0;
+}
+
+/* Builds the trees and the per-node statistics (spec §2). */
+static int build_model(struct kp_an *a)
+{
+    size_t cap = 2 * a->n_ops + a->n_rts + 2; /* nodes, and one root per thread */
+    int32_t *stack = NULL;
+    struct key_idx *ext = NULL, *corr = NULL;
+    size_t n_ext = 0, sp = 0;
+    int64_t main_tid = 0;
+    bool has_main = false;
+    int rc = -ENOMEM;
+
+    a->nodes = calloc(cap, sizeof(*a->nodes));
+    a->roots = calloc(cap, sizeof(*a->roots));
+    stack = calloc(a->n_ops + 2, sizeof(*stack));
+    ext = calloc(a->n_ops + 1, sizeof(*ext));
+    corr = calloc(a->n_rts + 1, sizeof(*corr));
+    if (!a->nodes || !a->roots || !stack || !ext || !corr)
+        goto out;
+
+    /* 1. One tree per thread: ops come sorted by (tid, start, end descending). */
+    for (size_t i = 0; i < a->n_ops; i++) {
+        const struct an_op *o = &a->ops[i];
+        int type = host_type(a, o);
+        int32_t node;
+
+        if (type < 0)
+            continue;
+        if (o->kind == OPK_PROFILER_STEP && !has_main) {
+            has_main = true;
+            main_tid = o->tid;
+        }
+        if (sp == 0 || a->roots[a->n_roots - 1].tid != o->tid) {
+            int32_t root = new_node(a, -1, INT64_MIN, INT64_MAX, NODE_ROOT);
+
+            a->roots[a->n_roots++] = (struct an_tid_root){ o->tid, root };
+            stack[0] = root;
+            sp = 1;
+        }
+        for (;;) {
+            const struct an_node *top = &a->nodes[stack[sp - 1]];
+
+            if (o->start < top->end) {
+                if (o->end <= top->end) {
+                    node = new_node(a, (int32_t) i, o->start, o->end, (uint8_t) type);
+                    add_child(a, stack[sp - 1], node);
+                    stack[sp++] = node;
+                    if (o->ext)
+                        ext[n_ext++] = (struct key_idx){ o->ext, node };
+                }
+                break; /* a partial overlap is dropped (spec §2.4) */
+            }
+            sp--;
+        }
+    }
+    /* Threads with runtime calls but no host node get a root too. */
+    for (size_t i = 0; i < a->n_rts; i++) {
+        bool found = false;
+
+        for (size_t k = 0; k < a->n_roots && !found; k++)
+            found = a->roots[k].tid == a->rts[i].tid;
+        if (!found && a->n_roots < cap) {
+            int32_t root = new_node(a, -1, INT64_MIN, INT64_MAX, NODE_ROOT);
+
+            a->roots[a->n_roots++] = (struct an_tid_root){ a->rts[i].tid, root };
+        }
+    }
+    qsort(a->roots, a->n_roots, sizeof(*a->roots), cmp_tid_root);
+
+    /* 2. Runtime calls to host nodes by external id (the first node in tree order). */
+    qsort(ext, n_ext, sizeof(*ext), cmp_key_idx);
+    for (size_t i = 0; i < a->n_rts; i++) {
+        struct an_rt *t = &a->rts[i];
+        const struct key_idx *k;
+
+        t->owner = -1;
+        t->first_dev = -1;
+        t->next = -1;
+        if (t->ext == 0) {
+            add_rt(a, root_of(a, t->tid), (int32_t) i);
+        }
+        else if ((k = find_key(ext, n_ext, t->ext)) != NULL) {
+            add_rt(a, k->idx, (int32_t) i);
+        }
+        corr[i] = (struct key_idx){ t->corr, (int32_t) i };
+    }
+
+    /* 3. Device events to runtime calls by correlation; stale kernels to a dummy runtime
+     * under the main thread's root. */
+    qsort(corr, a->n_rts, sizeof(*corr), cmp_key_idx);
+    for (size_t i = a->n_devs; i-- > 0;) {
+        struct an_dev *d = &a->devs[i];
+        const struct key_idx *k = d->corr ? find_key(corr, a->n_rts, d->corr) : NULL;
+        int32_t rt;
+
+        if (k) {
+            rt = k->idx;
+        }
+        else if (d->kind == DEV_KERNEL && has_main) {
+            rt = (int32_t) a->n_rts;
+            if (!a->rts[rt].dummy) {
+                a->rts[rt].dummy = true;
+                a->rts[rt].first_dev = -1;
+                a->rts[rt].step = -1;
+                a->rts[rt].tid = main_tid;
+                add_rt(a, root_of(a, main_tid), rt);
+            }
+        }
+        else {
+            continue;
+        }
+        d->rt = rt;
+        d->next = a->rts[rt].first_dev; /* walking backwards keeps start order */
+        a->rts[rt].first_dev = (int32_t) i;
+        a->rts[rt].dev_ns += d->end - d->start;
+        if (d->kind == DEV_KERNEL)
+            a->rts[rt].kern_ns += d->end - d->start;
+        if (d->kind == DEV_KERNEL && kp_an_is_tc_kernel(nm(a, d->name)))
+            a->rts[rt].tc_ns += d->end - d->start;
+    }
+
+    /* 4. Duplicate merging (spec §2.5), parents before children. */
+    for (size_t i = 0; i < a->n_nodes; i++) {
+        struct an_node *n = &a->nodes[i];
+
+        if (n->dead || n->op < 0 || a->ops[n->op].kind != OPK_CPU_OP)
+            continue;
+        while (n->n_child == 1) {
+            struct an_node *c = &a->nodes[n->first_child];
+
+            if (c->op < 0 || a->ops[c->op].kind != OPK_CPU_OP ||
+                a->ops[c->op].name != a->ops[n->op].name)
+                break;
+            for (int32_t r = n->first_rt; r >= 0; r = a->rts[r].next)
+                a->rts[r].owner = -1;
+            n->first_rt = c->first_rt;
+            n->last_rt = c->last_rt;
+            for (int32_t r = n->first_rt; r >= 0; r = a->rts[r].next)
+                a->rts[r].owner = (int32_t) i;
+            n->first_child = c->first_child;
+            n->last_child = c->last_child;
+            n->n_child = c->n_child;
+            for (int32_t k = n->first_child; k >= 0; k = a->nodes[k].next_sib)
+                a->nodes[k].parent = (int32_t) i;
+            c->dead = true;
+        }
+    }
+
+    /* 5. Bottom-up statistics (spec §2.6, §7): children have higher indexes. */
+    for (size_t i = a->n_nodes; i-- > 0;) {
+        struct an_node *n = &a->nodes[i];
+        bool host = n->op >= 0; /* roots have no host time */
+
+        if (n->dead)
+            continue;
+        n->host_self = host ? n->end - n->start : 0;
+        n->eligible = n->op >= 0 && is_tc_eligible_op(nm(a, a->ops[n->op].name));
+        for (int32_t r = n->first_rt; r >= 0; r = a->rts[r].next) {
+            if (host)
+                n->host_self -= a->rts[r].end - a->rts[r].start;
+            n->dev_self += a->rts[r].dev_ns;
+            n->tc_self += a->rts[r].tc_ns;
+            n->kern_self += a->rts[r].kern_ns;
+            if (a->rts[r].tc_ns > 0)
+                n->eligible = true;
+        }
+        n->dev_total += n->dev_self;
+        n->tc_total += n->tc_self;
+        for (int32_t k = n->first_child; k >= 0; k = a->nodes[k].next_sib) {
+            const struct an_node *c = &a->nodes[k];
+
+            if (host)
+                n->host_self -= c->end - c->start;
+            n->dev_total += c->dev_total;
+            n->tc_total += c->tc_total;
+            if (c->eligible && n->op >= 0 && a->ops[n->op].kind == OPK_CPU_OP)
+                n->eligible = true;
+            if (c->eligible || c->eligible_below)
+                n->eligible_below = true;
+        }
+    }
+    a->built = true;
+    rc = 0;
+out:
+    free(stack);
+    free(ext);
+    free(corr);
+    return rc;
+}
+
+/* ---- steps (spec §3) ----------------------------------------------------------------- */
+
+struct step_dev {
+    int64_t min_start, max_end;
+    uint64_t count;
+};
+
+static int cmp_step(const void *pa, const void *pb)
+{
+    const struct kp_an_step *a = pa, *b = pb;
+
+    return (a->start_ns > b->start_ns) - (a->start_ns < b->start_ns);
+}
+
+static int build_steps(struct kp_an *a)
+{
+    size_t n = 0;
+    struct step_dev *sd = NULL;
+    bool launched = false;
+
+    free(a->steps);
+    a->steps = calloc(a->n_ops + 1, sizeof(*a->steps));
+    if (!a->steps)
+        return -ENOMEM;
+    for (size_t i = 0; i < a->n_ops; i++) {
+        const struct an_op *o = &a->ops[i];
+        const char *s = nm(a, o->name);
+
+        if (o->kind != OPK_PROFILER_STEP)
+            continue;
+        snprintf(a->steps[n].name, sizeof(a->steps[n].name), "%s",
+                 strncmp(s, "ProfilerStep#", 13) == 0 ? s + 13 : s);
+        a->steps[n].start_ns = o->start;
+        a->steps[n].end_ns = o->end;
+        n++;
+    }
+    if (n == 0) { /* one step "0" over the CPU-side events */
+        int64_t lo = INT64_MAX, hi = INT64_MIN;
+
+        for (size_t i = 0; i < a->n_ops; i++) {
+            if (a->ops[i].kind != OPK_CPU_OP)
+                continue;
+            lo = a->ops[i].start < lo ? a->ops[i].start : lo;
+            hi = a->ops[i].end > hi ? a->ops[i].end : hi;
+        }
+        if (lo <= hi) {
+            snprintf(a->steps[0].name, sizeof(a->steps[0].name), "0");
+            a->steps[0].start_ns = lo;
+            a->steps[0].end_ns = hi;
+            n = 1;
+        }
+    }
+    qsort(a->steps, n, sizeof(*a->steps), cmp_step);
+
+    sd = calloc(n + 1, sizeof(*sd));
+    if (!sd)
+        return -ENOMEM;
+    for (size_t s = 0; s < n; s++) {
+        sd[s].min_start = INT64_MAX;
+        sd[s].max_end = INT64_MIN;
+    }
+    /* A runtime call belongs to the last step starting at or before it, if inside it. */
+    for (size_t i = 0; i <= a->n_rts; i++) {
+        struct an_rt *t = &a->rts[i];
+        size_t lo = 0, hi = n;
+
+        t->step = -1;
+        if (i == a->n_rts || t->dummy)
+            continue;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+
+            if (a->steps[mid].start_ns <= t->start)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo > 0 && t->end <= a->steps[lo - 1].end_ns)
+            t->step = (int32_t) (lo - 1);
+    }
+    for (size_t i = 0; i < a->n_devs; i++) {
+        const struct an_dev *d = &a->devs[i];
+        int32_t s = d->rt >= 0 ? a->rts[d->rt].step : -1;
+
+        if (s < 0)
+            continue;
+        sd[s].count++;
+        sd[s].min_start = d->start < sd[s].min_start ? d->start : sd[s].min_start;
+        sd[s].max_end = d->end > sd[s].max_end ? d->end : sd[s].max_end;
+        launched = true;
+    }
+    if (launched) {
+        int64_t prev_end = a->steps[0].start_ns;
+
+        if (sd[0].count > 0) {
+            for (size_t i = 0; i < a->n_devs; i++) {
+                const struct an_dev *d = &a->devs[i];
+
+                if (d->rt >= 0 && a->rts[d->rt].step >= 0)
+                    continue;
+                if (d->end < sd[0].min_start && d->end > prev_end)
+                    prev_end = d->end;
+            }
+        }
+        for (size_t s = 0; s < n; s++) {
+            struct kp_an_step *st = &a->steps[s];
+            int64_t start = prev_end > st->start_ns ? prev_end : st->start_ns;
+            int64_t end;
+
+            if (sd[s].count > 0)
+                end = st->end_ns > sd[s].max_end ? st->end_ns : sd[s].max_end;
+            else
+                end = st->end_ns > start ? st->end_ns : start;
+            if (end < start)
+                end = start;
+            st->start_ns = start;
+            st->end_ns = end;
+            prev_end = end;
+        }
+        if (n > 1) { /* tail trimming */
+            size_t last = n - 1;
+
+            while (sd[last].count == 0)
+                last--;
+            n = last + 1;
+            if (last > 0 && (double) sd[last].count < 0.8 * (double) sd[last - 1].count)
+                n = last;
+        }
+    }
+    free(sd);
+    a->bd.n_steps = n;
+    a->bd.steps = a->steps;
+    return 0;
+}
+
+/* ---- breakdown (spec §4) ------------------------------------------------------------- */
+
+struct rlist {
+    struct kp_range *r;
+    size_t n;
+};
+
+static int rl_push(struct rlist *l, size_t cap, int64_t s, int64_t e)
+{
+    if (l->n >= cap)
+        return -ENOMEM;
+    l->r[l->n++] = (struct kp_range){ s, e };
+    return 0;
+}
+
+static int cmp_i64(const void *pa, const void *pb)
+{
+    int64_t a = *(const int64_t *) pa, b = *(const int64_t *) pb;
+
+    return (a > b) - (a < b);
+}
+
+/* Computation, communication and their overlap per step (spec §9); tmp holds comp->n +
+ * comm->n ranges. */
+static void overlap(struct kp_an *a, const struct rlist *comp, const struct rlist *comm,
+                    struct kp_range *tmp)
+{
+    size_t n = kp_ranges_intersect(comp->r, comp->n, comm->r, comm->n, tmp);
+
+    for (size_t s = 0; s < a->bd.n_steps; s++) {
+        struct kp_an_step *st = &a->steps[s];
+
+        st->computation_ns = kp_ranges_clip_length(comp->r, comp->n, st->start_ns, st->end_ns);
+        st->communication_ns = kp_ranges_clip_length(comm->r, comm->n, st->start_ns, st->end_ns);
+        st->overlap_ns = kp_ranges_clip_length(tmp, n, st->start_ns, st->end_ns);
+    }
+}
+
+/* Each GPU's busy share of the steps' window (spec §8); tmp holds n_devs ranges. */
+static int gpu_utilization(struct kp_an *a, struct kp_range *tmp)
+{
+    struct kp_an_breakdown *b = &a->bd;
+    bool seen[KP_AN_MAX_GPUS] = { false };
+    int64_t w0, w1;
+
+    b->n_gpus = 0;
+    for (size_t i = 0; i < a->n_devs; i++)
+        if (a->devs[i].kind == DEV_KERNEL && a->devs[i].device >= 0 &&
+            a->devs[i].device < KP_AN_MAX_GPUS)
+            seen[a->devs[i].device] = true;
+    w0 = b->n_steps ? a->steps[0].start_ns : 0;
+    w1 = b->n_steps ? a->steps[b->n_steps - 1].end_ns : 0;
+    for (int g = 0; g < KP_AN_MAX_GPUS; g++) {
+        size_t n = 0;
+
+        if (!seen[g])
+            continue;
+        for (size_t i = 0; i < a->n_devs; i++)
+            if (a->devs[i].kind == DEV_KERNEL && a->devs[i].device == g)
+                tmp[n++] = (struct kp_range){ a->devs[i].start, a->devs[i].end };
+        n = kp_ranges_merge(tmp, n);
+        b->gpu_ids[b->n_gpus] = g;
+        b->gpu_utilization[b->n_gpus] =
+            w1 > w0 ? (double) kp_ranges_clip_length(tmp, n, w0, w1) / (double) (w1 - w0) : 0.0;
+        b->n_gpus++;
+    }
+    return 0;
+}
+
+int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_breakdown **out)
+{
+    size_t cap = a->n_ops + a->n_rts + a->n_devs + 1, n_comm = 0, n_steps, n_nccl = 0, n_gloo = 0;
+    struct rlist cat[KP_AN_CAT_COUNT] = { { 0 } }, share[KP_AN_CAT_COUNT] = { { 0 } };
+    struct kp_range *free_r = NULL, *all_steps = NULL, *tmp = NULL;
+    size_t n_free = 0, n_all = 0;
+    int64_t *comm_ext = NULL;
+    int rc = -ENOMEM;
+
+    if (!a->built && (rc = build_model(a)) < 0)
+        return rc;
+    if ((rc = build_steps(a)) < 0)
+        return rc;
+    rc = -ENOMEM;
+    n_steps = a->bd.n_steps;
+    for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
+        cat[c].r = calloc(cap, sizeof(struct kp_range));
+        share[c].r = calloc(2 * cap + n_steps + 1, sizeof(struct kp_range));
+        if (!cat[c].r || !share[c].r)
+            goto out;
+    }
+    free_r = calloc(2 * cap + n_steps + 1, sizeof(*free_r));
+    all_steps = calloc(n_steps + 1, sizeof(*all_steps));
+    tmp = calloc(2 * cap + n_steps + 1, sizeof(*tmp));
+    comm_ext = calloc(a->n_ops + 1, sizeof(*comm_ext));
+    if (!free_r || !all_steps || !tmp || !comm_ext)
+        goto out;
+
+    /* Each category's intervals, from all events. */
+    for (size_t i = 0; i < a->n_ops; i++) {
+        const struct an_op *o = &a->ops[i];
+        const char *s = nm(a, o->name);
+        bool host = o->kind == OPK_CPU_OP || o->kind == OPK_USER_ANNOTATION;
+
+        if (host && is_comm_name(s)) {
+            rl_push(&cat[KP_AN_COMMUNICATION], cap, o->start, o->end);
+            n_nccl += s[0] == 'n';
+            n_gloo += s[0] == 'g';
+            if (o->ext)
+                comm_ext[n_comm++] = o->ext;
+        }
+        if (host && is_dataloader_name(s))
+            rl_push(&cat[KP_AN_DATALOADER], cap, o->start, o->end);
+        else if (host || o->kind == OPK_GPU_USER_ANNOTATION || o->kind == OPK_NVTX)
+            rl_push(&cat[KP_AN_CPU_EXEC], cap, o->start, o->end);
+    }
+    qsort(comm_ext, n_comm, sizeof(*comm_ext), cmp_i64);
+    for (size_t i = 0; i < a->n_rts; i++)
+        rl_push(&cat[KP_AN_RUNTIME], cap, a->rts[i].start, a->rts[i].end);
+    for (size_t i = 0; i < a->n_devs; i++) {
+        const struct an_dev *d = &a->devs[i];
+        int c = d->kind == DEV_MEMCPY   ? KP_AN_MEMCPY
+                : d->kind == DEV_MEMSET ? KP_AN_MEMSET
+                                        : KP_AN_KERNEL;
+
+        if (c == KP_AN_KERNEL) {
+            int64_t e = dev_ext(a, d);
+
+            if (e && bsearch(&e, comm_ext, n_comm, sizeof(*comm_ext), cmp_i64))
+                c = KP_AN_COMMUNICATION;
+        }
+        rl_push(&cat[c], cap, d->start, d->end);
+    }
+    a->bd.has_runtime = a->n_rts > 0;
+    a->bd.has_kernel = a->n_kernels > 0;
+    a->bd.has_memcpy_or_memset = a->n_memcpy + a->n_memset > 0;
+    a->bd.has_communication = cat[KP_AN_COMMUNICATION].n > 0;
+    a->bd.comm_node_count = n_nccl && n_gloo ? 0 : n_nccl + n_gloo;
+    for (int c = 0; c < KP_AN_OTHER; c++)
+        cat[c].n = kp_ranges_merge(cat[c].r, cat[c].n);
+    for (size_t s = 0; s < n_steps; s++)
+        all_steps[s] = (struct kp_range){ a->steps[s].start_ns, a->steps[s].end_ns };
+    n_all = kp_ranges_merge(all_steps, n_steps);
+
+    /* Priority masking. The plugin starts with no free time and resets it to all steps
+     * whenever it is empty, taking that category unmasked: a double count once a category
+     * covers every step. kprof keeps it empty. */
+    if (!plugin_compat) {
+        memcpy(free_r, all_steps, n_all * sizeof(*free_r));
+        n_free = n_all;
+    }
+    for (int c = 0; c < KP_AN_OTHER; c++) {
+        if (plugin_compat && n_free == 0) {
+            memcpy(share[c].r, cat[c].r, cat[c].n * sizeof(*free_r));
+            share[c].n = cat[c].n;
+            memcpy(free_r, all_steps, n_all * sizeof(*free_r));
+            n_free = n_all;
+        }
+        else {
+            share[c].n = kp_ranges_intersect(cat[c].r, cat[c].n, free_r, n_free, share[c].r);
+        }
+        n_free = kp_ranges_subtract(free_r, n_free, share[c].r, share[c].n, tmp);
+        memcpy(free_r, tmp, n_free * sizeof(*free_r));
+    }
+    memcpy(share[KP_AN_OTHER].r, free_r, n_free * sizeof(*free_r));
+    share[KP_AN_OTHER].n = n_free;
+
+    memset(a->bd.avg_ns, 0, sizeof(a->bd.avg_ns));
+    a->bd.avg_total_ns = 0;
+    for (size_t s = 0; s < n_steps; s++) {
+        struct kp_an_step *st = &a->steps[s];
+
+        for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
+            st->cost_ns[c] =
+                kp_ranges_clip_length(share[c].r, share[c].n, st->start_ns, st->end_ns);
+            a->bd.avg_ns[c] += (double) st->cost_ns[c];
+        }
+        a->bd.avg_total_ns += (double) (st->end_ns - st->start_ns);
+    }
+    if (n_steps > 0) {
+        for (int c = 0; c < KP_AN_CAT_COUNT; c++)
+            a->bd.avg_ns[c] /= (double) n_steps;
+        a->bd.avg_total_ns /= (double) n_steps;
+    }
+    overlap(a, cat[KP_AN_KERNEL].n ? &cat[KP_AN_KERNEL] : &cat[KP_AN_CPU_EXEC],
+            &cat[KP_AN_COMMUNICATION], tmp);
+    rc = gpu_utilization(a, tmp);
+    if (rc < 0)
+        goto out;
+    *out = &a->bd;
+out:
+    for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
+        free(cat[c].r);
+        free(share[c].r);
+    }
+    free(free_r);
+    free(all_steps);
+    free(tmp);
+    free(comm_ext);
+    return rc;
+}
+
+/* ---- operator view (spec §5) ---------------------------------------------------------- */
+
+struct op_sort {
+    const struct kp_an *a;
+    bool by_shape;
+};
+
+static int cmp_op_nodes(const void *pa, const void *pb, void *ctx)
+{
+    const struct kp_an *sort_an = ((const struct op_sort *) ctx)->a;
+    bool sort_by_shape = ((const struct op_sort *) ctx)->by_shape;
+    const struct an_node *x = &sort_an->nodes[*(const int32_t *) pa];
+    const struct an_node *y = &sort_an->nodes[*(const int32_t *) pb];
+    const struct an_op *ox = &sort_an->ops[x->op], *oy = &sort_an->ops[y->op];
+    int c = strcmp(nm(sort_an, ox->name), nm(sort_an, oy->name));
+
+    if (c == 0 && sort_by_shape)
+        c = strcmp(nm(sort_an, ox->shapes), nm(sort_an, oy->shapes));
+    if (c == 0)
+        c = (*(const int32_t *) pa > *(const int32_t *) pb) -
+            (*(const int32_t *) pa < *(const int32_t *) pb);
+    return c;
+}
+
+static int cmp_op_rows(const void *pa, const void *pb, void *ctx)
+{
+    bool sort_by_device = *(const bool *) ctx;
+    const struct kp_an_op_row *x = pa, *y = pb;
+    int64_t vx = sort_by_device ? x->device_self_ns : x->host_self_ns;
+    int64_t vy = sort_by_device ? y->device_self_ns : y->host_self_ns;
+    int c;
+
+    if (vx != vy)
+        return vx > vy ? -1 : 1;
+    c = strcmp(x->name, y->name);
+    return c ? c : strcmp(x->input_shape, y->input_shape);
+}
+
+int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
+{
+    struct kp_an_table *t = &a->ops_tab[by_shape];
+    struct kp_an_op_row *rows;
+    int32_t *idx;
+    size_t n = 0, nr = 0;
+    bool by_device;
+    int rc;
+
+    if (!a->built && (rc = build_model(a)) < 0)
+        return rc;
+    idx = calloc(a->n_nodes + 1, sizeof(*idx));
+    rows = calloc(a->n_nodes + 1, sizeof(*rows));
+    if (!idx || !rows) {
+        free(idx);
+        free(rows);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < a->n_nodes; i++)
+        if (!a->nodes[i].dead && a->nodes[i].type == NODE_OPERATOR)
+            idx[n++] = (int32_t) i;
+    /* groups keep tree order inside */
+    qsort_r(idx, n, sizeof(*idx), cmp_op_nodes, &(struct op_sort){ a, by_shape });
+    for (size_t i = 0; i < n; i++) {
+        const struct an_node *x = &a->nodes[idx[i]];
+        const struct an_op *o = &a->ops[x->op];
+        struct kp_an_op_row *r = nr ? &rows[nr - 1] : NULL;
+
+        if (!r || strcmp(r->name, nm(a, o->name)) != 0 ||
+            (by_shape && strcmp(r->input_shape, nm(a, o->shapes)) != 0)) {
+            r = &rows[nr++];
+            r->name = nm(a, o->name);
+            r->input_shape = o->shapes >= 0 ? nm(a, o->shapes) : "[]";
+        }
+        r->calls++;
+        r->host_total_ns += x->end - x->start;
+        r->host_self_ns += x->host_self;
+        r->device_total_ns += x->dev_total;
+        r->device_self_ns += x->dev_self;
+        r->tc_self_ns += x->tc_self;
+        r->tc_total_ns += x->tc_total;
+        r->tc_eligible = r->tc_eligible || x->eligible;
+    }
+    free(idx);
+    by_device = a->n_devs > 0;
+    qsort_r(rows, nr, sizeof(*rows), cmp_op_rows, &by_device);
+    free(t->rows);
+    t->rows = rows;
+    t->n = nr;
+    *out = t;
+    return 0;
+}
+
+/* ---- kernel view (spec §6) ------------------------------------------------------------ */
+
+static void fmt_dim(char *buf, size_t len, bool has, const int32_t *v)
+{
+    if (has)
+        snprintf(buf, len, "[%d, %d, %d]", v[0], v[1], v[2]);
+    else
+        snprintf(buf, len, "None");
+}
+
+static int cmp_kernel_rows_key(const void *pa, const void *pb)
+{
+    const struct kp_an_kernel_row *x = pa, *y = pb;
+    int c = strcmp(x->name, y->name);
+
+    if (c == 0)
+        c = strcmp(x->op_name, y->op_name);
+    if (c == 0)
+        c = strcmp(x->grid, y->grid);
+    if (c == 0)
+        c = strcmp(x->block, y->block);
+    if (c == 0 && x->registers != y->registers)
+        c = x->registers < y->registers ? -1 : 1;
+    if (c == 0 && x->shared_memory != y->shared_memory)
+        c = x->shared_memory < y->shared_memory ? -1 : 1;
+    return c;
+}
+
+static int cmp_kernel_rows_total(const void *pa, const void *pb)
+{
+    const struct kp_an_kernel_row *x = pa, *y = pb;
+
+    if (x->total_ns != y->total_ns)
+        return x->total_ns > y->total_ns ? -1 : 1;
+    return cmp_kernel_rows_key(pa, pb);
+}
+
+int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
+{
+    struct kp_an_table *t = &a->kern_tab[by_op];
+    struct kp_an_kernel_row *rows;
+    size_t n = 0, nr = 0;
+    int rc;
+
+    if (!a->built && (rc = build_model(a)) < 0)
+        return rc;
+    rows = calloc(a->n_kernels + 1, sizeof(*rows));
+    if (!rows)
+        return -ENOMEM;
+    /* One row per kernel, then sorted by key and folded. */
+    for (size_t i = 0; i < a->n_devs; i++) {
+        const struct an_dev *d = &a->devs[i];
+        struct kp_an_kernel_row *r = &rows[n];
+
+        if (d->kind != DEV_KERNEL)
+            continue;
+        r->name = nm(a, d->name);
+        r->op_name = "";
+        if (by_op) {
+            int32_t owner = d->rt >= 0 ? a->rts[d->rt].owner : -1;
+            const struct an_node *node;
+
+            if (owner < 0)
+                continue; /* not reached through the tree */
+            node = &a->nodes[owner];
+            r->op_name = node->op >= 0 ? nm(a, a->ops[node->op].name) : "CallTreeRoot";
+            r->op_tc_eligible = node->eligible;
+            fmt_dim(r->grid, sizeof(r->grid), d->has_grid, d->grid);
+            fmt_dim(r->block, sizeof(r->block), d->has_block, d->block);
+            r->registers = d->regs;
+            r->shared_memory = d->smem;
+        }
+        r->calls = 1;
+        r->total_ns = r->min_ns = r->max_ns = d->end - d->start;
+        n++;
+    }
+    qsort(rows, n, sizeof(*rows), cmp_kernel_rows_key);
+    for (size_t i = 0; i < n; i++) {
+        if (nr > 0 && cmp_kernel_rows_key(&rows[nr - 1], &rows[i]) == 0) {
+            struct kp_an_kernel_row *r = &rows[nr - 1];
+
+            r->calls++;
+            r->total_ns += rows[i].total_ns;
+            r->min_ns = rows[i].min_ns < r->min_ns ? rows[i].min_ns : r->min_ns;
+            r->max_ns = rows[i].max_ns > r->max_ns ? rows[i].max_ns : r->max_ns;
+        }
+        else {
+            rows[nr++] = rows[i];
+        }
+    }
+    for (size_t i = 0; i < nr; i++)
+        rows[i].tc_used = kp_an_is_tc_kernel(rows[i].name);
+    qsort(rows, nr, sizeof(*rows), cmp_kernel_rows_total);
+    free(t->rows);
+    t->rows = rows;
+    t->n = nr;
+    *out = t;
+    return 0;
+}
+
+/* ---- JSON ----------------------------------------------------------------------------- */
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* ns as exact decimal µs. */
+static void json_us(FILE *f, int64_t ns)
+{
+    uint64_t u = ns < 0 ? (uint64_t) 0 - (uint64_t) ns : (uint64_t) ns;
+    unsigned frac = (unsigned) (u % 1000);
+
+    if (ns < 0)
+        fputc('-', f);
+    if (frac == 0) {
+        fprintf(f, "%" PRIu64, u / 1000);
+        return;
+    }
+    if (frac % 100 == 0)
+        fprintf(f, "%" PRIu64 ".%u", u / 1000, frac / 100);
+    else if (frac % 10 == 0)
+        fprintf(f, "%" PRIu64 ".%02u", u / 1000, frac / 10);
+    else
+        fprintf(f, "%" PRIu64 ".%03u", u / 1000, frac);
+}
+
+static void json_dbl(FILE *f, double v)
+{
+    if (v == (double) (int64_t) v && v < 1e15 && v > -1e15)
+        fprintf(f, "%" PRId64, (int64_t) v);
+    else
+        fprintf(f, "%.17g", v);
+}
+
+void kp_an_breakdown_json(FILE *f, const struct kp_an_breakdown *b)
+{
+    fprintf(f,
+            "{\"flags\": {\"has_runtime\": %s, \"has_kernel\": %s, \"has_memcpy_or_memset\": "
+            "%s, \"has_communication\": %s}, \"comm_node_count\": %zu, \"step_count\": %zu, "
+            "\"steps\": [",
+            b->has_runtime ? "true" : "false", b->has_kernel ? "true" : "false",
+            b->has_memcpy_or_memset ? "true" : "false", b->has_communication ? "true" : "false",
+            b->comm_node_count, b->n_steps);
+    for (size_t s = 0; s < b->n_steps; s++) {
+        const struct kp_an_step *st = &b->steps[s];
+
+        fprintf(f, "%s{\"index\": %zu, \"name\": ", s ? ", " : "", s);
+        json_str(f, st->name);
+        fprintf(f, ", \"start_us\": ");
+        json_us(f, st->start_ns);
+        fprintf(f, ", \"end_us\": ");
+        json_us(f, st->end_ns);
+        for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
+            fprintf(f, ", \"%s\": ", kp_an_cat_keys[c]);
+            json_us(f, st->cost_ns[c]);
+        }
+        fprintf(f, ", \"total_us\": ");
+        json_us(f, st->end_ns - st->start_ns);
+        fprintf(f, ", \"overlap\": {\"computation_us\": ");
+        json_us(f, st->computation_ns - st->overlap_ns);
+        fprintf(f, ", \"overlapping_us\": ");
+        json_us(f, st->overlap_ns);
+        fprintf(f, ", \"communication_us\": ");
+        json_us(f, st->communication_ns - st->overlap_ns);
+        fprintf(f, ", \"other_us\": ");
+        json_us(f, st->end_ns - st->start_ns + st->overlap_ns - st->computation_ns -
+                       st->communication_ns);
+        fputs("}}", f);
+    }
+    fprintf(f, "], \"avg_step\": {");
+    for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
+        fprintf(f, "%s\"%s\": ", c ? ", " : "", kp_an_cat_keys[c]);
+        json_dbl(f, b->avg_ns[c] / 1000.0);
+    }
+    fprintf(f, ", \"total_us\": ");
+    json_dbl(f, b->avg_total_ns / 1000.0);
+    fprintf(f, "}, \"gpu\": {\"gpu_ids\": [");
+    for (size_t i = 0; i < b->n_gpus; i++)
+        fprintf(f, "%s%d", i ? ", " : "", b->gpu_ids[i]);
+    fprintf(f, "], \"per_device\": {");
+    for (size_t i = 0; i < b->n_gpus; i++) {
+        fprintf(f, "%s\"%d\": {\"utilization\": ", i ? ", " : "", b->gpu_ids[i]);
+        json_dbl(f, b->gpu_utilization[i]);
+        fputc('}', f);
+    }
+    fprintf(f, "}}}");
+}
+
+static double ratio(int64_t num, int64_t den)
+{
+    return den ? (double) num / (double) den : 0.0;
+}
+
+void kp_an_ops_json(FILE *f, const struct kp_an_table *t)
+{
+    const struct kp_an_op_row *rows = t->rows;
+
+    fprintf(f, "{\"count\": %zu, \"rows\": [", t->n);
+    for (size_t i = 0; i < t->n; i++) {
+        const struct kp_an_op_row *r = &rows[i];
+
+        fprintf(f, "%s{\"name\": ", i ? ", " : "");
+        json_str(f, r->name);
+        fprintf(f, ", \"input_shape\": ");
+        json_str(f, r->input_shape);
+        fprintf(f, ", \"calls\": %" PRIu64 ", \"host_total_us\": ", r->calls);
+        json_us(f, r->host_total_ns);
+        fprintf(f, ", \"host_self_us\": ");
+        json_us(f, r->host_self_ns);
+        fprintf(f, ", \"device_total_us\": ");
+        json_us(f, r->device_total_ns);
+        fprintf(f, ", \"device_self_us\": ");
+        json_us(f, r->device_self_ns);
+        fprintf(f, ", \"tc_eligible\": %s, \"tc_self_ratio\": ", r->tc_eligible ? "true" : "false");
+        json_dbl(f, ratio(r->tc_self_ns, r->device_self_ns));
+        fprintf(f, ", \"tc_total_ratio\": ");
+        json_dbl(f, ratio(r->tc_total_ns, r->device_total_ns));
+        fputc('}', f);
+    }
+    fprintf(f, "]}");
+}
+
+static void json_dim(FILE *f, const char *s)
+{
+    fputs(strcmp(s, "None") == 0 ? "null" : s, f); /* "[x, y, z]" is JSON already */
+}
+
+void kp_an_kernels_json(FILE *f, const struct kp_an_table *t, bool by_op)
+{
+    const struct kp_an_kernel_row *rows = t->rows;
+
+    fprintf(f, "{\"count\": %zu, \"rows\": [", t->n);
+    for (size_t i = 0; i < t->n; i++) {
+        const struct kp_an_kernel_row *r = &rows[i];
+
+        fprintf(f, "%s{\"name\": ", i ? ", " : "");
+        json_str(f, r->name);
+        if (by_op) {
+            fprintf(f, ", \"op_name\": ");
+            json_str(f, r->op_name);
+            fprintf(f, ", \"grid\": ");
+            json_dim(f, r->grid);
+            fprintf(f, ", \"block\": ");
+            json_dim(f, r->block);
+            fprintf(f,
+                    ", \"registers_per_thread\": %" PRId64 ", \"shared_memory\": %" PRId64
+                    ", \"op_tc_eligible\": %s",
+                    r->registers, r->shared_memory, r->op_tc_eligible ? "true" : "false");
+        }
+        fprintf(f, ", \"calls\": %" PRIu64 ", \"total_us\": ", r->calls);
+        json_us(f, r->total_ns);
+        fprintf(f, ", \"mean_us\": ");
+        json_dbl(f, (double) r->total_ns / (double) r->calls / 1000.0);
+        fprintf(f, ", \"min_us\": ");
+        json_us(f, r->min_ns);
+        fprintf(f, ", \"max_us\": ");
+        json_us(f, r->max_ns);
+        fprintf(f, ", \"tc_used\": %s}", r->tc_used ? "true" : "false");
+    }
+    fprintf(f, "]}");
+}
+
+/* ---- Tensor Core statistics (spec §7) ------------------------------------------------- */
+
+int kp_an_tensor_cores(struct kp_an *a, struct kp_an_tc *out)
+{
+    int64_t kern[KP_AN_MAX_GPUS] = { 0 }, tc[KP_AN_MAX_GPUS] = { 0 }, bottom = 0, all = 0;
+    bool seen[KP_AN_MAX_GPUS] = { false }, any = false;
+    int rc;
+
+    if (!a->built && (rc = build_model(a)) < 0)
+        return rc;
+    memset(out, 0, sizeof(*out));
+    for (size_t i = 0; i < a->n_devs; i++) {
+        const struct an_dev *d = &a->devs[i];
+        int32_t owner;
+
+        if (d->kind != DEV_KERNEL || d->device < 0 || d->device >= KP_AN_MAX_GPUS)
+            continue;
+        seen[d->device] = true;
+        owner = d->rt >= 0 ? a->rts[d->rt].owner : -1;
+        if (owner < 0 || a->nodes[owner].type != NODE_OPERATOR)
+            continue; /* only kernels launched by operators */
+        any = true;
+        kern[d->device] += d->end - d->start;
+        if (kp_an_is_tc_kernel(nm(a, d->name)))
+            tc[d->device] += d->end - d->start;
+    }
+    for (int g = 0; g < KP_AN_MAX_GPUS; g++) {
+        if (!seen[g])
+            continue;
+        out->gpu_ids[out->n_gpus] = g;
+        out->tc_ratio[out->n_gpus] = kern[g] ? (double) tc[g] / (double) kern[g] : 0.0;
+        out->n_gpus++;
+    }
+    out->tc_ratio_defined = any;
+    for (size_t i = 0; i < a->n_nodes; i++) {
+        const struct an_node *n = &a->nodes[i];
+
+        if (n->dead || n->type != NODE_OPERATOR)
+            continue;
+        all += n->kern_self;
+        if (n->eligible && !n->eligible_below)
+            bottom += n->kern_self;
+    }
+    out->eligible_ops_kernel_ratio = all ? (double) bottom / (double) all : 0.0;
+    return 0;
+}
+
+void kp_an_tc_json(FILE *f, const struct kp_an_tc *t)
+{
+    fprintf(f, "{\"tc_ratio_per_gpu\": ");
+    if (!t->tc_ratio_defined) {
+        fprintf(f, "null");
+    }
+    else {
+        fputc('{', f);
+        for (size_t i = 0; i < t->n_gpus; i++) {
+            fprintf(f, "%s\"%d\": ", i ? ", " : "", t->gpu_ids[i]);
+            json_dbl(f, t->tc_ratio[i]);
+        }
+        fputc('}', f);
+    }
+    fprintf(f, ", \"tc_eligible_ops_kernel_ratio\": ");
+    json_dbl(f, t->eligible_ops_kernel_ratio);
+    fputc('}', f);
+}

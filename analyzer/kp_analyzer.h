@@ -1,0 +1,143 @@
+/*
+ * kp_analyzer: the analyzer core. It loads one (run, rank) from PostgreSQL into compact
+ * arrays and computes on them the PyTorch Profiler TensorBoard plugin's views, as
+ * ../shared/specs/tbplugin-views.md describes them:
+ *  - the model (§2-§3): device events ↔ runtime calls by correlation, runtime calls ↔ host
+ *    ops by external id, one op tree per thread with duplicate merging, host/device self and
+ *    total per node, steps moved to the device side and trimmed at the tail;
+ *  - the step-time breakdown (§4) per step and on average, by the priority rule. kprof's
+ *    own figure never double-counts; with plugin_compat the plugin's figure is computed
+ *    instead: once the categories so far leave no step time free, the next one is taken
+ *    unmasked and free time resets to all steps. With it, each GPU's utilization over the
+ *    steps (§8) and the rank's computation/communication overlap per step (§9);
+ *  - the operator view (§5, §7) grouped by name and by name + input shapes;
+ *  - the kernel view (§6) grouped by kernel name and by kernel + launching op;
+ *  - the Tensor Core statistics (§7): per-GPU TC kernel share, TC-eligible ops' share.
+ *
+ * Only runtime-domain API calls are read (the plugin drops cuda_driver), and python_function
+ * rows are not host nodes (the rows do not say which are Modules). Blocks per SM and the
+ * estimated occupancy are not stored, so the kernel view leaves them out.
+ *
+ * Memory: kp_an_load holds the rank's rows (about 80 bytes per row plus its names); results
+ * are plain structs owned by the kp_an handle and freed with it.
+ * Thread-safety: a handle is used by one thread at a time.
+ */
+#ifndef KP_ANALYZER_H
+#define KP_ANALYZER_H
+
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct kp_an;
+
+#define KP_AN_MAX_GPUS 64
+
+/* Breakdown categories, in priority order. */
+enum kp_an_cat {
+    KP_AN_KERNEL,
+    KP_AN_MEMCPY,
+    KP_AN_MEMSET,
+    KP_AN_COMMUNICATION,
+    KP_AN_RUNTIME,
+    KP_AN_DATALOADER,
+    KP_AN_CPU_EXEC,
+    KP_AN_OTHER,
+    KP_AN_CAT_COUNT
+};
+
+/* JSON keys of enum kp_an_cat ("kernel_us", ...). */
+extern const char *const kp_an_cat_keys[KP_AN_CAT_COUNT];
+
+struct kp_an_step {
+    char name[24];    /* the N of ProfilerStep#N, or "0" without steps */
+    int64_t start_ns; /* after the device-side adjustment */
+    int64_t end_ns;
+    int64_t cost_ns[KP_AN_CAT_COUNT]; /* they sum to end_ns - start_ns */
+    /* Computation/communication overlap in the step (spec §9), before priority masking:
+     * computation = kernels but communication ones (CPU Exec sources without kernels). */
+    int64_t computation_ns, communication_ns, overlap_ns;
+};
+
+struct kp_an_breakdown {
+    bool has_runtime, has_kernel, has_memcpy_or_memset, has_communication;
+    size_t comm_node_count;         /* host communication ops (0 when both NCCL and Gloo appear) */
+    size_t n_steps;                 /* after tail trimming */
+    struct kp_an_step *steps;       /* owned by the handle */
+    double avg_ns[KP_AN_CAT_COUNT]; /* mean over steps; 0 without steps */
+    double avg_total_ns;
+    size_t n_gpus; /* GPUs that ran kernels (kernels' device) */
+    int gpu_ids[KP_AN_MAX_GPUS];
+    double gpu_utilization[KP_AN_MAX_GPUS]; /* busy / [first step start, last step end] */
+};
+
+struct kp_an_op_row {
+    const char *name;
+    const char *input_shape; /* by name: the first op seen of that name */
+    uint64_t calls;
+    int64_t host_total_ns, host_self_ns, device_total_ns, device_self_ns;
+    int64_t tc_self_ns, tc_total_ns; /* Tensor Core kernel time, self and total */
+    bool tc_eligible;
+};
+
+struct kp_an_kernel_row {
+    const char *name;
+    const char *op_name;              /* by op only; "CallTreeRoot" for stale or root kernels */
+    char grid[48], block[48];         /* by op only; "[x, y, z]" or "None" */
+    int64_t registers, shared_memory; /* by op only */
+    uint64_t calls;
+    int64_t total_ns, min_ns, max_ns;
+    bool tc_used, op_tc_eligible;
+};
+
+struct kp_an_table {
+    size_t n;
+    void *rows; /* struct kp_an_op_row or struct kp_an_kernel_row */
+};
+
+/* Tensor Core statistics (spec §7). */
+struct kp_an_tc {
+    size_t n_gpus; /* GPUs that ran kernels (kernels' device) */
+    int gpu_ids[KP_AN_MAX_GPUS];
+    double tc_ratio[KP_AN_MAX_GPUS];  /* TC kernel time / kernel time, operators' kernels */
+    bool tc_ratio_defined;            /* false when no operator launched a kernel */
+    double eligible_ops_kernel_ratio; /* bottom TC-eligible ops' / all ops' self kernel time */
+};
+
+/* Loads run `run`, rank `rank` over c. Returns 0 and *out (free with kp_an_destroy), or
+ * KP_ENOTFOUND (no such run or rank: the message says which ranks exist), KP_EPG, -ENOMEM,
+ * KP_ETOOBIG (over max_rows rows; 0: no limit), with a message in errbuf. */
+int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out, char *errbuf,
+               size_t errlen);
+
+/* Frees a handle and every result it owns; NULL is fine. */
+void kp_an_destroy(struct kp_an *a);
+
+/* Builds the model (trees, steps) and the breakdown; plugin_compat picks the plugin's
+ * double-counting figure. Returns 0 or -ENOMEM; the result stays valid until the next call
+ * or kp_an_destroy. */
+int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_breakdown **out);
+
+/* The operator view, by name (by_shape false) or by name and input shapes, sorted as the
+ * plugin sorts it. Returns 0 or -ENOMEM; rows are struct kp_an_op_row. */
+int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out);
+
+/* The kernel view, by kernel name (by_op false) or by kernel and launching op, sorted by
+ * total time. Returns 0 or -ENOMEM; rows are struct kp_an_kernel_row. */
+int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out);
+
+/* Fills *out with the Tensor Core statistics. Returns 0 or -ENOMEM. */
+int kp_an_tensor_cores(struct kp_an *a, struct kp_an_tc *out);
+
+/* Writes a result as one JSON object, times in µs. */
+void kp_an_breakdown_json(FILE *f, const struct kp_an_breakdown *b);
+void kp_an_ops_json(FILE *f, const struct kp_an_table *t);
+void kp_an_kernels_json(FILE *f, const struct kp_an_table *t, bool by_op);
+void kp_an_tc_json(FILE *f, const struct kp_an_tc *t);
+
+/* Returns whether a kernel name marks a Tensor Core kernel (spec §7). */
+bool kp_an_is_tc_kernel(const char *name);
+
+#endif

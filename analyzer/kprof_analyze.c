@@ -1,0 +1,206 @@
+/*
+ * kprof-analyze: the analyzer core from the command line.
+ *   kprof-analyze --pg CONNINFO --run R [--rank N] [--plugin-compat] [--max-rows N]
+ *                 breakdown|ops|kernels [--json]
+ * breakdown: the step-time breakdown per step and on average (--plugin-compat: the
+ * TensorBoard plugin's double-counting figure instead of kprof's); ops: the operator view by
+ * name and by name + input shapes; kernels: the kernel view by name and by name + op, and the
+ * Tensor Core statistics.
+ * --max-rows refuses a rank with more rows than that (0, the default: no limit).
+ * Exit codes: 0 ok, 2 usage, 3 unknown run or rank, 1 anything else.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_analyzer.h"
+#include "kp_err.h"
+#include "kp_pg.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kprof-analyze --pg CONNINFO --run R [--rank N] [--plugin-compat] "
+               "[--max-rows N] breakdown|ops|kernels [--json]\n");
+}
+
+static void text_breakdown(const struct kp_an_breakdown *b)
+{
+    printf("%-8s", "step");
+    for (int c = 0; c < KP_AN_CAT_COUNT; c++)
+        printf(" %14.*s", (int) (strlen(kp_an_cat_keys[c]) - 3), kp_an_cat_keys[c]);
+    printf(" %14s\n", "total");
+    for (size_t s = 0; s < b->n_steps; s++) {
+        printf("%-8s", b->steps[s].name);
+        for (int c = 0; c < KP_AN_CAT_COUNT; c++)
+            printf(" %14.3f", (double) b->steps[s].cost_ns[c] / 1000.0);
+        printf(" %14.3f\n", (double) (b->steps[s].end_ns - b->steps[s].start_ns) / 1000.0);
+    }
+    printf("%-8s", "average");
+    for (int c = 0; c < KP_AN_CAT_COUNT; c++)
+        printf(" %14.3f", b->avg_ns[c] / 1000.0);
+    printf(" %14.3f\n(µs)\n", b->avg_total_ns / 1000.0);
+}
+
+static void text_ops(const struct kp_an_table *t)
+{
+    const struct kp_an_op_row *r = t->rows;
+
+    printf("%8s %14s %14s %14s %14s  %s\n", "calls", "host_total", "host_self", "dev_total",
+           "dev_self", "name (µs)");
+    for (size_t i = 0; i < t->n; i++)
+        printf("%8" PRIu64 " %14.3f %14.3f %14.3f %14.3f  %s\n", r[i].calls,
+               (double) r[i].host_total_ns / 1e3, (double) r[i].host_self_ns / 1e3,
+               (double) r[i].device_total_ns / 1e3, (double) r[i].device_self_ns / 1e3, r[i].name);
+}
+
+static void text_kernels(const struct kp_an_table *t)
+{
+    const struct kp_an_kernel_row *r = t->rows;
+
+    printf("%8s %14s %12s %12s %12s  %s\n", "calls", "total", "mean", "min", "max", "name (µs)");
+    for (size_t i = 0; i < t->n; i++)
+        printf("%8" PRIu64 " %14.3f %12.3f %12.3f %12.3f  %s\n", r[i].calls,
+               (double) r[i].total_ns / 1e3, (double) r[i].total_ns / 1e3 / (double) r[i].calls,
+               (double) r[i].min_ns / 1e3, (double) r[i].max_ns / 1e3, r[i].name);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        { "pg", required_argument, NULL, 'p' },      { "run", required_argument, NULL, 'r' },
+        { "rank", required_argument, NULL, 'k' },    { "json", no_argument, NULL, 'j' },
+        { "plugin-compat", no_argument, NULL, 'c' }, { "max-rows", required_argument, NULL, 'm' },
+        { "help", no_argument, NULL, 'h' },          { NULL, 0, NULL, 0 }
+    };
+    const char *conninfo = NULL, *verb = NULL;
+    char err[512] = "", *end;
+    int64_t run = -1;
+    unsigned long long max_rows = 0;
+    int rank = 0, opt, rc;
+    bool json = false, compat = false;
+    PGconn *c = NULL;
+    struct kp_an *a = NULL;
+
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'p':
+            conninfo = optarg;
+            break;
+        case 'r':
+            run = strtoll(optarg, &end, 10);
+            if (*end || run < 0) {
+                fprintf(stderr, "kprof-analyze: --run takes a run id, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'k':
+            rank = (int) strtol(optarg, &end, 10);
+            if (*end || rank < 0) {
+                fprintf(stderr, "kprof-analyze: --rank takes a rank, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'm':
+            max_rows = strtoull(optarg, &end, 10);
+            if (*end || optarg[0] == '-') {
+                fprintf(stderr, "kprof-analyze: --max-rows takes a row count, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'j':
+            json = true;
+            break;
+        case 'c':
+            compat = true;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    for (int i = optind; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            json = true;
+        else if (!verb)
+            verb = argv[i];
+        else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!conninfo || run < 0 || !verb ||
+        (strcmp(verb, "breakdown") && strcmp(verb, "ops") && strcmp(verb, "kernels"))) {
+        usage(stderr);
+        return 2;
+    }
+    rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
+    if (rc == 0)
+        rc = kp_an_load(c, run, rank, (size_t) max_rows, &a, err, sizeof(err));
+    if (rc < 0) {
+        fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
+        PQfinish(c);
+        return rc == KP_ENOTFOUND ? 3 : 1;
+    }
+    if (strcmp(verb, "breakdown") == 0) {
+        const struct kp_an_breakdown *b;
+
+        rc = kp_an_breakdown(a, compat, &b);
+        if (rc == 0) {
+            if (json) {
+                printf("{\"run\": %" PRId64 ", \"rank\": %d, \"plugin_compat\": %s, "
+                       "\"breakdown\": ",
+                       run, rank, compat ? "true" : "false");
+                kp_an_breakdown_json(stdout, b);
+                printf("}\n");
+            }
+            else {
+                text_breakdown(b);
+            }
+        }
+    }
+    else {
+        bool ops = strcmp(verb, "ops") == 0;
+        const struct kp_an_table *t1 = NULL, *t2 = NULL;
+
+        rc = ops ? kp_an_ops(a, false, &t1) : kp_an_kernels(a, false, &t1);
+        if (rc == 0)
+            rc = ops ? kp_an_ops(a, true, &t2) : kp_an_kernels(a, true, &t2);
+        if (rc == 0 && json) {
+            printf("{\"run\": %" PRId64 ", \"rank\": %d, \"%s\": ", run, rank,
+                   ops ? "operators_by_name" : "kernels_by_name");
+            if (ops)
+                kp_an_ops_json(stdout, t1);
+            else
+                kp_an_kernels_json(stdout, t1, false);
+            printf(", \"%s\": ", ops ? "operators_by_name_and_input_shape" : "kernels_by_name_op");
+            if (ops)
+                kp_an_ops_json(stdout, t2);
+            else
+                kp_an_kernels_json(stdout, t2, true);
+            if (!ops) {
+                struct kp_an_tc tc;
+
+                rc = kp_an_tensor_cores(a, &tc);
+                printf(", \"tensor_cores\": ");
+                kp_an_tc_json(stdout, &tc);
+            }
+            printf("}\n");
+        }
+        else if (rc == 0) {
+            if (ops)
+                text_ops(t1);
+            else
+                text_kernels(t1);
+        }
+    }
+    if (rc < 0)
+        fprintf(stderr, "kprof-analyze: %s\n", kp_strerror(rc));
+    kp_an_destroy(a);
+    PQfinish(c);
+    return rc < 0 ? 1 : 0;
+}
