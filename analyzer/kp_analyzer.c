@@ -104,6 +104,8 @@ struct kp_an {
     size_t n_rts;
     struct an_dev *devs;
     size_t n_devs, n_kernels, n_memcpy, n_memset;
+    struct kp_an_step *rec_steps; /* the steps table (a capture's step reports), by start */
+    size_t n_rec_steps;
 
     bool built;
     struct an_node *nodes;
@@ -348,6 +350,25 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     }
     a->n_devs = n;
     PQclear(r);
+
+    /* Recorded steps: a capture has no ProfilerStep ops but reports its steps (the hook) */
+    rc = query(c, "SELECT step, start_ns, dur_ns FROM steps" WHERE_RR " ORDER BY start_ns", params,
+               &budget, max_rows, &r, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+    n = (size_t) PQntuples(r);
+    a->rec_steps = calloc(n ? n : 1, sizeof(*a->rec_steps));
+    if (!a->rec_steps)
+        goto nomem;
+    for (size_t i = 0; i < n; i++) {
+        struct kp_an_step *st = &a->rec_steps[i];
+
+        snprintf(st->name, sizeof(st->name), "%" PRId64, v64(r, (int) i, 0));
+        st->start_ns = v64(r, (int) i, 1);
+        st->end_ns = st->start_ns + v64(r, (int) i, 2);
+    }
+    a->n_rec_steps = n;
+    PQclear(r);
     *out = a;
     return 0;
 
@@ -370,6 +391,7 @@ void kp_an_destroy(struct kp_an *a)
     free(a->ops);
     free(a->rts);
     free(a->devs);
+    free(a->rec_steps);
     free(a->nodes);
     free(a->roots);
     free(a->steps);
@@ -822,7 +844,8 @@ static int build_steps(struct kp_an *a)
     bool launched = false;
 
     free(a->steps);
-    a->steps = calloc(a->n_ops + 1, sizeof(*a->steps));
+    a->steps =
+        calloc((a->n_ops > a->n_rec_steps ? a->n_ops : a->n_rec_steps) + 1, sizeof(*a->steps));
     if (!a->steps)
         return -ENOMEM;
     for (size_t i = 0; i < a->n_ops; i++) {
@@ -836,6 +859,11 @@ static int build_steps(struct kp_an *a)
         a->steps[n].start_ns = o->start;
         a->steps[n].end_ns = o->end;
         n++;
+    }
+    if (n == 0 && a->n_rec_steps > 0) {
+        /* no ProfilerStep ranges: the steps the capture recorded (kprof_step reports) */
+        memcpy(a->steps, a->rec_steps, a->n_rec_steps * sizeof(*a->steps));
+        n = a->n_rec_steps;
     }
     if (n == 0) { /* one step "0" over the CPU-side events */
         int64_t lo = INT64_MAX, hi = INT64_MIN;
@@ -1039,7 +1067,8 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
         const char *s = nm(a, o->name);
         bool host = o->kind == OPK_CPU_OP || o->kind == OPK_USER_ANNOTATION;
 
-        if (host && is_comm_name(s)) {
+        /* captured runs: NCCL's own NVTX ranges (nccl:all_reduce, ...) are comm ops too */
+        if ((host || o->kind == OPK_NVTX) && is_comm_name(s)) {
             rl_push(&cat[KP_AN_COMMUNICATION], cap, o->start, o->end);
             n_nccl += s[0] == 'n';
             n_gloo += s[0] == 'g';

@@ -14,6 +14,10 @@
  *  - the kernel view (§6) grouped by kernel name and by kernel + launching op;
  *  - the Tensor Core statistics (§7): per-GPU TC kernel share, TC-eligible ops' share.
  *
+ * Steps: ProfilerStep#N ranges, as the plugin; a capture has none, so there the steps it
+ * recorded (the `steps` table, from the step hook) are the host-side steps; with neither, one
+ * step "0" over the CPU-side events.
+ *
  * Only runtime-domain API calls are read (the plugin drops cuda_driver), and python_function
  * rows are not host nodes (the rows do not say which are Modules). Blocks per SM and the
  * estimated occupancy are not stored, so the kernel view leaves them out.
