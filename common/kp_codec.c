@@ -32,6 +32,7 @@ static const struct kp_column_spec kernel_cols[] = {
     { "registers", I2, V, false },     { "static_smem", I4, V, false },
     { "dynamic_smem", I4, V, false },  { "graph_id", I4, V, false },
     { "graph_node_id", I8, V, false }, { "step", I4, V, false },
+    { "blocks_per_sm", F8, V, false }, { "est_occupancy", F8, V, false },
 };
 
 static const struct kp_column_spec memcpy_cols[] = {

@@ -27,6 +27,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -928,6 +929,7 @@ static enum num_rc text_to_i64(const char *s, int64_t *out)
 struct r_kernel {
     int64_t ts;
     uint64_t dur, corr, ext, graph_node;
+    double blocks_sm, occupancy; /* NaN: absent */
     uint32_t name, device, context, stream, grid[3], block[3], regs, smem, graph_id;
 };
 
@@ -1229,6 +1231,8 @@ enum arg_id {
     C_TYPES,
     C_GRID,
     C_BLOCK,
+    C_BLOCKS_SM, /* a number, parsed when the kernel is built */
+    C_OCCUPANCY,
     ARG_COUNT
 };
 
@@ -1284,6 +1288,8 @@ static const struct arg_key arg_keys[] = {
     AK("Input type", C_TYPES),
     AK("grid", C_GRID),
     AK("block", C_BLOCK),
+    AK("blocks per SM", C_BLOCKS_SM),
+    AK("est. achieved occupancy %", C_OCCUPANCY),
 };
 #undef AK
 #define N_ARG_KEYS (sizeof(arg_keys) / sizeof(arg_keys[0]))
@@ -1651,6 +1657,32 @@ static int arg_in(struct kp_kineto *k, int id, int64_t lo, int64_t hi, int64_t d
                        key, e->a[id], lo, hi);
     }
     *out = e->a[id];
+    return 0;
+}
+
+/* A captured numeric arg (e.g. "blocks per SM": 0.5): *out, or NaN when it is absent or not
+ * a finite number >= 0 (Kineto writes "inf" for a kernel with no SMs known). Informational:
+ * never an error. */
+static int arg_real(struct kp_kineto *k, int id, double *out)
+{
+    const struct ev *e = &k->e;
+    const char *s;
+    char *end;
+    double v;
+
+    *out = NAN;
+    if (!has(e, id)) {
+        return 0;
+    }
+    s = evstr(k, e->s_off[id]);
+    if (!(*s >= '0' && *s <= '9')) {
+        return 0;
+    }
+    errno = 0;
+    v = strtod(s, &end);
+    if (end != s && *end == '\0' && errno == 0 && isfinite(v) && v >= 0) {
+        *out = v;
+    }
     return 0;
 }
 
@@ -2097,6 +2129,10 @@ static int map_kernel(struct kp_kineto *k)
         }
         r->grid[i] = has(e, C_GRID) ? (uint32_t) e->grid[i] : 0;
         r->block[i] = has(e, C_BLOCK) ? (uint32_t) e->block[i] : 0;
+    }
+    if (arg_real(k, C_BLOCKS_SM, &r->blocks_sm) != 0 ||
+        arg_real(k, C_OCCUPANCY, &r->occupancy) != 0) {
+        return k->j.err;
     }
     if (arg_in(k, A_REGS, 0, I2MAX, 0, &v) != 0) {
         return k->j.err;
@@ -3043,6 +3079,18 @@ static int kb_flush(struct kp_kineto *k)
         COLUMN(kern, static_smem, n, R, r->smem, 0, false);
         COLUMN(kern, graph_id, n, R, r->graph_id, 0, false);
         COLUMN(kern, graph_node_id, n, R, r->graph_node, 0, false);
+        for (size_t i = 0; i < n; i++) {
+            if (!isnan(R[i].blocks_sm) || !isnan(R[i].occupancy)) {
+                kern.blocks_per_sm = kb_mem(b, n * sizeof(double));
+                kern.est_occupancy = kb_mem(b, n * sizeof(double));
+                kern.n_blocks_per_sm = kern.n_est_occupancy = n;
+                for (size_t j = 0; j < n; j++) {
+                    kern.blocks_per_sm[j] = R[j].blocks_sm;
+                    kern.est_occupancy[j] = R[j].occupancy;
+                }
+                break;
+            }
+        }
         m.kernels = &kern;
     }
     if (b->n_mcpy) {

@@ -49,7 +49,9 @@
  *                                        Description, or ID), coll_seq = Seq, External id, tid)
  *  - cuda_runtime, Runtime (≤1.10)    → api_calls domain RUNTIME; cuda_driver → DRIVER
  *  - kernel                           → kernels (shared memory → static_smem: Kineto gives
- *                                        static + dynamic as one number)
+ *                                        static + dynamic as one number; "blocks per SM" and
+ *                                        "est. achieved occupancy %" → blocks_per_sm and
+ *                                        est_occupancy, NaN when absent or not a number)
  *  - gpu_memcpy, Memcpy               → memcpys, copy/src/dst kinds parsed from the name
  *                                        ("Memcpy HtoD (Pinned -> Device)"); peer copies take
  *                                        fromDevice/toDevice

@@ -27,7 +27,8 @@
  * its streams (tid = stream). Events, in Kineto's categories and arg names:
  *  - kernels → kernel; memcpys → gpu_memcpy named "Memcpy HtoD (Pinned -> Device)" from the
  *    kinds; memsets → gpu_memset "Memset (Device)"; syncs → cuda_sync "Stream Sync" ...;
- *    static_smem + dynamic_smem → "shared memory" (Kineto's single number);
+ *    static_smem + dynamic_smem → "shared memory" (Kineto's single number); blocks_per_sm and
+ *    est_occupancy → "blocks per SM" and "est. achieved occupancy %" when known;
  *  - api_calls → cuda_runtime (domain 1), cuda_driver (2), overhead (other domains);
  *  - ops → cpu_op (CPU_OP), user_annotation (USER_ANNOTATION, NVTX, PROFILER_STEP),
  *    gpu_user_annotation (on the GPU process), python_function, and [memory] instants
@@ -847,6 +848,21 @@ static void row_kernel(struct xp *x, const PGresult *r, int i)
     if (I(r, i, 17) != 0) {
         arg_i(o, &first, "graph node id", I(r, i, 17));
     }
+    /* float8 text is the shortest form that reads back to the same double */
+    for (int c = 18; c <= 19; c++) {
+        const char *v = PQgetvalue(r, i, c);
+
+        if (!PQgetisnull(r, i, c) && strcmp(v, "NaN") != 0) {
+            XO_LIT(o, ", \"");
+            {
+                const char *key = c == 18 ? "blocks per SM" : "est. achieved occupancy %";
+
+                xo_put(o, key, strlen(key));
+            }
+            XO_LIT(o, "\": ");
+            xo_put(o, v, strlen(v));
+        }
+    }
     XO_LIT(o, "}}");
     x->rows[KP_EV_KERNEL]++;
 }
@@ -1311,8 +1327,8 @@ static int write_rank(struct xp *x)
          "coalesce(t.grid_y, 0), coalesce(t.grid_z, 0), coalesce(t.block_x, 0), "
          "coalesce(t.block_y, 0), coalesce(t.block_z, 0), coalesce(t.registers, 0), "
          "coalesce(t.static_smem, 0)::bigint + coalesce(t.dynamic_smem, 0), "
-         "coalesce(t.graph_id, 0), coalesce(t.graph_node_id, 0) "
-         "FROM kernels t WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
+         "coalesce(t.graph_id, 0), coalesce(t.graph_node_id, 0), t.blocks_per_sm, "
+         "t.est_occupancy FROM kernels t WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
          run, rank, x->device);
     EACH(row_memcpy, nc_none,
          "SELECT t.start_ns, t.dur_ns, coalesce(t.device, 0), coalesce(t.stream, 0), "

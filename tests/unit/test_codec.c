@@ -251,9 +251,9 @@ static void test_copy_text(void **state)
     char cols[512];
     const char *want_kernels =
         "7\t3\t1001000\t10\t42\t\\N\t\\N\t\\N\t77\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N"
-        "\t\\N\t\\N\t\\N\t\\N\n"
+        "\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\n"
         "7\t3\t1001005\t20\t\\N\t\\N\t\\N\t\\N\t78\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N"
-        "\t\\N\t\\N\t\\N\t\\N\n";
+        "\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\n";
     const char *want_counters = "7\t3\t43\t\\N\tNaN\t\\N\n"
                                 "7\t3\t43\t\\N\tInfinity\t\\N\n"
                                 "7\t3\t43\t\\N\t-Infinity\t\\N\n"
