@@ -69,4 +69,18 @@ int kprofctl_stop(int argc, char **argv);
  * capture (status.c). */
 int kprofctl_status(int argc, char **argv);
 
+/* kprofctl breakdown --run R [--rank N] [--plugin-compat]: the step-time breakdown from
+ * kprof-analyzer's Analyzer.Breakdown, one row per step and an average row (breakdown.c).
+ * The analyzer verbs use the statuses above with kprof-analyzer in collectord's place
+ * (--analyzer, KPROF_ANALYZER); 4 and 6 do not occur. */
+int kprofctl_breakdown(int argc, char **argv);
+
+/* kprofctl ops --run R [--rank N] [--group-by name|shapes] [--top N]: the operator view
+ * (Analyzer.Ops; ops.c). */
+int kprofctl_ops(int argc, char **argv);
+
+/* kprofctl kernels --run R [--rank N] [--group-by name|op] [--top N]: the kernel view
+ * (Analyzer.Kernels; kernels.c). */
+int kprofctl_kernels(int argc, char **argv);
+
 #endif

@@ -22,6 +22,12 @@ static const struct kprofctl_verb verbs[] = {
       kprofctl_start },
     { "stop", "end a capture's window early (--run R or --job J)", kprofctl_stop },
     { "status", "each rank's state in the captures (--run R, --watch)", kprofctl_status },
+    { "breakdown", "a rank's step-time breakdown per step and on average (--run R, --rank N)",
+      kprofctl_breakdown },
+    { "ops", "a rank's operator view (--run R, --rank N, --group-by name|shapes, --top N)",
+      kprofctl_ops },
+    { "kernels", "a rank's kernel view (--run R, --rank N, --group-by name|op, --top N)",
+      kprofctl_kernels },
 };
 #define N_VERBS (sizeof(verbs) / sizeof(verbs[0]))
 

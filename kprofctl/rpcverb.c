@@ -41,6 +41,13 @@ static const struct kp_config_def tail_defs[] = {
     { "log-level", KP_CONFIG_ENUM, "warn", 0, 0, OFF(log_level), "error, warn, info or debug",
       log_levels, false },
 };
+/* For analyzer verbs, in place of head_defs. */
+static const struct kp_config_def analyzer_head_defs[] = {
+    { "analyzer", KP_CONFIG_STRING, "127.0.0.1:7072", 1, 0, OFF(collector),
+      "kprof-analyzer's gRPC address (host:port or unix:/path)", NULL, false },
+    { "tls-ca", KP_CONFIG_STRING, "", 0, 0, OFF(tls_ca),
+      "PEM of the CA that signed kprof-analyzer's certificate: use TLS", NULL, false },
+};
 #undef OFF
 #define N_HEAD (sizeof(head_defs) / sizeof(head_defs[0]))
 #define N_TAIL (sizeof(tail_defs) / sizeof(tail_defs[0]))
@@ -85,7 +92,7 @@ static int build_defs(struct kp_rpcverb *v)
     }
     v->n_defs = 0;
     for (size_t i = 0; i < N_HEAD; i++) {
-        v->defs[v->n_defs++] = head_defs[i];
+        v->defs[v->n_defs++] = spec->analyzer ? analyzer_head_defs[i] : head_defs[i];
     }
     for (size_t i = 0; i < spec->n_defs; i++) {
         v->defs[v->n_defs++] = spec->defs[i];
@@ -109,6 +116,11 @@ static int build_defs(struct kp_rpcverb *v)
         if (strcmp(tail_defs[i].name, "json") == 0 && spec->json_help != NULL) {
             v->defs[v->n_defs].help = spec->json_help;
         }
+        if (strcmp(tail_defs[i].name, "timeout") == 0 && spec->analyzer) {
+            /* A first analysis of a large rank loads and sweeps every row. */
+            v->defs[v->n_defs].def = "120s";
+            v->defs[v->n_defs].help = "give up on kprof-analyzer after this long";
+        }
         v->n_defs++;
     }
     return 0;
@@ -130,6 +142,19 @@ static bool wants_help(int argc, char **argv)
 
 static void print_exits(const struct kp_rpcverb_spec *spec, FILE *out)
 {
+    if (spec->analyzer) {
+        fprintf(out,
+                "\nExit status:\n"
+                "  0    %s\n"
+                "  1    failed: kprof-analyzer refused for another reason (e.g. the rank is over "
+                "its row limit), or the output failed\n"
+                "  2    usage: bad flags, or kprof-analyzer found the request invalid\n"
+                "  3    not found: an unknown run or rank (NOT_FOUND)\n"
+                "  5    kprof-analyzer unreachable, or its PostgreSQL (UNAVAILABLE, "
+                "DEADLINE_EXCEEDED)\n",
+                spec->exit_ok != NULL ? spec->exit_ok : "ok");
+        return;
+    }
     fprintf(out,
             "\nExit status:\n"
             "  0    %s\n"
@@ -218,7 +243,8 @@ int kp_rpcverb_init(struct kp_rpcverb *v, const struct kp_rpcverb_spec *spec, vo
     co.tls_ca_file =
         v->common->tls_ca != NULL && v->common->tls_ca[0] != '\0' ? v->common->tls_ca : NULL;
     if (kp_rpc_channel_create(v->common->collector, &co, &v->ch, err, sizeof(err)) != 0) {
-        kp_rpcverb_error(v, "--collector=%s: %s", v->common->collector, err);
+        kp_rpcverb_error(v, "--%s=%s: %s", v->spec->analyzer ? "analyzer" : "collector",
+                         v->common->collector, err);
         return KPROFCTL_EXIT_USAGE;
     }
     return KP_RPCVERB_RUN;
@@ -266,7 +292,8 @@ int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMes
     int rc;
 
     *resp = NULL;
-    snprintf(path, sizeof(path), "/kprof.v1.Control/%s", method);
+    snprintf(path, sizeof(path), "/kprof.v1.%s/%s", v->spec->analyzer ? "Analyzer" : "Control",
+             method);
     memset(&st, 0, sizeof(st));
     if (kp_rpc_unary(v->ch, path, req, resp_desc, resp, v->common->timeout_ms, &st) == 0) {
         return 0;
@@ -275,14 +302,21 @@ int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMes
     if (rc == KPROFCTL_EXIT_OK) {
         rc = KPROFCTL_EXIT_FAILED; /* OK with no usable reply */
     }
-    if (rc == KPROFCTL_EXIT_UNREACHABLE) {
+    if (rc == KPROFCTL_EXIT_UNREACHABLE && v->spec->analyzer) {
+        kp_rpcverb_error(v,
+                         "cannot reach kprof-analyzer: %s: %s; is kprof-analyzer running at %s? "
+                         "(set --analyzer or KPROF_ANALYZER)",
+                         kp_rpc_status_name(st.code), st.details, v->common->collector);
+    }
+    else if (rc == KPROFCTL_EXIT_UNREACHABLE) {
         kp_rpcverb_error(v,
                          "cannot reach collectord: %s: %s; is kprof-collectord running at %s? "
                          "(set --collector or KPROF_COLLECTOR)",
                          kp_rpc_status_name(st.code), st.details, v->common->collector);
     }
     else {
-        kp_rpcverb_error(v, "collectord at %s refused %s%s%s%s: %s: %s", v->common->collector,
+        kp_rpcverb_error(v, "%s at %s refused %s%s%s%s: %s: %s",
+                         v->spec->analyzer ? "kprof-analyzer" : "collectord", v->common->collector,
                          method, v->subject[0] != '\0' ? " (" : "", v->subject,
                          v->subject[0] != '\0' ? ")" : "", kp_rpc_status_name(st.code), st.details);
     }
@@ -363,4 +397,14 @@ int kp_rpcverb_set_time(struct kp_table *t, size_t col, int64_t ns)
         return kp_table_set_i64(t, col, ns); /* as runs always did: the raw number */
     }
     return kp_table_set_str(t, col, buf);
+}
+
+int kp_rpcverb_set_us(struct kp_table *t, size_t col, int64_t ns)
+{
+    return kp_table_set_double(t, col, (double) ns / 1000.0, "%.3f");
+}
+
+int kp_rpcverb_set_exact(const struct kp_rpcverb *v, struct kp_table *t, size_t col, double x)
+{
+    return kp_table_set_double(t, col, x, v->format == KP_TABLE_FORMAT_JSON ? "%.17g" : "%.3f");
 }

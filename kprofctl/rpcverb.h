@@ -1,6 +1,7 @@
 /*
- * kp_rpcverb: what every kprofctl verb over collectord's Control service shares, so that
- * runs, jobs, start, stop and status parse, call and print alike:
+ * kp_rpcverb: what every kprofctl verb over a kprof gRPC service shares, so that runs, jobs,
+ * start, stop and status (collectord's Control service) and breakdown, ops and kernels
+ * (kprof-analyzer's Analyzer service, spec.analyzer) parse, call and print alike:
  *
  *   flags   --collector, --tls-ca (before the verb's own flags in --help), then --json,
  *           --csv, --columns (-c), --width (-w), --timeout and --log-level (after them), in
@@ -34,7 +35,7 @@
 /* The common flags. A verb's config struct has this as its FIRST member, so that the common
  * rows' offsets are valid in it. */
 struct kp_rpcverb_common {
-    char *collector;
+    char *collector; /* the server's address: --collector, or --analyzer for analyzer verbs */
     char *tls_ca;
     bool json;
     bool csv;
@@ -56,6 +57,8 @@ struct kp_rpcverb_spec {
     size_t n_defs;
     const struct kp_table_col *cols; /* the verb's table */
     size_t n_cols;
+    bool analyzer; /* calls kprof-analyzer's Analyzer service: --analyzer (KPROF_ANALYZER,
+                      default 127.0.0.1:7072) instead of --collector, and its exit statuses */
 };
 
 /* One verb's run. Caller-owned (kp_rpcverb_init/fini). */
@@ -94,7 +97,8 @@ void kp_rpcverb_error(const struct kp_rpcverb *v, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /*
- * Calls /kprof.v1.Control/<method> (e.g. "ListRuns") with req (borrowed) within --timeout.
+ * Calls /kprof.v1.Control/<method> (e.g. "ListRuns"), or /kprof.v1.Analyzer/<method> for an
+ * analyzer verb, with req (borrowed) within --timeout.
  * Returns 0 and *resp (owned: protobuf_c_message_free_unpacked), or the exit status for the
  * failed call (kp_rpcverb_exit_code) after printing collectord's status and details (and
  * v->subject, when set); for an unreachable collectord the message asks whether
@@ -126,5 +130,13 @@ const char *kp_rpcverb_run_state_name(Kprof__V1__RunState s);
 /* Sets a table cell to kp_rpcverb_format_time(ns); NULL when ns <= 0. Returns as
  * kp_table_set_str. */
 int kp_rpcverb_set_time(struct kp_table *t, size_t col, int64_t ns);
+
+/* Sets a table cell to ns in µs: exact (ns / 1000 with three decimals) in every format.
+ * Returns as kp_table_set_double. */
+int kp_rpcverb_set_us(struct kp_table *t, size_t col, int64_t ns);
+
+/* Sets a table cell to x: "%.3f" in text and CSV, all of its digits ("%.17g") in JSON, so
+ * JSON readers get the very double the server computed. Returns as kp_table_set_double. */
+int kp_rpcverb_set_exact(const struct kp_rpcverb *v, struct kp_table *t, size_t col, double x);
 
 #endif

@@ -1,0 +1,198 @@
+/*
+ * kprofctl breakdown --run R [--rank N] [--plugin-compat] [--json|--csv] [-c COLS] [-w WIDTH]:
+ * the step-time breakdown of one rank of a run, from kprof-analyzer's Analyzer.Breakdown.
+ *
+ * Output (stable; tests/it/test_analyzer_service.py parses it): one row per step, then one
+ * row "average" (the mean over the steps), with the columns
+ *   step (the N of ProfilerStep#N, or "average"), kernel_us, memcpy_us, memset_us,
+ *   communication_us, runtime_us, dataloader_us, cpu_exec_us, other_us, total_us (numbers, µs)
+ * as aligned text, CSV, or (--json) an array of objects keyed by those names; JSON carries
+ * every digit of the averages. Text output adds each GPU's utilization below the table.
+ * --plugin-compat gives the TensorBoard plugin's double-counting figure instead of kprof's.
+ *
+ * Exit status: 0 shown, 2 bad usage, 3 unknown run or rank, 5 kprof-analyzer (or its
+ * PostgreSQL) unreachable, 1 anything else.
+ */
+#define KP_LOG_MODULE "breakdown"
+#include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kp_config.h"
+#include "kp_err.h"
+#include "kprof.pb-c.h"
+#include "kprofctl.h"
+#include "rpcverb.h"
+#include "table.h"
+
+struct breakdown_config {
+    struct kp_rpcverb_common common; /* first: the common rows' offsets */
+    long long run;
+    long long rank;
+    bool plugin_compat;
+};
+
+#define OFF(f) offsetof(struct breakdown_config, f)
+static const struct kp_config_def breakdown_defs[] = {
+    { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
+      false },
+    { "rank", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(rank), "the rank", NULL, false },
+    { "plugin-compat", KP_CONFIG_BOOL, "false", 0, 0, OFF(plugin_compat),
+      "the TensorBoard plugin's figure, which counts time twice once a category fills a step", NULL,
+      false },
+};
+#undef OFF
+#define N_DEFS (sizeof(breakdown_defs) / sizeof(breakdown_defs[0]))
+
+enum breakdown_col {
+    COL_STEP,
+    COL_KERNEL,
+    COL_MEMCPY,
+    COL_MEMSET,
+    COL_COMMUNICATION,
+    COL_RUNTIME,
+    COL_DATALOADER,
+    COL_CPU_EXEC,
+    COL_OTHER,
+    COL_TOTAL,
+    N_COLS,
+};
+
+static const struct kp_table_col breakdown_cols[N_COLS] = {
+    [COL_STEP] = { "step", KP_TABLE_TEXT },
+    [COL_KERNEL] = { "kernel_us", KP_TABLE_NUMERIC },
+    [COL_MEMCPY] = { "memcpy_us", KP_TABLE_NUMERIC },
+    [COL_MEMSET] = { "memset_us", KP_TABLE_NUMERIC },
+    [COL_COMMUNICATION] = { "communication_us", KP_TABLE_NUMERIC },
+    [COL_RUNTIME] = { "runtime_us", KP_TABLE_NUMERIC },
+    [COL_DATALOADER] = { "dataloader_us", KP_TABLE_NUMERIC },
+    [COL_CPU_EXEC] = { "cpu_exec_us", KP_TABLE_NUMERIC },
+    [COL_OTHER] = { "other_us", KP_TABLE_NUMERIC },
+    [COL_TOTAL] = { "total_us", KP_TABLE_NUMERIC },
+};
+
+static const struct kp_rpcverb_spec breakdown_spec = {
+    .name = "breakdown",
+    .synopsis =
+        "kprofctl breakdown --run R [--rank N] [--plugin-compat] [--json|--csv] [-c COLS]\n"
+        "                   [-w WIDTH]\n"
+        "  The step-time breakdown of one rank (Analyzer.Breakdown): one row per step and an\n"
+        "  \"average\" row, each category in µs, by the TensorBoard plugin's priority rule.\n",
+    .exit_ok = "shown",
+    .defs = breakdown_defs,
+    .n_defs = N_DEFS,
+    .cols = breakdown_cols,
+    .n_cols = N_COLS,
+    .analyzer = true,
+};
+
+static int add_step(struct kp_table *t, const Kprof__V1__BreakdownStep *s)
+{
+    static const Kprof__V1__StepCosts zero = KPROF__V1__STEP_COSTS__INIT;
+    const Kprof__V1__StepCosts *c = s->cost != NULL ? s->cost : &zero;
+    int rc = 0;
+
+    rc = rc != 0 ? rc : kp_table_add_row(t);
+    rc = rc != 0 ? rc : kp_table_set_str(t, COL_STEP, s->name);
+    rc = rc != 0 ? rc : kp_rpcverb_set_us(t, COL_KERNEL, c->kernel_ns);
+    rc = rc != 0 ? rc : kp_rpcverb_set_us(t, COL_MEMCPY, c->memcpy_ns);
+    rc = rc != 0 ? rc : kp_rpcverb_set_us(t, COL_MEMSET, c->memset_ns);
+    rc = rc != 0 ? rc : kp_rpcverb_set_us(t, COL_COMMUNICATION, c->communication_ns);
+    rc = rc != 0 ? rc : kp_rpcverb_set_us(t, COL_RUNTIME, c->runtime_ns);
+    rc = rc != 0 ? rc : kp_rpcverb_set_us(t, COL_DATALOADER, c->dataloader_ns);
+    rc = rc != 0 ? rc : kp_rpcverb_set_us(t, COL_CPU_EXEC, c->cpu_exec_ns);
+    rc = rc != 0 ? rc : kp_rpcverb_set_us(t, COL_OTHER, c->other_ns);
+    rc = rc != 0 ? rc : kp_rpcverb_set_us(t, COL_TOTAL, s->end_ns - s->start_ns);
+    return rc;
+}
+
+static int add_average(const struct kp_rpcverb *v, struct kp_table *t,
+                       const Kprof__V1__AverageCosts *a)
+{
+    static const Kprof__V1__AverageCosts zero = KPROF__V1__AVERAGE_COSTS__INIT;
+    int rc = 0;
+
+    a = a != NULL ? a : &zero;
+    rc = rc != 0 ? rc : kp_table_add_row(t);
+    rc = rc != 0 ? rc : kp_table_set_str(t, COL_STEP, "average");
+    rc = rc != 0 ? rc : kp_rpcverb_set_exact(v, t, COL_KERNEL, a->kernel_ns / 1000.0);
+    rc = rc != 0 ? rc : kp_rpcverb_set_exact(v, t, COL_MEMCPY, a->memcpy_ns / 1000.0);
+    rc = rc != 0 ? rc : kp_rpcverb_set_exact(v, t, COL_MEMSET, a->memset_ns / 1000.0);
+    rc = rc != 0 ? rc : kp_rpcverb_set_exact(v, t, COL_COMMUNICATION, a->communication_ns / 1000.0);
+    rc = rc != 0 ? rc : kp_rpcverb_set_exact(v, t, COL_RUNTIME, a->runtime_ns / 1000.0);
+    rc = rc != 0 ? rc : kp_rpcverb_set_exact(v, t, COL_DATALOADER, a->dataloader_ns / 1000.0);
+    rc = rc != 0 ? rc : kp_rpcverb_set_exact(v, t, COL_CPU_EXEC, a->cpu_exec_ns / 1000.0);
+    rc = rc != 0 ? rc : kp_rpcverb_set_exact(v, t, COL_OTHER, a->other_ns / 1000.0);
+    rc = rc != 0 ? rc : kp_rpcverb_set_exact(v, t, COL_TOTAL, a->total_ns / 1000.0);
+    return rc;
+}
+
+int kprofctl_breakdown(int argc, char **argv)
+{
+    struct breakdown_config cfg;
+    struct kp_rpcverb v;
+    struct kp_table *t = NULL;
+    Kprof__V1__BreakdownRequest req = KPROF__V1__BREAKDOWN_REQUEST__INIT;
+    Kprof__V1__BreakdownResponse *resp;
+    ProtobufCMessage *msg = NULL;
+    int rc, r;
+
+    memset(&cfg, 0, sizeof(cfg));
+    if ((rc = kp_rpcverb_init(&v, &breakdown_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
+        goto out;
+    }
+    if (cfg.run == 0) {
+        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
+        goto out;
+    }
+    if ((rc = kp_rpcverb_table(&v, &t)) != 0) {
+        goto out;
+    }
+    req.run_id = (uint64_t) cfg.run;
+    req.rank = (int32_t) cfg.rank;
+    req.plugin_compat = cfg.plugin_compat;
+    snprintf(v.subject, sizeof(v.subject), "run %lld rank %lld", cfg.run, cfg.rank);
+    if ((rc = kp_rpcverb_call(&v, "Breakdown", &req.base,
+                              &kprof__v1__breakdown_response__descriptor, &msg)) != 0) {
+        goto out;
+    }
+    resp = (Kprof__V1__BreakdownResponse *) msg;
+    r = 0;
+    for (size_t i = 0; i < resp->n_steps && r == 0; i++) {
+        r = add_step(t, resp->steps[i]);
+    }
+    if (r == 0) {
+        r = add_average(&v, t, resp->average);
+    }
+    if (r != 0) {
+        kp_rpcverb_error(&v, "%s", kp_strerror(r));
+        rc = KPROFCTL_EXIT_FAILED;
+        goto out;
+    }
+    if ((rc = kp_rpcverb_print(&v, t, stdout)) != 0) {
+        goto out;
+    }
+    if (v.format == KP_TABLE_FORMAT_TEXT) {
+        for (size_t i = 0; i < resp->n_gpus; i++) {
+            printf("%sGPU %d %.2f%%", i == 0 ? "GPU utilization: " : ", ", resp->gpus[i]->gpu_id,
+                   100.0 * resp->gpus[i]->utilization);
+        }
+        if (resp->n_gpus > 0) {
+            printf("\n");
+        }
+        if (fflush(stdout) != 0) {
+            rc = KPROFCTL_EXIT_FAILED;
+        }
+    }
+out:
+    if (msg != NULL) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+    }
+    kp_table_destroy(t);
+    kp_rpcverb_fini(&v);
+    return rc;
+}
