@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,6 +73,7 @@ struct an_rt {
 
 struct an_dev {
     int64_t start, end, corr, ext;
+    double bps, occ; /* blocks per SM, est. achieved occupancy %; NaN: unknown */
     int32_t name, rt, next;
     int32_t grid[3], block[3];
     int32_t regs, smem;
@@ -307,11 +309,12 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     rc = query(c,
                "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, grid_y, "
                "grid_z, block_x, block_y, block_z, registers, "
-               "static_smem::bigint + coalesce(dynamic_smem, 0), device FROM kernels" WHERE_RR
+               "static_smem::bigint + coalesce(dynamic_smem, 0), device, blocks_per_sm, "
+               "est_occupancy FROM kernels" WHERE_RR
                " UNION ALL SELECT 1, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
-               "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memcpys" WHERE_RR
+               "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memcpys" WHERE_RR
                " UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
-               "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR
+               "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR
                " ORDER BY 2, 3 DESC",
                params, &budget, max_rows, &r, errbuf, errlen);
     if (rc < 0)
@@ -339,6 +342,8 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
         d->regs = (int32_t) v64(r, row, 12);
         d->smem = (int32_t) v64(r, row, 13);
         d->device = PQgetisnull(r, row, 14) ? -1 : (int16_t) v64(r, row, 14);
+        d->bps = PQgetisnull(r, row, 15) ? NAN : strtod(PQgetvalue(r, row, 15), NULL);
+        d->occ = PQgetisnull(r, row, 16) ? NAN : strtod(PQgetvalue(r, row, 16), NULL);
         d->rt = -1;
         d->next = -1;
         if (d->kind == DEV_KERNEL)
@@ -1002,6 +1007,87 @@ static void overlap(struct kp_an *a, const struct rlist *comp, const struct rlis
     }
 }
 
+struct sm_ev {
+    int64_t t;
+    int start; /* 1: a kernel starts (sorted before ends at equal times) */
+    double bps;
+};
+
+static int cmp_sm_ev(const void *pa, const void *pb)
+{
+    const struct sm_ev *x = pa, *y = pb;
+
+    if (x->t != y->t)
+        return x->t < y->t ? -1 : 1;
+    return y->start - x->start;
+}
+
+/* Est. SM efficiency of GPU g over [w0, w1] (spec §8): a sweep over its kernels with blocks per
+ * SM > 0 keeps the running sum; each stretch between consecutive distinct times with a sum > 0
+ * counts min(sum, 1) over its part inside the window. Undefined when none falls inside. */
+static void sm_efficiency(const struct kp_an *a, int g, int64_t w0, int64_t w1, double *out,
+                          bool *defined)
+{
+    struct sm_ev *ev = calloc(2 * a->n_devs + 1, sizeof(*ev));
+    size_t n = 0;
+    double sum = 0.0, acc = 0.0;
+    bool any = false;
+
+    *out = 0.0;
+    *defined = false;
+    if (!ev)
+        return;
+    for (size_t i = 0; i < a->n_devs; i++) {
+        const struct an_dev *d = &a->devs[i];
+
+        if (d->kind != DEV_KERNEL || d->device != g || isnan(d->bps) || !(d->bps > 0))
+            continue;
+        ev[n++] = (struct sm_ev){ d->start, 1, d->bps };
+        ev[n++] = (struct sm_ev){ d->end, 0, d->bps };
+    }
+    qsort(ev, n, sizeof(*ev), cmp_sm_ev);
+    for (size_t i = 0; i + 1 <= n; i++) {
+        sum += ev[i].start ? ev[i].bps : -ev[i].bps;
+        if (i + 1 < n && ev[i + 1].t > ev[i].t && sum > 0) {
+            int64_t lo = ev[i].t > w0 ? ev[i].t : w0, hi = ev[i + 1].t < w1 ? ev[i + 1].t : w1;
+
+            if (hi > lo) {
+                acc += (sum < 1.0 ? sum : 1.0) * (double) (hi - lo);
+                any = true;
+            }
+        }
+    }
+    free(ev);
+    if (any && w1 > w0) {
+        *out = acc / (double) (w1 - w0);
+        *defined = true;
+    }
+}
+
+/* Est. achieved occupancy of GPU g (spec §8): its kernels with a known occupancy, each
+ * clipped to [w0, w1], weighted by the clipped length. Undefined without kernel time in it. */
+static void occupancy(const struct kp_an *a, int g, int64_t w0, int64_t w1, double *out,
+                      bool *defined)
+{
+    double num = 0.0, den = 0.0;
+
+    for (size_t i = 0; i < a->n_devs; i++) {
+        const struct an_dev *d = &a->devs[i];
+        int64_t lo, hi;
+
+        if (d->kind != DEV_KERNEL || d->device != g || isnan(d->occ) || d->occ < 0)
+            continue;
+        lo = d->start > w0 ? d->start : w0;
+        hi = d->end < w1 ? d->end : w1;
+        if (hi > lo) {
+            num += d->occ * (double) (hi - lo);
+            den += (double) (hi - lo);
+        }
+    }
+    *defined = den > 0;
+    *out = den > 0 ? num / den : 0.0;
+}
+
 /* Each GPU's busy share of the steps' window (spec §8); tmp holds n_devs ranges. */
 static int gpu_utilization(struct kp_an *a, struct kp_range *tmp)
 {
@@ -1028,6 +1114,10 @@ static int gpu_utilization(struct kp_an *a, struct kp_range *tmp)
         b->gpu_ids[b->n_gpus] = g;
         b->gpu_utilization[b->n_gpus] =
             w1 > w0 ? (double) kp_ranges_clip_length(tmp, n, w0, w1) / (double) (w1 - w0) : 0.0;
+        sm_efficiency(a, g, w0, w1, &b->est_sm_efficiency[b->n_gpus],
+                      &b->est_sm_efficiency_defined[b->n_gpus]);
+        occupancy(a, g, w0, w1, &b->est_achieved_occupancy[b->n_gpus],
+                  &b->est_achieved_occupancy_defined[b->n_gpus]);
         b->n_gpus++;
     }
     return 0;
@@ -1331,6 +1421,9 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
         }
         r->calls = 1;
         r->total_ns = r->min_ns = r->max_ns = d->end - d->start;
+        /* duration-weighted means; a kernel without the figure counts as 0 (spec §6) */
+        r->wsum_blocks_per_sm = isnan(d->bps) ? 0.0 : d->bps * (double) r->total_ns;
+        r->wsum_occupancy = isnan(d->occ) ? 0.0 : d->occ * (double) r->total_ns;
         n++;
     }
     qsort(rows, n, sizeof(*rows), cmp_kernel_rows_key);
@@ -1342,13 +1435,20 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
             r->total_ns += rows[i].total_ns;
             r->min_ns = rows[i].min_ns < r->min_ns ? rows[i].min_ns : r->min_ns;
             r->max_ns = rows[i].max_ns > r->max_ns ? rows[i].max_ns : r->max_ns;
+            r->wsum_blocks_per_sm += rows[i].wsum_blocks_per_sm;
+            r->wsum_occupancy += rows[i].wsum_occupancy;
         }
         else {
             rows[nr++] = rows[i];
         }
     }
-    for (size_t i = 0; i < nr; i++)
+    for (size_t i = 0; i < nr; i++) {
         rows[i].tc_used = kp_an_is_tc_kernel(rows[i].name);
+        rows[i].mean_blocks_per_sm =
+            rows[i].total_ns ? rows[i].wsum_blocks_per_sm / (double) rows[i].total_ns : 0.0;
+        rows[i].mean_est_achieved_occupancy =
+            rows[i].total_ns ? rows[i].wsum_occupancy / (double) rows[i].total_ns : 0.0;
+    }
     qsort(rows, nr, sizeof(*rows), cmp_kernel_rows_total);
     free(t->rows);
     t->rows = rows;
@@ -1450,6 +1550,16 @@ void kp_an_breakdown_json(FILE *f, const struct kp_an_breakdown *b)
     for (size_t i = 0; i < b->n_gpus; i++) {
         fprintf(f, "%s\"%d\": {\"utilization\": ", i ? ", " : "", b->gpu_ids[i]);
         json_dbl(f, b->gpu_utilization[i]);
+        fprintf(f, ", \"est_sm_efficiency\": ");
+        if (b->est_sm_efficiency_defined[i])
+            json_dbl(f, b->est_sm_efficiency[i]);
+        else
+            fprintf(f, "null");
+        fprintf(f, ", \"est_achieved_occupancy\": ");
+        if (b->est_achieved_occupancy_defined[i])
+            json_dbl(f, b->est_achieved_occupancy[i]);
+        else
+            fprintf(f, "null");
         fputc('}', f);
     }
     fprintf(f, "}}}");
@@ -1524,6 +1634,10 @@ void kp_an_kernels_json(FILE *f, const struct kp_an_table *t, bool by_op)
         json_us(f, r->min_ns);
         fprintf(f, ", \"max_us\": ");
         json_us(f, r->max_ns);
+        fprintf(f, ", \"mean_blocks_per_sm\": ");
+        json_dbl(f, r->mean_blocks_per_sm);
+        fprintf(f, ", \"mean_est_achieved_occupancy\": ");
+        json_dbl(f, r->mean_est_achieved_occupancy);
         fprintf(f, ", \"tc_used\": %s}", r->tc_used ? "true" : "false");
     }
     fprintf(f, "]}");

@@ -16,11 +16,11 @@
  *
  * Steps: ProfilerStep#N ranges, as the plugin; a capture has none, so there the steps it
  * recorded (the `steps` table, from the step hook) are the host-side steps; with neither, one
- * step "0" over the CPU-side events.
+ * step "0" over the CPU-side events. Blocks per SM and est. achieved occupancy come from the
+ * trace (Kineto's figures, kept by import); a capture has none yet.
  *
  * Only runtime-domain API calls are read (the plugin drops cuda_driver), and python_function
- * rows are not host nodes (the rows do not say which are Modules). Blocks per SM and the
- * estimated occupancy are not stored, so the kernel view leaves them out.
+ * rows are not host nodes (the rows do not say which are Modules).
  *
  * Memory: kp_an_load holds the rank's rows (about 80 bytes per row plus its names); results
  * are plain structs owned by the kp_an handle and freed with it.
@@ -75,6 +75,12 @@ struct kp_an_breakdown {
     size_t n_gpus; /* GPUs that ran kernels (kernels' device) */
     int gpu_ids[KP_AN_MAX_GPUS];
     double gpu_utilization[KP_AN_MAX_GPUS]; /* busy / [first step start, last step end] */
+    /* spec §8: est. SM efficiency (0-1) and est. achieved occupancy (percent), each only
+     * where defined (kernels with the figure inside the window) */
+    double est_sm_efficiency[KP_AN_MAX_GPUS];
+    bool est_sm_efficiency_defined[KP_AN_MAX_GPUS];
+    double est_achieved_occupancy[KP_AN_MAX_GPUS];
+    bool est_achieved_occupancy_defined[KP_AN_MAX_GPUS];
 };
 
 struct kp_an_op_row {
@@ -94,6 +100,10 @@ struct kp_an_kernel_row {
     uint64_t calls;
     int64_t total_ns, min_ns, max_ns;
     bool tc_used, op_tc_eligible;
+    /* duration-weighted means (spec §6; a kernel without the figure counts as 0) and the sums
+     * they come from (Σ value × duration in ns) */
+    double mean_blocks_per_sm, mean_est_achieved_occupancy;
+    double wsum_blocks_per_sm, wsum_occupancy;
 };
 
 struct kp_an_table {

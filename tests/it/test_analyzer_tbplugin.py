@@ -162,7 +162,8 @@ def check_rank(chk, prefix, exp, got):
                     for dev, m in v.items():
                         for f, x in m.items():
                             q = "%s/per_device/%s/%s" % (path, dev, f)
-                            if f == "utilization":
+                            if f in ("utilization", "est_sm_efficiency",
+                                     "est_achieved_occupancy"):
                                 chk.value(q, x, g["per_device"].get(dev, {}).get(f))
                             else:
                                 chk.todo.append(q)
@@ -258,7 +259,10 @@ def check_resnet50(ci, grpc, chk):
                       got["gpu"]["per_device"][dev]["utilization"])
             chk.value(q + "tensor_core_kernel_time_ratio", m["tensor_core_kernel_time_ratio"],
                       got["tensor_cores"]["tc_ratio_per_gpu"][dev])
-            chk.todo += [q + "est_sm_efficiency", q + "est_achieved_occupancy_percent"]
+            dev_got = got["gpu"]["per_device"][dev]
+            chk.value(q + "est_sm_efficiency", m["est_sm_efficiency"], dev_got["est_sm_efficiency"])
+            chk.value(q + "est_achieved_occupancy_percent", m["est_achieved_occupancy_percent"],
+                      dev_got["est_achieved_occupancy"])
         chk.value(p + "/gpu/tc_eligible_ops_kernel_ratio", gm["tc_eligible_ops_kernel_ratio"],
                   got["tensor_cores"]["tc_eligible_ops_kernel_ratio"])
         chk.todo += [p + "/gpu/util_timeline", p + "/gpu/recommendations_html"]
@@ -292,7 +296,11 @@ def check_resnet50(ci, grpc, chk):
             chk.value(q + "/calls", int(r["Calls"]), g["calls"])
             for k, col in (("total", "Total"), ("mean", "Mean"), ("max", "Max"), ("min", "Min")):
                 chk.value("%s/%s_us" % (q, k), int(r[col + " Duration (us)"]), round(g[k + "_us"]))
-            chk.todo += [q + "/mean_blocks_per_sm", q + "/mean_est_achieved_occupancy"]
+            chk.value(q + "/mean_blocks_per_sm", float(r["Mean Blocks Per SM"]),
+                      round(g["mean_blocks_per_sm"], 2))
+            chk.value(q + "/mean_est_achieved_occupancy",
+                      float(r["Mean Est. Achieved Occupancy (%)"]),
+                      round(g["mean_est_achieved_occupancy"], 2))
         for r in rows("kernels_by_op_top20.csv"):
             key = (r["Name"], r["Operator"], r["Grid"], r["Block"], int(r["Register Per Thread"]),
                    int(r["Shared Memory"]))
@@ -309,9 +317,12 @@ def check_resnet50(ci, grpc, chk):
             chk.value(q + "/calls", int(r["Calls"]), g["calls"])
             for k, col in (("total", "Total"), ("mean", "Mean"), ("max", "Max"), ("min", "Min")):
                 chk.value("%s/%s_us" % (q, k), int(r[col + " Duration (us)"]), round(g[k + "_us"]))
-            chk.todo += [q + "/mean_blocks_per_sm", q + "/mean_est_achieved_occupancy"]
-        print("    %d figures match, %d mismatch; blocks per SM and est. achieved occupancy: "
-              "not implemented yet" % (len(chk.ok) - n0[0], len(chk.bad) - n0[1]))
+            chk.value(q + "/mean_blocks_per_sm", float(r["Mean Blocks Per SM"]),
+                      round(g["mean_blocks_per_sm"], 2))
+            chk.value(q + "/mean_est_achieved_occupancy",
+                      float(r["Mean Est. Achieved Occupancy (%)"]),
+                      round(g["mean_est_achieved_occupancy"], 2))
+        print("    %d figures match, %d mismatch" % (len(chk.ok) - n0[0], len(chk.bad) - n0[1]))
 
 
 def check_errors(ci):
