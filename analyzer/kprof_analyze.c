@@ -2,10 +2,13 @@
  * kprof-analyze: the analyzer core from the command line.
  *   kprof-analyze --pg CONNINFO --run R [--rank N] [--plugin-compat] [--max-rows N]
  *                 breakdown|ops|kernels [--json]
+ *   kprof-analyze ... prof [-c COLUMNS] [--csv|--json] [-w WIDTH]
  * breakdown: the step-time breakdown per step and on average (--plugin-compat: the
  * TensorBoard plugin's double-counting figure instead of kprof's); ops: the operator view by
  * name and by name + input shapes; kernels: the kernel view by name and by name + op, and the
- * Tensor Core statistics.
+ * Tensor Core statistics; prof: PyProf's per-kernel table (analyzer/pyprof.h), the columns
+ * of -c (default idx,dir,sub,mod,op,kernel,params,sil), columnated to -w WIDTH (default
+ * 200), or every field quoted with --csv, or --json.
  * --max-rows refuses a rank with more rows than that (0, the default: no limit).
  * Exit codes: 0 ok, 2 usage, 3 unknown run or rank, 1 anything else.
  */
@@ -18,11 +21,13 @@
 #include "kp_analyzer.h"
 #include "kp_err.h"
 #include "kp_pg.h"
+#include "pyprof.h"
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kprof-analyze --pg CONNINFO --run R [--rank N] [--plugin-compat] "
-               "[--max-rows N] breakdown|ops|kernels [--json]\n");
+               "[--max-rows N] breakdown|ops|kernels [--json]\n"
+               "       kprof-analyze ... prof [-c COLUMNS] [--csv|--json] [-w WIDTH]\n");
 }
 
 static void text_breakdown(const struct kp_an_breakdown *b)
@@ -68,22 +73,31 @@ static void text_kernels(const struct kp_an_table *t)
 
 int main(int argc, char **argv)
 {
-    static const struct option longopts[] = {
-        { "pg", required_argument, NULL, 'p' },      { "run", required_argument, NULL, 'r' },
-        { "rank", required_argument, NULL, 'k' },    { "json", no_argument, NULL, 'j' },
-        { "plugin-compat", no_argument, NULL, 'c' }, { "max-rows", required_argument, NULL, 'm' },
-        { "help", no_argument, NULL, 'h' },          { NULL, 0, NULL, 0 }
-    };
+    static const struct option longopts[] = { { "pg", required_argument, NULL, 'p' },
+                                              { "run", required_argument, NULL, 'r' },
+                                              { "rank", required_argument, NULL, 'k' },
+                                              { "json", no_argument, NULL, 'j' },
+                                              { "plugin-compat", no_argument, NULL, 'P' },
+                                              { "max-rows", required_argument, NULL, 'm' },
+                                              { "help", no_argument, NULL, 'h' },
+                                              { "csv", no_argument, NULL, 'v' },
+                                              { "columns", required_argument, NULL, 'c' },
+                                              { "width", required_argument, NULL, 'w' },
+                                              { NULL, 0, NULL, 0 } };
     const char *conninfo = NULL, *verb = NULL;
     char err[512] = "", *end;
     int64_t run = -1;
     unsigned long long max_rows = 0;
     int rank = 0, opt, rc;
-    bool json = false, compat = false;
+    bool json = false, compat = false, csv = false;
+    const char *columns = KP_PROF_DEFAULT_COLUMNS;
+    long width = KP_PROF_DEFAULT_WIDTH;
+    enum kp_prof_col cols[64];
+    int ncols = 0;
     PGconn *c = NULL;
     struct kp_an *a = NULL;
 
-    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "c:w:", longopts, NULL)) != -1) {
         switch (opt) {
         case 'p':
             conninfo = optarg;
@@ -112,8 +126,22 @@ int main(int argc, char **argv)
         case 'j':
             json = true;
             break;
-        case 'c':
+        case 'P':
             compat = true;
+            break;
+        case 'v':
+            csv = true;
+            break;
+        case 'c':
+            columns = optarg;
+            break;
+        case 'w':
+            width = strtol(optarg, &end, 10);
+            if (*end || width < 20 || width > 100000) {
+                fprintf(stderr, "kprof-analyze: -w takes a width of 20 or more, not '%s'\n",
+                        optarg);
+                return 2;
+            }
             break;
         case 'h':
             usage(stdout);
@@ -134,9 +162,17 @@ int main(int argc, char **argv)
         }
     }
     if (!conninfo || run < 0 || !verb ||
-        (strcmp(verb, "breakdown") && strcmp(verb, "ops") && strcmp(verb, "kernels"))) {
+        (strcmp(verb, "breakdown") && strcmp(verb, "ops") && strcmp(verb, "kernels") &&
+         strcmp(verb, "prof"))) {
         usage(stderr);
         return 2;
+    }
+    if (strcmp(verb, "prof") == 0) {
+        ncols = kp_prof_parse_columns(columns, cols, 64, err, sizeof(err));
+        if (ncols < 0) {
+            fprintf(stderr, "kprof-analyze: %s\n", err);
+            return 2;
+        }
     }
     rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
     if (rc == 0)
@@ -146,7 +182,26 @@ int main(int argc, char **argv)
         PQfinish(c);
         return rc == KP_ENOTFOUND ? 3 : 1;
     }
-    if (strcmp(verb, "breakdown") == 0) {
+    if (strcmp(verb, "prof") == 0) {
+        struct kp_prof *p = NULL;
+
+        rc = kp_prof_build(c, run, rank, (size_t) max_rows, &p, err, sizeof(err));
+        if (rc == 0)
+            kp_prof_write(stdout, p, run, rank, cols, ncols,
+                          json  ? KP_PROF_JSON
+                          : csv ? KP_PROF_CSV
+                                : KP_PROF_TEXT,
+                          (int) width);
+        else if (err[0])
+            fprintf(stderr, "kprof-analyze: %s\n", err);
+        kp_prof_destroy(p);
+        if (rc < 0 && err[0]) {
+            kp_an_destroy(a);
+            PQfinish(c);
+            return 1;
+        }
+    }
+    else if (strcmp(verb, "breakdown") == 0) {
         const struct kp_an_breakdown *b;
 
         rc = kp_an_breakdown(a, compat, &b);

@@ -1,0 +1,928 @@
+/*
+ * pyprof: PyProf's per-kernel table (see pyprof.h).
+ *
+ * DESIGN. Three ordered queries: the rank's kernels (launch order: correlation, then start),
+ * its API calls (correlation -> thread and external id) and its host ops (thread, start,
+ * longest first). Strings point into the kept PGresults. One sweep per thread gives each op
+ * its enclosing op (parent); two sorted indexes find an op by op_id and the ops of a seq.
+ * Each kernel then walks its op's parent chain once.
+ */
+#include "pyprof.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flops.h"
+#include "kp_analyzer.h"
+#include "kp_err.h"
+#include "kp_pg.h"
+
+/* OpKind (proto/kprof.proto). */
+enum {
+    OPK_CPU_OP = 1,
+    OPK_USER_ANNOTATION = 2,
+    OPK_PYTHON_FUNCTION = 4,
+    OPK_NVTX = 5,
+};
+
+struct pp_op {
+    int64_t start, end, tid, op_id, seq, fwd_tid;
+    const char *name, *shapes, *dtypes;
+    int32_t parent;
+    uint8_t kind;
+};
+
+struct pp_key {
+    int64_t key;
+    int32_t idx;
+};
+
+struct kp_prof {
+    PGresult *kr, * or ;
+    struct pp_op *ops;
+    size_t n_ops;
+    struct kp_prof_row *rows;
+    size_t n_rows;
+};
+
+static const char *const col_names[KP_PROF_COL_COUNT] = {
+    "idx",    "seq",    "altseq", "tid", "layer",  "trace",  "dir",  "sub",   "mod",   "op",
+    "kernel", "params", "sil",    "tc",  "device", "stream", "grid", "block", "flops", "bytes",
+};
+
+static const char *const col_headers[KP_PROF_COL_COUNT] = {
+    "Idx",    "SeqId",  "AltSeqId", "TId",    "Layer",  "Trace",   "Direction",
+    "Sub",    "Module", "Op",       "Kernel", "Params", "Sil(ns)", "TC",
+    "Device", "Stream", "Grid",     "Block",  "FLOPs",  "Bytes",
+};
+
+/* Minimum widths (spec §6); 0: shares the remainder (kernel, params). */
+static const int col_widths[KP_PROF_COL_COUNT] = { 7, 7, 7,  12, 10, 25, 5,  3,  15, 15,
+                                                   0, 0, 10, 2,  3,  3,  12, 12, 12, 12 };
+
+const char *kp_prof_col_name(enum kp_prof_col c)
+{
+    return c < KP_PROF_COL_COUNT ? col_names[c] : "?";
+}
+
+static int64_t v64(const PGresult *r, int row, int col)
+{
+    if (PQgetisnull(r, row, col))
+        return -1;
+    return strtoll(PQgetvalue(r, row, col), NULL, 10);
+}
+
+static int cmp_key(const void *pa, const void *pb)
+{
+    const struct pp_key *a = pa, *b = pb;
+
+    if (a->key != b->key)
+        return a->key < b->key ? -1 : 1;
+    return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
+/* The first entry of v with key k, or NULL. */
+static const struct pp_key *lower(const struct pp_key *v, size_t n, int64_t k)
+{
+    size_t lo = 0, hi = n;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (v[mid].key < k)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && v[lo].key == k ? &v[lo] : NULL;
+}
+
+/* ---- names --------------------------------------------------------------------------- */
+
+/* PyProf's short kernel name (spec §4), spaces as '_'. */
+static void short_kernel(const char *name, char *out, size_t len)
+{
+    static const char *const strip[] = { "void ",
+                                         "at::", "cuda::", "native::", "(anonymous namespace)::" };
+    char buf[512];
+    size_t n = strcspn(name, "<");
+    char *p;
+
+    if (n >= sizeof(buf))
+        n = sizeof(buf) - 1;
+    memcpy(buf, name, n);
+    buf[n] = '\0';
+    for (size_t i = 0; i < sizeof(strip) / sizeof(strip[0]); i++)
+        while ((p = strstr(buf, strip[i])) != NULL)
+            memmove(p, p + strlen(strip[i]), strlen(p + strlen(strip[i])) + 1);
+    buf[strcspn(buf, "(")] = '\0';
+    for (p = buf; *p; p++)
+        if (*p == ' ')
+            *p = '_';
+    n = strlen(buf);
+    if (n >= len)
+        n = len - 1;
+    memcpy(out, buf, n);
+    out[n] = '\0';
+}
+
+/* Helper kernels of a convolution or GEMM that do none of its math (spec §3.2's aux list,
+ * plus cuDNN's non-fused Winograd transforms, tensor scaling and split-K reductions): they
+ * take no part of the op's FLOPs. */
+static bool is_aux_kernel(const char *short_name)
+{
+    static const char *const aux[] = { "nchwToNhwc",
+                                       "nhwcToNchw",
+                                       "OffsetsKernel",
+                                       "generateWinogradTilesKernel",
+                                       "winogradWgrad",
+                                       "winogradForward",
+                                       "compute_gemm_pointers",
+                                       "flip_filter",
+                                       "fft2d_r2c_",
+                                       "fft2d_c2r_",
+                                       "fft1d_r2c",
+                                       "fft1d_c2r",
+                                       "scaleTensor_kernel",
+                                       "scalePackedTensor",
+                                       "splitKreduce_kernel" };
+
+    for (size_t i = 0; i < sizeof(aux) / sizeof(aux[0]); i++)
+        if (strstr(short_name, aux[i]))
+            return true;
+    return false;
+}
+
+static bool is_bwd_node(const struct pp_op *o)
+{
+    return o->seq >= 0 && strncmp(o->name, "aten::", 6) != 0 &&
+           (strstr(o->name, "Backward") || strstr(o->name, "backward"));
+}
+
+/* The node's forward name: "AddmmBackward0" -> "Addmm" (namespaces dropped). */
+static void bwd_base(const char *name, char *out, size_t len)
+{
+    const char *s = name, *p;
+    size_t n;
+
+    while ((p = strstr(s, "::")) != NULL)
+        s = p + 2;
+    p = strstr(s, "Backward");
+    if (!p)
+        p = strstr(s, "backward");
+    n = (size_t) (p - s);
+    if (n > 0 && s[n - 1] == '_')
+        n--;
+    if (n >= len)
+        n = len - 1;
+    memcpy(out, s, n);
+    out[n] = '\0';
+}
+
+/* Lower-case letters and digits only: "_softmax" and "Softmax" compare equal. */
+static void squash(const char *s, char *out, size_t len)
+{
+    size_t n = 0;
+
+    for (; *s && n + 1 < len; s++) {
+        char ch = *s;
+
+        if (ch >= 'A' && ch <= 'Z')
+            ch = (char) (ch - 'A' + 'a');
+        if ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9'))
+            out[n++] = ch;
+    }
+    out[n] = '\0';
+}
+
+static bool is_functional(const char *op)
+{
+    static const char *const fns[] = {
+        "linear",
+        "bilinear",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "softmax",
+        "log_softmax",
+        "dropout",
+        "layer_norm",
+        "group_norm",
+        "batch_norm",
+        "instance_norm",
+        "rms_norm",
+        "embedding",
+        "embedding_bag",
+        "gelu",
+        "silu",
+        "mish",
+        "relu",
+        "relu6",
+        "leaky_relu",
+        "hardswish",
+        "hardsigmoid",
+        "hardtanh",
+        "elu",
+        "selu",
+        "celu",
+        "softplus",
+        "logsigmoid",
+        "scaled_dot_product_attention",
+        "mse_loss",
+        "l1_loss",
+        "nll_loss",
+        "cross_entropy_loss",
+        "binary_cross_entropy",
+        "max_pool1d",
+        "max_pool2d",
+        "max_pool3d",
+        "avg_pool1d",
+        "avg_pool2d",
+        "avg_pool3d",
+        "adaptive_avg_pool1d",
+        "adaptive_avg_pool2d",
+        "adaptive_avg_pool3d",
+        "adaptive_max_pool2d",
+        "pad",
+        "interpolate",
+        "normalize",
+    };
+
+    for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++)
+        if (strcmp(op, fns[i]) == 0)
+            return true;
+    return false;
+}
+
+/* mod and op from an op name (pyprof.h). */
+static void mod_op(const char *name, struct kp_prof_row *r)
+{
+    const char *p = strstr(name, "::");
+    size_t n;
+
+    if (strncmp(name, "aten::", 6) == 0) {
+        const char *op = name + 6;
+        size_t len = strlen(op);
+
+        snprintf(r->op, sizeof(r->op), "%s", op);
+        if (is_functional(op))
+            snprintf(r->mod, sizeof(r->mod), "torch.nn.functional");
+        else if ((len > 1 && op[len - 1] == '_' && op[len - 2] != '_') || strncmp(op, "__", 2) == 0)
+            snprintf(r->mod, sizeof(r->mod), "Tensor");
+        else
+            snprintf(r->mod, sizeof(r->mod), "torch");
+        return;
+    }
+    if (p && p != name) {
+        n = (size_t) (p - name);
+        snprintf(r->mod, sizeof(r->mod), "%.*s", (int) n, name);
+        snprintf(r->op, sizeof(r->op), "%s", p + 2);
+        return;
+    }
+    snprintf(r->mod, sizeof(r->mod), "na");
+    snprintf(r->op, sizeof(r->op), "%s", name[0] ? name : "na");
+}
+
+/* ---- building ------------------------------------------------------------------------ */
+
+static int query(PGconn *c, const char *sql, const char *const *params, size_t *budget,
+                 size_t max_rows, PGresult **out, char *errbuf, size_t errlen)
+{
+    int rc = kp_pg_query(c, sql, 2, params, out, errbuf, errlen);
+    size_t n;
+
+    if (rc < 0)
+        return rc;
+    n = (size_t) PQntuples(*out);
+    if (max_rows && n > max_rows - *budget) {
+        kp_errbuf_set(errbuf, errlen, "the rank has more than %zu rows: raise the row limit",
+                      max_rows);
+        PQclear(*out);
+        *out = NULL;
+        return KP_ETOOBIG;
+    }
+    *budget += n;
+    return 0;
+}
+
+#define WHERE_RR " WHERE x.run_id = $1 AND x.rank = $2"
+
+static bool op_kind(const struct pp_op *o)
+{
+    return o->kind == OPK_CPU_OP || o->kind == OPK_NVTX;
+}
+
+/* The forward op of backward node b (pyprof.h), or -1. */
+static int32_t find_forward_on(const struct kp_prof *p, const struct pp_key *by_seq, size_t n_seq,
+                               const struct pp_op *b, bool on_fwd_tid)
+{
+    const struct pp_key *k = lower(by_seq, n_seq, b->seq), *end = by_seq + n_seq;
+    char want[96], got[96], base[96];
+    int32_t best = -1, named = -1;
+
+    if (!k)
+        return -1;
+    bwd_base(b->name, base, sizeof(base));
+    squash(base, want, sizeof(want));
+    for (; k < end && k->key == b->seq; k++) {
+        const struct pp_op *o = &p->ops[k->idx];
+
+        if (!op_kind(o) || is_bwd_node(o) || (on_fwd_tid && o->tid != b->fwd_tid))
+            continue;
+        if (best < 0 || o->start < p->ops[best].start ||
+            (o->start == p->ops[best].start && o->end > p->ops[best].end))
+            best = k->idx;
+        kp_fl_base_name(o->name, base, sizeof(base));
+        squash(base, got, sizeof(got));
+        if (named < 0 && want[0] && strcmp(got, want) == 0)
+            named = k->idx;
+    }
+    return named >= 0 ? named : best;
+}
+
+/* Kineto's "Fwd thread id" is sometimes the profiler's thread index, not the OS thread id:
+ * when no op of the seq runs on it, any thread's op is taken. */
+static int32_t find_forward(const struct kp_prof *p, const struct pp_key *by_seq, size_t n_seq,
+                            const struct pp_op *b)
+{
+    int32_t f = b->fwd_tid > 0 ? find_forward_on(p, by_seq, n_seq, b, true) : -1;
+
+    return f >= 0 ? f : find_forward_on(p, by_seq, n_seq, b, false);
+}
+
+/* The output shape of a forward op from its backward node's grad_output (for convolutions). */
+static bool conv_hint(const struct kp_prof *p, const struct pp_key *by_seq, size_t n_seq,
+                      int64_t seq, struct kp_fl_tensor *hint)
+{
+    const struct pp_key *k = seq >= 0 ? lower(by_seq, n_seq, seq) : NULL, *end = by_seq + n_seq;
+
+    for (; k && k < end && k->key == seq; k++) {
+        const struct pp_op *o = &p->ops[k->idx];
+        struct kp_fl_args a;
+
+        if (is_bwd_node(o) && kp_fl_parse(o->shapes, NULL, &a) == 0 && a.n > 0 &&
+            a.a[0].kind == KP_FL_TENSOR) {
+            *hint = a.a[0].t;
+            return true;
+        }
+    }
+    return false;
+}
+
+static int cmp_i64(const void *pa, const void *pb)
+{
+    int64_t a = *(const int64_t *) pa, b = *(const int64_t *) pb;
+
+    return a < b ? -1 : a > b;
+}
+
+static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const char *kname,
+                     const struct pp_key *by_seq, size_t n_seq, int *sub_count, int *part_count)
+{
+    int32_t chain[64], node = -1, attr = -1, fwd = -1;
+    int n = 0, group, part;
+    int64_t seqs[64];
+    int ns = 0;
+    struct kp_fl_args args;
+    struct kp_fl_result res;
+    struct kp_fl_tensor hint;
+    bool have_hint = false, as_bwd = false;
+    const struct pp_op *ao;
+
+    for (int32_t i = oi; i >= 0 && n < 64; i = p->ops[i].parent)
+        chain[n++] = i; /* innermost first */
+    snprintf(r->layer, sizeof(r->layer), "-");
+    r->trace = "-";
+    r->seq = -1;
+    snprintf(r->altseq, sizeof(r->altseq), "-");
+    snprintf(r->mod, sizeof(r->mod), "na");
+    snprintf(r->op, sizeof(r->op), "na");
+    snprintf(r->params, sizeof(r->params), "na");
+    r->tc = "na";
+    if (n == 0)
+        return;
+    r->tid = p->ops[chain[0]].tid;
+    for (int i = 0; i < n; i++) {
+        const struct pp_op *o = &p->ops[chain[i]];
+
+        if (node < 0 && is_bwd_node(o))
+            node = chain[i];
+        if (r->trace[0] == '-' && o->kind == OPK_PYTHON_FUNCTION)
+            r->trace = o->name;
+    }
+    r->bwd = node >= 0;
+    if (node >= 0) {
+        fwd = find_forward(p, by_seq, n_seq, &p->ops[node]);
+        if (fwd >= 0) {
+            attr = fwd;
+            as_bwd = true;
+        }
+        else {
+            for (int i = 0; i < n && chain[i] != node; i++)
+                if (op_kind(&p->ops[chain[i]]) && kp_fl_has_formula(p->ops[chain[i]].name)) {
+                    attr = chain[i];
+                    break;
+                }
+        }
+        r->seq = p->ops[node].seq;
+    }
+    else {
+        for (int i = n - 1; i >= 0 && attr < 0; i--)
+            if (op_kind(&p->ops[chain[i]]) && kp_fl_has_formula(p->ops[chain[i]].name) &&
+                strncmp(p->ops[chain[i]].name, "aten::", 6) == 0)
+                attr = chain[i];
+        for (int i = 0; i < n && attr < 0; i++)
+            if (op_kind(&p->ops[chain[i]]) && kp_fl_has_formula(p->ops[chain[i]].name))
+                attr = chain[i];
+        for (int i = 0; i < n && attr < 0; i++)
+            if (op_kind(&p->ops[chain[i]]))
+                attr = chain[i];
+        if (attr < 0)
+            attr = chain[0];
+        /* the attributed op's seq, else its nearest enclosing op's */
+        for (int i = 0, at = 0; i < n && r->seq < 0; i++) {
+            at = at || chain[i] == attr;
+            if (at && p->ops[chain[i]].seq >= 0)
+                r->seq = p->ops[chain[i]].seq;
+        }
+    }
+    /* altseq: the stack's other seqs */
+    for (int i = 0; i < n; i++) {
+        int64_t s = p->ops[chain[i]].seq;
+        bool dup = s < 0 || s == r->seq;
+
+        for (int j = 0; j < ns && !dup; j++)
+            dup = seqs[j] == s;
+        if (!dup)
+            seqs[ns++] = s;
+    }
+    if (ns) {
+        size_t len = 0;
+
+        qsort(seqs, (size_t) ns, sizeof(seqs[0]), cmp_i64);
+        r->altseq[0] = '\0';
+        for (int j = 0; j < ns && len + 24 < sizeof(r->altseq); j++)
+            len += (size_t) snprintf(r->altseq + len, sizeof(r->altseq) - len, "%s%" PRId64,
+                                     j ? "," : "", seqs[j]);
+    }
+    /* layer: enclosing layer:NAME annotations, outermost first */
+    for (int i = n - 1, len = 0; i >= 0; i--) {
+        const char *nm = p->ops[chain[i]].name;
+
+        if (strncmp(nm, "layer:", 6) == 0 && (size_t) len + 2 < sizeof(r->layer))
+            len += snprintf(r->layer + len, sizeof(r->layer) - (size_t) len, "%s%s", len ? ":" : "",
+                            nm + 6);
+    }
+    /* sub: ordinal within the backward node or the attributed op */
+    group = node >= 0 ? node : attr;
+    r->sub = group >= 0 ? sub_count[group]++ : 0;
+    if (attr < 0) {
+        if (node >= 0) {
+            bwd_base(p->ops[node].name, r->op, sizeof(r->op));
+            snprintf(r->mod, sizeof(r->mod), "na");
+        }
+        return;
+    }
+    ao = &p->ops[attr];
+    mod_op(ao->name, r);
+    if (kp_fl_parse(ao->shapes, ao->dtypes, &args) < 0)
+        memset(&args, 0, sizeof(args));
+    if (as_bwd)
+        have_hint = conv_hint(p, by_seq, n_seq, r->seq, &hint);
+    else
+        have_hint = conv_hint(p, by_seq, n_seq, ao->seq, &hint);
+    kp_fl_compute(ao->name, &args, as_bwd ? KP_FL_BWD : KP_FL_FWD, have_hint ? &hint : NULL, &res);
+    snprintf(r->params, sizeof(r->params), "%s", res.params[0] ? res.params : "-");
+    r->flops_known = res.known;
+    r->bytes_known = res.known && res.bytes_known;
+    /* the op's parts go to its kernels in order; conv/GEMM helpers get none */
+    part = r->sub;
+    if (res.tc != KP_FL_TC_NA && group >= 0)
+        part = is_aux_kernel(r->kernel) ? -1 : part_count[group]++;
+    r->flops = kp_fl_part_flops(&res, part);
+    r->bytes = r->bytes_known ? kp_fl_part_bytes(&res, part) : 0;
+    if (!res.known)
+        r->flops = 0;
+    if (res.tc == KP_FL_TC_GEMM)
+        r->tc = kp_an_is_tc_kernel(kname) ? "1" : "0";
+    else if (res.tc == KP_FL_TC_CONV)
+        r->tc = kp_an_is_tc_kernel(kname) ? "1" : "-";
+    else
+        r->tc = "-";
+}
+
+int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_prof **out,
+                  char *errbuf, size_t errlen)
+{
+    char runs[24], ranks[16];
+    const char *params[2] = { runs, ranks };
+    struct kp_prof *p;
+    PGresult *ar = NULL;
+    struct pp_key *by_id = NULL, *by_seq = NULL, *by_corr = NULL;
+    size_t n_id = 0, n_seq = 0, n_corr = 0, budget = 0, n;
+    int32_t *stack = NULL;
+    int *sub_count = NULL, *part_count = NULL;
+    int64_t *corr_tid = NULL, *corr_ext = NULL;
+    int rc;
+
+    *out = NULL;
+    snprintf(runs, sizeof(runs), "%" PRId64, run);
+    snprintf(ranks, sizeof(ranks), "%d", rank);
+    p = calloc(1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+
+    rc = query(c,
+               "SELECT x.start_ns, x.dur_ns, x.correlation, x.external_id, coalesce(n.name, ''), "
+               "x.stream, x.device, x.grid_x, x.grid_y, x.grid_z, x.block_x, x.block_y, "
+               "x.block_z FROM kernels x LEFT JOIN names n ON n.id = x.name" WHERE_RR
+               " ORDER BY x.correlation NULLS LAST, x.start_ns",
+               params, &budget, max_rows, &p->kr, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+    rc = query(c,
+               "SELECT x.correlation, x.tid, x.external_id FROM api_calls x" WHERE_RR
+               " AND x.correlation IS NOT NULL ORDER BY x.correlation, x.domain",
+               params, &budget, max_rows, &ar, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+    rc = query(c,
+               "SELECT x.start_ns, x.dur_ns, x.tid, x.op_id, x.seq, x.fwd_tid, x.external_id, "
+               "coalesce(n.name, ''), coalesce(s.name, ''), coalesce(d.name, ''), x.kind "
+               "FROM ops x LEFT JOIN names n ON n.id = x.name LEFT JOIN names s ON s.id = "
+               "x.input_shapes LEFT JOIN names d ON d.id = x.input_dtypes" WHERE_RR
+               " AND x.kind IN (1, 2, 4, 5, 6) ORDER BY x.tid, x.start_ns, x.dur_ns DESC",
+               params, &budget, max_rows, &p->or, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+
+    n = (size_t) PQntuples(p->or);
+    p->ops = calloc(n ? n : 1, sizeof(*p->ops));
+    by_id = calloc(n ? n : 1, sizeof(*by_id));
+    by_seq = calloc(n ? n : 1, sizeof(*by_seq));
+    stack = calloc(n ? n : 1, sizeof(*stack));
+    sub_count = calloc(n ? n : 1, sizeof(*sub_count));
+    part_count = calloc(n ? n : 1, sizeof(*part_count));
+    if (!p->ops || !by_id || !by_seq || !stack || !sub_count || !part_count)
+        goto nomem;
+    p->n_ops = n;
+    {
+        size_t depth = 0;
+
+        for (size_t i = 0; i < n; i++) {
+            struct pp_op *o = &p->ops[i];
+            int row = (int) i;
+            int64_t ext;
+
+            o->start = v64(p->or, row, 0);
+            o->end = o->start + (v64(p->or, row, 1) > 0 ? v64(p->or, row, 1) : 0);
+            o->tid = v64(p->or, row, 2);
+            o->op_id = v64(p->or, row, 3);
+            o->seq = v64(p->or, row, 4);
+            o->fwd_tid = v64(p->or, row, 5);
+            ext = v64(p->or, row, 6);
+            o->name = PQgetvalue(p->or, row, 7);
+            o->shapes = PQgetvalue(p->or, row, 8);
+            o->dtypes = PQgetvalue(p->or, row, 9);
+            o->kind = (uint8_t) v64(p->or, row, 10);
+            if (o->op_id < 0)
+                o->op_id = ext;
+            /* the enclosing op: the nearest earlier op of the thread that contains it */
+            while (depth > 0) {
+                const struct pp_op *t = &p->ops[stack[depth - 1]];
+
+                if (t->tid == o->tid && t->start <= o->start && t->end >= o->end)
+                    break;
+                depth--;
+            }
+            o->parent = depth ? stack[depth - 1] : -1;
+            stack[depth++] = (int32_t) i;
+            if (o->op_id >= 0)
+                by_id[n_id++] = (struct pp_key){ o->op_id, (int32_t) i };
+            if (o->seq >= 0)
+                by_seq[n_seq++] = (struct pp_key){ o->seq, (int32_t) i };
+        }
+    }
+    qsort(by_id, n_id, sizeof(*by_id), cmp_key);
+    qsort(by_seq, n_seq, sizeof(*by_seq), cmp_key);
+
+    n_corr = (size_t) PQntuples(ar);
+    by_corr = calloc(n_corr ? n_corr : 1, sizeof(*by_corr));
+    corr_tid = calloc(n_corr ? n_corr : 1, sizeof(*corr_tid));
+    corr_ext = calloc(n_corr ? n_corr : 1, sizeof(*corr_ext));
+    if (!by_corr || !corr_tid || !corr_ext)
+        goto nomem;
+    for (size_t i = 0; i < n_corr; i++) {
+        by_corr[i] = (struct pp_key){ v64(ar, (int) i, 0), (int32_t) i };
+        corr_tid[i] = v64(ar, (int) i, 1);
+        corr_ext[i] = v64(ar, (int) i, 2);
+    }
+
+    n = (size_t) PQntuples(p->kr);
+    p->rows = calloc(n ? n : 1, sizeof(*p->rows));
+    if (!p->rows)
+        goto nomem;
+    p->n_rows = n;
+    for (size_t i = 0; i < n; i++) {
+        struct kp_prof_row *r = &p->rows[i];
+        int row = (int) i;
+        int64_t corr = v64(p->kr, row, 2), ext = v64(p->kr, row, 3);
+        const struct pp_key *ck = corr >= 0 ? lower(by_corr, n_corr, corr) : NULL, *ok;
+        const char *kname = PQgetvalue(p->kr, row, 4);
+        int32_t oi = -1;
+
+        r->idx = i + 1;
+        r->sil_ns = v64(p->kr, row, 1);
+        r->stream = (int) v64(p->kr, row, 5);
+        r->device = (int) v64(p->kr, row, 6);
+        if (PQgetisnull(p->kr, row, 7))
+            snprintf(r->grid, sizeof(r->grid), "-");
+        else
+            snprintf(r->grid, sizeof(r->grid), "%" PRId64 ",%" PRId64 ",%" PRId64,
+                     v64(p->kr, row, 7), v64(p->kr, row, 8), v64(p->kr, row, 9));
+        if (PQgetisnull(p->kr, row, 10))
+            snprintf(r->block, sizeof(r->block), "-");
+        else
+            snprintf(r->block, sizeof(r->block), "%" PRId64 ",%" PRId64 ",%" PRId64,
+                     v64(p->kr, row, 10), v64(p->kr, row, 11), v64(p->kr, row, 12));
+        short_kernel(kname, r->kernel, sizeof(r->kernel));
+        if (ext <= 0 && ck)
+            ext = corr_ext[ck->idx];
+        /* the innermost op of that id: the last one in (tid, start) order */
+        ok = ext > 0 ? lower(by_id, n_id, ext) : NULL;
+        for (; ok && ok < by_id + n_id && ok->key == ext; ok++)
+            if (oi < 0 || p->ops[ok->idx].start >= p->ops[oi].start)
+                oi = ok->idx;
+        r->tid = ck ? corr_tid[ck->idx] : 0;
+        fill_row(p, r, oi, kname, by_seq, n_seq, sub_count, part_count);
+    }
+    rc = 0;
+    *out = p;
+    p = NULL;
+    goto out;
+
+nomem:
+    rc = -ENOMEM;
+    kp_errbuf_set(errbuf, errlen, "out of memory building the PyProf table");
+fail:
+    kp_prof_destroy(p);
+out:
+    PQclear(ar);
+    free(by_id);
+    free(by_seq);
+    free(by_corr);
+    free(corr_tid);
+    free(corr_ext);
+    free(stack);
+    free(sub_count);
+    free(part_count);
+    return rc;
+}
+
+void kp_prof_destroy(struct kp_prof *p)
+{
+    if (!p)
+        return;
+    PQclear(p->kr);
+    PQclear(p->or);
+    free(p->ops);
+    free(p->rows);
+    free(p);
+}
+
+const struct kp_prof_row *kp_prof_rows(const struct kp_prof *p, size_t *n)
+{
+    *n = p->n_rows;
+    return p->rows;
+}
+
+int kp_prof_parse_columns(const char *list, enum kp_prof_col *cols, int max, char *errbuf,
+                          size_t errlen)
+{
+    int n = 0;
+    const char *s = list;
+
+    while (s && *s) {
+        size_t len = strcspn(s, ",");
+        int c;
+
+        for (c = 0; c < KP_PROF_COL_COUNT; c++)
+            if (strlen(col_names[c]) == len && strncmp(s, col_names[c], len) == 0)
+                break;
+        if (c == KP_PROF_COL_COUNT || n >= max) {
+            kp_errbuf_set(errbuf, errlen,
+                          "unknown column '%.*s': pick from idx,seq,altseq,tid,layer,trace,dir,"
+                          "sub,mod,op,kernel,params,sil,tc,device,stream,grid,block,flops,bytes",
+                          (int) len, s);
+            return -EINVAL;
+        }
+        cols[n++] = (enum kp_prof_col) c;
+        s += len;
+        if (*s == ',')
+            s++;
+    }
+    if (n == 0) {
+        kp_errbuf_set(errbuf, errlen, "no column selected");
+        return -EINVAL;
+    }
+    return n;
+}
+
+/* The text of one cell. */
+static const char *cell(const struct kp_prof_row *r, enum kp_prof_col c, char *buf, size_t len)
+{
+    switch (c) {
+    case KP_PROF_IDX:
+        snprintf(buf, len, "%" PRIu64, r->idx);
+        return buf;
+    case KP_PROF_SEQ:
+        if (r->seq < 0)
+            return "-";
+        snprintf(buf, len, "%" PRId64, r->seq);
+        return buf;
+    case KP_PROF_ALTSEQ:
+        return r->altseq;
+    case KP_PROF_TID:
+        snprintf(buf, len, "%" PRId64, r->tid);
+        return buf;
+    case KP_PROF_LAYER:
+        return r->layer;
+    case KP_PROF_TRACE:
+        return r->trace;
+    case KP_PROF_DIR:
+        return r->bwd ? "bprop" : "fprop";
+    case KP_PROF_SUB:
+        snprintf(buf, len, "%d", r->sub);
+        return buf;
+    case KP_PROF_MOD:
+        return r->mod;
+    case KP_PROF_OP:
+        return r->op;
+    case KP_PROF_KERNEL:
+        return r->kernel;
+    case KP_PROF_PARAMS:
+        return r->params;
+    case KP_PROF_SIL:
+        snprintf(buf, len, "%" PRId64, r->sil_ns);
+        return buf;
+    case KP_PROF_TC:
+        return r->tc;
+    case KP_PROF_DEVICE:
+        snprintf(buf, len, "%d", r->device);
+        return r->device < 0 ? "-" : buf;
+    case KP_PROF_STREAM:
+        snprintf(buf, len, "%d", r->stream);
+        return r->stream < 0 ? "-" : buf;
+    case KP_PROF_GRID:
+        return r->grid;
+    case KP_PROF_BLOCK:
+        return r->block;
+    case KP_PROF_FLOPS:
+        if (!r->flops_known)
+            return "-";
+        snprintf(buf, len, "%.0f", r->flops);
+        return buf;
+    case KP_PROF_BYTES:
+        if (!r->bytes_known)
+            return "-";
+        snprintf(buf, len, "%.0f", r->bytes);
+        return buf;
+    default:
+        return "?";
+    }
+}
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char) *s;
+
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
+{
+    char buf[64];
+
+    switch (c) {
+    case KP_PROF_IDX:
+    case KP_PROF_TID:
+    case KP_PROF_SUB:
+    case KP_PROF_SIL:
+        fputs(cell(r, c, buf, sizeof(buf)), f);
+        return;
+    case KP_PROF_SEQ:
+        if (r->seq < 0)
+            fputs("null", f);
+        else
+            fprintf(f, "%" PRId64, r->seq);
+        return;
+    case KP_PROF_DEVICE:
+    case KP_PROF_STREAM: {
+        int v = c == KP_PROF_DEVICE ? r->device : r->stream;
+
+        if (v < 0)
+            fputs("null", f);
+        else
+            fprintf(f, "%d", v);
+        return;
+    }
+    case KP_PROF_FLOPS:
+    case KP_PROF_BYTES: {
+        bool known = c == KP_PROF_FLOPS ? r->flops_known : r->bytes_known;
+
+        if (!known)
+            fputs("null", f);
+        else
+            fprintf(f, "%.0f", c == KP_PROF_FLOPS ? r->flops : r->bytes);
+        return;
+    }
+    default:
+        json_str(f, cell(r, c, buf, sizeof(buf)));
+        return;
+    }
+}
+
+void kp_prof_write(FILE *f, const struct kp_prof *p, int64_t run, int rank,
+                   const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt, int width)
+{
+    char buf[64];
+    int w[KP_PROF_COL_COUNT] = { 0 };
+
+    if (fmt == KP_PROF_JSON) {
+        fprintf(f, "{\"run\": %" PRId64 ", \"rank\": %d, \"columns\": [", run, rank);
+        for (int c = 0; c < ncols; c++)
+            fprintf(f, "%s\"%s\"", c ? ", " : "", col_names[cols[c]]);
+        fputs("], \"rows\": [", f);
+        for (size_t i = 0; i < p->n_rows; i++) {
+            fputs(i ? ",\n  {" : "\n  {", f);
+            for (int c = 0; c < ncols; c++) {
+                fprintf(f, "%s\"%s\": ", c ? ", " : "", col_names[cols[c]]);
+                json_cell(f, &p->rows[i], cols[c]);
+            }
+            fputc('}', f);
+        }
+        fputs("]}\n", f);
+        return;
+    }
+    if (fmt == KP_PROF_CSV) {
+        for (int c = 0; c < ncols; c++)
+            fprintf(f, "%s\"%s\"", c ? "," : "", col_headers[cols[c]]);
+        fputc('\n', f);
+        for (size_t i = 0; i < p->n_rows; i++) {
+            for (int c = 0; c < ncols; c++) {
+                const char *s = cell(&p->rows[i], cols[c], buf, sizeof(buf));
+
+                fputs(c ? ",\"" : "\"", f);
+                for (; *s; s++) {
+                    if (*s == '"')
+                        fputc('"', f);
+                    fputc(*s, f);
+                }
+                fputc('"', f);
+            }
+            fputc('\n', f);
+        }
+        return;
+    }
+    /* columnated: fixed widths, kernel and params share the rest */
+    {
+        int fixed = 0, flex = 0, rest;
+
+        for (int c = 0; c < ncols; c++) {
+            w[c] = col_widths[cols[c]];
+            if ((int) strlen(col_headers[cols[c]]) > w[c] && w[c])
+                w[c] = (int) strlen(col_headers[cols[c]]);
+            if (w[c])
+                fixed += w[c] + 1;
+            else
+                flex++;
+        }
+        rest = width - fixed - flex;
+        for (int c = 0; c < ncols; c++)
+            if (!w[c])
+                w[c] = flex && rest / flex > 8 ? rest / flex : 8;
+        for (int c = 0; c < ncols; c++)
+            fprintf(f, "%s%-*.*s", c ? " " : "", w[c], w[c], col_headers[cols[c]]);
+        fputc('\n', f);
+        for (size_t i = 0; i < p->n_rows; i++) {
+            for (int c = 0; c < ncols; c++)
+                fprintf(f, "%s%-*.*s", c ? " " : "", w[c], w[c],
+                        cell(&p->rows[i], cols[c], buf, sizeof(buf)));
+            fputc('\n', f);
+        }
+    }
+}

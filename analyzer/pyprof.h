@@ -1,0 +1,123 @@
+/*
+ * pyprof: PyProf's per-kernel table (../shared/specs/flops-bytes.md §5-§6) for one (run,
+ * rank): one row per kernel in launch order with its 20 columns (idx, seq, altseq, tid, layer,
+ * trace, dir, sub, mod, op, kernel, params, sil, tc, device, stream, grid, block, flops, bytes).
+ *
+ * How each column is derived (kprof's reading of the spec, on the stored rows):
+ *  - the kernel's op is the op whose op_id is the kernel's external_id (its API call's when
+ *    the kernel has none); its stack is the ops of the same thread that enclose it in time;
+ *  - dir: bprop when the stack holds a backward node (a non-aten op with a seq whose name
+ *    says Backward/backward), else fprop. seq: the node's seq (bprop), else the attributed
+ *    op's or its nearest enclosing op's; altseq: the stack's other seqs;
+ *  - the attributed op, fprop: the outermost ATen op of the stack with a formula (PyProf's
+ *    "outermost marker wins": linear over addmm), else the innermost op. bprop: the forward
+ *    op with the node's seq (on the node's fwd_tid when set; the one whose name matches the
+ *    node's, else the outermost), evaluated backward as PyProf does; without one, the
+ *    innermost op with a formula inside the node, evaluated as itself;
+ *  - sub: the kernel's ordinal among the kernels of its backward node (bprop) or of its
+ *    attributed op (fprop); flops/bytes: the op's parts (flops.h) in kernel order, so an op
+ *    is counted once; for conv and GEMM ops, helper kernels (the spec's §3.2 aux list:
+ *    *OffsetsKernel, Winograd transforms, scalePackedTensor, splitKreduce...) take no part;
+ *    null (JSON) / "-" when the op has no formula or its shapes (or dtypes, for bytes) are
+ *    missing;
+ *  - mod/op: aten::x -> torch.nn.functional (functional ops), Tensor (in-place/dunder) or
+ *    torch, and x; other namespaces ns::x -> ns, x; bprop without forward: the node's name
+ *    before Backward, mod na;
+ *  - layer: enclosing "layer:NAME" annotations joined with ':'; trace: the innermost
+ *    enclosing python_function; kernel: the short name (§4); tc: kp_an_is_tc_kernel on the
+ *    full name for GEMM and conv ops (1/0, conv 1/-), - for the others, na without an op;
+ *    tid: the launching op's thread; sil: the kernel's duration in ns; device, stream, grid
+ *    and block ("x,y,z") as stored.
+ * Thread-safety: a table is used by one thread at a time.
+ */
+#ifndef KP_PYPROF_H
+#define KP_PYPROF_H
+
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum kp_prof_col {
+    KP_PROF_IDX,
+    KP_PROF_SEQ,
+    KP_PROF_ALTSEQ,
+    KP_PROF_TID,
+    KP_PROF_LAYER,
+    KP_PROF_TRACE,
+    KP_PROF_DIR,
+    KP_PROF_SUB,
+    KP_PROF_MOD,
+    KP_PROF_OP,
+    KP_PROF_KERNEL,
+    KP_PROF_PARAMS,
+    KP_PROF_SIL,
+    KP_PROF_TC,
+    KP_PROF_DEVICE,
+    KP_PROF_STREAM,
+    KP_PROF_GRID,
+    KP_PROF_BLOCK,
+    KP_PROF_FLOPS,
+    KP_PROF_BYTES,
+    KP_PROF_COL_COUNT
+};
+
+/* The default column list (the and PyProf's). */
+#define KP_PROF_DEFAULT_COLUMNS "idx,dir,sub,mod,op,kernel,params,sil"
+#define KP_PROF_DEFAULT_WIDTH   200
+
+enum kp_prof_format {
+    KP_PROF_TEXT, /* columnated to a width */
+    KP_PROF_CSV,  /* every field double-quoted, header first */
+    KP_PROF_JSON,
+};
+
+struct kp_prof_row {
+    uint64_t idx;
+    int64_t seq; /* -1: none */
+    char altseq[96];
+    int64_t tid;
+    char layer[128];   /* "-" when none */
+    const char *trace; /* "-" when none */
+    bool bwd;
+    int sub;
+    char mod[48], op[96], kernel[160];
+    char params[256];
+    int64_t sil_ns;
+    const char *tc;
+    int device, stream; /* -1: none */
+    char grid[40], block[40];
+    double flops, bytes;
+    bool flops_known, bytes_known;
+};
+
+struct kp_prof;
+
+/* Builds the table of run `run`, rank `rank` over c (the caller has checked that they exist).
+ * Returns 0 and *out (free with kp_prof_destroy), KP_EPG, -ENOMEM or KP_ETOOBIG (more than
+ * max_rows rows; 0: no limit), with a message in errbuf. */
+int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_prof **out,
+                  char *errbuf, size_t errlen);
+
+/* Frees a table; NULL is fine. */
+void kp_prof_destroy(struct kp_prof *p);
+
+/* The rows, valid until kp_prof_destroy. */
+const struct kp_prof_row *kp_prof_rows(const struct kp_prof *p, size_t *n);
+
+/* Parses a comma-separated column list ("idx,dir,op") into cols (at most max). Returns the
+ * count, or -EINVAL naming the bad column in errbuf. */
+int kp_prof_parse_columns(const char *list, enum kp_prof_col *cols, int max, char *errbuf,
+                          size_t errlen);
+
+/* The option name of a column ("idx"). */
+const char *kp_prof_col_name(enum kp_prof_col c);
+
+/* Writes the selected columns of every row. width: the text line width (kernel and params
+ * share what the fixed-width columns leave). JSON: {"run", "rank", "columns", "rows": [{col:
+ * value}]}, numbers as numbers, unknown flops/bytes as null. */
+void kp_prof_write(FILE *f, const struct kp_prof *p, int64_t run, int rank,
+                   const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt, int width);
+
+#endif
