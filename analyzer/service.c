@@ -387,6 +387,10 @@ static void fill_breakdown(Kprof__V1__BreakdownResponse *m, const struct kp_an_b
         kprof__v1__gpu_utilization__init(&gpus[i]);
         gpus[i].gpu_id = b->gpu_ids[i];
         gpus[i].utilization = b->gpu_utilization[i];
+        gpus[i].est_sm_efficiency = b->est_sm_efficiency[i];
+        gpus[i].est_sm_efficiency_defined = b->est_sm_efficiency_defined[i];
+        gpus[i].est_achieved_occupancy = b->est_achieved_occupancy[i];
+        gpus[i].est_achieved_occupancy_defined = b->est_achieved_occupancy_defined[i];
         gpu_ptrs[i] = &gpus[i];
     }
     m->n_gpus = b->n_gpus;
@@ -500,6 +504,8 @@ static int compute_and_reply(struct kp_analyzer *a, struct kp_an *an, struct job
             rows[i].min_ns = r[i].min_ns;
             rows[i].max_ns = r[i].max_ns;
             rows[i].tc_used = r[i].tc_used;
+            rows[i].mean_blocks_per_sm = r[i].mean_blocks_per_sm;
+            rows[i].mean_est_achieved_occupancy = r[i].mean_est_achieved_occupancy;
             ptrs[i] = &rows[i];
         }
         for (size_t i = 0; i < tc.n_gpus && i < KP_AN_MAX_GPUS; i++) {

@@ -7,7 +7,9 @@
  *   step (the N of ProfilerStep#N, or "average"), kernel_us, memcpy_us, memset_us,
  *   communication_us, runtime_us, dataloader_us, cpu_exec_us, other_us, total_us (numbers, µs)
  * as aligned text, CSV, or (--json) an array of objects keyed by those names; JSON carries
- * every digit of the averages. Text output adds each GPU's utilization below the table.
+ * every digit of the averages. Text output adds one line per GPU below the table:
+ *   GPU N: utilization U%, est. SM efficiency E%, est. achieved occupancy O%
+ * (2 decimals, like the TensorBoard plugin; "-" for a figure no kernel in the window has).
  * --plugin-compat gives the TensorBoard plugin's double-counting figure instead of kprof's.
  *
  * Exit status: 0 shown, 2 bad usage, 3 unknown run or rank, 5 kprof-analyzer (or its
@@ -131,6 +133,26 @@ static int add_average(const struct kp_rpcverb *v, struct kp_table *t,
     return rc;
 }
 
+/* "12.34%" of pct into buf, or "-" when !defined. */
+static const char *fmt_pct(char *buf, size_t cap, bool defined, double pct)
+{
+    if (!defined) {
+        return "-";
+    }
+    snprintf(buf, cap, "%.2f%%", pct);
+    return buf;
+}
+
+static void print_gpu(const Kprof__V1__GpuUtilization *g)
+{
+    char eff[32], occ[32];
+
+    printf("GPU %d: utilization %.2f%%, est. SM efficiency %s, est. achieved occupancy %s\n",
+           g->gpu_id, 100.0 * g->utilization,
+           fmt_pct(eff, sizeof(eff), g->est_sm_efficiency_defined, 100.0 * g->est_sm_efficiency),
+           fmt_pct(occ, sizeof(occ), g->est_achieved_occupancy_defined, g->est_achieved_occupancy));
+}
+
 int kprofctl_breakdown(int argc, char **argv)
 {
     struct breakdown_config cfg;
@@ -178,11 +200,7 @@ int kprofctl_breakdown(int argc, char **argv)
     }
     if (v.format == KP_TABLE_FORMAT_TEXT) {
         for (size_t i = 0; i < resp->n_gpus; i++) {
-            printf("%sGPU %d %.2f%%", i == 0 ? "GPU utilization: " : ", ", resp->gpus[i]->gpu_id,
-                   100.0 * resp->gpus[i]->utilization);
-        }
-        if (resp->n_gpus > 0) {
-            printf("\n");
+            print_gpu(resp->gpus[i]);
         }
         if (fflush(stdout) != 0) {
             rc = KPROFCTL_EXIT_FAILED;

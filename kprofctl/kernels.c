@@ -6,7 +6,9 @@
  * kernel and launching op), longest total time first, with the columns
  *   name, op_name, grid, block ("[x, y, z]"; null when unknown), registers_per_thread,
  *   shared_memory (numbers), calls (number), total_us, mean_us, min_us, max_us (numbers, µs),
- *   tc_used, op_tc_eligible (yes|no)
+ *   mean_blocks_per_sm, mean_est_achieved_occupancy (numbers, the latter in percent; the
+ *   duration-weighted means, 2 decimals in text and CSV like the TensorBoard plugin, every
+ *   digit in JSON), tc_used, op_tc_eligible (yes|no)
  * as aligned text, CSV, or (--json) an array of objects keyed by those names. Grouped by
  * name, the op columns are left out unless -c names them (they are null then). Text output
  * adds the Tensor Core statistics below the table.
@@ -65,6 +67,8 @@ enum kernels_col {
     COL_MEAN,
     COL_MIN,
     COL_MAX,
+    COL_BLOCKS_PER_SM,
+    COL_OCCUPANCY,
     COL_TC_USED,
     COL_OP_TC_ELIGIBLE,
     N_COLS,
@@ -82,6 +86,8 @@ static const struct kp_table_col kernels_cols[N_COLS] = {
     [COL_MEAN] = { "mean_us", KP_TABLE_NUMERIC },
     [COL_MIN] = { "min_us", KP_TABLE_NUMERIC },
     [COL_MAX] = { "max_us", KP_TABLE_NUMERIC },
+    [COL_BLOCKS_PER_SM] = { "mean_blocks_per_sm", KP_TABLE_NUMERIC },
+    [COL_OCCUPANCY] = { "mean_est_achieved_occupancy", KP_TABLE_NUMERIC },
     [COL_TC_USED] = { "tc_used", KP_TABLE_TEXT },
     [COL_OP_TC_ELIGIBLE] = { "op_tc_eligible", KP_TABLE_TEXT },
 };
@@ -92,7 +98,8 @@ static const struct kp_rpcverb_spec kernels_spec = {
         "kprofctl kernels --run R [--rank N] [--group-by name|op] [--top N] [--json|--csv]\n"
         "                 [-c COLS] [-w WIDTH]\n"
         "  The kernel view of one rank (Analyzer.Kernels): calls, total, mean, min and max\n"
-        "  time in µs and Tensor Core use, longest total first.\n",
+        "  time in µs, mean blocks per SM and est. achieved occupancy (%) weighted by\n"
+        "  duration, and Tensor Core use, longest total first.\n",
     .exit_ok = "shown",
     .defs = kernels_defs,
     .n_defs = N_DEFS,
@@ -104,6 +111,12 @@ static const struct kp_rpcverb_spec kernels_spec = {
 static int set_dim(struct kp_table *t, size_t col, const char *s)
 {
     return kp_table_set_str(t, col, s == NULL || s[0] == '\0' || strcmp(s, "None") == 0 ? NULL : s);
+}
+
+/* A figure the TensorBoard plugin shows with 2 decimals: so in text and CSV, exact in JSON. */
+static int set_2dp(const struct kp_rpcverb *v, struct kp_table *t, size_t col, double x)
+{
+    return kp_table_set_double(t, col, x, v->format == KP_TABLE_FORMAT_JSON ? "%.17g" : "%.2f");
 }
 
 static int add_kernel(const struct kp_rpcverb *v, struct kp_table *t, const Kprof__V1__KernelRow *r,
@@ -130,6 +143,8 @@ static int add_kernel(const struct kp_rpcverb *v, struct kp_table *t, const Kpro
                                                  : 0.0);
     rc = rc != 0 ? rc : kp_rpcverb_set_us(t, COL_MIN, r->min_ns);
     rc = rc != 0 ? rc : kp_rpcverb_set_us(t, COL_MAX, r->max_ns);
+    rc = rc != 0 ? rc : set_2dp(v, t, COL_BLOCKS_PER_SM, r->mean_blocks_per_sm);
+    rc = rc != 0 ? rc : set_2dp(v, t, COL_OCCUPANCY, r->mean_est_achieved_occupancy);
     rc = rc != 0 ? rc : kp_table_set_str(t, COL_TC_USED, r->tc_used ? "yes" : "no");
     return rc;
 }
@@ -173,7 +188,10 @@ int kprofctl_kernels(int argc, char **argv)
         goto out;
     }
     if (cfg.group_by == 0 && (cfg.common.columns == NULL || cfg.common.columns[0] == '\0')) {
-        kp_table_select(t, "name,calls,total_us,mean_us,min_us,max_us,tc_used", err, sizeof(err));
+        kp_table_select(t,
+                        "name,calls,total_us,mean_us,min_us,max_us,mean_blocks_per_sm,"
+                        "mean_est_achieved_occupancy,tc_used",
+                        err, sizeof(err));
     }
     req.run_id = (uint64_t) cfg.run;
     req.rank = (int32_t) cfg.rank;

@@ -5,8 +5,12 @@ imported with `kprofctl import` through a real kprof-collectord; a kprof-analyze
 them. Checks:
   - `kprofctl breakdown/ops/kernels --json` (both groupings, kprof's and --plugin-compat
     breakdown) give exactly the figures `kprof-analyze --json` gives on the same run: every
-    row, in the same order, the same numbers; --top N keeps the first N rows; the protobuf
-    replies over grpcio carry the GPU utilization and Tensor Core figures kprof-analyze gives;
+    row, in the same order, the same numbers (kernels' duration-weighted mean blocks per SM
+    and est. achieved occupancy included; --csv shows them with 2 decimals); --top N keeps the
+    first N rows; the protobuf replies over grpcio carry the GPU utilization, est. SM
+    efficiency and est. achieved occupancy (defined exactly where kprof-analyze's are not
+    null) and Tensor Core figures kprof-analyze gives, and breakdown's text footer shows them
+    ("-" when undefined);
   - errors: unknown run and unknown rank exit 3 with what to do, an unreachable analyzer exits
     5 naming --analyzer / KPROF_ANALYZER, bad flags exit 2;
   - the cache: a repeated call is a hit (/metrics), a run created with Control.CreateRun that
@@ -39,6 +43,7 @@ TB = os.path.join(SHARED, "peers", "tbplugin")
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
 ANALYZE = os.path.join(kpfix.BIN, "analyzer", "kprof-analyze")
 ANALYZER = os.path.join(kpfix.BIN, "analyzer", "kprof-analyzer")
+OCC = ("mean_blocks_per_sm", "mean_est_achieved_occupancy")
 CATS = ["kernel_us", "memcpy_us", "memset_us", "communication_us", "runtime_us",
         "dataloader_us", "cpu_exec_us", "other_us"]
 SANITIZER = ("Sanitizer", "runtime error:", "LeakSanitizer")
@@ -190,7 +195,7 @@ def check_kernels(an, ci, run_id, rank):
         assert len(got) == len(rows), (group, len(got), len(rows))
         for w, g in zip(rows, got):
             assert g["name"] == w["name"], (group, g, w)
-            for f in ("calls", "total_us", "mean_us", "min_us", "max_us"):
+            for f in ("calls", "total_us", "mean_us", "min_us", "max_us") + OCC:
                 same("kernels %s %s %s" % (group, w["name"][:40], f), w[f], g[f])
             assert g["tc_used"] == yes(w["tc_used"]), (g, w)
             if group == "op":
@@ -204,6 +209,13 @@ def check_kernels(an, ci, run_id, rank):
             top = ctl(an, "kernels", "--run", str(run_id), "--rank", str(rank), "--group-by",
                       group, "--top", "3")
             assert top == got[:3], (top, got[:3])
+        # Text and CSV round the occupancy figures to 2 decimals, like the plugin's UI.
+        csv_rows = run([KPROFCTL, "kernels", "--analyzer", an.grpc, "--run", str(run_id),
+                        "--rank", str(rank), "--group-by", group, "--csv", "-c",
+                        ",".join(OCC)], "kprofctl kernels --csv").splitlines()
+        assert csv_rows[0] == ",".join(OCC), csv_rows[0]
+        assert csv_rows[1:] == ["%.2f,%.2f" % (w[OCC[0]], w[OCC[1]]) for w in rows], \
+            (group, csv_rows[:5])
     return want["tensor_cores"], n
 
 
@@ -224,11 +236,22 @@ class Stubs:
 
 
 def check_proto(st, run_id, rank, bd, tc):
-    """The protobuf replies: GPU utilization, flags and Tensor Core stats as kprof-analyze."""
+    """The protobuf replies: GPU utilization, est. SM efficiency and est. achieved occupancy,
+    flags and Tensor Core stats as kprof-analyze. Returns how many per-GPU figures were
+    defined."""
     r = st.breakdown(pb.BreakdownRequest(run_id=run_id, rank=rank, plugin_compat=True), timeout=120)
     assert [g.gpu_id for g in r.gpus] == bd["gpu"]["gpu_ids"], (r.gpus, bd["gpu"])
+    defined = 0
     for g in r.gpus:
-        same("utilization", bd["gpu"]["per_device"][str(g.gpu_id)]["utilization"], g.utilization)
+        dev = bd["gpu"]["per_device"][str(g.gpu_id)]
+        same("utilization", dev["utilization"], g.utilization)
+        for f in ("est_sm_efficiency", "est_achieved_occupancy"):
+            if dev[f] is None:
+                assert not getattr(g, f + "_defined"), (g.gpu_id, f, g)
+            else:
+                assert getattr(g, f + "_defined"), (g.gpu_id, f, g)
+                same("gpu %d %s" % (g.gpu_id, f), dev[f], getattr(g, f))
+                defined += 1
     for f, v in bd["flags"].items():
         assert getattr(r, f) == v, (f, v)
     assert r.comm_node_count == bd["comm_node_count"], r.comm_node_count
@@ -241,6 +264,25 @@ def check_proto(st, run_id, rank, bd, tc):
     else:
         assert t.tc_ratio_defined, t
         assert {str(g.gpu_id): g.tc_ratio for g in t.gpus} == tc["tc_ratio_per_gpu"], (t, tc)
+    return defined
+
+
+def pct(v, scale):
+    return "-" if v is None else "%.2f%%" % (scale * v)
+
+
+def check_breakdown_text(an, run_id, rank, bd):
+    """breakdown's text footer: one line per GPU, 2 decimals, "-" for an undefined figure."""
+    out = run([KPROFCTL, "breakdown", "--analyzer", an.grpc, "--run", str(run_id), "--rank",
+               str(rank), "--plugin-compat"], "kprofctl breakdown (text)")
+    want = []
+    for gid in bd["gpu"]["gpu_ids"]:
+        dev = bd["gpu"]["per_device"][str(gid)]
+        want.append("GPU %d: utilization %s, est. SM efficiency %s, est. achieved occupancy %s"
+                    % (gid, pct(dev["utilization"], 100), pct(dev["est_sm_efficiency"], 100),
+                       pct(dev["est_achieved_occupancy"], 1)))
+    got = [l for l in out.splitlines() if l.startswith("GPU ")]
+    assert got == want, (got, want)
 
 
 def import_traces(grpc_addr, tmp):
@@ -444,9 +486,11 @@ def main():
             check_breakdown(an, ci, run_id, 0, False)
             nops = check_ops(an, ci, run_id, 0)
             tc, nk = check_kernels(an, ci, run_id, 0)
-            check_proto(st, run_id, 0, bd, tc)
-            print("%s (run %d): breakdown (%d steps, both figures), %d operator rows and %d "
-                  "kernel rows match kprof-analyze" % (label, run_id, steps, nops, nk))
+            ngpu = check_proto(st, run_id, 0, bd, tc)
+            check_breakdown_text(an, run_id, 0, bd)
+            print("%s (run %d): breakdown (%d steps, both figures; %d defined per-GPU SM "
+                  "efficiency/occupancy figures), %d operator rows and %d kernel rows (with "
+                  "occupancy) match kprof-analyze" % (label, run_id, steps, ngpu, nops, nk))
         st.ch.close()
         check_errors(an, runs[0][1])
         check_cache(an, cd, runs[1][1])
