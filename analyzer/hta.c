@@ -1,0 +1,1421 @@
+/*
+ * hta: HTA's per-rank analyses (see hta.h and specs/hta-analyses.md).
+ *
+ * DESIGN. The loader reads the rank's runtime/driver calls and its GPU rows (kernels,
+ * memcpys, memsets) into two flat arrays, rounds every time as HTA does (unless exact_ns),
+ * drops what HTA drops (the last ProfilerStep, GPU rows without a kept launch), sorts the GPU
+ * rows by start (ties in load order, which is the import's file order) and links each to its
+ * launch by correlation through a sorted index. Every analysis then runs once over the arrays
+ * and keeps its result in struct kp_hta; nothing queries PostgreSQL again.
+ *
+ * Interval unions follow HTA's merge_kernel_intervals exactly: sorted by start, a row opens a
+ * new group when it starts after the latest end seen so far (touching rows merge), and a
+ * group spans its first start to its latest end. HTA's rounding can give a sub-µs row a
+ * negative duration; a group of only such rows has a negative length, and HTA adds it as it
+ * is, so this code does too.
+ *
+ * Equal start times. Where HTA's result depends on the order pandas leaves equal keys in (the
+ * queue length series, where a launch and a GPU row often share a rounded µs), the rows are
+ * put in the order HTA's DataFrame holds them (calls in load order, which is the import's file
+ * order, then GPU rows in file order, which Kineto writes by start) and sorted with a copy of
+ * numpy's quicksort (introsort), which is not stable. Elsewhere ties cannot change a figure
+ * (unions, sweeps) or are broken by file order, as HTA's own sort left them on the peer traces.
+ */
+#define _GNU_SOURCE /* qsort_r */
+#include "hta.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_err.h"
+#include "kp_pg.h"
+#include "kp_ranges.h"
+
+#define OPK_PROFILER_STEP 6 /* OpKind (proto/kprof.proto) */
+
+const char *const kp_hta_ktype_names[4] = { "COMPUTATION", "COMMUNICATION", "MEMORY", "OTHER" };
+
+static const char *const idle_cat_names[3] = { "host_wait", "kernel_wait", "other" };
+
+/* CUPTI's names as Kineto prints them (common/kp_kineto.c reads them back). */
+static const char *const memcpy_kinds[] = { "Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA",
+                                            "AtoD",    "DtoA", "DtoD", "HtoH", "PtoP" };
+static const char *const memory_kinds[] = {
+    "Unknown", "Pageable", "Pinned", "Device", "Array", "Managed", "Device Static", "Managed Static"
+};
+#define NAME_OF(tbl, i) \
+    ((i) >= 0 && (size_t) (i) < sizeof(tbl) / sizeof(tbl[0]) ? tbl[(i)] : tbl[0])
+
+struct hta_rt {
+    int64_t ts, end, corr;
+    const char *name;
+};
+
+struct hta_ev {
+    int64_t ts, end, corr, stream;
+    const char *name;
+    size_t order; /* load order, the tie-break of every sort by start */
+    int32_t rt;   /* index of the launching call in h->rts, -1: none */
+    uint8_t type; /* enum kp_hta_ktype */
+};
+
+struct hta_name {
+    int64_t id;
+    char *s;
+};
+
+struct kp_hta {
+    struct kp_hta_opts opts;
+    struct hta_name *names; /* id-sorted: kernels' and calls' names */
+    size_t n_names;
+    char **extra; /* memcpy/memset names made here */
+    size_t n_extra;
+    struct hta_rt *rts; /* kept calls */
+    size_t n_rts;
+    struct hta_ev *evs; /* kept GPU rows with a stream, by start */
+    size_t n_evs;
+    int64_t t_first, t_last; /* first and last start of any kept row */
+    bool dropped;            /* the last ProfilerStep was dropped */
+
+    struct kp_hta_temporal temporal;
+    struct kp_hta_idle_stream *idle;
+    size_t n_idle;
+    struct kp_hta_overlap overlap;
+    int64_t type_time[8];
+    struct kp_hta_kernel_row *krows;
+    size_t n_krows;
+    struct kp_hta_launch_row *launches;
+    size_t n_launches;
+    struct kp_hta_launch_summary lsum;
+    struct kp_hta_queue_stream *queue;
+    size_t n_queue;
+};
+
+void kp_hta_opts_init(struct kp_hta_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->consecutive_kernel_delay_ns = KP_HTA_CONSECUTIVE_KERNEL_DELAY_NS;
+    o->duration_ratio = KP_HTA_DURATION_RATIO;
+    o->num_kernels = KP_HTA_NUM_KERNELS;
+}
+
+/* ---- classes ------------------------------------------------------------------------ */
+
+static bool starts(const char *s, const char *p)
+{
+    return strncmp(s, p, strlen(p)) == 0;
+}
+
+/* "cuda...LaunchKernel" anywhere in s. */
+static bool has_cuda_launch(const char *s)
+{
+    const char *c = strstr(s, "cuda");
+
+    return c != NULL && strstr(c + 4, "LaunchKernel") != NULL;
+}
+
+enum kp_hta_ktype kp_hta_kernel_type(const char *s)
+{
+    if (starts(s, "nccl") || starts(s, "hip") || starts(s, "hccl") || strstr(s, "ncclKernel"))
+        return KP_HTA_COMMUNICATION;
+    if (starts(s, "Memcpy") || starts(s, "Memset") || starts(s, "dma"))
+        return KP_HTA_MEMORY;
+    if (strstr(s, "Memcpy") || strstr(s, "Memset") || strstr(s, "dma") || strstr(s, "Sync") ||
+        strstr(s, "Stream Wait Event") || has_cuda_launch(s))
+        return KP_HTA_OTHER;
+    return KP_HTA_COMPUTATION;
+}
+
+void kp_hta_type_label(unsigned mask, char *buf, size_t len)
+{
+    size_t off = 0;
+
+    buf[0] = '\0';
+    for (unsigned t = 0; t < 3; t++) {
+        if (!(mask & (1u << t)))
+            continue;
+        off += (size_t) snprintf(buf + off, off < len ? len - off : 0, "%s%s",
+                                 off ? " overlapping " : "", kp_hta_ktype_names[t]);
+        if (off >= len)
+            return;
+    }
+}
+
+/* ---- loading ------------------------------------------------------------------------ */
+
+static int64_t v64(const PGresult *r, int row, int col)
+{
+    if (PQgetisnull(r, row, col))
+        return 0;
+    return strtoll(PQgetvalue(r, row, col), NULL, 10);
+}
+
+/* HTA's rounding of fractional-µs traces: in float64 as pandas holds the parsed JSON,
+ * end = ts + dur, then ts rounded up and end down to whole µs. Returns ns. */
+static void hta_round(bool exact, int64_t ts_ns, int64_t dur_ns, int64_t *ts, int64_t *end)
+{
+    double t, d, e;
+
+    if (exact) {
+        *ts = ts_ns;
+        *end = ts_ns + dur_ns;
+        return;
+    }
+    /* long double holds the ns exactly; one rounding to double, as json.loads does. */
+    t = (double) ((long double) ts_ns / 1000.0L);
+    d = (double) ((long double) dur_ns / 1000.0L);
+    e = t + d;
+    *ts = (int64_t) ceil(t) * 1000;
+    *end = (int64_t) floor(e) * 1000;
+}
+
+static int cmp_name_id(const void *pa, const void *pb)
+{
+    int64_t a = *(const int64_t *) pa, b = ((const struct hta_name *) pb)->id;
+
+    return a < b ? -1 : a > b;
+}
+
+static const char *name_of(const struct kp_hta *h, const PGresult *r, int row, int col)
+{
+    int64_t id;
+    const struct hta_name *n;
+
+    if (PQgetisnull(r, row, col))
+        return "";
+    id = v64(r, row, col);
+    n = bsearch(&id, h->names, h->n_names, sizeof(*h->names), cmp_name_id);
+    return n ? n->s : "";
+}
+
+/* Interns a name made here (memcpy/memset); NULL on ENOMEM. */
+static const char *intern(struct kp_hta *h, const char *s)
+{
+    char **v;
+
+    for (size_t i = 0; i < h->n_extra; i++) {
+        if (strcmp(h->extra[i], s) == 0)
+            return h->extra[i];
+    }
+    v = realloc(h->extra, (h->n_extra + 1) * sizeof(*v));
+    if (!v)
+        return NULL;
+    h->extra = v;
+    v[h->n_extra] = strdup(s);
+    if (!v[h->n_extra])
+        return NULL;
+    return v[h->n_extra++];
+}
+
+static int check_run(PGconn *c, const char *const *params, int64_t run, int rank, char *errbuf,
+                     size_t errlen)
+{
+    PGresult *r = NULL;
+    int rc;
+
+    rc = kp_pg_query(c,
+                     "SELECT (SELECT count(*) FROM runs WHERE id = $1), "
+                     "(SELECT count(*) FROM ranks WHERE run_id = $1 AND rank = $2)",
+                     2, params, &r, errbuf, errlen);
+    if (rc < 0)
+        return rc;
+    if (v64(r, 0, 0) == 0)
+        kp_errbuf_set(errbuf, errlen, "run %" PRId64 " does not exist", run);
+    else if (v64(r, 0, 1) == 0)
+        kp_errbuf_set(errbuf, errlen, "run %" PRId64 " has no rank %d", run, rank);
+    else
+        rc = 1;
+    PQclear(r);
+    return rc == 1 ? 0 : KP_ENOTFOUND;
+}
+
+struct corr_idx {
+    int64_t corr;
+    int32_t idx;
+};
+
+static int cmp_corr(const void *pa, const void *pb)
+{
+    const struct corr_idx *a = pa, *b = pb;
+
+    if (a->corr != b->corr)
+        return a->corr < b->corr ? -1 : 1;
+    return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
+static int cmp_ev(const void *pa, const void *pb)
+{
+    const struct hta_ev *a = pa, *b = pb;
+
+    if (a->ts != b->ts)
+        return a->ts < b->ts ? -1 : 1;
+    return a->order < b->order ? -1 : a->order > b->order;
+}
+
+#define WHERE_RR " WHERE run_id = $1 AND rank = $2"
+
+static int compute(struct kp_hta *h);
+
+int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts,
+                struct kp_hta **out, char *errbuf, size_t errlen)
+{
+    char runs[24], ranks[16];
+    const char *params[2] = { runs, ranks };
+    struct kp_hta *h;
+    PGresult *r = NULL;
+    struct corr_idx *ci = NULL;
+    bool drop = false;
+    int64_t cutoff = 0;
+    size_t n, nk;
+    int rc;
+
+    *out = NULL;
+    snprintf(runs, sizeof(runs), "%" PRId64, run);
+    snprintf(ranks, sizeof(ranks), "%d", rank);
+    rc = check_run(c, params, run, rank, errbuf, errlen);
+    if (rc < 0)
+        return rc;
+    h = calloc(1, sizeof(*h));
+    if (!h)
+        return -ENOMEM;
+    h->opts = *opts;
+
+    /* §0 last-step drop: only with two or more ProfilerStep names in the whole run. */
+    rc = kp_pg_query(c,
+                     "SELECT (SELECT count(DISTINCT name) FROM ops WHERE run_id = $1 AND kind = 6),"
+                     " (SELECT start_ns FROM ops" WHERE_RR
+                     " AND kind = 6 ORDER BY start_ns DESC LIMIT 1)",
+                     2, params, &r, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+    if (!opts->include_last_step && v64(r, 0, 0) >= 2 && !PQgetisnull(r, 0, 1)) {
+        int64_t e;
+
+        drop = true;
+        h->dropped = true;
+        hta_round(opts->exact_ns, v64(r, 0, 1), 0, &cutoff, &e);
+    }
+    PQclear(r);
+    r = NULL;
+
+    rc = kp_pg_query(c,
+                     "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
+                     " UNION SELECT name FROM api_calls" WHERE_RR ") ORDER BY id",
+                     2, params, &r, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+    n = (size_t) PQntuples(r);
+    h->names = calloc(n ? n : 1, sizeof(*h->names));
+    if (!h->names)
+        goto nomem;
+    for (size_t i = 0; i < n; i++) {
+        h->names[i].id = v64(r, (int) i, 0);
+        h->names[i].s = strdup(PQgetvalue(r, (int) i, 1));
+        if (!h->names[i].s)
+            goto nomem;
+        h->n_names++;
+    }
+    PQclear(r);
+    r = NULL;
+
+    /* CPU side: the runtime and driver calls (the only CPU rows with a correlation). */
+    rc = kp_pg_query(c,
+                     "SELECT start_ns, dur_ns, correlation, name FROM api_calls" WHERE_RR
+                     " AND domain IN (1, 2) AND correlation IS NOT NULL ORDER BY ctid",
+                     2, params, &r, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+    n = (size_t) PQntuples(r);
+    h->rts = calloc(n ? n : 1, sizeof(*h->rts));
+    if (!h->rts)
+        goto nomem;
+    h->t_first = INT64_MAX;
+    h->t_last = INT64_MIN;
+    for (size_t i = 0; i < n; i++) {
+        struct hta_rt *t = &h->rts[h->n_rts];
+
+        hta_round(opts->exact_ns, v64(r, (int) i, 0), v64(r, (int) i, 1), &t->ts, &t->end);
+        if (drop && t->ts >= cutoff)
+            continue;
+        t->corr = v64(r, (int) i, 2);
+        t->name = name_of(h, r, (int) i, 3);
+        h->n_rts++;
+    }
+    PQclear(r);
+    r = NULL;
+    ci = calloc(h->n_rts ? h->n_rts : 1, sizeof(*ci));
+    if (!ci)
+        goto nomem;
+    for (size_t i = 0; i < h->n_rts; i++) {
+        ci[i].corr = h->rts[i].corr;
+        ci[i].idx = (int32_t) i;
+        if (h->rts[i].ts < h->t_first)
+            h->t_first = h->rts[i].ts;
+        if (h->rts[i].ts > h->t_last)
+            h->t_last = h->rts[i].ts;
+    }
+    qsort(ci, h->n_rts, sizeof(*ci), cmp_corr);
+
+    rc = kp_pg_query(
+        c,
+        "SELECT 0, start_ns, dur_ns, correlation, stream, name, 0, 0, 0 FROM kernels" WHERE_RR
+        " UNION ALL SELECT 1, start_ns, dur_ns, correlation, stream, NULL, "
+        "copy_kind, src_kind, dst_kind FROM memcpys" WHERE_RR
+        " UNION ALL SELECT 2, start_ns, dur_ns, correlation, stream, NULL, mem_kind, "
+        "0, 0 FROM memsets" WHERE_RR " ORDER BY 2, 1",
+        2, params, &r, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+    n = (size_t) PQntuples(r);
+    h->evs = calloc(n ? n : 1, sizeof(*h->evs));
+    if (!h->evs)
+        goto nomem;
+    for (size_t i = 0; i < n; i++) {
+        struct hta_ev *e = &h->evs[h->n_evs];
+        struct corr_idx key, *hit;
+        int row = (int) i;
+        int64_t kind = v64(r, row, 0);
+        char buf[96];
+
+        if (PQgetisnull(r, row, 4))
+            continue; /* no stream: not a GPU event here */
+        e->corr = PQgetisnull(r, row, 3) ? -1 : v64(r, row, 3);
+        key.corr = e->corr;
+        key.idx = -1;
+        hit = NULL;
+        if (h->n_rts) {
+            /* first entry with this correlation: bsearch on the pair, then step back */
+            size_t lo = 0, hi = h->n_rts;
+
+            while (lo < hi) {
+                size_t mid = (lo + hi) / 2;
+
+                if (cmp_corr(&ci[mid], &key) < 0)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            if (lo < h->n_rts && ci[lo].corr == e->corr)
+                hit = &ci[lo];
+        }
+        if (drop && !hit)
+            continue; /* HTA keeps GPU rows whose launch it kept */
+        e->rt = hit ? hit->idx : -1;
+        hta_round(opts->exact_ns, v64(r, row, 1), v64(r, row, 2), &e->ts, &e->end);
+        e->stream = v64(r, row, 4);
+        if (kind == 0) {
+            e->name = name_of(h, r, row, 5);
+        }
+        else {
+            if (kind == 1)
+                snprintf(
+                    buf, sizeof(buf), "Memcpy %s (%s -> %s)", NAME_OF(memcpy_kinds, v64(r, row, 6)),
+                    NAME_OF(memory_kinds, v64(r, row, 7)), NAME_OF(memory_kinds, v64(r, row, 8)));
+            else
+                snprintf(buf, sizeof(buf), "Memset (%s)", NAME_OF(memory_kinds, v64(r, row, 6)));
+            e->name = intern(h, buf);
+            if (!e->name)
+                goto nomem;
+        }
+        e->type = (uint8_t) kp_hta_kernel_type(e->name);
+        e->order = i;
+        if (e->ts < h->t_first)
+            h->t_first = e->ts;
+        if (e->ts > h->t_last)
+            h->t_last = e->ts;
+        h->n_evs++;
+    }
+    PQclear(r);
+    r = NULL;
+    nk = h->n_evs;
+    if (nk == 0) {
+        kp_errbuf_set(errbuf, errlen, "run %" PRId64 " rank %d has no GPU events%s", run, rank,
+                      drop ? " before its last ProfilerStep" : "");
+        rc = -ENODATA;
+        goto fail;
+    }
+    qsort(h->evs, h->n_evs, sizeof(*h->evs), cmp_ev);
+    rc = compute(h);
+    if (rc < 0)
+        goto nomem;
+    free(ci);
+    *out = h;
+    return 0;
+
+nomem:
+    rc = -ENOMEM;
+    kp_errbuf_set(errbuf, errlen, "out of memory loading run %" PRId64 " rank %d", run, rank);
+fail:
+    PQclear(r);
+    free(ci);
+    kp_hta_destroy(h);
+    return rc;
+}
+
+void kp_hta_destroy(struct kp_hta *h)
+{
+    if (!h)
+        return;
+    for (size_t i = 0; i < h->n_names; i++)
+        free(h->names[i].s);
+    free(h->names);
+    for (size_t i = 0; i < h->n_extra; i++)
+        free(h->extra[i]);
+    free(h->extra);
+    free(h->rts);
+    free(h->evs);
+    free(h->idle);
+    free(h->krows);
+    free(h->launches);
+    free(h->queue);
+    free(h);
+}
+
+/* ---- helpers -------------------------------------------------------------------------- */
+
+/* HTA's merge_kernel_intervals over the rows whose type is in mask (bit 1 << type), rows
+ * by start. Writes groups to out (n_evs entries) and returns the count. */
+static size_t merge_types(const struct kp_hta *h, unsigned mask, struct kp_range *out)
+{
+    size_t n = 0;
+    int64_t cm = INT64_MIN;
+
+    for (size_t i = 0; i < h->n_evs; i++) {
+        const struct hta_ev *e = &h->evs[i];
+
+        if (!(mask & (1u << e->type)))
+            continue;
+        if (n == 0 || e->ts > cm) {
+            out[n].start = e->ts;
+            out[n].end = e->end;
+            n++;
+        }
+        else if (e->end > out[n - 1].end) {
+            out[n - 1].end = e->end;
+        }
+        if (e->end > cm)
+            cm = e->end;
+    }
+    return n;
+}
+
+static int64_t groups_len(const struct kp_range *g, size_t n)
+{
+    int64_t s = 0;
+
+    for (size_t i = 0; i < n; i++)
+        s += g[i].end - g[i].start;
+    return s;
+}
+
+static int cmp_i64(const void *pa, const void *pb)
+{
+    int64_t a = *(const int64_t *) pa, b = *(const int64_t *) pb;
+
+    return a < b ? -1 : a > b;
+}
+
+static int cmp_dbl(const void *pa, const void *pb)
+{
+    double a = *(const double *) pa, b = *(const double *) pb;
+
+    return a < b ? -1 : a > b;
+}
+
+/* numpy's linear quantile of a sorted array. */
+static double quantile(const double *v, size_t n, double q)
+{
+    double pos = q * (double) (n - 1), lo;
+    size_t i;
+
+    lo = floor(pos);
+    i = (size_t) lo;
+    if (i + 1 >= n)
+        return v[n - 1];
+    return v[i] + (v[i + 1] - v[i]) * (pos - lo);
+}
+
+/* pandas describe(); sorts v. */
+static void describe(double *v, size_t n, struct kp_hta_stats *s)
+{
+    double sum = 0, ss = 0;
+
+    s->count = n;
+    s->mean = s->std = s->min = s->q25 = s->q50 = s->q75 = s->max = NAN;
+    if (n == 0)
+        return;
+    qsort(v, n, sizeof(*v), cmp_dbl);
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    s->mean = sum / (double) n;
+    for (size_t i = 0; i < n; i++)
+        ss += (v[i] - s->mean) * (v[i] - s->mean);
+    if (n > 1)
+        s->std = sqrt(ss / (double) (n - 1));
+    s->min = v[0];
+    s->max = v[n - 1];
+    s->q25 = quantile(v, n, 0.25);
+    s->q50 = quantile(v, n, 0.5);
+    s->q75 = quantile(v, n, 0.75);
+}
+
+static double pct(int64_t num, int64_t den)
+{
+    return den ? 100.0 * (double) num / (double) den : NAN;
+}
+
+/* ---- analyses --------------------------------------------------------------------------- */
+
+/* §2 and §4. */
+static void temporal_overlap(struct kp_hta *h, struct kp_range *g, struct kp_range *g2,
+                             struct kp_range *tmp)
+{
+    struct kp_hta_temporal *t = &h->temporal;
+    size_t n, nc, nm, k;
+
+    n = merge_types(h, 0xF, g);
+    t->kernel_ns = g[n - 1].end - g[0].start;
+    t->idle_ns = t->kernel_ns - groups_len(g, n);
+    n = merge_types(h, 1u << KP_HTA_COMPUTATION, g);
+    t->compute_ns = groups_len(g, n);
+    t->non_compute_ns = t->kernel_ns - t->compute_ns - t->idle_ns;
+    t->idle_pct = pct(t->idle_ns, t->kernel_ns);
+    t->compute_pct = pct(t->compute_ns, t->kernel_ns);
+    t->non_compute_pct = pct(t->non_compute_ns, t->kernel_ns);
+
+    /* overlap: the union of communication inside the union of computation */
+    nm = merge_types(h, 1u << KP_HTA_COMMUNICATION, g2);
+    h->overlap.comm_ns = groups_len(g2, nm);
+    k = 0;
+    for (size_t i = 0; i < n; i++) { /* g still holds computation; keep the non-empty */
+        if (g[i].end > g[i].start)
+            g[k++] = g[i];
+    }
+    nc = k;
+    k = 0;
+    for (size_t i = 0; i < nm; i++) {
+        if (g2[i].end > g2[i].start)
+            g2[k++] = g2[i];
+    }
+    nm = kp_ranges_intersect(g, nc, g2, k, tmp);
+    h->overlap.overlap_ns = kp_ranges_length(tmp, nm);
+    h->overlap.pct = pct(h->overlap.overlap_ns, h->overlap.comm_ns);
+}
+
+struct point {
+    int64_t t;
+    int v;
+};
+
+static int cmp_point(const void *pa, const void *pb)
+{
+    const struct point *a = pa, *b = pb;
+
+    return a->t < b->t ? -1 : a->t > b->t;
+}
+
+/* §5 table 1: the sweep over the three types' unions. */
+static int type_time(struct kp_hta *h, struct kp_range *g)
+{
+    struct point *p = calloc(2 * h->n_evs + 1, sizeof(*p));
+    size_t np = 0;
+    int running = 0;
+
+    if (!p)
+        return -ENOMEM;
+    for (int t = 0; t < 3; t++) {
+        size_t n = merge_types(h, 1u << t, g);
+
+        for (size_t i = 0; i < n; i++) {
+            p[np].t = g[i].start;
+            p[np++].v = 1 << t;
+            p[np].t = g[i].end;
+            p[np++].v = -(1 << t);
+        }
+    }
+    qsort(p, np, sizeof(*p), cmp_point);
+    for (size_t i = 0; i + 1 < np; i++) {
+        running += p[i].v;
+        if (running > 0 && running < 8)
+            h->type_time[running] += p[i + 1].t - p[i].t;
+    }
+    free(p);
+    return 0;
+}
+
+struct name_agg {
+    const char *name;
+    double sum, max, min, mean, std;
+    size_t n;
+};
+
+static int cmp_ev_name(const void *pa, const void *pb, void *ctx)
+{
+    const struct hta_ev *e = ctx;
+    const size_t a = *(const size_t *) pa, b = *(const size_t *) pb;
+
+    return strcmp(e[a].name, e[b].name);
+}
+
+static int cmp_agg_sum(const void *pa, const void *pb)
+{
+    const struct name_agg *a = pa, *b = pb;
+
+    if (a->sum != b->sum)
+        return a->sum > b->sum ? -1 : 1;
+    return strcmp(a->name, b->name);
+}
+
+static int cmp_agg_name(const void *pa, const void *pb)
+{
+    return strcmp(((const struct name_agg *) pa)->name, ((const struct name_agg *) pb)->name);
+}
+
+/* Aggregates v[0..n) (sorted or not) into a; std NaN → 0 as HTA fills it. */
+static void agg(struct name_agg *a, const double *v, size_t n)
+{
+    double ss = 0;
+
+    a->n = n;
+    a->sum = 0;
+    a->max = -INFINITY;
+    a->min = INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        a->sum += v[i];
+        a->max = v[i] > a->max ? v[i] : a->max;
+        a->min = v[i] < a->min ? v[i] : a->min;
+    }
+    a->mean = a->sum / (double) n;
+    for (size_t i = 0; i < n; i++)
+        ss += (v[i] - a->mean) * (v[i] - a->mean);
+    a->std = n > 1 ? sqrt(ss / (double) (n - 1)) : 0;
+}
+
+/* §5 table 2 for one type. */
+static int kernel_rows(struct kp_hta *h, enum kp_hta_ktype type, size_t *idx, double *v,
+                       struct name_agg *aggs)
+{
+    size_t n = 0, na = 0, nf;
+    struct kp_hta_kernel_row *rows;
+
+    for (size_t i = 0; i < h->n_evs; i++) {
+        if (h->evs[i].type == type)
+            idx[n++] = i;
+    }
+    if (n == 0)
+        return 0;
+    qsort_r(idx, n, sizeof(*idx), cmp_ev_name, h->evs);
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+
+        while (j < n && strcmp(h->evs[idx[j]].name, h->evs[idx[i]].name) == 0) {
+            v[j - i] = (double) (h->evs[idx[j]].end - h->evs[idx[j]].ts);
+            j++;
+        }
+        aggs[na].name = h->evs[idx[i]].name;
+        agg(&aggs[na++], v, j - i);
+        i = j;
+    }
+    qsort(aggs, na, sizeof(*aggs), cmp_agg_sum);
+    nf = na;
+    if (na > (size_t) h->opts.num_kernels) {
+        double cum = 0, q;
+        struct name_agg *folded = aggs + na; /* room: aggs holds 2 × n */
+
+        for (size_t i = 0; i < na; i++) {
+            cum += aggs[i].sum;
+            v[i] = cum;
+        }
+        q = quantile(v, na, h->opts.duration_ratio);
+        for (size_t i = 0; i < na; i++) {
+            if (v[i] > q || i >= (size_t) h->opts.num_kernels)
+                aggs[i].name = "others";
+        }
+        qsort(aggs, na, sizeof(*aggs), cmp_agg_name);
+        nf = 0;
+        for (size_t i = 0; i < na;) {
+            size_t j = i;
+
+            while (j < na && strcmp(aggs[j].name, aggs[i].name) == 0) {
+                v[j - i] = aggs[j].sum;
+                j++;
+            }
+            folded[nf].name = aggs[i].name;
+            agg(&folded[nf++], v, j - i);
+            i = j;
+        }
+        memmove(aggs, folded, nf * sizeof(*aggs));
+    }
+    rows = realloc(h->krows, (h->n_krows + nf) * sizeof(*rows));
+    if (!rows)
+        return -ENOMEM;
+    h->krows = rows;
+    for (size_t i = 0; i < nf; i++) {
+        struct kp_hta_kernel_row *r = &rows[h->n_krows++];
+
+        r->name = aggs[i].name;
+        r->type = type;
+        r->sum_ns = aggs[i].sum;
+        r->max_ns = aggs[i].max;
+        r->min_ns = aggs[i].min;
+        r->mean_ns = aggs[i].mean;
+        r->std_ns = aggs[i].std;
+    }
+    return 0;
+}
+
+/* §3: gaps per stream. */
+static int idle(struct kp_hta *h, double *v)
+{
+    int64_t *streams = calloc(h->n_evs, sizeof(*streams));
+    size_t ns = 0;
+
+    if (!streams)
+        return -ENOMEM;
+    for (size_t i = 0; i < h->n_evs; i++) {
+        size_t k = 0;
+
+        while (k < ns && streams[k] != h->evs[i].stream)
+            k++;
+        if (k == ns)
+            streams[ns++] = h->evs[i].stream;
+    }
+    qsort(streams, ns, sizeof(*streams), cmp_i64);
+    h->idle = calloc(ns ? ns : 1, sizeof(*h->idle));
+    if (!h->idle) {
+        free(streams);
+        return -ENOMEM;
+    }
+    h->n_idle = ns;
+    for (size_t s = 0; s < ns; s++) {
+        struct kp_hta_idle_stream *is = &h->idle[s];
+        /* gaps per category, packed in v: category c at v + c * n_evs */
+        size_t cnt[3] = { 0, 0, 0 };
+        int64_t prev_end = 0, total = 0;
+        bool first = true;
+
+        is->stream = streams[s];
+        for (size_t i = 0; i < h->n_evs; i++) {
+            const struct hta_ev *e = &h->evs[i];
+            int64_t gap;
+            int c;
+
+            if (e->stream != is->stream)
+                continue;
+            if (first) {
+                /* HTA: the first row has no gap and falls into "other" (NaN, not counted) */
+                is->present[KP_HTA_IDLE_OTHER] = true;
+                first = false;
+                prev_end = e->end;
+                continue;
+            }
+            gap = e->ts - prev_end;
+            if (e->rt >= 0 && h->rts[e->rt].ts > prev_end)
+                c = KP_HTA_HOST_WAIT;
+            else if (gap < h->opts.consecutive_kernel_delay_ns)
+                c = KP_HTA_KERNEL_WAIT;
+            else
+                c = KP_HTA_IDLE_OTHER;
+            is->present[c] = true;
+            is->idle_ns[c] += gap;
+            v[(size_t) c * h->n_evs + cnt[c]++] = (double) gap;
+            prev_end = e->end;
+        }
+        for (int c = 0; c < 3; c++) {
+            total += is->idle_ns[c];
+            describe(v + (size_t) c * h->n_evs, cnt[c], &is->stats[c]);
+        }
+        for (int c = 0; c < 3; c++)
+            is->ratio[c] = total ? (double) is->idle_ns[c] / (double) total : NAN;
+    }
+    free(streams);
+    return 0;
+}
+
+static bool is_launch_stats_call(const char *s)
+{
+    return strcmp(s, "cudaLaunchKernel") == 0 || strcmp(s, "cudaLaunchKernelExC") == 0 ||
+           strcmp(s, "cudaMemcpyAsync") == 0 || strcmp(s, "cudaMemsetAsync") == 0;
+}
+
+static bool is_queue_call(const char *s)
+{
+    return is_launch_stats_call(s) || strcmp(s, "cuLaunchKernel") == 0 ||
+           strcmp(s, "cuLaunchKernelEx") == 0;
+}
+
+static int cmp_launch(const void *pa, const void *pb)
+{
+    const struct kp_hta_launch_row *a = pa, *b = pb;
+
+    return a->correlation < b->correlation ? -1 : a->correlation > b->correlation;
+}
+
+/* §6. */
+static int launches(struct kp_hta *h, double *v)
+{
+    struct kp_hta_launch_summary *s = &h->lsum;
+    size_t n = 0;
+    double cpu = 0, gpu = 0, delay = 0;
+
+    h->launches = calloc(h->n_evs, sizeof(*h->launches));
+    if (!h->launches)
+        return -ENOMEM;
+    for (size_t i = 0; i < h->n_evs; i++) {
+        const struct hta_ev *e = &h->evs[i];
+        const struct hta_rt *t;
+        struct kp_hta_launch_row *l;
+
+        if (e->rt < 0 || !is_launch_stats_call(h->rts[e->rt].name))
+            continue;
+        t = &h->rts[e->rt];
+        l = &h->launches[n++];
+        l->correlation = e->corr;
+        l->cpu_ns = t->end - t->ts;
+        l->gpu_ns = e->end - e->ts;
+        l->delay_ns = e->ts - t->end > 0 ? e->ts - t->end : 0;
+    }
+    qsort(h->launches, n, sizeof(*h->launches), cmp_launch);
+    h->n_launches = n;
+    s->n = n;
+    for (size_t i = 0; i < n; i++) {
+        const struct kp_hta_launch_row *l = &h->launches[i];
+
+        cpu += (double) l->cpu_ns;
+        gpu += (double) l->gpu_ns;
+        delay += (double) l->delay_ns;
+        v[i] = (double) l->delay_ns;
+        if (l->cpu_ns <= KP_HTA_RUNTIME_CUTOFF_NS && l->gpu_ns < l->cpu_ns)
+            s->n_gpu_shorter++;
+        if (l->cpu_ns > KP_HTA_RUNTIME_CUTOFF_NS)
+            s->n_runtime_outliers++;
+        if (l->delay_ns > KP_HTA_LAUNCH_DELAY_CUTOFF_NS)
+            s->n_delay_outliers++;
+    }
+    if (n) {
+        s->cpu_mean_ns = cpu / (double) n;
+        s->gpu_mean_ns = gpu / (double) n;
+        s->delay_mean_ns = delay / (double) n;
+        qsort(v, n, sizeof(*v), cmp_dbl);
+        s->delay_p50_ns = quantile(v, n, 0.5);
+        s->delay_max_ns = v[n - 1];
+    }
+    else {
+        s->cpu_mean_ns = s->gpu_mean_ns = s->delay_mean_ns = s->delay_p50_ns = NAN;
+        s->delay_max_ns = NAN;
+    }
+    return 0;
+}
+
+/* numpy's argsort(kind="quicksort") of v (introsort: median-of-3 quicksort, insertion sort
+ * under 16 rows, heapsort past the depth limit; numpy 1.24 npysort/quicksort.cpp and
+ * heapsort.cpp). pandas sorts with it, and the order it leaves equal keys in decides HTA's
+ * queue lengths where a launch and a GPU row share a µs, so it is reproduced exactly. */
+#define NP_SMALL_QUICKSORT 15
+#define NP_QS_STACK        128
+
+static void np_aheapsort(const int64_t *v, size_t *tosort, size_t n)
+{
+    size_t *a = tosort - 1, i, j, l, tmp;
+
+    for (l = n >> 1; l > 0; --l) {
+        tmp = a[l];
+        for (i = l, j = l << 1; j <= n;) {
+            if (j < n && v[a[j]] < v[a[j + 1]])
+                j += 1;
+            if (v[tmp] < v[a[j]]) {
+                a[i] = a[j];
+                i = j;
+                j += j;
+            }
+            else {
+                break;
+            }
+        }
+        a[i] = tmp;
+    }
+    for (; n > 1;) {
+        tmp = a[n];
+        a[n] = a[1];
+        n -= 1;
+        for (i = 1, j = 2; j <= n;) {
+            if (j < n && v[a[j]] < v[a[j + 1]])
+                j++;
+            if (v[tmp] < v[a[j]]) {
+                a[i] = a[j];
+                i = j;
+                j += j;
+            }
+            else {
+                break;
+            }
+        }
+        a[i] = tmp;
+    }
+}
+
+#define ISWAP(a, b)      \
+    do {                 \
+        size_t t_ = (a); \
+        (a) = (b);       \
+        (b) = t_;        \
+    } while (0)
+
+static void np_argsort(const int64_t *v, size_t *tosort, size_t num)
+{
+    size_t *pl = tosort, *pr = tosort + num - 1, *stack[NP_QS_STACK], **sptr = stack;
+    size_t *pm, *pi, *pj, *pk, vi;
+    int depth[NP_QS_STACK], *psdepth = depth, cdepth = 0;
+    int64_t vp;
+
+    if (num < 2)
+        return;
+    for (size_t u = num; u >>= 1;)
+        cdepth++;
+    cdepth *= 2;
+    for (;;) {
+        if (cdepth < 0) {
+            np_aheapsort(v, pl, (size_t) (pr - pl + 1));
+            goto stack_pop;
+        }
+        while ((pr - pl) > NP_SMALL_QUICKSORT) {
+            pm = pl + ((pr - pl) >> 1);
+            if (v[*pm] < v[*pl])
+                ISWAP(*pm, *pl);
+            if (v[*pr] < v[*pm])
+                ISWAP(*pr, *pm);
+            if (v[*pm] < v[*pl])
+                ISWAP(*pm, *pl);
+            vp = v[*pm];
+            pi = pl;
+            pj = pr - 1;
+            ISWAP(*pm, *pj);
+            for (;;) {
+                do {
+                    ++pi;
+                } while (v[*pi] < vp);
+                do {
+                    --pj;
+                } while (vp < v[*pj]);
+                if (pi >= pj)
+                    break;
+                ISWAP(*pi, *pj);
+            }
+            pk = pr - 1;
+            ISWAP(*pi, *pk);
+            if (pi - pl < pr - pi) {
+                *sptr++ = pi + 1;
+                *sptr++ = pr;
+                pr = pi - 1;
+            }
+            else {
+                *sptr++ = pl;
+                *sptr++ = pi - 1;
+                pl = pi + 1;
+            }
+            *psdepth++ = --cdepth;
+        }
+        for (pi = pl + 1; pi <= pr; ++pi) {
+            vi = *pi;
+            vp = v[vi];
+            pj = pi;
+            pk = pi - 1;
+            while (pj > pl && vp < v[*pk])
+                *pj-- = *pk--;
+            *pj = vi;
+        }
+stack_pop:
+        if (sptr == stack)
+            break;
+        pr = *(--sptr);
+        pl = *(--sptr);
+        cdepth = *(--psdepth);
+    }
+}
+
+static int cmp_order(const void *pa, const void *pb, void *ctx)
+{
+    const struct hta_ev *e = ctx;
+    size_t a = e[*(const size_t *) pa].order, b = e[*(const size_t *) pb].order;
+
+    return a < b ? -1 : a > b;
+}
+
+/* §7: per stream, +1 at each launch call with a GPU row, -1 at that row's start, in the
+ * order HTA sorts them: the calls (in load order) and then the GPU rows (in file order)
+ * concatenated, then numpy's quicksort by start over all streams at once. */
+static int queue(struct kp_hta *h, double *v)
+{
+    size_t n = h->n_evs, np = 0, *ev_of = NULL, *perm = NULL, *srt = NULL;
+    int64_t *key = NULL;
+    struct {
+        int64_t stream;
+        int delta;
+    } *pt = NULL;
+    int rc = -ENOMEM;
+
+    ev_of = malloc((h->n_rts + 1) * sizeof(*ev_of));
+    perm = malloc((n + 1) * sizeof(*perm));
+    srt = malloc((2 * n + 1) * sizeof(*srt));
+    key = malloc((2 * n + 1) * sizeof(*key));
+    pt = malloc((2 * n + 1) * sizeof(*pt));
+    h->queue = calloc(h->n_idle ? h->n_idle : 1, sizeof(*h->queue));
+    if (!ev_of || !perm || !srt || !key || !pt || !h->queue)
+        goto out;
+    for (size_t i = 0; i < h->n_rts; i++)
+        ev_of[i] = SIZE_MAX;
+    for (size_t i = 0; i < n; i++) {
+        const struct hta_ev *e = &h->evs[i];
+
+        if (e->rt >= 0 && is_queue_call(h->rts[e->rt].name))
+            ev_of[e->rt] = i;
+    }
+    for (size_t i = 0; i < h->n_rts; i++) {
+        if (ev_of[i] == SIZE_MAX)
+            continue;
+        key[np] = h->rts[i].ts;
+        pt[np].stream = h->evs[ev_of[i]].stream;
+        pt[np++].delta = 1;
+    }
+    for (size_t i = 0; i < n; i++)
+        perm[i] = i;
+    qsort_r(perm, n, sizeof(*perm), cmp_order, h->evs);
+    for (size_t k = 0; k < n; k++) {
+        const struct hta_ev *e = &h->evs[perm[k]];
+
+        if (e->rt < 0 || !is_queue_call(h->rts[e->rt].name))
+            continue;
+        key[np] = e->ts;
+        pt[np].stream = e->stream;
+        pt[np++].delta = -1;
+    }
+    for (size_t i = 0; i < np; i++)
+        srt[i] = i;
+    np_argsort(key, srt, np);
+    for (size_t s = 0; s < h->n_idle; s++) {
+        struct kp_hta_queue_stream *q = &h->queue[h->n_queue];
+        size_t m = 0;
+        int64_t l = 0, dur = h->t_last - h->t_first, prev_t = 0;
+
+        for (size_t i = 0; i < np; i++) {
+            size_t j = srt[i];
+
+            if (pt[j].stream != h->idle[s].stream)
+                continue;
+            if (m > 0 && l >= KP_HTA_MAX_QUEUE_LENGTH)
+                q->blocked_ns += key[j] - prev_t;
+            l += pt[j].delta;
+            v[m++] = (double) l;
+            prev_t = key[j];
+        }
+        if (m == 0)
+            continue;
+        q->stream = h->idle[s].stream;
+        q->blocked_rel = dur > 0 ? (double) q->blocked_ns / (double) dur : NAN;
+        describe(v, m, &q->stats);
+        h->n_queue++;
+    }
+    rc = 0;
+out:
+    free(ev_of);
+    free(perm);
+    free(srt);
+    free(key);
+    free(pt);
+    return rc;
+}
+
+static int compute(struct kp_hta *h)
+{
+    size_t n = h->n_evs;
+    struct kp_range *g = calloc(3 * n + 1, sizeof(*g));
+    size_t *idx = calloc(n + 1, sizeof(*idx));
+    double *v = calloc(3 * n + 1, sizeof(*v));
+    struct name_agg *aggs = calloc(2 * n + 1, sizeof(*aggs));
+    int rc = -ENOMEM;
+
+    if (!g || !idx || !v || !aggs)
+        goto out;
+    temporal_overlap(h, g, g + n, g + 2 * n);
+    if ((rc = type_time(h, g)) < 0)
+        goto out;
+    for (int t = 0; t < 3; t++) {
+        if ((rc = kernel_rows(h, (enum kp_hta_ktype) t, idx, v, aggs)) < 0)
+            goto out;
+    }
+    if ((rc = idle(h, v)) < 0 || (rc = launches(h, v)) < 0 || (rc = queue(h, v)) < 0)
+        goto out;
+    rc = 0;
+out:
+    free(g);
+    free(idx);
+    free(v);
+    free(aggs);
+    return rc;
+}
+
+/* ---- getters ------------------------------------------------------------------------- */
+
+const struct kp_hta_temporal *kp_hta_temporal(const struct kp_hta *h)
+{
+    return &h->temporal;
+}
+
+const struct kp_hta_idle_stream *kp_hta_idle(const struct kp_hta *h, size_t *n)
+{
+    *n = h->n_idle;
+    return h->idle;
+}
+
+const struct kp_hta_overlap *kp_hta_overlap(const struct kp_hta *h)
+{
+    return &h->overlap;
+}
+
+const int64_t *kp_hta_type_time(const struct kp_hta *h)
+{
+    return h->type_time;
+}
+
+const struct kp_hta_kernel_row *kp_hta_kernels(const struct kp_hta *h, size_t *n)
+{
+    *n = h->n_krows;
+    return h->krows;
+}
+
+const struct kp_hta_launch_row *kp_hta_launches(const struct kp_hta *h, size_t *n)
+{
+    *n = h->n_launches;
+    return h->launches;
+}
+
+const struct kp_hta_launch_summary *kp_hta_launch_summary(const struct kp_hta *h)
+{
+    return &h->lsum;
+}
+
+const struct kp_hta_queue_stream *kp_hta_queue(const struct kp_hta *h, size_t *n)
+{
+    *n = h->n_queue;
+    return h->queue;
+}
+
+/* ---- JSON ----------------------------------------------------------------------------- */
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* A number, or null for NaN and infinities. */
+static void json_num(FILE *f, double v)
+{
+    if (!isfinite(v))
+        fputs("null", f);
+    else if (v == floor(v) && fabs(v) < 1e15)
+        fprintf(f, "%.0f", v);
+    else
+        fprintf(f, "%.17g", v);
+}
+
+/* ns as µs. */
+static void json_us(FILE *f, double ns)
+{
+    json_num(f, ns / 1000.0);
+}
+
+static void json_stats(FILE *f, const struct kp_hta_stats *s, bool us)
+{
+    const double vals[7] = { s->mean, s->std, s->min, s->q25, s->q50, s->q75, s->max };
+    static const char *const keys[7] = { "mean", "std", "min", "25%", "50%", "75%", "max" };
+
+    fprintf(f, "{\"count\": %zu", s->count);
+    for (int i = 0; i < 7; i++) {
+        fprintf(f, ", \"%s\": ", keys[i]);
+        if (us)
+            json_us(f, vals[i]);
+        else
+            json_num(f, vals[i]);
+    }
+    fputc('}', f);
+}
+
+static void w_temporal(const struct kp_hta *h, FILE *f)
+{
+    const struct kp_hta_temporal *t = &h->temporal;
+
+    fputs("\"idle_time_us\": ", f);
+    json_us(f, (double) t->idle_ns);
+    fputs(", \"compute_time_us\": ", f);
+    json_us(f, (double) t->compute_ns);
+    fputs(", \"non_compute_time_us\": ", f);
+    json_us(f, (double) t->non_compute_ns);
+    fputs(", \"kernel_time_us\": ", f);
+    json_us(f, (double) t->kernel_ns);
+    fputs(", \"idle_time_pctg\": ", f);
+    json_num(f, t->idle_pct);
+    fputs(", \"compute_time_pctg\": ", f);
+    json_num(f, t->compute_pct);
+    fputs(", \"non_compute_time_pctg\": ", f);
+    json_num(f, t->non_compute_pct);
+}
+
+static void w_idle(const struct kp_hta *h, FILE *f)
+{
+    fputs("\"streams\": [", f);
+    for (size_t s = 0; s < h->n_idle; s++) {
+        const struct kp_hta_idle_stream *is = &h->idle[s];
+        bool first = true;
+
+        fprintf(f, "%s{\"stream\": %" PRId64 ", \"categories\": [", s ? ", " : "", is->stream);
+        for (int c = 0; c < 3; c++) {
+            if (!is->present[c])
+                continue;
+            fprintf(f, "%s{\"idle_category\": \"%s\", \"idle_time_us\": ", first ? "" : ", ",
+                    idle_cat_names[c]);
+            json_us(f, (double) is->idle_ns[c]);
+            fputs(", \"idle_time_ratio\": ", f);
+            json_num(f, is->ratio[c]);
+            fputs(", \"interval_stats_us\": ", f);
+            json_stats(f, &is->stats[c], true);
+            fputc('}', f);
+            first = false;
+        }
+        fputs("]}", f);
+    }
+    fputc(']', f);
+}
+
+static void w_overlap(const struct kp_hta *h, FILE *f)
+{
+    fputs("\"comm_time_us\": ", f);
+    json_us(f, (double) h->overlap.comm_ns);
+    fputs(", \"overlap_time_us\": ", f);
+    json_us(f, (double) h->overlap.overlap_ns);
+    fputs(", \"comp_comm_overlap_pctg\": ", f);
+    json_num(f, h->overlap.pct);
+}
+
+static void w_kernels(const struct kp_hta *h, FILE *f)
+{
+    bool first = true;
+    char label[128];
+
+    fputs("\"kernel_types\": [", f);
+    for (unsigned m = 1; m < 8; m++) {
+        if (h->type_time[m] == 0)
+            continue;
+        kp_hta_type_label(m, label, sizeof(label));
+        fprintf(f, "%s{\"kernel_type\": \"%s\", \"sum_us\": ", first ? "" : ", ", label);
+        json_us(f, (double) h->type_time[m]);
+        fputc('}', f);
+        first = false;
+    }
+    fputs("], \"kernels\": [", f);
+    for (size_t i = 0; i < h->n_krows; i++) {
+        const struct kp_hta_kernel_row *r = &h->krows[i];
+
+        fputs(i ? ", {\"name\": " : "{\"name\": ", f);
+        json_str(f, r->name);
+        fprintf(f, ", \"kernel_type\": \"%s\", \"sum_us\": ", kp_hta_ktype_names[r->type]);
+        json_us(f, r->sum_ns);
+        fputs(", \"max_us\": ", f);
+        json_us(f, r->max_ns);
+        fputs(", \"min_us\": ", f);
+        json_us(f, r->min_ns);
+        fputs(", \"mean_us\": ", f);
+        json_us(f, r->mean_ns);
+        fputs(", \"std_us\": ", f);
+        json_us(f, r->std_ns);
+        fputc('}', f);
+    }
+    fputc(']', f);
+}
+
+static void w_launch(const struct kp_hta *h, FILE *f)
+{
+    const struct kp_hta_launch_summary *s = &h->lsum;
+
+    fprintf(f, "\"summary\": {\"n\": %zu, \"cpu_duration_mean_us\": ", s->n);
+    json_us(f, s->cpu_mean_ns);
+    fputs(", \"gpu_duration_mean_us\": ", f);
+    json_us(f, s->gpu_mean_ns);
+    fputs(", \"launch_delay_mean_us\": ", f);
+    json_us(f, s->delay_mean_ns);
+    fputs(", \"launch_delay_p50_us\": ", f);
+    json_us(f, s->delay_p50_ns);
+    fputs(", \"launch_delay_max_us\": ", f);
+    json_us(f, s->delay_max_ns);
+    fprintf(f,
+            ", \"n_gpu_shorter_than_cpu\": %zu, \"n_runtime_outliers\": %zu, "
+            "\"n_launch_delay_outliers\": %zu, \"runtime_cutoff_us\": %d, "
+            "\"launch_delay_cutoff_us\": %d}, \"launches\": [",
+            s->n_gpu_shorter, s->n_runtime_outliers, s->n_delay_outliers,
+            KP_HTA_RUNTIME_CUTOFF_NS / 1000, KP_HTA_LAUNCH_DELAY_CUTOFF_NS / 1000);
+    for (size_t i = 0; i < h->n_launches; i++) {
+        const struct kp_hta_launch_row *l = &h->launches[i];
+
+        fprintf(f, "%s{\"correlation\": %" PRId64 ", \"cpu_duration_us\": ", i ? ", " : "",
+                l->correlation);
+        json_us(f, (double) l->cpu_ns);
+        fputs(", \"gpu_duration_us\": ", f);
+        json_us(f, (double) l->gpu_ns);
+        fputs(", \"launch_delay_us\": ", f);
+        json_us(f, (double) l->delay_ns);
+        fputc('}', f);
+    }
+    fputc(']', f);
+}
+
+static void w_queue(const struct kp_hta *h, FILE *f)
+{
+    fputs("\"streams\": [", f);
+    for (size_t i = 0; i < h->n_queue; i++) {
+        const struct kp_hta_queue_stream *q = &h->queue[i];
+
+        fprintf(f, "%s{\"stream\": %" PRId64 ", \"queue_length\": ", i ? ", " : "", q->stream);
+        json_stats(f, &q->stats, false);
+        fputs(", \"duration_at_max_queue_length_us\": ", f);
+        json_us(f, (double) q->blocked_ns);
+        fputs(", \"relative_duration_at_max_queue_length\": ", f);
+        json_num(f, q->blocked_rel);
+        fputc('}', f);
+    }
+    fprintf(f, "], \"max_queue_length\": %d", KP_HTA_MAX_QUEUE_LENGTH);
+}
+
+int kp_hta_write_json(const struct kp_hta *h, const char *analysis, FILE *f)
+{
+    static const struct {
+        const char *name;
+        void (*fn)(const struct kp_hta *, FILE *);
+    } tab[] = { { "temporal", w_temporal }, { "idle", w_idle },     { "overlap", w_overlap },
+                { "kernels", w_kernels },   { "launch", w_launch }, { "queue", w_queue } };
+
+    for (size_t i = 0; i < sizeof(tab) / sizeof(tab[0]); i++) {
+        if (strcmp(tab[i].name, analysis) != 0)
+            continue;
+        fprintf(f,
+                "{\"analysis\": \"%s\", \"hta_compat\": {\"rounded_to_us\": %s, "
+                "\"last_step_dropped\": %s, \"consecutive_kernel_delay_us\": ",
+                analysis, h->opts.exact_ns ? "false" : "true", h->dropped ? "true" : "false");
+        json_us(f, (double) h->opts.consecutive_kernel_delay_ns);
+        fputs("}, ", f);
+        tab[i].fn(h, f);
+        fputs("}\n", f);
+        return 0;
+    }
+    return -EINVAL;
+}

@@ -1,0 +1,148 @@
+/*
+ * kprof-hta: HTA's per-rank analyses (analyzer/hta.h) from the command line.
+ *   kprof-hta --pg CONNINFO --run R [--rank N] [--exact-ns] [--include-last-step]
+ *             [--consecutive-kernel-delay-us N] temporal|idle|overlap|kernels|launch|queue
+ *             [--json]
+ * The output is JSON (times in µs) with or without --json. --exact-ns and
+ * --include-last-step are kprof's departures from HTA (HTA rounds times to whole µs and
+ * drops the last ProfilerStep).
+ * Exit codes: 0 ok, 2 usage, 3 unknown run or rank, 1 anything else.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hta.h"
+#include "kp_err.h"
+#include "kp_pg.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kprof-hta --pg CONNINFO --run R [--rank N] [--exact-ns] "
+               "[--include-last-step] [--consecutive-kernel-delay-us N] "
+               "temporal|idle|overlap|kernels|launch|queue [--json]\n");
+}
+
+static bool known(const char *v)
+{
+    static const char *const verbs[] = {
+        "temporal", "idle", "overlap", "kernels", "launch", "queue"
+    };
+
+    for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++) {
+        if (strcmp(verbs[i], v) == 0)
+            return true;
+    }
+    return false;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        { "pg", required_argument, NULL, 'p' },
+        { "run", required_argument, NULL, 'r' },
+        { "rank", required_argument, NULL, 'k' },
+        { "json", no_argument, NULL, 'j' },
+        { "exact-ns", no_argument, NULL, 'x' },
+        { "include-last-step", no_argument, NULL, 'l' },
+        { "consecutive-kernel-delay-us", required_argument, NULL, 'd' },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
+    const char *conninfo = NULL, *verb = NULL;
+    char err[512] = "", *end;
+    int64_t run = -1;
+    int rank = 0, opt, rc, status = 1;
+    long long delay;
+    struct kp_hta_opts o;
+    PGconn *c = NULL;
+    struct kp_hta *h = NULL;
+
+    kp_hta_opts_init(&o);
+    while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'p':
+            conninfo = optarg;
+            break;
+        case 'r':
+            run = strtoll(optarg, &end, 10);
+            if (*end || run < 0) {
+                fprintf(stderr, "kprof-hta: --run takes a run id, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'k':
+            rank = (int) strtol(optarg, &end, 10);
+            if (*end || rank < 0) {
+                fprintf(stderr, "kprof-hta: --rank takes a rank, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'j':
+            break; /* JSON is the only output */
+        case 'x':
+            o.exact_ns = true;
+            break;
+        case 'l':
+            o.include_last_step = true;
+            break;
+        case 'd':
+            delay = strtoll(optarg, &end, 10);
+            if (*end || delay < 0 || delay > 1000000000LL) {
+                fprintf(stderr, "kprof-hta: --consecutive-kernel-delay-us takes µs, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            o.consecutive_kernel_delay_ns = delay * 1000;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    for (int i = optind; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            continue;
+        if (verb) {
+            fprintf(stderr, "kprof-hta: one analysis at a time ('%s' and '%s')\n", verb, argv[i]);
+            return 2;
+        }
+        verb = argv[i];
+    }
+    if (!conninfo || run < 0 || !verb) {
+        usage(stderr);
+        return 2;
+    }
+    if (!known(verb)) {
+        fprintf(stderr, "kprof-hta: unknown analysis '%s'\n", verb);
+        usage(stderr);
+        return 2;
+    }
+    rc = kp_pg_connect(conninfo, "kprof-hta", &c, err, sizeof(err));
+    if (rc < 0) {
+        fprintf(stderr, "kprof-hta: %s\n", err);
+        goto out;
+    }
+    rc = kp_hta_load(c, run, rank, &o, &h, err, sizeof(err));
+    if (rc < 0) {
+        fprintf(stderr, "kprof-hta: %s\n", err[0] ? err : kp_strerror(rc));
+        status = rc == KP_ENOTFOUND ? 3 : 1;
+        goto out;
+    }
+    if (kp_hta_write_json(h, verb, stdout) < 0 || fflush(stdout) != 0) {
+        fprintf(stderr, "kprof-hta: writing the output failed\n");
+        goto out;
+    }
+    status = 0;
+out:
+    kp_hta_destroy(h);
+    if (c)
+        PQfinish(c);
+    return status;
+}
