@@ -491,6 +491,8 @@ static bool is_tc_eligible_op(const char *s)
 
 bool kp_an_is_tc_kernel(const char *name)
 {
+    /* The TensorBoard plugin's list (spec §7): Volta and Turing cuBLAS/cuDNN names, and
+     * xmma. */
     static const char *const pats[] = { "h884",
                                         "s884",
                                         "h1688",
@@ -509,9 +511,41 @@ bool kp_an_is_tc_kernel(const char *name)
                                         "xmma_gemm",
                                         "xmma_sparse_gemm",
                                         "c1688" };
+    /* kprof's additions for Ampere and Hopper (none of them occurs in the plugin's peer
+     * traces, so its figures stay the plugin's): cuDNN's sm80/sm90 xmma convolutions
+     * (sm80_xmma_fprop_implicit_gemm_*, *_dgrad_*, *_wgrad_*); Hopper warpgroup MMA in
+     * cuBLAS, CUTLASS 3 and cuDNN (sm90_*_gmma_*, *wgmma*); cuBLAS 12.8+'s nvjet_* GEMMs;
+     * CUTLASS tensor-op kernels (cutlass_80_tensorop_*, cutlass3x_sm90_tensorop_*), which a
+     * cutlass_*_simt_* kernel is not; int8/fp8/tf32 MMA shapes (i16832, s16816 above); and
+     * attention kernels: FlashAttention 2 (flash_fwd_*, flash_bwd_dq_dk_dv_*) and 3
+     * (FlashAttnFwdSm90), xformers/PyTorch memory-efficient and TensorRT fmha_* but their fp32
+     * variants, and cuDNN's fused SDPA. */
+    static const char *const modern[] = { "xmma_fprop",
+                                          "xmma_dgrad",
+                                          "xmma_wgrad",
+                                          "gmma",
+                                          "nvjet_",
+                                          "tensorop",
+                                          "i16832",
+                                          "flash_fwd_kernel",
+                                          "flash_fwd_splitkv_kernel",
+                                          "flash_bwd_dq_dk_dv",
+                                          "flash_bwd_kernel",
+                                          "FlashAttnFwd",
+                                          "FlashAttnBwd",
+                                          "fmha_",
+                                          "_sdpa_" };
 
     for (size_t i = 0; i < sizeof(pats) / sizeof(pats[0]); i++)
         if (strstr(name, pats[i]))
+            return true;
+    if (strstr(name, "_simt_") != NULL)
+        return false;
+    /* fmha's fp32 kernels (fmha_cutlassF_f32_aligned_*) run on CUDA cores */
+    if (strstr(name, "fmha_") != NULL)
+        return strstr(name, "_f32_") == NULL;
+    for (size_t i = 0; i < sizeof(modern) / sizeof(modern[0]); i++)
+        if (strstr(name, modern[i]))
             return true;
     return false;
 }

@@ -3,31 +3,40 @@
  *   kprof-analyze --pg CONNINFO --run R [--rank N] [--plugin-compat] [--max-rows N]
  *                 breakdown|ops|kernels [--json]
  *   kprof-analyze ... prof [-c COLUMNS] [--csv|--json] [-w WIDTH]
+ *   kprof-analyze ... roofline [--by kernel|op] [--top N] [--csv|--json]
  * breakdown: the step-time breakdown per step and on average (--plugin-compat: the
  * TensorBoard plugin's double-counting figure instead of kprof's); ops: the operator view by
  * name and by name + input shapes; kernels: the kernel view by name and by name + op, and the
  * Tensor Core statistics; prof: PyProf's per-kernel table (analyzer/pyprof.h), the columns
  * of -c (default idx,dir,sub,mod,op,kernel,params,sil), columnated to -w WIDTH (default
- * 200), or every field quoted with --csv, or --json.
+ * 200), or every field quoted with --csv, or --json; roofline: achieved FLOP/s and bytes/s
+ * per kernel or op against the device's peaks (analyzer/roofline.h), longest first.
+ * counters: CUPTI counter values per kernel with the op stack and FLOPs (analyzer/counters.h),
+ * -c COLUMNS (default KP_CTR_TEXT_COLUMNS in text, every column in --csv and --json).
  * --max-rows refuses a rank with more rows than that (0, the default: no limit).
  * Exit codes: 0 ok, 2 usage, 3 unknown run or rank, 1 anything else.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "counters.h"
 #include "kp_analyzer.h"
 #include "kp_err.h"
 #include "kp_pg.h"
 #include "pyprof.h"
+#include "roofline.h"
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kprof-analyze --pg CONNINFO --run R [--rank N] [--plugin-compat] "
                "[--max-rows N] breakdown|ops|kernels [--json]\n"
-               "       kprof-analyze ... prof [-c COLUMNS] [--csv|--json] [-w WIDTH]\n");
+               "       kprof-analyze ... prof [-c COLUMNS] [--csv|--json] [-w WIDTH]\n"
+               "       kprof-analyze ... roofline [--by kernel|op] [--top N] [--csv|--json]\n"
+               "       kprof-analyze ... counters [-c COLUMNS] [--csv|--json]\n");
 }
 
 static void text_breakdown(const struct kp_an_breakdown *b)
@@ -71,6 +80,31 @@ static void text_kernels(const struct kp_an_table *t)
                (double) r[i].min_ns / 1e3, (double) r[i].max_ns / 1e3, r[i].name);
 }
 
+/* counters: CUPTI counter values per kernel (analyzer/counters.h); needs no kp_an_load. The
+ * table goes to stdout, its message (no counters, ops not mapped) to stderr (JSON has it). */
+static int counters_verb(const char *conninfo, int64_t run, int rank, size_t max_rows,
+                         const char *columns, enum kp_ctr_format format)
+{
+    char err[512] = "";
+    PGconn *c = NULL;
+    struct kp_ctr *t = NULL;
+    int rc;
+
+    rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
+    if (rc == 0)
+        rc = kp_ctr_build(c, run, rank, max_rows, &t, err, sizeof(err));
+    if (rc == 0) {
+        rc = kp_ctr_write(stdout, t, run, rank, columns, format, err, sizeof(err));
+        if (rc == 0 && format != KP_CTR_JSON && kp_ctr_message(t))
+            fprintf(stderr, "kprof-analyze: %s\n", kp_ctr_message(t));
+    }
+    if (rc < 0)
+        fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
+    kp_ctr_destroy(t);
+    PQfinish(c);
+    return rc == 0 ? 0 : rc == KP_ENOTFOUND ? 3 : rc == -EINVAL ? 2 : 1;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = { { "pg", required_argument, NULL, 'p' },
@@ -83,6 +117,8 @@ int main(int argc, char **argv)
                                               { "csv", no_argument, NULL, 'v' },
                                               { "columns", required_argument, NULL, 'c' },
                                               { "width", required_argument, NULL, 'w' },
+                                              { "by", required_argument, NULL, 'b' },
+                                              { "top", required_argument, NULL, 't' },
                                               { NULL, 0, NULL, 0 } };
     const char *conninfo = NULL, *verb = NULL;
     char err[512] = "", *end;
@@ -94,6 +130,8 @@ int main(int argc, char **argv)
     long width = KP_PROF_DEFAULT_WIDTH;
     enum kp_prof_col cols[64];
     int ncols = 0;
+    enum kp_rl_by by = KP_RL_BY_KERNEL;
+    unsigned long long top = 0;
     PGconn *c = NULL;
     struct kp_an *a = NULL;
 
@@ -143,6 +181,20 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'b':
+            if (strcmp(optarg, "kernel") != 0 && strcmp(optarg, "op") != 0) {
+                fprintf(stderr, "kprof-analyze: --by takes kernel or op, not '%s'\n", optarg);
+                return 2;
+            }
+            by = strcmp(optarg, "op") == 0 ? KP_RL_BY_OP : KP_RL_BY_KERNEL;
+            break;
+        case 't':
+            top = strtoull(optarg, &end, 10);
+            if (*end || optarg[0] == '-') {
+                fprintf(stderr, "kprof-analyze: --top takes a row count, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -163,7 +215,7 @@ int main(int argc, char **argv)
     }
     if (!conninfo || run < 0 || !verb ||
         (strcmp(verb, "breakdown") && strcmp(verb, "ops") && strcmp(verb, "kernels") &&
-         strcmp(verb, "prof"))) {
+         strcmp(verb, "prof") && strcmp(verb, "roofline") && strcmp(verb, "counters"))) {
         usage(stderr);
         return 2;
     }
@@ -174,6 +226,12 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (strcmp(verb, "counters") == 0)
+        return counters_verb(conninfo, run, rank, (size_t) max_rows,
+                             strcmp(columns, KP_PROF_DEFAULT_COLUMNS) ? columns : NULL,
+                             json  ? KP_CTR_JSON
+                             : csv ? KP_CTR_CSV
+                                   : KP_CTR_TEXT);
     rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
     if (rc == 0)
         rc = kp_an_load(c, run, rank, (size_t) max_rows, &a, err, sizeof(err));
@@ -181,6 +239,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
         PQfinish(c);
         return rc == KP_ENOTFOUND ? 3 : 1;
+    }
+    if (strcmp(verb, "roofline") == 0) {
+        struct kp_rl *rl = NULL;
+
+        rc = kp_rl_build(c, run, rank, (size_t) max_rows, by, &rl, err, sizeof(err));
+        if (rc == 0)
+            kp_rl_write(stdout, rl, run, rank,
+                        json  ? KP_RL_JSON
+                        : csv ? KP_RL_CSV
+                              : KP_RL_TEXT,
+                        (size_t) top);
+        else
+            fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
+        kp_rl_destroy(rl);
+        kp_an_destroy(a);
+        PQfinish(c);
+        return rc < 0 ? 1 : 0;
     }
     if (strcmp(verb, "prof") == 0) {
         struct kp_prof *p = NULL;

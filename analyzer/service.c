@@ -20,6 +20,8 @@
 #include "kp_rpc.h"
 #include "kp_strbuf.h"
 #include "kprof.pb-c.h"
+#include "pyprof.h"
+#include "roofline.h"
 
 #define KP_ANALYZER_MAX_WORKERS 64
 
@@ -27,10 +29,13 @@ enum view {
     VIEW_BREAKDOWN,
     VIEW_OPS,
     VIEW_KERNELS,
+    VIEW_PROF,
+    VIEW_ROOFLINE,
     VIEW_COUNT
 };
 
-static const char *const view_names[VIEW_COUNT] = { "Breakdown", "Ops", "Kernels" };
+static const char *const view_names[VIEW_COUNT] = { "Breakdown", "Ops", "Kernels", "Prof",
+                                                    "Roofline" };
 
 struct job {
     enum view view;
@@ -259,6 +264,22 @@ static bool parse_request(const struct job *j, struct cache_key *k, char *err, s
         option = (int) r->group_by;
         break;
     }
+    case VIEW_PROF: {
+        const Kprof__V1__ProfRequest *r = (const Kprof__V1__ProfRequest *) j->req;
+
+        run = r->run_id;
+        rank = r->rank;
+        option = 0;
+        break;
+    }
+    case VIEW_ROOFLINE: {
+        const Kprof__V1__RooflineRequest *r = (const Kprof__V1__RooflineRequest *) j->req;
+
+        run = r->run_id;
+        rank = r->rank;
+        option = (int) r->group_by;
+        break;
+    }
     default: {
         const Kprof__V1__KernelsRequest *r = (const Kprof__V1__KernelsRequest *) j->req;
 
@@ -397,10 +418,126 @@ static void fill_breakdown(Kprof__V1__BreakdownResponse *m, const struct kp_an_b
     m->gpus = gpu_ptrs;
 }
 
+/* PyProf's table of the rank as a ProfResponse into *m; the rows point into p and arrays
+ * (freed by the caller). Returns 0 or -ENOMEM. */
+static int fill_prof(Kprof__V1__ProfResponse *m, const struct kp_prof *p, void **rows_out,
+                     void **ptrs_out)
+{
+    size_t n;
+    const struct kp_prof_row *r = kp_prof_rows(p, &n);
+    Kprof__V1__ProfRow *rows, **ptrs;
+
+    rows = *rows_out = calloc(n ? n : 1, sizeof(*rows));
+    ptrs = *ptrs_out = calloc(n ? n : 1, sizeof(*ptrs));
+    if (rows == NULL || ptrs == NULL) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        Kprof__V1__ProfRow *o = &rows[i];
+
+        kprof__v1__prof_row__init(o);
+        o->idx = r[i].idx;
+        o->seq = r[i].seq;
+        o->altseq = (char *) r[i].altseq;
+        o->tid = r[i].tid;
+        o->layer = (char *) r[i].layer;
+        o->trace = (char *) r[i].trace;
+        o->bprop = r[i].bwd;
+        o->sub = r[i].sub;
+        o->mod = (char *) r[i].mod;
+        o->op = (char *) r[i].op;
+        o->kernel = (char *) r[i].kernel;
+        o->params = (char *) r[i].params;
+        o->sil_ns = r[i].sil_ns;
+        o->tc = (char *) r[i].tc;
+        o->device = r[i].device;
+        o->stream = r[i].stream;
+        o->grid = (char *) r[i].grid;
+        o->block = (char *) r[i].block;
+        o->flops = r[i].flops;
+        o->flops_known = r[i].flops_known;
+        o->bytes = r[i].bytes;
+        o->bytes_known = r[i].bytes_known;
+        ptrs[i] = o;
+    }
+    m->n_rows = n;
+    m->rows = ptrs;
+    return 0;
+}
+
+/* The roofline as a RooflineResponse into *m, pointing into rl and the arrays (freed by the
+ * caller). Returns 0 or -ENOMEM. */
+static int fill_roofline(Kprof__V1__RooflineResponse *m, const struct kp_rl *rl, void **devs_out,
+                         void **dptrs_out, void **rows_out, void **ptrs_out)
+{
+    size_t nd, n;
+    const struct kp_rl_device *d = kp_rl_devices(rl, &nd);
+    const struct kp_rl_row *r = kp_rl_rows(rl, &n);
+    Kprof__V1__RooflineDevice *devs, **dptrs;
+    Kprof__V1__RooflineRow *rows, **ptrs;
+
+    devs = *devs_out = calloc(nd ? nd : 1, sizeof(*devs));
+    dptrs = *dptrs_out = calloc(nd ? nd : 1, sizeof(*dptrs));
+    rows = *rows_out = calloc(n ? n : 1, sizeof(*rows));
+    ptrs = *ptrs_out = calloc(n ? n : 1, sizeof(*ptrs));
+    if (devs == NULL || dptrs == NULL || rows == NULL || ptrs == NULL) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < nd; i++) {
+        Kprof__V1__RooflineDevice *o = &devs[i];
+
+        kprof__v1__roofline_device__init(o);
+        o->id = d[i].id;
+        o->name = (char *) d[i].name;
+        o->entry = (char *) d[i].entry;
+        o->source = (char *) d[i].source;
+        o->peak_fp32_flop_per_s = d[i].peak_flop_per_s[KP_RL_FP32];
+        o->peak_tf32_flop_per_s = d[i].peak_flop_per_s[KP_RL_TF32_TC];
+        o->peak_fp16_flop_per_s = d[i].peak_flop_per_s[KP_RL_FP16_TC];
+        o->peak_fp8_flop_per_s = d[i].peak_flop_per_s[KP_RL_FP8_TC];
+        o->bandwidth_bytes_per_s = d[i].bandwidth_bytes_per_s;
+        dptrs[i] = o;
+    }
+    for (size_t i = 0; i < n; i++) {
+        Kprof__V1__RooflineRow *o = &rows[i];
+
+        kprof__v1__roofline_row__init(o);
+        o->name = (char *) r[i].name;
+        o->dir = (char *) r[i].dir;
+        o->device = r[i].device;
+        o->peak = (char *) r[i].peak;
+        o->kernels = r[i].kernels;
+        o->time_ns = r[i].time_ns;
+        o->flops = r[i].flops;
+        o->flops_known = r[i].flops_known;
+        o->bytes = r[i].bytes;
+        o->bytes_known = r[i].bytes_known;
+        o->flop_per_s = r[i].flop_per_s;
+        o->flop_per_s_defined = r[i].flop_per_s_defined;
+        o->bytes_per_s = r[i].bytes_per_s;
+        o->bytes_per_s_defined = r[i].bytes_per_s_defined;
+        o->intensity = r[i].intensity;
+        o->intensity_defined = r[i].intensity_defined;
+        o->peak_flop_per_s = r[i].peak_flop_per_s;
+        o->compute_fraction = r[i].compute_fraction;
+        o->compute_fraction_defined = r[i].compute_fraction_defined;
+        o->bandwidth_bytes_per_s = r[i].bandwidth_bytes_per_s;
+        o->bandwidth_fraction = r[i].bandwidth_fraction;
+        o->bandwidth_fraction_defined = r[i].bandwidth_fraction_defined;
+        ptrs[i] = o;
+    }
+    m->n_devices = nd;
+    m->devices = dptrs;
+    m->n_rows = n;
+    m->rows = ptrs;
+    return 0;
+}
+
 /* Computes the view on a loaded rank and answers it; caches it on success. Returns 0, or a
- * negative code (-ENOMEM) when nothing was sent. */
-static int compute_and_reply(struct kp_analyzer *a, struct kp_an *an, struct job *j,
-                             const struct cache_key *k, int state, int64_t batches)
+ * negative code (-ENOMEM, KP_EPG, KP_ETOOBIG with a message in err) when nothing was sent. */
+static int compute_and_reply(struct kp_analyzer *a, struct kp_an *an, PGconn *pg, struct job *j,
+                             const struct cache_key *k, int state, int64_t batches, char *err,
+                             size_t errlen)
 {
     void *arr1 = NULL, *arr2 = NULL, *arr3 = NULL, *arr4 = NULL, *arr5 = NULL;
     ProtobufCMessage *msg = NULL;
@@ -410,6 +547,10 @@ static int compute_and_reply(struct kp_analyzer *a, struct kp_an *an, struct job
     Kprof__V1__KernelsResponse km = KPROF__V1__KERNELS_RESPONSE__INIT;
     Kprof__V1__TensorCoreStats tcs = KPROF__V1__TENSOR_CORE_STATS__INIT;
     Kprof__V1__TensorCoreGpu tcg[KP_AN_MAX_GPUS], *tcg_ptrs[KP_AN_MAX_GPUS];
+    Kprof__V1__ProfResponse pm = KPROF__V1__PROF_RESPONSE__INIT;
+    Kprof__V1__RooflineResponse rm = KPROF__V1__ROOFLINE_RESPONSE__INIT;
+    struct kp_prof *prof = NULL;
+    struct kp_rl *rl = NULL;
     int rc;
 
     if (k->view == VIEW_BREAKDOWN) {
@@ -434,6 +575,33 @@ static int compute_and_reply(struct kp_analyzer *a, struct kp_an *an, struct job
         bm.rank = k->rank;
         bm.plugin_compat = k->option != 0;
         msg = &bm.base;
+    }
+    else if (k->view == VIEW_PROF) {
+        rc = kp_prof_build(pg, (int64_t) k->run, (int) k->rank, (size_t) a->cfg.max_rows, &prof,
+                           err, errlen);
+        if (rc == 0) {
+            rc = fill_prof(&pm, prof, &arr1, &arr2);
+        }
+        if (rc != 0) {
+            goto out;
+        }
+        pm.run_id = k->run;
+        pm.rank = k->rank;
+        msg = &pm.base;
+    }
+    else if (k->view == VIEW_ROOFLINE) {
+        rc = kp_rl_build(pg, (int64_t) k->run, (int) k->rank, (size_t) a->cfg.max_rows,
+                         k->option == 1 ? KP_RL_BY_OP : KP_RL_BY_KERNEL, &rl, err, errlen);
+        if (rc == 0) {
+            rc = fill_roofline(&rm, rl, &arr1, &arr2, &arr3, &arr4);
+        }
+        if (rc != 0) {
+            goto out;
+        }
+        rm.run_id = k->run;
+        rm.rank = k->rank;
+        rm.group_by = (Kprof__V1__RooflineGroupBy) k->option;
+        msg = &rm.base;
     }
     else if (k->view == VIEW_OPS) {
         const struct kp_an_table *t;
@@ -532,6 +700,8 @@ static int compute_and_reply(struct kp_analyzer *a, struct kp_an *an, struct job
     kp_rpc_call_reply(j->call, msg);
     rc = 0;
 out:
+    kp_prof_destroy(prof);
+    kp_rl_destroy(rl);
     free(arr1);
     free(arr2);
     free(arr3);
@@ -547,6 +717,10 @@ static const ProtobufCMessageDescriptor *reply_desc(enum view v)
         return &kprof__v1__breakdown_response__descriptor;
     case VIEW_OPS:
         return &kprof__v1__ops_response__descriptor;
+    case VIEW_PROF:
+        return &kprof__v1__prof_response__descriptor;
+    case VIEW_ROOFLINE:
+        return &kprof__v1__roofline_response__descriptor;
     default:
         return &kprof__v1__kernels_response__descriptor;
     }
@@ -560,6 +734,12 @@ static void set_cached(enum view v, ProtobufCMessage *m)
         break;
     case VIEW_OPS:
         ((Kprof__V1__OpsResponse *) m)->cached = true;
+        break;
+    case VIEW_PROF:
+        ((Kprof__V1__ProfResponse *) m)->cached = true;
+        break;
+    case VIEW_ROOFLINE:
+        ((Kprof__V1__RooflineResponse *) m)->cached = true;
         break;
     default:
         ((Kprof__V1__KernelsResponse *) m)->cached = true;
@@ -615,10 +795,11 @@ static void run_job(struct worker *w, struct job *j)
     if (rc == 0) {
         long long t0 = mono_ns();
 
-        rc = compute_and_reply(a, an, j, &k, state, batches);
+        err[0] = '\0';
+        rc = compute_and_reply(a, an, pg, j, &k, state, batches, err, sizeof(err));
         kp_log_debug("computed method=%s run=%" PRIu64 " rank=%d option=%d ms=%lld",
                      view_names[k.view], k.run, (int) k.rank, k.option, (mono_ns() - t0) / 1000000);
-        if (rc != 0) {
+        if (rc != 0 && err[0] == '\0') {
             snprintf(err, sizeof(err), "%s", kp_strerror(rc));
         }
     }
@@ -747,6 +928,16 @@ static void on_ops(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
 static void on_kernels(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
 {
     enqueue(ud, VIEW_KERNELS, call, req);
+}
+
+static void on_prof(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    enqueue(ud, VIEW_PROF, call, req);
+}
+
+static void on_roofline(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    enqueue(ud, VIEW_ROOFLINE, call, req);
 }
 
 /* ---- HTTP ------------------------------------------------------------------------------- */
@@ -893,6 +1084,20 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
         .kind = KP_RPC_UNARY,
         .request = &kprof__v1__kernels_request__descriptor,
         .on_request = on_kernels,
+        .ud = a,
+    };
+    a->methods[VIEW_PROF] = (struct kp_rpc_method){
+        .path = "/kprof.v1.Analyzer/Prof",
+        .kind = KP_RPC_UNARY,
+        .request = &kprof__v1__prof_request__descriptor,
+        .on_request = on_prof,
+        .ud = a,
+    };
+    a->methods[VIEW_ROOFLINE] = (struct kp_rpc_method){
+        .path = "/kprof.v1.Analyzer/Roofline",
+        .kind = KP_RPC_UNARY,
+        .request = &kprof__v1__roofline_request__descriptor,
+        .on_request = on_roofline,
         .ud = a,
     };
     if ((rc = kp_rpc_server_create(&sopts, a->methods, VIEW_COUNT, &a->server, errbuf, errlen)) !=

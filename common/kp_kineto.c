@@ -47,12 +47,24 @@
 #define I4MAX            INT32_MAX
 
 const char *const kp_kineto_cat_names[KP_KINETO_CAT_COUNT] = {
-    "cpu_op",          "user_annotation", "gpu_user_annotation",
-    "python_function", "cuda_runtime",    "cuda_driver",
-    "kernel",          "gpu_memcpy",      "gpu_memset",
-    "cuda_sync",       "memory",          "ac2g",
-    "fwdbwd",          "profiler_step",   "collective",
-    "metadata",        "skipped",
+    "cpu_op",
+    "user_annotation",
+    "gpu_user_annotation",
+    "python_function",
+    "cuda_runtime",
+    "cuda_driver",
+    "kernel",
+    "gpu_memcpy",
+    "gpu_memset",
+    "cuda_sync",
+    "memory",
+    "ac2g",
+    "fwdbwd",
+    "profiler_step",
+    "collective",
+    "cuda_profiler_range",
+    "metadata",
+    "skipped",
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -982,6 +994,12 @@ struct r_mem {
     int32_t device;
 };
 
+struct r_ctr {
+    double value;
+    uint64_t corr;
+    uint32_t metric, device;
+};
+
 #define KB_KIND(T, f) \
     struct T *f;      \
     size_t n_##f, cap_##f
@@ -996,6 +1014,7 @@ struct kb {
     KB_KIND(r_coll, coll);
     KB_KIND(r_sync, sync);
     KB_KIND(r_mem, memev);
+    KB_KIND(r_ctr, ctr);
     size_t rows;
     int64_t base_ns;
     bool have_base;
@@ -1022,6 +1041,7 @@ static void kb_fini(struct kb *b)
     free(b->coll);
     free(b->sync);
     free(b->memev);
+    free(b->ctr);
     kp_strbuf_fini(&b->bytes);
     free(b->off);
     free(b->htab);
@@ -1104,7 +1124,7 @@ static int64_t kb_intern(struct kb *b, const char *s, size_t n)
 static void kb_reset(struct kb *b)
 {
     b->n_kern = b->n_mcpy = b->n_mset = b->n_api = b->n_op = b->n_step = b->n_coll = b->n_sync =
-        b->n_memev = 0;
+        b->n_memev = b->n_ctr = 0;
     b->rows = 0;
     b->have_base = false;
     kp_strbuf_reset(&b->bytes);
@@ -1308,6 +1328,11 @@ struct ev {
     uint32_t s_off[ARG_COUNT]; /* string and captured args in k->evs */
     uint32_t s_len[ARG_COUNT];
     int64_t grid[3], block[3];
+    /* cuda_profiler_range metrics: args keys the table above does not know, with a number */
+    uint32_t n_ctr;
+    bool ctr_overflow; /* more than KP_KINETO_MAX_COUNTERS of them */
+    uint32_t ctr_off[KP_KINETO_MAX_COUNTERS], ctr_len[KP_KINETO_MAX_COUNTERS];
+    double ctr_val[KP_KINETO_MAX_COUNTERS];
 };
 
 /* A record of the spool: this header, then len bytes of the encoded batch. */
@@ -1348,6 +1373,7 @@ struct kp_kineto {
     uint32_t batch_rows;
     bool sent_first;
     uint64_t ev_index;
+    uint64_t n_ranges; /* cuda_profiler_range events mapped so far */
     struct kp_kineto_spool *spool;
 };
 
@@ -1481,6 +1507,51 @@ static int read_dim3(struct kp_kineto *k, const char *what, int64_t v[3], bool *
     return rc;
 }
 
+/* A cuda_profiler_range event's category, or no category seen yet (args may come first). */
+static bool maybe_range(struct kp_kineto *k)
+{
+    static const char rc[] = "cuda_profiler_range";
+
+    return !k->e.has_cat || (k->e.cat_len == sizeof(rc) - 1 &&
+                             strncasecmp(evstr(k, k->e.cat_off), rc, sizeof(rc) - 1) == 0);
+}
+
+/* An args key the table does not know (j->str): kept with its value when the event may be a
+ * cuda_profiler_range and the value is a finite number (a metric), else skipped. */
+static int ctr_arg(struct kp_kineto *k)
+{
+    struct jr *j = &k->j;
+    struct ev *e = &k->e;
+    uint32_t off, len;
+    char *end;
+    double v;
+    int c;
+
+    if (!maybe_range(k)) {
+        return jr_skip(j);
+    }
+    c = jr_ws(j);
+    if (c != '-' && !(c >= '0' && c <= '9')) {
+        return jr_skip(j);
+    }
+    if (e->n_ctr >= KP_KINETO_MAX_COUNTERS) {
+        e->ctr_overflow = true;
+        return jr_skip(j);
+    }
+    if (ev_keep(k, j->str, j->slen, &off, &len) != 0 || jr_number(j) != 0) {
+        return j->err;
+    }
+    errno = 0;
+    v = strtod(j->num, &end);
+    if (end == j->num || *end != '\0' || !isfinite(v)) {
+        return 0; /* e.g. 1e999: not a value we can store */
+    }
+    e->ctr_off[e->n_ctr] = off;
+    e->ctr_len[e->n_ctr] = len;
+    e->ctr_val[e->n_ctr++] = v;
+    return 0;
+}
+
 static int parse_args(struct kp_kineto *k)
 {
     struct jr *j = &k->j;
@@ -1508,7 +1579,7 @@ static int parse_args(struct kp_kineto *k)
             }
         }
         if (ak == NULL) {
-            if (jr_skip(j) != 0) {
+            if (ctr_arg(k) != 0) {
                 return j->err;
             }
             continue;
@@ -1798,6 +1869,7 @@ enum map {
     M_SYNC,
     M_FLOW_AC2G,
     M_FLOW_FWDBWD,
+    M_RANGE,
 };
 
 static enum map classify(const char *cat)
@@ -1827,6 +1899,7 @@ static enum map classify(const char *cat)
         { "async_cpu_to_gpu", M_FLOW_AC2G },
         { "fwdbwd", M_FLOW_FWDBWD },
         { "forward_backward", M_FLOW_FWDBWD },
+        { "cuda_profiler_range", M_RANGE },
     };
 
     size_t n = strlen(cat);
@@ -2327,6 +2400,64 @@ static int map_memory(struct kp_kineto *k)
     return 0;
 }
 
+/* Counts a row that has no start time (counters) for the batch. */
+static void row_added_untimed(struct kp_kineto *k, int kind)
+{
+    k->meta->rows[kind]++;
+    k->b.rows++;
+}
+
+/* A cuda_profiler_range event: its counters rows and the row naming it (kp_kineto.h). */
+static int map_range(struct kp_kineto *k)
+{
+    struct ev *e = &k->e;
+    static const char pfx[] = KP_KINETO_RANGE_NAME_PREFIX;
+    struct r_ctr *r;
+    int64_t dev, stream, corr;
+    uint64_t key, index = k->n_ranges;
+    char *nm;
+    int64_t idx;
+
+    if (e->ctr_overflow) {
+        return jr_fail(&k->j, "a cuda_profiler_range event has more than %d metrics",
+                       KP_KINETO_MAX_COUNTERS);
+    }
+    if (gpu_where(k, &dev, &stream) != 0 ||
+        arg_in(k, A_CORR, INT64_MIN, (int64_t) KP_KINETO_RANGE_ID_BASE - 1, 0, &corr) != 0) {
+        return k->j.err;
+    }
+    key = corr > 0 ? (uint64_t) corr : KP_KINETO_RANGE_ID_BASE + index;
+    if ((nm = malloc(sizeof(pfx) + e->name_len)) == NULL) {
+        k->j.err = -ENOMEM;
+        return k->j.err;
+    }
+    memcpy(nm, pfx, sizeof(pfx) - 1);
+    memcpy(nm + sizeof(pfx) - 1, evstr(k, e->name_off), e->name_len);
+    idx = intern_name(k, nm, sizeof(pfx) - 1 + e->name_len);
+    free(nm);
+    if (idx < 0) {
+        k->j.err = (int) idx;
+        return k->j.err;
+    }
+    OOM(r = KB_ADD(&k->b, ctr));
+    r->metric = (uint32_t) idx;
+    r->value = (double) index;
+    r->corr = key;
+    r->device = (uint32_t) dev;
+    row_added_untimed(k, KP_EV_COUNTER);
+    for (uint32_t i = 0; i < e->n_ctr; i++) {
+        OOM(r = KB_ADD(&k->b, ctr));
+        IDX(r->metric, intern_name(k, evstr(k, e->ctr_off[i]), e->ctr_len[i]));
+        r->value = e->ctr_val[i];
+        r->corr = key;
+        r->device = (uint32_t) dev;
+        row_added_untimed(k, KP_EV_COUNTER);
+    }
+    k->n_ranges++;
+    k->meta->cats[KP_KINETO_PROFILER_RANGE]++;
+    return 0;
+}
+
 /* Maps the event just parsed (k->e). */
 static int ev_finish(struct kp_kineto *k)
 {
@@ -2335,8 +2466,8 @@ static int ev_finish(struct kp_kineto *k)
     enum map m;
     int rc = 0;
 
-    size_t snap[9] = { k->b.n_kern, k->b.n_mcpy, k->b.n_mset, k->b.n_api,  k->b.n_op,
-                       k->b.n_step, k->b.n_coll, k->b.n_sync, k->b.n_memev };
+    size_t snap[10] = { k->b.n_kern, k->b.n_mcpy, k->b.n_mset, k->b.n_api,   k->b.n_op,
+                        k->b.n_step, k->b.n_coll, k->b.n_sync, k->b.n_memev, k->b.n_ctr };
     size_t snap_rows = k->b.rows;
 
     if (e->ph == 0) {
@@ -2414,6 +2545,9 @@ static int ev_finish(struct kp_kineto *k)
         case M_SYNC:
             rc = map_sync(k);
             break;
+        case M_RANGE:
+            rc = map_range(k);
+            break;
         default:
             break;
         }
@@ -2433,6 +2567,7 @@ static int ev_finish(struct kp_kineto *k)
         k->b.n_coll = snap[6];
         k->b.n_sync = snap[7];
         k->b.n_memev = snap[8];
+        k->b.n_ctr = snap[9];
         k->b.rows = snap_rows;
         return rc;
     }
@@ -2453,6 +2588,8 @@ static int parse_event(struct kp_kineto *k)
     e->has_ts = e->has_dur = e->has_id = e->has_name = e->has_cat = false;
     e->pid_num = e->tid_num = false;
     e->have = 0;
+    e->n_ctr = 0;
+    e->ctr_overflow = false;
     kp_strbuf_reset(&k->evs);
     if (jr_ws(j) != '{') {
         return jr_fail(j, "an event must be an object, got %s", jr_what(jr_ws(j)));
@@ -3011,6 +3148,7 @@ static int kb_flush(struct kp_kineto *k)
     Kprof__V1__Collectives coll = KPROF__V1__COLLECTIVES__INIT;
     Kprof__V1__Syncs sync = KPROF__V1__SYNCS__INIT;
     Kprof__V1__MemoryEvents memev = KPROF__V1__MEMORY_EVENTS__INIT;
+    Kprof__V1__Counters ctr = KPROF__V1__COUNTERS__INIT;
     Kprof__V1__RankInfo ri = KPROF__V1__RANK_INFO__INIT;
     Kprof__V1__Device devs[KP_KINETO_MAX_DEVICES];
     Kprof__V1__Device *devp[KP_KINETO_MAX_DEVICES];
@@ -3024,7 +3162,7 @@ static int kb_flush(struct kp_kineto *k)
         return 0;
     }
     need = (b->n_kern + b->n_mcpy + b->n_mset + b->n_api + b->n_op + b->n_step + b->n_coll +
-            b->n_sync + b->n_memev) *
+            b->n_sync + b->n_memev + b->n_ctr) *
                24 * sizeof(uint64_t) +
            8192; /* + the padding of every column */
     if (need > b->mem_cap) {
@@ -3215,6 +3353,16 @@ static int kb_flush(struct kp_kineto *k)
         COLUMN(memev, total_reserved, n, R, r->total_res, 0, false);
         COLUMN(memev, tid, n, R, r->tid, 0, false);
         m.memory = &memev;
+    }
+    if (b->n_ctr) {
+        size_t n = b->n_ctr;
+        const struct r_ctr *R = b->ctr;
+
+        COLUMN(ctr, metric, n, R, r->metric, 0, true);
+        COLUMN(ctr, correlation, n, R, r->corr, 0, true);
+        COLUMN(ctr, value, n, R, r->value, 0, true);
+        COLUMN(ctr, device, n, R, r->device, 0, true);
+        m.counters = &ctr;
     }
     if (!k->sent_first) {
         fill_rank_info(k->opts, src, &m, &ri, devs, devp);

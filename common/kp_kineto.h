@@ -57,6 +57,20 @@
  *                                        fromDevice/toDevice
  *  - gpu_memset, Memset               → memsets, mem_kind from the name
  *  - cuda_sync                        → syncs (sync_type from the name, CUPTI's enum)
+ *  - cuda_profiler_range (CUPTI range profiler, specs/hta-analyses.md §10) → counters: one row
+ *                                        per numeric args key that is not a known key (each
+ *                                        requested metric, e.g. smsp__sass_thread_inst_
+ *                                        executed_op_ffma_pred_on.sum), metric = the key,
+ *                                        value = the number, device = args.device, else pid;
+ *                                        correlation = args.correlation when > 0, else
+ *                                        KP_KINETO_RANGE_ID_BASE + the range's index (its
+ *                                        0-based position among the file's range events,
+ *                                        Kineto's range order). Plus one row naming the range:
+ *                                        metric = KP_KINETO_RANGE_NAME_PREFIX + the event's
+ *                                        name (the kernel's, in auto-range mode), value = the
+ *                                        index, same correlation and device. Non-numeric
+ *                                        values (strings, null) store no row: unknown, not 0.
+ *                                        The events' ts/dur are synthetic and not stored.
  *  - [memory], [OutOfMemory] instants → memory_events (MemoryEvents): name, device = Device
  *                                        Id (-1: none), device_type = Device Type, addr =
  *                                        Addr, bytes = Bytes (< 0: a free), total_allocated
@@ -94,6 +108,12 @@
 #define KP_KINETO_DEFAULT_MAX_DEPTH        64
 #define KP_KINETO_MAX_DEVICES              64
 #define KP_KINETO_PY_ID_BASE               (1ULL << 56)
+/* cuda_profiler_range events (see the mapping above): the correlation of a range without one
+ * of its own is KP_KINETO_RANGE_ID_BASE + its index; its name row's metric starts with
+ * KP_KINETO_RANGE_NAME_PREFIX; an event may carry up to KP_KINETO_MAX_COUNTERS metrics. */
+#define KP_KINETO_RANGE_ID_BASE     (1ULL << 62)
+#define KP_KINETO_RANGE_NAME_PREFIX "kprof.range_name:"
+#define KP_KINETO_MAX_COUNTERS      256
 
 /* The event categories counted while parsing (file side of the import's accounting). */
 enum kp_kineto_cat {
@@ -107,13 +127,14 @@ enum kp_kineto_cat {
     KP_KINETO_GPU_MEMCPY,
     KP_KINETO_GPU_MEMSET,
     KP_KINETO_CUDA_SYNC,
-    KP_KINETO_MEMORY,        /* [memory] and [OutOfMemory] instants */
-    KP_KINETO_FLOW_AC2G,     /* ac2g, async, async_gpu, async_cpu_to_gpu (s and f) */
-    KP_KINETO_FLOW_FWDBWD,   /* fwdbwd, forward_backward (s and f) */
-    KP_KINETO_PROFILER_STEP, /* ProfilerStep#N CPU slices (also counted in their cat) */
-    KP_KINETO_COLLECTIVE,    /* record_param_comms with Collective name (also cpu_op) */
-    KP_KINETO_METADATA,      /* ph M */
-    KP_KINETO_SKIPPED,       /* everything else */
+    KP_KINETO_MEMORY,         /* [memory] and [OutOfMemory] instants */
+    KP_KINETO_FLOW_AC2G,      /* ac2g, async, async_gpu, async_cpu_to_gpu (s and f) */
+    KP_KINETO_FLOW_FWDBWD,    /* fwdbwd, forward_backward (s and f) */
+    KP_KINETO_PROFILER_STEP,  /* ProfilerStep#N CPU slices (also counted in their cat) */
+    KP_KINETO_COLLECTIVE,     /* record_param_comms with Collective name (also cpu_op) */
+    KP_KINETO_PROFILER_RANGE, /* cuda_profiler_range (CUPTI range profiler counters) */
+    KP_KINETO_METADATA,       /* ph M */
+    KP_KINETO_SKIPPED,        /* everything else */
     KP_KINETO_CAT_COUNT
 };
 

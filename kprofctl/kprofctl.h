@@ -83,4 +83,21 @@ int kprofctl_ops(int argc, char **argv);
  * (Analyzer.Kernels; kernels.c). */
 int kprofctl_kernels(int argc, char **argv);
 
+/* kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]: PyProf's per-kernel
+ * table (Analyzer.Prof; prof.c), as kprof-analyze prof prints it. */
+int kprofctl_prof(int argc, char **argv);
+
+/* kprofctl roofline --run R [--rank N] [--by kernel|op] [--top N]: achieved FLOP/s and
+ * bytes/s against the device's peaks (Analyzer.Roofline; roofline.c). */
+int kprofctl_roofline(int argc, char **argv);
+
+/* kprofctl compare --run R [--step S]: per-rank step times, stragglers and the verdict, read
+ * from PostgreSQL directly (--pg, KPROF_PG; compare.c). Exits 0, 1, 2 or 3 (unknown run, step). */
+int kprofctl_compare(int argc, char **argv);
+
+/* kprofctl counters --run R [--rank N] [-c COLS] [--json|--csv]: CUPTI counter values per
+ * kernel with its op stack and FLOPs (analyzer/counters.h), read from PostgreSQL directly
+ * (--pg, KPROF_PG; counters.c). Exits 0, 1, 2 or 3 (unknown run or rank). */
+int kprofctl_counters(int argc, char **argv);
+
 #endif

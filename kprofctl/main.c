@@ -28,6 +28,13 @@ static const struct kprofctl_verb verbs[] = {
       kprofctl_ops },
     { "kernels", "a rank's kernel view (--run R, --rank N, --group-by name|op, --top N)",
       kprofctl_kernels },
+    { "prof", "a rank's PyProf per-kernel table (--run R, --rank N, -c COLS, -w WIDTH)",
+      kprofctl_prof },
+    { "roofline", "a rank's achieved FLOP/s and bytes/s vs the GPU's peaks (--run R, --by op)",
+      kprofctl_roofline },
+    { "compare", "which rank holds the job back, and why (--run R, --step S)", kprofctl_compare },
+    { "counters", "CUPTI counters per kernel, its op stack and FLOPs (--run R, --rank N)",
+      kprofctl_counters },
 };
 #define N_VERBS (sizeof(verbs) / sizeof(verbs[0]))
 

@@ -229,8 +229,8 @@ def expected_rows():
                 part_of[group] = part + 1
         f, b = parts[part] if 0 <= part < len(parts) else (0, 0)
         tc = "-"
-        if tck == "gemm":
-            tc = "1" if "xmma_gemm" in name else "0"
+        if tck == "gemm":  # SDPA counts as GEMM-like; flash kernels use tensor cores
+            tc = "1" if ("xmma_gemm" in name or "flash_fwd_kernel" in name) else "0"
         elif tck == "conv":
             tc = "1" if "xmma_gemm" in name else "-"
         r.update(seq=seq, tid=tids[ext], dir="bprop" if bwd else "fprop", sub=sub, mod=mod, op=opn,

@@ -518,6 +518,56 @@ static void test_times_and_names(void **state)
     capture_free(&c);
 }
 
+/* cuda_profiler_range events → counters rows: one per numeric metric plus the name row; the
+ * correlation is args.correlation, else KP_KINETO_RANGE_ID_BASE + the range's index; args may
+ * come before cat; other events' unknown args are not counters. */
+static void test_profiler_range(void **state)
+{
+    static const char json[] =
+        "[{\"ph\": \"X\", \"cat\": \"cpu_op\", \"name\": \"aten::mm\", \"pid\": 9, \"tid\": 9,"
+        " \"ts\": 1, \"dur\": 5, \"args\": {\"External id\": 3, \"queued\": 4}},"
+        " {\"ph\": \"X\", \"cat\": \"cuda_profiler_range\", \"name\": \"gemm\", \"pid\": 1,"
+        " \"tid\": 1, \"ts\": 10, \"dur\": 5, \"args\": {\"sm__a.sum\": 12, \"s\": \"N/A\","
+        " \"sm__b.sum\": 2.5e3}},"
+        " {\"args\": {\"sm__a.sum\": 7, \"correlation\": 77}, \"ph\": \"X\", \"name\": \"relu\","
+        " \"pid\": 0, \"tid\": 1, \"ts\": 15, \"dur\": 5, \"cat\": \"CUDA_PROFILER_RANGE\"}]";
+    struct kp_kineto_meta m;
+    struct capture c = { .n = 0 };
+    const Kprof__V1__Counters *k;
+    const Kprof__V1__Batch *b;
+
+    (void) state;
+    import(json, 0, &m, &c);
+    assert_int_equal(c.n, 1);
+    b = c.b[0];
+    k = b->counters;
+    assert_non_null(k);
+    assert_int_equal(m.cats[KP_KINETO_PROFILER_RANGE], 2);
+    assert_int_equal(m.rows[KP_EV_COUNTER], 5);
+    assert_int_equal(k->n_metric, 5);
+    assert_int_equal(k->n_value, 5);
+    assert_int_equal(k->n_correlation, 5);
+    assert_int_equal(k->n_device, 5);
+    assert_string_equal(str(b, k->metric[0]), KP_KINETO_RANGE_NAME_PREFIX "gemm");
+    assert_true(k->value[0] == 0.0);
+    assert_string_equal(str(b, k->metric[1]), "sm__a.sum");
+    assert_true(k->value[1] == 12.0);
+    assert_string_equal(str(b, k->metric[2]), "sm__b.sum");
+    assert_true(k->value[2] == 2500.0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(k->correlation[i], KP_KINETO_RANGE_ID_BASE);
+        assert_int_equal(k->device[i], 1);
+    }
+    assert_string_equal(str(b, k->metric[3]), KP_KINETO_RANGE_NAME_PREFIX "relu");
+    assert_true(k->value[3] == 1.0);
+    assert_string_equal(str(b, k->metric[4]), "sm__a.sum");
+    assert_true(k->value[4] == 7.0);
+    assert_int_equal(k->correlation[3], 77);
+    assert_int_equal(k->correlation[4], 77);
+    assert_int_equal(k->device[4], 0);
+    capture_free(&c);
+}
+
 static void test_long_names_cut(void **state)
 {
     size_t n = 40000;
@@ -844,6 +894,7 @@ int main(void)
         cmocka_unit_test(test_file_and_gzip),
         cmocka_unit_test(test_spool_reparse),
         cmocka_unit_test(test_rank_from_name),
+        cmocka_unit_test(test_profiler_range),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

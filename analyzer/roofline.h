@@ -1,0 +1,131 @@
+/*
+ * roofline: achieved FLOP/s and bytes/s of one (run, rank)'s kernels against the device's
+ * peaks, per kernel name or per op (PyProf's op and direction), from PyProf's per-kernel
+ * table (pyprof.h: each kernel's duration, FLOPs, bytes, tc and params' type=).
+ *
+ * A group's figures (kernels whose FLOPs, or bytes, are unknown count only in its time):
+ *   flop_per_s = Σ flops / Σ duration of the kernels with known FLOPs; bytes_per_s likewise;
+ *   intensity  = Σ flops / Σ bytes over the kernels with both known (FLOP/byte);
+ *   compute_fraction = Σ flops / Σ (peak_i × duration_i), each kernel against its own peak,
+ *     so that a group mixing Tensor Core and CUDA-core kernels is judged fairly; peak_flop_per_s
+ *     is that Σ (peak_i × duration_i) / Σ duration_i; bandwidth_fraction = bytes_per_s / the
+ *     device's memory bandwidth. A figure without the data it needs is undefined.
+ * The peak of a kernel: tc "1" (pyprof.h) uses the Tensor Core peak of its dtype (params'
+ * type=: fp16/bf16 -> FP16 TC, fp32/tf32 -> TF32 TC, fp8 -> FP8 TC; a device without that
+ * path uses its FP16 TC peak); any other kernel the CUDA-core FP32 peak, fp64 none.
+ *
+ * The device's peaks (kp_rl_device_peaks): from its properties in `devices` when they are
+ * complete (sm_count, clock_khz, compute capability and memory_bandwidth_bytes_per_s, as a
+ * capture records them): FP32 = SMs × FP32 lanes per SM × 2 × clock, FP16 TC = SMs × dense
+ * FP16 Tensor Core FLOP/clock/SM × clock (TF32 half of it, FP8 twice on 8.9/9.0); else from
+ * the built-in table of datasheet figures matched by the device's name (imported Kineto
+ * traces carry no clock or bandwidth); else none (fractions undefined).
+ * Thread-safety: a result is used by one thread at a time.
+ */
+#ifndef KP_ROOFLINE_H
+#define KP_ROOFLINE_H
+
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define KP_RL_MAX_DEVICES 64
+
+/* A compute peak class. */
+enum kp_rl_peak {
+    KP_RL_FP32,    /* CUDA cores, fp32 FMA */
+    KP_RL_TF32_TC, /* Tensor Cores, tf32 inputs */
+    KP_RL_FP16_TC, /* Tensor Cores, fp16/bf16 inputs, fp32 accumulate */
+    KP_RL_FP8_TC,  /* Tensor Cores, fp8 inputs */
+    KP_RL_PEAK_COUNT,
+    KP_RL_NO_PEAK = KP_RL_PEAK_COUNT, /* fp64 and what has no peak here */
+};
+
+enum kp_rl_by {
+    KP_RL_BY_KERNEL,
+    KP_RL_BY_OP,
+};
+
+enum kp_rl_format {
+    KP_RL_TEXT,
+    KP_RL_CSV,
+    KP_RL_JSON,
+};
+
+/* One entry of the built-in table; 0: the GPU has no such path. */
+struct kp_rl_gpu {
+    const char *entry;   /* "H100 SXM" */
+    const char *model;   /* a whole word of the device name: "H100" */
+    const char *variant; /* also in the name (any case), or NULL */
+    double peak_flop_per_s[KP_RL_PEAK_COUNT];
+    double bandwidth_bytes_per_s;
+};
+
+struct kp_rl_device {
+    int id;
+    char name[128];
+    char entry[32];   /* the table entry used, "" when none */
+    char source[512]; /* why these peaks: "table entry H100 SXM (device name ...)" */
+    double peak_flop_per_s[KP_RL_PEAK_COUNT]; /* 0: unknown */
+    double bandwidth_bytes_per_s;             /* 0: unknown */
+};
+
+struct kp_rl_row {
+    char name[160]; /* the kernel's short name, or the op */
+    char dir[8];    /* by op: "fprop" or "bprop"; "" by kernel */
+    int device;     /* the first kernel's device, -1: none */
+    char peak[8];   /* the class of its kernels' peak: fp32, tf32, fp16, fp8, mixed, - */
+    uint64_t kernels;
+    int64_t time_ns;
+    double flops, bytes; /* over the kernels with known FLOPs, bytes */
+    bool flops_known, bytes_known;
+    double flop_per_s, bytes_per_s, intensity;
+    double peak_flop_per_s, compute_fraction;
+    double bandwidth_bytes_per_s, bandwidth_fraction;
+    bool flop_per_s_defined, bytes_per_s_defined, intensity_defined;
+    bool compute_fraction_defined, bandwidth_fraction_defined;
+};
+
+struct kp_rl;
+
+/* The built-in table entry for a device name, or NULL. */
+const struct kp_rl_gpu *kp_rl_lookup(const char *device_name);
+
+/* Fills d's peaks and source from its name and properties (see above); props 0 = unknown. */
+void kp_rl_device_peaks(struct kp_rl_device *d, int sm_count, int clock_khz, int cc_major,
+                        int cc_minor, double bandwidth_bytes_per_s);
+
+/* Builds the roofline of run `run`, rank `rank` over c (the caller has checked that they
+ * exist), rows by total time, longest first. Returns 0 and *out (kp_rl_destroy), KP_EPG,
+ * -ENOMEM or KP_ETOOBIG (over max_rows rows; 0: no limit), with a message in errbuf. */
+int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by by,
+                struct kp_rl **out, char *errbuf, size_t errlen);
+
+/* Frees a result; NULL is fine. */
+void kp_rl_destroy(struct kp_rl *r);
+
+/* The rows and the rank's devices, valid until kp_rl_destroy. */
+const struct kp_rl_row *kp_rl_rows(const struct kp_rl *r, size_t *n);
+const struct kp_rl_device *kp_rl_devices(const struct kp_rl *r, size_t *n);
+
+/* The name of a peak class ("fp16"). */
+const char *kp_rl_peak_name(enum kp_rl_peak p);
+
+/* Writes the devices and the first `top` rows (0: all). Text: a line per device saying
+ * which peaks were used and why, then a table; CSV: the rows; JSON: {"run", "rank", "by",
+ * "devices": [...], "rows": [...]}, undefined figures as null. */
+void kp_rl_write(FILE *f, const struct kp_rl *r, int64_t run, int rank, enum kp_rl_format fmt,
+                 size_t top);
+
+/* kp_rl_write over parts (borrowed): what a client of the Analyzer.Roofline rpc rebuilt from
+ * its reply prints exactly what kprof-analyze prints. */
+void kp_rl_write_parts(FILE *f, enum kp_rl_by by, const struct kp_rl_device *devs, size_t n_devs,
+                       const struct kp_rl_row *rows, size_t n_rows, int64_t run, int rank,
+                       enum kp_rl_format fmt, size_t top);
+
+/* How the rows are grouped. */
+enum kp_rl_by kp_rl_group_by(const struct kp_rl *r);
+
+#endif

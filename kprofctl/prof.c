@@ -1,0 +1,379 @@
+/*
+ * kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]: PyProf's per-kernel
+ * table of one rank (analyzer/pyprof.h) from kprof-analyzer's Analyzer.Prof. The default
+ * columns are PyProf's: idx,dir,sub,mod,op,kernel,params,sil; -w sets the text width (default
+ * 200: kernel and params share what the fixed-width columns leave).
+ *
+ * Output: exactly what `kprof-analyze prof` prints for the same run, rank and flags
+ * (tests/it/test_analyzer_roofline.py checks it): the writer below is pyprof.c's
+ * kp_prof_write over the rows of the reply, since pyprof.h exposes its writer only over its
+ * own opaque table. TODO(#6): export a row writer from pyprof.c and drop this copy.
+ *
+ * Exit status: 0 shown, 2 bad usage, 3 unknown run or rank, 5 kprof-analyzer (or its
+ * PostgreSQL) unreachable, 1 anything else.
+ */
+#define KP_LOG_MODULE "prof"
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_config.h"
+#include "kp_err.h"
+#include "kprof.pb-c.h"
+#include "kprofctl.h"
+#include "pyprof.h"
+#include "rpcverb.h"
+#include "table.h"
+
+struct prof_config {
+    struct kp_rpcverb_common common; /* first: the common rows' offsets */
+    long long run;
+    long long rank;
+};
+
+#define OFF(f) offsetof(struct prof_config, f)
+static const struct kp_config_def prof_defs[] = {
+    { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
+      false },
+    { "rank", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(rank), "the rank", NULL, false },
+};
+#undef OFF
+
+/* PyProf's columns, so that -c is checked against them. */
+static const struct kp_table_col prof_cols[KP_PROF_COL_COUNT] = {
+    { "idx", KP_TABLE_NUMERIC },    { "seq", KP_TABLE_NUMERIC },   { "altseq", KP_TABLE_TEXT },
+    { "tid", KP_TABLE_NUMERIC },    { "layer", KP_TABLE_TEXT },    { "trace", KP_TABLE_TEXT },
+    { "dir", KP_TABLE_TEXT },       { "sub", KP_TABLE_NUMERIC },   { "mod", KP_TABLE_TEXT },
+    { "op", KP_TABLE_TEXT },        { "kernel", KP_TABLE_TEXT },   { "params", KP_TABLE_TEXT },
+    { "sil", KP_TABLE_NUMERIC },    { "tc", KP_TABLE_TEXT },       { "device", KP_TABLE_NUMERIC },
+    { "stream", KP_TABLE_NUMERIC }, { "grid", KP_TABLE_TEXT },     { "block", KP_TABLE_TEXT },
+    { "flops", KP_TABLE_NUMERIC },  { "bytes", KP_TABLE_NUMERIC },
+};
+
+static const struct kp_rpcverb_spec prof_spec = {
+    .name = "prof",
+    .synopsis = "kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]\n"
+                "  PyProf's per-kernel table of one rank (Analyzer.Prof), one row per kernel in\n"
+                "  launch order; -c picks PyProf's columns (default " KP_PROF_DEFAULT_COLUMNS ")\n"
+                "  and -w the text width (default 200). The same output as kprof-analyze prof.\n",
+    .exit_ok = "shown",
+    .json_help = "print {\"run\", \"rank\", \"columns\", \"rows\": [{column: value}]}",
+    .defs = prof_defs,
+    .n_defs = sizeof(prof_defs) / sizeof(prof_defs[0]),
+    .cols = prof_cols,
+    .n_cols = KP_PROF_COL_COUNT,
+    .analyzer = true,
+};
+
+struct prof_rows {
+    struct kp_prof_row *rows;
+    size_t n_rows;
+};
+
+static const char *const col_headers[KP_PROF_COL_COUNT] = {
+    "Idx",    "SeqId",  "AltSeqId", "TId",    "Layer",  "Trace",   "Direction",
+    "Sub",    "Module", "Op",       "Kernel", "Params", "Sil(ns)", "TC",
+    "Device", "Stream", "Grid",     "Block",  "FLOPs",  "Bytes",
+};
+
+/* Minimum widths (spec §6); 0: shares the remainder (kernel, params). */
+static const int col_widths[KP_PROF_COL_COUNT] = { 7, 7, 7,  12, 10, 25, 5,  3,  15, 15,
+                                                   0, 0, 10, 2,  3,  3,  12, 12, 12, 12 };
+
+/* The text of one cell. */
+static const char *cell(const struct kp_prof_row *r, enum kp_prof_col c, char *buf, size_t len)
+{
+    switch (c) {
+    case KP_PROF_IDX:
+        snprintf(buf, len, "%" PRIu64, r->idx);
+        return buf;
+    case KP_PROF_SEQ:
+        if (r->seq < 0)
+            return "-";
+        snprintf(buf, len, "%" PRId64, r->seq);
+        return buf;
+    case KP_PROF_ALTSEQ:
+        return r->altseq;
+    case KP_PROF_TID:
+        snprintf(buf, len, "%" PRId64, r->tid);
+        return buf;
+    case KP_PROF_LAYER:
+        return r->layer;
+    case KP_PROF_TRACE:
+        return r->trace;
+    case KP_PROF_DIR:
+        return r->bwd ? "bprop" : "fprop";
+    case KP_PROF_SUB:
+        snprintf(buf, len, "%d", r->sub);
+        return buf;
+    case KP_PROF_MOD:
+        return r->mod;
+    case KP_PROF_OP:
+        return r->op;
+    case KP_PROF_KERNEL:
+        return r->kernel;
+    case KP_PROF_PARAMS:
+        return r->params;
+    case KP_PROF_SIL:
+        snprintf(buf, len, "%" PRId64, r->sil_ns);
+        return buf;
+    case KP_PROF_TC:
+        return r->tc;
+    case KP_PROF_DEVICE:
+        snprintf(buf, len, "%d", r->device);
+        return r->device < 0 ? "-" : buf;
+    case KP_PROF_STREAM:
+        snprintf(buf, len, "%d", r->stream);
+        return r->stream < 0 ? "-" : buf;
+    case KP_PROF_GRID:
+        return r->grid;
+    case KP_PROF_BLOCK:
+        return r->block;
+    case KP_PROF_FLOPS:
+        if (!r->flops_known)
+            return "-";
+        snprintf(buf, len, "%.0f", r->flops);
+        return buf;
+    case KP_PROF_BYTES:
+        if (!r->bytes_known)
+            return "-";
+        snprintf(buf, len, "%.0f", r->bytes);
+        return buf;
+    default:
+        return "?";
+    }
+}
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char) *s;
+
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
+{
+    char buf[64];
+
+    switch (c) {
+    case KP_PROF_IDX:
+    case KP_PROF_TID:
+    case KP_PROF_SUB:
+    case KP_PROF_SIL:
+        fputs(cell(r, c, buf, sizeof(buf)), f);
+        return;
+    case KP_PROF_SEQ:
+        if (r->seq < 0)
+            fputs("null", f);
+        else
+            fprintf(f, "%" PRId64, r->seq);
+        return;
+    case KP_PROF_DEVICE:
+    case KP_PROF_STREAM: {
+        int v = c == KP_PROF_DEVICE ? r->device : r->stream;
+
+        if (v < 0)
+            fputs("null", f);
+        else
+            fprintf(f, "%d", v);
+        return;
+    }
+    case KP_PROF_FLOPS:
+    case KP_PROF_BYTES: {
+        bool known = c == KP_PROF_FLOPS ? r->flops_known : r->bytes_known;
+
+        if (!known)
+            fputs("null", f);
+        else
+            fprintf(f, "%.0f", c == KP_PROF_FLOPS ? r->flops : r->bytes);
+        return;
+    }
+    default:
+        json_str(f, cell(r, c, buf, sizeof(buf)));
+        return;
+    }
+}
+
+static void prof_write(FILE *f, const struct prof_rows *p, int64_t run, int rank,
+                       const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt, int width)
+{
+    char buf[64];
+    int w[KP_PROF_COL_COUNT] = { 0 };
+
+    if (fmt == KP_PROF_JSON) {
+        fprintf(f, "{\"run\": %" PRId64 ", \"rank\": %d, \"columns\": [", run, rank);
+        for (int c = 0; c < ncols; c++)
+            fprintf(f, "%s\"%s\"", c ? ", " : "", kp_prof_col_name(cols[c]));
+        fputs("], \"rows\": [", f);
+        for (size_t i = 0; i < p->n_rows; i++) {
+            fputs(i ? ",\n  {" : "\n  {", f);
+            for (int c = 0; c < ncols; c++) {
+                fprintf(f, "%s\"%s\": ", c ? ", " : "", kp_prof_col_name(cols[c]));
+                json_cell(f, &p->rows[i], cols[c]);
+            }
+            fputc('}', f);
+        }
+        fputs("]}\n", f);
+        return;
+    }
+    if (fmt == KP_PROF_CSV) {
+        for (int c = 0; c < ncols; c++)
+            fprintf(f, "%s\"%s\"", c ? "," : "", col_headers[cols[c]]);
+        fputc('\n', f);
+        for (size_t i = 0; i < p->n_rows; i++) {
+            for (int c = 0; c < ncols; c++) {
+                const char *s = cell(&p->rows[i], cols[c], buf, sizeof(buf));
+
+                fputs(c ? ",\"" : "\"", f);
+                for (; *s; s++) {
+                    if (*s == '"')
+                        fputc('"', f);
+                    fputc(*s, f);
+                }
+                fputc('"', f);
+            }
+            fputc('\n', f);
+        }
+        return;
+    }
+    /* columnated: fixed widths, kernel and params share the rest */
+    {
+        int fixed = 0, flex = 0, rest;
+
+        for (int c = 0; c < ncols; c++) {
+            w[c] = col_widths[cols[c]];
+            if ((int) strlen(col_headers[cols[c]]) > w[c] && w[c])
+                w[c] = (int) strlen(col_headers[cols[c]]);
+            if (w[c])
+                fixed += w[c] + 1;
+            else
+                flex++;
+        }
+        rest = width - fixed - flex;
+        for (int c = 0; c < ncols; c++)
+            if (!w[c])
+                w[c] = flex && rest / flex > 8 ? rest / flex : 8;
+        for (int c = 0; c < ncols; c++)
+            fprintf(f, "%s%-*.*s", c ? " " : "", w[c], w[c], col_headers[cols[c]]);
+        fputc('\n', f);
+        for (size_t i = 0; i < p->n_rows; i++) {
+            for (int c = 0; c < ncols; c++)
+                fprintf(f, "%s%-*.*s", c ? " " : "", w[c], w[c],
+                        cell(&p->rows[i], cols[c], buf, sizeof(buf)));
+            fputc('\n', f);
+        }
+    }
+}
+
+static void copy_str(char *dst, size_t len, const char *src)
+{
+    snprintf(dst, len, "%s", src != NULL ? src : "");
+}
+
+/* The reply's rows as pyprof.h's rows; strings point into resp or are copied. */
+static void from_reply(const Kprof__V1__ProfResponse *resp, struct kp_prof_row *rows)
+{
+    for (size_t i = 0; i < resp->n_rows; i++) {
+        const Kprof__V1__ProfRow *o = resp->rows[i];
+        struct kp_prof_row *r = &rows[i];
+
+        r->idx = o->idx;
+        r->seq = o->seq;
+        copy_str(r->altseq, sizeof(r->altseq), o->altseq);
+        r->tid = o->tid;
+        copy_str(r->layer, sizeof(r->layer), o->layer);
+        r->trace = o->trace != NULL ? o->trace : "";
+        r->bwd = o->bprop;
+        r->sub = o->sub;
+        copy_str(r->mod, sizeof(r->mod), o->mod);
+        copy_str(r->op, sizeof(r->op), o->op);
+        copy_str(r->kernel, sizeof(r->kernel), o->kernel);
+        copy_str(r->params, sizeof(r->params), o->params);
+        r->sil_ns = o->sil_ns;
+        r->tc = o->tc != NULL ? o->tc : "";
+        r->device = o->device;
+        r->stream = o->stream;
+        copy_str(r->grid, sizeof(r->grid), o->grid);
+        copy_str(r->block, sizeof(r->block), o->block);
+        r->flops = o->flops;
+        r->flops_known = o->flops_known;
+        r->bytes = o->bytes;
+        r->bytes_known = o->bytes_known;
+    }
+}
+
+int kprofctl_prof(int argc, char **argv)
+{
+    struct prof_config cfg;
+    struct kp_rpcverb v;
+    Kprof__V1__ProfRequest req = KPROF__V1__PROF_REQUEST__INIT;
+    Kprof__V1__ProfResponse *resp;
+    ProtobufCMessage *msg = NULL;
+    struct prof_rows pr = { NULL, 0 };
+    enum kp_prof_col cols[64];
+    char err[512];
+    int ncols, rc;
+
+    memset(&cfg, 0, sizeof(cfg));
+    if ((rc = kp_rpcverb_init(&v, &prof_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
+        goto out;
+    }
+    if (cfg.run == 0) {
+        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
+        goto out;
+    }
+    ncols = kp_prof_parse_columns(cfg.common.columns != NULL && cfg.common.columns[0] != '\0'
+                                      ? cfg.common.columns
+                                      : KP_PROF_DEFAULT_COLUMNS,
+                                  cols, 64, err, sizeof(err));
+    if (ncols < 0) {
+        rc = kp_rpcverb_usage_error(&v, "%s", err);
+        goto out;
+    }
+    if (cfg.common.width != 0 && cfg.common.width < 20) {
+        rc = kp_rpcverb_usage_error(&v, "-w takes a width of 20 or more");
+        goto out;
+    }
+    req.run_id = (uint64_t) cfg.run;
+    req.rank = (int32_t) cfg.rank;
+    snprintf(v.subject, sizeof(v.subject), "run %lld rank %lld", cfg.run, cfg.rank);
+    if ((rc = kp_rpcverb_call(&v, "Prof", &req.base, &kprof__v1__prof_response__descriptor,
+                              &msg)) != 0) {
+        goto out;
+    }
+    resp = (Kprof__V1__ProfResponse *) msg;
+    pr.rows = calloc(resp->n_rows ? resp->n_rows : 1, sizeof(*pr.rows));
+    if (pr.rows == NULL) {
+        kp_rpcverb_error(&v, "out of memory");
+        rc = KPROFCTL_EXIT_FAILED;
+        goto out;
+    }
+    pr.n_rows = resp->n_rows;
+    from_reply(resp, pr.rows);
+    prof_write(stdout, &pr, cfg.run, (int) cfg.rank, cols, ncols,
+               v.format == KP_TABLE_FORMAT_JSON  ? KP_PROF_JSON
+               : v.format == KP_TABLE_FORMAT_CSV ? KP_PROF_CSV
+                                                 : KP_PROF_TEXT,
+               cfg.common.width > 0 ? (int) cfg.common.width : KP_PROF_DEFAULT_WIDTH);
+    rc = fflush(stdout) == 0 && !ferror(stdout) ? KPROFCTL_EXIT_OK : KPROFCTL_EXIT_FAILED;
+out:
+    free(pr.rows);
+    if (msg != NULL) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+    }
+    kp_rpcverb_fini(&v);
+    return rc;
+}

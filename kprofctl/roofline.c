@@ -1,0 +1,182 @@
+/*
+ * kprofctl roofline --run R [--rank N] [--by kernel|op] [--top N] [--csv|--json]: achieved
+ * FLOP/s and bytes/s of one rank's kernels, per kernel or per op, against the device's peaks
+ * (analyzer/roofline.h), from kprof-analyzer's Analyzer.Roofline, longest total time first.
+ *
+ * Output: exactly what `kprof-analyze roofline` prints for the same run, rank and flags
+ * (tests/it/test_analyzer_roofline.py checks it): text starts with a line per device naming
+ * the peaks used and why (the built-in table entry its name matched, or its properties).
+ *
+ * Exit status: 0 shown, 2 bad usage, 3 unknown run or rank, 5 kprof-analyzer (or its
+ * PostgreSQL) unreachable, 1 anything else.
+ */
+#define KP_LOG_MODULE "roofline"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_config.h"
+#include "kp_err.h"
+#include "kprof.pb-c.h"
+#include "kprofctl.h"
+#include "roofline.h"
+#include "rpcverb.h"
+#include "table.h"
+
+struct roofline_config {
+    struct kp_rpcverb_common common; /* first: the common rows' offsets */
+    long long run;
+    long long rank;
+    int by;
+    long long top;
+};
+
+static const char *const bys[] = { "kernel", "op", NULL };
+
+#define OFF(f) offsetof(struct roofline_config, f)
+static const struct kp_config_def roofline_defs[] = {
+    { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
+      false },
+    { "rank", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(rank), "the rank", NULL, false },
+    { "by", KP_CONFIG_ENUM, "kernel", 0, 0, OFF(by),
+      "kernel: one row per kernel name; op: one row per op and direction (fprop, bprop)", bys,
+      false },
+    { "top", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(top), "only the first N rows (0: all)", NULL,
+      false },
+};
+#undef OFF
+
+/* The CSV columns (fixed: -c does not apply). */
+static const struct kp_table_col roofline_cols[] = {
+    { "name", KP_TABLE_TEXT },
+};
+
+static const struct kp_rpcverb_spec roofline_spec = {
+    .name = "roofline",
+    .synopsis =
+        "kprofctl roofline --run R [--rank N] [--by kernel|op] [--top N] [--csv|--json]\n"
+        "  Achieved FLOP/s and bytes/s per kernel or op of one rank (Analyzer.Roofline),\n"
+        "  arithmetic intensity and the fraction of the device's peak compute (for each\n"
+        "  kernel's dtype and Tensor Core use) and memory bandwidth. Peaks come from the\n"
+        "  device's properties, else a built-in table of datasheet figures matched by the\n"
+        "  device's name; the output says which. The same output as kprof-analyze roofline.\n",
+    .exit_ok = "shown",
+    .json_help = "print {\"run\", \"rank\", \"by\", \"devices\": [...], \"rows\": [...]}",
+    .defs = roofline_defs,
+    .n_defs = sizeof(roofline_defs) / sizeof(roofline_defs[0]),
+    .cols = roofline_cols,
+    .n_cols = sizeof(roofline_cols) / sizeof(roofline_cols[0]),
+    .analyzer = true,
+};
+
+static void copy_str(char *dst, size_t len, const char *src)
+{
+    snprintf(dst, len, "%s", src != NULL ? src : "");
+}
+
+static void device_from(struct kp_rl_device *d, const Kprof__V1__RooflineDevice *o)
+{
+    d->id = o->id;
+    copy_str(d->name, sizeof(d->name), o->name);
+    copy_str(d->entry, sizeof(d->entry), o->entry);
+    copy_str(d->source, sizeof(d->source), o->source);
+    d->peak_flop_per_s[KP_RL_FP32] = o->peak_fp32_flop_per_s;
+    d->peak_flop_per_s[KP_RL_TF32_TC] = o->peak_tf32_flop_per_s;
+    d->peak_flop_per_s[KP_RL_FP16_TC] = o->peak_fp16_flop_per_s;
+    d->peak_flop_per_s[KP_RL_FP8_TC] = o->peak_fp8_flop_per_s;
+    d->bandwidth_bytes_per_s = o->bandwidth_bytes_per_s;
+}
+
+static void row_from(struct kp_rl_row *r, const Kprof__V1__RooflineRow *o)
+{
+    copy_str(r->name, sizeof(r->name), o->name);
+    copy_str(r->dir, sizeof(r->dir), o->dir);
+    r->device = o->device;
+    copy_str(r->peak, sizeof(r->peak), o->peak);
+    r->kernels = o->kernels;
+    r->time_ns = o->time_ns;
+    r->flops = o->flops;
+    r->flops_known = o->flops_known;
+    r->bytes = o->bytes;
+    r->bytes_known = o->bytes_known;
+    r->flop_per_s = o->flop_per_s;
+    r->flop_per_s_defined = o->flop_per_s_defined;
+    r->bytes_per_s = o->bytes_per_s;
+    r->bytes_per_s_defined = o->bytes_per_s_defined;
+    r->intensity = o->intensity;
+    r->intensity_defined = o->intensity_defined;
+    r->peak_flop_per_s = o->peak_flop_per_s;
+    r->compute_fraction = o->compute_fraction;
+    r->compute_fraction_defined = o->compute_fraction_defined;
+    r->bandwidth_bytes_per_s = o->bandwidth_bytes_per_s;
+    r->bandwidth_fraction = o->bandwidth_fraction;
+    r->bandwidth_fraction_defined = o->bandwidth_fraction_defined;
+}
+
+int kprofctl_roofline(int argc, char **argv)
+{
+    struct roofline_config cfg;
+    struct kp_rpcverb v;
+    Kprof__V1__RooflineRequest req = KPROF__V1__ROOFLINE_REQUEST__INIT;
+    Kprof__V1__RooflineResponse *resp;
+    ProtobufCMessage *msg = NULL;
+    struct kp_rl_device *devs = NULL;
+    struct kp_rl_row *rows = NULL;
+    size_t nd;
+    int rc;
+
+    memset(&cfg, 0, sizeof(cfg));
+    if ((rc = kp_rpcverb_init(&v, &roofline_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
+        goto out;
+    }
+    if (cfg.run == 0) {
+        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
+        goto out;
+    }
+    if (cfg.common.columns != NULL && cfg.common.columns[0] != '\0') {
+        rc = kp_rpcverb_usage_error(&v, "-c does not apply: roofline prints fixed columns");
+        goto out;
+    }
+    req.run_id = (uint64_t) cfg.run;
+    req.rank = (int32_t) cfg.rank;
+    req.group_by = cfg.by == 1 ? KPROF__V1__ROOFLINE_GROUP_BY__ROOFLINE_GROUP_BY_OP
+                               : KPROF__V1__ROOFLINE_GROUP_BY__ROOFLINE_GROUP_BY_KERNEL;
+    snprintf(v.subject, sizeof(v.subject), "run %lld rank %lld", cfg.run, cfg.rank);
+    if ((rc = kp_rpcverb_call(&v, "Roofline", &req.base, &kprof__v1__roofline_response__descriptor,
+                              &msg)) != 0) {
+        goto out;
+    }
+    resp = (Kprof__V1__RooflineResponse *) msg;
+    nd = resp->n_devices < KP_RL_MAX_DEVICES ? resp->n_devices : KP_RL_MAX_DEVICES;
+    devs = calloc(nd ? nd : 1, sizeof(*devs));
+    rows = calloc(resp->n_rows ? resp->n_rows : 1, sizeof(*rows));
+    if (devs == NULL || rows == NULL) {
+        kp_rpcverb_error(&v, "out of memory");
+        rc = KPROFCTL_EXIT_FAILED;
+        goto out;
+    }
+    for (size_t i = 0; i < nd; i++) {
+        device_from(&devs[i], resp->devices[i]);
+    }
+    for (size_t i = 0; i < resp->n_rows; i++) {
+        row_from(&rows[i], resp->rows[i]);
+    }
+    kp_rl_write_parts(stdout, cfg.by == 1 ? KP_RL_BY_OP : KP_RL_BY_KERNEL, devs, nd, rows,
+                      resp->n_rows, cfg.run, (int) cfg.rank,
+                      v.format == KP_TABLE_FORMAT_JSON  ? KP_RL_JSON
+                      : v.format == KP_TABLE_FORMAT_CSV ? KP_RL_CSV
+                                                        : KP_RL_TEXT,
+                      (size_t) cfg.top);
+    rc = fflush(stdout) == 0 && !ferror(stdout) ? KPROFCTL_EXIT_OK : KPROFCTL_EXIT_FAILED;
+out:
+    free(devs);
+    free(rows);
+    if (msg != NULL) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+    }
+    kp_rpcverb_fini(&v);
+    return rc;
+}
