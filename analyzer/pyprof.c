@@ -859,6 +859,13 @@ static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
 void kp_prof_write(FILE *f, const struct kp_prof *p, int64_t run, int rank,
                    const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt, int width)
 {
+    kp_prof_write_rows(f, p->rows, p->n_rows, run, rank, cols, ncols, fmt, width);
+}
+
+void kp_prof_write_rows(FILE *f, const struct kp_prof_row *rows, size_t n_rows, int64_t run,
+                        int rank, const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt,
+                        int width)
+{
     char buf[64];
     int w[KP_PROF_COL_COUNT] = { 0 };
 
@@ -867,11 +874,11 @@ void kp_prof_write(FILE *f, const struct kp_prof *p, int64_t run, int rank,
         for (int c = 0; c < ncols; c++)
             fprintf(f, "%s\"%s\"", c ? ", " : "", col_names[cols[c]]);
         fputs("], \"rows\": [", f);
-        for (size_t i = 0; i < p->n_rows; i++) {
+        for (size_t i = 0; i < n_rows; i++) {
             fputs(i ? ",\n  {" : "\n  {", f);
             for (int c = 0; c < ncols; c++) {
                 fprintf(f, "%s\"%s\": ", c ? ", " : "", col_names[cols[c]]);
-                json_cell(f, &p->rows[i], cols[c]);
+                json_cell(f, &rows[i], cols[c]);
             }
             fputc('}', f);
         }
@@ -882,9 +889,9 @@ void kp_prof_write(FILE *f, const struct kp_prof *p, int64_t run, int rank,
         for (int c = 0; c < ncols; c++)
             fprintf(f, "%s\"%s\"", c ? "," : "", col_headers[cols[c]]);
         fputc('\n', f);
-        for (size_t i = 0; i < p->n_rows; i++) {
+        for (size_t i = 0; i < n_rows; i++) {
             for (int c = 0; c < ncols; c++) {
-                const char *s = cell(&p->rows[i], cols[c], buf, sizeof(buf));
+                const char *s = cell(&rows[i], cols[c], buf, sizeof(buf));
 
                 fputs(c ? ",\"" : "\"", f);
                 for (; *s; s++) {
@@ -918,10 +925,10 @@ void kp_prof_write(FILE *f, const struct kp_prof *p, int64_t run, int rank,
         for (int c = 0; c < ncols; c++)
             fprintf(f, "%s%-*.*s", c ? " " : "", w[c], w[c], col_headers[cols[c]]);
         fputc('\n', f);
-        for (size_t i = 0; i < p->n_rows; i++) {
+        for (size_t i = 0; i < n_rows; i++) {
             for (int c = 0; c < ncols; c++)
                 fprintf(f, "%s%-*.*s", c ? " " : "", w[c], w[c],
-                        cell(&p->rows[i], cols[c], buf, sizeof(buf)));
+                        cell(&rows[i], cols[c], buf, sizeof(buf)));
             fputc('\n', f);
         }
     }

@@ -120,4 +120,10 @@ const char *kp_prof_col_name(enum kp_prof_col c);
 void kp_prof_write(FILE *f, const struct kp_prof *p, int64_t run, int rank,
                    const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt, int width);
 
+/* The same for rows the caller holds (e.g. kprofctl's, from the Analyzer.Prof reply), so
+ * every output of the table comes from one writer. */
+void kp_prof_write_rows(FILE *f, const struct kp_prof_row *rows, size_t n_rows, int64_t run,
+                        int rank, const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt,
+                        int width);
+
 #endif

@@ -5,9 +5,8 @@
  * 200: kernel and params share what the fixed-width columns leave).
  *
  * Output: exactly what `kprof-analyze prof` prints for the same run, rank and flags
- * (tests/it/test_analyzer_roofline.py checks it): the writer below is pyprof.c's
- * kp_prof_write over the rows of the reply, since pyprof.h exposes its writer only over its
- * own opaque table. TODO(#6): export a row writer from pyprof.c and drop this copy.
+ * (tests/it/test_analyzer_roofline.py checks it): the reply's rows go through pyprof.c's own
+ * writer, kp_prof_write_rows.
  *
  * Exit status: 0 shown, 2 bad usage, 3 unknown run or rank, 5 kprof-analyzer (or its
  * PostgreSQL) unreachable, 1 anything else.
@@ -73,210 +72,6 @@ struct prof_rows {
     struct kp_prof_row *rows;
     size_t n_rows;
 };
-
-static const char *const col_headers[KP_PROF_COL_COUNT] = {
-    "Idx",    "SeqId",  "AltSeqId", "TId",    "Layer",  "Trace",   "Direction",
-    "Sub",    "Module", "Op",       "Kernel", "Params", "Sil(ns)", "TC",
-    "Device", "Stream", "Grid",     "Block",  "FLOPs",  "Bytes",
-};
-
-/* Minimum widths (spec §6); 0: shares the remainder (kernel, params). */
-static const int col_widths[KP_PROF_COL_COUNT] = { 7, 7, 7,  12, 10, 25, 5,  3,  15, 15,
-                                                   0, 0, 10, 2,  3,  3,  12, 12, 12, 12 };
-
-/* The text of one cell. */
-static const char *cell(const struct kp_prof_row *r, enum kp_prof_col c, char *buf, size_t len)
-{
-    switch (c) {
-    case KP_PROF_IDX:
-        snprintf(buf, len, "%" PRIu64, r->idx);
-        return buf;
-    case KP_PROF_SEQ:
-        if (r->seq < 0)
-            return "-";
-        snprintf(buf, len, "%" PRId64, r->seq);
-        return buf;
-    case KP_PROF_ALTSEQ:
-        return r->altseq;
-    case KP_PROF_TID:
-        snprintf(buf, len, "%" PRId64, r->tid);
-        return buf;
-    case KP_PROF_LAYER:
-        return r->layer;
-    case KP_PROF_TRACE:
-        return r->trace;
-    case KP_PROF_DIR:
-        return r->bwd ? "bprop" : "fprop";
-    case KP_PROF_SUB:
-        snprintf(buf, len, "%d", r->sub);
-        return buf;
-    case KP_PROF_MOD:
-        return r->mod;
-    case KP_PROF_OP:
-        return r->op;
-    case KP_PROF_KERNEL:
-        return r->kernel;
-    case KP_PROF_PARAMS:
-        return r->params;
-    case KP_PROF_SIL:
-        snprintf(buf, len, "%" PRId64, r->sil_ns);
-        return buf;
-    case KP_PROF_TC:
-        return r->tc;
-    case KP_PROF_DEVICE:
-        snprintf(buf, len, "%d", r->device);
-        return r->device < 0 ? "-" : buf;
-    case KP_PROF_STREAM:
-        snprintf(buf, len, "%d", r->stream);
-        return r->stream < 0 ? "-" : buf;
-    case KP_PROF_GRID:
-        return r->grid;
-    case KP_PROF_BLOCK:
-        return r->block;
-    case KP_PROF_FLOPS:
-        if (!r->flops_known)
-            return "-";
-        snprintf(buf, len, "%.0f", r->flops);
-        return buf;
-    case KP_PROF_BYTES:
-        if (!r->bytes_known)
-            return "-";
-        snprintf(buf, len, "%.0f", r->bytes);
-        return buf;
-    default:
-        return "?";
-    }
-}
-
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char) *s;
-
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-    fputc('"', f);
-}
-
-static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
-{
-    char buf[64];
-
-    switch (c) {
-    case KP_PROF_IDX:
-    case KP_PROF_TID:
-    case KP_PROF_SUB:
-    case KP_PROF_SIL:
-        fputs(cell(r, c, buf, sizeof(buf)), f);
-        return;
-    case KP_PROF_SEQ:
-        if (r->seq < 0)
-            fputs("null", f);
-        else
-            fprintf(f, "%" PRId64, r->seq);
-        return;
-    case KP_PROF_DEVICE:
-    case KP_PROF_STREAM: {
-        int v = c == KP_PROF_DEVICE ? r->device : r->stream;
-
-        if (v < 0)
-            fputs("null", f);
-        else
-            fprintf(f, "%d", v);
-        return;
-    }
-    case KP_PROF_FLOPS:
-    case KP_PROF_BYTES: {
-        bool known = c == KP_PROF_FLOPS ? r->flops_known : r->bytes_known;
-
-        if (!known)
-            fputs("null", f);
-        else
-            fprintf(f, "%.0f", c == KP_PROF_FLOPS ? r->flops : r->bytes);
-        return;
-    }
-    default:
-        json_str(f, cell(r, c, buf, sizeof(buf)));
-        return;
-    }
-}
-
-static void prof_write(FILE *f, const struct prof_rows *p, int64_t run, int rank,
-                       const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt, int width)
-{
-    char buf[64];
-    int w[KP_PROF_COL_COUNT] = { 0 };
-
-    if (fmt == KP_PROF_JSON) {
-        fprintf(f, "{\"run\": %" PRId64 ", \"rank\": %d, \"columns\": [", run, rank);
-        for (int c = 0; c < ncols; c++)
-            fprintf(f, "%s\"%s\"", c ? ", " : "", kp_prof_col_name(cols[c]));
-        fputs("], \"rows\": [", f);
-        for (size_t i = 0; i < p->n_rows; i++) {
-            fputs(i ? ",\n  {" : "\n  {", f);
-            for (int c = 0; c < ncols; c++) {
-                fprintf(f, "%s\"%s\": ", c ? ", " : "", kp_prof_col_name(cols[c]));
-                json_cell(f, &p->rows[i], cols[c]);
-            }
-            fputc('}', f);
-        }
-        fputs("]}\n", f);
-        return;
-    }
-    if (fmt == KP_PROF_CSV) {
-        for (int c = 0; c < ncols; c++)
-            fprintf(f, "%s\"%s\"", c ? "," : "", col_headers[cols[c]]);
-        fputc('\n', f);
-        for (size_t i = 0; i < p->n_rows; i++) {
-            for (int c = 0; c < ncols; c++) {
-                const char *s = cell(&p->rows[i], cols[c], buf, sizeof(buf));
-
-                fputs(c ? ",\"" : "\"", f);
-                for (; *s; s++) {
-                    if (*s == '"')
-                        fputc('"', f);
-                    fputc(*s, f);
-                }
-                fputc('"', f);
-            }
-            fputc('\n', f);
-        }
-        return;
-    }
-    /* columnated: fixed widths, kernel and params share the rest */
-    {
-        int fixed = 0, flex = 0, rest;
-
-        for (int c = 0; c < ncols; c++) {
-            w[c] = col_widths[cols[c]];
-            if ((int) strlen(col_headers[cols[c]]) > w[c] && w[c])
-                w[c] = (int) strlen(col_headers[cols[c]]);
-            if (w[c])
-                fixed += w[c] + 1;
-            else
-                flex++;
-        }
-        rest = width - fixed - flex;
-        for (int c = 0; c < ncols; c++)
-            if (!w[c])
-                w[c] = flex && rest / flex > 8 ? rest / flex : 8;
-        for (int c = 0; c < ncols; c++)
-            fprintf(f, "%s%-*.*s", c ? " " : "", w[c], w[c], col_headers[cols[c]]);
-        fputc('\n', f);
-        for (size_t i = 0; i < p->n_rows; i++) {
-            for (int c = 0; c < ncols; c++)
-                fprintf(f, "%s%-*.*s", c ? " " : "", w[c], w[c],
-                        cell(&p->rows[i], cols[c], buf, sizeof(buf)));
-            fputc('\n', f);
-        }
-    }
-}
 
 static void copy_str(char *dst, size_t len, const char *src)
 {
@@ -363,11 +158,11 @@ int kprofctl_prof(int argc, char **argv)
     }
     pr.n_rows = resp->n_rows;
     from_reply(resp, pr.rows);
-    prof_write(stdout, &pr, cfg.run, (int) cfg.rank, cols, ncols,
-               v.format == KP_TABLE_FORMAT_JSON  ? KP_PROF_JSON
-               : v.format == KP_TABLE_FORMAT_CSV ? KP_PROF_CSV
-                                                 : KP_PROF_TEXT,
-               cfg.common.width > 0 ? (int) cfg.common.width : KP_PROF_DEFAULT_WIDTH);
+    kp_prof_write_rows(stdout, pr.rows, pr.n_rows, cfg.run, (int) cfg.rank, cols, ncols,
+                       v.format == KP_TABLE_FORMAT_JSON  ? KP_PROF_JSON
+                       : v.format == KP_TABLE_FORMAT_CSV ? KP_PROF_CSV
+                                                         : KP_PROF_TEXT,
+                       cfg.common.width > 0 ? (int) cfg.common.width : KP_PROF_DEFAULT_WIDTH);
     rc = fflush(stdout) == 0 && !ferror(stdout) ? KPROFCTL_EXIT_OK : KPROFCTL_EXIT_FAILED;
 out:
     free(pr.rows);
