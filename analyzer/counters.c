@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kp_analyzer.h"
 #include "kp_err.h"
 #include "kp_kineto.h"
 #include "kp_pg.h"
@@ -57,27 +58,6 @@ static int64_t v64(const PGresult *r, int row, int col)
         return -1;
     }
     return strtoll(PQgetvalue(r, row, col), NULL, 10);
-}
-
-static int query(PGconn *c, const char *sql, int n_params, const char *const *params,
-                 size_t *budget, size_t max_rows, PGresult **out, char *errbuf, size_t errlen)
-{
-    int rc = kp_pg_query(c, sql, n_params, params, out, errbuf, errlen);
-    size_t n;
-
-    if (rc < 0) {
-        return rc;
-    }
-    n = (size_t) PQntuples(*out);
-    if (max_rows && n > max_rows - *budget) {
-        kp_errbuf_set(errbuf, errlen, "the rank has more than %zu rows: raise the row limit",
-                      max_rows);
-        PQclear(*out);
-        *out = NULL;
-        return KP_ETOOBIG;
-    }
-    *budget += n;
-    return 0;
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -294,11 +274,12 @@ static int find_launches(struct kp_ctr *t, PGconn *c, const char *const *params,
     if (n_pos > 0) {
         int n;
 
-        rc = query(c,
-                   "SELECT x.correlation, x.tid, x.start_ns, x.dur_ns, x.external_id FROM "
-                   "api_calls x JOIN names n ON n.id = x.name" WHERE_RR
-                   " AND n.name LIKE '" CT_LAUNCH_PREFIX "%' ORDER BY x.start_ns, x.correlation",
-                   2, params, budget, max_rows, &lr, errbuf, errlen);
+        rc = kp_an_query(c, 2,
+                         "SELECT x.correlation, x.tid, x.start_ns, x.dur_ns, x.external_id FROM "
+                         "api_calls x JOIN names n ON n.id = x.name" WHERE_RR
+                         " AND n.name LIKE '" CT_LAUNCH_PREFIX
+                         "%' ORDER BY x.start_ns, x.correlation",
+                         params, budget, max_rows, &lr, errbuf, errlen);
         if (rc < 0) {
             goto out;
         }
@@ -335,11 +316,11 @@ static int find_launches(struct kp_ctr *t, PGconn *c, const char *const *params,
             goto out;
         }
         p3[2] = sb.data;
-        rc = query(c,
-                   "SELECT x.correlation, x.tid, x.start_ns, x.dur_ns, x.external_id FROM "
-                   "api_calls x" WHERE_RR " AND x.correlation = ANY($3::bigint[]) "
-                   "ORDER BY x.correlation, x.domain",
-                   3, p3, budget, max_rows, &ar, errbuf, errlen);
+        rc = kp_an_query(c, 3,
+                         "SELECT x.correlation, x.tid, x.start_ns, x.dur_ns, x.external_id FROM "
+                         "api_calls x" WHERE_RR " AND x.correlation = ANY($3::bigint[]) "
+                         "ORDER BY x.correlation, x.domain",
+                         p3, budget, max_rows, &ar, errbuf, errlen);
         if (rc < 0) {
             goto out;
         }
@@ -396,11 +377,12 @@ static int find_kernels(struct kp_ctr *t, PGconn *c, const char *const *params, 
         goto out;
     }
     p3[2] = sb.data;
-    rc = query(c,
-               "SELECT x.correlation, x.dur_ns, coalesce(n.name, ''), x.device FROM kernels x "
-               "LEFT JOIN names n ON n.id = x.name" WHERE_RR
-               " AND x.correlation = ANY($3::bigint[]) ORDER BY x.correlation, x.start_ns",
-               3, p3, budget, max_rows, &t->kr, errbuf, errlen);
+    rc =
+        kp_an_query(c, 3,
+                    "SELECT x.correlation, x.dur_ns, coalesce(n.name, ''), x.device FROM kernels x "
+                    "LEFT JOIN names n ON n.id = x.name" WHERE_RR
+                    " AND x.correlation = ANY($3::bigint[]) ORDER BY x.correlation, x.start_ns",
+                    p3, budget, max_rows, &t->kr, errbuf, errlen);
     if (rc < 0) {
         goto out;
     }
@@ -454,12 +436,12 @@ static int find_stacks(struct kp_ctr *t, PGconn *c, const char *const *params, s
         goto out;
     }
     p3[2] = sb.data;
-    rc = query(c,
-               "SELECT x.tid, x.start_ns, x.dur_ns, coalesce(x.op_id, x.external_id), "
-               "coalesce(n.name, '') FROM ops x LEFT JOIN names n ON n.id = x.name" WHERE_RR
-               " AND x.kind = 1 AND x.tid = ANY($3::bigint[]) "
-               "ORDER BY x.tid, x.start_ns, x.dur_ns DESC",
-               3, p3, budget, max_rows, &t->or, errbuf, errlen);
+    rc = kp_an_query(c, 3,
+                     "SELECT x.tid, x.start_ns, x.dur_ns, coalesce(x.op_id, x.external_id), "
+                     "coalesce(n.name, '') FROM ops x LEFT JOIN names n ON n.id = x.name" WHERE_RR
+                     " AND x.kind = 1 AND x.tid = ANY($3::bigint[]) "
+                     "ORDER BY x.tid, x.start_ns, x.dur_ns DESC",
+                     p3, budget, max_rows, &t->or, errbuf, errlen);
     if (rc < 0) {
         goto out;
     }
@@ -630,11 +612,12 @@ int kp_ctr_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_ct
         rc = KP_ENOTFOUND;
         goto fail;
     }
-    rc = query(c,
-               "SELECT x.correlation, x.device, coalesce(n.name, ''), x.value FROM counters x "
-               "LEFT JOIN names n ON n.id = x.metric" WHERE_RR
-               " ORDER BY x.correlation NULLS FIRST, x.device NULLS FIRST",
-               2, params, &budget, max_rows, &t->cr, errbuf, errlen);
+    rc =
+        kp_an_query(c, 2,
+                    "SELECT x.correlation, x.device, coalesce(n.name, ''), x.value FROM counters x "
+                    "LEFT JOIN names n ON n.id = x.metric" WHERE_RR
+                    " ORDER BY x.correlation NULLS FIRST, x.device NULLS FIRST",
+                    params, &budget, max_rows, &t->cr, errbuf, errlen);
     if (rc < 0) {
         goto fail;
     }

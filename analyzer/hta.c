@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kp_analyzer.h"
 #include "kp_err.h"
 #include "kp_pg.h"
 #include "kp_ranges.h"
@@ -210,28 +211,6 @@ static const char *intern(struct kp_hta *h, const char *s)
     return v[h->n_extra++];
 }
 
-static int check_run(PGconn *c, const char *const *params, int64_t run, int rank, char *errbuf,
-                     size_t errlen)
-{
-    PGresult *r = NULL;
-    int rc;
-
-    rc = kp_pg_query(c,
-                     "SELECT (SELECT count(*) FROM runs WHERE id = $1), "
-                     "(SELECT count(*) FROM ranks WHERE run_id = $1 AND rank = $2)",
-                     2, params, &r, errbuf, errlen);
-    if (rc < 0)
-        return rc;
-    if (v64(r, 0, 0) == 0)
-        kp_errbuf_set(errbuf, errlen, "run %" PRId64 " does not exist", run);
-    else if (v64(r, 0, 1) == 0)
-        kp_errbuf_set(errbuf, errlen, "run %" PRId64 " has no rank %d", run, rank);
-    else
-        rc = 1;
-    PQclear(r);
-    return rc == 1 ? 0 : KP_ENOTFOUND;
-}
-
 struct corr_idx {
     int64_t corr;
     int32_t idx;
@@ -275,7 +254,7 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
     *out = NULL;
     snprintf(runs, sizeof(runs), "%" PRId64, run);
     snprintf(ranks, sizeof(ranks), "%d", rank);
-    rc = check_run(c, params, run, rank, errbuf, errlen);
+    rc = kp_an_check_rank(c, params, run, rank, errbuf, errlen);
     if (rc < 0)
         return rc;
     h = calloc(1, sizeof(*h));

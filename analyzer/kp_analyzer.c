@@ -159,10 +159,10 @@ static const char *nm(const struct kp_an *a, int32_t idx)
     return idx >= 0 ? a->names[idx].s : "";
 }
 
-static int query(PGconn *c, const char *sql, const char *const *params, size_t *budget,
-                 size_t max_rows, PGresult **out, char *errbuf, size_t errlen)
+int kp_an_query(PGconn *c, int n_params, const char *sql, const char *const *params, size_t *budget,
+                size_t max_rows, PGresult **out, char *errbuf, size_t errlen)
 {
-    int rc = kp_pg_query(c, sql, 2, params, out, errbuf, errlen);
+    int rc = kp_pg_query(c, sql, n_params, params, out, errbuf, errlen);
     size_t n;
 
     if (rc < 0)
@@ -179,7 +179,7 @@ static int query(PGconn *c, const char *sql, const char *const *params, size_t *
     return 0;
 }
 
-static int check_run(PGconn *c, const char *const *params, int64_t run, int rank, char *errbuf,
+int kp_an_check_rank(PGconn *c, const char *const *params, int64_t run, int rank, char *errbuf,
                      size_t errlen)
 {
     PGresult *r = NULL;
@@ -229,18 +229,18 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     *out = NULL;
     snprintf(runs, sizeof(runs), "%" PRId64, run);
     snprintf(ranks, sizeof(ranks), "%d", rank);
-    rc = check_run(c, params, run, rank, errbuf, errlen);
+    rc = kp_an_check_rank(c, params, run, rank, errbuf, errlen);
     if (rc < 0)
         return rc;
     a = calloc(1, sizeof(*a));
     if (!a)
         return -ENOMEM;
 
-    rc = query(c,
-               "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
-               " UNION SELECT name FROM ops" WHERE_RR " UNION SELECT input_shapes FROM ops" WHERE_RR
-               ") ORDER BY id",
-               params, &budget, max_rows, &r, errbuf, errlen);
+    rc = kp_an_query(c, 2,
+                     "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
+                     " UNION SELECT name FROM ops" WHERE_RR
+                     " UNION SELECT input_shapes FROM ops" WHERE_RR ") ORDER BY id",
+                     params, &budget, max_rows, &r, errbuf, errlen);
     if (rc < 0)
         goto fail;
     n = (size_t) PQntuples(r);
@@ -256,8 +256,8 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     }
     PQclear(r);
 
-    rc = query(
-        c,
+    rc = kp_an_query(
+        c, 2,
         "SELECT start_ns, dur_ns, tid, external_id, name, input_shapes, kind FROM ops" WHERE_RR
         " ORDER BY tid, start_ns, dur_ns DESC",
         params, &budget, max_rows, &r, errbuf, errlen);
@@ -283,10 +283,11 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     PQclear(r);
 
     /* Runtime calls only: the plugin drops cuda_driver (spec §1). */
-    rc = query(c,
-               "SELECT start_ns, dur_ns, tid, correlation, external_id FROM api_calls" WHERE_RR
-               " AND domain = 1 ORDER BY start_ns, dur_ns DESC",
-               params, &budget, max_rows, &r, errbuf, errlen);
+    rc =
+        kp_an_query(c, 2,
+                    "SELECT start_ns, dur_ns, tid, correlation, external_id FROM api_calls" WHERE_RR
+                    " AND domain = 1 ORDER BY start_ns, dur_ns DESC",
+                    params, &budget, max_rows, &r, errbuf, errlen);
     if (rc < 0)
         goto fail;
     n = (size_t) PQntuples(r);
@@ -306,17 +307,18 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     a->n_rts = n;
     PQclear(r);
 
-    rc = query(c,
-               "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, grid_y, "
-               "grid_z, block_x, block_y, block_z, registers, "
-               "static_smem::bigint + coalesce(dynamic_smem, 0), device, blocks_per_sm, "
-               "est_occupancy FROM kernels" WHERE_RR
-               " UNION ALL SELECT 1, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
-               "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memcpys" WHERE_RR
-               " UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
-               "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR
-               " ORDER BY 2, 3 DESC",
-               params, &budget, max_rows, &r, errbuf, errlen);
+    rc = kp_an_query(
+        c, 2,
+        "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, grid_y, "
+        "grid_z, block_x, block_y, block_z, registers, "
+        "static_smem::bigint + coalesce(dynamic_smem, 0), device, blocks_per_sm, "
+        "est_occupancy FROM kernels" WHERE_RR
+        " UNION ALL SELECT 1, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
+        "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memcpys" WHERE_RR
+        " UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
+        "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR
+        " ORDER BY 2, 3 DESC",
+        params, &budget, max_rows, &r, errbuf, errlen);
     if (rc < 0)
         goto fail;
     n = (size_t) PQntuples(r);
@@ -357,8 +359,8 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     PQclear(r);
 
     /* Recorded steps: a capture has no ProfilerStep ops but reports its steps (the hook) */
-    rc = query(c, "SELECT step, start_ns, dur_ns FROM steps" WHERE_RR " ORDER BY start_ns", params,
-               &budget, max_rows, &r, errbuf, errlen);
+    rc = kp_an_query(c, 2, "SELECT step, start_ns, dur_ns FROM steps" WHERE_RR " ORDER BY start_ns",
+                     params, &budget, max_rows, &r, errbuf, errlen);
     if (rc < 0)
         goto fail;
     n = (size_t) PQntuples(r);

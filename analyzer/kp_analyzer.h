@@ -126,6 +126,19 @@ struct kp_an_tc {
 int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out, char *errbuf,
                size_t errlen);
 
+/* Shared by the analyzer's loaders (kp_analyzer, pyprof, hta, counters, ...). */
+
+/* Runs sql with n_params text parameters and counts its rows against a budget: returns 0 and
+ * *out (PQclear), KP_ETOOBIG past max_rows rows in all (0: no limit; the message says to raise
+ * the limit), or KP_EPG. */
+int kp_an_query(PGconn *c, int n_params, const char *sql, const char *const *params, size_t *budget,
+                size_t max_rows, PGresult **out, char *errbuf, size_t errlen);
+
+/* Checks that run params[0] has rank params[1] (run and rank as text, and as numbers for the
+ * message): 0, KP_ENOTFOUND with a message that says what to do, or KP_EPG. */
+int kp_an_check_rank(PGconn *c, const char *const *params, int64_t run, int rank, char *errbuf,
+                     size_t errlen);
+
 /* Frees a handle and every result it owns; NULL is fine. */
 void kp_an_destroy(struct kp_an *a);
 

@@ -290,26 +290,6 @@ static void mod_op(const char *name, struct kp_prof_row *r)
 
 /* ---- building ------------------------------------------------------------------------ */
 
-static int query(PGconn *c, const char *sql, const char *const *params, size_t *budget,
-                 size_t max_rows, PGresult **out, char *errbuf, size_t errlen)
-{
-    int rc = kp_pg_query(c, sql, 2, params, out, errbuf, errlen);
-    size_t n;
-
-    if (rc < 0)
-        return rc;
-    n = (size_t) PQntuples(*out);
-    if (max_rows && n > max_rows - *budget) {
-        kp_errbuf_set(errbuf, errlen, "the rank has more than %zu rows: raise the row limit",
-                      max_rows);
-        PQclear(*out);
-        *out = NULL;
-        return KP_ETOOBIG;
-    }
-    *budget += n;
-    return 0;
-}
-
 #define WHERE_RR " WHERE x.run_id = $1 AND x.rank = $2"
 
 static bool op_kind(const struct pp_op *o)
@@ -537,27 +517,29 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
     if (!p)
         return -ENOMEM;
 
-    rc = query(c,
-               "SELECT x.start_ns, x.dur_ns, x.correlation, x.external_id, coalesce(n.name, ''), "
-               "x.stream, x.device, x.grid_x, x.grid_y, x.grid_z, x.block_x, x.block_y, "
-               "x.block_z FROM kernels x LEFT JOIN names n ON n.id = x.name" WHERE_RR
-               " ORDER BY x.correlation NULLS LAST, x.start_ns",
-               params, &budget, max_rows, &p->kr, errbuf, errlen);
+    rc = kp_an_query(
+        c, 2,
+        "SELECT x.start_ns, x.dur_ns, x.correlation, x.external_id, coalesce(n.name, ''), "
+        "x.stream, x.device, x.grid_x, x.grid_y, x.grid_z, x.block_x, x.block_y, "
+        "x.block_z FROM kernels x LEFT JOIN names n ON n.id = x.name" WHERE_RR
+        " ORDER BY x.correlation NULLS LAST, x.start_ns",
+        params, &budget, max_rows, &p->kr, errbuf, errlen);
     if (rc < 0)
         goto fail;
-    rc = query(c,
-               "SELECT x.correlation, x.tid, x.external_id FROM api_calls x" WHERE_RR
-               " AND x.correlation IS NOT NULL ORDER BY x.correlation, x.domain",
-               params, &budget, max_rows, &ar, errbuf, errlen);
+    rc = kp_an_query(c, 2,
+                     "SELECT x.correlation, x.tid, x.external_id FROM api_calls x" WHERE_RR
+                     " AND x.correlation IS NOT NULL ORDER BY x.correlation, x.domain",
+                     params, &budget, max_rows, &ar, errbuf, errlen);
     if (rc < 0)
         goto fail;
-    rc = query(c,
-               "SELECT x.start_ns, x.dur_ns, x.tid, x.op_id, x.seq, x.fwd_tid, x.external_id, "
-               "coalesce(n.name, ''), coalesce(s.name, ''), coalesce(d.name, ''), x.kind "
-               "FROM ops x LEFT JOIN names n ON n.id = x.name LEFT JOIN names s ON s.id = "
-               "x.input_shapes LEFT JOIN names d ON d.id = x.input_dtypes" WHERE_RR
-               " AND x.kind IN (1, 2, 4, 5, 6) ORDER BY x.tid, x.start_ns, x.dur_ns DESC",
-               params, &budget, max_rows, &p->or, errbuf, errlen);
+    rc =
+        kp_an_query(c, 2,
+                    "SELECT x.start_ns, x.dur_ns, x.tid, x.op_id, x.seq, x.fwd_tid, x.external_id, "
+                    "coalesce(n.name, ''), coalesce(s.name, ''), coalesce(d.name, ''), x.kind "
+                    "FROM ops x LEFT JOIN names n ON n.id = x.name LEFT JOIN names s ON s.id = "
+                    "x.input_shapes LEFT JOIN names d ON d.id = x.input_dtypes" WHERE_RR
+                    " AND x.kind IN (1, 2, 4, 5, 6) ORDER BY x.tid, x.start_ns, x.dur_ns DESC",
+                    params, &budget, max_rows, &p->or, errbuf, errlen);
     if (rc < 0)
         goto fail;
 
