@@ -402,6 +402,10 @@ void kp_an_destroy(struct kp_an *a)
     free(a->nodes);
     free(a->roots);
     free(a->steps);
+    for (int i = 0; i < KP_AN_MAX_GPUS; i++) {
+        free(a->bd.util_timeline[i]);
+        free(a->bd.sm_ranges[i]);
+    }
     for (int i = 0; i < 2; i++) {
         free(a->ops_tab[i].rows);
         free(a->kern_tab[i].rows);
@@ -1047,6 +1051,7 @@ struct sm_ev {
     int64_t t;
     int start; /* 1: a kernel starts (sorted before ends at equal times) */
     double bps;
+    size_t idx; /* insertion order, to keep the float sums reproducible */
 };
 
 static int cmp_sm_ev(const void *pa, const void *pb)
@@ -1055,31 +1060,40 @@ static int cmp_sm_ev(const void *pa, const void *pb)
 
     if (x->t != y->t)
         return x->t < y->t ? -1 : 1;
-    return y->start - x->start;
+    if (x->start != y->start)
+        return y->start - x->start;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
 /* Est. SM efficiency of GPU g over [w0, w1] (spec §8): a sweep over its kernels with blocks per
  * SM > 0 keeps the running sum; each stretch between consecutive distinct times with a sum > 0
- * counts min(sum, 1) over its part inside the window. Undefined when none falls inside. */
-static void sm_efficiency(const struct kp_an *a, int g, int64_t w0, int64_t w1, double *out,
-                          bool *defined)
+ * counts min(sum, 1) over its part inside the window. Undefined when none falls inside. The
+ * stretches, unclipped, go to b's SM-efficiency ranges of slot k. Returns 0 or -ENOMEM. */
+static int sm_efficiency(struct kp_an *a, int g, size_t k, int64_t w0, int64_t w1)
 {
+    struct kp_an_breakdown *b = &a->bd;
     struct sm_ev *ev = calloc(2 * a->n_devs + 1, sizeof(*ev));
-    size_t n = 0;
+    struct kp_an_sm_range *seg = calloc(2 * a->n_devs + 1, sizeof(*seg));
+    size_t n = 0, n_seg = 0;
     double sum = 0.0, acc = 0.0;
     bool any = false;
 
-    *out = 0.0;
-    *defined = false;
-    if (!ev)
-        return;
+    b->est_sm_efficiency[k] = 0.0;
+    b->est_sm_efficiency_defined[k] = false;
+    if (!ev || !seg) {
+        free(ev);
+        free(seg);
+        return -ENOMEM;
+    }
     for (size_t i = 0; i < a->n_devs; i++) {
         const struct an_dev *d = &a->devs[i];
 
         if (d->kind != DEV_KERNEL || d->device != g || isnan(d->bps) || !(d->bps > 0))
             continue;
-        ev[n++] = (struct sm_ev){ d->start, 1, d->bps };
-        ev[n++] = (struct sm_ev){ d->end, 0, d->bps };
+        ev[n] = (struct sm_ev){ d->start, 1, d->bps, n };
+        n++;
+        ev[n] = (struct sm_ev){ d->end, 0, d->bps, n };
+        n++;
     }
     qsort(ev, n, sizeof(*ev), cmp_sm_ev);
     for (size_t i = 0; i + 1 <= n; i++) {
@@ -1087,6 +1101,7 @@ static void sm_efficiency(const struct kp_an *a, int g, int64_t w0, int64_t w1, 
         if (i + 1 < n && ev[i + 1].t > ev[i].t && sum > 0) {
             int64_t lo = ev[i].t > w0 ? ev[i].t : w0, hi = ev[i + 1].t < w1 ? ev[i + 1].t : w1;
 
+            seg[n_seg++] = (struct kp_an_sm_range){ ev[i].t, ev[i + 1].t, sum < 1.0 ? sum : 1.0 };
             if (hi > lo) {
                 acc += (sum < 1.0 ? sum : 1.0) * (double) (hi - lo);
                 any = true;
@@ -1094,10 +1109,65 @@ static void sm_efficiency(const struct kp_an *a, int g, int64_t w0, int64_t w1, 
         }
     }
     free(ev);
+    free(b->sm_ranges[k]);
+    b->sm_ranges[k] = seg;
+    b->n_sm_ranges[k] = n_seg;
     if (any && w1 > w0) {
-        *out = acc / (double) (w1 - w0);
-        *defined = true;
+        b->est_sm_efficiency[k] = acc / (double) (w1 - w0);
+        b->est_sm_efficiency_defined[k] = true;
     }
+    return 0;
+}
+
+/* The span of every loaded event (ops, runtimes, device events): the timeline's range when
+ * the trace's "PyTorch Profiler (0)" span is unknown, as import skips Trace spans. */
+static void event_span(const struct kp_an *a, int64_t *lo, int64_t *hi)
+{
+    int64_t l = INT64_MAX, h = INT64_MIN;
+
+    for (size_t i = 0; i < a->n_ops; i++) {
+        l = a->ops[i].start < l ? a->ops[i].start : l;
+        h = a->ops[i].end > h ? a->ops[i].end : h;
+    }
+    for (size_t i = 0; i < a->n_rts; i++) {
+        l = a->rts[i].start < l ? a->rts[i].start : l;
+        h = a->rts[i].end > h ? a->rts[i].end : h;
+    }
+    for (size_t i = 0; i < a->n_devs; i++) {
+        l = a->devs[i].start < l ? a->devs[i].start : l;
+        h = a->devs[i].end > h ? a->devs[i].end : h;
+    }
+    *lo = l <= h ? l : 0;
+    *hi = l <= h ? h : 0;
+}
+
+/* The utilization timeline of slot k (spec §8) from the GPU's merged kernel ranges r[0..n):
+ * buckets of the smallest power of ten µs giving at most 100 of them over [lo, hi], the last
+ * one stretched to hi, each valued busy / length, then (hi, 0). Returns 0 or -ENOMEM. */
+static int util_timeline(struct kp_an *a, size_t k, const struct kp_range *r, size_t n, int64_t lo,
+                         int64_t hi)
+{
+    struct kp_an_breakdown *b = &a->bd;
+    int64_t bucket = 1000, n_b;
+    struct kp_an_point *p;
+
+    while (hi - lo > 100 * bucket)
+        bucket *= 10;
+    n_b = (hi - lo) / bucket;
+    p = calloc((size_t) n_b + 1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    for (int64_t i = 0; i < n_b; i++) {
+        int64_t s = lo + i * bucket, e = i + 1 == n_b ? hi : s + bucket;
+
+        p[i].t_ns = s;
+        p[i].value = (double) kp_ranges_clip_length(r, n, s, e) / (double) (e - s);
+    }
+    p[n_b] = (struct kp_an_point){ hi, 0.0 };
+    free(b->util_timeline[k]);
+    b->util_timeline[k] = p;
+    b->n_util_points[k] = (size_t) n_b + 1;
+    return 0;
 }
 
 /* Est. achieved occupancy of GPU g (spec §8): its kernels with a known occupancy, each
@@ -1129,9 +1199,11 @@ static int gpu_utilization(struct kp_an *a, struct kp_range *tmp)
 {
     struct kp_an_breakdown *b = &a->bd;
     bool seen[KP_AN_MAX_GPUS] = { false };
-    int64_t w0, w1;
+    int64_t w0, w1, lo, hi;
+    int rc;
 
     b->n_gpus = 0;
+    event_span(a, &lo, &hi);
     for (size_t i = 0; i < a->n_devs; i++)
         if (a->devs[i].kind == DEV_KERNEL && a->devs[i].device >= 0 &&
             a->devs[i].device < KP_AN_MAX_GPUS)
@@ -1150,8 +1222,11 @@ static int gpu_utilization(struct kp_an *a, struct kp_range *tmp)
         b->gpu_ids[b->n_gpus] = g;
         b->gpu_utilization[b->n_gpus] =
             w1 > w0 ? (double) kp_ranges_clip_length(tmp, n, w0, w1) / (double) (w1 - w0) : 0.0;
-        sm_efficiency(a, g, w0, w1, &b->est_sm_efficiency[b->n_gpus],
-                      &b->est_sm_efficiency_defined[b->n_gpus]);
+        rc = util_timeline(a, b->n_gpus, tmp, n, lo, hi);
+        if (rc == 0)
+            rc = sm_efficiency(a, g, b->n_gpus, w0, w1);
+        if (rc < 0)
+            return rc;
         occupancy(a, g, w0, w1, &b->est_achieved_occupancy[b->n_gpus],
                   &b->est_achieved_occupancy_defined[b->n_gpus]);
         b->n_gpus++;
@@ -1289,6 +1364,146 @@ out:
     free(all_steps);
     free(tmp);
     free(comm_ext);
+    return rc;
+}
+
+/* ---- memory view (spec §10) ----------------------------------------------------------- */
+
+static void json_str(FILE *f, const char *s);
+
+#define MEM_SLOTS  (KP_AN_MAX_GPUS + 1) /* 0: CPU, 1 + n: GPU n */
+#define MEM_FIELDS 7 /* self inc, self alloc, self count, inc, alloc, count, calls */
+
+/* Adds node x's self figures and those of its live descendants into its inclusive ones. */
+static void mem_inclusive(const struct kp_an *a, int64_t *st, int32_t x)
+{
+    for (int32_t ch = a->nodes[x].first_child; ch >= 0; ch = a->nodes[ch].next_sib) {
+        mem_inclusive(a, st, ch);
+        for (int s = 0; s < MEM_SLOTS; s++)
+            for (int k = 0; k < 3; k++)
+                st[((size_t) x * MEM_SLOTS + s) * 3 + k] +=
+                    st[((size_t) ch * MEM_SLOTS + s) * 3 + k];
+    }
+}
+
+int kp_an_memory_json(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_rows, FILE *f,
+                      char *errbuf, size_t errlen)
+{
+    char runs[24], ranks[16];
+    const char *params[2] = { runs, ranks };
+    PGresult *r = NULL;
+    size_t budget = 0, n;
+    int64_t *self = NULL, *incl = NULL, *by_name = NULL;
+    bool seen[MEM_SLOTS] = { false };
+    int n_dev = 0, rc;
+
+    if (!a->built && (rc = build_model(a)) < 0)
+        return rc;
+    snprintf(runs, sizeof(runs), "%" PRId64, run);
+    snprintf(ranks, sizeof(ranks), "%d", rank);
+    rc = kp_an_query(c, 2,
+                     "SELECT start_ns, bytes, tid, device_type, device FROM memory_events" WHERE_RR
+                     " ORDER BY start_ns",
+                     params, &budget, max_rows, &r, errbuf, errlen);
+    if (rc < 0)
+        return rc;
+    self = calloc((a->n_nodes + 1) * MEM_SLOTS * 3, sizeof(*self));
+    incl = calloc((a->n_nodes + 1) * MEM_SLOTS * 3, sizeof(*incl));
+    by_name = calloc((a->n_names + 1) * MEM_SLOTS * MEM_FIELDS, sizeof(*by_name));
+    if (!self || !incl || !by_name) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    n = (size_t) PQntuples(r);
+    for (size_t i = 0; i < n; i++) {
+        int row = (int) i;
+        int64_t ts = v64(r, row, 0), bytes = v64(r, row, 1), dtype = v64(r, row, 3);
+        int64_t dev = v64(r, row, 4);
+        int32_t x = root_of(a, v64(r, row, 2)), in;
+        int slot;
+        int64_t *v;
+
+        if (dtype == 0)
+            slot = 0;
+        else if (dtype == 1 && dev >= 0 && dev < KP_AN_MAX_GPUS)
+            slot = 1 + (int) dev;
+        else
+            continue;
+        seen[slot] = true;
+        /* the innermost node with start <= ts < end */
+        for (in = x; in >= 0;) {
+            x = in;
+            in = -1;
+            for (int32_t ch = a->nodes[x].first_child; ch >= 0; ch = a->nodes[ch].next_sib)
+                if (!a->nodes[ch].dead && a->nodes[ch].start <= ts && ts < a->nodes[ch].end) {
+                    in = ch;
+                    break;
+                }
+        }
+        if (x < 0 || a->nodes[x].type != NODE_OPERATOR)
+            continue;
+        v = &self[((size_t) x * MEM_SLOTS + slot) * 3];
+        v[0] += bytes;
+        v[1] += bytes > 0 ? bytes : 0;
+        v[2] += bytes > 0;
+    }
+    memcpy(incl, self, (a->n_nodes + 1) * MEM_SLOTS * 3 * sizeof(*incl));
+    for (size_t i = 0; i < a->n_roots; i++)
+        mem_inclusive(a, incl, a->roots[i].node);
+    for (size_t i = 0; i < a->n_nodes; i++) {
+        const struct an_node *x = &a->nodes[i];
+        int32_t name;
+
+        if (x->dead || x->type != NODE_OPERATOR || a->ops[x->op].name < 0)
+            continue;
+        name = a->ops[x->op].name;
+        for (int s = 0; s < MEM_SLOTS; s++) {
+            int64_t *v = &by_name[((size_t) name * MEM_SLOTS + s) * MEM_FIELDS];
+
+            for (int k = 0; k < 3; k++) {
+                v[k] += self[(i * MEM_SLOTS + s) * 3 + k];
+                v[3 + k] += incl[(i * MEM_SLOTS + s) * 3 + k];
+            }
+            v[6]++;
+        }
+    }
+    for (int s = 0; s < MEM_SLOTS; s++)
+        n_dev += seen[s];
+    fprintf(f, "{\"device_count\": %d, \"devices\": {", n_dev);
+    for (int s = 0, first_dev = 1; s < MEM_SLOTS; s++) {
+        int first = 1;
+
+        if (!seen[s])
+            continue;
+        if (s == 0)
+            fprintf(f, "%s\"CPU\": {", first_dev ? "" : ", ");
+        else
+            fprintf(f, "%s\"GPU%d\": {", first_dev ? "" : ", ", s - 1);
+        first_dev = 0;
+        for (size_t m = 0; m < a->n_names; m++) {
+            const int64_t *v = &by_name[(m * MEM_SLOTS + (size_t) s) * MEM_FIELDS];
+
+            if (!v[0] && !v[1] && !v[2] && !v[3] && !v[4] && !v[5])
+                continue;
+            fprintf(f, "%s", first ? "" : ", ");
+            first = 0;
+            json_str(f, a->names[m].s);
+            fprintf(f,
+                    ": {\"self_increase_bytes\": %" PRId64 ", \"self_alloc_bytes\": %" PRId64
+                    ", \"self_alloc_count\": %" PRId64 ", \"increase_bytes\": %" PRId64
+                    ", \"alloc_bytes\": %" PRId64 ", \"alloc_count\": %" PRId64
+                    ", \"calls\": %" PRId64 "}",
+                    v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
+        }
+        fputc('}', f);
+    }
+    fprintf(f, "}}");
+    rc = 0;
+out:
+    PQclear(r);
+    free(self);
+    free(incl);
+    free(by_name);
     return rc;
 }
 
@@ -1597,6 +1812,34 @@ void kp_an_breakdown_json(FILE *f, const struct kp_an_breakdown *b)
         else
             fprintf(f, "null");
         fputc('}', f);
+    }
+    fprintf(f, "}, \"util_timeline\": {");
+    for (size_t i = 0; i < b->n_gpus; i++) {
+        fprintf(f, "%s\"%d\": [", i ? ", " : "", b->gpu_ids[i]);
+        for (size_t j = 0; j < b->n_util_points[i]; j++) {
+            fprintf(f, "%s[", j ? ", " : "");
+            json_dbl(f, (double) b->util_timeline[i][j].t_ns / 1000.0);
+            fprintf(f, ", ");
+            json_dbl(f, b->util_timeline[i][j].value);
+            fputc(']', f);
+        }
+        fputc(']', f);
+    }
+    fprintf(f, "}, \"sm_efficiency_ranges\": {");
+    for (size_t i = 0; i < b->n_gpus; i++) {
+        fprintf(f, "%s\"%d\": [", i ? ", " : "", b->gpu_ids[i]);
+        for (size_t j = 0; j < b->n_sm_ranges[i]; j++) {
+            const struct kp_an_sm_range *s = &b->sm_ranges[i][j];
+
+            fprintf(f, "%s[", j ? ", " : "");
+            json_dbl(f, (double) s->start_ns / 1000.0);
+            fprintf(f, ", ");
+            json_dbl(f, (double) s->end_ns / 1000.0);
+            fprintf(f, ", ");
+            json_dbl(f, s->value);
+            fputc(']', f);
+        }
+        fputc(']', f);
     }
     fprintf(f, "}}}");
 }

@@ -65,6 +65,16 @@ struct kp_an_step {
     int64_t computation_ns, communication_ns, overlap_ns;
 };
 
+struct kp_an_point {
+    int64_t t_ns;
+    double value; /* busy fraction of the bucket */
+};
+
+struct kp_an_sm_range {
+    int64_t start_ns, end_ns;
+    double value; /* min(running blocks per SM, 1) */
+};
+
 struct kp_an_breakdown {
     bool has_runtime, has_kernel, has_memcpy_or_memset, has_communication;
     size_t comm_node_count;         /* host communication ops (0 when both NCCL and Gloo appear) */
@@ -81,7 +91,22 @@ struct kp_an_breakdown {
     bool est_sm_efficiency_defined[KP_AN_MAX_GPUS];
     double est_achieved_occupancy[KP_AN_MAX_GPUS];
     bool est_achieved_occupancy_defined[KP_AN_MAX_GPUS];
+    /* spec §8 trace counters per GPU, owned by the handle: the utilization timeline (bucket
+     * starts, then the range end with 0) and the SM-efficiency ranges, unclipped */
+    struct kp_an_point *util_timeline[KP_AN_MAX_GPUS];
+    size_t n_util_points[KP_AN_MAX_GPUS];
+    struct kp_an_sm_range *sm_ranges[KP_AN_MAX_GPUS];
+    size_t n_sm_ranges[KP_AN_MAX_GPUS];
 };
+
+/*
+ * Prints the memory view's per-operator statistics (spec §10) of the loaded run and rank as a
+ * JSON object {"device_count": n, "devices": {"CPU"|"GPU<n>": {op: {self_increase_bytes,
+ * self_alloc_bytes, self_alloc_count, increase_bytes, alloc_bytes, alloc_count, calls}}}},
+ * reading memory_events. Borrows c. May block on PG. Returns 0 or -errno/KP_E*.
+ */
+int kp_an_memory_json(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_rows, FILE *f,
+                      char *errbuf, size_t errlen);
 
 struct kp_an_op_row {
     const char *name;

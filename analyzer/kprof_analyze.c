@@ -13,6 +13,7 @@
  * per kernel or op against the device's peaks (analyzer/roofline.h), longest first.
  * counters: CUPTI counter values per kernel with the op stack and FLOPs (analyzer/counters.h),
  * -c COLUMNS (default KP_CTR_TEXT_COLUMNS in text, every column in --csv and --json).
+ * memory: the memory view's per-operator allocation statistics per device, always as JSON.
  * --max-rows refuses a rank with more rows than that (0, the default: no limit).
  * Exit codes: 0 ok, 2 usage, 3 unknown run or rank, 1 anything else.
  */
@@ -36,7 +37,8 @@ static void usage(FILE *f)
                "[--max-rows N] breakdown|ops|kernels [--json]\n"
                "       kprof-analyze ... prof [-c COLUMNS] [--csv|--json] [-w WIDTH]\n"
                "       kprof-analyze ... roofline [--by kernel|op] [--top N] [--csv|--json]\n"
-               "       kprof-analyze ... counters [-c COLUMNS] [--csv|--json]\n");
+               "       kprof-analyze ... counters [-c COLUMNS] [--csv|--json]\n"
+               "       kprof-analyze ... memory\n");
 }
 
 static void text_breakdown(const struct kp_an_breakdown *b)
@@ -215,7 +217,8 @@ int main(int argc, char **argv)
     }
     if (!conninfo || run < 0 || !verb ||
         (strcmp(verb, "breakdown") && strcmp(verb, "ops") && strcmp(verb, "kernels") &&
-         strcmp(verb, "prof") && strcmp(verb, "roofline") && strcmp(verb, "counters"))) {
+         strcmp(verb, "prof") && strcmp(verb, "roofline") && strcmp(verb, "counters") &&
+         strcmp(verb, "memory"))) {
         usage(stderr);
         return 2;
     }
@@ -275,6 +278,13 @@ int main(int argc, char **argv)
             PQfinish(c);
             return 1;
         }
+    }
+    else if (strcmp(verb, "memory") == 0) {
+        printf("{\"run\": %" PRId64 ", \"rank\": %d, \"memory_stats\": ", run, rank);
+        rc = kp_an_memory_json(a, c, run, rank, (size_t) max_rows, stdout, err, sizeof(err));
+        printf("}\n");
+        if (rc < 0 && err[0])
+            fprintf(stderr, "kprof-analyze: %s\n", err);
     }
     else if (strcmp(verb, "breakdown") == 0) {
         const struct kp_an_breakdown *b;

@@ -37,7 +37,7 @@ CATS = ["kernel_us", "memcpy_us", "memset_us", "communication_us", "runtime_us",
 # The expected keys each implemented view answers (top level, and inside per_worker[w]).
 IMPLEMENTED = {"flags", "step_count", "steps", "avg_step", "operators_by_name",
                "operators_by_name_and_input_shape", "kernels_by_name", "kernels_by_name_op",
-               "operators_absent", "tensor_cores", "gpu", "comm_node_count"}
+               "operators_absent", "tensor_cores", "gpu", "comm_node_count", "memory_stats"}
 ROW_KEYS = {"operators_by_name": ("name",), "operators_by_name_and_input_shape": ("name", "input_shape"),
             "kernels_by_name": ("name",), "steps": ("index",),
             "kernels_by_name_op": ("name", "op_name", "grid", "block", "registers_per_thread",
@@ -153,7 +153,7 @@ def check_rank(chk, prefix, exp, got):
         elif key == "avg_step":
             for f, v in want.items():
                 chk.value(path + "/" + f, v, got["avg_step"].get(f))
-        elif key == "gpu":  # utilization only so far
+        elif key == "gpu":
             g = got["gpu"]
             for k, v in want.items():
                 if k == "gpu_ids":
@@ -167,6 +167,15 @@ def check_rank(chk, prefix, exp, got):
                                 chk.value(q, x, g["per_device"].get(dev, {}).get(f))
                             else:
                                 chk.todo.append(q)
+                elif k in ("util_timeline", "sm_efficiency_ranges"):
+                    # The range is min..max of the events: import drops the "PyTorch
+                    # Profiler (0)" span, and these cases have none.
+                    for dev, pts in v.items():
+                        q = "%s/%s/%s" % (path, k, dev)
+                        mine = g[k].get(dev) or []
+                        chk.value(q + "/count", len(pts), len(mine))
+                        for i, pt in enumerate(pts):  # each point approx, by position
+                            chk.value("%s/%d" % (q, i), pt, mine[i] if i < len(mine) else None)
                 else:
                     chk.todo.append(path + "/" + k)
         elif key == "tensor_cores":
@@ -176,6 +185,14 @@ def check_rank(chk, prefix, exp, got):
             if "tc_eligible_ops_kernel_ratio" in want:
                 chk.value(path + "/tc_eligible_ops_kernel_ratio", want["tc_eligible_ops_kernel_ratio"],
                           t["tc_eligible_ops_kernel_ratio"])
+        elif key == "memory_stats":
+            m = got["memory_stats"]
+            chk.value(path + "/device_count", want["device_count"], m["device_count"])
+            for dev, ops in want.get("devices", {}).items():
+                for op, fields in ops.items():
+                    for f, v in fields.items():
+                        chk.value("%s/devices/%s/%s/%s" % (path, dev, op, f), v,
+                                  m["devices"].get(dev, {}).get(op, {}).get(f))
         elif key == "operators_absent":
             names = {r["name"] for r in got["operators_by_name"]["rows"]}
             for n in want:
@@ -190,6 +207,7 @@ def results(ci, run_id, rank):
     got = dict(compat)  # flags, steps, avg_step, gpu
     got.update({k: v for k, v in analyze(ci, run_id, rank, "ops").items() if k not in ("run", "rank")})
     got.update({k: v for k, v in analyze(ci, run_id, rank, "kernels").items() if k not in ("run", "rank")})
+    got["memory_stats"] = analyze(ci, run_id, rank, "memory")["memory_stats"]
     return got, compat, own
 
 
