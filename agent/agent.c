@@ -952,7 +952,8 @@ static int parse_kv(char *text, struct kv *kv, char *err, size_t errlen)
         KEY(steps)
         KEY(duration_ms)
         KEY(activities)
-        KEY(name) KEY(wait)
+        KEY(name)
+        KEY(wait)
 #undef KEY
             snprintf(err, errlen, "error=unknown request key \"%.100s\"", line);
         return -EINVAL;

@@ -36,14 +36,6 @@ void kp_cmp_opts_init(struct kp_cmp_opts *o)
 
 /* ---- helpers -------------------------------------------------------------------------- */
 
-static int64_t v64(const PGresult *r, int row, int col)
-{
-    if (PQgetisnull(r, row, col)) {
-        return 0;
-    }
-    return strtoll(PQgetvalue(r, row, col), NULL, 10);
-}
-
 static int cmp_double(const void *pa, const void *pb)
 {
     double a = *(const double *) pa, b = *(const double *) pb;
@@ -119,7 +111,7 @@ static int check_run(PGconn *c, const char *const *params, int64_t run, char *er
     if (rc < 0) {
         return rc;
     }
-    if (v64(r, 0, 0) == 0) {
+    if (kp_pg_i64(r, 0, 0, 0) == 0) {
         kp_errbuf_set(errbuf, errlen,
                       "run %" PRId64 " does not exist: `kprofctl runs` lists the runs", run);
         rc = KP_ENOTFOUND;
@@ -154,7 +146,7 @@ static int load_ranks(PGconn *c, const char *const *params, int64_t run, int **r
         return -ENOMEM;
     }
     for (size_t i = 0; i < nr; i++) {
-        (*ranks)[i] = (int) v64(r, (int) i, 0);
+        (*ranks)[i] = (int) kp_pg_i64(r, (int) i, 0, 0);
     }
     *n = nr;
     PQclear(r);
@@ -287,9 +279,9 @@ static int load_colls(PGconn *c, const char *const *params, const int *ranks, si
         return -ENOMEM;
     }
     for (size_t i = 0; i < nr; i++) {
-        int rank = (int) v64(r, (int) i, 0);
+        int rank = (int) kp_pg_i64(r, (int) i, 0, 0);
         size_t lo = 0, hi = n_ranks;
-        int64_t start = v64(r, (int) i, 2), step;
+        int64_t start = kp_pg_i64(r, (int) i, 2, 0), step;
         long si;
 
         while (lo < hi) {
@@ -305,15 +297,15 @@ static int load_colls(PGconn *c, const char *const *params, const int *ranks, si
         if (lo >= n_ranks || ranks[lo] != rank) {
             continue;
         }
-        step = PQgetisnull(r, (int) i, 1) ? step_at(&rs[lo], start) : v64(r, (int) i, 1);
+        step = PQgetisnull(r, (int) i, 1) ? step_at(&rs[lo], start) : kp_pg_i64(r, (int) i, 1, 0);
         if ((si = find_i64(nums, n_nums, step)) < 0) {
             continue;
         }
         v[n].ri = (uint32_t) lo;
         v[n].si = (uint32_t) si;
-        v[n].kind = (uint32_t) v64(r, (int) i, 4);
+        v[n].kind = (uint32_t) kp_pg_i64(r, (int) i, 4, 0);
         v[n].start = start;
-        v[n].end = start + v64(r, (int) i, 3);
+        v[n].end = start + kp_pg_i64(r, (int) i, 3, 0);
         n++;
     }
     PQclear(r);
@@ -386,8 +378,8 @@ static int load_compute(PGconn *c, int64_t run, const int *ranks, size_t nr,
     }
     if (rc == 0 && (rc = kp_pg_query(c, sql, 5, params, &r, errbuf, errlen)) == 0) {
         for (int i = 0; i < PQntuples(r); i++) {
-            int rank = (int) v64(r, i, 0);
-            long si = find_i64(nums, ns, v64(r, i, 1));
+            int rank = (int) kp_pg_i64(r, i, 0, 0);
+            long si = find_i64(nums, ns, kp_pg_i64(r, i, 1, 0));
             size_t lo = 0, hi = nr;
 
             while (lo < hi) {
@@ -401,7 +393,7 @@ static int load_compute(PGconn *c, int64_t run, const int *ranks, size_t nr,
                 }
             }
             if (si >= 0 && lo < nr && ranks[lo] == rank) {
-                cells[lo * ns + (size_t) si].compute_ns += v64(r, i, 2);
+                cells[lo * ns + (size_t) si].compute_ns += kp_pg_i64(r, i, 2, 0);
             }
         }
         PQclear(r);
@@ -1225,9 +1217,9 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
         goto nomem;
     }
     for (size_t i = 0; i < nr; i++) {
-        st[n_st].rank = (int) v64(r, (int) i, 0);
-        st[n_st].start = v64(r, (int) i, 1);
-        st[n_st].end = v64(r, (int) i, 2);
+        st[n_st].rank = (int) kp_pg_i64(r, (int) i, 0, 0);
+        st[n_st].start = kp_pg_i64(r, (int) i, 1, 0);
+        st[n_st].end = kp_pg_i64(r, (int) i, 2, 0);
         if (parse_step(PQgetvalue(r, (int) i, 3), &st[n_st].num)) {
             nums[n_st] = st[n_st].num;
             n_st++;
@@ -1278,7 +1270,7 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
     if ((rc = kp_pg_query(c, sql_end, 5, params, &r, errbuf, errlen)) < 0) {
         goto fail;
     }
-    t_max = v64(r, 0, 0);
+    t_max = kp_pg_i64(r, 0, 0, 0);
     PQclear(r);
     r = NULL;
     {
@@ -1305,9 +1297,9 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
         goto nomem;
     }
     for (size_t i = 0; i < nr; i++) {
-        struct hcand x = { (int) v64(r, (int) i, 0), (int) v64(r, (int) i, 1),
-                           v64(r, (int) i, 2),       v64(r, (int) i, 3),
-                           v64(r, (int) i, 4),       PQgetvalue(r, (int) i, 5) };
+        struct hcand x = { (int) kp_pg_i64(r, (int) i, 0, 0), (int) kp_pg_i64(r, (int) i, 1, 0),
+                           kp_pg_i64(r, (int) i, 2, 0),       kp_pg_i64(r, (int) i, 3, 0),
+                           kp_pg_i64(r, (int) i, 4, 0),       PQgetvalue(r, (int) i, 5) };
         size_t j;
 
         if (x.step <= 0 || (double) x.dur < 0.01 * h->mean_step_ns) { /* HTA: iteration > 0 */

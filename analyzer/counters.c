@@ -52,14 +52,6 @@ struct kp_ctr {
     char message[512];
 };
 
-static int64_t v64(const PGresult *r, int row, int col)
-{
-    if (PQgetisnull(r, row, col)) {
-        return -1;
-    }
-    return strtoll(PQgetvalue(r, row, col), NULL, 10);
-}
-
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(const char *const *) a, *(const char *const *) b);
@@ -163,14 +155,14 @@ static int find_row(const PGresult *r, int64_t key)
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2;
 
-        if (v64(r, mid, 0) < key) {
+        if (kp_pg_i64(r, mid, 0, -1) < key) {
             lo = mid + 1;
         }
         else {
             hi = mid;
         }
     }
-    return lo < PQntuples(r) && v64(r, lo, 0) == key ? lo : -1;
+    return lo < PQntuples(r) && kp_pg_i64(r, lo, 0, -1) == key ? lo : -1;
 }
 
 /* Groups the counters rows (ordered by correlation, device) into rows. */
@@ -189,8 +181,8 @@ static int group_rows(struct kp_ctr *t)
         if (!is_name_row(m)) {
             t->metrics[nm++] = m;
         }
-        if (i == 0 || v64(t->cr, i, 0) != v64(t->cr, i - 1, 0) ||
-            v64(t->cr, i, 1) != v64(t->cr, i - 1, 1)) {
+        if (i == 0 || kp_pg_i64(t->cr, i, 0, -1) != kp_pg_i64(t->cr, i - 1, 0, -1) ||
+            kp_pg_i64(t->cr, i, 1, -1) != kp_pg_i64(t->cr, i - 1, 1, -1)) {
             nr++;
         }
     }
@@ -216,17 +208,17 @@ static int group_rows(struct kp_ctr *t)
         const char *m = PQgetvalue(t->cr, i, 2);
         double v = strtod(PQgetvalue(t->cr, i, 3), NULL);
 
-        if (i == 0 || v64(t->cr, i, 0) != v64(t->cr, i - 1, 0) ||
-            v64(t->cr, i, 1) != v64(t->cr, i - 1, 1)) {
+        if (i == 0 || kp_pg_i64(t->cr, i, 0, -1) != kp_pg_i64(t->cr, i - 1, 0, -1) ||
+            kp_pg_i64(t->cr, i, 1, -1) != kp_pg_i64(t->cr, i - 1, 1, -1)) {
             r = &t->rows[t->n_rows];
             r->values = t->values + t->n_rows * t->n_metrics;
             r->kernel = "";
             r->range = -1;
-            r->device = (int) v64(t->cr, i, 1);
+            r->device = (int) kp_pg_i64(t->cr, i, 1, -1);
             r->correlation = -1;
             r->tid = -1;
             r->dur_ns = -1;
-            t->ranges[t->n_rows].key = v64(t->cr, i, 0);
+            t->ranges[t->n_rows].key = kp_pg_i64(t->cr, i, 0, -1);
             t->ranges[t->n_rows].ext = -1;
             t->n_rows++;
         }
@@ -301,11 +293,12 @@ static int find_launches(struct kp_ctr *t, PGconn *c, const char *const *params,
                 if (!positional(g->key)) {
                     continue;
                 }
-                r->correlation = v64(lr, (int) j, 0);
-                r->tid = v64(lr, (int) j, 1);
-                g->start = v64(lr, (int) j, 2);
-                g->end = g->start + (v64(lr, (int) j, 3) > 0 ? v64(lr, (int) j, 3) : 0);
-                g->ext = v64(lr, (int) j, 4);
+                r->correlation = kp_pg_i64(lr, (int) j, 0, -1);
+                r->tid = kp_pg_i64(lr, (int) j, 1, -1);
+                g->start = kp_pg_i64(lr, (int) j, 2, -1);
+                g->end = g->start +
+                         (kp_pg_i64(lr, (int) j, 3, -1) > 0 ? kp_pg_i64(lr, (int) j, 3, -1) : 0);
+                g->ext = kp_pg_i64(lr, (int) j, 4, -1);
                 j++;
             }
         }
@@ -336,10 +329,10 @@ static int find_launches(struct kp_ctr *t, PGconn *c, const char *const *params,
             if ((a = find_row(ar, g->key)) < 0) {
                 continue;
             }
-            r->tid = v64(ar, a, 1);
-            g->start = v64(ar, a, 2);
-            g->end = g->start + (v64(ar, a, 3) > 0 ? v64(ar, a, 3) : 0);
-            g->ext = v64(ar, a, 4);
+            r->tid = kp_pg_i64(ar, a, 1, -1);
+            g->start = kp_pg_i64(ar, a, 2, -1);
+            g->end = g->start + (kp_pg_i64(ar, a, 3, -1) > 0 ? kp_pg_i64(ar, a, 3, -1) : 0);
+            g->ext = kp_pg_i64(ar, a, 4, -1);
         }
     }
 out:
@@ -393,12 +386,12 @@ static int find_kernels(struct kp_ctr *t, PGconn *c, const char *const *params, 
         if (k < 0) {
             continue;
         }
-        r->dur_ns = v64(t->kr, k, 1);
+        r->dur_ns = kp_pg_i64(t->kr, k, 1, -1);
         if (r->kernel[0] == '\0') {
             r->kernel = PQgetvalue(t->kr, k, 2);
         }
         if (r->device < 0) {
-            r->device = (int) v64(t->kr, k, 3);
+            r->device = (int) kp_pg_i64(t->kr, k, 3, -1);
         }
     }
 out:
@@ -456,10 +449,10 @@ static int find_stacks(struct kp_ctr *t, PGconn *c, const char *const *params, s
         struct ct_op *o = &ops[i];
         int row = (int) i;
 
-        o->tid = v64(t->or, row, 0);
-        o->start = v64(t->or, row, 1);
-        o->end = o->start + (v64(t->or, row, 2) > 0 ? v64(t->or, row, 2) : 0);
-        o->op_id = v64(t->or, row, 3);
+        o->tid = kp_pg_i64(t->or, row, 0, -1);
+        o->start = kp_pg_i64(t->or, row, 1, -1);
+        o->end = o->start + (kp_pg_i64(t->or, row, 2, -1) > 0 ? kp_pg_i64(t->or, row, 2, -1) : 0);
+        o->op_id = kp_pg_i64(t->or, row, 3, -1);
         o->name = PQgetvalue(t->or, row, 4);
         while (depth > 0) {
             const struct ct_op *p = &ops[stack[depth - 1]];
@@ -606,9 +599,10 @@ int kp_ctr_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_ct
     if (rc < 0) {
         goto fail;
     }
-    if (v64(rr, 0, 0) == 0 || v64(rr, 0, 1) == 0) {
-        kp_errbuf_set(errbuf, errlen, v64(rr, 0, 0) == 0 ? "no run %s" : "run %s has no rank %s",
-                      runs, ranks);
+    if (kp_pg_i64(rr, 0, 0, -1) == 0 || kp_pg_i64(rr, 0, 1, -1) == 0) {
+        kp_errbuf_set(errbuf, errlen,
+                      kp_pg_i64(rr, 0, 0, -1) == 0 ? "no run %s" : "run %s has no rank %s", runs,
+                      ranks);
         rc = KP_ENOTFOUND;
         goto fail;
     }

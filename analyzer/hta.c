@@ -63,16 +63,10 @@ struct hta_ev {
     uint8_t type; /* enum kp_hta_ktype */
 };
 
-struct hta_name {
-    int64_t id;
-    char *s;
-};
-
 struct kp_hta {
     struct kp_hta_opts opts;
-    struct hta_name *names; /* id-sorted: kernels' and calls' names */
-    size_t n_names;
-    char **extra; /* memcpy/memset names made here */
+    struct kp_an_dict names; /* kernels' and calls' names */
+    char **extra;            /* memcpy/memset names made here */
     size_t n_extra;
     struct hta_rt *rts; /* kept calls */
     size_t n_rts;
@@ -147,13 +141,6 @@ void kp_hta_type_label(unsigned mask, char *buf, size_t len)
 
 /* ---- loading ------------------------------------------------------------------------ */
 
-static int64_t v64(const PGresult *r, int row, int col)
-{
-    if (PQgetisnull(r, row, col))
-        return 0;
-    return strtoll(PQgetvalue(r, row, col), NULL, 10);
-}
-
 /* HTA's rounding of fractional-µs traces: in float64 as pandas holds the parsed JSON,
  * end = ts + dur, then ts rounded up and end down to whole µs. Returns ns. */
 static void hta_round(bool exact, int64_t ts_ns, int64_t dur_ns, int64_t *ts, int64_t *end)
@@ -173,23 +160,12 @@ static void hta_round(bool exact, int64_t ts_ns, int64_t dur_ns, int64_t *ts, in
     *end = (int64_t) floor(e) * 1000;
 }
 
-static int cmp_name_id(const void *pa, const void *pb)
-{
-    int64_t a = *(const int64_t *) pa, b = ((const struct hta_name *) pb)->id;
-
-    return a < b ? -1 : a > b;
-}
-
 static const char *name_of(const struct kp_hta *h, const PGresult *r, int row, int col)
 {
-    int64_t id;
-    const struct hta_name *n;
+    int32_t i =
+        PQgetisnull(r, row, col) ? -1 : kp_an_dict_find(&h->names, kp_pg_i64(r, row, col, 0));
 
-    if (PQgetisnull(r, row, col))
-        return "";
-    id = v64(r, row, col);
-    n = bsearch(&id, h->names, h->n_names, sizeof(*h->names), cmp_name_id);
-    return n ? n->s : "";
+    return i >= 0 ? h->names.v[i].s : "";
 }
 
 /* Interns a name made here (memcpy/memset); NULL on ENOMEM. */
@@ -270,35 +246,29 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
                      2, params, &r, errbuf, errlen);
     if (rc < 0)
         goto fail;
-    if (!opts->include_last_step && v64(r, 0, 0) >= 2 && !PQgetisnull(r, 0, 1)) {
+    if (!opts->include_last_step && kp_pg_i64(r, 0, 0, 0) >= 2 && !PQgetisnull(r, 0, 1)) {
         int64_t e;
 
         drop = true;
         h->dropped = true;
-        hta_round(opts->exact_ns, v64(r, 0, 1), 0, &cutoff, &e);
+        hta_round(opts->exact_ns, kp_pg_i64(r, 0, 1, 0), 0, &cutoff, &e);
     }
     PQclear(r);
     r = NULL;
 
-    rc = kp_pg_query(c,
-                     "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
-                     " UNION SELECT name FROM api_calls" WHERE_RR ") ORDER BY id",
-                     2, params, &r, errbuf, errlen);
+    {
+        size_t unlimited = 0;
+
+        rc = kp_an_dict_load(
+            c,
+            "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
+            " UNION SELECT name FROM api_calls" WHERE_RR ") ORDER BY id",
+            params, &unlimited, 0, &h->names, errbuf, errlen);
+    }
+    if (rc == -ENOMEM)
+        goto nomem;
     if (rc < 0)
         goto fail;
-    n = (size_t) PQntuples(r);
-    h->names = calloc(n ? n : 1, sizeof(*h->names));
-    if (!h->names)
-        goto nomem;
-    for (size_t i = 0; i < n; i++) {
-        h->names[i].id = v64(r, (int) i, 0);
-        h->names[i].s = strdup(PQgetvalue(r, (int) i, 1));
-        if (!h->names[i].s)
-            goto nomem;
-        h->n_names++;
-    }
-    PQclear(r);
-    r = NULL;
 
     /* CPU side: the runtime and driver calls (the only CPU rows with a correlation). */
     rc = kp_pg_query(c,
@@ -316,10 +286,11 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
     for (size_t i = 0; i < n; i++) {
         struct hta_rt *t = &h->rts[h->n_rts];
 
-        hta_round(opts->exact_ns, v64(r, (int) i, 0), v64(r, (int) i, 1), &t->ts, &t->end);
+        hta_round(opts->exact_ns, kp_pg_i64(r, (int) i, 0, 0), kp_pg_i64(r, (int) i, 1, 0), &t->ts,
+                  &t->end);
         if (drop && t->ts >= cutoff)
             continue;
-        t->corr = v64(r, (int) i, 2);
+        t->corr = kp_pg_i64(r, (int) i, 2, 0);
         t->name = name_of(h, r, (int) i, 3);
         h->n_rts++;
     }
@@ -356,12 +327,12 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
         struct hta_ev *e = &h->evs[h->n_evs];
         struct corr_idx key, *hit;
         int row = (int) i;
-        int64_t kind = v64(r, row, 0);
+        int64_t kind = kp_pg_i64(r, row, 0, 0);
         char buf[96];
 
         if (PQgetisnull(r, row, 4))
             continue; /* no stream: not a GPU event here */
-        e->corr = PQgetisnull(r, row, 3) ? -1 : v64(r, row, 3);
+        e->corr = PQgetisnull(r, row, 3) ? -1 : kp_pg_i64(r, row, 3, 0);
         key.corr = e->corr;
         key.idx = -1;
         hit = NULL;
@@ -383,18 +354,21 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
         if (drop && !hit)
             continue; /* HTA keeps GPU rows whose launch it kept */
         e->rt = hit ? hit->idx : -1;
-        hta_round(opts->exact_ns, v64(r, row, 1), v64(r, row, 2), &e->ts, &e->end);
-        e->stream = v64(r, row, 4);
+        hta_round(opts->exact_ns, kp_pg_i64(r, row, 1, 0), kp_pg_i64(r, row, 2, 0), &e->ts,
+                  &e->end);
+        e->stream = kp_pg_i64(r, row, 4, 0);
         if (kind == 0) {
             e->name = name_of(h, r, row, 5);
         }
         else {
             if (kind == 1)
-                snprintf(
-                    buf, sizeof(buf), "Memcpy %s (%s -> %s)", NAME_OF(memcpy_kinds, v64(r, row, 6)),
-                    NAME_OF(memory_kinds, v64(r, row, 7)), NAME_OF(memory_kinds, v64(r, row, 8)));
+                snprintf(buf, sizeof(buf), "Memcpy %s (%s -> %s)",
+                         NAME_OF(memcpy_kinds, kp_pg_i64(r, row, 6, 0)),
+                         NAME_OF(memory_kinds, kp_pg_i64(r, row, 7, 0)),
+                         NAME_OF(memory_kinds, kp_pg_i64(r, row, 8, 0)));
             else
-                snprintf(buf, sizeof(buf), "Memset (%s)", NAME_OF(memory_kinds, v64(r, row, 6)));
+                snprintf(buf, sizeof(buf), "Memset (%s)",
+                         NAME_OF(memory_kinds, kp_pg_i64(r, row, 6, 0)));
             e->name = intern(h, buf);
             if (!e->name)
                 goto nomem;
@@ -438,9 +412,7 @@ void kp_hta_destroy(struct kp_hta *h)
 {
     if (!h)
         return;
-    for (size_t i = 0; i < h->n_names; i++)
-        free(h->names[i].s);
-    free(h->names);
+    kp_an_dict_fini(&h->names);
     for (size_t i = 0; i < h->n_extra; i++)
         free(h->extra[i]);
     free(h->extra);

@@ -50,11 +50,6 @@ enum node_type {
     NODE_COMM,       /* user annotation named as a communication op */
 };
 
-struct an_name {
-    int64_t id;
-    char *s;
-};
-
 struct an_op {
     int64_t start, end, tid, ext;
     int32_t name, shapes; /* indexes into names, -1: none */
@@ -98,8 +93,7 @@ struct an_tid_root {
 };
 
 struct kp_an {
-    struct an_name *names;
-    size_t n_names;
+    struct kp_an_dict names;
     struct an_op *ops;
     size_t n_ops;
     struct an_rt *rts; /* n_rts + 1 slots: the last may be the dummy runtime */
@@ -127,36 +121,67 @@ const char *const kp_an_cat_keys[KP_AN_CAT_COUNT] = {
 
 /* ---- loading ------------------------------------------------------------------------- */
 
-static int64_t v64(const PGresult *r, int row, int col)
-{
-    if (PQgetisnull(r, row, col))
-        return 0;
-    return strtoll(PQgetvalue(r, row, col), NULL, 10);
-}
-
 static int cmp_name_id(const void *pa, const void *pb)
 {
-    int64_t a = *(const int64_t *) pa, b = ((const struct an_name *) pb)->id;
+    int64_t a = *(const int64_t *) pa, b = ((const struct kp_an_name *) pb)->id;
 
     return a < b ? -1 : a > b;
+}
+
+int32_t kp_an_dict_find(const struct kp_an_dict *d, int64_t id)
+{
+    const struct kp_an_name *n = bsearch(&id, d->v, d->n, sizeof(*d->v), cmp_name_id);
+
+    return n ? (int32_t) (n - d->v) : -1;
+}
+
+int kp_an_dict_load(PGconn *c, const char *sql, const char *const *params, size_t *budget,
+                    size_t max_rows, struct kp_an_dict *d, char *errbuf, size_t errlen)
+{
+    PGresult *r = NULL;
+    size_t n;
+    int rc = kp_an_query(c, 2, sql, params, budget, max_rows, &r, errbuf, errlen);
+
+    if (rc < 0)
+        return rc;
+    n = (size_t) PQntuples(r);
+    d->v = calloc(n ? n : 1, sizeof(*d->v));
+    if (!d->v) {
+        PQclear(r);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        d->v[i].id = kp_pg_i64(r, (int) i, 0, 0);
+        d->v[i].s = strdup(PQgetvalue(r, (int) i, 1));
+        if (!d->v[i].s) {
+            PQclear(r);
+            kp_an_dict_fini(d);
+            return -ENOMEM;
+        }
+        d->n++;
+    }
+    PQclear(r);
+    return 0;
+}
+
+void kp_an_dict_fini(struct kp_an_dict *d)
+{
+    for (size_t i = 0; i < d->n; i++)
+        free(d->v[i].s);
+    free(d->v);
+    d->v = NULL;
+    d->n = 0;
 }
 
 /* The index of name id col in a->names, or -1 for NULL or an unknown id. */
 static int32_t name_idx(const struct kp_an *a, const PGresult *r, int row, int col)
 {
-    int64_t id;
-    const struct an_name *n;
-
-    if (PQgetisnull(r, row, col))
-        return -1;
-    id = v64(r, row, col);
-    n = bsearch(&id, a->names, a->n_names, sizeof(*a->names), cmp_name_id);
-    return n ? (int32_t) (n - a->names) : -1;
+    return PQgetisnull(r, row, col) ? -1 : kp_an_dict_find(&a->names, kp_pg_i64(r, row, col, 0));
 }
 
 static const char *nm(const struct kp_an *a, int32_t idx)
 {
-    return idx >= 0 ? a->names[idx].s : "";
+    return idx >= 0 ? a->names.v[idx].s : "";
 }
 
 int kp_an_query(PGconn *c, int n_params, const char *sql, const char *const *params, size_t *budget,
@@ -188,7 +213,7 @@ int kp_an_check_rank(PGconn *c, const char *const *params, int64_t run, int rank
     rc = kp_pg_query(c, "SELECT count(*) FROM runs WHERE id = $1", 1, params, &r, errbuf, errlen);
     if (rc < 0)
         return rc;
-    if (v64(r, 0, 0) == 0) {
+    if (kp_pg_i64(r, 0, 0, 0) == 0) {
         PQclear(r);
         kp_errbuf_set(errbuf, errlen,
                       "run %" PRId64 " does not exist: `kprofctl runs` lists "
@@ -203,7 +228,7 @@ int kp_an_check_rank(PGconn *c, const char *const *params, int64_t run, int rank
                      2, params, &r, errbuf, errlen);
     if (rc < 0)
         return rc;
-    if (v64(r, 0, 1) == 0) {
+    if (kp_pg_i64(r, 0, 1, 0) == 0) {
         kp_errbuf_set(errbuf, errlen,
                       "run %" PRId64 " has no rank %d: pick one of its ranks (%s) with --rank", run,
                       rank, PQgetvalue(r, 0, 0)[0] ? PQgetvalue(r, 0, 0) : "none");
@@ -236,25 +261,15 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     if (!a)
         return -ENOMEM;
 
-    rc = kp_an_query(c, 2,
-                     "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
-                     " UNION SELECT name FROM ops" WHERE_RR
-                     " UNION SELECT input_shapes FROM ops" WHERE_RR ") ORDER BY id",
-                     params, &budget, max_rows, &r, errbuf, errlen);
+    rc = kp_an_dict_load(c,
+                         "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
+                         " UNION SELECT name FROM ops" WHERE_RR
+                         " UNION SELECT input_shapes FROM ops" WHERE_RR ") ORDER BY id",
+                         params, &budget, max_rows, &a->names, errbuf, errlen);
+    if (rc == -ENOMEM)
+        goto nomem;
     if (rc < 0)
         goto fail;
-    n = (size_t) PQntuples(r);
-    a->names = calloc(n ? n : 1, sizeof(*a->names));
-    if (!a->names)
-        goto nomem;
-    for (size_t i = 0; i < n; i++) {
-        a->names[i].id = v64(r, (int) i, 0);
-        a->names[i].s = strdup(PQgetvalue(r, (int) i, 1));
-        if (!a->names[i].s)
-            goto nomem;
-        a->n_names++;
-    }
-    PQclear(r);
 
     rc = kp_an_query(
         c, 2,
@@ -271,13 +286,13 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
         struct an_op *o = &a->ops[i];
         int row = (int) i;
 
-        o->start = v64(r, row, 0);
-        o->end = o->start + v64(r, row, 1);
-        o->tid = v64(r, row, 2);
-        o->ext = v64(r, row, 3);
+        o->start = kp_pg_i64(r, row, 0, 0);
+        o->end = o->start + kp_pg_i64(r, row, 1, 0);
+        o->tid = kp_pg_i64(r, row, 2, 0);
+        o->ext = kp_pg_i64(r, row, 3, 0);
         o->name = name_idx(a, r, row, 4);
         o->shapes = name_idx(a, r, row, 5);
-        o->kind = (uint8_t) v64(r, row, 6);
+        o->kind = (uint8_t) kp_pg_i64(r, row, 6, 0);
     }
     a->n_ops = n;
     PQclear(r);
@@ -298,11 +313,11 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
         struct an_rt *t = &a->rts[i];
         int row = (int) i;
 
-        t->start = v64(r, row, 0);
-        t->end = t->start + v64(r, row, 1);
-        t->tid = v64(r, row, 2);
-        t->corr = v64(r, row, 3);
-        t->ext = v64(r, row, 4);
+        t->start = kp_pg_i64(r, row, 0, 0);
+        t->end = t->start + kp_pg_i64(r, row, 1, 0);
+        t->tid = kp_pg_i64(r, row, 2, 0);
+        t->corr = kp_pg_i64(r, row, 3, 0);
+        t->ext = kp_pg_i64(r, row, 4, 0);
     }
     a->n_rts = n;
     PQclear(r);
@@ -329,21 +344,21 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
         struct an_dev *d = &a->devs[i];
         int row = (int) i;
 
-        d->kind = (uint8_t) v64(r, row, 0);
-        d->start = v64(r, row, 1);
-        d->end = d->start + v64(r, row, 2);
-        d->corr = v64(r, row, 3);
-        d->ext = v64(r, row, 4);
+        d->kind = (uint8_t) kp_pg_i64(r, row, 0, 0);
+        d->start = kp_pg_i64(r, row, 1, 0);
+        d->end = d->start + kp_pg_i64(r, row, 2, 0);
+        d->corr = kp_pg_i64(r, row, 3, 0);
+        d->ext = kp_pg_i64(r, row, 4, 0);
         d->name = name_idx(a, r, row, 5);
         d->has_grid = !PQgetisnull(r, row, 6);
         d->has_block = !PQgetisnull(r, row, 9);
         for (int k = 0; k < 3; k++) {
-            d->grid[k] = (int32_t) v64(r, row, 6 + k);
-            d->block[k] = (int32_t) v64(r, row, 9 + k);
+            d->grid[k] = (int32_t) kp_pg_i64(r, row, 6 + k, 0);
+            d->block[k] = (int32_t) kp_pg_i64(r, row, 9 + k, 0);
         }
-        d->regs = (int32_t) v64(r, row, 12);
-        d->smem = (int32_t) v64(r, row, 13);
-        d->device = PQgetisnull(r, row, 14) ? -1 : (int16_t) v64(r, row, 14);
+        d->regs = (int32_t) kp_pg_i64(r, row, 12, 0);
+        d->smem = (int32_t) kp_pg_i64(r, row, 13, 0);
+        d->device = PQgetisnull(r, row, 14) ? -1 : (int16_t) kp_pg_i64(r, row, 14, 0);
         d->bps = PQgetisnull(r, row, 15) ? NAN : strtod(PQgetvalue(r, row, 15), NULL);
         d->occ = PQgetisnull(r, row, 16) ? NAN : strtod(PQgetvalue(r, row, 16), NULL);
         d->rt = -1;
@@ -370,9 +385,9 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     for (size_t i = 0; i < n; i++) {
         struct kp_an_step *st = &a->rec_steps[i];
 
-        snprintf(st->name, sizeof(st->name), "%" PRId64, v64(r, (int) i, 0));
-        st->start_ns = v64(r, (int) i, 1);
-        st->end_ns = st->start_ns + v64(r, (int) i, 2);
+        snprintf(st->name, sizeof(st->name), "%" PRId64, kp_pg_i64(r, (int) i, 0, 0));
+        st->start_ns = kp_pg_i64(r, (int) i, 1, 0);
+        st->end_ns = st->start_ns + kp_pg_i64(r, (int) i, 2, 0);
     }
     a->n_rec_steps = n;
     PQclear(r);
@@ -392,9 +407,7 @@ void kp_an_destroy(struct kp_an *a)
 {
     if (!a)
         return;
-    for (size_t i = 0; i < a->n_names; i++)
-        free(a->names[i].s);
-    free(a->names);
+    kp_an_dict_fini(&a->names);
     free(a->ops);
     free(a->rts);
     free(a->devs);
@@ -1409,7 +1422,7 @@ int kp_an_memory_json(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t 
         return rc;
     self = calloc((a->n_nodes + 1) * MEM_SLOTS * 3, sizeof(*self));
     incl = calloc((a->n_nodes + 1) * MEM_SLOTS * 3, sizeof(*incl));
-    by_name = calloc((a->n_names + 1) * MEM_SLOTS * MEM_FIELDS, sizeof(*by_name));
+    by_name = calloc((a->names.n + 1) * MEM_SLOTS * MEM_FIELDS, sizeof(*by_name));
     if (!self || !incl || !by_name) {
         rc = -ENOMEM;
         goto out;
@@ -1417,9 +1430,10 @@ int kp_an_memory_json(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t 
     n = (size_t) PQntuples(r);
     for (size_t i = 0; i < n; i++) {
         int row = (int) i;
-        int64_t ts = v64(r, row, 0), bytes = v64(r, row, 1), dtype = v64(r, row, 3);
-        int64_t dev = v64(r, row, 4);
-        int32_t x = root_of(a, v64(r, row, 2)), in;
+        int64_t ts = kp_pg_i64(r, row, 0, 0), bytes = kp_pg_i64(r, row, 1, 0),
+                dtype = kp_pg_i64(r, row, 3, 0);
+        int64_t dev = kp_pg_i64(r, row, 4, 0);
+        int32_t x = root_of(a, kp_pg_i64(r, row, 2, 0)), in;
         int slot;
         int64_t *v;
 
@@ -1480,14 +1494,14 @@ int kp_an_memory_json(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t 
         else
             fprintf(f, "%s\"GPU%d\": {", first_dev ? "" : ", ", s - 1);
         first_dev = 0;
-        for (size_t m = 0; m < a->n_names; m++) {
+        for (size_t m = 0; m < a->names.n; m++) {
             const int64_t *v = &by_name[(m * MEM_SLOTS + (size_t) s) * MEM_FIELDS];
 
             if (!v[0] && !v[1] && !v[2] && !v[3] && !v[4] && !v[5])
                 continue;
             fprintf(f, "%s", first ? "" : ", ");
             first = 0;
-            json_str(f, a->names[m].s);
+            json_str(f, a->names.v[m].s);
             fprintf(f,
                     ": {\"self_increase_bytes\": %" PRId64 ", \"self_alloc_bytes\": %" PRId64
                     ", \"self_alloc_count\": %" PRId64 ", \"increase_bytes\": %" PRId64

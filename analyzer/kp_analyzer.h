@@ -153,6 +153,27 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
 
 /* Shared by the analyzer's loaders (kp_analyzer, pyprof, hta, counters, ...). */
 
+/* The names a rank's rows refer to (names.id -> text), sorted by id. */
+struct kp_an_name {
+    int64_t id;
+    char *s;
+};
+struct kp_an_dict {
+    struct kp_an_name *v;
+    size_t n;
+};
+
+/* Loads d from sql, which selects (id, name) ordered by id over params[0..1] (run, rank),
+ * counting its rows against the budget like kp_an_query. Returns 0 or a kp_an_query error,
+ * or -ENOMEM; d is then empty (kp_an_dict_fini still safe). */
+int kp_an_dict_load(PGconn *c, const char *sql, const char *const *params, size_t *budget,
+                    size_t max_rows, struct kp_an_dict *d, char *errbuf, size_t errlen);
+
+/* The index of id in d, or -1. */
+int32_t kp_an_dict_find(const struct kp_an_dict *d, int64_t id);
+
+void kp_an_dict_fini(struct kp_an_dict *d);
+
 /* Runs sql with n_params text parameters and counts its rows against a budget: returns 0 and
  * *out (PQclear), KP_ETOOBIG past max_rows rows in all (0: no limit; the message says to raise
  * the limit), or KP_EPG. */

@@ -67,13 +67,6 @@ const char *kp_prof_col_name(enum kp_prof_col c)
     return c < KP_PROF_COL_COUNT ? col_names[c] : "?";
 }
 
-static int64_t v64(const PGresult *r, int row, int col)
-{
-    if (PQgetisnull(r, row, col))
-        return -1;
-    return strtoll(PQgetvalue(r, row, col), NULL, 10);
-}
-
 static int cmp_key(const void *pa, const void *pb)
 {
     const struct pp_key *a = pa, *b = pb;
@@ -561,17 +554,18 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
             int row = (int) i;
             int64_t ext;
 
-            o->start = v64(p->or, row, 0);
-            o->end = o->start + (v64(p->or, row, 1) > 0 ? v64(p->or, row, 1) : 0);
-            o->tid = v64(p->or, row, 2);
-            o->op_id = v64(p->or, row, 3);
-            o->seq = v64(p->or, row, 4);
-            o->fwd_tid = v64(p->or, row, 5);
-            ext = v64(p->or, row, 6);
+            o->start = kp_pg_i64(p->or, row, 0, -1);
+            o->end =
+                o->start + (kp_pg_i64(p->or, row, 1, -1) > 0 ? kp_pg_i64(p->or, row, 1, -1) : 0);
+            o->tid = kp_pg_i64(p->or, row, 2, -1);
+            o->op_id = kp_pg_i64(p->or, row, 3, -1);
+            o->seq = kp_pg_i64(p->or, row, 4, -1);
+            o->fwd_tid = kp_pg_i64(p->or, row, 5, -1);
+            ext = kp_pg_i64(p->or, row, 6, -1);
             o->name = PQgetvalue(p->or, row, 7);
             o->shapes = PQgetvalue(p->or, row, 8);
             o->dtypes = PQgetvalue(p->or, row, 9);
-            o->kind = (uint8_t) v64(p->or, row, 10);
+            o->kind = (uint8_t) kp_pg_i64(p->or, row, 10, -1);
             if (o->op_id < 0)
                 o->op_id = ext;
             /* the enclosing op: the nearest earlier op of the thread that contains it */
@@ -600,9 +594,9 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
     if (!by_corr || !corr_tid || !corr_ext)
         goto nomem;
     for (size_t i = 0; i < n_corr; i++) {
-        by_corr[i] = (struct pp_key){ v64(ar, (int) i, 0), (int32_t) i };
-        corr_tid[i] = v64(ar, (int) i, 1);
-        corr_ext[i] = v64(ar, (int) i, 2);
+        by_corr[i] = (struct pp_key){ kp_pg_i64(ar, (int) i, 0, -1), (int32_t) i };
+        corr_tid[i] = kp_pg_i64(ar, (int) i, 1, -1);
+        corr_ext[i] = kp_pg_i64(ar, (int) i, 2, -1);
     }
 
     n = (size_t) PQntuples(p->kr);
@@ -613,25 +607,27 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
     for (size_t i = 0; i < n; i++) {
         struct kp_prof_row *r = &p->rows[i];
         int row = (int) i;
-        int64_t corr = v64(p->kr, row, 2), ext = v64(p->kr, row, 3);
+        int64_t corr = kp_pg_i64(p->kr, row, 2, -1), ext = kp_pg_i64(p->kr, row, 3, -1);
         const struct pp_key *ck = corr >= 0 ? lower(by_corr, n_corr, corr) : NULL, *ok;
         const char *kname = PQgetvalue(p->kr, row, 4);
         int32_t oi = -1;
 
         r->idx = i + 1;
-        r->sil_ns = v64(p->kr, row, 1);
-        r->stream = (int) v64(p->kr, row, 5);
-        r->device = (int) v64(p->kr, row, 6);
+        r->sil_ns = kp_pg_i64(p->kr, row, 1, -1);
+        r->stream = (int) kp_pg_i64(p->kr, row, 5, -1);
+        r->device = (int) kp_pg_i64(p->kr, row, 6, -1);
         if (PQgetisnull(p->kr, row, 7))
             snprintf(r->grid, sizeof(r->grid), "-");
         else
             snprintf(r->grid, sizeof(r->grid), "%" PRId64 ",%" PRId64 ",%" PRId64,
-                     v64(p->kr, row, 7), v64(p->kr, row, 8), v64(p->kr, row, 9));
+                     kp_pg_i64(p->kr, row, 7, -1), kp_pg_i64(p->kr, row, 8, -1),
+                     kp_pg_i64(p->kr, row, 9, -1));
         if (PQgetisnull(p->kr, row, 10))
             snprintf(r->block, sizeof(r->block), "-");
         else
             snprintf(r->block, sizeof(r->block), "%" PRId64 ",%" PRId64 ",%" PRId64,
-                     v64(p->kr, row, 10), v64(p->kr, row, 11), v64(p->kr, row, 12));
+                     kp_pg_i64(p->kr, row, 10, -1), kp_pg_i64(p->kr, row, 11, -1),
+                     kp_pg_i64(p->kr, row, 12, -1));
         short_kernel(kname, r->kernel, sizeof(r->kernel));
         if (ext <= 0 && ck)
             ext = corr_ext[ck->idx];

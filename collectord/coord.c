@@ -1198,11 +1198,6 @@ undo:
     "c.steps, c.duration_ms, c.activities, "                                             \
     "(extract(epoch FROM c.deadline_at) * 1000000000)::bigint, c.stopped"
 
-static long long cell_ll(const PGresult *res, int row, int col)
-{
-    return PQgetisnull(res, row, col) ? 0 : strtoll(PQgetvalue(res, row, col), NULL, 10);
-}
-
 /* Reads capture run_id from PostgreSQL into a new struct cap. Returns 0, KP_ENOTFOUND (with
  * the reason in err), KP_EPG or -ENOMEM. */
 static int load_capture(PGconn *pg, uint64_t run_id, struct cap **out, char *err, size_t len)
@@ -1256,28 +1251,28 @@ static int load_capture(PGconn *pg, uint64_t run_id, struct cap **out, char *err
     k->run_id = run_id;
     copy_text(k->job, sizeof(k->job), PQgetvalue(res, 0, 1));
     copy_text(k->name, sizeof(k->name), PQgetvalue(res, 0, 2));
-    k->run_state = (int) cell_ll(res, 0, 3);
-    k->world_size = (uint32_t) cell_ll(res, 0, 4);
-    k->created_ns = cell_ll(res, 0, 5);
-    k->ended_ns = cell_ll(res, 0, 6);
-    k->start_step = cell_ll(res, 0, 7);
-    k->steps = (uint32_t) cell_ll(res, 0, 8);
-    k->duration_ms = (uint64_t) cell_ll(res, 0, 9);
+    k->run_state = (int) kp_pg_i64(res, 0, 3, 0);
+    k->world_size = (uint32_t) kp_pg_i64(res, 0, 4, 0);
+    k->created_ns = kp_pg_i64(res, 0, 5, 0);
+    k->ended_ns = kp_pg_i64(res, 0, 6, 0);
+    k->start_step = kp_pg_i64(res, 0, 7, 0);
+    k->steps = (uint32_t) kp_pg_i64(res, 0, 8, 0);
+    k->duration_ms = (uint64_t) kp_pg_i64(res, 0, 9, 0);
     copy_text(k->activities_text, sizeof(k->activities_text), PQgetvalue(res, 0, 10));
-    k->deadline_ns = cell_ll(res, 0, 11);
+    k->deadline_ns = kp_pg_i64(res, 0, 11, 0);
     k->stopped = strcmp(PQgetvalue(res, 0, 12), "t") == 0;
     k->ended = true;
     for (int i = 0; i < PQntuples(rr); i++) {
         struct crank *q = &k->ranks[k->n++];
 
-        q->rank = (int32_t) cell_ll(rr, i, 0);
-        q->state = (int) cell_ll(rr, i, 1);
+        q->rank = (int32_t) kp_pg_i64(rr, i, 0, 0);
+        q->state = (int) kp_pg_i64(rr, i, 1, 0);
         copy_text(q->host, sizeof(q->host), PQgetvalue(rr, i, 2));
-        q->pid = (uint32_t) cell_ll(rr, i, 3);
-        q->records = (uint64_t) cell_ll(rr, i, 4);
-        q->dropped = (uint64_t) cell_ll(rr, i, 5);
-        q->first_step = cell_ll(rr, i, 6);
-        q->last_step = cell_ll(rr, i, 7);
+        q->pid = (uint32_t) kp_pg_i64(rr, i, 3, 0);
+        q->records = (uint64_t) kp_pg_i64(rr, i, 4, 0);
+        q->dropped = (uint64_t) kp_pg_i64(rr, i, 5, 0);
+        q->first_step = kp_pg_i64(rr, i, 6, 0);
+        q->last_step = kp_pg_i64(rr, i, 7, 0);
         copy_text(q->reason, sizeof(q->reason), PQgetvalue(rr, i, 8));
     }
     PQclear(res);

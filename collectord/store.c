@@ -53,11 +53,6 @@ void kp_store_list_fini(Kprof__V1__ListRunsResponse *r)
     r->n_runs = 0;
 }
 
-static long long cell_ll(const PGresult *res, int row, int col)
-{
-    return PQgetisnull(res, row, col) ? 0 : strtoll(PQgetvalue(res, row, col), NULL, 10);
-}
-
 /* Fills r from row of res (RUN_COLS). Returns 0 or -ENOMEM. */
 static int fill_run(const PGresult *res, int row, Kprof__V1__Run *r)
 {
@@ -70,15 +65,15 @@ static int fill_run(const PGresult *res, int row, Kprof__V1__Run *r)
         return -ENOMEM;
     }
     kp_store_run_fini(r);
-    r->id = (uint64_t) cell_ll(res, row, 0);
+    r->id = (uint64_t) kp_pg_i64(res, row, 0, 0);
     r->job = job;
     r->name = name;
-    r->state = (Kprof__V1__RunState) cell_ll(res, row, 3);
-    r->source = (Kprof__V1__RunSource) cell_ll(res, row, 4);
-    r->world_size = (uint32_t) cell_ll(res, row, 5);
-    r->created_ns = (int64_t) cell_ll(res, row, 6);
-    r->ended_ns = (int64_t) cell_ll(res, row, 7);
-    r->batches = (uint64_t) cell_ll(res, row, 8);
+    r->state = (Kprof__V1__RunState) kp_pg_i64(res, row, 3, 0);
+    r->source = (Kprof__V1__RunSource) kp_pg_i64(res, row, 4, 0);
+    r->world_size = (uint32_t) kp_pg_i64(res, row, 5, 0);
+    r->created_ns = (int64_t) kp_pg_i64(res, row, 6, 0);
+    r->ended_ns = (int64_t) kp_pg_i64(res, row, 7, 0);
+    r->batches = (uint64_t) kp_pg_i64(res, row, 8, 0);
     return 0;
 }
 
@@ -220,7 +215,7 @@ int kp_store_drop_run(PGconn *c, uint64_t run_id, Kprof__V1__Run *out, char *err
         rc = KP_ENOTFOUND;
         goto out;
     }
-    state = cell_ll(res, 0, 3);
+    state = kp_pg_i64(res, 0, 3, 0);
     if (state == KPROF__V1__RUN_STATE__RUN_STATE_OPEN) {
         snprintf(errbuf, errlen,
                  "run %" PRIu64 " is still open (it may be taking events); end it first "

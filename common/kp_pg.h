@@ -15,6 +15,8 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
 
 #include <libpq-fe.h>
 
@@ -39,6 +41,12 @@ enum kp_pg_fault {
  */
 int kp_pg_connect(const char *conninfo, const char *application_name, PGconn **out, char *errbuf,
                   size_t errlen);
+
+/* Cell (row, col) of r as an integer, or null_value where it is NULL. */
+static inline int64_t kp_pg_i64(const PGresult *r, int row, int col, int64_t null_value)
+{
+    return PQgetisnull(r, row, col) ? null_value : strtoll(PQgetvalue(r, row, col), NULL, 10);
+}
 
 /* Runs sql (one or more statements, no parameters) and discards the result. Returns 0 or
  * KP_EPG. Blocks. */
