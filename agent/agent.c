@@ -955,7 +955,7 @@ static int parse_kv(char *text, struct kv *kv, char *err, size_t errlen)
         KEY(name)
         KEY(wait)
 #undef KEY
-            snprintf(err, errlen, "error=unknown request key \"%.100s\"", line);
+        snprintf(err, errlen, "error=unknown request key \"%.100s\"", line);
         return -EINVAL;
     }
     return 0;
