@@ -1,8 +1,8 @@
 /*
- * kp_cmp: the cross-rank comparison (compare.h). kp_cmp_run loads each rank's breakdown with
- * kp_an_load + kp_an_breakdown (one rank in memory at a time), reads every rank's collectives
- * in one query, matches them across ranks by order within the step, aligns the clocks from
- * their end times and applies the straggler rule. kp_cmp_hta is HTA's metric, apart.
+ * kp_cmp: the cross-rank comparison (compare.h). kp_cmp_run reads the whole run in one pass
+ * over each event table (PostgreSQL sums per rank and step; the collectives come back as
+ * rows), matches the collectives across ranks by order within the step, aligns the clocks
+ * from their end times and applies the straggler rule. kp_cmp_hta is HTA's metric, apart.
  */
 #include "compare.h"
 
@@ -22,15 +22,11 @@ const char *const kp_cmp_cause_names[KP_CMP_CAUSE_COUNT] = {
     [KP_CMP_LAUNCH] = "launch",
 };
 
-/* The NCCL kernel and Gloo op names, as SQL predicates on names.name. */
-#define NCCL_NAMES "(name LIKE 'nccl%Kernel%')"
-#define GLOO_NAMES "(name LIKE 'gloo:%')"
-
 void kp_cmp_opts_init(struct kp_cmp_opts *o)
 {
     memset(o, 0, sizeof(*o));
     o->late_frac = KP_CMP_DEFAULT_LATE_FRAC;
-    o->last_frac = KP_CMP_DEFAULT_LAST_FRAC;
+    o->excess_frac = KP_CMP_DEFAULT_EXCESS_FRAC;
     o->step_frac = KP_CMP_DEFAULT_STEP_FRAC;
 }
 
@@ -153,18 +149,187 @@ static int load_ranks(PGconn *c, const char *const *params, int64_t run, int **r
     return 0;
 }
 
-/* ---- kp_cmp_run ----------------------------------------------------------------------- */
+/* ---- kp_cmp_run: loading --------------------------------------------------------------- */
 
-/* One breakdown step of one rank. */
+/*
+ * The whole run is read in a few queries, each one pass over one event table of the run's
+ * partition, with PostgreSQL summing per (rank, step) where a sum is all compare needs; only
+ * the collectives and the step, data-loading and Gloo ops come back as rows. So the cost is
+ * about one scan of each table, whatever the number of ranks, and the memory is that of the
+ * sums and the collectives (a few rows per rank and step), not of the run.
+ */
+
+/* Classes of names compare reads, from one pass over names. */
+enum {
+    NC_NCCL,
+    NC_GLOO,
+    NC_STEP,
+    NC_DATA,
+    NC_SYNC,
+    NC_COUNT
+};
+
+static const char names_sql[] =
+    "SELECT id, c, CASE WHEN c = 2 THEN substr(name, 14) END FROM (SELECT id, name, CASE "
+    "WHEN name LIKE 'nccl%Kernel%' THEN 0 WHEN name LIKE 'gloo:%' THEN 1 "
+    "WHEN name LIKE 'ProfilerStep#%' THEN 2 "
+    "WHEN name LIKE 'enumerate(DataPipe)#%' OR (name LIKE 'enumerate(DataLoader)#%' AND "
+    "right(name, 9) = '.__next__') THEN 3 "
+    "WHEN name LIKE 'cuda%Synchronize%' OR name LIKE 'cuda%WaitEvent%' OR name LIKE "
+    "'cuda%Query%' THEN 4 END AS c FROM names) x WHERE c IS NOT NULL ORDER BY id";
+
+struct ncls {
+    int64_t id;
+    int cls;
+    int64_t num; /* NC_STEP: the N of ProfilerStep#N; -1 when not a number */
+};
+
+struct nameset {
+    struct ncls *v; /* by id */
+    size_t n;
+    char *arr[NC_COUNT + 1]; /* "{id,...}" per class; [NC_COUNT]: the ops classes */
+};
+
+static void nameset_fini(struct nameset *ns)
+{
+    free(ns->v);
+    for (int k = 0; k <= NC_COUNT; k++) {
+        free(ns->arr[k]);
+    }
+    memset(ns, 0, sizeof(*ns));
+}
+
+static const struct ncls *nameset_find(const struct nameset *ns, int64_t id)
+{
+    size_t lo = 0, hi = ns->n;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (ns->v[mid].id < id) {
+            lo = mid + 1;
+        }
+        else {
+            hi = mid;
+        }
+    }
+    return lo < ns->n && ns->v[lo].id == id ? &ns->v[lo] : NULL;
+}
+
+static int nameset_load(PGconn *c, struct nameset *ns, size_t *budget, size_t max_rows,
+                        char *errbuf, size_t errlen)
+{
+    PGresult *r = NULL;
+    size_t len[NC_COUNT + 1] = { 0 };
+    int rc = kp_an_query(c, 0, names_sql, NULL, budget, max_rows, &r, errbuf, errlen);
+    size_t n;
+
+    if (rc != 0) {
+        return rc;
+    }
+    n = (size_t) PQntuples(r);
+    if ((ns->v = calloc(n + 1, sizeof(*ns->v))) == NULL) {
+        goto nomem;
+    }
+    for (int k = 0; k <= NC_COUNT; k++) {
+        if ((ns->arr[k] = malloc(24 * n + 3)) == NULL) {
+            goto nomem;
+        }
+        ns->arr[k][len[k]++] = '{';
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct ncls *x = &ns->v[ns->n++];
+        int k;
+
+        x->id = kp_pg_i64(r, (int) i, 0, 0);
+        x->cls = k = (int) kp_pg_i64(r, (int) i, 1, 0);
+        if (k < 0 || k >= NC_COUNT) {
+            ns->n--;
+            continue;
+        }
+        if (k == NC_STEP && !parse_step(PQgetvalue(r, (int) i, 2), &x->num)) {
+            x->num = -1;
+        }
+        len[k] += (size_t) sprintf(ns->arr[k] + len[k], "%s%" PRId64, len[k] > 1 ? "," : "", x->id);
+        if (k == NC_GLOO || k == NC_STEP || k == NC_DATA) {
+            len[NC_COUNT] += (size_t) sprintf(ns->arr[NC_COUNT] + len[NC_COUNT], "%s%" PRId64,
+                                              len[NC_COUNT] > 1 ? "," : "", x->id);
+        }
+    }
+    for (int k = 0; k <= NC_COUNT; k++) {
+        ns->arr[k][len[k]++] = '}';
+        ns->arr[k][len[k]] = '\0';
+    }
+    PQclear(r);
+    return 0;
+nomem:
+    PQclear(r);
+    kp_errbuf_set(errbuf, errlen, "out of memory");
+    return -ENOMEM;
+}
+
+/* One step of one rank: a ProfilerStep#N op, else a row of the steps table (captures), else
+ * step 0 over the rank's kernels. */
 struct rstep {
     int64_t num, start, end;
-    int64_t host, launch, other;
 };
 
 struct rsteps {
-    size_t n;
+    size_t n, cap;
     struct rstep *v; /* by start */
+    bool from_ops;   /* has ProfilerStep ops (the steps table is then not read for it) */
+    bool kany;       /* kmin, kmax: the span of its kernels */
+    int64_t kmin, kmax;
 };
+
+static int rsteps_add(struct rsteps *rs, int64_t num, int64_t start, int64_t end)
+{
+    if (rs->n == rs->cap) {
+        size_t nc = rs->cap * 2 + 16;
+        struct rstep *nv = realloc(rs->v, nc * sizeof(*nv));
+
+        if (nv == NULL) {
+            return -ENOMEM;
+        }
+        rs->v = nv;
+        rs->cap = nc;
+    }
+    rs->v[rs->n++] = (struct rstep){ num, start, end };
+    return 0;
+}
+
+static int cmp_rstep(const void *pa, const void *pb)
+{
+    const struct rstep *a = pa, *b = pb;
+
+    return (a->start > b->start) - (a->start < b->start);
+}
+
+/* The step number of a row without one: the rank's step holding start, or -1. */
+static int64_t step_at(const struct rsteps *rs, int64_t start)
+{
+    size_t lo = 0, hi = rs->n;
+
+    while (lo < hi) { /* the first step starting after start */
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (rs->v[mid].start <= start) {
+            lo = mid + 1;
+        }
+        else {
+            hi = mid;
+        }
+    }
+    for (size_t i = lo; i-- > 0;) { /* steps may nest or overlap: the latest holding it */
+        if (start >= rs->v[i].start && start < rs->v[i].end) {
+            return rs->v[i].num;
+        }
+        if (lo - i > 4) {
+            break;
+        }
+    }
+    return -1;
+}
 
 /* One collective of one rank: an NCCL kernel (kind 0) or a Gloo op (kind 1). */
 struct coll {
@@ -207,117 +372,185 @@ static int cmp_coll_match(const void *pa, const void *pb)
     return (a->ri > b->ri) - (a->ri < b->ri);
 }
 
-/* Loads one rank's breakdown steps into *rs. */
-static int load_rank(PGconn *c, int64_t run, int rank, size_t max_rows, struct rsteps *rs,
-                     char *errbuf, size_t errlen)
+/* Index of rank in sorted ranks[0..n), or -1. */
+static long rank_index(const int *ranks, size_t n, int64_t rank)
 {
-    struct kp_an *a = NULL;
-    const struct kp_an_breakdown *b;
+    size_t lo = 0, hi = n;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (ranks[mid] < rank) {
+            lo = mid + 1;
+        }
+        else {
+            hi = mid;
+        }
+    }
+    return lo < n && ranks[lo] == rank ? (long) lo : -1;
+}
+
+/* What kp_cmp_run reads, between the queries and the result. */
+struct cmp_load {
+    int *ranks;
+    size_t n_ranks;
+    struct rsteps *rs;
+    struct nameset names;
+    PGresult *ops, *steps, *kern, *coll, *api, *mem;
+    size_t budget;
+};
+
+static void cmp_load_fini(struct cmp_load *L)
+{
+    if (L->rs != NULL) {
+        for (size_t i = 0; i < L->n_ranks; i++) {
+            free(L->rs[i].v);
+        }
+    }
+    free(L->rs);
+    free(L->ranks);
+    nameset_fini(&L->names);
+    PQclear(L->ops);
+    PQclear(L->steps);
+    PQclear(L->kern);
+    PQclear(L->coll);
+    PQclear(L->api);
+    PQclear(L->mem);
+}
+
+/* The event queries, one pass over each table (two over kernels: the sums of every kernel per
+ * (rank, step), with their span, then the collective kernels one by one, whose durations are
+ * taken off the sums: each pass is a plain parallel scan). */
+static const char ops_sql[] = "SELECT rank, step, name, start_ns, dur_ns FROM ops WHERE run_id = "
+                              "$1 AND name = ANY($2::int[])";
+static const char steps_sql[] = "SELECT rank, step, start_ns, dur_ns FROM steps WHERE run_id = $1";
+static const char kern_sql[] =
+    "SELECT rank, step, sum(dur_ns) FROM kernels WHERE run_id = $1 GROUP BY rank, step";
+/* only when a rank has no steps at all */
+static const char span_sql[] = "SELECT rank, min(start_ns), max(start_ns + dur_ns) FROM kernels "
+                               "WHERE run_id = $1 GROUP BY rank";
+static const char coll_sql[] = "SELECT rank, step, start_ns, dur_ns FROM kernels WHERE run_id = $1 "
+                               "AND name = ANY($2::int[])";
+/* (a FILTER rather than a WHERE: PostgreSQL then estimates the groups right, and sums them
+ * in parallel) */
+static const char api_sql[] =
+    "SELECT rank, step, sum(dur_ns) FILTER (WHERE coalesce(domain, 1) = 1 AND NOT coalesce(name "
+    "= ANY($2::int[]), false)) FROM api_calls WHERE run_id = $1 GROUP BY rank, step";
+static const char mem_sql[] =
+    "SELECT rank, step, sum(dur_ns) FROM (SELECT rank, step, dur_ns FROM memcpys WHERE run_id = "
+    "$1 UNION ALL SELECT rank, step, dur_ns FROM memsets WHERE run_id = $1) m GROUP BY rank, step";
+
+/* The same sums for rows without a step (imports): by the rank's step holding their start. */
+#define RANGE_SQL(table, filter)                                                                \
+    "WITH st AS (SELECT * FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::bigint[]) AS " \
+    "st(rank, s, e, num)) SELECT t.rank, st.num, sum(t.dur_ns) FROM " table " t JOIN st ON "    \
+    "t.rank = st.rank AND t.start_ns >= st.s AND t.start_ns < st.e WHERE t.run_id = $1 AND "    \
+    "t.step IS NULL" filter " GROUP BY t.rank, st.num"
+static const char *const range_sql[3] = {
+    RANGE_SQL("kernels", " AND NOT coalesce(t.name = ANY($6::int[]), false)"),
+    RANGE_SQL("api_calls",
+              " AND coalesce(t.domain, 1) = 1 AND NOT coalesce(t.name = ANY($6::int[]), false)"),
+    RANGE_SQL("(SELECT run_id, rank, step, start_ns, dur_ns FROM memcpys UNION ALL SELECT run_id, "
+              "rank, step, start_ns, dur_ns FROM memsets)",
+              ""),
+};
+#undef RANGE_SQL
+
+/* Runs the first queries and builds every rank's steps. */
+static int cmp_load_run(PGconn *c, const char *runs, int64_t run, size_t max_rows,
+                        struct cmp_load *L, char *errbuf, size_t errlen)
+{
+    const char *p2[2] = { runs, NULL };
     int rc;
 
-    if ((rc = kp_an_load(c, run, rank, max_rows, &a, errbuf, errlen)) != 0) {
-        return rc;
-    }
-    if ((rc = kp_an_breakdown(a, false, &b)) != 0) {
-        goto out;
-    }
-    if ((rs->v = calloc(b->n_steps + 1, sizeof(*rs->v))) == NULL) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    for (size_t i = 0; i < b->n_steps; i++) {
-        const struct kp_an_step *s = &b->steps[i];
-        struct rstep *d = &rs->v[rs->n];
-
-        if (!parse_step(s->name, &d->num)) {
-            continue;
-        }
-        d->start = s->start_ns;
-        d->end = s->end_ns;
-        d->host = s->cost_ns[KP_AN_DATALOADER] + s->cost_ns[KP_AN_CPU_EXEC];
-        d->launch = s->cost_ns[KP_AN_RUNTIME];
-        d->other = s->cost_ns[KP_AN_MEMCPY] + s->cost_ns[KP_AN_MEMSET] + s->cost_ns[KP_AN_OTHER];
-        rs->n++;
-    }
-out:
-    kp_an_destroy(a);
-    return rc;
-}
-
-/* The step number of a collective without one: the rank's step holding start, or -1. */
-static int64_t step_at(const struct rsteps *rs, int64_t start)
-{
-    for (size_t i = 0; i < rs->n; i++) {
-        if (start >= rs->v[i].start && start < rs->v[i].end) {
-            return rs->v[i].num;
-        }
-    }
-    return -1;
-}
-
-/* Reads every rank's collectives into *out / *n_out, steps as indices into nums. */
-static int load_colls(PGconn *c, const char *const *params, const int *ranks, size_t n_ranks,
-                      const struct rsteps *rs, const int64_t *nums, size_t n_nums,
-                      struct coll **out, size_t *n_out, char *errbuf, size_t errlen)
-{
-    static const char sql[] =
-        "SELECT rank, step, start_ns, dur_ns, 0 FROM kernels WHERE run_id = $1 AND name = "
-        "ANY(ARRAY(SELECT id FROM names WHERE " NCCL_NAMES ")) "
-        "UNION ALL SELECT rank, step, start_ns, dur_ns, 1 FROM ops WHERE run_id = $1 AND name = "
-        "ANY(ARRAY(SELECT id FROM names WHERE " GLOO_NAMES "))";
-    PGresult *r = NULL;
-    struct coll *v;
-    size_t nr, n = 0;
-    int rc = kp_pg_query(c, sql, 1, params, &r, errbuf, errlen);
-
-    if (rc < 0) {
-        return rc;
-    }
-    nr = (size_t) PQntuples(r);
-    if ((v = calloc(nr + 1, sizeof(*v))) == NULL) {
-        PQclear(r);
+    if ((L->rs = calloc(L->n_ranks, sizeof(*L->rs))) == NULL) {
+        kp_errbuf_set(errbuf, errlen, "out of memory");
         return -ENOMEM;
     }
-    for (size_t i = 0; i < nr; i++) {
-        int rank = (int) kp_pg_i64(r, (int) i, 0, 0);
-        size_t lo = 0, hi = n_ranks;
-        int64_t start = kp_pg_i64(r, (int) i, 2, 0), step;
-        long si;
-
-        while (lo < hi) {
-            size_t mid = lo + (hi - lo) / 2;
-
-            if (ranks[mid] < rank) {
-                lo = mid + 1;
-            }
-            else {
-                hi = mid;
-            }
-        }
-        if (lo >= n_ranks || ranks[lo] != rank) {
-            continue;
-        }
-        step = PQgetisnull(r, (int) i, 1) ? step_at(&rs[lo], start) : kp_pg_i64(r, (int) i, 1, 0);
-        if ((si = find_i64(nums, n_nums, step)) < 0) {
-            continue;
-        }
-        v[n].ri = (uint32_t) lo;
-        v[n].si = (uint32_t) si;
-        v[n].kind = (uint32_t) kp_pg_i64(r, (int) i, 4, 0);
-        v[n].start = start;
-        v[n].end = start + kp_pg_i64(r, (int) i, 3, 0);
-        n++;
+    if ((rc = nameset_load(c, &L->names, &L->budget, max_rows, errbuf, errlen)) != 0) {
+        return rc;
     }
-    PQclear(r);
-    *out = v;
-    *n_out = n;
+    p2[1] = L->names.arr[NC_COUNT];
+    if ((rc = kp_an_query(c, 2, ops_sql, p2, &L->budget, max_rows, &L->ops, errbuf, errlen)) != 0 ||
+        (rc = kp_an_query(c, 1, steps_sql, p2, &L->budget, max_rows, &L->steps, errbuf, errlen)) !=
+            0) {
+        return rc;
+    }
+    p2[1] = L->names.arr[NC_NCCL];
+    if ((rc = kp_an_query(c, 1, kern_sql, p2, &L->budget, max_rows, &L->kern, errbuf, errlen)) !=
+            0 ||
+        (rc = kp_an_query(c, 2, coll_sql, p2, &L->budget, max_rows, &L->coll, errbuf, errlen)) !=
+            0) {
+        return rc;
+    }
+    p2[1] = L->names.arr[NC_SYNC];
+    if ((rc = kp_an_query(c, 2, api_sql, p2, &L->budget, max_rows, &L->api, errbuf, errlen)) != 0 ||
+        (rc = kp_an_query(c, 1, mem_sql, p2, &L->budget, max_rows, &L->mem, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    /* steps: ProfilerStep ops, else the steps table, else step 0 over the kernels */
+    for (int i = 0; i < PQntuples(L->ops); i++) {
+        const struct ncls *nc = nameset_find(&L->names, kp_pg_i64(L->ops, i, 2, -1));
+        long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(L->ops, i, 0, -1));
+        int64_t st = kp_pg_i64(L->ops, i, 3, 0);
+
+        if (nc == NULL || nc->cls != NC_STEP || nc->num < 0 || ri < 0) {
+            continue;
+        }
+        if (rsteps_add(&L->rs[ri], nc->num, st, st + kp_pg_i64(L->ops, i, 4, 0)) != 0) {
+            goto nomem;
+        }
+        L->rs[ri].from_ops = true;
+    }
+    for (int i = 0; i < PQntuples(L->steps); i++) {
+        long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(L->steps, i, 0, -1));
+        int64_t st = kp_pg_i64(L->steps, i, 2, 0);
+
+        if (ri >= 0 && !L->rs[ri].from_ops &&
+            rsteps_add(&L->rs[ri], kp_pg_i64(L->steps, i, 1, 0), st,
+                       st + kp_pg_i64(L->steps, i, 3, 0)) != 0) {
+            goto nomem;
+        }
+    }
+    for (size_t ri = 0; ri < L->n_ranks; ri++) {
+        PGresult *r = NULL;
+
+        if (L->rs[ri].n > 0) {
+            continue;
+        }
+        if ((rc = kp_an_query(c, 1, span_sql, p2, &L->budget, max_rows, &r, errbuf, errlen)) != 0) {
+            return rc;
+        }
+        for (int i = 0; i < PQntuples(r); i++) {
+            long q = rank_index(L->ranks, L->n_ranks, kp_pg_i64(r, i, 0, -1));
+
+            if (q >= 0 && !PQgetisnull(r, i, 1)) {
+                L->rs[q].kany = true;
+                L->rs[q].kmin = kp_pg_i64(r, i, 1, 0);
+                L->rs[q].kmax = kp_pg_i64(r, i, 2, 0);
+            }
+        }
+        PQclear(r);
+        break;
+    }
+    for (size_t ri = 0; ri < L->n_ranks; ri++) {
+        struct rsteps *rs = &L->rs[ri];
+
+        if (rs->n == 0 && rs->kany && rsteps_add(rs, 0, rs->kmin, rs->kmax + 1) != 0) {
+            goto nomem;
+        }
+        qsort(rs->v, rs->n, sizeof(*rs->v), cmp_rstep);
+    }
     return 0;
+nomem:
+    kp_errbuf_set(errbuf, errlen, "out of memory");
+    return -ENOMEM;
 }
 
-/* Appends "{v,v,...}" text to b; returns 0 or -ENOMEM. */
-static int arr_add(char **b, size_t *len, size_t *cap, int64_t v, bool first)
+/* Adds an int64 to a "{...}" array under construction. */
+static int arr_add(char **b, size_t *len, size_t *cap, int64_t v)
 {
-    if (*cap - *len < 32) {
+    if (*cap - *len < 24) {
         size_t nc = *cap * 2 + 64;
         char *nb = realloc(*b, nc);
 
@@ -327,77 +560,80 @@ static int arr_add(char **b, size_t *len, size_t *cap, int64_t v, bool first)
         *b = nb;
         *cap = nc;
     }
-    *len += (size_t) snprintf(*b + *len, *cap - *len, "%s%" PRId64, first ? "{" : ",", v);
+    *len += (size_t) snprintf(*b + *len, *cap - *len, "%s%" PRId64, *len == 0 ? "{" : ",", v);
     return 0;
 }
 
-/* Compute time per (rank, step): the sum of the durations of the kernels that are not
- * collectives. A kernel belongs to its row's step, else to the rank's breakdown step holding
- * its start (imports carry no kernel steps). Adds into the cells. */
-static int load_compute(PGconn *c, int64_t run, const int *ranks, size_t nr,
-                        const struct rsteps *rs, const int64_t *nums, size_t ns,
-                        struct kp_cmp_cell *cells, char *errbuf, size_t errlen)
+/* Ends a "{...}" array ("{}" when empty). */
+static int arr_close(char **b, size_t *len, size_t *cap)
 {
-    static const char sql[] =
-        "WITH nc AS (SELECT ARRAY(SELECT id FROM names WHERE " NCCL_NAMES ") ids), "
-        "st AS (SELECT * FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::bigint[]) "
-        "AS st(rank, s, e, num)) "
-        "SELECT rank, step, sum(dur_ns) FROM kernels, nc WHERE run_id = $1 AND step IS NOT NULL "
-        "AND name <> ALL(nc.ids) GROUP BY rank, step "
-        "UNION ALL SELECT k.rank, st.num, sum(k.dur_ns) FROM kernels k JOIN st ON k.rank = "
-        "st.rank AND k.start_ns >= st.s AND k.start_ns < st.e, nc WHERE k.run_id = $1 AND "
-        "k.step IS NULL AND k.name <> ALL(nc.ids) GROUP BY k.rank, st.num";
-    char runs[24], *arr[4] = { NULL, NULL, NULL, NULL };
-    size_t len[4] = { 0 }, cap[4] = { 0 }, n = 0;
-    const char *params[5] = { runs, NULL, NULL, NULL, NULL };
-    PGresult *r = NULL;
+    char *nb = realloc(*b, *len + 3);
+
+    if (nb == NULL) {
+        return -ENOMEM;
+    }
+    *b = nb;
+    *cap = *len + 3;
+    strcpy(nb + *len, *len == 0 ? "{}" : "}");
+    *len += *len == 0 ? 2 : 1;
+    return 0;
+}
+
+/* Sums the rows without a step of the tables flagged in need (0 kernels, 1 API calls, 2
+ * copies and memsets) by the ranks' steps, into the cells' compute, launch and other. */
+static int load_unstepped(PGconn *c, const char *runs, struct cmp_load *L, const bool need[3],
+                          const int64_t *nums, size_t ns, struct kp_cmp_cell *cells,
+                          size_t max_rows, char *errbuf, size_t errlen)
+{
+    char *arr[4] = { NULL, NULL, NULL, NULL };
+    size_t len[4] = { 0 }, cap[4] = { 0 };
+    const char *params[6] = { runs, NULL, NULL, NULL, NULL, NULL };
     int rc = 0;
 
-    snprintf(runs, sizeof(runs), "%" PRId64, run);
-    for (size_t i = 0; i < nr && rc == 0; i++) {
-        for (size_t j = 0; j < rs[i].n && rc == 0; j++) {
-            const struct rstep *st = &rs[i].v[j];
+    for (size_t i = 0; i < L->n_ranks && rc == 0; i++) {
+        for (size_t j = 0; j < L->rs[i].n && rc == 0; j++) {
+            const struct rstep *st = &L->rs[i].v[j];
 
-            rc = arr_add(&arr[0], &len[0], &cap[0], ranks[i], n == 0);
-            rc = rc != 0 ? rc : arr_add(&arr[1], &len[1], &cap[1], st->start, n == 0);
-            rc = rc != 0 ? rc : arr_add(&arr[2], &len[2], &cap[2], st->end, n == 0);
-            rc = rc != 0 ? rc : arr_add(&arr[3], &len[3], &cap[3], st->num, n == 0);
-            n++;
+            rc = arr_add(&arr[0], &len[0], &cap[0], L->ranks[i]);
+            rc = rc != 0 ? rc : arr_add(&arr[1], &len[1], &cap[1], st->start);
+            rc = rc != 0 ? rc : arr_add(&arr[2], &len[2], &cap[2], st->end);
+            rc = rc != 0 ? rc : arr_add(&arr[3], &len[3], &cap[3], st->num);
         }
     }
     for (int f = 0; f < 4 && rc == 0; f++) {
-        if (n == 0) {
-            rc = arr_add(&arr[f], &len[f], &cap[f], 0, true); /* make room */
-            snprintf(arr[f], cap[f], "{}");
+        if ((rc = arr_close(&arr[f], &len[f], &cap[f])) == 0) {
+            params[f + 1] = arr[f];
         }
-        else {
-            arr[f][len[f]++] = '}';
-            arr[f][len[f]] = '\0';
-        }
-        params[f + 1] = arr[f];
     }
-    if (rc == 0 && (rc = kp_pg_query(c, sql, 5, params, &r, errbuf, errlen)) == 0) {
+    if (rc != 0) {
+        goto out;
+    }
+    for (int t = 0; t < 3 && rc == 0; t++) {
+        PGresult *r = NULL;
+
+        if (!need[t]) {
+            continue;
+        }
+        params[5] = L->names.arr[t == 0 ? NC_NCCL : NC_SYNC];
+        if ((rc = kp_an_query(c, t == 2 ? 5 : 6, range_sql[t], params, &L->budget, max_rows, &r,
+                              errbuf, errlen)) != 0) {
+            break;
+        }
         for (int i = 0; i < PQntuples(r); i++) {
-            int rank = (int) kp_pg_i64(r, i, 0, 0);
+            long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(r, i, 0, -1));
             long si = find_i64(nums, ns, kp_pg_i64(r, i, 1, 0));
-            size_t lo = 0, hi = nr;
+            struct kp_cmp_cell *cl;
 
-            while (lo < hi) {
-                size_t mid = lo + (hi - lo) / 2;
-
-                if (ranks[mid] < rank) {
-                    lo = mid + 1;
-                }
-                else {
-                    hi = mid;
-                }
+            if (ri < 0 || si < 0 || !(cl = &cells[(size_t) ri * ns + (size_t) si])->present) {
+                continue;
             }
-            if (si >= 0 && lo < nr && ranks[lo] == rank) {
-                cells[lo * ns + (size_t) si].compute_ns += kp_pg_i64(r, i, 2, 0);
-            }
+            *(t == 0   ? &cl->compute_ns
+              : t == 1 ? &cl->launch_ns
+                       : &cl->other_ns) += kp_pg_i64(r, i, 2, 0);
         }
         PQclear(r);
     }
+out:
     for (int f = 0; f < 4; f++) {
         free(arr[f]);
     }
@@ -464,6 +700,7 @@ static int align_clocks(struct kp_cmp_result *res, const struct coll *v, size_t 
     }
     for (size_t r = 0; r < nr; r++) {
         res->ranks[r].clock_offset_ns = median_i64(d + at[r], cnt[r]);
+        res->ranks[r].has_offset = r == 0 || cnt[r] > 0;
     }
     rc = 0;
 out:
@@ -473,16 +710,19 @@ out:
     return rc;
 }
 
-/* Lateness of each matched collective: fills the cells' late_ns (the sum over the step's
- * collectives) and max_late_ns, n_coll (decisive collectives: the last rank's lateness is over
- * decisive_frac of the step's median step time; exact ties and jitter do not count) and n_last. */
-static void lateness(struct kp_cmp_result *res, const struct coll *v, size_t n)
+/* Arrivals at each matched collective (aligned starts): fills the cells' late_ns (the sum
+ * over the step's collectives of how long after the median arrival it arrived) and
+ * max_late_ns, n_coll (decisive collectives: the spread of arrivals is over decisive_frac of
+ * the step's median step time; exact ties and jitter do not count) and n_last (it arrived
+ * last, alone). tmp holds n_ranks values. */
+static void lateness(struct kp_cmp_result *res, const struct coll *v, size_t n, double *tmp)
 {
     size_t ns = res->n_steps;
 
     for (size_t i = 0; i < n;) {
         size_t j = i + 1, n_max = 0, who = 0;
-        int64_t first = INT64_MAX, max_late = 0;
+        int64_t first = INT64_MAX, last = INT64_MIN;
+        double med;
 
         while (j < n && v[j].si == v[i].si && v[j].kind == v[i].kind && v[j].idx == v[i].idx) {
             j++;
@@ -494,24 +734,26 @@ static void lateness(struct kp_cmp_result *res, const struct coll *v, size_t n)
         for (size_t k = i; k < j; k++) {
             int64_t a = v[k].start - res->ranks[v[k].ri].clock_offset_ns;
 
+            tmp[k - i] = (double) a;
             first = a < first ? a : first;
-        }
-        for (size_t k = i; k < j; k++) {
-            int64_t late = v[k].start - res->ranks[v[k].ri].clock_offset_ns - first;
-            struct kp_cmp_cell *cl = &res->cells[(size_t) v[k].ri * ns + v[k].si];
-
-            cl->late_ns += (double) late;
-            cl->max_late_ns = (double) late > cl->max_late_ns ? (double) late : cl->max_late_ns;
-            if (late > max_late) {
-                max_late = late;
+            if (a > last) {
+                last = a;
                 n_max = 1;
                 who = k;
             }
-            else if (late == max_late && late > 0) {
+            else if (a == last) {
                 n_max++;
             }
         }
-        if ((double) max_late > KP_CMP_DECISIVE_FRAC * res->steps[v[i].si].step_median_ns) {
+        med = median(tmp, j - i);
+        for (size_t k = i; k < j; k++) {
+            double late = (double) (v[k].start - res->ranks[v[k].ri].clock_offset_ns) - med;
+            struct kp_cmp_cell *cl = &res->cells[(size_t) v[k].ri * ns + v[k].si];
+
+            cl->late_ns += late > 0 ? late : 0.0;
+            cl->max_late_ns = late > cl->max_late_ns ? late : cl->max_late_ns;
+        }
+        if ((double) (last - first) > KP_CMP_DECISIVE_FRAC * res->steps[v[i].si].step_median_ns) {
             for (size_t k = i; k < j; k++) {
                 res->cells[(size_t) v[k].ri * ns + v[k].si].n_coll++;
             }
@@ -523,28 +765,11 @@ static void lateness(struct kp_cmp_result *res, const struct coll *v, size_t n)
     }
 }
 
-/* Mean over the straggler's late steps of a cell figure, for rank ri. */
-static double mean_over(const struct kp_cmp_result *res, size_t ri,
-                        const struct kp_cmp_straggler *s, int cause, bool *any)
+static int64_t cell_cause(const struct kp_cmp_cell *cl, int cause)
 {
-    double sum = 0.0;
-    size_t n = 0;
-
-    for (size_t k = 0; k < s->n_steps; k++) {
-        for (size_t j = 0; j < res->n_steps; j++) {
-            const struct kp_cmp_cell *cl = &res->cells[ri * res->n_steps + j];
-
-            if (res->steps[j].step != s->steps[k] || !cl->present) {
-                continue;
-            }
-            sum += (double) (cause == KP_CMP_COMPUTE ? cl->compute_ns
-                             : cause == KP_CMP_HOST  ? cl->host_ns
-                                                     : cl->launch_ns);
-            n++;
-        }
-    }
-    *any = n > 0;
-    return n > 0 ? sum / (double) n : 0.0;
+    return cause == KP_CMP_COMPUTE ? cl->compute_ns
+           : cause == KP_CMP_HOST  ? cl->host_ns
+                                   : cl->launch_ns;
 }
 
 static const char *cause_phrase(enum kp_cmp_cause c)
@@ -553,9 +778,9 @@ static const char *cause_phrase(enum kp_cmp_cause c)
     case KP_CMP_COMPUTE:
         return "its compute (GPU kernels) takes";
     case KP_CMP_HOST:
-        return "its data loading and host work take";
+        return "its data loading takes";
     default:
-        return "its kernel launches (CUDA runtime) take";
+        return "its kernel launches (CUDA runtime calls) take";
     }
 }
 
@@ -578,12 +803,14 @@ static void make_verdict(struct kp_cmp_result *res, size_t n_coll_total)
             }
             len += (size_t) snprintf(
                 v + len, cap - len,
-                "%srank %d %s: it arrives last at the collectives in %zu/%zu steps, %.1f ms late "
-                "per step in all (up to %.1f ms at one); %s %.1f ms more than the median rank's",
+                "%srank %d %s: it arrives late at the collectives in %zu/%zu steps, %.1f ms after "
+                "the median rank per step in all (up to %.1f ms at one); %s %.1f ms more per step "
+                "than the median rank's (%.1f vs %.1f ms)",
                 i == 0 ? "" : "; ", s->rank,
                 res->n_stragglers == 1 ? "is the straggler" : "is a straggler", s->n_steps, rsteps,
                 s->late_ns / 1e6, s->max_late_ns / 1e6, cause_phrase(s->cause),
-                s->excess_ns[s->cause] / 1e6);
+                s->excess_ns[s->cause] / 1e6, s->own_ns[s->cause] / 1e6,
+                (s->own_ns[s->cause] - s->excess_ns[s->cause]) / 1e6);
         }
         return;
     }
@@ -604,14 +831,128 @@ static void make_verdict(struct kp_cmp_result *res, size_t n_coll_total)
     }
 }
 
+/* Fills the cells from the loaded rows: steps, sums, and the collectives into *colls. */
+static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp_cmp_result *res,
+                      const int64_t *nums, size_t max_rows, struct coll **colls, size_t *n_colls,
+                      char *errbuf, size_t errlen)
+{
+    size_t ns = res->n_steps, nc = 0, cap = 0;
+    bool need[3] = { false, false, false };
+    struct coll *v;
+    PGresult *sums[2] = { L->api, L->mem };
+
+    for (size_t r = 0; r < L->n_ranks; r++) {
+        for (size_t j = 0; j < L->rs[r].n; j++) {
+            const struct rstep *s = &L->rs[r].v[j];
+            long si = find_i64(nums, ns, s->num);
+            struct kp_cmp_cell *cl;
+
+            if (si < 0 || (cl = &res->cells[r * ns + (size_t) si])->present) {
+                continue; /* not compared, or a repeated step number: the first is kept */
+            }
+            cl->present = true;
+            cl->step_ns = s->end - s->start;
+        }
+    }
+    cap = (size_t) PQntuples(L->coll);
+    for (int i = 0; i < PQntuples(L->ops); i++) {
+        const struct ncls *x = nameset_find(&L->names, kp_pg_i64(L->ops, i, 2, -1));
+
+        cap += x != NULL && x->cls == NC_GLOO;
+    }
+    if ((v = calloc(cap + 1, sizeof(*v))) == NULL) {
+        kp_errbuf_set(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    *colls = v;
+    /* kernels: the sums per step, less the collective kernels, which come one by one */
+    for (int i = 0; i < PQntuples(L->kern); i++) {
+        long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(L->kern, i, 0, -1)), si;
+
+        if (ri < 0) {
+            continue;
+        }
+        if (PQgetisnull(L->kern, i, 1)) {
+            need[0] = true;
+            continue;
+        }
+        if ((si = find_i64(nums, ns, kp_pg_i64(L->kern, i, 1, 0))) >= 0) {
+            res->cells[(size_t) ri * ns + (size_t) si].compute_ns += kp_pg_i64(L->kern, i, 2, 0);
+        }
+    }
+    for (int i = 0; i < PQntuples(L->coll); i++) {
+        long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(L->coll, i, 0, -1)), si;
+        bool nostep = PQgetisnull(L->coll, i, 1);
+        int64_t start = kp_pg_i64(L->coll, i, 2, 0), dur = kp_pg_i64(L->coll, i, 3, 0);
+
+        if (ri < 0 || (si = find_i64(nums, ns,
+                                     nostep ? step_at(&L->rs[ri], start)
+                                            : kp_pg_i64(L->coll, i, 1, 0))) < 0) {
+            continue;
+        }
+        if (!nostep) { /* in the sums above (the unstepped sums leave collectives out) */
+            res->cells[(size_t) ri * ns + (size_t) si].compute_ns -= dur;
+        }
+        if (res->cells[(size_t) ri * ns + (size_t) si].present) {
+            v[nc++] = (struct coll){ (uint32_t) ri, (uint32_t) si, 0, 0, start, start + dur };
+        }
+    }
+    /* ops: data loading sums, Gloo collectives */
+    for (int i = 0; i < PQntuples(L->ops); i++) {
+        const struct ncls *x = nameset_find(&L->names, kp_pg_i64(L->ops, i, 2, -1));
+        long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(L->ops, i, 0, -1)), si;
+        int64_t start = kp_pg_i64(L->ops, i, 3, 0), dur = kp_pg_i64(L->ops, i, 4, 0);
+
+        if (x == NULL || ri < 0 || (x->cls != NC_GLOO && x->cls != NC_DATA)) {
+            continue;
+        }
+        si = find_i64(nums, ns,
+                      PQgetisnull(L->ops, i, 1) ? step_at(&L->rs[ri], start)
+                                                : kp_pg_i64(L->ops, i, 1, 0));
+        if (si < 0 || !res->cells[(size_t) ri * ns + (size_t) si].present) {
+            continue;
+        }
+        if (x->cls == NC_DATA) {
+            res->cells[(size_t) ri * ns + (size_t) si].host_ns += dur;
+        }
+        else if (nc < cap) {
+            v[nc++] = (struct coll){ (uint32_t) ri, (uint32_t) si, 1, 0, start, start + dur };
+        }
+    }
+    /* API calls (launch) and copies/memsets (other) */
+    for (int t = 0; t < 2; t++) {
+        for (int i = 0; i < PQntuples(sums[t]); i++) {
+            long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(sums[t], i, 0, -1)), si;
+            struct kp_cmp_cell *cl;
+
+            if (ri < 0) {
+                continue;
+            }
+            if (PQgetisnull(sums[t], i, 1)) {
+                need[t + 1] = true;
+                continue;
+            }
+            if ((si = find_i64(nums, ns, kp_pg_i64(sums[t], i, 1, 0))) < 0 ||
+                !(cl = &res->cells[(size_t) ri * ns + (size_t) si])->present) {
+                continue;
+            }
+            *(t == 0 ? &cl->launch_ns : &cl->other_ns) += kp_pg_i64(sums[t], i, 2, 0);
+        }
+    }
+    *n_colls = nc;
+    if (need[0] || need[1] || need[2]) {
+        return load_unstepped(c, runs, L, need, nums, ns, res->cells, max_rows, errbuf, errlen);
+    }
+    return 0;
+}
+
 int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cmp_result **out,
                char *errbuf, size_t errlen)
 {
     char runs[24];
     const char *params[1] = { runs };
-    int *ranks = NULL;
-    size_t n_ranks = 0, n_nums = 0, n_colls = 0, ns, nr;
-    struct rsteps *rs = NULL;
+    struct cmp_load L;
+    size_t n_nums = 0, n_colls = 0, ns, nr;
     int64_t *nums = NULL;
     struct coll *colls = NULL;
     double *tmp = NULL;
@@ -619,33 +960,29 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     int rc;
 
     *out = NULL;
-    if (!(o->late_frac >= 0.0) || !(o->last_frac >= 0.0 && o->last_frac < 1.0) ||
+    memset(&L, 0, sizeof(L));
+    if (!(o->late_frac >= 0.0) || !(o->excess_frac >= 0.0) ||
         !(o->step_frac >= 0.0 && o->step_frac <= 1.0)) {
         kp_errbuf_set(errbuf, errlen, "bad thresholds");
         return -EINVAL;
     }
     snprintf(runs, sizeof(runs), "%" PRId64, run);
     if ((rc = check_run(c, params, run, errbuf, errlen)) != 0 ||
-        (rc = load_ranks(c, params, run, &ranks, &n_ranks, errbuf, errlen)) != 0) {
+        (rc = load_ranks(c, params, run, &L.ranks, &L.n_ranks, errbuf, errlen)) != 0 ||
+        (rc = cmp_load_run(c, runs, run, o->max_rows, &L, errbuf, errlen)) != 0) {
         goto fail;
     }
-    if ((rs = calloc(n_ranks, sizeof(*rs))) == NULL) {
-        goto nomem;
-    }
-    for (size_t i = 0; i < n_ranks; i++) {
-        if ((rc = load_rank(c, run, ranks[i], o->max_rows, &rs[i], errbuf, errlen)) != 0) {
-            goto fail;
-        }
-        n_nums += rs[i].n;
+    for (size_t i = 0; i < L.n_ranks; i++) {
+        n_nums += L.rs[i].n;
     }
     /* the steps: every step number any rank has (or the one asked for) */
     if ((nums = calloc(n_nums + 1, sizeof(*nums))) == NULL) {
         goto nomem;
     }
     n_nums = 0;
-    for (size_t i = 0; i < n_ranks; i++) {
-        for (size_t j = 0; j < rs[i].n; j++) {
-            nums[n_nums++] = rs[i].v[j].num;
+    for (size_t i = 0; i < L.n_ranks; i++) {
+        for (size_t j = 0; j < L.rs[i].n; j++) {
+            nums[n_nums++] = L.rs[i].v[j].num;
         }
     }
     qsort(nums, n_nums, sizeof(*nums), cmp_i64);
@@ -671,7 +1008,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
         rc = KP_ENOTFOUND;
         goto fail;
     }
-    nr = n_ranks;
+    nr = L.n_ranks;
     if ((res = calloc(1, sizeof(*res))) == NULL ||
         (res->ranks = calloc(nr, sizeof(*res->ranks))) == NULL ||
         (res->steps = calloc(ns, sizeof(*res->steps))) == NULL ||
@@ -683,39 +1020,17 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     res->n_ranks = nr;
     res->n_steps = ns;
     for (size_t r = 0; r < nr; r++) {
-        res->ranks[r].rank = ranks[r];
-        for (size_t j = 0; j < rs[r].n; j++) {
-            const struct rstep *s = &rs[r].v[j];
-            long si = find_i64(nums, ns, s->num);
-            struct kp_cmp_cell *cl;
-
-            if (si < 0) {
-                continue;
-            }
-            cl = &res->cells[r * ns + (size_t) si];
-            if (cl->present) { /* a repeated step number: keep the first */
-                continue;
-            }
-            cl->present = true;
-            cl->step_ns = s->end - s->start;
-            cl->host_ns = s->host;
-            cl->launch_ns = s->launch;
-            cl->other_ns = s->other;
-        }
+        res->ranks[r].rank = L.ranks[r];
     }
     for (size_t j = 0; j < ns; j++) {
         res->steps[j].step = nums[j];
         res->steps[j].last_rank = -1;
     }
-
-    if ((rc = load_compute(c, run, ranks, nr, rs, nums, ns, res->cells, errbuf, errlen)) != 0) {
-        goto fail;
-    }
-    /* collectives: order within (rank, step, kind), then matched across ranks */
-    if ((rc = load_colls(c, params, ranks, nr, rs, nums, ns, &colls, &n_colls, errbuf, errlen)) !=
+    if ((rc = fill_cells(c, runs, &L, res, nums, o->max_rows, &colls, &n_colls, errbuf, errlen)) !=
         0) {
         goto fail;
     }
+    /* collectives: order within (rank, step, kind), then matched across ranks */
     qsort(colls, n_colls, sizeof(*colls), cmp_coll_rank);
     for (size_t i = 0; i < n_colls; i++) {
         const struct coll *p = i > 0 ? &colls[i - 1] : NULL;
@@ -729,9 +1044,9 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     }
     qsort(colls, n_colls, sizeof(*colls), cmp_coll_match);
     if ((rc = align_clocks(res, colls, n_colls)) != 0) {
-        goto fail;
+        goto nomem;
     }
-    /* per step: spreads */
+    /* per step: spreads, and each rank's excess over the median rank per cause */
     for (size_t j = 0; j < ns; j++) {
         struct kp_cmp_step *st = &res->steps[j];
         size_t k = 0;
@@ -756,8 +1071,24 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
         st->coll_median_ns = median(tmp, k);
         st->step_ratio = st->step_median_ns > 0 ? st->step_max_ns / st->step_median_ns : 0.0;
         st->coll_ratio = st->coll_median_ns > 0 ? st->coll_max_ns / st->coll_median_ns : 0.0;
+        for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
+            double m;
+
+            k = 0;
+            for (size_t r = 0; r < nr; r++) {
+                if (res->cells[r * ns + j].present) {
+                    tmp[k++] = (double) cell_cause(&res->cells[r * ns + j], cause);
+                }
+            }
+            m = median(tmp, k);
+            for (size_t r = 0; r < nr; r++) {
+                struct kp_cmp_cell *cl = &res->cells[r * ns + j];
+
+                cl->excess_ns[cause] = cl->present ? (double) cell_cause(cl, cause) - m : 0.0;
+            }
+        }
     }
-    lateness(res, colls, n_colls);
+    lateness(res, colls, n_colls, tmp);
     /* per step: who is late */
     for (size_t j = 0; j < ns; j++) {
         struct kp_cmp_step *st = &res->steps[j];
@@ -765,33 +1096,34 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
 
         for (size_t r = 0; r < nr; r++) {
             struct kp_cmp_cell *cl = &res->cells[r * ns + j];
+            double excess = 0.0;
+            size_t k = 0;
 
             st->n_coll = cl->n_coll > st->n_coll ? cl->n_coll : st->n_coll;
             if (cl->n_last > best) {
                 best = cl->n_last;
                 st->last_rank = res->ranks[r].rank;
             }
-            cl->late = false;
-            if (cl->present && cl->n_coll > 0 &&
-                (double) cl->n_last > o->last_frac * (double) cl->n_coll) {
-                /* the others wait for it: their median time in collectives over its own */
-                size_t k = 0;
-
-                for (size_t q = 0; q < nr; q++) {
-                    if (q != r && res->cells[q * ns + j].present) {
-                        tmp[k++] = (double) res->cells[q * ns + j].coll_ns;
-                    }
-                }
-                cl->wait_ns = median(tmp, k) - (double) cl->coll_ns;
-                cl->late = cl->wait_ns > o->late_frac * st->step_median_ns;
+            if (!cl->present) {
+                continue;
             }
+            for (size_t q = 0; q < nr; q++) {
+                if (q != r && res->cells[q * ns + j].present) {
+                    tmp[k++] = (double) res->cells[q * ns + j].coll_ns;
+                }
+            }
+            cl->wait_ns = median(tmp, k) - (double) cl->coll_ns;
+            for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
+                excess = fmax(excess, cl->excess_ns[cause]);
+            }
+            cl->late = cl->late_ns > o->late_frac * st->step_median_ns &&
+                       excess > o->excess_frac * st->step_median_ns;
         }
     }
 
     /* per rank: medians over its steps */
     for (size_t r = 0; r < nr; r++) {
         struct kp_cmp_rank *rk = &res->ranks[r];
-        int64_t const *fields[6];
         double *dst[6] = { &rk->step_ns, &rk->coll_ns,   &rk->compute_ns,
                            &rk->host_ns, &rk->launch_ns, &rk->other_ns };
         size_t present = 0;
@@ -802,13 +1134,9 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
 
             for (size_t j = 0; j < ns; j++) {
                 const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
+                int64_t const *fields[6] = { &cl->step_ns, &cl->coll_ns,   &cl->compute_ns,
+                                             &cl->host_ns, &cl->launch_ns, &cl->other_ns };
 
-                fields[0] = &cl->step_ns;
-                fields[1] = &cl->coll_ns;
-                fields[2] = &cl->compute_ns;
-                fields[3] = &cl->host_ns;
-                fields[4] = &cl->launch_ns;
-                fields[5] = &cl->other_ns;
                 if (cl->present) {
                     tmp[k++] = (double) *fields[f];
                 }
@@ -838,7 +1166,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
             res->step_median_ns > 0 ? res->ranks[r].step_ns / res->step_median_ns - 1.0 : 0.0;
     }
 
-    /* stragglers: evidence and cause */
+    /* stragglers: evidence and cause, over the steps they are late in */
     if (res->n_stragglers > 0) {
         size_t k = 0;
 
@@ -848,7 +1176,6 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
         }
         for (size_t r = 0; r < nr; r++) {
             struct kp_cmp_straggler *s;
-            double late = 0.0;
 
             if (!res->ranks[r].straggler) {
                 continue;
@@ -861,32 +1188,21 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
             for (size_t j = 0; j < ns; j++) {
                 const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
 
-                if (cl->late) {
-                    s->steps[s->n_steps++] = res->steps[j].step;
-                    late += cl->late_ns;
+                if (!cl->late) {
+                    continue;
+                }
+                s->steps[s->n_steps++] = res->steps[j].step;
+                s->late_ns += cl->late_ns;
+                s->max_late_ns = fmax(s->max_late_ns, cl->max_late_ns);
+                for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
+                    s->excess_ns[cause] += cl->excess_ns[cause];
+                    s->own_ns[cause] += (double) cell_cause(cl, cause);
                 }
             }
-            s->late_ns = late / (double) s->n_steps;
-            for (size_t j = 0; j < ns; j++) {
-                const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
-
-                if (cl->late && cl->max_late_ns > s->max_late_ns) {
-                    s->max_late_ns = cl->max_late_ns;
-                }
-            }
+            s->late_ns /= (double) s->n_steps;
             for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
-                size_t m = 0;
-                bool any;
-                double mine = mean_over(res, r, s, cause, &any);
-
-                for (size_t q = 0; q < nr; q++) {
-                    double x = mean_over(res, q, s, cause, &any);
-
-                    if (any) {
-                        tmp[m++] = x;
-                    }
-                }
-                s->excess_ns[cause] = mine - median(tmp, m);
+                s->excess_ns[cause] /= (double) s->n_steps;
+                s->own_ns[cause] /= (double) s->n_steps;
                 if (s->excess_ns[cause] > s->excess_ns[s->cause]) {
                     s->cause = (enum kp_cmp_cause) cause;
                 }
@@ -929,13 +1245,44 @@ out:
     free(tmp);
     free(colls);
     free(nums);
-    if (rs != NULL) {
-        for (size_t i = 0; i < n_ranks; i++) {
-            free(rs[i].v);
+    cmp_load_fini(&L);
+    return rc;
+}
+
+int kp_cmp_save_offsets(PGconn *c, const struct kp_cmp_result *r, size_t *n_saved, char *errbuf,
+                        size_t errlen)
+{
+    char runs[24], *arr[2] = { NULL, NULL };
+    size_t len[2] = { 0 }, cap[2] = { 0 }, n = 0;
+    const char *params[3] = { runs, NULL, NULL };
+    int rc = 0;
+
+    *n_saved = 0;
+    snprintf(runs, sizeof(runs), "%" PRId64, r->run);
+    for (size_t i = 0; i < r->n_ranks && rc == 0; i++) {
+        if (!r->ranks[i].has_offset) {
+            continue;
         }
+        rc = arr_add(&arr[0], &len[0], &cap[0], r->ranks[i].rank);
+        rc = rc != 0 ? rc : arr_add(&arr[1], &len[1], &cap[1], r->ranks[i].clock_offset_ns);
+        n++;
     }
-    free(rs);
-    free(ranks);
+    for (int f = 0; f < 2 && rc == 0; f++) {
+        rc = arr_close(&arr[f], &len[f], &cap[f]);
+        params[f + 1] = arr[f];
+    }
+    if (rc != 0) {
+        kp_errbuf_set(errbuf, errlen, "out of memory");
+    }
+    else if (n > 0 && (rc = kp_pg_query(c,
+                                        "UPDATE ranks AS k SET clock_offset_ns = u.off FROM "
+                                        "unnest($2::int[], $3::bigint[]) AS u(rank, off) WHERE "
+                                        "k.run_id = $1 AND k.rank = u.rank",
+                                        3, params, NULL, errbuf, errlen)) == 0) {
+        *n_saved = n;
+    }
+    free(arr[0]);
+    free(arr[1]);
     return rc;
 }
 
@@ -1084,12 +1431,21 @@ void kp_cmp_json(FILE *f, const struct kp_cmp_result *r)
         json_str(f, kp_cmp_cause_names[s->cause]);
         fputs(", \"excess_ms\": ", f);
         json_num(f, s->excess_ns[s->cause] / 1e6);
-        fputs(", \"excess_ms_by_cause\": {", f);
-        for (int c = 0; c < KP_CMP_CAUSE_COUNT; c++) {
-            fprintf(f, "%s\"%s\": ", c ? ", " : "", kp_cmp_cause_names[c]);
-            json_num(f, s->excess_ns[c] / 1e6);
+        for (int w = 0; w < 3; w++) {
+            static const char *const keys[3] = { "excess_ms_by_cause", "own_ms_by_cause",
+                                                 "median_ms_by_cause" };
+
+            fprintf(f, ", \"%s\": {", keys[w]);
+            for (int c = 0; c < KP_CMP_CAUSE_COUNT; c++) {
+                fprintf(f, "%s\"%s\": ", c ? ", " : "", kp_cmp_cause_names[c]);
+                json_num(f, (w == 0   ? s->excess_ns[c]
+                             : w == 1 ? s->own_ns[c]
+                                      : s->own_ns[c] - s->excess_ns[c]) /
+                                1e6);
+            }
+            fputc('}', f);
         }
-        fputs("}}", f);
+        fputc('}', f);
     }
     fputs("],\n \"verdict\": ", f);
     json_str(f, r->verdict);

@@ -582,7 +582,6 @@ int kp_ctr_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_ct
     char runs[24], ranks[16];
     const char *params[2] = { runs, ranks };
     struct kp_ctr *t;
-    PGresult *rr = NULL;
     size_t budget = 0;
     int rc;
 
@@ -592,18 +591,7 @@ int kp_ctr_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_ct
     if ((t = calloc(1, sizeof(*t))) == NULL) {
         return -ENOMEM;
     }
-    rc = kp_pg_query(c,
-                     "SELECT (SELECT count(*) FROM runs WHERE id = $1::int), (SELECT count(*) "
-                     "FROM ranks WHERE run_id = $1::int AND rank = $2::int)",
-                     2, params, &rr, errbuf, errlen);
-    if (rc < 0) {
-        goto fail;
-    }
-    if (kp_pg_i64(rr, 0, 0, -1) == 0 || kp_pg_i64(rr, 0, 1, -1) == 0) {
-        kp_errbuf_set(errbuf, errlen,
-                      kp_pg_i64(rr, 0, 0, -1) == 0 ? "no run %s" : "run %s has no rank %s", runs,
-                      ranks);
-        rc = KP_ENOTFOUND;
+    if ((rc = kp_an_check_rank(c, params, run, rank, errbuf, errlen)) < 0) {
         goto fail;
     }
     rc =
@@ -639,7 +627,6 @@ int kp_ctr_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_ct
     for (size_t i = 0; i < t->n_rows; i++) {
         t->rows[i].idx = i + 1;
     }
-    PQclear(rr);
     *out = t;
     return 0;
 
@@ -647,7 +634,6 @@ nomem:
     rc = -ENOMEM;
     kp_errbuf_set(errbuf, errlen, "out of memory building the counters table");
 fail:
-    PQclear(rr);
     kp_ctr_destroy(t);
     return rc;
 }
@@ -1061,4 +1047,21 @@ int kp_ctr_write(FILE *f, const struct kp_ctr *t, int64_t run, int rank, const c
     }
     kp_strbuf_fini(&sb);
     return fflush(f) != 0 || ferror(f) ? -EIO : 0;
+}
+
+int kp_ctr_write_rows(FILE *f, const struct kp_ctr_row *rows, size_t n_rows,
+                      const char *const *metrics, size_t n_metrics, const char *message,
+                      int64_t run, int rank, const char *columns, enum kp_ctr_format format,
+                      char *errbuf, size_t errlen)
+{
+    struct kp_ctr t;
+
+    /* A table without its PGresults: the writer only reads rows, metrics and message. */
+    memset(&t, 0, sizeof(t));
+    t.rows = (struct kp_ctr_row *) rows;
+    t.n_rows = n_rows;
+    t.metrics = (const char **) metrics;
+    t.n_metrics = n_metrics;
+    snprintf(t.message, sizeof(t.message), "%s", message != NULL ? message : "");
+    return kp_ctr_write(f, &t, run, rank, columns, format, errbuf, errlen);
 }

@@ -113,4 +113,12 @@ enum kp_ctr_format {
 int kp_ctr_write(FILE *f, const struct kp_ctr *t, int64_t run, int rank, const char *columns,
                  enum kp_ctr_format format, char *errbuf, size_t errlen);
 
+/* The same for rows the caller holds (kprofctl's, from the Analyzer.Counters reply), so that
+ * every output of the table comes from one writer: metrics (sorted) name the rows' values,
+ * message is kp_ctr_message's (NULL or "": none). */
+int kp_ctr_write_rows(FILE *f, const struct kp_ctr_row *rows, size_t n_rows,
+                      const char *const *metrics, size_t n_metrics, const char *message,
+                      int64_t run, int rank, const char *columns, enum kp_ctr_format format,
+                      char *errbuf, size_t errlen);
+
 #endif

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kp_codec.h"
 #include "kp_err.h"
 #include "kp_pg.h"
 #include "kp_ranges.h"
@@ -52,7 +53,7 @@ enum node_type {
 
 struct an_op {
     int64_t start, end, tid, ext;
-    int32_t name, shapes; /* indexes into names, -1: none */
+    int32_t name, shapes, dtypes; /* indexes into names, -1: none */
     uint8_t kind;
 };
 
@@ -102,6 +103,7 @@ struct kp_an {
     size_t n_devs, n_kernels, n_memcpy, n_memset;
     struct kp_an_step *rec_steps; /* the steps table (a capture's step reports), by start */
     size_t n_rec_steps;
+    int64_t prof_start, prof_end; /* the profiler's span (ranks.profiler_*); 0, 0: unknown */
 
     bool built;
     struct an_node *nodes;
@@ -187,9 +189,11 @@ static const char *nm(const struct kp_an *a, int32_t idx)
 int kp_an_query(PGconn *c, int n_params, const char *sql, const char *const *params, size_t *budget,
                 size_t max_rows, PGresult **out, char *errbuf, size_t errlen)
 {
-    int rc = kp_pg_query(c, sql, n_params, params, out, errbuf, errlen);
     size_t n;
+    int rc;
 
+    *out = NULL; /* a failed query leaves no stale result for the caller's cleanup */
+    rc = kp_pg_query(c, sql, n_params, params, out, errbuf, errlen);
     if (rc < 0)
         return rc;
     n = (size_t) PQntuples(*out);
@@ -264,7 +268,8 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     rc = kp_an_dict_load(c,
                          "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
                          " UNION SELECT name FROM ops" WHERE_RR
-                         " UNION SELECT input_shapes FROM ops" WHERE_RR ") ORDER BY id",
+                         " UNION SELECT input_shapes FROM ops" WHERE_RR
+                         " UNION SELECT input_dtypes FROM ops" WHERE_RR ") ORDER BY id",
                          params, &budget, max_rows, &a->names, errbuf, errlen);
     if (rc == -ENOMEM)
         goto nomem;
@@ -273,8 +278,8 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
 
     rc = kp_an_query(
         c, 2,
-        "SELECT start_ns, dur_ns, tid, external_id, name, input_shapes, kind FROM ops" WHERE_RR
-        " ORDER BY tid, start_ns, dur_ns DESC",
+        "SELECT start_ns, dur_ns, tid, external_id, name, input_shapes, kind, input_dtypes "
+        "FROM ops" WHERE_RR " ORDER BY tid, start_ns, dur_ns DESC",
         params, &budget, max_rows, &r, errbuf, errlen);
     if (rc < 0)
         goto fail;
@@ -293,6 +298,7 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
         o->name = name_idx(a, r, row, 4);
         o->shapes = name_idx(a, r, row, 5);
         o->kind = (uint8_t) kp_pg_i64(r, row, 6, 0);
+        o->dtypes = name_idx(a, r, row, 7);
     }
     a->n_ops = n;
     PQclear(r);
@@ -322,12 +328,19 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     a->n_rts = n;
     PQclear(r);
 
+    /* The occupancy side table is joined by key. Right after an import PostgreSQL has no
+     * statistics on the new partitions yet, estimates one row on each side and picks a nested
+     * loop that re-aggregates the side table for every kernel: 25 s instead of 25 ms on a
+     * resnet50 rank. A hash join is right at every size here, so say so (export does too). */
+    rc = kp_pg_exec(c, "SET enable_nestloop = off", errbuf, errlen);
+    if (rc != 0)
+        goto fail;
     rc = kp_an_query(
         c, 2,
         "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, grid_y, "
         "grid_z, block_x, block_y, block_z, registers, "
-        "static_smem::bigint + coalesce(dynamic_smem, 0), device, blocks_per_sm, "
-        "est_occupancy FROM kernels" WHERE_RR
+        "static_smem::bigint + coalesce(dynamic_smem, 0), device, o.blocks_per_sm, "
+        "o.est_occupancy FROM kernels" KP_SQL_KERNEL_OCCUPANCY_JOIN("$1", "$2") WHERE_RR
         " UNION ALL SELECT 1, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
         "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memcpys" WHERE_RR
         " UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
@@ -336,6 +349,11 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
         params, &budget, max_rows, &r, errbuf, errlen);
     if (rc < 0)
         goto fail;
+    {
+        char ignored[128];
+
+        (void) kp_pg_exec(c, "RESET enable_nestloop", ignored, sizeof(ignored));
+    }
     n = (size_t) PQntuples(r);
     a->devs = calloc(n ? n : 1, sizeof(*a->devs));
     if (!a->devs)
@@ -391,6 +409,19 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     }
     a->n_rec_steps = n;
     PQclear(r);
+
+    /* The profiler's span ("PyTorch Profiler (0)", kept by import): the timeline's range */
+    rc = kp_an_query(c, 2,
+                     "SELECT profiler_start_ns, profiler_end_ns FROM ranks" WHERE_RR
+                     " AND profiler_start_ns >= 0 AND profiler_end_ns > profiler_start_ns",
+                     params, &budget, max_rows, &r, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+    if (PQntuples(r) == 1) {
+        a->prof_start = kp_pg_i64(r, 0, 0, 0);
+        a->prof_end = kp_pg_i64(r, 0, 1, 0);
+    }
+    PQclear(r);
     *out = a;
     return 0;
 
@@ -442,6 +473,14 @@ static bool is_comm_name(const char *s)
         if (strcmp(rest, ops[i]) == 0)
             return true;
     return false;
+}
+
+/* Whether op o (named s) is a communication op: a host op named as one, or in a capture
+ * NCCL's own NVTX range (nccl:all_reduce, ...). */
+static bool is_comm_op(const struct an_op *o, const char *s)
+{
+    return (o->kind == OPK_CPU_OP || o->kind == OPK_USER_ANNOTATION || o->kind == OPK_NVTX) &&
+           is_comm_name(s);
 }
 
 static bool is_dataloader_name(const char *s)
@@ -1132,11 +1171,17 @@ static int sm_efficiency(struct kp_an *a, int g, size_t k, int64_t w0, int64_t w
     return 0;
 }
 
-/* The span of every loaded event (ops, runtimes, device events): the timeline's range when
- * the trace's "PyTorch Profiler (0)" span is unknown, as import skips Trace spans. */
+/* The timeline's range (spec §8): the profiler's span ("PyTorch Profiler (0)", which import
+ * keeps in ranks), or else the span of every loaded event (ops, runtimes, device events). */
 static void event_span(const struct kp_an *a, int64_t *lo, int64_t *hi)
 {
     int64_t l = INT64_MAX, h = INT64_MIN;
+
+    if (a->prof_end > a->prof_start) {
+        *lo = a->prof_start;
+        *hi = a->prof_end;
+        return;
+    }
 
     for (size_t i = 0; i < a->n_ops; i++) {
         l = a->ops[i].start < l ? a->ops[i].start : l;
@@ -1164,7 +1209,7 @@ static int util_timeline(struct kp_an *a, size_t k, const struct kp_range *r, si
     int64_t bucket = 1000, n_b;
     struct kp_an_point *p;
 
-    while (hi - lo > 100 * bucket)
+    while (hi - lo > 100 * bucket && bucket <= INT64_MAX / 1000)
         bucket *= 10;
     n_b = (hi - lo) / bucket;
     p = calloc((size_t) n_b + 1, sizeof(*p));
@@ -1276,13 +1321,17 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
         goto out;
 
     /* Each category's intervals, from all events. */
+    a->bd.use_dp = a->bd.use_ddp = false;
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
         const char *s = nm(a, o->name);
         bool host = o->kind == OPK_CPU_OP || o->kind == OPK_USER_ANNOTATION;
 
-        /* captured runs: NCCL's own NVTX ranges (nccl:all_reduce, ...) are comm ops too */
-        if ((host || o->kind == OPK_NVTX) && is_comm_name(s)) {
+        if (strcmp(s, "DataParallel.forward") == 0)
+            a->bd.use_dp = true;
+        else if (strcmp(s, "DistributedDataParallel.forward") == 0)
+            a->bd.use_ddp = true;
+        if (is_comm_op(o, s)) {
             rl_push(&cat[KP_AN_COMMUNICATION], cap, o->start, o->end);
             n_nccl += s[0] == 'n';
             n_gloo += s[0] == 'g';
@@ -1316,6 +1365,7 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
     a->bd.has_memcpy_or_memset = a->n_memcpy + a->n_memset > 0;
     a->bd.has_communication = cat[KP_AN_COMMUNICATION].n > 0;
     a->bd.comm_node_count = n_nccl && n_gloo ? 0 : n_nccl + n_gloo;
+    a->bd.comm_nccl = n_nccl > 0;
     for (int c = 0; c < KP_AN_OTHER; c++)
         cat[c].n = kp_ranges_merge(cat[c].r, cat[c].n);
     for (size_t s = 0; s < n_steps; s++)
@@ -1378,6 +1428,159 @@ out:
     free(tmp);
     free(comm_ext);
     return rc;
+}
+
+/* ---- communication nodes (spec §9) --------------------------------------------------- */
+
+struct comm_op {
+    int64_t start, end;
+    int32_t op;
+};
+
+static int cmp_comm_op(const void *pa, const void *pb)
+{
+    const struct comm_op *x = pa, *y = pb;
+
+    if (x->start != y->start)
+        return x->start < y->start ? -1 : 1;
+    if (x->end != y->end)
+        return x->end > y->end ? -1 : 1;
+    return (x->op > y->op) - (x->op < y->op);
+}
+
+static int cmp_range_start_end_desc(const void *pa, const void *pb)
+{
+    const struct kp_range *x = pa, *y = pb;
+
+    if (x->start != y->start)
+        return x->start < y->start ? -1 : 1;
+    return (x->end < y->end) - (x->end > y->end);
+}
+
+int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
+{
+    struct comm_op *v = NULL;
+    struct key_idx *ext = NULL;
+    size_t n = 0, n_ext = 0, n_ranges = 0, s = 0;
+    int rc = -ENOMEM;
+
+    memset(out, 0, sizeof(*out));
+    if (!a->steps)
+        return -EINVAL;
+    v = calloc(a->n_ops + 1, sizeof(*v));
+    ext = calloc(a->n_ops + 1, sizeof(*ext));
+    if (!v || !ext)
+        goto out;
+    for (size_t i = 0; i < a->n_ops; i++) {
+        const struct an_op *o = &a->ops[i];
+        const char *nam = nm(a, o->name);
+
+        if (!is_comm_op(o, nam))
+            continue;
+        out->nccl |= nam[0] == 'n';
+        out->gloo |= nam[0] == 'g';
+        if (o->ext)
+            ext[n_ext++] = (struct key_idx){ o->ext, (int32_t) i };
+        else /* no external id (an NVTX range): a node of its own */
+            v[n++] = (struct comm_op){ o->start, o->end, (int32_t) i };
+    }
+    rc = 0;
+    if (out->nccl && out->gloo) /* the plugin empties the node list then */
+        goto out;
+    /* One node per external id, the last op with it (the plugin's dict keeps the last). */
+    qsort(ext, n_ext, sizeof(*ext), cmp_key_idx);
+    for (size_t k = 0; k < n_ext; k++) {
+        const struct an_op *o = &a->ops[ext[k].idx];
+
+        if (k + 1 == n_ext || ext[k + 1].key != ext[k].key)
+            v[n++] = (struct comm_op){ o->start, o->end, ext[k].idx };
+    }
+    qsort(v, n, sizeof(*v), cmp_comm_op);
+    rc = -ENOMEM;
+    out->nodes = calloc(n + 1, sizeof(*out->nodes));
+    if (!out->nodes)
+        goto out;
+    n_ext = 0;
+    for (size_t j = 0; j < n; j++) {
+        const struct an_op *o = &a->ops[v[j].op];
+        struct kp_an_comm_node *cn = &out->nodes[j];
+
+        cn->name = nm(a, o->name);
+        cn->input_shapes = o->shapes >= 0 ? nm(a, o->shapes) : NULL;
+        cn->input_dtypes = o->dtypes >= 0 ? nm(a, o->dtypes) : NULL;
+        cn->ext = o->ext;
+        cn->start_ns = o->start;
+        cn->end_ns = o->end;
+        cn->step = -1;
+        cn->n = 1; /* its own span */
+        if (o->ext)
+            ext[n_ext++] = (struct key_idx){ o->ext, (int32_t) j };
+    }
+    out->n_nodes = n;
+    /* NCCL: the kernels of a node's external id are its intervals too. */
+    qsort(ext, n_ext, sizeof(*ext), cmp_key_idx);
+    for (size_t i = 0; out->nccl && i < a->n_devs; i++) {
+        const struct key_idx *k;
+
+        if (a->devs[i].kind == DEV_KERNEL &&
+            (k = find_key(ext, n_ext, dev_ext(a, &a->devs[i]))) != NULL)
+            out->nodes[k->idx].n++;
+    }
+    for (size_t j = 0; j < n; j++) {
+        out->nodes[j].first = n_ranges;
+        n_ranges += out->nodes[j].n;
+        out->nodes[j].n = 1;
+    }
+    out->ranges = calloc(n_ranges + 1, sizeof(*out->ranges));
+    if (!out->ranges)
+        goto out;
+    for (size_t j = 0; j < n; j++)
+        out->ranges[out->nodes[j].first] =
+            (struct kp_range){ out->nodes[j].start_ns, out->nodes[j].end_ns };
+    for (size_t i = 0; out->nccl && i < a->n_devs; i++) {
+        const struct an_dev *d = &a->devs[i];
+        const struct key_idx *k;
+
+        if (d->kind == DEV_KERNEL && (k = find_key(ext, n_ext, dev_ext(a, d))) != NULL) {
+            struct kp_an_comm_node *cn = &out->nodes[k->idx];
+
+            out->ranges[cn->first + cn->n++] = (struct kp_range){ d->start, d->end };
+        }
+    }
+    for (size_t j = 0; j < n; j++)
+        qsort(out->ranges + out->nodes[j].first, out->nodes[j].n, sizeof(*out->ranges),
+              cmp_range_start_end_desc);
+    /* Each node goes to the first step that contains it, walking both in time order; a node
+     * that straddles a step end gets none, and after the last step none do. */
+    for (size_t j = 0; j < n && s < a->bd.n_steps; j++) {
+        struct kp_an_comm_node *cn = &out->nodes[j];
+
+        while (s < a->bd.n_steps) {
+            if (cn->start_ns >= a->steps[s].start_ns && cn->end_ns <= a->steps[s].end_ns) {
+                cn->step = (int32_t) s;
+                break;
+            }
+            if (cn->start_ns < a->steps[s].end_ns)
+                break;
+            s++;
+        }
+    }
+    rc = 0;
+out:
+    free(v);
+    free(ext);
+    if (rc < 0)
+        kp_an_comm_fini(out);
+    return rc;
+}
+
+void kp_an_comm_fini(struct kp_an_comm *c)
+{
+    free(c->nodes);
+    free(c->ranges);
+    c->nodes = NULL;
+    c->ranges = NULL;
+    c->n_nodes = 0;
 }
 
 /* ---- memory view (spec §10) ----------------------------------------------------------- */
@@ -1758,6 +1961,16 @@ static void json_us(FILE *f, int64_t ns)
         fprintf(f, "%" PRIu64 ".%03u", u / 1000, frac);
 }
 
+void kp_an_json_us(FILE *f, int64_t ns)
+{
+    json_us(f, ns);
+}
+
+void kp_an_json_str(FILE *f, const char *s)
+{
+    json_str(f, s);
+}
+
 static void json_dbl(FILE *f, double v)
 {
     if (v == (double) (int64_t) v && v < 1e15 && v > -1e15)
@@ -1832,7 +2045,7 @@ void kp_an_breakdown_json(FILE *f, const struct kp_an_breakdown *b)
         fprintf(f, "%s\"%d\": [", i ? ", " : "", b->gpu_ids[i]);
         for (size_t j = 0; j < b->n_util_points[i]; j++) {
             fprintf(f, "%s[", j ? ", " : "");
-            json_dbl(f, (double) b->util_timeline[i][j].t_ns / 1000.0);
+            json_us(f, b->util_timeline[i][j].t_ns); /* exact: epoch ns exceed a double */
             fprintf(f, ", ");
             json_dbl(f, b->util_timeline[i][j].value);
             fputc(']', f);
@@ -1846,9 +2059,9 @@ void kp_an_breakdown_json(FILE *f, const struct kp_an_breakdown *b)
             const struct kp_an_sm_range *s = &b->sm_ranges[i][j];
 
             fprintf(f, "%s[", j ? ", " : "");
-            json_dbl(f, (double) s->start_ns / 1000.0);
+            json_us(f, s->start_ns);
             fprintf(f, ", ");
-            json_dbl(f, (double) s->end_ns / 1000.0);
+            json_us(f, s->end_ns);
             fprintf(f, ", ");
             json_dbl(f, s->value);
             fputc(']', f);

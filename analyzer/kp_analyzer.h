@@ -12,7 +12,8 @@
  *    steps (§8) and the rank's computation/communication overlap per step (§9);
  *  - the operator view (§5, §7) grouped by name and by name + input shapes;
  *  - the kernel view (§6) grouped by kernel name and by kernel + launching op;
- *  - the Tensor Core statistics (§7): per-GPU TC kernel share, TC-eligible ops' share.
+ *  - the Tensor Core statistics (§7): per-GPU TC kernel share, TC-eligible ops' share;
+ *  - the rank's communication nodes (§9), which distributed.h matches across ranks.
  *
  * Steps: ProfilerStep#N ranges, as the plugin; a capture has none, so there the steps it
  * recorded (the `steps` table, from the step hook) are the host-side steps; with neither, one
@@ -34,6 +35,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "kp_ranges.h"
 
 struct kp_an;
 
@@ -77,7 +80,10 @@ struct kp_an_sm_range {
 
 struct kp_an_breakdown {
     bool has_runtime, has_kernel, has_memcpy_or_memset, has_communication;
-    size_t comm_node_count;         /* host communication ops (0 when both NCCL and Gloo appear) */
+    size_t comm_node_count; /* host communication ops (0 when both NCCL and Gloo appear) */
+    /* for the recommendations (spec §11, analyzer/recommend.h): an NCCL communication op was
+     * seen; a DataParallel.forward / DistributedDataParallel.forward op was seen */
+    bool comm_nccl, use_dp, use_ddp;
     size_t n_steps;                 /* after tail trimming */
     struct kp_an_step *steps;       /* owned by the handle */
     double avg_ns[KP_AN_CAT_COUNT]; /* mean over steps; 0 without steps */
@@ -193,6 +199,33 @@ void kp_an_destroy(struct kp_an *a);
  * or kp_an_destroy. */
 int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_breakdown **out);
 
+/* One communication node (spec §9): a communication op, keyed by its external id (an op
+ * without one is a node of its own), with its intervals: the op's span and, for NCCL, the
+ * spans of the kernels of the same external id, sorted by (start, end descending). */
+struct kp_an_comm_node {
+    const char *name;         /* nccl:all_reduce, ...; borrowed from the handle */
+    const char *input_shapes; /* as stored ("[[53120]]"), NULL: none; borrowed */
+    const char *input_dtypes; /* as stored ("['float']"), NULL: none; borrowed */
+    int64_t ext;              /* external id, 0: none */
+    int64_t start_ns, end_ns; /* the op's span */
+    int32_t step;             /* index into the breakdown's steps; -1: in none */
+    size_t first, n;          /* its intervals: ranges[first .. first + n) */
+};
+
+struct kp_an_comm {
+    bool nccl, gloo; /* whose ops appear; both: no nodes (the plugin disables the view) */
+    size_t n_nodes;
+    struct kp_an_comm_node *nodes; /* by (start, end descending) */
+    struct kp_range *ranges;
+};
+
+/* Fills *out (free with kp_an_comm_fini; strings borrowed from a) with the rank's
+ * communication nodes, each assigned to the first step that contains it (the plugin's walk).
+ * Call after kp_an_breakdown (either figure: the steps are the same). Returns 0, -EINVAL
+ * before kp_an_breakdown, or -ENOMEM (out is then empty). */
+int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out);
+void kp_an_comm_fini(struct kp_an_comm *c);
+
 /* The operator view, by name (by_shape false) or by name and input shapes, sorted as the
  * plugin sorts it. Returns 0 or -ENOMEM; rows are struct kp_an_op_row. */
 int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out);
@@ -209,6 +242,11 @@ void kp_an_breakdown_json(FILE *f, const struct kp_an_breakdown *b);
 void kp_an_ops_json(FILE *f, const struct kp_an_table *t);
 void kp_an_kernels_json(FILE *f, const struct kp_an_table *t, bool by_op);
 void kp_an_tc_json(FILE *f, const struct kp_an_tc *t);
+
+/* JSON pieces the analyzer's other writers share: a time in ns as µs (exact decimals), and
+ * an escaped string. */
+void kp_an_json_us(FILE *f, int64_t ns);
+void kp_an_json_str(FILE *f, const char *s);
 
 /* Returns whether a kernel name marks a Tensor Core kernel (spec §7). */
 bool kp_an_is_tc_kernel(const char *name);

@@ -5,7 +5,8 @@
  *   kprof-analyze ... prof [-c COLUMNS] [--csv|--json] [-w WIDTH]
  *   kprof-analyze ... roofline [--by kernel|op] [--top N] [--csv|--json]
  * breakdown: the step-time breakdown per step and on average (--plugin-compat: the
- * TensorBoard plugin's double-counting figure instead of kprof's); ops: the operator view by
+ * TensorBoard plugin's double-counting figure instead of kprof's), then the recommendations
+ * (analyzer/recommend.h: kprof's as text; --json adds the plugin's HTML); ops: the operator view by
  * name and by name + input shapes; kernels: the kernel view by name and by name + op, and the
  * Tensor Core statistics; prof: PyProf's per-kernel table (analyzer/pyprof.h), the columns
  * of -c (default idx,dir,sub,mod,op,kernel,params,sil), columnated to -w WIDTH (default
@@ -14,6 +15,8 @@
  * counters: CUPTI counter values per kernel with the op stack and FLOPs (analyzer/counters.h),
  * -c COLUMNS (default KP_CTR_TEXT_COLUMNS in text, every column in --csv and --json).
  * memory: the memory view's per-operator allocation statistics per device, always as JSON.
+ * distributed: the plugin's wait view and communication-ops table across every rank of the
+ * run (analyzer/distributed.h; --rank is ignored), or "no distributed view: <why>".
  * --max-rows refuses a rank with more rows than that (0, the default: no limit).
  * Exit codes: 0 ok, 2 usage, 3 unknown run or rank, 1 anything else.
  */
@@ -25,10 +28,12 @@
 #include <string.h>
 
 #include "counters.h"
+#include "distributed.h"
 #include "kp_analyzer.h"
 #include "kp_err.h"
 #include "kp_pg.h"
 #include "pyprof.h"
+#include "recommend.h"
 #include "roofline.h"
 
 static void usage(FILE *f)
@@ -38,7 +43,8 @@ static void usage(FILE *f)
                "       kprof-analyze ... prof [-c COLUMNS] [--csv|--json] [-w WIDTH]\n"
                "       kprof-analyze ... roofline [--by kernel|op] [--top N] [--csv|--json]\n"
                "       kprof-analyze ... counters [-c COLUMNS] [--csv|--json]\n"
-               "       kprof-analyze ... memory\n");
+               "       kprof-analyze ... memory\n"
+               "       kprof-analyze ... distributed [--json]\n");
 }
 
 static void text_breakdown(const struct kp_an_breakdown *b)
@@ -57,6 +63,18 @@ static void text_breakdown(const struct kp_an_breakdown *b)
     for (int c = 0; c < KP_AN_CAT_COUNT; c++)
         printf(" %14.3f", b->avg_ns[c] / 1000.0);
     printf(" %14.3f\n(µs)\n", b->avg_total_ns / 1000.0);
+}
+
+/* kprof's own recommendations (analyzer/recommend.h) under the breakdown table. */
+static void text_recommendations(const struct kp_an_recs *r)
+{
+    if (r->n_text == 0) {
+        printf("recommendations: none\n");
+        return;
+    }
+    printf("recommendations:\n");
+    for (size_t i = 0; i < r->n_text; i++)
+        printf("  - %s\n", r->text[i]);
 }
 
 static void text_ops(const struct kp_an_table *t)
@@ -80,6 +98,34 @@ static void text_kernels(const struct kp_an_table *t)
         printf("%8" PRIu64 " %14.3f %12.3f %12.3f %12.3f  %s\n", r[i].calls,
                (double) r[i].total_ns / 1e3, (double) r[i].total_ns / 1e3 / (double) r[i].calls,
                (double) r[i].min_ns / 1e3, (double) r[i].max_ns / 1e3, r[i].name);
+}
+
+/* distributed: across the run's ranks; needs no kp_an_load of one rank. A disabled view is
+ * no error: the text (or JSON "reason") says why, and so does stderr. */
+static int distributed_verb(const char *conninfo, int64_t run, size_t max_rows, bool json)
+{
+    char err[512] = "";
+    PGconn *c = NULL;
+    struct kp_dist *d = NULL;
+    int rc;
+
+    rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
+    if (rc == 0)
+        rc = kp_dist_build(c, run, max_rows, &d, err, sizeof(err));
+    if (rc == 0) {
+        if (json)
+            kp_dist_json(stdout, d);
+        else
+            kp_dist_text(stdout, d);
+        if (!d->enabled)
+            fprintf(stderr, "kprof-analyze: no distributed view: %s\n", d->reason);
+    }
+    else {
+        fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
+    }
+    kp_dist_destroy(d);
+    PQfinish(c);
+    return rc == 0 ? 0 : rc == KP_ENOTFOUND ? 3 : 1;
 }
 
 /* counters: CUPTI counter values per kernel (analyzer/counters.h); needs no kp_an_load. The
@@ -218,7 +264,7 @@ int main(int argc, char **argv)
     if (!conninfo || run < 0 || !verb ||
         (strcmp(verb, "breakdown") && strcmp(verb, "ops") && strcmp(verb, "kernels") &&
          strcmp(verb, "prof") && strcmp(verb, "roofline") && strcmp(verb, "counters") &&
-         strcmp(verb, "memory"))) {
+         strcmp(verb, "memory") && strcmp(verb, "distributed"))) {
         usage(stderr);
         return 2;
     }
@@ -229,6 +275,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (strcmp(verb, "distributed") == 0)
+        return distributed_verb(conninfo, run, (size_t) max_rows, json);
     if (strcmp(verb, "counters") == 0)
         return counters_verb(conninfo, run, rank, (size_t) max_rows,
                              strcmp(columns, KP_PROF_DEFAULT_COLUMNS) ? columns : NULL,
@@ -288,20 +336,39 @@ int main(int argc, char **argv)
     }
     else if (strcmp(verb, "breakdown") == 0) {
         const struct kp_an_breakdown *b;
+        struct kp_an_recs recs;
 
-        rc = kp_an_breakdown(a, compat, &b);
+        /* the recommendations first: they compute both breakdown figures */
+        rc = kp_an_recommend(a, c, run, rank, &recs, err, sizeof(err));
+        if (rc == 0)
+            rc = kp_an_breakdown(a, compat, &b);
         if (rc == 0) {
             if (json) {
+                char *ov = kp_an_recs_overview_html(&recs);
+
                 printf("{\"run\": %" PRId64 ", \"rank\": %d, \"plugin_compat\": %s, "
                        "\"breakdown\": ",
                        run, rank, compat ? "true" : "false");
                 kp_an_breakdown_json(stdout, b);
-                printf("}\n");
+                printf(", \"recommendations\": ");
+                kp_an_recs_json(stdout, &recs, false);
+                printf(", \"plugin_recommendations\": {\"items_html\": ");
+                kp_an_recs_json(stdout, &recs, true);
+                printf(", \"overview_html\": ");
+                kp_an_json_str(stdout, ov ? ov : "");
+                printf("}}\n");
+                free(ov);
+                if (!ov)
+                    rc = -ENOMEM;
             }
             else {
                 text_breakdown(b);
+                text_recommendations(&recs);
             }
         }
+        else if (err[0])
+            fprintf(stderr, "kprof-analyze: %s\n", err);
+        kp_an_recs_fini(&recs);
     }
     else {
         bool ops = strcmp(verb, "ops") == 0;

@@ -12,6 +12,9 @@
 
 #include <libpq-fe.h>
 
+#include "compare.h"
+#include "compare_pb.h"
+#include "counters.h"
 #include "kp_analyzer.h"
 #include "kp_err.h"
 #include "kp_http.h"
@@ -21,6 +24,7 @@
 #include "kp_strbuf.h"
 #include "kprof.pb-c.h"
 #include "pyprof.h"
+#include "recommend.h"
 #include "roofline.h"
 
 #define KP_ANALYZER_MAX_WORKERS 64
@@ -31,11 +35,13 @@ enum view {
     VIEW_KERNELS,
     VIEW_PROF,
     VIEW_ROOFLINE,
+    VIEW_COUNTERS,
+    VIEW_COMPARE,
     VIEW_COUNT
 };
 
-static const char *const view_names[VIEW_COUNT] = { "Breakdown", "Ops", "Kernels", "Prof",
-                                                    "Roofline" };
+static const char *const view_names[VIEW_COUNT] = { "Breakdown", "Ops",      "Kernels", "Prof",
+                                                    "Roofline",  "Counters", "Compare" };
 
 struct job {
     enum view view;
@@ -50,6 +56,13 @@ struct cache_key {
     int32_t rank;
     enum view view;
     int option; /* plugin_compat or group_by */
+    /* Compare's options (zero for the other views): the comparison's (step, thresholds as
+     * fractions of the percentages below, the row budget), or HTA's call (cmp_hta, the step
+     * and hta_k alone). */
+    struct kp_cmp_opts cmp;
+    double late_pct, excess_pct, step_pct;
+    bool cmp_hta;
+    int hta_k;
 };
 
 struct cache_entry {
@@ -128,7 +141,11 @@ static void finish_error(struct kp_analyzer *a, struct kp_rpc_call *call, grpc_s
 
 static bool key_eq(const struct cache_key *x, const struct cache_key *y)
 {
-    return x->run == y->run && x->rank == y->rank && x->view == y->view && x->option == y->option;
+    return x->run == y->run && x->rank == y->rank && x->view == y->view && x->option == y->option &&
+           x->cmp.has_step == y->cmp.has_step && x->cmp.step == y->cmp.step &&
+           x->cmp.late_frac == y->cmp.late_frac && x->cmp.excess_frac == y->cmp.excess_frac &&
+           x->cmp.step_frac == y->cmp.step_frac && x->cmp.max_rows == y->cmp.max_rows &&
+           x->cmp_hta == y->cmp_hta && x->hta_k == y->hta_k;
 }
 
 /* Unlinks e from the LRU list. cache_mu held. */
@@ -240,8 +257,60 @@ static void cache_put(struct kp_analyzer *a, const struct cache_key *k, int stat
 
 /* ---- computing a reply ------------------------------------------------------------------ */
 
+/* Compare's options into k (see struct cache_key), the row budget the smaller of the request's
+ * and the analyzer's; or false with INVALID_ARGUMENT's details in err. */
+static bool parse_compare(const Kprof__V1__CompareRequest *r, size_t max_rows, struct cache_key *k,
+                          char *err, size_t len)
+{
+    const Kprof__V1__CompareThresholds *t = r->thresholds;
+
+    kp_cmp_opts_init(&k->cmp);
+    k->cmp.has_step = r->has_step;
+    k->cmp.step = r->has_step ? r->step : 0;
+    if (r->has_step && r->step < 0) {
+        snprintf(err, len, "step %" PRId64 " is negative", r->step);
+        return false;
+    }
+    if (r->hta) {
+        if (r->save_offsets) {
+            snprintf(err, len, "save_offsets goes with kprof's own comparison, not hta");
+            return false;
+        }
+        if (r->hta_candidates > KP_CMP_MAX_RANKS) {
+            snprintf(err, len, "hta_candidates %u is over %d", (unsigned) r->hta_candidates,
+                     KP_CMP_MAX_RANKS);
+            return false;
+        }
+        k->cmp_hta = true;
+        k->hta_k = r->hta_candidates == 0 ? 2 : (int) r->hta_candidates; /* HTA's default */
+        k->cmp.late_frac = k->cmp.excess_frac = k->cmp.step_frac = 0.0;
+        return true;
+    }
+    k->late_pct = t != NULL ? t->late_pct : 100.0 * KP_CMP_DEFAULT_LATE_FRAC;
+    k->excess_pct = t != NULL ? t->excess_pct : 100.0 * KP_CMP_DEFAULT_EXCESS_FRAC;
+    k->step_pct = t != NULL ? t->step_pct : 100.0 * KP_CMP_DEFAULT_STEP_FRAC;
+    /* written so that NaN fails too */
+    if (!(k->late_pct >= 0.0 && k->late_pct <= 10000.0) ||
+        !(k->excess_pct >= 0.0 && k->excess_pct <= 10000.0) ||
+        !(k->step_pct >= 0.0 && k->step_pct <= 100.0)) {
+        snprintf(err, len,
+                 "thresholds late_pct %g, excess_pct %g (0..10000) and step_pct %g (0..100) "
+                 "are out of range",
+                 k->late_pct, k->excess_pct, k->step_pct);
+        return false;
+    }
+    k->cmp.late_frac = k->late_pct / 100.0;
+    k->cmp.excess_frac = k->excess_pct / 100.0;
+    k->cmp.step_frac = k->step_pct / 100.0;
+    k->cmp.max_rows = max_rows == 0                                ? (size_t) r->max_rows
+                      : r->max_rows == 0 || r->max_rows > max_rows ? max_rows
+                                                                   : (size_t) r->max_rows;
+    return true;
+}
+
 /* The request's run, rank and option, or INVALID_ARGUMENT's details in err. */
-static bool parse_request(const struct job *j, struct cache_key *k, char *err, size_t len)
+static bool parse_request(const struct job *j, size_t max_rows, struct cache_key *k, char *err,
+                          size_t len)
 {
     uint64_t run;
     int32_t rank;
@@ -278,6 +347,25 @@ static bool parse_request(const struct job *j, struct cache_key *k, char *err, s
         run = r->run_id;
         rank = r->rank;
         option = (int) r->group_by;
+        break;
+    }
+    case VIEW_COUNTERS: {
+        const Kprof__V1__CountersRequest *r = (const Kprof__V1__CountersRequest *) j->req;
+
+        run = r->run_id;
+        rank = r->rank;
+        option = 0; /* columns and format are the client's */
+        break;
+    }
+    case VIEW_COMPARE: {
+        const Kprof__V1__CompareRequest *r = (const Kprof__V1__CompareRequest *) j->req;
+
+        run = r->run_id;
+        rank = 0; /* every rank */
+        option = 0;
+        if (!parse_compare(r, max_rows, k, err, len)) {
+            return false;
+        }
         break;
     }
     default: {
@@ -533,6 +621,153 @@ static int fill_roofline(Kprof__V1__RooflineResponse *m, const struct kp_rl *rl,
     return 0;
 }
 
+/* The counters table of the rank, read in one snapshot (its queries see the same rows).
+ * Returns as kp_ctr_build. */
+static int build_counters(PGconn *pg, const struct cache_key *k, size_t max_rows,
+                          struct kp_ctr **out, char *err, size_t len)
+{
+    char ignored[256];
+    int rc;
+
+    if ((rc = kp_pg_exec(pg, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", err, len)) != 0) {
+        return rc;
+    }
+    rc = kp_ctr_build(pg, (int64_t) k->run, (int) k->rank, max_rows, out, err, len);
+    /* A failed COMMIT or ROLLBACK leaves a broken connection, which pg_get replaces. */
+    (void) kp_pg_exec(pg, rc == 0 ? "COMMIT" : "ROLLBACK", ignored, sizeof(ignored));
+    return rc;
+}
+
+/* The counters table as a CountersResponse into *m, pointing into t and the arrays (freed by
+ * the caller). Returns 0 or -ENOMEM. */
+static int fill_counters(Kprof__V1__CountersResponse *m, const struct kp_ctr *t, void **rows_out,
+                         void **ptrs_out)
+{
+    size_t n, nm;
+    const struct kp_ctr_row *r = kp_ctr_rows(t, &n);
+    const char *const *metrics = kp_ctr_metrics(t, &nm);
+    Kprof__V1__CountersRow *rows, **ptrs;
+
+    rows = *rows_out = calloc(n ? n : 1, sizeof(*rows));
+    ptrs = *ptrs_out = calloc(n ? n : 1, sizeof(*ptrs));
+    if (rows == NULL || ptrs == NULL) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        Kprof__V1__CountersRow *o = &rows[i];
+
+        kprof__v1__counters_row__init(o);
+        o->idx = r[i].idx;
+        o->range = r[i].range;
+        o->device = r[i].device;
+        o->correlation = r[i].correlation;
+        o->tid = r[i].tid;
+        o->kernel = (char *) r[i].kernel;
+        o->n_op_stack = r[i].n_stack;
+        o->op_stack = (char **) r[i].stack;
+        o->dur_ns = r[i].dur_ns;
+        o->n_values = nm;
+        o->values = r[i].values;
+        o->flops = r[i].flops;
+        o->flops_fp64 = r[i].flops_prec[KP_CTR_FP64];
+        o->flops_fp32 = r[i].flops_prec[KP_CTR_FP32];
+        o->flops_fp16 = r[i].flops_prec[KP_CTR_FP16];
+        o->flops_per_s = r[i].flops_per_s;
+        ptrs[i] = o;
+    }
+    m->n_metrics = nm;
+    m->metrics = (char **) metrics;
+    m->n_rows = n;
+    m->rows = ptrs;
+    m->message = (char *) (kp_ctr_message(t) != NULL ? kp_ctr_message(t) : "");
+    return 0;
+}
+
+/* Compares the ranks of the run (or makes HTA's call) in one snapshot and answers it; caches
+ * the comparison on success. With save_offsets, the snapshot is a read-write transaction that
+ * also writes the clock offsets, committed before the answer; a failed write is answered here
+ * (INTERNAL, or UNAVAILABLE when the connection broke), not cached. Returns 0 when answered,
+ * or as kp_cmp_run (-EINVAL, KP_ENOTFOUND, KP_EPG, KP_ETOOBIG, -ENOMEM with a message in err)
+ * when nothing was sent. */
+static int compare_and_reply(struct kp_analyzer *a, PGconn *pg, struct job *j,
+                             const struct cache_key *k, int state, int64_t batches, char *err,
+                             size_t errlen)
+{
+    const Kprof__V1__CompareRequest *req = (const Kprof__V1__CompareRequest *) j->req;
+    bool save = req->save_offsets && !k->cmp_hta, in_tx = false;
+    struct kp_cmp_result *res = NULL;
+    struct kp_cmp_hta *hta = NULL;
+    char ignored[256], details[700];
+    struct kp_cmp_pb pb;
+    size_t n_saved = 0;
+    int rc;
+
+    memset(&pb, 0, sizeof(pb));
+    rc = kp_pg_exec(pg,
+                    save ? "BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL jit = off"
+                         : "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL jit = off",
+                    err, errlen);
+    if (rc != 0) {
+        goto out;
+    }
+    in_tx = true;
+    if (k->cmp_hta) {
+        rc = kp_cmp_hta(pg, (int64_t) k->run, k->cmp.has_step, k->cmp.step, k->hta_k, &hta, err,
+                        errlen);
+        rc = rc != 0 ? rc : kp_cmp_pb_init_hta(&pb, hta, k->hta_k);
+        goto built;
+    }
+    if ((rc = kp_cmp_run(pg, (int64_t) k->run, &k->cmp, &res, err, errlen)) != 0) {
+        goto out;
+    }
+    if (save) {
+        char why[512];
+
+        if (kp_cmp_save_offsets(pg, res, &n_saved, why, sizeof(why)) != 0 ||
+            kp_pg_exec(pg, "COMMIT", why, sizeof(why)) != 0) {
+            bool broken = PQstatus(pg) != CONNECTION_OK;
+
+            kp_log_warn("saving clock offsets failed run=%" PRIu64 " err=\"%s\"", k->run, why);
+            snprintf(details, sizeof(details), "cannot save the clock offsets: %s%s", why,
+                     broken ? "; retry later" : "");
+            finish_error(a, j->call, broken ? GRPC_STATUS_UNAVAILABLE : GRPC_STATUS_INTERNAL,
+                         details);
+            rc = 0;
+            goto out;
+        }
+        in_tx = false;
+    }
+    rc = kp_cmp_pb_init(&pb, res);
+    pb.thresholds.late_pct = k->late_pct;
+    pb.thresholds.excess_pct = k->excess_pct;
+    pb.thresholds.step_pct = k->step_pct;
+    pb.msg.thresholds = &pb.thresholds;
+built:
+    if (rc != 0) {
+        goto out;
+    }
+    if (in_tx) {
+        /* A failed COMMIT leaves a broken connection, which pg_get replaces; a read-only
+         * snapshot has nothing to lose. */
+        (void) kp_pg_exec(pg, "COMMIT", ignored, sizeof(ignored));
+        in_tx = false;
+    }
+    pb.msg.run_id = k->run;
+    if (a->cfg.cache_bytes > 0) {
+        cache_put(a, k, state, batches, &pb.msg.base); /* offsets_saved 0: it is this call's */
+    }
+    pb.msg.offsets_saved = (uint32_t) n_saved;
+    kp_rpc_call_reply(j->call, &pb.msg.base);
+out:
+    if (in_tx) {
+        (void) kp_pg_exec(pg, "ROLLBACK", ignored, sizeof(ignored));
+    }
+    kp_cmp_pb_fini(&pb);
+    kp_cmp_result_destroy(res);
+    kp_cmp_hta_destroy(hta);
+    return rc;
+}
+
 /* Computes the view on a loaded rank and answers it; caches it on success. Returns 0, or a
  * negative code (-ENOMEM, KP_EPG, KP_ETOOBIG with a message in err) when nothing was sent. */
 static int compute_and_reply(struct kp_analyzer *a, struct kp_an *an, PGconn *pg, struct job *j,
@@ -549,15 +784,21 @@ static int compute_and_reply(struct kp_analyzer *a, struct kp_an *an, PGconn *pg
     Kprof__V1__TensorCoreGpu tcg[KP_AN_MAX_GPUS], *tcg_ptrs[KP_AN_MAX_GPUS];
     Kprof__V1__ProfResponse pm = KPROF__V1__PROF_RESPONSE__INIT;
     Kprof__V1__RooflineResponse rm = KPROF__V1__ROOFLINE_RESPONSE__INIT;
+    Kprof__V1__CountersResponse cm = KPROF__V1__COUNTERS_RESPONSE__INIT;
     struct kp_prof *prof = NULL;
     struct kp_rl *rl = NULL;
+    struct kp_ctr *ctr = NULL;
+    struct kp_an_recs recs = { 0 };
     int rc;
 
     if (k->view == VIEW_BREAKDOWN) {
         const struct kp_an_breakdown *b;
         size_t n;
 
-        if ((rc = kp_an_breakdown(an, k->option != 0, &b)) != 0) {
+        /* the recommendations first: they compute both breakdown figures */
+        if ((rc = kp_an_recommend(an, pg, (int64_t) k->run, (int) k->rank, &recs, err, errlen)) !=
+                0 ||
+            (rc = kp_an_breakdown(an, k->option != 0, &b)) != 0) {
             goto out;
         }
         n = b->n_steps ? b->n_steps : 1;
@@ -574,6 +815,8 @@ static int compute_and_reply(struct kp_analyzer *a, struct kp_an *an, PGconn *pg
         bm.run_id = k->run;
         bm.rank = k->rank;
         bm.plugin_compat = k->option != 0;
+        bm.n_recommendations = recs.n_text;
+        bm.recommendations = recs.text;
         msg = &bm.base;
     }
     else if (k->view == VIEW_PROF) {
@@ -602,6 +845,18 @@ static int compute_and_reply(struct kp_analyzer *a, struct kp_an *an, PGconn *pg
         rm.rank = k->rank;
         rm.group_by = (Kprof__V1__RooflineGroupBy) k->option;
         msg = &rm.base;
+    }
+    else if (k->view == VIEW_COUNTERS) {
+        rc = build_counters(pg, k, (size_t) a->cfg.max_rows, &ctr, err, errlen);
+        if (rc == 0) {
+            rc = fill_counters(&cm, ctr, &arr1, &arr2);
+        }
+        if (rc != 0) {
+            goto out;
+        }
+        cm.run_id = k->run;
+        cm.rank = k->rank;
+        msg = &cm.base;
     }
     else if (k->view == VIEW_OPS) {
         const struct kp_an_table *t;
@@ -700,8 +955,10 @@ static int compute_and_reply(struct kp_analyzer *a, struct kp_an *an, PGconn *pg
     kp_rpc_call_reply(j->call, msg);
     rc = 0;
 out:
+    kp_an_recs_fini(&recs);
     kp_prof_destroy(prof);
     kp_rl_destroy(rl);
+    kp_ctr_destroy(ctr);
     free(arr1);
     free(arr2);
     free(arr3);
@@ -721,6 +978,10 @@ static const ProtobufCMessageDescriptor *reply_desc(enum view v)
         return &kprof__v1__prof_response__descriptor;
     case VIEW_ROOFLINE:
         return &kprof__v1__roofline_response__descriptor;
+    case VIEW_COUNTERS:
+        return &kprof__v1__counters_response__descriptor;
+    case VIEW_COMPARE:
+        return &kprof__v1__compare_response__descriptor;
     default:
         return &kprof__v1__kernels_response__descriptor;
     }
@@ -741,10 +1002,21 @@ static void set_cached(enum view v, ProtobufCMessage *m)
     case VIEW_ROOFLINE:
         ((Kprof__V1__RooflineResponse *) m)->cached = true;
         break;
+    case VIEW_COUNTERS:
+        ((Kprof__V1__CountersResponse *) m)->cached = true;
+        break;
+    case VIEW_COMPARE:
+        ((Kprof__V1__CompareResponse *) m)->cached = true;
+        break;
     default:
         ((Kprof__V1__KernelsResponse *) m)->cached = true;
         break;
     }
+}
+
+static bool save_offsets(const struct job *j)
+{
+    return ((const Kprof__V1__CompareRequest *) j->req)->save_offsets;
 }
 
 static void run_job(struct worker *w, struct job *j)
@@ -759,7 +1031,7 @@ static void run_job(struct worker *w, struct job *j)
     PGconn *pg;
 
     memset(&k, 0, sizeof(k));
-    if (!parse_request(j, &k, err, sizeof(err))) {
+    if (!parse_request(j, (size_t) a->cfg.max_rows, &k, err, sizeof(err))) {
         finish_error(a, j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
         return;
     }
@@ -779,7 +1051,8 @@ static void run_job(struct worker *w, struct job *j)
         finish_error(a, j->call, GRPC_STATUS_UNAVAILABLE, details);
         return;
     }
-    if (a->cfg.cache_bytes > 0 &&
+    /* A request that writes (Compare's save_offsets) is never answered from the cache. */
+    if (a->cfg.cache_bytes > 0 && !(k.view == VIEW_COMPARE && save_offsets(j)) &&
         (hit = cache_get(a, &k, state, batches, reply_desc(k.view))) != NULL) {
         INC(a->st.cache_hits);
         set_cached(k.view, hit);
@@ -790,13 +1063,18 @@ static void run_job(struct worker *w, struct job *j)
         return;
     }
     INC(a->st.cache_misses);
-    rc = kp_an_load(pg, (int64_t) k.run, (int) k.rank, (size_t) a->cfg.max_rows, &an, err,
-                    sizeof(err));
+    /* Counters and Compare read their own rows (counters.h, compare.h): no kp_an_load. */
+    rc = k.view == VIEW_COUNTERS || k.view == VIEW_COMPARE
+             ? 0
+             : kp_an_load(pg, (int64_t) k.run, (int) k.rank, (size_t) a->cfg.max_rows, &an, err,
+                          sizeof(err));
     if (rc == 0) {
         long long t0 = mono_ns();
 
         err[0] = '\0';
-        rc = compute_and_reply(a, an, pg, j, &k, state, batches, err, sizeof(err));
+        rc = k.view == VIEW_COMPARE
+                 ? compare_and_reply(a, pg, j, &k, state, batches, err, sizeof(err))
+                 : compute_and_reply(a, an, pg, j, &k, state, batches, err, sizeof(err));
         kp_log_debug("computed method=%s run=%" PRIu64 " rank=%d option=%d ms=%lld",
                      view_names[k.view], k.run, (int) k.rank, k.option, (mono_ns() - t0) / 1000000);
         if (rc != 0 && err[0] == '\0') {
@@ -809,6 +1087,9 @@ static void run_job(struct worker *w, struct job *j)
         break;
     case KP_ENOTFOUND:
         finish_error(a, j->call, GRPC_STATUS_NOT_FOUND, err);
+        break;
+    case -EINVAL: /* options the analysis itself refuses */
+        finish_error(a, j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
         break;
     case KP_ETOOBIG:
     case -ENOMEM:
@@ -938,6 +1219,16 @@ static void on_prof(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
 static void on_roofline(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
 {
     enqueue(ud, VIEW_ROOFLINE, call, req);
+}
+
+static void on_counters(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    enqueue(ud, VIEW_COUNTERS, call, req);
+}
+
+static void on_compare(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    enqueue(ud, VIEW_COMPARE, call, req);
 }
 
 /* ---- HTTP ------------------------------------------------------------------------------- */
@@ -1098,6 +1389,20 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
         .kind = KP_RPC_UNARY,
         .request = &kprof__v1__roofline_request__descriptor,
         .on_request = on_roofline,
+        .ud = a,
+    };
+    a->methods[VIEW_COUNTERS] = (struct kp_rpc_method){
+        .path = "/kprof.v1.Analyzer/Counters",
+        .kind = KP_RPC_UNARY,
+        .request = &kprof__v1__counters_request__descriptor,
+        .on_request = on_counters,
+        .ud = a,
+    };
+    a->methods[VIEW_COMPARE] = (struct kp_rpc_method){
+        .path = "/kprof.v1.Analyzer/Compare",
+        .kind = KP_RPC_UNARY,
+        .request = &kprof__v1__compare_request__descriptor,
+        .on_request = on_compare,
         .ud = a,
     };
     if ((rc = kp_rpc_server_create(&sopts, a->methods, VIEW_COUNT, &a->server, errbuf, errlen)) !=

@@ -20,7 +20,8 @@
  *      the batch keys into ingest_batches ON CONFLICT DO NOTHING RETURNING: the keys that come
  *      back are new, the others duplicates (keys repeated within the flush are de-duplicated
  *      here first); one COPY per kind of all new batches' rows, encoded in chunks (16 KiB
- *      first, growing to 256 KiB) while PostgreSQL parses the previous ones; upsert `ranks`
+ *      first, growing to 256 KiB) while PostgreSQL parses the previous ones, and one into a
+ *      kind's side table (kp_side_spec) when some row carries its figures; upsert `ranks`
  *      (one row per run and rank, increments summed here) and `devices`; COMMIT. Only then
  *      are the items settled.
  *
@@ -123,6 +124,7 @@ struct kp_sink {
     void *done_ud;
     char lock_sql[512];
     char copy_cols[KP_EV_COUNT][640];
+    char side_cols[KP_EV_COUNT][256]; /* "" for a kind without a side table */
 
     /* Guarded by mu. */
     pthread_mutex_t mu;
@@ -801,10 +803,13 @@ static long insert_keys(struct kp_sink *s, size_t lo, size_t hi)
     return n_new;
 }
 
-/* Step 3b: one COPY of kind k's rows of the new items. Returns the rows copied. */
-static long copy_kind(struct kp_sink *s, enum kp_event_kind k, size_t lo, size_t hi)
+/* Step 3b: one COPY of kind k's rows of the new items into its table, or (side) of their
+ * side-table rows (kp_batch_side_rows: only the rows that carry a side figure) into its side
+ * table. Returns the rows copied. */
+static long copy_kind(struct kp_sink *s, enum kp_event_kind k, bool side, size_t lo, size_t hi)
 {
     const struct kp_event_kind_info *ki = &kp_event_kinds[k];
+    const char *table = side ? ki->side->table : ki->table;
     size_t want = 0, chunk = KP_SINK_COPY_FIRST_CHUNK;
     long got;
     char err[384];
@@ -812,23 +817,28 @@ static long copy_kind(struct kp_sink *s, enum kp_event_kind k, size_t lo, size_t
 
     for (size_t i = lo; i < hi; i++) {
         if (s->state[i] == ST_NEW) {
-            want += kp_batch_rows(s->items[i]->batch, k);
+            want += side ? kp_batch_side_rows(s->items[i]->batch, k)
+                         : kp_batch_rows(s->items[i]->batch, k);
         }
     }
     if (want == 0) {
         return 0;
     }
-    if ((rc = kp_pg_copy_begin(s->conn, ki->table, s->copy_cols[k], err, sizeof(err))) != 0) {
-        return attempt_failed(s, rc, ki->table, err);
+    if ((rc = kp_pg_copy_begin(s->conn, table, side ? s->side_cols[k] : s->copy_cols[k], err,
+                               sizeof(err))) != 0) {
+        return attempt_failed(s, rc, table, err);
     }
     kp_strbuf_reset(&s->copy);
     for (size_t i = lo; i < hi; i++) {
-        if (s->state[i] != ST_NEW || kp_batch_rows(s->items[i]->batch, k) == 0) {
+        const Kprof__V1__Batch *b = s->items[i]->batch;
+
+        if (s->state[i] != ST_NEW || kp_batch_rows(b, k) == 0) {
             continue;
         }
-        if (kp_codec_copy_text(s->items[i]->batch, k, s->name_ids + s->name_off[i], &s->copy) < 0) {
+        if ((side ? kp_codec_side_copy_text(b, k, &s->copy)
+                  : kp_codec_copy_text(b, k, s->name_ids + s->name_off[i], &s->copy)) < 0) {
             kp_pg_copy_end(s->conn, "collectord is out of memory", err, sizeof(err));
-            snprintf(s->err, sizeof(s->err), "%s: out of memory encoding rows", ki->table);
+            snprintf(s->err, sizeof(s->err), "%s: out of memory encoding rows", table);
             return -ENOMEM;
         }
         /* The first chunk is small so that PostgreSQL starts parsing at once; later ones
@@ -836,7 +846,7 @@ static long copy_kind(struct kp_sink *s, enum kp_event_kind k, size_t lo, size_t
         if (s->copy.len >= chunk) {
             if ((rc = kp_pg_copy_put(s->conn, s->copy.data, s->copy.len, err, sizeof(err))) != 0) {
                 kp_pg_copy_end(s->conn, "send failed", s->err, sizeof(s->err));
-                return attempt_failed(s, rc, ki->table, err);
+                return attempt_failed(s, rc, table, err);
             }
             kp_strbuf_reset(&s->copy);
             chunk = chunk * 2 < KP_SINK_COPY_CHUNK ? chunk * 2 : KP_SINK_COPY_CHUNK;
@@ -845,13 +855,13 @@ static long copy_kind(struct kp_sink *s, enum kp_event_kind k, size_t lo, size_t
     if (s->copy.len > 0 &&
         (rc = kp_pg_copy_put(s->conn, s->copy.data, s->copy.len, err, sizeof(err))) != 0) {
         kp_pg_copy_end(s->conn, "send failed", s->err, sizeof(s->err));
-        return attempt_failed(s, rc, ki->table, err);
+        return attempt_failed(s, rc, table, err);
     }
     if ((got = kp_pg_copy_end(s->conn, NULL, err, sizeof(err))) < 0) {
-        return attempt_failed(s, (int) got, ki->table, err);
+        return attempt_failed(s, (int) got, table, err);
     }
     if ((size_t) got != want) {
-        kp_log_error("copy row count mismatch table=%s want=%zu got=%ld", ki->table, want, got);
+        kp_log_error("copy row count mismatch table=%s want=%zu got=%ld", table, want, got);
     }
     return got;
 }
@@ -877,7 +887,7 @@ static int cmp_rank(const void *pa, const void *pb)
 static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
 {
     struct kp_strbuf *a = s->arr;
-    const char *params[13];
+    const char *params[15];
     size_t n = 0;
     char err[384];
     int rc = 0;
@@ -893,7 +903,7 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
         return 0;
     }
     qsort(s->keys, n, sizeof(*s->keys), cmp_rank);
-    for (int p = 0; p < 13; p++) {
+    for (int p = 0; p < 15; p++) {
         rc |= arr_open(&a[p]);
     }
     for (size_t g = 0; g < n;) {
@@ -926,12 +936,19 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
             rc |= info->device >= 0 && info->device <= INT16_MAX ? arr_i64(&a[6], info->device)
                                                                  : arr_null(&a[6]);
             rc |= arr_i64(&a[7], info->clock_offset_ns);
+            /* the profiler's span: NULL when not known (both 0) */
+            rc |= info->profiler_end_ns > 0 ? arr_i64(&a[13], info->profiler_start_ns)
+                                            : arr_null(&a[13]);
+            rc |= info->profiler_end_ns > 0 ? arr_i64(&a[14], info->profiler_end_ns)
+                                            : arr_null(&a[14]);
         }
         else {
             for (int p = 2; p <= 6; p++) {
                 rc |= arr_null(&a[p]);
             }
             rc |= arr_i64(&a[7], 0);
+            rc |= arr_null(&a[13]);
+            rc |= arr_null(&a[14]);
         }
         rc |= arr_i64(&a[8], batches);
         rc |= arr_i64(&a[9], records);
@@ -940,7 +957,7 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
         rc |= arr_i64(&a[12], overhead);
         g = e;
     }
-    for (int p = 0; p < 13; p++) {
+    for (int p = 0; p < 15; p++) {
         rc |= arr_close(&a[p]);
         params[p] = a[p].data;
     }
@@ -950,10 +967,11 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
     if ((rc = kp_pg_query(
              s->conn,
              "INSERT INTO ranks AS k (run_id, rank, job, host, pid, local_rank, device, "
-             "clock_offset_ns, batches, records, records_dropped, cupti_dropped, overhead_ns) "
+             "clock_offset_ns, batches, records, records_dropped, cupti_dropped, overhead_ns, "
+             "profiler_start_ns, profiler_end_ns) "
              "SELECT * FROM unnest($1::int[], $2::int[], $3::text[], $4::text[], $5::int[], "
              "$6::int[], $7::smallint[], $8::bigint[], $9::bigint[], $10::bigint[], "
-             "$11::bigint[], $12::bigint[], $13::bigint[]) "
+             "$11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[]) "
              "ON CONFLICT (run_id, rank) DO UPDATE SET "
              "job = coalesce(EXCLUDED.job, k.job), "
              "host = CASE WHEN EXCLUDED.job IS NULL THEN k.host ELSE EXCLUDED.host END, "
@@ -963,11 +981,15 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
              "device = CASE WHEN EXCLUDED.job IS NULL THEN k.device ELSE EXCLUDED.device END, "
              "clock_offset_ns = CASE WHEN EXCLUDED.job IS NULL THEN k.clock_offset_ns "
              "ELSE EXCLUDED.clock_offset_ns END, "
+             "profiler_start_ns = CASE WHEN EXCLUDED.job IS NULL THEN k.profiler_start_ns "
+             "ELSE EXCLUDED.profiler_start_ns END, "
+             "profiler_end_ns = CASE WHEN EXCLUDED.job IS NULL THEN k.profiler_end_ns "
+             "ELSE EXCLUDED.profiler_end_ns END, "
              "batches = k.batches + EXCLUDED.batches, records = k.records + EXCLUDED.records, "
              "records_dropped = k.records_dropped + EXCLUDED.records_dropped, "
              "cupti_dropped = k.cupti_dropped + EXCLUDED.cupti_dropped, "
              "overhead_ns = k.overhead_ns + EXCLUDED.overhead_ns, last_seen = now()",
-             13, params, NULL, err, sizeof(err))) != 0) {
+             15, params, NULL, err, sizeof(err))) != 0) {
         return attempt_failed(s, rc, "ranks", err);
     }
     return 0;
@@ -1125,13 +1147,19 @@ static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
         goto fail;
     }
     for (int k = 0; r > 0 && k < KP_EV_COUNT; k++) {
-        long got = copy_kind(s, (enum kp_event_kind) k, lo, hi);
+        long got = copy_kind(s, (enum kp_event_kind) k, false, lo, hi);
 
         if (got < 0) {
             rc = (int) got;
             goto fail;
         }
         rows += (uint64_t) got;
+        /* Side-table rows are part of their event rows, not rows of their own. */
+        if (kp_event_kinds[k].side != NULL &&
+            (got = copy_kind(s, (enum kp_event_kind) k, true, lo, hi)) < 0) {
+            rc = (int) got;
+            goto fail;
+        }
     }
     t_copy = mono_ns();
     if ((rc = upsert_ranks(s, lo, hi)) != 0 || (rc = upsert_devices(s, lo, hi)) != 0) {
@@ -1497,16 +1525,19 @@ static int cmp_cstr(const void *a, const void *b)
     return strcmp(*(const char *const *) a, *(const char *const *) b);
 }
 
-/* Builds "BEGIN; LOCK TABLE ONLY a, ONLY b, ... IN ROW EXCLUSIVE MODE" over ingest_batches
- * and the event tables, in name order (see the top of this file). */
+/* Builds "BEGIN; LOCK TABLE ONLY a, ONLY b, ... IN ROW EXCLUSIVE MODE" over ingest_batches,
+ * the event tables and their side tables, in name order (see the top of this file). */
 static void build_lock_sql(struct kp_sink *s)
 {
-    const char *tables[KP_EV_COUNT + 1];
+    const char *tables[2 * KP_EV_COUNT + 1];
     size_t n = 0, o;
 
     tables[n++] = "ingest_batches";
     for (int k = 0; k < KP_EV_COUNT; k++) {
         tables[n++] = kp_event_kinds[k].table;
+        if (kp_event_kinds[k].side != NULL) {
+            tables[n++] = kp_event_kinds[k].side->table;
+        }
     }
     qsort(tables, n, sizeof(tables[0]), cmp_cstr);
     o = (size_t) snprintf(s->lock_sql, sizeof(s->lock_sql), "BEGIN; LOCK TABLE ");
@@ -1565,6 +1596,7 @@ int kp_sink_create(const struct kp_sink_config *cfg, kp_sink_done_cb *done, void
     build_lock_sql(s);
     for (int k = 0; k < KP_EV_COUNT; k++) {
         kp_codec_copy_columns((enum kp_event_kind) k, s->copy_cols[k], sizeof(s->copy_cols[k]));
+        kp_codec_side_columns((enum kp_event_kind) k, s->side_cols[k], sizeof(s->side_cols[k]));
     }
     if ((rc = connect_pg(s, errbuf, errlen)) != 0) {
         goto fail;

@@ -35,6 +35,14 @@ static const struct kp_column_spec kernel_cols[] = {
     { "blocks_per_sm", F8, V, false }, { "est_occupancy", F8, V, false },
 };
 
+/* Kineto's "blocks per SM" and "est. achieved occupancy %": only imported traces carry them
+ * (migration 0006). The key identifies a kernel within its run and rank. */
+static const struct kp_side_spec kernel_side = {
+    .table = "kernel_occupancy",
+    .key = { "start_ns", "device", "stream", "correlation" },
+    .values = { "blocks_per_sm", "est_occupancy" },
+};
+
 static const struct kp_column_spec memcpy_cols[] = {
     { "start_ns", I8, TS, true },    { "dur_ns", I8, V, true },
     { "bytes", I8, V, false },       { "copy_kind", I2, V, false },
@@ -112,14 +120,16 @@ static const struct kp_column_spec memory_cols[] = {
     { "step", I4, V, false },
 };
 
-#define KIND(tbl, lbl, fld, cols, d)                            \
-    {                                                           \
-        tbl, lbl, fld, cols, sizeof(cols) / sizeof(cols[0]), &d \
+#define KIND_SIDE(tbl, lbl, fld, cols, d, sd)                               \
+    {                                                                       \
+        .table = tbl, .label = lbl, .field = fld, .columns = cols,          \
+        .n_columns = sizeof(cols) / sizeof(cols[0]), .desc = &d, .side = sd \
     }
+#define KIND(tbl, lbl, fld, cols, d) KIND_SIDE(tbl, lbl, fld, cols, d, NULL)
 
 const struct kp_event_kind_info kp_event_kinds[KP_EV_COUNT] = {
-    [KP_EV_KERNEL] =
-        KIND("kernels", "kernel", "kernels", kernel_cols, kprof__v1__kernels__descriptor),
+    [KP_EV_KERNEL] = KIND_SIDE("kernels", "kernel", "kernels", kernel_cols,
+                               kprof__v1__kernels__descriptor, &kernel_side),
     [KP_EV_MEMCPY] =
         KIND("memcpys", "memcpy", "memcpys", memcpy_cols, kprof__v1__memcpys__descriptor),
     [KP_EV_MEMSET] =
@@ -150,6 +160,16 @@ const struct kp_event_kind_info kp_event_kinds[KP_EV_COUNT] = {
 static const ProtobufCFieldDescriptor *col_fields[KP_EV_COUNT][KP_CODEC_MAX_COLS];
 static const ProtobufCFieldDescriptor *kind_fields[KP_EV_COUNT];
 static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
+/* Where each column is stored (see struct kp_side_spec), and each side table's key and value
+ * columns as spec indexes, in the spec's order of side->key and side->values. */
+enum {
+    STORE_MAIN,
+    STORE_KEY,
+    STORE_SIDE
+};
+static uint8_t col_store[KP_EV_COUNT][KP_CODEC_MAX_COLS];
+static uint8_t side_key[KP_EV_COUNT][KP_SIDE_MAX_KEY], n_side_key[KP_EV_COUNT];
+static uint8_t side_val[KP_EV_COUNT][KP_SIDE_MAX_VALUES], n_side_val[KP_EV_COUNT];
 static int resolve_err;
 static char resolve_msg[256];
 
@@ -169,6 +189,61 @@ static bool sql_accepts(enum kp_col_sql sql, ProtobufCType t)
     default:
         return false;
     }
+}
+
+/* Finds the spec index of kind k's column `name`, or -1. */
+static int col_index(const struct kp_event_kind_info *ki, const char *name)
+{
+    for (size_t c = 0; c < ki->n_columns; c++) {
+        if (strcmp(ki->columns[c].name, name) == 0) {
+            return (int) c;
+        }
+    }
+    return -1;
+}
+
+/* Resolves kind k's side spec into col_store, side_key and side_val. Returns 0, or sets
+ * resolve_err. */
+static int resolve_side(int k)
+{
+    const struct kp_event_kind_info *ki = &kp_event_kinds[k];
+    const struct kp_side_spec *sd = ki->side;
+
+    for (int i = 0; i < KP_SIDE_MAX_KEY + KP_SIDE_MAX_VALUES; i++) {
+        bool is_key = i < KP_SIDE_MAX_KEY;
+        const char *name = is_key ? sd->key[i] : sd->values[i - KP_SIDE_MAX_KEY];
+        int c = name == NULL ? -1 : col_index(ki, name);
+
+        if (name == NULL) {
+            continue;
+        }
+        /* Keys: integers or timestamps; values: optional doubles. */
+        if (c < 0 || col_store[k][c] != STORE_MAIN ||
+            (is_key && (col_fields[k][c]->type == PROTOBUF_C_TYPE_DOUBLE ||
+                        ki->columns[c].role == KP_ROLE_NAME)) ||
+            (!is_key &&
+             (col_fields[k][c]->type != PROTOBUF_C_TYPE_DOUBLE || ki->columns[c].required))) {
+            snprintf(resolve_msg, sizeof(resolve_msg),
+                     "kind %s: side table %s: column %s is not a %s the kind has", ki->label,
+                     sd->table, name, is_key ? "key" : "value");
+            resolve_err = KP_EPROTO;
+            return resolve_err;
+        }
+        col_store[k][c] = is_key ? STORE_KEY : STORE_SIDE;
+        if (is_key) {
+            side_key[k][n_side_key[k]++] = (uint8_t) c;
+        }
+        else {
+            side_val[k][n_side_val[k]++] = (uint8_t) c;
+        }
+    }
+    if (n_side_val[k] == 0) {
+        snprintf(resolve_msg, sizeof(resolve_msg), "kind %s: side table %s has no values",
+                 ki->label, sd->table);
+        resolve_err = KP_EPROTO;
+        return resolve_err;
+    }
+    return 0;
 }
 
 static void resolve(void)
@@ -201,6 +276,9 @@ static void resolve(void)
                 return;
             }
             col_fields[k][c] = f;
+        }
+        if (ki->side != NULL && resolve_side(k) != 0) {
+            return;
         }
         for (unsigned i = 0; i < ki->desc->n_fields; i++) {
             n_repeated += ki->desc->fields[i].label == PROTOBUF_C_LABEL_REPEATED;
@@ -495,6 +573,13 @@ int kp_batch_validate(const Kprof__V1__Batch *b, const struct kp_batch_limits *l
                      "rank_info: pid, local_rank, world_size or device out of range");
             return KP_EPROTO;
         }
+        if (b->rank_info->profiler_start_ns < 0 ||
+            b->rank_info->profiler_end_ns < b->rank_info->profiler_start_ns) {
+            snprintf(errbuf, errlen,
+                     "rank_info: profiler span [%" PRId64 ", %" PRId64 "] is not 0 <= start <= end",
+                     b->rank_info->profiler_start_ns, b->rank_info->profiler_end_ns);
+            return KP_EPROTO;
+        }
     }
     for (size_t i = 0; i < b->n_devices; i++) {
         const Kprof__V1__Device *d = b->devices[i];
@@ -538,13 +623,83 @@ const char *kp_codec_copy_columns(enum kp_event_kind k, char *buf, size_t len)
     size_t off = 0;
     int r;
 
+    pthread_once(&resolve_once, resolve);
     r = snprintf(buf, len, "run_id, rank");
     off = r > 0 ? (size_t) r : 0;
     for (size_t c = 0; c < ki->n_columns && off < len; c++) {
+        if (col_store[k][c] == STORE_SIDE) {
+            continue;
+        }
         r = snprintf(buf + off, len - off, ", %s", ki->columns[c].name);
         off += r > 0 ? (size_t) r : 0;
     }
     return buf;
+}
+
+const char *kp_codec_side_columns(enum kp_event_kind k, char *buf, size_t len)
+{
+    const struct kp_event_kind_info *ki = &kp_event_kinds[k];
+    size_t off = 0;
+    int r;
+
+    pthread_once(&resolve_once, resolve);
+    if (len > 0) {
+        buf[0] = '\0';
+    }
+    if (ki->side == NULL || resolve_err != 0) {
+        return buf;
+    }
+    r = snprintf(buf, len, "run_id, rank");
+    off = r > 0 ? (size_t) r : 0;
+    for (size_t i = 0; i < (size_t) n_side_key[k] + n_side_val[k] && off < len; i++) {
+        size_t c = i < n_side_key[k] ? side_key[k][i] : side_val[k][i - n_side_key[k]];
+
+        r = snprintf(buf + off, len - off, ", %s", ki->columns[c].name);
+        off += r > 0 ? (size_t) r : 0;
+    }
+    return buf;
+}
+
+/* The side values of kind k in m (NULL where the batch lacks the column). Returns how many
+ * of them the batch has. */
+static size_t side_values(const ProtobufCMessage *m, enum kp_event_kind k,
+                          const double *vals[KP_SIDE_MAX_VALUES])
+{
+    size_t have = 0;
+
+    for (size_t j = 0; j < n_side_val[k]; j++) {
+        const ProtobufCFieldDescriptor *f = col_fields[k][side_val[k][j]];
+
+        vals[j] = field_count(m, f) != 0 ? field_values(m, f) : NULL;
+        have += vals[j] != NULL;
+    }
+    return have;
+}
+
+static inline bool side_row_set(enum kp_event_kind k, const double *const *vals, size_t i)
+{
+    for (size_t j = 0; j < n_side_val[k]; j++) {
+        if (vals[j] != NULL && !isnan(vals[j][i])) {
+            return true;
+        }
+    }
+    return false;
+}
+
+size_t kp_batch_side_rows(const Kprof__V1__Batch *b, enum kp_event_kind k)
+{
+    const ProtobufCMessage *m = kp_batch_kind(b, k);
+    const double *vals[KP_SIDE_MAX_VALUES];
+    size_t n, rows = 0;
+
+    if (m == NULL || kp_event_kinds[k].side == NULL || side_values(m, k, vals) == 0) {
+        return 0;
+    }
+    n = field_count(m, col_fields[k][0]);
+    for (size_t i = 0; i < n; i++) {
+        rows += side_row_set(k, vals, i);
+    }
+    return rows;
 }
 
 /* Writes v in decimal at p (room for 20 digits and a sign). Returns the end. */
@@ -588,7 +743,7 @@ long kp_codec_copy_text(const Kprof__V1__Batch *b, enum kp_event_kind k, const i
     const struct kp_event_kind_info *ki = &kp_event_kinds[k];
     const ProtobufCMessage *m = kp_batch_kind(b, k);
     const ProtobufCFieldDescriptor *const *fs = col_fields[k];
-    size_t present[KP_CODEC_MAX_COLS];
+    size_t present[KP_CODEC_MAX_COLS], cols[KP_CODEC_MAX_COLS], n_cols = 0;
     int64_t ts[KP_CODEC_MAX_COLS];
     char prefix[48];
     size_t prefix_len, n, row_max;
@@ -596,6 +751,11 @@ long kp_codec_copy_text(const Kprof__V1__Batch *b, enum kp_event_kind k, const i
 
     if (m == NULL) {
         return 0;
+    }
+    for (size_t c = 0; c < ki->n_columns; c++) {
+        if (col_store[k][c] != STORE_SIDE) {
+            cols[n_cols++] = c;
+        }
     }
     n = field_count(m, fs[0]);
     p = put_i64(prefix, (int64_t) b->run_id);
@@ -607,7 +767,7 @@ long kp_codec_copy_text(const Kprof__V1__Batch *b, enum kp_event_kind k, const i
         ts[c] = b->base_ns;
     }
     /* Worst case per row: prefix, then each column 24 bytes (a double 32) plus a tab. */
-    row_max = prefix_len + 1 + ki->n_columns * 33;
+    row_max = prefix_len + 1 + n_cols * 33;
     for (size_t i = 0; i < n; i++) {
         if (kp_strbuf_reserve(out, row_max) != 0) {
             return -ENOMEM;
@@ -615,7 +775,8 @@ long kp_codec_copy_text(const Kprof__V1__Batch *b, enum kp_event_kind k, const i
         p = out->data + out->len;
         memcpy(p, prefix, prefix_len);
         p += prefix_len;
-        for (size_t c = 0; c < ki->n_columns; c++) {
+        for (size_t j = 0; j < n_cols; j++) {
+            size_t c = cols[j];
             const struct kp_column_spec *cs = &ki->columns[c];
             int64_t v;
 
@@ -648,4 +809,69 @@ long kp_codec_copy_text(const Kprof__V1__Batch *b, enum kp_event_kind k, const i
         out->len = (size_t) (p - out->data);
     }
     return (long) n;
+}
+
+long kp_codec_side_copy_text(const Kprof__V1__Batch *b, enum kp_event_kind k, struct kp_strbuf *out)
+{
+    const ProtobufCMessage *m = kp_batch_kind(b, k);
+    const ProtobufCFieldDescriptor *const *fs = col_fields[k];
+    const double *vals[KP_SIDE_MAX_VALUES];
+    int64_t ts[KP_SIDE_MAX_KEY];
+    char prefix[48];
+    size_t prefix_len, n, row_max;
+    long rows = 0;
+    char *p;
+
+    if (m == NULL || kp_event_kinds[k].side == NULL || side_values(m, k, vals) == 0) {
+        return 0;
+    }
+    n = field_count(m, fs[0]);
+    p = put_i64(prefix, (int64_t) b->run_id);
+    *p++ = '\t';
+    p = put_i64(p, (int64_t) b->rank);
+    prefix_len = (size_t) (p - prefix);
+    row_max = prefix_len + 1 + n_side_key[k] * 25 + n_side_val[k] * 33;
+    for (size_t j = 0; j < n_side_key[k]; j++) {
+        ts[j] = b->base_ns;
+    }
+    for (size_t i = 0; i < n; i++) {
+        bool set = side_row_set(k, vals, i);
+
+        /* Timestamps are deltas: every row's must be added up, written or not. */
+        for (size_t j = 0; j < n_side_key[k]; j++) {
+            size_t c = side_key[k][j];
+
+            if (kp_event_kinds[k].columns[c].role == KP_ROLE_TS && field_count(m, fs[c]) != 0) {
+                ts[j] += kp_codec_get_i64(m, fs[c], i);
+            }
+        }
+        if (!set) {
+            continue;
+        }
+        if (kp_strbuf_reserve(out, row_max) != 0) {
+            return -ENOMEM;
+        }
+        p = out->data + out->len;
+        memcpy(p, prefix, prefix_len);
+        p += prefix_len;
+        for (size_t j = 0; j < n_side_key[k]; j++) {
+            size_t c = side_key[k][j];
+
+            *p++ = '\t';
+            if (kp_event_kinds[k].columns[c].role == KP_ROLE_TS) {
+                p = put_i64(p, ts[j]);
+            }
+            else {
+                p = put_i64(p, field_count(m, fs[c]) != 0 ? kp_codec_get_i64(m, fs[c], i) : 0);
+            }
+        }
+        for (size_t j = 0; j < n_side_val[k]; j++) {
+            *p++ = '\t';
+            p = put_f64(p, vals[j] != NULL ? vals[j][i] : NAN);
+        }
+        *p++ = '\n';
+        out->len = (size_t) (p - out->data);
+        rows++;
+    }
+    return rows;
 }

@@ -5,7 +5,9 @@
  * fields, and one PostgreSQL table whose columns are (run_id, rank, <the fields, same names,
  * same order>). The spec table in kp_codec.c gives each field its SQL type and role. The
  * validator and the COPY encoder walk that table and protobuf-c's field descriptors, so a new
- * column is one row in the table, one field in the proto and one migration.
+ * column is one row in the table, one field in the proto and one migration. A kind may keep
+ * figures that few rows carry in a side table instead (struct kp_side_spec): kernels' occupancy
+ * figures live in kernel_occupancy.
  *
  * Validation guarantees that a valid batch can be COPYed without error: every column has 0 or
  * n values, every value fits its SQL type, every name index points into the string table,
@@ -56,6 +58,20 @@ struct kp_column_spec {
     bool required; /* must have n values */
 };
 
+/*
+ * A kind's side table: figures that few rows carry (double precision, optional columns) live
+ * there instead of in the kind's table, one row per event row that has one of them set (not
+ * NaN), so that the rows without them pay nothing. Its columns: run_id, rank, the key columns
+ * (also in the kind's table; NOT NULL here, a value the batch lacks is 0) and the values.
+ */
+#define KP_SIDE_MAX_KEY    4
+#define KP_SIDE_MAX_VALUES 2
+struct kp_side_spec {
+    const char *table;
+    const char *key[KP_SIDE_MAX_KEY];       /* names of the kind's columns; NULL-padded */
+    const char *values[KP_SIDE_MAX_VALUES]; /* likewise; stored in the side table only */
+};
+
 struct kp_event_kind_info {
     const char *table; /* PostgreSQL table */
     const char *label; /* short name for logs and metrics: "kernel", "memcpy", ... */
@@ -63,6 +79,7 @@ struct kp_event_kind_info {
     const struct kp_column_spec *columns;
     size_t n_columns; /* columns[0] is the one whose length is the row count */
     const ProtobufCMessageDescriptor *desc;
+    const struct kp_side_spec *side; /* NULL: none */
 };
 
 extern const struct kp_event_kind_info kp_event_kinds[KP_EV_COUNT];
@@ -109,8 +126,42 @@ bool kp_utf8_valid(const char *s, size_t len);
 long kp_codec_copy_text(const Kprof__V1__Batch *b, enum kp_event_kind k, const int32_t *name_ids,
                         struct kp_strbuf *out);
 
-/* Writes "run_id, rank, col, ..." for kind k into buf. Returns buf. */
+/* Writes "run_id, rank, col, ..." for kind k into buf (the columns of its table, without the
+ * side table's values). Returns buf. */
 const char *kp_codec_copy_columns(enum kp_event_kind k, char *buf, size_t len);
+
+/* Returns how many rows of kind k in b have a side value set (not NaN): the rows
+ * kp_codec_side_copy_text writes. 0 when the kind has no side table or b carries none. */
+size_t kp_batch_side_rows(const Kprof__V1__Batch *b, enum kp_event_kind k);
+
+/*
+ * Appends the side-table rows of kind k's rows of a validated batch to out in COPY text
+ * format, in the order of kp_codec_side_columns: one per row with a side value set
+ * (the others written as NaN); key columns the batch lacks are written as 0. Returns the
+ * rows written, or -ENOMEM.
+ */
+long kp_codec_side_copy_text(const Kprof__V1__Batch *b, enum kp_event_kind k,
+                             struct kp_strbuf *out);
+
+/* Writes "run_id, rank, <key columns>, <side columns>" for kind k's side table into buf.
+ * Returns buf ("" when the kind has none). */
+const char *kp_codec_side_columns(enum kp_event_kind k, char *buf, size_t len);
+
+/*
+ * SQL: a LEFT JOIN that gives each row of `kernels` (which must be in the FROM clause without
+ * a join before it; its columns are referred to unqualified) of run `run` and rank `rank`
+ * (SQL expressions, e.g. "$1") its figures from kernel_occupancy as o.blocks_per_sm and
+ * o.est_occupancy, NULL when it has none. The subquery's other columns are named o_* so that
+ * unqualified kernels columns stay unambiguous. Rows of kernel_occupancy with the same key
+ * are averaged, so the join never repeats a kernel.
+ */
+#define KP_SQL_KERNEL_OCCUPANCY_JOIN(run, rank)                                                 \
+    " LEFT JOIN (SELECT start_ns AS o_start_ns, correlation AS o_correlation, stream AS "       \
+    "o_stream, device AS o_device, avg(blocks_per_sm) AS blocks_per_sm, avg(est_occupancy) AS " \
+    "est_occupancy FROM kernel_occupancy WHERE run_id = " run " AND rank = " rank               \
+    " GROUP BY 1, 2, 3, 4) o ON o.o_start_ns = start_ns AND o.o_correlation = "                 \
+    "coalesce(correlation, 0) AND o.o_stream = coalesce(stream, 0) AND o.o_device = "           \
+    "coalesce(device, 0)"
 
 /* Reads value i of a repeated numeric field as int64 (uint64 reinterpreted; validation
  * guarantees it fits). For callers that walk columns themselves (tests, analyzers). */

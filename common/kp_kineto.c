@@ -2506,6 +2506,15 @@ static int ev_finish(struct kp_kineto *k)
         k->meta->cats[KP_KINETO_SKIPPED]++;
         return 0;
     case 'X':
+        if (m == M_SKIP && strcmp(cat, "trace") == 0 && e->has_name && e->has_ts && e->has_dur &&
+            e->name_len == 20 && memcmp(evstr(k, e->name_off), "PyTorch Profiler (0)", 20) == 0 &&
+            (!k->meta->has_profiler_span || e->ts_ns >= k->meta->profiler_ts_ns)) {
+            /* the profiler's span, kept for the GPU utilization timeline (spec tbplugin
+             * §8); the plugin takes the last one in ts order */
+            k->meta->has_profiler_span = true;
+            k->meta->profiler_ts_ns = e->ts_ns;
+            k->meta->profiler_dur_ns = e->dur_ns > 0 ? e->dur_ns : 0;
+        }
         if (m == M_SKIP || m == M_FLOW_AC2G || m == M_FLOW_FWDBWD) {
             k->meta->cats[KP_KINETO_SKIPPED]++;
             return 0;
@@ -2965,6 +2974,16 @@ static void fill_rank_info(const struct kp_kineto_opts *opts, const struct kp_ki
     ri->pid = src->pid;
     ri->world_size = opts->world_size;
     ri->device = src->device;
+    ri->profiler_start_ns = ri->profiler_end_ns = 0;
+    if (src->has_profiler_span) { /* both 0 (unknown) if it overflows or starts at 0 */
+        int64_t s, e;
+
+        if (!__builtin_add_overflow(src->base_ns, src->profiler_ts_ns, &s) &&
+            !__builtin_add_overflow(s, src->profiler_dur_ns, &e) && s > 0) {
+            ri->profiler_start_ns = s;
+            ri->profiler_end_ns = e;
+        }
+    }
     m->rank_info = ri;
     for (size_t i = 0; i < src->n_devices; i++) {
         const struct kp_kineto_device *d = &src->devices[i];

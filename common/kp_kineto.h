@@ -85,7 +85,9 @@
  *    their own CUPTI correlation, and 2.3-2.5 falls back to it for events outside any op. An
  *    External id equal to the event's correlation is therefore dropped (0: no link); the
  *    lower-case `external id` of 1.8-1.10 is the CPU op's and is kept.
- *  - Metadata (M), Trace spans, other instants and other categories are counted as skipped.
+ *  - Metadata (M), Trace spans, other instants and other categories are counted as skipped;
+ *    the "PyTorch Profiler (0)" Trace span (cat Trace, any case; the last by ts) is kept as
+ *    the first batch's rank_info.profiler_start_ns/_end_ns.
  *
  * Times: ns since the epoch = baseTimeNanoseconds (0 if absent) + ts µs × 1000, parsed from
  * the decimal text without floating point, rounded to the ns.
@@ -168,6 +170,10 @@ struct kp_kineto_meta {
     uint64_t ext_dropped;               /* External ids dropped by the trap rule */
     uint64_t names_truncated;           /* names cut to max_name_bytes */
     int64_t min_ns, max_ns;             /* span of the events' start times */
+    /* The "PyTorch Profiler (0)" Trace span (the last by ts if several), its ts as in the
+     * file (relative to base_ns), for rank_info.profiler_start_ns/_end_ns */
+    bool has_profiler_span;
+    int64_t profiler_ts_ns, profiler_dur_ns;
 };
 
 struct kp_kineto_spool;

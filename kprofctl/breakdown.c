@@ -9,7 +9,11 @@
  * as aligned text, CSV, or (--json) an array of objects keyed by those names; JSON carries
  * every digit of the averages. Text output adds one line per GPU below the table:
  *   GPU N: utilization U%, est. SM efficiency E%, est. achieved occupancy O%
- * (2 decimals, like the TensorBoard plugin; "-" for a figure no kernel in the window has).
+ * (2 decimals, like the TensorBoard plugin; "-" for a figure no kernel in the window has),
+ * then kprof's recommendations (analyzer/recommend.h, the plugin's rules in its order):
+ *   recommendations:
+ *     - <one per line>
+ * or "recommendations: none".
  * --plugin-compat gives the TensorBoard plugin's double-counting figure instead of kprof's.
  *
  * Exit status: 0 shown, 2 bad usage, 3 unknown run or rank, 5 kprof-analyzer (or its
@@ -201,6 +205,10 @@ int kprofctl_breakdown(int argc, char **argv)
     if (v.format == KP_TABLE_FORMAT_TEXT) {
         for (size_t i = 0; i < resp->n_gpus; i++) {
             print_gpu(resp->gpus[i]);
+        }
+        printf("recommendations:%s\n", resp->n_recommendations == 0 ? " none" : "");
+        for (size_t i = 0; i < resp->n_recommendations; i++) {
+            printf("  - %s\n", resp->recommendations[i]);
         }
         if (fflush(stdout) != 0) {
             rc = KPROFCTL_EXIT_FAILED;

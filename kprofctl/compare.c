@@ -1,22 +1,33 @@
 /*
- * kprofctl compare --run R [--step S] [--json|--csv] [-c COLS] [-w WIDTH] [--pg CONNINFO]:
- * which rank holds the job back, and why (analyzer/compare.h has the rules).
- *
- * The computation runs here, in kprofctl, reading PostgreSQL directly (--pg or KPROF_PG, else
- * libpq's PG* environment), as kprofctl export does; there is no Analyzer.Compare rpc yet.
+ * kprofctl compare --run R [--step S] [--json|--csv] [-c COLS] [-w WIDTH]: which rank holds
+ * the job back, and why (analyzer/compare.h has the rules), from kprof-analyzer's
+ * Analyzer.Compare (--analyzer or KPROF_ANALYZER), which reads PostgreSQL and caches the
+ * comparison per run and options until the run changes.
  *
  * Output: a per-rank table sorted by step time, slowest first, with the columns
  *   rank, step_ms (median over the steps), vs_median (% against the median rank), collective_ms
- *   (median time in collectives per step), late_ms (mean over the steps of its arrival
- *   lateness summed over the step's collectives),
- *   compute_ms, host_ms, launch_ms, other_ms (medians per step, from the breakdown),
+ *   (median time in collectives per step), late_ms (mean over the steps of how long after the
+ *   median rank it arrives, summed over the step's collectives),
+ *   compute_ms (non-collective kernels), host_ms (data loading ops), launch_ms (CUDA runtime
+ *   calls but synchronizations), other_ms (copies, memsets): medians of the per-step sums,
  *   flag ("straggler", "waits" or "")
  * then the verdict line. --csv prints the table only; --json one object {run, ranks: [...],
- * steps: [...], stragglers: [{rank, steps, late_ms, cause, excess_ms, ...}], verdict}.
+ * steps: [...], stragglers: [{rank, steps, late_ms, cause, excess_ms, own and median
+ * ms by cause, ...}], verdict}: every straggler, latest first, each with its cause.
  * --hta prints HTA's straggler call instead (get_potential_stragglers: --hta-candidates K).
+ * The reply is structured (compare_pb.h); it is turned back into compare.h's result and printed
+ * by compare.h's own writers, so the output is what the in-process comparison printed.
  *
- * Exit status: 0 shown, 2 bad usage, 3 unknown run or step, 1 anything else (PostgreSQL
- * unreachable included: the message says to pass --pg).
+ * compare only reads, in one read-only transaction, unless --save-offsets: then the analyzer
+ * writes the clock offsets it estimates from collective end times (compare.h) to
+ * ranks.clock_offset_ns of the ranks that share collectives with the reference (the lowest
+ * rank), in the same transaction, committed before it answers (such a request is never
+ * answered from its cache). An explicit flag rather than always: a comparison is something one
+ * runs often, and a stored offset is a claim about the hosts' clocks that the user should ask
+ * for.
+ *
+ * Exit status: 0 shown, 2 bad usage, 3 unknown run or step, 5 kprof-analyzer (or its
+ * PostgreSQL) unreachable, 1 anything else (e.g. over the row budget).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -28,32 +39,24 @@
 #include <string.h>
 
 #include "compare.h"
+#include "compare_pb.h"
 #include "kp_config.h"
-#include "kp_err.h"
-#include "kp_log.h"
-#include "kp_pg.h"
+#include "kprof.pb-c.h"
 #include "kprofctl.h"
+#include "rpcverb.h"
 #include "table.h"
 
-#define CMP_MAX_ARGS 8
-
-static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
-
 struct compare_config {
+    struct kp_rpcverb_common common; /* first: the common rows' offsets */
     long long run;
     long long step;
-    char *pg;
-    bool json;
-    bool csv;
-    char *columns;
-    long long width;
     long long late_pct;
-    long long last_pct;
+    long long excess_pct;
     long long step_pct;
     long long max_rows;
+    bool save_offsets;
     bool hta;
     long long hta_candidates;
-    int log_level;
 };
 
 #define OFF(f) offsetof(struct compare_config, f)
@@ -62,36 +65,30 @@ static const struct kp_config_def compare_defs[] = {
       false },
     { "step", KP_CONFIG_INT, "-1", -1, INT64_MAX, OFF(step),
       "compare only this step (the N of ProfilerStep#N); -1: every step", NULL, false },
-    { "pg", KP_CONFIG_STRING, "", 0, 0, OFF(pg),
-      "PostgreSQL conninfo (\"\": libpq's PG* environment)", NULL, true },
-    { "json", KP_CONFIG_BOOL, "false", 0, 0, OFF(json),
-      "print one JSON object {ranks, steps, stragglers, verdict}", NULL, false },
-    { "csv", KP_CONFIG_BOOL, "false", 0, 0, OFF(csv), "print the table as CSV", NULL, false },
-    { "columns", KP_CONFIG_STRING, "", 0, 0, OFF(columns),
-      "show only these columns, comma-separated (also -c): rank, step_ms, vs_median, "
-      "collective_ms, late_ms, compute_ms, host_ms, launch_ms, other_ms, flag",
+    { "late-pct", KP_CONFIG_INT, "2", 0, 10000, OFF(late_pct),
+      "a rank is late in a step when it arrives at the step's collectives, in all, more than "
+      "this % of the median step time after the median rank",
       NULL, false },
-    { "width", KP_CONFIG_INT, "0", 0, 10000, OFF(width),
-      "cut text cells to this many columns (also -w; 0: no limit)", NULL, false },
-    { "late-pct", KP_CONFIG_INT, "20", 0, 10000, OFF(late_pct),
-      "a rank is late in a step when the others' median time in collectives exceeds its own by "
-      "more than this % of the median step time (they wait for it)",
+    { "excess-pct", KP_CONFIG_INT, "5", 0, 10000, OFF(excess_pct),
+      "... and spends more than this % of the median step time longer than the median rank on "
+      "compute, data loading or launches",
       NULL, false },
-    { "last-pct", KP_CONFIG_INT, "50", 0, 99, OFF(last_pct),
-      "... and it arrives last in more than this % of the step's collectives", NULL, false },
     { "step-pct", KP_CONFIG_INT, "50", 0, 100, OFF(step_pct),
       "a straggler is late in at least this % of the steps compared", NULL, false },
     { "max-rows", KP_CONFIG_INT, "0", 0, INT64_MAX, OFF(max_rows),
-      "refuse a rank over this many rows (0: no limit)", NULL, false },
+      "refuse when the run's queries return more than this many rows in all (per-step sums and "
+      "collectives; 0: kprof-analyzer's own --max-rows, which this cannot raise)",
+      NULL, false },
+    { "save-offsets", KP_CONFIG_BOOL, "false", 0, 0, OFF(save_offsets),
+      "write the clock offsets estimated from collective end times to ranks.clock_offset_ns "
+      "(compare only reads otherwise)",
+      NULL, false },
     { "hta", KP_CONFIG_BOOL, "false", 0, 0, OFF(hta),
       "print HTA's straggler call (get_potential_stragglers) instead", NULL, false },
     { "hta-candidates", KP_CONFIG_INT, "2", 1, 65536, OFF(hta_candidates), "HTA's num_candidates",
       NULL, false },
-    { "log-level", KP_CONFIG_ENUM, "warn", 0, 0, OFF(log_level), "error, warn, info or debug",
-      log_levels, false },
 };
 #undef OFF
-#define N_DEFS (sizeof(compare_defs) / sizeof(compare_defs[0]))
 
 enum compare_col {
     COL_RANK,
@@ -120,22 +117,25 @@ static const struct kp_table_col compare_cols[N_COLS] = {
     [COL_FLAG] = { "flag", KP_TABLE_TEXT },
 };
 
-static const char usage_text[] =
-    "usage: kprofctl compare --run R [--step S] [--json|--csv] [-c COLS] [-w WIDTH]\n"
-    "                        [--pg CONNINFO] [--late-pct P] [--last-pct P] [--step-pct P]\n"
-    "                        [--hta [--hta-candidates K]]\n"
-    "  Which rank holds the job back, and why: one row per rank, slowest step time first,\n"
-    "  stragglers (ranks that arrive late at collectives) and the ranks that wait for them\n"
-    "  flagged, and the verdict in one line. Reads PostgreSQL directly (--pg or KPROF_PG).\n"
-    "\nexit status: 0 shown, 1 failed (e.g. PostgreSQL unreachable), 2 bad usage, 3 unknown run "
-    "or step\n";
-
-static int status_of(int rc)
-{
-    return rc == KP_ENOTFOUND ? KPROFCTL_EXIT_NOT_FOUND
-           : rc == -EINVAL    ? KPROFCTL_EXIT_USAGE
-                              : KPROFCTL_EXIT_FAILED;
-}
+static const struct kp_rpcverb_spec compare_spec = {
+    .name = "compare",
+    .synopsis =
+        "usage: kprofctl compare --run R [--step S] [--json|--csv] [-c COLS] [-w WIDTH]\n"
+        "                        [--analyzer ADDR] [--late-pct P] [--excess-pct P]\n"
+        "                        [--step-pct P] [--save-offsets] [--hta [--hta-candidates K]]\n"
+        "  Which rank holds the job back, and why: one row per rank, slowest step time first,\n"
+        "  stragglers (ranks that arrive late at collectives) and the ranks that wait for them\n"
+        "  flagged, and the verdict in one line. From kprof-analyzer (Analyzer.Compare;\n"
+        "  --analyzer or KPROF_ANALYZER), which caches the comparison until the run changes.\n",
+    .exit_ok = "shown",
+    .json_help = "print one JSON object {run, ranks, steps, stragglers, verdict} (--hta: "
+                 "{collective, stream, mean_step_ms, metric, stragglers})",
+    .defs = compare_defs,
+    .n_defs = sizeof(compare_defs) / sizeof(compare_defs[0]),
+    .cols = compare_cols,
+    .n_cols = N_COLS,
+    .analyzer = true,
+};
 
 static int fill_table(struct kp_table *t, const struct kp_cmp_result *r)
 {
@@ -161,142 +161,132 @@ static int fill_table(struct kp_table *t, const struct kp_cmp_result *r)
     return rc;
 }
 
+/* Prints HTA's call as text or JSON. */
+static void print_hta(const struct kp_rpcverb *v, const struct kp_cmp_hta *h, long long k)
+{
+    if (v->format == KP_TABLE_FORMAT_JSON) {
+        kp_cmp_hta_json(stdout, h);
+        return;
+    }
+    printf("HTA's potential stragglers (num_candidates=%lld): [", k);
+    for (size_t i = 0; i < h->n_stragglers; i++) {
+        printf("%s%d", i ? ", " : "", h->stragglers[i]);
+    }
+    printf("]\ncollective: %s (stream %d), mean step %.3f ms\n", h->collective, h->stream,
+           h->mean_step_ns / 1e6);
+    for (size_t i = 0; i < h->n_rows; i++) {
+        printf("  step %" PRId64 " rank %d: normalized start %.6f, duration %.6f\n",
+               h->rows[i].step, h->rows[i].rank, h->rows[i].norm_start, h->rows[i].norm_dur);
+    }
+}
+
+/* Prints the comparison as the table and verdict, CSV or JSON. Returns 0 or an exit status. */
+static int print_result(const struct kp_rpcverb *v, const struct kp_cmp_result *res)
+{
+    struct kp_table *t = NULL;
+    int rc;
+
+    if (v->format == KP_TABLE_FORMAT_JSON) {
+        kp_cmp_json(stdout, res);
+        return 0;
+    }
+    if ((rc = kp_rpcverb_table(v, &t)) != 0) {
+        return rc;
+    }
+    if (fill_table(t, res) != 0) {
+        kp_rpcverb_error(v, "out of memory");
+        rc = KPROFCTL_EXIT_FAILED;
+    }
+    else if ((rc = kp_rpcverb_print(v, t, stdout)) == 0 && v->format == KP_TABLE_FORMAT_TEXT) {
+        printf("\n%s\n", res->verdict);
+    }
+    kp_table_destroy(t);
+    return rc;
+}
+
 int kprofctl_compare(int argc, char **argv)
 {
     struct compare_config cfg;
-    struct kp_config_pos pos;
-    char *args[CMP_MAX_ARGS], **av = NULL, buf[4096], err[1024];
-    struct kp_cmp_opts o;
+    struct kp_rpcverb v;
+    Kprof__V1__CompareRequest req = KPROF__V1__COMPARE_REQUEST__INIT;
+    Kprof__V1__CompareThresholds th = KPROF__V1__COMPARE_THRESHOLDS__INIT;
+    Kprof__V1__CompareResponse *resp;
+    ProtobufCMessage *msg = NULL;
     struct kp_cmp_result *res = NULL;
     struct kp_cmp_hta *hta = NULL;
-    struct kp_table *t = NULL;
-    PGconn *pg = NULL;
-    int action, rc = KPROFCTL_EXIT_FAILED, r;
+    char err[1024];
+    int rc;
 
     memset(&cfg, 0, sizeof(cfg));
-    if ((av = calloc((size_t) argc + 1, sizeof(*av))) == NULL ||
-        kp_table_short_flags(argc, argv, av, buf, sizeof(buf)) != 0) {
-        fprintf(stderr, "kprofctl compare: arguments too long\n");
-        free(av);
-        return KPROFCTL_EXIT_USAGE;
-    }
-    pos.args = args;
-    pos.max = CMP_MAX_ARGS;
-    pos.n = 0;
-    if (kp_config_load_args(compare_defs, N_DEFS, &cfg, "kprofctl", argc, av, &pos, err,
-                            sizeof(err), &action) != 0) {
-        fprintf(stderr, "kprofctl compare: %s (see kprofctl compare --help)\n", err);
-        free(av);
-        return KPROFCTL_EXIT_USAGE;
-    }
-    if (action == KP_CONFIG_EXIT_OK) {
-        printf("\n%s", usage_text);
-        rc = KPROFCTL_EXIT_OK;
+    if ((rc = kp_rpcverb_init(&v, &compare_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
         goto out;
     }
-    kp_log_set_level((enum kp_log_level) cfg.log_level);
-    if (cfg.run <= 0 || pos.n > 0 || (cfg.json && cfg.csv) || (cfg.hta && cfg.csv)) {
-        fprintf(stderr, "kprofctl compare: %s (see kprofctl compare --help)\n",
-                pos.n > 0      ? "unexpected argument"
-                : cfg.run <= 0 ? "--run is required (kprofctl runs lists the runs)"
-                : cfg.hta      ? "--hta prints text or --json, not --csv"
-                               : "--json and --csv exclude each other");
-        rc = KPROFCTL_EXIT_USAGE;
+    if (cfg.run <= 0) {
+        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
         goto out;
     }
-    if (!cfg.hta) {
-        if (kp_table_create(compare_cols, N_COLS, &t) != 0) {
-            fprintf(stderr, "kprofctl compare: out of memory\n");
-            goto out;
-        }
-        if (kp_table_select(t, cfg.columns, err, sizeof(err)) != 0) {
-            fprintf(stderr, "kprofctl compare: -c: %s\n", err);
-            rc = KPROFCTL_EXIT_USAGE;
-            goto out;
-        }
-    }
-    if (kp_pg_connect(cfg.pg, "kprofctl-compare", &pg, err, sizeof(err)) != 0) {
-        fprintf(stderr,
-                "kprofctl compare: cannot connect to PostgreSQL: %s; pass --pg CONNINFO or set "
-                "KPROF_PG\n",
-                err);
+    if (cfg.hta && (cfg.common.csv || cfg.save_offsets)) {
+        rc = kp_rpcverb_usage_error(&v, "%s",
+                                    cfg.save_offsets
+                                        ? "--save-offsets goes with kprof's own comparison, not "
+                                          "--hta"
+                                        : "--hta prints text or --json, not --csv");
         goto out;
     }
-    if (kp_pg_exec(pg, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL jit = off", err,
-                   sizeof(err)) != 0) {
-        fprintf(stderr, "kprofctl compare: PostgreSQL: %s\n", err);
+    req.run_id = (uint64_t) cfg.run;
+    req.has_step = cfg.step >= 0;
+    req.step = cfg.step >= 0 ? cfg.step : 0;
+    th.late_pct = (double) cfg.late_pct;
+    th.excess_pct = (double) cfg.excess_pct;
+    th.step_pct = (double) cfg.step_pct;
+    req.thresholds = &th;
+    req.hta = cfg.hta;
+    req.hta_candidates = (uint32_t) cfg.hta_candidates;
+    req.max_rows = (uint64_t) cfg.max_rows;
+    req.save_offsets = cfg.save_offsets;
+    snprintf(v.subject, sizeof(v.subject), "run %lld", cfg.run);
+    if ((rc = kp_rpcverb_call(&v, "Compare", &req.base, &kprof__v1__compare_response__descriptor,
+                              &msg)) != 0) {
         goto out;
     }
+    resp = (Kprof__V1__CompareResponse *) msg;
+    rc = KPROFCTL_EXIT_FAILED;
     if (cfg.hta) {
-        r = kp_cmp_hta(pg, cfg.run, cfg.step >= 0, cfg.step, (int) cfg.hta_candidates, &hta, err,
-                       sizeof(err));
-        if (r != 0) {
-            fprintf(stderr, "kprofctl compare: %s\n", err);
-            rc = status_of(r);
+        if (resp->hta == NULL) {
+            kp_rpcverb_error(&v, "kprof-analyzer's reply is malformed: no HTA call in it");
             goto out;
         }
-        if (cfg.json) {
-            kp_cmp_hta_json(stdout, hta);
+        if (kp_cmp_hta_from_pb(resp->hta, &hta) != 0) {
+            kp_rpcverb_error(&v, "out of memory");
+            goto out;
         }
-        else {
-            printf("HTA's potential stragglers (num_candidates=%lld): [", cfg.hta_candidates);
-            for (size_t i = 0; i < hta->n_stragglers; i++) {
-                printf("%s%d", i ? ", " : "", hta->stragglers[i]);
-            }
-            printf("]\ncollective: %s (stream %d), mean step %.3f ms\n", hta->collective,
-                   hta->stream, hta->mean_step_ns / 1e6);
-            for (size_t i = 0; i < hta->n_rows; i++) {
-                printf("  step %" PRId64 " rank %d: normalized start %.6f, duration %.6f\n",
-                       hta->rows[i].step, hta->rows[i].rank, hta->rows[i].norm_start,
-                       hta->rows[i].norm_dur);
-            }
-        }
+        print_hta(&v, hta, cfg.hta_candidates);
     }
     else {
-        kp_cmp_opts_init(&o);
-        o.has_step = cfg.step >= 0;
-        o.step = cfg.step;
-        o.late_frac = (double) cfg.late_pct / 100.0;
-        o.last_frac = (double) cfg.last_pct / 100.0;
-        o.step_frac = (double) cfg.step_pct / 100.0;
-        o.max_rows = (size_t) cfg.max_rows;
-        if ((r = kp_cmp_run(pg, cfg.run, &o, &res, err, sizeof(err))) != 0) {
-            fprintf(stderr, "kprofctl compare: %s\n", err);
-            rc = status_of(r);
+        if (kp_cmp_from_pb(resp, &res, err, sizeof(err)) != 0) {
+            kp_rpcverb_error(&v, "kprof-analyzer's reply is malformed: %s", err);
             goto out;
         }
-        if (cfg.json) {
-            kp_cmp_json(stdout, res);
+        if (cfg.save_offsets) {
+            fprintf(stderr, "kprofctl compare: saved the clock offsets of %u ranks of run %lld\n",
+                    (unsigned) resp->offsets_saved, cfg.run);
         }
-        else {
-            if (fill_table(t, res) != 0) {
-                fprintf(stderr, "kprofctl compare: out of memory\n");
-                goto out;
-            }
-            if (kp_table_print(t, cfg.csv ? KP_TABLE_FORMAT_CSV : KP_TABLE_FORMAT_TEXT,
-                               (int) cfg.width, stdout) != 0) {
-                fprintf(stderr, "kprofctl compare: cannot write the output\n");
-                goto out;
-            }
-            if (!cfg.csv) {
-                printf("\n%s\n", res->verdict);
-            }
+        if ((rc = print_result(&v, res)) != 0) {
+            goto out;
         }
     }
-    (void) kp_pg_exec(pg, "COMMIT", err, sizeof(err));
     if (fflush(stdout) != 0 || ferror(stdout)) {
-        fprintf(stderr, "kprofctl compare: cannot write the output\n");
+        kp_rpcverb_error(&v, "cannot write the output");
+        rc = KPROFCTL_EXIT_FAILED;
         goto out;
     }
     rc = KPROFCTL_EXIT_OK;
 out:
-    kp_table_destroy(t);
     kp_cmp_result_destroy(res);
     kp_cmp_hta_destroy(hta);
-    if (pg != NULL) {
-        PQfinish(pg);
+    if (msg != NULL) {
+        protobuf_c_message_free_unpacked(msg, NULL);
     }
-    kp_config_fini(compare_defs, N_DEFS, &cfg);
-    free(av);
+    kp_rpcverb_fini(&v);
     return rc;
 }

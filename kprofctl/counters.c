@@ -1,24 +1,24 @@
 /*
- * kprofctl counters --run R [--rank N] [-c COLS] [--json|--csv] [--pg CONNINFO]: CUPTI counter
- * values per kernel, the kernel's op stack (top and bottom op) and the FLOPs derived from the
- * SASS instruction counters (analyzer/counters.h has the rules).
+ * kprofctl counters --run R [--rank N] [-c COLS] [--json|--csv]: CUPTI counter values per
+ * kernel, the kernel's op stack (top and bottom op) and the FLOPs derived from the SASS
+ * instruction counters (analyzer/counters.h has the rules), from kprof-analyzer's
+ * Analyzer.Counters (--analyzer or KPROF_ANALYZER).
  *
- * The table is built here, in kprofctl, reading PostgreSQL directly (--pg or KPROF_PG, else
- * libpq's PG* environment), as kprofctl export and compare do; the Analyzer service has no
- * Counters rpc (yet).
- *
- * Output: text columns (default idx, kernel, device, top_op, bottom_op, dur_ns, flops,
- * flops_per_s; -c picks others: range, correlation, tid, op_stack, flops_fp64, flops_fp32,
- * flops_fp16, any metric name, or all); --csv every column; --json one object {run, rank,
- * metrics, message, rows: [{..., op_stack: [...], counters: {metric: value|null}}]}. An unknown
- * counter is "-" (text), an empty field (CSV) or null (JSON), never 0. A run without counters
- * prints an empty table and says so on stderr (and in JSON's message).
+ * Output: exactly what `kprof-analyze counters` prints for the same run, rank and flags
+ * (tests/it/test_analyzer_counters.py checks it): the reply's rows go through counters.c's own
+ * writer, kp_ctr_write_rows. Text columns default to idx, kernel, device, top_op, bottom_op,
+ * dur_ns, flops, flops_per_s; -c picks others (range, correlation, tid, op_stack, flops_fp64,
+ * flops_fp32, flops_fp16, any metric name, or all); --csv every column; --json one object
+ * {run, rank, metrics, message, rows: [{..., op_stack: [...], counters: {metric: value|null}}]}.
+ * An unknown counter is "-" (text), an empty field (CSV) or null (JSON), never 0. A run without
+ * counters prints an empty table and says so on stderr (and in JSON's message). -w does not
+ * apply: text cells are cut at 60 bytes, as kprof-analyze does.
  *
  * Exit status: 0 shown, 2 bad usage (an unknown -c column included), 3 unknown run or rank,
- * 1 anything else (PostgreSQL unreachable included: the message says to pass --pg).
+ * 5 kprof-analyzer (or its PostgreSQL) unreachable, 1 anything else.
  */
+#define KP_LOG_MODULE "counters"
 #include <errno.h>
-#include <inttypes.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -29,24 +29,15 @@
 #include "counters.h"
 #include "kp_config.h"
 #include "kp_err.h"
-#include "kp_log.h"
-#include "kp_pg.h"
+#include "kprof.pb-c.h"
 #include "kprofctl.h"
+#include "rpcverb.h"
 #include "table.h"
 
-#define CTR_MAX_ARGS 8
-
-static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
-
 struct counters_config {
+    struct kp_rpcverb_common common; /* first: the common rows' offsets */
     long long run;
     long long rank;
-    char *pg;
-    bool json;
-    bool csv;
-    char *columns;
-    long long max_rows;
-    int log_level;
 };
 
 #define OFF(f) offsetof(struct counters_config, f)
@@ -54,115 +45,147 @@ static const struct kp_config_def counters_defs[] = {
     { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
       false },
     { "rank", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(rank), "the rank", NULL, false },
-    { "pg", KP_CONFIG_STRING, "", 0, 0, OFF(pg),
-      "PostgreSQL conninfo (\"\": libpq's PG* environment)", NULL, true },
-    { "json", KP_CONFIG_BOOL, "false", 0, 0, OFF(json),
-      "print one JSON object {run, rank, metrics, message, rows}", NULL, false },
-    { "csv", KP_CONFIG_BOOL, "false", 0, 0, OFF(csv), "print every column as CSV", NULL, false },
-    { "columns", KP_CONFIG_STRING, "", 0, 0, OFF(columns),
-      "show only these columns, comma-separated (also -c): idx, range, kernel, device, "
-      "correlation, tid, top_op, bottom_op, op_stack, dur_ns, flops, flops_fp64, flops_fp32, "
-      "flops_fp16, flops_per_s, a metric name, or all",
-      NULL, false },
-    { "max-rows", KP_CONFIG_INT, "0", 0, INT64_MAX, OFF(max_rows),
-      "refuse a rank over this many rows (0: no limit)", NULL, false },
-    { "log-level", KP_CONFIG_ENUM, "warn", 0, 0, OFF(log_level), "error, warn, info or debug",
-      log_levels, false },
 };
 #undef OFF
-#define N_DEFS (sizeof(counters_defs) / sizeof(counters_defs[0]))
 
-static const char usage_text[] =
-    "usage: kprofctl counters --run R [--rank N] [-c COLS] [--json|--csv] [--pg CONNINFO]\n"
-    "  CUPTI counter values per kernel (Kineto's cuda_profiler_range events, imported with\n"
-    "  kprofctl import), each kernel's op stack (top_op outermost, bottom_op innermost) and\n"
-    "  the FLOPs from the SASS instruction counters (add + mul + 2 fma per precision), with\n"
-    "  the achieved FLOP/s. Reads PostgreSQL directly (--pg or KPROF_PG).\n"
-    "\nexit status: 0 shown, 1 failed (e.g. PostgreSQL unreachable), 2 bad usage, 3 unknown run "
-    "or rank\n";
+/* The fixed columns (-c also takes the run's metric names: counters.c checks it). */
+static const struct kp_table_col counters_cols[] = {
+    { "idx", KP_TABLE_NUMERIC },         { "range", KP_TABLE_NUMERIC },
+    { "kernel", KP_TABLE_TEXT },         { "device", KP_TABLE_NUMERIC },
+    { "correlation", KP_TABLE_NUMERIC }, { "tid", KP_TABLE_NUMERIC },
+    { "top_op", KP_TABLE_TEXT },         { "bottom_op", KP_TABLE_TEXT },
+    { "op_stack", KP_TABLE_TEXT },       { "dur_ns", KP_TABLE_NUMERIC },
+    { "flops", KP_TABLE_NUMERIC },       { "flops_fp64", KP_TABLE_NUMERIC },
+    { "flops_fp32", KP_TABLE_NUMERIC },  { "flops_fp16", KP_TABLE_NUMERIC },
+    { "flops_per_s", KP_TABLE_NUMERIC },
+};
+
+static const struct kp_rpcverb_spec counters_spec = {
+    .name = "counters",
+    .synopsis =
+        "kprofctl counters --run R [--rank N] [-c COLS] [--json|--csv]\n"
+        "  CUPTI counter values per kernel (Kineto's cuda_profiler_range events, imported with\n"
+        "  kprofctl import), each kernel's op stack (top_op outermost, bottom_op innermost) and\n"
+        "  the FLOPs from the SASS instruction counters (add + mul + 2 fma per precision), with\n"
+        "  the achieved FLOP/s, from kprof-analyzer (Analyzer.Counters). An unknown counter is\n"
+        "  \"-\" (text), empty (CSV) or null (JSON), never 0. The same output as kprof-analyze\n"
+        "  counters.\n",
+    .exit_ok = "shown (also an empty table: the run has no counters; stderr says so)",
+    .json_help = "print {\"run\", \"rank\", \"metrics\", \"message\", \"rows\": [{..., "
+                 "\"op_stack\": [...], \"counters\": {metric: value|null}}]}",
+    .defs = counters_defs,
+    .n_defs = sizeof(counters_defs) / sizeof(counters_defs[0]),
+    .cols = counters_cols,
+    .n_cols = sizeof(counters_cols) / sizeof(counters_cols[0]),
+    .columns_help = "-c: comma-separated columns to show, in order: idx, range, kernel, device, "
+                    "correlation, tid, top_op, bottom_op, op_stack, dur_ns, flops, flops_fp64, "
+                    "flops_fp32, flops_fp16, flops_per_s, a metric name, or all (text "
+                    "default: " KP_CTR_TEXT_COLUMNS "; CSV and JSON: all)",
+    .analyzer = true,
+};
+
+/* The reply's rows as counters.h's rows, pointing into resp. Returns 0, or -EPROTO when a
+ * row's values do not match the metrics. */
+static int from_reply(const Kprof__V1__CountersResponse *resp, struct kp_ctr_row *rows)
+{
+    for (size_t i = 0; i < resp->n_rows; i++) {
+        const Kprof__V1__CountersRow *o = resp->rows[i];
+        struct kp_ctr_row *r = &rows[i];
+
+        if (o->n_values != resp->n_metrics) {
+            return -EPROTO;
+        }
+        r->idx = o->idx;
+        r->range = o->range;
+        r->device = o->device;
+        r->correlation = o->correlation;
+        r->tid = o->tid;
+        r->kernel = o->kernel != NULL ? o->kernel : "";
+        r->stack = (const char **) o->op_stack;
+        r->n_stack = o->n_op_stack;
+        r->top_op = o->n_op_stack > 0 ? o->op_stack[0] : NULL;
+        r->bottom_op = o->n_op_stack > 0 ? o->op_stack[o->n_op_stack - 1] : NULL;
+        r->dur_ns = o->dur_ns;
+        r->values = o->values;
+        r->flops = o->flops;
+        r->flops_prec[KP_CTR_FP64] = o->flops_fp64;
+        r->flops_prec[KP_CTR_FP32] = o->flops_fp32;
+        r->flops_prec[KP_CTR_FP16] = o->flops_fp16;
+        r->flops_per_s = o->flops_per_s;
+    }
+    return 0;
+}
 
 int kprofctl_counters(int argc, char **argv)
 {
     struct counters_config cfg;
-    struct kp_config_pos pos;
-    char *args[CTR_MAX_ARGS], **av = NULL, buf[4096], err[1024];
-    struct kp_ctr *t = NULL;
-    PGconn *pg = NULL;
-    int action, rc = KPROFCTL_EXIT_FAILED, r;
+    struct kp_rpcverb v;
+    Kprof__V1__CountersRequest req = KPROF__V1__COUNTERS_REQUEST__INIT;
+    Kprof__V1__CountersResponse *resp;
+    ProtobufCMessage *msg = NULL;
+    struct kp_ctr_row *rows = NULL;
+    const char *message;
+    char err[1024];
+    int rc, r;
 
     memset(&cfg, 0, sizeof(cfg));
-    if ((av = calloc((size_t) argc + 1, sizeof(*av))) == NULL ||
-        kp_table_short_flags(argc, argv, av, buf, sizeof(buf)) != 0) {
-        fprintf(stderr, "kprofctl counters: arguments too long\n");
-        free(av);
-        return KPROFCTL_EXIT_USAGE;
-    }
-    pos.args = args;
-    pos.max = CTR_MAX_ARGS;
-    pos.n = 0;
-    if (kp_config_load_args(counters_defs, N_DEFS, &cfg, "kprofctl", argc, av, &pos, err,
-                            sizeof(err), &action) != 0) {
-        fprintf(stderr, "kprofctl counters: %s (see kprofctl counters --help)\n", err);
-        free(av);
-        return KPROFCTL_EXIT_USAGE;
-    }
-    if (action == KP_CONFIG_EXIT_OK) {
-        printf("\n%s", usage_text);
-        rc = KPROFCTL_EXIT_OK;
+    if ((rc = kp_rpcverb_init(&v, &counters_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
         goto out;
     }
-    kp_log_set_level((enum kp_log_level) cfg.log_level);
-    if (cfg.run <= 0 || pos.n > 0 || (cfg.json && cfg.csv)) {
-        fprintf(stderr, "kprofctl counters: %s (see kprofctl counters --help)\n",
-                pos.n > 0      ? "unexpected argument"
-                : cfg.run <= 0 ? "--run is required (kprofctl runs lists the runs)"
-                               : "--json and --csv exclude each other");
-        rc = KPROFCTL_EXIT_USAGE;
+    if (cfg.run == 0) {
+        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
         goto out;
     }
-    if (kp_pg_connect(cfg.pg, "kprofctl-counters", &pg, err, sizeof(err)) != 0) {
-        fprintf(stderr,
-                "kprofctl counters: cannot connect to PostgreSQL: %s; pass --pg CONNINFO or set "
-                "KPROF_PG\n",
-                err);
+    if (cfg.common.width != 0) {
+        rc = kp_rpcverb_usage_error(&v, "-w does not apply: counters cuts text cells at 60 bytes");
         goto out;
     }
-    if (kp_pg_exec(pg, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL jit = off", err,
-                   sizeof(err)) != 0) {
-        fprintf(stderr, "kprofctl counters: PostgreSQL: %s\n", err);
+    req.run_id = (uint64_t) cfg.run;
+    req.rank = (int32_t) cfg.rank;
+    snprintf(v.subject, sizeof(v.subject), "run %lld rank %lld", cfg.run, cfg.rank);
+    if ((rc = kp_rpcverb_call(&v, "Counters", &req.base, &kprof__v1__counters_response__descriptor,
+                              &msg)) != 0) {
         goto out;
     }
-    r = kp_ctr_build(pg, cfg.run, (int) cfg.rank, (size_t) cfg.max_rows, &t, err, sizeof(err));
-    if (r != 0) {
-        fprintf(stderr, "kprofctl counters: %s\n", err);
-        rc = r == KP_ENOTFOUND ? KPROFCTL_EXIT_NOT_FOUND : KPROFCTL_EXIT_FAILED;
+    resp = (Kprof__V1__CountersResponse *) msg;
+    if ((rows = calloc(resp->n_rows ? resp->n_rows : 1, sizeof(*rows))) == NULL) {
+        kp_rpcverb_error(&v, "out of memory");
+        rc = KPROFCTL_EXIT_FAILED;
         goto out;
     }
-    (void) kp_pg_exec(pg, "COMMIT", err, sizeof(err));
-    r = kp_ctr_write(stdout, t, cfg.run, (int) cfg.rank, cfg.columns,
-                     cfg.json  ? KP_CTR_JSON
-                     : cfg.csv ? KP_CTR_CSV
-                               : KP_CTR_TEXT,
-                     err, sizeof(err));
+    if (from_reply(resp, rows) != 0) {
+        kp_rpcverb_error(&v,
+                         "kprof-analyzer's reply is malformed: a row's values do not match "
+                         "its %zu metrics",
+                         resp->n_metrics);
+        rc = KPROFCTL_EXIT_FAILED;
+        goto out;
+    }
+    message = resp->message != NULL && resp->message[0] != '\0' ? resp->message : NULL;
+    r = kp_ctr_write_rows(stdout, rows, resp->n_rows, (const char *const *) resp->metrics,
+                          resp->n_metrics, message, cfg.run, (int) cfg.rank, cfg.common.columns,
+                          v.format == KP_TABLE_FORMAT_JSON  ? KP_CTR_JSON
+                          : v.format == KP_TABLE_FORMAT_CSV ? KP_CTR_CSV
+                                                            : KP_CTR_TEXT,
+                          err, sizeof(err));
     if (r == -EINVAL) {
-        fprintf(stderr, "kprofctl counters: -c: %s\n", err);
-        rc = KPROFCTL_EXIT_USAGE;
+        rc = kp_rpcverb_usage_error(&v, "-c: %s", err);
         goto out;
     }
     if (r != 0) {
-        fprintf(stderr, "kprofctl counters: cannot write the output\n");
+        kp_rpcverb_error(&v, "cannot write the output");
+        rc = KPROFCTL_EXIT_FAILED;
         goto out;
     }
-    if (!cfg.json && kp_ctr_message(t) != NULL) {
-        fprintf(stderr, "kprofctl counters: %s\n", kp_ctr_message(t));
+    if (v.format != KP_TABLE_FORMAT_JSON && message != NULL) {
+        kp_rpcverb_error(&v, "%s", message);
     }
     rc = KPROFCTL_EXIT_OK;
 out:
-    kp_ctr_destroy(t);
-    if (pg != NULL) {
-        PQfinish(pg);
+    free(rows);
+    if (msg != NULL) {
+        protobuf_c_message_free_unpacked(msg, NULL);
     }
-    kp_config_fini(counters_defs, N_DEFS, &cfg);
-    free(av);
+    kp_rpcverb_fini(&v);
     return rc;
 }

@@ -65,6 +65,7 @@
 #include <libpq-fe.h>
 #include <zlib.h>
 
+#include "kp_codec.h"
 #include "kp_config.h"
 #include "kp_err.h"
 #include "kp_kineto.h"
@@ -1327,9 +1328,10 @@ static int write_rank(struct xp *x)
          "coalesce(t.grid_y, 0), coalesce(t.grid_z, 0), coalesce(t.block_x, 0), "
          "coalesce(t.block_y, 0), coalesce(t.block_z, 0), coalesce(t.registers, 0), "
          "coalesce(t.static_smem, 0)::bigint + coalesce(t.dynamic_smem, 0), "
-         "coalesce(t.graph_id, 0), coalesce(t.graph_node_id, 0), t.blocks_per_sm, "
-         "t.est_occupancy FROM kernels t WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
-         run, rank, x->device);
+         "coalesce(t.graph_id, 0), coalesce(t.graph_node_id, 0), o.blocks_per_sm, "
+         "o.est_occupancy FROM kernels t" KP_SQL_KERNEL_OCCUPANCY_JOIN(
+             "%ld", "%ld") " WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
+         run, rank, run, rank, x->device);
     EACH(row_memcpy, nc_none,
          "SELECT t.start_ns, t.dur_ns, coalesce(t.device, 0), coalesce(t.stream, 0), "
          "coalesce(t.context, 0), coalesce(t.correlation, 0), coalesce(t.external_id, 0), "

@@ -91,13 +91,15 @@ int kprofctl_prof(int argc, char **argv);
  * bytes/s against the device's peaks (Analyzer.Roofline; roofline.c). */
 int kprofctl_roofline(int argc, char **argv);
 
-/* kprofctl compare --run R [--step S]: per-rank step times, stragglers and the verdict, read
- * from PostgreSQL directly (--pg, KPROF_PG; compare.c). Exits 0, 1, 2 or 3 (unknown run, step). */
+/* kprofctl compare --run R [--step S]: per-rank step times, stragglers and the verdict
+ * (analyzer/compare.h) from Analyzer.Compare (compare.c). Exits 0, 1, 2, 3 (unknown run or
+ * step) or 5 (kprof-analyzer or its PostgreSQL unreachable). */
 int kprofctl_compare(int argc, char **argv);
 
 /* kprofctl counters --run R [--rank N] [-c COLS] [--json|--csv]: CUPTI counter values per
- * kernel with its op stack and FLOPs (analyzer/counters.h), read from PostgreSQL directly
- * (--pg, KPROF_PG; counters.c). Exits 0, 1, 2 or 3 (unknown run or rank). */
+ * kernel with its op stack and FLOPs (analyzer/counters.h) from Analyzer.Counters
+ * (counters.c), as kprof-analyze counters prints them. Exits 0, 1, 2, 3 (unknown run or rank)
+ * or 5 (kprof-analyzer or its PostgreSQL unreachable). */
 int kprofctl_counters(int argc, char **argv);
 
 #endif

@@ -111,7 +111,8 @@ static int build_defs(struct kp_rpcverb *v)
     for (size_t i = 0; i < N_TAIL; i++) {
         v->defs[v->n_defs] = tail_defs[i];
         if (strcmp(tail_defs[i].name, "columns") == 0) {
-            v->defs[v->n_defs].help = v->columns_help;
+            v->defs[v->n_defs].help =
+                spec->columns_help != NULL ? spec->columns_help : v->columns_help;
         }
         if (strcmp(tail_defs[i].name, "json") == 0 && spec->json_help != NULL) {
             v->defs[v->n_defs].help = spec->json_help;
@@ -233,7 +234,8 @@ int kp_rpcverb_init(struct kp_rpcverb *v, const struct kp_rpcverb_spec *spec, vo
         kp_rpcverb_error(v, "%s", kp_strerror(rc));
         return KPROFCTL_EXIT_FAILED;
     }
-    rc = kp_table_select(t, v->common->columns, err, sizeof(err));
+    /* A verb with its own -c help checks -c itself. */
+    rc = spec->columns_help != NULL ? 0 : kp_table_select(t, v->common->columns, err, sizeof(err));
     kp_table_destroy(t);
     if (rc != 0) {
         kp_rpcverb_error(v, "-c %s: %s", v->common->columns, err);

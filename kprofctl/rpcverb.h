@@ -57,6 +57,8 @@ struct kp_rpcverb_spec {
     size_t n_defs;
     const struct kp_table_col *cols; /* the verb's table */
     size_t n_cols;
+    const char *columns_help; /* NULL: -c names cols (and is checked against them); else -c's
+                                 help, and the verb checks -c itself (e.g. metric names) */
     bool analyzer; /* calls kprof-analyzer's Analyzer service: --analyzer (KPROF_ANALYZER,
                       default 127.0.0.1:7072) instead of --collector, and its exit statuses */
 };

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# bench/compare: how long `kprofctl compare` takes on a big run: by default 64 ranks x 10 steps
-# x 20k compute kernels per step and rank (kprof-loadgen's synthetic DDP traffic, one planted
-# compute straggler, rank N-1 at 1.3x), i.e. 12.8M kernels plus their ops, API calls, copies and
-# collectives. The data is generated, committed and ANALYZEd before anything is timed.
+# bench/compare: how long `kprofctl compare` takes on a big run, through kprof-analyzer
+# (Analyzer.Compare: the RPC, the analyzer's queries and computation, and kprofctl printing
+# the reply; the analyzer is a throwaway one with its cache off, so every call computes): by
+# default 64 ranks x 10 steps x 20k compute kernels per step and rank (kprof-loadgen's
+# synthetic DDP traffic, one planted compute straggler, rank N-1 at 1.3x), i.e. 12.8M kernels
+# plus their ops, API calls, copies and collectives. The data is generated, committed and
+# ANALYZEd before anything is timed.
 #
 # The baseline, in the same run on the same rows: `SELECT count(*), sum(dur_ns) FROM kernels
-# WHERE run_id = R` through psql, i.e. reading the run's kernels once. compare reads far more
-# (each rank's ops, API calls, copies and kernels for the breakdown, then the collectives and
-# compute sums), so the ratio says what the whole analysis costs in units of one scan.
+# WHERE run_id = R` through psql, i.e. reading the run's kernels once. compare reads more: one
+# pass over the run's ops (steps, data loading), two over its kernels (sums per rank and step,
+# then the collectives), one over its API calls and its copies and memsets (sums), all ranks at
+# once; so the ratio says what the whole analysis costs in units of one scan.
+# The analyzer's peak RSS (VmHWM, over all the reps: it does the work) is reported beside the
+# time.
 #
 # Measurements alternate (baseline, compare, ...), --reps times each; medians are reported.
 # Each compare answer is checked: exactly the planted rank is the straggler, cause compute.
@@ -19,7 +25,8 @@
 #   --run R   time an existing run of KPROF_BENCH_PG instead of generating one (made by an
 #             earlier kprof-loadgen with --straggler RANKS-1:1.3 and the same --ranks)
 # Environment: KPROF_BUILD_DIR; KPROF_BENCH_PG with KPROF_COLLECTOR to use a running PostgreSQL
-# and its collectord, else throwaway ones (bench/stack.sh). The full size needs about 10 GB
+# and its collectord, else throwaway ones (bench/stack.sh); the kprof-analyzer is always a
+# throwaway one on that PostgreSQL (bench_analyzer_up). The full size needs about 10 GB
 # of disk for PostgreSQL and takes many minutes to generate on 2 cores.
 set -euo pipefail
 
@@ -42,7 +49,7 @@ while [ $# -gt 0 ]; do
     --kernels) kernels=$2; shift ;;
     --reps) reps=$2; shift ;;
     --run) run=$2; shift ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
     shift
@@ -55,7 +62,9 @@ done
 kprofctl=$build/kprofctl/kprofctl
 loadgen=$build/bench/ingest/kprof-loadgen
 collectord=$build/collectord/kprof-collectord
-[ -x "$kprofctl" ] && [ -x "$loadgen" ] || die "$build lacks kprofctl or kprof-loadgen; build them"
+analyzer=$build/analyzer/kprof-analyzer
+[ -x "$kprofctl" ] && [ -x "$loadgen" ] && [ -x "$analyzer" ] ||
+    die "$build lacks kprofctl, kprof-loadgen or kprof-analyzer; build them"
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 
@@ -66,6 +75,7 @@ bench=bench/compare
 # shellcheck source=../stack.sh
 . "$root/bench/stack.sh"
 bench_stack_up
+bench_analyzer_up
 
 now() { date +%s.%N; }
 secs() { "$py" -c "print($2 - $1)"; }
@@ -87,7 +97,7 @@ fi
 n_kernels=$(psql "$pg" -qtAX -c "SELECT count(*) FROM kernels WHERE run_id = $run")
 echo "bench/compare: run $run generated in $gen_s s ($n_kernels kernels)" >&2
 
-base=() cmp=()
+base=() cmp=() rss=()
 for i in $(seq 1 "$reps"); do
     t0=$(now)
     psql "$pg" -qtAX -c "SELECT count(*), sum(dur_ns) FROM kernels WHERE run_id = $run" \
@@ -95,8 +105,8 @@ for i in $(seq 1 "$reps"); do
     t1=$(now)
     base+=("$(secs "$t0" "$t1")")
     t0=$(now)
-    KPROF_PG=$pg "$kprofctl" compare --run "$run" --json >"$work/cmp.json" ||
-        die "kprofctl compare failed"
+    "$kprofctl" compare --analyzer "$an_addr" --timeout 3600s --run "$run" --json \
+        >"$work/cmp.json" || die "kprofctl compare failed (see $work/analyzer.log)"
     t1=$(now)
     cmp+=("$(secs "$t0" "$t1")")
     "$py" - "$work/cmp.json" "$straggler" <<'PYEOF' || die "compare gave a wrong answer"
@@ -109,23 +119,30 @@ PYEOF
     echo "bench/compare: rep $i baseline ${base[-1]} s, compare ${cmp[-1]} s" >&2
 done
 verdict=$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['verdict'])" "$work/cmp.json")
+rss=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$an_pid/status" 2>/dev/null || true)
 
 "$py" - "$ranks" "$steps" "$kernels" "$n_kernels" "$reps" "$quick" "$gen_s" "${base[*]}" \
-    "${cmp[*]}" "$verdict" <<'PYEOF'
+    "${cmp[*]}" "$verdict" "$rss" <<'PYEOF'
 import json, statistics, sys
 ranks, steps, kernels, n_kernels, reps = (int(x) for x in sys.argv[1:6])
 quick, gen_s = sys.argv[6] == "1", float(sys.argv[7])
 base, cmp = ([float(x) for x in a.split()] for a in sys.argv[8:10])
+rss = int(sys.argv[11]) if sys.argv[11] else None
 mb, mc = statistics.median(base), statistics.median(cmp)
 print(f"bench/compare: {ranks} ranks x {steps} steps x {kernels} kernels ({n_kernels} kernel rows),"
       f" {reps} reps, medians:", file=sys.stderr)
 print(f"  baseline (count, sum over the run's kernels) {mb * 1000:10.1f} ms", file=sys.stderr)
-print(f"  kprofctl compare                             {mc * 1000:10.1f} ms", file=sys.stderr)
+print(f"  kprofctl compare via kprof-analyzer (RPC)    {mc * 1000:10.1f} ms", file=sys.stderr)
 print(f"  compare / baseline: {mc / mb:.1f}{'  [quick: not a measurement]' if quick else ''}",
       file=sys.stderr)
+if rss is not None:
+    print(f"  kprof-analyzer peak RSS (over all reps)      {rss / 1024:10.1f} MiB",
+          file=sys.stderr)
 print(f"  verdict: {sys.argv[10]}", file=sys.stderr)
 print(json.dumps({"bench": "compare", "quick": quick, "ranks": ranks, "steps": steps,
                   "kernels_per_step": kernels, "kernel_rows": n_kernels, "reps": reps,
                   "generate_s": gen_s, "baseline_s": base, "compare_s": cmp,
-                  "ratio": round(mc / mb, 2)}))
+                  "ratio": round(mc / mb, 2),
+                  "compare_via": "kprof-analyzer (Analyzer.Compare RPC)",
+                  "analyzer_max_rss_kb": rss}))
 PYEOF

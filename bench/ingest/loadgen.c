@@ -54,6 +54,7 @@ struct loadgen_config {
     long long give_up_ms;
     long long reconnect_max_ms;
     char *straggler;
+    char *compute_straggler;
     char *dataload_straggler;
     bool json;
     bool end_run;
@@ -89,6 +90,8 @@ static const struct kp_config_def loadgen_defs[] = {
       "CLOCK_REALTIME ns of the first step; 0: now", NULL, false },
     { "straggler", KP_CONFIG_STRING, "", 0, 0, OFF(straggler),
       "compute slowdowns, RANK:FACTOR[,RANK:FACTOR...], e.g. 3:1.4 (1.0 = nominal)", NULL, false },
+    { "compute-straggler", KP_CONFIG_STRING, "", 0, 0, OFF(compute_straggler),
+      "the same as --straggler (compute slowdowns), added to its list", NULL, false },
     { "dataload-straggler", KP_CONFIG_STRING, "", 0, 0, OFF(dataload_straggler),
       "data-loading slowdowns, RANK:FACTOR[,...]", NULL, false },
     { "window", KP_CONFIG_INT, "32", 1, KP_PUSH_MAX_WINDOW, OFF(window),
@@ -432,6 +435,8 @@ int main(int argc, char **argv)
         lg.dlslow[r] = 1.0;
     }
     if (parse_factors("straggler", cfg.straggler, lg.slow, cfg.ranks, err, sizeof(err)) != 0 ||
+        parse_factors("compute-straggler", cfg.compute_straggler, lg.slow, cfg.ranks, err,
+                      sizeof(err)) != 0 ||
         parse_factors("dataload-straggler", cfg.dataload_straggler, lg.dlslow, cfg.ranks, err,
                       sizeof(err)) != 0) {
         fprintf(stderr, "kprof-loadgen: %s (see --help)\n", err);

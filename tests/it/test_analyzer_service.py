@@ -10,7 +10,8 @@ them. Checks:
     first N rows; the protobuf replies over grpcio carry the GPU utilization, est. SM
     efficiency and est. achieved occupancy (defined exactly where kprof-analyze's are not
     null) and Tensor Core figures kprof-analyze gives, and breakdown's text footer shows them
-    ("-" when undefined);
+    ("-" when undefined); Breakdown's recommendations are kprof-analyze's (either figure) and
+    `kprofctl breakdown` prints them under the table;
   - errors: unknown run and unknown rank exit 3 with what to do, an unreachable analyzer exits
     5 naming --analyzer / KPROF_ANALYZER, bad flags exit 2;
   - the cache: a repeated call is a hit (/metrics), a run created with Control.CreateRun that
@@ -285,6 +286,23 @@ def check_breakdown_text(an, run_id, rank, bd):
     assert got == want, (got, want)
 
 
+def check_recommendations(an, st, ci, run_id, rank):
+    """Analyzer.Breakdown's recommendations are kprof-analyze's (kprof's own plain texts,
+    whatever plugin_compat), and `kprofctl breakdown` prints them under its table. Returns how
+    many there are."""
+    want = analyze(ci, run_id, rank, "breakdown")["recommendations"]
+    for compat in (False, True):
+        r = st.breakdown(pb.BreakdownRequest(run_id=run_id, rank=rank, plugin_compat=compat),
+                         timeout=120)
+        assert list(r.recommendations) == want, (compat, list(r.recommendations), want)
+    out = run([KPROFCTL, "breakdown", "--analyzer", an.grpc, "--run", str(run_id), "--rank",
+               str(rank)], "kprofctl breakdown (text)")
+    lines = out.splitlines()
+    at = lines.index("recommendations:" if want else "recommendations: none")
+    assert lines[at + 1:] == ["  - " + s for s in want], (lines[at:], want)
+    return len(want)
+
+
 def import_traces(grpc_addr, tmp):
     """The all-categories case and the first resnet50 trace: [(label, run_id)]."""
     with open(os.path.join(TB, "cases", "test_all_categories.json")) as f:
@@ -488,9 +506,11 @@ def main():
             tc, nk = check_kernels(an, ci, run_id, 0)
             ngpu = check_proto(st, run_id, 0, bd, tc)
             check_breakdown_text(an, run_id, 0, bd)
+            nrec = check_recommendations(an, st, ci, run_id, 0)
             print("%s (run %d): breakdown (%d steps, both figures; %d defined per-GPU SM "
-                  "efficiency/occupancy figures), %d operator rows and %d kernel rows (with "
-                  "occupancy) match kprof-analyze" % (label, run_id, steps, ngpu, nops, nk))
+                  "efficiency/occupancy figures; %d recommendations), %d operator rows and %d "
+                  "kernel rows (with occupancy) match kprof-analyze"
+                  % (label, run_id, steps, ngpu, nrec, nops, nk))
         st.ch.close()
         check_errors(an, runs[0][1])
         check_cache(an, cd, runs[1][1])

@@ -3,7 +3,9 @@
 
 Every case with a trace is imported with `kprofctl import` through a real kprof-collectord into
 a fresh database, then `kprof-analyze` computes the views kprof has so far (step breakdown,
-operator view, kernel view) and each expected figure is compared under the README's rule:
+operator view, kernel view, memory view; for distributed cases the overlap per rank and
+`kprof-analyze distributed` across the run's ranks: wait view and communication-ops table)
+and each expected figure is compared under the README's rule:
 exact, except |a-b| < 5e-8 under an `approx` path; rows matched by their key fields; `count` is
 the number of rows; `null` means absent. Keys of views kprof does not compute yet are printed
 as "not implemented yet" and neither pass nor fail. Range cases are the C unit test
@@ -14,11 +16,18 @@ plugin takes the next category unmasked and counts that time twice. The case's s
 are checked against `kprof-analyze --plugin-compat`; kprof's own figure is checked against one
 derived here from the plugin-compatible one: identical up to the category that used up the
 last free step time, 0 after it, so the categories always sum to the step time. Where the two
-differ, the test prints both."""
+differ, the test prints both.
+
+The recommendations (spec §11) follow the same pattern: the plugin's HTML texts of resnet50 are
+matched byte for byte (its quirks included), and kprof's own plain texts against those derived
+from them without the quirks. The rules resnet50 does not fire are checked on small traces
+written here, with their exact texts. The utilization timeline spans the trace's
+"PyTorch Profiler (0)" event, which import keeps."""
 import csv
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -168,8 +177,8 @@ def check_rank(chk, prefix, exp, got):
                             else:
                                 chk.todo.append(q)
                 elif k in ("util_timeline", "sm_efficiency_ranges"):
-                    # The range is min..max of the events: import drops the "PyTorch
-                    # Profiler (0)" span, and these cases have none.
+                    # The range is the trace's "PyTorch Profiler (0)" span, which import
+                    # keeps; these cases have none, so it is min..max of the events.
                     for dev, pts in v.items():
                         q = "%s/%s/%s" % (path, k, dev)
                         mine = g[k].get(dev) or []
@@ -236,6 +245,213 @@ def yes(b):
     return "Yes" if b else "No"
 
 
+LINK = re.compile(r'<a href="([^"]*)" target="_blank">([^<]*)</a>')
+TUPLE_HREF = "('https://pytorch.org/docs/stable/ddp_comm_hooks.html',)"
+
+
+def check_util_timeline(chk, p, gm, gpu):
+    """The GPU utilization timeline over the trace's "PyTorch Profiler (0)" span (which import
+    keeps): each [bucket start µs, busy fraction] point and the final [end, 0], approximately,
+    and the bucket size as the plugin names it."""
+    for dev, pts in gm["util_timeline"].items():
+        q = "%s/gpu/util_timeline/%s" % (p, dev)
+        mine = gpu["util_timeline"].get(dev) or []
+        chk.value(q + "/count", len(pts), len(mine))
+        for i, pt in enumerate(pts):
+            chk.value("%s/%d" % (q, i), pt, mine[i] if i < len(mine) else None)
+        if len(mine) >= 3:  # two buckets at least: the first one's width is the bucket size
+            size, unit = round(mine[1][0] - mine[0][0]), "us"
+            for u in ("ms", "s"):
+                if size >= 1000:
+                    size, unit = size // 1000, u
+            chk.value(q + "/unit", gm["util_timeline_unit"], [size, unit])
+
+
+def derive_own_recs(items, compat_avg, own_avg):
+    """kprof's own recommendation texts derived from the plugin's: links as "title (url)" and
+    without the plugin's quirks (the Gradient Compression href that is a tuple's repr; "has"
+    chosen by the GPU list's string length and its bare "and"; the CPU's memory measured
+    against the last GPU, "on GPU-1"), the DataLoader and communication shares from kprof's
+    own breakdown figure. Holds while the CPU line is the only memory line the plugin shows."""
+    out = []
+    for s in items:
+        if s.startswith("Device memory usage") and "on GPU-1)" in s:
+            continue
+        s = LINK.sub(lambda m: "%s (%s)" % (m.group(2), m.group(1)), s.replace(
+            TUPLE_HREF, "https://pytorch.org/docs/stable/ddp_comm_hooks.html"))
+        m = re.match(r"GPU (.*) (has|have) low utilization", s)
+        if m:
+            ids = re.split(r", |and ", m.group(1))
+            lst = ids[0] if len(ids) == 1 else ", ".join(ids[:-1]) + " and " + ids[-1]
+            s = "GPU %s %s%s" % (lst, "has" if len(ids) == 1 else "have", s[m.end(2):])
+        for key, cat, limit in (("in DataLoader.", "dataloader_us", 0.05),
+                                ("in communication.", "communication_us", 0.1)):
+            if key in s and compat_avg[cat] != own_avg[cat]:
+                share = own_avg[cat] / own_avg["total_us"]
+                s = re.sub(r"[0-9.]+% of the step", "%.1f%% of the step" % (100 * share), s)
+                if not share > limit:
+                    s = None
+        if s is not None:
+            out.append(s)
+    return out
+
+
+def check_recommendations(chk, p, want_items, want_overview, top, compat, own):
+    """The plugin's recommendation texts (its HTML list items and the overview's <ul>) exactly,
+    and kprof's own plain texts against those derived from them."""
+    plug = top["plugin_recommendations"]
+    chk.value(p + "/gpu/recommendations_html", want_items, plug["items_html"])
+    chk.value(p + "/overview/recommendations", want_overview, plug["overview_html"])
+    derived = derive_own_recs(want_items, compat["avg_step"], own["avg_step"])
+    chk.value(p + "/recommendations(kprof)", derived, top["recommendations"])
+    if derived != want_items:
+        print("    recommendations: kprof's own texts are plain text (links as \"title (url)\")"
+              "%s" % ("" if len(derived) == len(want_items) else
+                      " and drop the plugin's quirks (%d of its %d lines differ)"
+                      % (len(want_items) - len(derived), len(want_items))))
+
+
+def synthetic_trace(events, devices):
+    return {"schemaVersion": 1, "deviceProperties": devices, "traceEvents": events}
+
+
+def op(name, ts, dur, ext):
+    return {"ph": "X", "cat": "Operator", "name": name, "pid": 100, "tid": "1", "ts": ts,
+            "dur": dur, "args": {"Input Dims": [], "External id": ext}}
+
+
+def launch(ts, corr, ext, kts, device, kernel="volta_sgemm_128x64_nn"):
+    """A runtime launch and its kernel (100 µs) on device."""
+    return [{"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 100, "tid": "1",
+             "ts": ts, "dur": 10, "args": {"correlation": corr, "external id": ext}},
+            {"ph": "X", "cat": "Kernel", "name": kernel, "pid": device, "tid": "stream 7",
+             "ts": kts, "dur": 100, "args": {"correlation": corr, "external id": ext,
+                                             "device": device}}]
+
+
+def memory(ts, dev_type, dev_id, addr, total):
+    return {"ph": "i", "s": "t", "name": "[memory]", "pid": 100, "tid": 1, "ts": ts,
+            "args": {"Device Type": dev_type, "Device Id": dev_id, "Addr": addr, "Bytes": total,
+                     "Total Allocated": total, "Total Reserved": total}}
+
+
+def device(i, major, minor, mem):
+    return {"id": i, "name": "Synthetic GPU", "totalGlobalMem": mem, "computeMajor": major,
+            "computeMinor": minor, "numSms": 80, "maxThreadsPerMultiprocessor": 2048}
+
+
+def check_recommendation_rules(ci, grpc, tmp):
+    """The rules resnet50 does not fire (spec §11), on two small traces written here, with the
+    exact texts: the plugin's HTML (peer quirks included) and kprof's plain text. Also the
+    utilization timeline over the trace's "PyTorch Profiler (0)" span rather than its events."""
+    t = 1000000
+    dl = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+    # A: DataLoader 20% of the step; DataParallel over GPUs 0 and 1, each busy 10%; aten::mm
+    # (Tensor Core eligible) launches FP32 kernels on a 7.0 device; the CPU's allocator peaks at
+    # 95% of the *last* GPU's 2 GiB, GPU 0's at 1000 bytes.
+    a = ([op("ProfilerStep#1", t, 1000, 1), op(dl, t, 200, 2),
+          op("DataParallel.forward", t + 200, 700, 3), op("aten::mm", t + 210, 50, 4),
+          op("aten::mm", t + 300, 50, 5)] + launch(t + 220, 11, 4, t + 300, 0) +
+         launch(t + 310, 12, 5, t + 400, 1) +
+         [memory(t + 215, 0, -1, 4096, 2040109466), memory(t + 225, 1, 0, 8192, 1000),
+          {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Traces",
+           "tid": "PyTorch Profiler", "ts": t - 100, "dur": 1300, "args": {"Op count": 0}}])
+    # B: DDP with Gloo only, on a 3.5 device: communication 30% of the step; the one kernel
+    # runs on GPU 12, busy 10%.
+    b = ([op("ProfilerStep#1", t, 1000, 1), op("DistributedDataParallel.forward", t, 300, 2),
+          op("aten::relu", t + 10, 50, 3), op("gloo:all_reduce", t + 400, 300, 4)] +
+         launch(t + 20, 21, 3, t + 100, 12, "void at::native::vectorized_elementwise_kernel"))
+    dl_url = "https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading"
+    ddp_url = "https://pytorch.org/docs/stable/notes/cuda.html#cuda-nn-ddp-instead"
+    amp_url = "https://pytorch.org/docs/stable/amp.html"
+    ckp_url = "https://pytorch.org/docs/stable/checkpoint.html"
+    hooks_url = "https://pytorch.org/docs/stable/ddp_comm_hooks.html"
+    acc_url = "https://towardsdatascience.com/what-is-gradient-accumulation-in-deep-learning-ec034122cfa"
+    lamb_url = "https://nvidia.github.io/apex/optimizers.html#apex.optimizers.FusedLAMB"
+
+    def a_(url, title):
+        return '<a href="%s" target="_blank">%s</a>' % (url, title)
+
+    low = (" low utilization. You could try to increase batch size to improve. Note: Increasing "
+           "batch size may affect the speed and stability of model convergence.")
+    dl_txt = ("This run has high time cost on input data loading. 20.0%% of the step time is in "
+              "DataLoader. You could try to set num_workers on DataLoader's construction and %s.")
+    dp_txt = "It is recommended to %s to do multi-GPU training."
+    amp_txt = ("Kernels with 100%% time are launched by Tensor Cores eligible operators. You could "
+               "enable %s to speedup by using FP16.")
+    nccl_txt = ("Nccl backend is currently the fastest and highly recommended backend when using "
+                "DDP for training.")
+    comm_txt = ("This run has high time cost on communication. 30.0%% of the step time is in "
+                "communication. You could try %s or %s or increase the batch size. Note: Gradient "
+                "accumulation will increase global effective batch size, which may hurt model "
+                "convergence and accuracy. For such case, you may want to evaluate %s.")
+    cases = {
+        "rules_dp_memory": (
+            synthetic_trace(a, [device(0, 7, 0, 4294967296), device(1, 7, 0, 2147483648)]),
+            [dl_txt % a_(dl_url, "enable multi-processes on data loading"),
+             dp_txt % a_(ddp_url, "use DistributedDataParallel instead of DataParallel"),
+             "GPU 0and 1 have" + low,
+             amp_txt % a_(amp_url, "Automatic Mixed Precision"),
+             "Device memory usage is at the limit of device memory capacity (95.0%% of 2.0GB on "
+             "GPU-1). To get better value of your GPU or to use larger batch size for training, "
+             "please refer to %s or %s." % (a_(ckp_url, "Gradient Checkpoint"),
+                                            a_(amp_url, "Automatic Mixed Precision"))],
+            [dl_txt % ("enable multi-processes on data loading (%s)" % dl_url),
+             dp_txt % ("use DistributedDataParallel instead of DataParallel (%s)" % ddp_url),
+             "GPU 0 and 1 have" + low,
+             amp_txt % ("Automatic Mixed Precision (%s)" % amp_url)]),
+        "rules_ddp_gloo": (
+            synthetic_trace(b, [device(0, 3, 5, 4294967296)]),
+            [nccl_txt,
+             comm_txt % (a_(TUPLE_HREF, "Gradient Compression"),
+                         a_(acc_url, "Gradient Accumulation"), a_(lamb_url, "LAMB optimizer")),
+             "GPU 12 have" + low],
+            [nccl_txt,
+             comm_txt % ("Gradient Compression (%s)" % hooks_url,
+                         "Gradient Accumulation (%s)" % acc_url, "LAMB optimizer (%s)" % lamb_url),
+             "GPU 12 has" + low]),
+    }
+    for name, (trace, want_html, want_text) in sorted(cases.items()):
+        path = os.path.join(tmp, name + ".json")
+        with open(path, "w") as f:
+            json.dump(trace, f)
+        res = json.loads(run([KPROFCTL, "import", "--collector", grpc, "--job", "tb-" + name,
+                              "--json", "--rank", "0", path], "kprofctl import " + name))
+        top = analyze(ci, res["run_id"], 0, "breakdown")
+        plug = top["plugin_recommendations"]
+        assert plug["items_html"] == want_html, (name, plug["items_html"], want_html)
+        assert plug["overview_html"] == "<ul>%s</ul>" % "".join(
+            "<li>%s</li>" % s for s in want_html), (name, plug["overview_html"])
+        assert top["recommendations"] == want_text, (name, top["recommendations"], want_text)
+        other = analyze(ci, res["run_id"], 0, "--plugin-compat", "breakdown")
+        for k in ("recommendations", "plugin_recommendations"):  # the same either way
+            assert other[k] == top[k], (name, k, other[k], top[k])
+        text = run([ANALYZE, "--pg", ci, "--run", str(res["run_id"]), "--rank", "0", "breakdown"],
+                   "kprof-analyze breakdown (text)")
+        lines = text.splitlines()
+        at = lines.index("recommendations:")
+        assert lines[at + 1:] == ["  - " + s for s in want_text], (name, lines[at:])
+        if name == "rules_dp_memory":  # the timeline spans the Trace event: 13 buckets of 100 µs
+            tl = top["breakdown"]["gpu"]["util_timeline"]
+            assert tl["0"][0] == [t - 100, 0] and tl["0"][-1] == [t + 1200, 0], tl["0"]
+            assert len(tl["0"]) == 14 and tl["0"][4] == [t + 300, 1] and tl["1"][5] == [t + 400, 1], tl
+    # none: "N/A" in the plugin's overview, "none" in kprof's text
+    path = os.path.join(tmp, "rules_none.json")
+    with open(path, "w") as f:
+        json.dump(synthetic_trace([op("ProfilerStep#1", t, 100, 1)], []), f)
+    res = json.loads(run([KPROFCTL, "import", "--collector", grpc, "--job", "tb-rules-none",
+                          "--json", "--rank", "0", path], "kprofctl import rules_none"))
+    top = analyze(ci, res["run_id"], 0, "breakdown")
+    assert top["recommendations"] == [] and top["plugin_recommendations"] == {
+        "items_html": [], "overview_html": "<ul><li>N/A</li></ul>"}, top
+    text = run([ANALYZE, "--pg", ci, "--run", str(res["run_id"]), "--rank", "0", "breakdown"],
+               "kprof-analyze breakdown (text)")
+    assert text.splitlines()[-1] == "recommendations: none", text
+    print("recommendations: DataLoader, DataParallel, NCCL backend, communication, low "
+          "utilization, AMP and memory rules fire with the plugin's exact texts (its quirks "
+          "included) and kprof's own; none gives N/A / none")
+
+
 def check_resnet50(ci, grpc, chk):
     """The resnet50 traces: the plugin's step breakdown (per step, unrounded, and the average)
     and its top-20 operator, kernel and kernel-by-op tables (rounded as the UI shows them)."""
@@ -283,7 +499,11 @@ def check_resnet50(ci, grpc, chk):
                       dev_got["est_achieved_occupancy"])
         chk.value(p + "/gpu/tc_eligible_ops_kernel_ratio", gm["tc_eligible_ops_kernel_ratio"],
                   got["tensor_cores"]["tc_eligible_ops_kernel_ratio"])
-        chk.todo += [p + "/gpu/util_timeline", p + "/gpu/recommendations_html"]
+        check_util_timeline(chk, p, gm, got["gpu"])
+        with open(stem + ".ui_payloads.json") as f:
+            overview = json.load(f)["overview"]["recommendations"]
+        check_recommendations(chk, p, gm["recommendations_html"], overview,
+                              analyze(ci, res["run_id"], 0, "breakdown"), compat, own)
 
         def rows(csv_name):
             with open(stem + "." + csv_name) as f:
@@ -341,6 +561,103 @@ def check_resnet50(ci, grpc, chk):
                       float(r["Mean Est. Achieved Occupancy (%)"]),
                       round(g["mean_est_achieved_occupancy"], 2))
         print("    %d figures match, %d mismatch" % (len(chk.ok) - n0[0], len(chk.bad) - n0[1]))
+
+
+def analyze_run(ci, run_id, verb):
+    """A verb across the run's ranks (no --rank)."""
+    return json.loads(run([ANALYZE, "--pg", ci, "--run", str(run_id), verb, "--json"],
+                          "kprof-analyze " + verb))
+
+
+def check_distributed(chk, want, by_worker, ranks, dist):
+    """The distributed view: overlap per rank (the breakdown's steps); wait and comm_ops across
+    the run's ranks (`kprof-analyze distributed`). Steps are keyed by index, as the plugin keys
+    them by name and a run without ProfilerStep has the one step "0"."""
+    if not dist["enabled"]:
+        print("    no distributed view: %s" % dist["reason"])
+    by_rank = {r["rank"]: r for r in dist["ranks"]}
+    for view, v in want.items():
+        if view == "overlap":
+            for step, workers in v.items():
+                for w, m in workers.items():
+                    g = by_worker[w]["steps"][int(step)]["overlap"]
+                    for f, x in m.items():
+                        chk.value("/distributed/overlap/%s/%s/%s" % (step, w, f), x, g.get(f))
+        elif view == "wait":
+            for step, workers in v.items():
+                for w, m in workers.items():
+                    rows = [x for x in by_rank.get(ranks[w], {}).get("wait", [])
+                            if x["index"] == int(step)]
+                    g = rows[0] if len(rows) == 1 else {}
+                    for f, x in m.items():
+                        chk.value("/distributed/wait/%s/%s/%s" % (step, w, f), x, g.get(f))
+        elif view == "comm_ops":  # whole lists, in order
+            for w, rows in v.items():
+                got = by_rank.get(ranks[w], {}).get("comm_ops", [])
+                q = "/distributed/comm_ops/" + w
+                chk.value(q + "/count", len(rows), len(got))
+                for i, row in enumerate(rows):
+                    for f, x in row.items():
+                        chk.value("%s/%d/%s" % (q, i, f), x, got[i].get(f) if i < len(got) else None)
+        else:
+            chk.todo.append("/distributed/" + view)
+
+
+def check_distributed_disabled(ci, grpc, tmp):
+    """Runs whose ranks fail the distributed view's enable condition (spec §9) get no view and
+    say why, instead of figures from mismatched nodes."""
+    with open(os.path.join(CASES, "test_distributed_nccl.json")) as f:
+        base = json.load(f)["traces"]
+
+    def events(t, keep=lambda e: True):
+        return {"schemaVersion": 1, "traceEvents": [dict(e) for e in t["traceEvents"] if keep(e)]}
+
+    def variant(name, w0, w1):
+        d = os.path.join(tmp, "dist_" + name)
+        os.makedirs(d, exist_ok=True)
+        for w, t in (("worker0", w0), ("worker1", w1)):
+            with open(os.path.join(d, w + ".json"), "w") as f:
+                json.dump(t, f)
+        res = json.loads(run([KPROFCTL, "import", "--collector", grpc, "--job", "tb-dist-" + name,
+                              "--json", d], "kprofctl import " + name))
+        rk = {os.path.basename(f["path"])[:-5]: f["rank"] for f in res["files"]}
+        p = subprocess.run([ANALYZE, "--pg", ci, "--run", str(res["run_id"]), "distributed",
+                            "--json"], capture_output=True, text=True, timeout=60 * kpfix.SCALE)
+        assert p.returncode == 0, (name, p.returncode, p.stderr)
+        out = json.loads(p.stdout)
+        assert out["enabled"] is False and out["ranks"] == [], (name, out)
+        assert "no distributed view: " + out["reason"] in p.stderr, (name, p.stderr)
+        return out["reason"], rk
+
+    w0, w1 = base["worker0"], base["worker1"]
+    no_ar = lambda e: e.get("args", {}).get("External id", e.get("args", {}).get("external id")) != 2513
+    why, rk = variant("count", events(w0), events(w1, no_ar))
+    w1_has_1 = ("rank %d has 1 communication ops" % rk["worker1"], "and rank %d has 1" % rk["worker1"])
+    assert any(x in why for x in w1_has_1) and "match one to one" in why, why
+    extra = events(w1)
+    extra["traceEvents"].append({"ph": "X", "cat": "Kernel", "name": "ncclKernel_Broadcast_extra",
+                                 "pid": 0, "tid": "stream 16", "ts": 40, "dur": 5,
+                                 "args": {"device": 0, "correlation": 28507, "external id": 146}})
+    why, rk = variant("intervals", events(w0), extra)
+    assert "#0 (nccl:broadcast) has" in why and "intervals" in why and "must match" in why, why
+    mixed = events(w0)
+    mixed["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "gloo:broadcast",
+                                 "pid": 23803, "tid": "23803", "ts": 125, "dur": 3,
+                                 "args": {"External id": 999, "Input Dims": [[4]],
+                                          "Input type": ["float"]}})
+    why, rk = variant("mixed", mixed, events(w1))
+    assert why.startswith("rank %d has both NCCL and Gloo" % rk["worker0"]), why
+    renamed = events(w1)
+    for e in renamed["traceEvents"]:
+        if e["name"].startswith("nccl:"):
+            e["name"] = "aten::copy_"
+    why, rk = variant("none", events(w0), renamed)
+    assert why.startswith("rank %d has no communication ops" % rk["worker1"]), why
+    p = subprocess.run([ANALYZE, "--pg", ci, "--run", "999999", "distributed", "--json"],
+                       capture_output=True, text=True, timeout=60 * kpfix.SCALE)
+    assert p.returncode == 3 and "run 999999 does not exist" in p.stderr, (p.returncode, p.stderr)
+    print("distributed: op count, interval count, NCCL+Gloo, no comm ops and an unknown run "
+          "give no view and say why")
 
 
 def check_errors(ci):
@@ -411,16 +728,8 @@ def main():
                     if key != "distributed":
                         chk.todo.append("/" + key)
                         continue
-                    for view, v in want.items():
-                        if view != "overlap":  # wait, comm_ops: across ranks, not yet
-                            chk.todo.append("/distributed/" + view)
-                            continue
-                        for step, workers in v.items():
-                            for w, m in workers.items():
-                                g = by_worker[w]["steps"][int(step)]["overlap"]
-                                for f, x in m.items():
-                                    chk.value("/distributed/overlap/%s/%s/%s" % (step, w, f), x,
-                                              g.get(f))
+                    check_distributed(chk, want, by_worker, ranks,
+                                      analyze_run(ci, res["run_id"], "distributed"))
             for p, w, g in chk.bad:
                 print("    MISMATCH %s: expected %r, kprof %r" % (p, w, g))
             for p in sorted(set(chk.todo)):
@@ -434,8 +743,10 @@ def main():
             if chk.bad:
                 failed.append(name)
         check_errors(ci)
+        check_distributed_disabled(ci, cd.grpc, tmp)
         chk = Checker("resnet50", [])
         check_resnet50(ci, cd.grpc, chk)
+        check_recommendation_rules(ci, cd.grpc, tmp)
         for p, w, g in chk.bad:
             print("    MISMATCH %s: expected %r, kprof %r" % (p, w, g))
         totals["ok"] += len(chk.ok)

@@ -76,6 +76,13 @@ COLS = {
                 "coalesce(warp_size, 0)", "coalesce(cc_major, 0)", "coalesce(cc_minor, 0)"],
     "ranks": ["coalesce(host, '')", "coalesce(pid, 0)", "coalesce(device, 0)"],
 }
+# Tables read through a join: kernels with their occupancy figures (migration 0006).
+FROM = {
+    "kernels": "(SELECT k.*, o.blocks_per_sm, o.est_occupancy FROM kernels k "
+               "LEFT JOIN kernel_occupancy o ON o.run_id = k.run_id AND o.rank = k.rank "
+               "AND o.start_ns = k.start_ns AND o.correlation = coalesce(k.correlation, 0) "
+               "AND o.stream = coalesce(k.stream, 0) AND o.device = coalesce(k.device, 0))",
+}
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 HAS_MEMORY = False
 
@@ -112,8 +119,9 @@ def compare_runs(a, b, rank_map):
         for table, cols in COLS.items():
             sel = ", ".join(cols)
             where = "run_id = %d AND rank = %d"
-            qa = "SELECT %s FROM %s t WHERE %s" % (sel, table, where % (a, ra))
-            qb = "SELECT %s FROM %s t WHERE %s" % (sel, table, where % (b, rb))
+            src = FROM.get(table, table)
+            qa = "SELECT %s FROM %s t WHERE %s" % (sel, src, where % (a, ra))
+            qb = "SELECT %s FROM %s t WHERE %s" % (sel, src, where % (b, rb))
             na = int(kpfix.psql("SELECT count(*) FROM (%s) x" % qa, db=DB))
             nb = int(kpfix.psql("SELECT count(*) FROM (%s) x" % qb, db=DB))
             assert na == nb, "%s rank %d: %d rows in run %d, %d after the round trip" % (
@@ -242,6 +250,41 @@ def round_trip(job, paths, out, extra_import=(), extra_export=()):
     return n, ex["json_bytes"], ex["seconds"]
 
 
+def figure_kernels(paths):
+    """Kernel events of the traces at paths with blocks per SM or est. achieved occupancy %
+    as a number: the kernels import must give a kernel_occupancy row."""
+    n = 0
+    for path in paths:
+        _, t = load(path)
+        for e in t["traceEvents"]:
+            a = e.get("args") or {}
+            if e.get("ph") != "X" or str(e.get("cat", "")).lower() != "kernel":
+                continue
+            if any(isinstance(a.get(k), (int, D)) and not isinstance(a.get(k), bool) and
+                   not D(a[k]).is_nan() for k in ("blocks per SM", "est. achieved occupancy %")):
+                n += 1
+    return n
+
+
+def check_occupancy_rows(run_id, paths):
+    """kernel_occupancy holds exactly one row per kernel that carries a figure, each row
+    naming exactly one kernel of its run and rank."""
+    want = figure_kernels(paths)
+    got = int(kpfix.psql("SELECT count(*) FROM kernel_occupancy WHERE run_id = %d" % run_id,
+                         db=DB))
+    assert got == want, "run %d: %d kernel_occupancy rows, %d kernels carry figures" % (
+        run_id, got, want)
+    joined = kpfix.psql(
+        "SELECT count(*), count(*) FILTER (WHERE n <> 1) FROM (SELECT (SELECT count(*) FROM "
+        "kernels k WHERE k.run_id = o.run_id AND k.rank = o.rank AND k.start_ns = o.start_ns "
+        "AND coalesce(k.correlation, 0) = o.correlation AND coalesce(k.stream, 0) = o.stream "
+        "AND coalesce(k.device, 0) = o.device) AS n FROM kernel_occupancy o "
+        "WHERE o.run_id = %d) x" % run_id, db=DB).split("|")
+    assert joined == [str(got), "0"], "run %d: rows naming other than one kernel: %s" % (
+        run_id, joined)
+    return got
+
+
 def main():
     global COLLECTOR, CONNINFO
     CONNINFO = kpfix.fresh_db(DB)
@@ -285,6 +328,13 @@ def main():
                                            "*.json.gz")))[0]
         n, _, _ = round_trip("tb-resnet", [tb], os.path.join(tmp, "resnet.json"))
         print("tbplugin resnet50: %d rows equal" % n)
+
+        # kernel_occupancy: one row per imported kernel with a figure (none without)
+        for job, paths in (("occ-resnet", [tb]), ("occ-ns", [big]), ("occ-hta2", hta2)):
+            rid = kimport("--job", job, *paths)["run_id"]
+            n = check_occupancy_rows(rid, paths)
+            assert n > 0 or job == "occ-hta2", (job, n)
+            print("%s: %d kernel_occupancy rows, one per kernel with figures" % (job, n))
 
         ncases = 0
         for case in sorted(glob.glob(os.path.join(PEERS, "tbplugin", "cases", "*.json"))):
@@ -342,8 +392,11 @@ def main():
             kernels = int(kpfix.psql("SELECT count(*) FROM kernels WHERE run_id = %d AND "
                                      "rank = %d" % (rid, f["rank"]), db=DB))
             assert cats["kernel"] == kernels > 0
-        print("captured-style run %d: %d files, op<->kernel ids and flows OK" % (
-            rid, len(ex["files"])))
+        # a capture carries no occupancy figures: no kernel_occupancy rows at all
+        assert kpfix.psql("SELECT count(*) FROM kernel_occupancy WHERE run_id = %d" % rid,
+                          db=DB) == "0"
+        print("captured-style run %d: %d files, op<->kernel ids and flows OK, no "
+              "kernel_occupancy rows" % (rid, len(ex["files"])))
 
         # 3. errors
         p = kexport(999999, os.path.join(tmp, "x.json"), ok=False)

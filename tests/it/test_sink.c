@@ -616,6 +616,17 @@ static const char *sql_type(enum kp_col_sql t)
     return "?";
 }
 
+/* How many event kinds have a side table (kp_side_spec). */
+static int n_side_tables(void)
+{
+    int n = 0;
+
+    for (int k = 0; k < KP_EV_COUNT; k++) {
+        n += kp_event_kinds[k].side != NULL;
+    }
+    return n;
+}
+
 /* (a) Every event table has exactly run_id, rank and the codec's columns, typed alike. */
 static void test_schema_matches_codec(void **state)
 {
@@ -627,9 +638,21 @@ static void test_schema_matches_codec(void **state)
                                      "table_schema = current_schema() AND table_name = '%s'",
                                      ki->table);
 
-        if (n != (long long) ki->n_columns + 2) {
-            fail_msg("table %s has %lld columns; the codec has %zu + run_id, rank", ki->table, n,
-                     ki->n_columns);
+        long long n_side =
+            ki->side == NULL
+                ? 0
+                : kp_test_pg_int(db,
+                                 "SELECT count(*) FROM information_schema.columns WHERE "
+                                 "table_schema = current_schema() AND table_name = '%s' AND "
+                                 "column_name <> ALL ('{run_id,rank,%s,%s,%s,%s}')",
+                                 ki->side->table, ki->side->key[0], ki->side->key[1],
+                                 ki->side->key[2], ki->side->key[3]);
+
+        /* The side table's values are not in the kind's table; its key columns are in both. */
+        if (n + n_side != (long long) ki->n_columns + 2) {
+            fail_msg("table %s has %lld columns and its side table %lld values; the codec has "
+                     "%zu + run_id, rank",
+                     ki->table, n, n_side, ki->n_columns);
         }
         assert_int_equal(kp_test_pg_int(db,
                                         "SELECT count(*) FROM information_schema.columns WHERE "
@@ -640,16 +663,37 @@ static void test_schema_matches_codec(void **state)
                          2);
         for (size_t c = 0; c < ki->n_columns; c++) {
             const struct kp_column_spec *cs = &ki->columns[c];
-            long long ok = kp_test_pg_int(
+            bool in_side = false;
+            long long ok;
+
+            for (size_t j = 0; ki->side != NULL && j < KP_SIDE_MAX_VALUES; j++) {
+                in_side |=
+                    ki->side->values[j] != NULL && strcmp(ki->side->values[j], cs->name) == 0;
+            }
+            for (size_t j = 0; ki->side != NULL && j < KP_SIDE_MAX_KEY; j++) {
+                /* A side table's key and values: NOT NULL there (absent is 0, or NaN). */
+                if (ki->side->key[j] != NULL && strcmp(ki->side->key[j], cs->name) == 0 &&
+                    kp_test_pg_int(db,
+                                   "SELECT count(*) FROM information_schema.columns WHERE "
+                                   "table_schema = current_schema() AND table_name = '%s' AND "
+                                   "column_name = '%s' AND data_type = '%s' AND "
+                                   "is_nullable = 'NO'",
+                                   ki->side->table, cs->name, sql_type(cs->sql)) != 1) {
+                    fail_msg("%s.%s: no NOT NULL %s column", ki->side->table, cs->name,
+                             sql_type(cs->sql));
+                }
+            }
+            ok = kp_test_pg_int(
                 db,
                 "SELECT count(*) FROM information_schema.columns WHERE "
                 "table_schema = current_schema() AND table_name = '%s' AND column_name = '%s' "
                 "AND data_type = '%s' AND (is_nullable = 'YES') = %s",
-                ki->table, cs->name, sql_type(cs->sql), cs->required ? "false" : "true");
+                in_side ? ki->side->table : ki->table, cs->name, sql_type(cs->sql),
+                cs->required || in_side ? "false" : "true");
 
             if (ok != 1) {
-                fail_msg("%s.%s: no %s %s column", ki->table, cs->name, sql_type(cs->sql),
-                         cs->required ? "NOT NULL" : "nullable");
+                fail_msg("%s.%s: no %s %s column", in_side ? ki->side->table : ki->table, cs->name,
+                         sql_type(cs->sql), cs->required || in_side ? "NOT NULL" : "nullable");
             }
         }
     }
@@ -1112,7 +1156,8 @@ static void test_store(void **state)
                                     "SELECT count(*) FROM kp_run_tables t WHERE "
                                     "to_regclass(t.name || '_r%" PRIu64 "') IS NOT NULL",
                                     id),
-                     KP_EV_COUNT + 1); /* the event tables and ingest_batches */
+                     KP_EV_COUNT + 1 + n_side_tables()); /* the event tables, their side
+                                                          * tables and ingest_batches */
 
     s = sink_open(100000, 5);
     for (uint64_t seq = 0; seq < 3; seq++) {

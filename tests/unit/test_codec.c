@@ -251,9 +251,9 @@ static void test_copy_text(void **state)
     char cols[512];
     const char *want_kernels =
         "7\t3\t1001000\t10\t42\t\\N\t\\N\t\\N\t77\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N"
-        "\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\n"
+        "\t\\N\t\\N\t\\N\t\\N\n"
         "7\t3\t1001005\t20\t\\N\t\\N\t\\N\t\\N\t78\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N"
-        "\t\\N\t\\N\t\\N\t\\N\t\\N\t\\N\n";
+        "\t\\N\t\\N\t\\N\t\\N\n";
     const char *want_counters = "7\t3\t43\t\\N\tNaN\t\\N\n"
                                 "7\t3\t43\t\\N\tInfinity\t\\N\n"
                                 "7\t3\t43\t\\N\t-Infinity\t\\N\n"
@@ -289,6 +289,71 @@ static void test_copy_text(void **state)
     assert_string_equal(kp_codec_copy_columns(KP_EV_COUNTER, cols, sizeof(cols)),
                         "run_id, rank, metric, correlation, value, device");
     kp_strbuf_fini(&sb);
+}
+
+/* Kernels' occupancy figures go to kernel_occupancy, one row per kernel that has one (not
+ * NaN), keyed by start_ns, device, stream and correlation (0 when the batch lacks them); the
+ * kernels COPY never carries them. */
+static void test_side_table(void **state)
+{
+    struct fixture f;
+    struct kp_strbuf sb, main_rows;
+    int32_t name_ids[3] = { 0, 42, 43 };
+    double bps[2] = { NAN, 2.5 }, occ[2] = { 12.0, NAN };
+    char cols[512], err[256] = "";
+    const char *one = "7\t3\t1001005\t0\t0\t78\t2.5\tNaN\n";
+    const char *two = "7\t3\t1001000\t0\t0\t77\tNaN\t12\n"
+                      "7\t3\t1001005\t0\t0\t78\t2.5\tNaN\n";
+
+    fixture_init(&f);
+    kp_strbuf_init(&sb, 0);
+    kp_strbuf_init(&main_rows, 0);
+    assert_int_equal(kp_codec_selfcheck(err, sizeof(err)), 0);
+    assert_string_equal(kp_codec_side_columns(KP_EV_KERNEL, cols, sizeof(cols)),
+                        "run_id, rank, start_ns, device, stream, correlation, blocks_per_sm, "
+                        "est_occupancy");
+    assert_non_null(strstr(kp_codec_copy_columns(KP_EV_KERNEL, cols, sizeof(cols)), "step"));
+    assert_null(strstr(cols, "blocks_per_sm"));
+    assert_null(strstr(cols, "est_occupancy"));
+    assert_string_equal(kp_codec_side_columns(KP_EV_MEMCPY, cols, sizeof(cols)), "");
+    assert_int_equal(kp_codec_side_copy_text(&f.b, KP_EV_MEMCPY, &sb), 0);
+
+    /* Without figures: no side rows. */
+    assert_int_equal(kp_batch_side_rows(&f.b, KP_EV_KERNEL), 0);
+    assert_int_equal(kp_codec_side_copy_text(&f.b, KP_EV_KERNEL, &sb), 0);
+    assert_int_equal(sb.len, 0);
+    assert_int_equal(kp_codec_copy_text(&f.b, KP_EV_KERNEL, name_ids, &main_rows), 2);
+
+    /* All NaN: still none. */
+    bps[1] = NAN;
+    f.k.n_blocks_per_sm = 2;
+    f.k.blocks_per_sm = bps;
+    assert_int_equal(kp_batch_validate(&f.b, &limits, err, sizeof(err)), 0);
+    assert_int_equal(kp_batch_side_rows(&f.b, KP_EV_KERNEL), 0);
+    assert_int_equal(kp_codec_side_copy_text(&f.b, KP_EV_KERNEL, &sb), 0);
+
+    /* One figure on the second kernel: its row, the missing figure NaN. */
+    bps[1] = 2.5;
+    assert_int_equal(kp_batch_side_rows(&f.b, KP_EV_KERNEL), 1);
+    assert_int_equal(kp_codec_side_copy_text(&f.b, KP_EV_KERNEL, &sb), 1);
+    assert_int_equal(sb.len, strlen(one));
+    assert_memory_equal(sb.data, one, sb.len);
+
+    /* Both kernels, one figure each; the kernels rows are as without figures. */
+    kp_strbuf_reset(&sb);
+    f.k.n_est_occupancy = 2;
+    f.k.est_occupancy = occ;
+    assert_int_equal(kp_batch_validate(&f.b, &limits, err, sizeof(err)), 0);
+    assert_int_equal(kp_batch_side_rows(&f.b, KP_EV_KERNEL), 2);
+    assert_int_equal(kp_codec_side_copy_text(&f.b, KP_EV_KERNEL, &sb), 2);
+    assert_int_equal(sb.len, strlen(two));
+    assert_memory_equal(sb.data, two, sb.len);
+    kp_strbuf_reset(&sb);
+    assert_int_equal(kp_codec_copy_text(&f.b, KP_EV_KERNEL, name_ids, &sb), 2);
+    assert_int_equal(sb.len, main_rows.len);
+    assert_memory_equal(sb.data, main_rows.data, sb.len);
+    kp_strbuf_fini(&sb);
+    kp_strbuf_fini(&main_rows);
 }
 
 /* Extreme values are written in full; start_ns deltas accumulate from base_ns. */
@@ -407,7 +472,7 @@ int main(void)
         cmocka_unit_test(test_selfcheck),        cmocka_unit_test(test_valid_batch),
         cmocka_unit_test(test_validate_refuses), cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_copy_text),        cmocka_unit_test(test_copy_text_extremes),
-        cmocka_unit_test(test_memory_kind),
+        cmocka_unit_test(test_memory_kind),      cmocka_unit_test(test_side_table),
     };
 
     return cmocka_run_group_tests_name("codec", tests, NULL, NULL);

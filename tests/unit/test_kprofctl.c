@@ -1127,6 +1127,53 @@ static void test_help(void **state)
     }
 }
 
+/* counters (an Analyzer verb): --help shows --analyzer and -c's own column list (metric names
+ * included, so -c is not checked before the call); bad flags exit 2; an unreachable analyzer
+ * exits 5 naming --analyzer and KPROF_ANALYZER. */
+static void test_counters(void **state)
+{
+    static const struct {
+        const char *args[4];
+        const char *why;
+    } usage[] = {
+        { { "--rank", "1" }, "--run is required" },
+        { { "--run", "3", "-w", "80" }, "-w does not apply" },
+        { { "--run", "3", "--json", "--csv" }, "exclude each other" },
+        { { "--run", "3", "--pg", "dbname=kprof" }, "unknown flag --pg" },
+        { { "--run", "3", "--rank", "-1" }, "out of range" },
+    };
+    struct result r;
+
+    (void) state;
+    r = run_verb(kprofctl_counters, "counters", "--help", NULL);
+    assert_int_equal(r.rc, 0);
+    assert_int_equal(strncmp(r.out, "kprofctl counters ", 18), 0);
+    assert_contains(r.out, "Analyzer.Counters");
+    assert_contains(r.out, "--analyzer=STRING");
+    assert_contains(r.out, "flops_per_s, a metric name, or all");
+    assert_contains(r.out, "  5    kprof-analyzer unreachable");
+    assert_null(strstr(r.out, "--pg"));
+    result_free(&r);
+    for (size_t i = 0; i < sizeof(usage) / sizeof(usage[0]); i++) {
+        r = run_verb(kprofctl_counters, "counters", "--analyzer", "127.0.0.1:1", usage[i].args[0],
+                     usage[i].args[1], usage[i].args[2], usage[i].args[3], NULL);
+        if (r.rc != KPROFCTL_EXIT_USAGE) {
+            fail_msg("case %zu exited %d: %s", i, r.rc, r.err);
+        }
+        assert_string_equal(r.out, "");
+        assert_int_equal(strncmp(r.err, "kprofctl counters: ", 19), 0);
+        assert_contains(r.err, usage[i].why);
+        result_free(&r);
+    }
+    r = run_verb(kprofctl_counters, "counters", "--analyzer", "127.0.0.1:1", "--run", "3", "-c",
+                 "idx,gpu__time_duration.sum", "--timeout", "2s", NULL);
+    assert_int_equal(r.rc, KPROFCTL_EXIT_UNREACHABLE);
+    assert_string_equal(r.out, "");
+    assert_contains(r.err, "kprofctl counters: cannot reach kprof-analyzer");
+    assert_contains(r.err, "(set --analyzer or KPROF_ANALYZER)");
+    result_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1148,10 +1195,12 @@ int main(void)
         cmocka_unit_test(test_unreachable),
         cmocka_unit_test(test_usage),
         cmocka_unit_test(test_help),
+        cmocka_unit_test(test_counters),
     };
 
     /* The verbs read KPROF_<FLAG>: keep the caller's environment out. */
     unsetenv("KPROF_COLLECTOR");
+    unsetenv("KPROF_ANALYZER");
     unsetenv("KPROF_JOB");
     unsetenv("KPROF_JSON");
     unsetenv("KPROF_CSV");

@@ -1,0 +1,50 @@
+/*
+ * kp_cmp_pb: the cross-rank comparison (compare.h) as Analyzer.Compare's reply
+ * (proto/kprof.proto CompareResponse) and back. kprof-analyzer builds the reply from a result
+ * with kp_cmp_pb_init / kp_cmp_pb_init_hta; kprofctl compare turns the reply back into a
+ * result with kp_cmp_from_pb / kp_cmp_hta_from_pb and prints it with compare.h's own writers
+ * (kp_cmp_json, kp_cmp_order, kp_cmp_flag), so that its output is the same as when the
+ * comparison ran in process. Every figure kprofctl prints goes through unchanged (doubles as
+ * doubles, NaN included). The per-rank, per-step cells (kp_cmp_result.cells) stay on the
+ * server: nothing prints them.
+ */
+#ifndef KP_CMP_PB_H
+#define KP_CMP_PB_H
+
+#include <stddef.h>
+
+#include "compare.h"
+#include "kprof.pb-c.h"
+
+/* A reply under construction: msg points into the arrays here and into the result or HTA
+ * call it was built from (borrowed: keep it until kp_cmp_pb_fini). Caller-owned. */
+struct kp_cmp_pb {
+    Kprof__V1__CompareResponse msg;
+    Kprof__V1__CompareThresholds thresholds;
+    Kprof__V1__CompareHta hta;
+    void *arr[8];
+};
+
+/* p->msg as r's comparison: run_id, ranks (by rank number), steps, stragglers with their
+ * evidence (one per cause, in compare.h's cause order), step_median_ns and verdict; the
+ * caller sets thresholds (p->thresholds is there for it), offsets_saved and cached. Borrows
+ * r. Returns 0 or -ENOMEM (call kp_cmp_pb_fini in both cases). */
+int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r);
+
+/* p->msg with h as its hta (num_candidates k) and nothing else. Borrows h. Returns 0 or
+ * -ENOMEM (call kp_cmp_pb_fini in both cases). */
+int kp_cmp_pb_init_hta(struct kp_cmp_pb *p, const struct kp_cmp_hta *h, int k);
+
+/* Frees p's arrays; p->msg is invalid afterwards. Safe after a failed init. */
+void kp_cmp_pb_fini(struct kp_cmp_pb *p);
+
+/* The reply's comparison as a result (borrows m). Returns 0 and *out (kp_cmp_result_destroy;
+ * cells is NULL), -ENOMEM, or -EPROTO with errbuf saying what is malformed (an unknown cause,
+ * a cause without its evidence). */
+int kp_cmp_from_pb(const Kprof__V1__CompareResponse *m, struct kp_cmp_result **out, char *errbuf,
+                   size_t errlen);
+
+/* The reply's HTA call (borrows h). Returns 0 and *out (kp_cmp_hta_destroy) or -ENOMEM. */
+int kp_cmp_hta_from_pb(const Kprof__V1__CompareHta *h, struct kp_cmp_hta **out);
+
+#endif
