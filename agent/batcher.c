@@ -1,6 +1,6 @@
 /*
  * kp_batcher: see batcher.h for the rules. Structures:
- *  - corr: correlation id -> {api start, step, external_id} of every API record seen in this
+ *  - corr: correlation id -> {api start, external_id} of every API record seen in this
  *    capture (u64map to an index in corrs[]), bounded by max_corr.
  *  - pend[]: held records, each live or dead; GPU records waiting for their API record are
  *    chained per correlation id (pend_map -> first index, next -> the following one). Dead
@@ -33,10 +33,11 @@ union rec {
     struct kp_wire_range r;
 };
 
+/* No step here: a launch's step is looked up when its GPU record is kept (keep), since the
+ * STEP that began it may arrive after its API record. */
 struct corr {
     int64_t api_start;
     uint64_t ext;
-    int32_t step;
 };
 
 struct pend {
@@ -479,7 +480,6 @@ static void corr_remember(struct kp_batcher *b, const struct kp_wire_api *a)
     if ((i = map_get(&b->corr_map, a->correlation)) != NULL) {
         b->corrs[*i].api_start = a->start_ns;
         b->corrs[*i].ext = a->external_id;
-        b->corrs[*i].step = step_of(b, a->start_ns);
         return;
     }
     if (b->n_corrs >= b->o.max_corr) {
@@ -503,7 +503,6 @@ static void corr_remember(struct kp_batcher *b, const struct kp_wire_api *a)
     }
     b->corrs[b->n_corrs].api_start = a->start_ns;
     b->corrs[b->n_corrs].ext = a->external_id;
-    b->corrs[b->n_corrs].step = step_of(b, a->start_ns);
     b->n_corrs++;
 }
 
@@ -568,7 +567,7 @@ static void keep(struct kp_batcher *b, uint32_t kind, const union rec *r)
     if (is_gpu(kind)) {
         const struct corr *c = corr_find(b, rec_corr(kind, r));
 
-        w->step = c != NULL ? c->step : step_of(b, rec_start(kind, r));
+        w->step = step_of(b, c != NULL ? c->api_start : rec_start(kind, r));
         w->ext = c != NULL ? c->ext : 0;
     }
     else {

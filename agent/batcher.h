@@ -17,7 +17,10 @@
  * Step: API calls, syncs and ranges by their start against the STEP boundaries (the last step
  * that started at or before); GPU records take their API record's step and external_id (the
  * innermost NVTX range, i.e. the op). Steps rows come from STEP messages inside the window;
- * a step lasts until the next one starts, the last until the window's end.
+ * a step lasts until the next one starts, the last until the window's end. A record's step is
+ * looked up when it is kept, not when it (or its API record) arrives: the library may send a
+ * step's first records before that STEP, and such records are held (their start is past the
+ * last step known to be inside) until the STEP or WINDOW_END comes.
  *
  * Batches: strings table per batch (index 0 = ""), start_ns delta-encoded from base_ns per
  * kind, rank_info in the first batch, stats (CaptureStats increments) on the next batch built.

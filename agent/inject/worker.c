@@ -18,7 +18,9 @@
  * enabled and recording starts (WARMUP; records starting before that are discarded); at
  * step target ⇒ WINDOW_BEGIN (CAPTURING); at step target+n_steps, after duration_ms, or on
  * DISARM ⇒ recording stops, kinds off (FLUSHING), and after a 200 ms grace FlushAll(0),
- * FlushAll(FORCED), the last drain, WINDOW_END with the final counters (DONE). target_step -1
+ * FlushAll(FORCED), the last drain, WINDOW_END with the final counters (DONE). A step whose
+ * event is popped only after the window ended (a DISARM read first in the same turn) but that
+ * began before the end is still sent: its records are inside the window. target_step -1
  * is a time window that begins at once. During a window FlushAll(0) runs every 250 ms.
  *
  * Outgoing: messages of at most KP_WIRE_MAX_MSG bytes in a FIFO bounded by KPROF_QUEUE_BYTES
@@ -778,6 +780,28 @@ static void on_step(const struct kp_wire_step *ev)
                  step >= W.cap.target_step + (int64_t) W.cap.n_steps) {
             batches_flush();
             end_window(ev->start_ns, KPI_GRACE_MS);
+        }
+        else {
+            send_step(ev);
+            W.cap.last_step = step;
+        }
+        break;
+    case KP_ST_FLUSHING:
+        /* The window was ended (DISARM, the exit handler) in this loop turn before this
+         * step's event was popped, but the step began before the end: it is inside the window
+         * and its records are kept, so the agent needs its STEP or they would be counted in
+         * the step before. The same bounds as CAPTURING apply; a bound that falls before the
+         * end moves the end back to it. */
+        if (ev->start_ns >= W.cap.end_ns) {
+            break;
+        }
+        if (W.cap.duration_ms != 0 &&
+            ev->start_ns >= W.cap.begin_ns + (int64_t) W.cap.duration_ms * MS) {
+            W.cap.end_ns = W.cap.begin_ns + (int64_t) W.cap.duration_ms * MS;
+        }
+        else if (W.cap.target_step >= 0 && W.cap.n_steps > 0 &&
+                 step >= W.cap.target_step + (int64_t) W.cap.n_steps) {
+            W.cap.end_ns = ev->start_ns;
         }
         else {
             send_step(ev);

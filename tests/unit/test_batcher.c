@@ -598,6 +598,54 @@ static void test_malformed_steps(void **state)
     sink_free(&s);
 }
 
+/* The library may send a step's first records before that STEP (a flush between the app's
+ * kprof_step and the worker popping its event; a STOP that ends the window in between): the
+ * GPU records launched in the step take its number, not the one of the step before, whether
+ * their API record came before or after them. */
+static void test_step_after_its_records(void **state)
+{
+    struct sink s = { 0 };
+    struct kp_batcher *b = make(&s, 1000, 0);
+    struct kp_batcher_stats st;
+
+    (void) state;
+    step(b, 10, 0);
+    window(b, false, 0, 0);
+    api(b, 1, 100, 0);
+    kernel(b, 1, 150);
+    /* step 11 began at 1000; its records arrive first */
+    api(b, 2, 1100, 0);
+    kernel(b, 2, 1150);
+    kernel(b, 3, 1250); /* before its API record */
+    api(b, 3, 1200, 0);
+    step(b, 11, 1000);
+    api(b, 4, 1300, 0);
+    kernel(b, 4, 1350);
+    api(b, 5, 1900, 0); /* no STEP 12 before the end: decided at WINDOW_END */
+    kernel(b, 5, 1950);
+    window(b, true, 0, 2000);
+
+    kp_batcher_get_stats(b, &st);
+    assert_int_equal(st.invalid, 0);
+    assert_int_equal(s.n, 1);
+    Kprof__V1__Batch *x = s.b[0];
+    assert_non_null(x->kernels);
+    assert_int_equal(x->kernels->n_correlation, 5);
+    for (size_t i = 0; i < x->kernels->n_correlation; i++) {
+        uint64_t c = x->kernels->correlation[i];
+
+        assert_int_equal(x->kernels->step[i], c == 1 ? 10 : 11);
+    }
+    assert_int_equal(x->api_calls->n_correlation, 5);
+    for (size_t i = 0; i < x->api_calls->n_correlation; i++) {
+        assert_int_equal(x->api_calls->step[i], x->api_calls->correlation[i] == 1 ? 10 : 11);
+    }
+    assert_int_equal(x->steps->n_step, 2);
+    assert_int_equal(x->steps->step[1], 11);
+    kp_batcher_destroy(b);
+    sink_free(&s);
+}
+
 /* Times at the int64 limits: a window from 0 to "the process vanished" after a record that
  * ends at INT64_MAX; durations and deltas stay in range. */
 static void test_time_limits(void **state)
@@ -877,6 +925,7 @@ int main(void)
         cmocka_unit_test(test_bounded_pending),
         cmocka_unit_test(test_malformed_records),
         cmocka_unit_test(test_malformed_steps),
+        cmocka_unit_test(test_step_after_its_records),
         cmocka_unit_test(test_time_limits),
         cmocka_unit_test(test_counters_saturate),
         cmocka_unit_test(test_rank_info_cleaned),
