@@ -142,3 +142,15 @@ class Stubs:
 
     def close(self):
         self.channel.close()
+
+
+def expect_rpc_error(f, code, text):
+    """Calls f(), a grpcio call that must fail with status code `code` and `text` in its
+    details."""
+    import grpc
+    try:
+        f()
+    except grpc.RpcError as e:
+        assert e.code() == code and text in e.details(), (e.code(), e.details())
+        return
+    raise AssertionError("expected " + str(code))

@@ -508,13 +508,7 @@ def check_malformed(an, run_id):
     ch, call = stub(an, "Counters", pb.CountersRequest, pb.CountersResponse)
     ch2, raw = stub(an, "Counters", None, pb.CountersResponse)
 
-    def expect(f, code, text):
-        try:
-            f()
-        except grpc.RpcError as e:
-            assert e.code() == code and text in e.details(), (e.code(), e.details())
-            return
-        raise AssertionError("expected " + str(code))
+    expect = kpfix.expect_rpc_error
 
     try:
         expect(lambda: raw(b"\xff\xff\xff\xff", timeout=30), SC.INVALID_ARGUMENT, "")

@@ -412,13 +412,7 @@ def check_malformed(an, run_id):
     st = Stubs(an.grpc)
     SC = grpc.StatusCode
 
-    def expect(f, code, text):
-        try:
-            f()
-        except grpc.RpcError as e:
-            assert e.code() == code and text in e.details(), (e.code(), e.details())
-            return
-        raise AssertionError("expected " + str(code))
+    expect = kpfix.expect_rpc_error
 
     try:
         expect(lambda: st.raw(b"\xff\xff\xff\xff", timeout=30), SC.INVALID_ARGUMENT, "")

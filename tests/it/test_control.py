@@ -305,6 +305,9 @@ def test_rank_dies(st):
         out, err = watch.communicate(timeout=secs(120))
         assert watch.returncode == 1, "status --watch exited %d, want 1 (a rank failed): %s" % (
             watch.returncode, err)
+        # --watch ends when every rank is over; the coordinator ends the run on its next tick
+        kpfix.wait_for(lambda: all(row["run_state"] != "open"
+                                   for row in st.ctl.status(run).values()), 30, "run ended")
         stat = st.ctl.status(run)
         reason = stat[victim]["reason"]
         assert "exited" in reason or "closed" in reason, stat[victim]
