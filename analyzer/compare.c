@@ -117,7 +117,7 @@ static int check_run(PGconn *c, const char *const *params, int64_t run, char *er
 }
 
 /* The run's ranks, sorted. Returns 0 and *ranks (free) / *n, KP_ENOTFOUND, KP_EPG, -ENOMEM. */
-static int load_ranks(PGconn *c, const char *const *params, int64_t run, int **ranks, size_t *n,
+static int load_ranks(PGconn *c, const char *const *params, int64_t run, int64_t **ranks, size_t *n,
                       char *errbuf, size_t errlen)
 {
     PGresult *r = NULL;
@@ -142,7 +142,7 @@ static int load_ranks(PGconn *c, const char *const *params, int64_t run, int **r
         return -ENOMEM;
     }
     for (size_t i = 0; i < nr; i++) {
-        (*ranks)[i] = (int) kp_pg_i64(r, (int) i, 0, 0);
+        (*ranks)[i] = kp_pg_i64(r, (int) i, 0, 0);
     }
     *n = nr;
     PQclear(r);
@@ -372,27 +372,9 @@ static int cmp_coll_match(const void *pa, const void *pb)
     return (a->ri > b->ri) - (a->ri < b->ri);
 }
 
-/* Index of rank in sorted ranks[0..n), or -1. */
-static long rank_index(const int *ranks, size_t n, int64_t rank)
-{
-    size_t lo = 0, hi = n;
-
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-
-        if (ranks[mid] < rank) {
-            lo = mid + 1;
-        }
-        else {
-            hi = mid;
-        }
-    }
-    return lo < n && ranks[lo] == rank ? (long) lo : -1;
-}
-
 /* What kp_cmp_run reads, between the queries and the result. */
 struct cmp_load {
-    int *ranks;
+    int64_t *ranks; /* sorted */
     size_t n_ranks;
     struct rsteps *rs;
     struct nameset names;
@@ -491,7 +473,7 @@ static int cmp_load_run(PGconn *c, const char *runs, int64_t run, size_t max_row
     /* steps: ProfilerStep ops, else the steps table, else step 0 over the kernels */
     for (int i = 0; i < PQntuples(L->ops); i++) {
         const struct ncls *nc = nameset_find(&L->names, kp_pg_i64(L->ops, i, 2, -1));
-        long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(L->ops, i, 0, -1));
+        long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->ops, i, 0, -1));
         int64_t st = kp_pg_i64(L->ops, i, 3, 0);
 
         if (nc == NULL || nc->cls != NC_STEP || nc->num < 0 || ri < 0) {
@@ -503,7 +485,7 @@ static int cmp_load_run(PGconn *c, const char *runs, int64_t run, size_t max_row
         L->rs[ri].from_ops = true;
     }
     for (int i = 0; i < PQntuples(L->steps); i++) {
-        long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(L->steps, i, 0, -1));
+        long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->steps, i, 0, -1));
         int64_t st = kp_pg_i64(L->steps, i, 2, 0);
 
         if (ri >= 0 && !L->rs[ri].from_ops &&
@@ -522,7 +504,7 @@ static int cmp_load_run(PGconn *c, const char *runs, int64_t run, size_t max_row
             return rc;
         }
         for (int i = 0; i < PQntuples(r); i++) {
-            long q = rank_index(L->ranks, L->n_ranks, kp_pg_i64(r, i, 0, -1));
+            long q = find_i64(L->ranks, L->n_ranks, kp_pg_i64(r, i, 0, -1));
 
             if (q >= 0 && !PQgetisnull(r, i, 1)) {
                 L->rs[q].kany = true;
@@ -620,7 +602,7 @@ static int load_unstepped(PGconn *c, const char *runs, struct cmp_load *L, const
             break;
         }
         for (int i = 0; i < PQntuples(r); i++) {
-            long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(r, i, 0, -1));
+            long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(r, i, 0, -1));
             long si = find_i64(nums, ns, kp_pg_i64(r, i, 1, 0));
             struct kp_cmp_cell *cl;
 
@@ -867,7 +849,7 @@ static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp
     *colls = v;
     /* kernels: the sums per step, less the collective kernels, which come one by one */
     for (int i = 0; i < PQntuples(L->kern); i++) {
-        long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(L->kern, i, 0, -1)), si;
+        long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->kern, i, 0, -1)), si;
 
         if (ri < 0) {
             continue;
@@ -881,7 +863,7 @@ static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp
         }
     }
     for (int i = 0; i < PQntuples(L->coll); i++) {
-        long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(L->coll, i, 0, -1)), si;
+        long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->coll, i, 0, -1)), si;
         bool nostep = PQgetisnull(L->coll, i, 1);
         int64_t start = kp_pg_i64(L->coll, i, 2, 0), dur = kp_pg_i64(L->coll, i, 3, 0);
 
@@ -900,7 +882,7 @@ static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp
     /* ops: data loading sums, Gloo collectives */
     for (int i = 0; i < PQntuples(L->ops); i++) {
         const struct ncls *x = nameset_find(&L->names, kp_pg_i64(L->ops, i, 2, -1));
-        long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(L->ops, i, 0, -1)), si;
+        long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->ops, i, 0, -1)), si;
         int64_t start = kp_pg_i64(L->ops, i, 3, 0), dur = kp_pg_i64(L->ops, i, 4, 0);
 
         if (x == NULL || ri < 0 || (x->cls != NC_GLOO && x->cls != NC_DATA)) {
@@ -922,7 +904,7 @@ static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp
     /* API calls (launch) and copies/memsets (other) */
     for (int t = 0; t < 2; t++) {
         for (int i = 0; i < PQntuples(sums[t]); i++) {
-            long ri = rank_index(L->ranks, L->n_ranks, kp_pg_i64(sums[t], i, 0, -1)), si;
+            long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(sums[t], i, 0, -1)), si;
             struct kp_cmp_cell *cl;
 
             if (ri < 0) {
@@ -1020,7 +1002,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     res->n_ranks = nr;
     res->n_steps = ns;
     for (size_t r = 0; r < nr; r++) {
-        res->ranks[r].rank = L.ranks[r];
+        res->ranks[r].rank = (int) L.ranks[r];
     }
     for (size_t j = 0; j < ns; j++) {
         res->steps[j].step = nums[j];

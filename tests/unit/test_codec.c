@@ -151,6 +151,8 @@ enum breakage {
     BREAK_REQUIRED_NAME,
     BREAK_RANK_DEVICE,
     BREAK_REQUIRED_MISSING,
+    BREAK_PROFILER_NEGATIVE,
+    BREAK_PROFILER_REVERSED,
 };
 
 struct bad_case {
@@ -171,6 +173,8 @@ static const struct bad_case bad_cases[] = {
     { BREAK_REQUIRED_NAME, KP_EPROTO, "counters.metric[3]" },
     { BREAK_RANK_DEVICE, KP_EPROTO, "rank_info" },
     { BREAK_REQUIRED_MISSING, KP_EPROTO, "counters.value" },
+    { BREAK_PROFILER_NEGATIVE, KP_EPROTO, "profiler span [-5, 10]" },
+    { BREAK_PROFILER_REVERSED, KP_EPROTO, "profiler span [20, 10]" },
 };
 
 static void test_validate_refuses(void **state)
@@ -221,6 +225,16 @@ static void test_validate_refuses(void **state)
             break;
         case BREAK_REQUIRED_MISSING:
             f.c.n_value = 0;
+            break;
+        case BREAK_PROFILER_NEGATIVE:
+            f.ri.profiler_start_ns = -5;
+            f.ri.profiler_end_ns = 10;
+            f.b.rank_info = &f.ri;
+            break;
+        case BREAK_PROFILER_REVERSED:
+            f.ri.profiler_start_ns = 20;
+            f.ri.profiler_end_ns = 10;
+            f.b.rank_info = &f.ri;
             break;
         }
         rc = kp_batch_validate(&f.b, &limits, err, sizeof(err));
