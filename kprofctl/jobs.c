@@ -7,10 +7,10 @@
  *   job, world_size (number; null when unknown), rank (number; null when unknown), host,
  *   pid (number), local_rank (number; null when unknown), device (number; null when
  *   negative), step (number: the last step the rank reported; null before the first),
- *   step_ms (number: observed ms per step; null when unknown), run (number: the capture the
- *   rank is in now; null when idle)
- * as aligned text, CSV, or (--json) an array of objects keyed by those names. With no job,
- * the text output is the header alone and a hint goes to stderr; CSV is the header, JSON
+ *   step_us (number: observed µs per step, to the agent's ms resolution; null when unknown), run
+ * (number: the capture the rank is in now; null when idle) as aligned text, CSV, or (--json) an
+ * array of objects keyed by those names. With no job, the text output is the header alone and a
+ * hint goes to stderr; CSV is the header, JSON
  * "[]".
  *
  * Exit status (kprofctl.h): 0 listed (also when none is registered), 2 bad usage, 5
@@ -54,7 +54,7 @@ enum jobs_col {
     COL_LOCAL_RANK,
     COL_DEVICE,
     COL_STEP,
-    COL_STEP_MS,
+    COL_STEP_US,
     COL_RUN,
     N_COLS,
 };
@@ -68,7 +68,7 @@ static const struct kp_table_col jobs_cols[N_COLS] = {
     [COL_LOCAL_RANK] = { "local_rank", KP_TABLE_NUMERIC },
     [COL_DEVICE] = { "device", KP_TABLE_NUMERIC },
     [COL_STEP] = { "step", KP_TABLE_NUMERIC },
-    [COL_STEP_MS] = { "step_ms", KP_TABLE_NUMERIC },
+    [COL_STEP_US] = { "step_us", KP_TABLE_NUMERIC },
     [COL_RUN] = { "run", KP_TABLE_NUMERIC },
 };
 
@@ -78,7 +78,7 @@ static const struct kp_rpcverb_spec jobs_spec = {
         "kprofctl jobs [--job J] [--json|--csv] [-c COLS] [-w WIDTH]\n"
         "  The ranks registered with attached kprof-agents (Control.ListJobs), one row\n"
         "  each, by job then rank: job, world_size, rank, host, pid, local_rank, device,\n"
-        "  step (the last one reported), step_ms, run (the capture it is in; - when idle).\n",
+        "  step (the last one reported), step_us, run (the capture it is in; - when idle).\n",
     .exit_ok = "listed (also when no job is registered)",
     .defs = jobs_defs,
     .n_defs = N_DEFS,
@@ -136,7 +136,7 @@ static int add_row(struct kp_table *t, const struct job_row *row)
         rc = rc != 0 ? rc : kp_table_set_i64(t, COL_STEP, r->step);
     }
     if (r->step_ms > 0) {
-        rc = rc != 0 ? rc : kp_table_set_u64(t, COL_STEP_MS, r->step_ms);
+        rc = rc != 0 ? rc : kp_table_set_u64(t, COL_STEP_US, (uint64_t) r->step_ms * 1000);
     }
     if (r->run_id > 0) {
         rc = rc != 0 ? rc : kp_table_set_u64(t, COL_RUN, r->run_id);

@@ -798,9 +798,9 @@ static void test_jobs(void **state)
 
     r = run_verb(kprofctl_jobs, "jobs", "--collector", f->addr, "--csv", NULL);
     assert_int_equal(r.rc, 0);
-    assert_string_equal(r.out, "job,world_size,rank,host,pid,local_rank,device,step,step_ms,run\n"
-                               "a,1,0,n2,20,,,1000,90,17\n"
-                               "b,2,0,n1,10,0,0,42,250,\n"
+    assert_string_equal(r.out, "job,world_size,rank,host,pid,local_rank,device,step,step_us,run\n"
+                               "a,1,0,n2,20,,,1000,90000,17\n"
+                               "b,2,0,n1,10,0,0,42,250000,\n"
                                "b,2,1,n1,11,1,1,,,\n");
     assert_string_equal(r.err, "");
     result_free(&r);
@@ -809,7 +809,7 @@ static void test_jobs(void **state)
     assert_int_equal(r.rc, 0);
     assert_string_equal(r.out, "[\n  {\"job\": \"a\", \"world_size\": 1, \"rank\": 0, \"host\": "
                                "\"n2\", \"pid\": 20, \"local_rank\": null, \"device\": null, "
-                               "\"step\": 1000, \"step_ms\": 90, \"run\": 17}\n]\n");
+                               "\"step\": 1000, \"step_us\": 90000, \"run\": 17}\n]\n");
     result_free(&r);
 
     /* None: the header only, and the hint. */
