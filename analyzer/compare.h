@@ -68,7 +68,7 @@
  * A rank that is not a straggler "waits" when there is a straggler and its median collective
  * time exceeds the latest straggler's by at least half that straggler's lateness.
  *
- * HTA's metric (kp_cmp_hta, spec §9 of ../shared/specs/hta-analyses.md) is computed apart, on
+ * HTA's metric (kp_cmp_hta, spec §9 of docs/specs/hta-analyses.md) is computed apart, on
  * HTA's own terms, so that its call can be checked against HTA's output.
  *
  * Memory: results are owned by the caller (kp_cmp_result_destroy, kp_cmp_hta_destroy).

@@ -1,7 +1,7 @@
 /*
  * counters: CUPTI counter values per kernel for one (run, rank), mapped to the op stack, with
  * FLOPs derived from the SASS instruction counters (HTA's get_cupti_counter_data_with_operators
- * and its CUPTI counter notebook; ../shared/specs/hta-analyses.md §10).
+ * and its CUPTI counter notebook; docs/specs/hta-analyses.md §10).
  *
  * What is read. The `counters` table: (metric, correlation, value, device) rows. A kernel (a
  * "range") is the set of rows sharing (correlation, device). Two kinds of correlation:

@@ -1,6 +1,6 @@
 /*
  * distributed: the PyTorch Profiler TensorBoard plugin's distributed view across every rank
- * of a run, as ../shared/specs/tbplugin-views.md §9 describes it:
+ * of a run, as docs/specs/tbplugin-views.md §9 describes it:
  *  - the wait view ("Synchronizing/Communication Overview"), per step and rank: latency =
  *    |union of the step's communication-node intervals|, data transfer = |union of their
  *    "real" intervals|, synchronizing = latency - data transfer; and the mean over those

@@ -1,5 +1,5 @@
 /*
- * flops: FLOPs and bytes per op (see flops.h; formulas from ../shared/specs/flops-bytes.md).
+ * flops: FLOPs and bytes per op (see flops.h; formulas from docs/specs/flops-bytes.md).
  *
  * DESIGN. kp_fl_parse reads the stored text into fixed arrays (no allocation, so junk can
  * only make it return -EINVAL). kp_fl_compute looks the op's base name up in one table of

@@ -1,6 +1,6 @@
 /*
  * flops: FLOPs and estimated DRAM bytes of one PyTorch op from its name, input shapes and
- * dtypes, as ../shared/specs/flops-bytes.md describes PyProf's formulas (§3), extended to the
+ * dtypes, as docs/specs/flops-bytes.md describes PyProf's formulas (§3), extended to the
  * ops PyProf leaves out (attention, layer/group/RMS norm, gelu/silu, baddbmm, conv3d and
  * transposed convolutions, pooling, fused optimizers...) with torch.utils.flop_counter's
  * formulas where it has one (§8). 1 FMA = 2 FLOPs.

@@ -1,5 +1,5 @@
 /*
- * hta: HTA's per-rank analyses (see hta.h and specs/hta-analyses.md).
+ * hta: HTA's per-rank analyses (see hta.h and docs/specs/hta-analyses.md).
  *
  * DESIGN. The loader reads the rank's runtime/driver calls and its GPU rows (kernels,
  * memcpys, memsets) into two flat arrays, rounds every time as HTA does (unless exact_ns),

@@ -1,5 +1,5 @@
 /*
- * hta: Holistic Trace Analysis's per-rank analyses (specs/hta-analyses.md §0, §2-§7) over one
+ * hta: Holistic Trace Analysis's per-rank analyses (docs/specs/hta-analyses.md §0, §2-§7) over one
  * (run, rank) in PostgreSQL: temporal breakdown, idle time breakdown per stream, comm/comp
  * overlap, GPU kernel breakdown (kernel types and top kernels), CUDA kernel launch statistics
  * and queue length summary.

@@ -1,7 +1,7 @@
 /*
  * kp_analyzer: the analyzer core. It loads one (run, rank) from PostgreSQL into compact
  * arrays and computes on them the PyTorch Profiler TensorBoard plugin's views, as
- * ../shared/specs/tbplugin-views.md describes them:
+ * docs/specs/tbplugin-views.md describes them:
  *  - the model (§2-§3): device events ↔ runtime calls by correlation, runtime calls ↔ host
  *    ops by external id, one op tree per thread with duplicate merging, host/device self and
  *    total per node, steps moved to the device side and trimmed at the tail;

@@ -1,5 +1,5 @@
 /*
- * pyprof: PyProf's per-kernel table (../shared/specs/flops-bytes.md §5-§6) for one (run,
+ * pyprof: PyProf's per-kernel table (docs/specs/flops-bytes.md §5-§6) for one (run,
  * rank): one row per kernel in launch order with its 20 columns (idx, seq, altseq, tid, layer,
  * trace, dir, sub, mod, op, kernel, params, sil, tc, device, stream, grid, block, flops, bytes).
  *

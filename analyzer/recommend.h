@@ -1,6 +1,6 @@
 /*
  * recommend: the TensorBoard plugin's performance recommendations
- * (../shared/specs/tbplugin-views.md §11) on a loaded rank, checked in the plugin's order:
+ * (docs/specs/tbplugin-views.md §11) on a loaded rank, checked in the plugin's order:
  *  1. DataLoader > 5% of the average step;    2. DataParallel on more than one GPU;
  *  3. DDP without NCCL on a device >= 3.5;    4. Communication > 10% of the average step;
  *  5. GPUs under 50% utilization;             6. AMP: no Tensor Core kernel time although

@@ -1,5 +1,5 @@
 /*
- * kprof-analyzer as an object (DESIGN.md "Analysis"): the Analyzer gRPC service
+ * kprof-analyzer as an object (docs/design.md "Analysis"): the Analyzer gRPC service
  * (Breakdown, Ops, Kernels; proto/kprof.proto) over the analyzer core (kp_analyzer.h).
  * analyzer_main.c and the tests drive it through create/destroy.
  *

@@ -1,5 +1,5 @@
 /*
- * Table-driven configuration (STYLE.md §6): one static table of struct kp_config_def per
+ * Table-driven configuration (docs/style.md §6): one static table of struct kp_config_def per
  * binary drives defaults, the config file, the environment, flags, --help, --dry-run and
  * --print-config.
  *

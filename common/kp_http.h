@@ -1,5 +1,5 @@
 /*
- * A tiny HTTP/1.1 server for a daemon's /healthz, /readyz and /metrics (STYLE.md §7).
+ * A tiny HTTP/1.1 server for a daemon's /healthz, /readyz and /metrics (docs/style.md §7).
  *
  * One thread polls the listening socket and the open connections. Each connection carries
  * one request: the server reads it (at most KP_HTTP_MAX_REQUEST_BYTES of request line and

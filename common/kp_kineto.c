@@ -2509,8 +2509,8 @@ static int ev_finish(struct kp_kineto *k)
         if (m == M_SKIP && strcmp(cat, "trace") == 0 && e->has_name && e->has_ts && e->has_dur &&
             e->name_len == 20 && memcmp(evstr(k, e->name_off), "PyTorch Profiler (0)", 20) == 0 &&
             (!k->meta->has_profiler_span || e->ts_ns >= k->meta->profiler_ts_ns)) {
-            /* the profiler's span, kept for the GPU utilization timeline (spec tbplugin
-             * §8); the plugin takes the last one in ts order */
+            /* the profiler's span, kept for the GPU utilization timeline
+             * (docs/specs/tbplugin-views.md §8); the plugin takes the last one in ts order */
             k->meta->has_profiler_span = true;
             k->meta->profiler_ts_ns = e->ts_ns;
             k->meta->profiler_dur_ns = e->dur_ns > 0 ? e->dur_ns : 0;

@@ -1,7 +1,7 @@
 /*
  * kp_kineto: a streaming reader of torch.profiler (Kineto) chrome-trace JSON that turns the
  * trace into kprof protocol batches (proto/kprof.proto), in constant memory whatever the file
- * size. Reference: specs/torch-trace-formats.md, Part B.
+ * size. Reference: docs/specs/torch-trace-formats.md, Part B.
  *
  * Parsing. A pull tokenizer of its own reads the JSON through a caller's read callback (or a
  * file, gzip or plain, through zlib) in 256 KiB chunks; no DOM is built. Every string is
@@ -57,7 +57,7 @@
  *                                        fromDevice/toDevice
  *  - gpu_memset, Memset               → memsets, mem_kind from the name
  *  - cuda_sync                        → syncs (sync_type from the name, CUPTI's enum)
- *  - cuda_profiler_range (CUPTI range profiler, specs/hta-analyses.md §10) → counters: one row
+ *  - cuda_profiler_range (CUPTI range profiler, docs/specs/hta-analyses.md §10) → counters: one row
  *                                        per numeric args key that is not a known key (each
  *                                        requested metric, e.g. smsp__sass_thread_inst_
  *                                        executed_op_ffma_pred_on.sum), metric = the key,

@@ -11,7 +11,7 @@
  * thread, including while the registry renders. Registration and rendering take the
  * registry's mutex. A registered metric lives until kp_metrics_destroy().
  *
- * Names follow DESIGN/STYLE §7: kprof_<daemon>_<thing>[_<unit>]_total for counters.
+ * Names follow docs/style.md §7: kprof_<daemon>_<thing>[_<unit>]_total for counters.
  */
 #ifndef KP_METRICS_H
 #define KP_METRICS_H

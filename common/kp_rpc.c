@@ -1,5 +1,5 @@
 /*
- * kp_rpc over gRPC's C core (1.51). See ../shared/specs/grpc-core.md for the measured call
+ * kp_rpc over gRPC's C core (1.51). See docs/specs/grpc-core.md for the measured call
  * sequences and traps this follows:
  *  - every batch in flight holds a reference on its call context (tags complete in any order,
  *    the close tag often before the status tag);

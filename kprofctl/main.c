@@ -1,5 +1,5 @@
 /*
- * kprofctl: kprof's command-line client, verbs in the kubectl style (DESIGN.md "kprofctl").
+ * kprofctl: kprof's command-line client, verbs in the kubectl style (docs/design.md "kprofctl").
  * This file only dispatches: `kprofctl VERB [flags] [args]` runs the verb's entry point from
  * the table below. To add a verb, write kprofctl/<verb>.c with `int kprofctl_<verb>(int argc,
  * char **argv)`, declare it in kprofctl.h and add a row here.

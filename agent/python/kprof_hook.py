@@ -14,7 +14,7 @@ What it does, in a PyTorch training process:
 Rules: it costs nothing in processes that never import torch.optim (one string comparison per
 import until then, nothing after), and it never breaks the job: any failure disables it with one
 stderr line ("kprof: hook disabled: <why>"), never an exception into the training loop. The hook
-only flips state: no I/O, no network, no waiting (specs/capture.md §6 pitfall 12).
+only flips state: no I/O, no network, no waiting (docs/specs/capture.md §6 pitfall 12).
 
 Environment: KPROF_HOOK=0 disables it; KPROF_HOOK_LIB=<path> makes it call that library instead of
 CUDA_INJECTION64_PATH (an override for tests and for jobs where another tool holds the CUDA

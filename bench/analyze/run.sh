@@ -17,15 +17,15 @@
 #
 # usage: bench/analyze/run.sh [--quick] [--build DIR] [--trace FILE] [--reps R]
 #   --quick   a smoke run (1 rep): checks the pipeline, not the speed
-# Environment: KPROF_BUILD_DIR; KPROF_PEERS (default /work/shared/peers, else ../shared/peers
-# beside the checkout); KPROF_BENCH_PG with KPROF_COLLECTOR to use a running PostgreSQL and
+# Environment: KPROF_BUILD_DIR; KPROF_PEERS (default tests/data/peers in the checkout);
+# KPROF_BENCH_PG with KPROF_COLLECTOR to use a running PostgreSQL and
 # its collectord, else throwaway ones (bench/stack.sh). About 20 s on 2 cores.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${KPROF_BUILD_DIR:-}
-peers=${KPROF_PEERS:-}
+peers=${KPROF_PEERS:-$root/tests/data/peers}
 trace=
 reps=5
 quick=0
@@ -54,11 +54,6 @@ collectord=$build/collectord/kprof-collectord
 [ -x "$kprofctl" ] && [ -x "$analyze" ] || die "$build lacks kprofctl or kprof-analyze; build them"
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
-if [ -z "$peers" ]; then
-    for d in /work/shared/peers "$root/../shared/peers"; do
-        [ -d "$d" ] && { peers=$d; break; }
-    done
-fi
 # The plugin's output for span 1 names its trace file; its step count checks our breakdown.
 ref=$(find "$peers/tbplugin/resnet50" -name '*span1.step_breakdown.json' 2>/dev/null | head -n1)
 want_steps=

@@ -5,7 +5,7 @@
 # of the same file (the floor any importer of a .json.gz pays) and kprof-bench-parse's
 # scan alone (kp_kineto without network).
 #
-# The trace: the biggest .json.gz under /work/shared/peers (or --trace FILE), its traceEvents
+# The trace: the biggest .json.gz under tests/data/peers (or --trace FILE), its traceEvents
 # repeated --copies times with shifted timestamps (bench/import/mktrace.py: deterministic,
 # every event's text as Kineto wrote it), gzip-compressed. The run's rows in PostgreSQL are
 # checked against what kprofctl says it sent (rows per table). Measurements alternate
@@ -17,7 +17,7 @@
 #                            [--keep]
 #   --quick   a smoke run (the peer trace once, 1 rep): checks the pipeline, not the speed
 #   --keep    keep the runs (default: each is dropped after it is measured)
-# Environment: KPROF_BUILD_DIR; KPROF_PEERS (default /work/shared/peers); KPROF_BENCH_PG with
+# Environment: KPROF_BUILD_DIR; KPROF_PEERS (default tests/data/peers); KPROF_BENCH_PG with
 # KPROF_COLLECTOR to use a running PostgreSQL and its collectord; without KPROF_BENCH_PG,
 # throwaway ones are started (tests/it/pgfix.sh, <build>/collectord/kprof-collectord) and
 # stopped at exit. Runtime with the defaults: about 30 s on 2 cores.
@@ -26,7 +26,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${KPROF_BUILD_DIR:-}
-peers=${KPROF_PEERS:-/work/shared/peers}
+peers=${KPROF_PEERS:-$root/tests/data/peers}
 trace=
 copies=3
 reps=3

@@ -2,7 +2,7 @@
 Analyzer.Counters, analyzer/counters.h) end to end, through `kprofctl import` and a real
 kprof-collectord.
 
-1. A Kineto trace as the CUPTI range profiler writes it (../shared/specs/hta-analyses.md §10,
+1. A Kineto trace as the CUPTI range profiler writes it (docs/specs/hta-analyses.md §10,
    torch-trace-formats.md B.4): cpu_ops nested on two threads, cudaLaunchKernel calls (one in
    no op, one cudaMemcpyAsync that is no launch), and one `cuda_profiler_range` event per
    kernel (name = kernel, pid = device, synthetic ts/dur, args = one key per metric, no

@@ -1,9 +1,9 @@
 """HTA's per-rank analyses (`kprof-hta`, analyzer/hta.h) against HTA's own figures.
 
-Both peer folders of ../shared/peers/hta are imported with `kprofctl import` through a real
+Both peer folders of tests/data/peers/hta are imported with `kprofctl import` through a real
 kprof-collectord: trace_filter_2rank (ranks 0 and 1 of a 128-rank NCCL job) and
 ns_resolution_rank0 (one rank, sub-µs timestamps). Each analysis of `kprof-hta` is compared
-with the CSV HTA wrote (specs/hta-analyses.md): percentages within 0.1 percentage point,
+with the CSV HTA wrote (docs/specs/hta-analyses.md): percentages within 0.1 percentage point,
 times within the CSVs' µs, ratios and statistics within the rounding HTA applied before
 writing them. Every analysis prints, per folder and rank, how many figures matched; any
 mismatch fails the test.
@@ -25,7 +25,8 @@ import kpfix
 kpfix.require_env()
 
 DB = "kp_it_hta"
-SHARED = os.path.join(os.environ.get("KPROF_SOURCE_DIR", "."), "..", "shared")
+# The repository's test data: the peers' traces and figures (tests/data/peers/README.md).
+SHARED = os.path.join(os.environ.get("KPROF_SOURCE_DIR", "."), "tests", "data")
 PEERS = os.path.join(SHARED, "peers", "hta")
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
 HTA = os.path.join(kpfix.BIN, "analyzer", "kprof-hta")

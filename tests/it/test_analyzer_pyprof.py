@@ -6,7 +6,7 @@
    layer: annotation, a python_function frame and a kernel without any op) is imported with
    `kprofctl import` through a real kprof-collectord; every column of every row of
    `prof --json` is compared with values computed here from the spec's formulas
-   (../shared/specs/flops-bytes.md), not read from kprof. --csv and the columnated output are
+   (docs/specs/flops-bytes.md), not read from kprof. --csv and the columnated output are
    checked for shape, and a bad column name for its exit code.
 2. A real trace (the TensorBoard plugin's resnet50, with shapes and dtypes) is imported and the
    table checked for invariants: one row per kernel, sil sums to the kernels' total, every
@@ -28,7 +28,8 @@ import kpfix
 kpfix.require_env()
 
 DB = "kp_it_pyprof"
-SHARED = os.path.join(os.environ.get("KPROF_SOURCE_DIR", "."), "..", "shared")
+# The repository's test data: the peers' traces and figures (tests/data/peers/README.md).
+SHARED = os.path.join(os.environ.get("KPROF_SOURCE_DIR", "."), "tests", "data")
 RESNET = os.path.join(SHARED, "peers", "tbplugin", "resnet50", "traces", "resnet50_num_workers_0")
 HTA = os.path.join(SHARED, "peers", "hta", "ns_resolution_rank0")
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")

@@ -6,7 +6,7 @@
    CUDA-core sgemm and on a TF32 xmma kernel) and aten::gelu kernels of known durations. Every
    figure of `kprof-analyze roofline --json`, by kernel and by op, is compared exactly with
    values computed here: FLOPs and bytes by hand from the spec's formulas
-   (../shared/specs/flops-bytes.md: mm 2MNK and S(MK + KN + MN), gelu 24E and 2ES), achieved
+   (docs/specs/flops-bytes.md: mm 2MNK and S(MK + KN + MN), gelu 24E and 2ES), achieved
    FLOP/s and bytes/s, intensity, each kernel's peak from its dtype and Tensor Core use
    (datasheet figures), the fractions of peak compute and bandwidth. The unknown GPU first
    has no peaks (fractions null, the source says why); once its row carries a capture's
@@ -30,7 +30,8 @@ import kpfix
 kpfix.require_env()
 
 DB = "kp_it_roofline"
-SHARED = os.path.join(os.environ.get("KPROF_SOURCE_DIR", "."), "..", "shared")
+# The repository's test data: the peers' traces and figures (tests/data/peers/README.md).
+SHARED = os.path.join(os.environ.get("KPROF_SOURCE_DIR", "."), "tests", "data")
 RESNET = os.path.join(SHARED, "peers", "tbplugin", "resnet50", "traces", "resnet50_num_workers_0")
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
 ANALYZE = os.path.join(kpfix.BIN, "analyzer", "kprof-analyze")

@@ -1,5 +1,5 @@
 """The analyzer against the PyTorch Profiler TensorBoard plugin's own test cases
-(../shared/peers/tbplugin/cases, format and comparison rule in its README.md).
+(tests/data/peers/tbplugin/cases, format and comparison rule in its README.md).
 
 Every case with a trace is imported with `kprofctl import` through a real kprof-collectord into
 a fresh database, then `kprof-analyze` computes the views kprof has so far (step breakdown,
@@ -37,7 +37,8 @@ import kpfix
 kpfix.require_env()
 
 DB = "kp_it_analyzer"
-SHARED = os.path.join(os.environ.get("KPROF_SOURCE_DIR", "."), "..", "shared")
+# The repository's test data: the peers' traces and figures (tests/data/peers/README.md).
+SHARED = os.path.join(os.environ.get("KPROF_SOURCE_DIR", "."), "tests", "data")
 CASES = os.path.join(SHARED, "peers", "tbplugin", "cases")
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
 ANALYZE = os.path.join(kpfix.BIN, "analyzer", "kprof-analyze")

@@ -30,7 +30,7 @@ kpfix.require_env()
 DB = "kp_it_dashboards"
 DB2 = "kp_it_dashboards2"
 SRC = os.environ.get("KPROF_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-HTA = os.path.join(SRC, "..", "shared", "peers", "hta", "trace_filter_2rank")
+HTA = os.path.join(SRC, "tests", "data", "peers", "hta", "trace_filter_2rank")
 DASH = os.path.join(SRC, "deploy", "grafana", "kprof-dashboard.json")
 LOADGEN = os.path.join(kpfix.BIN, "bench", "ingest", "kprof-loadgen")
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")

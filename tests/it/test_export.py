@@ -31,7 +31,8 @@ import kpfix
 kpfix.require_env()
 
 DB = "kp_it_export"
-PEERS = os.environ.get("KPROF_PEERS_DIR", "/work/shared/peers")
+PEERS = os.environ.get("KPROF_PEERS_DIR") or os.path.join(
+    os.environ.get("KPROF_SOURCE_DIR", "."), "tests", "data", "peers")
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
 LOADGEN = os.path.join(kpfix.BIN, "bench", "ingest", "kprof-loadgen")
 D = decimal.Decimal

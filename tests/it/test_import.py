@@ -1,5 +1,5 @@
 """kprofctl import against the real kprof-collectord and PostgreSQL:
-  1. every trace under /work/shared/peers imports (the HTA pair as one 2-rank run, the rest one
+  1. every trace under tests/data/peers imports (the HTA pair as one 2-rank run, the rest one
      run each; the tbplugin cases' embedded traces are written out to files first), and the
      rows per table and kind in PostgreSQL equal the events per category in the file, counted
      here independently with Python's json (plus trace_facts.md's published counts for the HTA
@@ -21,7 +21,8 @@ import kpfix
 kpfix.require_env()
 
 DB = "kp_it_import"
-PEERS = os.environ.get("KPROF_PEERS_DIR", "/work/shared/peers")
+PEERS = os.environ.get("KPROF_PEERS_DIR") or os.path.join(
+    os.environ.get("KPROF_SOURCE_DIR", "."), "tests", "data", "peers")
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
 D = decimal.Decimal
 

@@ -1,5 +1,5 @@
 /* Unit tests for analyzer/kp_ranges: merge, intersect, subtract and lengths, on edge cases and
- * on the TensorBoard plugin's own range cases (../shared/peers/tbplugin/cases/test_merge_ranges
+ * on the TensorBoard plugin's own range cases (tests/data/peers/tbplugin/cases/test_merge_ranges
  * and test_subtract_ranges_lists), read from the case files. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -73,7 +73,7 @@ static char *slurp(const char *name)
     char *buf;
     long n;
 
-    snprintf(path, sizeof(path), "%s/../shared/peers/tbplugin/cases/%s", src ? src : "..", name);
+    snprintf(path, sizeof(path), "%s/tests/data/peers/tbplugin/cases/%s", src ? src : ".", name);
     f = fopen(path, "rb");
     if (!f)
         return NULL;
@@ -147,7 +147,7 @@ static void test_plugin_merge_ranges(void **state)
     size_t n, nw;
 
     if (!doc) {
-        /* under ctest (KPROF_SOURCE_DIR set) the peers must be there: ../shared */
+        /* under ctest (KPROF_SOURCE_DIR set) the peers must be there: tests/data */
         print_message("peer case test_merge_ranges.json not found\n");
         if (getenv("KPROF_SOURCE_DIR") != NULL) {
             fail();
@@ -169,7 +169,7 @@ static void test_plugin_subtract_ranges_lists(void **state)
     size_t na, nb, nw;
 
     if (!doc) {
-        /* under ctest (KPROF_SOURCE_DIR set) the peers must be there: ../shared */
+        /* under ctest (KPROF_SOURCE_DIR set) the peers must be there: tests/data */
         print_message("peer case test_subtract_ranges_lists.json not found\n");
         if (getenv("KPROF_SOURCE_DIR") != NULL) {
             fail();

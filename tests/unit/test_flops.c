@@ -1,5 +1,5 @@
 /* Unit tests for analyzer/flops: the shape/dtype parser on good and junk text, and a table of
- * ops whose FLOPs and bytes are derived by hand from ../shared/specs/flops-bytes.md (each
+ * ops whose FLOPs and bytes are derived by hand from docs/specs/flops-bytes.md (each
  * case's comment shows the arithmetic). E = elements, S = bytes per element. */
 #include <setjmp.h>
 #include <stdarg.h>

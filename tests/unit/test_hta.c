@@ -1,4 +1,4 @@
-/* Unit tests for analyzer/hta: the kernel classes of specs/hta-analyses.md §0 (both NCCL
+/* Unit tests for analyzer/hta: the kernel classes of docs/specs/hta-analyses.md §0 (both NCCL
  * naming schemes, HTA's quirks kept), the labels of the kernel type breakdown and the
  * options' defaults. The analyses themselves are checked end to end against HTA's figures by
  * tests/it/test_analyzer_hta.py. */
