@@ -57,6 +57,29 @@ static double median(double *v, size_t n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
 }
 
+/* The median of sorted v[0..n) less one value equal to x (which v holds); 0 when n < 2. */
+static double median_but_one(const double *v, size_t n, double x)
+{
+    size_t lo = 0, hi = n, m = n - 1; /* m values remain */
+
+    if (n < 2) {
+        return 0.0;
+    }
+    while (lo < hi) { /* the first v[i] >= x: the one left out */
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (v[mid] < x) {
+            lo = mid + 1;
+        }
+        else {
+            hi = mid;
+        }
+    }
+#define AT(i) ((i) < lo ? v[(i)] : v[(i) + 1])
+    return m % 2 ? AT(m / 2) : (AT(m / 2 - 1) + AT(m / 2)) / 2.0;
+#undef AT
+}
+
 static int64_t median_i64(int64_t *v, size_t n)
 {
     if (n == 0) {
@@ -978,7 +1001,8 @@ static const struct kp_cmp_rank *rank_of(const struct kp_cmp_result *res, int ra
 
 /* The caveats every verdict carries: HTA's pick against kprof's, point-to-point collectives,
  * unaligned clocks, the ranks of the world missing from the run. */
-static void verdict_caveats(struct kp_cmp_result *res, char *v, size_t cap, size_t *len)
+static void verdict_caveats(struct kp_cmp_result *res, const struct kp_cmp_opts *o, char *v,
+                            size_t cap, size_t *len)
 {
     int named = res->n_stragglers > 0 ? res->stragglers[0].rank : res->waited_for;
 
@@ -1001,6 +1025,11 @@ static void verdict_caveats(struct kp_cmp_result *res, char *v, size_t cap, size
                 h != NULL ? (double) h->clock_offset_ns / 1e3 : 0.0,
                 h != NULL && !h->has_offset ? ", unknown" : "");
         }
+    }
+    else if (res->hta_rank < 0 && named >= 0 && res->n_groups > 0) {
+        put(v, cap, len,
+            "; HTA's straggler metric names no single rank: in every step the last collectives "
+            "of several ranks start at the same time on their hosts' clocks");
     }
     if (res->n_p2p > 0) {
         put(v, cap, len,
@@ -1026,9 +1055,16 @@ static void verdict_caveats(struct kp_cmp_result *res, char *v, size_t cap, size
             res->n_ranks, res->world_size, res->n_missing == 1 ? "" : "s", list,
             res->n_missing == 1 ? "is" : "are");
     }
+    if (o->has_step) {
+        put(v, cap, len,
+            "; this is step %" PRId64 " alone: the other steps may name other ranks (the clock "
+            "offsets are the whole run's)",
+            o->step);
+    }
 }
 
-static void make_verdict(struct kp_cmp_result *res, size_t n_coll_total)
+static void make_verdict(struct kp_cmp_result *res, const struct kp_cmp_opts *o,
+                         size_t n_coll_total)
 {
     char *v = res->verdict;
     size_t cap = sizeof(res->verdict), len = 0;
@@ -1056,12 +1092,12 @@ static void make_verdict(struct kp_cmp_result *res, size_t n_coll_total)
                 s->excess_ns[s->cause] / 1e3, s->own_ns[s->cause] / 1e3,
                 (s->own_ns[s->cause] - s->excess_ns[s->cause]) / 1e3);
         }
-        verdict_caveats(res, v, cap, &len);
+        verdict_caveats(res, o, v, cap, &len);
         return;
     }
     if (res->n_ranks < 2) {
         put(v, cap, &len, "no straggler: only 1 rank (rank %d) to compare", res->ranks[0].rank);
-        verdict_caveats(res, v, cap, &len);
+        verdict_caveats(res, o, v, cap, &len);
         return;
     }
     {
@@ -1101,7 +1137,7 @@ static void make_verdict(struct kp_cmp_result *res, size_t n_coll_total)
             w->rank, w->late_ns / 1e3, n_last, res->n_steps, ex / 1e3,
             res->step_median_ns > 0 ? 100.0 * ex / res->step_median_ns : 0.0);
     }
-    verdict_caveats(res, v, cap, &len);
+    verdict_caveats(res, o, v, cap, &len);
 }
 
 /* Fills the cells from the loaded rows: steps, sums, and the collectives into *colls, those of
@@ -1252,7 +1288,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     struct cmp_load L;
     size_t n_nums = 0, n_colls = 0, ns, nr, n_all = 0;
     int64_t *nums = NULL, *all = NULL;
-    size_t *step_nr = NULL;
+    size_t *step_nr = NULL, *seen_by = NULL;
     struct coll *colls = NULL;
     double *tmp = NULL;
     struct kp_cmp_result *res = NULL;
@@ -1286,7 +1322,8 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     }
     qsort(nums, n_nums, sizeof(*nums), cmp_i64);
     if ((all = calloc(n_nums + 1, sizeof(*all))) == NULL ||
-        (step_nr = calloc(n_nums + 1, sizeof(*step_nr))) == NULL) {
+        (step_nr = calloc(n_nums + 1, sizeof(*step_nr))) == NULL ||
+        (seen_by = calloc(n_nums + 1, sizeof(*seen_by))) == NULL) {
         goto nomem;
     }
     for (size_t i = 0; i < n_nums; i++) {
@@ -1297,12 +1334,11 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     for (size_t i = 0; i < L.n_ranks; i++) { /* the ranks having each step */
         for (size_t j = 0; j < L.rs[i].n; j++) {
             long a = find_i64(all, n_all, L.rs[i].v[j].num);
-            bool seen = false;
 
-            for (size_t q = 0; q < j && !seen; q++) {
-                seen = L.rs[i].v[q].num == L.rs[i].v[j].num;
+            if (seen_by[a] != i + 1) { /* a repeated step number counts once */
+                seen_by[a] = i + 1;
+                step_nr[a]++;
             }
-            step_nr[a] += !seen;
         }
     }
     ns = 0;
@@ -1435,12 +1471,18 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     /* per step: who is late */
     for (size_t j = 0; j < ns; j++) {
         struct kp_cmp_step *st = &res->steps[j];
-        size_t best = 0;
+        size_t best = 0, k = 0;
 
+        /* the step's collective times, sorted: the others' median is that of all less one */
+        for (size_t q = 0; q < nr; q++) {
+            if (res->cells[q * ns + j].present) {
+                tmp[k++] = (double) res->cells[q * ns + j].coll_ns;
+            }
+        }
+        qsort(tmp, k, sizeof(*tmp), cmp_double);
         for (size_t r = 0; r < nr; r++) {
             struct kp_cmp_cell *cl = &res->cells[r * ns + j];
             double excess = 0.0;
-            size_t k = 0;
 
             st->n_coll = cl->n_coll > st->n_coll ? cl->n_coll : st->n_coll;
             if (cl->n_last > best) {
@@ -1450,12 +1492,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
             if (!cl->present) {
                 continue;
             }
-            for (size_t q = 0; q < nr; q++) {
-                if (q != r && res->cells[q * ns + j].present) {
-                    tmp[k++] = (double) res->cells[q * ns + j].coll_ns;
-                }
-            }
-            cl->wait_ns = median(tmp, k) - (double) cl->coll_ns;
+            cl->wait_ns = median_but_one(tmp, k, (double) cl->coll_ns) - (double) cl->coll_ns;
             for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
                 excess = fmax(excess, cl->excess_ns[cause]);
             }
@@ -1561,21 +1598,16 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
                 res->stragglers[b - 1] = t;
             }
         }
-        for (size_t r = 0; r < nr; r++) {
-            const struct kp_cmp_rank *s0 = NULL;
+        const struct kp_cmp_rank *s0 = rank_of(res, res->stragglers[0].rank);
 
-            for (size_t q = 0; q < nr; q++) {
-                if (res->ranks[q].rank == res->stragglers[0].rank) {
-                    s0 = &res->ranks[q];
-                }
-            }
+        for (size_t r = 0; r < nr; r++) {
             res->ranks[r].waits =
                 !res->ranks[r].straggler && s0 != NULL &&
                 res->ranks[r].coll_ns - s0->coll_ns >= 0.5 * res->stragglers[0].late_ns;
         }
     }
     who_waits(res, o);
-    make_verdict(res, n_colls);
+    make_verdict(res, o, n_colls);
     *out = res;
     res = NULL;
     rc = 0;
@@ -1591,6 +1623,7 @@ out:
     free(nums);
     free(all);
     free(step_nr);
+    free(seen_by);
     cmp_load_fini(&L);
     return rc;
 }
@@ -1800,6 +1833,52 @@ void kp_cmp_next(FILE *f, const struct kp_cmp_result *r, const char *indent)
             "%skprofctl export --run %" PRId64 " --rank %d -o run%" PRId64 "-rank%d.json && "
             "kprofctl export --run %" PRId64 " --rank %d -o run%" PRId64 "-rank%d.json\n",
             indent, r->run, x, r->run, x, r->run, m, r->run, m);
+}
+
+void kp_cmp_offsets_line(FILE *f, const struct kp_cmp_result *r)
+{
+    const struct kp_cmp_rank *wide = NULL;
+    int none[8];
+    size_t n_none = 0;
+
+    for (size_t i = 0; i < r->n_ranks; i++) {
+        const struct kp_cmp_rank *rk = &r->ranks[i];
+
+        if (!rk->has_offset) {
+            if (n_none < sizeof(none) / sizeof(none[0])) {
+                none[n_none] = rk->rank;
+            }
+            n_none++;
+        }
+        else if (i > 0 && (wide == NULL || rk->offset_spread_ns > wide->offset_spread_ns)) {
+            wide = rk;
+        }
+    }
+    if (r->n_ranks < 2) {
+        return;
+    }
+    if (r->n_offset_colls == 0) {
+        fprintf(f, "clock offsets: none (no collective that every rank finishes together, "
+                   "point-to-point ones excluded): every rank's clock is taken as is\n");
+        return;
+    }
+    fprintf(f,
+            "clock offsets: from %zu collectives every rank finishes together, over every step "
+            "of the run (a --step view uses the same)",
+            r->n_offset_colls);
+    if (wide != NULL) {
+        fprintf(f, "; spread (interquartile range) up to %.1f us (rank %d)",
+                wide->offset_spread_ns / 1e3, wide->rank);
+    }
+    if (n_none > 0) {
+        fprintf(f, "; none for %zu rank%s (", n_none, n_none == 1 ? "" : "s");
+        for (size_t i = 0; i < n_none && i < sizeof(none) / sizeof(none[0]); i++) {
+            fprintf(f, "%s%d", i ? ", " : "", none[i]);
+        }
+        fprintf(f, "%s): their clocks are taken as is",
+                n_none > sizeof(none) / sizeof(none[0]) ? ", ..." : "");
+    }
+    fputc('\n', f);
 }
 
 void kp_cmp_json(FILE *f, const struct kp_cmp_result *r)

@@ -259,6 +259,10 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
  * "... (N in all)" to fit cap. Returns 0, or -1 when truncated. */
 int kp_cmp_ranges(char *buf, size_t cap, const int *v, size_t n);
 
+/* Writes one line on r's clock offsets: how many collectives they come from, their largest
+ * spread, the ranks without one; nothing for a single rank. */
+void kp_cmp_offsets_line(FILE *f, const struct kp_cmp_result *r);
+
 /* Writes the next commands to run on r (the breakdown of its first flagged rank, the export
  * of it beside the median rank), one per line each prefixed by indent; nothing when no rank
  * is flagged. */

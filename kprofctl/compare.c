@@ -17,9 +17,11 @@
  *   "waits" or "")
  * in µs as every text table of kprofctl; then the lateness map (one row per rank shown, one
  * column per step: '.' on time, '+' later than --late-pct of the step's median step time after
- * the median rank, '#' 5 times that, ' ' the rank lacks the step), the verdict line (which
- * also says which ranks of the world are missing from the run) and the next commands to run
- * (the breakdown of the first flagged rank, its export beside the median rank's). --top N
+ * the median rank, '#' 5 times that, ' ' the rank lacks the step), a line on the clock
+ * offsets (how many collectives they come from, their spread, the ranks without one), the
+ * verdict line (which also says which ranks of the world are missing from the run) and the
+ * next commands to run (the breakdown of the first flagged rank, its export beside the median
+ * rank's). --top N
  * shows the first N ranks, --flagged only the flagged ones (table, map and JSON). --csv
  * prints the table only; --json one object {run, world_size, missing_ranks, waited_for,
  * hta_rank, ..., next, ranks: [... late_us_by_step ...], steps: [...], stragglers: [{rank,
@@ -289,7 +291,9 @@ static int print_result(const struct kp_rpcverb *v, const struct compare_config 
         }
         putchar('\n');
         print_map(res, idx, (size_t) n, late_frac);
-        printf("\n%s\n", res->verdict);
+        putchar('\n');
+        kp_cmp_offsets_line(stdout, res);
+        printf("%s\n", res->verdict);
         if (res->n_stragglers > 0 || res->waited_for >= 0) { /* a rank is flagged */
             printf("next:\n");
             kp_cmp_next(stdout, res, "  ");
