@@ -179,11 +179,13 @@ static int load_world(PGconn *c, const char *const *params, struct kp_cmp_result
                       size_t errlen)
 {
     PGresult *r = NULL;
-    int rc = kp_pg_query(c,
-                         "SELECT k.rank, k.host, k.local_rank, (SELECT world_size FROM runs WHERE "
-                         "id = $1), dense_rank() OVER (ORDER BY k.host) - 1 FROM ranks k WHERE "
-                         "k.run_id = $1 ORDER BY k.rank",
-                         1, params, &r, errbuf, errlen);
+    int rc = kp_pg_query(
+        c,
+        "SELECT k.rank, k.host, k.local_rank, (SELECT world_size FROM runs WHERE id = $1), "
+        "dense_rank() OVER (ORDER BY k.host IS NULL, k.first) - 1 FROM (SELECT rank, host, "
+        "local_rank, min(rank) OVER (PARTITION BY host) AS first FROM ranks WHERE run_id = $1) k "
+        "ORDER BY k.rank",
+        1, params, &r, errbuf, errlen);
     size_t at = 0;
 
     if (rc < 0) {

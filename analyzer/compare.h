@@ -87,8 +87,8 @@
  *
  * The world: runs.world_size and the ranks table say which ranks of the job are missing from
  * the run (never captured or imported); the verdict says so. Each rank's host and local rank
- * come from the ranks table; its node is the index of its host among the run's hosts sorted
- * by name (-1: no host recorded).
+ * come from the ranks table; its node is the index of its host among the run's hosts, numbered
+ * in the order of their lowest ranks (-1: no host recorded).
  *
  * HTA's metric (kp_cmp_hta, spec §9 of ../shared/specs/hta-analyses.md) is computed apart, on
  * HTA's own terms, so that its call can be checked against HTA's output.
@@ -161,7 +161,7 @@ struct kp_cmp_rank {
     double offset_spread_ns; /* interquartile range of its end differences */
     size_t offset_n;         /* the collectives its offset comes from */
     char host[128];          /* "" when unknown */
-    int node;                /* index of host among the run's hosts; -1: unknown */
+    int node;                /* its host's index, hosts by lowest rank; -1: unknown */
     int local_rank;          /* -1: unknown */
 };
 

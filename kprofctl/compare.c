@@ -7,11 +7,11 @@
  * Output: a per-rank table, flagged ranks first (stragglers, latest first, then the rank the
  * others wait for, flagged "late"), then the others by step time, slowest first, with the
  * columns
- *   rank, host (ranks.host), node (the host's index among the run's hosts), step_us (median
- *   over the steps), vs_median (% against the median rank), collective_us (median time in
- *   collectives per step), late_us (mean over the steps of how long after the median rank it
- *   arrives, summed over the step's collectives), compute_us (non-collective kernels),
- *   dataload_us (data loading ops), launch_us (CUDA runtime calls but synchronizations),
+ *   rank, host (ranks.host), node (the host's index, hosts numbered in the order of their
+ *   lowest ranks), step_us (median over the steps), vs_median (% against the median rank),
+ * collective_us (median time in collectives per step), late_us (mean over the steps of how long
+ * after the median rank it arrives, summed over the step's collectives), compute_us (non-collective
+ * kernels), dataload_us (data loading ops), launch_us (CUDA runtime calls but synchronizations),
  *   other_us (copies, memsets): medians of the per-step sums, offset_us (its clock offset from
  *   collectives every rank finishes together; "-" when none), flag ("straggler", "late",
  *   "waits" or "")

@@ -25,6 +25,10 @@ rank holds the job back, and why (analyzer/compare.h), computed by kprof-analyze
          column per step, the straggler's steps '#'), the verdict and the next commands (the
          straggler's breakdown, its export beside the median rank's); --top N and --flagged
          keep the first N / the flagged ranks, in text and JSON; --csv has the columns;
+       - 128 ranks, rank 77 planted (4x data loading: its step time is no longer than the
+         others', as in synchronous training, and the table sorted by step time alone put it
+         on row 15): rank 77 is the first row of the table and of the map, --flagged shows it
+         alone, 8 ranks a node, no rank of the world is missing;
        - SendRecv kernels planted before each step's all-reduces, whose ends on rank 3 are
          62.8 ms later than the others' in even steps and 0.19 ms earlier in odd ones (point
          to point transfers do not end together): the offsets come from the all-reduces
@@ -202,6 +206,25 @@ def check_text(rid, d, planted):
     assert [x["rank"] for x in fl["ranks"]] == [planted], fl["ranks"]
     p = run([KPROFCTL, "compare", "--run", str(rid), "--flagged"])
     assert "(1 of 8 ranks shown: the flagged ones)" in p.stdout, p.stdout
+
+
+def check_128(cd):
+    """At 128 ranks the straggler is the first row, at a glance."""
+    p = run([LOADGEN, "--collector", cd.grpc, "--ranks", "128", "--steps", "4", "--job", "r128",
+             "--json", "--dataload-straggler", "77:4"])
+    rid = json.loads(p.stdout)["run_id"]
+    d = compare(rid)
+    assert [s["rank"] for s in d["stragglers"]] == [77], d["verdict"]
+    assert d["world_size"] == 128 and d["missing_ranks"] == [], d["missing_ranks"]
+    assert "missing" not in d["verdict"], d["verdict"]
+    assert all(x["node"] == x["rank"] // 8 for x in d["ranks"]), "8 ranks a synthetic node"
+    p = run([KPROFCTL, "compare", "--run", str(rid)])
+    lines = p.stdout.split("\n")
+    assert lines[1].split()[0] == "77" and lines[1].split()[-1] == "straggler", lines[:3]
+    m = [i for i, l in enumerate(lines) if l.startswith("lateness map")][0]
+    assert lines[m + 1].split() == ["77", "####", "straggler"], lines[m + 1]
+    assert [x["rank"] for x in compare(rid, "--flagged")["ranks"]] == [77]
+    print("128 ranks: rank 77 on the first row:", lines[1])
 
 
 def kernel_name_id(name):
@@ -601,6 +624,7 @@ def main():
 
         check_late_arrival(cd)
         check_p2p_offsets(cd)
+        check_128(cd)
 
         # 2. the HTA pair
         files = sorted(os.path.join(HTA_PAIR, f) for f in os.listdir(HTA_PAIR)
