@@ -889,7 +889,7 @@ static void who_waits(struct kp_cmp_result *res, const struct kp_cmp_opts *o)
     size_t nr = res->n_ranks, ns = res->n_steps, best_n = 0;
     long best = -1;
 
-    /* the latest rank, when it is late and last in most steps (not jitter's pick of a step) */
+    /* the latest rank, when it is late and last in at least half the steps (not jitter's pick) */
     for (size_t r = 0; r < nr; r++) {
         if (best < 0 || res->ranks[r].late_ns > res->ranks[best].late_ns) {
             best = (long) r;
@@ -1823,18 +1823,33 @@ static bool next_ranks(const struct kp_cmp_result *r, int *flagged, int *median)
     return true;
 }
 
-void kp_cmp_next(FILE *f, const struct kp_cmp_result *r, const char *indent)
+/* The next commands on r: the first flagged rank's breakdown, its export, the median rank's
+ * export. Returns 3, or 0 when no rank is flagged. */
+static int next_cmds(const struct kp_cmp_result *r, char cmd[3][128])
 {
     int x, m;
 
     if (!next_ranks(r, &x, &m)) {
-        return;
+        return 0;
     }
-    fprintf(f, "%skprofctl breakdown --run %" PRId64 " --rank %d\n", indent, r->run, x);
-    fprintf(f,
-            "%skprofctl export --run %" PRId64 " --rank %d -o run%" PRId64 "-rank%d.json && "
-            "kprofctl export --run %" PRId64 " --rank %d -o run%" PRId64 "-rank%d.json\n",
-            indent, r->run, x, r->run, x, r->run, m, r->run, m);
+    snprintf(cmd[0], sizeof(cmd[0]), "kprofctl breakdown --run %" PRId64 " --rank %d", r->run, x);
+    for (int k = 1; k < 3; k++) {
+        int rank = k == 1 ? x : m;
+
+        snprintf(cmd[k], sizeof(cmd[k]),
+                 "kprofctl export --run %" PRId64 " --rank %d -o run%" PRId64 "-rank%d.json",
+                 r->run, rank, r->run, rank);
+    }
+    return 3;
+}
+
+void kp_cmp_next(FILE *f, const struct kp_cmp_result *r, const char *indent)
+{
+    char cmd[3][128];
+
+    if (next_cmds(r, cmd) == 3) {
+        fprintf(f, "%s%s\n%s%s && %s\n", indent, cmd[0], indent, cmd[1], cmd[2]);
+    }
 }
 
 void kp_cmp_offsets_line(FILE *f, const struct kp_cmp_result *r)
@@ -1897,7 +1912,8 @@ void kp_cmp_json(FILE *f, const struct kp_cmp_result *r)
 
 void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, size_t n)
 {
-    int nx, nm;
+    char cmd[3][128];
+    int n_cmd = next_cmds(r, cmd);
 
     fprintf(f, "{\"run\": %" PRId64 ", \"world_size\": %d, \"missing_ranks\": [", r->run,
             r->world_size);
@@ -1912,13 +1928,9 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
             ", \"hta_rank_steps\": %zu, \"collectives\": %zu, \"p2p_collectives\": %zu, "
             "\"offset_collectives\": %zu, \"ranks_without_offset\": %zu,\n \"next\": [",
             r->hta_rank_steps, r->n_groups, r->n_p2p, r->n_offset_colls, r->n_no_offset);
-    if (next_ranks(r, &nx, &nm)) {
-        fprintf(f,
-                "\"kprofctl breakdown --run %" PRId64
-                " --rank %d\", \"kprofctl export --run %" PRId64 " --rank %d -o run%" PRId64
-                "-rank%d.json\", \"kprofctl export --run %" PRId64 " --rank %d -o run%" PRId64
-                "-rank%d.json\"",
-                r->run, nx, r->run, nx, r->run, nx, r->run, nm, r->run, nm);
+    for (int k = 0; k < n_cmd; k++) {
+        fputs(k ? ", " : "", f);
+        json_str(f, cmd[k]);
     }
     fputs("],\n \"ranks\": [", f);
     for (size_t i = 0; i < n; i++) {

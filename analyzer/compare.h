@@ -77,13 +77,15 @@
  * time exceeds the latest straggler's by at least half that straggler's lateness.
  *
  * The rank the others wait for (waited_for): the rank with the largest mean lateness, when it
- * exceeds late_frac of the median step time; it is flagged "late" when it is not a straggler
+ * exceeds late_frac of the median step time and the rank is the steps' last_rank in at least
+ * half of them (not jitter's pick of a step); it is flagged "late" when it is not a straggler
  * (it arrives late, but not from its own compute, data loading or launches). With equal step
  * times (synchronous training) this is the answer to "who holds the collectives back". HTA's
  * straggler metric looks at when each rank's last collective of a step starts, on the hosts'
  * own clocks: per step, hta_rank is the rank whose last collective starts latest (raw
- * clocks), and the result's hta_rank the one that is so in most steps; the verdict says
- * whether it agrees with waited_for, and why not when it does not.
+ * clocks; -1 on a tie), and the result's hta_rank the one that is so in most steps; the
+ * verdict says whether it agrees with the rank kprof names (the latest straggler, else
+ * waited_for), and why not when it does not.
  *
  * The world: runs.world_size and the ranks table say which ranks of the job are missing from
  * the run (never captured or imported); the verdict says so. Each rank's host and local rank
@@ -247,9 +249,10 @@ long kp_cmp_median_rank(const struct kp_cmp_result *r);
 /* Writes r as one JSON object {run, world_size, missing_ranks, ranks: [...], steps: [...],
  * stragglers: [{rank, steps, late_ms, max_late_ms, cause, excess_ms, excess_ms_by_cause,
  * own_ms_by_cause, median_ms_by_cause}], waited_for, hta_rank, ..., next, verdict}, times in
- * ms (the unit in each name); each rank carries its lateness per step (late_us_by_step, in
- * the order of steps; null where it lacks the step): the rank x step lateness map. Every
- * rank, in kp_cmp_order's order. */
+ * ms (the unit in each name); each rank carries its host, node, local_rank, has_offset,
+ * clock_offset_spread_ms, offset_collectives and its lateness per step (late_us_by_step, in
+ * the order of steps; null where it lacks the step): the rank x step lateness map; next is
+ * kp_cmp_next's commands, one string each. Every rank, in kp_cmp_order's order. */
 void kp_cmp_json(FILE *f, const struct kp_cmp_result *r);
 
 /* The same with only the ranks idx[0..n) (kp_cmp_select). */
@@ -263,9 +266,9 @@ int kp_cmp_ranges(char *buf, size_t cap, const int *v, size_t n);
  * spread, the ranks without one; nothing for a single rank. */
 void kp_cmp_offsets_line(FILE *f, const struct kp_cmp_result *r);
 
-/* Writes the next commands to run on r (the breakdown of its first flagged rank, the export
- * of it beside the median rank), one per line each prefixed by indent; nothing when no rank
- * is flagged. */
+/* Writes the next commands to run on r, each line prefixed by indent: the breakdown of its
+ * first flagged rank, then on one line the export of that rank and of the median rank
+ * (kp_cmp_median_rank) joined by &&; nothing when no rank is flagged. */
 void kp_cmp_next(FILE *f, const struct kp_cmp_result *r, const char *indent);
 
 /* ---- HTA's straggler metric (get_potential_stragglers) --------------------------------- */

@@ -1,32 +1,31 @@
 /*
- * kprofctl compare --run R [--step S] [--top N] [--flagged] [--json|--csv] [-c COLS] [-w WIDTH]:
- * which rank holds the job back, and why (analyzer/compare.h has the rules), from
+ * kprofctl compare --run R [--step S] [--top N] [--flagged] [--json|--csv] [-c COLS]
+ * [-w WIDTH]: which rank holds the job back, and why (analyzer/compare.h has the rules), from
  * kprof-analyzer's Analyzer.Compare (--analyzer or KPROF_ANALYZER), which reads PostgreSQL and
  * caches the comparison per run and options until the run changes.
  *
  * Output: a per-rank table, flagged ranks first (stragglers, latest first, then the rank the
- * others wait for, flagged "late"), then the others by step time, slowest first, with the
- * columns
- *   rank, host (ranks.host), node (the host's index, hosts numbered in the order of their
- *   lowest ranks), step_us (median over the steps), vs_median (% against the median rank),
- * collective_us (median time in collectives per step), late_us (mean over the steps of how long
- * after the median rank it arrives, summed over the step's collectives), compute_us (non-collective
- * kernels), dataload_us (data loading ops), launch_us (CUDA runtime calls but synchronizations),
- *   other_us (copies, memsets): medians of the per-step sums, offset_us (its clock offset from
- *   collectives every rank finishes together; "-" when none), flag ("straggler", "late",
- *   "waits" or "")
- * in µs as every text table of kprofctl; then the lateness map (one row per rank shown, one
- * column per step: '.' on time, '+' later than --late-pct of the step's median step time after
- * the median rank, '#' 5 times that, ' ' the rank lacks the step), a line on the clock
- * offsets (how many collectives they come from, their spread, the ranks without one), the
- * verdict line (which also says which ranks of the world are missing from the run) and the
- * next commands to run (the breakdown of the first flagged rank, its export beside the median
- * rank's). --top N
- * shows the first N ranks, --flagged only the flagged ones (table, map and JSON). --csv
- * prints the table only; --json one object {run, world_size, missing_ranks, waited_for,
- * hta_rank, ..., next, ranks: [... late_us_by_step ...], steps: [...], stragglers: [{rank,
- * steps, late_ms, cause, excess_ms, own and median ms by cause, ...}], verdict}: the exact
- * figures, each with its unit in its name.
+ * others wait for, flagged "late"), then the others by step time, slowest first, in µs as
+ * every text table of kprofctl, with the columns
+ *   rank; host (ranks.host); node (the host's index, hosts numbered in the order of their
+ *   lowest ranks); step_us (median over the steps); vs_median (% against the median rank);
+ *   collective_us (median time in collectives per step); late_us (mean over the steps of how
+ *   long after the median rank it arrives, summed over the step's collectives); compute_us
+ *   (non-collective kernels), dataload_us (data loading ops), launch_us (CUDA runtime calls
+ *   but synchronizations), other_us (copies, memsets): medians of the per-step sums;
+ *   offset_us (its clock offset, from collectives every rank finishes together; "-" when it
+ *   has none); flag ("straggler", "late", "waits" or "")
+ * then the lateness map (one row per rank shown, one column per step: '.' on time, '+' later
+ * than --late-pct of the step's median step time after the median rank, '#' 5 times that, ' '
+ * the rank lacks the step), a line on the clock offsets (how many collectives they come from,
+ * their spread, the ranks without one), the verdict line (which also says which ranks of the
+ * world are missing from the run) and the next commands to run (the breakdown of the first
+ * flagged rank, its export beside the median rank's). --top N shows the first N ranks,
+ * --flagged only the flagged ones (table, map and JSON). --csv prints the table only; --json
+ * one object {run, world_size, missing_ranks, waited_for, hta_rank, ..., next, ranks: [...
+ * late_us_by_step ...], steps: [...], stragglers: [{rank, steps, late_ms, cause, excess_ms,
+ * own and median ms by cause, ...}], verdict}: the exact figures, each with its unit in its
+ * name.
  * --hta prints HTA's straggler call instead (get_potential_stragglers: --hta-candidates K); on
  * a run it cannot be computed on (no NCCL collectives, one rank) it prints why and exits 0.
  * The reply is structured (compare_pb.h); it is turned back into compare.h's result and printed
