@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,6 +55,29 @@ static double median(double *v, size_t n)
     }
     qsort(v, n, sizeof(*v), cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
+}
+
+/* The median of sorted v[0..n) less one value equal to x (which v holds); 0 when n < 2. */
+static double median_but_one(const double *v, size_t n, double x)
+{
+    size_t lo = 0, hi = n, m = n - 1; /* m values remain */
+
+    if (n < 2) {
+        return 0.0;
+    }
+    while (lo < hi) { /* the first v[i] >= x: the one left out */
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (v[mid] < x) {
+            lo = mid + 1;
+        }
+        else {
+            hi = mid;
+        }
+    }
+#define AT(i) ((i) < lo ? v[(i)] : v[(i) + 1])
+    return m % 2 ? AT(m / 2) : (AT(m / 2 - 1) + AT(m / 2)) / 2.0;
+#undef AT
 }
 
 static int64_t median_i64(int64_t *v, size_t n)
@@ -149,6 +173,56 @@ static int load_ranks(PGconn *c, const char *const *params, int64_t run, int64_t
     return 0;
 }
 
+/* The world around res's ranks: each rank's host, node and local rank, runs.world_size and the
+ * ranks of the world missing from the run. Returns 0, KP_EPG or -ENOMEM. */
+static int load_world(PGconn *c, const char *const *params, struct kp_cmp_result *res, char *errbuf,
+                      size_t errlen)
+{
+    PGresult *r = NULL;
+    int rc = kp_pg_query(
+        c,
+        "SELECT k.rank, k.host, k.local_rank, (SELECT world_size FROM runs WHERE id = $1), "
+        "dense_rank() OVER (ORDER BY k.host IS NULL, k.first) - 1 FROM (SELECT rank, host, "
+        "local_rank, min(rank) OVER (PARTITION BY host) AS first FROM ranks WHERE run_id = $1) k "
+        "ORDER BY k.rank",
+        1, params, &r, errbuf, errlen);
+    size_t at = 0;
+
+    if (rc < 0) {
+        return rc;
+    }
+    for (int i = 0; i < PQntuples(r); i++) {
+        int rank = (int) kp_pg_i64(r, i, 0, -1);
+
+        res->world_size = (int) kp_pg_i64(r, i, 3, 0);
+        for (; at < res->n_ranks && res->ranks[at].rank < rank; at++) {
+        }
+        if (at == res->n_ranks || res->ranks[at].rank != rank) {
+            continue;
+        }
+        if (!PQgetisnull(r, i, 1)) {
+            snprintf(res->ranks[at].host, sizeof(res->ranks[at].host), "%s", PQgetvalue(r, i, 1));
+            res->ranks[at].node = (int) kp_pg_i64(r, i, 4, -1);
+        }
+        res->ranks[at].local_rank = (int) kp_pg_i64(r, i, 2, -1);
+    }
+    PQclear(r);
+    if (res->world_size > 0 &&
+        (res->missing = calloc((size_t) res->world_size, sizeof(*res->missing))) == NULL) {
+        kp_errbuf_set(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    at = 0;
+    for (int w = 0; w < res->world_size; w++) {
+        for (; at < res->n_ranks && res->ranks[at].rank < w; at++) {
+        }
+        if (at == res->n_ranks || res->ranks[at].rank != w) {
+            res->missing[res->n_missing++] = w;
+        }
+    }
+    return 0;
+}
+
 /* ---- kp_cmp_run: loading --------------------------------------------------------------- */
 
 /*
@@ -170,7 +244,8 @@ enum {
 };
 
 static const char names_sql[] =
-    "SELECT id, c, CASE WHEN c = 2 THEN substr(name, 14) END FROM (SELECT id, name, CASE "
+    "SELECT id, c, CASE WHEN c = 2 THEN substr(name, 14) WHEN c < 2 AND (name ILIKE '%send%' OR "
+    "name ILIKE '%recv%') THEN 'p2p' END FROM (SELECT id, name, CASE "
     "WHEN name LIKE 'nccl%Kernel%' THEN 0 WHEN name LIKE 'gloo:%' THEN 1 "
     "WHEN name LIKE 'ProfilerStep#%' THEN 2 "
     "WHEN name LIKE 'enumerate(DataPipe)#%' OR (name LIKE 'enumerate(DataLoader)#%' AND "
@@ -182,6 +257,7 @@ struct ncls {
     int64_t id;
     int cls;
     int64_t num; /* NC_STEP: the N of ProfilerStep#N; -1 when not a number */
+    bool p2p;    /* NC_NCCL, NC_GLOO: a point-to-point transfer (compare.h) */
 };
 
 struct nameset {
@@ -250,6 +326,7 @@ static int nameset_load(PGconn *c, struct nameset *ns, size_t *budget, size_t ma
         if (k == NC_STEP && !parse_step(PQgetvalue(r, (int) i, 2), &x->num)) {
             x->num = -1;
         }
+        x->p2p = k != NC_STEP && strcmp(PQgetvalue(r, (int) i, 2), "p2p") == 0;
         len[k] += (size_t) sprintf(ns->arr[k] + len[k], "%s%" PRId64, len[k] > 1 ? "," : "", x->id);
         if (k == NC_GLOO || k == NC_STEP || k == NC_DATA) {
             len[NC_COUNT] += (size_t) sprintf(ns->arr[NC_COUNT] + len[NC_COUNT], "%s%" PRId64,
@@ -334,11 +411,15 @@ static int64_t step_at(const struct rsteps *rs, int64_t start)
 /* One collective of one rank: an NCCL kernel (kind 0) or a Gloo op (kind 1). */
 struct coll {
     uint32_t ri;   /* rank index */
-    uint32_t si;   /* step index */
+    uint32_t si;   /* step index: among every step of the run, then (compacted) compared */
     uint32_t kind; /* 0 NCCL, 1 Gloo */
     uint32_t idx;  /* order within (rank, step, kind) */
     int64_t start, end;
+    uint32_t cs; /* compared step index; NOT_COMPARED when its step is not compared */
+    bool p2p;    /* a point-to-point transfer */
 };
+
+#define NOT_COMPARED UINT32_MAX
 
 static int cmp_coll_rank(const void *pa, const void *pb)
 {
@@ -411,8 +492,9 @@ static const char kern_sql[] =
 /* only when a rank has no steps at all */
 static const char span_sql[] = "SELECT rank, min(start_ns), max(start_ns + dur_ns) FROM kernels "
                                "WHERE run_id = $1 GROUP BY rank";
-static const char coll_sql[] = "SELECT rank, step, start_ns, dur_ns FROM kernels WHERE run_id = $1 "
-                               "AND name = ANY($2::int[])";
+static const char coll_sql[] =
+    "SELECT rank, step, start_ns, dur_ns, name FROM kernels WHERE run_id "
+    "= $1 AND name = ANY($2::int[])";
 /* (a FILTER rather than a WHERE: PostgreSQL then estimates the groups right, and sums them
  * in parallel) */
 static const char api_sql[] =
@@ -631,15 +713,34 @@ void kp_cmp_result_destroy(struct kp_cmp_result *r)
         free(r->stragglers[i].steps);
     }
     free(r->stragglers);
+    free(r->missing);
     free(r->cells);
     free(r->steps);
     free(r->ranks);
     free(r);
 }
 
-/* Offsets from end times: rank i's median of (end - the reference rank's end) over the
- * collectives both have; colls sorted by cmp_coll_match. */
-static int align_clocks(struct kp_cmp_result *res, const struct coll *v, size_t n)
+/* Whether the group v[i..j) (one matched collective) is one every rank finishes together: no
+ * point-to-point transfer, every rank that has the step in it (step_nr: per step of the run),
+ * the reference rank (index 0) among them. */
+static bool common_coll(const struct coll *v, size_t i, size_t j, const size_t *step_nr)
+{
+    if (v[i].ri != 0 || j - i != step_nr[v[i].si]) {
+        return false;
+    }
+    for (size_t k = i; k < j; k++) {
+        if (v[k].p2p) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Offsets from end times over every step of the run: rank i's median of (end - the reference
+ * rank's end) over the common collectives (common_coll) both have, the interquartile range of
+ * those differences as its spread; colls sorted by cmp_coll_match. */
+static int align_clocks(struct kp_cmp_result *res, const struct coll *v, size_t n,
+                        const size_t *step_nr)
 {
     size_t nr = res->n_ranks, *cnt = calloc(nr + 1, sizeof(*cnt)), *at = NULL;
     int64_t *d = NULL;
@@ -656,8 +757,9 @@ static int align_clocks(struct kp_cmp_result *res, const struct coll *v, size_t 
         while (j < n && v[j].si == v[i].si && v[j].kind == v[i].kind && v[j].idx == v[i].idx) {
             j++;
         }
-        if (v[i].ri == 0) {
-            for (size_t k = i + 1; k < j; k++) {
+        if (common_coll(v, i, j, step_nr)) {
+            res->n_offset_colls++;
+            for (size_t k = i; k < j; k++) {
                 cnt[v[k].ri]++;
             }
         }
@@ -673,16 +775,23 @@ static int align_clocks(struct kp_cmp_result *res, const struct coll *v, size_t 
         while (j < n && v[j].si == v[i].si && v[j].kind == v[i].kind && v[j].idx == v[i].idx) {
             j++;
         }
-        if (v[i].ri == 0) {
-            for (size_t k = i + 1; k < j; k++) {
+        if (common_coll(v, i, j, step_nr)) {
+            for (size_t k = i; k < j; k++) {
                 d[at[v[k].ri] + cnt[v[k].ri]++] = v[k].end - v[i].end;
             }
         }
         i = j;
     }
     for (size_t r = 0; r < nr; r++) {
-        res->ranks[r].clock_offset_ns = median_i64(d + at[r], cnt[r]);
-        res->ranks[r].has_offset = r == 0 || cnt[r] > 0;
+        struct kp_cmp_rank *rk = &res->ranks[r];
+        int64_t *x = d + at[r];
+        size_t m = cnt[r];
+
+        rk->clock_offset_ns = median_i64(x, m); /* sorts x */
+        rk->has_offset = r == 0 || m > 0;
+        rk->offset_n = m;
+        rk->offset_spread_ns = m > 0 ? (double) (x[(3 * (m - 1)) / 4] - x[(m - 1) / 4]) : 0.0;
+        res->n_no_offset += !rk->has_offset;
     }
     rc = 0;
 out:
@@ -735,6 +844,13 @@ static void lateness(struct kp_cmp_result *res, const struct coll *v, size_t n, 
             cl->late_ns += late > 0 ? late : 0.0;
             cl->max_late_ns = late > cl->max_late_ns ? late : cl->max_late_ns;
         }
+        res->n_groups++;
+        for (size_t k = i; k < j; k++) {
+            if (v[k].p2p) {
+                res->n_p2p++;
+                break;
+            }
+        }
         if ((double) (last - first) > KP_CMP_DECISIVE_FRAC * res->steps[v[i].si].step_median_ns) {
             for (size_t k = i; k < j; k++) {
                 res->cells[(size_t) v[k].ri * ns + v[k].si].n_coll++;
@@ -766,13 +882,198 @@ static const char *cause_phrase(enum kp_cmp_cause c)
     }
 }
 
-static void make_verdict(struct kp_cmp_result *res, size_t n_coll_total)
+/* The rank the others wait for (compare.h), flagged "late" when it is no straggler, and HTA's
+ * pick per step and over the steps. */
+static void who_waits(struct kp_cmp_result *res, const struct kp_cmp_opts *o)
+{
+    size_t nr = res->n_ranks, ns = res->n_steps, best_n = 0;
+    long best = -1;
+
+    /* the latest rank, when it is late and last in at least half the steps (not jitter's pick) */
+    for (size_t r = 0; r < nr; r++) {
+        if (best < 0 || res->ranks[r].late_ns > res->ranks[best].late_ns) {
+            best = (long) r;
+        }
+    }
+    if (best >= 0) {
+        size_t n_last = 0;
+
+        for (size_t j = 0; j < ns; j++) {
+            n_last += res->steps[j].last_rank == res->ranks[best].rank;
+        }
+        if (!(res->ranks[best].late_ns > o->late_frac * res->step_median_ns) || 2 * n_last < ns) {
+            best = -1;
+        }
+    }
+    if (best >= 0) {
+        res->waited_for = res->ranks[best].rank;
+        res->ranks[best].late = !res->ranks[best].straggler;
+        res->ranks[best].waits = false;
+    }
+    /* HTA: per step, the rank whose last collective starts latest on its own clock */
+    for (size_t j = 0; j < ns; j++) {
+        long who = -1;
+        bool tie = false;
+
+        for (size_t r = 0; r < nr; r++) {
+            const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
+
+            if (!cl->present || cl->n_coll_seen == 0) {
+                continue;
+            }
+            if (who < 0 || cl->last_start > res->cells[(size_t) who * ns + j].last_start) {
+                who = (long) r;
+                tie = false;
+            }
+            else if (cl->last_start == res->cells[(size_t) who * ns + j].last_start) {
+                tie = true;
+            }
+        }
+        res->steps[j].hta_rank = who >= 0 && !tie ? res->ranks[who].rank : -1;
+    }
+    for (size_t r = 0; r < nr; r++) {
+        size_t n = 0;
+
+        for (size_t j = 0; j < ns; j++) {
+            n += res->steps[j].hta_rank == res->ranks[r].rank;
+        }
+        if (n > best_n) {
+            best_n = n;
+            res->hta_rank = res->ranks[r].rank;
+            res->hta_rank_steps = n;
+        }
+    }
+}
+
+/* Appends to buf (cap bytes, *len used) with snprintf's format, never past cap. */
+static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (*len + 1 >= cap) {
+        return;
+    }
+    va_start(ap, fmt);
+    n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+    va_end(ap);
+    if (n > 0) {
+        *len = *len + (size_t) n < cap ? *len + (size_t) n : cap - 1;
+    }
+}
+
+int kp_cmp_ranges(char *buf, size_t cap, const int *v, size_t n)
+{
+    size_t len = 0;
+
+    buf[0] = '\0';
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+
+        while (j + 1 < n && v[j + 1] == v[j] + 1) {
+            j++;
+        }
+        if (len + 40 >= cap) {
+            put(buf, cap, &len, "%s... (%zu in all)", i ? ", " : "", n);
+            return -1;
+        }
+        if (j == i) {
+            put(buf, cap, &len, "%s%d", i ? ", " : "", v[i]);
+        }
+        else {
+            put(buf, cap, &len, "%s%d..%d", i ? ", " : "", v[i], v[j]);
+        }
+        i = j + 1;
+    }
+    return 0;
+}
+
+static const struct kp_cmp_rank *rank_of(const struct kp_cmp_result *res, int rank)
+{
+    for (size_t r = 0; r < res->n_ranks; r++) {
+        if (res->ranks[r].rank == rank) {
+            return &res->ranks[r];
+        }
+    }
+    return NULL;
+}
+
+/* The caveats every verdict carries: HTA's pick against kprof's, point-to-point collectives,
+ * unaligned clocks, the ranks of the world missing from the run. */
+static void verdict_caveats(struct kp_cmp_result *res, const struct kp_cmp_opts *o, char *v,
+                            size_t cap, size_t *len)
+{
+    int named = res->n_stragglers > 0 ? res->stragglers[0].rank : res->waited_for;
+
+    if (res->hta_rank >= 0 && named >= 0) {
+        const struct kp_cmp_rank *h = rank_of(res, res->hta_rank);
+
+        if (res->hta_rank == named) {
+            put(v, cap, len,
+                "; HTA's straggler metric agrees: rank %d's last collective of a step starts "
+                "latest in %zu/%zu steps",
+                res->hta_rank, res->hta_rank_steps, res->n_steps);
+        }
+        else {
+            put(v, cap, len,
+                "; HTA's straggler metric would name rank %d instead (its last collective of a "
+                "step starts latest in %zu/%zu steps): HTA reads the hosts' clocks as they are "
+                "(rank %d's is %.0f us off the reference's%s) and one kernel per step, kprof "
+                "aligns the clocks and sums the lateness over every collective",
+                res->hta_rank, res->hta_rank_steps, res->n_steps, res->hta_rank,
+                h != NULL ? (double) h->clock_offset_ns / 1e3 : 0.0,
+                h != NULL && !h->has_offset ? ", unknown" : "");
+        }
+    }
+    else if (res->hta_rank < 0 && named >= 0 && res->n_groups > 0) {
+        put(v, cap, len,
+            "; HTA's straggler metric names no single rank: in every step the last collectives "
+            "of several ranks start at the same time on their hosts' clocks");
+    }
+    if (res->n_p2p > 0) {
+        put(v, cap, len,
+            "; caveat: %zu of the %zu collectives compared are point-to-point (SendRecv, send, "
+            "recv): they end when their own peer is done, which may be a rank outside this run, "
+            "so a late arrival there is not necessarily this rank's doing",
+            res->n_p2p, res->n_groups);
+    }
+    if (res->n_no_offset > 0) {
+        put(v, cap, len,
+            "; caveat: the clocks of %zu of the %zu ranks could not be aligned (no collective "
+            "that every rank finishes together, point-to-point ones excluded): their arrivals "
+            "are compared on their hosts' own clocks",
+            res->n_no_offset, res->n_ranks);
+    }
+    if (res->n_missing > 0) {
+        char list[512];
+
+        kp_cmp_ranges(list, sizeof(list), res->missing, res->n_missing);
+        put(v, cap, len,
+            "; only %zu of the world's %d ranks are in this run: rank%s %s %s missing (not "
+            "captured or imported), so a straggler among them cannot be seen here",
+            res->n_ranks, res->world_size, res->n_missing == 1 ? "" : "s", list,
+            res->n_missing == 1 ? "is" : "are");
+    }
+    if (o->has_step) {
+        put(v, cap, len,
+            "; this is step %" PRId64 " alone: the other steps may name other ranks (the clock "
+            "offsets are the whole run's)",
+            o->step);
+    }
+}
+
+static void make_verdict(struct kp_cmp_result *res, const struct kp_cmp_opts *o,
+                         size_t n_coll_total)
 {
     char *v = res->verdict;
     size_t cap = sizeof(res->verdict), len = 0;
 
+    v[0] = '\0';
     if (res->n_stragglers > 0) {
-        for (size_t i = 0; i < res->n_stragglers && len < cap; i++) {
+        for (size_t i = 0; i < res->n_stragglers; i++) {
             const struct kp_cmp_straggler *s = &res->stragglers[i];
             size_t rsteps = 0;
 
@@ -783,21 +1084,22 @@ static void make_verdict(struct kp_cmp_result *res, size_t n_coll_total)
                     }
                 }
             }
-            len += (size_t) snprintf(
-                v + len, cap - len,
-                "%srank %d %s: it arrives late at the collectives in %zu/%zu steps, %.1f ms after "
-                "the median rank per step in all (up to %.1f ms at one); %s %.1f ms more per step "
-                "than the median rank's (%.1f vs %.1f ms)",
+            put(v, cap, &len,
+                "%srank %d %s: it arrives late at the collectives in %zu/%zu steps, %.0f us after "
+                "the median rank per step in all (up to %.0f us at one); %s %.0f us more per step "
+                "than the median rank's (%.0f vs %.0f us)",
                 i == 0 ? "" : "; ", s->rank,
                 res->n_stragglers == 1 ? "is the straggler" : "is a straggler", s->n_steps, rsteps,
-                s->late_ns / 1e6, s->max_late_ns / 1e6, cause_phrase(s->cause),
-                s->excess_ns[s->cause] / 1e6, s->own_ns[s->cause] / 1e6,
-                (s->own_ns[s->cause] - s->excess_ns[s->cause]) / 1e6);
+                s->late_ns / 1e3, s->max_late_ns / 1e3, cause_phrase(s->cause),
+                s->excess_ns[s->cause] / 1e3, s->own_ns[s->cause] / 1e3,
+                (s->own_ns[s->cause] - s->excess_ns[s->cause]) / 1e3);
         }
+        verdict_caveats(res, o, v, cap, &len);
         return;
     }
     if (res->n_ranks < 2) {
-        snprintf(v, cap, "no straggler: only 1 rank (rank %d) to compare", res->ranks[0].rank);
+        put(v, cap, &len, "no straggler: only 1 rank (rank %d) to compare", res->ranks[0].rank);
+        verdict_caveats(res, o, v, cap, &len);
         return;
     }
     {
@@ -807,16 +1109,45 @@ static void make_verdict(struct kp_cmp_result *res, size_t n_coll_total)
             lo = res->ranks[r].step_ns < lo ? res->ranks[r].step_ns : lo;
             hi = res->ranks[r].step_ns > hi ? res->ranks[r].step_ns : hi;
         }
-        snprintf(v, cap, "no straggler: step times within %.0f%% across %zu ranks%s",
-                 res->step_median_ns > 0 ? 100.0 * (hi - lo) / res->step_median_ns : 0.0,
-                 res->n_ranks, n_coll_total == 0 ? " (no collectives to compare arrivals at)" : "");
+        put(v, cap, &len, "no straggler: step times within %.0f%% across %zu ranks%s",
+            res->step_median_ns > 0 ? 100.0 * (hi - lo) / res->step_median_ns : 0.0, res->n_ranks,
+            n_coll_total == 0 ? " (no collectives to compare arrivals at)" : "");
     }
+    if (res->waited_for >= 0) {
+        const struct kp_cmp_rank *w = rank_of(res, res->waited_for);
+        double ex = 0.0;
+        size_t n_last = 0;
+
+        for (size_t r = 0; r < res->n_ranks; r++) {
+            if (&res->ranks[r] != w) {
+                continue;
+            }
+            for (size_t j = 0; j < res->n_steps; j++) {
+                const struct kp_cmp_cell *cl = &res->cells[r * res->n_steps + j];
+
+                for (int c = 0; c < KP_CMP_CAUSE_COUNT && cl->present; c++) {
+                    ex = fmax(ex, cl->excess_ns[c]);
+                }
+                n_last += res->steps[j].last_rank == w->rank;
+            }
+        }
+        put(v, cap, &len,
+            "; but the others wait for rank %d at the collectives: it arrives %.0f us after the "
+            "median rank per step in all (last in %zu/%zu steps), while its compute, data "
+            "loading and launches exceed the median rank's by %.0f us at most (%.1f%% of a "
+            "step), so what delays it is outside them",
+            w->rank, w->late_ns / 1e3, n_last, res->n_steps, ex / 1e3,
+            res->step_median_ns > 0 ? 100.0 * ex / res->step_median_ns : 0.0);
+    }
+    verdict_caveats(res, o, v, cap, &len);
 }
 
-/* Fills the cells from the loaded rows: steps, sums, and the collectives into *colls. */
+/* Fills the cells from the loaded rows: steps, sums, and the collectives into *colls, those of
+ * every step of the run (all[0..n_all), sorted; si indexes it), cs set for the compared ones
+ * (nums, res->steps). */
 static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp_cmp_result *res,
-                      const int64_t *nums, size_t max_rows, struct coll **colls, size_t *n_colls,
-                      char *errbuf, size_t errlen)
+                      const int64_t *nums, const int64_t *all, size_t n_all, size_t max_rows,
+                      struct coll **colls, size_t *n_colls, char *errbuf, size_t errlen)
 {
     size_t ns = res->n_steps, nc = 0, cap = 0;
     bool need[3] = { false, false, false };
@@ -863,21 +1194,33 @@ static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp
         }
     }
     for (int i = 0; i < PQntuples(L->coll); i++) {
-        long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->coll, i, 0, -1)), si;
+        long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->coll, i, 0, -1)), si, ai;
         bool nostep = PQgetisnull(L->coll, i, 1);
-        int64_t start = kp_pg_i64(L->coll, i, 2, 0), dur = kp_pg_i64(L->coll, i, 3, 0);
+        int64_t start = kp_pg_i64(L->coll, i, 2, 0), dur = kp_pg_i64(L->coll, i, 3, 0), num;
+        const struct ncls *x = nameset_find(&L->names, kp_pg_i64(L->coll, i, 4, -1));
 
-        if (ri < 0 || (si = find_i64(nums, ns,
-                                     nostep ? step_at(&L->rs[ri], start)
-                                            : kp_pg_i64(L->coll, i, 1, 0))) < 0) {
+        if (ri < 0) {
             continue;
         }
-        if (!nostep) { /* in the sums above (the unstepped sums leave collectives out) */
+        num = nostep ? step_at(&L->rs[ri], start) : kp_pg_i64(L->coll, i, 1, 0);
+        if ((ai = find_i64(all, n_all, num)) < 0) {
+            continue;
+        }
+        si = find_i64(nums, ns, num);
+        if (si >= 0 && !nostep) { /* in the sums above (the unstepped sums leave them out) */
             res->cells[(size_t) ri * ns + (size_t) si].compute_ns -= dur;
         }
-        if (res->cells[(size_t) ri * ns + (size_t) si].present) {
-            v[nc++] = (struct coll){ (uint32_t) ri, (uint32_t) si, 0, 0, start, start + dur };
+        if (si >= 0 && !res->cells[(size_t) ri * ns + (size_t) si].present) {
+            si = -1;
         }
+        v[nc++] = (struct coll){ (uint32_t) ri,
+                                 (uint32_t) ai,
+                                 0,
+                                 0,
+                                 start,
+                                 start + dur,
+                                 si >= 0 ? (uint32_t) si : NOT_COMPARED,
+                                 x != NULL && x->p2p };
     }
     /* ops: data loading sums, Gloo collectives */
     for (int i = 0; i < PQntuples(L->ops); i++) {
@@ -885,20 +1228,31 @@ static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp
         long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->ops, i, 0, -1)), si;
         int64_t start = kp_pg_i64(L->ops, i, 3, 0), dur = kp_pg_i64(L->ops, i, 4, 0);
 
+        int64_t num;
+        long ai;
+
         if (x == NULL || ri < 0 || (x->cls != NC_GLOO && x->cls != NC_DATA)) {
             continue;
         }
-        si = find_i64(nums, ns,
-                      PQgetisnull(L->ops, i, 1) ? step_at(&L->rs[ri], start)
-                                                : kp_pg_i64(L->ops, i, 1, 0));
-        if (si < 0 || !res->cells[(size_t) ri * ns + (size_t) si].present) {
-            continue;
+        num = PQgetisnull(L->ops, i, 1) ? step_at(&L->rs[ri], start) : kp_pg_i64(L->ops, i, 1, 0);
+        si = find_i64(nums, ns, num);
+        if (si >= 0 && !res->cells[(size_t) ri * ns + (size_t) si].present) {
+            si = -1;
         }
         if (x->cls == NC_DATA) {
-            res->cells[(size_t) ri * ns + (size_t) si].host_ns += dur;
+            if (si >= 0) {
+                res->cells[(size_t) ri * ns + (size_t) si].host_ns += dur;
+            }
         }
-        else if (nc < cap) {
-            v[nc++] = (struct coll){ (uint32_t) ri, (uint32_t) si, 1, 0, start, start + dur };
+        else if (nc < cap && (ai = find_i64(all, n_all, num)) >= 0) {
+            v[nc++] = (struct coll){ (uint32_t) ri,
+                                     (uint32_t) ai,
+                                     1,
+                                     0,
+                                     start,
+                                     start + dur,
+                                     si >= 0 ? (uint32_t) si : NOT_COMPARED,
+                                     x->p2p };
         }
     }
     /* API calls (launch) and copies/memsets (other) */
@@ -934,8 +1288,9 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     char runs[24];
     const char *params[1] = { runs };
     struct cmp_load L;
-    size_t n_nums = 0, n_colls = 0, ns, nr;
-    int64_t *nums = NULL;
+    size_t n_nums = 0, n_colls = 0, ns, nr, n_all = 0;
+    int64_t *nums = NULL, *all = NULL;
+    size_t *step_nr = NULL, *seen_by = NULL;
     struct coll *colls = NULL;
     double *tmp = NULL;
     struct kp_cmp_result *res = NULL;
@@ -968,6 +1323,26 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
         }
     }
     qsort(nums, n_nums, sizeof(*nums), cmp_i64);
+    if ((all = calloc(n_nums + 1, sizeof(*all))) == NULL ||
+        (step_nr = calloc(n_nums + 1, sizeof(*step_nr))) == NULL ||
+        (seen_by = calloc(n_nums + 1, sizeof(*seen_by))) == NULL) {
+        goto nomem;
+    }
+    for (size_t i = 0; i < n_nums; i++) {
+        if (i == 0 || nums[i] != nums[i - 1]) {
+            all[n_all++] = nums[i];
+        }
+    }
+    for (size_t i = 0; i < L.n_ranks; i++) { /* the ranks having each step */
+        for (size_t j = 0; j < L.rs[i].n; j++) {
+            long a = find_i64(all, n_all, L.rs[i].v[j].num);
+
+            if (seen_by[a] != i + 1) { /* a repeated step number counts once */
+                seen_by[a] = i + 1;
+                step_nr[a]++;
+            }
+        }
+    }
     ns = 0;
     for (size_t i = 0; i < n_nums; i++) {
         if ((i == 0 || nums[i] != nums[i - 1]) && (!o->has_step || nums[i] == o->step)) {
@@ -1003,30 +1378,54 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     res->n_steps = ns;
     for (size_t r = 0; r < nr; r++) {
         res->ranks[r].rank = (int) L.ranks[r];
+        res->ranks[r].node = res->ranks[r].local_rank = -1;
+    }
+    res->waited_for = res->hta_rank = -1;
+    if ((rc = load_world(c, params, res, errbuf, errlen)) != 0) {
+        goto fail;
     }
     for (size_t j = 0; j < ns; j++) {
         res->steps[j].step = nums[j];
         res->steps[j].last_rank = -1;
     }
-    if ((rc = fill_cells(c, runs, &L, res, nums, o->max_rows, &colls, &n_colls, errbuf, errlen)) !=
-        0) {
+    if ((rc = fill_cells(c, runs, &L, res, nums, all, n_all, o->max_rows, &colls, &n_colls, errbuf,
+                         errlen)) != 0) {
         goto fail;
     }
-    /* collectives: order within (rank, step, kind), then matched across ranks */
+    /* collectives of every step: order within (rank, step, kind), then matched across ranks;
+     * the clocks aligned over all of them, then only the compared steps' kept */
     qsort(colls, n_colls, sizeof(*colls), cmp_coll_rank);
     for (size_t i = 0; i < n_colls; i++) {
         const struct coll *p = i > 0 ? &colls[i - 1] : NULL;
-        struct kp_cmp_cell *cl = &res->cells[(size_t) colls[i].ri * ns + colls[i].si];
 
         colls[i].idx =
             (p != NULL && p->ri == colls[i].ri && p->si == colls[i].si && p->kind == colls[i].kind)
                 ? p->idx + 1
                 : 0;
-        cl->coll_ns += colls[i].end - colls[i].start;
     }
     qsort(colls, n_colls, sizeof(*colls), cmp_coll_match);
-    if ((rc = align_clocks(res, colls, n_colls)) != 0) {
+    if ((rc = align_clocks(res, colls, n_colls, step_nr)) != 0) {
         goto nomem;
+    }
+    {
+        size_t k = 0;
+
+        for (size_t i = 0; i < n_colls; i++) { /* (all -> compared keeps the order) */
+            struct kp_cmp_cell *cl;
+
+            if (colls[i].cs == NOT_COMPARED) {
+                continue;
+            }
+            colls[k] = colls[i];
+            colls[k].si = colls[i].cs;
+            cl = &res->cells[(size_t) colls[k].ri * ns + colls[k].si];
+            cl->coll_ns += colls[k].end - colls[k].start;
+            if (cl->n_coll_seen++ == 0 || colls[k].start > cl->last_start) {
+                cl->last_start = colls[k].start;
+            }
+            k++;
+        }
+        n_colls = k;
     }
     /* per step: spreads, and each rank's excess over the median rank per cause */
     for (size_t j = 0; j < ns; j++) {
@@ -1074,12 +1473,18 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     /* per step: who is late */
     for (size_t j = 0; j < ns; j++) {
         struct kp_cmp_step *st = &res->steps[j];
-        size_t best = 0;
+        size_t best = 0, k = 0;
 
+        /* the step's collective times, sorted: the others' median is that of all less one */
+        for (size_t q = 0; q < nr; q++) {
+            if (res->cells[q * ns + j].present) {
+                tmp[k++] = (double) res->cells[q * ns + j].coll_ns;
+            }
+        }
+        qsort(tmp, k, sizeof(*tmp), cmp_double);
         for (size_t r = 0; r < nr; r++) {
             struct kp_cmp_cell *cl = &res->cells[r * ns + j];
             double excess = 0.0;
-            size_t k = 0;
 
             st->n_coll = cl->n_coll > st->n_coll ? cl->n_coll : st->n_coll;
             if (cl->n_last > best) {
@@ -1089,12 +1494,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
             if (!cl->present) {
                 continue;
             }
-            for (size_t q = 0; q < nr; q++) {
-                if (q != r && res->cells[q * ns + j].present) {
-                    tmp[k++] = (double) res->cells[q * ns + j].coll_ns;
-                }
-            }
-            cl->wait_ns = median(tmp, k) - (double) cl->coll_ns;
+            cl->wait_ns = median_but_one(tmp, k, (double) cl->coll_ns) - (double) cl->coll_ns;
             for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
                 excess = fmax(excess, cl->excess_ns[cause]);
             }
@@ -1200,20 +1600,16 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
                 res->stragglers[b - 1] = t;
             }
         }
-        for (size_t r = 0; r < nr; r++) {
-            const struct kp_cmp_rank *s0 = NULL;
+        const struct kp_cmp_rank *s0 = rank_of(res, res->stragglers[0].rank);
 
-            for (size_t q = 0; q < nr; q++) {
-                if (res->ranks[q].rank == res->stragglers[0].rank) {
-                    s0 = &res->ranks[q];
-                }
-            }
+        for (size_t r = 0; r < nr; r++) {
             res->ranks[r].waits =
                 !res->ranks[r].straggler && s0 != NULL &&
                 res->ranks[r].coll_ns - s0->coll_ns >= 0.5 * res->stragglers[0].late_ns;
         }
     }
-    make_verdict(res, n_colls);
+    who_waits(res, o);
+    make_verdict(res, o, n_colls);
     *out = res;
     res = NULL;
     rc = 0;
@@ -1227,6 +1623,9 @@ out:
     free(tmp);
     free(colls);
     free(nums);
+    free(all);
+    free(step_nr);
+    free(seen_by);
     cmp_load_fini(&L);
     return rc;
 }
@@ -1297,7 +1696,20 @@ static void json_num(FILE *f, double x)
     }
 }
 
+/* n, or null when negative (-1: none). */
+static void json_int_or_null(FILE *f, int n)
+{
+    if (n >= 0) {
+        fprintf(f, "%d", n);
+    }
+    else {
+        fputs("null", f);
+    }
+}
+
 struct order_key {
+    int group;      /* 0 straggler, 1 late, 2 the others */
+    double late_ns; /* stragglers: their lateness, latest first */
     double step_ns;
     int rank;
     size_t i;
@@ -1307,6 +1719,12 @@ static int cmp_order(const void *pa, const void *pb)
 {
     const struct order_key *a = pa, *b = pb;
 
+    if (a->group != b->group) {
+        return a->group < b->group ? -1 : 1;
+    }
+    if (a->group == 0 && a->late_ns != b->late_ns) {
+        return a->late_ns > b->late_ns ? -1 : 1;
+    }
     if (a->step_ns != b->step_ns) {
         return a->step_ns > b->step_ns ? -1 : 1;
     }
@@ -1321,7 +1739,12 @@ int kp_cmp_order(const struct kp_cmp_result *r, size_t *idx)
         return -ENOMEM;
     }
     for (size_t i = 0; i < r->n_ranks; i++) {
-        k[i] = (struct order_key){ r->ranks[i].step_ns, r->ranks[i].rank, i };
+        const struct kp_cmp_rank *rk = &r->ranks[i];
+
+        k[i] = (struct order_key){ rk->straggler ? 0
+                                   : rk->late    ? 1
+                                                 : 2,
+                                   rk->late_ns, rk->step_ns, rk->rank, i };
     }
     qsort(k, r->n_ranks, sizeof(*k), cmp_order);
     for (size_t i = 0; i < r->n_ranks; i++) {
@@ -1333,22 +1756,194 @@ int kp_cmp_order(const struct kp_cmp_result *r, size_t *idx)
 
 const char *kp_cmp_flag(const struct kp_cmp_rank *rk)
 {
-    return rk->straggler ? "straggler" : rk->waits ? "waits" : "";
+    return rk->straggler ? "straggler" : rk->late ? "late" : rk->waits ? "waits" : "";
+}
+
+bool kp_cmp_flagged(const struct kp_cmp_rank *rk)
+{
+    return rk->straggler || rk->late;
+}
+
+long kp_cmp_select(const struct kp_cmp_result *r, size_t top, bool flagged, size_t *idx)
+{
+    size_t n = 0;
+
+    if (kp_cmp_order(r, idx) != 0) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < r->n_ranks && (top == 0 || n < top); i++) {
+        if (!flagged || kp_cmp_flagged(&r->ranks[idx[i]])) {
+            idx[n++] = idx[i];
+        }
+    }
+    return (long) n;
+}
+
+long kp_cmp_median_rank(const struct kp_cmp_result *r)
+{
+    long best = -1;
+    bool any_free = false;
+
+    for (size_t i = 0; i < r->n_ranks; i++) {
+        any_free = any_free || !kp_cmp_flagged(&r->ranks[i]);
+    }
+    for (size_t i = 0; i < r->n_ranks; i++) {
+        if (any_free && kp_cmp_flagged(&r->ranks[i])) {
+            continue;
+        }
+        if (best < 0 || fabs(r->ranks[i].step_ns - r->step_median_ns) <
+                            fabs(r->ranks[best].step_ns - r->step_median_ns)) {
+            best = (long) i;
+        }
+    }
+    return best;
+}
+
+/* The first flagged rank (kp_cmp_order's first) and the median rank, or false. */
+static bool next_ranks(const struct kp_cmp_result *r, int *flagged, int *median)
+{
+    const struct kp_cmp_rank *first = NULL;
+    long m;
+
+    for (size_t i = 0; i < r->n_ranks; i++) {
+        const struct kp_cmp_rank *rk = &r->ranks[i];
+
+        if (rk->straggler && (first == NULL || !first->straggler || rk->late_ns > first->late_ns)) {
+            first = rk;
+        }
+        else if (rk->late && first == NULL) {
+            first = rk;
+        }
+    }
+    if (first == NULL || (m = kp_cmp_median_rank(r)) < 0) {
+        return false;
+    }
+    *flagged = first->rank;
+    *median = r->ranks[m].rank;
+    return true;
+}
+
+/* The next commands on r: the first flagged rank's breakdown, its export, the median rank's
+ * export. Returns 3, or 0 when no rank is flagged. */
+static int next_cmds(const struct kp_cmp_result *r, char cmd[3][128])
+{
+    int x, m;
+
+    if (!next_ranks(r, &x, &m)) {
+        return 0;
+    }
+    snprintf(cmd[0], sizeof(cmd[0]), "kprofctl breakdown --run %" PRId64 " --rank %d", r->run, x);
+    for (int k = 1; k < 3; k++) {
+        int rank = k == 1 ? x : m;
+
+        snprintf(cmd[k], sizeof(cmd[k]),
+                 "kprofctl export --run %" PRId64 " --rank %d -o run%" PRId64 "-rank%d.json",
+                 r->run, rank, r->run, rank);
+    }
+    return 3;
+}
+
+void kp_cmp_next(FILE *f, const struct kp_cmp_result *r, const char *indent)
+{
+    char cmd[3][128];
+
+    if (next_cmds(r, cmd) == 3) {
+        fprintf(f, "%s%s\n%s%s && %s\n", indent, cmd[0], indent, cmd[1], cmd[2]);
+    }
+}
+
+void kp_cmp_offsets_line(FILE *f, const struct kp_cmp_result *r)
+{
+    const struct kp_cmp_rank *wide = NULL;
+    int none[8];
+    size_t n_none = 0;
+
+    for (size_t i = 0; i < r->n_ranks; i++) {
+        const struct kp_cmp_rank *rk = &r->ranks[i];
+
+        if (!rk->has_offset) {
+            if (n_none < sizeof(none) / sizeof(none[0])) {
+                none[n_none] = rk->rank;
+            }
+            n_none++;
+        }
+        else if (i > 0 && (wide == NULL || rk->offset_spread_ns > wide->offset_spread_ns)) {
+            wide = rk;
+        }
+    }
+    if (r->n_ranks < 2) {
+        return;
+    }
+    if (r->n_offset_colls == 0) {
+        fprintf(f, "clock offsets: none (no collective that every rank finishes together, "
+                   "point-to-point ones excluded): every rank's clock is taken as is\n");
+        return;
+    }
+    fprintf(f,
+            "clock offsets: from %zu collectives every rank finishes together, over every step "
+            "of the run (a --step view uses the same)",
+            r->n_offset_colls);
+    if (wide != NULL) {
+        fprintf(f, "; spread (interquartile range) up to %.1f us (rank %d)",
+                wide->offset_spread_ns / 1e3, wide->rank);
+    }
+    if (n_none > 0) {
+        fprintf(f, "; none for %zu rank%s (", n_none, n_none == 1 ? "" : "s");
+        for (size_t i = 0; i < n_none && i < sizeof(none) / sizeof(none[0]); i++) {
+            fprintf(f, "%s%d", i ? ", " : "", none[i]);
+        }
+        fprintf(f, "%s): their clocks are taken as is",
+                n_none > sizeof(none) / sizeof(none[0]) ? ", ..." : "");
+    }
+    fputc('\n', f);
 }
 
 void kp_cmp_json(FILE *f, const struct kp_cmp_result *r)
 {
     size_t *idx = calloc(r->n_ranks + 1, sizeof(*idx));
-    bool ordered = idx != NULL && kp_cmp_order(r, idx) == 0;
 
-    fprintf(f, "{\"run\": %" PRId64 ", \"ranks\": [", r->run);
-    for (size_t i = 0; i < r->n_ranks; i++) {
-        const struct kp_cmp_rank *rk = &r->ranks[i];
+    if (idx == NULL || kp_cmp_order(r, idx) != 0) { /* then in rank order */
+        free(idx);
+        idx = NULL;
+    }
+    kp_cmp_json_sel(f, r, idx, r->n_ranks);
+    free(idx);
+}
 
-        if (ordered) {
-            rk = &r->ranks[idx[i]];
-        }
-        fprintf(f, "%s\n  {\"rank\": %d, \"step_ms\": ", i ? "," : "", rk->rank);
+void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, size_t n)
+{
+    char cmd[3][128];
+    int n_cmd = next_cmds(r, cmd);
+
+    fprintf(f, "{\"run\": %" PRId64 ", \"world_size\": %d, \"missing_ranks\": [", r->run,
+            r->world_size);
+    for (size_t i = 0; i < r->n_missing; i++) {
+        fprintf(f, "%s%d", i ? ", " : "", r->missing[i]);
+    }
+    fputs("],\n \"waited_for\": ", f);
+    json_int_or_null(f, r->waited_for);
+    fputs(", \"hta_rank\": ", f);
+    json_int_or_null(f, r->hta_rank);
+    fprintf(f,
+            ", \"hta_rank_steps\": %zu, \"collectives\": %zu, \"p2p_collectives\": %zu, "
+            "\"offset_collectives\": %zu, \"ranks_without_offset\": %zu,\n \"next\": [",
+            r->hta_rank_steps, r->n_groups, r->n_p2p, r->n_offset_colls, r->n_no_offset);
+    for (int k = 0; k < n_cmd; k++) {
+        fputs(k ? ", " : "", f);
+        json_str(f, cmd[k]);
+    }
+    fputs("],\n \"ranks\": [", f);
+    for (size_t i = 0; i < n; i++) {
+        const struct kp_cmp_rank *rk = &r->ranks[idx != NULL ? idx[i] : i];
+        size_t ri = (size_t) (rk - r->ranks);
+
+        fprintf(f, "%s\n  {\"rank\": %d, \"host\": ", i ? "," : "", rk->rank);
+        json_str(f, rk->host);
+        fprintf(f, ", \"node\": ");
+        json_int_or_null(f, rk->node);
+        fprintf(f, ", \"local_rank\": ");
+        json_int_or_null(f, rk->local_rank);
+        fputs(", \"step_ms\": ", f);
         json_num(f, rk->step_ns / 1e6);
         fputs(", \"vs_median\": ", f);
         json_num(f, 100.0 * rk->vs_median);
@@ -1366,9 +1961,25 @@ void kp_cmp_json(FILE *f, const struct kp_cmp_result *r)
         json_num(f, rk->other_ns / 1e6);
         fputs(", \"clock_offset_ms\": ", f);
         json_num(f, (double) rk->clock_offset_ns / 1e6);
+        fprintf(f, ", \"has_offset\": %s, \"clock_offset_spread_ms\": ",
+                rk->has_offset ? "true" : "false");
+        json_num(f, rk->offset_spread_ns / 1e6);
+        fprintf(f, ", \"offset_collectives\": %zu", rk->offset_n);
         fprintf(f, ", \"late_steps\": %zu, \"flag\": ", rk->n_late_steps);
         json_str(f, kp_cmp_flag(rk));
-        fputc('}', f);
+        fputs(", \"late_us_by_step\": [", f);
+        for (size_t j = 0; j < r->n_steps; j++) {
+            const struct kp_cmp_cell *cl = r->cells != NULL ? &r->cells[ri * r->n_steps + j] : NULL;
+
+            fputs(j ? ", " : "", f);
+            if (cl != NULL && cl->present) {
+                json_num(f, cl->late_ns / 1e3);
+            }
+            else {
+                fputs("null", f);
+            }
+        }
+        fputs("]}", f);
     }
     fputs("],\n \"steps\": [", f);
     for (size_t j = 0; j < r->n_steps; j++) {
@@ -1389,12 +2000,9 @@ void kp_cmp_json(FILE *f, const struct kp_cmp_result *r)
         fputs(", \"collective_ratio\": ", f);
         json_num(f, s->coll_ratio);
         fputs(", \"last_rank\": ", f);
-        if (s->last_rank >= 0) {
-            fprintf(f, "%d", s->last_rank);
-        }
-        else {
-            fputs("null", f);
-        }
+        json_int_or_null(f, s->last_rank);
+        fputs(", \"hta_rank\": ", f);
+        json_int_or_null(f, s->hta_rank);
         fputc('}', f);
     }
     fputs("],\n \"stragglers\": [", f);
@@ -1432,7 +2040,6 @@ void kp_cmp_json(FILE *f, const struct kp_cmp_result *r)
     fputs("],\n \"verdict\": ", f);
     json_str(f, r->verdict);
     fputs("}\n", f);
-    free(idx);
 }
 
 /* ---- HTA's metric --------------------------------------------------------------------- */
@@ -1526,7 +2133,7 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
     struct hstep *st = NULL;
     struct hcand *cand = NULL;
     struct kp_cmp_hta *h = NULL;
-    size_t n_st = 0, n_cand = 0, n_steps_distinct = 0, nr;
+    size_t n_st = 0, n_cand = 0, n_steps_distinct = 0, nr, n_steps_all = 0;
     int64_t t_min = INT64_MAX, t_max;
     int64_t *nums = NULL;
     double *sd = NULL, best = -1.0;
@@ -1566,6 +2173,7 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
     PQclear(r);
     r = NULL;
     qsort(nums, n_st, sizeof(*nums), cmp_i64);
+    n_steps_all = n_st;
     for (size_t i = 0; i < n_st; i++) {
         n_steps_distinct += i == 0 || nums[i] != nums[i - 1];
     }
@@ -1586,18 +2194,30 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
     }
     {
         size_t n_r = 0;
+        bool step_seen = false;
 
+        for (size_t i = 0; i < n_steps_all; i++) { /* (nums: every step number read) */
+            step_seen = step_seen || nums[i] == step;
+        }
         for (size_t i = 0; i < n_st; i++) {
             n_r += i == 0 || st[i].rank != st[i - 1].rank;
             t_min = st[i].start < t_min ? st[i].start : t_min;
         }
-        if (n_r < 2) {
-            kp_errbuf_set(errbuf, errlen,
-                          "HTA's straggler metric needs 2 or more ranks with ProfilerStep ranges "
-                          "in the chosen steps (run %" PRId64 " has %zu)",
-                          run, n_r);
+        if (has_step && !step_seen) {
+            kp_errbuf_set(errbuf, errlen, "run %" PRId64 " has no step %" PRId64, run, step);
             rc = KP_ENOTFOUND;
             goto fail;
+        }
+        if (n_r < 2) { /* an answer, not an unknown run */
+            if ((h = calloc(1, sizeof(*h))) == NULL || (h->collective = strdup("")) == NULL) {
+                goto nomem;
+            }
+            snprintf(h->note, sizeof(h->note),
+                     "HTA's straggler metric needs 2 or more ranks with ProfilerStep ranges%s; "
+                     "run %" PRId64 " has %zu",
+                     n_steps_distinct >= 2 ? " (its last step dropped, as HTA does)" : "", run,
+                     n_r);
+            goto answer;
         }
     }
     for (int f = 0; f < 4; f++) {
@@ -1652,13 +2272,14 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
         cand[j] = x;
         n_cand += j == n_cand;
     }
-    if (n_cand == 0) {
-        kp_errbuf_set(errbuf, errlen,
-                      "HTA's straggler metric found no ncclKernel* kernel lasting 1%% of the mean "
-                      "step in run %" PRId64,
-                      run);
-        rc = KP_ENOTFOUND;
-        goto fail;
+    if (n_cand == 0) { /* an answer, not an unknown run */
+        if ((h->collective = strdup("")) == NULL) {
+            goto nomem;
+        }
+        snprintf(h->note, sizeof(h->note),
+                 "HTA's straggler metric needs collectives; this run has none (no ncclKernel* "
+                 "kernel lasting 1%% of the mean step in a step it keeps)");
+        goto answer;
     }
     /* per (stream, name): mean over steps of the std (ddof 1) across ranks of dur' */
     if ((sd = calloc(n_cand, sizeof(*sd))) == NULL ||
@@ -1794,6 +2415,7 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
             h->stragglers[h->n_stragglers++] = cnt_rank[a];
         }
     }
+answer:
     *out = h;
     h = NULL;
     rc = 0;
@@ -1821,6 +2443,8 @@ void kp_cmp_hta_json(FILE *f, const struct kp_cmp_hta *h)
 {
     fputs("{\"collective\": ", f);
     json_str(f, h->collective);
+    fputs(", \"note\": ", f);
+    json_str(f, h->note);
     fprintf(f, ", \"stream\": %d, \"mean_step_ms\": ", h->stream);
     json_num(f, h->mean_step_ns / 1e6);
     fputs(", \"metric\": [", f);

@@ -30,10 +30,18 @@
  * lateness is then noisy.
  *
  * Clock alignment: every rank's kernel of one collective ends (about) when the last rank
- * arrives plus the transfer, so end times should coincide. A rank's clock offset (its clock
+ * arrives plus the transfer, so end times should coincide. That holds only for collectives
+ * that every rank finishes together: a point-to-point transfer (NCCL SendRecv, Send, Recv
+ * kernels, gloo:send / gloo:recv ops: names containing "send" or "recv", any case) ends when
+ * its own peer is done, which may be a rank outside the run, and a matched group that lacks a
+ * rank having the step is no common collective either. So a rank's clock offset (its clock
  * minus the reference's, as ranks.clock_offset_ns) is the median, over the collectives it
- * shares with the reference rank (the lowest rank), of (its end - the reference's end); it is
- * subtracted from the rank's collective starts before they are compared. Step times and
+ * shares with the reference rank (the lowest rank) that are neither, of (its end - the
+ * reference's end); the spread is the interquartile range of those differences, with their
+ * count. A rank with none has no offset (has_offset false): its clock is taken as is and the
+ * verdict says so. Offsets are always estimated over every step of the run, also under
+ * --step, so that a one-step view uses the whole run's offsets and never contradicts it. They
+ * are subtracted from the rank's collective starts before they are compared. Step times and
  * durations need no alignment. kp_cmp_save_offsets writes them to ranks.clock_offset_ns.
  *
  * Lateness: at collective k, rank r's lateness = its aligned start - the median aligned start
@@ -67,6 +75,22 @@
  * cause its mean time and its mean excess over those steps; the cause is the largest excess.
  * A rank that is not a straggler "waits" when there is a straggler and its median collective
  * time exceeds the latest straggler's by at least half that straggler's lateness.
+ *
+ * The rank the others wait for (waited_for): the rank with the largest mean lateness, when it
+ * exceeds late_frac of the median step time and the rank is the steps' last_rank in at least
+ * half of them (not jitter's pick of a step); it is flagged "late" when it is not a straggler
+ * (it arrives late, but not from its own compute, data loading or launches). With equal step
+ * times (synchronous training) this is the answer to "who holds the collectives back". HTA's
+ * straggler metric looks at when each rank's last collective of a step starts, on the hosts'
+ * own clocks: per step, hta_rank is the rank whose last collective starts latest (raw
+ * clocks; -1 on a tie), and the result's hta_rank the one that is so in most steps; the
+ * verdict says whether it agrees with the rank kprof names (the latest straggler, else
+ * waited_for), and why not when it does not.
+ *
+ * The world: runs.world_size and the ranks table say which ranks of the job are missing from
+ * the run (never captured or imported); the verdict says so. Each rank's host and local rank
+ * come from the ranks table; its node is the index of its host among the run's hosts, numbered
+ * in the order of their lowest ranks (-1: no host recorded).
  *
  * HTA's metric (kp_cmp_hta, spec §9 of docs/specs/hta-analyses.md) is computed apart, on
  * HTA's own terms, so that its call can be checked against HTA's output.
@@ -122,6 +146,8 @@ struct kp_cmp_cell {
     double wait_ns;     /* the others' median collective time - its own */
     double excess_ns[KP_CMP_CAUSE_COUNT]; /* its time - the median rank's, per cause */
     bool late;                            /* late in this step by the rule above */
+    int64_t last_start;   /* the start of its last collective of the step, on its own clock */
+    uint32_t n_coll_seen; /* its collectives in the step (last_start is set when > 0) */
 };
 
 struct kp_cmp_rank {
@@ -133,6 +159,12 @@ struct kp_cmp_rank {
     double vs_median; /* step_ns / the median rank's - 1 */
     size_t n_late_steps;
     bool straggler, waits;
+    bool late;               /* the rank the others wait for (waited_for), not a straggler */
+    double offset_spread_ns; /* interquartile range of its end differences */
+    size_t offset_n;         /* the collectives its offset comes from */
+    char host[128];          /* "" when unknown */
+    int node;                /* its host's index, hosts by lowest rank; -1: unknown */
+    int local_rank;          /* -1: unknown */
 };
 
 struct kp_cmp_step {
@@ -142,6 +174,7 @@ struct kp_cmp_step {
     double step_median_ns, step_max_ns, step_ratio; /* ratio = max / median (0: no median) */
     double coll_median_ns, coll_max_ns, coll_ratio;
     int last_rank; /* the rank last in most of the step's collectives; -1: none */
+    int hta_rank;  /* the rank whose last collective starts latest (raw clocks); -1: none */
 };
 
 struct kp_cmp_straggler {
@@ -165,7 +198,17 @@ struct kp_cmp_result {
     size_t n_stragglers;
     struct kp_cmp_straggler *stragglers; /* latest first */
     double step_median_ns;               /* median over ranks of kp_cmp_rank.step_ns */
-    char verdict[2048];
+    int world_size;                      /* runs.world_size */
+    size_t n_missing;
+    int *missing;          /* the ranks of the world not in the run, ascending */
+    int waited_for;        /* the rank the others wait for; -1: none */
+    int hta_rank;          /* the rank HTA's metric names in most steps; -1: none */
+    size_t hta_rank_steps; /* in how many steps */
+    size_t n_groups;       /* matched collectives compared (in the compared steps) */
+    size_t n_p2p;          /* of which point-to-point (SendRecv, send, recv) */
+    size_t n_offset_colls; /* matched collectives the offsets come from (every step) */
+    size_t n_no_offset;    /* ranks without an offset (their clocks taken as is) */
+    char verdict[4096];
 };
 
 /*
@@ -184,17 +227,49 @@ int kp_cmp_save_offsets(PGconn *c, const struct kp_cmp_result *r, size_t *n_save
 /* Frees a result; NULL is fine. */
 void kp_cmp_result_destroy(struct kp_cmp_result *r);
 
-/* Fills idx[0..n_ranks) with indices into r->ranks, slowest step time first (ties by rank).
+/* Fills idx[0..n_ranks) with indices into r->ranks, flagged first (stragglers, latest first,
+ * then the rank flagged "late"), then the others slowest step time first (ties by rank).
  * Returns 0 or -ENOMEM. */
 int kp_cmp_order(const struct kp_cmp_result *r, size_t *idx);
 
-/* A rank's flag: "straggler", "waits" or "". */
+/* A rank's flag: "straggler", "late" (the rank the others wait for), "waits" or "". */
 const char *kp_cmp_flag(const struct kp_cmp_rank *rk);
 
-/* Writes r as one JSON object {run, ranks: [...], steps: [...], stragglers: [{rank, steps,
- * late_ms, max_late_ms, cause, excess_ms, excess_ms_by_cause, own_ms_by_cause,
- * median_ms_by_cause}], verdict}, times in ms. */
+/* Whether a rank holds the others back: flagged "straggler" or "late". */
+bool kp_cmp_flagged(const struct kp_cmp_rank *rk);
+
+/* The ranks shown: kp_cmp_order's order, only the flagged ones if flagged, the first top
+ * (0: all). Fills idx (n_ranks entries) and returns how many, or -ENOMEM. */
+long kp_cmp_select(const struct kp_cmp_result *r, size_t top, bool flagged, size_t *idx);
+
+/* The index into r->ranks of the rank whose median step time is nearest the median, among
+ * the ranks not flagged (any rank when all are); -1 when r has no ranks. */
+long kp_cmp_median_rank(const struct kp_cmp_result *r);
+
+/* Writes r as one JSON object {run, world_size, missing_ranks, ranks: [...], steps: [...],
+ * stragglers: [{rank, steps, late_ms, max_late_ms, cause, excess_ms, excess_ms_by_cause,
+ * own_ms_by_cause, median_ms_by_cause}], waited_for, hta_rank, ..., next, verdict}, times in
+ * ms (the unit in each name); each rank carries its host, node, local_rank, has_offset,
+ * clock_offset_spread_ms, offset_collectives and its lateness per step (late_us_by_step, in
+ * the order of steps; null where it lacks the step): the rank x step lateness map; next is
+ * kp_cmp_next's commands, one string each. Every rank, in kp_cmp_order's order. */
 void kp_cmp_json(FILE *f, const struct kp_cmp_result *r);
+
+/* The same with only the ranks idx[0..n) (kp_cmp_select). */
+void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, size_t n);
+
+/* Writes the ascending ranks v[0..n) to buf as ranges ("2..127", "3, 5..9"), truncated with
+ * "... (N in all)" to fit cap. Returns 0, or -1 when truncated. */
+int kp_cmp_ranges(char *buf, size_t cap, const int *v, size_t n);
+
+/* Writes one line on r's clock offsets: how many collectives they come from, their largest
+ * spread, the ranks without one; nothing for a single rank. */
+void kp_cmp_offsets_line(FILE *f, const struct kp_cmp_result *r);
+
+/* Writes the next commands to run on r, each line prefixed by indent: the breakdown of its
+ * first flagged rank, then on one line the export of that rank and of the median rank
+ * (kp_cmp_median_rank) joined by &&; nothing when no rank is flagged. */
+void kp_cmp_next(FILE *f, const struct kp_cmp_result *r, const char *indent);
 
 /* ---- HTA's straggler metric (get_potential_stragglers) --------------------------------- */
 
@@ -206,7 +281,8 @@ struct kp_cmp_hta_row {
 };
 
 struct kp_cmp_hta {
-    char *collective; /* the chosen kernel name (owned) */
+    char *collective; /* the chosen kernel name (owned); "" when note is set */
+    char note[256];   /* why there is no call (no collectives, one rank); "" otherwise */
     int stream;
     double mean_step_ns;
     size_t n_rows;
@@ -221,15 +297,18 @@ struct kp_cmp_hta {
  * restricts to one; CPU rows (ops, runtime calls) belong to the step holding their start,
  * kernels to their launching runtime call's step; candidates are kernels named ncclKernel*
  * (not ncclDevKernel, as HTA) lasting >= 1% of the mean step time; k = num_candidates.
- * Returns 0 and *out (kp_cmp_hta_destroy), KP_ENOTFOUND (no run, fewer than 2 ranks, no step
- * or no candidate kernel), KP_EPG or -ENOMEM, with a message in errbuf.
+ * Returns 0 and *out (kp_cmp_hta_destroy), KP_ENOTFOUND (no run, or no step `step`), KP_EPG
+ * or -ENOMEM, with a message in errbuf. A run HTA's metric cannot be computed on (fewer than 2
+ * ranks with steps, no candidate ncclKernel) is an answer, not an error: *out has no rows and
+ * its note says why ("HTA's straggler metric needs collectives; this run has none").
  */
 int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_candidates,
                struct kp_cmp_hta **out, char *errbuf, size_t errlen);
 
 void kp_cmp_hta_destroy(struct kp_cmp_hta *h);
 
-/* Writes h as one JSON object {collective, stream, mean_step_ms, metric: [...], stragglers}. */
+/* Writes h as one JSON object {collective, note, stream, mean_step_ms, metric: [...],
+ * stragglers}. */
 void kp_cmp_hta_json(FILE *f, const struct kp_cmp_hta *h);
 
 #endif

@@ -5,6 +5,7 @@
 #include "compare_pb.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,7 +21,8 @@ enum {
     ARR_EVIDENCE,
     ARR_PTRS,
     ARR_HTA_ROWS,
-    ARR_HTA_PTRS
+    ARR_HTA_PTRS,
+    ARR_LATE
 };
 
 /* compare.h's cause c as the proto's enum, and back (-1: not a cause). */
@@ -50,6 +52,7 @@ int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r)
     Kprof__V1__CompareStraggler *str;
     Kprof__V1__CompareEvidence *ev;
     void **ptrs;
+    double *late;
     size_t n_ev = r->n_stragglers * KP_CMP_CAUSE_COUNT, used = 0;
 
     memset(p, 0, sizeof(*p));
@@ -64,7 +67,9 @@ int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r)
      * then each straggler's evidence */
     ptrs = p->arr[ARR_PTRS] =
         alloc_n(r->n_ranks + r->n_steps + r->n_stragglers + n_ev, sizeof(*ptrs));
-    if (ranks == NULL || steps == NULL || str == NULL || ev == NULL || ptrs == NULL) {
+    late = p->arr[ARR_LATE] = alloc_n(r->n_ranks * r->n_steps, sizeof(*late));
+    if (ranks == NULL || steps == NULL || str == NULL || ev == NULL || ptrs == NULL ||
+        late == NULL) {
         return -ENOMEM;
     }
     m->run_id = (uint64_t) r->run;
@@ -89,6 +94,19 @@ int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r)
         o->late_steps = k->n_late_steps;
         o->straggler = k->straggler;
         o->waits = k->waits;
+        o->late = k->late;
+        o->host = (char *) k->host;
+        o->node = k->node;
+        o->local_rank = k->local_rank;
+        o->offset_spread_ns = k->offset_spread_ns;
+        o->offset_collectives = k->offset_n;
+        o->n_step_late_ns = r->n_steps;
+        o->step_late_ns = late + i * r->n_steps;
+        for (size_t j = 0; j < r->n_steps; j++) {
+            const struct kp_cmp_cell *cl = r->cells != NULL ? &r->cells[i * r->n_steps + j] : NULL;
+
+            o->step_late_ns[j] = cl != NULL && cl->present ? cl->late_ns : NAN;
+        }
         ptrs[used++] = o;
     }
     m->n_steps = r->n_steps;
@@ -108,6 +126,7 @@ int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r)
         o->collective_max_ns = s->coll_max_ns;
         o->collective_ratio = s->coll_ratio;
         o->last_rank = s->last_rank;
+        o->hta_rank = s->hta_rank;
         ptrs[used++] = o;
     }
     m->n_stragglers = r->n_stragglers;
@@ -140,6 +159,16 @@ int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r)
     }
     m->step_median_ns = r->step_median_ns;
     m->verdict = (char *) r->verdict;
+    m->world_size = r->world_size > 0 ? (uint32_t) r->world_size : 0;
+    m->n_missing_ranks = r->n_missing;
+    m->missing_ranks = r->missing;
+    m->waited_for = r->waited_for;
+    m->hta_rank = r->hta_rank;
+    m->hta_rank_steps = r->hta_rank_steps;
+    m->collectives = r->n_groups;
+    m->p2p_collectives = r->n_p2p;
+    m->offset_collectives = r->n_offset_colls;
+    m->ranks_without_offset = r->n_no_offset;
     return 0;
 }
 
@@ -159,6 +188,7 @@ int kp_cmp_pb_init_hta(struct kp_cmp_pb *p, const struct kp_cmp_hta *h, int k)
         return -ENOMEM;
     }
     o->collective = h->collective != NULL ? h->collective : (char *) "";
+    o->note = (char *) h->note;
     o->stream = h->stream;
     o->mean_step_ns = h->mean_step_ns;
     for (size_t i = 0; i < h->n_rows; i++) {
@@ -199,10 +229,24 @@ int kp_cmp_from_pb(const Kprof__V1__CompareResponse *m, struct kp_cmp_result **o
     *out = NULL;
     if (r == NULL || (r->ranks = alloc_n(m->n_ranks, sizeof(*r->ranks))) == NULL ||
         (r->steps = alloc_n(m->n_steps, sizeof(*r->steps))) == NULL ||
-        (r->stragglers = alloc_n(m->n_stragglers, sizeof(*r->stragglers))) == NULL) {
+        (r->stragglers = alloc_n(m->n_stragglers, sizeof(*r->stragglers))) == NULL ||
+        (r->cells = alloc_n(m->n_ranks * m->n_steps, sizeof(*r->cells))) == NULL ||
+        (r->missing = alloc_n(m->n_missing_ranks, sizeof(*r->missing))) == NULL) {
         kp_errbuf_set(errbuf, errlen, "out of memory");
         goto fail;
     }
+    r->world_size = (int) m->world_size;
+    r->n_missing = m->n_missing_ranks;
+    if (m->n_missing_ranks > 0) {
+        memcpy(r->missing, m->missing_ranks, m->n_missing_ranks * sizeof(*r->missing));
+    }
+    r->waited_for = m->waited_for;
+    r->hta_rank = m->hta_rank;
+    r->hta_rank_steps = (size_t) m->hta_rank_steps;
+    r->n_groups = (size_t) m->collectives;
+    r->n_p2p = (size_t) m->p2p_collectives;
+    r->n_offset_colls = (size_t) m->offset_collectives;
+    r->n_no_offset = (size_t) m->ranks_without_offset;
     r->run = (int64_t) m->run_id;
     r->n_ranks = m->n_ranks;
     for (size_t i = 0; i < m->n_ranks; i++) {
@@ -223,6 +267,18 @@ int kp_cmp_from_pb(const Kprof__V1__CompareResponse *m, struct kp_cmp_result **o
         k->n_late_steps = (size_t) o->late_steps;
         k->straggler = o->straggler;
         k->waits = o->waits;
+        k->late = o->late;
+        snprintf(k->host, sizeof(k->host), "%s", o->host != NULL ? o->host : "");
+        k->node = o->node;
+        k->local_rank = o->local_rank;
+        k->offset_spread_ns = o->offset_spread_ns;
+        k->offset_n = (size_t) o->offset_collectives;
+        for (size_t j = 0; j < m->n_steps && j < o->n_step_late_ns; j++) {
+            struct kp_cmp_cell *cl = &r->cells[i * m->n_steps + j];
+
+            cl->present = !isnan(o->step_late_ns[j]);
+            cl->late_ns = cl->present ? o->step_late_ns[j] : 0.0;
+        }
     }
     r->n_steps = m->n_steps;
     for (size_t j = 0; j < m->n_steps; j++) {
@@ -239,6 +295,7 @@ int kp_cmp_from_pb(const Kprof__V1__CompareResponse *m, struct kp_cmp_result **o
         s->coll_max_ns = o->collective_max_ns;
         s->coll_ratio = o->collective_ratio;
         s->last_rank = o->last_rank;
+        s->hta_rank = o->hta_rank;
     }
     for (size_t i = 0; i < m->n_stragglers; i++) {
         const Kprof__V1__CompareStraggler *o = m->stragglers[i];
@@ -305,6 +362,7 @@ int kp_cmp_hta_from_pb(const Kprof__V1__CompareHta *h, struct kp_cmp_hta **out)
     }
     o->stream = h->stream;
     o->mean_step_ns = h->mean_step_ns;
+    snprintf(o->note, sizeof(o->note), "%s", h->note != NULL ? h->note : "");
     o->n_rows = h->n_metric;
     for (size_t i = 0; i < h->n_metric; i++) {
         const Kprof__V1__CompareHtaRow *w = h->metric[i];

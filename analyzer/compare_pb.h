@@ -5,8 +5,9 @@
  * result with kp_cmp_from_pb / kp_cmp_hta_from_pb and prints it with compare.h's own writers
  * (kp_cmp_json, kp_cmp_order, kp_cmp_flag), so that its output is the same as when the
  * comparison ran in process. Every figure kprofctl prints goes through unchanged (doubles as
- * doubles, NaN included). The per-rank, per-step cells (kp_cmp_result.cells) stay on the
- * server: nothing prints them.
+ * doubles, NaN included). Of the per-rank, per-step cells (kp_cmp_result.cells) only the
+ * lateness goes over (CompareRank.step_late_ns, NaN where the rank lacks the step: the
+ * lateness map kprofctl prints); the rest stays on the server.
  */
 #ifndef KP_CMP_PB_H
 #define KP_CMP_PB_H
@@ -40,7 +41,7 @@ void kp_cmp_pb_fini(struct kp_cmp_pb *p);
 
 /* The reply's comparison as a result (borrows m). Returns 0 and *out (kp_cmp_result_destroy;
  * cells is NULL), -ENOMEM, or -EPROTO with errbuf saying what is malformed (an unknown cause,
- * a cause without its evidence). */
+ * a cause without its evidence); cells carry present and late_ns only. */
 int kp_cmp_from_pb(const Kprof__V1__CompareResponse *m, struct kp_cmp_result **out, char *errbuf,
                    size_t errlen);
 

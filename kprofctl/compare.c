@@ -1,20 +1,33 @@
 /*
- * kprofctl compare --run R [--step S] [--json|--csv] [-c COLS] [-w WIDTH]: which rank holds
- * the job back, and why (analyzer/compare.h has the rules), from kprof-analyzer's
- * Analyzer.Compare (--analyzer or KPROF_ANALYZER), which reads PostgreSQL and caches the
- * comparison per run and options until the run changes.
+ * kprofctl compare --run R [--step S] [--top N] [--flagged] [--json|--csv] [-c COLS]
+ * [-w WIDTH]: which rank holds the job back, and why (analyzer/compare.h has the rules), from
+ * kprof-analyzer's Analyzer.Compare (--analyzer or KPROF_ANALYZER), which reads PostgreSQL and
+ * caches the comparison per run and options until the run changes.
  *
- * Output: a per-rank table sorted by step time, slowest first, with the columns
- *   rank, step_ms (median over the steps), vs_median (% against the median rank), collective_ms
- *   (median time in collectives per step), late_ms (mean over the steps of how long after the
- *   median rank it arrives, summed over the step's collectives),
- *   compute_ms (non-collective kernels), host_ms (data loading ops), launch_ms (CUDA runtime
- *   calls but synchronizations), other_ms (copies, memsets): medians of the per-step sums,
- *   flag ("straggler", "waits" or "")
- * then the verdict line. --csv prints the table only; --json one object {run, ranks: [...],
- * steps: [...], stragglers: [{rank, steps, late_ms, cause, excess_ms, own and median
- * ms by cause, ...}], verdict}: every straggler, latest first, each with its cause.
- * --hta prints HTA's straggler call instead (get_potential_stragglers: --hta-candidates K).
+ * Output: a per-rank table, flagged ranks first (stragglers, latest first, then the rank the
+ * others wait for, flagged "late"), then the others by step time, slowest first, in µs as
+ * every text table of kprofctl, with the columns
+ *   rank; host (ranks.host); node (the host's index, hosts numbered in the order of their
+ *   lowest ranks); step_us (median over the steps); vs_median (% against the median rank);
+ *   collective_us (median time in collectives per step); late_us (mean over the steps of how
+ *   long after the median rank it arrives, summed over the step's collectives); compute_us
+ *   (non-collective kernels), dataload_us (data loading ops), launch_us (CUDA runtime calls
+ *   but synchronizations), other_us (copies, memsets): medians of the per-step sums;
+ *   offset_us (its clock offset, from collectives every rank finishes together; "-" when it
+ *   has none); flag ("straggler", "late", "waits" or "")
+ * then the lateness map (one row per rank shown, one column per step: '.' on time, '+' later
+ * than --late-pct of the step's median step time after the median rank, '#' 5 times that, ' '
+ * the rank lacks the step), a line on the clock offsets (how many collectives they come from,
+ * their spread, the ranks without one), the verdict line (which also says which ranks of the
+ * world are missing from the run) and the next commands to run (the breakdown of the first
+ * flagged rank, its export beside the median rank's). --top N shows the first N ranks,
+ * --flagged only the flagged ones (table, map and JSON). --csv prints the table only; --json
+ * one object {run, world_size, missing_ranks, waited_for, hta_rank, ..., next, ranks: [...
+ * late_us_by_step ...], steps: [...], stragglers: [{rank, steps, late_ms, cause, excess_ms,
+ * own and median ms by cause, ...}], verdict}: the exact figures, each with its unit in its
+ * name.
+ * --hta prints HTA's straggler call instead (get_potential_stragglers: --hta-candidates K); on
+ * a run it cannot be computed on (no NCCL collectives, one rank) it prints why and exits 0.
  * The reply is structured (compare_pb.h); it is turned back into compare.h's result and printed
  * by compare.h's own writers, so the output is what the in-process comparison printed.
  *
@@ -57,6 +70,8 @@ struct compare_config {
     bool save_offsets;
     bool hta;
     long long hta_candidates;
+    long long top;
+    bool flagged;
 };
 
 #define OFF(f) offsetof(struct compare_config, f)
@@ -87,11 +102,18 @@ static const struct kp_config_def compare_defs[] = {
       "print HTA's straggler call (get_potential_stragglers) instead", NULL, false },
     { "hta-candidates", KP_CONFIG_INT, "2", 1, 65536, OFF(hta_candidates), "HTA's num_candidates",
       NULL, false },
+    { "top", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(top),
+      "show only the first N ranks (flagged first; 0: all) in the table, map and JSON", NULL,
+      false },
+    { "flagged", KP_CONFIG_BOOL, "false", 0, 0, OFF(flagged),
+      "show only the flagged ranks (straggler, late: those the others wait for)", NULL, false },
 };
 #undef OFF
 
 enum compare_col {
     COL_RANK,
+    COL_HOSTNAME,
+    COL_NODE,
     COL_STEP,
     COL_VS,
     COL_COLL,
@@ -100,36 +122,44 @@ enum compare_col {
     COL_HOST,
     COL_LAUNCH,
     COL_OTHER,
+    COL_OFFSET,
     COL_FLAG,
     N_COLS,
 };
 
 static const struct kp_table_col compare_cols[N_COLS] = {
     [COL_RANK] = { "rank", KP_TABLE_NUMERIC },
-    [COL_STEP] = { "step_ms", KP_TABLE_NUMERIC },
+    [COL_HOSTNAME] = { "host", KP_TABLE_TEXT },
+    [COL_NODE] = { "node", KP_TABLE_NUMERIC },
+    [COL_STEP] = { "step_us", KP_TABLE_NUMERIC },
     [COL_VS] = { "vs_median", KP_TABLE_NUMERIC },
-    [COL_COLL] = { "collective_ms", KP_TABLE_NUMERIC },
-    [COL_LATE] = { "late_ms", KP_TABLE_NUMERIC },
-    [COL_COMPUTE] = { "compute_ms", KP_TABLE_NUMERIC },
-    [COL_HOST] = { "host_ms", KP_TABLE_NUMERIC },
-    [COL_LAUNCH] = { "launch_ms", KP_TABLE_NUMERIC },
-    [COL_OTHER] = { "other_ms", KP_TABLE_NUMERIC },
+    [COL_COLL] = { "collective_us", KP_TABLE_NUMERIC },
+    [COL_LATE] = { "late_us", KP_TABLE_NUMERIC },
+    [COL_COMPUTE] = { "compute_us", KP_TABLE_NUMERIC },
+    [COL_HOST] = { "dataload_us", KP_TABLE_NUMERIC },
+    [COL_LAUNCH] = { "launch_us", KP_TABLE_NUMERIC },
+    [COL_OTHER] = { "other_us", KP_TABLE_NUMERIC },
+    [COL_OFFSET] = { "offset_us", KP_TABLE_NUMERIC },
     [COL_FLAG] = { "flag", KP_TABLE_TEXT },
 };
 
 static const struct kp_rpcverb_spec compare_spec = {
     .name = "compare",
     .synopsis =
-        "usage: kprofctl compare --run R [--step S] [--json|--csv] [-c COLS] [-w WIDTH]\n"
-        "                        [--analyzer ADDR] [--late-pct P] [--excess-pct P]\n"
-        "                        [--step-pct P] [--save-offsets] [--hta [--hta-candidates K]]\n"
-        "  Which rank holds the job back, and why: one row per rank, slowest step time first,\n"
-        "  stragglers (ranks that arrive late at collectives) and the ranks that wait for them\n"
-        "  flagged, and the verdict in one line. From kprof-analyzer (Analyzer.Compare;\n"
-        "  --analyzer or KPROF_ANALYZER), which caches the comparison until the run changes.\n",
+        "usage: kprofctl compare --run R [--step S] [--top N] [--flagged] [--json|--csv]\n"
+        "                        [-c COLS] [-w WIDTH] [--analyzer ADDR] [--late-pct P]\n"
+        "                        [--excess-pct P] [--step-pct P] [--save-offsets]\n"
+        "                        [--hta [--hta-candidates K]]\n"
+        "  Which rank holds the job back, and why: one row per rank (µs), flagged ranks first\n"
+        "  (stragglers: late at the collectives from their own work; late: the rank the others\n"
+        "  wait for), with host and node, a rank x step lateness map, the verdict in one line\n"
+        "  (with the ranks of the world missing from the run) and the next commands to run.\n"
+        "  From kprof-analyzer (Analyzer.Compare; --analyzer or KPROF_ANALYZER), which caches\n"
+        "  the comparison until the run changes.\n",
     .exit_ok = "shown",
-    .json_help = "print one JSON object {run, ranks, steps, stragglers, verdict} (--hta: "
-                 "{collective, stream, mean_step_ms, metric, stragglers})",
+    .json_help = "print one JSON object {run, world_size, missing_ranks, waited_for, next, ranks, "
+                 "steps, stragglers, verdict} (--hta: {collective, note, stream, mean_step_ms, "
+                 "metric, stragglers})",
     .defs = compare_defs,
     .n_defs = sizeof(compare_defs) / sizeof(compare_defs[0]),
     .cols = compare_cols,
@@ -137,70 +167,139 @@ static const struct kp_rpcverb_spec compare_spec = {
     .analyzer = true,
 };
 
-static int fill_table(struct kp_table *t, const struct kp_cmp_result *r)
+static int fill_table(struct kp_table *t, const struct kp_cmp_result *r, const size_t *idx,
+                      size_t n)
 {
-    size_t *idx = calloc(r->n_ranks + 1, sizeof(*idx));
-    int rc = idx == NULL ? -ENOMEM : kp_cmp_order(r, idx);
+    int rc = 0;
 
-    for (size_t i = 0; i < r->n_ranks && rc == 0; i++) {
+    for (size_t i = 0; i < n && rc == 0; i++) {
         const struct kp_cmp_rank *k = &r->ranks[idx[i]];
 
         rc = rc != 0 ? rc : kp_table_add_row(t);
         rc = rc != 0 ? rc : kp_table_set_i64(t, COL_RANK, k->rank);
-        rc = rc != 0 ? rc : kp_table_set_double(t, COL_STEP, k->step_ns / 1e6, "%.3f");
+        rc = rc != 0 ? rc : kp_table_set_str(t, COL_HOSTNAME, k->host[0] ? k->host : "-");
+        if (k->node >= 0) {
+            rc = rc != 0 ? rc : kp_table_set_i64(t, COL_NODE, k->node);
+        }
+        else {
+            rc = rc != 0 ? rc : kp_table_set_null(t, COL_NODE);
+        }
+        rc = rc != 0 ? rc : kp_table_set_double(t, COL_STEP, k->step_ns / 1e3, "%.1f");
         rc = rc != 0 ? rc : kp_table_set_double(t, COL_VS, 100.0 * k->vs_median, "%+.1f%%");
-        rc = rc != 0 ? rc : kp_table_set_double(t, COL_COLL, k->coll_ns / 1e6, "%.3f");
-        rc = rc != 0 ? rc : kp_table_set_double(t, COL_LATE, k->late_ns / 1e6, "%.3f");
-        rc = rc != 0 ? rc : kp_table_set_double(t, COL_COMPUTE, k->compute_ns / 1e6, "%.3f");
-        rc = rc != 0 ? rc : kp_table_set_double(t, COL_HOST, k->host_ns / 1e6, "%.3f");
-        rc = rc != 0 ? rc : kp_table_set_double(t, COL_LAUNCH, k->launch_ns / 1e6, "%.3f");
-        rc = rc != 0 ? rc : kp_table_set_double(t, COL_OTHER, k->other_ns / 1e6, "%.3f");
+        rc = rc != 0 ? rc : kp_table_set_double(t, COL_COLL, k->coll_ns / 1e3, "%.1f");
+        rc = rc != 0 ? rc : kp_table_set_double(t, COL_LATE, k->late_ns / 1e3, "%.1f");
+        rc = rc != 0 ? rc : kp_table_set_double(t, COL_COMPUTE, k->compute_ns / 1e3, "%.1f");
+        rc = rc != 0 ? rc : kp_table_set_double(t, COL_HOST, k->host_ns / 1e3, "%.1f");
+        rc = rc != 0 ? rc : kp_table_set_double(t, COL_LAUNCH, k->launch_ns / 1e3, "%.1f");
+        rc = rc != 0 ? rc : kp_table_set_double(t, COL_OTHER, k->other_ns / 1e3, "%.1f");
+        if (k->has_offset) {
+            rc = rc != 0 ? rc
+                         : kp_table_set_double(t, COL_OFFSET, (double) k->clock_offset_ns / 1e3,
+                                               "%.1f");
+        }
+        else {
+            rc = rc != 0 ? rc : kp_table_set_null(t, COL_OFFSET);
+        }
         rc = rc != 0 ? rc : kp_table_set_str(t, COL_FLAG, kp_cmp_flag(k));
     }
-    free(idx);
     return rc;
 }
 
-/* Prints HTA's call as text or JSON. */
+/* Prints HTA's call as text or JSON; a run it cannot be computed on, its note. */
 static void print_hta(const struct kp_rpcverb *v, const struct kp_cmp_hta *h, long long k)
 {
     if (v->format == KP_TABLE_FORMAT_JSON) {
         kp_cmp_hta_json(stdout, h);
         return;
     }
+    if (h->note[0] != '\0') {
+        printf("%s\n", h->note);
+        return;
+    }
     printf("HTA's potential stragglers (num_candidates=%lld): [", k);
     for (size_t i = 0; i < h->n_stragglers; i++) {
         printf("%s%d", i ? ", " : "", h->stragglers[i]);
     }
-    printf("]\ncollective: %s (stream %d), mean step %.3f ms\n", h->collective, h->stream,
-           h->mean_step_ns / 1e6);
+    printf("]\ncollective: %s (stream %d), mean step %.1f us\n", h->collective, h->stream,
+           h->mean_step_ns / 1e3);
     for (size_t i = 0; i < h->n_rows; i++) {
         printf("  step %" PRId64 " rank %d: normalized start %.6f, duration %.6f\n",
                h->rows[i].step, h->rows[i].rank, h->rows[i].norm_start, h->rows[i].norm_dur);
     }
 }
 
-/* Prints the comparison as the table and verdict, CSV or JSON. Returns 0 or an exit status. */
-static int print_result(const struct kp_rpcverb *v, const struct kp_cmp_result *res)
+/* The lateness map of the ranks idx[0..n): one row per rank, one column per step. */
+static void print_map(const struct kp_cmp_result *r, const size_t *idx, size_t n, double late_frac)
+{
+    if (r->n_groups == 0) {
+        printf("lateness map: no collectives to compare arrivals at\n");
+        return;
+    }
+    printf("lateness map (rank x step %" PRId64 "..%" PRId64 "; '.' on time, '+' later than "
+           "%.0f%% of the step after the median rank, '#' %.0f%%, ' ' no such step):\n",
+           r->steps[0].step, r->steps[r->n_steps - 1].step, 100.0 * late_frac, 500.0 * late_frac);
+    for (size_t i = 0; i < n; i++) {
+        size_t ri = idx[i];
+
+        printf("  %6d ", r->ranks[ri].rank);
+        for (size_t j = 0; j < r->n_steps; j++) {
+            const struct kp_cmp_cell *cl = &r->cells[ri * r->n_steps + j];
+            double lim = late_frac * r->steps[j].step_median_ns;
+
+            putchar(!cl->present              ? ' '
+                    : cl->late_ns > 5.0 * lim ? '#'
+                    : cl->late_ns > lim       ? '+'
+                                              : '.');
+        }
+        printf("  %s\n", kp_cmp_flag(&r->ranks[ri]));
+    }
+}
+
+/* Prints the comparison as the table, map, verdict and next commands, CSV or JSON, for the
+ * ranks selected by --top and --flagged. Returns 0 or an exit status. */
+static int print_result(const struct kp_rpcverb *v, const struct compare_config *cfg,
+                        const struct kp_cmp_result *res, double late_frac)
 {
     struct kp_table *t = NULL;
+    size_t *idx = calloc(res->n_ranks + 1, sizeof(*idx));
+    long n = idx == NULL ? -ENOMEM : kp_cmp_select(res, (size_t) cfg->top, cfg->flagged, idx);
     int rc;
 
+    if (n < 0) {
+        free(idx);
+        kp_rpcverb_error(v, "out of memory");
+        return KPROFCTL_EXIT_FAILED;
+    }
     if (v->format == KP_TABLE_FORMAT_JSON) {
-        kp_cmp_json(stdout, res);
+        kp_cmp_json_sel(stdout, res, idx, (size_t) n);
+        free(idx);
         return 0;
     }
     if ((rc = kp_rpcverb_table(v, &t)) != 0) {
+        free(idx);
         return rc;
     }
-    if (fill_table(t, res) != 0) {
+    if (fill_table(t, res, idx, (size_t) n) != 0) {
         kp_rpcverb_error(v, "out of memory");
         rc = KPROFCTL_EXIT_FAILED;
     }
     else if ((rc = kp_rpcverb_print(v, t, stdout)) == 0 && v->format == KP_TABLE_FORMAT_TEXT) {
-        printf("\n%s\n", res->verdict);
+        if (n < (long) res->n_ranks) {
+            printf("(%ld of %zu ranks shown%s)\n", n, res->n_ranks,
+                   cfg->flagged ? ": the flagged ones" : "");
+        }
+        putchar('\n');
+        print_map(res, idx, (size_t) n, late_frac);
+        putchar('\n');
+        kp_cmp_offsets_line(stdout, res);
+        printf("%s\n", res->verdict);
+        if (res->n_stragglers > 0 || res->waited_for >= 0) { /* a rank is flagged */
+            printf("next:\n");
+            kp_cmp_next(stdout, res, "  ");
+        }
     }
     kp_table_destroy(t);
+    free(idx);
     return rc;
 }
 
@@ -271,7 +370,9 @@ int kprofctl_compare(int argc, char **argv)
             fprintf(stderr, "kprofctl compare: saved the clock offsets of %u ranks of run %lld\n",
                     (unsigned) resp->offsets_saved, cfg.run);
         }
-        if ((rc = print_result(&v, res)) != 0) {
+        if ((rc = print_result(&v, &cfg, res,
+                               resp->thresholds != NULL ? resp->thresholds->late_pct / 100.0
+                                                        : KP_CMP_DEFAULT_LATE_FRAC)) != 0) {
             goto out;
         }
     }

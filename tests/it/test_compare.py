@@ -20,11 +20,32 @@ rank holds the job back, and why (analyzer/compare.h), computed by kprof-analyze
        - a Gloo run: the compute case with its NCCL kernels turned into gloo:all_reduce ops
          (CPU-side collectives: the arrival is the op's start, the wait is inside the op), no
          NCCL kernel left: the planted rank is named, cause "compute";
-       - --step S restricts to one step; the text table is sorted by step time, the verdict is
-         its last line; --csv has the columns.
+       - --step S restricts to one step; the text table (µs) has the flagged ranks first, then
+         the others by step time, with host and node, the lateness map (one row per rank, one
+         column per step, the straggler's steps '#'), the verdict and the next commands (the
+         straggler's breakdown, its export beside the median rank's); --top N and --flagged
+         keep the first N / the flagged ranks, in text and JSON; --csv has the columns;
+       - 128 ranks, rank 77 planted (4x data loading: its step time is no longer than the
+         others', as in synchronous training, and the table sorted by step time alone put it
+         on row 15): rank 77 is the first row of the table and of the map, --flagged shows it
+         alone, 8 ranks a node, no rank of the world is missing;
+       - SendRecv kernels planted before each step's all-reduces, whose ends on rank 3 are
+         62.8 ms later than the others' in even steps and 0.19 ms earlier in odd ones (point
+         to point transfers do not end together): the offsets come from the all-reduces
+         alone, so every rank's is 0 with a spread of 0, in the whole run and in --step 2 and
+         --step 3 alike (the per-step view uses the whole run's offsets); the verdict says the
+         point-to-point ones were compared with a caveat;
+       - equal step times, but rank 5 starts every all-reduce 300 us late and every rank's
+         all-reduce ends 300 us later (synchronous training where the others wait for it, from
+         nothing of its own compute or data loading): no straggler, but rank 5 is flagged "late", the verdict says the
+         others wait for it, and that HTA's metric agrees.
   2. The HTA pair (peers/hta/trace_filter_2rank) imported: `compare --hta` reproduces HTA's
      straggler call (stragglers.csv: step 551 with num_candidates=1 -> [1], defaults ->
      [0, 1]) and its metric (straggler_metric.csv: normalized start and duration per rank);
+     the run has 2 of the world's 128 ranks (distributedInfo): the verdict and the JSON say
+     ranks 2..127 are missing; its only NCCL kernels are SendRecv: no clock offset for rank 1,
+     and the verdict says so, and that HTA's metric names rank 1;
+     `compare --hta` on a run without NCCL kernels (the Gloo run) answers plainly, exit 0;
      kprof's own rule on the pair is printed and checked: rank 1 arrives last, but it spends
      only ~2.5% of a step more than the median rank (of two: their mean) on compute, under
      --excess-pct 5, so no straggler (HTA's k=1 call names rank 1).
@@ -148,6 +169,120 @@ def to_gloo(rid):
                "(SELECT id FROM names WHERE name LIKE 'nccl%%Kernel%%')" % rid, db=DB)
     kpfix.psql("DELETE FROM kernels WHERE run_id = %d AND name IN (SELECT id FROM names WHERE "
                "name LIKE 'nccl%%Kernel%%')" % rid, db=DB)
+
+
+def check_text(rid, d, planted):
+    """The text output: the table in µs, the straggler first, then by step time, with host and
+    node; the lateness map; the verdict; the next commands; --top and --flagged."""
+    p = run([KPROFCTL, "compare", "--run", str(rid)])
+    lines = p.stdout.rstrip("\n").split("\n")
+    assert lines[0].split()[:5] == ["RANK", "HOST", "NODE", "STEP_US", "VS_MEDIAN"], lines[0]
+    rows = [l.split() for l in lines[1:9]]
+    assert int(rows[0][0]) == planted and rows[0][-1] == "straggler", rows
+    steps = [float(r[3]) for r in rows[1:]]
+    assert steps == sorted(steps, reverse=True), steps
+    want = {x["rank"]: x for x in d["ranks"]}
+    for r in rows:  # µs in text, ms in JSON
+        assert abs(float(r[3]) - want[int(r[0])]["step_ms"] * 1e3) < 0.06, (r, want[int(r[0])])
+        assert r[1] == want[int(r[0])]["host"] != "" and int(r[2]) == want[int(r[0])]["node"]
+    i = lines.index(d["verdict"])
+    m = [l for l in lines if l.startswith("lateness map")]
+    assert len(m) == 1, lines
+    mrows = lines[lines.index(m[0]) + 1:lines.index(m[0]) + 9]
+    assert [int(l.split()[0]) for l in mrows] == [int(r[0]) for r in rows], (mrows, rows)
+    assert mrows[0].split()[1] == "#" * 10, mrows  # late in every step
+    for w in d["ranks"]:  # the map is the JSON's late_us_by_step
+        assert len(w["late_us_by_step"]) == 10 and None not in w["late_us_by_step"], w
+    assert lines[i + 1] == "next:", lines[i:]
+    med = [x for x in d["ranks"] if x["flag"] != "straggler"]
+    assert lines[i + 2].strip() == "kprofctl breakdown --run %d --rank %d" % (rid, planted)
+    assert ("--rank %d -o" % planted) in lines[i + 3] and lines[i + 3].count("kprofctl export") \
+        == 2, lines[i + 3]
+    assert d["next"][0] == lines[i + 2].strip(), d["next"]
+    assert med, med
+    top = compare(rid, "--top", "2")
+    assert [x["rank"] for x in top["ranks"]] == [x["rank"] for x in d["ranks"]][:2] and \
+        top["ranks"][0]["rank"] == planted, top["ranks"]
+    fl = compare(rid, "--flagged")
+    assert [x["rank"] for x in fl["ranks"]] == [planted], fl["ranks"]
+    p = run([KPROFCTL, "compare", "--run", str(rid), "--flagged"])
+    assert "(1 of 8 ranks shown: the flagged ones)" in p.stdout, p.stdout
+
+
+def check_128(cd):
+    """At 128 ranks the straggler is the first row, at a glance."""
+    p = run([LOADGEN, "--collector", cd.grpc, "--ranks", "128", "--steps", "4", "--job", "r128",
+             "--json", "--dataload-straggler", "77:4"])
+    rid = json.loads(p.stdout)["run_id"]
+    d = compare(rid)
+    assert [s["rank"] for s in d["stragglers"]] == [77], d["verdict"]
+    assert d["world_size"] == 128 and d["missing_ranks"] == [], d["missing_ranks"]
+    assert "missing" not in d["verdict"], d["verdict"]
+    assert all(x["node"] == x["rank"] // 8 for x in d["ranks"]), "8 ranks a synthetic node"
+    p = run([KPROFCTL, "compare", "--run", str(rid)])
+    lines = p.stdout.split("\n")
+    assert lines[1].split()[0] == "77" and lines[1].split()[-1] == "straggler", lines[:3]
+    m = [i for i, l in enumerate(lines) if l.startswith("lateness map")][0]
+    assert lines[m + 1].split() == ["77", "####", "straggler"], lines[m + 1]
+    assert [x["rank"] for x in compare(rid, "--flagged")["ranks"]] == [77]
+    print("128 ranks: rank 77 on the first row:", lines[1])
+
+
+def kernel_name_id(name):
+    kpfix.psql("INSERT INTO names (name) SELECT '%s' WHERE NOT EXISTS (SELECT 1 FROM names "
+               "WHERE name = '%s')" % (name, name), db=DB)
+    return int(kpfix.psql("SELECT id FROM names WHERE name = '%s'" % name, db=DB))
+
+
+def check_p2p_offsets(cd):
+    """Offsets come only from collectives every rank finishes together, over the whole run."""
+    rid = loadgen(cd.grpc, "p2p")
+    n_ar = int(kpfix.psql("SELECT count(*) FROM kernels WHERE run_id = %d AND rank = 0 AND "
+                          "step = 2 AND name IN (SELECT id FROM names WHERE name LIKE "
+                          "'nccl%%Kernel%%')" % rid, db=DB))
+    sr = kernel_name_id("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned "
+                        "long, ncclWork*)")
+    n_sr = 2 * n_ar + 2  # they outnumber the all-reduces of a step
+    kpfix.psql("INSERT INTO kernels (run_id, rank, start_ns, dur_ns, name, stream, step, device) "
+               "SELECT s.run_id, s.rank, s.start_ns + 1000 * g, 1000000 + CASE WHEN s.rank = 3 "
+               "THEN (CASE WHEN s.step %% 2 = 0 THEN 62800000 ELSE -190000 END) ELSE 0 END, "
+               "%d, 84, s.step, s.rank FROM steps s, generate_series(1, %d) g "
+               "WHERE s.run_id = %d" % (sr, n_sr, rid), db=DB)
+    whole = compare(rid)
+    per = {st: compare(rid, "--step", str(st)) for st in (2, 3)}
+    for d in [whole] + list(per.values()):
+        off = {x["rank"]: (x["clock_offset_ms"], x["clock_offset_spread_ms"],
+                           x["offset_collectives"]) for x in d["ranks"]}
+        assert all(abs(o) < 0.01 and sp < 0.01 and n == 10 * n_ar
+                   for o, sp, n in off.values()), (off, n_ar)
+        assert d["p2p_collectives"] > 0 and "point-to-point" in d["verdict"], d["verdict"]
+    for st, d in per.items():
+        assert [x["clock_offset_ms"] for x in sorted(d["ranks"], key=lambda x: x["rank"])] == \
+            [x["clock_offset_ms"] for x in sorted(whole["ranks"], key=lambda x: x["rank"])], st
+    print("p2p: %d SendRecv a step planted; offsets from the %d all-reduces a step only, the "
+          "same in --step 2, --step 3 and the whole run" % (n_sr, n_ar))
+
+
+def check_late_arrival(cd):
+    """Equal step times, one rank late at every all-reduce from nothing of its own."""
+    rid = loadgen(cd.grpc, "arrival")
+    # rank 5 arrives 300 us late at each; every rank's kernel then ends 300 us later
+    kpfix.psql("UPDATE kernels SET start_ns = start_ns + CASE WHEN rank = 5 THEN 300000 ELSE 0 "
+               "END, dur_ns = dur_ns + CASE WHEN rank = 5 THEN 0 ELSE 300000 END WHERE run_id = "
+               "%d AND name IN (SELECT id FROM names WHERE name LIKE 'nccl%%Kernel%%')" % rid,
+               db=DB)
+    d = compare(rid)
+    assert d["stragglers"] == [], d["verdict"]
+    assert d["verdict"].startswith("no straggler: step times within"), d["verdict"]
+    assert d["waited_for"] == 5 and "the others wait for rank 5" in d["verdict"], \
+        (d["verdict"], [(x["rank"], x["late_ms"], x["step_ms"]) for x in d["ranks"]],
+         [(x["last_rank"], x["hta_rank"], x["step_median_ms"]) for x in d["steps"]])
+    assert d["hta_rank"] == 5 and "HTA's straggler metric agrees" in d["verdict"], d["verdict"]
+    flags = {x["rank"]: x["flag"] for x in d["ranks"]}
+    assert flags[5] == "late" and all(f == "" for r, f in flags.items() if r != 5), flags
+    assert d["ranks"][0]["rank"] == 5, "flagged first"
+    assert d["next"][0] == "kprofctl breakdown --run %d --rank 5" % rid, d["next"]
+    print("late arrival:", d["verdict"])
 
 
 def stub(method, req, resp, addr=None):
@@ -416,12 +551,7 @@ def main():
         d = compare(rid)
         check_planted(d, 3, "host")
         print("data loading:", d["verdict"])
-        p = run([KPROFCTL, "compare", "--run", str(rid)])
-        lines = p.stdout.rstrip("\n").split("\n")
-        assert lines[0].split()[:3] == ["RANK", "STEP_MS", "VS_MEDIAN"], lines[0]
-        steps = [float(l.split()[1]) for l in lines[1:9]]
-        assert steps == sorted(steps, reverse=True), steps
-        assert lines[-1] == d["verdict"], (lines[-1], d["verdict"])
+        check_text(rid, d, 3)
         p = run([KPROFCTL, "compare", "--run", str(rid), "--csv", "-c", "rank,flag"])
         rows = list(csv.DictReader(p.stdout.splitlines()))
         assert {r["rank"]: r["flag"] for r in rows}["3"] == "straggler", rows
@@ -485,6 +615,17 @@ def main():
         check_planted(d, 2, "compute")
         assert all(r["collective_ms"] > 0 for r in d["ranks"]), d["ranks"]
         print("gloo:", d["verdict"])
+        # HTA's metric on a run without NCCL kernels: a plain answer, not "unknown run"
+        p = run([KPROFCTL, "compare", "--run", str(rid), "--hta"], ok=False)
+        assert p.returncode == 0, (p.returncode, p.stderr)
+        assert p.stdout.startswith("HTA's straggler metric needs collectives; this run has "
+                                   "none"), p.stdout
+        h = compare(rid, "--hta")
+        assert h["metric"] == [] and h["stragglers"] == [] and "needs collectives" in h["note"]
+
+        check_late_arrival(cd)
+        check_p2p_offsets(cd)
+        check_128(cd)
 
         # 2. the HTA pair
         files = sorted(os.path.join(HTA_PAIR, f) for f in os.listdir(HTA_PAIR)
@@ -518,6 +659,25 @@ def main():
         assert own["stragglers"] == [], own["verdict"]
         assert own["verdict"].startswith("no straggler") and "2 ranks" in own["verdict"]
         assert [s["last_rank"] for s in own["steps"]][0] == 1, own["steps"]
+        # the world: 126 of the 128 ranks are missing, said plainly
+        assert own["world_size"] == 128 and own["missing_ranks"] == list(range(2, 128)), own
+        assert "only 2 of the world's 128 ranks are in this run: ranks 2..127 are missing" in \
+            own["verdict"], own["verdict"]
+        # SendRecv only: no collective both ranks finish together, so no offset for rank 1
+        off = {x["rank"]: x for x in own["ranks"]}
+        assert off[1]["has_offset"] is False and off[1]["clock_offset_ms"] == 0, off[1]
+        assert own["p2p_collectives"] == own["collectives"] > 0, own
+        assert "could not be aligned" in own["verdict"], own["verdict"]
+        assert "point-to-point" in own["verdict"], own["verdict"]
+        # HTA's pick is named, beside kprof's call
+        assert own["hta_rank"] == 1 and "HTA's straggler metric" in own["verdict"], own
+        p = run([KPROFCTL, "compare", "--run", str(hid)])
+        assert own["verdict"] in p.stdout.split("\n"), p.stdout
+        for s_ in (551, 552):  # one step at a time: the same offsets (none), no contradiction
+            one = compare(hid, "--step", str(s_))
+            assert sorted((x["rank"], x["clock_offset_ms"], x["has_offset"])
+                          for x in one["ranks"]) == \
+                sorted((x["rank"], x["clock_offset_ms"], x["has_offset"]) for x in own["ranks"])
 
         # 3. errors
         p = compare(999999, ok=False)

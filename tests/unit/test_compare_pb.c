@@ -50,6 +50,19 @@ static struct kp_cmp_result *sample(void)
         k->n_late_steps = (size_t) i;
         k->straggler = i == 2;
         k->waits = i == 0;
+        k->late = i == 1;
+        snprintf(k->host, sizeof(k->host), "%s", i == 0 ? "" : i == 1 ? "node-a" : "node-\"b\"");
+        k->node = i - 1;
+        k->local_rank = i == 0 ? -1 : i;
+        k->offset_spread_ns = 1234.5 * i;
+        k->offset_n = (size_t) (20 * i);
+    }
+    /* the lateness map: rank 2 lacks step 41 */
+    r->cells = calloc(6, sizeof(*r->cells));
+    assert_non_null(r->cells);
+    for (int c = 0; c < 6; c++) {
+        r->cells[c].present = c != 5;
+        r->cells[c].late_ns = c == 4 ? 7.25e6 : 1000.0 / 3.0 * c;
     }
     for (int j = 0; j < 2; j++) {
         struct kp_cmp_step *s = &r->steps[j];
@@ -64,6 +77,7 @@ static struct kp_cmp_result *sample(void)
         s->coll_max_ns = 12.9e6;
         s->coll_ratio = 1.0078125;
         s->last_rank = j == 0 ? -1 : 4;
+        s->hta_rank = j == 0 ? 2 : -1;
     }
     for (int i = 0; i < 2; i++) {
         struct kp_cmp_straggler *s = &r->stragglers[i];
@@ -83,6 +97,22 @@ static struct kp_cmp_result *sample(void)
         }
     }
     r->step_median_ns = 21587000.0;
+    r->world_size = 8;
+    r->n_missing = 5;
+    r->missing = calloc(5, sizeof(*r->missing));
+    assert_non_null(r->missing);
+    for (int i = 0; i < 5; i++) {
+        static const int missing[5] = { 1, 3, 5, 6, 7 };
+
+        r->missing[i] = missing[i];
+    }
+    r->waited_for = 4;
+    r->hta_rank = 2;
+    r->hta_rank_steps = 1;
+    r->n_groups = 24;
+    r->n_p2p = 3;
+    r->n_offset_colls = 20;
+    r->n_no_offset = 1;
     snprintf(r->verdict, sizeof(r->verdict),
              "rank 4 is a straggler: it arrives late \"quoted\"\tand tabbed");
     return r;
@@ -136,6 +166,21 @@ static void test_round_trip(void **state)
     assert_string_equal(a, b);
     assert_non_null(strstr(a, "\"step_ratio\": null"));
     assert_non_null(strstr(a, "\"last_rank\": null"));
+    /* the world, the lateness map, HTA's pick, the next commands */
+    assert_non_null(strstr(a, "\"world_size\": 8, \"missing_ranks\": [1, 3, 5, 6, 7]"));
+    assert_non_null(strstr(a, "\"late_us_by_step\": [7250, null]"));
+    assert_non_null(strstr(a, "\"host\": \"node-\\\"b\\\"\", \"node\": 1, \"local_rank\": 2"));
+    assert_non_null(strstr(a, "\"node\": null, \"local_rank\": null"));
+    assert_non_null(strstr(a, "\"hta_rank\": 2, \"hta_rank_steps\": 1, \"collectives\": 24, "
+                              "\"p2p_collectives\": 3"));
+    assert_non_null(strstr(a, "\"kprofctl breakdown --run 17 --rank 4\""));
+    assert_non_null(strstr(a, "\"flag\": \"late\""));
+    {
+        char buf[64];
+
+        assert_int_equal(kp_cmp_ranges(buf, sizeof(buf), back->missing, back->n_missing), 0);
+        assert_string_equal(buf, "1, 3, 5..7");
+    }
     for (size_t i = 0; i < r->n_ranks; i++) {
         assert_int_equal(back->ranks[i].has_offset, r->ranks[i].has_offset);
     }
@@ -217,6 +262,7 @@ static void test_hta(void **state)
     h->rows[1] = (struct kp_cmp_hta_row){ 1, 551, 433395000, 17614000, 0.712708190811977, NAN };
     h->stragglers[0] = 1;
     h->stragglers[1] = 0;
+    snprintf(h->note, sizeof(h->note), "a \"note\"");
     assert_int_equal(kp_cmp_pb_init_hta(&p, h, 2), 0);
     m = wire(&p);
     kp_cmp_pb_fini(&p);
@@ -231,6 +277,7 @@ static void test_hta(void **state)
     kp_cmp_hta_json(f, back);
     fclose(f);
     assert_string_equal(a, b);
+    assert_non_null(strstr(a, "\"note\": \"a \\\"note\\\"\""));
     free(a);
     free(b);
     kp_cmp_hta_destroy(back);
