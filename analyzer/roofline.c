@@ -620,7 +620,8 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
             if (by == KP_RL_BY_OP)
                 fprintf(f, ",%s", g->dir);
             fprintf(
-                f, ",%d,%s,%" PRIu64 ",%" PRId64 ".%03" PRId64 ",%s,%s,%s,%s,%s,%s,%s,%s,%s,\"%s\"\n",
+                f,
+                ",%d,%s,%" PRIu64 ",%" PRId64 ".%03" PRId64 ",%s,%s,%s,%s,%s,%s,%s,%s,%s,\"%s\"\n",
                 g->device, g->peak, g->kernels, g->time_ns / 1000, g->time_ns % 1000,
                 fig(b[0], 32, g->flops, g->flops_known), fig(b[1], 32, g->bytes, g->bytes_known),
                 fig(b[2], 32, g->flop_per_s, g->flop_per_s_defined),
