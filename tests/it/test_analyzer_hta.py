@@ -318,7 +318,7 @@ def time_base_trace(seed=11):
 
 
 def hta_ktype(n):
-    """specs/hta-analyses.md §0 kernel classes."""
+    """docs/specs/hta-analyses.md §0 kernel classes."""
     if n.startswith(("nccl", "hip", "hccl")) or "ncclKernel" in n:
         return "COMMUNICATION"
     if n.startswith(("Memcpy", "Memset", "dma")):
