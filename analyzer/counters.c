@@ -695,11 +695,11 @@ enum ct_col {
 
 static const char *const col_names[C_FIXED] = {
     "idx",   "range",      "kernel",     "device",     "correlation",
-    "tid",   "top_op",     "bottom_op",  "op_stack",   "dur_ns",
+    "tid",   "top_op",     "bottom_op",  "op_stack",   "dur_us",
     "flops", "flops_fp64", "flops_fp32", "flops_fp16", "flops_per_s",
 };
 
-#define CT_TEXT_CUT 60 /* bytes of a text cell in the text format */
+#define CT_TEXT_CUT 60 /* bytes of a text cell in the text format, without a width */
 
 static bool col_numeric(long col)
 {
@@ -709,6 +709,12 @@ static bool col_numeric(long col)
 static const char *col_name(const struct kp_ctr *t, long col)
 {
     return col < C_FIXED ? col_names[col] : t->metrics[col - C_FIXED];
+}
+
+/* JSON keeps the duration as exact integer ns. */
+static const char *json_name(const struct kp_ctr *t, long col)
+{
+    return col == C_DUR ? "dur_ns" : col_name(t, col);
 }
 
 /* Appends the columns of list to cols (at most max); "all" is every fixed column and every
@@ -747,6 +753,9 @@ static long parse_cols(const struct kp_ctr *t, const char *list, long *cols, lon
                 if (strcmp(name, col_names[c]) == 0) {
                     col = c;
                 }
+                else if (c == C_DUR && strcmp(name, "dur_ns") == 0) {
+                    col = c; /* JSON's name for it */
+                }
             }
             if (col < 0 && metric_index(t, name) >= 0) {
                 col = C_FIXED + metric_index(t, name);
@@ -754,7 +763,7 @@ static long parse_cols(const struct kp_ctr *t, const char *list, long *cols, lon
             if (col < 0) {
                 kp_errbuf_set(errbuf, errlen,
                               "unknown column \"%s\" (columns: idx, range, kernel, device, "
-                              "correlation, tid, top_op, bottom_op, op_stack, dur_ns, flops, "
+                              "correlation, tid, top_op, bottom_op, op_stack, dur_us, flops, "
                               "flops_fp64, flops_fp32, flops_fp16, flops_per_s, all, or one of "
                               "the run's %zu metrics)",
                               name, t->n_metrics);
@@ -828,8 +837,12 @@ static const char *cell(const struct kp_ctr_row *r, long col, bool exact, char *
             }
         }
         return sb->data;
-    case C_DUR:
-        return fmt_int(r->dur_ns, buf, len);
+    case C_DUR: /* µs, exact: three decimals of whole ns */
+        if (r->dur_ns < 0) {
+            return NULL;
+        }
+        snprintf(buf, len, "%" PRId64 ".%03" PRId64, r->dur_ns / 1000, r->dur_ns % 1000);
+        return buf;
     case C_FLOPS:
         return fmt_num(r->flops, exact, buf, len);
     case C_FP64:
@@ -881,16 +894,16 @@ static void csv_field(FILE *f, const char *s)
     fputc('"', f);
 }
 
-/* Bytes of s shown in the text format: at most CT_TEXT_CUT, cut at a UTF-8 boundary. */
-static size_t text_len(const char *s, bool *cut)
+/* Bytes of s shown in the text format: at most limit, cut at a UTF-8 boundary. */
+static size_t text_len(const char *s, size_t limit, bool *cut)
 {
     size_t n = strlen(s);
 
-    *cut = n > CT_TEXT_CUT;
+    *cut = n > limit;
     if (!*cut) {
         return n;
     }
-    n = CT_TEXT_CUT - 3;
+    n = limit > 3 ? limit - 3 : 0;
     while (n > 0 && ((unsigned char) s[n] & 0xc0) == 0x80) {
         n--;
     }
@@ -935,7 +948,7 @@ static void write_json(FILE *f, const struct kp_ctr *t, int64_t run, int rank, c
                 fputc('}', f);
                 continue;
             }
-            json_str(f, col_name(t, col));
+            json_str(f, json_name(t, col));
             fputs(": ", f);
             if (col == C_STACK) {
                 fputc('[', f);
@@ -946,7 +959,8 @@ static void write_json(FILE *f, const struct kp_ctr *t, int64_t run, int rank, c
                 fputc(']', f);
                 continue;
             }
-            v = cell(r, col, true, buf, sizeof(buf), sb);
+            v = col == C_DUR && r->dur_ns >= 0 ? fmt_int(r->dur_ns, buf, sizeof(buf))
+                                               : cell(r, col, true, buf, sizeof(buf), sb);
             if (!v) {
                 fputs("null", f);
             }
@@ -962,7 +976,7 @@ static void write_json(FILE *f, const struct kp_ctr *t, int64_t run, int rank, c
     fputs(t->n_rows ? "\n]}\n" : "]}\n", f);
 }
 
-static void write_text(FILE *f, const struct kp_ctr *t, const long *cols, long n_cols,
+static void write_text(FILE *f, const struct kp_ctr *t, const long *cols, long n_cols, size_t limit,
                        struct kp_strbuf *sb)
 {
     size_t w[KP_CTR_MAX_COLS];
@@ -973,7 +987,7 @@ static void write_text(FILE *f, const struct kp_ctr *t, const long *cols, long n
         w[c] = strlen(col_name(t, cols[c]));
         for (size_t i = 0; i < t->n_rows; i++) {
             const char *v = cell(&t->rows[i], cols[c], false, buf, sizeof(buf), sb);
-            size_t n = v ? text_len(v, &cut) + (cut ? 3 : 0) : 1;
+            size_t n = v ? text_len(v, limit, &cut) + (cut ? 3 : 0) : 1;
 
             w[c] = n > w[c] ? n : w[c];
         }
@@ -993,7 +1007,7 @@ static void write_text(FILE *f, const struct kp_ctr *t, const long *cols, long n
                 fprintf(f, "%*s", col_numeric(cols[c]) ? (int) w[c] : -(int) w[c], "-");
                 continue;
             }
-            n = text_len(v, &cut);
+            n = text_len(v, limit, &cut);
             if (col_numeric(cols[c])) {
                 fprintf(f, "%*s", (int) w[c], v);
             }
@@ -1006,8 +1020,8 @@ static void write_text(FILE *f, const struct kp_ctr *t, const long *cols, long n
     }
 }
 
-int kp_ctr_write(FILE *f, const struct kp_ctr *t, int64_t run, int rank, const char *columns,
-                 enum kp_ctr_format format, char *errbuf, size_t errlen)
+static int write_table(FILE *f, const struct kp_ctr *t, int64_t run, int rank, const char *columns,
+                       enum kp_ctr_format format, int width, char *errbuf, size_t errlen)
 {
     long cols[KP_CTR_MAX_COLS], n_cols;
     struct kp_strbuf sb;
@@ -1043,16 +1057,31 @@ int kp_ctr_write(FILE *f, const struct kp_ctr *t, int64_t run, int rank, const c
         }
     }
     else {
-        write_text(f, t, cols, n_cols, &sb);
+        write_text(f, t, cols, n_cols, width > 0 ? (size_t) width : CT_TEXT_CUT, &sb);
     }
     kp_strbuf_fini(&sb);
     return fflush(f) != 0 || ferror(f) ? -EIO : 0;
+}
+
+int kp_ctr_write(FILE *f, const struct kp_ctr *t, int64_t run, int rank, const char *columns,
+                 enum kp_ctr_format format, char *errbuf, size_t errlen)
+{
+    return write_table(f, t, run, rank, columns, format, 0, errbuf, errlen);
 }
 
 int kp_ctr_write_rows(FILE *f, const struct kp_ctr_row *rows, size_t n_rows,
                       const char *const *metrics, size_t n_metrics, const char *message,
                       int64_t run, int rank, const char *columns, enum kp_ctr_format format,
                       char *errbuf, size_t errlen)
+{
+    return kp_ctr_write_rows_width(f, rows, n_rows, metrics, n_metrics, message, run, rank, columns,
+                                   format, 0, errbuf, errlen);
+}
+
+int kp_ctr_write_rows_width(FILE *f, const struct kp_ctr_row *rows, size_t n_rows,
+                            const char *const *metrics, size_t n_metrics, const char *message,
+                            int64_t run, int rank, const char *columns, enum kp_ctr_format format,
+                            int width, char *errbuf, size_t errlen)
 {
     struct kp_ctr t;
 
@@ -1063,5 +1092,5 @@ int kp_ctr_write_rows(FILE *f, const struct kp_ctr_row *rows, size_t n_rows,
     t.metrics = (const char **) metrics;
     t.n_metrics = n_metrics;
     snprintf(t.message, sizeof(t.message), "%s", message != NULL ? message : "");
-    return kp_ctr_write(f, &t, run, rank, columns, format, errbuf, errlen);
+    return write_table(f, &t, run, rank, columns, format, width, errbuf, errlen);
 }

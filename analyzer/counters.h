@@ -98,17 +98,19 @@ enum kp_ctr_format {
 };
 
 /* The default columns of the text format; CSV and JSON default to every column. */
-#define KP_CTR_TEXT_COLUMNS "idx,kernel,device,top_op,bottom_op,dur_ns,flops,flops_per_s"
+#define KP_CTR_TEXT_COLUMNS "idx,kernel,device,top_op,bottom_op,dur_us,flops,flops_per_s"
 /* The most columns one output shows (15 fixed, the rest metrics; "all" stops there). */
 #define KP_CTR_MAX_COLS 512
 
 /*
  * Writes the table. columns: a comma-separated list of column names (idx, range, kernel,
- * device, correlation, tid, top_op, bottom_op, op_stack, dur_ns, flops, flops_fp64,
+ * device, correlation, tid, top_op, bottom_op, op_stack, dur_us, flops, flops_fp64,
  * flops_fp32, flops_fp16, flops_per_s, any metric name, or "all"); NULL or "": the format's
- * default. JSON: {"run", "rank", "metrics": [...], "message": str|null, "rows": [{...}]},
- * op_stack an array, every metric under "counters" by default. Returns 0, -EINVAL with
- * errbuf naming an unknown column, or -EIO when writing failed.
+ * default. The duration is dur_us in text and CSV (µs, three decimals: exact) and exact
+ * integer dur_ns in JSON (-c takes either name). Text cells are cut at 60 bytes with "...".
+ * JSON: {"run", "rank", "metrics": [...], "message": str|null, "rows": [{...}]}, op_stack an
+ * array, every metric under "counters" by default. Returns 0, -EINVAL with errbuf naming an
+ * unknown column, or -EIO when writing failed.
  */
 int kp_ctr_write(FILE *f, const struct kp_ctr *t, int64_t run, int rank, const char *columns,
                  enum kp_ctr_format format, char *errbuf, size_t errlen);
@@ -120,5 +122,12 @@ int kp_ctr_write_rows(FILE *f, const struct kp_ctr_row *rows, size_t n_rows,
                       const char *const *metrics, size_t n_metrics, const char *message,
                       int64_t run, int rank, const char *columns, enum kp_ctr_format format,
                       char *errbuf, size_t errlen);
+
+/* kp_ctr_write_rows with text cells cut at width bytes instead of 60 (0: 60), for
+ * kprofctl's -w. */
+int kp_ctr_write_rows_width(FILE *f, const struct kp_ctr_row *rows, size_t n_rows,
+                            const char *const *metrics, size_t n_metrics, const char *message,
+                            int64_t run, int rank, const char *columns, enum kp_ctr_format format,
+                            int width, char *errbuf, size_t errlen);
 
 #endif

@@ -5,10 +5,10 @@
  * transposed convolutions, pooling, fused optimizers...) with torch.utils.flop_counter's
  * formulas where it has one (§8). 1 FMA = 2 FLOPs.
  *
- * An op's work is split into parts, one per kernel it launches in order (the kernel's
- * sub-sequence id): a forward GEMM is one part; its backward is dgrad, wgrad (and the bias
- * gradient); an op that launches more kernels than parts gives the extra kernels 0. So an op
- * is counted once, not once per kernel (the spec's §9.2 defect).
+ * An op's work is split into parts, its phases: a forward GEMM is one part; its backward is
+ * dgrad, wgrad (and the bias gradient). PyProf's table (pyprof.h) shares their sum among the
+ * op's kernels in proportion to their durations, so an op is counted once, not once per
+ * kernel (the spec's §9.2 defect), and no kernel shows more than its op's rate.
  *
  * Inputs are trace data: every parser here accepts any text and reports what it could not
  * read as unknown, never crashes.

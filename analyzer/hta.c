@@ -72,6 +72,7 @@ struct kp_hta {
     size_t n_rts;
     struct hta_ev *evs; /* kept GPU rows with a stream, by start */
     size_t n_evs;
+    int64_t base_ns;         /* the trace's time base, 0: absolute (HTA rounds relative) */
     int64_t t_first, t_last; /* first and last start of any kept row */
     bool dropped;            /* the last ProfilerStep was dropped */
 
@@ -141,23 +142,37 @@ void kp_hta_type_label(unsigned mask, char *buf, size_t len)
 
 /* ---- loading ------------------------------------------------------------------------ */
 
-/* HTA's rounding of fractional-µs traces: in float64 as pandas holds the parsed JSON,
- * end = ts + dur, then ts rounded up and end down to whole µs. Returns ns. */
-static void hta_round(bool exact, int64_t ts_ns, int64_t dur_ns, int64_t *ts, int64_t *end)
+/* A time as the trace wrote it, µs relative to its time base, read as json.loads reads it:
+ * the double nearest the decimal (whole ns are 3 decimals, so the text is exact). */
+static double trace_us(int64_t rel_ns)
 {
-    double t, d, e;
+    char buf[40];
+    uint64_t a = rel_ns < 0 ? -(uint64_t) rel_ns : (uint64_t) rel_ns;
+
+    snprintf(buf, sizeof(buf), "%s%" PRIu64 ".%03" PRIu64, rel_ns < 0 ? "-" : "", a / 1000,
+             a % 1000);
+    return strtod(buf, NULL);
+}
+
+/* HTA's rounding of fractional-µs traces, on the trace's own time base (base_ns: its
+ * baseTimeNanoseconds, 0 for absolute µs): in float64 as pandas holds the parsed JSON,
+ * end = ts + dur, then ts rounded up and end down to whole µs. Rounding the absolute epoch
+ * µs instead (~1.7e15, where a double resolves 0.25 µs) moves most boundaries. Returns ns
+ * since the epoch. */
+static void hta_round(bool exact, int64_t base_ns, int64_t ts_ns, int64_t dur_ns, int64_t *ts,
+                      int64_t *end)
+{
+    double t, e;
 
     if (exact) {
         *ts = ts_ns;
         *end = ts_ns + dur_ns;
         return;
     }
-    /* long double holds the ns exactly; one rounding to double, as json.loads does. */
-    t = (double) ((long double) ts_ns / 1000.0L);
-    d = (double) ((long double) dur_ns / 1000.0L);
-    e = t + d;
-    *ts = (int64_t) ceil(t) * 1000;
-    *end = (int64_t) floor(e) * 1000;
+    t = trace_us(ts_ns - base_ns);
+    e = t + trace_us(dur_ns);
+    *ts = base_ns + (int64_t) ceil(t) * 1000;
+    *end = base_ns + (int64_t) floor(e) * 1000;
 }
 
 static const char *name_of(const struct kp_hta *h, const PGresult *r, int row, int col)
@@ -238,20 +253,23 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
         return -ENOMEM;
     h->opts = *opts;
 
-    /* §0 last-step drop: only with two or more ProfilerStep names in the whole run. */
+    /* §0 last-step drop: only with two or more ProfilerStep names in the whole run; and the
+     * time base HTA's rounding works on (the imported trace's, NULL: absolute). */
     rc = kp_pg_query(c,
                      "SELECT (SELECT count(DISTINCT name) FROM ops WHERE run_id = $1 AND kind = 6),"
                      " (SELECT start_ns FROM ops" WHERE_RR
-                     " AND kind = 6 ORDER BY start_ns DESC LIMIT 1)",
+                     " AND kind = 6 ORDER BY start_ns DESC LIMIT 1),"
+                     " (SELECT time_base_ns FROM ranks" WHERE_RR ")",
                      2, params, &r, errbuf, errlen);
     if (rc < 0)
         goto fail;
+    h->base_ns = kp_pg_i64(r, 0, 2, 0);
     if (!opts->include_last_step && kp_pg_i64(r, 0, 0, 0) >= 2 && !PQgetisnull(r, 0, 1)) {
         int64_t e;
 
         drop = true;
         h->dropped = true;
-        hta_round(opts->exact_ns, kp_pg_i64(r, 0, 1, 0), 0, &cutoff, &e);
+        hta_round(opts->exact_ns, h->base_ns, kp_pg_i64(r, 0, 1, 0), 0, &cutoff, &e);
     }
     PQclear(r);
     r = NULL;
@@ -286,8 +304,8 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
     for (size_t i = 0; i < n; i++) {
         struct hta_rt *t = &h->rts[h->n_rts];
 
-        hta_round(opts->exact_ns, kp_pg_i64(r, (int) i, 0, 0), kp_pg_i64(r, (int) i, 1, 0), &t->ts,
-                  &t->end);
+        hta_round(opts->exact_ns, h->base_ns, kp_pg_i64(r, (int) i, 0, 0),
+                  kp_pg_i64(r, (int) i, 1, 0), &t->ts, &t->end);
         if (drop && t->ts >= cutoff)
             continue;
         t->corr = kp_pg_i64(r, (int) i, 2, 0);
@@ -354,8 +372,8 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
         if (drop && !hit)
             continue; /* HTA keeps GPU rows whose launch it kept */
         e->rt = hit ? hit->idx : -1;
-        hta_round(opts->exact_ns, kp_pg_i64(r, row, 1, 0), kp_pg_i64(r, row, 2, 0), &e->ts,
-                  &e->end);
+        hta_round(opts->exact_ns, h->base_ns, kp_pg_i64(r, row, 1, 0), kp_pg_i64(r, row, 2, 0),
+                  &e->ts, &e->end);
         e->stream = kp_pg_i64(r, row, 4, 0);
         if (kind == 0) {
             e->name = name_of(h, r, row, 5);

@@ -6,9 +6,12 @@
  *
  * HTA compatibility. By default the loader reproduces HTA's pipeline (§0): every time is
  * rounded as HTA rounds fractional-µs traces (start up, end down to whole µs, in float64 like
- * pandas), and when the run has two or more ProfilerStep names, the rank's CPU rows from its
- * last ProfilerStep's start on are dropped, and with them every GPU row whose correlation has
- * no kept runtime/driver call. kprof's deliberate departures are options: exact_ns keeps
+ * pandas) on the trace's own time base: an imported trace's ts are µs relative to its
+ * baseTimeNanoseconds, which the import keeps per rank (ranks.time_base_ns), so the µs HTA
+ * rounds are the stored ns minus it (a rank without one: the absolute µs, as HTA reads a
+ * trace without a base); and when the run has two or more ProfilerStep names, the rank's CPU rows
+ * from its last ProfilerStep's start on are dropped, and with them every GPU row whose correlation
+ * has no kept runtime/driver call. kprof's deliberate departures are options: exact_ns keeps
  * kprof's exact ns, include_last_step keeps everything. Kernel classes follow §0 (ncclKernel_*
  * and ncclDevKernel_* are both COMMUNICATION). Gloo collectives run on the CPU and have no
  * GPU rows, so they never appear here.

@@ -483,6 +483,15 @@ static bool is_comm_op(const struct an_op *o, const char *s)
            is_comm_name(s);
 }
 
+/* A collective's kernel by its name alone: NCCL's ncclKernel_* and ncclDevKernel_* (the rule
+ * compare uses, 'nccl%Kernel%'), and Gloo's. kprof's breakdown counts them as Communication
+ * whether or not an nccl:* op launched them; the plugin (plugin_compat) does not. */
+static bool is_comm_kernel_name(const char *s)
+{
+    return (strncmp(s, "nccl", 4) == 0 && strstr(s + 4, "Kernel") != NULL) ||
+           strncmp(s, "gloo", 4) == 0;
+}
+
 static bool is_dataloader_name(const char *s)
 {
     size_t n = strlen(s);
@@ -1355,7 +1364,8 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
         if (c == KP_AN_KERNEL) {
             int64_t e = dev_ext(a, d);
 
-            if (e && bsearch(&e, comm_ext, n_comm, sizeof(*comm_ext), cmp_i64))
+            if ((e && bsearch(&e, comm_ext, n_comm, sizeof(*comm_ext), cmp_i64)) ||
+                (!plugin_compat && d->kind == DEV_KERNEL && is_comm_kernel_name(nm(a, d->name))))
                 c = KP_AN_COMMUNICATION;
         }
         rl_push(&cat[c], cap, d->start, d->end);
@@ -1731,6 +1741,13 @@ struct op_sort {
     bool by_shape;
 };
 
+/* An op's input shapes as the operator view keys and shows them: "[]" when none were recorded,
+ * so that every op of a name without shapes falls into one group, as the plugin's do. */
+static const char *op_shapes(const struct kp_an *a, const struct an_op *o)
+{
+    return o->shapes >= 0 ? nm(a, o->shapes) : "[]";
+}
+
 static int cmp_op_nodes(const void *pa, const void *pb, void *ctx)
 {
     const struct kp_an *sort_an = ((const struct op_sort *) ctx)->a;
@@ -1741,7 +1758,7 @@ static int cmp_op_nodes(const void *pa, const void *pb, void *ctx)
     int c = strcmp(nm(sort_an, ox->name), nm(sort_an, oy->name));
 
     if (c == 0 && sort_by_shape)
-        c = strcmp(nm(sort_an, ox->shapes), nm(sort_an, oy->shapes));
+        c = strcmp(op_shapes(sort_an, ox), op_shapes(sort_an, oy));
     if (c == 0)
         c = (*(const int32_t *) pa > *(const int32_t *) pb) -
             (*(const int32_t *) pa < *(const int32_t *) pb);
@@ -1791,10 +1808,10 @@ int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
         struct kp_an_op_row *r = nr ? &rows[nr - 1] : NULL;
 
         if (!r || strcmp(r->name, nm(a, o->name)) != 0 ||
-            (by_shape && strcmp(r->input_shape, nm(a, o->shapes)) != 0)) {
+            (by_shape && strcmp(r->input_shape, op_shapes(a, o)) != 0)) {
             r = &rows[nr++];
             r->name = nm(a, o->name);
-            r->input_shape = o->shapes >= 0 ? nm(a, o->shapes) : "[]";
+            r->input_shape = op_shapes(a, o);
         }
         r->calls++;
         r->host_total_ns += x->end - x->start;

@@ -195,8 +195,10 @@ int kp_an_check_rank(PGconn *c, const char *const *params, int64_t run, int rank
 void kp_an_destroy(struct kp_an *a);
 
 /* Builds the model (trees, steps) and the breakdown; plugin_compat picks the plugin's
- * double-counting figure. Returns 0 or -ENOMEM; the result stays valid until the next call
- * or kp_an_destroy. */
+ * double-counting figure and its classes: a kernel is Communication only when an nccl:* /
+ * gloo:* op of its external id launched it. Without plugin_compat a kernel named as a
+ * collective's (nccl*Kernel*, as compare counts them, or gloo*) is Communication too. Returns 0 or
+ * -ENOMEM; the result stays valid until the next call or kp_an_destroy. */
 int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_breakdown **out);
 
 /* One communication node (spec §9): a communication op, keyed by its external id (an op

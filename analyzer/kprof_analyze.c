@@ -9,8 +9,8 @@
  * (analyzer/recommend.h: kprof's as text; --json adds the plugin's HTML); ops: the operator view by
  * name and by name + input shapes; kernels: the kernel view by name and by name + op, and the
  * Tensor Core statistics; prof: PyProf's per-kernel table (analyzer/pyprof.h), the columns
- * of -c (default idx,dir,sub,mod,op,kernel,params,sil), columnated to -w WIDTH (default
- * 200), or every field quoted with --csv, or --json; roofline: achieved FLOP/s and bytes/s
+ * of -c (default idx,dir,sub,mod,op,kernel,params,sil), columnated (cells cut at -w WIDTH,
+ * default none), or every field quoted with --csv, or --json; roofline: achieved FLOP/s and bytes/s
  * per kernel or op against the device's peaks (analyzer/roofline.h), longest first.
  * counters: CUPTI counter values per kernel with the op stack and FLOPs (analyzer/counters.h),
  * -c COLUMNS (default KP_CTR_TEXT_COLUMNS in text, every column in --csv and --json).

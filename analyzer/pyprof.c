@@ -54,13 +54,15 @@ static const char *const col_names[KP_PROF_COL_COUNT] = {
 
 static const char *const col_headers[KP_PROF_COL_COUNT] = {
     "Idx",    "SeqId",  "AltSeqId", "TId",    "Layer",  "Trace",   "Direction",
-    "Sub",    "Module", "Op",       "Kernel", "Params", "Sil(ns)", "TC",
+    "Sub",    "Module", "Op",       "Kernel", "Params", "Sil(us)", "TC",
     "Device", "Stream", "Grid",     "Block",  "FLOPs",  "Bytes",
 };
 
-/* Minimum widths (spec §6); 0: shares the remainder (kernel, params). */
-static const int col_widths[KP_PROF_COL_COUNT] = { 7, 7, 7,  12, 10, 25, 5,  3,  15, 15,
-                                                   0, 0, 10, 2,  3,  3,  12, 12, 12, 12 };
+/* JSON keys: the column names, but sil is exact ns. */
+static const char *json_key(enum kp_prof_col c)
+{
+    return c == KP_PROF_SIL ? "sil_ns" : col_names[c];
+}
 
 const char *kp_prof_col_name(enum kp_prof_col c)
 {
@@ -119,33 +121,6 @@ static void short_kernel(const char *name, char *out, size_t len)
         n = len - 1;
     memcpy(out, buf, n);
     out[n] = '\0';
-}
-
-/* Helper kernels of a convolution or GEMM that do none of its math (spec §3.2's aux list,
- * plus cuDNN's non-fused Winograd transforms, tensor scaling and split-K reductions): they
- * take no part of the op's FLOPs. */
-static bool is_aux_kernel(const char *short_name)
-{
-    static const char *const aux[] = { "nchwToNhwc",
-                                       "nhwcToNchw",
-                                       "OffsetsKernel",
-                                       "generateWinogradTilesKernel",
-                                       "winogradWgrad",
-                                       "winogradForward",
-                                       "compute_gemm_pointers",
-                                       "flip_filter",
-                                       "fft2d_r2c_",
-                                       "fft2d_c2r_",
-                                       "fft1d_r2c",
-                                       "fft1d_c2r",
-                                       "scaleTensor_kernel",
-                                       "scalePackedTensor",
-                                       "splitKreduce_kernel" };
-
-    for (size_t i = 0; i < sizeof(aux) / sizeof(aux[0]); i++)
-        if (strstr(short_name, aux[i]))
-            return true;
-    return false;
 }
 
 static bool is_bwd_node(const struct pp_op *o)
@@ -354,11 +329,18 @@ static int cmp_i64(const void *pa, const void *pb)
     return a < b ? -1 : a > b;
 }
 
+/* What a kernel shares with the other kernels of its op evaluation (see share_work). */
+struct pp_share {
+    int64_t key;         /* (group, attributed op); -1: no op */
+    double flops, bytes; /* the whole op's */
+    size_t row;
+};
+
 static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const char *kname,
-                     const struct pp_key *by_seq, size_t n_seq, int *sub_count, int *part_count)
+                     const struct pp_key *by_seq, size_t n_seq, int *sub_count, struct pp_share *sh)
 {
     int32_t chain[64], node = -1, attr = -1, fwd = -1;
-    int n = 0, group, part;
+    int n = 0, group;
     int64_t seqs[64];
     int ns = 0;
     struct kp_fl_args args;
@@ -473,20 +455,54 @@ static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const
     snprintf(r->params, sizeof(r->params), "%s", res.params[0] ? res.params : "-");
     r->flops_known = res.known;
     r->bytes_known = res.known && res.bytes_known;
-    /* the op's parts go to its kernels in order; conv/GEMM helpers get none */
-    part = r->sub;
-    if (res.tc != KP_FL_TC_NA && group >= 0)
-        part = is_aux_kernel(r->kernel) ? -1 : part_count[group]++;
-    r->flops = kp_fl_part_flops(&res, part);
-    r->bytes = r->bytes_known ? kp_fl_part_bytes(&res, part) : 0;
-    if (!res.known)
-        r->flops = 0;
+    /* the whole op's work, shared among its kernels by share_work */
+    sh->key = ((int64_t) group << 32) | (uint32_t) attr;
+    for (int i = 0; res.known && i < res.n_parts; i++) {
+        sh->flops += kp_fl_part_flops(&res, i);
+        sh->bytes += r->bytes_known ? kp_fl_part_bytes(&res, i) : 0;
+    }
     if (res.tc == KP_FL_TC_GEMM)
         r->tc = kp_an_is_tc_kernel(kname) ? "1" : "0";
     else if (res.tc == KP_FL_TC_CONV)
         r->tc = kp_an_is_tc_kernel(kname) ? "1" : "-";
     else
         r->tc = "-";
+}
+
+static int cmp_share(const void *pa, const void *pb)
+{
+    const struct pp_share *a = pa, *b = pb;
+
+    if (a->key != b->key)
+        return a->key < b->key ? -1 : 1;
+    return a->row < b->row ? -1 : a->row > b->row;
+}
+
+/* The kernels of one op evaluation (the op's, or the backward node's when the op is
+ * evaluated backward) share its FLOPs and bytes in proportion to their durations (equally
+ * when none has one), helper kernels (layout changes, Winograd transforms, split-K
+ * reductions) included: every kernel of the op then shows the op's own achieved rate, so a
+ * kernel is above a peak exactly when its op is (a FLOP/byte model the kernels beat, e.g.
+ * direct-convolution FLOPs for a Winograd or FFT algorithm, or a wrong peak). Sorts sh. */
+static void share_work(struct kp_prof_row *rows, struct pp_share *sh, size_t n)
+{
+    qsort(sh, n, sizeof(*sh), cmp_share);
+    for (size_t i = 0, j; i < n; i = j) {
+        double w = 0;
+
+        for (j = i; j < n && sh[j].key == sh[i].key; j++)
+            w += rows[sh[j].row].sil_ns > 0 ? (double) rows[sh[j].row].sil_ns : 0;
+        for (size_t k = i; k < j; k++) {
+            struct kp_prof_row *r = &rows[sh[k].row];
+            double d = r->sil_ns > 0 ? (double) r->sil_ns : 0;
+            double f = w > 0 ? d / w : 1.0 / (double) (j - i);
+
+            if (sh[k].key < 0)
+                continue;
+            r->flops = r->flops_known ? sh[k].flops * f : 0;
+            r->bytes = r->bytes_known ? sh[k].bytes * f : 0;
+        }
+    }
 }
 
 int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_prof **out,
@@ -499,7 +515,8 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
     struct pp_key *by_id = NULL, *by_seq = NULL, *by_corr = NULL;
     size_t n_id = 0, n_seq = 0, n_corr = 0, budget = 0, n;
     int32_t *stack = NULL;
-    int *sub_count = NULL, *part_count = NULL;
+    int *sub_count = NULL;
+    struct pp_share *share = NULL;
     int64_t *corr_tid = NULL, *corr_ext = NULL;
     int rc;
 
@@ -542,8 +559,7 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
     by_seq = calloc(n ? n : 1, sizeof(*by_seq));
     stack = calloc(n ? n : 1, sizeof(*stack));
     sub_count = calloc(n ? n : 1, sizeof(*sub_count));
-    part_count = calloc(n ? n : 1, sizeof(*part_count));
-    if (!p->ops || !by_id || !by_seq || !stack || !sub_count || !part_count)
+    if (!p->ops || !by_id || !by_seq || !stack || !sub_count)
         goto nomem;
     p->n_ops = n;
     {
@@ -601,7 +617,8 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
 
     n = (size_t) PQntuples(p->kr);
     p->rows = calloc(n ? n : 1, sizeof(*p->rows));
-    if (!p->rows)
+    share = calloc(n ? n : 1, sizeof(*share));
+    if (!p->rows || !share)
         goto nomem;
     p->n_rows = n;
     for (size_t i = 0; i < n; i++) {
@@ -629,6 +646,7 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
                      kp_pg_i64(p->kr, row, 10, -1), kp_pg_i64(p->kr, row, 11, -1),
                      kp_pg_i64(p->kr, row, 12, -1));
         short_kernel(kname, r->kernel, sizeof(r->kernel));
+        r->kernel_full = kname;
         if (ext <= 0 && ck)
             ext = corr_ext[ck->idx];
         /* the innermost op of that id: the last one in (tid, start) order */
@@ -637,8 +655,11 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
             if (oi < 0 || p->ops[ok->idx].start >= p->ops[oi].start)
                 oi = ok->idx;
         r->tid = ck ? corr_tid[ck->idx] : 0;
-        fill_row(p, r, oi, kname, by_seq, n_seq, sub_count, part_count);
+        share[i].key = -1;
+        share[i].row = i;
+        fill_row(p, r, oi, kname, by_seq, n_seq, sub_count, &share[i]);
     }
+    share_work(p->rows, share, n);
     rc = 0;
     *out = p;
     p = NULL;
@@ -658,7 +679,7 @@ out:
     free(corr_ext);
     free(stack);
     free(sub_count);
-    free(part_count);
+    free(share);
     return rc;
 }
 
@@ -746,7 +767,9 @@ static const char *cell(const struct kp_prof_row *r, enum kp_prof_col c, char *b
     case KP_PROF_PARAMS:
         return r->params;
     case KP_PROF_SIL:
-        snprintf(buf, len, "%" PRId64, r->sil_ns);
+        if (r->sil_ns < 0)
+            return "-";
+        snprintf(buf, len, "%" PRId64 ".%03" PRId64, r->sil_ns / 1000, r->sil_ns % 1000);
         return buf;
     case KP_PROF_TC:
         return r->tc;
@@ -791,6 +814,36 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* Display columns of UTF-8 text (one per code point). */
+static int disp_width(const char *s)
+{
+    int n = 0;
+
+    for (; *s; s++)
+        n += ((unsigned char) *s & 0xC0) != 0x80;
+    return n;
+}
+
+/* sep, then s in w display columns: cut with "…" when wider, padded unless last. */
+static void put_cell(FILE *f, const char *sep, const char *s, int w, bool last)
+{
+    int n = disp_width(s);
+
+    fputs(sep, f);
+    if (n > w) {
+        for (int cols = 0; *s; s++) {
+            if (((unsigned char) *s & 0xC0) != 0x80 && ++cols > w - 1)
+                break;
+            fputc(*s, f);
+        }
+        fputs("\u2026", f);
+        return;
+    }
+    fputs(s, f);
+    for (; !last && n < w; n++)
+        fputc(' ', f);
+}
+
 static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
 {
     char buf[64];
@@ -799,8 +852,10 @@ static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
     case KP_PROF_IDX:
     case KP_PROF_TID:
     case KP_PROF_SUB:
-    case KP_PROF_SIL:
         fputs(cell(r, c, buf, sizeof(buf)), f);
+        return;
+    case KP_PROF_SIL:
+        fprintf(f, "%" PRId64, r->sil_ns);
         return;
     case KP_PROF_SEQ:
         if (r->seq < 0)
@@ -825,7 +880,7 @@ static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
         if (!known)
             fputs("null", f);
         else
-            fprintf(f, "%.0f", c == KP_PROF_FLOPS ? r->flops : r->bytes);
+            fprintf(f, "%.17g", c == KP_PROF_FLOPS ? r->flops : r->bytes);
         return;
     }
     default:
@@ -850,12 +905,12 @@ void kp_prof_write_rows(FILE *f, const struct kp_prof_row *rows, size_t n_rows, 
     if (fmt == KP_PROF_JSON) {
         fprintf(f, "{\"run\": %" PRId64 ", \"rank\": %d, \"columns\": [", run, rank);
         for (int c = 0; c < ncols; c++)
-            fprintf(f, "%s\"%s\"", c ? ", " : "", col_names[cols[c]]);
+            fprintf(f, "%s\"%s\"", c ? ", " : "", json_key(cols[c]));
         fputs("], \"rows\": [", f);
         for (size_t i = 0; i < n_rows; i++) {
             fputs(i ? ",\n  {" : "\n  {", f);
             for (int c = 0; c < ncols; c++) {
-                fprintf(f, "%s\"%s\": ", c ? ", " : "", col_names[cols[c]]);
+                fprintf(f, "%s\"%s\": ", c ? ", " : "", json_key(cols[c]));
                 json_cell(f, &rows[i], cols[c]);
             }
             fputc('}', f);
@@ -883,31 +938,25 @@ void kp_prof_write_rows(FILE *f, const struct kp_prof_row *rows, size_t n_rows, 
         }
         return;
     }
-    /* columnated: fixed widths, kernel and params share the rest */
-    {
-        int fixed = 0, flex = 0, rest;
-
-        for (int c = 0; c < ncols; c++) {
-            w[c] = col_widths[cols[c]];
-            if ((int) strlen(col_headers[cols[c]]) > w[c] && w[c])
-                w[c] = (int) strlen(col_headers[cols[c]]);
-            if (w[c])
-                fixed += w[c] + 1;
-            else
-                flex++;
-        }
-        rest = width - fixed - flex;
-        for (int c = 0; c < ncols; c++)
-            if (!w[c])
-                w[c] = flex && rest / flex > 8 ? rest / flex : 8;
-        for (int c = 0; c < ncols; c++)
-            fprintf(f, "%s%-*.*s", c ? " " : "", w[c], w[c], col_headers[cols[c]]);
-        fputc('\n', f);
+    /* columnated: each column as wide as its longest cell, at most width */
+    for (int c = 0; c < ncols; c++) {
+        w[c] = disp_width(col_headers[cols[c]]);
         for (size_t i = 0; i < n_rows; i++) {
-            for (int c = 0; c < ncols; c++)
-                fprintf(f, "%s%-*.*s", c ? " " : "", w[c], w[c],
-                        cell(&rows[i], cols[c], buf, sizeof(buf)));
-            fputc('\n', f);
+            int l = disp_width(cell(&rows[i], cols[c], buf, sizeof(buf)));
+
+            if (l > w[c])
+                w[c] = l;
         }
+        if (width > 0 && w[c] > width)
+            w[c] = width;
+    }
+    for (int c = 0; c < ncols; c++)
+        put_cell(f, c ? " " : "", col_headers[cols[c]], w[c], c == ncols - 1);
+    fputc('\n', f);
+    for (size_t i = 0; i < n_rows; i++) {
+        for (int c = 0; c < ncols; c++)
+            put_cell(f, c ? " " : "", cell(&rows[i], cols[c], buf, sizeof(buf)), w[c],
+                     c == ncols - 1);
+        fputc('\n', f);
     }
 }

@@ -15,11 +15,14 @@
  *    node's, else the outermost), evaluated backward as PyProf does; without one, the
  *    innermost op with a formula inside the node, evaluated as itself;
  *  - sub: the kernel's ordinal among the kernels of its backward node (bprop) or of its
- *    attributed op (fprop); flops/bytes: the op's parts (flops.h) in kernel order, so an op
- *    is counted once; for conv and GEMM ops, helper kernels (the spec's §3.2 aux list:
- *    *OffsetsKernel, Winograd transforms, scalePackedTensor, splitKreduce...) take no part;
- *    null (JSON) / "-" when the op has no formula or its shapes (or dtypes, for bytes) are
- *    missing;
+ *    attributed op (fprop); flops/bytes: the op's whole work (the sum of its parts, flops.h)
+ *    shared among the kernels of that op evaluation (the op's, or the backward node's) in
+ *    proportion to their durations (equally without durations), helper kernels (layout
+ *    changes, Winograd transforms, split-K reductions) included: an op is counted once and
+ *    each of its kernels shows the op's own achieved rate, so a kernel is above a peak
+ *    exactly when its op is (roofline flags it: e.g. direct-convolution FLOPs for a
+ *    Winograd algorithm). null (JSON) / "-" when the op has no formula or its shapes (or
+ *    dtypes, for bytes) are missing;
  *  - mod/op: aten::x -> torch.nn.functional (functional ops), Tensor (in-place/dunder) or
  *    torch, and x; other namespaces ns::x -> ns, x; bprop without forward: the node's name
  *    before Backward, mod na;
@@ -65,7 +68,7 @@ enum kp_prof_col {
 
 /* The default column list (the and PyProf's). */
 #define KP_PROF_DEFAULT_COLUMNS "idx,dir,sub,mod,op,kernel,params,sil"
-#define KP_PROF_DEFAULT_WIDTH   200
+#define KP_PROF_DEFAULT_WIDTH   0 /* no cut: every column as wide as its longest cell */
 
 enum kp_prof_format {
     KP_PROF_TEXT, /* columnated to a width */
@@ -82,7 +85,9 @@ struct kp_prof_row {
     const char *trace; /* "-" when none */
     bool bwd;
     int sub;
-    char mod[48], op[96], kernel[160];
+    char mod[48], op[96], kernel[160]; /* kernel: PyProf's short name */
+    const char *kernel_full;           /* the stored name (as `kernels` shows it); borrowed from the
+                                        * table, NULL in rows rebuilt from a reply */
     char params[256];
     int64_t sil_ns;
     const char *tc;
@@ -114,9 +119,12 @@ int kp_prof_parse_columns(const char *list, enum kp_prof_col *cols, int max, cha
 /* The option name of a column ("idx"). */
 const char *kp_prof_col_name(enum kp_prof_col c);
 
-/* Writes the selected columns of every row. width: the text line width (kernel and params
- * share what the fixed-width columns leave). JSON: {"run", "rank", "columns", "rows": [{col:
- * value}]}, numbers as numbers, unknown flops/bytes as null. */
+/* Writes the selected columns of every row. Text and CSV show sil in µs ("Sil(us)", three
+ * decimals: exact); JSON keeps it as exact integer ns under "sil_ns" (the key "columns"
+ * lists), and flops/bytes with all their digits. Text columns are as wide as their longest
+ * cell; width > 0 cuts cells wider than width display columns with "…" (kprofctl's -w in
+ * every verb), 0 none. JSON: {"run", "rank", "columns", "rows": [{key: value}]}, numbers as
+ * numbers, unknown flops/bytes as null. */
 void kp_prof_write(FILE *f, const struct kp_prof *p, int64_t run, int rank,
                    const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt, int width);
 

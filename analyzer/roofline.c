@@ -2,9 +2,10 @@
  * roofline: achieved FLOP/s and bytes/s against the device's peaks (see roofline.h).
  *
  * DESIGN. One pass over PyProf's table (kp_prof_build) assigns each kernel its device's peak
- * for its class and adds it to its group (kernel short name, or op and direction); a group
+ * for its class and adds it to its group (kernel full name, or op and direction); a group
  * keeps sums only, so the figures are ratios of sums (roofline.h). Devices come from the
- * `devices` rows of the rank.
+ * `devices` rows of the rank. The table stays with the result: the rows' names point into
+ * it.
  */
 #include "roofline.h"
 
@@ -75,6 +76,7 @@ struct kp_rl {
     size_t n_devs;
     struct kp_rl_row *rows;
     size_t n_rows;
+    struct kp_prof *prof; /* the rows' names */
 };
 
 /* A group's sums while building. */
@@ -286,6 +288,15 @@ static int cmp_rows(const void *pa, const void *pb)
     return strcmp(a->dir, b->dir);
 }
 
+static void flag_row(struct kp_rl_row *g)
+{
+    bool c = g->compute_fraction_defined && g->compute_fraction > 1.0;
+    bool b = g->bandwidth_fraction_defined && g->bandwidth_fraction > 1.0;
+
+    snprintf(g->above_peak, sizeof(g->above_peak), "%s%s%s", c ? "compute" : "", c && b ? "," : "",
+             b ? "bandwidth" : "");
+}
+
 static void finish_row(struct kp_rl_row *g, const struct acc *a)
 {
     snprintf(g->peak, sizeof(g->peak), "%s",
@@ -313,6 +324,7 @@ static void finish_row(struct kp_rl_row *g, const struct acc *a)
         g->intensity = a->ai_flops / a->ai_bytes;
         g->intensity_defined = true;
     }
+    flag_row(g);
 }
 
 int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by by,
@@ -348,7 +360,7 @@ int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by
     }
     for (size_t i = 0; i < n; i++) {
         const struct kp_prof_row *k = &pr[i];
-        const char *name = by == KP_RL_BY_OP ? k->op : k->kernel;
+        const char *name = by == KP_RL_BY_OP ? k->op : k->kernel_full ? k->kernel_full : k->kernel;
         const char *dir = by == KP_RL_BY_OP ? (k->bwd ? "bprop" : "fprop") : "";
         const struct kp_rl_device *d = find_dev(r, k->device);
         enum kp_rl_peak pk = kernel_peak(k);
@@ -357,11 +369,10 @@ int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by
         struct acc *a;
         size_t j, h = key_hash(name, dir) & mask;
 
-        /* names are compared as stored (cut to the row's buffer) */
         for (j = r->n_rows; slots[h] != 0; h = (h + 1) & mask) {
             const struct kp_rl_row *x = &r->rows[slots[h] - 1];
 
-            if (strncmp(x->name, name, sizeof(x->name) - 1) == 0 && strcmp(x->dir, dir) == 0) {
+            if (strcmp(x->name, name) == 0 && strcmp(x->dir, dir) == 0) {
                 j = slots[h] - 1;
                 break;
             }
@@ -372,7 +383,7 @@ int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by
         a = &acc[j];
         if (j == r->n_rows) {
             r->n_rows++;
-            snprintf(g->name, sizeof(g->name), "%s", name);
+            g->name = name;
             snprintf(g->dir, sizeof(g->dir), "%s", dir);
             g->device = k->device;
             g->bandwidth_bytes_per_s = d != NULL ? d->bandwidth_bytes_per_s : 0;
@@ -407,6 +418,8 @@ int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by
         finish_row(&r->rows[j], &acc[j]);
     qsort(r->rows, r->n_rows, sizeof(*r->rows), cmp_rows);
     rc = 0;
+    r->prof = p;
+    p = NULL;
     *out = r;
     r = NULL;
 fail:
@@ -422,6 +435,7 @@ void kp_rl_destroy(struct kp_rl *r)
     if (r == NULL)
         return;
     free(r->rows);
+    kp_prof_destroy(r->prof);
     free(r);
 }
 
@@ -486,7 +500,34 @@ void kp_rl_write_parts(FILE *f, enum kp_rl_by by, const struct kp_rl_device *dev
                        const struct kp_rl_row *rows, size_t n_rows, int64_t run, int rank,
                        enum kp_rl_format fmt, size_t top)
 {
-    size_t n = top && top < n_rows ? top : n_rows;
+    kp_rl_write_parts_width(f, by, devs, n_devs, rows, n_rows, run, rank, fmt, top, 0);
+}
+
+/* s, cut to width display columns (UTF-8 code points) with "…"; 0: whole. */
+static void put_cut(FILE *f, const char *s, int width)
+{
+    int cols = 0;
+    const char *p;
+
+    for (p = s; *p; p++)
+        cols += ((unsigned char) *p & 0xC0) != 0x80;
+    if (width <= 0 || cols <= width) {
+        fputs(s, f);
+        return;
+    }
+    for (p = s, cols = 0; *p; p++) {
+        if (((unsigned char) *p & 0xC0) != 0x80 && ++cols > width - 1)
+            break;
+        fputc(*p, f);
+    }
+    fputs("\u2026", f);
+}
+
+void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_device *devs,
+                             size_t n_devs, const struct kp_rl_row *rows, size_t n_rows,
+                             int64_t run, int rank, enum kp_rl_format fmt, size_t top, int width)
+{
+    size_t n = top && top < n_rows ? top : n_rows, n_above = 0;
     char b[9][32];
 
     if (fmt == KP_RL_JSON) {
@@ -538,6 +579,11 @@ void kp_rl_write_parts(FILE *f, enum kp_rl_by by, const struct kp_rl_device *dev
             json_num(f, "bandwidth_bytes_per_s", g->bandwidth_bytes_per_s,
                      g->bandwidth_bytes_per_s > 0);
             json_num(f, "bandwidth_fraction", g->bandwidth_fraction, g->bandwidth_fraction_defined);
+            fputs(", \"above_peak\": ", f);
+            if (g->above_peak[0])
+                json_str(f, g->above_peak);
+            else
+                fputs("null", f);
             fputc('}', f);
         }
         fputs("]}\n", f);
@@ -545,9 +591,9 @@ void kp_rl_write_parts(FILE *f, enum kp_rl_by by, const struct kp_rl_device *dev
     }
     if (fmt == KP_RL_CSV) {
         fprintf(f,
-                "name,%sdevice,peak,kernels,time_ns,flops,bytes,flop_per_s,bytes_per_s,"
+                "name,%sdevice,peak,kernels,time_us,flops,bytes,flop_per_s,bytes_per_s,"
                 "intensity,peak_flop_per_s,compute_fraction,bandwidth_bytes_per_s,"
-                "bandwidth_fraction\n",
+                "bandwidth_fraction,above_peak\n",
                 by == KP_RL_BY_OP ? "dir," : "");
     }
     else {
@@ -556,8 +602,9 @@ void kp_rl_write_parts(FILE *f, enum kp_rl_by by, const struct kp_rl_device *dev
                     devs[i].source);
         if (n_devs == 0)
             fprintf(f, "no device properties for this rank: peaks unknown\n");
-        fprintf(f, "%-10s %-5s %7s %12s %10s %10s %9s %8s %8s  %s\n", "TFLOP/s", "peak", "%peak",
-                "GB/s", "%bw", "FLOP/B", "kernels", "time_us", "dev", "name");
+        fprintf(f, "%-10s %-5s %7s %12s %10s %10s %9s %12s %4s %-10s  %s\n", "TFLOP/s", "peak",
+                "%peak", "GB/s", "%bw", "FLOP/B", "kernels", "time_us", "dev", "above_peak",
+                "name");
     }
     for (size_t i = 0; i < n; i++) {
         const struct kp_rl_row *g = &rows[i];
@@ -572,24 +619,35 @@ void kp_rl_write_parts(FILE *f, enum kp_rl_by by, const struct kp_rl_device *dev
             fputc('"', f);
             if (by == KP_RL_BY_OP)
                 fprintf(f, ",%s", g->dir);
-            fprintf(f, ",%d,%s,%" PRIu64 ",%" PRId64 ",%s,%s,%s,%s,%s,%s,%s,%s,%s\n", g->device,
-                    g->peak, g->kernels, g->time_ns, fig(b[0], 32, g->flops, g->flops_known),
-                    fig(b[1], 32, g->bytes, g->bytes_known),
-                    fig(b[2], 32, g->flop_per_s, g->flop_per_s_defined),
-                    fig(b[3], 32, g->bytes_per_s, g->bytes_per_s_defined),
-                    fig(b[4], 32, g->intensity, g->intensity_defined),
-                    fig(b[5], 32, g->peak_flop_per_s, g->compute_fraction_defined),
-                    fig(b[6], 32, g->compute_fraction, g->compute_fraction_defined),
-                    fig(b[7], 32, g->bandwidth_bytes_per_s, g->bandwidth_bytes_per_s > 0),
-                    fig(b[8], 32, g->bandwidth_fraction, g->bandwidth_fraction_defined));
+            fprintf(
+                f,
+                ",%d,%s,%" PRIu64 ",%" PRId64 ".%03" PRId64 ",%s,%s,%s,%s,%s,%s,%s,%s,%s,\"%s\"\n",
+                g->device, g->peak, g->kernels, g->time_ns / 1000, g->time_ns % 1000,
+                fig(b[0], 32, g->flops, g->flops_known), fig(b[1], 32, g->bytes, g->bytes_known),
+                fig(b[2], 32, g->flop_per_s, g->flop_per_s_defined),
+                fig(b[3], 32, g->bytes_per_s, g->bytes_per_s_defined),
+                fig(b[4], 32, g->intensity, g->intensity_defined),
+                fig(b[5], 32, g->peak_flop_per_s, g->compute_fraction_defined),
+                fig(b[6], 32, g->compute_fraction, g->compute_fraction_defined),
+                fig(b[7], 32, g->bandwidth_bytes_per_s, g->bandwidth_bytes_per_s > 0),
+                fig(b[8], 32, g->bandwidth_fraction, g->bandwidth_fraction_defined), g->above_peak);
             continue;
         }
-        fprintf(f, "%-10s %-5s %7s %12s %10s %10s %9" PRIu64 " %8.1f %8d  %s%s%s\n",
+        fprintf(f,
+                "%-10s %-5s %7s %12s %10s %10s %9" PRIu64 " %8" PRId64 ".%03" PRId64 " %4d %-10s  ",
                 fig(b[0], 32, g->flop_per_s / 1e12, g->flop_per_s_defined), g->peak,
                 fig(b[1], 32, 100 * g->compute_fraction, g->compute_fraction_defined),
                 fig(b[2], 32, g->bytes_per_s / 1e9, g->bytes_per_s_defined),
                 fig(b[3], 32, 100 * g->bandwidth_fraction, g->bandwidth_fraction_defined),
-                fig(b[4], 32, g->intensity, g->intensity_defined), g->kernels,
-                (double) g->time_ns / 1e3, g->device, g->name, g->dir[0] ? " " : "", g->dir);
+                fig(b[4], 32, g->intensity, g->intensity_defined), g->kernels, g->time_ns / 1000,
+                g->time_ns % 1000, g->device, g->above_peak[0] ? g->above_peak : "-");
+        put_cut(f, g->name, width);
+        fprintf(f, "%s%s\n", g->dir[0] ? " " : "", g->dir);
+        n_above += g->above_peak[0] != '\0';
     }
+    if (fmt == KP_RL_TEXT && n_above > 0)
+        fprintf(f,
+                "%zu row(s) above 100 %% of a peak (above_peak): the FLOP/byte model or the "
+                "device's peak is wrong for those kernels\n",
+                n_above);
 }

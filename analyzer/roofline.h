@@ -10,6 +10,12 @@
  *     so that a group mixing Tensor Core and CUDA-core kernels is judged fairly; peak_flop_per_s
  *     is that Σ (peak_i × duration_i) / Σ duration_i; bandwidth_fraction = bytes_per_s / the
  *     device's memory bandwidth. A figure without the data it needs is undefined.
+ * A kernel's FLOPs and bytes are its share of its op's (pyprof.h: the op's work shared among
+ * its kernels in proportion to their durations), so a kernel shows its op's achieved rate.
+ * A figure above 100 % of its peak is flagged (above_peak), never printed silently.
+ * Rows by kernel are keyed by the kernel's full name, as `kprofctl kernels` shows it.
+ * Units: text shows µs and TFLOP/s, GB/s; CSV time_us (exact, 3 decimals) and per-second
+ * figures; JSON exact integer time_ns.
  * The peak of a kernel: tc "1" (pyprof.h) uses the Tensor Core peak of its dtype (params'
  * type=: fp16/bf16 -> FP16 TC, fp32/tf32 -> TF32 TC, fp8 -> FP8 TC; a device without that
  * path uses its FP16 TC peak); any other kernel the CUDA-core FP32 peak, fp64 none.
@@ -73,10 +79,11 @@ struct kp_rl_device {
 };
 
 struct kp_rl_row {
-    char name[160]; /* the kernel's short name, or the op */
-    char dir[8];    /* by op: "fprop" or "bprop"; "" by kernel */
-    int device;     /* the first kernel's device, -1: none */
-    char peak[8];   /* the class of its kernels' peak: fp32, tf32, fp16, fp8, mixed, - */
+    const char *name; /* the kernel's full name (as `kernels` shows it), or the op; borrowed
+                       * from the struct kp_rl (or the caller's reply) */
+    char dir[8];      /* by op: "fprop" or "bprop"; "" by kernel */
+    int device;       /* the first kernel's device, -1: none */
+    char peak[8];     /* the class of its kernels' peak: fp32, tf32, fp16, fp8, mixed, - */
     uint64_t kernels;
     int64_t time_ns;
     double flops, bytes; /* over the kernels with known FLOPs, bytes */
@@ -86,6 +93,10 @@ struct kp_rl_row {
     double bandwidth_bytes_per_s, bandwidth_fraction;
     bool flop_per_s_defined, bytes_per_s_defined, intensity_defined;
     bool compute_fraction_defined, bandwidth_fraction_defined;
+    /* The figures above 100 % of their peak: "compute", "bandwidth", "compute,bandwidth", or
+     * "" for none. Physically impossible: the FLOP or byte model, or the peak, is wrong for
+     * these kernels; every output shows it (never a silent 110 %). */
+    char above_peak[24];
 };
 
 struct kp_rl;
@@ -114,8 +125,9 @@ const struct kp_rl_device *kp_rl_devices(const struct kp_rl *r, size_t *n);
 const char *kp_rl_peak_name(enum kp_rl_peak p);
 
 /* Writes the devices and the first `top` rows (0: all). Text: a line per device saying
- * which peaks were used and why, then a table; CSV: the rows; JSON: {"run", "rank", "by",
- * "devices": [...], "rows": [...]}, undefined figures as null. */
+ * which peaks were used and why, then a table, and a line per row above a peak; CSV: the
+ * rows; JSON: {"run", "rank", "by", "devices": [...], "rows": [...]}, undefined figures as
+ * null, above_peak as a string or null. */
 void kp_rl_write(FILE *f, const struct kp_rl *r, int64_t run, int rank, enum kp_rl_format fmt,
                  size_t top);
 
@@ -124,6 +136,12 @@ void kp_rl_write(FILE *f, const struct kp_rl *r, int64_t run, int rank, enum kp_
 void kp_rl_write_parts(FILE *f, enum kp_rl_by by, const struct kp_rl_device *devs, size_t n_devs,
                        const struct kp_rl_row *rows, size_t n_rows, int64_t run, int rank,
                        enum kp_rl_format fmt, size_t top);
+
+/* kp_rl_write_parts with text names cut to `width` display columns with "…" (0: no limit),
+ * as kprofctl's -w does for every verb. */
+void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_device *devs,
+                             size_t n_devs, const struct kp_rl_row *rows, size_t n_rows,
+                             int64_t run, int rank, enum kp_rl_format fmt, size_t top, int width);
 
 /* How the rows are grouped. */
 enum kp_rl_by kp_rl_group_by(const struct kp_rl *r);

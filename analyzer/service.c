@@ -612,6 +612,7 @@ static int fill_roofline(Kprof__V1__RooflineResponse *m, const struct kp_rl *rl,
         o->bandwidth_bytes_per_s = r[i].bandwidth_bytes_per_s;
         o->bandwidth_fraction = r[i].bandwidth_fraction;
         o->bandwidth_fraction_defined = r[i].bandwidth_fraction_defined;
+        o->above_peak = (char *) r[i].above_peak;
         ptrs[i] = o;
     }
     m->n_devices = nd;

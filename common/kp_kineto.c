@@ -2975,6 +2975,7 @@ static void fill_rank_info(const struct kp_kineto_opts *opts, const struct kp_ki
     ri->world_size = opts->world_size;
     ri->device = src->device;
     ri->profiler_start_ns = ri->profiler_end_ns = 0;
+    ri->time_base_ns = src->base_ns;
     if (src->has_profiler_span) { /* both 0 (unknown) if it overflows or starts at 0 */
         int64_t s, e;
 

@@ -7,12 +7,13 @@
  * Output: exactly what `kprof-analyze counters` prints for the same run, rank and flags
  * (tests/it/test_analyzer_counters.py checks it): the reply's rows go through counters.c's own
  * writer, kp_ctr_write_rows. Text columns default to idx, kernel, device, top_op, bottom_op,
- * dur_ns, flops, flops_per_s; -c picks others (range, correlation, tid, op_stack, flops_fp64,
+ * dur_us, flops, flops_per_s; -c picks others (range, correlation, tid, op_stack, flops_fp64,
  * flops_fp32, flops_fp16, any metric name, or all); --csv every column; --json one object
  * {run, rank, metrics, message, rows: [{..., op_stack: [...], counters: {metric: value|null}}]}.
  * An unknown counter is "-" (text), an empty field (CSV) or null (JSON), never 0. A run without
- * counters prints an empty table and says so on stderr (and in JSON's message). -w does not
- * apply: text cells are cut at 60 bytes, as kprof-analyze does.
+ * counters prints an empty table and says so on stderr (and in JSON's message). Durations:
+ * dur_us (µs) in text and CSV, exact dur_ns in JSON. Text cells are cut at 60 bytes, as
+ * kprof-analyze does, or at -w.
  *
  * Exit status: 0 shown, 2 bad usage (an unknown -c column included), 3 unknown run or rank,
  * 5 kprof-analyzer (or its PostgreSQL) unreachable, 1 anything else.
@@ -54,7 +55,7 @@ static const struct kp_table_col counters_cols[] = {
     { "kernel", KP_TABLE_TEXT },         { "device", KP_TABLE_NUMERIC },
     { "correlation", KP_TABLE_NUMERIC }, { "tid", KP_TABLE_NUMERIC },
     { "top_op", KP_TABLE_TEXT },         { "bottom_op", KP_TABLE_TEXT },
-    { "op_stack", KP_TABLE_TEXT },       { "dur_ns", KP_TABLE_NUMERIC },
+    { "op_stack", KP_TABLE_TEXT },       { "dur_us", KP_TABLE_NUMERIC },
     { "flops", KP_TABLE_NUMERIC },       { "flops_fp64", KP_TABLE_NUMERIC },
     { "flops_fp32", KP_TABLE_NUMERIC },  { "flops_fp16", KP_TABLE_NUMERIC },
     { "flops_per_s", KP_TABLE_NUMERIC },
@@ -78,7 +79,7 @@ static const struct kp_rpcverb_spec counters_spec = {
     .cols = counters_cols,
     .n_cols = sizeof(counters_cols) / sizeof(counters_cols[0]),
     .columns_help = "-c: comma-separated columns to show, in order: idx, range, kernel, device, "
-                    "correlation, tid, top_op, bottom_op, op_stack, dur_ns, flops, flops_fp64, "
+                    "correlation, tid, top_op, bottom_op, op_stack, dur_us, flops, flops_fp64, "
                     "flops_fp32, flops_fp16, flops_per_s, a metric name, or all (text "
                     "default: " KP_CTR_TEXT_COLUMNS "; CSV and JSON: all)",
     .analyzer = true,
@@ -136,8 +137,8 @@ int kprofctl_counters(int argc, char **argv)
         rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
         goto out;
     }
-    if (cfg.common.width != 0) {
-        rc = kp_rpcverb_usage_error(&v, "-w does not apply: counters cuts text cells at 60 bytes");
+    if (cfg.common.width != 0 && cfg.common.width < 4) {
+        rc = kp_rpcverb_usage_error(&v, "-w takes a width of 4 or more");
         goto out;
     }
     req.run_id = (uint64_t) cfg.run;
@@ -162,12 +163,13 @@ int kprofctl_counters(int argc, char **argv)
         goto out;
     }
     message = resp->message != NULL && resp->message[0] != '\0' ? resp->message : NULL;
-    r = kp_ctr_write_rows(stdout, rows, resp->n_rows, (const char *const *) resp->metrics,
-                          resp->n_metrics, message, cfg.run, (int) cfg.rank, cfg.common.columns,
-                          v.format == KP_TABLE_FORMAT_JSON  ? KP_CTR_JSON
-                          : v.format == KP_TABLE_FORMAT_CSV ? KP_CTR_CSV
-                                                            : KP_CTR_TEXT,
-                          err, sizeof(err));
+    r = kp_ctr_write_rows_width(stdout, rows, resp->n_rows, (const char *const *) resp->metrics,
+                                resp->n_metrics, message, cfg.run, (int) cfg.rank,
+                                cfg.common.columns,
+                                v.format == KP_TABLE_FORMAT_JSON  ? KP_CTR_JSON
+                                : v.format == KP_TABLE_FORMAT_CSV ? KP_CTR_CSV
+                                                                  : KP_CTR_TEXT,
+                                (int) cfg.common.width, err, sizeof(err));
     if (r == -EINVAL) {
         rc = kp_rpcverb_usage_error(&v, "-c: %s", err);
         goto out;

@@ -1,8 +1,8 @@
 /*
  * kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]: PyProf's per-kernel
  * table of one rank (analyzer/pyprof.h) from kprof-analyzer's Analyzer.Prof. The default
- * columns are PyProf's: idx,dir,sub,mod,op,kernel,params,sil; -w sets the text width (default
- * 200: kernel and params share what the fixed-width columns leave).
+ * columns are PyProf's: idx,dir,sub,mod,op,kernel,params,sil (sil in µs; JSON: sil_ns); -w
+ * cuts text cells wider than WIDTH with "…", as in every verb (default: none).
  *
  * Output: exactly what `kprof-analyze prof` prints for the same run, rank and flags
  * (tests/it/test_analyzer_roofline.py checks it): the reply's rows go through pyprof.c's own
@@ -58,7 +58,8 @@ static const struct kp_rpcverb_spec prof_spec = {
     .synopsis = "kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]\n"
                 "  PyProf's per-kernel table of one rank (Analyzer.Prof), one row per kernel in\n"
                 "  launch order; -c picks PyProf's columns (default " KP_PROF_DEFAULT_COLUMNS ")\n"
-                "  and -w the text width (default 200). The same output as kprof-analyze prof.\n",
+                "  and -w cuts text cells (default: none). Sil is in µs (JSON: exact sil_ns).\n"
+                "  The same output as kprof-analyze prof.\n",
     .exit_ok = "shown",
     .json_help = "print {\"run\", \"rank\", \"columns\", \"rows\": [{column: value}]}",
     .defs = prof_defs,

@@ -57,7 +57,7 @@ static const struct kp_table_col roofline_cols[] = {
 static const struct kp_rpcverb_spec roofline_spec = {
     .name = "roofline",
     .synopsis =
-        "kprofctl roofline --run R [--rank N] [--by kernel|op] [--top N] [--csv|--json]\n"
+        "kprofctl roofline --run R [--rank N] [--by kernel|op] [--top N] [-w WIDTH] [--csv|--json]\n"
         "  Achieved FLOP/s and bytes/s per kernel or op of one rank (Analyzer.Roofline),\n"
         "  arithmetic intensity and the fraction of the device's peak compute (for each\n"
         "  kernel's dtype and Tensor Core use) and memory bandwidth. Peaks come from the\n"
@@ -69,6 +69,7 @@ static const struct kp_rpcverb_spec roofline_spec = {
     .n_defs = sizeof(roofline_defs) / sizeof(roofline_defs[0]),
     .cols = roofline_cols,
     .n_cols = sizeof(roofline_cols) / sizeof(roofline_cols[0]),
+    .columns_help = "-c: does not apply: roofline prints fixed columns (exits 2)",
     .analyzer = true,
 };
 
@@ -92,7 +93,7 @@ static void device_from(struct kp_rl_device *d, const Kprof__V1__RooflineDevice 
 
 static void row_from(struct kp_rl_row *r, const Kprof__V1__RooflineRow *o)
 {
-    copy_str(r->name, sizeof(r->name), o->name);
+    r->name = o->name != NULL ? o->name : "";
     copy_str(r->dir, sizeof(r->dir), o->dir);
     r->device = o->device;
     copy_str(r->peak, sizeof(r->peak), o->peak);
@@ -114,6 +115,7 @@ static void row_from(struct kp_rl_row *r, const Kprof__V1__RooflineRow *o)
     r->bandwidth_bytes_per_s = o->bandwidth_bytes_per_s;
     r->bandwidth_fraction = o->bandwidth_fraction;
     r->bandwidth_fraction_defined = o->bandwidth_fraction_defined;
+    copy_str(r->above_peak, sizeof(r->above_peak), o->above_peak);
 }
 
 int kprofctl_roofline(int argc, char **argv)
@@ -164,12 +166,12 @@ int kprofctl_roofline(int argc, char **argv)
     for (size_t i = 0; i < resp->n_rows; i++) {
         row_from(&rows[i], resp->rows[i]);
     }
-    kp_rl_write_parts(stdout, cfg.by == 1 ? KP_RL_BY_OP : KP_RL_BY_KERNEL, devs, nd, rows,
-                      resp->n_rows, cfg.run, (int) cfg.rank,
-                      v.format == KP_TABLE_FORMAT_JSON  ? KP_RL_JSON
-                      : v.format == KP_TABLE_FORMAT_CSV ? KP_RL_CSV
-                                                        : KP_RL_TEXT,
-                      (size_t) cfg.top);
+    kp_rl_write_parts_width(stdout, cfg.by == 1 ? KP_RL_BY_OP : KP_RL_BY_KERNEL, devs, nd, rows,
+                            resp->n_rows, cfg.run, (int) cfg.rank,
+                            v.format == KP_TABLE_FORMAT_JSON  ? KP_RL_JSON
+                            : v.format == KP_TABLE_FORMAT_CSV ? KP_RL_CSV
+                                                              : KP_RL_TEXT,
+                            (size_t) cfg.top, (int) cfg.common.width);
     rc = fflush(stdout) == 0 && !ferror(stdout) ? KPROFCTL_EXIT_OK : KPROFCTL_EXIT_FAILED;
 out:
     free(devs);

@@ -272,13 +272,26 @@ def check_synthetic(an, ci, grpc_addr, tmp):
     assert rows[2][metric("f", "fma")] == "" and rows[3]["top_op"] == "", rows[3]
     assert rows[1]["op_stack"] == "aten::linear > aten::relu > aten::clamp_min", rows[1]
     assert float(rows[0]["flops"]) == want[0]["flops"], (rows[0]["flops"], want[0]["flops"])
+    # durations in µs with the unit in the header, exact (JSON keeps integer dur_ns)
+    assert "dur_ns" not in rows[0], list(rows[0])
+    assert [r["dur_us"] for r in rows] == \
+        ["" if w["dur_ns"] is None else "%.3f" % (w["dur_ns"] / 1000) for w in want], rows
 
     # text: the default columns, "-" for unknown
     p = analyze(ci, run_id)
     lines = p.stdout.splitlines()
-    assert lines[0].split() == ["idx", "kernel", "device", "top_op", "bottom_op", "dur_ns",
+    assert lines[0].split() == ["idx", "kernel", "device", "top_op", "bottom_op", "dur_us",
                                 "flops", "flops_per_s"], lines[0]
     assert len(lines) == 1 + len(want), p.stdout
+    assert [l.split()[-3] for l in lines[1:]] == \
+        ["-" if w["dur_ns"] is None else "%.3f" % (w["dur_ns"] / 1000) for w in want], lines
+    # -w cuts text cells as --help says (60 bytes without it, as kprof-analyze does)
+    longest = max(len(w["kernel"]) for w in want)
+    assert longest > 12, want
+    cut = ctl(an, run_id, "-c", "idx,kernel", "-w", "12").stdout.splitlines()
+    assert all(len(l.split(None, 1)[1].rstrip()) <= 12 for l in cut[1:]), cut
+    assert any(l.rstrip().endswith("...") for l in cut[1:]), cut
+    assert "-w" in ctl(an, run_id, "--help").stdout
     p = ctl(an, run_id, "-c", "idx,bottom_op," + metric("f", "fma"))
     lines = p.stdout.splitlines()
     assert lines[0].split() == ["idx", "bottom_op", metric("f", "fma")], lines[0]
@@ -491,7 +504,7 @@ def check_errors(an, run_id):
     rc, out, err = ctl_status(None, "--run", str(run_id), "--json", env=env)
     assert rc == 0 and json.loads(out)["run"] == run_id, (rc, err)
     for args in ([], ["--run", "x"], ["--run", str(run_id), "--rank", "-1"],
-                 ["--run", str(run_id), "--json", "--csv"], ["--run", str(run_id), "-w", "80"],
+                 ["--run", str(run_id), "--json", "--csv"], ["--run", str(run_id), "-w", "2"],
                  ["--run", str(run_id), "-c", "idx,nosuch"], ["--run", str(run_id), "extra"],
                  ["--run", str(run_id), "--pg", "dbname=kprof"]):
         rc, _, err = ctl_status(an.grpc, *args)

@@ -18,7 +18,9 @@ import glob
 import json
 import math
 import os
+import random
 import subprocess
+import tempfile
 
 import kpfix
 
@@ -269,6 +271,185 @@ def check_options(ci, folder, runs, rank):
     assert l["summary"]["n"] >= hta(ci, runs, rank, "launch")["summary"]["n"]
 
 
+# ---- a trace with a time base: HTA's rounding on the trace's own relative µs -------------
+
+TB_BASE = 1_700_000_000_123_456_789  # baseTimeNanoseconds, with sub-µs digits
+TB_SGEMM, TB_EW = "volta_sgemm_128x64_nn", "void at::native::vectorized_elementwise_kernel<4>"
+TB_NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+TB_MEMCPY = "Memcpy HtoD (Pageable -> Device)"
+
+
+def time_base_trace(seed=11):
+    """Three ProfilerSteps of launches (µs relative to TB_BASE, 3 decimals as Kineto writes
+    ns): kernels on streams 7 and 13, memcpys on 7, NCCL kernels on 20 overlapping compute;
+    gaps below and above HTA's 30 µs kernel-wait limit, some with the host late."""
+    rnd = random.Random(seed)
+    r3 = lambda x: round(x, 3)
+    cpu, gpu, free = [], [], {7: 0.0, 13: 0.0, 20: 0.0}
+    t, corr = 1000.0 + rnd.random(), 1
+    for step in range(3):
+        s0 = t
+        for i in range(40):
+            u = rnd.random()
+            name, cat, stream, rt = TB_SGEMM if i % 2 else TB_EW, "kernel", 7, "cudaLaunchKernel"
+            if u < 0.15:
+                name, cat, rt = TB_MEMCPY, "gpu_memcpy", "cudaMemcpyAsync"
+            elif u < 0.3:
+                name, stream = TB_NCCL, 20
+            elif u < 0.55:
+                stream = 13
+            rt_ts, rt_dur = r3(t), r3(rnd.uniform(2, 9))
+            gap = rnd.choice([0.3, 1.7, 4.41, 12.5, 29.6, 31.2, 80.05])
+            g_ts = r3(max(free[stream] + gap, rt_ts + rt_dur + rnd.uniform(0.4, 25)))
+            g_dur = r3(rnd.uniform(1.5, 120 if stream == 20 else 60))
+            free[stream] = g_ts + g_dur
+            cpu.append({"ph": "X", "cat": "cuda_runtime", "name": rt, "pid": 1, "tid": 1,
+                        "ts": rt_ts, "dur": rt_dur, "args": {"correlation": corr}})
+            gpu.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream,
+                        "ts": g_ts, "dur": g_dur,
+                        "args": {"device": 0, "stream": stream, "correlation": corr}})
+            corr += 1
+            t = rt_ts + rt_dur + rnd.uniform(0.2, 12) + (rnd.random() < 0.1) * rnd.uniform(50, 150)
+        cpu.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#%d" % (step + 1),
+                    "pid": 1, "tid": 1, "ts": r3(s0 - 0.5), "dur": r3(t - s0 + 0.9), "args": {}})
+        t += 2.25
+    gpu.sort(key=lambda e: e["ts"])
+    return {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1},
+            "baseTimeNanoseconds": TB_BASE, "traceEvents": cpu + gpu}
+
+
+def hta_ktype(n):
+    """docs/specs/hta-analyses.md §0 kernel classes."""
+    if n.startswith(("nccl", "hip", "hccl")) or "ncclKernel" in n:
+        return "COMMUNICATION"
+    if n.startswith(("Memcpy", "Memset", "dma")):
+        return "MEMORY"
+    if any(x in n for x in ("Memcpy", "Memset", "dma", "Sync", "Stream Wait Event")):
+        return "OTHER"
+    return "COMPUTATION"
+
+
+def hta_union(iv):
+    """HTA's merge_kernel_intervals: sorted by start, a row after the latest end opens a group."""
+    out = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def hta_oracle(trace):
+    """HTA's pipeline (§0) and analyses §2-§6 on the trace as json.loads reads it: float µs
+    relative to its base, start rounded up and end down; the last ProfilerStep dropped."""
+    rows = []
+    for e in trace["traceEvents"]:
+        if "dur" in e and "cat" in e and e["cat"] != "Trace":
+            ts, end = math.ceil(e["ts"]), math.floor(e["ts"] + e["dur"])
+            a = e.get("args", {})
+            rows.append({"name": e["name"], "cat": e["cat"], "ts": ts, "end": end,
+                         "stream": a.get("stream", -1), "corr": a.get("correlation", -1)})
+    is_gpu = lambda r: r["stream"] >= 0 and r["corr"] >= 0
+    steps = [r for r in rows if not is_gpu(r) and r["name"].startswith("ProfilerStep#")]
+    if len({r["name"] for r in steps}) >= 2:
+        cut = max(r["ts"] for r in steps)
+        cpu = [r for r in rows if not is_gpu(r) and r["ts"] < cut]
+        corrs = {r["corr"] for r in cpu}
+        rows = cpu + [r for r in rows if is_gpu(r) and r["corr"] in corrs]
+    rt = {r["corr"]: r for r in rows if not is_gpu(r) and r["corr"] >= 0}
+    gpu = [r for r in rows if r["stream"] != -1]
+    out = {}
+    length = lambda u: sum(b - a for a, b in u)
+    lo, hi = min(r["ts"] for r in gpu), max(r["end"] for r in gpu)
+    unions = {k: hta_union([(r["ts"], r["end"]) for r in gpu if hta_ktype(r["name"]) == k])
+              for k in ("COMPUTATION", "COMMUNICATION", "MEMORY")}
+    window, busy = hi - lo, length(hta_union([(r["ts"], r["end"]) for r in gpu]))
+    comp = length(unions["COMPUTATION"])
+    out["temporal"] = {"kernel_time_us": window, "idle_time_us": window - busy,
+                       "compute_time_us": comp, "non_compute_time_us": busy - comp,
+                       "idle_time_pctg": 100.0 * (window - busy) / window,
+                       "compute_time_pctg": 100.0 * comp / window}
+    # overlap: communication time under computation
+    both = [(max(a, c), min(b, d)) for a, b in unions["COMMUNICATION"]
+            for c, d in unions["COMPUTATION"] if min(b, d) > max(a, c)]
+    comm = length(unions["COMMUNICATION"])
+    out["overlap"] = {"comm_time_us": comm, "overlap_time_us": length(both),
+                      "comp_comm_overlap_pctg": 100.0 * length(both) / comm}
+    # kernel types: exclusive time per set of types active
+    cuts = sorted({x for u in unions.values() for iv in u for x in iv})
+    types = {}
+    for a, b in zip(cuts, cuts[1:]):
+        on = [k for k in ("COMPUTATION", "COMMUNICATION", "MEMORY")
+              if any(c <= a and b <= d for c, d in unions[k])]
+        if on:
+            label = " overlapping ".join(on)
+            types[label] = types.get(label, 0) + b - a
+    out["types"] = types
+    # idle time per stream and category
+    idle = {}
+    for s in sorted({r["stream"] for r in gpu}):
+        evs = sorted((r for r in gpu if r["stream"] == s and r["cat"] in
+                      ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda r: r["ts"])
+        for prev, r in zip(evs, evs[1:]):
+            gap = r["ts"] - prev["end"]
+            launch = rt.get(r["corr"])
+            cat = ("host_wait" if launch is not None and launch["ts"] > prev["end"] else
+                   "kernel_wait" if gap < 30 else "other")
+            idle[(s, cat)] = idle.get((s, cat), 0) + gap
+    out["idle"] = idle
+    # launch statistics per correlation
+    out["launch"] = {r["corr"]: (rt[r["corr"]]["end"] - rt[r["corr"]]["ts"], r["end"] - r["ts"],
+                                 max(0, r["ts"] - rt[r["corr"]]["end"]))
+                     for r in gpu if r["corr"] in rt and rt[r["corr"]]["name"] in
+                     ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync",
+                      "cudaMemsetAsync")}
+    return out
+
+
+def check_time_base(ci, grpc, tmp):
+    """A trace with baseTimeNanoseconds and fractional µs: every figure equals the oracle's,
+    which rounds the trace's own relative µs as HTA does."""
+    trace = time_base_trace()
+    path = os.path.join(tmp, "time_base_rank0.json")
+    with open(path, "w") as f:
+        json.dump(trace, f)
+    run_id = json.loads(run([KPROFCTL, "import", "--collector", grpc, "--job", "hta-time-base",
+                             "--json", path], "kprofctl import time_base"))["run_id"]
+    want = hta_oracle(trace)
+    t = Tally("time base trace temporal, overlap, kernel types, idle, launch")
+    g = hta(ci, run_id, 0, "temporal")
+    for k, v in want["temporal"].items():
+        t.check(k, g[k], v, 1e-9)
+    g = hta(ci, run_id, 0, "overlap")
+    for k, v in want["overlap"].items():
+        t.check(k, g[k], v, 1e-9)
+    g = hta(ci, run_id, 0, "kernels")
+    got = {k["kernel_type"]: k["sum_us"] for k in g["kernel_types"]}
+    if set(got) != set(want["types"]):
+        t.bad.append("kernel type labels: kprof %s, HTA %s" % (sorted(got), sorted(want["types"])))
+    for k, v in want["types"].items():
+        t.check(k, got.get(k), v, 1e-9)
+    g = hta(ci, run_id, 0, "idle")
+    got = {(s["stream"], c["idle_category"]): c["idle_time_us"] for s in g["streams"]
+           for c in s["categories"] if c["idle_time_us"] is not None}
+    for k, v in want["idle"].items():
+        t.check("idle stream %d %s" % k, got.get(k), v, 1e-9)
+    g = hta(ci, run_id, 0, "launch")
+    got = {l["correlation"]: (l["cpu_duration_us"], l["gpu_duration_us"], l["launch_delay_us"])
+           for l in g["launches"]}
+    if set(got) != set(want["launch"]):
+        t.bad.append("launch correlations: kprof %d, HTA %d" % (len(got), len(want["launch"])))
+    for c, v in sorted(want["launch"].items()):
+        for f, x, y in zip(("cpu", "gpu", "delay"), got.get(c, (None,) * 3), v):
+            t.check("launch %d %s" % (c, f), x, y, 1e-9)
+    t.done()
+    print("time base trace: idle %.2f%% (%d us), compute %d us, overlap %.2f%%, %d launches"
+          % (want["temporal"]["idle_time_pctg"], want["temporal"]["idle_time_us"],
+             want["temporal"]["compute_time_us"], want["overlap"]["comp_comm_overlap_pctg"],
+             len(want["launch"])))
+
+
 def import_folder(grpc, folder, job):
     traces = sorted(glob.glob(os.path.join(PEERS, folder, "*.json.gz")))
     assert traces, "no trace under " + folder
@@ -293,6 +474,7 @@ def main():
             for rank in ranks:
                 check_options(ci, folder, run_id, rank)
             print("%s stragglers: not implemented yet" % folder)
+        check_time_base(ci, cd.grpc, tempfile.mkdtemp(prefix="kp_hta_", dir=kpfix.TEST_DIR))
         # exit codes: unknown run or rank 3, usage 2
         hta(ci, 99999, 0, "temporal", rc=3)
         hta(ci, run_id, 7, "temporal", rc=3)

@@ -36,6 +36,7 @@ KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
 ANALYZE = os.path.join(kpfix.BIN, "analyzer", "kprof-analyze")
 ALL = ("idx,seq,altseq,tid,layer,trace,dir,sub,mod,op,kernel,params,sil,tc,device,stream,grid,"
        "block,flops,bytes")
+ALL_JSON = ALL.replace("sil,", "sil_ns,")  # JSON keeps exact ns
 
 
 def run(args, what, rc=0):
@@ -204,9 +205,9 @@ def expected_rows():
     }
     bwd_of = {62: 10, 63: 10, 64: 10, 72: 50}  # backward kernel's op -> forward op (by seq)
     tids = {10: FWD, 22: FWD, 31: FWD, 41: FWD, 50: FWD, 62: BWD, 63: BWD, 64: BWD, 72: BWD}
-    rows, sub_of, part_of = [], {}, {}
+    rows, sub_of, share = [], {}, {}
     for i, (corr, ext, _tid, name, _ts, dur, grid, block) in enumerate(sorted(KERNELS)):
-        r = {"idx": i + 1, "kernel": short_kernel(name), "sil": dur * 1000, "device": 0,
+        r = {"idx": i + 1, "kernel": short_kernel(name), "sil_ns": dur * 1000, "device": 0,
              "stream": 7, "grid": ",".join(map(str, grid)), "block": ",".join(map(str, block)),
              "layer": "-", "trace": "-", "altseq": "-"}
         if ext is None:
@@ -221,14 +222,10 @@ def expected_rows():
         sub = sub_of.get(group, 0)
         sub_of[group] = sub + 1
         parts = pb if bwd else pf
-        # the op's parts go to its kernels in order; conv/GEMM helper kernels (§3.2's aux
-        # list: *OffsetsKernel...) take none
-        part = sub
-        if tck:
-            part = -1 if "OffsetsKernel" in name else part_of.get(group, 0)
-            if part >= 0:
-                part_of[group] = part + 1
-        f, b = parts[part] if 0 <= part < len(parts) else (0, 0)
+        # the op's whole work is shared among its kernels (helpers included) in proportion
+        # to their durations
+        f, b = sum(x[0] for x in parts), sum(x[1] for x in parts)
+        share.setdefault(group, []).append((len(rows), dur))
         tc = "-"
         if tck == "gemm":  # SDPA counts as GEMM-like; flash kernels use tensor cores
             tc = "1" if ("xmma_gemm" in name or "flash_fwd_kernel" in name) else "0"
@@ -241,6 +238,11 @@ def expected_rows():
             if fop in (10, 22):
                 r["layer"] = "block1"
         rows.append(r)
+    for members in share.values():
+        total = sum(d for _, d in members)
+        for i, d in members:
+            rows[i]["flops"] = rows[i]["flops"] * (d / total)
+            rows[i]["bytes"] = rows[i]["bytes"] * (d / total)
     return rows
 
 
@@ -252,12 +254,12 @@ def check_synthetic(ci, grpc, tmp):
                           "--json", "--rank", "0", path], "kprofctl import"))
     run_id = res["run_id"]
     got = json.loads(prof(ci, run_id, "-c", ALL, "--json"))
-    assert got["columns"] == ALL.split(","), got["columns"]
+    assert got["columns"] == ALL_JSON.split(","), got["columns"]
     want = expected_rows()
     assert len(got["rows"]) == len(want), (len(got["rows"]), len(want))
     bad = []
     for w, g in zip(want, got["rows"]):
-        for col in ALL.split(","):
+        for col in ALL_JSON.split(","):
             if g.get(col) != w[col]:
                 bad.append("row %d %s: kprof %r, expected %r" % (w["idx"], col, g.get(col), w[col]))
     for b in bad:
@@ -267,16 +269,26 @@ def check_synthetic(ci, grpc, tmp):
 
     # default columns, CSV and the columnated text
     d = json.loads(prof(ci, run_id, "--json"))
-    assert d["columns"] == ["idx", "dir", "sub", "mod", "op", "kernel", "params", "sil"]
-    text = prof(ci, run_id, "--csv", "-c", "idx,op,flops")
+    assert d["columns"] == ["idx", "dir", "sub", "mod", "op", "kernel", "params", "sil_ns"]
+    text = prof(ci, run_id, "--csv", "-c", "idx,op,flops,sil")
     rows = list(csv.reader(io.StringIO(text)))
-    assert rows[0] == ["Idx", "Op", "FLOPs"], rows[0]
+    assert rows[0] == ["Idx", "Op", "FLOPs", "Sil(us)"], rows[0]
     assert len(rows) == len(want) + 1
     assert all(line.startswith('"') for line in text.splitlines()), text
-    assert rows[1][2] == str(want[0]["flops"]), rows[1]
-    text = prof(ci, run_id, "-w", "120")
+    assert rows[1][2] == "%.0f" % want[0]["flops"], rows[1]
+    # time in µs with the unit in the header, exact (3 decimals of whole ns)
+    assert [r[3] for r in rows[1:]] == ["%.3f" % (w["sil_ns"] / 1000) for w in want], rows
+    # text: every column as wide as its longest cell, nothing cut; -w cuts cells with "…"
+    full = prof(ci, run_id, "-c", "op,kernel,sil").splitlines()
+    assert full[0].split() == ["Op", "Kernel", "Sil(us)"], full[0]
+    longest = max(len(w["kernel"]) for w in want)
+    assert any(w["kernel"] in l for w in want if len(w["kernel"]) == longest for l in full)
+    assert "scaled_dot_product_attention" in "\n".join(full), full
+    text = prof(ci, run_id, "-c", "op,kernel,sil", "-w", "20")
     lines = text.splitlines()
-    assert len(lines) == len(want) + 1 and all(len(x) <= 120 for x in lines), text
+    assert len(lines) == len(want) + 1, text
+    assert "scaled_dot_product_\u2026" in text and "scaled_dot_product_attention" not in text, \
+        text
     prof(ci, run_id, "-c", "idx,nosuch", rc=2)
     prof(ci, run_id, "-w", "x", rc=2)
 
@@ -293,7 +305,7 @@ def import_table(ci, grpc, folder, job):
     n, total = kpfix.psql_rows("SELECT count(*), coalesce(sum(dur_ns), 0) FROM kernels WHERE "
                                "run_id = %d AND rank = 0" % run_id, db=DB)[0]
     assert len(got) == int(n), (len(got), n)
-    assert sum(r["sil"] for r in got) == int(total)
+    assert sum(r["sil_ns"] for r in got) == int(total)
     assert [r["idx"] for r in got] == list(range(1, len(got) + 1))
     for r in got:
         assert r["dir"] in ("fprop", "bprop") and r["sub"] >= 0, r

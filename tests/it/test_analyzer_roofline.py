@@ -17,7 +17,9 @@
    (default columns, -c, -w, --csv, --json) print exactly what kprof-analyze prints, on both
    runs; a repeated call is a cache hit; an unknown run exits 3; bad flags exit 2.
 """
+import csv
 import glob
+import io
 import json
 import os
 import signal
@@ -63,6 +65,7 @@ TF32 = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32"
 GELU = ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>"
         "(int, at::native::GeluCUDAKernelImpl)")
 HMMA = "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn"
+SGEMM64 = "ampere_sgemm_64x64_nn"
 
 # (external id, op, shapes, dtypes, kernel, device, duration µs)
 OPS = [
@@ -71,6 +74,8 @@ OPS = [
     (30, "aten::mm", [[128, 256], [256, 64]], ["float"] * 2, TF32, 0, 1),
     (40, "aten::gelu", [[4096, 1024], []], ["float", ""], GELU, 1, 40),
     (50, "aten::mm", [[256, 512], [512, 1024]], ["c10::BFloat16"] * 2, HMMA, 1, 8),
+    # 1.1 TFLOP in 1 µs: far above any peak (a wrong shape or duration); flagged, not hidden
+    (60, "aten::mm", [[8192, 8192], [8192, 8192]], ["float"] * 2, SGEMM64, 0, 1),
 ]
 
 
@@ -115,15 +120,15 @@ def mm(m, k, n, s):
 def kernels():
     f_bf, b_bf = mm(256, 512, 1024, 2)   # 268435456 FLOPs, 1835008 bytes
     f_32, b_32 = mm(128, 256, 64, 4)     # 4194304 FLOPs, 229376 bytes
+    f_big, b_big = mm(8192, 8192, 8192, 4)
     e = 4096 * 1024
-    return [("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_cluster1x2x1_gmma_se82",
-             "mm", 0, "fp16", f_bf, b_bf, 2000),
-            ("ampere_sgemm_128x64_nn", "mm", 0, "fp32", f_32, b_32, 4000),
-            ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32", "mm", 0, "tf32", f_32,
-             b_32, 1000),
-            ("vectorized_elementwise_kernel", "gelu", 1, "fp32", 24 * e, 2 * e * 4, 40000),
-            ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_tn", "mm", 1, "fp16", f_bf, b_bf,
-             8000)]
+    # rows by kernel are keyed by the full name, as `kprofctl kernels` shows it
+    return [(GMMA, "mm", 0, "fp16", f_bf, b_bf, 2000),
+            (SGEMM, "mm", 0, "fp32", f_32, b_32, 4000),
+            (TF32, "mm", 0, "tf32", f_32, b_32, 1000),
+            (GELU, "gelu", 1, "fp32", 24 * e, 2 * e * 4, 40000),
+            (HMMA, "mm", 1, "fp16", f_bf, b_bf, 8000),
+            (SGEMM64, "mm", 0, "fp32", f_big, b_big, 1000)]
 
 
 def expected(by, peaks_of):
@@ -166,6 +171,9 @@ def expected(by, peaks_of):
             r["compute_fraction"] = g["flops"] / (g["work"] * 1e-9)
         if g["bw"]:
             r["bandwidth_fraction"] = r["bytes_per_s"] / g["bw"]
+        above = [k for k, f in (("compute", r["compute_fraction"]),
+                                ("bandwidth", r["bandwidth_fraction"])) if f is not None and f > 1]
+        r["above_peak"] = ",".join(above) or None
         rows.append(r)
     rows.sort(key=lambda r: (-r["time_ns"], r["name"]))
     return rows
@@ -193,7 +201,7 @@ def check_synthetic(ci, cd_grpc, tmp):
     prof = json.loads(analyze(ci, run_id, "prof", "-c", "kernel,op,tc,params,flops,bytes,sil",
                               "--json"))["rows"]
     want = kernels()
-    assert [(r["op"], r["tc"], r["flops"], r["bytes"], r["sil"]) for r in prof] == \
+    assert [(r["op"], r["tc"], r["flops"], r["bytes"], r["sil_ns"]) for r in prof] == \
         [(op, "0" if cls == "fp32" and op == "mm" else ("1" if op == "mm" else "-"), f, b, ns)
          for _n, op, _d, cls, f, b, ns in want], prof
     unknown = {"fp32": None, "tf32": None, "fp16": None, "fp8": None, "bw": None}
@@ -233,6 +241,19 @@ def check_synthetic(ci, cd_grpc, tmp):
     assert 'device 0 "NVIDIA H100 80GB HBM3": peaks from built-in table entry "H100 SXM"' in \
         text, text
     assert 'device 1 "Acme X1": peaks from device properties' in text, text
+    # the row above its peaks is flagged in every format, under the full kernel name
+    lines = text.splitlines()
+    assert "above_peak" in lines[2] and "time_us" in lines[2], lines[2]
+    flagged = [l for l in lines if l.endswith(SGEMM64)]
+    assert len(flagged) == 1 and " compute,bandwidth  " in flagged[0], lines
+    assert lines[-1].startswith("1 row(s) above 100 % of a peak"), lines[-1]
+    assert any(l.endswith(GELU) for l in lines), lines
+    csv_rows = list(csv.DictReader(io.StringIO(analyze(ci, run_id, "roofline", "--csv"))))
+    assert [r["above_peak"] for r in csv_rows if r["name"] == SGEMM64] == ["compute,bandwidth"], \
+        [r for r in csv_rows if r["name"] == SGEMM64]
+    by_name = {r["name"]: r for r in csv_rows}
+    assert by_name[SGEMM]["time_us"] == "4.000" and by_name[GELU]["time_us"] == "40.000", \
+        [r for r in csv_rows if r["name"] == SGEMM64]
     top = json.loads(analyze(ci, run_id, "roofline", "--top", "2", "--json"))["rows"]
     assert len(top) == 2, top
     print("synthetic (run %d): FLOP/s, bytes/s, intensity and peak fractions by kernel and by "
@@ -256,8 +277,19 @@ def check_resnet(ci, cd_grpc):
     prof = json.loads(analyze(ci, run_id, "prof", "-c", "sil", "--json"))["rows"]
     rows = got["rows"]
     assert sum(r["kernels"] for r in rows) == len(prof), (len(rows), len(prof))
-    assert sum(r["time_ns"] for r in rows) == sum(r["sil"] for r in prof)
+    assert sum(r["time_ns"] for r in rows) == sum(r["sil_ns"] for r in prof)
     n_frac = 0
+    # an op's work is shared among its kernels by duration, so a kernel is above a peak only
+    # where its op is (Winograd convolutions beat the direct-convolution FLOP count; batch
+    # norm's single-read kernels the byte model): every such row is flagged
+    above = 0
+    for r in rows:
+        want = [k for k, f in (("compute", r["compute_fraction"]),
+                               ("bandwidth", r["bandwidth_fraction"])) if f is not None and f > 1]
+        assert r["above_peak"] == (",".join(want) or None), r
+        above += bool(want)
+    top_c = max((r["compute_fraction"] or 0, r["name"][:50]) for r in rows)
+    top_b = max((r["bandwidth_fraction"] or 0, r["name"][:50]) for r in rows)
     for r in rows:
         if r["compute_fraction"] is not None:
             n_frac += 1
@@ -271,7 +303,9 @@ def check_resnet(ci, cd_grpc):
                 1e-9 * r["bandwidth_fraction"], r
     assert n_frac > 0, rows[:5]
     print("resnet50 (run %d): V100 SXM2 peaks from the built-in table (Tesla V100-DGXS-32GB); "
-          "%d kernel rows with a compute fraction" % (run_id, n_frac))
+          "%d kernel rows with a compute fraction; %d flagged above a peak (highest: %.1f %% of "
+          "compute, %s; %.1f %% of bandwidth, %s)"
+          % (run_id, n_frac, above, 100 * top_c[0], top_c[1], 100 * top_b[0], top_b[1]))
     return run_id
 
 
@@ -348,6 +382,16 @@ def check_service(ci, runs):
              "shapes"], "roofline --by shapes", rc=2)
         run([KPROFCTL, "prof", "--analyzer", an.grpc, "--run", str(runs[0]), "-c", "nope"],
             "prof -c nope", rc=2)
+        # help and behaviour agree: roofline's -c does not apply (exit 2, and --help says so);
+        # -w cuts names with "…" as in every verb
+        help_text = run([KPROFCTL, "roofline", "--help"], "roofline --help")
+        assert "does not apply" in help_text and "-w" in help_text, help_text
+        run([KPROFCTL, "roofline", "--analyzer", an.grpc, "--run", str(runs[0]), "-c", "name"],
+            "roofline -c", rc=2)
+        full = run([KPROFCTL, "roofline", "--analyzer", an.grpc, "--run", str(runs[0])], "rl")
+        cut = run([KPROFCTL, "roofline", "--analyzer", an.grpc, "--run", str(runs[0]), "-w",
+                   "20"], "roofline -w 20")
+        assert GELU in full and GELU not in cut and GELU[:19] + "\u2026" in cut, cut
         assert an.stop() == 0
         log = open(an.log_path).read()
         for bad in SANITIZER:

@@ -170,6 +170,10 @@ def check_ops(an, ci, run_id, rank):
         rows = want[key]["rows"]
         got = ctl(an, "ops", "--run", str(run_id), "--rank", str(rank), "--group-by", group)
         assert len(got) == len(rows), (group, len(got), len(rows))
+        # one row per key: ops without recorded shapes merge under "[]" too
+        keys = [(g["name"], g.get("input_shape")) for g in got]
+        dup = [k for k in set(keys) if keys.count(k) > 1]
+        assert not dup, (group, "keys on several rows", dup[:5])
         for w, g in zip(rows, got):
             assert g["name"] == w["name"], (group, g, w)
             if group == "shapes":
@@ -304,8 +308,51 @@ def check_recommendations(an, st, ci, run_id, rank):
     return len(want)
 
 
+NCCL_KERNEL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def no_shapes_trace():
+    """One step: five aten::convolution_backward ops without recorded shapes, each launching a
+    kernel on stream 7, and an NCCL all-reduce kernel (200 µs on stream 20) launched under
+    record_param_comms, with no nccl:* op."""
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+           "ts": 0, "dur": 1000, "args": {"External id": 1}}]
+    for i in range(6):
+        ts, corr = 100 + 100 * i, 100 + i
+        name, kname, kdur, stream = ("aten::convolution_backward", "volta_sgemm_64x64_nt", 40,
+                                     7)
+        if i == 5:
+            name, kname, kdur, stream = ("record_param_comms", NCCL_KERNEL, 200, 20)
+        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts,
+                   "dur": 50, "args": {"External id": 10 + i}})
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1,
+                   "tid": 1, "ts": ts + 10, "dur": 10,
+                   "args": {"correlation": corr, "External id": 10 + i}})
+        ev.append({"ph": "X", "cat": "kernel", "name": kname, "pid": 0, "tid": stream,
+                   "ts": ts + 30, "dur": kdur,
+                   "args": {"correlation": corr, "External id": 10 + i, "stream": stream,
+                            "device": 0}})
+    return {"schemaVersion": 1, "traceEvents": ev}
+
+
+def check_no_shapes(an, run_id):
+    """ops --group-by shapes merges ops without shapes; kprof's breakdown counts an NCCL kernel
+    without an nccl:* op as Communication, --plugin-compat as Kernel."""
+    got = ctl(an, "ops", "--run", str(run_id), "--group-by", "shapes")
+    conv = [g for g in got if g["name"] == "aten::convolution_backward"]
+    assert len(conv) == 1 and conv[0]["calls"] == 5 and conv[0]["input_shape"] == "[]", conv
+    kp = ctl(an, "breakdown", "--run", str(run_id))[-1]
+    pc = ctl(an, "breakdown", "--run", str(run_id), "--plugin-compat")[-1]
+    assert kp["communication_us"] == 200 and kp["kernel_us"] == 5 * 40, kp
+    assert pc["communication_us"] == 0 and pc["kernel_us"] == 5 * 40 + 200, pc
+    print("no_shapes (run %d): 5 convolution_backward [] calls in one row; the NCCL kernel "
+          "without an nccl:* op is Communication (%s us), Kernel under --plugin-compat"
+          % (run_id, kp["communication_us"]))
+
+
 def import_traces(grpc_addr, tmp):
-    """The all-categories case and the first resnet50 trace: [(label, run_id)]."""
+    """The all-categories case, the first resnet50 trace and no_shapes_trace():
+    [(label, run_id)]."""
     with open(os.path.join(TB, "cases", "test_all_categories.json")) as f:
         case = json.load(f)
     path = os.path.join(tmp, "all_categories.json")
@@ -317,6 +364,10 @@ def import_traces(grpc_addr, tmp):
     with open(bds[0]) as f:
         ref = json.load(f)
     paths.append(("resnet50", glob.glob(os.path.join(base, "traces", "*", ref["trace_file"]))[0]))
+    path = os.path.join(tmp, "no_shapes.json")
+    with open(path, "w") as f:
+        json.dump(no_shapes_trace(), f)
+    paths.append(("no_shapes", path))
     out = []
     for label, p in paths:
         res = json.loads(run([KPROFCTL, "import", "--collector", grpc_addr, "--job", "an-" + label,
@@ -506,6 +557,7 @@ def main():
                   "efficiency/occupancy figures; %d recommendations), %d operator rows and %d "
                   "kernel rows (with occupancy) match kprof-analyze"
                   % (label, run_id, steps, ngpu, nrec, nops, nk))
+        check_no_shapes(an, runs[2][1])
         st.ch.close()
         check_errors(an, runs[0][1])
         check_cache(an, cd, runs[1][1])

@@ -1137,7 +1137,7 @@ static void test_counters(void **state)
         const char *why;
     } usage[] = {
         { { "--rank", "1" }, "--run is required" },
-        { { "--run", "3", "-w", "80" }, "-w does not apply" },
+        { { "--run", "3", "-w", "2" }, "-w takes a width of 4 or more" },
         { { "--run", "3", "--json", "--csv" }, "exclude each other" },
         { { "--run", "3", "--pg", "dbname=kprof" }, "unknown flag --pg" },
         { { "--run", "3", "--rank", "-1" }, "out of range" },
