@@ -67,8 +67,6 @@ static const struct kp_rl_gpu gpus[] = {
     { "RTX 3090", "3090", NULL, { 35.6 * T, 35.6 * T, 71 * T, 0 }, 936 * G },
 };
 
-static const char *const peak_names[KP_RL_PEAK_COUNT + 1] = { "fp32", "tf32", "fp16", "fp8", "-" };
-
 struct kp_rl {
     enum kp_rl_by by;
     struct kp_rl_device devs[KP_RL_MAX_DEVICES];
@@ -83,11 +81,6 @@ struct acc {
     bool peak_missing;
     int peak; /* -1: none yet, KP_RL_PEAK_COUNT + 1: mixed */
 };
-
-const char *kp_rl_peak_name(enum kp_rl_peak p)
-{
-    return p <= KP_RL_NO_PEAK ? peak_names[p] : "?";
-}
 
 static bool word_at(const char *name, const char *p, size_t len)
 {
@@ -291,7 +284,7 @@ static void finish_row(struct kp_rl_row *g, const struct acc *a)
     snprintf(g->peak, sizeof(g->peak), "%s",
              a->peak < 0                  ? "-"
              : a->peak > KP_RL_PEAK_COUNT ? "mixed"
-                                          : peak_names[a->peak]);
+                                          : kp_rl_peak_name((enum kp_rl_peak) a->peak));
     if (g->flops_known && a->flops_time > 0) {
         g->flop_per_s = g->flops / (a->flops_time * 1e-9);
         g->flop_per_s_defined = true;
@@ -442,154 +435,8 @@ const struct kp_rl_device *kp_rl_devices(const struct kp_rl *r, size_t *n)
     return r->devs;
 }
 
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char) *s;
-
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-    fputc('"', f);
-}
-
-static void json_num(FILE *f, const char *key, double v, bool defined)
-{
-    fprintf(f, ", \"%s\": ", key);
-    if (defined)
-        fprintf(f, "%.17g", v);
-    else
-        fputs("null", f);
-}
-
-/* A CSV/text cell of a figure: %.6g, "-" when undefined. */
-static const char *fig(char *buf, size_t len, double v, bool defined)
-{
-    if (!defined)
-        return "-";
-    snprintf(buf, len, "%.6g", v);
-    return buf;
-}
-
 void kp_rl_write(FILE *f, const struct kp_rl *r, int64_t run, int rank, enum kp_rl_format fmt,
                  size_t top)
 {
     kp_rl_write_parts(f, r->by, r->devs, r->n_devs, r->rows, r->n_rows, run, rank, fmt, top);
-}
-
-void kp_rl_write_parts(FILE *f, enum kp_rl_by by, const struct kp_rl_device *devs, size_t n_devs,
-                       const struct kp_rl_row *rows, size_t n_rows, int64_t run, int rank,
-                       enum kp_rl_format fmt, size_t top)
-{
-    size_t n = top && top < n_rows ? top : n_rows;
-    char b[9][32];
-
-    if (fmt == KP_RL_JSON) {
-        fprintf(f, "{\"run\": %" PRId64 ", \"rank\": %d, \"by\": \"%s\", \"devices\": [", run, rank,
-                by == KP_RL_BY_OP ? "op" : "kernel");
-        for (size_t i = 0; i < n_devs; i++) {
-            const struct kp_rl_device *d = &devs[i];
-
-            fprintf(f, "%s{\"id\": %d, \"name\": ", i ? ", " : "", d->id);
-            json_str(f, d->name);
-            fputs(", \"entry\": ", f);
-            if (d->entry[0])
-                json_str(f, d->entry);
-            else
-                fputs("null", f);
-            fputs(", \"source\": ", f);
-            json_str(f, d->source);
-            for (int p = 0; p < KP_RL_PEAK_COUNT; p++) {
-                char key[40];
-
-                snprintf(key, sizeof(key), "peak_%s_flop_per_s", peak_names[p]);
-                json_num(f, key, d->peak_flop_per_s[p], d->peak_flop_per_s[p] > 0);
-            }
-            json_num(f, "bandwidth_bytes_per_s", d->bandwidth_bytes_per_s,
-                     d->bandwidth_bytes_per_s > 0);
-            fputc('}', f);
-        }
-        fputs("], \"rows\": [", f);
-        for (size_t i = 0; i < n; i++) {
-            const struct kp_rl_row *g = &rows[i];
-
-            fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
-            json_str(f, g->name);
-            if (by == KP_RL_BY_OP) {
-                fputs(", \"dir\": ", f);
-                json_str(f, g->dir);
-            }
-            fprintf(f,
-                    ", \"device\": %d, \"peak\": \"%s\", \"kernels\": %" PRIu64
-                    ", \"time_ns\": %" PRId64,
-                    g->device, g->peak, g->kernels, g->time_ns);
-            json_num(f, "flops", g->flops, g->flops_known);
-            json_num(f, "bytes", g->bytes, g->bytes_known);
-            json_num(f, "flop_per_s", g->flop_per_s, g->flop_per_s_defined);
-            json_num(f, "bytes_per_s", g->bytes_per_s, g->bytes_per_s_defined);
-            json_num(f, "intensity", g->intensity, g->intensity_defined);
-            json_num(f, "peak_flop_per_s", g->peak_flop_per_s, g->compute_fraction_defined);
-            json_num(f, "compute_fraction", g->compute_fraction, g->compute_fraction_defined);
-            json_num(f, "bandwidth_bytes_per_s", g->bandwidth_bytes_per_s,
-                     g->bandwidth_bytes_per_s > 0);
-            json_num(f, "bandwidth_fraction", g->bandwidth_fraction, g->bandwidth_fraction_defined);
-            fputc('}', f);
-        }
-        fputs("]}\n", f);
-        return;
-    }
-    if (fmt == KP_RL_CSV) {
-        fprintf(f,
-                "name,%sdevice,peak,kernels,time_ns,flops,bytes,flop_per_s,bytes_per_s,"
-                "intensity,peak_flop_per_s,compute_fraction,bandwidth_bytes_per_s,"
-                "bandwidth_fraction\n",
-                by == KP_RL_BY_OP ? "dir," : "");
-    }
-    else {
-        for (size_t i = 0; i < n_devs; i++)
-            fprintf(f, "device %d \"%s\": peaks from %s\n", devs[i].id, devs[i].name,
-                    devs[i].source);
-        if (n_devs == 0)
-            fprintf(f, "no device properties for this rank: peaks unknown\n");
-        fprintf(f, "%-10s %-5s %7s %12s %10s %10s %9s %8s %8s  %s\n", "TFLOP/s", "peak", "%peak",
-                "GB/s", "%bw", "FLOP/B", "kernels", "time_us", "dev", "name");
-    }
-    for (size_t i = 0; i < n; i++) {
-        const struct kp_rl_row *g = &rows[i];
-
-        if (fmt == KP_RL_CSV) {
-            fputc('"', f);
-            for (const char *s = g->name; *s; s++) {
-                if (*s == '"')
-                    fputc('"', f);
-                fputc(*s, f);
-            }
-            fputc('"', f);
-            if (by == KP_RL_BY_OP)
-                fprintf(f, ",%s", g->dir);
-            fprintf(f, ",%d,%s,%" PRIu64 ",%" PRId64 ",%s,%s,%s,%s,%s,%s,%s,%s,%s\n", g->device,
-                    g->peak, g->kernels, g->time_ns, fig(b[0], 32, g->flops, g->flops_known),
-                    fig(b[1], 32, g->bytes, g->bytes_known),
-                    fig(b[2], 32, g->flop_per_s, g->flop_per_s_defined),
-                    fig(b[3], 32, g->bytes_per_s, g->bytes_per_s_defined),
-                    fig(b[4], 32, g->intensity, g->intensity_defined),
-                    fig(b[5], 32, g->peak_flop_per_s, g->compute_fraction_defined),
-                    fig(b[6], 32, g->compute_fraction, g->compute_fraction_defined),
-                    fig(b[7], 32, g->bandwidth_bytes_per_s, g->bandwidth_bytes_per_s > 0),
-                    fig(b[8], 32, g->bandwidth_fraction, g->bandwidth_fraction_defined));
-            continue;
-        }
-        fprintf(f, "%-10s %-5s %7s %12s %10s %10s %9" PRIu64 " %8.1f %8d  %s%s%s\n",
-                fig(b[0], 32, g->flop_per_s / 1e12, g->flop_per_s_defined), g->peak,
-                fig(b[1], 32, 100 * g->compute_fraction, g->compute_fraction_defined),
-                fig(b[2], 32, g->bytes_per_s / 1e9, g->bytes_per_s_defined),
-                fig(b[3], 32, 100 * g->bandwidth_fraction, g->bandwidth_fraction_defined),
-                fig(b[4], 32, g->intensity, g->intensity_defined), g->kernels,
-                (double) g->time_ns / 1e3, g->device, g->name, g->dir[0] ? " " : "", g->dir);
-    }
 }
