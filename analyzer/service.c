@@ -360,6 +360,11 @@ static void run_job(struct worker *w, struct job *j)
         finish_error(a, j->call, GRPC_STATUS_UNAVAILABLE, details);
         return;
     }
+    if (!v->whole_run && k.k.rank == KP_VIEW_ONLY_RANK &&
+        (rc = kp_view_resolve_rank(pg, k.k.run, &k.k.rank, err, sizeof(err))) != 0) {
+        finish_error(a, j->call, status_for(v, &k.k, rc, err, sizeof(err)), err);
+        return;
+    }
     /* A request that writes (Compare's save_offsets) is never answered from the cache. */
     if (a->cfg.cache_bytes > 0 && !writes &&
         (hit = cache_get(a, &k, state, batches, v->reply)) != NULL) {

@@ -26,12 +26,13 @@
 struct kp_an;
 
 #define KP_VIEW_OPTS_BYTES 96
+#define KP_VIEW_ONLY_RANK  (-1) /* a per-rank request's rank: the run's only rank */
 
 /* What a cached reply was computed from. Key functions zero it first (kp_view_key_init), so
  * that two keys compare equal byte for byte (memcmp) exactly when they ask the same thing. */
 struct kp_view_key {
     uint64_t run;
-    int32_t rank; /* -1 for a view of the whole run */
+    int32_t rank; /* -1 for a view of the whole run; KP_VIEW_ONLY_RANK until resolved */
     /* the view's options (its own struct, copied in; zero padding included) */
     unsigned char opts[KP_VIEW_OPTS_BYTES];
 };
@@ -61,6 +62,7 @@ struct kp_view {
     const char *name; /* "Breakdown": the method /kprof.v1.Analyzer/<name> and the metrics label */
     const ProtobufCMessageDescriptor *request; /* its reply has run_id and cached */
     const ProtobufCMessageDescriptor *reply;
+    bool whole_run; /* a view of every rank: its request has no rank */
     bool load_rank; /* kp_an_load (run, rank) before the compute (ctx->an) */
     /* The request as a key: run, rank and options (key zeroed by the caller). Returns true, or
      * false with INVALID_ARGUMENT's details in err. max_rows is the service's budget. */
@@ -87,11 +89,16 @@ extern const size_t kp_n_views;
 /* The view named name ("Breakdown"), or NULL. */
 const struct kp_view *kp_view_find(const char *name);
 
-/* Sets k's run and rank from the request's run_id and rank (rank -1: whole-run views, whose
- * requests have no rank), checking them (run 1..INT32_MAX, rank >= 0); false with the
- * INVALID_ARGUMENT details in err. */
+/* Sets k's run and rank from the request's run_id and rank (whole_run: views whose requests
+ * have no rank; k->rank is -1), checking them (run 1..INT32_MAX, rank >= 0 or
+ * KP_VIEW_ONLY_RANK); false with the INVALID_ARGUMENT details in err. */
 bool kp_view_key_init(struct kp_view_key *k, uint64_t run, int32_t rank, bool whole_run, char *err,
                       size_t len);
+
+/* KP_VIEW_ONLY_RANK as the run's only rank in *rank. Returns 0; -EINVAL when the run has
+ * several ranks (err lists them and says to pick one with --rank); KP_ENOTFOUND when it has
+ * none; KP_EPG. Blocks on PG. */
+int kp_view_resolve_rank(PGconn *pg, uint64_t run, int32_t *rank, char *err, size_t len);
 
 /* A reply allocated as one block (calloc'd, freed with free): the usual free_fn. */
 void kp_view_free(void *state);

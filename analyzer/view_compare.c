@@ -205,6 +205,7 @@ const struct kp_view kp_view_compare = {
     .name = "Compare",
     .request = &kprof__v1__compare_request__descriptor,
     .reply = &kprof__v1__compare_response__descriptor,
+    .whole_run = true,
     .key = compare_key,
     .compute = compare_compute,
     .writes = compare_writes,

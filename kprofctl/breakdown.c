@@ -46,7 +46,7 @@ struct breakdown_config {
 static const struct kp_config_def breakdown_defs[] = {
     { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
       false },
-    { "rank", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(rank), "the rank", NULL, false },
+    KP_RPCVERB_RANK_DEF(OFF(rank)),
     { "plugin-compat", KP_CONFIG_BOOL, "false", 0, 0, OFF(plugin_compat),
       "the TensorBoard plugin's figure, which counts time twice once a category fills a step", NULL,
       false },
@@ -181,7 +181,7 @@ int kprofctl_breakdown(int argc, char **argv)
     req.run_id = (uint64_t) cfg.run;
     req.rank = (int32_t) cfg.rank;
     req.plugin_compat = cfg.plugin_compat;
-    snprintf(v.subject, sizeof(v.subject), "run %lld rank %lld", cfg.run, cfg.rank);
+    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
     if ((rc = kp_rpcverb_call(&v, "Breakdown", &req.base,
                               &kprof__v1__breakdown_response__descriptor, &msg)) != 0) {
         goto out;

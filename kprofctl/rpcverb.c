@@ -369,6 +369,16 @@ const char *kp_rpcverb_run_state_name(Kprof__V1__RunState s)
     }
 }
 
+void kp_rpcverb_set_subject(struct kp_rpcverb *v, long long run, long long rank)
+{
+    if (rank >= 0) {
+        snprintf(v->subject, sizeof(v->subject), "run %lld rank %lld", run, rank);
+    }
+    else {
+        snprintf(v->subject, sizeof(v->subject), "run %lld", run);
+    }
+}
+
 const char *kp_rpcverb_format_time(int64_t ns, char *buf, size_t cap)
 {
     struct tm tm;

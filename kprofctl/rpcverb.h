@@ -32,6 +32,16 @@
 #define KP_RPCVERB_MAX_DEFS 48 /* common rows plus the verb's */
 #define KP_RPCVERB_RUN      (-1)
 
+/* The --rank row of a per-rank analysis verb (field: offsetof its long long): by default -1,
+ * which asks kprof-analyzer for the run's only rank; a run with several ranks is then a usage
+ * error (exit 2) whose message lists them. */
+#define KP_RPCVERB_RANK_DEF(field)                                                               \
+    {                                                                                            \
+        "rank", KP_CONFIG_INT, "-1", -1, INT32_MAX, (field),                                     \
+            "the rank (default -1: the run's only rank; a run with several needs --rank)", NULL, \
+            false                                                                                \
+    }
+
 /* The common flags. A verb's config struct has this as its FIRST member, so that the common
  * rows' offsets are valid in it. */
 struct kp_rpcverb_common {
@@ -121,6 +131,9 @@ int kp_rpcverb_table(const struct kp_rpcverb *v, struct kp_table **out);
 
 /* Prints t to out in the chosen format and -w width. Returns 0, or 1 after printing why. */
 int kp_rpcverb_print(const struct kp_rpcverb *v, const struct kp_table *t, FILE *out);
+
+/* v->subject as "run R" or, when rank >= 0, "run R rank N". */
+void kp_rpcverb_set_subject(struct kp_rpcverb *v, long long run, long long rank);
 
 /* ns since the epoch as "2026-11-22T02:34:15Z" (whole seconds, UTC) into buf (at least 32
  * bytes). Returns buf, or NULL when ns <= 0 (not set). */

@@ -341,7 +341,7 @@ def check_errors(an, run_id):
     assert p.returncode == 5 and "127.0.0.1:%d" % port in p.stderr, (p.returncode, p.stderr)
     for args in (["breakdown"], ["ops", "--run", str(run_id), "--group-by", "bogus"],
                  ["kernels", "--run", str(run_id), "--group-by", "shapes"],
-                 ["breakdown", "--run", "x"], ["ops", "--run", str(run_id), "--rank", "-1"],
+                 ["breakdown", "--run", "x"], ["ops", "--run", str(run_id), "--rank", "-2"],
                  ["kernels", "--run", str(run_id), "--json", "--csv"],
                  ["ops", "--run", str(run_id), "-c", "nope"]):
         rc, _, err = ctl_status(an.grpc, *args)
