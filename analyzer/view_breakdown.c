@@ -1,10 +1,13 @@
 /* The Breakdown view (Analyzer.Breakdown): the step-time breakdown of one rank, its GPUs'
  * utilization, SM efficiency and occupancy, and the recommendations (view.h). */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kp_analyzer.h"
+#include "kp_pg.h"
 #include "kprof.pb-c.h"
 #include "recommend.h"
 #include "view.h"
@@ -19,6 +22,7 @@ struct breakdown_state {
     Kprof__V1__GpuUtilization gpus[KP_AN_MAX_GPUS], *gpu_ptrs[KP_AN_MAX_GPUS];
     void *steps, *step_ptrs, *costs;
     struct kp_an_recs recs;
+    PGresult *devices; /* the GPUs' names point into it */
 };
 
 static bool breakdown_key(const ProtobufCMessage *req, size_t max_rows, struct kp_view_key *k,
@@ -95,11 +99,50 @@ static void fill_breakdown(Kprof__V1__BreakdownResponse *m, const struct kp_an_b
     m->gpus = gpu_ptrs;
 }
 
+/* The GPUs' properties from the devices table (the plugin's GPU summary) into s->gpus. Returns
+ * 0 or KP_EPG. */
+static int add_devices(struct breakdown_state *s, PGconn *pg, const struct kp_view_key *k,
+                       char *err, size_t len)
+{
+    char run[32], rank[16];
+    const char *params[2] = { run, rank };
+    int rc;
+
+    snprintf(run, sizeof(run), "%" PRIu64, k->run);
+    snprintf(rank, sizeof(rank), "%d", (int) k->rank);
+    rc = kp_pg_query(pg,
+                     "SELECT id, name, global_memory_bytes, cc_major, cc_minor, sm_count FROM "
+                     "devices WHERE run_id = $1 AND rank = $2",
+                     2, params, &s->devices, err, len);
+    if (rc != 0) {
+        return rc;
+    }
+    for (int i = 0; i < PQntuples(s->devices); i++) {
+        int64_t id = kp_pg_i64(s->devices, i, 0, -1);
+
+        for (size_t g = 0; g < s->m.n_gpus; g++) {
+            Kprof__V1__GpuUtilization *x = &s->gpus[g];
+
+            if (x->gpu_id != id) {
+                continue;
+            }
+            x->device_known = true;
+            x->name = PQgetvalue(s->devices, i, 1);
+            x->memory_bytes = kp_pg_i64(s->devices, i, 2, 0);
+            x->compute_major = (int32_t) kp_pg_i64(s->devices, i, 3, 0);
+            x->compute_minor = (int32_t) kp_pg_i64(s->devices, i, 4, 0);
+            x->sm_count = (int32_t) kp_pg_i64(s->devices, i, 5, 0);
+        }
+    }
+    return 0;
+}
+
 static void breakdown_free(void *p)
 {
     struct breakdown_state *s = p;
 
     kp_an_recs_fini(&s->recs);
+    PQclear(s->devices);
     free(s->steps);
     free(s->step_ptrs);
     free(s->costs);
@@ -139,6 +182,10 @@ static int breakdown_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
     s->m.run_id = k->run;
     s->m.rank = k->rank;
     s->m.plugin_compat = o.plugin_compat;
+    if ((rc = add_devices(s, c->pg, k, c->err, c->errlen)) != 0) {
+        breakdown_free(s);
+        return rc;
+    }
     s->m.n_recommendations = s->recs.n_text;
     s->m.recommendations = s->recs.text;
     out->msg = &s->m.base;
