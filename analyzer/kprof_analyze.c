@@ -20,6 +20,8 @@
  * distributed: the plugin's wait view and communication-ops table across every rank of the
  * run (analyzer/distributed.h; --rank is ignored), or "no distributed view: <why>".
  * hta: HTA's per-rank analyses as JSON (analyze_hta.c; it was kprof-hta).
+ * kprofctl VERB: any analysis verb of kprofctl, its Analyzer calls answered in process by the
+ * service's views (analyze_ctl.c): kprofctl's output without a kprof-analyzer.
  * These are the offline mode of kprof-analyzer's views: the same computes, in process, reading
  * PostgreSQL directly; kprofctl's verbs get the same figures from the service.
  * --max-rows refuses a rank with more rows than that (0, the default: no limit).
@@ -50,6 +52,7 @@ static void usage(FILE *f)
                "       kprof-analyze ... roofline [--by kernel|op] [--top N] [--csv|--json]\n"
                "       kprof-analyze ... counters [-c COLUMNS] [--csv|--json]\n"
                "       kprof-analyze ... memory\n"
+               "       kprof-analyze --pg CONNINFO [--max-rows N] kprofctl VERB [VERB's flags]\n"
                "       kprof-analyze ... [--exact-ns] [--include-last-step] "
                "[--consecutive-kernel-delay-us N] hta temporal|idle|overlap|kernels|launch|queue\n"
                "       kprof-analyze ... distributed [--json]\n");
@@ -161,8 +164,8 @@ static int counters_verb(const char *conninfo, int64_t run, int rank, size_t max
     return rc == 0 ? 0 : rc == KP_ENOTFOUND ? 3 : rc == -EINVAL ? 2 : 1;
 }
 
-/* Whether argv[i] is the verb "hta" rather than the value of a flag before it. */
-static bool is_hta_verb(char **argv, int i)
+/* Whether argv[i] is the verb `verb` rather than the value of a flag before it. */
+static bool is_verb_at(char **argv, int i, const char *verb)
 {
     static const char *const valued[] = { "--pg",
                                           "--run",
@@ -176,7 +179,7 @@ static bool is_hta_verb(char **argv, int i)
                                           "--top",
                                           "--consecutive-kernel-delay-us" };
 
-    if (strcmp(argv[i], "hta") != 0) {
+    if (strcmp(argv[i], verb) != 0) {
         return false;
     }
     for (size_t k = 0; k < sizeof(valued) / sizeof(valued[0]); k++) {
@@ -217,9 +220,39 @@ int main(int argc, char **argv)
     PGconn *c = NULL;
     struct kp_an *a = NULL;
 
+    /* kprofctl VERB: only --pg and --max-rows come before it (analyze_ctl.c). */
+    for (int i = 1; i < argc; i++) {
+        if (is_verb_at(argv, i, "kprofctl")) {
+            for (int k = 1; k < i; k++) {
+                if (strcmp(argv[k], "--pg") == 0 && k + 1 < i) {
+                    conninfo = argv[++k];
+                }
+                else if (strcmp(argv[k], "--max-rows") == 0 && k + 1 < i) {
+                    max_rows = strtoull(argv[++k], &end, 10);
+                    if (*end) {
+                        fprintf(stderr, "kprof-analyze: --max-rows takes a count, not '%s'\n",
+                                argv[k]);
+                        return 2;
+                    }
+                }
+                else {
+                    fprintf(stderr,
+                            "kprof-analyze: before kprofctl only --pg and --max-rows "
+                            "(the verb takes the rest), not '%s'\n",
+                            argv[k]);
+                    return 2;
+                }
+            }
+            if (conninfo == NULL) {
+                usage(stderr);
+                return 2;
+            }
+            return kp_analyze_ctl(conninfo, (size_t) max_rows, argc - i - 1, argv + i + 1);
+        }
+    }
     /* hta has flags of its own (analyze_hta.c): hand it argv without the verb. */
     for (int i = 1; i < argc; i++) {
-        if (is_hta_verb(argv, i)) {
+        if (is_verb_at(argv, i, "hta")) {
             memmove(&argv[i], &argv[i + 1], sizeof(*argv) * (size_t) (argc - i));
             return kp_analyze_hta(argc - 1, argv);
         }

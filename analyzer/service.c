@@ -257,61 +257,6 @@ static PGconn *pg_get(struct worker *w, char *err, size_t len)
     return w->pg;
 }
 
-/* The run's version: its state and committed batch count. Returns 0, KP_ENOTFOUND or
- * KP_EPG, with a message in err. */
-static int run_version(PGconn *pg, uint64_t run, int *state, int64_t *batches, char *err,
-                       size_t len)
-{
-    char id[32];
-    const char *params[1] = { id };
-    PGresult *r = NULL;
-    int rc;
-
-    snprintf(id, sizeof(id), "%" PRIu64, run);
-    rc = kp_pg_query(pg,
-                     "SELECT state, (SELECT count(*) FROM ingest_batches WHERE run_id = $1) "
-                     "FROM runs WHERE id = $1",
-                     1, params, &r, err, len);
-    if (rc != 0) {
-        return rc;
-    }
-    if (PQntuples(r) == 0) {
-        snprintf(err, len, "run %" PRIu64 " does not exist: `kprofctl runs` lists the runs", run);
-        PQclear(r);
-        return KP_ENOTFOUND;
-    }
-    *state = atoi(PQgetvalue(r, 0, 0));
-    *batches = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
-    PQclear(r);
-    return 0;
-}
-
-/* The status for a compute's failure (view.h), with the details in err (rewritten for
- * PostgreSQL failures). */
-static grpc_status_code status_for(const struct kp_view *v, const struct kp_view_key *k, int rc,
-                                   char *err, size_t len)
-{
-    char details[700];
-
-    switch (rc) {
-    case KP_ENOTFOUND:
-        return GRPC_STATUS_NOT_FOUND;
-    case -EINVAL: /* options the analysis itself refuses */
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    case KP_ETOOBIG:
-    case -ENOMEM:
-        kp_log_warn("analysis refused method=%s run=%" PRIu64 " rank=%d err=\"%s\"", v->name,
-                    k->run, (int) k->rank, err);
-        return GRPC_STATUS_RESOURCE_EXHAUSTED;
-    default:
-        kp_log_warn("analysis failed method=%s run=%" PRIu64 " rank=%d err=\"%s\"", v->name, k->run,
-                    (int) k->rank, err);
-        snprintf(details, sizeof(details), "PostgreSQL failed (%s); retry later", err);
-        snprintf(err, len, "%s", details);
-        return GRPC_STATUS_UNAVAILABLE;
-    }
-}
-
 /* Sets the reply's `cached` field (every view's reply has one: view.h). */
 static void set_cached(ProtobufCMessage *m)
 {
@@ -330,7 +275,6 @@ static void run_job(struct worker *w, struct job *j)
     struct cache_key k;
     char err[700] = "", details[700];
     struct kp_an *an = NULL;
-    struct kp_view_ctx ctx;
     struct kp_view_reply out = { 0 };
     ProtobufCMessage *hit;
     bool writes = v->writes != NULL && v->writes(j->req);
@@ -349,7 +293,7 @@ static void run_job(struct worker *w, struct job *j)
         finish_error(a, j->call, GRPC_STATUS_UNAVAILABLE, details);
         return;
     }
-    rc = run_version(pg, k.k.run, &state, &batches, err, sizeof(err));
+    rc = kp_view_run_version(pg, k.k.run, &state, &batches, err, sizeof(err));
     if (rc == KP_ENOTFOUND) {
         finish_error(a, j->call, GRPC_STATUS_NOT_FOUND, err);
         return;
@@ -362,7 +306,7 @@ static void run_job(struct worker *w, struct job *j)
     }
     if (!v->whole_run && k.k.rank == KP_VIEW_ONLY_RANK &&
         (rc = kp_view_resolve_rank(pg, k.k.run, &k.k.rank, err, sizeof(err))) != 0) {
-        finish_error(a, j->call, status_for(v, &k.k, rc, err, sizeof(err)), err);
+        finish_error(a, j->call, kp_view_status(v, &k.k, rc, err, sizeof(err)), err);
         return;
     }
     /* A request that writes (Compare's save_offsets) is never answered from the cache. */
@@ -377,38 +321,19 @@ static void run_job(struct worker *w, struct job *j)
         return;
     }
     INC(a->st.cache_misses);
-    rc = v->load_rank ? kp_an_load(pg, (int64_t) k.k.run, (int) k.k.rank, (size_t) a->cfg.max_rows,
-                                   &an, err, sizeof(err))
-                      : 0;
-    if (rc == 0) {
+    {
         long long t0 = mono_ns();
+        grpc_status_code code;
 
-        err[0] = '\0';
-        ctx = (struct kp_view_ctx){ .pg = pg,
-                                    .an = an,
-                                    .req = j->req,
-                                    .key = &k.k,
-                                    .max_rows = (size_t) a->cfg.max_rows,
-                                    .err = err,
-                                    .errlen = sizeof(err) };
-        rc = v->compute(&ctx, &out);
-        kp_log_debug("computed method=%s run=%" PRIu64 " rank=%d ms=%lld", v->name, k.k.run,
-                     (int) k.k.rank, (mono_ns() - t0) / 1000000);
-        if (rc != 0 && err[0] == '\0') {
-            snprintf(err, sizeof(err), "%s", kp_strerror(rc));
-        }
-        if (rc != 0 && ctx.status != 0) {
-            finish_error(a, j->call, (grpc_status_code) ctx.status, err);
+        rc = kp_view_compute(v, pg, j->req, &k.k, (size_t) a->cfg.max_rows, &an, &out, &code, err,
+                             sizeof(err));
+        kp_log_debug("computed method=%s run=%" PRIu64 " rank=%d ms=%lld rc=%d", v->name, k.k.run,
+                     (int) k.k.rank, (mono_ns() - t0) / 1000000, rc);
+        if (rc != 0) {
+            finish_error(a, j->call, code, err);
             kp_an_destroy(an);
             return;
         }
-    }
-    if (rc != 0) {
-        grpc_status_code code = status_for(v, &k.k, rc, err, sizeof(err));
-
-        finish_error(a, j->call, code, err);
-        kp_an_destroy(an);
-        return;
     }
     if (a->cfg.cache_bytes > 0 && !writes) {
         cache_put(a, &k, state, batches, out.msg);

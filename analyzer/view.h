@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <grpc/status.h>
 #include <libpq-fe.h>
 #include <protobuf-c/protobuf-c.h>
 
@@ -99,6 +100,25 @@ bool kp_view_key_init(struct kp_view_key *k, uint64_t run, int32_t rank, bool wh
  * several ranks (err lists them and says to pick one with --rank); KP_ENOTFOUND when it has
  * none; KP_EPG. Blocks on PG. */
 int kp_view_resolve_rank(PGconn *pg, uint64_t run, int32_t *rank, char *err, size_t len);
+
+/* The run's version: its state and committed batch count (the cache's check). Returns 0,
+ * KP_ENOTFOUND ("run N does not exist") or KP_EPG, with a message in err. */
+int kp_view_run_version(PGconn *pg, uint64_t run, int *state, int64_t *batches, char *err,
+                        size_t len);
+
+/* The status answering a compute's failure rc (NOT_FOUND, INVALID_ARGUMENT for -EINVAL,
+ * RESOURCE_EXHAUSTED for KP_ETOOBIG and -ENOMEM, else UNAVAILABLE with err rewritten as
+ * "PostgreSQL failed (...); retry later"). Logs the last two. */
+grpc_status_code kp_view_status(const struct kp_view *v, const struct kp_view_key *k, int rc,
+                                char *err, size_t len);
+
+/* Answers req (keyed as k, its rank resolved) with v over pg: loads the rank when the view
+ * wants it, computes. Returns 0 and *out, with *an the loaded rank (or NULL), which the reply
+ * may point into: free the reply, then kp_an_destroy(*an). Or returns nonzero with *code and
+ * its details in err (*an still to destroy). */
+int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage *req,
+                    const struct kp_view_key *k, size_t max_rows, struct kp_an **an,
+                    struct kp_view_reply *out, grpc_status_code *code, char *err, size_t len);
 
 /* A reply allocated as one block (calloc'd, freed with free): the usual free_fn. */
 void kp_view_free(void *state);

@@ -120,6 +120,19 @@ void kp_rpcverb_error(const struct kp_rpcverb *v, const char *fmt, ...)
 int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMessage *req,
                     const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp);
 
+/*
+ * An in-process Analyzer (kprof-analyze's offline mode): called instead of the channel for
+ * analyzer verbs once set, with the method's name ("Breakdown"). Returns 0 and *resp (owned,
+ * of resp_desc), or fills st with the status the service would have answered.
+ */
+typedef int kp_rpcverb_local_fn(const char *method, const ProtobufCMessage *req,
+                                const ProtobufCMessageDescriptor *resp_desc,
+                                ProtobufCMessage **resp, struct kp_rpc_status *st);
+
+/* Sets (or with NULL clears) the in-process Analyzer, and the name its refusals carry
+ * ("kprof-analyze"). Not thread-safe: set it before running a verb. */
+void kp_rpcverb_set_local(kp_rpcverb_local_fn *fn, const char *name);
+
 /* The exit status for a gRPC status (kprofctl.h): OK 0; INVALID_ARGUMENT, OUT_OF_RANGE 2;
  * NOT_FOUND 3; ALREADY_EXISTS 4; UNAVAILABLE, DEADLINE_EXCEEDED 5; FAILED_PRECONDITION 6;
  * anything else 1. */

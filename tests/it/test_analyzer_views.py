@@ -12,6 +12,8 @@ kprof-collectord: test_memory_view (one rank with memory events) and test_distri
   - --rank left out: the run's only rank (the same rows as --rank 0); on the two-rank run a
     usage error (exit 2) that lists the ranks, for every per-rank verb, and INVALID_ARGUMENT
     over gRPC (rank -1);
+  - `kprof-analyze --pg CI kprofctl VERB ...`, the offline mode of the same views, prints what
+    kprofctl prints, byte for byte, and exits alike;
   - bad requests are INVALID_ARGUMENT over gRPC (an unknown HTA analysis, a negative delay,
     rank -2, run 0) and exit 2 in kprofctl; an unknown run exits 3; an analyzer that is not
     there exits 5, for each new verb.
@@ -186,6 +188,38 @@ def check_errors(an, stub, run_id, two):
           "run, 5 without an analyzer")
 
 
+def check_offline(an, ci, mem_run, dist_run):
+    """`kprof-analyze --pg CI kprofctl VERB ...` (no kprof-analyzer: the same views in process)
+    prints what `kprofctl VERB ...` prints, byte for byte, and exits alike."""
+    cases = [(["breakdown"], mem_run, []), (["breakdown"], dist_run, ["--rank", "1", "--json"]),
+             (["ops"], mem_run, ["--group-by", "shapes"]), (["kernels"], dist_run, ["--rank", "0"]),
+             (["prof"], dist_run, ["--rank", "0", "--json"]), (["roofline"], mem_run, []),
+             (["counters"], mem_run, ["--json"]), (["compare"], dist_run, ["--json"]),
+             (["memory"], mem_run, []), (["memory"], mem_run, ["--csv"]),
+             (["distributed"], dist_run, []), (["distributed", "ops"], dist_run, ["--json"]),
+             (["hta", "idle"], dist_run, ["--rank", "0", "--json"]),
+             (["hta", "kernels"], dist_run, ["--rank", "1"]),
+             (["hta", "queue"], dist_run, ["--rank", "1", "--csv"])]
+    for verb, run_id, extra in cases:
+        args = ["--run", str(run_id)] + extra
+        want = ctl(an.grpc, verb, *args)
+        got = run([ANALYZE, "--pg", ci, "kprofctl"] + verb + args, "kprof-analyze kprofctl " +
+                  " ".join(verb + args))
+        assert got.stdout == want.stdout, (verb, args, got.stdout, want.stdout)
+    # the same refusals, the same exit statuses
+    for verb, args, rc in ((["breakdown"], ["--run", str(dist_run)], 2),
+                           (["memory"], ["--run", "999999"], 3),
+                           (["hta", "temporal"], ["--run", str(mem_run), "--rank", "9"], 3),
+                           (["ops"], ["--run", str(mem_run), "--rank", "-2"], 2)):
+        want = ctl(an.grpc, verb, *args, rc=rc)
+        got = run([ANALYZE, "--pg", ci, "kprofctl"] + verb + args, "kprof-analyze kprofctl", rc)
+        assert got.stdout == want.stdout, (verb, got.stdout, want.stdout)
+    run([ANALYZE, "--pg", ci, "kprofctl", "runs"], "kprof-analyze kprofctl runs", 2)
+    run([ANALYZE, "--pg", ci, "--rank", "0", "kprofctl", "ops"], "a flag before kprofctl", 2)
+    print("kprof-analyze kprofctl VERB: kprofctl's output byte for byte, %d cases and 4 refusals"
+          % len(cases))
+
+
 def main():
     ci = kpfix.fresh_db(DB)
     cd = kpfix.Collectord("it_views", ci)
@@ -205,6 +239,7 @@ def main():
         check_cache(an, stub, mem_run, dist_run)
         check_rank_default(an, ci, mem_run, dist_run)
         check_errors(an, stub, mem_run, dist_run)
+        check_offline(an, ci, mem_run, dist_run)
         ch.close()
     finally:
         rc = an.stop()
