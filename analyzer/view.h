@@ -96,6 +96,11 @@ const struct kp_view *kp_view_find(const char *name);
 bool kp_view_key_init(struct kp_view_key *k, uint64_t run, int32_t rank, bool whole_run, char *err,
                       size_t len);
 
+/* kp_view_key_init for a per-rank view whose one option is a grouping (0 or 1), kept as an
+ * int in k->opts; false with "group_by N is not a known grouping" otherwise. */
+bool kp_view_key_group_by(struct kp_view_key *k, uint64_t run, int32_t rank, int group_by,
+                          char *err, size_t len);
+
 /* KP_VIEW_ONLY_RANK as the run's only rank in *rank. Returns 0; -EINVAL when the run has
  * several ranks (err lists them and says to pick one with --rank); KP_ENOTFOUND when it has
  * none; KP_EPG. Blocks on PG. */
@@ -119,8 +124,5 @@ grpc_status_code kp_view_status(const struct kp_view *v, const struct kp_view_ke
 int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage *req,
                     const struct kp_view_key *k, size_t max_rows, struct kp_an **an,
                     struct kp_view_reply *out, grpc_status_code *code, char *err, size_t len);
-
-/* A reply allocated as one block (calloc'd, freed with free): the usual free_fn. */
-void kp_view_free(void *state);
 
 #endif

@@ -23,18 +23,9 @@ static bool roofline_key(const ProtobufCMessage *req, size_t max_rows, struct kp
                          char *err, size_t len)
 {
     const Kprof__V1__RooflineRequest *r = (const Kprof__V1__RooflineRequest *) req;
-    struct roofline_opts o = { .group_by = (int) r->group_by };
 
     (void) max_rows;
-    if (!kp_view_key_init(k, r->run_id, r->rank, false, err, len)) {
-        return false;
-    }
-    if (o.group_by < 0 || o.group_by > 1) {
-        snprintf(err, len, "group_by %d is not a known grouping", o.group_by);
-        return false;
-    }
-    memcpy(k->opts, &o, sizeof(o));
-    return true;
+    return kp_view_key_group_by(k, r->run_id, r->rank, (int) r->group_by, err, len);
 }
 
 /* The roofline as a RooflineResponse into *m, pointing into rl and the arrays (freed by the

@@ -48,9 +48,18 @@ bool kp_view_key_init(struct kp_view_key *k, uint64_t run, int32_t rank, bool wh
     return true;
 }
 
-void kp_view_free(void *state)
+bool kp_view_key_group_by(struct kp_view_key *k, uint64_t run, int32_t rank, int group_by,
+                          char *err, size_t len)
 {
-    free(state);
+    if (!kp_view_key_init(k, run, rank, false, err, len)) {
+        return false;
+    }
+    if (group_by < 0 || group_by > 1) {
+        snprintf(err, len, "group_by %d is not a known grouping", group_by);
+        return false;
+    }
+    memcpy(k->opts, &group_by, sizeof(group_by));
+    return true;
 }
 
 int kp_view_resolve_rank(PGconn *pg, uint64_t run, int32_t *rank, char *err, size_t len)
