@@ -1722,7 +1722,6 @@ out:
     return rc;
 }
 
-
 void kp_an_memory_fini(struct kp_an_memory *m)
 {
     free(m->rows);
