@@ -1166,6 +1166,11 @@ const struct kp_hta_launch_summary *kp_hta_launch_summary(const struct kp_hta *h
     return &h->lsum;
 }
 
+bool kp_hta_last_step_dropped(const struct kp_hta *h)
+{
+    return h->dropped;
+}
+
 const struct kp_hta_queue_stream *kp_hta_queue(const struct kp_hta *h, size_t *n)
 {
     *n = h->n_queue;

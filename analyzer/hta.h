@@ -142,6 +142,9 @@ const struct kp_hta_launch_row *kp_hta_launches(const struct kp_hta *h, size_t *
 const struct kp_hta_launch_summary *kp_hta_launch_summary(const struct kp_hta *h);
 const struct kp_hta_queue_stream *kp_hta_queue(const struct kp_hta *h, size_t *n);
 
+/* Whether the rank's last ProfilerStep was dropped (HTA's pipeline, §0). */
+bool kp_hta_last_step_dropped(const struct kp_hta *h);
+
 /* The label of a type-time bitmask: "COMPUTATION overlapping COMMUNICATION", ... into buf. */
 void kp_hta_type_label(unsigned mask, char *buf, size_t len);
 

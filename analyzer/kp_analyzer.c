@@ -1612,8 +1612,8 @@ static void mem_inclusive(const struct kp_an *a, int64_t *st, int32_t x)
     }
 }
 
-int kp_an_memory_json(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_rows, FILE *f,
-                      char *errbuf, size_t errlen)
+int kp_an_memory(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_rows,
+                 struct kp_an_memory *out, char *errbuf, size_t errlen)
 {
     char runs[24], ranks[16];
     const char *params[2] = { runs, ranks };
@@ -1621,8 +1621,9 @@ int kp_an_memory_json(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t 
     size_t budget = 0, n;
     int64_t *self = NULL, *incl = NULL, *by_name = NULL;
     bool seen[MEM_SLOTS] = { false };
-    int n_dev = 0, rc;
+    int rc;
 
+    memset(out, 0, sizeof(*out));
     if (!a->built && (rc = build_model(a)) < 0)
         return rc;
     snprintf(runs, sizeof(runs), "%" PRId64, run);
@@ -1695,26 +1696,76 @@ int kp_an_memory_json(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t 
         }
     }
     for (int s = 0; s < MEM_SLOTS; s++)
-        n_dev += seen[s];
+        for (size_t m = 0; m < a->names.n; m++) {
+            const int64_t *v = &by_name[(m * MEM_SLOTS + (size_t) s) * MEM_FIELDS];
+
+            out->n_rows += seen[s] && (v[0] || v[1] || v[2] || v[3] || v[4] || v[5]);
+        }
+    out->rows = calloc(out->n_rows + 1, sizeof(*out->rows));
+    if (!out->rows) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    out->n_rows = 0;
+    for (int s = 0; s < MEM_SLOTS; s++) {
+        out->seen[s] = seen[s];
+        if (!seen[s])
+            continue;
+        for (size_t m = 0; m < a->names.n; m++) {
+            const int64_t *v = &by_name[(m * MEM_SLOTS + (size_t) s) * MEM_FIELDS];
+            struct kp_an_mem_row *o = &out->rows[out->n_rows];
+
+            if (!v[0] && !v[1] && !v[2] && !v[3] && !v[4] && !v[5])
+                continue;
+            o->slot = s;
+            o->name = a->names.v[m].s;
+            memcpy(o->v, v, sizeof(o->v));
+            out->n_rows++;
+        }
+    }
+    rc = 0;
+out:
+    PQclear(r);
+    free(self);
+    free(incl);
+    free(by_name);
+    return rc;
+}
+
+void kp_an_memory_fini(struct kp_an_memory *m)
+{
+    free(m->rows);
+    memset(m, 0, sizeof(*m));
+}
+
+int kp_an_memory_json(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_rows, FILE *f,
+                      char *errbuf, size_t errlen)
+{
+    struct kp_an_memory m;
+    int n_dev = 0, rc, first_dev = 1;
+    size_t i = 0;
+
+    if ((rc = kp_an_memory(a, c, run, rank, max_rows, &m, errbuf, errlen)) < 0)
+        return rc;
+    for (int s = 0; s < MEM_SLOTS; s++)
+        n_dev += m.seen[s];
     fprintf(f, "{\"device_count\": %d, \"devices\": {", n_dev);
-    for (int s = 0, first_dev = 1; s < MEM_SLOTS; s++) {
+    for (int s = 0; s < MEM_SLOTS; s++) {
         int first = 1;
 
-        if (!seen[s])
+        if (!m.seen[s])
             continue;
         if (s == 0)
             fprintf(f, "%s\"CPU\": {", first_dev ? "" : ", ");
         else
             fprintf(f, "%s\"GPU%d\": {", first_dev ? "" : ", ", s - 1);
         first_dev = 0;
-        for (size_t m = 0; m < a->names.n; m++) {
-            const int64_t *v = &by_name[(m * MEM_SLOTS + (size_t) s) * MEM_FIELDS];
+        for (; i < m.n_rows && m.rows[i].slot == s; i++) {
+            const int64_t *v = m.rows[i].v;
 
-            if (!v[0] && !v[1] && !v[2] && !v[3] && !v[4] && !v[5])
-                continue;
             fprintf(f, "%s", first ? "" : ", ");
             first = 0;
-            json_str(f, a->names.v[m].s);
+            json_str(f, m.rows[i].name);
             fprintf(f,
                     ": {\"self_increase_bytes\": %" PRId64 ", \"self_alloc_bytes\": %" PRId64
                     ", \"self_alloc_count\": %" PRId64 ", \"increase_bytes\": %" PRId64
@@ -1725,13 +1776,8 @@ int kp_an_memory_json(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t 
         fputc('}', f);
     }
     fprintf(f, "}}");
-    rc = 0;
-out:
-    PQclear(r);
-    free(self);
-    free(incl);
-    free(by_name);
-    return rc;
+    kp_an_memory_fini(&m);
+    return 0;
 }
 
 /* ---- operator view (spec §5) ---------------------------------------------------------- */

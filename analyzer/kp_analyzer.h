@@ -105,6 +105,28 @@ struct kp_an_breakdown {
     size_t n_sm_ranges[KP_AN_MAX_GPUS];
 };
 
+/* The memory view's per-operator statistics (spec §10): one row per (device, op name) with
+ * any allocation, by device (CPU, then GPU 0, 1, ...), then in the handle's name order. */
+struct kp_an_mem_row {
+    int slot;         /* 0: CPU, 1 + n: GPU n */
+    const char *name; /* borrowed from the handle */
+    /* self increase, self alloc bytes, self alloc count, increase, alloc bytes, alloc count
+     * (inclusive of the op's children), calls */
+    int64_t v[7];
+};
+
+struct kp_an_memory {
+    bool seen[KP_AN_MAX_GPUS + 1]; /* by slot: the device has memory events */
+    struct kp_an_mem_row *rows;    /* owned: kp_an_memory_fini */
+    size_t n_rows;
+};
+
+/* Computes the memory view of the loaded run and rank into *out, reading memory_events over c
+ * (borrowed). Returns 0 or -errno/KP_E* with a message in errbuf (out is then empty). */
+int kp_an_memory(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_rows,
+                 struct kp_an_memory *out, char *errbuf, size_t errlen);
+void kp_an_memory_fini(struct kp_an_memory *m);
+
 /*
  * Prints the memory view's per-operator statistics (spec §10) of the loaded run and rank as a
  * JSON object {"device_count": n, "devices": {"CPU"|"GPU<n>": {op: {self_increase_bytes,

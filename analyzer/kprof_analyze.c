@@ -4,6 +4,8 @@
  *                 breakdown|ops|kernels [--json]
  *   kprof-analyze ... prof [-c COLUMNS] [--csv|--json] [-w WIDTH]
  *   kprof-analyze ... roofline [--by kernel|op] [--top N] [--csv|--json]
+ *   kprof-analyze ... [--exact-ns] [--include-last-step] [--consecutive-kernel-delay-us N]
+ *                 hta temporal|idle|overlap|kernels|launch|queue [--json]
  * breakdown: the step-time breakdown per step and on average (--plugin-compat: the
  * TensorBoard plugin's double-counting figure instead of kprof's), then the recommendations
  * (analyzer/recommend.h: kprof's as text; --json adds the plugin's HTML); ops: the operator view by
@@ -17,6 +19,11 @@
  * memory: the memory view's per-operator allocation statistics per device, always as JSON.
  * distributed: the plugin's wait view and communication-ops table across every rank of the
  * run (analyzer/distributed.h; --rank is ignored), or "no distributed view: <why>".
+ * hta: HTA's per-rank analyses as JSON (analyze_hta.c; it was kprof-hta).
+ * kprofctl VERB: any analysis verb of kprofctl, its Analyzer calls answered in process by the
+ * service's views (analyze_ctl.c): kprofctl's output without a kprof-analyzer.
+ * These are the offline mode of kprof-analyzer's views: the same computes, in process, reading
+ * PostgreSQL directly; kprofctl's verbs get the same figures from the service.
  * --max-rows refuses a rank with more rows than that (0, the default: no limit).
  * Exit codes: 0 ok, 2 usage, 3 unknown run or rank, 1 anything else.
  */
@@ -27,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "analyze.h"
 #include "counters.h"
 #include "distributed.h"
 #include "kp_analyzer.h"
@@ -44,6 +52,9 @@ static void usage(FILE *f)
                "       kprof-analyze ... roofline [--by kernel|op] [--top N] [--csv|--json]\n"
                "       kprof-analyze ... counters [-c COLUMNS] [--csv|--json]\n"
                "       kprof-analyze ... memory\n"
+               "       kprof-analyze --pg CONNINFO [--max-rows N] kprofctl VERB [VERB's flags]\n"
+               "       kprof-analyze ... [--exact-ns] [--include-last-step] "
+               "[--consecutive-kernel-delay-us N] hta temporal|idle|overlap|kernels|launch|queue\n"
                "       kprof-analyze ... distributed [--json]\n");
 }
 
@@ -153,6 +164,32 @@ static int counters_verb(const char *conninfo, int64_t run, int rank, size_t max
     return rc == 0 ? 0 : rc == KP_ENOTFOUND ? 3 : rc == -EINVAL ? 2 : 1;
 }
 
+/* Whether argv[i] is the verb `verb` rather than the value of a flag before it. */
+static bool is_verb_at(char **argv, int i, const char *verb)
+{
+    static const char *const valued[] = { "--pg",
+                                          "--run",
+                                          "--rank",
+                                          "--max-rows",
+                                          "-c",
+                                          "--columns",
+                                          "-w",
+                                          "--width",
+                                          "--by",
+                                          "--top",
+                                          "--consecutive-kernel-delay-us" };
+
+    if (strcmp(argv[i], verb) != 0) {
+        return false;
+    }
+    for (size_t k = 0; k < sizeof(valued) / sizeof(valued[0]); k++) {
+        if (strcmp(argv[i - 1], valued[k]) == 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = { { "pg", required_argument, NULL, 'p' },
@@ -183,6 +220,43 @@ int main(int argc, char **argv)
     PGconn *c = NULL;
     struct kp_an *a = NULL;
 
+    /* kprofctl VERB: only --pg and --max-rows come before it (analyze_ctl.c). */
+    for (int i = 1; i < argc; i++) {
+        if (is_verb_at(argv, i, "kprofctl")) {
+            for (int k = 1; k < i; k++) {
+                if (strcmp(argv[k], "--pg") == 0 && k + 1 < i) {
+                    conninfo = argv[++k];
+                }
+                else if (strcmp(argv[k], "--max-rows") == 0 && k + 1 < i) {
+                    max_rows = strtoull(argv[++k], &end, 10);
+                    if (*end) {
+                        fprintf(stderr, "kprof-analyze: --max-rows takes a count, not '%s'\n",
+                                argv[k]);
+                        return 2;
+                    }
+                }
+                else {
+                    fprintf(stderr,
+                            "kprof-analyze: before kprofctl only --pg and --max-rows "
+                            "(the verb takes the rest), not '%s'\n",
+                            argv[k]);
+                    return 2;
+                }
+            }
+            if (conninfo == NULL) {
+                usage(stderr);
+                return 2;
+            }
+            return kp_analyze_ctl(conninfo, (size_t) max_rows, argc - i - 1, argv + i + 1);
+        }
+    }
+    /* hta has flags of its own (analyze_hta.c): hand it argv without the verb. */
+    for (int i = 1; i < argc; i++) {
+        if (is_verb_at(argv, i, "hta")) {
+            memmove(&argv[i], &argv[i + 1], sizeof(*argv) * (size_t) (argc - i));
+            return kp_analyze_hta(argc - 1, argv);
+        }
+    }
     while ((opt = getopt_long(argc, argv, "c:w:", longopts, NULL)) != -1) {
         switch (opt) {
         case 'p':

@@ -1,6 +1,7 @@
 /*
  * kprof-analyzer as an object (docs/design.md "Analysis"): the Analyzer gRPC service
- * (Breakdown, Ops, Kernels; proto/kprof.proto) over the analyzer core (kp_analyzer.h).
+ * (proto/kprof.proto), one unary method per view of view.h's table (Breakdown, Ops, ...,
+ * Hta, Memory, Distributed), over the analyzer core (kp_analyzer.h).
  * analyzer_main.c and the tests drive it through create/destroy.
  *
  * Threads: the gRPC completion-queue thread only queues requests; a pool of workers, each
@@ -10,7 +11,7 @@
  * Queue: at most queue_max requests wait; past that a request is answered RESOURCE_EXHAUSTED
  * (counted, logged at most once a second).
  *
- * Cache: the packed reply per (run, rank, view, options), at most cache_bytes in all, least
+ * Cache: the packed reply per (view, run, rank, options: the view's key function), at most cache_bytes in all, least
  * recently used evicted first. Each entry carries the run's version when it was computed: its
  * state and its count of committed ingest batches, read with one cheap query per request. A
  * run that received a batch or changed state since is recomputed; an ENDED run's result is

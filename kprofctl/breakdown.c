@@ -6,14 +6,20 @@
  * row "average" (the mean over the steps), with the columns
  *   step (the N of ProfilerStep#N, or "average"), kernel_us, memcpy_us, memset_us,
  *   communication_us, runtime_us, dataloader_us, cpu_exec_us, other_us, total_us (numbers, µs)
- * as aligned text, CSV, or (--json) an array of objects keyed by those names; JSON carries
- * every digit of the averages. Text output adds one line per GPU below the table:
+ * as aligned text or CSV. Text output adds one line per GPU below the table:
  *   GPU N: utilization U%, est. SM efficiency E%, est. achieved occupancy O%
  * (2 decimals, like the TensorBoard plugin; "-" for a figure no kernel in the window has),
+ * and under it, when the trace has the device's properties (the plugin's GPU summary):
+ *     device: NAME, M GiB, compute capability X.Y, S SMs
  * then kprof's recommendations (analyzer/recommend.h, the plugin's rules in its order):
  *   recommendations:
  *     - <one per line>
  * or "recommendations: none".
+ * --json carries all of it as one object: {"run", "rank", "plugin_compat", "steps": [the
+ * rows, keyed by the column names, "average" last, every digit], "gpus": [{"gpu_id",
+ * "utilization_pct", "est_sm_efficiency_pct", "est_achieved_occupancy_pct" (null when
+ * undefined), "name", "memory_bytes", "compute_capability" ("8.0"), "sm_count" (null when
+ * the trace has no properties)}], "recommendations": [strings]}.
  * --plugin-compat gives the TensorBoard plugin's double-counting figure instead of kprof's.
  *
  * Exit status: 0 shown, 2 bad usage, 3 unknown run or rank, 5 kprof-analyzer (or its
@@ -46,7 +52,7 @@ struct breakdown_config {
 static const struct kp_config_def breakdown_defs[] = {
     { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
       false },
-    { "rank", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(rank), "the rank", NULL, false },
+    KP_RPCVERB_RANK_DEF(OFF(rank)),
     { "plugin-compat", KP_CONFIG_BOOL, "false", 0, 0, OFF(plugin_compat),
       "the TensorBoard plugin's figure, which counts time twice once a category fills a step", NULL,
       false },
@@ -155,6 +161,101 @@ static void print_gpu(const Kprof__V1__GpuUtilization *g)
            g->gpu_id, 100.0 * g->utilization,
            fmt_pct(eff, sizeof(eff), g->est_sm_efficiency_defined, 100.0 * g->est_sm_efficiency),
            fmt_pct(occ, sizeof(occ), g->est_achieved_occupancy_defined, g->est_achieved_occupancy));
+    if (g->device_known) {
+        printf("    device: %s, %.2f GiB, compute capability %d.%d, %d SMs\n", g->name,
+               (double) g->memory_bytes / (1024.0 * 1024.0 * 1024.0), g->compute_major,
+               g->compute_minor, g->sm_count);
+    }
+}
+
+enum gpu_col {
+    GCOL_ID,
+    GCOL_UTIL,
+    GCOL_EFF,
+    GCOL_OCC,
+    GCOL_NAME,
+    GCOL_MEMORY,
+    GCOL_CC,
+    GCOL_SMS,
+    N_GCOLS,
+};
+
+static const struct kp_table_col gpu_cols[N_GCOLS] = {
+    [GCOL_ID] = { "gpu_id", KP_TABLE_NUMERIC },
+    [GCOL_UTIL] = { "utilization_pct", KP_TABLE_NUMERIC },
+    [GCOL_EFF] = { "est_sm_efficiency_pct", KP_TABLE_NUMERIC },
+    [GCOL_OCC] = { "est_achieved_occupancy_pct", KP_TABLE_NUMERIC },
+    [GCOL_NAME] = { "name", KP_TABLE_TEXT },
+    [GCOL_MEMORY] = { "memory_bytes", KP_TABLE_NUMERIC },
+    [GCOL_CC] = { "compute_capability", KP_TABLE_TEXT },
+    [GCOL_SMS] = { "sm_count", KP_TABLE_NUMERIC },
+};
+
+static int add_gpu(const struct kp_rpcverb *v, struct kp_table *t,
+                   const Kprof__V1__GpuUtilization *g)
+{
+    char cc[32];
+    int rc = kp_table_add_row(t);
+
+    snprintf(cc, sizeof(cc), "%d.%d", g->compute_major, g->compute_minor);
+    rc = rc != 0 ? rc : kp_table_set_i64(t, GCOL_ID, g->gpu_id);
+    rc = rc != 0 ? rc : kp_rpcverb_set_exact(v, t, GCOL_UTIL, 100.0 * g->utilization);
+    rc = rc != 0 ? rc
+         : g->est_sm_efficiency_defined
+             ? kp_rpcverb_set_exact(v, t, GCOL_EFF, 100.0 * g->est_sm_efficiency)
+             : kp_table_set_null(t, GCOL_EFF);
+    rc = rc != 0 ? rc
+         : g->est_achieved_occupancy_defined
+             ? kp_rpcverb_set_exact(v, t, GCOL_OCC, g->est_achieved_occupancy)
+             : kp_table_set_null(t, GCOL_OCC);
+    if (g->device_known) {
+        rc = rc != 0 ? rc : kp_table_set_str(t, GCOL_NAME, g->name);
+        rc = rc != 0 ? rc : kp_table_set_i64(t, GCOL_MEMORY, g->memory_bytes);
+        rc = rc != 0 ? rc : kp_table_set_str(t, GCOL_CC, cc);
+        rc = rc != 0 ? rc : kp_table_set_i64(t, GCOL_SMS, g->sm_count);
+    }
+    else {
+        for (size_t c = GCOL_NAME; c < N_GCOLS && rc == 0; c++) {
+            rc = kp_table_set_null(t, c);
+        }
+    }
+    return rc;
+}
+
+/* --json: one object with the steps (t), the GPUs and the recommendations. Returns 0 or 1
+ * after printing why. */
+static int print_json(const struct kp_rpcverb *v, const struct kp_table *t,
+                      const Kprof__V1__BreakdownResponse *resp)
+{
+    struct kp_table *g = NULL;
+    int rc = kp_table_create(gpu_cols, N_GCOLS, &g);
+
+    for (size_t i = 0; i < resp->n_gpus && rc == 0; i++) {
+        rc = add_gpu(v, g, resp->gpus[i]);
+    }
+    if (rc != 0) {
+        kp_rpcverb_error(v, "%s", kp_strerror(rc));
+        kp_table_destroy(g);
+        return KPROFCTL_EXIT_FAILED;
+    }
+    printf("{\"run\": %" PRIu64 ", \"rank\": %d, \"plugin_compat\": %s, \"steps\": ", resp->run_id,
+           resp->rank, resp->plugin_compat ? "true" : "false");
+    rc = kp_rpcverb_print(v, t, stdout);
+    if (rc == 0) {
+        fputs(", \"gpus\": ", stdout);
+        rc = kp_table_print(g, KP_TABLE_FORMAT_JSON, 0, stdout) != 0 ? KPROFCTL_EXIT_FAILED : 0;
+    }
+    kp_table_destroy(g);
+    if (rc != 0) {
+        return rc;
+    }
+    fputs(", \"recommendations\": [", stdout);
+    for (size_t i = 0; i < resp->n_recommendations; i++) {
+        fputs(i ? ", " : "", stdout);
+        kp_table_json_string(resp->recommendations[i], stdout);
+    }
+    fputs("]}\n", stdout);
+    return fflush(stdout) != 0 ? KPROFCTL_EXIT_FAILED : 0;
 }
 
 int kprofctl_breakdown(int argc, char **argv)
@@ -181,7 +282,7 @@ int kprofctl_breakdown(int argc, char **argv)
     req.run_id = (uint64_t) cfg.run;
     req.rank = (int32_t) cfg.rank;
     req.plugin_compat = cfg.plugin_compat;
-    snprintf(v.subject, sizeof(v.subject), "run %lld rank %lld", cfg.run, cfg.rank);
+    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
     if ((rc = kp_rpcverb_call(&v, "Breakdown", &req.base,
                               &kprof__v1__breakdown_response__descriptor, &msg)) != 0) {
         goto out;
@@ -197,6 +298,10 @@ int kprofctl_breakdown(int argc, char **argv)
     if (r != 0) {
         kp_rpcverb_error(&v, "%s", kp_strerror(r));
         rc = KPROFCTL_EXIT_FAILED;
+        goto out;
+    }
+    if (v.format == KP_TABLE_FORMAT_JSON) {
+        rc = print_json(&v, t, resp);
         goto out;
     }
     if ((rc = kp_rpcverb_print(&v, t, stdout)) != 0) {

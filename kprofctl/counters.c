@@ -45,7 +45,7 @@ struct counters_config {
 static const struct kp_config_def counters_defs[] = {
     { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
       false },
-    { "rank", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(rank), "the rank", NULL, false },
+    KP_RPCVERB_RANK_DEF(OFF(rank)),
 };
 #undef OFF
 
@@ -143,7 +143,7 @@ int kprofctl_counters(int argc, char **argv)
     }
     req.run_id = (uint64_t) cfg.run;
     req.rank = (int32_t) cfg.rank;
-    snprintf(v.subject, sizeof(v.subject), "run %lld rank %lld", cfg.run, cfg.rank);
+    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
     if ((rc = kp_rpcverb_call(&v, "Counters", &req.base, &kprof__v1__counters_response__descriptor,
                               &msg)) != 0) {
         goto out;
@@ -164,7 +164,7 @@ int kprofctl_counters(int argc, char **argv)
     }
     message = resp->message != NULL && resp->message[0] != '\0' ? resp->message : NULL;
     r = kp_ctr_write_rows_width(stdout, rows, resp->n_rows, (const char *const *) resp->metrics,
-                                resp->n_metrics, message, cfg.run, (int) cfg.rank,
+                                resp->n_metrics, message, cfg.run, resp->rank,
                                 cfg.common.columns,
                                 v.format == KP_TABLE_FORMAT_JSON  ? KP_CTR_JSON
                                 : v.format == KP_TABLE_FORMAT_CSV ? KP_CTR_CSV

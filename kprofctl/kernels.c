@@ -44,7 +44,7 @@ static const char *const group_bys[] = { "name", "op", NULL };
 static const struct kp_config_def kernels_defs[] = {
     { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
       false },
-    { "rank", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(rank), "the rank", NULL, false },
+    KP_RPCVERB_RANK_DEF(OFF(rank)),
     { "group-by", KP_CONFIG_ENUM, "name", 0, 0, OFF(group_by),
       "name: one row per kernel; op: per kernel, launching op, grid, block, registers and "
       "shared memory",
@@ -197,7 +197,7 @@ int kprofctl_kernels(int argc, char **argv)
     req.rank = (int32_t) cfg.rank;
     req.group_by = cfg.group_by == 1 ? KPROF__V1__KERNELS_GROUP_BY__KERNELS_GROUP_BY_NAME_AND_OP
                                      : KPROF__V1__KERNELS_GROUP_BY__KERNELS_GROUP_BY_NAME;
-    snprintf(v.subject, sizeof(v.subject), "run %lld rank %lld", cfg.run, cfg.rank);
+    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
     if ((rc = kp_rpcverb_call(&v, "Kernels", &req.base, &kprof__v1__kernels_response__descriptor,
                               &msg)) != 0) {
         goto out;

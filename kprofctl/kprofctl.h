@@ -102,4 +102,13 @@ int kprofctl_compare(int argc, char **argv);
  * or 5 (kprof-analyzer or its PostgreSQL unreachable). */
 int kprofctl_counters(int argc, char **argv);
 
+/* kprofctl hta ANALYSIS: one of HTA's per-rank analyses (hta.c). */
+int kprofctl_hta(int argc, char **argv);
+
+/* kprofctl memory: the memory view of a rank (memory.c). */
+int kprofctl_memory(int argc, char **argv);
+
+/* kprofctl distributed: the distributed view of a run (distributed.c). */
+int kprofctl_distributed(int argc, char **argv);
+
 #endif

@@ -35,6 +35,12 @@ static const struct kprofctl_verb verbs[] = {
     { "compare", "which rank holds the job back, and why (--run R, --step S)", kprofctl_compare },
     { "counters", "CUPTI counters per kernel, its op stack and FLOPs (--run R, --rank N)",
       kprofctl_counters },
+    { "hta", "HTA's analyses of a rank: temporal, idle, overlap, kernels, launch, queue, ...",
+      kprofctl_hta },
+    { "memory", "a rank's memory view: allocations per device and op (--run R, --rank N)",
+      kprofctl_memory },
+    { "distributed", "a run's distributed view: wait time per rank and step, comm ops (--run R)",
+      kprofctl_distributed },
 };
 #define N_VERBS (sizeof(verbs) / sizeof(verbs[0]))
 
@@ -42,7 +48,7 @@ static void usage(FILE *out)
 {
     fprintf(out, "usage: kprofctl VERB [flags] [args]\n\nverbs:\n");
     for (size_t i = 0; i < N_VERBS; i++) {
-        fprintf(out, "  %-10s %s\n", verbs[i].name, verbs[i].summary);
+        fprintf(out, "  %-12s %s\n", verbs[i].name, verbs[i].summary);
     }
     fprintf(out,
             "\n`kprofctl VERB --help` lists a verb's flags. Flags also come from the environment\n"

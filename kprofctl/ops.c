@@ -41,7 +41,7 @@ static const char *const group_bys[] = { "name", "shapes", NULL };
 static const struct kp_config_def ops_defs[] = {
     { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
       false },
-    { "rank", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(rank), "the rank", NULL, false },
+    KP_RPCVERB_RANK_DEF(OFF(rank)),
     { "group-by", KP_CONFIG_ENUM, "name", 0, 0, OFF(group_by),
       "name: one row per operator; shapes: per operator and input shapes", group_bys, false },
     { "top", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(top), "only the first N rows (0: all)", NULL,
@@ -152,7 +152,7 @@ int kprofctl_ops(int argc, char **argv)
     req.rank = (int32_t) cfg.rank;
     req.group_by = cfg.group_by == 1 ? KPROF__V1__OPS_GROUP_BY__OPS_GROUP_BY_NAME_AND_SHAPES
                                      : KPROF__V1__OPS_GROUP_BY__OPS_GROUP_BY_NAME;
-    snprintf(v.subject, sizeof(v.subject), "run %lld rank %lld", cfg.run, cfg.rank);
+    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
     if ((rc = kp_rpcverb_call(&v, "Ops", &req.base, &kprof__v1__ops_response__descriptor, &msg)) !=
         0) {
         goto out;

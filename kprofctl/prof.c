@@ -38,7 +38,7 @@ struct prof_config {
 static const struct kp_config_def prof_defs[] = {
     { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
       false },
-    { "rank", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(rank), "the rank", NULL, false },
+    KP_RPCVERB_RANK_DEF(OFF(rank)),
 };
 #undef OFF
 
@@ -145,7 +145,7 @@ int kprofctl_prof(int argc, char **argv)
     }
     req.run_id = (uint64_t) cfg.run;
     req.rank = (int32_t) cfg.rank;
-    snprintf(v.subject, sizeof(v.subject), "run %lld rank %lld", cfg.run, cfg.rank);
+    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
     if ((rc = kp_rpcverb_call(&v, "Prof", &req.base, &kprof__v1__prof_response__descriptor,
                               &msg)) != 0) {
         goto out;
@@ -159,7 +159,7 @@ int kprofctl_prof(int argc, char **argv)
     }
     pr.n_rows = resp->n_rows;
     from_reply(resp, pr.rows);
-    kp_prof_write_rows(stdout, pr.rows, pr.n_rows, cfg.run, (int) cfg.rank, cols, ncols,
+    kp_prof_write_rows(stdout, pr.rows, pr.n_rows, cfg.run, resp->rank, cols, ncols,
                        v.format == KP_TABLE_FORMAT_JSON  ? KP_PROF_JSON
                        : v.format == KP_TABLE_FORMAT_CSV ? KP_PROF_CSV
                                                          : KP_PROF_TEXT,

@@ -40,7 +40,7 @@ static const char *const bys[] = { "kernel", "op", NULL };
 static const struct kp_config_def roofline_defs[] = {
     { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
       false },
-    { "rank", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(rank), "the rank", NULL, false },
+    KP_RPCVERB_RANK_DEF(OFF(rank)),
     { "by", KP_CONFIG_ENUM, "kernel", 0, 0, OFF(by),
       "kernel: one row per kernel name; op: one row per op and direction (fprop, bprop)", bys,
       false },
@@ -146,7 +146,7 @@ int kprofctl_roofline(int argc, char **argv)
     req.rank = (int32_t) cfg.rank;
     req.group_by = cfg.by == 1 ? KPROF__V1__ROOFLINE_GROUP_BY__ROOFLINE_GROUP_BY_OP
                                : KPROF__V1__ROOFLINE_GROUP_BY__ROOFLINE_GROUP_BY_KERNEL;
-    snprintf(v.subject, sizeof(v.subject), "run %lld rank %lld", cfg.run, cfg.rank);
+    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
     if ((rc = kp_rpcverb_call(&v, "Roofline", &req.base, &kprof__v1__roofline_response__descriptor,
                               &msg)) != 0) {
         goto out;
@@ -167,7 +167,7 @@ int kprofctl_roofline(int argc, char **argv)
         row_from(&rows[i], resp->rows[i]);
     }
     kp_rl_write_parts_width(stdout, cfg.by == 1 ? KP_RL_BY_OP : KP_RL_BY_KERNEL, devs, nd, rows,
-                            resp->n_rows, cfg.run, (int) cfg.rank,
+                            resp->n_rows, cfg.run, resp->rank,
                             v.format == KP_TABLE_FORMAT_JSON  ? KP_RL_JSON
                             : v.format == KP_TABLE_FORMAT_CSV ? KP_RL_CSV
                                                               : KP_RL_TEXT,

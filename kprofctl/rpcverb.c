@@ -286,6 +286,15 @@ int kp_rpcverb_exit_code(grpc_status_code code)
     }
 }
 
+static kp_rpcverb_local_fn *local_fn;
+static const char *local_name;
+
+void kp_rpcverb_set_local(kp_rpcverb_local_fn *fn, const char *name)
+{
+    local_fn = fn;
+    local_name = name;
+}
+
 int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMessage *req,
                     const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp)
 {
@@ -297,6 +306,16 @@ int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMes
     snprintf(path, sizeof(path), "/kprof.v1.%s/%s", v->spec->analyzer ? "Analyzer" : "Control",
              method);
     memset(&st, 0, sizeof(st));
+    if (v->spec->analyzer && local_fn != NULL) {
+        if (local_fn(method, req, resp_desc, resp, &st) == 0) {
+            return 0;
+        }
+        rc = kp_rpcverb_exit_code(st.code);
+        kp_rpcverb_error(v, "%s refused %s%s%s%s: %s: %s", local_name, method,
+                         v->subject[0] != '\0' ? " (" : "", v->subject,
+                         v->subject[0] != '\0' ? ")" : "", kp_rpc_status_name(st.code), st.details);
+        return rc == KPROFCTL_EXIT_OK ? KPROFCTL_EXIT_FAILED : rc;
+    }
     if (kp_rpc_unary(v->ch, path, req, resp_desc, resp, v->common->timeout_ms, &st) == 0) {
         return 0;
     }
@@ -366,6 +385,16 @@ const char *kp_rpcverb_run_state_name(Kprof__V1__RunState s)
         return "failed";
     default:
         return "unknown";
+    }
+}
+
+void kp_rpcverb_set_subject(struct kp_rpcverb *v, long long run, long long rank)
+{
+    if (rank >= 0) {
+        snprintf(v->subject, sizeof(v->subject), "run %lld rank %lld", run, rank);
+    }
+    else {
+        snprintf(v->subject, sizeof(v->subject), "run %lld", run);
     }
 }
 

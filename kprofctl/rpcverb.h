@@ -32,6 +32,16 @@
 #define KP_RPCVERB_MAX_DEFS 48 /* common rows plus the verb's */
 #define KP_RPCVERB_RUN      (-1)
 
+/* The --rank row of a per-rank analysis verb (field: offsetof its long long): by default -1,
+ * which asks kprof-analyzer for the run's only rank; a run with several ranks is then a usage
+ * error (exit 2) whose message lists them. */
+#define KP_RPCVERB_RANK_DEF(field)                                                               \
+    {                                                                                            \
+        "rank", KP_CONFIG_INT, "-1", -1, INT32_MAX, (field),                                     \
+            "the rank (default -1: the run's only rank; a run with several needs --rank)", NULL, \
+            false                                                                                \
+    }
+
 /* The common flags. A verb's config struct has this as its FIRST member, so that the common
  * rows' offsets are valid in it. */
 struct kp_rpcverb_common {
@@ -110,6 +120,19 @@ void kp_rpcverb_error(const struct kp_rpcverb *v, const char *fmt, ...)
 int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMessage *req,
                     const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp);
 
+/*
+ * An in-process Analyzer (kprof-analyze's offline mode): called instead of the channel for
+ * analyzer verbs once set, with the method's name ("Breakdown"). Returns 0 and *resp (owned,
+ * of resp_desc), or fills st with the status the service would have answered.
+ */
+typedef int kp_rpcverb_local_fn(const char *method, const ProtobufCMessage *req,
+                                const ProtobufCMessageDescriptor *resp_desc,
+                                ProtobufCMessage **resp, struct kp_rpc_status *st);
+
+/* Sets (or with NULL clears) the in-process Analyzer, and the name its refusals carry
+ * ("kprof-analyze"). Not thread-safe: set it before running a verb. */
+void kp_rpcverb_set_local(kp_rpcverb_local_fn *fn, const char *name);
+
 /* The exit status for a gRPC status (kprofctl.h): OK 0; INVALID_ARGUMENT, OUT_OF_RANGE 2;
  * NOT_FOUND 3; ALREADY_EXISTS 4; UNAVAILABLE, DEADLINE_EXCEEDED 5; FAILED_PRECONDITION 6;
  * anything else 1. */
@@ -121,6 +144,9 @@ int kp_rpcverb_table(const struct kp_rpcverb *v, struct kp_table **out);
 
 /* Prints t to out in the chosen format and -w width. Returns 0, or 1 after printing why. */
 int kp_rpcverb_print(const struct kp_rpcverb *v, const struct kp_table *t, FILE *out);
+
+/* v->subject as "run R" or, when rank >= 0, "run R rank N". */
+void kp_rpcverb_set_subject(struct kp_rpcverb *v, long long run, long long rank);
 
 /* ns since the epoch as "2026-11-22T02:34:15Z" (whole seconds, UTC) into buf (at least 32
  * bytes). Returns buf, or NULL when ns <= 0 (not set). */

@@ -503,7 +503,7 @@ def check_errors(an, run_id):
     env = dict(os.environ, KPROF_ANALYZER=an.grpc)
     rc, out, err = ctl_status(None, "--run", str(run_id), "--json", env=env)
     assert rc == 0 and json.loads(out)["run"] == run_id, (rc, err)
-    for args in ([], ["--run", "x"], ["--run", str(run_id), "--rank", "-1"],
+    for args in ([], ["--run", "x"], ["--run", str(run_id), "--rank", "-2"],
                  ["--run", str(run_id), "--json", "--csv"], ["--run", str(run_id), "-w", "2"],
                  ["--run", str(run_id), "-c", "idx,nosuch"], ["--run", str(run_id), "extra"],
                  ["--run", str(run_id), "--pg", "dbname=kprof"]):

@@ -147,10 +147,43 @@ def dim(v):
     return None if v is None else json.dumps(v)
 
 
+def check_breakdown_json(ci, run_id, rank, compat, got):
+    """--json carries everything the text shows: the GPUs' figures (kprof-analyze's), their
+    device properties (the devices table's) and the recommendations (kprof-analyze's)."""
+    extra = ["--plugin-compat"] if compat else []
+    want = analyze(ci, run_id, rank, *(extra + ["breakdown"]))
+    assert (got["run"], got["rank"], got["plugin_compat"]) == (run_id, rank, compat), got
+    assert got["recommendations"] == want["recommendations"], (got["recommendations"], want)
+    gpu = want["breakdown"]["gpu"]
+    assert [g["gpu_id"] for g in got["gpus"]] == gpu["gpu_ids"], (got["gpus"], gpu)
+    devs = {int(r[0]): r for r in kpfix.psql_rows(
+        "SELECT id, name, global_memory_bytes, cc_major, cc_minor, sm_count FROM devices "
+        "WHERE run_id = %d AND rank = %d" % (run_id, rank), db=DB)}
+    for g in got["gpus"]:
+        w = gpu["per_device"][str(g["gpu_id"])]
+        for k, scale in (("utilization", 100), ("est_sm_efficiency", 100),
+                         ("est_achieved_occupancy", 1)):
+            same("gpu %d %s" % (g["gpu_id"], k), None if w[k] is None else scale * w[k],
+                 g[k + "_pct"])
+        d = devs.get(g["gpu_id"])
+        if d is None:
+            assert g["name"] is None and g["sm_count"] is None, g
+        else:
+            assert (g["name"], g["memory_bytes"], g["compute_capability"], g["sm_count"]) == \
+                (d[1], int(d[2] or 0), "%d.%d" % (int(d[3] or 0), int(d[4] or 0)),
+                 int(d[5] or 0)), (g, d)
+    return len(devs)
+
+
 def check_breakdown(an, ci, run_id, rank, compat):
     extra = ["--plugin-compat"] if compat else []
     want = analyze(ci, run_id, rank, *(extra + ["breakdown"]))["breakdown"]
-    got = ctl(an, "breakdown", "--run", str(run_id), "--rank", str(rank), *extra)
+    whole = ctl(an, "breakdown", "--run", str(run_id), "--rank", str(rank), *extra)
+    n_dev = check_breakdown_json(ci, run_id, rank, compat, whole)
+    print("run %d rank %d breakdown --json: %d steps, %d GPUs (%d with device properties), %d "
+          "recommendations" % (run_id, rank, len(whole["steps"]), len(whole["gpus"]), n_dev,
+                               len(whole["recommendations"])))
+    got = whole["steps"]
     assert len(got) == len(want["steps"]) + 1, (len(got), len(want["steps"]))
     for w, g in zip(want["steps"], got):
         assert g["step"] == w["name"], (g, w)
@@ -341,8 +374,8 @@ def check_no_shapes(an, run_id):
     got = ctl(an, "ops", "--run", str(run_id), "--group-by", "shapes")
     conv = [g for g in got if g["name"] == "aten::convolution_backward"]
     assert len(conv) == 1 and conv[0]["calls"] == 5 and conv[0]["input_shape"] == "[]", conv
-    kp = ctl(an, "breakdown", "--run", str(run_id))[-1]
-    pc = ctl(an, "breakdown", "--run", str(run_id), "--plugin-compat")[-1]
+    kp = ctl(an, "breakdown", "--run", str(run_id))["steps"][-1]
+    pc = ctl(an, "breakdown", "--run", str(run_id), "--plugin-compat")["steps"][-1]
     assert kp["communication_us"] == 200 and kp["kernel_us"] == 5 * 40, kp
     assert pc["communication_us"] == 0 and pc["kernel_us"] == 5 * 40 + 200, pc
     print("no_shapes (run %d): 5 convolution_backward [] calls in one row; the NCCL kernel "
@@ -393,7 +426,7 @@ def check_errors(an, run_id):
     assert p.returncode == 5 and "127.0.0.1:%d" % port in p.stderr, (p.returncode, p.stderr)
     for args in (["breakdown"], ["ops", "--run", str(run_id), "--group-by", "bogus"],
                  ["kernels", "--run", str(run_id), "--group-by", "shapes"],
-                 ["breakdown", "--run", "x"], ["ops", "--run", str(run_id), "--rank", "-1"],
+                 ["breakdown", "--run", "x"], ["ops", "--run", str(run_id), "--rank", "-2"],
                  ["kernels", "--run", str(run_id), "--json", "--csv"],
                  ["ops", "--run", str(run_id), "-c", "nope"]):
         rc, _, err = ctl_status(an.grpc, *args)

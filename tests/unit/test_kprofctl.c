@@ -1140,7 +1140,7 @@ static void test_counters(void **state)
         { { "--run", "3", "-w", "2" }, "-w takes a width of 4 or more" },
         { { "--run", "3", "--json", "--csv" }, "exclude each other" },
         { { "--run", "3", "--pg", "dbname=kprof" }, "unknown flag --pg" },
-        { { "--run", "3", "--rank", "-1" }, "out of range" },
+        { { "--run", "3", "--rank", "-2" }, "out of range" },
     };
     struct result r;
 

@@ -1,7 +1,8 @@
 /*
- * kprof-hta: HTA's per-rank analyses (analyzer/hta.h) from the command line.
- *   kprof-hta --pg CONNINFO --run R [--rank N] [--exact-ns] [--include-last-step]
- *             [--consecutive-kernel-delay-us N] temporal|idle|overlap|kernels|launch|queue
+ * kprof-analyze hta: HTA's per-rank analyses (analyzer/hta.h) computed in process, the
+ * offline mode of kprofctl hta (analyzer/view_hta.c computes the same kp_hta_load).
+ *   kprof-analyze --pg CONNINFO --run R [--rank N] [--exact-ns] [--include-last-step]
+ *             [--consecutive-kernel-delay-us N] hta temporal|idle|overlap|kernels|launch|queue
  *             [--json]
  * The output is JSON (times in µs) with or without --json. --exact-ns and
  * --include-last-step are kprof's departures from HTA (HTA rounds times to whole µs and
@@ -15,15 +16,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "analyze.h"
 #include "hta.h"
 #include "kp_err.h"
 #include "kp_pg.h"
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kprof-hta --pg CONNINFO --run R [--rank N] [--exact-ns] "
+    fprintf(f, "usage: kprof-analyze --pg CONNINFO --run R [--rank N] [--exact-ns] "
                "[--include-last-step] [--consecutive-kernel-delay-us N] "
-               "temporal|idle|overlap|kernels|launch|queue [--json]\n");
+               "hta temporal|idle|overlap|kernels|launch|queue [--json]\n");
 }
 
 static bool known(const char *v)
@@ -39,7 +41,7 @@ static bool known(const char *v)
     return false;
 }
 
-int main(int argc, char **argv)
+int kp_analyze_hta(int argc, char **argv)
 {
     static const struct option longopts[] = {
         { "pg", required_argument, NULL, 'p' },
@@ -70,14 +72,14 @@ int main(int argc, char **argv)
         case 'r':
             run = strtoll(optarg, &end, 10);
             if (*end || run < 0) {
-                fprintf(stderr, "kprof-hta: --run takes a run id, not '%s'\n", optarg);
+                fprintf(stderr, "kprof-analyze hta: --run takes a run id, not '%s'\n", optarg);
                 return 2;
             }
             break;
         case 'k':
             rank = (int) strtol(optarg, &end, 10);
             if (*end || rank < 0) {
-                fprintf(stderr, "kprof-hta: --rank takes a rank, not '%s'\n", optarg);
+                fprintf(stderr, "kprof-analyze hta: --rank takes a rank, not '%s'\n", optarg);
                 return 2;
             }
             break;
@@ -92,7 +94,8 @@ int main(int argc, char **argv)
         case 'd':
             delay = strtoll(optarg, &end, 10);
             if (*end || delay < 0 || delay > 1000000000LL) {
-                fprintf(stderr, "kprof-hta: --consecutive-kernel-delay-us takes µs, not '%s'\n",
+                fprintf(stderr,
+                        "kprof-analyze hta: --consecutive-kernel-delay-us takes µs, not '%s'\n",
                         optarg);
                 return 2;
             }
@@ -110,7 +113,8 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--json") == 0)
             continue;
         if (verb) {
-            fprintf(stderr, "kprof-hta: one analysis at a time ('%s' and '%s')\n", verb, argv[i]);
+            fprintf(stderr, "kprof-analyze hta: one analysis at a time ('%s' and '%s')\n", verb,
+                    argv[i]);
             return 2;
         }
         verb = argv[i];
@@ -120,23 +124,23 @@ int main(int argc, char **argv)
         return 2;
     }
     if (!known(verb)) {
-        fprintf(stderr, "kprof-hta: unknown analysis '%s'\n", verb);
+        fprintf(stderr, "kprof-analyze hta: unknown analysis '%s'\n", verb);
         usage(stderr);
         return 2;
     }
-    rc = kp_pg_connect(conninfo, "kprof-hta", &c, err, sizeof(err));
+    rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
     if (rc < 0) {
-        fprintf(stderr, "kprof-hta: %s\n", err);
+        fprintf(stderr, "kprof-analyze hta: %s\n", err);
         goto out;
     }
     rc = kp_hta_load(c, run, rank, &o, &h, err, sizeof(err));
     if (rc < 0) {
-        fprintf(stderr, "kprof-hta: %s\n", err[0] ? err : kp_strerror(rc));
+        fprintf(stderr, "kprof-analyze hta: %s\n", err[0] ? err : kp_strerror(rc));
         status = rc == KP_ENOTFOUND ? 3 : 1;
         goto out;
     }
     if (kp_hta_write_json(h, verb, stdout) < 0 || fflush(stdout) != 0) {
-        fprintf(stderr, "kprof-hta: writing the output failed\n");
+        fprintf(stderr, "kprof-analyze hta: writing the output failed\n");
         goto out;
     }
     status = 0;

@@ -1,0 +1,18 @@
+/* kprof-analyze's verbs that live apart from kprof_analyze.c. */
+#ifndef KP_ANALYZE_H
+#define KP_ANALYZE_H
+
+#include <stddef.h>
+
+/* `kprof-analyze ... hta ANALYSIS ...` with "hta" taken out of argv: HTA's per-rank analyses
+ * as JSON (analyze_hta.c). Returns the exit status: 0 ok, 2 usage, 3 unknown run or rank, 1
+ * anything else. */
+int kp_analyze_hta(int argc, char **argv);
+
+/* `kprof-analyze --pg CONNINFO [--max-rows N] kprofctl VERB ...` (argv from VERB on): kprofctl's
+ * analysis verb VERB, its Analyzer calls answered in process by the views of view.h
+ * (analyze_ctl.c). Returns the verb's exit status (kprofctl.h); 5 when PostgreSQL is
+ * unreachable. */
+int kp_analyze_ctl(const char *conninfo, size_t max_rows, int argc, char **argv);
+
+#endif

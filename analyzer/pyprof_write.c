@@ -1,0 +1,287 @@
+/* PyProf's table writers (pyprof.h): text, CSV and JSON, and the column names. In
+ * kp_analyzer_print, which links no libpq, so that kprofctl prof prints with them. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_err.h"
+#include "pyprof.h"
+
+static const char *const col_names[KP_PROF_COL_COUNT] = {
+    "idx",    "seq",    "altseq", "tid", "layer",  "trace",  "dir",  "sub",   "mod",   "op",
+    "kernel", "params", "sil",    "tc",  "device", "stream", "grid", "block", "flops", "bytes",
+};
+
+static const char *const col_headers[KP_PROF_COL_COUNT] = {
+    "Idx",    "SeqId",  "AltSeqId", "TId",    "Layer",  "Trace",   "Direction",
+    "Sub",    "Module", "Op",       "Kernel", "Params", "Sil(us)", "TC",
+    "Device", "Stream", "Grid",     "Block",  "FLOPs",  "Bytes",
+};
+
+/* JSON keys: the column names, but sil is exact ns. */
+static const char *json_key(enum kp_prof_col c)
+{
+    return c == KP_PROF_SIL ? "sil_ns" : col_names[c];
+}
+
+const char *kp_prof_col_name(enum kp_prof_col c)
+{
+    return c < KP_PROF_COL_COUNT ? col_names[c] : "?";
+}
+
+int kp_prof_parse_columns(const char *list, enum kp_prof_col *cols, int max, char *errbuf,
+                          size_t errlen)
+{
+    int n = 0;
+    const char *s = list;
+
+    while (s && *s) {
+        size_t len = strcspn(s, ",");
+        int c;
+
+        for (c = 0; c < KP_PROF_COL_COUNT; c++)
+            if (strlen(col_names[c]) == len && strncmp(s, col_names[c], len) == 0)
+                break;
+        if (c == KP_PROF_COL_COUNT || n >= max) {
+            kp_errbuf_set(errbuf, errlen,
+                          "unknown column '%.*s': pick from idx,seq,altseq,tid,layer,trace,dir,"
+                          "sub,mod,op,kernel,params,sil,tc,device,stream,grid,block,flops,bytes",
+                          (int) len, s);
+            return -EINVAL;
+        }
+        cols[n++] = (enum kp_prof_col) c;
+        s += len;
+        if (*s == ',')
+            s++;
+    }
+    if (n == 0) {
+        kp_errbuf_set(errbuf, errlen, "no column selected");
+        return -EINVAL;
+    }
+    return n;
+}
+
+/* The text of one cell. */
+static const char *cell(const struct kp_prof_row *r, enum kp_prof_col c, char *buf, size_t len)
+{
+    switch (c) {
+    case KP_PROF_IDX:
+        snprintf(buf, len, "%" PRIu64, r->idx);
+        return buf;
+    case KP_PROF_SEQ:
+        if (r->seq < 0)
+            return "-";
+        snprintf(buf, len, "%" PRId64, r->seq);
+        return buf;
+    case KP_PROF_ALTSEQ:
+        return r->altseq;
+    case KP_PROF_TID:
+        snprintf(buf, len, "%" PRId64, r->tid);
+        return buf;
+    case KP_PROF_LAYER:
+        return r->layer;
+    case KP_PROF_TRACE:
+        return r->trace;
+    case KP_PROF_DIR:
+        return r->bwd ? "bprop" : "fprop";
+    case KP_PROF_SUB:
+        snprintf(buf, len, "%d", r->sub);
+        return buf;
+    case KP_PROF_MOD:
+        return r->mod;
+    case KP_PROF_OP:
+        return r->op;
+    case KP_PROF_KERNEL:
+        return r->kernel;
+    case KP_PROF_PARAMS:
+        return r->params;
+    case KP_PROF_SIL:
+        if (r->sil_ns < 0)
+            return "-";
+        snprintf(buf, len, "%" PRId64 ".%03" PRId64, r->sil_ns / 1000, r->sil_ns % 1000);
+        return buf;
+    case KP_PROF_TC:
+        return r->tc;
+    case KP_PROF_DEVICE:
+        snprintf(buf, len, "%d", r->device);
+        return r->device < 0 ? "-" : buf;
+    case KP_PROF_STREAM:
+        snprintf(buf, len, "%d", r->stream);
+        return r->stream < 0 ? "-" : buf;
+    case KP_PROF_GRID:
+        return r->grid;
+    case KP_PROF_BLOCK:
+        return r->block;
+    case KP_PROF_FLOPS:
+        if (!r->flops_known)
+            return "-";
+        snprintf(buf, len, "%.0f", r->flops);
+        return buf;
+    case KP_PROF_BYTES:
+        if (!r->bytes_known)
+            return "-";
+        snprintf(buf, len, "%.0f", r->bytes);
+        return buf;
+    default:
+        return "?";
+    }
+}
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char) *s;
+
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+/* Display columns of UTF-8 text (one per code point). */
+static int disp_width(const char *s)
+{
+    int n = 0;
+
+    for (; *s; s++)
+        n += ((unsigned char) *s & 0xC0) != 0x80;
+    return n;
+}
+
+/* sep, then s in w display columns: cut with "…" when wider, padded unless last. */
+static void put_cell(FILE *f, const char *sep, const char *s, int w, bool last)
+{
+    int n = disp_width(s);
+
+    fputs(sep, f);
+    if (n > w) {
+        for (int cols = 0; *s; s++) {
+            if (((unsigned char) *s & 0xC0) != 0x80 && ++cols > w - 1)
+                break;
+            fputc(*s, f);
+        }
+        fputs("\u2026", f);
+        return;
+    }
+    fputs(s, f);
+    for (; !last && n < w; n++)
+        fputc(' ', f);
+}
+
+static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
+{
+    char buf[64];
+
+    switch (c) {
+    case KP_PROF_IDX:
+    case KP_PROF_TID:
+    case KP_PROF_SUB:
+        fputs(cell(r, c, buf, sizeof(buf)), f);
+        return;
+    case KP_PROF_SIL:
+        fprintf(f, "%" PRId64, r->sil_ns);
+        return;
+    case KP_PROF_SEQ:
+        if (r->seq < 0)
+            fputs("null", f);
+        else
+            fprintf(f, "%" PRId64, r->seq);
+        return;
+    case KP_PROF_DEVICE:
+    case KP_PROF_STREAM: {
+        int v = c == KP_PROF_DEVICE ? r->device : r->stream;
+
+        if (v < 0)
+            fputs("null", f);
+        else
+            fprintf(f, "%d", v);
+        return;
+    }
+    case KP_PROF_FLOPS:
+    case KP_PROF_BYTES: {
+        bool known = c == KP_PROF_FLOPS ? r->flops_known : r->bytes_known;
+
+        if (!known)
+            fputs("null", f);
+        else
+            fprintf(f, "%.17g", c == KP_PROF_FLOPS ? r->flops : r->bytes);
+        return;
+    }
+    default:
+        json_str(f, cell(r, c, buf, sizeof(buf)));
+        return;
+    }
+}
+
+void kp_prof_write_rows(FILE *f, const struct kp_prof_row *rows, size_t n_rows, int64_t run,
+                        int rank, const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt,
+                        int width)
+{
+    char buf[64];
+    int w[KP_PROF_COL_COUNT] = { 0 };
+
+    if (fmt == KP_PROF_JSON) {
+        fprintf(f, "{\"run\": %" PRId64 ", \"rank\": %d, \"columns\": [", run, rank);
+        for (int c = 0; c < ncols; c++)
+            fprintf(f, "%s\"%s\"", c ? ", " : "", json_key(cols[c]));
+        fputs("], \"rows\": [", f);
+        for (size_t i = 0; i < n_rows; i++) {
+            fputs(i ? ",\n  {" : "\n  {", f);
+            for (int c = 0; c < ncols; c++) {
+                fprintf(f, "%s\"%s\": ", c ? ", " : "", json_key(cols[c]));
+                json_cell(f, &rows[i], cols[c]);
+            }
+            fputc('}', f);
+        }
+        fputs("]}\n", f);
+        return;
+    }
+    if (fmt == KP_PROF_CSV) {
+        for (int c = 0; c < ncols; c++)
+            fprintf(f, "%s\"%s\"", c ? "," : "", col_headers[cols[c]]);
+        fputc('\n', f);
+        for (size_t i = 0; i < n_rows; i++) {
+            for (int c = 0; c < ncols; c++) {
+                const char *s = cell(&rows[i], cols[c], buf, sizeof(buf));
+
+                fputs(c ? ",\"" : "\"", f);
+                for (; *s; s++) {
+                    if (*s == '"')
+                        fputc('"', f);
+                    fputc(*s, f);
+                }
+                fputc('"', f);
+            }
+            fputc('\n', f);
+        }
+        return;
+    }
+    /* columnated: each column as wide as its longest cell, at most width */
+    for (int c = 0; c < ncols; c++) {
+        w[c] = disp_width(col_headers[cols[c]]);
+        for (size_t i = 0; i < n_rows; i++) {
+            int l = disp_width(cell(&rows[i], cols[c], buf, sizeof(buf)));
+
+            if (l > w[c])
+                w[c] = l;
+        }
+        if (width > 0 && w[c] > width)
+            w[c] = width;
+    }
+    for (int c = 0; c < ncols; c++)
+        put_cell(f, c ? " " : "", col_headers[cols[c]], w[c], c == ncols - 1);
+    fputc('\n', f);
+    for (size_t i = 0; i < n_rows; i++) {
+        for (int c = 0; c < ncols; c++)
+            put_cell(f, c ? " " : "", cell(&rows[i], cols[c], buf, sizeof(buf)), w[c],
+                     c == ncols - 1);
+        fputc('\n', f);
+    }
+}

@@ -1,0 +1,128 @@
+/*
+ * kp_view: one analysis the Analyzer service answers (docs/design.md "Analysis"), described once:
+ * its method name, its request and reply messages, how a request becomes a cache key, and its
+ * compute. service.c serves every row of kp_views (queue, workers, run check, cache, errors,
+ * metrics) and knows no view by name; kprof-analyze (the offline mode) runs the same computes
+ * in process.
+ *
+ * Adding a view: write analyzer/view_<name>.c with its key and compute functions and its
+ * `const struct kp_view kp_view_<name>`, declare that here and list it in views.c's table, add
+ * its request and reply messages and its rpc to proto/kprof.proto (every reply has `uint64
+ * run_id` and `bool cached`), and add its kprofctl verb (kprofctl/<verb>.c).
+ *
+ * Thread-safety: descriptors are constant; a compute runs on one worker with its own
+ * PostgreSQL connection and touches nothing shared.
+ */
+#ifndef KP_VIEW_H
+#define KP_VIEW_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <grpc/status.h>
+#include <libpq-fe.h>
+#include <protobuf-c/protobuf-c.h>
+
+struct kp_an;
+
+#define KP_VIEW_OPTS_BYTES 96
+#define KP_VIEW_ONLY_RANK  (-1) /* a per-rank request's rank: the run's only rank */
+
+/* What a cached reply was computed from. Key functions zero it first (kp_view_key_init), so
+ * that two keys compare equal byte for byte (memcmp) exactly when they ask the same thing. */
+struct kp_view_key {
+    uint64_t run;
+    int32_t rank; /* -1 for a view of the whole run; KP_VIEW_ONLY_RANK until resolved */
+    /* the view's options (its own struct, copied in; zero padding included) */
+    unsigned char opts[KP_VIEW_OPTS_BYTES];
+};
+
+/* What a compute gets. */
+struct kp_view_ctx {
+    PGconn *pg;                    /* the worker's connection (borrowed) */
+    struct kp_an *an;              /* the loaded rank when the view has load_rank; else NULL */
+    const ProtobufCMessage *req;   /* the request (borrowed) */
+    const struct kp_view_key *key; /* as the view's key function set it */
+    size_t max_rows;               /* the service's row budget per rank (0: none) */
+    char *err;                     /* a message for a failure */
+    size_t errlen;
+    /* A compute may set this (a grpc_status_code) with err as the details, to answer with that
+     * status instead of the one its return code maps to (service.c's status_for). */
+    int status;
+};
+
+/* A computed reply: msg points into what free_fn releases (state). */
+struct kp_view_reply {
+    ProtobufCMessage *msg;
+    void *state;
+    void (*free_fn)(void *state);
+};
+
+struct kp_view {
+    const char *name; /* "Breakdown": the method /kprof.v1.Analyzer/<name> and the metrics label */
+    const ProtobufCMessageDescriptor *request; /* its reply has run_id and cached */
+    const ProtobufCMessageDescriptor *reply;
+    bool whole_run; /* a view of every rank: its request has no rank */
+    bool load_rank; /* kp_an_load (run, rank) before the compute (ctx->an) */
+    /* The request as a key: run, rank and options (key zeroed by the caller). Returns true, or
+     * false with INVALID_ARGUMENT's details in err. max_rows is the service's budget. */
+    bool (*key)(const ProtobufCMessage *req, size_t max_rows, struct kp_view_key *k, char *err,
+                size_t len);
+    /* Computes the reply into *out (out->free_fn(out->state) releases it; it may point into
+     * ctx->an, which outlives it). Returns 0; -EINVAL
+     * (options the analysis refuses), KP_ENOTFOUND, KP_ETOOBIG, -ENOMEM, or KP_EPG with a
+     * message in ctx->err and nothing to free. */
+    int (*compute)(struct kp_view_ctx *ctx, struct kp_view_reply *out);
+    /* NULL, or whether the request writes (it is then neither answered from nor kept in the
+     * cache). */
+    bool (*writes)(const ProtobufCMessage *req);
+};
+
+extern const struct kp_view kp_view_breakdown, kp_view_ops, kp_view_kernels, kp_view_prof,
+    kp_view_roofline, kp_view_counters, kp_view_compare, kp_view_hta, kp_view_memory,
+    kp_view_distributed;
+
+/* Every view, in the order of the Analyzer service in proto/kprof.proto. */
+extern const struct kp_view *const kp_views[];
+extern const size_t kp_n_views;
+
+/* The view named name ("Breakdown"), or NULL. */
+const struct kp_view *kp_view_find(const char *name);
+
+/* Sets k's run and rank from the request's run_id and rank (whole_run: views whose requests
+ * have no rank; k->rank is -1), checking them (run 1..INT32_MAX, rank >= 0 or
+ * KP_VIEW_ONLY_RANK); false with the INVALID_ARGUMENT details in err. */
+bool kp_view_key_init(struct kp_view_key *k, uint64_t run, int32_t rank, bool whole_run, char *err,
+                      size_t len);
+
+/* kp_view_key_init for a per-rank view whose one option is a grouping (0 or 1), kept as an
+ * int in k->opts; false with "group_by N is not a known grouping" otherwise. */
+bool kp_view_key_group_by(struct kp_view_key *k, uint64_t run, int32_t rank, int group_by,
+                          char *err, size_t len);
+
+/* KP_VIEW_ONLY_RANK as the run's only rank in *rank. Returns 0; -EINVAL when the run has
+ * several ranks (err lists them and says to pick one with --rank); KP_ENOTFOUND when it has
+ * none; KP_EPG. Blocks on PG. */
+int kp_view_resolve_rank(PGconn *pg, uint64_t run, int32_t *rank, char *err, size_t len);
+
+/* The run's version: its state and committed batch count (the cache's check). Returns 0,
+ * KP_ENOTFOUND ("run N does not exist") or KP_EPG, with a message in err. */
+int kp_view_run_version(PGconn *pg, uint64_t run, int *state, int64_t *batches, char *err,
+                        size_t len);
+
+/* The status answering a compute's failure rc (NOT_FOUND, INVALID_ARGUMENT for -EINVAL,
+ * RESOURCE_EXHAUSTED for KP_ETOOBIG and -ENOMEM, else UNAVAILABLE with err rewritten as
+ * "PostgreSQL failed (...); retry later"). Logs the last two. */
+grpc_status_code kp_view_status(const struct kp_view *v, const struct kp_view_key *k, int rc,
+                                char *err, size_t len);
+
+/* Answers req (keyed as k, its rank resolved) with v over pg: loads the rank when the view
+ * wants it, computes. Returns 0 and *out, with *an the loaded rank (or NULL), which the reply
+ * may point into: free the reply, then kp_an_destroy(*an). Or returns nonzero with *code and
+ * its details in err (*an still to destroy). */
+int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage *req,
+                    const struct kp_view_key *k, size_t max_rows, struct kp_an **an,
+                    struct kp_view_reply *out, grpc_status_code *code, char *err, size_t len);
+
+#endif
