@@ -15,6 +15,7 @@
 #include "compare.h"
 #include "compare_pb.h"
 #include "counters.h"
+#include "export_rpc.h"
 #include "kp_analyzer.h"
 #include "kp_err.h"
 #include "kp_http.h"
@@ -91,8 +92,9 @@ struct stats {
 };
 
 struct kp_analyzer {
-    struct kp_analyzer_config cfg; /* borrowed strings */
-    struct kp_rpc_method methods[VIEW_COUNT];
+    struct kp_analyzer_config cfg;                /* borrowed strings */
+    struct kp_rpc_method methods[VIEW_COUNT + 1]; /* the views, then Export */
+    struct kp_export_svc *export_svc;             /* Analyzer.Export (export_rpc.h) */
     struct kp_rpc_server *server;
     struct kp_http *http;
     struct worker workers[KP_ANALYZER_MAX_WORKERS];
@@ -1405,8 +1407,14 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
         .on_request = on_compare,
         .ud = a,
     };
-    if ((rc = kp_rpc_server_create(&sopts, a->methods, VIEW_COUNT, &a->server, errbuf, errlen)) !=
-        0) {
+    if ((a->export_svc = kp_export_svc_create(cfg->pg_conninfo, (int) cfg->workers)) == NULL) {
+        snprintf(errbuf, errlen, "out of memory");
+        rc = -ENOMEM;
+        goto fail;
+    }
+    a->methods[VIEW_COUNT] = *kp_export_svc_method(a->export_svc);
+    if ((rc = kp_rpc_server_create(&sopts, a->methods, VIEW_COUNT + 1, &a->server, errbuf,
+                                   errlen)) != 0) {
         goto fail;
     }
     if (cfg->http_listen != NULL && cfg->http_listen[0] != '\0' &&
@@ -1445,6 +1453,7 @@ void kp_analyzer_destroy(struct kp_analyzer *a)
     if (a->server != NULL) {
         kp_rpc_server_shutdown(a->server, a->cfg.shutdown_grace_ms);
     }
+    kp_export_svc_destroy(a->export_svc); /* its calls are over: their threads end */
     pthread_mutex_lock(&a->mu);
     a->stopping = true;
     pthread_cond_broadcast(&a->cond);

@@ -9,8 +9,9 @@
  *     Any error stops here, before a run exists, with the file and the position — unless
  *     --partial, which imports the bad files up to the error.
  *  2. Ranks: distributedInfo.rank, else the file name (rank-3, worker3), else --rank (one
- *     file only). Two files of one rank are an error. The world size is the largest of
- *     distributedInfo.world_size, the highest rank + 1 and --world-size.
+ *     file only), else 0 for one file (a trace without distributedInfo is not distributed). Two
+ * files of one rank are an error. The world size is the largest of distributedInfo.world_size, the
+ * highest rank + 1 and --world-size.
  *  3. Control.CreateRun (source IMPORT), then each file's batches are pushed on one producer
  *     stream (kp_push: acked only once committed), then EndRun. The batches come from the
  *     file's spool (kp_kineto_spool: the scan kept them encoded, up to IMPORT_SPOOL_MEM bytes
@@ -511,6 +512,12 @@ static int assign_ranks(struct import *im, uint32_t *world_size)
         else if ((f->rank = kp_kineto_rank_from_name(f->path)) < 0) {
             unnamed++;
         }
+    }
+    /* Kineto writes distributedInfo only for a distributed job: one file without it (and no
+     * rank in its name) is a one-rank trace, rank 0, as export writes a one-rank run */
+    if (cfg->rank < 0 && unnamed == 1 && im->n_files == 1) {
+        im->files[0].rank = 0;
+        unnamed = 0;
     }
     if (unnamed > 0) {
         if (cfg->rank < 0 || unnamed > 1) {
