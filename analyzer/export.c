@@ -8,7 +8,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -25,6 +24,7 @@
 #include "kp_log.h"
 #include "kp_pg.h"
 #include "kp_strbuf.h"
+#include "kprof.pb-c.h"
 
 #define EXPORT_OUT_BUF     KP_EXPORT_CHUNK
 #define EXPORT_MAX_TRACKS  KP_EXPORT_MAX_TRACKS
@@ -410,11 +410,13 @@ struct xp {
     size_t n_ranks;
     struct xout out;
     struct kp_strbuf tmp;
+    struct kp_strbuf dist; /* the rank's ranks.distributed_info, "" if none */
     char err[1024];
     /* the run */
     long run;
     char job[512];
     long world_size;
+    bool imported; /* source IMPORT: distributedInfo only if its trace had one */
     int64_t base_ns;
     /* the rank being written */
     long rank;
@@ -1278,9 +1280,15 @@ static int write_rank(struct xp *x)
     if ((rc = write_devices(x)) != 0) {
         return rc;
     }
-    /* Kineto writes distributedInfo only for a distributed job; a one-rank run gets none
-     * (import then takes rank 0, world size 1) */
-    if (x->world_size > 1 || rank != 0) {
+    /* An imported trace's distributedInfo as it was (pg_config, nccl_version ...), none if it
+     * had none. Else (a capture), as Kineto, one only for a distributed job: a one-rank run
+     * gets none (import then takes rank 0, world size 1) */
+    if (x->dist.len > 0) {
+        XO_LIT(o, "\"distributedInfo\": ");
+        xo_put(o, x->dist.data, x->dist.len);
+        XO_LIT(o, ",\n");
+    }
+    else if (!x->imported && (x->world_size > 1 || rank != 0)) {
         XO_LIT(o, "\"distributedInfo\": {\"backend\": ");
         XO_LIT(o, "\"nccl\", \"rank\": "); /* Kineto writes the process group's backend;
                                             * kprof does not store it and NCCL is what GPU
@@ -1455,6 +1463,7 @@ static void xp_free(struct xp *x)
     free(x->out.buf);
     free(x->out.zbuf);
     kp_strbuf_fini(&x->tmp);
+    kp_strbuf_fini(&x->dist);
     free(x);
 }
 
@@ -1495,7 +1504,7 @@ static int begin(struct xp *x)
     }
     x->has_memory = S(res, 0, 0)[0] == 't';
     PQclear(res);
-    snprintf(sql, sizeof(sql), "SELECT job, world_size FROM runs WHERE id = %ld", x->run);
+    snprintf(sql, sizeof(sql), "SELECT job, world_size, source FROM runs WHERE id = %ld", x->run);
     if ((rc = query(x, sql, &res)) != 0) {
         return rc;
     }
@@ -1506,6 +1515,7 @@ static int begin(struct xp *x)
     }
     snprintf(x->job, sizeof(x->job), "%s", S(res, 0, 0));
     x->world_size = (long) I(res, 0, 1);
+    x->imported = I(res, 0, 2) == KPROF__V1__RUN_SOURCE__RUN_SOURCE_IMPORT;
     PQclear(res);
     snprintf(sql, sizeof(sql), "SELECT rank FROM ranks WHERE run_id = %ld ORDER BY rank", x->run);
     if ((rc = query(x, sql, &res)) != 0) {
@@ -1566,6 +1576,7 @@ int kp_export_begin(PGconn *pg, int64_t run, unsigned fetch_rows, struct kp_expo
     x->run = (long) run;
     x->fetch_rows = fetch_rows > 0 ? fetch_rows : KP_EXPORT_FETCH_ROWS;
     kp_strbuf_init(&x->tmp, 0);
+    kp_strbuf_init(&x->dist, 0);
     kp_strbuf_init(&x->nc_text, 0);
     kp_strbuf_init(&x->nc_query, 0);
     x->nc_cap = EXPORT_NC_CAP;
@@ -1603,11 +1614,17 @@ static int load_rank(struct xp *x)
     int rc;
 
     snprintf(sql, sizeof(sql),
-             "SELECT coalesce(host, ''), coalesce(pid, 0), coalesce(device, 0) FROM ranks "
-             "WHERE run_id = %ld AND rank = %ld",
+             "SELECT coalesce(host, ''), coalesce(pid, 0), coalesce(device, 0), "
+             "coalesce(distributed_info, '') FROM ranks WHERE run_id = %ld AND rank = %ld",
              x->run, x->rank);
     if ((rc = query(x, sql, &res)) != 0) {
         return rc;
+    }
+    kp_strbuf_reset(&x->dist);
+    if (PQntuples(res) && kp_strbuf_append_str(&x->dist, S(res, 0, 3)) != 0) {
+        PQclear(res);
+        snprintf(x->err, sizeof(x->err), "out of memory");
+        return -ENOMEM;
     }
     snprintf(x->host, sizeof(x->host), "%s", PQntuples(res) ? S(res, 0, 0) : "");
     x->pid = PQntuples(res) ? I(res, 0, 1) : 0;

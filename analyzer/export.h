@@ -11,9 +11,11 @@
  * capped at KP_EXPORT_MAX_TRACKS). The JSON goes, in pieces of at most KP_EXPORT_CHUNK bytes
  * (gzip-compressed with zlib when asked), to the caller's sink.
  *
- * Layout of a file: {"schemaVersion": 1, "deviceProperties": [devices], "distributedInfo":
- * {"backend", "rank", "world_size"} (only for a run of several ranks: a one-rank run is not
- * distributed and gets none), "host_name", "kprof": {"run", "job"}, "displayTimeUnit": "ns",
+ * Layout of a file: {"schemaVersion": 1, "deviceProperties": [devices], "distributedInfo": the
+ * imported trace's own (ranks.distributed_info: backend, pg_count, pg_config, nccl_version as
+ * they were; none if the trace had none), else (a capture) {"backend": "nccl", "rank",
+ * "world_size"} for a run of several ranks, else none (a one-rank run is not distributed),
+ * "host_name", "kprof": {"run", "job"}, "displayTimeUnit": "ns",
  * "baseTimeNanoseconds": B, "traceEvents": [...], "traceName"} where B is the run's earliest
  * start_ns and every ts/dur is µs after B with 3 decimals (exact to the ns). Processes: the
  * rank's host process (pid = ranks.pid) with its threads (tid) as tracks, and one process per
@@ -43,7 +45,7 @@
  *    activity that has its correlation (a CUDA-graph launch: one start, many ends);
  *  - process_name / process_sort_index / thread_name metadata for every track seen.
  * Not exported: api_calls.return_value, memsets.value and the step columns (import does not
- * fill them); the process-group configuration and NCCL version (not stored).
+ * fill them).
  *
  * Errors: KP_EPG (PostgreSQL), KP_ENOTFOUND (no such run, or rank), -ENOMEM, or what the sink
  * returned; each with a message in the caller's buffer. Not thread-safe: one export per

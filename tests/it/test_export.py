@@ -75,7 +75,8 @@ COLS = {
                 "coalesce(regs_per_sm, 0)", "coalesce(regs_per_block, 0)",
                 "coalesce(smem_per_sm, 0)", "coalesce(smem_per_block, 0)",
                 "coalesce(warp_size, 0)", "coalesce(cc_major, 0)", "coalesce(cc_minor, 0)"],
-    "ranks": ["coalesce(host, '')", "coalesce(pid, 0)", "coalesce(device, 0)"],
+    "ranks": ["coalesce(host, '')", "coalesce(pid, 0)", "coalesce(device, 0)",
+              "coalesce(distributed_info, '')"],
     "counters": ["coalesce(correlation, 0)", "value", NM % "metric", "coalesce(device, 0)"],
     "kernel_occupancy": ["start_ns", "correlation", "stream", "device", "blocks_per_sm::text",
                          "est_occupancy::text"],
@@ -186,7 +187,14 @@ def check_chrome(path, run_id, rank):
     raw, t = load(path)
     assert t["schemaVersion"] == 1 and t["displayTimeUnit"] == "ns", list(t)
     ws = int(kpfix.psql("SELECT world_size FROM runs WHERE id = %d" % run_id, db=DB))
-    if ws > 1 or rank != 0:
+    stored = kpfix.psql("SELECT coalesce(distributed_info, '') FROM ranks WHERE run_id = %d AND "
+                        "rank = %d" % (run_id, rank), db=DB)
+    imported = kpfix.psql("SELECT source FROM runs WHERE id = %d" % run_id, db=DB) == "2"
+    if stored:  # the imported trace's own, pg_config and nccl_version included
+        assert t["distributedInfo"] == json.loads(stored, parse_float=D), t["distributedInfo"]
+    elif imported:  # the trace had none: none is invented
+        assert "distributedInfo" not in t, t["distributedInfo"]
+    elif ws > 1 or rank != 0:
         assert t["distributedInfo"]["rank"] == rank, t["distributedInfo"]
         assert t["distributedInfo"]["world_size"] == ws
     else:  # a one-rank run is not distributed: Kineto writes no distributedInfo for it
@@ -391,6 +399,11 @@ def main():
         n, nbytes, secs = round_trip("hta-ns", [big], out)
         with open(out, "rb") as f:
             assert f.read(2) == b"\x1f\x8b", "not gzip"
+        # its distributedInfo (pg_config, nccl_version) comes back as it was
+        _, orig = load(big)
+        _, back = load(out)
+        assert orig["distributedInfo"]["pg_config"] and orig["distributedInfo"]["nccl_version"]
+        assert back["distributedInfo"] == orig["distributedInfo"], back["distributedInfo"]
         assert not glob.glob(out + ".tmp.*")
         print("HTA ns-resolution: %d rows equal; export %.1f MB of JSON in %.3f s = %.1f MB/s "
               "(gzip level 1)" % (n, nbytes / 1e6, secs, nbytes / 1e6 / secs))
