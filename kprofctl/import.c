@@ -18,7 +18,11 @@
  *     in memory for all files together, the rest in temporary files), so each file is parsed
  *     once; a file whose spool cannot stand for a second parse (kp_kineto.h) is parsed again.
  *     If the push fails, the run is ended FAILED and then dropped (Control.DropRun) with
- *     whatever part of it was stored; if the drop fails, the user is told how to drop it.
+ *     whatever part of it was stored. If collectord is gone before the run is ended, EndRun
+ *     is asked again until --give-up; a run it could not end stays open until collectord's
+ *     --open-run-timeout ends it as failed (no producer stream, no batch). Exit status: 0
+ *     imported (with --partial also when files were cut short: stderr says so), 1 failed, 2
+ *     usage, 5 collectord unreachable or gone (see --help).
  * A progress bar goes to stderr when it is a terminal; the run id goes to stdout, as JSON
  * with --json.
  */

@@ -513,6 +513,34 @@ def main():
         print("captured-style run %d: %d files, op<->kernel ids and flows OK, no "
               "kernel_occupancy rows" % (rid, len(ex["files"])))
 
+        # the stream itself (grpcio): chunks of at most 1 MiB, ranks in order, each ended with
+        # its figures; a client that goes away mid-stream leaves the analyzer serving
+        import grpc
+        import kprof_pb2 as pb
+        ch = grpc.insecure_channel(AN.grpc)
+        export = ch.unary_stream("/kprof.v1.Analyzer/Export",
+                                 request_serializer=pb.ExportRequest.SerializeToString,
+                                 response_deserializer=pb.ExportChunk.FromString)
+        big_run = int(kpfix.psql("SELECT min(id) FROM runs WHERE job = 'hta-ns'", db=DB))
+        chunks = list(export(pb.ExportRequest(run_id=big_run, all_ranks=True), timeout=120))
+        assert len(chunks) > 2 and all(len(c.data) <= 1 << 20 for c in chunks), len(chunks)
+        assert chunks[-1].end_of_rank and not any(c.end_of_rank for c in chunks[:-1])
+        body = b"".join(c.data for c in chunks)
+        assert len(body) == chunks[-1].json_bytes and json.loads(body)["traceEvents"]
+        call = export(pb.ExportRequest(run_id=big_run, all_ranks=True), timeout=120)
+        next(call)
+        call.cancel()
+        try:
+            list(export(pb.ExportRequest(run_id=big_run, rank=5), timeout=30))
+            raise AssertionError("rank 5 exported")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.NOT_FOUND and "no rank 5" in e.details(), e
+        ch.close()
+        p = kexport(big_run, os.path.join(tmp, "after-cancel.json"), "--json")
+        assert json.loads(p.stdout)["json_bytes"] == chunks[-1].json_bytes
+        print("Export stream: %d chunks of at most 1 MiB; a cancelled call leaves the analyzer "
+              "serving" % len(chunks))
+
         # 3. errors
         p = kexport(999999, os.path.join(tmp, "x.json"), ok=False)
         assert p.returncode == 3 and "run 999999 not found; `kprofctl runs` lists runs" in \
