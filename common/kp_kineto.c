@@ -740,89 +740,6 @@ static int py_str(struct kp_strbuf *sb, const char *s, size_t n)
     return rc == 0 ? kp_strbuf_putc(sb, '\'') : rc;
 }
 
-/* Reads one value and appends it to sb as Python's str() would print it ("[[32, 128], []]",
- * "['float', 'Scalar']", None, True). */
-static int jr_capture(struct jr *j, struct kp_strbuf *sb)
-{
-    int c = jr_ws(j), rc = 0;
-    bool first;
-
-    switch (c) {
-    case '[':
-    case '{':
-        if (c == '[' ? jr_arr_begin(j, &first) : jr_obj_begin(j, &first)) {
-            return j->err;
-        }
-        rc = kp_strbuf_putc(sb, (char) c);
-        for (size_t n = 0; rc == 0; n++) {
-            int more = c == '[' ? jr_arr_next(j, &first) : jr_obj_key(j, &first);
-
-            if (more < 0) {
-                return more;
-            }
-            if (more == 0) {
-                break;
-            }
-            if (n > 0) {
-                rc = kp_strbuf_append(sb, ", ", 2);
-            }
-            if (rc == 0 && c == '{') {
-                rc = py_str(sb, j->str, j->slen);
-                if (rc == 0) {
-                    rc = kp_strbuf_append(sb, ": ", 2);
-                }
-            }
-            if (rc == 0 && jr_capture(j, sb) != 0) {
-                return j->err;
-            }
-        }
-        if (rc == 0) {
-            rc = kp_strbuf_putc(sb, c == '[' ? ']' : '}');
-        }
-        break;
-    case '"':
-        if (jr_string(j) != 0) {
-            return j->err;
-        }
-        rc = py_str(sb, j->str, j->slen);
-        break;
-    case 't':
-        if (jr_literal(j, "true") != 0) {
-            return j->err;
-        }
-        rc = kp_strbuf_append_str(sb, "True");
-        break;
-    case 'f':
-        if (jr_literal(j, "false") != 0) {
-            return j->err;
-        }
-        rc = kp_strbuf_append_str(sb, "False");
-        break;
-    case 'n':
-        if (jr_literal(j, "null") != 0) {
-            return j->err;
-        }
-        rc = kp_strbuf_append_str(sb, "None");
-        break;
-    default:
-        if (c == '-' || (c >= '0' && c <= '9')) {
-            if (jr_number(j) != 0) {
-                return j->err;
-            }
-            rc = kp_strbuf_append(sb, j->num, j->nlen);
-            break;
-        }
-        return jr_unexpected(j, c, "a value");
-    }
-    if (rc == KP_ETOOBIG) {
-        return jr_fail(j, "an event's strings and lists exceed %u bytes", EV_MAX_BYTES);
-    }
-    if (rc != 0) {
-        j->err = rc;
-    }
-    return rc;
-}
-
 /* Appends s[0..n) as a JSON string. */
 static int json_str(struct kp_strbuf *sb, const char *s, size_t n)
 {
@@ -845,10 +762,12 @@ static int json_str(struct kp_strbuf *sb, const char *s, size_t n)
     return rc == 0 ? kp_strbuf_putc(sb, '"') : rc;
 }
 
-/* Reads one value and appends it to sb as JSON text with ", " and ": " separators (numbers as
- * written). */
-static int jr_copy_json(struct jr *j, struct kp_strbuf *sb)
+/* Reads one value and appends it to sb as Python's str() would print it ("[[32, 128], []]",
+ * "['float', 'Scalar']", None, True), or (json) as JSON text with the same separators. */
+static int jr_capture_as(struct jr *j, struct kp_strbuf *sb, bool json)
 {
+    static const char *const lits[2][3] = { { "True", "False", "None" },
+                                            { "true", "false", "null" } };
     int c = jr_ws(j), rc = 0;
     bool first;
 
@@ -872,28 +791,42 @@ static int jr_copy_json(struct jr *j, struct kp_strbuf *sb)
                 rc = kp_strbuf_append(sb, ", ", 2);
             }
             if (rc == 0 && c == '{') {
-                rc = json_str(sb, j->str, j->slen);
-                rc = rc != 0 ? rc : kp_strbuf_append(sb, ": ", 2);
+                rc = json ? json_str(sb, j->str, j->slen) : py_str(sb, j->str, j->slen);
+                if (rc == 0) {
+                    rc = kp_strbuf_append(sb, ": ", 2);
+                }
             }
-            if (rc == 0 && jr_copy_json(j, sb) != 0) {
+            if (rc == 0 && jr_capture_as(j, sb, json) != 0) {
                 return j->err;
             }
         }
-        rc = rc != 0 ? rc : kp_strbuf_putc(sb, c == '[' ? ']' : '}');
+        if (rc == 0) {
+            rc = kp_strbuf_putc(sb, c == '[' ? ']' : '}');
+        }
         break;
     case '"':
         if (jr_string(j) != 0) {
             return j->err;
         }
-        rc = json_str(sb, j->str, j->slen);
+        rc = json ? json_str(sb, j->str, j->slen) : py_str(sb, j->str, j->slen);
         break;
     case 't':
-    case 'f':
-    case 'n':
-        if (jr_literal(j, c == 't' ? "true" : c == 'f' ? "false" : "null") != 0) {
+        if (jr_literal(j, "true") != 0) {
             return j->err;
         }
-        rc = kp_strbuf_append_str(sb, c == 't' ? "true" : c == 'f' ? "false" : "null");
+        rc = kp_strbuf_append_str(sb, lits[json][0]);
+        break;
+    case 'f':
+        if (jr_literal(j, "false") != 0) {
+            return j->err;
+        }
+        rc = kp_strbuf_append_str(sb, lits[json][1]);
+        break;
+    case 'n':
+        if (jr_literal(j, "null") != 0) {
+            return j->err;
+        }
+        rc = kp_strbuf_append_str(sb, lits[json][2]);
         break;
     default:
         if (c == '-' || (c >= '0' && c <= '9')) {
@@ -905,10 +838,18 @@ static int jr_copy_json(struct jr *j, struct kp_strbuf *sb)
         }
         return jr_unexpected(j, c, "a value");
     }
+    if (rc == KP_ETOOBIG && !json) { /* json: the caller's buffer, which it names */
+        return jr_fail(j, "an event's strings and lists exceed %u bytes", EV_MAX_BYTES);
+    }
     if (rc != 0) {
         j->err = rc;
     }
     return rc;
+}
+
+static int jr_capture(struct jr *j, struct kp_strbuf *sb)
+{
+    return jr_capture_as(j, sb, false);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -2856,7 +2797,7 @@ static int parse_dist(struct kp_kineto *k)
                   : present ? kp_strbuf_appendf(&sb, "%" PRId64, v)
                             : kp_strbuf_append_str(&sb, "null");
         }
-        else if (jr_copy_json(j, &sb) != 0) {
+        else if (jr_capture_as(j, &sb, true) != 0) {
             kp_strbuf_fini(&sb);
             return j->err == KP_ETOOBIG ? jr_fail(j, "distributedInfo is larger than 1 MiB")
                                         : j->err;
