@@ -1,0 +1,308 @@
+#!/usr/bin/env bash
+# gpukit/run-on-gpu.sh: the GPU validation kit's one command. Runs kprof's capture and
+# torch.profiler on the same small PyTorch job and writes everything the verdict needs.
+#
+#   bash gpukit/run-on-gpu.sh [--dry-run] [--bundle TARBALL] [--out DIR]
+#
+# Phases, each bounded in time, each packed into $OUT as soon as it ends (a phase that fails
+# loses nothing of the others):
+#   setup      unpack the bundle (.gpukit/kprof-gpukit.tar.gz from gpukit/bundle.sh, unless this
+#              script runs from inside an unpacked one), check glibc, load or rebuild
+#              libkprof_inject.so against the CUDA here, find the libcupti torch uses
+#              (KPROF_CUPTI_PATH), make a user for PostgreSQL when running as root
+#   stack      deploy/local/kprof-stack up from the bundle, on free ports
+#   baseline   the job (gpukit/job_torch.py: 2 ranks, 30 steps) without kprof
+#   dormant    the same under kprof-run, no capture
+#   capture    the same under kprof-run; `kprofctl start --ranks all --steps 5` once both ranks
+#              run (timed so the window starts near step 20), `kprofctl status --watch` until
+#              done; then kprofctl status/export and the analyzer's breakdown, kernels and ops
+#              (--json) per rank
+#   torchprof  the job with torch.profiler recording the steps kprof captured (never both in
+#              one process: CUPTI takes one activity client)
+# --dry-run: kprof-test-worker and the fake libcupti stand in for PyTorch and the GPU
+# (gpukit/job_fake.py); the ctest it.test_gpukit runs it.
+#
+# Output ($OUT, else ./gpukit-out): gpukit.log (this log), gpukit-results.tar.gz (results/:
+# summary.json, setup.json, and per phase its job's files and logs), each rewritten after
+# every phase. Then, here: python3 gpukit/verdict.py gpukit-results.tar.gz.
+# Exit status: 0 every phase ran; 1 a phase failed (summary.json and the log say which);
+# 2 usage or no bundle.
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+dry=0 bundle='' out=${OUT:-$PWD/gpukit-out}
+while [ $# -gt 0 ]; do
+  case $1 in
+  --dry-run) dry=1; shift ;;
+  --bundle) bundle=$2; shift 2 ;;
+  --out) out=$2; shift 2 ;;
+  -h | --help) sed -n '5,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "run-on-gpu.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+t_start=$(date +%s)
+steps=30
+job_name=gpukit-$$
+
+# ---- the bundle ----------------------------------------------------------------------------------
+if [ -f "$here/../MANIFEST" ] && [ -d "$here/../build" ]; then
+  root=$(cd "$here/.." && pwd)
+  work=$(mktemp -d /tmp/gpukit.XXXXXX)
+else
+  [ -n "$bundle" ] || bundle=$here/../.gpukit/kprof-gpukit.tar.gz
+  if [ ! -f "$bundle" ]; then
+    echo "run-on-gpu.sh: no bundle at $bundle: run gpukit/bundle.sh first (and carry .gpukit/kprof-gpukit.tar.gz)" >&2
+    exit 2
+  fi
+  work=$(mktemp -d /tmp/gpukit.XXXXXX)
+  tar -C "$work" -xzf "$bundle" || { echo "run-on-gpu.sh: cannot unpack $bundle" >&2; exit 2; }
+  root=$work/root
+fi
+chmod 755 "$work" # PostgreSQL runs as another user: it must reach the bundle's binaries
+res=$work/results
+mkdir -p "$res"
+exec > >(tee -a "$out/gpukit.log") 2>&1
+log() { printf '[gpukit %4ds] %s\n' $(($(date +%s) - t_start)) "$*"; }
+
+# results/summary.json: one line per phase, rewritten as phases end.
+phases=()
+note_phase() { # name status seconds detail
+  phases+=("$(printf '{"phase": "%s", "status": "%s", "seconds": %s, "detail": %s}' "$1" "$2" "$3" \
+    "$(printf '%s' "$4" | python3 -c 'import json,sys; print(json.dumps(sys.stdin.read()))')")")
+  {
+    printf '{"dry_run": %s, "job": "%s", "phases": [' "$([ $dry = 1 ] && echo true || echo false)" "$job_name"
+    local i
+    for i in "${!phases[@]}"; do [ "$i" = 0 ] || printf ', '; printf '%s' "${phases[$i]}"; done
+    printf ']}\n'
+  } >"$res/summary.json"
+  pack
+}
+pack() {
+  cp "$out/gpukit.log" "$res/gpukit.log" 2>/dev/null
+  cp "$stack_dir"/*.log "$res/stack/" 2>/dev/null
+  tar -C "$work" -czf "$out/gpukit-results.tar.gz.tmp" results 2>/dev/null &&
+    mv "$out/gpukit-results.tar.gz.tmp" "$out/gpukit-results.tar.gz"
+}
+failed=0
+phase_rc() { # name rc t0 detail
+  local st=ok
+  [ "$2" = 0 ] || { st=failed; failed=1; }
+  log "phase $1: $st (status $2) $4"
+  note_phase "$1" "$st" $(($(date +%s) - $3)) "$4"
+}
+
+stack_dir=$work/stack
+mkdir -p "$res/stack"
+stack() { LD_LIBRARY_PATH=$root/lib KPROF_STACK_DIR=$stack_dir KPROF_BUILD_DIR=$root/build \
+  KPROF_PG_BIN=$pgbin timeout 120 bash "$root/deploy/local/kprof-stack" "$@"; }
+kctl() { LD_LIBRARY_PATH=$root/lib timeout 60 "$root/build/kprofctl/kprofctl" "$@"; }
+cleanup() {
+  [ -n "${job_pid:-}" ] && kill "$job_pid" 2>/dev/null
+  [ -n "${pgbin:-}" ] && stack down >/dev/null 2>&1
+  pack
+  [ "$dry" = 1 ] && rm -rf "$work"
+}
+trap cleanup EXIT
+
+# ---- setup ---------------------------------------------------------------------------------------
+t0=$(date +%s)
+log "bundle $root ($(sed -n 2,3p "$root/MANIFEST" | tr '\n' ' '))"
+pgbin=$(ls -d "$root"/pg/lib/postgresql/*/bin | tail -n 1)
+inject=$root/build/agent/inject/libkprof_inject.so
+setup_err=''
+need=$(sed -n 's/^GLIBC_MAX //p' "$root/MANIFEST")
+have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+if [ -n "$need" ] && [ -n "$have" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n 1)" != "$need" ]; then
+  setup_err="glibc $have here, the bundle needs $need: build the bundle on an older distribution"
+fi
+if [ "$dry" = 1 ]; then
+  job=(python3 "$root/gpukit/job_fake.py" --worker "$root/build/tests/fakecupti/kprof-test-worker"
+    --step-ms "${GPUKIT_FAKE_STEP_MS:-20}")
+  cupti='the fake (kprof-test-worker sets KPROF_CUPTI_PATH to its own)'
+  inject_how='bundled'
+else
+  job=(python3 "$root/gpukit/job_torch.py")
+  nvidia-smi >"$res/nvidia-smi.txt" 2>&1
+  # The libcupti this torch loads (one copy in the process), else the first one found.
+  cupti=$(timeout 120 python3 - <<'PY' 2>"$res/find-cupti.err"
+import glob, os, site, sys
+import torch
+torch.cuda.init()
+try:
+    torch.profiler.profile  # kineto, which links libcupti
+except Exception:
+    pass
+with open("/proc/self/maps") as f:
+    m = sorted({l.split()[-1] for l in f if "libcupti.so" in l})
+if m:
+    print(m[0]); sys.exit(0)
+dirs = site.getsitepackages() + [os.path.dirname(torch.__file__) + "/.."]
+pats = ["nvidia/cu*/lib/libcupti.so*", "nvidia/cuda_cupti/lib/libcupti.so*", "torch/lib/libcupti*.so*"]
+c = [p for d in dirs for pat in pats for p in sorted(glob.glob(os.path.join(d, pat)))]
+c += sorted(glob.glob("/usr/local/cuda*/extras/CUPTI/lib64/libcupti.so*")) + sorted(glob.glob("/usr/local/cuda*/lib64/libcupti.so*"))
+if c:
+    print(os.path.realpath(c[0]))
+PY
+)
+  if [ -z "$cupti" ]; then
+    setup_err="${setup_err:+$setup_err; }no libcupti found (see find-cupti.err)"
+  else
+    export KPROF_CUPTI_PATH=$cupti
+  fi
+  # The bundled library links only glibc: load it; rebuild it from the bundled sources
+  # against this CUDA's cupti.h when it does not.
+  inject_how=bundled
+  if ! python3 -c "import ctypes,sys; ctypes.CDLL(sys.argv[1]).kprof_step" "$inject" 2>"$res/inject-load.err"; then
+    inc=$(dirname "$(ls /usr/local/cuda*/include/cupti.h /usr/local/cuda*/extras/CUPTI/include/cupti.h 2>/dev/null | head -n 1)")
+    mkdir -p "$work/inject"
+    if cc -O2 -fPIC -shared -fvisibility=hidden -std=gnu11 -I"$root/src/agent/inject" -I"$root/src/common" \
+      -I"$inc" -Wl,--version-script="$root/src/agent/inject/exports.map" -o "$work/inject/libkprof_inject.so" \
+      "$root"/src/agent/inject/*.c "$root/src/common/kp_wire.c" -lpthread -ldl 2>"$res/inject-build.err"; then
+      inject=$work/inject/libkprof_inject.so
+      inject_how="rebuilt here against $inc"
+    else
+      setup_err="${setup_err:+$setup_err; }libkprof_inject.so neither loads nor builds (inject-*.err)"
+    fi
+  fi
+fi
+# PostgreSQL refuses to run as root: as root, run it as postgres, or a user made for it.
+pguser=
+if [ "$(id -u)" = 0 ]; then
+  if id postgres >/dev/null 2>&1; then pguser=postgres; else
+    pguser=kprofpg
+    id "$pguser" >/dev/null 2>&1 || useradd -r -M -d /nonexistent -s /bin/false "$pguser" 2>>"$res/setup.err" ||
+      { echo "$pguser:x:971:971::/nonexistent:/bin/false" >>/etc/passwd && echo "$pguser:x:971:" >>/etc/group; }
+  fi
+  export KPROF_PG_USER=$pguser
+fi
+python3 - "$res/setup.json" <<PY
+import json, sys
+json.dump({"dry_run": $dry == 1, "libcupti": """$cupti""", "inject": "$inject", "inject_how": "$inject_how",
+           "glibc_here": "$have", "glibc_needed": "$need", "pg_user": "$pguser", "uname": "$(uname -srm)",
+           "error": """$setup_err"""}, open(sys.argv[1], "w"), indent=1)
+PY
+phase_rc setup "$([ -z "$setup_err" ] && echo 0 || echo 1)" "$t0" "$setup_err"
+[ -z "$setup_err" ] || exit 1
+log "libcupti: $cupti; inject: $inject ($inject_how)"
+
+# ---- stack ---------------------------------------------------------------------------------------
+t0=$(date +%s)
+read -r p1 p2 p3 p4 p5 < <(python3 -c '
+import socket
+ss = [socket.socket() for _ in range(5)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in ss])')
+export KPROF_PG_PORT=$p1 KPROF_COLLECTOR_PORT=$p2 KPROF_COLLECTOR_HTTP_PORT=$p3 KPROF_ANALYZER_PORT=$p4 KPROF_ANALYZER_HTTP_PORT=$p5
+stack up >"$res/stack/up.txt" 2>&1
+rc=$?
+cat "$res/stack/up.txt"
+phase_rc stack $rc "$t0" "$(grep -m1 -i 'fail\|error\|not' "$res/stack/up.txt")"
+[ $rc = 0 ] || exit 1
+export KPROF_COLLECTOR=127.0.0.1:$p2 KPROF_ANALYZER=127.0.0.1:$p4
+export KPROF_PG="host=$(sed -n 's/.*PostgreSQL *host=\([^ ]*\).*/\1/p' "$res/stack/up.txt") port=$p1 user=kprof dbname=kprof"
+sock=$stack_dir/agent.sock
+kprun=(sh "$root/agent/kprof-run" --socket "$sock" --lib "$inject")
+
+# ---- the runs ------------------------------------------------------------------------------------
+run_job() { # phase limit_s extra job args...
+  local name=$1 lim=$2
+  shift 2
+  mkdir -p "$res/$name"
+  log "phase $name: $*"
+  timeout -k 5 "$lim" "$@" >"$res/$name/job.log" 2>&1
+}
+
+t0=$(date +%s)
+run_job baseline 150 "${job[@]}" --out "$res/baseline" --steps $steps
+phase_rc baseline $? "$t0" "no kprof"
+
+t0=$(date +%s)
+job_name=gpukit-dormant-$$
+run_job dormant 150 "${kprun[@]}" --job "$job_name" -- "${job[@]}" --out "$res/dormant" --steps $steps
+phase_rc dormant $? "$t0" "kprof-run, no capture"
+
+# capture: the job waits on a hold file past its 30 steps until kprof's window is over.
+t0=$(date +%s)
+job_name=gpukit-capture-$$
+hold=$work/hold
+touch "$hold"
+mkdir -p "$res/capture"
+log "phase capture: kprof-run --job $job_name -- ${job[*]}"
+timeout -k 5 240 "${kprun[@]}" --job "$job_name" -- "${job[@]}" --out "$res/capture" --steps $steps --hold-file "$hold" \
+  >"$res/capture/job.log" 2>&1 &
+job_pid=$!
+cap_err='' run=''
+# Start once both ranks report a step rate, timed so that the window (collectord picks the
+# start step: the furthest rank's step + 2 + 1 s worth of steps) begins near step 20.
+deadline=$(($(date +%s) + 120))
+while :; do
+  if [ "$(date +%s)" -ge "$deadline" ]; then cap_err="the job's 2 ranks did not register with a step rate in 120 s"; break; fi
+  if ! kill -0 "$job_pid" 2>/dev/null; then cap_err="the job ended before the capture started"; break; fi
+  kctl jobs --job "$job_name" --json >"$work/jobs.json" 2>/dev/null
+  go=$(python3 - "$work/jobs.json" <<'PY'
+import json, math, sys
+try:
+    rows = json.load(open(sys.argv[1]))
+except Exception:
+    rows = []
+rows = [r for r in rows if r.get("step") is not None and r.get("step_ms")]
+if len(rows) < 2:
+    print("wait"); sys.exit()
+mx = max(r["step"] for r in rows)
+fastest = min(r["step_ms"] for r in rows)
+lead = 2 + math.ceil(1000 / fastest)
+print("go" if mx + lead >= 20 else "wait")
+PY
+)
+  [ "$go" = go ] && break
+  sleep 0.05
+done
+if [ -z "$cap_err" ]; then
+  cp "$work/jobs.json" "$res/capture/jobs.json"
+  run=$(kctl start --job "$job_name" --ranks all --steps 5 2>"$res/capture/start.err")
+  if [ -z "$run" ]; then
+    cap_err="kprofctl start failed: $(head -c 300 "$res/capture/start.err")"
+  else
+    log "capture run $run: $(cat "$res/capture/start.err")"
+    LD_LIBRARY_PATH=$root/lib timeout 150 "$root/build/kprofctl/kprofctl" status --run "$run" --watch \
+      --interval 500ms >"$res/capture/status-watch.txt" 2>&1 || cap_err="kprofctl status --watch: the capture did not end with every rank done"
+  fi
+fi
+rm -f "$hold"
+wait "$job_pid"
+jrc=$?
+job_pid=
+[ $jrc = 0 ] || cap_err="${cap_err:+$cap_err; }the job exited with status $jrc (capture/job.log)"
+if [ -n "$run" ]; then
+  echo "$run" >"$res/capture/run"
+  kctl status --run "$run" --json >"$res/capture/status.json" 2>&1
+  mkdir -p "$res/capture/export"
+  kctl export --run "$run" -o "$res/capture/export/" >"$res/capture/export.log" 2>&1 ||
+    cap_err="${cap_err:+$cap_err; }kprofctl export failed"
+  for r in 0 1; do
+    for v in breakdown kernels ops; do
+      kctl "$v" --run "$run" --rank $r --json >"$res/capture/analyzer-$v.rank-$r.json" 2>"$res/capture/analyzer-$v.rank-$r.err" ||
+        cap_err="${cap_err:+$cap_err; }kprofctl $v --rank $r failed"
+    done
+  done
+fi
+phase_rc capture "$([ -z "$cap_err" ] && echo 0 || echo 1)" "$t0" "${cap_err:-run $run}"
+
+# torchprof: the steps kprof captured (else 20..24).
+t0=$(date +%s)
+span=$(python3 - "$res/capture/status.json" <<'PY'
+import json, sys
+try:
+    s = json.load(open(sys.argv[1]))[0]["steps"]
+    a, b = (int(x) for x in s.split("-"))
+    print("%d:%d" % (a, b))
+except Exception:
+    print("20:24")
+PY
+)
+run_job torchprof 200 "${job[@]}" --out "$res/torchprof" --steps $steps --profile-steps "$span"
+phase_rc torchprof $? "$t0" "torch.profiler on steps $span"
+
+log "done in $(($(date +%s) - t_start)) s; results in $out/gpukit-results.tar.gz"
+exit $failed
