@@ -42,6 +42,9 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 t_start=$(date +%s)
+# Every phase ends by this many seconds after the start (partial results are packed as each
+# phase ends): the device runs one command for at most 10 minutes; 380 s leaves a rerun room.
+t_end=$((t_start + ${GPUKIT_DEADLINE_S:-380}))
 steps=30
 job_name=gpukit-$$
 
@@ -88,6 +91,7 @@ failed=0
 phase_rc() { # name rc t0 detail
   local st=ok
   [ "$2" = 0 ] || { st=failed; failed=1; }
+  [ "$2" != 125 ] || st=skipped # out of time before it began
   log "phase $1: $st (status $2) $4"
   note_phase "$1" "$st" $(($(date +%s) - $3)) "$4"
 }
@@ -96,7 +100,7 @@ stack_dir=$work/stack
 mkdir -p "$res/stack"
 stack() { LD_LIBRARY_PATH=$root/lib KPROF_STACK_DIR=$stack_dir KPROF_BUILD_DIR=$root/build \
   KPROF_PG_BIN=$pgbin timeout 120 bash "$root/deploy/local/kprof-stack" "$@"; }
-kctl() { LD_LIBRARY_PATH=$root/lib timeout 60 "$root/build/kprofctl/kprofctl" "$@"; }
+kctl() { LD_LIBRARY_PATH=$root/lib timeout 30 "$root/build/kprofctl/kprofctl" "$@"; }
 cleanup() {
   [ -n "${job_pid:-}" ] && kill "$job_pid" 2>/dev/null
   [ -n "${pgbin:-}" ] && stack down >/dev/null 2>&1
@@ -125,7 +129,7 @@ else
   job=(python3 "$root/gpukit/job_torch.py")
   nvidia-smi >"$res/nvidia-smi.txt" 2>&1
   # The libcupti this torch loads (one copy in the process), else the first one found.
-  cupti=$(timeout 120 python3 - <<'PY' 2>"$res/find-cupti.err"
+  cupti=$(timeout 90 python3 - <<'PY' 2>"$res/find-cupti.err"
 import glob, os, site, sys
 import torch
 torch.cuda.init()
@@ -205,42 +209,54 @@ sock=$stack_dir/agent.sock
 kprun=(sh "$root/agent/kprof-run" --socket "$sock" --lib "$inject")
 
 # ---- the runs ------------------------------------------------------------------------------------
-run_job() { # phase limit_s extra job args...
-  local name=$1 lim=$2
+# The seconds a phase may take: at most $1, and what the deadline leaves (less 15 s to pack).
+limit() {
+  local left=$((t_end - $(date +%s) - 15))
+  [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
+run_job() { # phase limit_s job args...
+  local name=$1 lim
+  lim=$(limit "$2")
   shift 2
   mkdir -p "$res/$name"
-  log "phase $name: $*"
+  if [ "$lim" -lt 20 ]; then
+    log "phase $name: skipped, only $lim s left before the ${GPUKIT_DEADLINE_S:-380} s deadline"
+    return 125
+  fi
+  log "phase $name (at most $lim s): $*"
   timeout -k 5 "$lim" "$@" >"$res/$name/job.log" 2>&1
 }
 
 t0=$(date +%s)
-run_job baseline 150 "${job[@]}" --out "$res/baseline" --steps $steps
-phase_rc baseline $? "$t0" "no kprof"
+run_job baseline 100 "${job[@]}" --out "$res/baseline" --steps $steps
+rc=$?
+phase_rc baseline $rc "$t0" "no kprof$([ $rc = 124 ] && echo ': killed at its time limit')"
 
 t0=$(date +%s)
 job_name=gpukit-dormant-$$
-run_job dormant 150 "${kprun[@]}" --job "$job_name" -- "${job[@]}" --out "$res/dormant" --steps $steps
-phase_rc dormant $? "$t0" "kprof-run, no capture"
+run_job dormant 100 "${kprun[@]}" --job "$job_name" -- "${job[@]}" --out "$res/dormant" --steps $steps
+rc=$?
+phase_rc dormant $rc "$t0" "kprof-run, no capture$([ $rc = 124 ] && echo ': killed at its time limit')"
 
 # capture: the job waits on a hold file past its 30 steps until kprof's window is over.
-t0=$(date +%s)
-job_name=gpukit-capture-$$
-hold=$work/hold
-touch "$hold"
-mkdir -p "$res/capture"
-log "phase capture: kprof-run --job $job_name -- ${job[*]}"
-timeout -k 5 240 "${kprun[@]}" --job "$job_name" -- "${job[@]}" --out "$res/capture" --steps $steps --hold-file "$hold" \
-  >"$res/capture/job.log" 2>&1 &
-job_pid=$!
-cap_err='' run=''
-# Start once both ranks report a step rate, timed so that the window (collectord picks the
-# start step: the furthest rank's step + 2 + 1 s worth of steps) begins near step 20.
-deadline=$(($(date +%s) + 120))
-while :; do
-  if [ "$(date +%s)" -ge "$deadline" ]; then cap_err="the job's 2 ranks did not register with a step rate in 120 s"; break; fi
-  if ! kill -0 "$job_pid" 2>/dev/null; then cap_err="the job ended before the capture started"; break; fi
-  kctl jobs --job "$job_name" --json >"$work/jobs.json" 2>/dev/null
-  go=$(python3 - "$work/jobs.json" <<'PY'
+# Prints the error, if any; the run id goes to $res/capture/run.
+capture_phase() {
+  local run='' err='' deadline go jrc
+  mkdir -p "$res/capture"
+  job_name=gpukit-capture-$$
+  touch "$work/hold"
+  log "phase capture (at most $(limit 180) s): kprof-run --job $job_name -- ${job[*]}" >&2
+  timeout -k 5 "$(limit 180)" "${kprun[@]}" --job "$job_name" -- "${job[@]}" --out "$res/capture" \
+    --steps $steps --hold-file "$work/hold" >"$res/capture/job.log" 2>&1 &
+  job_pid=$!
+  # Start once both ranks report a step rate, timed so that the window (collectord picks the
+  # start step: the furthest rank's step + 2 + 1 s worth of steps) begins near step 20.
+  deadline=$(($(date +%s) + $(limit 90)))
+  while :; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then err="the job's 2 ranks did not register with a step rate in time"; break; fi
+    if ! kill -0 "$job_pid" 2>/dev/null; then err="the job ended before the capture started"; break; fi
+    kctl jobs --job "$job_name" --json >"$work/jobs.json" 2>/dev/null
+    go=$(python3 - "$work/jobs.json" <<'PY'
 import json, math, sys
 try:
     rows = json.load(open(sys.argv[1]))
@@ -251,43 +267,53 @@ if len(rows) < 2:
     print("wait"); sys.exit()
 mx = max(r["step"] for r in rows)
 fastest = min(r["step_ms"] for r in rows)
-lead = 2 + math.ceil(1000 / fastest)
-print("go" if mx + lead >= 20 else "wait")
+print("go" if mx + 2 + math.ceil(1000 / fastest) >= 20 else "wait")
 PY
 )
-  [ "$go" = go ] && break
-  sleep 0.05
-done
-if [ -z "$cap_err" ]; then
-  cp "$work/jobs.json" "$res/capture/jobs.json"
-  run=$(kctl start --job "$job_name" --ranks all --steps 5 2>"$res/capture/start.err")
-  if [ -z "$run" ]; then
-    cap_err="kprofctl start failed: $(head -c 300 "$res/capture/start.err")"
-  else
-    log "capture run $run: $(cat "$res/capture/start.err")"
-    LD_LIBRARY_PATH=$root/lib timeout 150 "$root/build/kprofctl/kprofctl" status --run "$run" --watch \
-      --interval 500ms >"$res/capture/status-watch.txt" 2>&1 || cap_err="kprofctl status --watch: the capture did not end with every rank done"
-  fi
-fi
-rm -f "$hold"
-wait "$job_pid"
-jrc=$?
-job_pid=
-[ $jrc = 0 ] || cap_err="${cap_err:+$cap_err; }the job exited with status $jrc (capture/job.log)"
-if [ -n "$run" ]; then
-  echo "$run" >"$res/capture/run"
-  kctl status --run "$run" --json >"$res/capture/status.json" 2>&1
-  mkdir -p "$res/capture/export"
-  kctl export --run "$run" -o "$res/capture/export/" >"$res/capture/export.log" 2>&1 ||
-    cap_err="${cap_err:+$cap_err; }kprofctl export failed"
-  for r in 0 1; do
-    for v in breakdown kernels ops; do
-      kctl "$v" --run "$run" --rank $r --json >"$res/capture/analyzer-$v.rank-$r.json" 2>"$res/capture/analyzer-$v.rank-$r.err" ||
-        cap_err="${cap_err:+$cap_err; }kprofctl $v --rank $r failed"
-    done
+    [ "$go" = go ] && break
+    sleep 0.05
   done
+  if [ -z "$err" ]; then
+    cp "$work/jobs.json" "$res/capture/jobs.json"
+    run=$(kctl start --job "$job_name" --ranks all --steps 5 2>"$res/capture/start.err")
+    if [ -z "$run" ]; then
+      err="kprofctl start failed: $(head -c 300 "$res/capture/start.err")"
+    else
+      echo "$run" >"$res/capture/run"
+      log "capture run $run: $(cat "$res/capture/start.err")" >&2
+      LD_LIBRARY_PATH=$root/lib timeout "$(limit 120)" "$root/build/kprofctl/kprofctl" status --run "$run" \
+        --watch --interval 500ms >"$res/capture/status-watch.txt" 2>&1 ||
+        err="kprofctl status --watch: the capture did not end with every rank done"
+    fi
+  fi
+  rm -f "$work/hold"
+  wait "$job_pid"
+  jrc=$?
+  job_pid=
+  [ $jrc = 0 ] || err="${err:+$err; }the job exited with status $jrc (capture/job.log)"
+  if [ -n "$run" ]; then
+    kctl status --run "$run" --json >"$res/capture/status.json" 2>&1
+    mkdir -p "$res/capture/export"
+    kctl export --run "$run" -o "$res/capture/export/" >"$res/capture/export.log" 2>&1 ||
+      err="${err:+$err; }kprofctl export failed"
+    local r v
+    for r in 0 1; do
+      for v in breakdown kernels ops; do
+        kctl "$v" --run "$run" --rank $r --json >"$res/capture/analyzer-$v.rank-$r.json" \
+          2>"$res/capture/analyzer-$v.rank-$r.err" || err="${err:+$err; }kprofctl $v --rank $r failed"
+      done
+    done
+  fi
+  printf '%s' "$err"
+}
+t0=$(date +%s)
+if [ "$(limit 180)" -lt 20 ]; then
+  log "phase capture: skipped, only $(limit 180) s left before the ${GPUKIT_DEADLINE_S:-380} s deadline"
+  phase_rc capture 125 "$t0" "out of time"
+else
+  cap_err=$(capture_phase)
+  phase_rc capture "$([ -z "$cap_err" ] && echo 0 || echo 1)" "$t0" "${cap_err:-run $(cat "$res/capture/run" 2>/dev/null)}"
 fi
-phase_rc capture "$([ -z "$cap_err" ] && echo 0 || echo 1)" "$t0" "${cap_err:-run $run}"
 
 # torchprof: the steps kprof captured (else 20..24).
 t0=$(date +%s)
@@ -301,8 +327,9 @@ except Exception:
     print("20:24")
 PY
 )
-run_job torchprof 200 "${job[@]}" --out "$res/torchprof" --steps $steps --profile-steps "$span"
-phase_rc torchprof $? "$t0" "torch.profiler on steps $span"
+run_job torchprof 150 "${job[@]}" --out "$res/torchprof" --steps $steps --profile-steps "$span"
+rc=$?
+phase_rc torchprof $rc "$t0" "torch.profiler on steps $span$([ $rc = 124 ] && echo ': killed at its time limit')"
 
 log "done in $(($(date +%s) - t_start)) s; results in $out/gpukit-results.tar.gz"
 exit $failed
