@@ -17,7 +17,7 @@
 # build/tests/fakecupti/ the dry run's worker and fake libcupti; lib/ every shared library they
 # load except glibc's own (the GPU image's glibc must be at least GLIBC_MAX in MANIFEST);
 # pg/lib/postgresql/N/{bin,lib} and pg/share/postgresql/N/ PostgreSQL's server (relocatable:
-# it finds share/ relative to bin/); deploy/local/kprof-stack, agent/kprof-run, agent/python/
+# it finds share/ relative to bin/), pg/zoneinfo/ the UTC time zone files; deploy/local/kprof-stack, agent/kprof-run, agent/python/
 # and gpukit/ the scripts; src/ the injection library's sources, to rebuild it against another
 # CUDA (gpukit/run-on-gpu.sh does when the bundled one does not load).
 #
@@ -104,6 +104,11 @@ build_bundle() {
   find "/usr/lib/postgresql/$pgver/lib" -maxdepth 1 -name '*.so' ! -name 'llvmjit*' \
     -exec cp {} "$root/pg/lib/postgresql/$pgver/lib/" \;
   cp -a "/usr/share/postgresql/$pgver" "$root/pg/share/postgresql/$pgver"
+  # Debian's PostgreSQL reads time zones from /usr/share/zoneinfo: the few it needs under UTC,
+  # for an image without tzdata (run-on-gpu.sh copies them there when they are missing).
+  mkdir -p "$root/pg/zoneinfo/Etc"
+  cp -L /usr/share/zoneinfo/UTC /usr/share/zoneinfo/GMT "$root/pg/zoneinfo/"
+  cp -L /usr/share/zoneinfo/Etc/UTC /usr/share/zoneinfo/Etc/GMT "$root/pg/zoneinfo/Etc/"
   # Scripts and the injection library's sources.
   cp "$src/deploy/local/kprof-stack" "$root/deploy/local/"
   cp "$src/agent/kprof-run" "$root/agent/"

@@ -171,8 +171,19 @@ PY
   fi
 fi
 # PostgreSQL refuses to run as root: as root, run it as postgres, or a user made for it.
+# It runs in the C locale and UTC (an image may lack locales and tzdata: then the bundle's UTC
+# files go where Debian's PostgreSQL reads them).
+export LC_ALL=C TZ=UTC
+if [ ! -e /usr/share/zoneinfo/UTC ]; then
+  if mkdir -p /usr/share/zoneinfo 2>/dev/null && cp -rn "$root/pg/zoneinfo/." /usr/share/zoneinfo/; then
+    log "no tzdata here: installed the bundle's UTC files in /usr/share/zoneinfo"
+  else
+    log "warning: no /usr/share/zoneinfo/UTC and no right to install it; PostgreSQL may refuse to start"
+  fi
+fi
 pguser=
 if [ "$(id -u)" = 0 ]; then
+  command -v runuser >/dev/null || setup_err="${setup_err:+$setup_err; }runuser is missing (kprof-stack runs PostgreSQL through it as root)"
   if id postgres >/dev/null 2>&1; then pguser=postgres; else
     pguser=kprofpg
     id "$pguser" >/dev/null 2>&1 || useradd -r -M -d /nonexistent -s /bin/false "$pguser" 2>>"$res/setup.err" ||

@@ -31,6 +31,7 @@ Exit status: 0 PASS; 1 FAIL; 2 the results cannot be read.
 
 import argparse
 import collections
+import gzip
 import json
 import os
 import re
@@ -51,7 +52,7 @@ class Unusable(Exception):
 
 def load_json(path):
     try:
-        with open(path) as f:
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
             return json.load(f)
     except (OSError, ValueError) as e:
         raise Unusable("%s: %s" % (path, e))
@@ -262,7 +263,15 @@ def verdict(res, dur_tol):
     runs = {}
     for ph in ("baseline", "dormant", "capture", "torchprof"):
         runs[ph] = {r: load_json(p) for r, p in find_rank_files(os.path.join(res, ph), r"^steps\.rank-(\d+)\.json$").items()}
-    for r, rec in runs["capture"].items():
+    for ph in ("capture", "torchprof"):
+        for r, rec in sorted(runs[ph].items()):
+            if r == 0:
+                rep.append("%s: %s, torch %s, CUDA %s, backend %s, libcupti mapped: %s" % (
+                    ph, rec.get("device"), rec.get("torch", "-"), rec.get("cuda", "-"), rec.get("backend"),
+                    ", ".join(rec.get("cupti_loaded") or []) or "none"))
+            if len(rec.get("cupti_loaded") or []) > 1:
+                warns.append("rank %d (%s): two libcupti copies in one process: %s" % (r, ph, rec["cupti_loaded"]))
+    for r, rec in sorted(runs["capture"].items()):
         st = rec.get("kprof_stats") or {}
         if "error" in st:
             warns.append("rank %d: kprof counters unreadable: %s" % (r, st["error"]))

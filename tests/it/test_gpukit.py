@@ -27,6 +27,8 @@ SRC = os.environ.get("KPROF_SOURCE_DIR") or os.path.realpath(
 )
 BIN = os.environ.get("KPROF_BIN_DIR", os.path.join(SRC, "build"))
 KIT = os.path.join(SRC, "gpukit")
+SHARED = os.path.join(SRC, "..", "shared")
+PEERS = os.path.join(SHARED, "peers", "hta")
 SCALE = float(os.environ.get("KPROF_TEST_TIMEOUT_MULTIPLIER", "1"))
 
 sys.dont_write_bytecode = True
@@ -229,6 +231,22 @@ class GpuKit(unittest.TestCase):
         v = verdict(bad)
         self.assertEqual(v.returncode, 2)
         self.assertIn("cannot read the results", v.stderr)
+
+    def test_verdict_reads_a_real_torch_profiler_trace(self):
+        """The verdict's reader on a trace torch.profiler wrote (HTA's ns-resolution peer trace,
+        5 steps of a training job): every kernel lands in a step and under an op."""
+        sys.path.insert(0, KIT)
+        import verdict as vd
+
+        path = os.path.join(PEERS, "ns_resolution_rank0", "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz")
+        by_step, steps = vd.load_trace(path)
+        doc = vd.load_json(path)
+        kernels = sum(1 for e in doc["traceEvents"] if e.get("cat") == "kernel")
+        self.assertEqual(steps, [101, 102, 103, 104, 105])
+        got = [e for s in steps for e in by_step[s] if e["kind"] == "kernel"]
+        self.assertEqual(len(got), kernels)
+        self.assertTrue(all(e["op"] for e in got))
+        self.assertEqual(len({len([e for e in by_step[s] if e["kind"] == "kernel"]) for s in steps}), 1)
 
     # ---- the GPU-side command's limits ----------------------------------------------------------
     def test_deadline_keeps_finished_phases(self):
