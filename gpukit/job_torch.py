@@ -205,6 +205,9 @@ def rank_main(a):
         "cupti_loaded": cupti_loaded(),
     }
     write_json(os.path.join(a.out, "steps.rank-%d.json" % rank), rec)
+    ms = sorted(t["ms"] for t in times)
+    print("job_torch: rank %d on %s (%s): %d steps, median %.2f ms" % (
+        rank, rec["device"], backend, len(times), ms[len(ms) // 2]), flush=True)
     dist.destroy_process_group()
     return 0
 
@@ -243,11 +246,21 @@ def parent_main(a, argv):
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    # One rank failing leaves the other blocked in a collective: take it down at once.
     rc = 0
-    for r, k in enumerate(kids):
-        if k.wait() != 0:
-            print("job_torch: rank %d exited with status %d" % (r, k.returncode), file=sys.stderr)
-            rc = 1
+    left = set(range(len(kids)))
+    while left:
+        for r in sorted(left):
+            if kids[r].poll() is None:
+                continue
+            left.discard(r)
+            if kids[r].returncode != 0:
+                print("job_torch: rank %d exited with status %d" % (r, kids[r].returncode), file=sys.stderr)
+                rc = 1
+                for k in kids:
+                    if k.poll() is None:
+                        k.kill()
+        time.sleep(0.05)
     return rc
 
 
@@ -255,7 +268,14 @@ def main(argv):
     a = parse_args(argv)
     if a.rank is None:
         return parent_main(a, argv)
-    return rank_main(a)
+    try:
+        return rank_main(a)
+    except Exception:  # the log says where; the kit's summary says the phase failed
+        import traceback
+
+        traceback.print_exc()
+        print("job_torch: rank %d failed" % a.rank, file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

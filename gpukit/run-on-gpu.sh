@@ -133,10 +133,13 @@ else
 import glob, os, site, sys
 import torch
 torch.cuda.init()
-try:
-    torch.profiler.profile  # kineto, which links libcupti
-except Exception:
-    pass
+try:  # a moment of torch.profiler makes Kineto load the libcupti it uses
+    from torch.profiler import profile, ProfilerActivity
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        torch.ones(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+except Exception as e:
+    print("torch.profiler: %s" % e, file=sys.stderr)
 with open("/proc/self/maps") as f:
     m = sorted({l.split()[-1] for l in f if "libcupti.so" in l})
 if m:
@@ -215,7 +218,8 @@ cat "$res/stack/up.txt"
 phase_rc stack $rc "$t0" "$(grep -m1 -i 'fail\|error\|not' "$res/stack/up.txt")"
 [ $rc = 0 ] || exit 1
 export KPROF_COLLECTOR=127.0.0.1:$p2 KPROF_ANALYZER=127.0.0.1:$p4
-export KPROF_PG="host=$(sed -n 's/.*PostgreSQL *host=\([^ ]*\).*/\1/p' "$res/stack/up.txt") port=$p1 user=kprof dbname=kprof"
+pghost=$(sed -n 's/.*PostgreSQL *host=\([^ ]*\).*/\1/p' "$res/stack/up.txt")
+export KPROF_PG="host=$pghost port=$p1 user=kprof dbname=kprof"
 sock=$stack_dir/agent.sock
 kprun=(sh "$root/agent/kprof-run" --socket "$sock" --lib "$inject")
 
