@@ -24,7 +24,8 @@
 #
 # Output ($OUT, else ./gpukit-out): gpukit.log (this log), gpukit-results.tar.gz (results/:
 # summary.json, setup.json, and per phase its job's files and logs), each rewritten after
-# every phase. Then, here: python3 gpukit/verdict.py gpukit-results.tar.gz.
+# every phase, and at the end gpukit-report.txt, the verdict on them (also printed). Then,
+# where the files land: python3 gpukit/verdict.py gpukit-results.tar.gz.
 # Exit status: 0 every phase ran; 1 a phase failed (summary.json and the log say which);
 # 2 usage or no bundle.
 set -uo pipefail
@@ -81,10 +82,16 @@ note_phase() { # name status seconds detail
   } >"$res/summary.json"
   pack
 }
+# The device returns files of at most 16 MiB: a file over 6 MiB (a runaway log) stays out of
+# the tarball and is named in results/left-out.txt.
 pack() {
   cp "$out/gpukit.log" "$res/gpukit.log" 2>/dev/null
   cp "$stack_dir"/*.log "$res/stack/" 2>/dev/null
-  tar -C "$work" -czf "$out/gpukit-results.tar.gz.tmp" results 2>/dev/null &&
+  (cd "$work" && find results -type f -size +6M -printf '%p\n') >"$work/left-out"
+  if [ -s "$work/left-out" ]; then
+    (cd "$work" && find results -type f -size +6M -printf '%p %s bytes\n') >"$res/left-out.txt"
+  fi
+  tar -C "$work" -czf "$out/gpukit-results.tar.gz.tmp" -X "$work/left-out" results 2>/dev/null &&
     mv "$out/gpukit-results.tar.gz.tmp" "$out/gpukit-results.tar.gz"
 }
 failed=0
@@ -189,8 +196,8 @@ if [ "$(id -u)" = 0 ]; then
   command -v runuser >/dev/null || setup_err="${setup_err:+$setup_err; }runuser is missing (kprof-stack runs PostgreSQL through it as root)"
   if id postgres >/dev/null 2>&1; then pguser=postgres; else
     pguser=kprofpg
-    id "$pguser" >/dev/null 2>&1 || useradd -r -M -d /nonexistent -s /bin/false "$pguser" 2>>"$res/setup.err" ||
-      { echo "$pguser:x:971:971::/nonexistent:/bin/false" >>/etc/passwd && echo "$pguser:x:971:" >>/etc/group; }
+    id "$pguser" >/dev/null 2>&1 || useradd -r -M -d /nonexistent -s /bin/sh "$pguser" 2>>"$res/setup.err" ||
+      { echo "$pguser:x:971:971::/nonexistent:/bin/sh" >>/etc/passwd && echo "$pguser:x:971:" >>/etc/group; }
   fi
   export KPROF_PG_USER=$pguser
 fi
@@ -347,4 +354,8 @@ rc=$?
 phase_rc torchprof $rc "$t0" "torch.profiler on steps $span$([ $rc = 124 ] && echo ': killed at its time limit')"
 
 log "done in $(($(date +%s) - t_start)) s; results in $out/gpukit-results.tar.gz"
+pack
+# A first look, in the command's own output: the verdict (gpukit/verdict.py, standard library
+# only) on what is about to come back. The one that counts is computed again where it lands.
+timeout 60 python3 "$root/gpukit/verdict.py" "$out/gpukit-results.tar.gz" --report "$out/gpukit-report.txt"
 exit $failed

@@ -84,6 +84,23 @@ class GpuKit(unittest.TestCase):
         grpc = glob.glob(os.path.join(self.bundle, "root", "lib", "libgrpc.so*"))
         self.assertTrue(grpc, "gRPC's library is not in the bundle")
 
+    def test_fits_the_device_limits(self):
+        """What travels (tracked files + the tarball) fits 64 MiB; what comes back from $OUT is
+        at most 8 plain files of at most 16 MiB, named in letters, digits, '.', '_', '-'."""
+        tracked = subprocess.run(["git", "-C", SRC, "ls-files", "-z"], capture_output=True, check=True).stdout
+        size = sum(os.path.getsize(os.path.join(SRC, f)) for f in tracked.decode().split("\0")
+                   if f and os.path.isfile(os.path.join(SRC, f)))
+        size += os.path.getsize(os.path.join(self.bundle, "kprof-gpukit.tar.gz"))
+        self.assertLess(size, 64 << 20)
+        names = os.listdir(self.out)
+        self.assertLessEqual(len(names), 8)
+        self.assertIn("gpukit-results.tar.gz", names)
+        self.assertIn("gpukit-report.txt", names)
+        for n in names:
+            self.assertRegex(n, r"^[A-Za-z0-9._-]+$")
+            self.assertTrue(os.path.isfile(os.path.join(self.out, n)))
+            self.assertLessEqual(os.path.getsize(os.path.join(self.out, n)), 16 << 20)
+
     def test_ldd_check_names_a_missing_library(self):
         lib = sorted(glob.glob(os.path.join(self.bundle, "root", "lib", "libprotobuf-c.so*")))[0]
         moved = os.path.join(T, os.path.basename(lib))
