@@ -17,6 +17,8 @@ Checks, per rank and per step of kprof's captured window (each must hold for PAS
              kernel name, paired in GPU order) is at most --dur-tol (different runs: different
              timings; 0.15 by default)
   memcpy     the same memcpys and memsets per step (names and count)
+             (CUPTI's own overhead records, where either side has them, are summed per step
+             and shown beside, not compared)
   analyzer   kprof-analyzer's kernel view (kprofctl kernels --json, by name: every kernel)
              counts the same calls per kernel name as torch.profiler over the window
   drops      kprof dropped nothing: the capture's per-rank "dropped", and the library's
@@ -40,7 +42,7 @@ import sys
 import tarfile
 import tempfile
 
-GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "overhead": "overhead"}
 API_CATS = ("cuda_runtime", "cuda_driver")
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 WARMUP_STEPS = 5  # steps left out of the baseline and dormant medians
@@ -199,14 +201,16 @@ def verdict(res, dur_tol):
             continue
         ks, ksteps = load_trace(kx[rank])
         ts, tsteps = load_trace(tx[rank])
-        kset, tset = set(s for s in ks if ks[s]), set(s for s in ts if ts[s])
+        kset = {s for s in ks if any(e["kind"] != "overhead" for e in ks[s])}
+        tset = {s for s in ts if any(e["kind"] != "overhead" for e in ts[s])}
         if window is not None and kset != window:
             fail("rank %d: kprof's export has GPU activity in steps %s, the capture says %s" % (rank, sorted(kset), sorted(window)))
         if kset != tset:
             fail("rank %d: steps differ: kprof %s, torch.profiler %s" % (rank, sorted(kset), sorted(tset)))
         rep.append("")
         rep.append("rank %d: steps kprof %s, torch.profiler %s" % (rank, fmt_steps(kset), fmt_steps(tset)))
-        rep.append("  %-5s %8s %8s %8s %10s %9s %9s" % ("step", "kernels", "torch", "ops ok", "dur.med.%", "memcpy", "torch"))
+        rep.append("  %-5s %8s %8s %8s %10s %9s %9s %12s %12s" % (
+            "step", "kernels", "torch", "ops ok", "dur.med.%", "memcpy", "torch", "overhead.us", "torch"))
         tot_t = collections.Counter()
         for step in sorted(kset & tset):
             kk = [e for e in ks[step] if e["kind"] == "kernel"]
@@ -232,15 +236,20 @@ def verdict(res, dur_tol):
             all_pairs += diffs
             if med > dur_tol:
                 fail("rank %d step %d: kernel durations differ by %.1f%% (median), over the %.0f%% tolerance" % (rank, step, 100 * med, 100 * dur_tol))
-            km = collections.Counter(e["name"] for e in ks[step] if e["kind"] != "kernel")
-            tm = collections.Counter(e["name"] for e in ts[step] if e["kind"] != "kernel")
+            km = collections.Counter(e["name"] for e in ks[step] if e["kind"] in ("memcpy", "memset"))
+            tm = collections.Counter(e["name"] for e in ts[step] if e["kind"] in ("memcpy", "memset"))
+            ko_us = sum(e["dur"] for e in ks[step] if e["kind"] == "overhead")
+            to_us = sum(e["dur"] for e in ts[step] if e["kind"] == "overhead")
             for d in counter_diff(km, tm, lambda k: k):
                 fail("rank %d step %d: %s" % (rank, step, d))
             kprof_steps.setdefault(rank, {})[step] = [
-                {k: e[k] for k in ("kind", "name", "op", "dur")} for e in sorted(ks[step], key=lambda e: e["ts"])]
+                {k: e[k] for k in ("kind", "name", "op", "dur")} for e in sorted(ks[step], key=lambda e: e["ts"])
+                if e["kind"] != "overhead"]
             fr[step] = {"kernels": len(kk), "torch_kernels": len(tk), "ops_agree": ops_ok, "dur_median_rel_diff": med,
-                        "memcpy_memset": sum(km.values()), "torch_memcpy_memset": sum(tm.values())}
-            rep.append("  %-5d %8d %8d %8d %10.2f %9d %9d" % (step, len(kk), len(tk), ops_ok, 100 * med, sum(km.values()), sum(tm.values())))
+                        "memcpy_memset": sum(km.values()), "torch_memcpy_memset": sum(tm.values()),
+                        "cupti_overhead_us": ko_us, "torch_cupti_overhead_us": to_us}
+            rep.append("  %-5d %8d %8d %8d %10.2f %9d %9d %12.1f %12.1f" % (
+                step, len(kk), len(tk), ops_ok, 100 * med, sum(km.values()), sum(tm.values()), ko_us, to_us))
         # kprof-analyzer's kernel view against torch.profiler's totals over the window.
         ap = os.path.join(cap, "analyzer-kernels.rank-%d.json" % rank)
         if os.path.exists(ap):
