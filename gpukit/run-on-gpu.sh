@@ -53,6 +53,9 @@ job_name=gpukit-$$
 if [ -f "$here/../MANIFEST" ] && [ -d "$here/../build" ]; then
   root=$(cd "$here/.." && pwd)
   work=$(mktemp -d /tmp/gpukit.XXXXXX)
+  if [ "$(id -u)" = 0 ]; then # PostgreSQL's user may not reach a bundle under /root: a copy
+    cp -a "$root" "$work/root" && root=$work/root
+  fi
 else
   [ -n "$bundle" ] || bundle=$here/../.gpukit/kprof-gpukit.tar.gz
   if [ ! -f "$bundle" ]; then
