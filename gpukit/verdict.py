@@ -27,7 +27,8 @@ Checks, per rank and per step of kprof's captured window (each must hold for PAS
 Reported without deciding PASS/FAIL (WARN lines when high): the median step time of each run
 (steps 5.. of baseline and dormant, the captured window under kprof and under torch.profiler)
 and the step-time cost ratios: dormant / baseline, capturing / baseline, torch.profiler /
-baseline, and kprof's capture cost as a fraction of torch.profiler's.
+baseline, and kprof's dormant and capture costs (step time over the baseline's) as fractions
+of torch.profiler's.
 Exit status: 0 PASS; 1 FAIL; 2 the results cannot be read.
 """
 
@@ -308,8 +309,10 @@ def verdict(res, dur_tol):
         for p in ("dormant", "capture", "torchprof"):
             if med.get(p):
                 ratios[p + "/baseline"] = med[p] / b
-        if med.get("capture") and med.get("torchprof") and med["torchprof"] - b > 0:
-            ratios["kprof capture cost / torch.profiler cost"] = (med["capture"] - b) / (med["torchprof"] - b)
+        if med.get("torchprof") and med["torchprof"] - b > 0:
+            for p, label in (("dormant", "kprof dormant cost"), ("capture", "kprof capture cost")):
+                if med.get(p):
+                    ratios[label + " / torch.profiler cost"] = (med[p] - b) / (med["torchprof"] - b)
     figures["ratios"] = ratios
     for k, v in ratios.items():
         rep.append("  %-42s %.3f" % (k, v))
