@@ -27,10 +27,7 @@ SRC = os.environ.get("KPROF_SOURCE_DIR") or os.path.realpath(
 )
 BIN = os.environ.get("KPROF_BIN_DIR", os.path.join(SRC, "build"))
 KIT = os.path.join(SRC, "gpukit")
-SHARED = os.path.join(SRC, "..", "shared")
-PEERS = os.path.join(SHARED, "peers", "hta")
-if not os.path.isdir(PEERS):  # the peer data's place in the repository, once it moves there
-    PEERS = os.path.join(SRC, "tests", "data", "peers", "hta")
+PEERS = os.path.join(SRC, "tests", "data", "peers", "hta")
 SCALE = float(os.environ.get("KPROF_TEST_TIMEOUT_MULTIPLIER", "1"))
 
 sys.dont_write_bytecode = True
@@ -258,8 +255,6 @@ class GpuKit(unittest.TestCase):
         import verdict as vd
 
         path = os.path.join(PEERS, "ns_resolution_rank0", "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz")
-        if not os.path.exists(path):
-            self.skipTest("no peer traces beside this checkout (%s)" % path)
         by_step, steps = vd.load_trace(path)
         doc = vd.load_json(path)
         kernels = sum(1 for e in doc["traceEvents"] if e.get("cat") == "kernel")
