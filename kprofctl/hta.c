@@ -1,7 +1,7 @@
 /*
  * kprofctl hta ANALYSIS --run R [--rank N] [--exact-ns] [--include-last-step]
  *                       [--consecutive-kernel-delay-us N] [--json|--csv] [-c COLS] [-w WIDTH]:
- * one of HTA's per-rank analyses (docs/specs/hta-analyses.md §2-§7), from kprof-analyzer's
+ * one of HTA's per-rank analyses (docs/specs/hta-analyses.md §2-§7, §11), from kprof-analyzer's
  * Analyzer.Hta. ANALYSIS and its table (times in µs, exact; NaN where HTA gives NaN is "-" in
  * text and CSV, null in JSON):
  *   temporal      one row: idle_us, compute_us, non_compute_us, kernel_us (the window),
@@ -19,6 +19,11 @@
  *   launches      per launch: correlation, cpu_us, gpu_us, delay_us
  *   queue         per stream: the queue length's count, mean, std, min, p25, p50, p75, max,
  *                 blocked_us and blocked_rel (at HTA's max queue length, 1024)
+ *   membw         per memory operation kind (Memcpy DtoD, Memset, ...): the summed bandwidth
+ *                 of the kind's memcpys/memsets at each change point (§11): count,
+ *                 mean_gbps, std_gbps, min_gbps, p25_gbps, p50_gbps, p75_gbps, max_gbps;
+ *                 events, and bw_from_bytes_per_ns: of them, those without the trace's
+ *                 figure (a CUPTI capture), whose bandwidth is bytes / the exact ns duration
  * By default the figures are HTA's (times rounded to whole µs, the last ProfilerStep
  * dropped); --exact-ns and --include-last-step are kprof's departures.
  *
@@ -64,11 +69,12 @@ static const struct kp_config_def hta_defs[] = {
 #undef OFF
 
 #define SYNOPSIS_HEAD                                                                         \
-    "kprofctl hta temporal|idle|overlap|kernel-types|kernels|launch|launches|queue --run R\n" \
+    "kprofctl hta temporal|idle|overlap|kernel-types|kernels|launch|launches|queue|membw\n"   \
+    "             --run R\n"                                                                  \
     "             [--rank N] [--exact-ns] [--include-last-step]\n"                            \
     "             [--consecutive-kernel-delay-us N] [--json|--csv] [-c COLS] [-w WIDTH]\n"    \
     "  One of HTA's per-rank analyses (Analyzer.Hta), with HTA's figures by default (times\n" \
-    "  rounded to whole µs, the last ProfilerStep dropped). Times in µs.\n"
+    "  rounded to whole µs, the last ProfilerStep dropped). Times in µs, bandwidths in GB/s.\n"
 
 static const struct kp_table_col temporal_cols[] = {
     { "idle_us", KP_TABLE_NUMERIC },         { "compute_us", KP_TABLE_NUMERIC },
@@ -120,6 +126,20 @@ static const struct kp_table_col queue_cols[] = {
     { "p50", KP_TABLE_NUMERIC },         { "p75", KP_TABLE_NUMERIC },
     { "max", KP_TABLE_NUMERIC },         { "blocked_us", KP_TABLE_NUMERIC },
     { "blocked_rel", KP_TABLE_NUMERIC },
+};
+
+static const struct kp_table_col membw_cols[] = {
+    { "name", KP_TABLE_TEXT },
+    { "count", KP_TABLE_NUMERIC },
+    { "mean_gbps", KP_TABLE_NUMERIC },
+    { "std_gbps", KP_TABLE_NUMERIC },
+    { "min_gbps", KP_TABLE_NUMERIC },
+    { "p25_gbps", KP_TABLE_NUMERIC },
+    { "p50_gbps", KP_TABLE_NUMERIC },
+    { "p75_gbps", KP_TABLE_NUMERIC },
+    { "max_gbps", KP_TABLE_NUMERIC },
+    { "events", KP_TABLE_NUMERIC },
+    { "bw_from_bytes_per_ns", KP_TABLE_NUMERIC },
 };
 
 typedef int add_rows_fn(const struct kp_rpcverb *v, struct kp_table *t,
@@ -311,6 +331,23 @@ static int add_queue(const struct kp_rpcverb *v, struct kp_table *t,
     return rc;
 }
 
+static int add_membw(const struct kp_rpcverb *v, struct kp_table *t,
+                     const Kprof__V1__HtaResponse *r)
+{
+    int rc = 0;
+
+    for (size_t i = 0; i < r->n_membw && rc == 0; i++) {
+        const Kprof__V1__HtaMembwRow *x = r->membw[i];
+
+        rc = kp_table_add_row(t);
+        rc = rc != 0 ? rc : kp_table_set_str(t, 0, x->name);
+        rc = rc != 0 ? rc : set_stats(v, t, 1, x->memory_bw_gbps, false);
+        rc = rc != 0 ? rc : kp_table_set_u64(t, 9, x->events);
+        rc = rc != 0 ? rc : kp_table_set_u64(t, 10, x->computed);
+    }
+    return rc;
+}
+
 static const struct analysis analyses[] = {
     { "temporal", KPROF__V1__HTA_ANALYSIS__HTA_TEMPORAL, SPEC("temporal", temporal_cols),
       add_temporal },
@@ -323,6 +360,7 @@ static const struct analysis analyses[] = {
     { "launches", KPROF__V1__HTA_ANALYSIS__HTA_LAUNCH, SPEC("launches", launches_cols),
       add_launches },
     { "queue", KPROF__V1__HTA_ANALYSIS__HTA_QUEUE, SPEC("queue", queue_cols), add_queue },
+    { "membw", KPROF__V1__HTA_ANALYSIS__HTA_MEMBW, SPEC("membw", membw_cols), add_membw },
 };
 
 static int usage(FILE *out, int status)
