@@ -12,6 +12,7 @@
 
 #include <libpq-fe.h>
 
+#include "export_rpc.h"
 #include "kp_analyzer.h"
 #include "kp_err.h"
 #include "kp_http.h"
@@ -77,6 +78,7 @@ struct kp_analyzer {
     char paths[KP_ANALYZER_MAX_VIEWS][64]; /* "/kprof.v1.Analyzer/<view>" */
     struct view_slot slots[KP_ANALYZER_MAX_VIEWS];
     size_t n_methods;
+    struct kp_export_svc *export_svc; /* Analyzer.Export (export_rpc.h) */
     struct kp_rpc_server *server;
     struct kp_http *http;
     struct worker workers[KP_ANALYZER_MAX_WORKERS];
@@ -582,7 +584,13 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
             .ud = &a->slots[i],
         };
     }
-    /* Methods that are not views (a server-streaming one) go here, after the views. */
+    /* Methods that are not views go here, after the views: Export streams its reply. */
+    if ((a->export_svc = kp_export_svc_create(cfg->pg_conninfo, (int) cfg->workers)) == NULL) {
+        snprintf(errbuf, errlen, "out of memory");
+        rc = -ENOMEM;
+        goto fail;
+    }
+    a->methods[a->n_methods++] = *kp_export_svc_method(a->export_svc);
     if ((rc = kp_rpc_server_create(&sopts, a->methods, a->n_methods, &a->server, errbuf, errlen)) !=
         0) {
         goto fail;
@@ -623,6 +631,7 @@ void kp_analyzer_destroy(struct kp_analyzer *a)
     if (a->server != NULL) {
         kp_rpc_server_shutdown(a->server, a->cfg.shutdown_grace_ms);
     }
+    kp_export_svc_destroy(a->export_svc); /* its calls are over: their threads end */
     pthread_mutex_lock(&a->mu);
     a->stopping = true;
     pthread_cond_broadcast(&a->cond);

@@ -1,7 +1,8 @@
 /*
  * kprof-analyzer as an object (docs/design.md "Analysis"): the Analyzer gRPC service
  * (proto/kprof.proto), one unary method per view of view.h's table (Breakdown, Ops, ...,
- * Hta, Memory, Distributed), over the analyzer core (kp_analyzer.h).
+ * Hta, Memory, Distributed), over the analyzer core (kp_analyzer.h), and the server-streaming
+ * Export (export_rpc.h), which runs on threads of its own.
  * analyzer_main.c and the tests drive it through create/destroy.
  *
  * Threads: the gRPC completion-queue thread only queues requests; a pool of workers, each

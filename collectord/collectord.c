@@ -161,6 +161,7 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
     if ((rc = kp_control_create(cfg->pg_conninfo, d->coord, &d->control, errbuf, errlen)) != 0) {
         goto fail;
     }
+    kp_control_set_open_run_timeout(d->control, d->ingest, cfg->open_run_timeout_ms);
     d->methods[0] = kp_ingest_method(d->ingest);
     kp_control_methods(d->control, &d->methods[1]);
     if ((rc = kp_rpc_server_create(&sopts, d->methods, 1 + KP_CONTROL_N_METHODS, &d->server, errbuf,

@@ -27,7 +27,9 @@ struct kp_collectord_config {
     long long flush_interval_ms;
     long long retry_max_ms;
     long long shutdown_grace_ms;
-    long long agent_grace_ms; /* an attached agent away this long fails its capture ranks */
+    long long agent_grace_ms;      /* an attached agent away this long fails its capture ranks */
+    long long open_run_timeout_ms; /* an OPEN run with no producer stream and no batch for this
+                                      long is ended FAILED (0: never) */
 };
 
 /*

@@ -13,16 +13,20 @@
 #include <libpq-fe.h>
 
 #include "coord.h"
+#include "ingest.h"
 #include "kp_codec.h"
 #include "kp_err.h"
 #include "kp_log.h"
 #include "kp_pg.h"
+#include "kp_strbuf.h"
 #include "kprof.pb-c.h"
 #include "store.h"
 
 #define KP_CONTROL_QUEUE_MAX 256
 #define KP_CONTROL_MAX_TEXT  256
 #define KP_CONTROL_TICK_MS   100
+#define KP_CONTROL_REAP_MS   5000 /* how often open runs are checked against their deadline */
+#define KP_CONTROL_MAX_LIVE  4096 /* live runs named in the check; more: no check that time */
 
 enum job_type {
     JOB_CREATE,
@@ -54,6 +58,10 @@ struct kp_control {
     bool stopping;
     long long last_tick_ms;
     struct kp_complain pg_complain;
+    /* open runs without a producer (kp_control_set_open_run_timeout), under mu */
+    struct kp_ingest *ingest;
+    long long open_run_timeout_ms;
+    long long last_reap_ms;
 };
 
 static void job_free(struct job *j)
@@ -228,6 +236,84 @@ static void run_job(struct kp_control *c, struct job *j)
     }
 }
 
+/*
+ * Ends as FAILED every OPEN run that no live Push stream feeds and that has had no batch (nor,
+ * with no rank yet, been created) for the open-run timeout, with the reason in runs.end_reason:
+ * its producer died (an import cut short, an API client gone) and nothing else would end it.
+ * Captures are left to the coordinator, which has deadlines of its own.
+ */
+static void reap_open_runs(struct kp_control *c, PGconn *pg, long long now)
+{
+    uint64_t live[KP_CONTROL_MAX_LIVE];
+    struct kp_strbuf q;
+    char err[512], secs[32];
+    const char *params[2] = { secs, NULL };
+    PGresult *res = NULL;
+    struct kp_ingest *ingest;
+    long long timeout;
+    size_t n;
+
+    pthread_mutex_lock(&c->mu);
+    timeout = c->open_run_timeout_ms;
+    ingest = c->ingest;
+    pthread_mutex_unlock(&c->mu);
+    if (timeout <= 0 || ingest == NULL || pg == NULL ||
+        now - c->last_reap_ms <
+            (timeout / 4 < KP_CONTROL_REAP_MS ? timeout / 4 : KP_CONTROL_REAP_MS)) {
+        return;
+    }
+    c->last_reap_ms = now;
+    if ((n = kp_ingest_live_runs(ingest, live, KP_CONTROL_MAX_LIVE)) > KP_CONTROL_MAX_LIVE) {
+        return;
+    }
+    kp_strbuf_init(&q, 256);
+    if (kp_strbuf_append_str(&q, "{") != 0) {
+        kp_strbuf_fini(&q);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (kp_strbuf_appendf(&q, "%s%" PRIu64, i ? "," : "", live[i]) != 0) {
+            kp_strbuf_fini(&q);
+            return;
+        }
+    }
+    if (kp_strbuf_append_str(&q, "}") != 0) {
+        kp_strbuf_fini(&q);
+        return;
+    }
+    params[1] = q.data;
+    snprintf(secs, sizeof(secs), "%.3f", (double) timeout / 1000.0);
+    if (kp_pg_query(pg,
+                    "UPDATE runs r SET state = 3, ended_at = now(), end_reason = "
+                    "format('no live producer stream and no batch for %s s: its producer is "
+                    "gone (ended by collectord)', $1) "
+                    "WHERE r.state = 1 AND r.source <> 1 AND NOT (r.id = ANY($2::bigint[])) "
+                    "AND greatest(r.created_at, (SELECT max(k.last_seen) FROM ranks k "
+                    "WHERE k.run_id = r.id)) < now() - make_interval(secs => $1::double precision) "
+                    "RETURNING r.id, r.job",
+                    2, params, &res, err, sizeof(err)) != 0) {
+        kp_log_warn("checking open runs failed err=\"%s\"", err);
+        kp_strbuf_fini(&q);
+        return;
+    }
+    for (int i = 0; i < PQntuples(res); i++) {
+        kp_log_warn("run ended as failed run=%s job=\"%s\" reason=\"no live producer stream and "
+                    "no batch for %s s\"",
+                    PQgetvalue(res, i, 0), PQgetvalue(res, i, 1), secs);
+    }
+    PQclear(res);
+    kp_strbuf_fini(&q);
+}
+
+void kp_control_set_open_run_timeout(struct kp_control *c, struct kp_ingest *ingest,
+                                     long long timeout_ms)
+{
+    pthread_mutex_lock(&c->mu);
+    c->ingest = ingest;
+    c->open_run_timeout_ms = timeout_ms;
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* The coordinator's periodic work, with the connection if PostgreSQL is reachable. */
 static void tick(struct kp_control *c)
 {
@@ -245,6 +331,7 @@ static void tick(struct kp_control *c)
     }
     c->last_tick_ms = now;
     kp_coord_tick(c->coord, pg_get(c, err, sizeof(err)));
+    reap_open_runs(c, c->pg != NULL && PQstatus(c->pg) == CONNECTION_OK ? c->pg : NULL, now);
 }
 
 static void *worker(void *arg)

@@ -25,6 +25,14 @@ int kp_control_create(const char *conninfo, struct kp_coord *coord, struct kp_co
 /* Fills out[KP_CONTROL_N_METHODS] with the Control methods bound to c. */
 void kp_control_methods(struct kp_control *c, struct kp_rpc_method *out);
 
+struct kp_ingest;
+
+/* Ends as FAILED, with the reason in runs.end_reason, every OPEN run (other than a capture's)
+ * that no live Push stream of ingest feeds and that has had no batch for timeout_ms (0: never):
+ * a run whose producer died. Checked on the worker's tick, at most every 5 s. */
+void kp_control_set_open_run_timeout(struct kp_control *c, struct kp_ingest *ingest,
+                                     long long timeout_ms);
+
 /* Answers what is queued with UNAVAILABLE, stops the worker and frees c. Accepts NULL. */
 void kp_control_destroy(struct kp_control *c);
 

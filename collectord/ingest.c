@@ -19,6 +19,9 @@ struct ingest_call {
     size_t outstanding; /* batches in the sink */
     bool half_closed, finished, closed, paused;
     struct ingest_call *paused_next;
+    /* the list of open streams (kp_ingest_live_runs), under ing->live_mu */
+    struct ingest_call *live_prev, *live_next;
+    uint64_t run_id; /* of its last batch; 0: none yet */
 };
 
 struct kp_ingest {
@@ -26,6 +29,8 @@ struct kp_ingest {
     struct kp_sink *sink;
     pthread_mutex_t mu; /* guards paused */
     struct ingest_call *paused;
+    pthread_mutex_t live_mu; /* guards live and every stream's live links and run_id */
+    struct ingest_call *live;
     _Atomic uint64_t streams_opened, batches_received, batches_invalid, bytes_received, pauses;
 };
 
@@ -38,6 +43,7 @@ struct kp_ingest *kp_ingest_create(const struct kp_batch_limits *limits)
     }
     ing->limits = *limits;
     pthread_mutex_init(&ing->mu, NULL);
+    pthread_mutex_init(&ing->live_mu, NULL);
     return ing;
 }
 
@@ -52,7 +58,26 @@ void kp_ingest_destroy(struct kp_ingest *ing)
         return;
     }
     pthread_mutex_destroy(&ing->mu);
+    pthread_mutex_destroy(&ing->live_mu);
     free(ing);
+}
+
+size_t kp_ingest_live_runs(struct kp_ingest *ing, uint64_t *out, size_t max)
+{
+    size_t n = 0;
+
+    pthread_mutex_lock(&ing->live_mu);
+    for (const struct ingest_call *st = ing->live; st != NULL; st = st->live_next) {
+        if (st->run_id != 0 && n < max) {
+            out[n++] = st->run_id;
+        }
+        else if (st->run_id != 0) {
+            n = max + 1; /* too many to tell */
+            break;
+        }
+    }
+    pthread_mutex_unlock(&ing->live_mu);
+    return n;
 }
 
 void kp_ingest_get_stats(struct kp_ingest *ing, struct kp_ingest_stats *out)
@@ -93,6 +118,13 @@ static void *on_open(struct kp_rpc_call *call, void *ud)
     st->refs = 1;
     kp_rpc_call_ref(call);
     pthread_mutex_init(&st->mu, NULL);
+    pthread_mutex_lock(&ing->live_mu);
+    st->live_next = ing->live;
+    if (ing->live != NULL) {
+        ing->live->live_prev = st;
+    }
+    ing->live = st;
+    pthread_mutex_unlock(&ing->live_mu);
     atomic_fetch_add(&ing->streams_opened, 1);
     kp_log_debug("stream opened peer=%s", kp_rpc_call_peer(call));
     return st;
@@ -113,6 +145,9 @@ static enum kp_rpc_next on_message(struct kp_rpc_call *call, ProtobufCMessage *m
         return KP_RPC_STOP;
     }
     ing = st->ing;
+    pthread_mutex_lock(&ing->live_mu);
+    st->run_id = b->run_id;
+    pthread_mutex_unlock(&ing->live_mu);
     atomic_fetch_add(&ing->batches_received, 1);
     atomic_fetch_add(&ing->bytes_received, wire_bytes);
     rc = kp_batch_validate(b, &ing->limits, err, sizeof(err));
@@ -206,6 +241,17 @@ static void on_close(struct kp_rpc_call *call, bool cancelled, void *state)
         kp_log_info("stream ended by the client peer=%s outstanding=%zu", kp_rpc_call_peer(call),
                     st->outstanding);
     }
+    pthread_mutex_lock(&st->ing->live_mu);
+    if (st->live_prev != NULL) {
+        st->live_prev->live_next = st->live_next;
+    }
+    else {
+        st->ing->live = st->live_next;
+    }
+    if (st->live_next != NULL) {
+        st->live_next->live_prev = st->live_prev;
+    }
+    pthread_mutex_unlock(&st->ing->live_mu);
     pthread_mutex_lock(&st->mu);
     st->closed = true;
     pthread_mutex_unlock(&st->mu);

@@ -34,6 +34,10 @@ struct kp_rpc_method kp_ingest_method(struct kp_ingest *ing);
 /* The sink's done callback; ud is the kp_ingest. */
 void kp_ingest_done_cb(struct kp_sink_item **items, size_t n, void *ud);
 
+/* The runs of the open Push streams (each stream's last batch), up to max of them, into out
+ * (repeats possible). Returns how many, or max + 1 when there are more. Any thread. */
+size_t kp_ingest_live_runs(struct kp_ingest *ing, uint64_t *out, size_t max);
+
 /* Counters for /metrics. */
 struct kp_ingest_stats {
     uint64_t streams_opened;

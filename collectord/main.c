@@ -46,6 +46,10 @@ static const struct kp_config_def collectord_config[] = {
       "on SIGTERM, how long live streams get to finish before they are cancelled", NULL, false },
     { "agent-grace", KP_CONFIG_DURATION, "15s", 100, 3600000, OFF(agent_grace_ms),
       "fail the capture ranks of an attached kprof-agent that stays away this long", NULL, false },
+    { "open-run-timeout", KP_CONFIG_DURATION, "10m", 0, 30LL * 86400000, OFF(open_run_timeout_ms),
+      "end as failed an open run (not a capture's) that no producer stream feeds and that has had "
+      "no batch for this long: its producer died (0: never)",
+      NULL, false },
 };
 #undef OFF
 

@@ -887,7 +887,7 @@ static int cmp_rank(const void *pa, const void *pb)
 static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
 {
     struct kp_strbuf *a = s->arr;
-    const char *params[16];
+    const char *params[17];
     size_t n = 0;
     char err[384];
     int rc = 0;
@@ -903,7 +903,7 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
         return 0;
     }
     qsort(s->keys, n, sizeof(*s->keys), cmp_rank);
-    for (int p = 0; p < 16; p++) {
+    for (int p = 0; p < 17; p++) {
         rc |= arr_open(&a[p]);
     }
     for (size_t g = 0; g < n;) {
@@ -943,6 +943,10 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
                                             : arr_null(&a[14]);
             /* the trace's time base: NULL when absolute (0) */
             rc |= info->time_base_ns != 0 ? arr_i64(&a[15], info->time_base_ns) : arr_null(&a[15]);
+            /* an imported trace's distributedInfo (JSON text); NULL: none */
+            rc |= info->distributed_info != NULL && info->distributed_info[0] != '\0'
+                      ? arr_text(&a[16], info->distributed_info)
+                      : arr_null(&a[16]);
         }
         else {
             for (int p = 2; p <= 6; p++) {
@@ -952,6 +956,7 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
             rc |= arr_null(&a[13]);
             rc |= arr_null(&a[14]);
             rc |= arr_null(&a[15]);
+            rc |= arr_null(&a[16]);
         }
         rc |= arr_i64(&a[8], batches);
         rc |= arr_i64(&a[9], records);
@@ -960,7 +965,7 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
         rc |= arr_i64(&a[12], overhead);
         g = e;
     }
-    for (int p = 0; p < 16; p++) {
+    for (int p = 0; p < 17; p++) {
         rc |= arr_close(&a[p]);
         params[p] = a[p].data;
     }
@@ -971,11 +976,11 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
              s->conn,
              "INSERT INTO ranks AS k (run_id, rank, job, host, pid, local_rank, device, "
              "clock_offset_ns, batches, records, records_dropped, cupti_dropped, overhead_ns, "
-             "profiler_start_ns, profiler_end_ns, time_base_ns) "
+             "profiler_start_ns, profiler_end_ns, time_base_ns, distributed_info) "
              "SELECT * FROM unnest($1::int[], $2::int[], $3::text[], $4::text[], $5::int[], "
              "$6::int[], $7::smallint[], $8::bigint[], $9::bigint[], $10::bigint[], "
              "$11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bigint[], "
-             "$16::bigint[]) "
+             "$16::bigint[], $17::text[]) "
              "ON CONFLICT (run_id, rank) DO UPDATE SET "
              "job = coalesce(EXCLUDED.job, k.job), "
              "host = CASE WHEN EXCLUDED.job IS NULL THEN k.host ELSE EXCLUDED.host END, "
@@ -991,11 +996,13 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
              "ELSE EXCLUDED.profiler_end_ns END, "
              "time_base_ns = CASE WHEN EXCLUDED.job IS NULL THEN k.time_base_ns "
              "ELSE EXCLUDED.time_base_ns END, "
+             "distributed_info = CASE WHEN EXCLUDED.job IS NULL THEN k.distributed_info "
+             "ELSE EXCLUDED.distributed_info END, "
              "batches = k.batches + EXCLUDED.batches, records = k.records + EXCLUDED.records, "
              "records_dropped = k.records_dropped + EXCLUDED.records_dropped, "
              "cupti_dropped = k.cupti_dropped + EXCLUDED.cupti_dropped, "
              "overhead_ns = k.overhead_ns + EXCLUDED.overhead_ns, last_seen = now()",
-             16, params, NULL, err, sizeof(err))) != 0) {
+             17, params, NULL, err, sizeof(err))) != 0) {
         return attempt_failed(s, rc, "ranks", err);
     }
     return 0;

@@ -580,7 +580,9 @@ int kp_batch_validate(const Kprof__V1__Batch *b, const struct kp_batch_limits *l
     if (b->rank_info != NULL) {
         if ((rc = check_string("rank_info.job", 0, b->rank_info->job, lim, errbuf, errlen)) != 0 ||
             (rc = check_string("rank_info.host", 0, b->rank_info->host, lim, errbuf, errlen)) !=
-                0) {
+                0 ||
+            (rc = check_string("rank_info.distributed_info", 0, b->rank_info->distributed_info, lim,
+                               errbuf, errlen)) != 0) {
             return rc;
         }
         if (b->rank_info->pid > INT32_MAX || b->rank_info->local_rank > INT32_MAX ||

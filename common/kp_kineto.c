@@ -740,10 +740,34 @@ static int py_str(struct kp_strbuf *sb, const char *s, size_t n)
     return rc == 0 ? kp_strbuf_putc(sb, '\'') : rc;
 }
 
-/* Reads one value and appends it to sb as Python's str() would print it ("[[32, 128], []]",
- * "['float', 'Scalar']", None, True). */
-static int jr_capture(struct jr *j, struct kp_strbuf *sb)
+/* Appends s[0..n) as a JSON string. */
+static int json_str(struct kp_strbuf *sb, const char *s, size_t n)
 {
+    int rc = kp_strbuf_putc(sb, '"');
+
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        unsigned char c = (unsigned char) s[i];
+
+        if (c == '"' || c == '\\') {
+            rc = kp_strbuf_putc(sb, '\\');
+            rc = rc != 0 ? rc : kp_strbuf_putc(sb, (char) c);
+        }
+        else if (c < 0x20) {
+            rc = kp_strbuf_appendf(sb, "\\u%04x", c);
+        }
+        else {
+            rc = kp_strbuf_putc(sb, (char) c);
+        }
+    }
+    return rc == 0 ? kp_strbuf_putc(sb, '"') : rc;
+}
+
+/* Reads one value and appends it to sb as Python's str() would print it ("[[32, 128], []]",
+ * "['float', 'Scalar']", None, True), or (json) as JSON text with the same separators. */
+static int jr_capture_as(struct jr *j, struct kp_strbuf *sb, bool json)
+{
+    static const char *const lits[2][3] = { { "True", "False", "None" },
+                                            { "true", "false", "null" } };
     int c = jr_ws(j), rc = 0;
     bool first;
 
@@ -767,12 +791,12 @@ static int jr_capture(struct jr *j, struct kp_strbuf *sb)
                 rc = kp_strbuf_append(sb, ", ", 2);
             }
             if (rc == 0 && c == '{') {
-                rc = py_str(sb, j->str, j->slen);
+                rc = json ? json_str(sb, j->str, j->slen) : py_str(sb, j->str, j->slen);
                 if (rc == 0) {
                     rc = kp_strbuf_append(sb, ": ", 2);
                 }
             }
-            if (rc == 0 && jr_capture(j, sb) != 0) {
+            if (rc == 0 && jr_capture_as(j, sb, json) != 0) {
                 return j->err;
             }
         }
@@ -784,25 +808,25 @@ static int jr_capture(struct jr *j, struct kp_strbuf *sb)
         if (jr_string(j) != 0) {
             return j->err;
         }
-        rc = py_str(sb, j->str, j->slen);
+        rc = json ? json_str(sb, j->str, j->slen) : py_str(sb, j->str, j->slen);
         break;
     case 't':
         if (jr_literal(j, "true") != 0) {
             return j->err;
         }
-        rc = kp_strbuf_append_str(sb, "True");
+        rc = kp_strbuf_append_str(sb, lits[json][0]);
         break;
     case 'f':
         if (jr_literal(j, "false") != 0) {
             return j->err;
         }
-        rc = kp_strbuf_append_str(sb, "False");
+        rc = kp_strbuf_append_str(sb, lits[json][1]);
         break;
     case 'n':
         if (jr_literal(j, "null") != 0) {
             return j->err;
         }
-        rc = kp_strbuf_append_str(sb, "None");
+        rc = kp_strbuf_append_str(sb, lits[json][2]);
         break;
     default:
         if (c == '-' || (c >= '0' && c <= '9')) {
@@ -814,13 +838,18 @@ static int jr_capture(struct jr *j, struct kp_strbuf *sb)
         }
         return jr_unexpected(j, c, "a value");
     }
-    if (rc == KP_ETOOBIG) {
+    if (rc == KP_ETOOBIG && !json) { /* json: the caller's buffer, which it names */
         return jr_fail(j, "an event's strings and lists exceed %u bytes", EV_MAX_BYTES);
     }
     if (rc != 0) {
         j->err = rc;
     }
     return rc;
+}
+
+static int jr_capture(struct jr *j, struct kp_strbuf *sb)
+{
+    return jr_capture_as(j, sb, false);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -2741,8 +2770,10 @@ static int parse_events(struct kp_kineto *k)
 static int parse_dist(struct kp_kineto *k)
 {
     struct jr *j = &k->j;
+    struct kp_strbuf sb;
     bool first, present;
-    int rc, c = jr_ws(j);
+    int rc, orc = 0, c = jr_ws(j);
+    size_t n = 0;
 
     if (c == 'n') {
         return jr_literal(j, "null");
@@ -2753,17 +2784,27 @@ static int parse_dist(struct kp_kineto *k)
     if (jr_obj_begin(j, &first) != 0) {
         return j->err;
     }
+    /* the object is kept as JSON text too (export writes it back) */
+    kp_strbuf_init(&sb, 1u << 20);
+    orc = kp_strbuf_putc(&sb, '{');
     while ((rc = jr_obj_key(j, &first)) == 1) {
         int64_t v = 0;
 
+        if (n++ > 0) {
+            orc = orc != 0 ? orc : kp_strbuf_append(&sb, ", ", 2);
+        }
+        orc = orc != 0 ? orc : json_str(&sb, j->str, j->slen);
+        orc = orc != 0 ? orc : kp_strbuf_append(&sb, ": ", 2);
         if (strcmp(j->str, "rank") == 0 || strcmp(j->str, "world_size") == 0) {
             bool is_rank = j->str[0] == 'r';
 
             if (read_int(k, is_rank ? "distributedInfo.rank" : "distributedInfo.world_size", &v,
                          &present) != 0) {
+                kp_strbuf_fini(&sb);
                 return j->err;
             }
             if (present && (v < 0 || v > (is_rank ? 65535 : 65536))) {
+                kp_strbuf_fini(&sb);
                 return jr_fail(j, "distributedInfo.%s = %" PRId64 " is out of range",
                                is_rank ? "rank" : "world_size", v);
             }
@@ -2774,11 +2815,23 @@ static int parse_dist(struct kp_kineto *k)
             else if (present) {
                 k->meta->world_size = (uint32_t) v;
             }
+            orc = orc != 0  ? orc
+                  : present ? kp_strbuf_appendf(&sb, "%" PRId64, v)
+                            : kp_strbuf_append_str(&sb, "null");
         }
-        else if (jr_skip(j) != 0) {
-            return j->err;
+        else if (jr_capture_as(j, &sb, true) != 0) {
+            kp_strbuf_fini(&sb);
+            return j->err == KP_ETOOBIG ? jr_fail(j, "distributedInfo is larger than 1 MiB")
+                                        : j->err;
         }
     }
+    orc = orc != 0 ? orc : kp_strbuf_putc(&sb, '}');
+    k->meta->dist_json[0] = '\0';
+    if (rc == 0 && orc == 0 && sb.len < sizeof(k->meta->dist_json) && sb.len <= k->max_name &&
+        kp_utf8_valid(sb.data, sb.len)) {
+        memcpy(k->meta->dist_json, sb.data, sb.len + 1);
+    }
+    kp_strbuf_fini(&sb);
     return rc;
 }
 
@@ -2996,6 +3049,7 @@ static void fill_rank_info(const struct kp_kineto_opts *opts, const struct kp_ki
     ri->pid = src->pid;
     ri->world_size = opts->world_size;
     ri->device = src->device;
+    ri->distributed_info = (char *) src->dist_json;
     ri->profiler_start_ns = ri->profiler_end_ns = 0;
     ri->time_base_ns = src->base_ns;
     if (src->has_profiler_span) { /* both 0 (unknown) if it overflows or starts at 0 */

@@ -81,7 +81,8 @@
  *  - ac2g / async / async_gpu / async_cpu_to_gpu and fwdbwd / forward_backward flows: counted
  *    and checked, not stored: an ac2g id is the CUPTI correlation both ends already carry; a
  *    fwdbwd pair is (Fwd thread id, Sequence number), which the ops rows keep.
- *  - deviceProperties → Batch.devices; distributedInfo → rank and world size; the first
+ *  - deviceProperties → Batch.devices; distributedInfo → rank and world size, and the whole
+ *    object as JSON text in rank_info.distributed_info (ranks.distributed_info); the first
  *    batch carries rank_info (job, host_name, the CPU pid, the device of the first GPU event).
  *  - The External id trap (B.6): from 1.11 to 2.2 the runtime and GPU events' External id is
  *    their own CUPTI correlation, and 2.3-2.5 falls back to it for events outside any op. An
@@ -118,6 +119,7 @@
 #define KP_KINETO_RANGE_ID_BASE     (1ULL << 62)
 #define KP_KINETO_RANGE_NAME_PREFIX "kprof.range_name:"
 #define KP_KINETO_MAX_COUNTERS      256
+#define KP_KINETO_MAX_DIST_JSON     8192 /* distributedInfo kept as JSON text, at most */
 
 /* The event categories counted while parsing (file side of the import's accounting). */
 enum kp_kineto_cat {
@@ -176,6 +178,9 @@ struct kp_kineto_meta {
      * file (relative to base_ns), for rank_info.profiler_start_ns/_end_ns */
     bool has_profiler_span;
     int64_t profiler_ts_ns, profiler_dur_ns;
+    /* distributedInfo as JSON text (", " and ": " separators), for rank_info.distributed_info;
+     * "" when absent or longer than KP_KINETO_MAX_DIST_JSON or max_name_bytes */
+    char dist_json[KP_KINETO_MAX_DIST_JSON];
 };
 
 struct kp_kineto_spool;

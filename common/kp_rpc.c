@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -58,6 +59,7 @@ struct kp_rpc_call {
     size_t method_index;
     grpc_call *call;
     pthread_mutex_t mu;
+    pthread_cond_t sent; /* a send completed (kp_rpc_call_wait_sent) */
     int refs;
     void *state;
     gpr_timespec deadline;
@@ -206,6 +208,7 @@ static void call_free(struct kp_rpc_call *c)
     }
     free(c->status_details);
     pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->sent);
     free(c);
 }
 
@@ -241,6 +244,7 @@ static struct kp_rpc_call *call_new(struct kp_rpc_server *s, const struct kp_rpc
     c->method_index = index;
     c->refs = 1; /* the pending request; becomes the "live" reference */
     pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->sent, NULL);
     grpc_metadata_array_init(&c->req_md);
     if (m == NULL) {
         grpc_call_details_init(&c->details);
@@ -400,6 +404,43 @@ int kp_rpc_call_send(struct kp_rpc_call *c, const ProtobufCMessage *msg)
 out:
     pthread_mutex_unlock(&c->mu);
     free(q);
+    return rc;
+}
+
+int kp_rpc_call_wait_sent(struct kp_rpc_call *c, long long timeout_ms)
+{
+    struct timespec now;
+    long long left = timeout_ms;
+    int rc;
+
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        struct timespec until;
+        long long slice = left < 100 ? left : 100; /* cancellation is seen within 100 ms */
+
+        if (c->cancelled || c->closed_notified || c->status_started) {
+            rc = -ECANCELED;
+            break;
+        }
+        if (!c->send_busy && c->q_head == NULL) {
+            rc = 0;
+            break;
+        }
+        if (left <= 0) {
+            rc = -ETIMEDOUT;
+            break;
+        }
+        clock_gettime(CLOCK_REALTIME, &now);
+        until.tv_sec = now.tv_sec + (time_t) (slice / 1000);
+        until.tv_nsec = now.tv_nsec + (long) (slice % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        (void) pthread_cond_timedwait(&c->sent, &c->mu, &until);
+        left -= slice;
+    }
+    pthread_mutex_unlock(&c->mu);
     return rc;
 }
 
@@ -614,6 +655,7 @@ static void on_send(struct kp_rpc_call *c, bool ok)
         c->cancelled = true;
     }
     pump_locked(c);
+    pthread_cond_broadcast(&c->sent);
     pthread_mutex_unlock(&c->mu);
 }
 

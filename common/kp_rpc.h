@@ -107,6 +107,11 @@ void kp_rpc_call_unref(struct kp_rpc_call *call);
  * -ECANCELED if the call is finished or gone. */
 int kp_rpc_call_send(struct kp_rpc_call *call, const ProtobufCMessage *msg);
 
+/* Blocks until every queued send has gone to the transport (back-pressure for a server
+ * stream: send, wait, send). Returns 0, -ECANCELED if the call is over or the client gone,
+ * -ETIMEDOUT after timeout_ms. Not from a callback (it would stall the server's thread). */
+int kp_rpc_call_wait_sent(struct kp_rpc_call *call, long long timeout_ms);
+
 /* Ends the call with a status after the queued sends. details is copied. Later calls are
  * no-ops. Returns 0, or -ECANCELED if it was already finished or gone. */
 int kp_rpc_call_finish(struct kp_rpc_call *call, grpc_status_code code, const char *details);

@@ -9,15 +9,20 @@
  *     Any error stops here, before a run exists, with the file and the position — unless
  *     --partial, which imports the bad files up to the error.
  *  2. Ranks: distributedInfo.rank, else the file name (rank-3, worker3), else --rank (one
- *     file only). Two files of one rank are an error. The world size is the largest of
- *     distributedInfo.world_size, the highest rank + 1 and --world-size.
+ *     file only), else 0 for one file (a trace without distributedInfo is not distributed). Two
+ * files of one rank are an error. The world size is the largest of distributedInfo.world_size, the
+ * highest rank + 1 and --world-size.
  *  3. Control.CreateRun (source IMPORT), then each file's batches are pushed on one producer
  *     stream (kp_push: acked only once committed), then EndRun. The batches come from the
  *     file's spool (kp_kineto_spool: the scan kept them encoded, up to IMPORT_SPOOL_MEM bytes
  *     in memory for all files together, the rest in temporary files), so each file is parsed
  *     once; a file whose spool cannot stand for a second parse (kp_kineto.h) is parsed again.
  *     If the push fails, the run is ended FAILED and then dropped (Control.DropRun) with
- *     whatever part of it was stored; if the drop fails, the user is told how to drop it.
+ *     whatever part of it was stored. If collectord is gone before the run is ended, EndRun
+ *     is asked again until --give-up; a run it could not end stays open until collectord's
+ *     --open-run-timeout ends it as failed (no producer stream, no batch). Exit status: 0
+ *     imported (with --partial also when files were cut short: stderr says so), 1 failed, 2
+ *     usage, 5 collectord unreachable or gone (see --help).
  * A progress bar goes to stderr when it is a terminal; the run id goes to stdout, as JSON
  * with --json.
  */
@@ -359,8 +364,16 @@ static int send_file(struct import *im, struct trace_file *f, struct kp_kineto_o
     return rc;
 }
 
+static bool is_unreachable(grpc_status_code code)
+{
+    return code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_DEADLINE_EXCEEDED;
+}
+
+/* One Control call; *unreachable (may be NULL) is set when collectord could not be reached.
+ * quiet: print nothing when it could not (the caller retries). */
 static bool control_call(struct kp_rpc_channel *ch, const char *cfg_collector, const char *method,
-                         const ProtobufCMessage *req, Kprof__V1__Run **run)
+                         const ProtobufCMessage *req, Kprof__V1__Run **run, bool *unreachable,
+                         bool quiet)
 {
     struct kp_rpc_status st;
     ProtobufCMessage *resp = NULL;
@@ -372,7 +385,13 @@ static bool control_call(struct kp_rpc_channel *ch, const char *cfg_collector, c
         *run = (Kprof__V1__Run *) resp;
         return true;
     }
-    if (st.code == GRPC_STATUS_UNAVAILABLE || st.code == GRPC_STATUS_DEADLINE_EXCEEDED) {
+    if (unreachable != NULL) {
+        *unreachable = is_unreachable(st.code);
+    }
+    if (is_unreachable(st.code) && quiet) {
+        return false;
+    }
+    if (is_unreachable(st.code)) {
         fprintf(stderr,
                 "kprofctl import: cannot reach collectord at %s: %s; start it (deploy/local/"
                 "kprof-stack up) or pass --collector / KPROF_COLLECTOR\n",
@@ -512,6 +531,12 @@ static int assign_ranks(struct import *im, uint32_t *world_size)
             unnamed++;
         }
     }
+    /* Kineto writes distributedInfo only for a distributed job: one file without it (and no
+     * rank in its name) is a one-rank trace, rank 0, as export writes a one-rank run */
+    if (cfg->rank < 0 && unnamed == 1 && im->n_files == 1) {
+        im->files[0].rank = 0;
+        unnamed = 0;
+    }
     if (unnamed > 0) {
         if (cfg->rank < 0 || unnamed > 1) {
             for (size_t i = 0; i < im->n_files; i++) {
@@ -580,7 +605,7 @@ int kprofctl_import(int argc, char **argv)
     uint32_t world_size = 0;
     size_t bad;
     int action, rc = 1;
-    bool run_failed = false, any_partial = false, ended = false;
+    bool run_failed = false, any_partial = false, ended = false, unreachable = false;
 
     memset(&cfg, 0, sizeof(cfg));
     memset(&im, 0, sizeof(im));
@@ -594,7 +619,17 @@ int kprofctl_import(int argc, char **argv)
     }
     if (action == KP_CONFIG_EXIT_OK) {
         if (pos.n == 0) {
-            printf("\nusage: kprofctl import --job NAME [flags] FILE_OR_DIR...\n");
+            printf("\nusage: kprofctl import --job NAME [flags] FILE_OR_DIR...\n"
+                   "\nExit status:\n"
+                   "  0    imported: the run is ENDED (with --partial also when some files were\n"
+                   "       cut short at an error: their part before it is kept, and stderr says\n"
+                   "       so; --json's \"ok\" is false)\n"
+                   "  1    failed: a file is unreadable (nothing imported), or collectord refused\n"
+                   "       the batches (the run is ended FAILED and dropped)\n"
+                   "  2    usage: bad flags\n"
+                   "  5    collectord unreachable, or gone before the import ended (a run it\n"
+                   "       could not end is ended FAILED by collectord at its\n"
+                   "       --open-run-timeout)\n");
         }
         kp_config_fini(import_defs, N_DEFS, &cfg);
         return 0;
@@ -647,6 +682,14 @@ int kprofctl_import(int argc, char **argv)
     if (assign_ranks(&im, &world_size) != 0) {
         goto out;
     }
+    for (size_t i = 0; i < im.n_files; i++) {
+        if (im.files[i].scan_rc == 0 && im.files[i].scan.events == 0) {
+            fprintf(stderr,
+                    "kprofctl import: warning: %s is an empty trace (no events): rank %ld of the "
+                    "run will hold no rows\n",
+                    im.files[i].path, im.files[i].rank);
+        }
+    }
 
     memset(&co, 0, sizeof(co));
     co.tls_ca_file = cfg.tls_ca != NULL && cfg.tls_ca[0] != '\0' ? cfg.tls_ca : NULL;
@@ -662,7 +705,8 @@ int kprofctl_import(int argc, char **argv)
         req.name = cfg.name;
         req.world_size = world_size;
         req.source = KPROF__V1__RUN_SOURCE__RUN_SOURCE_IMPORT;
-        if (!control_call(ch, cfg.collector, "CreateRun", &req.base, &run)) {
+        if (!control_call(ch, cfg.collector, "CreateRun", &req.base, &run, &unreachable, false)) {
+            rc = unreachable ? KPROFCTL_EXIT_UNREACHABLE : KPROFCTL_EXIT_FAILED;
             goto out;
         }
         run_id = run->id;
@@ -712,6 +756,7 @@ int kprofctl_import(int argc, char **argv)
             struct kp_rpc_status st;
 
             kp_push_error(im.push, &st);
+            unreachable = is_unreachable(st.code);
             fprintf(stderr, "kprofctl import: %s: collectord did not take the batches: %s: %s\n",
                     f->path, kp_rpc_status_name(st.code), st.details);
         }
@@ -724,11 +769,14 @@ int kprofctl_import(int argc, char **argv)
         struct kp_rpc_status st;
 
         kp_push_error(im.push, &st);
+        unreachable = is_unreachable(st.code);
         fprintf(stderr, "kprofctl import: collectord did not commit the batches: %s: %s\n",
                 kp_rpc_status_name(st.code), st.details);
         run_failed = true;
     }
-    rc = run_failed ? 1 : (any_partial ? 1 : 0);
+    /* --partial that stored a run is a (partial) success: exit 0, said on stderr */
+    rc = run_failed ? (unreachable ? KPROFCTL_EXIT_UNREACHABLE : KPROFCTL_EXIT_FAILED)
+                    : KPROFCTL_EXIT_OK;
 end:
     if (im.bar) {
         im.cur_bytes = 0;
@@ -737,12 +785,35 @@ end:
     {
         Kprof__V1__EndRunRequest req = KPROF__V1__END_RUN_REQUEST__INIT;
 
+        long long until = mono_ns() + (unreachable ? 0 : cfg.give_up_ms * 1000000LL);
+        long long pause_ms = 100;
+        bool gone = false;
+
         req.run_id = run_id;
         req.failed = run_failed;
-        if (control_call(ch, cfg.collector, "EndRun", &req.base, &run)) {
+        /* A collectord that went away (a restart) may be back soon: ask again until --give-up
+         * (once only when the push already gave up on it) */
+        while (!(ended = control_call(ch, cfg.collector, "EndRun", &req.base, &run, &gone,
+                                      mono_ns() < until)) &&
+               gone && mono_ns() < until && !g_interrupted) {
+            struct timespec ts = { 0, pause_ms * 1000000L };
+
+            nanosleep(&ts, NULL);
+            pause_ms = pause_ms < 1000 ? 2 * pause_ms : 1000;
+        }
+        if (ended) {
             protobuf_c_message_free_unpacked(&run->base, NULL);
             run = NULL;
-            ended = true;
+        }
+        else {
+            unreachable = unreachable || gone;
+            fprintf(stderr,
+                    "kprofctl import: run %" PRIu64 " could not be ended%s%s%s: collectord ends "
+                    "it as failed once it has had no batch for its --open-run-timeout; "
+                    "`kprofctl runs` shows its state\n",
+                    run_id, unreachable ? " (collectord at " : "", unreachable ? cfg.collector : "",
+                    unreachable ? " is unreachable)" : "");
+            rc = unreachable ? KPROFCTL_EXIT_UNREACHABLE : KPROFCTL_EXIT_FAILED;
         }
     }
     if (run_failed) {
@@ -753,7 +824,7 @@ end:
         im.push = NULL;
         req.run_id = run_id;
         /* DropRun refuses a run that is still open, so only an ended one is worth asking */
-        if (ended && control_call(ch, cfg.collector, "DropRun", &req.base, &run)) {
+        if (ended && control_call(ch, cfg.collector, "DropRun", &req.base, &run, NULL, false)) {
             protobuf_c_message_free_unpacked(&run->base, NULL);
             run = NULL;
             fprintf(stderr,
@@ -761,16 +832,28 @@ end:
                     "was kept\n",
                     run_id);
         }
-        else {
+        else if (ended) {
             fprintf(stderr,
                     "kprofctl import: run %" PRIu64 " is marked FAILED and may hold part of "
-                    "the traces; drop it with: psql -c 'SELECT kp_drop_run(%" PRIu64 ")'\n",
-                    run_id, run_id);
+                    "the traces (`kprofctl runs` lists it)\n",
+                    run_id);
         }
     }
-    else {
+    else if (ended) {
         print_result(&im, run_id, world_size, (double) (mono_ns() - im.start_ns) / 1e9,
                      !any_partial);
+        if (any_partial) {
+            size_t cut = 0;
+
+            for (size_t i = 0; i < im.n_files; i++) {
+                cut += im.files[i].scan_rc != 0;
+            }
+            fprintf(stderr,
+                    "kprofctl import: partial import: run %" PRIu64 " holds %zu of %zu file%s "
+                    "whole and the part of %zu file%s before its first error (--partial)\n",
+                    run_id, im.n_files - cut, im.n_files, im.n_files == 1 ? "" : "s", cut,
+                    cut == 1 ? "" : "s");
+        }
     }
 out:
     kp_push_destroy(im.push);

@@ -18,7 +18,8 @@
  *
  * --expect FILE writes one JSON object per line for each GPU-side record and each NVTX range
  * emitted: {"type":"gpu"|"range", "step", "kind", "name", "correlation", "recorded" (the fake
- * wrote it into a CUPTI buffer), "op" (innermost op name), "stack" (op names, outermost
+ * wrote it into a CUPTI buffer), "launch_ns" and "dur_ns" (when it was issued and the duration
+ * the fake gives it), "op" (innermost op name), "stack" (op names, outermost
  * first), "tid", ...}, so an integration test can compare the database with what was emitted
  * during the captured steps.
  *
@@ -185,7 +186,8 @@ static void wk_json_stack(FILE *f, int n)
     fputc(']', f);
 }
 
-static void wk_expect_gpu(const char *kind, const char *name, uint32_t corr, uint32_t stream)
+static void wk_expect_gpu(const char *kind, const char *name, uint32_t corr, uint32_t stream,
+                          int64_t launch_ns, int64_t dur_ns)
 {
     uint32_t w = fakecupti_last_written();
 
@@ -200,9 +202,11 @@ static void wk_expect_gpu(const char *kind, const char *name, uint32_t corr, uin
     wk_json_str(g_expect, name);
     fprintf(g_expect,
             ",\"correlation\":%" PRIu32 ",\"recorded\":%s,\"api_recorded\":%s,\"device\":%" PRIu32
-            ",\"stream\":%" PRIu32 ",\"tid\":%" PRIu64 ",\"op\":",
+            ",\"stream\":%" PRIu32 ",\"tid\":%" PRIu64 ",\"launch_ns\":%" PRId64
+            ",\"dur_ns\":%" PRId64 ",\"op\":",
             corr, (w & FAKECUPTI_W_GPU) ? "true" : "false",
-            (w & FAKECUPTI_W_API) ? "true" : "false", g_device, stream, wk_tid());
+            (w & FAKECUPTI_W_API) ? "true" : "false", g_device, stream, wk_tid(), launch_ns,
+            dur_ns);
     wk_json_str(g_expect, tl_depth ? tl_stack[tl_depth - 1].name : "");
     fputc(',', g_expect);
     wk_json_stack(g_expect, tl_depth);
@@ -275,6 +279,7 @@ static void wk_kernel(const char *name, uint32_t stream, int grid, int block, ui
 {
     struct fakecupti_kernel k;
     uint32_t corr;
+    int64_t t0;
 
     memset(&k, 0, sizeof(k));
     k.name = name;
@@ -288,14 +293,16 @@ static void wk_kernel(const char *name, uint32_t stream, int grid, int block, ui
     k.registers = regs;
     k.static_smem = 16384;
     k.t.duration_ns = wk_jitter(dur_ns);
+    t0 = wk_now_ns();
     corr = fakecupti_launch_kernel(&k);
-    wk_expect_gpu("kernel", name, corr, stream);
+    wk_expect_gpu("kernel", name, corr, stream, t0, (int64_t) k.t.duration_ns);
 }
 
 static void wk_memcpy_h2d(uint64_t bytes)
 {
     struct fakecupti_memcpy m;
     uint32_t corr;
+    int64_t t0;
 
     memset(&m, 0, sizeof(m));
     m.copy_kind = CUPTI_ACTIVITY_MEMCPY_KIND_HTOD;
@@ -306,14 +313,16 @@ static void wk_memcpy_h2d(uint64_t bytes)
     m.context = WK_CONTEXT;
     m.stream = WK_STREAM_MAIN;
     m.t.duration_ns = wk_jitter(20000);
+    t0 = wk_now_ns();
     corr = fakecupti_memcpy(&m);
-    wk_expect_gpu("memcpy", "", corr, WK_STREAM_MAIN);
+    wk_expect_gpu("memcpy", "", corr, WK_STREAM_MAIN, t0, (int64_t) m.t.duration_ns);
 }
 
 static void wk_memset(uint64_t bytes)
 {
     struct fakecupti_memset m;
     uint32_t corr;
+    int64_t t0;
 
     memset(&m, 0, sizeof(m));
     m.bytes = bytes;
@@ -322,21 +331,24 @@ static void wk_memset(uint64_t bytes)
     m.context = WK_CONTEXT;
     m.stream = WK_STREAM_MAIN;
     m.t.duration_ns = wk_jitter(2000);
+    t0 = wk_now_ns();
     corr = fakecupti_memset(&m);
-    wk_expect_gpu("memset", "", corr, WK_STREAM_MAIN);
+    wk_expect_gpu("memset", "", corr, WK_STREAM_MAIN, t0, (int64_t) m.t.duration_ns);
 }
 
 static void wk_stream_sync(uint32_t stream)
 {
     struct fakecupti_sync s;
     uint32_t corr;
+    int64_t t0;
 
     memset(&s, 0, sizeof(s));
     s.context = WK_CONTEXT;
     s.stream = stream;
     s.t.duration_ns = wk_jitter(30000);
+    t0 = wk_now_ns();
     corr = fakecupti_sync(&s);
-    wk_expect_gpu("sync", "", corr, stream);
+    wk_expect_gpu("sync", "", corr, stream, t0, (int64_t) s.t.duration_ns);
 }
 
 /* ---- the step ---- */

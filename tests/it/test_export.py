@@ -34,6 +34,7 @@ DB = "kp_it_export"
 PEERS = os.environ.get("KPROF_PEERS_DIR") or os.path.join(
     os.environ.get("KPROF_SOURCE_DIR", "."), "tests", "data", "peers")
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
+ANALYZER = os.path.join(kpfix.BIN, "analyzer", "kprof-analyzer")
 LOADGEN = os.path.join(kpfix.BIN, "bench", "ingest", "kprof-loadgen")
 D = decimal.Decimal
 US3 = re.compile(r'"(ts|dur)": (-?\d+\.\d{3})[,}]')
@@ -75,7 +76,11 @@ COLS = {
                 "coalesce(regs_per_sm, 0)", "coalesce(regs_per_block, 0)",
                 "coalesce(smem_per_sm, 0)", "coalesce(smem_per_block, 0)",
                 "coalesce(warp_size, 0)", "coalesce(cc_major, 0)", "coalesce(cc_minor, 0)"],
-    "ranks": ["coalesce(host, '')", "coalesce(pid, 0)", "coalesce(device, 0)"],
+    "ranks": ["coalesce(host, '')", "coalesce(pid, 0)", "coalesce(device, 0)",
+              "coalesce(distributed_info, '')"],
+    "counters": ["coalesce(correlation, 0)", "value", NM % "metric", "coalesce(device, 0)"],
+    "kernel_occupancy": ["start_ns", "correlation", "stream", "device", "blocks_per_sm::text",
+                         "est_occupancy::text"],
 }
 # Tables read through a join: kernels with their occupancy figures (migration 0006).
 FROM = {
@@ -103,9 +108,39 @@ def kimport(*args):
     return json.loads(p.stdout)
 
 
-def kexport(run_id, out, *extra, ok=True, pg=None):
-    return run([KPROFCTL, "export", "--run", str(run_id), "-o", out, "--pg",
-                pg if pg is not None else CONNINFO] + list(extra), ok=ok)
+def kexport(run_id, out, *extra, ok=True, analyzer=None):
+    return run([KPROFCTL, "export", "--run", str(run_id), "-o", out, "--analyzer",
+                analyzer if analyzer is not None else AN.grpc] + list(extra), ok=ok)
+
+
+class Analyzer:
+    """kprof-analyzer (which serves Analyzer.Export) on 127.0.0.1:0."""
+
+    def __init__(self, name, conninfo):
+        d = os.path.join(kpfix.TEST_DIR, name)
+        os.makedirs(d, exist_ok=True)
+        self.ready = os.path.join(d, "ready")
+        if os.path.exists(self.ready):
+            os.unlink(self.ready)
+        self.log_path = os.path.join(d, "analyzer.log")
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [ANALYZER, "--listen", "127.0.0.1:0", "--http-listen", "", "--pg-conninfo", conninfo,
+             "--ready-file", self.ready], stdout=self.log, stderr=subprocess.STDOUT)
+        kpfix.wait_for(lambda: os.path.exists(self.ready) or self.proc.poll() is not None, 30,
+                       "kprof-analyzer ready")
+        assert self.proc.poll() is None, open(self.log_path).read()
+        addrs = dict(l.strip().split("=", 1) for l in open(self.ready) if "=" in l)
+        self.grpc = addrs["grpc"]
+
+    def stop(self):
+        self.proc.terminate()
+        rc = self.proc.wait(timeout=60 * kpfix.SCALE)
+        self.log.close()
+        log = open(self.log_path).read()
+        for bad in ("Sanitizer", "runtime error:"):
+            assert bad not in log, log
+        return rc
 
 
 def ranks_of(run_id):
@@ -152,9 +187,19 @@ def check_chrome(path, run_id, rank):
     """Checks one exported file as a Chrome trace and against the run's rows."""
     raw, t = load(path)
     assert t["schemaVersion"] == 1 and t["displayTimeUnit"] == "ns", list(t)
-    assert t["distributedInfo"]["rank"] == rank, t["distributedInfo"]
     ws = int(kpfix.psql("SELECT world_size FROM runs WHERE id = %d" % run_id, db=DB))
-    assert t["distributedInfo"]["world_size"] == ws
+    stored = kpfix.psql("SELECT coalesce(distributed_info, '') FROM ranks WHERE run_id = %d AND "
+                        "rank = %d" % (run_id, rank), db=DB)
+    imported = kpfix.psql("SELECT source FROM runs WHERE id = %d" % run_id, db=DB) == "2"
+    if stored:  # the imported trace's own, pg_config and nccl_version included
+        assert t["distributedInfo"] == json.loads(stored, parse_float=D), t["distributedInfo"]
+    elif imported:  # the trace had none: none is invented
+        assert "distributedInfo" not in t, t["distributedInfo"]
+    elif ws > 1 or rank != 0:
+        assert t["distributedInfo"]["rank"] == rank, t["distributedInfo"]
+        assert t["distributedInfo"]["world_size"] == ws
+    else:  # a one-rank run is not distributed: Kineto writes no distributedInfo for it
+        assert "distributedInfo" not in t, t["distributedInfo"]
     assert isinstance(t["baseTimeNanoseconds"], int) and t["baseTimeNanoseconds"] >= 0
     ndev = int(kpfix.psql("SELECT count(*) FROM devices WHERE run_id = %d AND rank = %d"
                           % (run_id, rank), db=DB))
@@ -192,7 +237,14 @@ def check_chrome(path, run_id, rank):
     n_times = len(US3.findall(raw.decode()))
     n_expected = sum(1 + (e["ph"] == "X") for e in evs)
     assert n_times == n_expected, (n_times, n_expected)
-    assert flows["s"] == flows["f"], "unmatched ac2g flows"
+    # one start per launching API call, one end per GPU activity (a CUDA-graph launch: one
+    # start, an end on each of its kernels)
+    assert set(flows["s"]) == set(flows["f"]), "unmatched ac2g flows"
+    api_per_corr = collections.Counter(e["args"]["correlation"] for e in evs if e.get("ph") == "X"
+                                       and e.get("cat") in ("cuda_runtime", "cuda_driver",
+                                                            "overhead"))
+    for i, n in flows["s"].items():
+        assert n == api_per_corr[i], ("flow starts for correlation", i, n, api_per_corr[i])
     for e in flow_ev:
         if e["ph"] == "s":
             assert any((e["pid"], e["tid"], e["ts"], c) in starts
@@ -218,7 +270,11 @@ def check_chrome(path, run_id, rank):
     n_ops = rows("SELECT count(*) FROM ops WHERE run_id = %d AND rank = %d")
     assert sum(cats[c] for c in ("cpu_op", "user_annotation", "gpu_user_annotation",
                                  "python_function", "[memory]")) >= n_ops
-    return t, cats, sum(flows["s"].values())
+    # counters: one cuda_profiler_range event per range (correlation, device)
+    assert cats["cuda_profiler_range"] == rows(
+        "SELECT count(*) FROM (SELECT DISTINCT correlation, device FROM counters WHERE "
+        "run_id = %d AND rank = %d) x"), cats["cuda_profiler_range"]
+    return t, cats, sum(flows["f"].values())
 
 
 def flow_rows(run_id, rank):
@@ -249,6 +305,34 @@ def round_trip(job, paths, out, extra_import=(), extra_export=()):
     assert ws[0] == ws[1], ws
     n = compare_runs(a, b, {r: r for r in ranks_of(a)})
     return n, ex["json_bytes"], ex["seconds"]
+
+
+def synthetic_trace():
+    """A one-rank trace (no distributedInfo) with a CUDA-graph launch (one correlation, three
+    kernels), a plain launch, and CUPTI range-profiler counters (one range with its own
+    correlation, one without)."""
+    def X(cat, name, pid, tid, ts, dur, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts,
+                "dur": dur, "args": args}
+
+    def kernel(name, ts, corr, **extra):
+        return X("kernel", name, 0, 7, ts, 5, device=0, stream=7, correlation=corr,
+                 grid=[1, 1, 1], block=[32, 1, 1], **{"External id": 5,
+                                                      "registers per thread": 8,
+                                                      "shared memory": 0}, **extra)
+    ev = [X("cpu_op", "aten::mm", 100, 100, 10, 200, **{"External id": 5}),
+          X("cuda_runtime", "cudaGraphLaunch", 100, 100, 20, 10, correlation=77, cbid=311,
+            **{"External id": 5})]
+    ev += [kernel("graph_k%d" % i, 40 + 10 * i, 77, **{"graph id": 3, "graph node id": i + 1})
+           for i in range(3)]
+    ev += [X("cuda_runtime", "cudaLaunchKernel", 100, 100, 100, 5, correlation=78, cbid=211,
+             **{"External id": 5}), kernel("plain_k", 120, 78)]
+    ev += [X("cuda_profiler_range", "graph_k0", 0, 1, 1000, 100,
+             **{"smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 12,
+                "gpu__time_duration.sum": 1.5}),
+           X("cuda_profiler_range", "plain_k", 0, 1, 1100, 100, correlation=78,
+             **{"smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 3.25e20})]
+    return {"schemaVersion": 1, "traceEvents": ev}
 
 
 def figure_kernels(paths):
@@ -291,6 +375,8 @@ def main():
     CONNINFO = kpfix.fresh_db(DB)
     cd = kpfix.Collectord("it_export", CONNINFO)
     COLLECTOR = cd.grpc
+    global AN
+    AN = Analyzer("it_export_analyzer", CONNINFO)
     global HAS_MEMORY
     # schema 2 (migration 0002) adds memory_events: compare it too when this build has it
     HAS_MEMORY = kpfix.psql("SELECT to_regclass('memory_events') IS NOT NULL", db=DB) == "t"
@@ -314,6 +400,11 @@ def main():
         n, nbytes, secs = round_trip("hta-ns", [big], out)
         with open(out, "rb") as f:
             assert f.read(2) == b"\x1f\x8b", "not gzip"
+        # its distributedInfo (pg_config, nccl_version) comes back as it was
+        _, orig = load(big)
+        _, back = load(out)
+        assert orig["distributedInfo"]["pg_config"] and orig["distributedInfo"]["nccl_version"]
+        assert back["distributedInfo"] == orig["distributedInfo"], back["distributedInfo"]
         assert not glob.glob(out + ".tmp.*")
         print("HTA ns-resolution: %d rows equal; export %.1f MB of JSON in %.3f s = %.1f MB/s "
               "(gzip level 1)" % (n, nbytes / 1e6, secs, nbytes / 1e6 / secs))
@@ -329,6 +420,30 @@ def main():
                                            "*.json.gz")))[0]
         n, _, _ = round_trip("tb-resnet", [tb], os.path.join(tmp, "resnet.json"))
         print("tbplugin resnet50: %d rows equal" % n)
+
+        # counters, a CUDA-graph launch, no distributedInfo: all survive the round trip
+        src = os.path.join(tmp, "synthetic.json")
+        with open(src, "w") as f:
+            json.dump(synthetic_trace(), f)
+        d = os.path.join(tmp, "synth-out", "new") + "/"  # -o DIR/ is created
+        n, _, _ = round_trip("synthetic-trace", [src], d)
+        (path,) = glob.glob(d + "*.json")
+        _, t = load(path)
+        evs = t["traceEvents"]
+        starts = [e for e in evs if e.get("ph") == "s"]
+        ends = [e for e in evs if e.get("ph") == "f"]
+        assert sorted(e["id"] for e in starts) == [77, 78], starts
+        assert sorted(e["id"] for e in ends) == [77, 77, 77, 78], ends
+        ranges = [e for e in evs if e.get("cat") == "cuda_profiler_range"]
+        assert [r["name"] for r in ranges] == ["graph_k0", "plain_k"], ranges
+        assert "correlation" not in ranges[0]["args"] and ranges[1]["args"]["correlation"] == 78
+        assert ranges[1]["args"]["smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"] == \
+            D("3.25e+20"), ranges[1]
+        assert "distributedInfo" not in t
+        nctr = int(kpfix.psql("SELECT count(*) FROM counters c JOIN runs r ON r.id = c.run_id "
+                              "WHERE r.job = 'synthetic-trace-again'", db=DB))
+        assert nctr == 5, nctr  # 3 metrics + 2 range-name rows
+        print("synthetic trace: %d rows equal (counters, graph launch flows)" % n)
 
         # kernel_occupancy: one row per imported kernel with a figure (none without)
         for job, paths in (("occ-resnet", [tb]), ("occ-ns", [big]), ("occ-hta2", hta2)):
@@ -399,18 +514,57 @@ def main():
         print("captured-style run %d: %d files, op<->kernel ids and flows OK, no "
               "kernel_occupancy rows" % (rid, len(ex["files"])))
 
+        # the stream itself (grpcio): chunks of at most 1 MiB, ranks in order, each ended with
+        # its figures; a client that goes away mid-stream leaves the analyzer serving
+        import grpc
+        import kprof_pb2 as pb
+        ch = grpc.insecure_channel(AN.grpc)
+        export = ch.unary_stream("/kprof.v1.Analyzer/Export",
+                                 request_serializer=pb.ExportRequest.SerializeToString,
+                                 response_deserializer=pb.ExportChunk.FromString)
+        big_run = int(kpfix.psql("SELECT min(id) FROM runs WHERE job = 'hta-ns'", db=DB))
+        chunks = list(export(pb.ExportRequest(run_id=big_run, all_ranks=True), timeout=120))
+        assert len(chunks) > 2 and all(len(c.data) <= 1 << 20 for c in chunks), len(chunks)
+        assert chunks[-1].end_of_rank and not any(c.end_of_rank for c in chunks[:-1])
+        body = b"".join(c.data for c in chunks)
+        assert len(body) == chunks[-1].json_bytes and json.loads(body)["traceEvents"]
+        call = export(pb.ExportRequest(run_id=big_run, all_ranks=True), timeout=120)
+        next(call)
+        call.cancel()
+        try:
+            list(export(pb.ExportRequest(run_id=big_run, rank=5), timeout=30))
+            raise AssertionError("rank 5 exported")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.NOT_FOUND and "no rank 5" in e.details(), e
+        ch.close()
+        p = kexport(big_run, os.path.join(tmp, "after-cancel.json"), "--json")
+        assert json.loads(p.stdout)["json_bytes"] == chunks[-1].json_bytes
+        print("Export stream: %d chunks of at most 1 MiB; a cancelled call leaves the analyzer "
+              "serving" % len(chunks))
+
         # 3. errors
         p = kexport(999999, os.path.join(tmp, "x.json"), ok=False)
-        assert p.returncode == 3 and "run 999999 does not exist" in p.stderr, p.stderr
+        assert p.returncode == 3 and "run 999999 not found; `kprofctl runs` lists runs" in \
+            p.stderr and "psql" not in p.stderr, p.stderr
         p = kexport(rid, os.path.join(tmp, "x.json"), "--rank", "7", ok=False)
         assert p.returncode == 3 and "has no rank 7" in p.stderr and "0, 1" in p.stderr, p.stderr
         p = kexport(rid, os.path.join(tmp, "x.json"), ok=False)
         assert p.returncode == 2 and "--rank" in p.stderr, p.stderr
         p = run([KPROFCTL, "export", "-o", os.path.join(tmp, "x.json")], ok=False)
         assert p.returncode == 2 and "--run is required" in p.stderr, p.stderr
+        bad = Analyzer("it_export_nopg", "host=/nonexistent-socket-dir port=1 dbname=x "
+                       "connect_timeout=2")
+        try:
+            p = kexport(rid, os.path.join(tmp, "x.json"), "--rank", "0", ok=False,
+                        analyzer=bad.grpc)
+        finally:
+            assert bad.stop() == 0
+        assert p.returncode == 5 and "PostgreSQL" in p.stderr, p.stderr
+        assert not os.path.exists(os.path.join(tmp, "x.json"))
+        assert not glob.glob(os.path.join(tmp, "x.json.tmp.*"))
         p = kexport(rid, os.path.join(tmp, "x.json"), "--rank", "0", ok=False,
-                    pg="host=/nonexistent-socket-dir port=1 dbname=x connect_timeout=2")
-        assert p.returncode == 1 and "cannot connect to PostgreSQL" in p.stderr, p.stderr
+                    analyzer="127.0.0.1:%d" % kpfix.free_port())
+        assert p.returncode == 5 and "KPROF_ANALYZER" in p.stderr, p.stderr
         p = kexport(rid, os.path.join(tmp, "no-such-dir", "x.json"), "--rank", "0", ok=False)
         assert p.returncode == 1 and "cannot write" in p.stderr, p.stderr
         assert not os.path.exists(os.path.join(tmp, "x.json"))
@@ -420,9 +574,11 @@ def main():
         assert t["distributedInfo"]["rank"] == 1 and t["traceEvents"]
         print("error cases OK")
     finally:
+        arc = AN.stop()
         rc = cd.stop()
         cd.assert_clean_log()
     assert rc == 0, rc
+    assert arc == 0, arc
 
 
 if __name__ == "__main__":

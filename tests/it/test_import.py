@@ -6,7 +6,10 @@
      traces); times are exact to the ns (sums of start and duration compared);
   2. bad input (bad gzip, truncated gzip, truncated JSON, wrong types, a huge string, deep
      nesting, a missing ts, two files of one rank) fails with the file and the position and
-     leaves no run behind; --partial keeps the part before the error."""
+     leaves no run behind; --partial keeps the part before the error, exits 0 (a partial
+     success) and says so on stderr;
+  3. an empty trace imports with a warning; collectord unreachable exits 5 and creates
+     nothing."""
 import decimal
 import glob
 import gzip
@@ -256,8 +259,11 @@ def main():
         good1 = os.path.join(tmp, "good-rank1.json")
         os.rename(good, good1)
         p = kprofctl("--job", "partial", "--partial", "--json", good1, trunc, ok=False)
-        assert p.returncode == 1, p.stderr
+        assert p.returncode == 0, (p.returncode, p.stderr)
+        assert "partial import: run" in p.stderr and "1 of 2 files whole" in p.stderr, p.stderr
         res = json.loads(p.stdout)
+        assert res["ok"] is False, res
+        assert kpfix.psql("SELECT state FROM runs WHERE id = %d" % res["run_id"], db=DB) == "2"
         assert n_runs() == before + 1
         kern = int(kpfix.psql("SELECT count(*) FROM kernels WHERE run_id = %d AND rank = 1"
                               % res["run_id"], db=DB))
@@ -267,6 +273,23 @@ def main():
         f1 = [f for f in res["files"] if f["rank"] == 0][0]
         assert "error" in f1 and part == f1["rows"]["ops"] and part > 0, (part, f1)
         print("error cases OK; --partial kept %d ops of the truncated file" % part)
+
+        # 3. an empty trace: a warning, not an error; collectord unreachable: 5, nothing made
+        empty = os.path.join(tmp, "empty.json")
+        with open(empty, "w") as f:
+            json.dump({"schemaVersion": 1, "traceEvents": []}, f)
+        p = kprofctl("--job", "empty", "--json", empty)
+        assert "warning" in p.stderr and "empty trace" in p.stderr, p.stderr
+        res = json.loads(p.stdout)
+        assert kpfix.psql("SELECT state FROM runs WHERE id = %d" % res["run_id"], db=DB) == "2"
+        before = n_runs()
+        p = subprocess.run([KPROFCTL, "import", "--collector", "127.0.0.1:%d" % kpfix.free_port(),
+                            "--job", "down", good1], capture_output=True, text=True,
+                           timeout=120 * kpfix.SCALE)
+        assert p.returncode == 5 and "cannot reach collectord" in p.stderr, (p.returncode,
+                                                                              p.stderr)
+        assert n_runs() == before
+        print("empty trace imported with a warning; collectord down: exit 5")
     finally:
         rc = cd.stop()
         cd.assert_clean_log()

@@ -1,15 +1,63 @@
 """kprofctl import whose batches collectord refuses half-way: the run is ended FAILED and then
-dropped with DropRun, so nothing is left behind."""
+dropped with DropRun, so nothing is left behind. And an import cut short by collectord going
+away (frozen and killed right after the run is created): the import exits 5 (unreachable)
+and says the run stays open; a new collectord with --open-run-timeout ends that run as FAILED
+with the reason in runs.end_reason, and leaves ended runs and runs with data alone."""
+import glob
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import kpfix
 
 kpfix.require_env()
 DB = "kp_it_import_drop"
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
+PEERS = os.environ.get("KPROF_PEERS_DIR", "/work/shared/peers")
+
+
+def cut_short(conninfo):
+    """collectord stops under an import: exit 5, and the run left open is ended by the next
+    collectord's open-run deadline."""
+    big = sorted(glob.glob(os.path.join(PEERS, "hta", "ns_resolution_rank0", "*.json.gz")))[0]
+    cd = kpfix.Collectord("importcut", conninfo)
+    p = subprocess.Popen([KPROFCTL, "import", "--collector", cd.grpc, "--job", "cut",
+                          "--progress", "off", "--give-up", "2s", big],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        kpfix.wait_for(lambda: kpfix.psql("SELECT count(*) FROM runs WHERE job = 'cut'",
+                                          db=DB) != "0" or p.poll() is not None, 60, "the run")
+        cd.proc.send_signal(signal.SIGSTOP)  # gone at once, whatever the import was doing
+        cd.proc.kill()
+        out, err = p.communicate(timeout=120 * kpfix.SCALE)
+    finally:
+        cd.proc.kill()
+        cd.stop()
+    assert p.returncode == 5, (p.returncode, err)
+    assert "could not be ended" in err and "psql" not in err, err
+    run = int(kpfix.psql("SELECT id FROM runs WHERE job = 'cut'", db=DB))
+    assert kpfix.psql("SELECT state FROM runs WHERE id = %d" % run, db=DB) == "1"
+    # an ended run with data beside it must stay as it is
+    cd = kpfix.Collectord("importcut2", conninfo, ["--open-run-timeout", "1s"])
+    try:
+        good = subprocess.run([KPROFCTL, "import", "--collector", cd.grpc, "--job", "kept",
+                               "--progress", "off", big], capture_output=True, text=True,
+                              timeout=120 * kpfix.SCALE)
+        assert good.returncode == 0, good.stderr
+        kpfix.wait_for(lambda: kpfix.psql("SELECT state FROM runs WHERE id = %d" % run,
+                                          db=DB) == "3", 30, "the open run ended as failed")
+        reason = kpfix.psql("SELECT end_reason FROM runs WHERE id = %d" % run, db=DB)
+        assert "no live producer stream" in reason, reason
+        assert kpfix.psql("SELECT state, end_reason IS NULL FROM runs WHERE job = 'kept'",
+                          db=DB) == "2|t"
+        assert "run ended as failed run=%d" % run in cd.log_text()
+    finally:
+        assert cd.stop() == 0
+    print("import cut short: exit 5, run %d ended FAILED by the open-run deadline (%s)" % (
+        run, reason))
 
 
 def main():
@@ -36,7 +84,8 @@ def main():
     finally:
         rc = cd.stop()
     assert rc == 0, rc
-    print("import drop: 1 passed")
+    cut_short(conninfo)
+    print("import drop: 2 passed")
 
 
 if __name__ == "__main__":

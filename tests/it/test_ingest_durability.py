@@ -3,11 +3,15 @@
      (counts and sums of durations per rank and kind);
   2. a stream cut mid-way and retried from the start leaves no duplicates and no gaps;
   3. collectord SIGKILLed mid-stream and restarted loses nothing it acknowledged, and a
-     producer that resends what it sent ends with exactly one copy of everything."""
+     producer that resends what it sent ends with exactly one copy of everything;
+  4. --open-run-timeout: an open run whose producer stream stays open (idle) is left open; once
+     the stream is gone, it is ended FAILED with the reason in runs.end_reason, and so is an
+     open run that never got a batch; an ended run stays ended."""
 import random
 import signal
 import sys
 import threading
+import time
 
 import grpc
 
@@ -194,6 +198,48 @@ def test_kill_restart(conninfo):
     d2.assert_clean_log()
 
 
+def test_open_run_deadline(conninfo):
+    d = kpfix.Collectord("durability-deadline", conninfo, ["--open-run-timeout", "2s"])
+    ch, create, push = stubs(d.grpc)
+    st = kpfix.Stubs(d.grpc)
+    try:
+        live = create(pb.CreateRunRequest(job="it-live", world_size=1), timeout=30)
+        idle = create(pb.CreateRunRequest(job="it-idle", world_size=1), timeout=30)
+        ended = create(pb.CreateRunRequest(job="it-ended", world_size=1), timeout=30)
+        st.end(pb.EndRunRequest(run_id=ended.id), timeout=30)
+        b, _ = make_batch(live.id, 0, 21, 1, random.Random(3))
+        release = threading.Event()
+
+        def gen():
+            yield b
+            release.wait(60)  # the stream stays open, idle, until released
+
+        call = push(gen(), timeout=120)
+        acks = []
+        reader = threading.Thread(target=lambda: acks.extend(call), daemon=True)
+        reader.start()
+        state = lambda r: kpfix.psql("SELECT state FROM runs WHERE id = %d" % r, db=DB)
+        kpfix.wait_for(lambda: state(idle.id) == "3", 30, "the run with no producer ended")
+        reason = kpfix.psql("SELECT end_reason FROM runs WHERE id = %d" % idle.id, db=DB)
+        assert "no live producer stream" in reason, reason
+        time.sleep(5)  # 2.5 timeouts past its batch: the live stream keeps it open
+        assert state(live.id) == "1", "a run with a live producer stream was ended"
+        assert state(ended.id) == "2"
+        release.set()
+        reader.join(60)
+        assert [r.seq for a in acks for r in a.batches] == [1], acks
+        kpfix.wait_for(lambda: state(live.id) == "3", 30, "the run whose stream ended")
+        assert state(ended.id) == "2" and kpfix.psql(
+            "SELECT end_reason IS NULL FROM runs WHERE id = %d" % ended.id, db=DB) == "t"
+        print("open-run deadline: idle run and stream-less run ended FAILED, live and ended "
+              "runs kept")
+    finally:
+        st.close()
+        ch.close()
+        assert d.stop() == 0
+    d.assert_clean_log()
+
+
 def main():
     conninfo = kpfix.fresh_db(DB)
     d = kpfix.Collectord("durability", conninfo)
@@ -205,7 +251,8 @@ def main():
     assert rc == 0, d.log_text()
     d.assert_clean_log()
     test_kill_restart(conninfo)
-    print("ingest durability: 3 passed, 0 failed")
+    test_open_run_deadline(conninfo)
+    print("ingest durability: 4 passed, 0 failed")
 
 
 if __name__ == "__main__":

@@ -871,6 +871,40 @@ static void test_spool_reparse(void **state)
     }
 }
 
+/* distributedInfo is kept whole as JSON text (strings escaped again, numbers as written,
+ * nested arrays and objects, null), rank and world size read from it, and the first batch's
+ * rank_info carries it; a trace without one has "". */
+static void test_distributed_info(void **state)
+{
+    static const char json[] =
+        "{\"distributedInfo\": {\"backend\":\"nccl\",\"rank\":1, \"world_size\" : 4,"
+        " \"pg_count\": 1, \"pg_config\": [{\"pg_name\": \"0\", \"desc\": \"a \\\"q\\\" \\\\ b\","
+        " \"ranks\": [0, 1, 2, 3], \"x\": null, \"t\": true, \"f\": 1.5e-3}],"
+        " \"nccl_version\": \"2.17.1\"},"
+        " \"traceEvents\": [{\"ph\": \"X\", \"cat\": \"kernel\", \"name\": \"k\", \"pid\": 0,"
+        " \"tid\": 7, \"ts\": 1, \"dur\": 2}]}";
+    static const char want[] =
+        "{\"backend\": \"nccl\", \"rank\": 1, \"world_size\": 4, \"pg_count\": 1, \"pg_config\": "
+        "[{\"pg_name\": \"0\", \"desc\": \"a \\\"q\\\" \\\\ b\", \"ranks\": [0, 1, 2, 3], \"x\": null, "
+        "\"t\": true, \"f\": 1.5e-3}], \"nccl_version\": \"2.17.1\"}";
+    struct kp_kineto_meta m;
+    struct capture c = { .n = 0 };
+
+    (void) state;
+    import(json, 0, &m, &c);
+    assert_string_equal(m.dist_json, want);
+    assert_true(m.has_rank);
+    assert_int_equal(m.rank, 1);
+    assert_int_equal(m.world_size, 4);
+    assert_int_equal(c.n, 1);
+    assert_non_null(c.b[0]->rank_info);
+    assert_string_equal(c.b[0]->rank_info->distributed_info, want);
+    capture_free(&c);
+    import("{\"traceEvents\": []}", 0, &m, &c);
+    assert_string_equal(m.dist_json, "");
+    capture_free(&c);
+}
+
 static void test_rank_from_name(void **state)
 {
     assert_int_equal(kp_kineto_rank_from_name("/a/rank-3.Apr_03.1102.pt.trace.json.gz"), 3);
@@ -894,6 +928,7 @@ int main(void)
         cmocka_unit_test(test_file_and_gzip),
         cmocka_unit_test(test_spool_reparse),
         cmocka_unit_test(test_rank_from_name),
+        cmocka_unit_test(test_distributed_info),
         cmocka_unit_test(test_profiler_range),
     };
 

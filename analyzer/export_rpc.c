@@ -1,0 +1,343 @@
+/*
+ * Analyzer.Export over kp_export (export_rpc.h).
+ */
+#define KP_LOG_MODULE "export"
+#include "export_rpc.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <libpq-fe.h>
+
+#include "export.h"
+#include "kp_err.h"
+#include "kp_log.h"
+#include "kp_pg.h"
+#include "kprof.pb-c.h"
+
+/* How long one chunk may wait for a client that does not read before the export gives up. */
+#define EXPORT_SEND_TIMEOUT_MS (5 * 60 * 1000LL)
+
+struct kp_export_svc {
+    const char *conninfo;
+    int max_active;
+    pthread_mutex_t mu;
+    pthread_cond_t idle;
+    int active;
+    bool stopping;
+    struct kp_rpc_method method;
+};
+
+/* The gRPC side of one call, until its request came. */
+struct xcall {
+    struct kp_export_svc *svc;
+    bool got_request;
+};
+
+/* One export's thread. */
+struct xjob {
+    struct kp_export_svc *svc;
+    struct kp_rpc_call *call; /* referenced */
+    Kprof__V1__ExportRequest *req;
+    int32_t rank; /* the rank being sent */
+    uint64_t sent_bytes;
+};
+
+static void job_done(struct xjob *j)
+{
+    struct kp_export_svc *svc = j->svc;
+
+    kp_rpc_call_unref(j->call);
+    protobuf_c_message_free_unpacked(&j->req->base, NULL);
+    free(j);
+    pthread_mutex_lock(&svc->mu);
+    svc->active--;
+    pthread_cond_broadcast(&svc->idle);
+    pthread_mutex_unlock(&svc->mu);
+}
+
+/* Sends one chunk once the previous one has reached the transport (one in flight). */
+static int send_chunk(struct xjob *j, Kprof__V1__ExportChunk *c)
+{
+    int rc = kp_rpc_call_wait_sent(j->call, EXPORT_SEND_TIMEOUT_MS);
+
+    if (rc != 0) {
+        return rc;
+    }
+    return kp_rpc_call_send(j->call, &c->base);
+}
+
+static int sink(void *ud, const void *data, size_t len)
+{
+    struct xjob *j = ud;
+    Kprof__V1__ExportChunk c = KPROF__V1__EXPORT_CHUNK__INIT;
+
+    c.run_id = j->req->run_id;
+    c.rank = j->rank;
+    c.data.data = (uint8_t *) data;
+    c.data.len = len;
+    j->sent_bytes += len;
+    return send_chunk(j, &c);
+}
+
+static int send_end(struct xjob *j, const struct kp_export_stats *st)
+{
+    Kprof__V1__ExportChunk c = KPROF__V1__EXPORT_CHUNK__INIT;
+    Kprof__V1__ExportRowCount rows[KP_EV_COUNT], *rp[KP_EV_COUNT];
+
+    c.run_id = j->req->run_id;
+    c.rank = j->rank;
+    c.end_of_rank = true;
+    c.json_bytes = st->json_bytes;
+    c.events = st->events;
+    c.flows = st->flows;
+    for (int k = 0; k < KP_EV_COUNT; k++) {
+        kprof__v1__export_row_count__init(&rows[k]);
+        rows[k].table = (char *) kp_event_kinds[k].table;
+        rows[k].rows = st->rows[k];
+        rp[k] = &rows[k];
+    }
+    c.n_rows = KP_EV_COUNT;
+    c.rows = rp;
+    return send_chunk(j, &c);
+}
+
+/* The status for a kp_export error. */
+static grpc_status_code status_of(int rc, PGconn *pg)
+{
+    if (rc == KP_ENOTFOUND) {
+        return GRPC_STATUS_NOT_FOUND;
+    }
+    if (rc == KP_EPG && (pg == NULL || PQstatus(pg) != CONNECTION_OK || kp_pg_conn_lost(pg))) {
+        return GRPC_STATUS_UNAVAILABLE;
+    }
+    return rc == -ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INTERNAL;
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+static void *export_main(void *arg)
+{
+    struct xjob *j = arg;
+    const Kprof__V1__ExportRequest *r = j->req;
+    struct kp_export *x = NULL;
+    PGconn *pg = NULL;
+    char err[1024], msg[1200];
+    const int32_t *ranks;
+    size_t n_ranks, n_done = 0;
+    uint64_t json = 0;
+    double t0 = mono_s();
+    int rc;
+
+    if (kp_pg_connect(j->svc->conninfo, "kprof-analyzer-export", &pg, err, sizeof(err)) != 0) {
+        snprintf(msg, sizeof(msg), "kprof-analyzer cannot reach PostgreSQL: %s", err);
+        kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, msg);
+        goto out;
+    }
+    if ((rc = kp_export_begin(pg, (int64_t) r->run_id, r->fetch_rows, &x, err, sizeof(err))) != 0) {
+        kp_rpc_call_finish(j->call, status_of(rc, pg), err);
+        goto out;
+    }
+    ranks = kp_export_ranks(x, &n_ranks);
+    if (r->all_ranks && r->one_rank && n_ranks > 1) {
+        snprintf(msg, sizeof(msg),
+                 "run %" PRIu64 " has %zu ranks and a trace file holds one: pass --rank N, or "
+                 "-o DIR for one file per rank",
+                 r->run_id, n_ranks);
+        kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, msg);
+        goto out;
+    }
+    for (size_t i = 0; i < (r->all_ranks ? n_ranks : 1); i++) {
+        struct kp_export_stats st;
+
+        j->rank = r->all_ranks ? ranks[i] : r->rank;
+        rc = kp_export_rank(x, j->rank, r->gzip ? (r->gzip_level > 0 ? r->gzip_level : 1) : 0, sink,
+                            j, &st, err, sizeof(err));
+        if (rc == 0) {
+            rc = send_end(j, &st);
+            snprintf(err, sizeof(err), "%s", strerror(rc < 0 ? -rc : rc));
+        }
+        if (rc == -ECANCELED || rc == -ETIMEDOUT) {
+            kp_log_info("export stopped run=%" PRIu64 " rank=%d: %s", r->run_id, (int) j->rank,
+                        rc == -ECANCELED ? "the client went away" : "the client stopped reading");
+            kp_rpc_call_finish(j->call, GRPC_STATUS_CANCELLED, "the client stopped reading");
+            goto out;
+        }
+        if (rc != 0) {
+            kp_log_warn("export failed run=%" PRIu64 " rank=%d err=\"%s\"", r->run_id,
+                        (int) j->rank, err);
+            kp_rpc_call_finish(j->call, status_of(rc, pg), err);
+            goto out;
+        }
+        json += st.json_bytes;
+        n_done++;
+    }
+    if (kp_rpc_call_wait_sent(j->call, EXPORT_SEND_TIMEOUT_MS) == 0) {
+        kp_rpc_call_finish(j->call, GRPC_STATUS_OK, "");
+    }
+    kp_log_info("exported run=%" PRIu64 " ranks=%zu json_bytes=%" PRIu64 " sent_bytes=%" PRIu64
+                " seconds=%.3f",
+                r->run_id, n_done, json, j->sent_bytes, mono_s() - t0);
+out:
+    kp_export_end(x);
+    if (pg != NULL) {
+        PQfinish(pg);
+    }
+    job_done(j);
+    return NULL;
+}
+
+static void *on_open(struct kp_rpc_call *call, void *ud)
+{
+    struct xcall *c = calloc(1, sizeof(*c));
+
+    (void) call;
+    if (c != NULL) {
+        c->svc = ud;
+    }
+    return c;
+}
+
+static enum kp_rpc_next on_message(struct kp_rpc_call *call, ProtobufCMessage *msg,
+                                   size_t wire_bytes, void *state)
+{
+    struct xcall *c = state;
+    Kprof__V1__ExportRequest *req = (Kprof__V1__ExportRequest *) msg;
+    struct kp_export_svc *svc;
+    struct xjob *j = NULL;
+    pthread_attr_t attr;
+    pthread_t th;
+    bool busy, stopping;
+
+    (void) wire_bytes;
+    if (c == NULL) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return KP_RPC_STOP;
+    }
+    svc = c->svc;
+    c->got_request = true;
+    if (req->run_id == 0 || req->run_id > INT32_MAX || (!req->all_ranks && req->rank < 0) ||
+        req->gzip_level < 0 || req->gzip_level > 9) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        kp_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                           "ExportRequest needs run_id 1..2147483647, a rank >= 0 (or "
+                           "all_ranks) and gzip_level 0..9");
+        return KP_RPC_STOP;
+    }
+    pthread_mutex_lock(&svc->mu);
+    stopping = svc->stopping;
+    busy = svc->active >= svc->max_active;
+    if (!stopping && !busy) {
+        svc->active++;
+    }
+    pthread_mutex_unlock(&svc->mu);
+    if (stopping || busy) {
+        char why[160];
+
+        snprintf(why, sizeof(why),
+                 stopping ? "kprof-analyzer is stopping"
+                          : "%d exports are running already: retry when one has ended",
+                 svc->max_active);
+        protobuf_c_message_free_unpacked(msg, NULL);
+        kp_rpc_call_finish(
+            call, stopping ? GRPC_STATUS_UNAVAILABLE : GRPC_STATUS_RESOURCE_EXHAUSTED, why);
+        return KP_RPC_STOP;
+    }
+    if ((j = calloc(1, sizeof(*j))) != NULL) {
+        j->svc = svc;
+        j->call = call;
+        j->req = req;
+        kp_rpc_call_ref(call);
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&th, &attr, export_main, j) == 0) {
+            pthread_attr_destroy(&attr);
+            return KP_RPC_STOP;
+        }
+        pthread_attr_destroy(&attr);
+        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start the export");
+        job_done(j); /* frees req */
+        return KP_RPC_STOP;
+    }
+    protobuf_c_message_free_unpacked(msg, NULL);
+    pthread_mutex_lock(&svc->mu);
+    svc->active--;
+    pthread_mutex_unlock(&svc->mu);
+    kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    return KP_RPC_STOP;
+}
+
+static void on_half_close(struct kp_rpc_call *call, void *state)
+{
+    const struct xcall *c = state;
+
+    if (c == NULL || !c->got_request) {
+        kp_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                           "Export takes one ExportRequest; none was sent");
+    }
+}
+
+static void on_close(struct kp_rpc_call *call, bool cancelled, void *state)
+{
+    (void) call;
+    (void) cancelled;
+    free(state);
+}
+
+struct kp_export_svc *kp_export_svc_create(const char *pg_conninfo, int max_active)
+{
+    struct kp_export_svc *svc = calloc(1, sizeof(*svc));
+
+    if (svc == NULL) {
+        return NULL;
+    }
+    svc->conninfo = pg_conninfo;
+    svc->max_active = max_active > 0 ? max_active : 1;
+    pthread_mutex_init(&svc->mu, NULL);
+    pthread_cond_init(&svc->idle, NULL);
+    svc->method = (struct kp_rpc_method){
+        .path = "/kprof.v1.Analyzer/Export",
+        .kind = KP_RPC_STREAM,
+        .request = &kprof__v1__export_request__descriptor,
+        .on_open = on_open,
+        .on_message = on_message,
+        .on_half_close = on_half_close,
+        .on_close = on_close,
+        .ud = svc,
+    };
+    return svc;
+}
+
+const struct kp_rpc_method *kp_export_svc_method(struct kp_export_svc *svc)
+{
+    return &svc->method;
+}
+
+void kp_export_svc_destroy(struct kp_export_svc *svc)
+{
+    if (svc == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&svc->mu);
+    svc->stopping = true;
+    while (svc->active > 0) {
+        pthread_cond_wait(&svc->idle, &svc->mu);
+    }
+    pthread_mutex_unlock(&svc->mu);
+    pthread_cond_destroy(&svc->idle);
+    pthread_mutex_destroy(&svc->mu);
+    free(svc);
+}
