@@ -803,7 +803,8 @@ static void row_kernel(struct xp *x, const PGresult *r, int i)
 }
 
 /* "memory bandwidth (GB/s)": the trace's figure (column col, float8 text: the shortest form
- * that reads back to the same double) when the import kept one, else bytes / ns. */
+ * that reads back to the same double) when the import kept one, else bytes / ns, all 17
+ * digits: the figure kprof-hta's §11 uses either way. */
 static void arg_bandwidth(struct xout *o, const PGresult *r, int i, int col, int64_t bytes,
                           int64_t dur)
 {
@@ -813,7 +814,7 @@ static void arg_bandwidth(struct xout *o, const PGresult *r, int i, int col, int
         snprintf(bw, sizeof(bw), ", \"memory bandwidth (GB/s)\": %s", PQgetvalue(r, i, col));
     }
     else if (dur > 0) {
-        snprintf(bw, sizeof(bw), ", \"memory bandwidth (GB/s)\": %.6g",
+        snprintf(bw, sizeof(bw), ", \"memory bandwidth (GB/s)\": %.17g",
                  (double) bytes / (double) dur);
     }
     else {
