@@ -70,8 +70,7 @@ static const struct kp_config_def hta_defs[] = {
 
 #define SYNOPSIS_HEAD                                                                         \
     "kprofctl hta temporal|idle|overlap|kernel-types|kernels|launch|launches|queue|membw\n"   \
-    "             --run R\n"                                                                  \
-    "             [--rank N] [--exact-ns] [--include-last-step]\n"                            \
+    "             --run R [--rank N] [--exact-ns] [--include-last-step]\n"                    \
     "             [--consecutive-kernel-delay-us N] [--json|--csv] [-c COLS] [-w WIDTH]\n"    \
     "  One of HTA's per-rank analyses (Analyzer.Hta), with HTA's figures by default (times\n" \
     "  rounded to whole µs, the last ProfilerStep dropped). Times in µs, bandwidths in GB/s.\n"
