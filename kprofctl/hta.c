@@ -21,7 +21,8 @@
  *                 blocked_us and blocked_rel (at HTA's max queue length, 1024)
  *   membw         per memory operation kind (Memcpy DtoD, Memset, ...): the summed bandwidth
  *                 of the kind's memcpys/memsets at each change point (§11): count,
- *                 mean_gbps, std_gbps, min_gbps, p25_gbps, p50_gbps, p75_gbps, max_gbps;
+ *                 mean_gbps, std_gbps, min_gbps, p25_gbps, p50_gbps, p75_gbps, max_gbps
+ *                 (6 significant digits in text and CSV, all in JSON);
  *                 events, and bw_from_bytes_per_ns: of them, those without the trace's
  *                 figure (a CUPTI capture), whose bandwidth is bytes / the exact ns duration
  * By default the figures are HTA's (times rounded to whole µs, the last ProfilerStep
@@ -164,6 +165,16 @@ static int set_num(const struct kp_rpcverb *v, struct kp_table *t, size_t col, d
     return isfinite(x) ? kp_rpcverb_set_exact(v, t, col, x) : kp_table_set_null(t, col);
 }
 
+/* GB/s: 6 significant digits in text and CSV (a copy can move well under 0.001 GB/s), all
+ * of them in JSON; null for NaN. */
+static int set_gbps(const struct kp_rpcverb *v, struct kp_table *t, size_t col, double x)
+{
+    if (!isfinite(x)) {
+        return kp_table_set_null(t, col);
+    }
+    return kp_table_set_double(t, col, x, v->format == KP_TABLE_FORMAT_JSON ? "%.17g" : "%.6g");
+}
+
 static int set_usd(const struct kp_rpcverb *v, struct kp_table *t, size_t col, double ns)
 {
     return set_num(v, t, col, ns / 1000.0);
@@ -186,9 +197,11 @@ static int add_temporal(const struct kp_rpcverb *v, struct kp_table *t,
     return rc;
 }
 
-/* count, mean, std, min, quartiles, max from column col on; times in µs when us. */
-static int set_stats(const struct kp_rpcverb *v, struct kp_table *t, size_t col,
-                     const Kprof__V1__HtaStats *s, bool us)
+/* count, mean, std, min, quartiles, max from column col on; times in µs when us, else set
+ * by set (NULL: set_num). */
+static int set_stats_as(const struct kp_rpcverb *v, struct kp_table *t, size_t col,
+                        const Kprof__V1__HtaStats *s, bool us,
+                        int (*set)(const struct kp_rpcverb *, struct kp_table *, size_t, double))
 {
     static const Kprof__V1__HtaStats zero = KPROF__V1__HTA_STATS__INIT;
     const double vals[7] = { s ? s->mean : 0, s ? s->std : 0, s ? s->min : 0, s ? s->q25 : 0,
@@ -196,12 +209,18 @@ static int set_stats(const struct kp_rpcverb *v, struct kp_table *t, size_t col,
     int rc;
 
     s = s != NULL ? s : &zero;
+    set = us ? set_usd : set != NULL ? set : set_num;
     rc = kp_table_set_u64(t, col, s->count);
     for (int i = 0; i < 7 && rc == 0; i++) {
-        rc = us ? set_usd(v, t, col + 1 + (size_t) i, vals[i])
-                : set_num(v, t, col + 1 + (size_t) i, vals[i]);
+        rc = set(v, t, col + 1 + (size_t) i, vals[i]);
     }
     return rc;
+}
+
+static int set_stats(const struct kp_rpcverb *v, struct kp_table *t, size_t col,
+                     const Kprof__V1__HtaStats *s, bool us)
+{
+    return set_stats_as(v, t, col, s, us, NULL);
 }
 
 static int add_idle(const struct kp_rpcverb *v, struct kp_table *t, const Kprof__V1__HtaResponse *r)
@@ -340,7 +359,7 @@ static int add_membw(const struct kp_rpcverb *v, struct kp_table *t,
 
         rc = kp_table_add_row(t);
         rc = rc != 0 ? rc : kp_table_set_str(t, 0, x->name);
-        rc = rc != 0 ? rc : set_stats(v, t, 1, x->memory_bw_gbps, false);
+        rc = rc != 0 ? rc : set_stats_as(v, t, 1, x->memory_bw_gbps, false, set_gbps);
         rc = rc != 0 ? rc : kp_table_set_u64(t, 9, x->events);
         rc = rc != 0 ? rc : kp_table_set_u64(t, 10, x->computed);
     }

@@ -336,6 +336,23 @@ def check_membw(ci, folder, runs):
                 t.check("%s %s" % (k[1], f), q[f], w, 1e-9 * max(1, abs(w)))
             t.check("%s events without the trace's figure" % k[1],
                     got[k]["bandwidth_from_bytes_per_ns"], 0, 0)
+        an = VIA["analyzer"]
+        if an is not None:
+            # --csv and the text table: the same rows, units in the column names
+            base = [KPROFCTL, "hta", "membw", "--analyzer", an.grpc, "--run", str(runs),
+                    "--rank", str(rank)]
+            c = list(csv.DictReader(run(base + ["--csv"], "kprofctl hta membw --csv")
+                                    .splitlines()))
+            t.check("CSV rows", len(c), len(mine), 0)
+            for r in c:
+                w = want.get((rank, r["name"]), [float("nan")] * 8)
+                t.check("CSV %s max_gbps (6 digits)" % r["name"], r["max_gbps"], w[7],
+                        5e-6 * abs(w[7]))
+            text = run(base, "kprofctl hta membw").splitlines()
+            assert text[0].lower().split() == ["name", "count", "mean_gbps", "std_gbps", "min_gbps",
+                                       "p25_gbps", "p50_gbps", "p75_gbps", "max_gbps",
+                                       "events", "bw_from_bytes_per_ns"], text[0]
+            t.check("text rows", len(text) - 1, len(mine), 0)
         t.done()
 
 
