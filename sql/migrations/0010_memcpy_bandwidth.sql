@@ -20,15 +20,8 @@ CREATE TABLE memcpy_bandwidth (
     device         smallint NOT NULL
 ) PARTITION BY LIST (run_id);
 
-CREATE TABLE memset_bandwidth (
-    run_id         integer NOT NULL,
-    rank           integer NOT NULL,
-    start_ns       bigint NOT NULL,
-    correlation    bigint NOT NULL,
-    bandwidth_gbps double precision NOT NULL,
-    stream         integer NOT NULL,
-    device         smallint NOT NULL
-) PARTITION BY LIST (run_id);
+-- The same columns for memsets.
+CREATE TABLE memset_bandwidth (LIKE memcpy_bandwidth) PARTITION BY LIST (run_id);
 
 INSERT INTO kp_run_tables (name) VALUES ('memcpy_bandwidth'), ('memset_bandwidth');
 SELECT kp_create_run_partitions(id) FROM runs ORDER BY id;
