@@ -416,10 +416,11 @@ struct xp {
     long run;
     char job[512];
     long world_size;
-    bool imported; /* source IMPORT: distributedInfo only if its trace had one */
-    int64_t base_ns;
+    bool imported;       /* source IMPORT: distributedInfo only if its trace had one */
+    int64_t run_base_ns; /* the run's earliest event (>= 0) */
     /* the rank being written */
     long rank;
+    int64_t base_ns; /* its baseTimeNanoseconds: every ts is µs relative to it */
     int64_t pid;
     int device;
     char host[512];
@@ -1566,9 +1567,9 @@ static int begin(struct xp *x)
     if ((rc = query(x, sql, &res)) != 0) {
         return rc;
     }
-    x->base_ns = I(res, 0, 0);
-    if (x->base_ns < 0) {
-        x->base_ns = 0; /* baseTimeNanoseconds must not be negative */
+    x->run_base_ns = I(res, 0, 0);
+    if (x->run_base_ns < 0) {
+        x->run_base_ns = 0; /* baseTimeNanoseconds must not be negative */
     }
     PQclear(res);
     return 0;
@@ -1619,16 +1620,20 @@ const int32_t *kp_export_ranks(const struct kp_export *xe, size_t *n)
     return x->ranks;
 }
 
-/* Loads the rank's row of `ranks` into x. */
+/* Loads the rank's row of `ranks` into x. Its time base is the imported trace's own
+ * baseTimeNanoseconds (ranks.time_base_ns, migration 0008), so that import gives back the same
+ * base and HTA-compatible analyses round the same relative µs (analyzer/hta.h); a rank without
+ * one (a capture, a trace without a base) is written relative to the run's earliest event. */
 static int load_rank(struct xp *x)
 {
-    char sql[256];
+    char sql[320];
     PGresult *res = NULL;
     int rc;
 
     snprintf(sql, sizeof(sql),
              "SELECT coalesce(host, ''), coalesce(pid, 0), coalesce(device, 0), "
-             "coalesce(distributed_info, '') FROM ranks WHERE run_id = %ld AND rank = %ld",
+             "coalesce(distributed_info, ''), time_base_ns FROM ranks WHERE run_id = %ld AND "
+             "rank = %ld",
              x->run, x->rank);
     if ((rc = query(x, sql, &res)) != 0) {
         return rc;
@@ -1642,6 +1647,9 @@ static int load_rank(struct xp *x)
     snprintf(x->host, sizeof(x->host), "%s", PQntuples(res) ? S(res, 0, 0) : "");
     x->pid = PQntuples(res) ? I(res, 0, 1) : 0;
     x->device = PQntuples(res) ? (int) I(res, 0, 2) : 0;
+    /* import stores no base of 0 or below (kp_kineto.c refuses a negative one) */
+    x->base_ns = PQntuples(res) && !PQgetisnull(res, 0, 4) && I(res, 0, 4) > 0 ? I(res, 0, 4)
+                                                                               : x->run_base_ns;
     PQclear(res);
     return 0;
 }

@@ -16,8 +16,11 @@
  * they were; none if the trace had none), else (a capture) {"backend": "nccl", "rank",
  * "world_size"} for a run of several ranks, else none (a one-rank run is not distributed),
  * "host_name", "kprof": {"run", "job"}, "displayTimeUnit": "ns",
- * "baseTimeNanoseconds": B, "traceEvents": [...], "traceName"} where B is the run's earliest
- * start_ns and every ts/dur is µs after B with 3 decimals (exact to the ns). Processes: the
+ * "baseTimeNanoseconds": B, "traceEvents": [...], "traceName"} where B is the rank's time base
+ * (ranks.time_base_ns: the imported trace's own baseTimeNanoseconds, so that import gives the
+ * same base back and HTA's rounding of relative µs stays the same) or, for a rank without one,
+ * the run's earliest start_ns; every ts/dur is µs after B with 3 decimals (exact to the ns; a ts
+ * before the base is negative). Processes: the
  * rank's host process (pid = ranks.pid) with its threads (tid) as tracks, and one process per
  * GPU (pid = device id) with its streams (tid = stream). Events, in Kineto's categories and
  * arg names:

@@ -275,7 +275,7 @@ static void run_job(struct worker *w, struct job *j)
     struct kp_analyzer *a = w->a;
     const struct kp_view *v = kp_views[j->view];
     struct cache_key k;
-    char err[700] = "", details[700];
+    char err[700] = "", details[768]; /* details: err and a sentence around it */
     struct kp_an *an = NULL;
     struct kp_view_reply out = { 0 };
     ProtobufCMessage *hit;

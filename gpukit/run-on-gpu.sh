@@ -287,11 +287,11 @@ try:
     rows = json.load(open(sys.argv[1]))
 except Exception:
     rows = []
-rows = [r for r in rows if r.get("step") is not None and r.get("step_ms")]
+rows = [r for r in rows if r.get("step") is not None and r.get("step_us")]
 if len(rows) < 2:
     print("wait"); sys.exit()
 mx = max(r["step"] for r in rows)
-fastest = min(r["step_ms"] for r in rows)
+fastest = min(r["step_us"] for r in rows) / 1000.0  # ms per step
 print("go" if mx + 2 + math.ceil(1000 / fastest) >= 20 else "wait")
 PY
 )

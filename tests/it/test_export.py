@@ -8,7 +8,13 @@ import round trip.
      activity's start; metadata names every track), the export is imported again and the two
      runs are compared table by table: row counts and the multisets of every column that
      import fills (names as text; NULL read as import's default, since whether an all-default
-     column is sent as NULL depends on the batch) must be equal, devices and ranks included.
+     column is sent as NULL depends on the batch) must be equal, devices and ranks included,
+     and each rank's time base (ranks.time_base_ns: the trace's baseTimeNanoseconds) comes
+     back as it was; a rank without one gets the base the export wrote.
+     A two-rank trace of its own with bases that have sub-µs digits and fractional-µs ts: the
+     export writes each rank's base and its ts relative to it (the original's very ts), and
+     HTA's temporal figures (kprofctl hta temporal, rounding the trace's own relative µs) of
+     the re-imported run equal the original's.
   2. A captured-style run (kprof-loadgen's synthetic DDP traffic, 2 ranks) is exported: every
      GPU row's External id names an op's External id, every GPU activity with a launching API
      call has its ac2g flow, and the event counts per category equal the rows in PostgreSQL.
@@ -22,6 +28,7 @@ import glob
 import gzip
 import json
 import os
+import random
 import re
 import subprocess
 import tempfile
@@ -156,6 +163,13 @@ class Analyzer:
 def ranks_of(run_id):
     return [int(r) for r in kpfix.psql("SELECT rank FROM ranks WHERE run_id = %d ORDER BY rank"
                                        % run_id, db=DB).split()]
+
+
+def time_bases(run_id):
+    """rank -> ranks.time_base_ns (None: NULL, the times are absolute)."""
+    rows = kpfix.psql_rows("SELECT rank, coalesce(time_base_ns::text, '') FROM ranks WHERE "
+                           "run_id = %d" % run_id, db=DB)
+    return {int(r[0]): int(r[1]) if r[1] else None for r in rows}
 
 
 def compare_runs(a, b, rank_map):
@@ -304,9 +318,11 @@ def round_trip(job, paths, out, extra_import=(), extra_export=()):
     p = kexport(a, out, "--json", *extra_export)
     ex = json.loads(p.stdout)
     assert ex["run_id"] == a and len(ex["files"]) == len(ranks_of(a)), ex
+    written = {}
     for f in ex["files"]:
         t, cats, nflows = check_chrome(f["path"], a, f["rank"])
         assert nflows == flow_rows(a, f["rank"]) == f["flows"], (nflows, f)
+        written[f["rank"]] = t["baseTimeNanoseconds"]
     again = kimport("--job", job + "-again", *extra_import, out)
     b = again["run_id"]
     assert ranks_of(a) == ranks_of(b), (ranks_of(a), ranks_of(b))
@@ -314,7 +330,92 @@ def round_trip(job, paths, out, extra_import=(), extra_export=()):
                     db=DB).split()
     assert ws[0] == ws[1], ws
     n = compare_runs(a, b, {r: r for r in ranks_of(a)})
+    # the time base HTA rounds with: a rank's own comes back; one without gets the export's
+    # (import stores a base of 0 as none)
+    ba, bb = time_bases(a), time_bases(b)
+    for r in ranks_of(a):
+        want = ba[r] if ba[r] is not None else (written[r] or None)
+        assert bb[r] == want, ("rank %d: time_base_ns %s in run %d, %s after the round trip "
+                               "(the export wrote baseTimeNanoseconds %d)"
+                               % (r, ba[r], a, bb[r], written[r]))
     return n, ex["json_bytes"], ex["seconds"]
+
+
+def time_base_trace(rank, base, seed):
+    """One rank of a two-rank trace with a time base (baseTimeNanoseconds, sub-µs digits) and
+    ts/dur in µs relative to it with 3 decimals, as Kineto writes them (docs/specs/
+    torch-trace-formats.md B.2, B.3); mirrors test_analyzer_hta.py's time_base_trace: three
+    ProfilerSteps of launches, kernels on stream 7 and NCCL kernels on stream 20, gaps below
+    and above HTA's 30 µs kernel-wait limit. Rank 1 also has an op before its base."""
+    rnd = random.Random(seed)
+    r3 = lambda x: round(x, 3)
+    ev, free, corr, t = [], {7: 0.0, 20: 0.0}, 1, 500.0 + rnd.random()
+    if rank == 1:
+        ev.append({"ph": "X", "cat": "user_annotation", "name": "setup", "pid": 1, "tid": 1,
+                   "ts": -3.217, "dur": 2.5, "args": {}})
+    for step in range(3):
+        s0 = t
+        for i in range(20):
+            stream = 20 if rnd.random() < 0.3 else 7
+            name = ("ncclDevKernel_AllReduce_Sum_f32_RING_LL" if stream == 20 else
+                    "volta_sgemm_128x64_nn" if i % 2 else "elementwise_kernel")
+            rt_ts, rt_dur = r3(t), r3(rnd.uniform(2, 9))
+            gap = rnd.choice([0.3, 1.7, 4.41, 12.5, 29.6, 31.2, 80.05])
+            g_ts = r3(max(free[stream] + gap, rt_ts + rt_dur + rnd.uniform(0.4, 25)))
+            g_dur = r3(rnd.uniform(1.5, 60))
+            free[stream] = g_ts + g_dur
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1,
+                       "tid": 1, "ts": rt_ts, "dur": rt_dur, "args": {"correlation": corr}})
+            ev.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream,
+                       "ts": g_ts, "dur": g_dur,
+                       "args": {"device": 0, "stream": stream, "correlation": corr}})
+            corr += 1
+            t = rt_ts + rt_dur + rnd.uniform(0.2, 12) + (rnd.random() < 0.1) * 80
+        ev.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#%d" % (step + 1),
+                   "pid": 1, "tid": 1, "ts": r3(s0 - 0.5), "dur": r3(t - s0 + 0.9), "args": {}})
+        t += 2.25
+    return {"schemaVersion": 1,
+            "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2},
+            "baseTimeNanoseconds": base, "traceEvents": ev}
+
+
+def hta_temporal(run_id, rank):
+    """kprofctl hta temporal --json through kprof-analyzer: the rank's one row."""
+    p = run([KPROFCTL, "hta", "temporal", "--analyzer", AN.grpc, "--run", str(run_id), "--rank",
+             str(rank), "--json"])
+    (row,) = json.loads(p.stdout)
+    return {k: v for k, v in row.items() if k not in ("run", "run_id")}
+
+
+def check_time_base(tmp):
+    """The time-base trace through import -> export -> import: each rank's base and ts come
+    back exactly, and so do HTA's temporal figures."""
+    bases = {0: 1_700_000_000_123_456_789, 1: 1_700_000_000_987_654_321}
+    src = os.path.join(tmp, "time-base")
+    os.makedirs(src)
+    traces = {r: time_base_trace(r, b, 11 + r) for r, b in bases.items()}
+    for r, t in traces.items():
+        with open(os.path.join(src, "rank%d.json" % r), "w") as f:
+            json.dump(t, f)
+    out = os.path.join(tmp, "time-base-out")
+    os.makedirs(out)
+    n, _, _ = round_trip("time-base", [src], out)
+    a = int(kpfix.psql("SELECT max(id) FROM runs WHERE job = 'time-base'", db=DB))
+    b = int(kpfix.psql("SELECT max(id) FROM runs WHERE job = 'time-base-again'", db=DB))
+    assert time_bases(a) == bases, time_bases(a)
+    for r, base in bases.items():
+        _, t = load(os.path.join(out, "kprof-run%d.rank-%d.pt.trace.json" % (a, r)))
+        assert t["baseTimeNanoseconds"] == base, (r, t["baseTimeNanoseconds"])
+        # the very ts the trace had (json.dump wrote them as floats of 3 decimals)
+        ts = lambda tr: sorted((e["cat"], e["name"], D(str(e["ts"])), D(str(e["dur"])))
+                               for e in tr["traceEvents"] if e.get("ph") == "X")
+        assert ts(t) == ts(traces[r]), (r, ts(t)[:3], ts(traces[r])[:3])
+        got, want = hta_temporal(b, r), hta_temporal(a, r)
+        assert got == want, "rank %d: HTA temporal %s after the round trip, %s before" % (
+            r, got, want)
+        print("time base rank %d: base %d and every ts back; HTA temporal equal (idle %s us "
+              "of %s us)" % (r, base, want["idle_us"], want["kernel_us"]))
+    return n
 
 
 def synthetic_trace():
@@ -486,6 +587,9 @@ def main():
                               "WHERE r.job = 'synthetic-trace-again'", db=DB))
         assert nctr == 5, nctr  # 3 metrics + 2 range-name rows
         print("synthetic trace: %d rows equal (counters, graph launch flows)" % n)
+
+        n = check_time_base(tmp)
+        print("time base trace: %d rows equal, each rank's time base back" % n)
 
         # kernel_occupancy: one row per imported kernel with a figure (none without)
         for job, paths in (("occ-resnet", [tb]), ("occ-ns", [big]), ("occ-hta2", hta2)):

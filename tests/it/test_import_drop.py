@@ -16,7 +16,7 @@ import kpfix
 kpfix.require_env()
 DB = "kp_it_import_drop"
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
-PEERS = os.environ.get("KPROF_PEERS_DIR", "/work/shared/peers")
+PEERS = os.environ.get("KPROF_PEERS_DIR", os.path.join(os.environ.get("KPROF_SOURCE_DIR", "."), "tests", "data", "peers"))
 
 
 def cut_short(conninfo):

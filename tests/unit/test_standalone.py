@@ -20,7 +20,7 @@ SRC = os.environ.get("KPROF_SOURCE_DIR") or os.path.join(os.path.dirname(__file_
 
 # Files left out of check 1. README.md is rewritten by the integrator of the standalone
 # change; remove it from this list when it no longer points outside the tree.
-EXEMPT = ("README.md",)
+EXEMPT = ()
 EXEMPT_DIRS = ("docs/history/",)
 
 PARENT = "." + "./" + "shared"
