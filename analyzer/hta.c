@@ -336,8 +336,8 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
         c,
         "SELECT 0, start_ns, dur_ns, correlation, stream, name, 0, 0, 0, NULL::float8, 0 "
         "FROM kernels" WHERE_RR " UNION ALL SELECT 1, start_ns, dur_ns, correlation, stream, "
-        "NULL, copy_kind, src_kind, dst_kind, bw.bandwidth_gbps, bytes FROM memcpys" KP_SQL_BANDWIDTH_JOIN(
-            "memcpys", "memcpy_bandwidth", "$1", "$2") WHERE_RR
+        "NULL, copy_kind, src_kind, dst_kind, bw.bandwidth_gbps, bytes "
+        "FROM memcpys" KP_SQL_BANDWIDTH_JOIN("memcpys", "memcpy_bandwidth", "$1", "$2") WHERE_RR
         " UNION ALL SELECT 2, start_ns, dur_ns, correlation, stream, NULL, mem_kind, 0, 0, "
         "bw.bandwidth_gbps, bytes FROM memsets" KP_SQL_BANDWIDTH_JOIN(
             "memsets", "memset_bandwidth", "$1", "$2") WHERE_RR " ORDER BY 2, 1",
