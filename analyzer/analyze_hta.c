@@ -2,9 +2,10 @@
  * kprof-analyze hta: HTA's per-rank analyses (analyzer/hta.h) computed in process, the
  * offline mode of kprofctl hta (analyzer/view_hta.c computes the same kp_hta_load).
  *   kprof-analyze --pg CONNINFO --run R [--rank N] [--exact-ns] [--include-last-step]
- *             [--consecutive-kernel-delay-us N] hta temporal|idle|overlap|kernels|launch|queue
+ *             [--consecutive-kernel-delay-us N] hta
+ * temporal|idle|overlap|kernels|launch|queue|membw
  *             [--json]
- * The output is JSON (times in µs) with or without --json. --exact-ns and
+ * The output is JSON (times in µs, bandwidths in GB/s) with or without --json. --exact-ns and
  * --include-last-step are kprof's departures from HTA (HTA rounds times to whole µs and
  * drops the last ProfilerStep).
  * Exit codes: 0 ok, 2 usage, 3 unknown run or rank, 1 anything else.
@@ -25,14 +26,13 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kprof-analyze --pg CONNINFO --run R [--rank N] [--exact-ns] "
                "[--include-last-step] [--consecutive-kernel-delay-us N] "
-               "hta temporal|idle|overlap|kernels|launch|queue [--json]\n");
+               "hta temporal|idle|overlap|kernels|launch|queue|membw [--json]\n");
 }
 
 static bool known(const char *v)
 {
-    static const char *const verbs[] = {
-        "temporal", "idle", "overlap", "kernels", "launch", "queue"
-    };
+    static const char *const verbs[] = { "temporal", "idle",  "overlap", "kernels",
+                                         "launch",   "queue", "membw" };
 
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++) {
         if (strcmp(verbs[i], v) == 0)

@@ -803,6 +803,27 @@ static void row_kernel(struct xp *x, const PGresult *r, int i)
     x->rows[KP_EV_KERNEL]++;
 }
 
+/* "memory bandwidth (GB/s)": the trace's figure (column col, float8 text: the shortest form
+ * that reads back to the same double) when the import kept one, else bytes / ns, all 17
+ * digits: the figure kprof-hta's §11 uses either way. */
+static void arg_bandwidth(struct xout *o, const PGresult *r, int i, int col, int64_t bytes,
+                          int64_t dur)
+{
+    char bw[80];
+
+    if (!PQgetisnull(r, i, col)) {
+        snprintf(bw, sizeof(bw), ", \"memory bandwidth (GB/s)\": %s", PQgetvalue(r, i, col));
+    }
+    else if (dur > 0) {
+        snprintf(bw, sizeof(bw), ", \"memory bandwidth (GB/s)\": %.17g",
+                 (double) bytes / (double) dur);
+    }
+    else {
+        return;
+    }
+    xo_put(o, bw, strlen(bw));
+}
+
 static void row_memcpy(struct xp *x, const PGresult *r, int i)
 {
     struct xout *o = &x->out;
@@ -816,13 +837,7 @@ static void row_memcpy(struct xp *x, const PGresult *r, int i)
     ev_x(x, "gpu_memcpy", name, dev, stream, I(r, i, 0), dur, true);
     gpu_args(o, &first, dev, I(r, i, 4), stream, I(r, i, 5), I(r, i, 6));
     arg_i(o, &first, "bytes", bytes);
-    if (dur > 0) {
-        char bw[48];
-
-        snprintf(bw, sizeof(bw), ", \"memory bandwidth (GB/s)\": %.6g",
-                 (double) bytes / (double) dur);
-        xo_put(o, bw, strlen(bw));
-    }
+    arg_bandwidth(o, r, i, 13, bytes, dur);
     if (src_dev != 0 || dst_dev != 0) {
         arg_i(o, &first, "fromDevice", src_dev);
         arg_i(o, &first, "toDevice", dst_dev);
@@ -842,13 +857,7 @@ static void row_memset(struct xp *x, const PGresult *r, int i)
     ev_x(x, "gpu_memset", name, dev, stream, I(r, i, 0), dur, true);
     gpu_args(o, &first, dev, I(r, i, 4), stream, I(r, i, 5), I(r, i, 6));
     arg_i(o, &first, "bytes", bytes);
-    if (dur > 0) {
-        char bw[48];
-
-        snprintf(bw, sizeof(bw), ", \"memory bandwidth (GB/s)\": %.6g",
-                 (double) bytes / (double) dur);
-        xo_put(o, bw, strlen(bw));
-    }
+    arg_bandwidth(o, r, i, 9, bytes, dur);
     XO_LIT(o, "}}");
     x->rows[KP_EV_MEMSET]++;
 }
@@ -1336,15 +1345,19 @@ static int write_rank(struct xp *x)
          "SELECT t.start_ns, t.dur_ns, coalesce(t.device, 0), coalesce(t.stream, 0), "
          "coalesce(t.context, 0), coalesce(t.correlation, 0), coalesce(t.external_id, 0), "
          "coalesce(t.bytes, 0), coalesce(t.copy_kind, 0), coalesce(t.src_kind, 0), "
-         "coalesce(t.dst_kind, 0), coalesce(t.src_device, 0), coalesce(t.dst_device, 0) "
-         "FROM memcpys t WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
-         run, rank, x->device);
+         "coalesce(t.dst_kind, 0), coalesce(t.src_device, 0), coalesce(t.dst_device, 0), "
+         "bw.bandwidth_gbps FROM memcpys t" KP_SQL_BANDWIDTH_JOIN(
+             "t", "memcpy_bandwidth", "%ld",
+             "%ld") " WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
+         run, rank, run, rank, x->device);
     EACH(row_memset, nc_none,
          "SELECT t.start_ns, t.dur_ns, coalesce(t.device, 0), coalesce(t.stream, 0), "
          "coalesce(t.context, 0), coalesce(t.correlation, 0), coalesce(t.external_id, 0), "
-         "coalesce(t.bytes, 0), coalesce(t.mem_kind, 0) "
-         "FROM memsets t WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
-         run, rank, x->device);
+         "coalesce(t.bytes, 0), coalesce(t.mem_kind, 0), bw.bandwidth_gbps "
+         "FROM memsets t" KP_SQL_BANDWIDTH_JOIN(
+             "t", "memset_bandwidth", "%ld",
+             "%ld") " WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
+         run, rank, run, rank, x->device);
     EACH(row_sync, nc_none,
          "SELECT t.start_ns, t.dur_ns, coalesce(t.device, 0), coalesce(t.stream, 0), "
          "coalesce(t.context, 0), coalesce(t.correlation, 0), coalesce(t.sync_type, 0), "

@@ -28,6 +28,8 @@
  *    kinds; memsets → gpu_memset "Memset (Device)"; syncs → cuda_sync "Stream Sync" ...;
  *    static_smem + dynamic_smem → "shared memory" (Kineto's single number); kernel_occupancy's
  *    blocks_per_sm and est_occupancy → "blocks per SM" and "est. achieved occupancy %";
+ *    memcpys' and memsets' "memory bandwidth (GB/s)": memcpy_bandwidth's/memset_bandwidth's
+ *    figure (the trace's, kept at import) when there is one, else bytes / dur_ns;
  *  - api_calls → cuda_runtime (domain 1), cuda_driver (2), overhead (other domains);
  *  - ops → cpu_op (CPU_OP), user_annotation (USER_ANNOTATION, NVTX, PROFILER_STEP),
  *    gpu_user_annotation (on the GPU process), python_function, and [memory] instants

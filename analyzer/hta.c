@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "kp_analyzer.h"
+#include "kp_codec.h"
 #include "kp_err.h"
 #include "kp_pg.h"
 #include "kp_ranges.h"
@@ -58,9 +59,11 @@ struct hta_rt {
 struct hta_ev {
     int64_t ts, end, corr, stream;
     const char *name;
-    size_t order; /* load order, the tie-break of every sort by start */
-    int32_t rt;   /* index of the launching call in h->rts, -1: none */
-    uint8_t type; /* enum kp_hta_ktype */
+    size_t order;     /* load order, the tie-break of every sort by start */
+    int32_t rt;       /* index of the launching call in h->rts, -1: none */
+    uint8_t type;     /* enum kp_hta_ktype */
+    bool bw_computed; /* bw is bytes / exact ns: no figure from the trace */
+    double bw;        /* memcpys/memsets: the trace's GB/s (kernels: 0, HTA's default) */
 };
 
 struct kp_hta {
@@ -88,6 +91,8 @@ struct kp_hta {
     struct kp_hta_launch_summary lsum;
     struct kp_hta_queue_stream *queue;
     size_t n_queue;
+    struct kp_hta_membw_row *membw;
+    size_t n_membw;
 };
 
 void kp_hta_opts_init(struct kp_hta_opts *o)
@@ -329,11 +334,13 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
 
     rc = kp_pg_query(
         c,
-        "SELECT 0, start_ns, dur_ns, correlation, stream, name, 0, 0, 0 FROM kernels" WHERE_RR
-        " UNION ALL SELECT 1, start_ns, dur_ns, correlation, stream, NULL, "
-        "copy_kind, src_kind, dst_kind FROM memcpys" WHERE_RR
-        " UNION ALL SELECT 2, start_ns, dur_ns, correlation, stream, NULL, mem_kind, "
-        "0, 0 FROM memsets" WHERE_RR " ORDER BY 2, 1",
+        "SELECT 0, start_ns, dur_ns, correlation, stream, name, 0, 0, 0, NULL::float8, 0 "
+        "FROM kernels" WHERE_RR " UNION ALL SELECT 1, start_ns, dur_ns, correlation, stream, "
+        "NULL, copy_kind, src_kind, dst_kind, bw.bandwidth_gbps, bytes "
+        "FROM memcpys" KP_SQL_BANDWIDTH_JOIN("memcpys", "memcpy_bandwidth", "$1", "$2") WHERE_RR
+        " UNION ALL SELECT 2, start_ns, dur_ns, correlation, stream, NULL, mem_kind, 0, 0, "
+        "bw.bandwidth_gbps, bytes FROM memsets" KP_SQL_BANDWIDTH_JOIN(
+            "memsets", "memset_bandwidth", "$1", "$2") WHERE_RR " ORDER BY 2, 1",
         2, params, &r, errbuf, errlen);
     if (rc < 0)
         goto fail;
@@ -390,6 +397,16 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
             e->name = intern(h, buf);
             if (!e->name)
                 goto nomem;
+            /* §11: the trace's bandwidth; a capture has none: bytes / exact ns (= GB/s) */
+            if (PQgetisnull(r, row, 9)) {
+                int64_t dur = kp_pg_i64(r, row, 2, 0);
+
+                e->bw_computed = true;
+                e->bw = dur > 0 ? (double) kp_pg_i64(r, row, 10, 0) / (double) dur : 0.0;
+            }
+            else {
+                e->bw = strtod(PQgetvalue(r, row, 9), NULL);
+            }
         }
         e->type = (uint8_t) kp_hta_kernel_type(e->name);
         e->order = i;
@@ -440,6 +457,7 @@ void kp_hta_destroy(struct kp_hta *h)
     free(h->krows);
     free(h->launches);
     free(h->queue);
+    free(h->membw);
     free(h);
 }
 
@@ -1097,6 +1115,113 @@ out:
     return rc;
 }
 
+/* HTA's get_memory_kernel_type: "Memset", the first 11 characters of a memcpy's name
+ * ("Memcpy DtoD"), or "Memcpy Unknown". Interned; NULL on ENOMEM. */
+static const char *membw_kind(struct kp_hta *h, const char *name)
+{
+    char buf[12];
+
+    if (starts(name, "Memset"))
+        return intern(h, "Memset");
+    if (!starts(name, "Memcpy"))
+        return intern(h, "Memcpy Unknown");
+    snprintf(buf, sizeof(buf), "%s", name);
+    return intern(h, buf);
+}
+
+static int cmp_membw_name(const void *pa, const void *pb)
+{
+    return strcmp(((const struct kp_hta_membw_row *) pa)->name,
+                  ((const struct kp_hta_membw_row *) pb)->name);
+}
+
+/* §11: the MEMORY-class GPU rows in file order, +bw at each start, then the same rows with
+ * -bw at each end (a 0 duration counted as 1 trace unit), sorted together by time with numpy's
+ * quicksort (ties as HTA leaves them); per kind (in name order, as groupby gives them) the
+ * running sum at every point, and describe() of the sums > 0. */
+static int membw(struct kp_hta *h, double *v)
+{
+    size_t n = h->n_evs, m = 0, np, *perm = NULL, *mem = NULL, *srt = NULL, *grp = NULL;
+    int64_t *key = NULL, unit = h->opts.exact_ns ? 1 : 1000;
+    double *val = NULL;
+    int rc = -ENOMEM;
+
+    perm = malloc((n + 1) * sizeof(*perm));
+    mem = malloc((n + 1) * sizeof(*mem));
+    srt = malloc((2 * n + 1) * sizeof(*srt));
+    grp = malloc((2 * n + 1) * sizeof(*grp));
+    key = malloc((2 * n + 1) * sizeof(*key));
+    val = malloc((2 * n + 1) * sizeof(*val));
+    h->membw = calloc(n + 1, sizeof(*h->membw));
+    if (!perm || !mem || !srt || !grp || !key || !val || !h->membw)
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        perm[i] = i;
+    qsort_r(perm, n, sizeof(*perm), cmp_order, h->evs);
+    for (size_t k = 0; k < n; k++) {
+        const struct hta_ev *e = &h->evs[perm[k]];
+        const char *kind;
+        size_t g = 0;
+
+        if (e->type != KP_HTA_MEMORY)
+            continue;
+        if (!(kind = membw_kind(h, e->name)))
+            goto out;
+        while (g < h->n_membw && h->membw[g].name != kind)
+            g++;
+        if (g == h->n_membw)
+            h->membw[h->n_membw++].name = kind;
+        h->membw[g].events++;
+        h->membw[g].computed += e->bw_computed;
+        mem[m++] = perm[k];
+    }
+    qsort(h->membw, h->n_membw, sizeof(*h->membw), cmp_membw_name);
+    np = 2 * m;
+    for (size_t i = 0; i < np; i++) {
+        const struct hta_ev *e = &h->evs[mem[i % m]];
+        const char *kind = membw_kind(h, e->name);
+
+        key[i] = i < m ? e->ts : e->end == e->ts ? e->ts + unit : e->end;
+        val[i] = i < m ? e->bw : -e->bw;
+        size_t g = 0;
+
+        while (h->membw[g].name != kind)
+            g++;
+        grp[i] = g;
+        srt[i] = i;
+    }
+    np_argsort(key, srt, np);
+    for (size_t g = 0; g < h->n_membw; g++) {
+        size_t c = 0;
+        double sum = 0;
+
+        for (size_t i = 0; i < np; i++) {
+            if (grp[srt[i]] != g)
+                continue;
+            sum += val[srt[i]];
+            if (sum > 0)
+                v[c++] = sum;
+        }
+        describe(v, c, &h->membw[g].stats);
+    }
+    /* HTA has a row only for a kind with a point > 0 */
+    m = 0;
+    for (size_t g = 0; g < h->n_membw; g++) {
+        if (h->membw[g].stats.count > 0)
+            h->membw[m++] = h->membw[g];
+    }
+    h->n_membw = m;
+    rc = 0;
+out:
+    free(perm);
+    free(mem);
+    free(srt);
+    free(grp);
+    free(key);
+    free(val);
+    return rc;
+}
+
 static int compute(struct kp_hta *h)
 {
     size_t n = h->n_evs;
@@ -1115,7 +1240,8 @@ static int compute(struct kp_hta *h)
         if ((rc = kernel_rows(h, (enum kp_hta_ktype) t, idx, v, aggs)) < 0)
             goto out;
     }
-    if ((rc = idle(h, v)) < 0 || (rc = launches(h, v)) < 0 || (rc = queue(h, v)) < 0)
+    if ((rc = idle(h, v)) < 0 || (rc = launches(h, v)) < 0 || (rc = queue(h, v)) < 0 ||
+        (rc = membw(h, v)) < 0)
         goto out;
     rc = 0;
 out:
@@ -1169,6 +1295,12 @@ const struct kp_hta_launch_summary *kp_hta_launch_summary(const struct kp_hta *h
 bool kp_hta_last_step_dropped(const struct kp_hta *h)
 {
     return h->dropped;
+}
+
+const struct kp_hta_membw_row *kp_hta_membw(const struct kp_hta *h, size_t *n)
+{
+    *n = h->n_membw;
+    return h->membw;
 }
 
 const struct kp_hta_queue_stream *kp_hta_queue(const struct kp_hta *h, size_t *n)
@@ -1370,13 +1502,30 @@ static void w_queue(const struct kp_hta *h, FILE *f)
     fprintf(f, "], \"max_queue_length\": %d", KP_HTA_MAX_QUEUE_LENGTH);
 }
 
+static void w_membw(const struct kp_hta *h, FILE *f)
+{
+    fputs("\"kinds\": [", f);
+    for (size_t i = 0; i < h->n_membw; i++) {
+        const struct kp_hta_membw_row *r = &h->membw[i];
+
+        fputs(i ? ", {\"name\": " : "{\"name\": ", f);
+        json_str(f, r->name);
+        fputs(", \"memory_bw_gbps\": ", f);
+        json_stats(f, &r->stats, false);
+        fprintf(f, ", \"events\": %zu, \"bandwidth_from_bytes_per_ns\": %zu}", r->events,
+                r->computed);
+    }
+    fputc(']', f);
+}
+
 int kp_hta_write_json(const struct kp_hta *h, const char *analysis, FILE *f)
 {
     static const struct {
         const char *name;
         void (*fn)(const struct kp_hta *, FILE *);
     } tab[] = { { "temporal", w_temporal }, { "idle", w_idle },     { "overlap", w_overlap },
-                { "kernels", w_kernels },   { "launch", w_launch }, { "queue", w_queue } };
+                { "kernels", w_kernels },   { "launch", w_launch }, { "queue", w_queue },
+                { "membw", w_membw } };
 
     for (size_t i = 0; i < sizeof(tab) / sizeof(tab[0]); i++) {
         if (strcmp(tab[i].name, analysis) != 0)

@@ -1,8 +1,10 @@
 /*
- * hta: Holistic Trace Analysis's per-rank analyses (docs/specs/hta-analyses.md §0, §2-§7) over one
- * (run, rank) in PostgreSQL: temporal breakdown, idle time breakdown per stream, comm/comp
- * overlap, GPU kernel breakdown (kernel types and top kernels), CUDA kernel launch statistics
- * and queue length summary.
+ * hta: Holistic Trace Analysis's per-rank analyses (docs/specs/hta-analyses.md §0, §2-§7, §11)
+ * over one (run, rank) in PostgreSQL: temporal breakdown, idle time breakdown per stream,
+ * comm/comp overlap, GPU kernel breakdown (kernel types and top kernels), CUDA kernel launch
+ * statistics, queue length summary and memory bandwidth summary. The bandwidth of a memcpy or
+ * memset is the trace's "memory bandwidth (GB/s)" (kept at import); a CUPTI capture has none,
+ * so kprof uses bytes / the exact ns duration there and counts those events.
  *
  * HTA compatibility. By default the loader reproduces HTA's pipeline (§0): every time is
  * rounded as HTA rounds fractional-µs traces (start up, end down to whole µs, in float64 like
@@ -117,6 +119,15 @@ struct kp_hta_queue_stream {
     double blocked_rel;        /* blocked_ns ÷ the rank's trace duration */
 };
 
+/* §11: one memory operation kind (HTA's get_memory_kernel_type: "Memcpy DtoD", "Memset",
+ * ...); HTA lists a kind only when it has a point > 0. */
+struct kp_hta_membw_row {
+    const char *name;          /* borrowed from the struct kp_hta */
+    struct kp_hta_stats stats; /* of the kind's summed bandwidth at its change points, GB/s */
+    size_t events;             /* GPU rows of the kind */
+    size_t computed;           /* of them without the trace's figure: bytes / exact ns */
+};
+
 struct kp_hta;
 
 /*
@@ -141,6 +152,7 @@ const struct kp_hta_kernel_row *kp_hta_kernels(const struct kp_hta *h, size_t *n
 const struct kp_hta_launch_row *kp_hta_launches(const struct kp_hta *h, size_t *n);
 const struct kp_hta_launch_summary *kp_hta_launch_summary(const struct kp_hta *h);
 const struct kp_hta_queue_stream *kp_hta_queue(const struct kp_hta *h, size_t *n);
+const struct kp_hta_membw_row *kp_hta_membw(const struct kp_hta *h, size_t *n);
 
 /* Whether the rank's last ProfilerStep was dropped (HTA's pipeline, §0). */
 bool kp_hta_last_step_dropped(const struct kp_hta *h);
@@ -148,8 +160,8 @@ bool kp_hta_last_step_dropped(const struct kp_hta *h);
 /* The label of a type-time bitmask: "COMPUTATION overlapping COMMUNICATION", ... into buf. */
 void kp_hta_type_label(unsigned mask, char *buf, size_t len);
 
-/* Writes one analysis as JSON ("temporal", "idle", "overlap", "kernels", "launch", "queue"),
- * times in µs. Returns 0 or -EINVAL for an unknown analysis. */
+/* Writes one analysis as JSON ("temporal", "idle", "overlap", "kernels", "launch", "queue",
+ * "membw"), times in µs, bandwidths in GB/s. Returns 0 or -EINVAL for an unknown analysis. */
 int kp_hta_write_json(const struct kp_hta *h, const char *analysis, FILE *f);
 
 #endif

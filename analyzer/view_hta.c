@@ -46,8 +46,8 @@ static bool hta_key(const ProtobufCMessage *req, size_t max_rows, struct kp_view
         return false;
     }
     if (r->analysis < KPROF__V1__HTA_ANALYSIS__HTA_TEMPORAL ||
-        r->analysis > KPROF__V1__HTA_ANALYSIS__HTA_QUEUE) {
-        snprintf(err, len, "analysis %d is not one of HTA's (temporal .. queue)",
+        r->analysis > KPROF__V1__HTA_ANALYSIS__HTA_MEMBW) {
+        snprintf(err, len, "analysis %d is not one of HTA's (temporal .. membw)",
                  (int) r->analysis);
         return false;
     }
@@ -252,6 +252,33 @@ static int fill_queue(struct hta_state *s)
     return 0;
 }
 
+static int fill_membw(struct hta_state *s)
+{
+    size_t n;
+    const struct kp_hta_membw_row *m = kp_hta_membw(s->h, &n);
+    Kprof__V1__HtaMembwRow *rows, **ptrs;
+    Kprof__V1__HtaStats *stats;
+    void **dummy;
+
+    rows = alloc2(s, n, sizeof(*rows), (void ***) &ptrs);
+    stats = rows != NULL ? alloc2(s, n, sizeof(*stats), &dummy) : NULL;
+    if (stats == NULL) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        kprof__v1__hta_membw_row__init(&rows[i]);
+        rows[i].name = (char *) m[i].name;
+        stats_pb(&stats[i], &m[i].stats);
+        rows[i].memory_bw_gbps = &stats[i];
+        rows[i].events = m[i].events;
+        rows[i].computed = m[i].computed;
+        ptrs[i] = &rows[i];
+    }
+    s->m.n_membw = n;
+    s->m.membw = ptrs;
+    return 0;
+}
+
 static int hta_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
 {
     const struct kp_view_key *k = c->key;
@@ -316,6 +343,9 @@ static int hta_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
         break;
     case KPROF__V1__HTA_ANALYSIS__HTA_LAUNCH:
         rc = fill_launch(s);
+        break;
+    case KPROF__V1__HTA_ANALYSIS__HTA_MEMBW:
+        rc = fill_membw(s);
         break;
     default:
         rc = fill_queue(s);

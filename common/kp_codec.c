@@ -44,20 +44,37 @@ static const struct kp_side_spec kernel_side = {
 };
 
 static const struct kp_column_spec memcpy_cols[] = {
-    { "start_ns", I8, TS, true },    { "dur_ns", I8, V, true },
-    { "bytes", I8, V, false },       { "copy_kind", I2, V, false },
-    { "src_kind", I2, V, false },    { "dst_kind", I2, V, false },
-    { "device", I2, V, false },      { "context", I4, V, false },
-    { "stream", I4, V, false },      { "correlation", I8, V, false },
-    { "external_id", I8, V, false }, { "src_device", I2, V, false },
-    { "dst_device", I2, V, false },  { "step", I4, V, false },
+    { "start_ns", I8, TS, true },       { "dur_ns", I8, V, true },
+    { "bytes", I8, V, false },          { "copy_kind", I2, V, false },
+    { "src_kind", I2, V, false },       { "dst_kind", I2, V, false },
+    { "device", I2, V, false },         { "context", I4, V, false },
+    { "stream", I4, V, false },         { "correlation", I8, V, false },
+    { "external_id", I8, V, false },    { "src_device", I2, V, false },
+    { "dst_device", I2, V, false },     { "step", I4, V, false },
+    { "bandwidth_gbps", F8, V, false },
+};
+
+/* Kineto's "memory bandwidth (GB/s)" of a memcpy or memset: only imported traces carry it
+ * (migration 0010). The key identifies a copy within its run and rank. */
+static const struct kp_side_spec memcpy_side = {
+    .table = "memcpy_bandwidth",
+    .key = { "start_ns", "device", "stream", "correlation" },
+    .values = { "bandwidth_gbps" },
 };
 
 static const struct kp_column_spec memset_cols[] = {
-    { "start_ns", I8, TS, true },    { "dur_ns", I8, V, true },    { "bytes", I8, V, false },
-    { "value", I8, V, false },       { "mem_kind", I2, V, false }, { "device", I2, V, false },
-    { "context", I4, V, false },     { "stream", I4, V, false },   { "correlation", I8, V, false },
-    { "external_id", I8, V, false }, { "step", I4, V, false },
+    { "start_ns", I8, TS, true },    { "dur_ns", I8, V, true },
+    { "bytes", I8, V, false },       { "value", I8, V, false },
+    { "mem_kind", I2, V, false },    { "device", I2, V, false },
+    { "context", I4, V, false },     { "stream", I4, V, false },
+    { "correlation", I8, V, false }, { "external_id", I8, V, false },
+    { "step", I4, V, false },        { "bandwidth_gbps", F8, V, false },
+};
+
+static const struct kp_side_spec memset_side = {
+    .table = "memset_bandwidth",
+    .key = { "start_ns", "device", "stream", "correlation" },
+    .values = { "bandwidth_gbps" },
 };
 
 static const struct kp_column_spec api_cols[] = {
@@ -130,10 +147,10 @@ static const struct kp_column_spec memory_cols[] = {
 const struct kp_event_kind_info kp_event_kinds[KP_EV_COUNT] = {
     [KP_EV_KERNEL] = KIND_SIDE("kernels", "kernel", "kernels", kernel_cols,
                                kprof__v1__kernels__descriptor, &kernel_side),
-    [KP_EV_MEMCPY] =
-        KIND("memcpys", "memcpy", "memcpys", memcpy_cols, kprof__v1__memcpys__descriptor),
-    [KP_EV_MEMSET] =
-        KIND("memsets", "memset", "memsets", memset_cols, kprof__v1__memsets__descriptor),
+    [KP_EV_MEMCPY] = KIND_SIDE("memcpys", "memcpy", "memcpys", memcpy_cols,
+                               kprof__v1__memcpys__descriptor, &memcpy_side),
+    [KP_EV_MEMSET] = KIND_SIDE("memsets", "memset", "memsets", memset_cols,
+                               kprof__v1__memsets__descriptor, &memset_side),
     [KP_EV_API] = KIND("api_calls", "api", "api_calls", api_cols, kprof__v1__api_calls__descriptor),
     [KP_EV_OP] = KIND("ops", "op", "ops", op_cols, kprof__v1__ops__descriptor),
     [KP_EV_STEP] = KIND("steps", "step", "steps", step_cols, kprof__v1__steps__descriptor),

@@ -163,6 +163,19 @@ const char *kp_codec_side_columns(enum kp_event_kind k, char *buf, size_t len);
     "coalesce(correlation, 0) AND o.o_stream = coalesce(stream, 0) AND o.o_device = "           \
     "coalesce(device, 0)"
 
+/*
+ * SQL: the same for a memcpys or memsets row and its side table (`side`: "memcpy_bandwidth" or
+ * "memset_bandwidth"); `table` is the event table's name or alias in the FROM clause. Gives
+ * the trace's bandwidth as bw.bandwidth_gbps, NULL when the event has none.
+ */
+#define KP_SQL_BANDWIDTH_JOIN(table, side, run, rank)                                     \
+    " LEFT JOIN (SELECT start_ns AS b_start_ns, correlation AS b_correlation, stream AS " \
+    "b_stream, device AS b_device, avg(bandwidth_gbps) AS bandwidth_gbps FROM " side      \
+    " WHERE run_id = " run " AND rank = " rank                                            \
+    " GROUP BY 1, 2, 3, 4) bw ON bw.b_start_ns = " table                                  \
+    ".start_ns AND bw.b_correlation = coalesce(" table ".correlation, 0) AND "            \
+    "bw.b_stream = coalesce(" table ".stream, 0) AND bw.b_device = coalesce(" table ".device, 0)"
+
 /* Reads value i of a repeated numeric field as int64 (uint64 reinterpreted; validation
  * guarantees it fits). For callers that walk columns themselves (tests, analyzers). */
 int64_t kp_codec_get_i64(const ProtobufCMessage *m, const ProtobufCFieldDescriptor *f, size_t i);

@@ -977,12 +977,14 @@ struct r_kernel {
 struct r_memcpy {
     int64_t ts;
     uint64_t dur, bytes, corr, ext;
+    double bw; /* "memory bandwidth (GB/s)", NaN: absent */
     uint32_t copy_kind, src_kind, dst_kind, device, context, stream, src_dev, dst_dev;
 };
 
 struct r_memset {
     int64_t ts;
     uint64_t dur, bytes, corr, ext;
+    double bw;
     uint32_t mem_kind, device, context, stream;
 };
 
@@ -1223,6 +1225,21 @@ static void *kb_mem(struct kb *b, size_t n)
         }                                               \
     } while (0)
 
+/* The bandwidth_gbps column of M from R[0..N)'s bw, left out when every row's is NaN. */
+#define BANDWIDTH(M, N, R)                                            \
+    do {                                                              \
+        for (size_t i_ = 0; i_ < (N); i_++) {                         \
+            if (!isnan((R)[i_].bw)) {                                 \
+                (M).bandwidth_gbps = kb_mem(b, (N) * sizeof(double)); \
+                (M).n_bandwidth_gbps = (N);                           \
+                for (size_t j_ = 0; j_ < (N); j_++) {                 \
+                    (M).bandwidth_gbps[j_] = (R)[j_].bw;              \
+                }                                                     \
+                break;                                                \
+            }                                                         \
+        }                                                             \
+    } while (0)
+
 #define STARTS(M, N, R)                                  \
     do {                                                 \
         int64_t prev_ = b->base_ns;                      \
@@ -1282,6 +1299,7 @@ enum arg_id {
     C_BLOCK,
     C_BLOCKS_SM, /* a number, parsed when the kernel is built */
     C_OCCUPANCY,
+    C_MEMBW, /* likewise, when the memcpy or memset is built */
     ARG_COUNT
 };
 
@@ -1339,6 +1357,7 @@ static const struct arg_key arg_keys[] = {
     AK("block", C_BLOCK),
     AK("blocks per SM", C_BLOCKS_SM),
     AK("est. achieved occupancy %", C_OCCUPANCY),
+    AK("memory bandwidth (GB/s)", C_MEMBW),
 };
 #undef AK
 #define N_ARG_KEYS (sizeof(arg_keys) / sizeof(arg_keys[0]))
@@ -2305,10 +2324,11 @@ static int map_memcpy(struct kp_kineto *k, bool memset_)
     struct ev *e = &k->e;
     int64_t dev, stream, ctx, corr, bytes, v;
     uint32_t kind, src, dst;
+    double bw;
 
     if (gpu_where(k, &dev, &stream) != 0 || arg_in(k, A_CONTEXT, 0, I4MAX, 0, &ctx) != 0 ||
         arg_in(k, A_CORR, 0, INT64_MAX, 0, &corr) != 0 ||
-        arg_in(k, A_BYTES, 0, INT64_MAX, 0, &bytes) != 0) {
+        arg_in(k, A_BYTES, 0, INT64_MAX, 0, &bytes) != 0 || arg_real(k, C_MEMBW, &bw) != 0) {
         return k->j.err;
     }
     parse_mem_name(evstr(k, e->name_off), e->name_len, &kind, &src, &dst);
@@ -2325,6 +2345,7 @@ static int map_memcpy(struct kp_kineto *k, bool memset_)
         r->stream = (uint32_t) stream;
         r->corr = (uint64_t) corr;
         r->ext = gpu_ext(k);
+        r->bw = bw;
         row_added(k, KP_EV_MEMSET, r->ts);
         k->meta->cats[KP_KINETO_GPU_MEMSET]++;
         return 0;
@@ -2343,6 +2364,7 @@ static int map_memcpy(struct kp_kineto *k, bool memset_)
     r->stream = (uint32_t) stream;
     r->corr = (uint64_t) corr;
     r->ext = gpu_ext(k);
+    r->bw = bw;
     if (arg_in(k, A_FROM_DEV, 0, I2MAX, 0, &v) != 0) {
         return k->j.err;
     }
@@ -3322,6 +3344,7 @@ static int kb_flush(struct kp_kineto *k)
         COLUMN(mcpy, external_id, n, R, r->ext, 0, false);
         COLUMN(mcpy, src_device, n, R, r->src_dev, 0, false);
         COLUMN(mcpy, dst_device, n, R, r->dst_dev, 0, false);
+        BANDWIDTH(mcpy, n, R);
         m.memcpys = &mcpy;
     }
     if (b->n_mset) {
@@ -3337,6 +3360,7 @@ static int kb_flush(struct kp_kineto *k)
         COLUMN(mset, stream, n, R, r->stream, 0, true);
         COLUMN(mset, correlation, n, R, r->corr, 0, false);
         COLUMN(mset, external_id, n, R, r->ext, 0, false);
+        BANDWIDTH(mset, n, R);
         m.memsets = &mset;
     }
     if (b->n_api) {

@@ -54,8 +54,10 @@
  *                                        est_occupancy, NaN when absent or not a number)
  *  - gpu_memcpy, Memcpy               → memcpys, copy/src/dst kinds parsed from the name
  *                                        ("Memcpy HtoD (Pinned -> Device)"); peer copies take
- *                                        fromDevice/toDevice
- *  - gpu_memset, Memset               → memsets, mem_kind from the name
+ *                                        fromDevice/toDevice; "memory bandwidth (GB/s)" →
+ *                                        bandwidth_gbps (NaN when absent or not a number)
+ *  - gpu_memset, Memset               → memsets, mem_kind from the name, bandwidth_gbps as
+ *                                        memcpys
  *  - cuda_sync                        → syncs (sync_type from the name, CUPTI's enum)
  *  - cuda_profiler_range (CUPTI range profiler, docs/specs/hta-analyses.md §10) → counters: one row
  *                                        per numeric args key that is not a known key (each

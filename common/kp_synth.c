@@ -1219,14 +1219,16 @@ static void sim_step(struct kp_synth *s)
 
 /* --- batches --- */
 
-/* Columns a CUPTI capture leaves empty. Kernels' blocks per SM and occupancy come only from
- * imported Kineto traces: a synthetic capture that set them would write a kernel_occupancy
- * row per kernel, which no real capture does. */
+/* Columns a CUPTI capture leaves empty. Kernels' blocks per SM and occupancy, and memcpys' and
+ * memsets' bandwidth, come only from imported Kineto traces: a synthetic capture that set them
+ * would write a side-table row per event, which no real capture does. */
 static const char *const absent_cols[][2] = {
     { "kernels", "graph_id" },
     { "kernels", "graph_node_id" },
     { "kernels", "blocks_per_sm" },
     { "kernels", "est_occupancy" },
+    { "memcpys", "bandwidth_gbps" },
+    { "memsets", "bandwidth_gbps" },
     { "ops", "domain" },
     { "ops", "device" },
     { "ops", "stream" },

@@ -1,7 +1,7 @@
 /*
  * kprofctl hta ANALYSIS --run R [--rank N] [--exact-ns] [--include-last-step]
  *                       [--consecutive-kernel-delay-us N] [--json|--csv] [-c COLS] [-w WIDTH]:
- * one of HTA's per-rank analyses (docs/specs/hta-analyses.md §2-§7), from kprof-analyzer's
+ * one of HTA's per-rank analyses (docs/specs/hta-analyses.md §2-§7, §11), from kprof-analyzer's
  * Analyzer.Hta. ANALYSIS and its table (times in µs, exact; NaN where HTA gives NaN is "-" in
  * text and CSV, null in JSON):
  *   temporal      one row: idle_us, compute_us, non_compute_us, kernel_us (the window),
@@ -19,6 +19,12 @@
  *   launches      per launch: correlation, cpu_us, gpu_us, delay_us
  *   queue         per stream: the queue length's count, mean, std, min, p25, p50, p75, max,
  *                 blocked_us and blocked_rel (at HTA's max queue length, 1024)
+ *   membw         per memory operation kind (Memcpy DtoD, Memset, ...): the summed bandwidth
+ *                 of the kind's memcpys/memsets at each change point (§11): count,
+ *                 mean_gbps, std_gbps, min_gbps, p25_gbps, p50_gbps, p75_gbps, max_gbps
+ *                 (6 significant digits in text and CSV, all in JSON);
+ *                 events, and bw_from_bytes_per_ns: of them, those without the trace's
+ *                 figure (a CUPTI capture), whose bandwidth is bytes / the exact ns duration
  * By default the figures are HTA's (times rounded to whole µs, the last ProfilerStep
  * dropped); --exact-ns and --include-last-step are kprof's departures.
  *
@@ -64,11 +70,11 @@ static const struct kp_config_def hta_defs[] = {
 #undef OFF
 
 #define SYNOPSIS_HEAD                                                                         \
-    "kprofctl hta temporal|idle|overlap|kernel-types|kernels|launch|launches|queue --run R\n" \
-    "             [--rank N] [--exact-ns] [--include-last-step]\n"                            \
+    "kprofctl hta temporal|idle|overlap|kernel-types|kernels|launch|launches|queue|membw\n"   \
+    "             --run R [--rank N] [--exact-ns] [--include-last-step]\n"                    \
     "             [--consecutive-kernel-delay-us N] [--json|--csv] [-c COLS] [-w WIDTH]\n"    \
     "  One of HTA's per-rank analyses (Analyzer.Hta), with HTA's figures by default (times\n" \
-    "  rounded to whole µs, the last ProfilerStep dropped). Times in µs.\n"
+    "  rounded to whole µs, the last ProfilerStep dropped). Times in µs, bandwidths in GB/s.\n"
 
 static const struct kp_table_col temporal_cols[] = {
     { "idle_us", KP_TABLE_NUMERIC },         { "compute_us", KP_TABLE_NUMERIC },
@@ -122,6 +128,20 @@ static const struct kp_table_col queue_cols[] = {
     { "blocked_rel", KP_TABLE_NUMERIC },
 };
 
+static const struct kp_table_col membw_cols[] = {
+    { "name", KP_TABLE_TEXT },
+    { "count", KP_TABLE_NUMERIC },
+    { "mean_gbps", KP_TABLE_NUMERIC },
+    { "std_gbps", KP_TABLE_NUMERIC },
+    { "min_gbps", KP_TABLE_NUMERIC },
+    { "p25_gbps", KP_TABLE_NUMERIC },
+    { "p50_gbps", KP_TABLE_NUMERIC },
+    { "p75_gbps", KP_TABLE_NUMERIC },
+    { "max_gbps", KP_TABLE_NUMERIC },
+    { "events", KP_TABLE_NUMERIC },
+    { "bw_from_bytes_per_ns", KP_TABLE_NUMERIC },
+};
+
 typedef int add_rows_fn(const struct kp_rpcverb *v, struct kp_table *t,
                         const Kprof__V1__HtaResponse *r);
 
@@ -143,6 +163,16 @@ struct analysis {
 static int set_num(const struct kp_rpcverb *v, struct kp_table *t, size_t col, double x)
 {
     return isfinite(x) ? kp_rpcverb_set_exact(v, t, col, x) : kp_table_set_null(t, col);
+}
+
+/* GB/s: 6 significant digits in text and CSV (a copy can move well under 0.001 GB/s), all
+ * of them in JSON; null for NaN. */
+static int set_gbps(const struct kp_rpcverb *v, struct kp_table *t, size_t col, double x)
+{
+    if (!isfinite(x)) {
+        return kp_table_set_null(t, col);
+    }
+    return kp_table_set_double(t, col, x, v->format == KP_TABLE_FORMAT_JSON ? "%.17g" : "%.6g");
 }
 
 static int set_usd(const struct kp_rpcverb *v, struct kp_table *t, size_t col, double ns)
@@ -167,9 +197,11 @@ static int add_temporal(const struct kp_rpcverb *v, struct kp_table *t,
     return rc;
 }
 
-/* count, mean, std, min, quartiles, max from column col on; times in µs when us. */
-static int set_stats(const struct kp_rpcverb *v, struct kp_table *t, size_t col,
-                     const Kprof__V1__HtaStats *s, bool us)
+/* count, mean, std, min, quartiles, max from column col on; times in µs when us, else set
+ * by set (NULL: set_num). */
+static int set_stats_as(const struct kp_rpcverb *v, struct kp_table *t, size_t col,
+                        const Kprof__V1__HtaStats *s, bool us,
+                        int (*set)(const struct kp_rpcverb *, struct kp_table *, size_t, double))
 {
     static const Kprof__V1__HtaStats zero = KPROF__V1__HTA_STATS__INIT;
     const double vals[7] = { s ? s->mean : 0, s ? s->std : 0, s ? s->min : 0, s ? s->q25 : 0,
@@ -177,12 +209,18 @@ static int set_stats(const struct kp_rpcverb *v, struct kp_table *t, size_t col,
     int rc;
 
     s = s != NULL ? s : &zero;
+    set = us ? set_usd : set != NULL ? set : set_num;
     rc = kp_table_set_u64(t, col, s->count);
     for (int i = 0; i < 7 && rc == 0; i++) {
-        rc = us ? set_usd(v, t, col + 1 + (size_t) i, vals[i])
-                : set_num(v, t, col + 1 + (size_t) i, vals[i]);
+        rc = set(v, t, col + 1 + (size_t) i, vals[i]);
     }
     return rc;
+}
+
+static int set_stats(const struct kp_rpcverb *v, struct kp_table *t, size_t col,
+                     const Kprof__V1__HtaStats *s, bool us)
+{
+    return set_stats_as(v, t, col, s, us, NULL);
 }
 
 static int add_idle(const struct kp_rpcverb *v, struct kp_table *t, const Kprof__V1__HtaResponse *r)
@@ -311,6 +349,23 @@ static int add_queue(const struct kp_rpcverb *v, struct kp_table *t,
     return rc;
 }
 
+static int add_membw(const struct kp_rpcverb *v, struct kp_table *t,
+                     const Kprof__V1__HtaResponse *r)
+{
+    int rc = 0;
+
+    for (size_t i = 0; i < r->n_membw && rc == 0; i++) {
+        const Kprof__V1__HtaMembwRow *x = r->membw[i];
+
+        rc = kp_table_add_row(t);
+        rc = rc != 0 ? rc : kp_table_set_str(t, 0, x->name);
+        rc = rc != 0 ? rc : set_stats_as(v, t, 1, x->memory_bw_gbps, false, set_gbps);
+        rc = rc != 0 ? rc : kp_table_set_u64(t, 9, x->events);
+        rc = rc != 0 ? rc : kp_table_set_u64(t, 10, x->computed);
+    }
+    return rc;
+}
+
 static const struct analysis analyses[] = {
     { "temporal", KPROF__V1__HTA_ANALYSIS__HTA_TEMPORAL, SPEC("temporal", temporal_cols),
       add_temporal },
@@ -323,6 +378,7 @@ static const struct analysis analyses[] = {
     { "launches", KPROF__V1__HTA_ANALYSIS__HTA_LAUNCH, SPEC("launches", launches_cols),
       add_launches },
     { "queue", KPROF__V1__HTA_ANALYSIS__HTA_QUEUE, SPEC("queue", queue_cols), add_queue },
+    { "membw", KPROF__V1__HTA_ANALYSIS__HTA_MEMBW, SPEC("membw", membw_cols), add_membw },
 };
 
 static int usage(FILE *out, int status)

@@ -49,6 +49,9 @@ US3 = re.compile(r'"(ts|dur)": (-?\d+\.\d{3})[,}]')
 # Per table: the columns import fills, each as an SQL expression over t (names joined as text,
 # NULL read as import's default).
 NM = "coalesce((SELECT name FROM names WHERE id = t.%s), '')"
+# A memcpy's or memset's bandwidth as kprof-hta reads it (migration 0010): the trace's figure,
+# else bytes / ns (what export writes when the import kept none).
+BW = "coalesce(bandwidth_gbps, bytes::float8 / nullif(dur_ns, 0))::text"
 COLS = {
     "kernels": ["start_ns", "dur_ns", NM % "name", "coalesce(device, 0)", "coalesce(stream, 0)",
                 "coalesce(context, 0)", "coalesce(correlation, 0)", "coalesce(external_id, 0)",
@@ -60,10 +63,11 @@ COLS = {
     "memcpys": ["start_ns", "dur_ns", "coalesce(bytes, 0)", "coalesce(copy_kind, 0)",
                 "coalesce(src_kind, 0)", "coalesce(dst_kind, 0)", "coalesce(device, 0)",
                 "coalesce(context, 0)", "coalesce(stream, 0)", "coalesce(correlation, 0)",
-                "coalesce(external_id, 0)", "coalesce(src_device, 0)", "coalesce(dst_device, 0)"],
+                "coalesce(external_id, 0)", "coalesce(src_device, 0)", "coalesce(dst_device, 0)",
+                BW],
     "memsets": ["start_ns", "dur_ns", "coalesce(bytes, 0)", "coalesce(mem_kind, 0)",
                 "coalesce(device, 0)", "coalesce(context, 0)", "coalesce(stream, 0)",
-                "coalesce(correlation, 0)", "coalesce(external_id, 0)"],
+                "coalesce(correlation, 0)", "coalesce(external_id, 0)", BW],
     "api_calls": ["start_ns", "dur_ns", "coalesce(domain, 0)", "coalesce(cbid, 0)", NM % "name",
                   "coalesce(tid, 0)", "coalesce(correlation, 0)", "coalesce(external_id, 0)"],
     "ops": ["start_ns", "dur_ns", NM % "name", "coalesce(kind, 0)", "coalesce(tid, 0)",
@@ -96,6 +100,12 @@ FROM = {
                "AND o.start_ns = k.start_ns AND o.correlation = coalesce(k.correlation, 0) "
                "AND o.stream = coalesce(k.stream, 0) AND o.device = coalesce(k.device, 0))",
 }
+for _kind in ("memcpy", "memset"):
+    FROM[_kind + "s"] = (
+        "(SELECT m.*, b.bandwidth_gbps FROM %ss m LEFT JOIN %s_bandwidth b ON b.run_id = "
+        "m.run_id AND b.rank = m.rank AND b.start_ns = m.start_ns AND b.correlation = "
+        "coalesce(m.correlation, 0) AND b.stream = coalesce(m.stream, 0) AND b.device = "
+        "coalesce(m.device, 0))" % (_kind, _kind))
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 HAS_MEMORY = False
 
@@ -485,6 +495,38 @@ def check_occupancy_rows(run_id, paths):
     return got
 
 
+def check_bandwidth_rows(run_id, paths):
+    """memcpy_bandwidth and memset_bandwidth hold one row per event that carries "memory
+    bandwidth (GB/s)", each with the trace's very figure (not bytes / dur, which whole-µs
+    traces round). Returns the rows."""
+    total = 0
+    for kind in ("memcpy", "memset"):
+        want = []
+        for path in paths:
+            _, t = load(path)
+            for e in t["traceEvents"]:
+                a = e.get("args") or {}
+                v = a.get("memory bandwidth (GB/s)")
+                if (e.get("ph") == "X" and str(e.get("cat", "")).lower() in (kind, "gpu_" + kind)
+                        and isinstance(v, (int, D)) and not isinstance(v, bool)):
+                    want.append(float(v))
+        got = [float(x) for x in kpfix.psql(
+            "SELECT bandwidth_gbps FROM %s_bandwidth WHERE run_id = %d" % (kind, run_id),
+            db=DB).split()]
+        assert sorted(got) == sorted(want), "run %d: %d %s_bandwidth rows, %d events carry " \
+            "the figure (or the figures differ)" % (run_id, len(got), kind, len(want))
+        joined = kpfix.psql(
+            "SELECT count(*) FILTER (WHERE n <> 1) FROM (SELECT (SELECT count(*) FROM %ss m "
+            "WHERE m.run_id = b.run_id AND m.rank = b.rank AND m.start_ns = b.start_ns AND "
+            "coalesce(m.correlation, 0) = b.correlation AND coalesce(m.stream, 0) = b.stream "
+            "AND coalesce(m.device, 0) = b.device) AS n FROM %s_bandwidth b WHERE b.run_id = %d"
+            ") x" % (kind, kind, run_id), db=DB)
+        assert joined == "0", "run %d: %s_bandwidth rows naming other than one event: %s" % (
+            run_id, kind, joined)
+        total += len(got)
+    return total
+
+
 def main():
     global COLLECTOR, CONNINFO
     CONNINFO = kpfix.fresh_db(DB)
@@ -570,6 +612,9 @@ def main():
             n = check_occupancy_rows(rid, paths)
             assert n > 0 or job == "occ-hta2", (job, n)
             print("%s: %d kernel_occupancy rows, one per kernel with figures" % (job, n))
+            n = check_bandwidth_rows(rid, paths)
+            assert n > 0, (job, n)
+            print("%s: %d memcpy/memset_bandwidth rows, the trace's figures" % (job, n))
 
         ncases = 0
         for case in sorted(glob.glob(os.path.join(PEERS, "tbplugin", "cases", "*.json"))):
@@ -630,6 +675,10 @@ def main():
         # a capture carries no occupancy figures: no kernel_occupancy rows at all
         assert kpfix.psql("SELECT count(*) FROM kernel_occupancy WHERE run_id = %d" % rid,
                           db=DB) == "0"
+        # nor bandwidth figures: export writes bytes / ns for them
+        for kind in ("memcpy", "memset"):
+            assert kpfix.psql("SELECT count(*) FROM %s_bandwidth WHERE run_id = %d" % (kind, rid),
+                              db=DB) == "0", kind
         print("captured-style run %d: %d files, op<->kernel ids and flows OK, no "
               "kernel_occupancy rows" % (rid, len(ex["files"])))
 

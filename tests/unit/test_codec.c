@@ -329,7 +329,7 @@ static void test_side_table(void **state)
     assert_non_null(strstr(kp_codec_copy_columns(KP_EV_KERNEL, cols, sizeof(cols)), "step"));
     assert_null(strstr(cols, "blocks_per_sm"));
     assert_null(strstr(cols, "est_occupancy"));
-    assert_string_equal(kp_codec_side_columns(KP_EV_MEMCPY, cols, sizeof(cols)), "");
+    assert_string_equal(kp_codec_side_columns(KP_EV_API, cols, sizeof(cols)), "");
     assert_int_equal(kp_codec_side_copy_text(&f.b, KP_EV_MEMCPY, &sb), 0);
 
     /* Without figures: no side rows. */
@@ -368,6 +368,83 @@ static void test_side_table(void **state)
     assert_memory_equal(sb.data, main_rows.data, sb.len);
     kp_strbuf_fini(&sb);
     kp_strbuf_fini(&main_rows);
+}
+
+/* Memcpys' and memsets' "memory bandwidth (GB/s)" go to memcpy_bandwidth/memset_bandwidth
+ * (migration 0010), one row per event with a figure, every digit kept (HTA's §11 sums them);
+ * the memcpys/memsets COPY never carries it, and a batch without it (a capture) has no rows. */
+static void test_bandwidth_side_tables(void **state)
+{
+    Kprof__V1__Batch b = KPROF__V1__BATCH__INIT;
+    Kprof__V1__Memcpys m = KPROF__V1__MEMCPYS__INIT;
+    Kprof__V1__Memsets z = KPROF__V1__MEMSETS__INIT;
+    int64_t m_start[3] = { 1000, 17, 3 }, z_start[1] = { 50 };
+    uint64_t m_dur[3] = { 17000, 5, 1 }, m_bytes[3] = { 16777216, 64, 8 }, z_dur[1] = { 2 };
+    uint64_t m_corr[3] = { 41, 42, 43 };
+    uint32_t m_stream[3] = { 7, 7, 9 }, m_dev[3] = { 1, 1, 1 };
+    double m_bw[3] = { 960.2344322344322, NAN, 0.000969227041434456 }, z_bw[1] = { 24 };
+    char cols[512], err[256] = "";
+    struct kp_strbuf sb;
+    char *strings[1] = { "" };
+    const char *rows = "2\t0\t1001000\t1\t7\t41\t960.23443223443223\n"
+                       "2\t0\t1001020\t1\t9\t43\t0.00096922704143445604\n";
+
+    (void) state;
+    kp_strbuf_init(&sb, 0);
+    assert_int_equal(kp_codec_selfcheck(err, sizeof(err)), 0);
+    assert_string_equal(kp_codec_side_columns(KP_EV_MEMCPY, cols, sizeof(cols)),
+                        "run_id, rank, start_ns, device, stream, correlation, bandwidth_gbps");
+    assert_string_equal(kp_codec_side_columns(KP_EV_MEMSET, cols, sizeof(cols)),
+                        "run_id, rank, start_ns, device, stream, correlation, bandwidth_gbps");
+    assert_null(strstr(kp_codec_copy_columns(KP_EV_MEMCPY, cols, sizeof(cols)), "bandwidth"));
+    assert_null(strstr(kp_codec_copy_columns(KP_EV_MEMSET, cols, sizeof(cols)), "bandwidth"));
+
+    b.run_id = 2;
+    b.base_ns = BASE_NS;
+    b.n_strings = 1;
+    b.strings = strings;
+    m.n_start_ns = m.n_dur_ns = m.n_bytes = m.n_correlation = m.n_stream = m.n_device = 3;
+    m.start_ns = m_start;
+    m.dur_ns = m_dur;
+    m.bytes = m_bytes;
+    m.correlation = m_corr;
+    m.stream = m_stream;
+    m.device = m_dev;
+    z.n_start_ns = z.n_dur_ns = 1;
+    z.start_ns = z_start;
+    z.dur_ns = z_dur;
+    b.memcpys = &m;
+    b.memsets = &z;
+
+    /* A capture: no figures, no rows. */
+    assert_int_equal(kp_batch_validate(&b, &limits, err, sizeof(err)), 0);
+    assert_int_equal(kp_batch_side_rows(&b, KP_EV_MEMCPY), 0);
+    assert_int_equal(kp_codec_side_copy_text(&b, KP_EV_MEMCPY, &sb), 0);
+    assert_int_equal(sb.len, 0);
+
+    /* An import: a row per figure, NaN none; the exact double, keys 0 where absent. */
+    m.n_bandwidth_gbps = 3;
+    m.bandwidth_gbps = m_bw;
+    z.n_bandwidth_gbps = 1;
+    z.bandwidth_gbps = z_bw;
+    assert_int_equal(kp_batch_validate(&b, &limits, err, sizeof(err)), 0);
+    assert_int_equal(kp_batch_side_rows(&b, KP_EV_MEMCPY), 2);
+    assert_int_equal(kp_codec_side_copy_text(&b, KP_EV_MEMCPY, &sb), 2);
+    assert_int_equal(sb.len, strlen(rows));
+    assert_memory_equal(sb.data, rows, sb.len);
+    assert_true(strtod("960.23443223443223", NULL) == m_bw[0]); /* reads back the same */
+    assert_true(strtod("0.00096922704143445604", NULL) == m_bw[2]);
+    kp_strbuf_reset(&sb);
+    assert_int_equal(kp_batch_side_rows(&b, KP_EV_MEMSET), 1);
+    assert_int_equal(kp_codec_side_copy_text(&b, KP_EV_MEMSET, &sb), 1);
+    assert_int_equal(sb.len, strlen("2\t0\t1000050\t0\t0\t0\t24\n"));
+    assert_memory_equal(sb.data, "2\t0\t1000050\t0\t0\t0\t24\n", sb.len);
+
+    /* A column of the wrong length is refused. */
+    m.n_bandwidth_gbps = 2;
+    assert_int_not_equal(kp_batch_validate(&b, &limits, err, sizeof(err)), 0);
+    assert_non_null(strstr(err, "bandwidth_gbps"));
+    kp_strbuf_fini(&sb);
 }
 
 /* Extreme values are written in full; start_ns deltas accumulate from base_ns. */
@@ -483,10 +560,15 @@ static void test_memory_kind(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_selfcheck),        cmocka_unit_test(test_valid_batch),
-        cmocka_unit_test(test_validate_refuses), cmocka_unit_test(test_utf8),
-        cmocka_unit_test(test_copy_text),        cmocka_unit_test(test_copy_text_extremes),
-        cmocka_unit_test(test_memory_kind),      cmocka_unit_test(test_side_table),
+        cmocka_unit_test(test_selfcheck),
+        cmocka_unit_test(test_valid_batch),
+        cmocka_unit_test(test_validate_refuses),
+        cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_copy_text),
+        cmocka_unit_test(test_copy_text_extremes),
+        cmocka_unit_test(test_memory_kind),
+        cmocka_unit_test(test_side_table),
+        cmocka_unit_test(test_bandwidth_side_tables),
     };
 
     return cmocka_run_group_tests_name("codec", tests, NULL, NULL);

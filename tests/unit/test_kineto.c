@@ -350,6 +350,8 @@ static void test_current_format(void **state)
     assert_int_equal(b->memcpys->external_id[0], 6);
     assert_int_equal(b->memsets->bytes[0], 128);
     assert_int_equal(b->memsets->mem_kind[0], 3);
+    assert_int_equal(b->memcpys->n_bandwidth_gbps, 0); /* no figure in the trace: no column */
+    assert_int_equal(b->memsets->n_bandwidth_gbps, 0);
     assert_int_equal(b->syncs->sync_type[0], 3); /* Stream Sync */
     assert_int_equal(b->syncs->stream[0], 7);
 
@@ -437,9 +439,10 @@ static const char old_trace[] =
     "\"cat\": \"async\", \"name\": \"launch\", \"bp\": \"e\"},\n"
     "{\"ph\": \"X\", \"cat\": \"Memcpy\", \"name\": \"Memcpy DtoH (Device -> Pageable)\", \"pid\": 1, "
     "\"tid\": \"stream 9\", \"ts\": 1623142623460150, \"dur\": 3, \"args\": {\"correlation\": 78, "
-    "\"bytes\": 64}},\n"
+    "\"bytes\": 64, \"memory bandwidth (GB/s)\": 9.927016204653041}},\n"
     "{\"ph\": \"X\", \"cat\": \"Memset\", \"name\": \"Memset (Device)\", \"pid\": 1, \"tid\": "
-    "\"stream 9\", \"ts\": 1623142623460160, \"dur\": 1, \"args\": {\"bytes\": 8}},\n"
+    "\"stream 9\", \"ts\": 1623142623460160, \"dur\": 1, \"args\": {\"bytes\": 8, "
+    "\"memory bandwidth (GB/s)\": \"N/A\"}},\n"
     "{\"ph\": \"X\", \"cat\": \"User\", \"name\": \"my_range\", \"pid\": 0, \"tid\": \"stream 7 "
     "user\", \"ts\": 1623142623460139, \"dur\": 4},\n"
     "{\"ph\": \"X\", \"cat\": \"gpu_user_Annotation\", \"name\": \"r2\", \"pid\": 0, \"tid\": "
@@ -486,6 +489,10 @@ static void test_old_format(void **state)
     assert_int_equal(b->memcpys->stream[0], 9);
     assert_int_equal(b->memcpys->copy_kind[0], 2);
     assert_int_equal(b->memcpys->dst_kind[0], 1);
+    /* the trace's bandwidth, the very double (bytes / dur would be 21.3); not a number: none */
+    assert_int_equal(b->memcpys->n_bandwidth_gbps, 1);
+    assert_true(b->memcpys->bandwidth_gbps[0] == 9.927016204653041);
+    assert_int_equal(b->memsets->n_bandwidth_gbps, 0);
     assert_int_equal(b->ops->kind[2], KPROF__V1__OP_KIND__OP_KIND_GPU_USER_ANNOTATION);
     assert_int_equal(b->ops->stream[3], 5);
     capture_free(&c);
