@@ -809,6 +809,7 @@ end:
         Kprof__V1__EndRunRequest req = KPROF__V1__END_RUN_REQUEST__INIT;
 
         long long until = mono_ns() + (unreachable ? 0 : cfg.give_up_ms * 1000000LL);
+        bool push_gone = unreachable;
         /* once the push gave up on collectord, one more --give-up is all EndRun gets */
         long long end_timeout_ms = unreachable && cfg.give_up_ms < CONTROL_TIMEOUT_MS
                                        ? cfg.give_up_ms
@@ -819,9 +820,11 @@ end:
         req.run_id = run_id;
         req.failed = run_failed;
         /* A collectord that went away (a restart) may be back soon: ask again until --give-up
-         * (once only when the push already gave up on it) */
+         * (once only when the push already gave up on it). Quiet while it may ask again, and
+         * once the push gave up (that was said; the line below says what it means for the
+         * run). */
         while (!(ended = control_call(ch, cfg.collector, "EndRun", &req.base, &run, &gone,
-                                      mono_ns() < until, end_timeout_ms)) &&
+                                      push_gone || mono_ns() < until, end_timeout_ms)) &&
                gone && mono_ns() < until && !g_interrupted) {
             struct timespec ts = { 0, pause_ms * 1000000L };
 

@@ -97,9 +97,14 @@ def frozen(conninfo):
         rc = cd.stop()
     assert p.returncode == 5, (p.returncode, err)
     assert "collectord at %s made no progress for 2s" % cd.grpc in err, err
-    assert "could not be ended" in err, err
+    assert "could not be ended" in err and "start it" not in err, err
     assert rc == 0, (rc, cd.log_text())
-    print("import on a frozen collectord: exit 5 after %.1f s (--give-up 2s):\n%s" % (took, err))
+    # thawed, collectord may still run what reached it frozen (batches, even the EndRun that
+    # timed out here, which asks for FAILED): the run is open or failed, never looks whole
+    state = kpfix.psql("SELECT state FROM runs WHERE job = 'frozen'", db=DB)
+    assert state in ("1", "3"), state
+    print("import on a frozen collectord: exit 5 after %.1f s (--give-up 2s), run state %s:\n%s" % (
+        took, state, err))
 
 
 def main():
