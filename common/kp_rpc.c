@@ -1317,7 +1317,7 @@ void kp_rpc_stream_destroy(struct kp_rpc_stream *s)
                                         NULL);
         }
         if (s->md_pending) {
-            grpc_call_cancel(s->call, NULL); /* never sent: nothing left to wait for */
+            grpc_call_cancel(s->call, NULL); /* not collected: it may never go out */
             grpc_completion_queue_pluck(s->cq, &s->t_md, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         }
         if (s->recv_bb != NULL) {
