@@ -191,7 +191,33 @@ static void on_ack(struct kp_push *p, const Kprof__V1__Ack *ack)
     pthread_mutex_unlock(&p->mu);
 }
 
-/* The receiver thread of one call: reads Acks until the call ends, then its status. */
+/*
+ * How long the receiver may wait for an Ack before it checks the give-up clock (-1: no
+ * limit), and whether that time is up with batches pending (*stalled). Takes mu.
+ */
+static long long rx_wait_ms(struct kp_push *p, bool *stalled)
+{
+    long long left;
+
+    *stalled = false;
+    pthread_mutex_lock(&p->mu);
+    if (p->give_up_ms <= 0) {
+        left = -1;
+    }
+    else if (p->head == p->next) {
+        left = p->give_up_ms; /* idle: look again later, work may come */
+    }
+    else {
+        left = p->progress_ms + p->give_up_ms - kp_mono_ms();
+        *stalled = left <= 0;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return left;
+}
+
+/* The receiver thread of one call: reads Acks until the call ends, then its status. It also
+ * keeps the give-up clock while the I/O thread may be blocked in a send that a frozen
+ * collectord never takes: when it runs out, it cancels the call, which ends that send. */
 static void *rx_main(void *arg)
 {
     struct kp_push *p = arg;
@@ -205,7 +231,19 @@ static void *rx_main(void *arg)
      * I/O thread has joined it */
     call = p->rx_call;
     for (;;) {
-        rc = kp_rpc_stream_recv(call, &msg, -1);
+        bool stalled;
+        long long wait = rx_wait_ms(p, &stalled);
+
+        if (stalled) {
+            /* the I/O thread gives up at its next look (see io_main); the call ends
+             * CANCELLED and the receive below returns */
+            kp_rpc_stream_cancel(call);
+            wait = -1;
+        }
+        rc = kp_rpc_stream_recv(call, &msg, wait);
+        if (rc == -ETIMEDOUT) {
+            continue;
+        }
         if (rc != 1) {
             break;
         }
@@ -425,8 +463,18 @@ static void *io_main(void *arg)
         if (p->give_up_ms > 0 && p->head < p->next && now - p->progress_ms >= p->give_up_ms) {
             char why[sizeof(p->fail_status.details) + 64];
 
-            snprintf(why, sizeof(why), "no progress for %lld ms; last: %s %.400s", p->give_up_ms,
-                     kp_rpc_status_name(p->last_status.code), p->last_status.details);
+            if (p->last_status.code == GRPC_STATUS_OK) {
+                /* no call broke: collectord took the call and never acknowledged (frozen,
+                 * wedged); the call is cancelled below */
+                snprintf(why, sizeof(why),
+                         "no progress for %lld ms; %" PRIu64 " batches not acknowledged",
+                         p->give_up_ms, p->next - p->head);
+            }
+            else {
+                snprintf(why, sizeof(why), "no progress for %lld ms; last: %s %.400s",
+                         p->give_up_ms, kp_rpc_status_name(p->last_status.code),
+                         p->last_status.details);
+            }
             fail_locked(p,
                         p->last_status.code != GRPC_STATUS_OK ? p->last_status.code
                                                               : GRPC_STATUS_DEADLINE_EXCEEDED,

@@ -20,15 +20,17 @@
  *    DATA_LOSS) are not retried: the push fails, every later call returns KP_ERPC, and
  *    kp_push_error gives the status code and details. So does giving up: no
  *    acknowledgement for give_up_after_ms while batches are pending (collectord unreachable,
- *    or not acknowledging), with the last call's status (UNAVAILABLE, ...) or
+ *    or not acknowledging, frozen included: the call is cancelled even while a send waits on
+ *    a collectord that reads nothing), with the last call's status (UNAVAILABLE, ...) or
  *    DEADLINE_EXCEEDED.
  *  - kp_push_flush half-closes the call once everything is sent and returns when every batch
  *    is acknowledged and collectord has ended the call OK. A later send opens a new call.
  *
  * Threads: an I/O thread owns the call and does all sends (one sender per kp_rpc_stream); a
- * receiver thread per call reads the Acks. kp_push_send, kp_push_send_encoded, kp_push_flush
- * and kp_push_destroy are for one producer thread; kp_push_get_stats and kp_push_error may be
- * called from any thread.
+ * receiver thread per call reads the Acks and, with give_up_after_ms, cancels a call that
+ * outlives it (the I/O thread may be blocked in a send then). kp_push_send, kp_push_send_encoded,
+ * kp_push_flush and kp_push_destroy are for one producer thread; kp_push_get_stats and
+ * kp_push_error may be called from any thread.
  */
 #ifndef KP_PUSH_H
 #define KP_PUSH_H

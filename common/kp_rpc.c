@@ -959,7 +959,8 @@ struct kp_rpc_stream {
     const char *error_string;
     grpc_byte_buffer *recv_bb;
     bool recv_armed, status_done, broken;
-    char t_send, t_recv, t_status, t_close; /* addresses serve as tags */
+    bool md_pending, md_failed; /* the initial metadata's send (see kp_rpc_stream_open) */
+    char t_md, t_send, t_recv, t_status, t_close; /* addresses serve as tags */
 };
 
 int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *opts,
@@ -967,7 +968,7 @@ int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *
 {
     struct kp_rpc_channel *c = calloc(1, sizeof(*c));
     grpc_channel_credentials *creds;
-    grpc_arg args[3];
+    grpc_arg args[4];
     grpc_channel_args cargs;
     char *ca = NULL;
 
@@ -1000,7 +1001,15 @@ int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *
     args[2].type = GRPC_ARG_INTEGER;
     args[2].key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS;
     args[2].value.integer = 2000;
-    cargs.num_args = 3;
+    /* No retry filter: kprof sets no retry policy (kp_push retries on its own), and with the
+     * filter in the stack grpc_call_cancel of a stream whose peer is frozen (SIGSTOP: the
+     * connection stays up, nothing is read or answered) leaves its pending receive pending
+     * forever, so a cancelled call never ends (measured with 1.51, test_import_drop's frozen
+     * case). Without it the cancel completes every pending op at once. */
+    args[3].type = GRPC_ARG_INTEGER;
+    args[3].key = GRPC_ARG_ENABLE_RETRIES;
+    args[3].value.integer = 0;
+    cargs.num_args = 4;
     cargs.args = args;
     c->ch = grpc_channel_create(target, creds, &cargs);
     grpc_channel_credentials_release(creds);
@@ -1132,10 +1141,13 @@ int kp_rpc_stream_open(struct kp_rpc_channel *ch, const char *path,
                                        deadline_ms(timeout_ms > 0 ? timeout_ms : -1), NULL);
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    if (grpc_call_start_batch(s->call, ops, 1, &s->t_send, NULL) != GRPC_CALL_OK) {
+    if (grpc_call_start_batch(s->call, ops, 1, &s->t_md, NULL) != GRPC_CALL_OK) {
         goto fail;
     }
-    grpc_completion_queue_pluck(s->cq, &s->t_send, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    /* Not awaited here: with a peer that is frozen (SIGSTOP) and no longer reads, the headers
+     * may never be written, and a caller blocked in open has no stream to cancel. The
+     * sending thread collects it before its first send (md_wait). */
+    s->md_pending = true;
     /* Armed from the start, so an early error status is seen (spec pitfall 6). */
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
@@ -1160,13 +1172,27 @@ fail:
     return KP_ERPC;
 }
 
+/* Collects the initial metadata's send (see kp_rpc_stream_open); false if it failed. */
+static bool md_wait(struct kp_rpc_stream *s)
+{
+    if (s->md_pending) {
+        grpc_event ev =
+            grpc_completion_queue_pluck(s->cq, &s->t_md, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+
+        s->md_pending = false;
+        s->md_failed = !ev.success;
+    }
+    return !s->md_failed;
+}
+
 static int stream_send_bb(struct kp_rpc_stream *s, grpc_byte_buffer *bb)
 {
     grpc_op op;
     grpc_event ev;
 
-    if (s->broken) {
+    if (s->broken || !md_wait(s)) {
         grpc_byte_buffer_destroy(bb);
+        s->broken = true;
         return KP_ERPC;
     }
     memset(&op, 0, sizeof(op));
@@ -1239,7 +1265,8 @@ int kp_rpc_stream_close_send(struct kp_rpc_stream *s)
     grpc_op op;
     grpc_event ev;
 
-    if (s->broken) {
+    if (s->broken || !md_wait(s)) {
+        s->broken = true;
         return KP_ERPC;
     }
     memset(&op, 0, sizeof(op));
@@ -1288,6 +1315,10 @@ void kp_rpc_stream_destroy(struct kp_rpc_stream *s)
         if (s->recv_armed) {
             grpc_completion_queue_pluck(s->cq, &s->t_recv, gpr_inf_future(GPR_CLOCK_REALTIME),
                                         NULL);
+        }
+        if (s->md_pending) {
+            grpc_call_cancel(s->call, NULL); /* not collected: it may never go out */
+            grpc_completion_queue_pluck(s->cq, &s->t_md, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         }
         if (s->recv_bb != NULL) {
             grpc_byte_buffer_destroy(s->recv_bb);

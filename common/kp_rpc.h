@@ -157,7 +157,9 @@ int kp_rpc_unary(struct kp_rpc_channel *ch, const char *path, const ProtobufCMes
                  long long timeout_ms, struct kp_rpc_status *st);
 
 /* Opens a stream call. timeout_ms bounds the whole call (0: none). Returns 0 and *out
- * (kp_rpc_stream_destroy), or a negative code with the status in *st. */
+ * (kp_rpc_stream_destroy), or a negative code with the status in *st. Does not wait for the
+ * server: the first send or close_send waits for the call's headers to go out, so a peer that
+ * never reads (frozen) blocks a call that kp_rpc_stream_cancel can end, never the open. */
 int kp_rpc_stream_open(struct kp_rpc_channel *ch, const char *path,
                        const ProtobufCMessageDescriptor *resp_desc, long long timeout_ms,
                        struct kp_rpc_stream **out, struct kp_rpc_status *st);

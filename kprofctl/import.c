@@ -51,9 +51,10 @@
 #include "kp_rpc.h"
 #include "kprofctl.h"
 
-#define IMPORT_MAX_ARGS  4096
-#define IMPORT_MAX_FILES 65536
-#define IMPORT_SPOOL_MEM (64u << 20) /* scanned batches kept in memory, all files together */
+#define IMPORT_MAX_ARGS    4096
+#define IMPORT_MAX_FILES   65536
+#define IMPORT_SPOOL_MEM   (64u << 20) /* scanned batches kept in memory, all files together */
+#define CONTROL_TIMEOUT_MS 15000       /* one CreateRun, EndRun or DropRun call */
 
 static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
 static const char *const progress_modes[] = { "auto", "on", "off", NULL };
@@ -373,7 +374,7 @@ static bool is_unreachable(grpc_status_code code)
  * quiet: print nothing when it could not (the caller retries). */
 static bool control_call(struct kp_rpc_channel *ch, const char *cfg_collector, const char *method,
                          const ProtobufCMessage *req, Kprof__V1__Run **run, bool *unreachable,
-                         bool quiet)
+                         bool quiet, long long timeout_ms)
 {
     struct kp_rpc_status st;
     ProtobufCMessage *resp = NULL;
@@ -381,7 +382,7 @@ static bool control_call(struct kp_rpc_channel *ch, const char *cfg_collector, c
 
     memset(&st, 0, sizeof(st));
     snprintf(path, sizeof(path), "/kprof.v1.Control/%s", method);
-    if (kp_rpc_unary(ch, path, req, &kprof__v1__run__descriptor, &resp, 15000, &st) == 0) {
+    if (kp_rpc_unary(ch, path, req, &kprof__v1__run__descriptor, &resp, timeout_ms, &st) == 0) {
         *run = (Kprof__V1__Run *) resp;
         return true;
     }
@@ -402,6 +403,37 @@ static bool control_call(struct kp_rpc_channel *ch, const char *cfg_collector, c
                 method, kp_rpc_status_name(st.code), st.details);
     }
     return false;
+}
+
+/*
+ * Says why the push failed (path may be NULL) and returns whether collectord was unreachable.
+ * The push fails on UNAVAILABLE or DEADLINE_EXCEEDED only by giving up: no acknowledgement
+ * for --give-up (collectord gone, frozen or wedged; its stream has been cancelled).
+ */
+static bool push_failed(const struct import *im, const char *path, const char *what)
+{
+    const struct import_config *cfg = im->cfg;
+    struct kp_rpc_status st;
+    char dur[32];
+
+    kp_push_error(im->push, &st);
+    if (!is_unreachable(st.code)) {
+        fprintf(stderr, "kprofctl import: %s%scollectord %s: %s: %s\n", path ? path : "",
+                path ? ": " : "", what, kp_rpc_status_name(st.code), st.details);
+        return false;
+    }
+    if (cfg->give_up_ms % 1000 == 0) {
+        snprintf(dur, sizeof(dur), "%llds", cfg->give_up_ms / 1000);
+    }
+    else {
+        snprintf(dur, sizeof(dur), "%lldms", cfg->give_up_ms);
+    }
+    fprintf(stderr,
+            "kprofctl import: collectord at %s made no progress for %s; the import is given up "
+            "(%s: %s). Check that collectord is running and not stopped or overloaded, or "
+            "raise --give-up\n",
+            cfg->collector, dur, kp_rpc_status_name(st.code), st.details);
+    return true;
 }
 
 static void print_result(const struct import *im, uint64_t run_id, uint32_t world_size, double secs,
@@ -705,7 +737,8 @@ int kprofctl_import(int argc, char **argv)
         req.name = cfg.name;
         req.world_size = world_size;
         req.source = KPROF__V1__RUN_SOURCE__RUN_SOURCE_IMPORT;
-        if (!control_call(ch, cfg.collector, "CreateRun", &req.base, &run, &unreachable, false)) {
+        if (!control_call(ch, cfg.collector, "CreateRun", &req.base, &run, &unreachable, false,
+                          CONTROL_TIMEOUT_MS)) {
             rc = unreachable ? KPROFCTL_EXIT_UNREACHABLE : KPROFCTL_EXIT_FAILED;
             goto out;
         }
@@ -753,12 +786,7 @@ int kprofctl_import(int argc, char **argv)
             fputc('\n', stderr);
         }
         if (f->send_rc == KP_ERPC) {
-            struct kp_rpc_status st;
-
-            kp_push_error(im.push, &st);
-            unreachable = is_unreachable(st.code);
-            fprintf(stderr, "kprofctl import: %s: collectord did not take the batches: %s: %s\n",
-                    f->path, kp_rpc_status_name(st.code), st.details);
+            unreachable = push_failed(&im, f->path, "did not take the batches");
         }
         else {
             fprintf(stderr, "kprofctl import: %s\n", f->err);
@@ -766,12 +794,7 @@ int kprofctl_import(int argc, char **argv)
         run_failed = true;
     }
     if (!run_failed && (rc = kp_push_flush(im.push, -1)) != 0) {
-        struct kp_rpc_status st;
-
-        kp_push_error(im.push, &st);
-        unreachable = is_unreachable(st.code);
-        fprintf(stderr, "kprofctl import: collectord did not commit the batches: %s: %s\n",
-                kp_rpc_status_name(st.code), st.details);
+        unreachable = push_failed(&im, NULL, "did not commit the batches");
         run_failed = true;
     }
     /* --partial that stored a run is a (partial) success: exit 0, said on stderr */
@@ -786,15 +809,22 @@ end:
         Kprof__V1__EndRunRequest req = KPROF__V1__END_RUN_REQUEST__INIT;
 
         long long until = mono_ns() + (unreachable ? 0 : cfg.give_up_ms * 1000000LL);
+        bool push_gone = unreachable;
+        /* once the push gave up on collectord, one more --give-up is all EndRun gets */
+        long long end_timeout_ms = unreachable && cfg.give_up_ms < CONTROL_TIMEOUT_MS
+                                       ? cfg.give_up_ms
+                                       : CONTROL_TIMEOUT_MS;
         long long pause_ms = 100;
         bool gone = false;
 
         req.run_id = run_id;
         req.failed = run_failed;
         /* A collectord that went away (a restart) may be back soon: ask again until --give-up
-         * (once only when the push already gave up on it) */
+         * (once only when the push already gave up on it). Quiet while it may ask again, and
+         * once the push gave up (that was said; the line below says what it means for the
+         * run). */
         while (!(ended = control_call(ch, cfg.collector, "EndRun", &req.base, &run, &gone,
-                                      mono_ns() < until)) &&
+                                      push_gone || mono_ns() < until, end_timeout_ms)) &&
                gone && mono_ns() < until && !g_interrupted) {
             struct timespec ts = { 0, pause_ms * 1000000L };
 
@@ -824,7 +854,8 @@ end:
         im.push = NULL;
         req.run_id = run_id;
         /* DropRun refuses a run that is still open, so only an ended one is worth asking */
-        if (ended && control_call(ch, cfg.collector, "DropRun", &req.base, &run, NULL, false)) {
+        if (ended && control_call(ch, cfg.collector, "DropRun", &req.base, &run, NULL, false,
+                                  CONTROL_TIMEOUT_MS)) {
             protobuf_c_message_free_unpacked(&run->base, NULL);
             run = NULL;
             fprintf(stderr,

@@ -8,7 +8,9 @@ Python stand-in for libkprof_inject.so (tests/it/kpwire.py):
   3. collectord stopped during the capture: the agent spools, collectord comes back, every
      row is stored exactly once;
   4. the agent restarted while records are spooled and unacknowledged: replayed after the
-     restart, no duplicates."""
+     restart, no duplicates;
+  5. collectord frozen (SIGSTOP, not killed) under the uplink: the agent still stops promptly,
+     and once collectord is thawed its records are stored exactly once."""
 import json
 import os
 import shutil
@@ -280,6 +282,57 @@ def test_agent_restart(agent, coll, conninfo, port):
     return agent, coll
 
 
+def stop_within(agent, when):
+    """SIGTERM stops the agent within 20 s (its exit status 0); returns how long it took."""
+    t0 = time.monotonic()
+    agent.proc.send_signal(signal.SIGTERM)
+    try:
+        agent.proc.wait(timeout=20 * kpfix.SCALE)
+    except subprocess.TimeoutExpired:
+        agent.proc.kill()
+        agent.proc.wait()
+        raise AssertionError("the agent did not stop in 20 s %s" % when)
+    took = time.monotonic() - t0
+    assert agent.stop() == 0
+    return took
+
+
+def test_collectord_frozen(agent, coll, conninfo, port):
+    """The uplink's push retries forever, but a collectord that is frozen mid-stream (the
+    connection stays up, nothing is read or acknowledged) must not hang the agent's threads:
+    SIGTERM still stops it. Thawed, collectord gets the records from the spool exactly once."""
+    lib = library(agent, "itjob", step=40)
+    cap = ctl(agent, "capture", "--job", "itjob", "--start-step", "41", "--steps", "1",
+              wait=False)
+    arm = recv_arm(lib)
+    out, err = cap.communicate(timeout=60)
+    assert cap.returncode == 0, (out, err)
+    run = arm["run_id"]
+    coll.proc.send_signal(signal.SIGSTOP)
+    try:
+        send_window(lib, arm, 3, 20000, 41)
+        kpfix.wait_for(lambda: "window ended run=%d" % run in agent.text(), 30, "window end")
+        kpfix.wait_for(lambda: len(segments(agent)) > 0, 30, "records spooled")
+        time.sleep(0.5)  # the uplink pushes into the frozen collectord meanwhile
+        lib.close()
+        took = stop_within(agent, "with collectord frozen")
+    finally:
+        coll.proc.send_signal(signal.SIGCONT)
+    assert segments(agent), "unacknowledged records must stay spooled"
+    agent = Agent("agent-thawed", "127.0.0.1:%d" % port)
+    kpfix.wait_for(lambda: counts(run) == (20000, 20000, 20000) and not segments(agent), 60,
+                   "spooled records stored once collectord is thawed")
+    dup = q("SELECT count(*) FROM (SELECT seq FROM ingest_batches WHERE run_id = %d "
+            "GROUP BY stream, seq HAVING count(*) > 1) d" % run)
+    assert dup == "0"
+    # its push sent 20000 records through a call that is now idle: cancelling it on stop
+    # must end it too
+    took_thawed = stop_within(agent, "after its uplink caught up")
+    print("agent stopped in %.1f s with collectord frozen, in %.1f s once thawed" % (
+        took, took_thawed))
+    return agent
+
+
 def test_window_timeout(agent):
     """A rank that begins its window and then goes silent (a stuck training loop) is failed at
     --window-timeout with a reason, and DISARMed; the capture ends instead of waiting forever."""
@@ -317,6 +370,8 @@ def main():
         lib.close()
         agent, coll = test_agent_restart(agent, coll, conninfo, port)
         print("ok agent restart")
+        agent = test_collectord_frozen(agent, coll, conninfo, port)
+        print("ok collectord frozen")
         assert agent.stop() == 0
         agent = Agent("agent3", "127.0.0.1:%d" % port, ["--window-timeout", "1s"])
         test_window_timeout(agent)

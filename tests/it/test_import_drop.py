@@ -2,7 +2,10 @@
 dropped with DropRun, so nothing is left behind. And an import cut short by collectord going
 away (frozen and killed right after the run is created): the import exits 5 (unreachable)
 and says the run stays open; a new collectord with --open-run-timeout ends that run as FAILED
-with the reason in runs.end_reason, and leaves ended runs and runs with data alone."""
+with the reason in runs.end_reason, and leaves ended runs and runs with data alone. And an
+import whose collectord is frozen (SIGSTOP, not killed) mid-stream: after --give-up without an
+acknowledgement the import cancels its stream and exits 5 naming the address, instead of
+waiting on the frozen collectord forever."""
 import glob
 import os
 import signal
@@ -60,6 +63,50 @@ def cut_short(conninfo):
         run, reason))
 
 
+def frozen(conninfo):
+    """collectord frozen under an import: --give-up (2 s) ends the import with exit 5 in
+    bounded time; collectord, thawed, is still healthy and stops cleanly."""
+    big = sorted(glob.glob(os.path.join(PEERS, "hta", "ns_resolution_rank0", "*.json.gz")))[0]
+    cd = kpfix.Collectord("importfrozen", conninfo)
+    p = subprocess.Popen([KPROFCTL, "import", "--collector", cd.grpc, "--job", "frozen",
+                          "--progress", "off", "--give-up", "2s", big],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    thawed = False
+    try:
+        kpfix.wait_for(lambda: kpfix.psql("SELECT count(*) FROM runs WHERE job = 'frozen'",
+                                          db=DB) != "0" or p.poll() is not None, 60, "the run")
+        cd.proc.send_signal(signal.SIGSTOP)
+        assert p.poll() is None, "the import ended before collectord was frozen"
+        t0 = time.monotonic()
+        try:
+            out, err = p.communicate(timeout=40 * kpfix.SCALE)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            raise AssertionError("import still waiting on a frozen collectord after 40 s "
+                                 "(--give-up 2s):\n" + err)
+        took = time.monotonic() - t0
+        cd.proc.send_signal(signal.SIGCONT)
+        thawed = True
+    finally:
+        if not thawed:
+            cd.proc.send_signal(signal.SIGCONT)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        rc = cd.stop()
+    assert p.returncode == 5, (p.returncode, err)
+    assert "collectord at %s made no progress for 2s" % cd.grpc in err, err
+    assert "could not be ended" in err and "start it" not in err, err
+    assert rc == 0, (rc, cd.log_text())
+    # thawed, collectord may still run what reached it frozen (batches, even the EndRun that
+    # timed out here, which asks for FAILED): the run is open or failed, never looks whole
+    state = kpfix.psql("SELECT state FROM runs WHERE job = 'frozen'", db=DB)
+    assert state in ("1", "3"), state
+    print("import on a frozen collectord: exit 5 after %.1f s (--give-up 2s), run state %s:\n%s" % (
+        took, state, err))
+
+
 def main():
     conninfo = kpfix.fresh_db(DB)
     cd = kpfix.Collectord("importdrop", conninfo, ["--max-name-bytes", "64"])
@@ -85,7 +132,8 @@ def main():
         rc = cd.stop()
     assert rc == 0, rc
     cut_short(conninfo)
-    print("import drop: 2 passed")
+    frozen(conninfo)
+    print("import drop: 3 passed")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
  * The fake keeps a "stored" set that outlives calls and restarts (like PostgreSQL), so a
  * batch sent again after it was stored is acknowledged as a duplicate.
  */
+#define _GNU_SOURCE /* pthread_timedjoin_np */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +18,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "kp_err.h"
 #include "kp_push.h"
@@ -52,6 +58,8 @@ struct fake {
     uint64_t reject_seq; /* finish with reject_code when this seq arrives */
     grpc_status_code reject_code;
     bool hold_acks; /* keep acks until fake_release */
+    bool freeze;    /* like a collectord stopped with SIGSTOP: after the first batch, read
+                     * nothing more and answer nothing (the connection stays up) */
     /* state */
     bool stored[MAX_SEQ];
     int n_stored, received, calls, dup_acks;
@@ -143,7 +151,10 @@ static enum kp_rpc_next f_message(struct kp_rpc_call *call, ProtobufCMessage *ms
     else {
         f->dup_acks++;
     }
-    if (f->hold_acks) {
+    if (f->freeze) {
+        next = KP_RPC_PAUSE; /* never resumed: HTTP/2 flow control stops the sender */
+    }
+    else if (f->hold_acks) {
         c->held[c->n_held] = seq;
         c->held_dup[c->n_held] = dup;
         c->n_held++;
@@ -764,6 +775,147 @@ static void test_destroy_in_flight(void **state)
     fake_free(f);
 }
 
+/* A batch of about 256 KiB (one long string), so that a few fill HTTP/2's windows. */
+static void send_big(struct kp_push *p, int n)
+{
+    static char big[256 * 1024];
+    struct tiny t;
+
+    memset(big, 'x', sizeof(big) - 1);
+    for (int i = 0; i < n; i++) {
+        tiny_init(&t, i);
+        t.strings[0] = big;
+        assert_int_equal(kp_push_send(p, &t.b), 0);
+    }
+}
+
+static void *destroy_main(void *arg)
+{
+    kp_push_destroy(arg);
+    return NULL;
+}
+
+/* kp_push_destroy(p) must return within ms; fails the test (leaking p) if it does not. */
+static void destroy_within(struct kp_push *p, long long ms)
+{
+    pthread_t th;
+    struct timespec ts;
+
+    assert_int_equal(pthread_create(&th, NULL, destroy_main, p), 0);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000 + 1;
+    if (pthread_timedjoin_np(th, NULL, &ts) != 0) {
+        pthread_detach(th);
+        fail_msg("kp_push_destroy still blocked after %lld ms on a frozen collectord", ms);
+    }
+}
+
+/* A collectord that is frozen (SIGSTOP) mid-stream reads and acknowledges nothing while the
+ * connection stays up: the I/O thread blocks in a send the transport never takes. The push
+ * still gives up after give_up_after_ms, cancels the call and can be destroyed. */
+static void test_give_up_frozen(void **state)
+{
+    struct fake *f = fake_new();
+    struct kp_rpc_channel *ch = channel_to(f->port);
+    struct kp_push_opts o = test_opts(64);
+    struct kp_push_stats ps;
+    struct kp_rpc_status st;
+    struct kp_push *p;
+    struct waitarg w;
+
+    (void) state;
+    f->freeze = true;
+    o.give_up_after_ms = 500;
+    assert_int_equal(kp_push_create(ch, 4, &o, &p), 0);
+    send_big(p, 64); /* 16 MiB: far more than the windows let through */
+    w.p = p;
+    w.f = f;
+    w.n = 1;
+    assert_true(kp_test_wait_for(received_at_least, &w, 10000));
+    assert_true(kp_test_wait_for(failed, p, 10000));
+    memset(&st, 0, sizeof(st));
+    assert_int_equal(kp_push_error(p, &st), KP_ERPC);
+    assert_int_equal(st.code, GRPC_STATUS_DEADLINE_EXCEEDED);
+    assert_non_null(strstr(st.details, "no progress for 500 ms"));
+    kp_push_get_stats(p, &ps);
+    assert_int_equal(ps.acked, 0);
+    assert_true(fake_get(f, &f->received) < 64); /* it was frozen, not slow */
+    destroy_within(p, kp_test_scaled_ms(10000));
+    kp_rpc_channel_destroy(ch);
+    fake_free(f);
+}
+
+/* The agent's uplink retries forever (give_up_after_ms 0): on a frozen collectord its push
+ * waits, and destroying it (the agent stopping) still returns at once. */
+static void test_destroy_frozen(void **state)
+{
+    struct fake *f = fake_new();
+    struct kp_rpc_channel *ch = channel_to(f->port);
+    struct kp_push_opts o = test_opts(64);
+    struct kp_push_stats ps;
+    struct kp_push *p;
+    struct waitarg w;
+
+    (void) state;
+    f->freeze = true;
+    o.give_up_after_ms = 0;
+    assert_int_equal(kp_push_create(ch, 5, &o, &p), 0);
+    send_big(p, 64);
+    w.p = p;
+    w.f = f;
+    w.n = 1;
+    assert_true(kp_test_wait_for(received_at_least, &w, 10000));
+    /* a bounded look for what must not happen: a push that retries forever failing */
+    assert_false(kp_test_wait_for(failed, p, 1000));
+    kp_push_get_stats(p, &ps);
+    assert_int_equal(ps.acked, 0);
+    destroy_within(p, kp_test_scaled_ms(10000));
+    kp_rpc_channel_destroy(ch);
+    fake_free(f);
+}
+
+/* A port where the kernel completes TCP handshakes but nobody ever reads or answers (a
+ * collectord frozen before it accepted): returns the listening socket, *port its port. */
+static int silent_listener(int *port)
+{
+    struct sockaddr_in a;
+    socklen_t len = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    assert_true(fd >= 0);
+    memset(&a, 0, sizeof(a));
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(fd, (struct sockaddr *) &a, sizeof(a)), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *) &a, &len), 0);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* Frozen before the call opened: the HTTP/2 handshake never completes, the call never
+ * opens; the push gives up all the same and is destroyed at once. */
+static void test_give_up_silent(void **state)
+{
+    int port, fd = silent_listener(&port);
+    struct kp_rpc_channel *ch = channel_to(port);
+    struct kp_push_opts o = test_opts(4);
+    struct kp_rpc_status st;
+    struct kp_push *p;
+
+    (void) state;
+    o.give_up_after_ms = 300;
+    assert_int_equal(kp_push_create(ch, 6, &o, &p), 0);
+    send_tiny(p, 2, 0);
+    assert_true(kp_test_wait_for(failed, p, 10000));
+    memset(&st, 0, sizeof(st));
+    assert_int_equal(kp_push_error(p, &st), KP_ERPC);
+    assert_non_null(strstr(st.details, "no progress for 300 ms"));
+    destroy_within(p, kp_test_scaled_ms(10000));
+    kp_rpc_channel_destroy(ch);
+    close(fd);
+}
+
 static void test_bad_args(void **state)
 {
     struct kp_rpc_channel *ch = channel_to(1);
@@ -789,6 +941,8 @@ int main(void)
         cmocka_unit_test(test_window_bound),   cmocka_unit_test(test_send_encoded),
         cmocka_unit_test(test_give_up),        cmocka_unit_test(test_destroy_in_flight),
         cmocka_unit_test(test_bad_args),       cmocka_unit_test(test_acked_through),
+        cmocka_unit_test(test_give_up_frozen), cmocka_unit_test(test_destroy_frozen),
+        cmocka_unit_test(test_give_up_silent),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
