@@ -1064,7 +1064,8 @@ static void make_verdict(struct kp_cmp_result *res, const struct kp_cmp_opts *o,
             }
             put(v, cap, &len,
                 "%srank %d %s: it arrives late at the collectives in %zu/%zu steps, %.0f us after "
-                "the median rank per step in all (up to %.0f us at one); %s %.0f us more per step "
+                "the median rank per step over all of a step's collectives (up to %.0f us at one "
+                "collective); %s %.0f us more per step "
                 "than the median rank's (%.0f vs %.0f us)",
                 i == 0 ? "" : "; ", s->rank,
                 res->n_stragglers == 1 ? "is the straggler" : "is a straggler", s->n_steps, rsteps,
@@ -1111,7 +1112,8 @@ static void make_verdict(struct kp_cmp_result *res, const struct kp_cmp_opts *o,
         }
         put(v, cap, &len,
             "; but the others wait for rank %d at the collectives: it arrives %.0f us after the "
-            "median rank per step in all (last in %zu/%zu steps), while its compute, data "
+            "median rank per step over all of a step's collectives (last in %zu/%zu steps), "
+            "while its compute, data "
             "loading and launches exceed the median rank's by %.0f us at most (%.1f%% of a "
             "step), so what delays it is outside them",
             w->rank, w->late_ns / 1e3, n_last, res->n_steps, ex / 1e3,
