@@ -12,11 +12,12 @@
  * Queue: at most queue_max requests wait; past that a request is answered RESOURCE_EXHAUSTED
  * (counted, logged at most once a second).
  *
- * Cache: the packed reply per (view, run, rank, options: the view's key function), at most cache_bytes in all, least
- * recently used evicted first. Each entry carries the run's version when it was computed: its
- * state and its count of committed ingest batches, read with one cheap query per request. A
- * run that received a batch or changed state since is recomputed; an ENDED run's result is
- * reused until evicted. The cache has one mutex, never held across PostgreSQL or gRPC calls.
+ * Cache: the packed reply per (view, run, rank, options: the view's key function), at most
+ * cache_bytes in all, least recently used evicted first. Each entry carries the run's version when
+ * it was computed: its state and its count of committed ingest batches, read with one cheap query
+ * per request. A run that received a batch or changed state since is recomputed; an ENDED run's
+ * result is reused until evicted. The cache has one mutex, never held across PostgreSQL or gRPC
+ * calls.
  */
 #ifndef KP_ANALYZER_SERVICE_H
 #define KP_ANALYZER_SERVICE_H

@@ -164,8 +164,7 @@ int kprofctl_counters(int argc, char **argv)
     }
     message = resp->message != NULL && resp->message[0] != '\0' ? resp->message : NULL;
     r = kp_ctr_write_rows_width(stdout, rows, resp->n_rows, (const char *const *) resp->metrics,
-                                resp->n_metrics, message, cfg.run, resp->rank,
-                                cfg.common.columns,
+                                resp->n_metrics, message, cfg.run, resp->rank, cfg.common.columns,
                                 v.format == KP_TABLE_FORMAT_JSON  ? KP_CTR_JSON
                                 : v.format == KP_TABLE_FORMAT_CSV ? KP_CTR_CSV
                                                                   : KP_CTR_TEXT,
