@@ -32,6 +32,9 @@
 #include "kp_err.h"
 #include "kp_log.h"
 
+/* The receive's slice while no report has been sent on the call yet. */
+#define KP_ATTACH_FIRST_POLL_MS 20
+
 struct kp_attach {
     struct kp_rpc_channel *ch;
     char target[512];
@@ -245,7 +248,10 @@ static void *attach_main(void *arg)
             }
         }
         if (rc == 0) {
-            rc = kp_rpc_stream_recv(st, &msg, att->poll_ms);
+            /* Until the first report is out, wait in short slices: a snapshot published just
+             * after the call opened must not wait a whole poll (collectord sends nothing
+             * before it knows the agent). */
+            rc = kp_rpc_stream_recv(st, &msg, sent ? att->poll_ms : KP_ATTACH_FIRST_POLL_MS);
             if (rc == 1) {
                 enqueue(att, (Kprof__V1__CaptureCommand *) msg);
             }

@@ -5,8 +5,9 @@
  * Reports: the loop thread builds an AgentReport, packs it and hands the bytes over with
  * kp_attach_publish (a copy under the mutex; the newest replaces an unsent older one). The
  * attach thread sends the newest snapshot right after each (re)connect, whenever a new one is
- * published (within recv_poll_ms), and again every heartbeat_ms while nothing changes, so
- * collectord always holds the agent's whole, fresh picture and a lost report costs nothing.
+ * published (within recv_poll_ms; the first one on a call within a few ms), and again every
+ * heartbeat_ms while nothing changes, so collectord always holds the agent's whole, fresh
+ * picture and a lost report costs nothing.
  *
  * Commands: CaptureCommands received on the call are queued (at most max_queue; beyond that
  * a command is dropped, counted and logged once per overflow) and the loop is woken by one
