@@ -1,6 +1,8 @@
 /* The JSON string writer; the contract is in kp_json.h. */
 #include "kp_json.h"
 
+#include <string.h>
+
 /* 1 for the ASCII bytes that need an escape. A table rather than a chain of compares: this
  * is the inner loop of export. */
 static const unsigned char ascii_esc[128] = {
@@ -8,10 +10,9 @@ static const unsigned char ascii_esc[128] = {
     1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, ['"'] = 1, ['\\'] = 1, [0x7f] = 1,
 };
 
-/* Length of the valid UTF-8 sequence at s[0] (a byte >= 0x80), or 0 if it does not start
- * one. */
-static size_t utf8_len(const unsigned char *s, size_t n)
+size_t kp_utf8_seq_len(const char *str, size_t n)
 {
+    const unsigned char *s = (const unsigned char *) str;
     unsigned char c = s[0];
 
     if (c >= 0xc2 && c <= 0xdf) {
@@ -55,7 +56,7 @@ size_t kp_json_plain_len(const char *s, size_t n)
             i++;
         }
         else {
-            size_t k = utf8_len(p + i, n - i);
+            size_t k = kp_utf8_seq_len(s + i, n - i);
 
             if (k == 0) {
                 break;

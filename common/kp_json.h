@@ -30,6 +30,11 @@
 /* Longest escape kp_json_escape() writes ("\ufffd", "\u001f"). */
 #define KP_JSON_ESCAPE_MAX 6
 
+/* Length (2..4) of the valid UTF-8 sequence that starts at s[0], a byte >= 0x80 (n > 0), or
+ * 0 if none does: an overlong form, a surrogate, a value past U+10FFFF, a stray continuation
+ * byte, or a sequence cut short by n. The one UTF-8 check of this writer and kp_utf8_valid(). */
+size_t kp_utf8_seq_len(const char *s, size_t n);
+
 /* Returns how many leading bytes of s[0..n) go out unchanged (n when none needs escaping). */
 size_t kp_json_plain_len(const char *s, size_t n);
 
