@@ -20,6 +20,7 @@
 #include "agent.h"
 #include "ctl.h"
 #include "kp_config.h"
+#include "kp_json.h"
 #include "kp_log.h"
 #include "kp_strbuf.h"
 #include "kp_wire.h"
@@ -204,25 +205,6 @@ static int ctl_call(const char *sock, const char *req, char **text)
     return r.status;
 }
 
-static void json_str(FILE *f, const char *s, size_t n)
-{
-    fputc('"', f);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char) s[i];
-
-        if (c == '"' || c == '\\') {
-            fprintf(f, "\\%c", c);
-        }
-        else if (c < 0x20) {
-            fprintf(f, "\\u%04x", c);
-        }
-        else {
-            fputc(c, f);
-        }
-    }
-    fputc('"', f);
-}
-
 static bool is_number(const char *s, size_t n)
 {
     size_t i = s[0] == '-' ? 1 : 0;
@@ -254,13 +236,13 @@ static void json_object(FILE *f, const char *text, char sep)
             size_t vl = len - (size_t) (eq - p) - 1;
 
             fprintf(f, "%s", first ? "" : ",");
-            json_str(f, p, (size_t) (eq - p));
+            kp_json_fput(f, p, (size_t) (eq - p));
             fputc(':', f);
             if (is_number(eq + 1, vl)) {
                 fwrite(eq + 1, 1, vl, f);
             }
             else {
-                json_str(f, eq + 1, vl);
+                kp_json_fput(f, eq + 1, vl);
             }
             first = false;
         }

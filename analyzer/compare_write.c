@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "compare.h"
+#include "kp_json.h"
 
 const char *const kp_cmp_cause_names[KP_CMP_CAUSE_COUNT] = {
     [KP_CMP_COMPUTE] = "compute",
@@ -34,23 +35,6 @@ void kp_cmp_result_destroy(struct kp_cmp_result *r)
 }
 
 /* ---- JSON ----------------------------------------------------------------------------- */
-
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *) s; *p != '\0'; p++) {
-        if (*p == '"' || *p == '\\') {
-            fprintf(f, "\\%c", *p);
-        }
-        else if (*p < 0x20) {
-            fprintf(f, "\\u%04x", *p);
-        }
-        else {
-            fputc(*p, f);
-        }
-    }
-    fputc('"', f);
-}
 
 static void json_num(FILE *f, double x)
 {
@@ -296,7 +280,7 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
             r->hta_rank_steps, r->n_groups, r->n_p2p, r->n_offset_colls, r->n_no_offset);
     for (int k = 0; k < n_cmd; k++) {
         fputs(k ? ", " : "", f);
-        json_str(f, cmd[k]);
+        kp_json_fputs(f, cmd[k]);
     }
     fputs("],\n \"ranks\": [", f);
     for (size_t i = 0; i < n; i++) {
@@ -304,7 +288,7 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
         size_t ri = (size_t) (rk - r->ranks);
 
         fprintf(f, "%s\n  {\"rank\": %d, \"host\": ", i ? "," : "", rk->rank);
-        json_str(f, rk->host);
+        kp_json_fputs(f, rk->host);
         fprintf(f, ", \"node\": ");
         json_int_or_null(f, rk->node);
         fprintf(f, ", \"local_rank\": ");
@@ -332,7 +316,7 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
         json_num(f, rk->offset_spread_ns / 1e6);
         fprintf(f, ", \"offset_collectives\": %zu", rk->offset_n);
         fprintf(f, ", \"late_steps\": %zu, \"flag\": ", rk->n_late_steps);
-        json_str(f, kp_cmp_flag(rk));
+        kp_json_fputs(f, kp_cmp_flag(rk));
         fputs(", \"late_us_by_step\": [", f);
         for (size_t j = 0; j < r->n_steps; j++) {
             const struct kp_cmp_cell *cl = r->cells != NULL ? &r->cells[ri * r->n_steps + j] : NULL;
@@ -384,7 +368,7 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
         fputs(", \"max_late_ms\": ", f);
         json_num(f, s->max_late_ns / 1e6);
         fputs(", \"cause\": ", f);
-        json_str(f, kp_cmp_cause_names[s->cause]);
+        kp_json_fputs(f, kp_cmp_cause_names[s->cause]);
         fputs(", \"excess_ms\": ", f);
         json_num(f, s->excess_ns[s->cause] / 1e6);
         for (int w = 0; w < 3; w++) {
@@ -404,7 +388,7 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
         fputc('}', f);
     }
     fputs("],\n \"verdict\": ", f);
-    json_str(f, r->verdict);
+    kp_json_fputs(f, r->verdict);
     fputs("}\n", f);
 }
 
@@ -422,9 +406,9 @@ void kp_cmp_hta_destroy(struct kp_cmp_hta *h)
 void kp_cmp_hta_json(FILE *f, const struct kp_cmp_hta *h)
 {
     fputs("{\"collective\": ", f);
-    json_str(f, h->collective);
+    kp_json_fputs(f, h->collective);
     fputs(", \"note\": ", f);
-    json_str(f, h->note);
+    kp_json_fputs(f, h->note);
     fprintf(f, ", \"stream\": %d, \"mean_step_ms\": ", h->stream);
     json_num(f, h->mean_step_ns / 1e6);
     fputs(", \"metric\": [", f);

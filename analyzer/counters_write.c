@@ -9,6 +9,7 @@
 
 #include "counters_impl.h"
 #include "kp_err.h"
+#include "kp_json.h"
 #include "kp_strbuf.h"
 
 /* ---- output ---------------------------------------------------------------------------- */
@@ -196,25 +197,6 @@ static const char *cell(const struct kp_ctr_row *r, long col, bool exact, char *
     }
 }
 
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char) *s;
-
-        if (ch == '"' || ch == '\\') {
-            fprintf(f, "\\%c", ch);
-        }
-        else if (ch < 0x20) {
-            fprintf(f, "\\u%04x", ch);
-        }
-        else {
-            fputc(ch, f);
-        }
-    }
-    fputc('"', f);
-}
-
 static void csv_field(FILE *f, const char *s)
 {
     if (!s) {
@@ -258,11 +240,11 @@ static void write_json(FILE *f, const struct kp_ctr *t, int64_t run, int rank, c
     fprintf(f, "{\"run\": %" PRId64 ", \"rank\": %d, \"metrics\": [", run, rank);
     for (size_t m = 0; m < t->n_metrics; m++) {
         fputs(m ? ", " : "", f);
-        json_str(f, t->metrics[m]);
+        kp_json_fputs(f, t->metrics[m]);
     }
     fputs("], \"message\": ", f);
     if (t->message[0]) {
-        json_str(f, t->message);
+        kp_json_fputs(f, t->message);
     }
     else {
         fputs("null", f);
@@ -281,20 +263,20 @@ static void write_json(FILE *f, const struct kp_ctr *t, int64_t run, int rank, c
                 fputs("\"counters\": {", f);
                 for (size_t m = 0; m < t->n_metrics; m++) {
                     fputs(m ? ", " : "", f);
-                    json_str(f, t->metrics[m]);
+                    kp_json_fputs(f, t->metrics[m]);
                     v = fmt_num(r->values[m], true, buf, sizeof(buf));
                     fprintf(f, ": %s", v ? v : "null");
                 }
                 fputc('}', f);
                 continue;
             }
-            json_str(f, json_name(t, col));
+            kp_json_fputs(f, json_name(t, col));
             fputs(": ", f);
             if (col == C_STACK) {
                 fputc('[', f);
                 for (size_t k = 0; k < r->n_stack; k++) {
                     fputs(k ? ", " : "", f);
-                    json_str(f, r->stack[k]);
+                    kp_json_fputs(f, r->stack[k]);
                 }
                 fputc(']', f);
                 continue;
@@ -308,7 +290,7 @@ static void write_json(FILE *f, const struct kp_ctr *t, int64_t run, int rank, c
                 fputs(v, f);
             }
             else {
-                json_str(f, v);
+                kp_json_fputs(f, v);
             }
         }
         fputc('}', f);

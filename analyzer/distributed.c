@@ -19,6 +19,7 @@
 
 #include "kp_analyzer.h"
 #include "kp_err.h"
+#include "kp_json.h"
 #include "kp_pg.h"
 
 #define MAX_INPUTS 256 /* input types read per op; later inputs count 0 bytes */
@@ -458,7 +459,7 @@ void kp_dist_json(FILE *f, const struct kp_dist *d)
     if (d->enabled)
         fputs("null", f);
     else
-        kp_an_json_str(f, d->reason);
+        kp_json_fputs(f, d->reason);
     fputs(", \"ranks\": [", f);
     for (size_t k = 0; k < d->n_ranks; k++) {
         const struct kp_dist_rank *r = &d->ranks[k];
@@ -474,7 +475,7 @@ void kp_dist_json(FILE *f, const struct kp_dist *d)
             }
             else {
                 fprintf(f, "%d, \"step\": ", (int) x->step);
-                kp_an_json_str(f, x->step_name);
+                kp_json_fputs(f, x->step_name);
             }
             fputs(", \"data_transfer_us\": ", f);
             kp_an_json_us(f, x->transfer_ns);
@@ -491,7 +492,7 @@ void kp_dist_json(FILE *f, const struct kp_dist *d)
             double calls = (double) op->calls;
 
             fputs(o ? ", {\"name\": " : "{\"name\": ", f);
-            kp_an_json_str(f, op->name);
+            kp_json_fputs(f, op->name);
             fprintf(f,
                     ", \"calls\": %" PRIu64 ", \"total_size_bytes\": %" PRId64
                     ", \"avg_size_bytes\": %" PRId64 ", \"total_latency_us\": ",

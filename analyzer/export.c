@@ -20,6 +20,7 @@
 
 #include "kp_codec.h"
 #include "kp_err.h"
+#include "kp_json.h"
 #include "kp_kineto.h"
 #include "kp_log.h"
 #include "kp_pg.h"
@@ -179,33 +180,23 @@ static inline void xo_us(struct xout *o, int64_t ns)
     xo_put(o, frac, 4);
 }
 
-/* A JSON string of s[0..n) (valid UTF-8 from the database: only quotes, backslashes and
- * control characters need escapes). */
+/* A JSON string of s[0..n) (kp_json.h), straight into the output buffer. */
 static void xo_jstrn(struct xout *o, const char *s, size_t n)
 {
-    size_t run = 0;
+    char esc[KP_JSON_ESCAPE_MAX];
 
     xo_putc(o, '"');
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char) s[i];
-        char esc[8];
+    while (n > 0) {
+        size_t k = kp_json_plain_len(s, n);
 
-        if (c >= 0x20 && c != '"' && c != '\\') {
-            continue;
+        xo_put(o, s, k);
+        if (k == n) {
+            break;
         }
-        xo_put(o, s + run, i - run);
-        run = i + 1;
-        if (c == '"' || c == '\\') {
-            esc[0] = '\\';
-            esc[1] = (char) c;
-            xo_put(o, esc, 2);
-        }
-        else {
-            snprintf(esc, sizeof(esc), "\\u%04x", c);
-            xo_put(o, esc, 6);
-        }
+        xo_put(o, esc, kp_json_escape((unsigned char) s[k], esc));
+        s += k + 1;
+        n -= k + 1;
     }
-    xo_put(o, s + run, n - run);
     xo_putc(o, '"');
 }
 
@@ -237,36 +228,34 @@ static int py_string(struct pylit *y)
     char q = *y->p++;
     int rc = kp_strbuf_putc(y->out, '"');
 
-    while (rc == 0 && y->p < y->end && *y->p != q) {
-        unsigned char c = (unsigned char) *y->p++;
+    while (rc == 0) {
+        const char *run = y->p;
 
-        if (c == '\\') {
-            if (y->p >= y->end) {
-                return -EINVAL;
-            }
-            c = (unsigned char) *y->p++; /* py_str escapes only ' and \ */
-            if (c != '\'' && c != '\\' && c != '"') {
-                return -EINVAL;
-            }
+        /* a run of plain bytes: backslash and quote are ASCII, so a run ends between UTF-8
+         * sequences */
+        while (y->p < y->end && *y->p != q && *y->p != '\\') {
+            y->p++;
         }
-        if (c == '"' || c == '\\') {
-            rc = kp_strbuf_putc(y->out, '\\');
-            if (rc == 0) {
-                rc = kp_strbuf_putc(y->out, (char) c);
-            }
+        rc = kp_json_append_chars(y->out, run, (size_t) (y->p - run));
+        if (rc != 0) {
+            return rc;
         }
-        else if (c < 0x20) {
-            rc = kp_strbuf_appendf(y->out, "\\u%04x", c);
+        if (y->p >= y->end) {
+            return -EINVAL;
         }
-        else {
-            rc = kp_strbuf_putc(y->out, (char) c);
+        if (*y->p == q) {
+            break;
         }
+        if (++y->p >= y->end) {
+            return -EINVAL;
+        }
+        if (*y->p != '\'' && *y->p != '\\' && *y->p != '"') { /* py_str escapes only ' and \ */
+            return -EINVAL;
+        }
+        rc = kp_json_append_chars(y->out, y->p++, 1);
     }
     if (rc != 0) {
         return rc;
-    }
-    if (y->p >= y->end) {
-        return -EINVAL;
     }
     y->p++;
     return kp_strbuf_putc(y->out, '"');

@@ -33,6 +33,7 @@
 #include "kp_analyzer.h"
 #include "kp_codec.h"
 #include "kp_err.h"
+#include "kp_json.h"
 #include "kp_pg.h"
 #include "kp_ranges.h"
 
@@ -1311,20 +1312,6 @@ const struct kp_hta_queue_stream *kp_hta_queue(const struct kp_hta *h, size_t *n
 
 /* ---- JSON ----------------------------------------------------------------------------- */
 
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
 /* A number, or null for NaN and infinities. */
 static void json_num(FILE *f, double v)
 {
@@ -1434,7 +1421,7 @@ static void w_kernels(const struct kp_hta *h, FILE *f)
         const struct kp_hta_kernel_row *r = &h->krows[i];
 
         fputs(i ? ", {\"name\": " : "{\"name\": ", f);
-        json_str(f, r->name);
+        kp_json_fputs(f, r->name);
         fprintf(f, ", \"kernel_type\": \"%s\", \"sum_us\": ", kp_hta_ktype_names[r->type]);
         json_us(f, r->sum_ns);
         fputs(", \"max_us\": ", f);
@@ -1509,7 +1496,7 @@ static void w_membw(const struct kp_hta *h, FILE *f)
         const struct kp_hta_membw_row *r = &h->membw[i];
 
         fputs(i ? ", {\"name\": " : "{\"name\": ", f);
-        json_str(f, r->name);
+        kp_json_fputs(f, r->name);
         fputs(", \"memory_bw_gbps\": ", f);
         json_stats(f, &r->stats, false);
         fprintf(f, ", \"events\": %zu, \"bandwidth_from_bytes_per_ns\": %zu}", r->events,

@@ -21,6 +21,7 @@
 
 #include "kp_codec.h"
 #include "kp_err.h"
+#include "kp_json.h"
 #include "kp_pg.h"
 #include "kp_ranges.h"
 
@@ -1595,8 +1596,6 @@ void kp_an_comm_fini(struct kp_an_comm *c)
 
 /* ---- memory view (spec §10) ----------------------------------------------------------- */
 
-static void json_str(FILE *f, const char *s);
-
 #define MEM_SLOTS  (KP_AN_MAX_GPUS + 1) /* 0: CPU, 1 + n: GPU n */
 #define MEM_FIELDS 7 /* self inc, self alloc, self count, inc, alloc, count, calls */
 
@@ -1765,7 +1764,7 @@ int kp_an_memory_json(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t 
 
             fprintf(f, "%s", first ? "" : ", ");
             first = 0;
-            json_str(f, m.rows[i].name);
+            kp_json_fputs(f, m.rows[i].name);
             fprintf(f,
                     ": {\"self_increase_bytes\": %" PRId64 ", \"self_alloc_bytes\": %" PRId64
                     ", \"self_alloc_count\": %" PRId64 ", \"increase_bytes\": %" PRId64
@@ -1990,20 +1989,6 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
 
 /* ---- JSON ----------------------------------------------------------------------------- */
 
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
 /* ns as exact decimal µs. */
 static void json_us(FILE *f, int64_t ns)
 {
@@ -2029,11 +2014,6 @@ void kp_an_json_us(FILE *f, int64_t ns)
     json_us(f, ns);
 }
 
-void kp_an_json_str(FILE *f, const char *s)
-{
-    json_str(f, s);
-}
-
 static void json_dbl(FILE *f, double v)
 {
     if (v == (double) (int64_t) v && v < 1e15 && v > -1e15)
@@ -2055,7 +2035,7 @@ void kp_an_breakdown_json(FILE *f, const struct kp_an_breakdown *b)
         const struct kp_an_step *st = &b->steps[s];
 
         fprintf(f, "%s{\"index\": %zu, \"name\": ", s ? ", " : "", s);
-        json_str(f, st->name);
+        kp_json_fputs(f, st->name);
         fprintf(f, ", \"start_us\": ");
         json_us(f, st->start_ns);
         fprintf(f, ", \"end_us\": ");
@@ -2148,9 +2128,9 @@ void kp_an_ops_json(FILE *f, const struct kp_an_table *t)
         const struct kp_an_op_row *r = &rows[i];
 
         fprintf(f, "%s{\"name\": ", i ? ", " : "");
-        json_str(f, r->name);
+        kp_json_fputs(f, r->name);
         fprintf(f, ", \"input_shape\": ");
-        json_str(f, r->input_shape);
+        kp_json_fputs(f, r->input_shape);
         fprintf(f, ", \"calls\": %" PRIu64 ", \"host_total_us\": ", r->calls);
         json_us(f, r->host_total_ns);
         fprintf(f, ", \"host_self_us\": ");
@@ -2182,10 +2162,10 @@ void kp_an_kernels_json(FILE *f, const struct kp_an_table *t, bool by_op)
         const struct kp_an_kernel_row *r = &rows[i];
 
         fprintf(f, "%s{\"name\": ", i ? ", " : "");
-        json_str(f, r->name);
+        kp_json_fputs(f, r->name);
         if (by_op) {
             fprintf(f, ", \"op_name\": ");
-            json_str(f, r->op_name);
+            kp_json_fputs(f, r->op_name);
             fprintf(f, ", \"grid\": ");
             json_dim(f, r->grid);
             fprintf(f, ", \"block\": ");

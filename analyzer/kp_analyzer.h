@@ -267,10 +267,9 @@ void kp_an_ops_json(FILE *f, const struct kp_an_table *t);
 void kp_an_kernels_json(FILE *f, const struct kp_an_table *t, bool by_op);
 void kp_an_tc_json(FILE *f, const struct kp_an_tc *t);
 
-/* JSON pieces the analyzer's other writers share: a time in ns as µs (exact decimals), and
- * an escaped string. */
+/* A JSON piece the analyzer's other writers share: a time in ns as µs (exact decimals).
+ * Strings: kp_json_fputs() (kp_json.h). */
 void kp_an_json_us(FILE *f, int64_t ns);
-void kp_an_json_str(FILE *f, const char *s);
 
 /* Returns whether a kernel name marks a Tensor Core kernel (spec §7). */
 bool kp_an_is_tc_kernel(const char *name);

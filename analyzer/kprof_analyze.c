@@ -39,6 +39,7 @@
 #include "distributed.h"
 #include "kp_analyzer.h"
 #include "kp_err.h"
+#include "kp_json.h"
 #include "kp_pg.h"
 #include "pyprof.h"
 #include "recommend.h"
@@ -429,7 +430,7 @@ int main(int argc, char **argv)
                 printf(", \"plugin_recommendations\": {\"items_html\": ");
                 kp_an_recs_json(stdout, &recs, true);
                 printf(", \"overview_html\": ");
-                kp_an_json_str(stdout, ov ? ov : "");
+                kp_json_fputs(stdout, ov ? ov : "");
                 printf("}}\n");
                 free(ov);
                 if (!ov)

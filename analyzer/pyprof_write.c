@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kp_err.h"
+#include "kp_json.h"
 #include "pyprof.h"
 
 static const char *const col_names[KP_PROF_COL_COUNT] = {
@@ -129,22 +130,6 @@ static const char *cell(const struct kp_prof_row *r, enum kp_prof_col c, char *b
     }
 }
 
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char) *s;
-
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-    fputc('"', f);
-}
-
 /* Display columns of UTF-8 text (one per code point). */
 static int disp_width(const char *s)
 {
@@ -215,7 +200,7 @@ static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
         return;
     }
     default:
-        json_str(f, cell(r, c, buf, sizeof(buf)));
+        kp_json_fputs(f, cell(r, c, buf, sizeof(buf)));
         return;
     }
 }

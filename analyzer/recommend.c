@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kp_err.h"
+#include "kp_json.h"
 #include "kp_pg.h"
 
 #define URL_DATALOADER \
@@ -357,7 +358,7 @@ void kp_an_recs_json(FILE *f, const struct kp_an_recs *r, bool html)
     for (size_t i = 0; i < n; i++) {
         if (i)
             fputs(", ", f);
-        kp_an_json_str(f, html ? r->html[i] : r->text[i]);
+        kp_json_fputs(f, html ? r->html[i] : r->text[i]);
     }
     fputc(']', f);
 }

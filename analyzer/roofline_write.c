@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kp_json.h"
 #include "roofline.h"
 
 static const char *const peak_names[KP_RL_PEAK_COUNT + 1] = { "fp32", "tf32", "fp16", "fp8", "-" };
@@ -12,22 +13,6 @@ static const char *const peak_names[KP_RL_PEAK_COUNT + 1] = { "fp32", "tf32", "f
 const char *kp_rl_peak_name(enum kp_rl_peak p)
 {
     return p <= KP_RL_NO_PEAK ? peak_names[p] : "?";
-}
-
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char) *s;
-
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-    fputc('"', f);
 }
 
 static void json_num(FILE *f, const char *key, double v, bool defined)
@@ -89,14 +74,14 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
             const struct kp_rl_device *d = &devs[i];
 
             fprintf(f, "%s{\"id\": %d, \"name\": ", i ? ", " : "", d->id);
-            json_str(f, d->name);
+            kp_json_fputs(f, d->name);
             fputs(", \"entry\": ", f);
             if (d->entry[0])
-                json_str(f, d->entry);
+                kp_json_fputs(f, d->entry);
             else
                 fputs("null", f);
             fputs(", \"source\": ", f);
-            json_str(f, d->source);
+            kp_json_fputs(f, d->source);
             for (int p = 0; p < KP_RL_PEAK_COUNT; p++) {
                 char key[40];
 
@@ -112,10 +97,10 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
             const struct kp_rl_row *g = &rows[i];
 
             fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
-            json_str(f, g->name);
+            kp_json_fputs(f, g->name);
             if (by == KP_RL_BY_OP) {
                 fputs(", \"dir\": ", f);
-                json_str(f, g->dir);
+                kp_json_fputs(f, g->dir);
             }
             fprintf(f,
                     ", \"device\": %d, \"peak\": \"%s\", \"kernels\": %" PRIu64
@@ -133,7 +118,7 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
             json_num(f, "bandwidth_fraction", g->bandwidth_fraction, g->bandwidth_fraction_defined);
             fputs(", \"above_peak\": ", f);
             if (g->above_peak[0])
-                json_str(f, g->above_peak);
+                kp_json_fputs(f, g->above_peak);
             else
                 fputs("null", f);
             fputc('}', f);

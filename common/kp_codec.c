@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kp_err.h"
+#include "kp_json.h"
 #include "kp_strbuf.h"
 
 #define V  KP_ROLE_VALUE
@@ -383,53 +384,17 @@ int64_t kp_codec_get_i64(const ProtobufCMessage *m, const ProtobufCFieldDescript
     }
 }
 
-bool kp_utf8_valid(const char *str, size_t len)
+bool kp_utf8_valid(const char *s, size_t len)
 {
-    const unsigned char *s = (const unsigned char *) str;
     size_t i = 0;
 
     while (i < len) {
-        unsigned char c = s[i];
-        size_t need;
-        uint32_t cp;
+        size_t k = (unsigned char) s[i] < 0x80 ? s[i] != '\0' : kp_utf8_seq_len(s + i, len - i);
 
-        if (c < 0x80) {
-            if (c == 0) {
-                return false;
-            }
-            i++;
-            continue;
-        }
-        if (c >= 0xc2 && c <= 0xdf) {
-            need = 1;
-            cp = c & 0x1f;
-        }
-        else if (c >= 0xe0 && c <= 0xef) {
-            need = 2;
-            cp = c & 0x0f;
-        }
-        else if (c >= 0xf0 && c <= 0xf4) {
-            need = 3;
-            cp = c & 0x07;
-        }
-        else {
+        if (k == 0) {
             return false;
         }
-        if (len - i <= need) {
-            return false;
-        }
-        for (size_t j = 1; j <= need; j++) {
-            if ((s[i + j] & 0xc0) != 0x80) {
-                return false;
-            }
-            cp = (cp << 6) | (s[i + j] & 0x3f);
-        }
-        /* Overlong forms, surrogates and values past U+10FFFF. */
-        if ((need == 2 && cp < 0x800) || (need == 3 && cp < 0x10000) || cp > 0x10ffff ||
-            (cp >= 0xd800 && cp <= 0xdfff)) {
-            return false;
-        }
-        i += need + 1;
+        i += k;
     }
     return true;
 }

@@ -37,6 +37,7 @@
 #include <zlib.h>
 
 #include "kp_err.h"
+#include "kp_json.h"
 #include "kp_log.h"
 #include "kp_strbuf.h"
 
@@ -740,28 +741,6 @@ static int py_str(struct kp_strbuf *sb, const char *s, size_t n)
     return rc == 0 ? kp_strbuf_putc(sb, '\'') : rc;
 }
 
-/* Appends s[0..n) as a JSON string. */
-static int json_str(struct kp_strbuf *sb, const char *s, size_t n)
-{
-    int rc = kp_strbuf_putc(sb, '"');
-
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        unsigned char c = (unsigned char) s[i];
-
-        if (c == '"' || c == '\\') {
-            rc = kp_strbuf_putc(sb, '\\');
-            rc = rc != 0 ? rc : kp_strbuf_putc(sb, (char) c);
-        }
-        else if (c < 0x20) {
-            rc = kp_strbuf_appendf(sb, "\\u%04x", c);
-        }
-        else {
-            rc = kp_strbuf_putc(sb, (char) c);
-        }
-    }
-    return rc == 0 ? kp_strbuf_putc(sb, '"') : rc;
-}
-
 /* Reads one value and appends it to sb as Python's str() would print it ("[[32, 128], []]",
  * "['float', 'Scalar']", None, True), or (json) as JSON text with the same separators. */
 static int jr_capture_as(struct jr *j, struct kp_strbuf *sb, bool json)
@@ -791,7 +770,7 @@ static int jr_capture_as(struct jr *j, struct kp_strbuf *sb, bool json)
                 rc = kp_strbuf_append(sb, ", ", 2);
             }
             if (rc == 0 && c == '{') {
-                rc = json ? json_str(sb, j->str, j->slen) : py_str(sb, j->str, j->slen);
+                rc = json ? kp_json_append(sb, j->str, j->slen) : py_str(sb, j->str, j->slen);
                 if (rc == 0) {
                     rc = kp_strbuf_append(sb, ": ", 2);
                 }
@@ -808,7 +787,7 @@ static int jr_capture_as(struct jr *j, struct kp_strbuf *sb, bool json)
         if (jr_string(j) != 0) {
             return j->err;
         }
-        rc = json ? json_str(sb, j->str, j->slen) : py_str(sb, j->str, j->slen);
+        rc = json ? kp_json_append(sb, j->str, j->slen) : py_str(sb, j->str, j->slen);
         break;
     case 't':
         if (jr_literal(j, "true") != 0) {
@@ -2793,7 +2772,7 @@ static int parse_dist(struct kp_kineto *k)
         if (n++ > 0) {
             orc = orc != 0 ? orc : kp_strbuf_append(&sb, ", ", 2);
         }
-        orc = orc != 0 ? orc : json_str(&sb, j->str, j->slen);
+        orc = orc != 0 ? orc : kp_json_append(&sb, j->str, j->slen);
         orc = orc != 0 ? orc : kp_strbuf_append(&sb, ": ", 2);
         if (strcmp(j->str, "rank") == 0 || strcmp(j->str, "world_size") == 0) {
             bool is_rank = j->str[0] == 'r';

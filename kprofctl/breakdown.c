@@ -36,6 +36,7 @@
 
 #include "kp_config.h"
 #include "kp_err.h"
+#include "kp_json.h"
 #include "kprof.pb-c.h"
 #include "kprofctl.h"
 #include "rpcverb.h"
@@ -252,7 +253,7 @@ static int print_json(const struct kp_rpcverb *v, const struct kp_table *t,
     fputs(", \"recommendations\": [", stdout);
     for (size_t i = 0; i < resp->n_recommendations; i++) {
         fputs(i ? ", " : "", stdout);
-        kp_table_json_string(resp->recommendations[i], stdout);
+        kp_json_fputs(stdout, resp->recommendations[i]);
     }
     fputs("]}\n", stdout);
     return fflush(stdout) != 0 ? KPROFCTL_EXIT_FAILED : 0;

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kp_json.h"
 #include "kprofctl.h"
 
 #define CLEAR_SCREEN "\033[H\033[2J"
@@ -190,7 +191,7 @@ static void json_str_field(FILE *out, const char *key, const char *s)
         fputs("null", out);
     }
     else {
-        kp_table_json_string(s, out);
+        kp_json_fputs(out, s);
     }
 }
 

@@ -42,6 +42,7 @@
 #include "kp_codec.h"
 #include "kp_config.h"
 #include "kp_err.h"
+#include "kp_json.h"
 #include "kp_log.h"
 #include "kp_rpc.h"
 #include "kprof.pb-c.h"
@@ -285,15 +286,10 @@ static void print_json(FILE *out, long run, double secs, const struct rank_resul
             ",\"files\":[",
             run, secs, bytes, events);
     for (size_t i = 0; i < n; i++) {
-        fprintf(out, "%s{\"rank\":%ld,\"path\":\"", i ? "," : "", r[i].rank);
-        for (const char *p = r[i].path; *p; p++) {
-            if (*p == '"' || *p == '\\') {
-                fputc('\\', out);
-            }
-            fputc(*p, out);
-        }
+        fprintf(out, "%s{\"rank\":%ld,\"path\":", i ? "," : "", r[i].rank);
+        kp_json_fputs(out, r[i].path);
         fprintf(out,
-                "\",\"json_bytes\":%" PRIu64 ",\"events\":%" PRIu64 ",\"flows\":%" PRIu64
+                ",\"json_bytes\":%" PRIu64 ",\"events\":%" PRIu64 ",\"flows\":%" PRIu64
                 ",\"rows\":{",
                 r[i].bytes, r[i].events, r[i].flows);
         for (int k = 0; k < KP_EV_COUNT; k++) {

@@ -45,6 +45,7 @@
 #include "kp_codec.h"
 #include "kp_config.h"
 #include "kp_err.h"
+#include "kp_json.h"
 #include "kp_kineto.h"
 #include "kp_log.h"
 #include "kp_push.h"
@@ -294,25 +295,6 @@ out:
     return rc;
 }
 
-static void json_str(FILE *out, const char *s)
-{
-    fputc('"', out);
-    for (; *s != '\0'; s++) {
-        unsigned char c = (unsigned char) *s;
-
-        if (c == '"' || c == '\\') {
-            fprintf(out, "\\%c", c);
-        }
-        else if (c < 0x20) {
-            fprintf(out, "\\u%04x", c);
-        }
-        else {
-            fputc(c, out);
-        }
-    }
-    fputc('"', out);
-}
-
 static int send_batch(Kprof__V1__Batch *b, void *ud)
 {
     struct import *im = ud;
@@ -461,7 +443,7 @@ static void print_result(const struct import *im, uint64_t run_id, uint32_t worl
         return;
     }
     printf("{\"run_id\":%" PRIu64 ",\"job\":", run_id);
-    json_str(stdout, cfg->job);
+    kp_json_fputs(stdout, cfg->job);
     printf(",\"world_size\":%u,\"ok\":%s,\"seconds\":%.6f,\"json_bytes\":%" PRIu64
            ",\"events\":%" PRIu64 ",\"batches\":%" PRIu64 ",\"rows\":{",
            world_size, ok ? "true" : "false", secs, json_bytes, events, im->batches_sent);
@@ -473,7 +455,7 @@ static void print_result(const struct import *im, uint64_t run_id, uint32_t worl
         const struct trace_file *f = &im->files[i];
 
         printf("%s{\"path\":", i ? "," : "");
-        json_str(stdout, f->path);
+        kp_json_fputs(stdout, f->path);
         printf(",\"rank\":%ld,\"bytes\":%" PRIu64 ",\"json_bytes\":%" PRIu64 ",\"events\":%" PRIu64
                ",\"batches\":%" PRIu64 ",\"ext_dropped\":%" PRIu64 ",\"names_truncated\":%" PRIu64
                ",\"categories\":{",
@@ -489,7 +471,7 @@ static void print_result(const struct import *im, uint64_t run_id, uint32_t worl
         printf("}");
         if (f->scan_rc != 0 || f->send_rc != 0) {
             printf(",\"error\":");
-            json_str(stdout, f->err);
+            kp_json_fputs(stdout, f->err);
         }
         printf("}");
     }

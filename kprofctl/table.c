@@ -19,6 +19,7 @@
 #include <strings.h>
 
 #include "kp_err.h"
+#include "kp_json.h"
 
 enum cell_type {
     CELL_NULL = 0,
@@ -613,49 +614,6 @@ static int print_csv(const struct kp_table *t, FILE *out)
     return 0;
 }
 
-static void json_string(const char *s, FILE *out)
-{
-    const unsigned char *p = (const unsigned char *) s;
-    size_t len = strlen(s);
-
-    fputc('"', out);
-    while (len > 0) {
-        long cp;
-        size_t n = utf8_decode(p, len, &cp);
-
-        if (cp < 0) {
-            fputs("\\ufffd", out);
-        }
-        else if (cp == '"' || cp == '\\') {
-            fputc('\\', out);
-            fputc((int) cp, out);
-        }
-        else if (cp == '\n') {
-            fputs("\\n", out);
-        }
-        else if (cp == '\r') {
-            fputs("\\r", out);
-        }
-        else if (cp == '\t') {
-            fputs("\\t", out);
-        }
-        else if (cp < 0x20 || cp == 0x7f) {
-            fprintf(out, "\\u%04lx", cp);
-        }
-        else {
-            fwrite(p, 1, n, out);
-        }
-        p += n;
-        len -= n;
-    }
-    fputc('"', out);
-}
-
-void kp_table_json_string(const char *s, FILE *out)
-{
-    json_string(s, out);
-}
-
 static int print_json(const struct kp_table *t, FILE *out)
 {
     if (t->n_rows == 0) {
@@ -671,11 +629,11 @@ static int print_json(const struct kp_table *t, FILE *out)
             if (j > 0) {
                 fputs(", ", out);
             }
-            json_string(t->cols[t->sel[j]].name, out);
+            kp_json_fputs(out, t->cols[t->sel[j]].name);
             fputs(": ", out);
             switch (c->type) {
             case CELL_STR:
-                json_string(c->s, out);
+                kp_json_fputs(out, c->s);
                 break;
             case CELL_NUM:
                 fputs(c->json != NULL ? c->json : c->s, out);

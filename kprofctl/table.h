@@ -99,10 +99,6 @@ int kp_table_print(const struct kp_table *t, enum kp_table_format format, int wi
  */
 int kp_table_short_flags(int argc, char **argv, char **out, char *buf, size_t buflen);
 
-/* Writes s as a JSON string (quoted and escaped as the json format does: invalid UTF-8
- * becomes U+FFFD), for verbs that print JSON beside or instead of a table. */
-void kp_table_json_string(const char *s, FILE *out);
-
 /* The display width of a UTF-8 string in terminal columns, as the text format counts it. */
 size_t kp_table_text_width(const char *s);
 

@@ -45,6 +45,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include "fakecupti.h"
+#include "kp_json.h"
 #include "kprof.h"
 
 #define WK_MAX_DEPTH   32
@@ -154,25 +155,6 @@ static void wk_on_alarm(int sig)
 
 /* ---- --expect output ---- */
 
-static void wk_json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char) *s;
-
-        if (c == '"' || c == '\\') {
-            fprintf(f, "\\%c", c);
-        }
-        else if (c < 0x20) {
-            fprintf(f, "\\u%04x", c);
-        }
-        else {
-            fputc(c, f);
-        }
-    }
-    fputc('"', f);
-}
-
 /* Writes "stack":[...] of the calling thread's first n frames. Caller holds g_expect_mu. */
 static void wk_json_stack(FILE *f, int n)
 {
@@ -181,7 +163,7 @@ static void wk_json_stack(FILE *f, int n)
         if (i) {
             fputc(',', f);
         }
-        wk_json_str(f, tl_stack[i].name);
+        kp_json_fputs(f, tl_stack[i].name);
     }
     fputc(']', f);
 }
@@ -197,9 +179,9 @@ static void wk_expect_gpu(const char *kind, const char *name, uint32_t corr, uin
     pthread_mutex_lock(&g_expect_mu);
     fprintf(g_expect, "{\"type\":\"gpu\",\"rank\":%d,\"step\":%" PRId64 ",\"kind\":", g_rank,
             (int64_t) g_step);
-    wk_json_str(g_expect, kind);
+    kp_json_fputs(g_expect, kind);
     fputs(",\"name\":", g_expect);
-    wk_json_str(g_expect, name);
+    kp_json_fputs(g_expect, name);
     fprintf(g_expect,
             ",\"correlation\":%" PRIu32 ",\"recorded\":%s,\"api_recorded\":%s,\"device\":%" PRIu32
             ",\"stream\":%" PRIu32 ",\"tid\":%" PRIu64 ",\"launch_ns\":%" PRId64
@@ -207,7 +189,7 @@ static void wk_expect_gpu(const char *kind, const char *name, uint32_t corr, uin
             corr, (w & FAKECUPTI_W_GPU) ? "true" : "false",
             (w & FAKECUPTI_W_API) ? "true" : "false", g_device, stream, wk_tid(), launch_ns,
             dur_ns);
-    wk_json_str(g_expect, tl_depth ? tl_stack[tl_depth - 1].name : "");
+    kp_json_fputs(g_expect, tl_depth ? tl_stack[tl_depth - 1].name : "");
     fputc(',', g_expect);
     wk_json_stack(g_expect, tl_depth);
     fputs("}\n", g_expect);
@@ -256,9 +238,9 @@ static void wk_pop(void)
     pthread_mutex_lock(&g_expect_mu);
     fprintf(g_expect, "{\"type\":\"range\",\"rank\":%d,\"step\":%" PRId64 ",\"name\":", g_rank,
             (int64_t) g_step);
-    wk_json_str(g_expect, f->name);
+    kp_json_fputs(g_expect, f->name);
     fputs(",\"message\":", g_expect);
-    wk_json_str(g_expect, f->msg);
+    kp_json_fputs(g_expect, f->msg);
     fprintf(g_expect,
             ",\"tid\":%" PRIu64 ",\"depth\":%d,\"start_ns\":%" PRId64 ",\"end_ns\":%" PRId64 ",",
             wk_tid(), tl_depth, f->start_ns, end);

@@ -175,6 +175,8 @@ static void test_round_trip(void **state)
                               "\"p2p_collectives\": 3"));
     assert_non_null(strstr(a, "\"kprofctl breakdown --run 17 --rank 4\""));
     assert_non_null(strstr(a, "\"flag\": \"late\""));
+    /* strings go through kp_json.h: quotes escaped, a tab in its short form */
+    assert_non_null(strstr(a, "it arrives late \\\"quoted\\\"\\tand tabbed\""));
     {
         char buf[64];
 
