@@ -16,6 +16,7 @@
  * flag and forgets the worker and its sockets; nothing else runs in the child, at exit either.
  */
 #include "cupti_int.h"
+#include "kp_clock.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -49,10 +50,7 @@ static __thread uint64_t t_tid;
 
 int64_t kpi_now_ns(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return kp_real_ns();
 }
 
 uint64_t kpi_tid(void)
