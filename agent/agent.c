@@ -49,6 +49,7 @@
 #include "kp_log.h"
 #include "kp_metrics.h"
 #include "kp_push.h"
+#include "kp_ready.h"
 #include "kp_rpc.h"
 #include "kp_strbuf.h"
 #include "kp_wire.h"
@@ -2392,27 +2393,14 @@ static int listen_socket(struct kp_agent *a, char *errbuf, size_t errlen)
 
 static int write_ready_file(struct kp_agent *a, char *errbuf, size_t errlen)
 {
-    char tmp[4200];
-    FILE *f;
+    char http[32];
+    struct kp_ready_entry e[] = { { "socket", a->cfg.socket }, { "http", NULL } };
 
-    if (a->cfg.ready_file == NULL || a->cfg.ready_file[0] == '\0') {
-        return 0;
-    }
-    snprintf(tmp, sizeof(tmp), "%s.tmp", a->cfg.ready_file);
-    if ((f = fopen(tmp, "w")) == NULL) {
-        snprintf(errbuf, errlen, "cannot write --ready-file %s: %s", tmp, strerror(errno));
-        return -EIO;
-    }
-    fprintf(f, "socket=%s\n", a->cfg.socket);
     if (a->http != NULL) {
-        fprintf(f, "http=127.0.0.1:%d\n", kp_http_port(a->http));
+        snprintf(http, sizeof(http), "127.0.0.1:%d", kp_http_port(a->http));
+        e[1].value = http;
     }
-    if (fclose(f) != 0 || rename(tmp, a->cfg.ready_file) != 0) {
-        snprintf(errbuf, errlen, "cannot write --ready-file %s: %s", a->cfg.ready_file,
-                 strerror(errno));
-        return -EIO;
-    }
-    return 0;
+    return kp_ready_file_write(a->cfg.ready_file, e, 2, errbuf, errlen);
 }
 
 static int metric(struct kp_agent *a, struct kp_metric **m, const char *name, const char *help,
