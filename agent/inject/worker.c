@@ -34,6 +34,7 @@
 #define _GNU_SOURCE /* dladdr, pthread_setname_np, pthread_timedjoin_np */
 #include "cupti_int.h"
 #include "kp_clock.h"
+#include "kp_str.h"
 
 #include <cupti.h>
 #include <dlfcn.h>
@@ -431,10 +432,10 @@ static void fill_status(struct kp_wire_status *s)
     s->incomplete = W.cap.incomplete;
     s->overhead_ns = W.cap.overhead_ns;
     if (W.cap.state == KP_ST_FAILED) {
-        kp_wire_strlcpy(s->reason, sizeof(s->reason), W.cap.reason);
+        kp_strlcpy(s->reason, sizeof(s->reason), W.cap.reason);
     }
     else if (W.cap.state == KP_ST_DORMANT && kpi_core.cupti_error[0] != '\0') {
-        kp_wire_strlcpy(s->reason, sizeof(s->reason), kpi_core.cupti_error);
+        kp_strlcpy(s->reason, sizeof(s->reason), kpi_core.cupti_error);
     }
 }
 
@@ -657,7 +658,7 @@ static void reject_arm(const struct kp_wire_arm *a, const char *reason)
     s.capture_id = a->capture_id;
     s.state = KP_ST_FAILED;
     s.records = s.dropped = s.cupti_dropped = s.incomplete = s.overhead_ns = 0;
-    kp_wire_strlcpy(s.reason, sizeof(s.reason), reason);
+    kp_strlcpy(s.reason, sizeof(s.reason), reason);
     enqueue(KP_W_STATUS, 0, &s, sizeof(s), 0);
 }
 
@@ -929,9 +930,9 @@ static void send_hello(void)
     }
     h.current_step = atomic_load_explicit(&kpi_core.current_step, memory_order_relaxed);
     h.start_time_ns = (uint64_t) kpi_core.start_ns;
-    kp_wire_strlcpy(h.job, sizeof(h.job), kpi_core.job);
-    kp_wire_strlcpy(h.host, sizeof(h.host), kpi_core.host);
-    kp_wire_strlcpy(h.cupti_error, sizeof(h.cupti_error), kpi_core.cupti_error);
+    kp_strlcpy(h.job, sizeof(h.job), kpi_core.job);
+    kp_strlcpy(h.host, sizeof(h.host), kpi_core.host);
+    kp_strlcpy(h.cupti_error, sizeof(h.cupti_error), kpi_core.cupti_error);
     enqueue(KP_W_HELLO, 0, &h, sizeof(h), 0);
 }
 
@@ -1215,7 +1216,7 @@ int kpi_worker_start(void)
                 KP_WIRE_DEFAULT_SOCKET);
         path = KP_WIRE_DEFAULT_SOCKET;
     }
-    kp_wire_strlcpy(W.sock_path, sizeof(W.sock_path), path);
+    kp_strlcpy(W.sock_path, sizeof(W.sock_path), path);
     W.qlimit = (size_t) kpi_env_size("KPROF_QUEUE_BYTES", KPI_DEF_QUEUE_BYTES,
                                      4u * KPI_QUEUE_RESERVE, 4ull << 30);
     W.backoff_ms = KPI_BACKOFF_MIN_MS;
