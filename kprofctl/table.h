@@ -90,15 +90,6 @@ size_t kp_table_rows(const struct kp_table *t);
  */
 int kp_table_print(const struct kp_table *t, enum kp_table_format format, int width, FILE *out);
 
-/*
- * Short flags for the table options, for verbs that parse with kp_config (which takes only
- * --key forms): copies argv[0..argc) into out (argc + 1 entries, out[argc] = NULL), with
- * "-c" rewritten to "--columns" and "-w" to "--width" (their value stays the next argument)
- * and "-cVALUE"/"-wVALUE" to "--columns=VALUE"/"--width=VALUE" (in buf, the caller's storage,
- * buflen bytes). Nothing after "--" changes. Returns 0, or -ENOSPC if buf is too small.
- */
-int kp_table_short_flags(int argc, char **argv, char **out, char *buf, size_t buflen);
-
 /* Writes s as a JSON string (quoted and escaped as the json format does: invalid UTF-8
  * becomes U+FFFD), for verbs that print JSON beside or instead of a table. */
 void kp_table_json_string(const char *s, FILE *out);
