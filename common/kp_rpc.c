@@ -410,7 +410,6 @@ out:
 
 int kp_rpc_call_wait_sent(struct kp_rpc_call *c, long long timeout_ms)
 {
-    struct timespec now;
     long long left = timeout_ms;
     int rc;
 
@@ -431,13 +430,7 @@ int kp_rpc_call_wait_sent(struct kp_rpc_call *c, long long timeout_ms)
             rc = -ETIMEDOUT;
             break;
         }
-        clock_gettime(CLOCK_REALTIME, &now);
-        until.tv_sec = now.tv_sec + (time_t) (slice / 1000);
-        until.tv_nsec = now.tv_nsec + (long) (slice % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        until = kp_real_deadline(slice);
         (void) pthread_cond_timedwait(&c->sent, &c->mu, &until);
         left -= slice;
     }
