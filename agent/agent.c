@@ -49,7 +49,10 @@
 #include "kp_log.h"
 #include "kp_metrics.h"
 #include "kp_push.h"
+#include "kp_ranks.h"
+#include "kp_ready.h"
 #include "kp_rpc.h"
+#include "kp_str.h"
 #include "kp_strbuf.h"
 #include "kp_wire.h"
 #include "kprof.pb-c.h"
@@ -248,7 +251,7 @@ static void send_welcome(struct kp_agent *a, int fd, bool ok, const char *reason
     memset(&w, 0, sizeof(w));
     w.accepted = ok ? 1 : 0;
     w.agent_id = a->agent_id;
-    kp_wire_strlcpy(w.reason, sizeof(w.reason), reason);
+    kp_strlcpy(w.reason, sizeof(w.reason), reason);
     send_msg(fd, KP_W_WELCOME, &w, sizeof(w), 0);
 }
 
@@ -988,7 +991,7 @@ static void ctl_ps(struct kp_agent *a, struct session *client)
         if (!s->hello) {
             continue;
         }
-        kp_wire_strlcpy(job, sizeof(job), s->h.job[0] ? s->h.job : "-");
+        kp_strlcpy(job, sizeof(job), s->h.job[0] ? s->h.job : "-");
         for (char *p = job; *p; p++) {
             if (*p == ' ' || *p == '\n' || *p == '=') {
                 *p = '_';
@@ -1094,7 +1097,7 @@ static void ctl_capture(struct kp_agent *a, struct session *client, const struct
         status = KP_CTL_FAILED;
         goto fail;
     }
-    rc = kp_wire_parse_ranks(kv->ranks, world < MAX_RANKS ? world : MAX_RANKS, sel, &all, NULL);
+    rc = kp_ranks_parse(kv->ranks, world < MAX_RANKS ? world : MAX_RANKS, sel, &all, NULL);
     if (rc == -ERANGE) {
         snprintf(err, sizeof(err),
                  "error=ranks %.100s: outside the job's world size %u (ranks are 0..%u)", kv->ranks,
@@ -1112,8 +1115,8 @@ static void ctl_capture(struct kp_agent *a, struct session *client, const struct
         goto fail;
     }
     c->world_size = world;
-    kp_wire_strlcpy(c->job, sizeof(c->job), job);
-    kp_wire_strlcpy(c->name, sizeof(c->name), kv->name ? kv->name : "");
+    kp_strlcpy(c->job, sizeof(c->job), job);
+    kp_strlcpy(c->name, sizeof(c->name), kv->name ? kv->name : "");
     for (struct session *s = a->sessions; s != NULL; s = s->next) {
         int32_t rank;
 
@@ -1255,8 +1258,8 @@ static void ctl_capture(struct kp_agent *a, struct session *client, const struct
         return;
     }
     j->capture_id = c->id;
-    kp_wire_strlcpy(j->job, sizeof(j->job), c->job);
-    kp_wire_strlcpy(j->name, sizeof(j->name), c->name);
+    kp_strlcpy(j->job, sizeof(j->job), c->job);
+    kp_strlcpy(j->name, sizeof(j->name), c->name);
     j->world_size = c->world_size;
     c->run_pending = true;
     post_job(a, j);
@@ -1515,7 +1518,7 @@ static void cmd_arm(struct kp_agent *a, const Kprof__V1__CaptureCommand *cmd)
     c->id = ++a->next_capture_id;
     c->run_id = cmd->run_id;
     c->remote = true;
-    kp_wire_strlcpy(c->job, sizeof(c->job), job);
+    kp_strlcpy(c->job, sizeof(c->job), job);
     c->start_step = cmd->start_step >= 0 ? cmd->start_step : -1;
     c->steps = cmd->steps;
     c->duration_ms = cmd->duration_ms;
@@ -2286,7 +2289,7 @@ static int parse_allow(struct kp_agent *a, const char *list, char *errbuf, size_
 {
     char tmp[1024], *save = NULL;
 
-    kp_wire_strlcpy(tmp, sizeof(tmp), list != NULL ? list : "");
+    kp_strlcpy(tmp, sizeof(tmp), list != NULL ? list : "");
     for (char *t = strtok_r(tmp, ", ", &save); t != NULL; t = strtok_r(NULL, ", ", &save)) {
         char *end;
         unsigned long v = strtoul(t, &end, 10);
@@ -2314,7 +2317,7 @@ static int mkdir_parents(const char *path)
     char tmp[sizeof(((struct sockaddr_un *) 0)->sun_path)];
     char *slash;
 
-    kp_wire_strlcpy(tmp, sizeof(tmp), path);
+    kp_strlcpy(tmp, sizeof(tmp), path);
     if ((slash = strrchr(tmp, '/')) == NULL || slash == tmp) {
         return 0;
     }
@@ -2392,27 +2395,14 @@ static int listen_socket(struct kp_agent *a, char *errbuf, size_t errlen)
 
 static int write_ready_file(struct kp_agent *a, char *errbuf, size_t errlen)
 {
-    char tmp[4200];
-    FILE *f;
+    char http[32];
+    struct kp_ready_entry e[] = { { "socket", a->cfg.socket }, { "http", NULL } };
 
-    if (a->cfg.ready_file == NULL || a->cfg.ready_file[0] == '\0') {
-        return 0;
-    }
-    snprintf(tmp, sizeof(tmp), "%s.tmp", a->cfg.ready_file);
-    if ((f = fopen(tmp, "w")) == NULL) {
-        snprintf(errbuf, errlen, "cannot write --ready-file %s: %s", tmp, strerror(errno));
-        return -EIO;
-    }
-    fprintf(f, "socket=%s\n", a->cfg.socket);
     if (a->http != NULL) {
-        fprintf(f, "http=127.0.0.1:%d\n", kp_http_port(a->http));
+        snprintf(http, sizeof(http), "127.0.0.1:%d", kp_http_port(a->http));
+        e[1].value = http;
     }
-    if (fclose(f) != 0 || rename(tmp, a->cfg.ready_file) != 0) {
-        snprintf(errbuf, errlen, "cannot write --ready-file %s: %s", a->cfg.ready_file,
-                 strerror(errno));
-        return -EIO;
-    }
-    return 0;
+    return kp_ready_file_write(a->cfg.ready_file, e, 2, errbuf, errlen);
 }
 
 static int metric(struct kp_agent *a, struct kp_metric **m, const char *name, const char *help,
@@ -2491,7 +2481,7 @@ int kp_agent_create(const struct kp_agent_config *cfg, struct kp_agent **out, ch
     a->own_uid = (uint32_t) getuid();
     atomic_store(&a->loop_ms, kp_mono_ms());
     if (cfg->host != NULL && cfg->host[0] != '\0') {
-        kp_wire_strlcpy(a->host, sizeof(a->host), cfg->host);
+        kp_strlcpy(a->host, sizeof(a->host), cfg->host);
     }
     else if (gethostname(a->host, sizeof(a->host) - 1) != 0) {
         strcpy(a->host, "localhost");

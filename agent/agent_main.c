@@ -22,6 +22,7 @@
 #include "kp_config.h"
 #include "kp_json.h"
 #include "kp_log.h"
+#include "kp_str.h"
 #include "kp_strbuf.h"
 #include "kp_wire.h"
 
@@ -152,7 +153,7 @@ static int ctl_call(const char *sock, const char *req, char **text)
     *text = NULL;
     memset(&sa, 0, sizeof(sa));
     sa.sun_family = AF_UNIX;
-    kp_wire_strlcpy(sa.sun_path, sizeof(sa.sun_path), sock);
+    kp_strlcpy(sa.sun_path, sizeof(sa.sun_path), sock);
     if ((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0 ||
         connect(fd, (struct sockaddr *) &sa, sizeof(sa)) != 0) {
         fprintf(stderr, "kprof-agent: is kprof-agent running? socket %s: %s\n", sock,

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kp_clock.h"
 #include "kp_log.h"
 
 struct seg {
@@ -633,15 +634,8 @@ uint64_t kp_spool_first_unacked(struct kp_spool *sp)
 
 void kp_spool_wait(struct kp_spool *sp, long long timeout_ms)
 {
-    struct timespec ts;
+    struct timespec ts = kp_real_deadline(timeout_ms);
 
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (timeout_ms % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-    }
     pthread_mutex_lock(&sp->mu);
     if (sp->rd_seq >= sp->next_seq && !sp->woken) {
         pthread_cond_timedwait(&sp->cond, &sp->mu, &ts);

@@ -16,6 +16,7 @@
 #include <libpq-fe.h>
 
 #include "export.h"
+#include "kp_clock.h"
 #include "kp_err.h"
 #include "kp_log.h"
 #include "kp_pg.h"
@@ -120,14 +121,6 @@ static grpc_status_code status_of(int rc, PGconn *pg)
     return rc == -ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INTERNAL;
 }
 
-static double mono_s(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
-}
-
 static void *export_main(void *arg)
 {
     struct xjob *j = arg;
@@ -138,7 +131,7 @@ static void *export_main(void *arg)
     const int32_t *ranks;
     size_t n_ranks, n_done = 0;
     uint64_t json = 0;
-    double t0 = mono_s();
+    double t0 = kp_mono_s();
     int rc;
 
     if (kp_pg_connect(j->svc->conninfo, "kprof-analyzer-export", &pg, err, sizeof(err)) != 0) {
@@ -189,7 +182,7 @@ static void *export_main(void *arg)
     }
     kp_log_info("exported run=%" PRIu64 " ranks=%zu json_bytes=%" PRIu64 " sent_bytes=%" PRIu64
                 " seconds=%.3f",
-                r->run_id, n_done, json, j->sent_bytes, mono_s() - t0);
+                r->run_id, n_done, json, j->sent_bytes, kp_mono_s() - t0);
 out:
     kp_export_end(x);
     if (pg != NULL) {

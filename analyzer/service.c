@@ -14,10 +14,12 @@
 
 #include "export_rpc.h"
 #include "kp_analyzer.h"
+#include "kp_clock.h"
 #include "kp_err.h"
 #include "kp_http.h"
 #include "kp_log.h"
 #include "kp_pg.h"
+#include "kp_ready.h"
 #include "kp_rpc.h"
 #include "kp_strbuf.h"
 #include "kprof.pb-c.h"
@@ -100,14 +102,6 @@ struct kp_analyzer {
 
 #define INC(field) __atomic_add_fetch(&(field), 1, __ATOMIC_RELAXED)
 #define GET(field) __atomic_load_n(&(field), __ATOMIC_RELAXED)
-
-static long long mono_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long) ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 static void job_free(struct job *j)
 {
@@ -324,13 +318,13 @@ static void run_job(struct worker *w, struct job *j)
     }
     INC(a->st.cache_misses);
     {
-        long long t0 = mono_ns();
+        long long t0 = kp_mono_ns();
         grpc_status_code code;
 
         rc = kp_view_compute(v, pg, j->req, &k.k, (size_t) a->cfg.max_rows, &an, &out, &code, err,
                              sizeof(err));
         kp_log_debug("computed method=%s run=%" PRIu64 " rank=%d ms=%lld rc=%d", v->name, k.k.run,
-                     (int) k.k.rank, (mono_ns() - t0) / 1000000, rc);
+                     (int) k.k.rank, (kp_mono_ns() - t0) / 1000000, rc);
         if (rc != 0) {
             finish_error(a, j->call, code, err);
             kp_an_destroy(an);
@@ -415,7 +409,7 @@ static void enqueue(struct kp_analyzer *a, size_t v, struct kp_rpc_call *call,
         pthread_cond_signal(&a->cond);
     }
     else {
-        long long now = mono_ns();
+        long long now = kp_mono_ns();
 
         if (now - a->last_reject_log_ns >= 1000000000LL) {
             a->last_reject_log_ns = now;
@@ -504,27 +498,15 @@ static int metrics(void *ud, struct kp_strbuf *out)
 
 static int write_ready_file(const struct kp_analyzer *a, char *errbuf, size_t errlen)
 {
-    char tmp[4096];
-    FILE *f;
+    char grpc[32], http[32];
+    struct kp_ready_entry e[] = { { "grpc", grpc }, { "http", NULL } };
 
-    if (a->cfg.ready_file == NULL || a->cfg.ready_file[0] == '\0') {
-        return 0;
-    }
-    snprintf(tmp, sizeof(tmp), "%s.tmp", a->cfg.ready_file);
-    if ((f = fopen(tmp, "w")) == NULL) {
-        snprintf(errbuf, errlen, "cannot write --ready-file %s: %s", tmp, strerror(errno));
-        return -errno;
-    }
-    fprintf(f, "grpc=127.0.0.1:%d\n", kp_analyzer_port(a));
+    snprintf(grpc, sizeof(grpc), "127.0.0.1:%d", kp_analyzer_port(a));
     if (a->http != NULL) {
-        fprintf(f, "http=127.0.0.1:%d\n", kp_analyzer_http_port(a));
+        snprintf(http, sizeof(http), "127.0.0.1:%d", kp_analyzer_http_port(a));
+        e[1].value = http;
     }
-    if (fclose(f) != 0 || rename(tmp, a->cfg.ready_file) != 0) {
-        snprintf(errbuf, errlen, "cannot write --ready-file %s: %s", a->cfg.ready_file,
-                 strerror(errno));
-        return -EIO;
-    }
-    return 0;
+    return kp_ready_file_write(a->cfg.ready_file, e, 2, errbuf, errlen);
 }
 
 int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer **out, char *errbuf,

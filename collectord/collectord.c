@@ -14,6 +14,7 @@
 #include "kp_err.h"
 #include "kp_http.h"
 #include "kp_log.h"
+#include "kp_ready.h"
 #include "kp_rpc.h"
 #include "kp_strbuf.h"
 #include "sink_pg.h"
@@ -86,27 +87,15 @@ static int metrics(void *ud, struct kp_strbuf *out)
 
 static int write_ready_file(const struct kp_collectord *d, char *errbuf, size_t errlen)
 {
-    char tmp[4096];
-    FILE *f;
+    char grpc[32], http[32];
+    struct kp_ready_entry e[] = { { "grpc", grpc }, { "http", NULL } };
 
-    if (d->cfg.ready_file == NULL || d->cfg.ready_file[0] == '\0') {
-        return 0;
-    }
-    snprintf(tmp, sizeof(tmp), "%s.tmp", d->cfg.ready_file);
-    if ((f = fopen(tmp, "w")) == NULL) {
-        snprintf(errbuf, errlen, "cannot write --ready-file %s: %s", tmp, strerror(errno));
-        return -errno;
-    }
-    fprintf(f, "grpc=127.0.0.1:%d\n", kp_collectord_port(d));
+    snprintf(grpc, sizeof(grpc), "127.0.0.1:%d", kp_collectord_port(d));
     if (d->http != NULL) {
-        fprintf(f, "http=127.0.0.1:%d\n", kp_collectord_http_port(d));
+        snprintf(http, sizeof(http), "127.0.0.1:%d", kp_collectord_http_port(d));
+        e[1].value = http;
     }
-    if (fclose(f) != 0 || rename(tmp, d->cfg.ready_file) != 0) {
-        snprintf(errbuf, errlen, "cannot write --ready-file %s: %s", d->cfg.ready_file,
-                 strerror(errno));
-        return -EIO;
-    }
-    return 0;
+    return kp_ready_file_write(d->cfg.ready_file, e, 2, errbuf, errlen);
 }
 
 int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_collectord **out,

@@ -14,6 +14,7 @@
 
 #include "coord.h"
 #include "ingest.h"
+#include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_err.h"
 #include "kp_log.h"
@@ -319,13 +320,11 @@ static void tick(struct kp_control *c)
 {
     char err[512];
     long long now;
-    struct timespec ts;
 
     if (c->coord == NULL) {
         return;
     }
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    now = (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    now = kp_mono_ms();
     if (now - c->last_tick_ms < KP_CONTROL_TICK_MS) {
         return;
     }
@@ -343,14 +342,8 @@ static void *worker(void *arg)
 
         pthread_mutex_lock(&c->mu);
         if (c->head == NULL && !c->stopping) {
-            struct timespec ts;
+            struct timespec ts = kp_real_deadline(KP_CONTROL_TICK_MS);
 
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += KP_CONTROL_TICK_MS * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
             pthread_cond_timedwait(&c->cond, &c->mu, &ts);
         }
         if (c->head == NULL) {

@@ -16,6 +16,8 @@
 #include "kp_err.h"
 #include "kp_log.h"
 #include "kp_pg.h"
+#include "kp_ranks.h"
+#include "kp_str.h"
 #include "kp_strbuf.h"
 #include "kp_wire.h"
 #include "store.h"
@@ -127,7 +129,7 @@ static bool text_ok(const char *s, size_t max)
 
 static void copy_text(char *dst, size_t cap, const char *src)
 {
-    kp_wire_strlcpy(dst, cap, src != NULL ? src : "");
+    kp_strlcpy(dst, cap, src != NULL ? src : "");
 }
 
 /* ---- lookups (mu held) ---- */
@@ -865,7 +867,7 @@ static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
         finish_err(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
         goto out;
     }
-    rc = kp_wire_parse_ranks(req->ranks, world, sel, &all, &bad_rank);
+    rc = kp_ranks_parse(req->ranks, world, sel, &all, &bad_rank);
     if (rc == -ERANGE) {
         snprintf(err, sizeof(err),
                  "ranks %.100s: rank %ld is outside job %s's world size %u (its ranks are 0..%u)",
@@ -903,7 +905,7 @@ static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
                  "no attached agent hosts rank(s) %s of job %s (world size %u): start kprof-agent "
                  "with --collector pointing here on their nodes, or pick --ranks among the "
                  "attached ones (kprofctl jobs lists them)",
-                 kp_wire_format_ranks(missing, world, list, sizeof(list)), req->job, world);
+                 kp_ranks_format(missing, world, list, sizeof(list)), req->job, world);
         finish_err(call, GRPC_STATUS_FAILED_PRECONDITION, err);
         goto out;
     }

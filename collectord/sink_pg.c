@@ -56,6 +56,7 @@
 
 #include <libpq-fe.h>
 
+#include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_err.h"
 #include "kp_log.h"
@@ -174,14 +175,6 @@ struct kp_sink {
     struct kp_strbuf arr[18]; /* array-literal parameters, reused */
     char err[512];            /* the last failure's message */
 };
-
-static long long mono_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long) ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 static struct timespec abs_ts(long long ns)
 {
@@ -1130,7 +1123,7 @@ static int upsert_devices(struct kp_sink *s, size_t lo, size_t hi)
 static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
 {
     uint64_t rows = 0, n_new = 0, n_dup = 0;
-    long long t0 = mono_ns(), t_names, t_copy, t_end;
+    long long t0 = kp_mono_ns(), t_names, t_copy, t_end;
     size_t pending = 0;
     char err[384];
     long r;
@@ -1144,7 +1137,7 @@ static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
     if ((rc = check_runs(s, lo, hi)) != 0 || (rc = resolve_names(s, lo, hi)) != 0) {
         goto fail;
     }
-    t_names = mono_ns();
+    t_names = kp_mono_ns();
     for (size_t i = lo; i < hi; i++) {
         pending += s->state[i] == ST_PENDING;
     }
@@ -1174,7 +1167,7 @@ static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
             goto fail;
         }
     }
-    t_copy = mono_ns();
+    t_copy = kp_mono_ns();
     if ((rc = upsert_ranks(s, lo, hi)) != 0 || (rc = upsert_devices(s, lo, hi)) != 0) {
         goto fail;
     }
@@ -1182,7 +1175,7 @@ static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
         rc = attempt_failed(s, rc, "commit", err);
         goto fail;
     }
-    t_end = mono_ns();
+    t_end = kp_mono_ns();
     for (size_t i = lo; i < hi; i++) {
         if (s->state[i] == ST_NEW || s->state[i] == ST_DUP) {
             bool dup = s->state[i] == ST_DUP;
@@ -1335,7 +1328,7 @@ static bool give_up(struct kp_sink *s)
     bool r;
 
     pthread_mutex_lock(&s->mu);
-    r = s->stopping && mono_ns() >= s->drain_deadline_ns;
+    r = s->stopping && kp_mono_ns() >= s->drain_deadline_ns;
     pthread_mutex_unlock(&s->mu);
     return r;
 }
@@ -1353,10 +1346,10 @@ static void backoff(struct kp_sink *s)
         cap_ms = s->retry_max_ms;
     }
     wait_ms = (long long) (rand_r(&s->rng) % (unsigned) (cap_ms + 1));
-    end = mono_ns() + wait_ms * 1000000LL;
+    end = kp_mono_ns() + wait_ms * 1000000LL;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        long long now = mono_ns(), until = end;
+        long long now = kp_mono_ns(), until = end;
         struct timespec ts;
 
         if (now >= end || (s->stopping && now >= s->drain_deadline_ns)) {
@@ -1468,7 +1461,7 @@ static int take(struct kp_sink *s)
         rows += r;
         s->pending_rows -= it->rows;
     }
-    s->pending_since_ns = mono_ns();
+    s->pending_since_ns = kp_mono_ns();
     return s->n_items > 0 ? 0 : -ENOMEM;
 }
 
@@ -1497,7 +1490,7 @@ static void *flush_main(void *arg)
             pthread_cond_wait(&s->cond, &s->mu);
             continue;
         }
-        now = mono_ns();
+        now = kp_mono_ns();
         if (!s->stopping && s->pending_rows < s->flush_max_rows &&
             now < s->pending_since_ns + s->flush_interval_ms * 1000000LL) {
             struct timespec ts = abs_ts(s->pending_since_ns + s->flush_interval_ms * 1000000LL);
@@ -1604,7 +1597,7 @@ int kp_sink_create(const struct kp_sink_config *cfg, kp_sink_done_cb *done, void
     s->retry_max_ms = cfg->retry_max_ms > 0 ? cfg->retry_max_ms : KP_SINK_DEFAULT_RETRY_MAX_MS;
     s->done = done;
     s->done_ud = ud;
-    s->rng = (unsigned) mono_ns() ^ (unsigned) getpid();
+    s->rng = (unsigned) kp_mono_ns() ^ (unsigned) getpid();
     atomic_init(&s->ready, false);
     build_lock_sql(s);
     for (int k = 0; k < KP_EV_COUNT; k++) {
@@ -1643,7 +1636,7 @@ bool kp_sink_submit(struct kp_sink *s, struct kp_sink_item *item)
     pthread_mutex_lock(&s->mu);
     if (s->tail == NULL) {
         s->head = item;
-        s->pending_since_ns = mono_ns();
+        s->pending_since_ns = kp_mono_ns();
     }
     else {
         s->tail->next = item;
@@ -1703,7 +1696,8 @@ void kp_sink_destroy(struct kp_sink *s, long long drain_timeout_ms)
         return;
     }
     if (s->thread_started) {
-        long long deadline = mono_ns() + (drain_timeout_ms > 0 ? drain_timeout_ms : 0) * 1000000LL;
+        long long deadline =
+            kp_mono_ns() + (drain_timeout_ms > 0 ? drain_timeout_ms : 0) * 1000000LL;
         long long cancel_at = deadline + KP_SINK_CANCEL_GRACE_MS * 1000000LL;
 
         pthread_mutex_lock(&s->mu);
@@ -1715,7 +1709,7 @@ void kp_sink_destroy(struct kp_sink *s, long long drain_timeout_ms)
         while (!s->thread_exited) {
             struct timespec ts = abs_ts(cancel_at);
 
-            if (mono_ns() >= cancel_at) {
+            if (kp_mono_ns() >= cancel_at) {
                 char err[256];
 
                 if (s->cancel != NULL) {

@@ -6,6 +6,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kp_clock.h"
+
 int kp_log_level_current = KP_LOG_INFO;
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
@@ -66,18 +68,10 @@ void kp_log_write(enum kp_log_level level, const char *module, const char *fmt, 
     va_end(ap);
 }
 
-static long long mono_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long) ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 void kp_complain(struct kp_complain *c, enum kp_log_level level, const char *module,
                  const char *fmt, ...)
 {
-    long long now = mono_ns();
+    long long now = kp_mono_ns();
     va_list ap;
 
     if (c->interval_ns != 0 && now < c->next_ns) {

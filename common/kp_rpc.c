@@ -28,6 +28,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "kp_clock.h"
 #include "kp_err.h"
 #include "kp_log.h"
 
@@ -409,7 +410,6 @@ out:
 
 int kp_rpc_call_wait_sent(struct kp_rpc_call *c, long long timeout_ms)
 {
-    struct timespec now;
     long long left = timeout_ms;
     int rc;
 
@@ -430,13 +430,7 @@ int kp_rpc_call_wait_sent(struct kp_rpc_call *c, long long timeout_ms)
             rc = -ETIMEDOUT;
             break;
         }
-        clock_gettime(CLOCK_REALTIME, &now);
-        until.tv_sec = now.tv_sec + (time_t) (slice / 1000);
-        until.tv_nsec = now.tv_nsec + (long) (slice % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        until = kp_real_deadline(slice);
         (void) pthread_cond_timedwait(&c->sent, &c->mu, &until);
         left -= slice;
     }
@@ -861,16 +855,9 @@ int kp_rpc_server_port(const struct kp_rpc_server *s)
 
 static bool wait_shutdown(struct kp_rpc_server *s, long long ms)
 {
-    struct timespec ts;
+    struct timespec ts = kp_real_deadline(ms);
     bool done;
 
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (ms % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-    }
     pthread_mutex_lock(&s->mu);
     while (!s->shutdown_done) {
         if (pthread_cond_timedwait(&s->cond, &s->mu, &ts) != 0) {

@@ -3,8 +3,6 @@
 #include "kp_wire.h"
 
 #include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -128,24 +126,6 @@ int kp_wire_check(const void *msg, size_t n, const char **why)
     return 0;
 }
 
-void kp_wire_strlcpy(char *dst, size_t cap, const char *src)
-{
-    if (cap == 0) {
-        return;
-    }
-    size_t n = src != NULL ? strlen(src) : 0;
-    if (n >= cap) {
-        n = cap - 1;
-        while (n > 0 && ((unsigned char) src[n] & 0xc0) == 0x80) {
-            n--; /* do not cut a UTF-8 sequence */
-        }
-    }
-    if (n > 0) {
-        memcpy(dst, src, n);
-    }
-    dst[n] = '\0';
-}
-
 const char *kp_wire_state_name(uint32_t state)
 {
     static const char *const names[] = { "dormant",  "armed", "warmup", "capturing",
@@ -193,93 +173,4 @@ int kp_wire_parse_activities(const char *s, uint32_t *mask, const char **bad)
     }
     *mask = m;
     return 0;
-}
-
-int kp_wire_parse_ranks(const char *s, uint32_t world, uint8_t *sel, bool *all, long *bad_rank)
-{
-    *all = s == NULL || *s == '\0' || strcmp(s, "all") == 0;
-    if (*all) {
-        return 0;
-    }
-    while (*s != '\0') {
-        char *end;
-        long lo, hi;
-
-        if (*s < '0' || *s > '9') {
-            return -EINVAL;
-        }
-        errno = 0;
-        lo = strtol(s, &end, 10);
-        hi = lo;
-        if (errno != 0) {
-            return -EINVAL;
-        }
-        if (*end == '-') {
-            const char *p = end + 1;
-
-            if (*p < '0' || *p > '9') {
-                return -EINVAL;
-            }
-            hi = strtol(p, &end, 10);
-            if (errno != 0 || hi < lo) {
-                return -EINVAL;
-            }
-        }
-        if (hi >= (long) world) {
-            if (bad_rank != NULL) {
-                *bad_rank = lo >= (long) world ? lo : (long) world;
-            }
-            return -ERANGE;
-        }
-        for (long r = lo; r <= hi; r++) {
-            sel[r] = 1;
-        }
-        if (*end == ',') {
-            end++;
-            if (*end == '\0') {
-                return -EINVAL;
-            }
-        }
-        else if (*end != '\0') {
-            return -EINVAL;
-        }
-        s = end;
-    }
-    return 0;
-}
-
-char *kp_wire_format_ranks(const uint8_t *sel, size_t n, char *buf, size_t cap)
-{
-    size_t len = 0;
-
-    if (cap == 0) {
-        return buf;
-    }
-    buf[0] = '\0';
-    for (size_t r = 0; r < n; r++) {
-        size_t hi = r;
-        int w;
-
-        if (!sel[r]) {
-            continue;
-        }
-        while (hi + 1 < n && sel[hi + 1]) {
-            hi++;
-        }
-        if (hi == r) {
-            w = snprintf(buf + len, cap - len, "%s%zu", len ? "," : "", r);
-        }
-        else {
-            w = snprintf(buf + len, cap - len, "%s%zu-%zu", len ? "," : "", r, hi);
-        }
-        if (w < 0 || (size_t) w >= cap - len) {
-            if (cap >= 4) {
-                strcpy(buf + cap - 4, "...");
-            }
-            return buf;
-        }
-        len += (size_t) w;
-        r = hi;
-    }
-    return buf;
 }

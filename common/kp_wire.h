@@ -268,26 +268,11 @@ int kp_wire_check(const void *msg, size_t n, const char **why);
 /* Size of the fixed record struct of a kind, 0 if unknown. */
 size_t kp_wire_rec_size(uint32_t kind);
 
-/* Copies a NUL-terminated string into a fixed char field, truncating at a UTF-8 boundary. */
-void kp_wire_strlcpy(char *dst, size_t cap, const char *src);
-
 /* Name of a state ("capturing") or "?". */
 const char *kp_wire_state_name(uint32_t state);
 
 /* Parses "kernel,memcpy,memset,runtime,nvtx,sync,overhead" or "all" into a KP_ACT_* mask.
  * Returns 0, or -EINVAL with the offending word in *bad (points into s). */
 int kp_wire_parse_activities(const char *s, uint32_t *mask, const char **bad);
-
-/*
- * Parses a rank selection: "all" (or NULL or "") sets *all, else a list such as "0,3-5" marks
- * sel[r] = 1 for each rank (sel has world entries, zeroed by the caller). Returns 0, -EINVAL
- * if the text is not such a list, or -ERANGE if a rank is world or above (*bad_rank says
- * which).
- */
-int kp_wire_parse_ranks(const char *s, uint32_t world, uint8_t *sel, bool *all, long *bad_rank);
-
-/* Writes the ranks r with sel[r] != 0 (r < n) as a short list ("0-3,5,7-9") into buf, cut
- * with "..." if it does not fit. Returns buf. */
-char *kp_wire_format_ranks(const uint8_t *sel, size_t n, char *buf, size_t cap);
 
 #endif

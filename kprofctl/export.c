@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_config.h"
 #include "kp_err.h"
@@ -132,14 +133,6 @@ static bool has_suffix(const char *s, const char *suf)
     size_t n = strlen(s), m = strlen(suf);
 
     return n >= m && strcmp(s + n - m, suf) == 0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
 }
 
 /* argv with "-o X" / "-oX" turned into "--output X" (kp_config takes only long flags). */
@@ -401,7 +394,7 @@ int kprofctl_export(int argc, char **argv)
     req.gzip_level = (int32_t) cfg.gzip_level;
     req.fetch_rows = (uint32_t) cfg.fetch_rows;
     snprintf(v.subject, sizeof(v.subject), "run %lld", cfg.run);
-    t0 = now_s();
+    t0 = kp_mono_s();
     rc = KPROFCTL_EXIT_FAILED;
     if (kp_rpc_stream_open(v.ch, "/kprof.v1.Analyzer/Export", &kprof__v1__export_chunk__descriptor,
                            0, &s, &st) != 0 ||
@@ -526,7 +519,7 @@ int kprofctl_export(int argc, char **argv)
         goto out;
     }
     {
-        double secs = now_s() - t0;
+        double secs = kp_mono_s() - t0;
         uint64_t bytes = 0, events = 0;
         FILE *sout = strcmp(cfg.output, "-") == 0 ? stderr : stdout;
 

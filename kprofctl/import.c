@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_config.h"
 #include "kp_err.h"
@@ -148,19 +149,11 @@ static void on_sigint(int sig)
     g_interrupted = 1;
 }
 
-static long long mono_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long) ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 static void progress_draw(struct import *im, bool final)
 {
     uint64_t done = im->done_bytes + im->cur_bytes;
     double frac = im->total_bytes ? (double) done / (double) im->total_bytes : 1.0;
-    double secs = (double) (mono_ns() - im->start_ns) / 1e9;
+    double secs = (double) (kp_mono_ns() - im->start_ns) / 1e9;
     char bar[31];
     int fill;
 
@@ -189,7 +182,7 @@ static void on_progress(uint64_t in_bytes, void *ud)
     if (!im->bar) {
         return;
     }
-    now = mono_ns();
+    now = kp_mono_ns();
     if (now - im->bar_last_ns >= 100000000LL) {
         im->bar_last_ns = now;
         progress_draw(im, false);
@@ -677,7 +670,7 @@ int kprofctl_import(int argc, char **argv)
         im.total_bytes += 2 * im.files[i].size;
     }
     im.bar = cfg.progress == 1 || (cfg.progress == 0 && isatty(STDERR_FILENO));
-    im.start_ns = mono_ns();
+    im.start_ns = kp_mono_ns();
     signal(SIGINT, on_sigint);
     signal(SIGPIPE, SIG_IGN);
 
@@ -731,7 +724,7 @@ int kprofctl_import(int argc, char **argv)
     memset(&po, 0, sizeof(po));
     po.give_up_after_ms = cfg.give_up_ms;
     if (getrandom(&stream, sizeof(stream), 0) != (ssize_t) sizeof(stream)) {
-        stream = (uint64_t) mono_ns() ^ ((uint64_t) getpid() << 32);
+        stream = (uint64_t) kp_mono_ns() ^ ((uint64_t) getpid() << 32);
     }
     stream &= 0x7fffffffffffffffULL;
     stream = stream == 0 ? 1 : stream;
@@ -790,7 +783,7 @@ end:
     {
         Kprof__V1__EndRunRequest req = KPROF__V1__END_RUN_REQUEST__INIT;
 
-        long long until = mono_ns() + (unreachable ? 0 : cfg.give_up_ms * 1000000LL);
+        long long until = kp_mono_ns() + (unreachable ? 0 : cfg.give_up_ms * 1000000LL);
         bool push_gone = unreachable;
         /* once the push gave up on collectord, one more --give-up is all EndRun gets */
         long long end_timeout_ms = unreachable && cfg.give_up_ms < CONTROL_TIMEOUT_MS
@@ -806,8 +799,8 @@ end:
          * once the push gave up (that was said; the line below says what it means for the
          * run). */
         while (!(ended = control_call(ch, cfg.collector, "EndRun", &req.base, &run, &gone,
-                                      push_gone || mono_ns() < until, end_timeout_ms)) &&
-               gone && mono_ns() < until && !g_interrupted) {
+                                      push_gone || kp_mono_ns() < until, end_timeout_ms)) &&
+               gone && kp_mono_ns() < until && !g_interrupted) {
             struct timespec ts = { 0, pause_ms * 1000000L };
 
             nanosleep(&ts, NULL);
@@ -853,7 +846,7 @@ end:
         }
     }
     else if (ended) {
-        print_result(&im, run_id, world_size, (double) (mono_ns() - im.start_ns) / 1e9,
+        print_result(&im, run_id, world_size, (double) (kp_mono_ns() - im.start_ns) / 1e9,
                      !any_partial);
         if (any_partial) {
             size_t cut = 0;

@@ -128,6 +128,48 @@ static int build_defs(struct kp_rpcverb *v)
 }
 
 /* True if --help or -h is among the flags (kp_config then prints the usage). */
+int kp_rpcverb_short_flags(int argc, char **argv, char **out, char *buf, size_t buflen)
+{
+    static char columns[] = "--columns", width[] = "--width";
+    size_t used = 0;
+    bool done = false;
+
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char *key = NULL;
+
+        out[i] = argv[i];
+        if (i == 0 || done) {
+            continue;
+        }
+        if (strcmp(a, "--") == 0) {
+            done = true;
+            continue;
+        }
+        if (a[0] == '-' && (a[1] == 'c' || a[1] == 'w')) {
+            key = a[1] == 'c' ? columns : width;
+        }
+        if (key == NULL) {
+            continue;
+        }
+        if (a[2] == '\0') {
+            out[i] = (char *) key;
+        }
+        else {
+            const char *val = a[2] == '=' ? a + 3 : a + 2;
+            int n = snprintf(buf + used, buflen - used, "%s=%s", key, val);
+
+            if (n < 0 || (size_t) n >= buflen - used) {
+                return -ENOSPC;
+            }
+            out[i] = buf + used;
+            used += (size_t) n + 1;
+        }
+    }
+    out[argc] = NULL;
+    return 0;
+}
+
 static bool wants_help(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -198,7 +240,7 @@ int kp_rpcverb_init(struct kp_rpcverb *v, const struct kp_rpcverb_spec *spec, vo
     if (argc > RPCVERB_MAX_ARGS) {
         return kp_rpcverb_usage_error(v, "too many arguments");
     }
-    if (kp_table_short_flags(argc, argv, av, flagbuf, sizeof(flagbuf)) != 0) {
+    if (kp_rpcverb_short_flags(argc, argv, av, flagbuf, sizeof(flagbuf)) != 0) {
         return kp_rpcverb_usage_error(v, "arguments too long");
     }
     help = wants_help(argc, av);

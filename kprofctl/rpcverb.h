@@ -100,6 +100,15 @@ int kp_rpcverb_init(struct kp_rpcverb *v, const struct kp_rpcverb_spec *spec, vo
 /* Frees the channel and cfg's strings. Safe on a zeroed or failed v. */
 void kp_rpcverb_fini(struct kp_rpcverb *v);
 
+/*
+ * The table options' short flags, which kp_rpcverb_init applies before kp_config (it takes
+ * only --key forms): copies argv[0..argc) into out (argc + 1 entries, out[argc] = NULL), with
+ * "-c" rewritten to "--columns" and "-w" to "--width" (their value stays the next argument)
+ * and "-cVALUE"/"-wVALUE" to "--columns=VALUE"/"--width=VALUE" (in buf, the caller's storage,
+ * buflen bytes). Nothing after "--" changes. Returns 0, or -ENOSPC if buf is too small.
+ */
+int kp_rpcverb_short_flags(int argc, char **argv, char **out, char *buf, size_t buflen);
+
 /* Prints "kprofctl VERB: <message> (see kprofctl VERB --help)" and returns 2. */
 int kp_rpcverb_usage_error(const struct kp_rpcverb *v, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

@@ -90,14 +90,6 @@ size_t kp_table_rows(const struct kp_table *t);
  */
 int kp_table_print(const struct kp_table *t, enum kp_table_format format, int width, FILE *out);
 
-/*
- * Short flags for the table options, for verbs that parse with kp_config (which takes only
- * --key forms): copies argv[0..argc) into out (argc + 1 entries, out[argc] = NULL), with
- * "-c" rewritten to "--columns" and "-w" to "--width" (their value stays the next argument)
- * and "-cVALUE"/"-wVALUE" to "--columns=VALUE"/"--width=VALUE" (in buf, the caller's storage,
- * buflen bytes). Nothing after "--" changes. Returns 0, or -ENOSPC if buf is too small.
- */
-int kp_table_short_flags(int argc, char **argv, char **out, char *buf, size_t buflen);
 
 /* The display width of a UTF-8 string in terminal columns, as the text format counts it. */
 size_t kp_table_text_width(const char *s);

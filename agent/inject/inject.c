@@ -16,6 +16,8 @@
  * flag and forgets the worker and its sockets; nothing else runs in the child, at exit either.
  */
 #include "cupti_int.h"
+#include "kp_clock.h"
+#include "kp_str.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -49,10 +51,7 @@ static __thread uint64_t t_tid;
 
 int64_t kpi_now_ns(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return kp_real_ns();
 }
 
 uint64_t kpi_tid(void)
@@ -210,7 +209,7 @@ static void env_copy(char *dst, size_t cap, const char *name)
 {
     const char *s = getenv(name);
 
-    kp_wire_strlcpy(dst, cap, s != NULL ? s : "");
+    kp_strlcpy(dst, cap, s != NULL ? s : "");
 }
 
 static int32_t env_int(const char *name)
@@ -236,7 +235,7 @@ static void read_identity(void)
 
     env_copy(kpi_core.job, sizeof(kpi_core.job), "KPROF_JOB");
     if (kpi_core.job[0] == '\0' && te != NULL && *te != '\0' && strcmp(te, "none") != 0) {
-        kp_wire_strlcpy(kpi_core.job, sizeof(kpi_core.job), te);
+        kp_strlcpy(kpi_core.job, sizeof(kpi_core.job), te);
     }
     if (kpi_core.job[0] == '\0') {
         env_copy(kpi_core.job, sizeof(kpi_core.job), "SLURM_JOB_ID");
@@ -245,7 +244,7 @@ static void read_identity(void)
     kpi_core.local_rank = env_int("LOCAL_RANK");
     kpi_core.world_size = env_int("WORLD_SIZE");
     if (gethostname(kpi_core.host, sizeof(kpi_core.host) - 1) != 0) {
-        kp_wire_strlcpy(kpi_core.host, sizeof(kpi_core.host), "?");
+        kp_strlcpy(kpi_core.host, sizeof(kpi_core.host), "?");
     }
     kpi_core.host[sizeof(kpi_core.host) - 1] = '\0';
     kpi_core.pid = (uint32_t) getpid();

@@ -33,6 +33,8 @@
  */
 #define _GNU_SOURCE /* dladdr, pthread_setname_np, pthread_timedjoin_np */
 #include "cupti_int.h"
+#include "kp_clock.h"
+#include "kp_str.h"
 
 #include <cupti.h>
 #include <dlfcn.h>
@@ -136,14 +138,6 @@ static struct {
 
     unsigned char rbuf[KP_WIRE_MAX_MSG + 64];
 } W = { .fd = -1, .evfd = -1 };
-
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 static int64_t raw_ns(void)
 {
@@ -438,10 +432,10 @@ static void fill_status(struct kp_wire_status *s)
     s->incomplete = W.cap.incomplete;
     s->overhead_ns = W.cap.overhead_ns;
     if (W.cap.state == KP_ST_FAILED) {
-        kp_wire_strlcpy(s->reason, sizeof(s->reason), W.cap.reason);
+        kp_strlcpy(s->reason, sizeof(s->reason), W.cap.reason);
     }
     else if (W.cap.state == KP_ST_DORMANT && kpi_core.cupti_error[0] != '\0') {
-        kp_wire_strlcpy(s->reason, sizeof(s->reason), kpi_core.cupti_error);
+        kp_strlcpy(s->reason, sizeof(s->reason), kpi_core.cupti_error);
     }
 }
 
@@ -454,7 +448,7 @@ static void send_status(void)
     }
     fill_status(&s);
     enqueue(KP_W_STATUS, 0, &s, sizeof(s), 0);
-    W.status_at = mono_ns();
+    W.status_at = kp_mono_ns();
     W.status_step = s.current_step;
     W.next_status = W.status_at + KPI_STATUS_EVERY_MS * MS;
 }
@@ -612,14 +606,14 @@ static int start_recording(void)
     kpi_cupti_take_dropped(); /* forget drops from before this capture */
     atomic_store_explicit(&kpi_recording_flag, 1, memory_order_relaxed);
     kpi_nvtx_recording_changed(1);
-    W.next_flush = mono_ns() + KPI_FLUSH_EVERY_MS * MS;
+    W.next_flush = kp_mono_ns() + KPI_FLUSH_EVERY_MS * MS;
     return 0;
 }
 
 static void begin_window(int64_t start_ns, int64_t step)
 {
     W.cap.begin_ns = start_ns;
-    W.cap.begin_mono = mono_ns() - (kpi_now_ns() - start_ns);
+    W.cap.begin_mono = kp_mono_ns() - (kpi_now_ns() - start_ns);
     W.cap.first_step = step;
     W.cap.last_step = step;
     W.cap.began = 1;
@@ -631,7 +625,7 @@ static void end_window(int64_t end_ns, int64_t grace_ms)
 {
     W.cap.end_ns = end_ns;
     stop_recording();
-    W.cap.flush_at = mono_ns() + grace_ms * MS;
+    W.cap.flush_at = kp_mono_ns() + grace_ms * MS;
     set_state(KP_ST_FLUSHING);
 }
 
@@ -664,7 +658,7 @@ static void reject_arm(const struct kp_wire_arm *a, const char *reason)
     s.capture_id = a->capture_id;
     s.state = KP_ST_FAILED;
     s.records = s.dropped = s.cupti_dropped = s.incomplete = s.overhead_ns = 0;
-    kp_wire_strlcpy(s.reason, sizeof(s.reason), reason);
+    kp_strlcpy(s.reason, sizeof(s.reason), reason);
     enqueue(KP_W_STATUS, 0, &s, sizeof(s), 0);
 }
 
@@ -881,7 +875,7 @@ static void link_close(void)
 
 static void schedule_connect(uint32_t ms)
 {
-    W.next_connect = mono_ns() + (int64_t) ms * MS;
+    W.next_connect = kp_mono_ns() + (int64_t) ms * MS;
 }
 
 static void link_lost(const char *why)
@@ -936,9 +930,9 @@ static void send_hello(void)
     }
     h.current_step = atomic_load_explicit(&kpi_core.current_step, memory_order_relaxed);
     h.start_time_ns = (uint64_t) kpi_core.start_ns;
-    kp_wire_strlcpy(h.job, sizeof(h.job), kpi_core.job);
-    kp_wire_strlcpy(h.host, sizeof(h.host), kpi_core.host);
-    kp_wire_strlcpy(h.cupti_error, sizeof(h.cupti_error), kpi_core.cupti_error);
+    kp_strlcpy(h.job, sizeof(h.job), kpi_core.job);
+    kp_strlcpy(h.host, sizeof(h.host), kpi_core.host);
+    kp_strlcpy(h.cupti_error, sizeof(h.cupti_error), kpi_core.cupti_error);
     enqueue(KP_W_HELLO, 0, &h, sizeof(h), 0);
 }
 
@@ -959,7 +953,7 @@ static void link_connect(void)
     }
     W.fd = fd;
     W.link = LINK_HELLO;
-    W.hello_deadline = mono_ns() + KPI_WELCOME_WAIT_MS * MS;
+    W.hello_deadline = kp_mono_ns() + KPI_WELCOME_WAIT_MS * MS;
     W.strings_upto = 0;
     W.connect_logged = 0;
     kpi_intern_rewind(); /* the agent needs every string again */
@@ -1134,7 +1128,7 @@ static void *worker_main(void *arg)
     W.nvtx_ours = nvtx_is_ours();
     for (;;) {
         struct pollfd pfd[2];
-        int64_t now = mono_ns();
+        int64_t now = kp_mono_ns();
         nfds_t n = 1;
 
         if (atomic_load_explicit(&W.stop, memory_order_acquire)) {
@@ -1176,7 +1170,7 @@ static void *worker_main(void *arg)
                 link_read();
             }
         }
-        now = mono_ns();
+        now = kp_mono_ns();
         while (kpi_steps_pop(&ev)) {
             on_step(&ev);
         }
@@ -1222,7 +1216,7 @@ int kpi_worker_start(void)
                 KP_WIRE_DEFAULT_SOCKET);
         path = KP_WIRE_DEFAULT_SOCKET;
     }
-    kp_wire_strlcpy(W.sock_path, sizeof(W.sock_path), path);
+    kp_strlcpy(W.sock_path, sizeof(W.sock_path), path);
     W.qlimit = (size_t) kpi_env_size("KPROF_QUEUE_BYTES", KPI_DEF_QUEUE_BYTES,
                                      4u * KPI_QUEUE_RESERVE, 4ull << 30);
     W.backoff_ms = KPI_BACKOFF_MIN_MS;
@@ -1257,16 +1251,10 @@ void kpi_worker_stop(uint32_t budget_ms)
     if (!W.started) {
         return;
     }
-    W.stop_deadline = mono_ns() + (int64_t) budget_ms * MS;
+    W.stop_deadline = kp_mono_ns() + (int64_t) budget_ms * MS;
     atomic_store_explicit(&W.stop, 1, memory_order_release);
     kpi_wake();
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (budget_ms + 200) / 1000;
-    ts.tv_nsec += (long) ((budget_ms + 200) % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    ts = kp_real_deadline((long long) budget_ms + 200);
     rc = pthread_timedjoin_np(W.thr, NULL, &ts);
     if (rc != 0) {
         kpi_log("the worker did not finish within %u ms at exit; leaving it", budget_ms);

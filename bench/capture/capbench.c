@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "fakecupti.h"
+#include "kp_clock.h"
 #include "kp_wire.h"
 #include "kprof.h"
 
@@ -55,14 +56,6 @@ static const char *const cb_names[] = {
     "void at::native::unrolled_elementwise_kernel<at::native::FillFunctor<float>>",
 };
 #define CB_NNAMES (sizeof(cb_names) / sizeof(cb_names[0]))
-
-static int64_t cb_now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 static void cb_sleep_us(int us)
 {
@@ -160,7 +153,7 @@ static double cb_run_base(size_t launches, size_t *nrec_out)
         cuptiActivityDisable(kinds[i]);
     }
 
-    t0 = cb_now_ns();
+    t0 = kp_mono_ns();
     for (size_t b = 0; b < g_nbufs; b++) {
         CUpti_Activity *r = NULL;
 
@@ -216,7 +209,7 @@ static double cb_run_base(size_t launches, size_t *nrec_out)
             }
         }
     }
-    t1 = cb_now_ns();
+    t1 = kp_mono_ns();
     for (size_t i = 0; i < 1024; i++) {
         sink += kr[i].correlation + ar[i].external_id;
     }
@@ -391,10 +384,10 @@ static void cb_stats(struct kprof_stats *st)
 /* Polls until cond holds or timeout_ms pass. */
 static int cb_wait(int (*cond)(void *), void *arg, int timeout_ms)
 {
-    int64_t end = cb_now_ns() + (int64_t) timeout_ms * 1000000;
+    int64_t end = kp_mono_ns() + (int64_t) timeout_ms * 1000000;
 
     while (!cond(arg)) {
-        if (cb_now_ns() > end) {
+        if (kp_mono_ns() > end) {
             return -1;
         }
         cb_sleep_us(20);
@@ -469,7 +462,7 @@ static double cb_run_lib(const char *lib, size_t launches, size_t *nrec_out)
     cb_stats(&st1);
     at_flush = st1.records_decoded;
     target = st0.records_decoded + launches * CB_RECS_PER_LAUNCH;
-    t0 = cb_now_ns();
+    t0 = kp_mono_ns();
     cuptiActivityFlushAll(0);
     if (cb_wait(cb_decoded, &target, CB_WAIT_MS) < 0) {
         cb_stats(&st2);
@@ -480,7 +473,7 @@ static double cb_run_lib(const char *lib, size_t launches, size_t *nrec_out)
                 CB_WAIT_MS, st2.cupti_dropped, st2.buffers_declined);
         goto out;
     }
-    t1 = cb_now_ns();
+    t1 = kp_mono_ns();
     cuptiActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2, NULL);
     *nrec_out = (size_t) (target - at_flush);
     ns = (double) (t1 - t0) / (double) (target - at_flush);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_kineto.h"
 #include "kprof.pb-c.h"
@@ -23,14 +24,6 @@ struct sink {
     size_t cap;
     uint64_t bytes;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
-}
 
 static int pack_cb(Kprof__V1__Batch *b, void *ud)
 {
@@ -89,23 +82,23 @@ int main(int argc, char **argv)
     }
     memset(&o, 0, sizeof(o));
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = kp_mono_s();
 
         o.meta = NULL;
         if ((rc = kp_kineto_parse_file(path, &o, NULL, NULL, &meta, err, sizeof(err))) != 0) {
             fprintf(stderr, "kprof-bench-parse: %s\n", err);
             return 1;
         }
-        scan[r] = now_s() - t0;
+        scan[r] = kp_mono_s() - t0;
         if (convert) {
             o.meta = &meta;
             o.run_id = 1;
-            t0 = now_s();
+            t0 = kp_mono_s();
             if ((rc = kp_kineto_parse_file(path, &o, pack_cb, &s, &conv, err, sizeof(err))) != 0) {
                 fprintf(stderr, "kprof-bench-parse: %s\n", err);
                 return 1;
             }
-            cvt[r] = now_s() - t0;
+            cvt[r] = kp_mono_s() - t0;
         }
     }
     qsort(scan, (size_t) reps, sizeof(double), cmp_d);

@@ -26,6 +26,7 @@
 
 #include <libpq-fe.h>
 
+#include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_config.h"
 #include "kp_err.h"
@@ -145,14 +146,6 @@ static void map_free(struct name_map *m)
     }
     free(m->keys);
     free(m->ids);
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
 }
 
 static int synth_for(const struct copy_config *cfg, uint32_t rank, uint64_t run_id,
@@ -542,12 +535,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "kprof-bench-copy: cannot resolve the names\n");
         goto out;
     }
-    t0 = now_s();
+    t0 = kp_mono_s();
     if (run_copy(c, &cfg, &names, run_id, &events) != 0) {
         fprintf(stderr, "kprof-bench-copy: the COPY failed\n");
         goto out;
     }
-    secs = now_s() - t0;
+    secs = kp_mono_s() - t0;
 
     snprintf(err, sizeof(err),
              "SELECT pg_total_relation_size('kernels_r%" PRIu64 "'), (SELECT count(*) FROM "

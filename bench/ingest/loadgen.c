@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_config.h"
 #include "kp_err.h"
@@ -131,14 +132,6 @@ struct loadgen {
     atomic_bool abort;
 };
 
-static long long mono_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long) ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 static void atomic_min(atomic_llong *a, long long v)
 {
     long long cur = atomic_load(a);
@@ -230,7 +223,7 @@ static void run_rank(struct loadgen *lg, uint32_t rank)
     po.reconnect_max_ms = cfg->reconnect_max_ms;
     po.reconnect_base_ms = cfg->reconnect_max_ms < 50 ? cfg->reconnect_max_ms : 50;
     /* a fresh producer stream per rank and invocation: nothing to dedup against */
-    stream = mix64(lg->run_id ^ mix64(((uint64_t) getpid() << 32) ^ (uint64_t) mono_ns()) ^
+    stream = mix64(lg->run_id ^ mix64(((uint64_t) getpid() << 32) ^ (uint64_t) kp_mono_ns()) ^
                    ((uint64_t) rank << 48)) &
              0x7fffffffffffffffULL;
     stream = stream == 0 ? 1 : stream;
@@ -245,7 +238,7 @@ static void run_rank(struct loadgen *lg, uint32_t rank)
     }
     while (!atomic_load(&lg->abort) && (rc = kp_synth_next(syn, &b)) == 1) {
         if (first) {
-            atomic_min(&lg->first_send_ns, mono_ns());
+            atomic_min(&lg->first_send_ns, kp_mono_ns());
             first = false;
         }
         if ((rc = kp_push_send(push, b)) != 0) {
@@ -256,7 +249,7 @@ static void run_rank(struct loadgen *lg, uint32_t rank)
         rc = kp_push_flush(push, -1);
     }
     if (rc == 0) {
-        atomic_max(&lg->last_ack_ns, mono_ns());
+        atomic_max(&lg->last_ack_ns, kp_mono_ns());
     }
     else if (rc == KP_ERPC) {
         kp_push_error(push, &res->status);
@@ -458,10 +451,7 @@ int main(int argc, char **argv)
         lg.start_ns = cfg.start_ns;
     }
     else {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_REALTIME, &ts);
-        lg.start_ns = (int64_t) ts.tv_sec * 1000000000LL + ts.tv_nsec;
+        lg.start_ns = kp_real_ns();
     }
     atomic_init(&lg.next_rank, 0);
     atomic_init(&lg.first_send_ns, 0x7fffffffffffffffLL);

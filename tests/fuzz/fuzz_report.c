@@ -2,7 +2,7 @@
  * fuzz_report: collectord's path for an agent's bytes on Control.Attach: AgentReport unpack,
  * validation, the rank states taken into the coordinator and the job listing built from the
  * processes (kp_coord_feed_report), and the rank-list parser that StartCapture and kprofctl
- * use on user text (kp_wire_parse_ranks / kp_wire_format_ranks). Any input must be refused
+ * use on user text (kp_ranks_parse / kp_ranks_format). Any input must be refused
  * cleanly or taken in without a crash, leak or sanitizer report.
  */
 #include <stdbool.h>
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "coord.h"
-#include "kp_wire.h"
+#include "kp_ranks.h"
 #include "kprof.pb-c.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -75,8 +75,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(text, data, n);
     text[n] = '\0';
     memset(sel, 0, sizeof(sel));
-    if (kp_wire_parse_ranks(text, sizeof(sel), sel, &all, &bad) == 0 && !all) {
-        kp_wire_format_ranks(sel, sizeof(sel), out, sizeof(out));
+    if (kp_ranks_parse(text, sizeof(sel), sel, &all, &bad) == 0 && !all) {
+        kp_ranks_format(sel, sizeof(sel), out, sizeof(out));
         if (strlen(out) >= sizeof(out)) {
             abort();
         }

@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_err.h"
 #include "kp_log.h"
@@ -1063,7 +1064,7 @@ static void test_destroy_gives_up(void **state)
     struct expect ex = { 0 };
     struct kp_sink *s;
     uint64_t run;
-    struct timespec t0, t1;
+    double t0;
     double secs;
 
     need_db();
@@ -1073,11 +1074,10 @@ static void test_destroy_gives_up(void **state)
     /* Make every flush fail: the sink's role loses its rights on the tables for a moment. */
     kp_test_pg_exec(db, "ALTER DATABASE kprof_test_sink SET default_transaction_read_only = on");
     kill_sink_backend();
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t0 = kp_mono_s();
     kp_sink_destroy(s, 500);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    secs = kp_mono_s() - t0;
     kp_test_pg_exec(db, "ALTER DATABASE kprof_test_sink RESET default_transaction_read_only");
-    secs = (double) (t1.tv_sec - t0.tv_sec) + (double) (t1.tv_nsec - t0.tv_nsec) / 1e9;
     assert_true(secs < 10.0);
     assert_int_equal(col.n, 1);
     assert_int_equal(col.r[0].status, KP_ESHUTDOWN);
@@ -1091,7 +1091,7 @@ static void test_destroy_cancels_hung_flush(void **state)
     struct expect ex = { 0 };
     struct kp_sink *s;
     uint64_t run;
-    struct timespec t0, t1;
+    double t0;
     double secs;
 
     need_db();
@@ -1100,11 +1100,10 @@ static void test_destroy_cancels_hung_flush(void **state)
     submit(s, make_batch(run, 0, 1, 0, 5, &ex));
     kp_test_pg_exec(db, "BEGIN");
     kp_test_pg_exec(db, "LOCK TABLE kernels IN ACCESS EXCLUSIVE MODE");
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t0 = kp_mono_s();
     kp_sink_destroy(s, 300);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    secs = kp_mono_s() - t0;
     kp_test_pg_exec(db, "ROLLBACK");
-    secs = (double) (t1.tv_sec - t0.tv_sec) + (double) (t1.tv_nsec - t0.tv_nsec) / 1e9;
     if (secs > 10.0) {
         fail_msg("destroy took %.1f s", secs);
     }
@@ -1121,13 +1120,10 @@ static void test_store(void **state)
     struct expect ex = { 0 };
     struct kp_sink *s;
     char err[512] = "";
-    struct timespec now;
-    long long now_ns;
+    long long now_ns = kp_real_ns();
     uint64_t id;
 
     need_db();
-    clock_gettime(CLOCK_REALTIME, &now);
-    now_ns = (long long) now.tv_sec * 1000000000LL + now.tv_nsec;
 
     assert_int_equal(kp_store_create_run(db, "", "x", 8, 1, &run, err, sizeof(err)), KP_EPROTO);
     assert_int_equal(kp_store_create_run(db, "job-f", "x", 0, 1, &run, err, sizeof(err)),
@@ -1527,7 +1523,7 @@ static void test_throughput(void **state)
     struct expect ex = { 0 };
     struct kp_sink *s;
     Kprof__V1__Batch **bs;
-    struct timespec t0, t1;
+    double t0;
     const size_t n = 100, per = 1000;
     struct kp_strbuf sb[KP_EV_COUNT];
     int32_t ids[N_STRINGS];
@@ -1549,7 +1545,7 @@ static void test_throughput(void **state)
     for (int j = 0; j < N_STRINGS; j++) {
         ids[j] = j;
     }
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t0 = kp_mono_s();
     for (int k = 0; k < KP_EV_COUNT; k++) {
         kp_strbuf_init(&sb[k], 0);
         for (size_t i = 0; i < n; i++) {
@@ -1558,10 +1554,9 @@ static void test_throughput(void **state)
             bs[i]->run_id = run;
         }
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    enc_s = (double) (t1.tv_sec - t0.tv_sec) + (double) (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    enc_s = kp_mono_s() - t0;
     assert_int_equal(kp_pg_connect(conninfo, "kprof-test-raw", &c, err, sizeof(err)), 0);
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t0 = kp_mono_s();
     assert_int_equal(kp_pg_exec(c, "BEGIN", err, sizeof(err)), 0);
     for (int k = 0; k < KP_EV_COUNT; k++) {
         kp_codec_copy_columns((enum kp_event_kind) k, cols, sizeof(cols));
@@ -1569,8 +1564,7 @@ static void test_throughput(void **state)
                                   sizeof(err)) > 0);
     }
     assert_int_equal(kp_pg_exec(c, "COMMIT", err, sizeof(err)), 0);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    raw_s = (double) (t1.tv_sec - t0.tv_sec) + (double) (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    raw_s = kp_mono_s() - t0;
     PQfinish(c);
     for (int k = 0; k < KP_EV_COUNT; k++) {
         kp_strbuf_fini(&sb[k]);
@@ -1583,13 +1577,12 @@ static void test_throughput(void **state)
                       ? (size_t) atol(getenv("KPROF_TEST_SINK_ROWS"))
                       : 50000,
                   20);
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t0 = kp_mono_s();
     for (size_t i = 0; i < n; i++) {
         submit(s, bs[i]);
     }
     wait_results(n, 120000);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    sink_s = (double) (t1.tv_sec - t0.tv_sec) + (double) (t1.tv_nsec - t0.tv_nsec) / 1e9;
+    sink_s = kp_mono_s() - t0;
     kp_sink_destroy(s, 1000);
     for (size_t i = 0; i < n; i++) {
         assert_int_equal(col.r[i].status, 0);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "attach.h"
+#include "kp_clock.h"
 #include "kp_rpc.h"
 #include "kp_testutil.h"
 
@@ -37,14 +38,6 @@ struct fake {
     char last_host[64];
     uint64_t last_agent_id;
 };
-
-static long long now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void *f_open(struct kp_rpc_call *call, void *ud)
 {
@@ -291,10 +284,10 @@ static void test_report_and_heartbeat(void **state)
     pthread_mutex_unlock(&f->mu);
     assert_true(kp_test_wait_for(attached, &w, 5000));
     /* heartbeats: three more reports with nothing published, within generous bounds */
-    t0 = now_ms();
+    t0 = kp_mono_ms();
     w.n = fake_get(f, &f->reports) + 3;
     assert_true(kp_test_wait_for(reports_at_least, &w, 6000));
-    assert_true(now_ms() - t0 >= 1500); /* not a busy loop: about one a second */
+    assert_true(kp_mono_ms() - t0 >= 1500); /* not a busy loop: about one a second */
     kp_attach_get_stats(att, &st);
     assert_int_equal(st.attaches, 1);
     assert_int_equal(fake_get(f, &f->calls), 1);
@@ -370,8 +363,8 @@ static void test_commands_in_order(void **state)
                          0);
     }
     /* drain like the agent's loop: wait for the eventfd, then take until NULL */
-    deadline = now_ms() + kp_test_scaled_ms(10000);
-    while (next <= 100 && now_ms() < deadline) {
+    deadline = kp_mono_ms() + kp_test_scaled_ms(10000);
+    while (next <= 100 && kp_mono_ms() < deadline) {
         Kprof__V1__CaptureCommand *c;
 
         pfd.fd = efd;
@@ -545,9 +538,9 @@ static void test_collector_down(void **state)
     fake_start(f, port);
     assert_true(kp_test_wait_for(host_seen, &w, 10000));
     fake_stop(f);
-    t0 = now_ms();
+    t0 = kp_mono_ms();
     kp_attach_destroy(att);
-    assert_true(now_ms() - t0 < kp_test_scaled_ms(3000));
+    assert_true(kp_mono_ms() - t0 < kp_test_scaled_ms(3000));
     kp_rpc_channel_destroy(ch);
     fake_free(f);
 }
@@ -568,9 +561,9 @@ static void test_destroy_attached(void **state)
     w.att = att;
     publish_host(att, "x", 1);
     assert_true(kp_test_wait_for(host_seen, &w, 5000));
-    t0 = now_ms();
+    t0 = kp_mono_ms();
     kp_attach_destroy(att);
-    assert_true(now_ms() - t0 < kp_test_scaled_ms(3000));
+    assert_true(kp_mono_ms() - t0 < kp_test_scaled_ms(3000));
     kp_rpc_channel_destroy(ch);
     fake_free(f);
 }

@@ -161,6 +161,26 @@ static void test_exit_codes(void **state)
     assert_int_equal(KPROFCTL_EXIT_NO_AGENT, 6);
 }
 
+static void test_short_flags(void **state)
+{
+    char *argv[] = { "runs", "-c", "id,job", "-w12", "--json", "-w=3", "--", "-c", NULL };
+    char *out[9];
+    char buf[64];
+
+    (void) state;
+    assert_int_equal(kp_rpcverb_short_flags(8, argv, out, buf, sizeof(buf)), 0);
+    assert_string_equal(out[0], "runs");
+    assert_string_equal(out[1], "--columns");
+    assert_string_equal(out[2], "id,job");
+    assert_string_equal(out[3], "--width=12");
+    assert_string_equal(out[4], "--json");
+    assert_string_equal(out[5], "--width=3");
+    assert_string_equal(out[6], "--");
+    assert_string_equal(out[7], "-c"); /* after "--": untouched */
+    assert_null(out[8]);
+    assert_int_equal(kp_rpcverb_short_flags(8, argv, out, buf, 8), -ENOSPC);
+}
+
 static void test_ranks_check(void **state)
 {
     static const char *good[] = {
@@ -1178,6 +1198,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exit_codes),
+        cmocka_unit_test(test_short_flags),
         cmocka_unit_test(test_ranks_check),
         cmocka_unit_test(test_ranks_format),
         cmocka_unit_test(test_duration_format),

@@ -259,26 +259,6 @@ static void test_bad_calls(void **state)
     kp_table_destroy(NULL);
 }
 
-static void test_short_flags(void **state)
-{
-    char *argv[] = { "runs", "-c", "id,job", "-w12", "--json", "-w=3", "--", "-c", NULL };
-    char *out[9];
-    char buf[64];
-
-    (void) state;
-    assert_int_equal(kp_table_short_flags(8, argv, out, buf, sizeof(buf)), 0);
-    assert_string_equal(out[0], "runs");
-    assert_string_equal(out[1], "--columns");
-    assert_string_equal(out[2], "id,job");
-    assert_string_equal(out[3], "--width=12");
-    assert_string_equal(out[4], "--json");
-    assert_string_equal(out[5], "--width=3");
-    assert_string_equal(out[6], "--");
-    assert_string_equal(out[7], "-c"); /* after "--": untouched */
-    assert_null(out[8]);
-    assert_int_equal(kp_table_short_flags(8, argv, out, buf, 8), -ENOSPC);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -286,7 +266,6 @@ int main(void)
         cmocka_unit_test(test_utf8_widths),  cmocka_unit_test(test_width_cuts_text_only),
         cmocka_unit_test(test_csv_quoting),  cmocka_unit_test(test_json_types_and_escapes),
         cmocka_unit_test(test_select),       cmocka_unit_test(test_bad_calls),
-        cmocka_unit_test(test_short_flags),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
