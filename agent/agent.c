@@ -42,6 +42,7 @@
 #include "attach.h"
 #include "batcher.h"
 #include "ctl.h"
+#include "demangle.h"
 #include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_err.h"
@@ -353,13 +354,22 @@ static void session_strings(struct kp_agent *a, struct session *s, const uint8_t
         }
         memcpy(t, text, e[1]);
         t[e[1]] = '\0';
+        size_t tlen = e[1];
+        char *dm = kp_demangle(t, tlen, &tlen); /* a mangled kernel name, as Kineto shows it */
+        if (dm != NULL) {
+            free(t);
+            t = dm;
+        }
+        else {
+            tlen = e[1];
+        }
         if (s->strs[e[0]].text != NULL) {
             s->str_bytes -= s->strs[e[0]].len;
             free(s->strs[e[0]].text);
         }
         s->strs[e[0]].text = t;
-        s->strs[e[0]].len = e[1];
-        s->str_bytes += e[1];
+        s->strs[e[0]].len = tlen;
+        s->str_bytes += tlen;
     }
     (void) len;
 }

@@ -414,6 +414,8 @@ static const char *kind_name(CUpti_ActivityKind k)
         return "MEMSET";
     case CUPTI_ACTIVITY_KIND_RUNTIME:
         return "RUNTIME";
+    case CUPTI_ACTIVITY_KIND_DRIVER:
+        return "DRIVER";
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION:
         return "EXTERNAL_CORRELATION";
     case CUPTI_ACTIVITY_KIND_SYNCHRONIZATION:
@@ -423,6 +425,17 @@ static const char *kind_name(CUpti_ActivityKind k)
     default:
         return "?";
     }
+}
+
+/* Whether a driver API record is a launch (the only driver calls kprof keeps). */
+static int driver_launch_cbid(CUpti_CallbackId cbid)
+{
+    for (size_t i = 0; i < sizeof(g_driver_launch) / sizeof(g_driver_launch[0]); i++) {
+        if (g_driver_launch[i] == cbid) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static void driver_launch_set(uint8_t on)
@@ -482,6 +495,13 @@ int kpi_cupti_enable(uint32_t acts, char *why, size_t cap)
     /* External correlation records come only with API records: NVTX needs RUNTIME. */
     if (acts & (KP_ACT_RUNTIME | KP_ACT_NVTX)) {
         want[n++] = CUPTI_ACTIVITY_KIND_RUNTIME;
+    }
+    /* The whole DRIVER kind, as Kineto enables it: cuBLAS(Lt) and Triton launch through
+     * cuLaunchKernel(Ex), and only with the kind on does CUPTI emit those calls' records and
+     * their external correlation (a real H200 showed per-cbid enabling alone yields neither,
+     * leaving cutlass GEMMs without their aten::mm). decode keeps the launch calls only. */
+    if (acts & (KP_ACT_RUNTIME | KP_ACT_NVTX)) {
+        want[n++] = CUPTI_ACTIVITY_KIND_DRIVER;
     }
     if (acts & KP_ACT_NVTX) {
         want[n++] = CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
@@ -931,7 +951,9 @@ static void decode_one(const CUpti_Activity *r, struct kpi_sink *sink)
         decode_api((const CUpti_ActivityAPI *) r, 1, sink);
         break;
     case CUPTI_ACTIVITY_KIND_DRIVER:
-        decode_api((const CUpti_ActivityAPI *) r, 2, sink);
+        if (driver_launch_cbid(((const CUpti_ActivityAPI *) r)->cbid)) {
+            decode_api((const CUpti_ActivityAPI *) r, 2, sink);
+        }
         break;
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
         /* Emitted before the API record it belongs to (same thread, same buffer). */
