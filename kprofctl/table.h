@@ -90,7 +90,6 @@ size_t kp_table_rows(const struct kp_table *t);
  */
 int kp_table_print(const struct kp_table *t, enum kp_table_format format, int width, FILE *out);
 
-
 /* The display width of a UTF-8 string in terminal columns, as the text format counts it. */
 size_t kp_table_text_width(const char *s);
 
