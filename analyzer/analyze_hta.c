@@ -35,8 +35,9 @@ static bool known(const char *v)
                                          "launch",   "queue", "membw" };
 
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++) {
-        if (strcmp(verbs[i], v) == 0)
+        if (strcmp(verbs[i], v) == 0) {
             return true;
+        }
     }
     return false;
 }
@@ -110,8 +111,9 @@ int kp_analyze_hta(int argc, char **argv)
         }
     }
     for (int i = optind; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0)
+        if (strcmp(argv[i], "--json") == 0) {
             continue;
+        }
         if (verb) {
             fprintf(stderr, "kprof-analyze hta: one analysis at a time ('%s' and '%s')\n", verb,
                     argv[i]);
@@ -146,7 +148,8 @@ int kp_analyze_hta(int argc, char **argv)
     status = 0;
 out:
     kp_hta_destroy(h);
-    if (c)
+    if (c) {
         PQfinish(c);
+    }
     return status;
 }

@@ -28,8 +28,9 @@
 
 static const char *skip_ws(const char *p)
 {
-    while (*p == ' ' || *p == '\t' || *p == '\n')
+    while (*p == ' ' || *p == '\t' || *p == '\n') {
         p++;
+    }
     return p;
 }
 
@@ -63,15 +64,17 @@ static const char *shape_item(const char *p, int depth, int64_t *val)
         *val = v < 0 ? 0 : (int64_t) v;
         return end;
     }
-    if (*p != '[' || depth > 16)
+    if (*p != '[' || depth > 16) {
         return NULL;
+    }
     p = skip_ws(p + 1);
     while (*p != ']') {
         int64_t v;
         bool list = *p == '[';
 
-        if (!(p = shape_item(p, depth + 1, &v)))
+        if (!(p = shape_item(p, depth + 1, &v))) {
             return NULL;
+        }
         if (list) {
             lists = true;
             sum = add_sat(sum, v);
@@ -80,10 +83,12 @@ static const char *shape_item(const char *p, int depth, int64_t *val)
             prod = mul_sat(prod, v);
         }
         p = skip_ws(p);
-        if (*p == ',')
+        if (*p == ',') {
             p = skip_ws(p + 1);
-        else if (*p != ']')
+        }
+        else if (*p != ']') {
             return NULL;
+        }
     }
     *val = lists ? sum : prod;
     return p + 1;
@@ -98,9 +103,11 @@ static int64_t elem_size(const char *s, size_t n)
     } t[] = { { "long int", 8 },  { "float", 4 },         { "int", 4 },
               { "c10::Half", 2 }, { "c10::BFloat16", 2 }, { "unsigned char", 1 } };
 
-    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
-        if (strlen(t[i].name) == n && memcmp(t[i].name, s, n) == 0)
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+        if (strlen(t[i].name) == n && memcmp(t[i].name, s, n) == 0) {
             return t[i].size;
+        }
+    }
     return 0;
 }
 
@@ -111,27 +118,35 @@ static size_t dtype_sizes(const char *p, int64_t *sizes, size_t max)
     size_t n = 0;
 
     p = skip_ws(p);
-    if (*p++ != '[')
+    if (*p++ != '[') {
         return 0;
+    }
     for (p = skip_ws(p); *p != ']'; p = skip_ws(p)) {
         char q = *p;
         const char *s = p + 1, *e;
 
-        if (q != '\'' && q != '"')
+        if (q != '\'' && q != '"') {
             return 0;
-        for (e = s; *e && *e != q; e++)
-            if (*e == '\\' && e[1])
+        }
+        for (e = s; *e && *e != q; e++) {
+            if (*e == '\\' && e[1]) {
                 e++;
-        if (!*e)
+            }
+        }
+        if (!*e) {
             return 0;
-        if (n < max)
+        }
+        if (n < max) {
             sizes[n] = elem_size(s, (size_t) (e - s));
+        }
         n++;
         p = skip_ws(e + 1);
-        if (*p == ',')
+        if (*p == ',') {
             p++;
-        else if (*p != ']')
+        }
+        else if (*p != ']') {
             return 0;
+        }
     }
     return n < max ? n : max;
 }
@@ -142,24 +157,30 @@ int64_t kp_dist_input_bytes(const char *shapes, const char *dtypes)
     size_t n_types, i = 0;
     const char *p;
 
-    if (!shapes || !dtypes)
+    if (!shapes || !dtypes) {
         return 0;
+    }
     n_types = dtype_sizes(dtypes, sizes, MAX_INPUTS);
     p = skip_ws(shapes);
-    if (*p++ != '[')
+    if (*p++ != '[') {
         return 0;
+    }
     for (p = skip_ws(p); *p != ']'; p = skip_ws(p), i++) {
         int64_t v;
 
-        if (!(p = shape_item(p, 0, &v)))
+        if (!(p = shape_item(p, 0, &v))) {
             return 0;
-        if (i < n_types)
+        }
+        if (i < n_types) {
             total = add_sat(total, mul_sat(v, sizes[i]));
+        }
         p = skip_ws(p);
-        if (*p == ',')
+        if (*p == ',') {
             p++;
-        else if (*p != ']')
+        }
+        else if (*p != ']') {
             return 0;
+        }
     }
     return total;
 }
@@ -168,8 +189,9 @@ int64_t kp_dist_input_bytes(const char *shapes, const char *dtypes)
 
 static void rank_fini(struct kp_dist_rank *r)
 {
-    for (size_t i = 0; i < r->n_ops; i++)
+    for (size_t i = 0; i < r->n_ops; i++) {
         free(r->ops[i].name);
+    }
     free(r->ops);
     free(r->nodes);
     free(r->ranges);
@@ -179,10 +201,12 @@ static void rank_fini(struct kp_dist_rank *r)
 
 void kp_dist_destroy(struct kp_dist *d)
 {
-    if (!d)
+    if (!d) {
         return;
-    for (size_t i = 0; i < d->n_ranks; i++)
+    }
+    for (size_t i = 0; i < d->n_ranks; i++) {
         rank_fini(&d->ranks[i]);
+    }
     free(d->ranks);
     free(d);
 }
@@ -197,23 +221,27 @@ static int rank_take(struct kp_dist_rank *r, const struct kp_an_comm *c,
     r->nodes = calloc(c->n_nodes + 1, sizeof(*r->nodes));
     r->ops = calloc(c->n_nodes + 1, sizeof(*r->ops));
     r->wait = calloc(c->n_nodes + 1, sizeof(*r->wait));
-    for (size_t i = 0; i < c->n_nodes; i++)
+    for (size_t i = 0; i < c->n_nodes; i++) {
         n_ranges += c->nodes[i].n;
+    }
     r->ranges = calloc(n_ranges + 1, sizeof(*r->ranges));
     r->real = calloc(n_ranges + 1, sizeof(*r->real));
-    if (!r->nodes || !r->ops || !r->wait || !r->ranges || !r->real)
+    if (!r->nodes || !r->ops || !r->wait || !r->ranges || !r->real) {
         return -ENOMEM;
+    }
     n_ranges = 0;
     for (size_t i = 0; i < c->n_nodes; i++) {
         const struct kp_an_comm_node *cn = &c->nodes[i];
         struct kp_dist_node *dn = &r->nodes[i];
         size_t k = 0;
 
-        while (k < r->n_ops && strcmp(r->ops[k].name, cn->name) != 0)
+        while (k < r->n_ops && strcmp(r->ops[k].name, cn->name) != 0) {
             k++;
+        }
         if (k == r->n_ops) {
-            if (!(r->ops[k].name = strdup(cn->name)))
+            if (!(r->ops[k].name = strdup(cn->name))) {
                 return -ENOMEM;
+            }
             r->n_ops++;
         }
         r->ops[k].calls++;
@@ -225,13 +253,15 @@ static int rank_take(struct kp_dist_rank *r, const struct kp_an_comm *c,
         if (cn->step != last_step) {
             size_t w = 0;
 
-            while (w < r->n_wait && r->wait[w].step != cn->step)
+            while (w < r->n_wait && r->wait[w].step != cn->step) {
                 w++;
+            }
             if (w == r->n_wait) {
                 r->wait[w].step = cn->step;
-                if (cn->step >= 0)
+                if (cn->step >= 0) {
                     snprintf(r->wait[w].step_name, sizeof(r->wait[w].step_name), "%s",
                              b->steps[cn->step].name);
+                }
                 r->n_wait++;
             }
             last_step = cn->step;
@@ -256,27 +286,33 @@ static int load_rank(PGconn *c, struct kp_dist *d, struct kp_dist_rank *r, size_
     const struct kp_an_breakdown *b;
     int rc = kp_an_load(c, d->run, r->rank, max_rows, &a, errbuf, errlen);
 
-    if (rc == 0)
-        rc = kp_an_breakdown(a, false, &b);
-    if (rc == 0)
-        rc = kp_an_comm_nodes(a, &comm);
     if (rc == 0) {
-        if (comm.nccl && comm.gloo)
+        rc = kp_an_breakdown(a, false, &b);
+    }
+    if (rc == 0) {
+        rc = kp_an_comm_nodes(a, &comm);
+    }
+    if (rc == 0) {
+        if (comm.nccl && comm.gloo) {
             snprintf(d->reason, sizeof(d->reason),
                      "rank %d has both NCCL and Gloo communication ops (the plugin disables the "
                      "view then)",
                      r->rank);
-        else if (comm.n_nodes == 0)
+        }
+        else if (comm.n_nodes == 0) {
             snprintf(d->reason, sizeof(d->reason),
                      "rank %d has no communication ops (nccl:* or gloo:* broadcast, reduce, "
                      "all_reduce, all_gather, reduce_scatter)",
                      r->rank);
-        else
+        }
+        else {
             rc = rank_take(r, &comm, b);
+        }
     }
-    if (rc == -ENOMEM)
+    if (rc == -ENOMEM) {
         kp_errbuf_set(errbuf, errlen, "out of memory building the distributed view of run %" PRId64,
                       d->run);
+    }
     kp_an_comm_fini(&comm);
     kp_an_destroy(a);
     return rc;
@@ -325,8 +361,9 @@ static int64_t union_len(const struct kp_dist_rank *r, const struct kp_range *sr
     for (size_t i = 0; i < r->n_nodes; i++) {
         const struct kp_dist_node *dn = &r->nodes[i];
 
-        if ((op >= 0 && dn->op != op) || (wait >= 0 && dn->wait != wait))
+        if ((op >= 0 && dn->op != op) || (wait >= 0 && dn->wait != wait)) {
             continue;
+        }
         memcpy(tmp + n, src + dn->first, dn->n * sizeof(*tmp));
         n += dn->n;
     }
@@ -362,8 +399,9 @@ static int compute(struct kp_dist *d)
         struct kp_range *tmp = calloc(n + 1, sizeof(*tmp));
         double sum_t = 0, sum_s = 0;
 
-        if (!tmp)
+        if (!tmp) {
             return -ENOMEM;
+        }
         for (size_t w = 0; w < r->n_wait; w++) {
             r->wait[w].latency_ns = union_len(r, r->ranges, tmp, -1, (int32_t) w);
             r->wait[w].transfer_ns = union_len(r, r->real, tmp, -1, (int32_t) w);
@@ -395,15 +433,17 @@ int kp_dist_build(PGconn *c, int64_t run, size_t max_rows, struct kp_dist **out,
 
     snprintf(runs, sizeof(runs), "%" PRId64, run);
     d = calloc(1, sizeof(*d));
-    if (!d)
+    if (!d) {
         return -ENOMEM;
+    }
     d->run = run;
     rc = kp_pg_query(c,
                      "SELECT (SELECT count(*) FROM runs WHERE id = $1), rank FROM ranks "
                      "RIGHT JOIN (SELECT 1) one ON run_id = $1 ORDER BY rank",
                      1, params, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         goto fail;
+    }
     if (kp_pg_i64(r, 0, 0, 0) == 0) {
         kp_errbuf_set(errbuf, errlen,
                       "run %" PRId64 " does not exist: `kprofctl runs` lists the runs", run);
@@ -416,24 +456,30 @@ int kp_dist_build(PGconn *c, int64_t run, size_t max_rows, struct kp_dist **out,
         rc = -ENOMEM;
         goto fail;
     }
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         d->ranks[i].rank = (int) kp_pg_i64(r, (int) i, 1, 0);
+    }
     d->n_ranks = n;
     PQclear(r);
     r = NULL;
-    if (n == 0)
+    if (n == 0) {
         snprintf(d->reason, sizeof(d->reason), "run %" PRId64 " has no ranks", run);
-    for (size_t i = 0; i < n && !d->reason[0]; i++)
-        if ((rc = load_rank(c, d, &d->ranks[i], max_rows, errbuf, errlen)) < 0)
+    }
+    for (size_t i = 0; i < n && !d->reason[0]; i++) {
+        if ((rc = load_rank(c, d, &d->ranks[i], max_rows, errbuf, errlen)) < 0) {
             goto fail;
+        }
+    }
     if (!d->reason[0] && check_match(d)) {
-        if ((rc = compute(d)) < 0)
+        if ((rc = compute(d)) < 0) {
             goto fail;
+        }
         d->enabled = true;
     }
     if (!d->enabled) { /* keep nothing half-made */
-        for (size_t i = 0; i < d->n_ranks; i++)
+        for (size_t i = 0; i < d->n_ranks; i++) {
             rank_fini(&d->ranks[i]);
+        }
         d->n_ranks = 0;
     }
     *out = d;
@@ -456,10 +502,12 @@ void kp_dist_json(FILE *f, const struct kp_dist *d)
 {
     fprintf(f, "{\"run\": %" PRId64 ", \"enabled\": %s, \"reason\": ", d->run,
             d->enabled ? "true" : "false");
-    if (d->enabled)
+    if (d->enabled) {
         fputs("null", f);
-    else
+    }
+    else {
         kp_json_fputs(f, d->reason);
+    }
     fputs(", \"ranks\": [", f);
     for (size_t k = 0; k < d->n_ranks; k++) {
         const struct kp_dist_rank *r = &d->ranks[k];
@@ -519,11 +567,12 @@ void kp_dist_text(FILE *f, const struct kp_dist *d)
     for (size_t k = 0; k < d->n_ranks; k++) {
         const struct kp_dist_rank *r = &d->ranks[k];
 
-        for (size_t w = 0; w < r->n_wait; w++)
+        for (size_t w = 0; w < r->n_wait; w++) {
             fprintf(f, "%-6d %-8s %16.3f %16.3f\n", r->rank,
                     r->wait[w].step < 0 ? "(none)" : r->wait[w].step_name,
                     (double) r->wait[w].transfer_ns / 1e3,
                     (double) (r->wait[w].latency_ns - r->wait[w].transfer_ns) / 1e3);
+        }
         fprintf(f, "%-6d %-8s %16" PRId64 " %16" PRId64 "\n", r->rank, "all",
                 r->wait_all_transfer_us, r->wait_all_sync_us);
     }
@@ -532,9 +581,10 @@ void kp_dist_text(FILE *f, const struct kp_dist *d)
     for (size_t k = 0; k < d->n_ranks; k++) {
         const struct kp_dist_rank *r = &d->ranks[k];
 
-        for (size_t o = 0; o < r->n_ops; o++)
+        for (size_t o = 0; o < r->n_ops; o++) {
             fprintf(f, "%-6d %8" PRIu64 " %16" PRId64 " %14.3f %14.3f  %s\n", r->rank,
                     r->ops[o].calls, r->ops[o].total_bytes, (double) r->ops[o].latency_ns / 1e3,
                     (double) r->ops[o].transfer_ns / 1e3, r->ops[o].name);
+        }
     }
 }

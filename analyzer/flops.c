@@ -31,8 +31,9 @@
 
 static const char *skip_ws(const char *p)
 {
-    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') {
         p++;
+    }
     return p;
 }
 
@@ -41,27 +42,33 @@ static const char *parse_dims(const char *p, struct kp_fl_tensor *t)
 {
     p = skip_ws(p + 1);
     t->ndim = 0;
-    if (*p == ']')
+    if (*p == ']') {
         return p + 1;
+    }
     for (;;) {
         int64_t v = 0;
 
-        if (*p < '0' || *p > '9')
+        if (*p < '0' || *p > '9') {
             return NULL;
+        }
         while (*p >= '0' && *p <= '9') {
             v = v * 10 + (*p - '0');
-            if (v > MAX_DIM_VALUE)
+            if (v > MAX_DIM_VALUE) {
                 return NULL;
+            }
             p++;
         }
-        if (t->ndim >= KP_FL_MAX_DIMS)
+        if (t->ndim >= KP_FL_MAX_DIMS) {
             return NULL;
+        }
         t->dim[t->ndim++] = v;
         p = skip_ws(p);
-        if (*p == ']')
+        if (*p == ']') {
             return p + 1;
-        if (*p != ',')
+        }
+        if (*p != ',') {
             return NULL;
+        }
         p = skip_ws(p + 1);
     }
 }
@@ -69,18 +76,22 @@ static const char *parse_dims(const char *p, struct kp_fl_tensor *t)
 static int parse_shapes(const char *p, struct kp_fl_args *out)
 {
     p = skip_ws(p);
-    if (*p != '[')
+    if (*p != '[') {
         return -EINVAL;
+    }
     p = skip_ws(p + 1);
-    if (*p == ']')
+    if (*p == ']') {
         return *skip_ws(p + 1) ? -EINVAL : 0;
+    }
     for (;;) {
         struct kp_fl_arg *a;
 
-        if (*p != '[')
+        if (*p != '[') {
             return -EINVAL;
-        if (out->n >= KP_FL_MAX_ARGS)
+        }
+        if (out->n >= KP_FL_MAX_ARGS) {
             return -EINVAL;
+        }
         a = &out->a[out->n];
         memset(a, 0, sizeof(*a));
         if (*skip_ws(p + 1) == '[') { /* a list of shapes */
@@ -88,12 +99,14 @@ static int parse_shapes(const char *p, struct kp_fl_args *out)
             a->first = out->n_sub;
             p = skip_ws(p + 1);
             for (;;) {
-                if (*p != '[' || out->n_sub >= KP_FL_MAX_SUB)
+                if (*p != '[' || out->n_sub >= KP_FL_MAX_SUB) {
                     return -EINVAL;
+                }
                 memset(&out->sub[out->n_sub], 0, sizeof(out->sub[0]));
                 p = parse_dims(p, &out->sub[out->n_sub]);
-                if (!p)
+                if (!p) {
                     return -EINVAL;
+                }
                 out->n_sub++;
                 a->n++;
                 p = skip_ws(p);
@@ -101,23 +114,27 @@ static int parse_shapes(const char *p, struct kp_fl_args *out)
                     p++;
                     break;
                 }
-                if (*p != ',')
+                if (*p != ',') {
                     return -EINVAL;
+                }
                 p = skip_ws(p + 1);
             }
         }
         else {
             p = parse_dims(p, &a->t);
-            if (!p)
+            if (!p) {
                 return -EINVAL;
+            }
             a->kind = a->t.ndim > 0 ? KP_FL_TENSOR : KP_FL_NONE;
         }
         out->n++;
         p = skip_ws(p);
-        if (*p == ']')
+        if (*p == ']') {
             return *skip_ws(p + 1) ? -EINVAL : 0;
-        if (*p != ',')
+        }
+        if (*p != ',') {
             return -EINVAL;
+        }
         p = skip_ws(p + 1);
     }
 }
@@ -193,17 +210,20 @@ int kp_fl_dtype_size(const char *name, char *short_name, size_t len)
     int size = 0;
     const char *sh = "";
 
-    if (!name)
+    if (!name) {
         return 0;
-    for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]); i++)
+    }
+    for (size_t i = 0; i < sizeof(dtypes) / sizeof(dtypes[0]); i++) {
         if (strcmp(name, dtypes[i].name) == 0) {
             size = dtypes[i].size;
             sh = dtypes[i].short_name;
             break;
         }
+    }
     if (!size) {
-        if (strncmp(s, "c10::", 5) == 0)
+        if (strncmp(s, "c10::", 5) == 0) {
             s += 5;
+        }
         if (strncmp(s, "Float8_", 7) == 0 || strncmp(s, "float8_", 7) == 0) {
             size = 1;
             sh = "fp8";
@@ -224,9 +244,11 @@ static bool non_tensor_type(const char *s)
         "Bool",   "Float",  "ScalarType", "MemoryFormat"
     };
 
-    for (size_t i = 0; i < sizeof(tags) / sizeof(tags[0]); i++)
-        if (strcmp(s, tags[i]) == 0)
+    for (size_t i = 0; i < sizeof(tags) / sizeof(tags[0]); i++) {
+        if (strcmp(s, tags[i]) == 0) {
             return true;
+        }
+    }
     return false;
 }
 
@@ -245,12 +267,14 @@ static int apply_dtypes(const char *p, struct kp_fl_args *out)
         }
         q = *p++;
         while (*p && *p != q) {
-            if (n + 1 < sizeof(buf))
+            if (n + 1 < sizeof(buf)) {
                 buf[n++] = *p;
+            }
             p++;
         }
-        if (!*p)
+        if (!*p) {
             return -EINVAL;
+        }
         p++;
         buf[n] = '\0';
         if (i < out->n) {
@@ -258,10 +282,12 @@ static int apply_dtypes(const char *p, struct kp_fl_args *out)
 
             if (a->kind == KP_FL_TENSOR || a->kind == KP_FL_NONE) {
                 if (a->kind == KP_FL_NONE && !non_tensor_type(buf) &&
-                    kp_fl_dtype_size(buf, NULL, 0) > 0)
+                    kp_fl_dtype_size(buf, NULL, 0) > 0) {
                     a->kind = KP_FL_TENSOR; /* a 0-d tensor */
-                if (a->kind == KP_FL_TENSOR)
+                }
+                if (a->kind == KP_FL_TENSOR) {
                     a->t.esize = kp_fl_dtype_size(buf, a->t.dtype, sizeof(a->t.dtype));
+                }
             }
         }
         i++;
@@ -274,13 +300,16 @@ int kp_fl_parse(const char *shapes, const char *dtypes_text, struct kp_fl_args *
     int rc;
 
     memset(out, 0, sizeof(*out));
-    if (!shapes)
+    if (!shapes) {
         return -EINVAL;
+    }
     rc = parse_shapes(shapes, out);
-    if (rc == 0 && dtypes_text && dtypes_text[0])
+    if (rc == 0 && dtypes_text && dtypes_text[0]) {
         rc = apply_dtypes(dtypes_text, out);
-    if (rc < 0)
+    }
+    if (rc < 0) {
         memset(out, 0, sizeof(*out));
+    }
     return rc;
 }
 
@@ -299,17 +328,20 @@ struct ctx {
 
 static const struct kp_fl_tensor *arg_t(const struct ctx *c, int i)
 {
-    if (i < 0 || i >= c->args->n || c->args->a[i].kind != KP_FL_TENSOR)
+    if (i < 0 || i >= c->args->n || c->args->a[i].kind != KP_FL_TENSOR) {
         return NULL;
+    }
     return &c->args->a[i].t;
 }
 
 /* The i-th tensor argument, skipping the others. */
 static const struct kp_fl_tensor *nth_t(const struct ctx *c, int i)
 {
-    for (int j = 0; j < c->args->n; j++)
-        if (c->args->a[j].kind == KP_FL_TENSOR && i-- == 0)
+    for (int j = 0; j < c->args->n; j++) {
+        if (c->args->a[j].kind == KP_FL_TENSOR && i-- == 0) {
             return &c->args->a[j].t;
+        }
+    }
     return NULL;
 }
 
@@ -317,15 +349,17 @@ static double E(const struct kp_fl_tensor *t)
 {
     double e = 1;
 
-    for (int i = 0; i < t->ndim; i++)
+    for (int i = 0; i < t->ndim; i++) {
         e *= (double) t->dim[i];
+    }
     return e;
 }
 
 static double S(struct ctx *c, const struct kp_fl_tensor *t)
 {
-    if (t->esize <= 0)
+    if (t->esize <= 0) {
         c->no_bytes = true;
+    }
     return t->esize;
 }
 
@@ -353,8 +387,9 @@ static void pcat(struct kp_fl_result *r, const char *fmt, ...)
     size_t n = strlen(r->params);
     va_list ap;
 
-    if (n + 1 >= sizeof(r->params))
+    if (n + 1 >= sizeof(r->params)) {
         return;
+    }
     va_start(ap, fmt);
     vsnprintf(r->params + n, sizeof(r->params) - n, fmt, ap);
     va_end(ap);
@@ -363,8 +398,9 @@ static void pcat(struct kp_fl_result *r, const char *fmt, ...)
 static void pshape(struct kp_fl_result *r, const struct kp_fl_tensor *t)
 {
     pcat(r, "[");
-    for (int i = 0; i < t->ndim; i++)
+    for (int i = 0; i < t->ndim; i++) {
         pcat(r, "%s%" PRId64, i ? "," : "", t->dim[i]);
+    }
     pcat(r, "]%s", t->dtype);
 }
 
@@ -414,12 +450,14 @@ static bool gemm(struct ctx *c, double b, double m, double n, double k,
     else {
         part(c, f, by); /* dgrad */
         part(c, f, by); /* wgrad */
-        if (with_bias)
+        if (with_bias) {
             part(c, b * m * n, 2 * b * m * n * S(c, A));
+        }
     }
     c->r->params[0] = '\0';
-    if (b != 1)
+    if (b != 1) {
         pcat(c->r, "B=%.0f,", b);
+    }
     pcat(c->r, "M=%.0f,N=%.0f,K=%.0f,type=%s", m, n, k, dt(A));
     return true;
 }
@@ -430,13 +468,16 @@ static bool fam_mm(struct ctx *c)
     int o = c->k > 0 ? 1 : 0;
     const struct kp_fl_tensor *A = arg_t(c, o), *B = arg_t(c, o + 1);
 
-    if (!A || !B)
+    if (!A || !B) {
         return false;
-    if (A->ndim == 2 && B->ndim == 2 && A->dim[1] == B->dim[0])
+    }
+    if (A->ndim == 2 && B->ndim == 2 && A->dim[1] == B->dim[0]) {
         return gemm(c, 1, (double) A->dim[0], (double) B->dim[1], (double) A->dim[1], A, B, o > 0);
-    if (A->ndim == 3 && B->ndim == 3 && A->dim[0] == B->dim[0] && A->dim[2] == B->dim[1])
+    }
+    if (A->ndim == 3 && B->ndim == 3 && A->dim[0] == B->dim[0] && A->dim[2] == B->dim[1]) {
         return gemm(c, (double) A->dim[0], (double) A->dim[1], (double) B->dim[2],
                     (double) A->dim[2], A, B, o > 0);
+    }
     return false;
 }
 
@@ -446,12 +487,15 @@ static bool fam_mv(struct ctx *c)
     int o = c->k > 0 ? 1 : 0;
     const struct kp_fl_tensor *A = arg_t(c, o), *x = arg_t(c, o + 1);
 
-    if (!A || !x || x->ndim != 1)
+    if (!A || !x || x->ndim != 1) {
         return false;
-    if (A->ndim == 2 && A->dim[1] == x->dim[0])
+    }
+    if (A->ndim == 2 && A->dim[1] == x->dim[0]) {
         return gemm(c, 1, (double) A->dim[0], 1, (double) A->dim[1], A, x, o > 0);
-    if (A->ndim == 1 && A->dim[0] == x->dim[0])
+    }
+    if (A->ndim == 1 && A->dim[0] == x->dim[0]) {
         return gemm(c, 1, 1, 1, (double) A->dim[0], A, x, false);
+    }
     return false;
 }
 
@@ -465,8 +509,9 @@ static bool bcast_prod(const int64_t *a, int na, const int64_t *b, int nb, doubl
         int64_t x = i < n - na ? 1 : a[i - (n - na)];
         int64_t y = i < n - nb ? 1 : b[i - (n - nb)];
 
-        if (x != y && x != 1 && y != 1)
+        if (x != y && x != 1 && y != 1) {
             return false;
+        }
         *prod *= (double) (x > y ? x : y);
     }
     return true;
@@ -479,26 +524,31 @@ static bool fam_matmul(struct ctx *c)
     int na, nb;
     double batch = 1;
 
-    if (!A || !B)
+    if (!A || !B) {
         return false;
+    }
     na = A->ndim;
     nb = B->ndim;
-    if (na == 1 && nb == 1)
+    if (na == 1 && nb == 1) {
         return A->dim[0] == B->dim[0] && gemm(c, 1, 1, 1, (double) A->dim[0], A, B, false);
+    }
     if (na == 1) {
-        if (A->dim[0] != B->dim[nb - 2])
+        if (A->dim[0] != B->dim[nb - 2]) {
             return false;
+        }
         bcast_prod(B->dim, nb - 2, NULL, 0, &batch);
         return gemm(c, batch, 1, (double) B->dim[nb - 1], (double) A->dim[0], A, B, false);
     }
     if (nb == 1) {
-        if (A->dim[na - 1] != B->dim[0])
+        if (A->dim[na - 1] != B->dim[0]) {
             return false;
+        }
         bcast_prod(A->dim, na - 2, NULL, 0, &batch);
         return gemm(c, batch, (double) A->dim[na - 2], 1, (double) B->dim[0], A, B, false);
     }
-    if (A->dim[na - 1] != B->dim[nb - 2] || !bcast_prod(A->dim, na - 2, B->dim, nb - 2, &batch))
+    if (A->dim[na - 1] != B->dim[nb - 2] || !bcast_prod(A->dim, na - 2, B->dim, nb - 2, &batch)) {
         return false;
+    }
     return gemm(c, batch, (double) A->dim[na - 2], (double) B->dim[nb - 1], (double) A->dim[na - 1],
                 A, B, false);
 }
@@ -509,10 +559,12 @@ static bool fam_linear(struct ctx *c)
     const struct kp_fl_tensor *x = arg_t(c, 0), *w = arg_t(c, 1);
     double m = 1;
 
-    if (!x || !w || w->ndim != 2 || x->ndim < 1 || x->dim[x->ndim - 1] != w->dim[1])
+    if (!x || !w || w->ndim != 2 || x->ndim < 1 || x->dim[x->ndim - 1] != w->dim[1]) {
         return false;
-    for (int i = 0; i < x->ndim - 1; i++)
+    }
+    for (int i = 0; i < x->ndim - 1; i++) {
         m *= (double) x->dim[i];
+    }
     return gemm(c, 1, m, (double) w->dim[0], (double) w->dim[1], x, w, arg_t(c, 2) != NULL);
 }
 
@@ -529,46 +581,58 @@ static bool fam_conv(struct ctx *c)
     int64_t out[KP_FL_MAX_DIMS];
     bool transposed = c->k == 2;
 
-    if (!x || !w || w->ndim < 3 || w->ndim > 5)
+    if (!x || !w || w->ndim < 3 || w->ndim > 5) {
         return false;
+    }
     d = w->ndim - 2;
-    if (x->ndim == w->ndim)
+    if (x->ndim == w->ndim) {
         xs = 2;
-    else if (x->ndim == w->ndim - 1)
+    }
+    else if (x->ndim == w->ndim - 1) {
         xs = 1; /* unbatched */
-    else
+    }
+    else {
         return false;
-    if (xs == 2)
+    }
+    if (xs == 2) {
         N = (double) x->dim[0];
+    }
     C = (double) x->dim[xs - 1];
     if (!transposed) {
-        if (w->dim[1] <= 0 || x->dim[xs - 1] <= 0 || x->dim[xs - 1] % w->dim[1] != 0)
+        if (w->dim[1] <= 0 || x->dim[xs - 1] <= 0 || x->dim[xs - 1] % w->dim[1] != 0) {
             return false;
+        }
         g = (double) (x->dim[xs - 1] / w->dim[1]);
         K = (double) w->dim[0];
     }
     else {
-        if (w->dim[0] != x->dim[xs - 1])
+        if (w->dim[0] != x->dim[xs - 1]) {
             return false;
+        }
         K = (double) w->dim[1]; /* groups unknown: 1 */
     }
     for (int i = 0; i < d; i++) {
         int64_t I = x->dim[xs + i], R = w->dim[2 + i];
 
-        if (hint && hint->ndim == x->ndim)
+        if (hint && hint->ndim == x->ndim) {
             out[i] = hint->dim[xs + i];
-        else
+        }
+        else {
             out[i] = transposed ? I + (R - 1) : I - (R - 1);
-        if (out[i] <= 0)
+        }
+        if (out[i] <= 0) {
             return false;
+        }
         in_sp *= (double) I;
         out_sp *= (double) out[i];
         ker *= (double) R;
     }
-    if (!transposed)
+    if (!transposed) {
         f = 2 * N * K * out_sp * (C / g) * ker;
-    else
+    }
+    else {
         f = 2 * N * in_sp * ker * (double) w->dim[0] * (double) w->dim[1];
+    }
     by = S(c, x) * (E(x) + E(w) + N * K * out_sp);
     c->r->tc = KP_FL_TC_CONV;
     c->r->family = "conv";
@@ -581,14 +645,17 @@ static bool fam_conv(struct ctx *c)
     }
     c->r->params[0] = '\0';
     pcat(c->r, "N=%.0f,C=%.0f,K=%.0f,in=", N, C, K);
-    for (int i = 0; i < d; i++)
+    for (int i = 0; i < d; i++) {
         pcat(c->r, "%s%" PRId64, i ? "x" : "", x->dim[xs + i]);
+    }
     pcat(c->r, ",out=");
-    for (int i = 0; i < d; i++)
+    for (int i = 0; i < d; i++) {
         pcat(c->r, "%s%" PRId64, i ? "x" : "", out[i]);
+    }
     pcat(c->r, ",kernel=");
-    for (int i = 0; i < d; i++)
+    for (int i = 0; i < d; i++) {
         pcat(c->r, "%s%" PRId64, i ? "x" : "", w->dim[2 + i]);
+    }
     pcat(c->r, ",g=%.0f,type=%s", g, dt(x));
     return true;
 }
@@ -602,32 +669,38 @@ static bool fam_attention(struct ctx *c)
     double b = 1, h, sq, sk, D, Dv, f, by;
     int n;
 
-    if (!q || !k || !v || q->ndim < 3 || k->ndim != q->ndim || v->ndim != q->ndim)
+    if (!q || !k || !v || q->ndim < 3 || k->ndim != q->ndim || v->ndim != q->ndim) {
         return false;
+    }
     n = q->ndim;
     if (c->k == 2) {
-        if (n != 4)
+        if (n != 4) {
             return false;
+        }
         b = (double) q->dim[0];
         sq = (double) q->dim[1];
         h = (double) q->dim[2];
         sk = (double) k->dim[1];
-        if (v->dim[1] != k->dim[1])
+        if (v->dim[1] != k->dim[1]) {
             return false;
+        }
     }
     else {
-        for (int i = 0; i < n - 3; i++)
+        for (int i = 0; i < n - 3; i++) {
             b *= (double) q->dim[i];
+        }
         h = (double) q->dim[n - 3];
         sq = (double) q->dim[n - 2];
         sk = (double) k->dim[n - 2];
-        if (v->dim[n - 2] != k->dim[n - 2])
+        if (v->dim[n - 2] != k->dim[n - 2]) {
             return false;
+        }
     }
     D = (double) q->dim[n - 1];
     Dv = (double) v->dim[n - 1];
-    if (k->dim[n - 1] != q->dim[n - 1])
+    if (k->dim[n - 1] != q->dim[n - 1]) {
         return false;
+    }
     c->r->tc = KP_FL_TC_GEMM;
     c->r->family = "attention";
     if (c->dir == KP_FL_FWD) {
@@ -656,8 +729,9 @@ static bool fam_unary(struct ctx *c)
 {
     const struct kp_fl_tensor *x = first_tensor(c);
 
-    if (!x)
+    if (!x) {
         return false;
+    }
     c->r->family = "pointwise";
     part(c, c->k * E(x), 2 * Bt(c, x));
     return true;
@@ -668,8 +742,9 @@ static bool fam_activation(struct ctx *c)
 {
     const struct kp_fl_tensor *x = first_tensor(c);
 
-    if (!x)
+    if (!x) {
         return false;
+    }
     c->r->family = "activation";
     part(c, c->k * E(x), (c->dir == KP_FL_FWD ? 2 : 3) * Bt(c, x));
     return true;
@@ -680,8 +755,9 @@ static bool fam_dropout(struct ctx *c)
 {
     const struct kp_fl_tensor *x = first_tensor(c);
 
-    if (!x)
+    if (!x) {
         return false;
+    }
     c->r->family = "dropout";
     part(c, 5 * E(x), 2 * Bt(c, x));
     return true;
@@ -697,8 +773,9 @@ static bool bcast_out(const struct ctx *c, struct kp_fl_tensor *out, int *count)
         int n;
         int64_t d[KP_FL_MAX_DIMS];
 
-        if (!t)
+        if (!t) {
             continue;
+        }
         if (*count == 0) {
             *out = *t;
             (*count)++;
@@ -709,8 +786,9 @@ static bool bcast_out(const struct ctx *c, struct kp_fl_tensor *out, int *count)
             int64_t x = j < n - out->ndim ? 1 : out->dim[j - (n - out->ndim)];
             int64_t y = j < n - t->ndim ? 1 : t->dim[j - (n - t->ndim)];
 
-            if (x != y && x != 1 && y != 1)
+            if (x != y && x != 1 && y != 1) {
                 return false;
+            }
             d[j] = x == 1 ? y : x;
         }
         out->ndim = n;
@@ -730,24 +808,30 @@ static bool fam_binary(struct ctx *c)
     double in_bytes = 0, per = c->k, out_s;
     bool cmp = c->k == 1.25, addsub = c->k == 0.5;
 
-    if (!bcast_out(c, &out, &count))
+    if (!bcast_out(c, &out, &count)) {
         return false;
-    if (cmp || addsub || c->k == 1.5)
+    }
+    if (cmp || addsub || c->k == 1.5) {
         per = 1;
+    }
     for (int i = 0; i < c->args->n; i++) {
         const struct kp_fl_tensor *t = arg_t(c, i);
 
-        if (t)
+        if (t) {
             in_bytes += Bt(c, t);
+        }
     }
     out_s = cmp ? 1 : S(c, c->k == 1.5 && nth_t(c, 1) ? nth_t(c, 1) : first_tensor(c));
     c->r->family = "pointwise";
-    if (c->dir == KP_FL_FWD || per == 20 || c->k == 3)
+    if (c->dir == KP_FL_FWD || per == 20 || c->k == 3) {
         part(c, per * E(&out), in_bytes + E(&out) * out_s);
-    else if (addsub)
+    }
+    else if (addsub) {
         part(c, 0, 2 * E(&out) * out_s);
-    else
+    }
+    else {
         part(c, E(&out), 3 * E(&out) * out_s);
+    }
     return true;
 }
 
@@ -758,17 +842,22 @@ static bool fam_reduce(struct ctx *c)
     const struct kp_fl_tensor *x = first_tensor(c);
     int k = (int) c->k;
 
-    if (!x)
+    if (!x) {
         return false;
+    }
     c->r->family = "reduction";
-    if (k == 2)
+    if (k == 2) {
         part(c, E(x) + 1, Bt(c, x) + S(c, x));
-    else if (k == 3)
+    }
+    else if (k == 3) {
         part(c, 2 * E(x) + 1, Bt(c, x));
-    else if (k == 5)
+    }
+    else if (k == 5) {
         part(c, E(x), 2 * Bt(c, x));
-    else
+    }
+    else {
         part(c, E(x), Bt(c, x));
+    }
     return true;
 }
 
@@ -777,8 +866,9 @@ static bool fam_softmax(struct ctx *c)
 {
     const struct kp_fl_tensor *x = first_tensor(c);
 
-    if (!x)
+    if (!x) {
         return false;
+    }
     c->r->family = "softmax";
     part(c, c->k * E(x), (c->dir == KP_FL_FWD ? 3 : 5) * Bt(c, x));
     return true;
@@ -789,8 +879,9 @@ static bool fam_batchnorm(struct ctx *c)
 {
     const struct kp_fl_tensor *x = first_tensor(c);
 
-    if (!x)
+    if (!x) {
         return false;
+    }
     c->r->family = "norm";
     part(c, 8 * E(x), (c->dir == KP_FL_FWD ? 4 : 5) * Bt(c, x));
     return true;
@@ -804,13 +895,15 @@ static bool fam_norm(struct ctx *c)
     const struct kp_fl_tensor *x = first_tensor(c);
     double pb = 0;
 
-    if (!x)
+    if (!x) {
         return false;
+    }
     for (int i = 1; i < c->args->n; i++) {
         const struct kp_fl_tensor *t = arg_t(c, i);
 
-        if (t && t->ndim >= 1 && t != x)
+        if (t && t->ndim >= 1 && t != x) {
             pb += Bt(c, t);
+        }
     }
     c->r->family = "norm";
     part(c, c->k * E(x), (c->dir == KP_FL_FWD ? 2 : 3) * Bt(c, x) + pb);
@@ -823,8 +916,9 @@ static bool fam_pool(struct ctx *c)
 {
     const struct kp_fl_tensor *x = first_tensor(c);
 
-    if (!x)
+    if (!x) {
         return false;
+    }
     c->r->family = "pooling";
     part(c, E(x), (c->dir == KP_FL_FWD ? 1 : 2) * Bt(c, x));
     return true;
@@ -837,8 +931,9 @@ static bool fam_embedding(struct ctx *c)
     const struct kp_fl_tensor *a0 = arg_t(c, 0), *a1 = arg_t(c, 1), *I, *W;
     double D;
 
-    if (!a0 || !a1)
+    if (!a0 || !a1) {
         return false;
+    }
     /* aten::embedding(weight, indices); F.embedding(input, weight) */
     if (c->aten) {
         W = a0;
@@ -848,14 +943,17 @@ static bool fam_embedding(struct ctx *c)
         I = a0;
         W = a1;
     }
-    if (W->ndim != 2)
+    if (W->ndim != 2) {
         return false;
+    }
     D = (double) W->dim[1];
     c->r->family = "embedding";
-    if (c->dir == KP_FL_FWD)
+    if (c->dir == KP_FL_FWD) {
         part(c, 0, Bt(c, I) + 2 * E(I) * D * S(c, W));
-    else
+    }
+    else {
         part(c, 0, 3 * E(I) * D * S(c, W));
+    }
     return true;
 }
 
@@ -866,8 +964,9 @@ static bool fam_mse(struct ctx *c)
     const struct kp_fl_tensor *x = arg_t(c, 0), *t = arg_t(c, 1);
     double e;
 
-    if (!x || !t || E(x) != E(t))
+    if (!x || !t || E(x) != E(t)) {
         return false;
+    }
     e = E(x) * (c->dir == KP_FL_FWD ? 2 : 3);
     c->r->family = "loss";
     part(c, 2 * e + 1, e * S(c, x));
@@ -880,8 +979,9 @@ static bool fam_nll(struct ctx *c)
 {
     const struct kp_fl_tensor *x = arg_t(c, 0), *t = arg_t(c, 1);
 
-    if (!x || !t || x->ndim < 1)
+    if (!x || !t || x->ndim < 1) {
         return false;
+    }
     c->r->family = "loss";
     if (c->k == 2) {
         part(c, 21 * E(x), (c->dir == KP_FL_FWD ? 3 : 5) * Bt(c, x));
@@ -897,11 +997,13 @@ static bool fam_adam(struct ctx *c)
     const struct kp_fl_tensor *w = arg_t(c, 0), *g = arg_t(c, 4);
     double by;
 
-    if (!w || !g)
+    if (!w || !g) {
         return false;
+    }
     by = 6 * E(w) * S(c, w) + E(w) * S(c, g);
-    if (w->esize != g->esize)
+    if (w->esize != g->esize) {
         by += E(w) * S(c, g);
+    }
     c->r->family = "optimizer";
     part(c, 0, by);
     return true;
@@ -919,8 +1021,9 @@ static bool fam_move(struct ctx *c)
         const struct kp_fl_arg *a = c->args->n > 0 ? &c->args->a[0] : NULL;
         double by = 0;
 
-        if (!a || a->kind != KP_FL_LIST)
+        if (!a || a->kind != KP_FL_LIST) {
             return false;
+        }
         for (int i = 0; i < a->n; i++) {
             const struct kp_fl_tensor *t = &c->args->sub[a->first + i];
 
@@ -929,20 +1032,25 @@ static bool fam_move(struct ctx *c)
         part(c, 0, 2 * by);
         return true;
     }
-    if (!x)
+    if (!x) {
         return false;
+    }
     if (k == 1) {
         y = nth_t(c, 1);
-        if (!y)
+        if (!y) {
             return false;
+        }
         part(c, 0, E(x) * (S(c, x) + S(c, y)));
     }
-    else if (k == 2 || k == 5)
+    else if (k == 2 || k == 5) {
         part(c, 0, 2 * Bt(c, x));
-    else if (k == 3)
+    }
+    else if (k == 3) {
         part(c, 0, Bt(c, x));
-    else
+    }
+    else {
         part(c, 0, Bt(c, x) + E(x) * x->ndim * 8);
+    }
     return true;
 }
 
@@ -1202,14 +1310,17 @@ const char *kp_fl_base_name(const char *op, char *buf, size_t len)
     const char *s = op ? op : "", *p;
     size_t n;
 
-    if (strncmp(s, "torch.nn.functional.", 20) == 0)
+    if (strncmp(s, "torch.nn.functional.", 20) == 0) {
         s += 20;
+    }
     /* the last namespace: "aten::add_" -> "add_", "flash_attn::_flash_attn_forward" */
-    while ((p = strstr(s, "::")) != NULL)
+    while ((p = strstr(s, "::")) != NULL) {
         s = p + 2;
+    }
     n = strcspn(s, ". (");
-    if (n >= len)
+    if (n >= len) {
         n = len ? len - 1 : 0;
+    }
     if (len) {
         memcpy(buf, s, n);
         buf[n] = '\0';
@@ -1225,14 +1336,18 @@ static const struct op_row *find_row(const char *op)
     for (int pass = 0; pass < 2; pass++) {
         size_t n = strlen(base);
 
-        for (size_t i = 0; i < sizeof(op_table) / sizeof(op_table[0]); i++)
-            if (strcmp(base, op_table[i].name) == 0)
+        for (size_t i = 0; i < sizeof(op_table) / sizeof(op_table[0]); i++) {
+            if (strcmp(base, op_table[i].name) == 0) {
                 return &op_table[i];
+            }
+        }
         /* in-place variants: add_ -> add (copy_, zero_, fill_ matched above) */
-        if (n > 1 && base[n - 1] == '_' && base[n - 2] != '_')
+        if (n > 1 && base[n - 1] == '_' && base[n - 2] != '_') {
             base[n - 1] = '\0';
-        else
+        }
+        else {
             break;
+        }
     }
     return NULL;
 }
@@ -1253,8 +1368,9 @@ void kp_fl_compute(const char *op, const struct kp_fl_args *args, enum kp_fl_dir
     out->family = "unknown";
     out->tc = KP_FL_TC_NA;
     params_tensors(args, out);
-    if (!row)
+    if (!row) {
         return;
+    }
     c.args = args;
     c.dir = dir;
     c.hint = out_hint;
@@ -1267,20 +1383,25 @@ void kp_fl_compute(const char *op, const struct kp_fl_args *args, enum kp_fl_dir
         out->family = "unknown";
         params_tensors(args, out);
         /* the op's kind still says whether tensor cores apply */
-        if (row->fn == fam_conv)
+        if (row->fn == fam_conv) {
             out->tc = KP_FL_TC_CONV;
+        }
         else if (row->fn == fam_mm || row->fn == fam_mv || row->fn == fam_matmul ||
-                 row->fn == fam_linear || row->fn == fam_attention)
+                 row->fn == fam_linear || row->fn == fam_attention) {
             out->tc = KP_FL_TC_GEMM;
-        else
+        }
+        else {
             out->tc = KP_FL_TC_NA;
+        }
         return;
     }
     out->known = true;
     out->bytes_known = !c.no_bytes;
-    if (c.no_bytes)
-        for (int i = 0; i < out->n_parts; i++)
+    if (c.no_bytes) {
+        for (int i = 0; i < out->n_parts; i++) {
             out->bytes[i] = 0;
+        }
+    }
 }
 
 double kp_fl_part_flops(const struct kp_fl_result *r, int sub)

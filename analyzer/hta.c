@@ -121,13 +121,16 @@ static bool has_cuda_launch(const char *s)
 
 enum kp_hta_ktype kp_hta_kernel_type(const char *s)
 {
-    if (starts(s, "nccl") || starts(s, "hip") || starts(s, "hccl") || strstr(s, "ncclKernel"))
+    if (starts(s, "nccl") || starts(s, "hip") || starts(s, "hccl") || strstr(s, "ncclKernel")) {
         return KP_HTA_COMMUNICATION;
-    if (starts(s, "Memcpy") || starts(s, "Memset") || starts(s, "dma"))
+    }
+    if (starts(s, "Memcpy") || starts(s, "Memset") || starts(s, "dma")) {
         return KP_HTA_MEMORY;
+    }
     if (strstr(s, "Memcpy") || strstr(s, "Memset") || strstr(s, "dma") || strstr(s, "Sync") ||
-        strstr(s, "Stream Wait Event") || has_cuda_launch(s))
+        strstr(s, "Stream Wait Event") || has_cuda_launch(s)) {
         return KP_HTA_OTHER;
+    }
     return KP_HTA_COMPUTATION;
 }
 
@@ -137,12 +140,14 @@ void kp_hta_type_label(unsigned mask, char *buf, size_t len)
 
     buf[0] = '\0';
     for (unsigned t = 0; t < 3; t++) {
-        if (!(mask & (1u << t)))
+        if (!(mask & (1u << t))) {
             continue;
+        }
         off += (size_t) snprintf(buf + off, off < len ? len - off : 0, "%s%s",
                                  off ? " overlapping " : "", kp_hta_ktype_names[t]);
-        if (off >= len)
+        if (off >= len) {
             return;
+        }
     }
 }
 
@@ -195,16 +200,19 @@ static const char *intern(struct kp_hta *h, const char *s)
     char **v;
 
     for (size_t i = 0; i < h->n_extra; i++) {
-        if (strcmp(h->extra[i], s) == 0)
+        if (strcmp(h->extra[i], s) == 0) {
             return h->extra[i];
+        }
     }
     v = realloc(h->extra, (h->n_extra + 1) * sizeof(*v));
-    if (!v)
+    if (!v) {
         return NULL;
+    }
     h->extra = v;
     v[h->n_extra] = strdup(s);
-    if (!v[h->n_extra])
+    if (!v[h->n_extra]) {
         return NULL;
+    }
     return v[h->n_extra++];
 }
 
@@ -217,8 +225,9 @@ static int cmp_corr(const void *pa, const void *pb)
 {
     const struct corr_idx *a = pa, *b = pb;
 
-    if (a->corr != b->corr)
+    if (a->corr != b->corr) {
         return a->corr < b->corr ? -1 : 1;
+    }
     return a->idx < b->idx ? -1 : a->idx > b->idx;
 }
 
@@ -226,8 +235,9 @@ static int cmp_ev(const void *pa, const void *pb)
 {
     const struct hta_ev *a = pa, *b = pb;
 
-    if (a->ts != b->ts)
+    if (a->ts != b->ts) {
         return a->ts < b->ts ? -1 : 1;
+    }
     return a->order < b->order ? -1 : a->order > b->order;
 }
 
@@ -252,11 +262,13 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
     snprintf(runs, sizeof(runs), "%" PRId64, run);
     snprintf(ranks, sizeof(ranks), "%d", rank);
     rc = kp_an_check_rank(c, params, run, rank, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         return rc;
+    }
     h = calloc(1, sizeof(*h));
-    if (!h)
+    if (!h) {
         return -ENOMEM;
+    }
     h->opts = *opts;
 
     /* §0 last-step drop: only with two or more ProfilerStep names in the whole run; and the
@@ -267,8 +279,9 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
                      " AND kind = 6 ORDER BY start_ns DESC LIMIT 1),"
                      " (SELECT time_base_ns FROM ranks" WHERE_RR ")",
                      2, params, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         goto fail;
+    }
     h->base_ns = kp_pg_i64(r, 0, 2, 0);
     if (!opts->include_last_step && kp_pg_i64(r, 0, 0, 0) >= 2 && !PQgetisnull(r, 0, 1)) {
         int64_t e;
@@ -289,22 +302,26 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
             " UNION SELECT name FROM api_calls" WHERE_RR ") ORDER BY id",
             params, &unlimited, 0, &h->names, errbuf, errlen);
     }
-    if (rc == -ENOMEM)
+    if (rc == -ENOMEM) {
         goto nomem;
-    if (rc < 0)
+    }
+    if (rc < 0) {
         goto fail;
+    }
 
     /* CPU side: the runtime and driver calls (the only CPU rows with a correlation). */
     rc = kp_pg_query(c,
                      "SELECT start_ns, dur_ns, correlation, name FROM api_calls" WHERE_RR
                      " AND domain IN (1, 2) AND correlation IS NOT NULL ORDER BY ctid",
                      2, params, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         goto fail;
+    }
     n = (size_t) PQntuples(r);
     h->rts = calloc(n ? n : 1, sizeof(*h->rts));
-    if (!h->rts)
+    if (!h->rts) {
         goto nomem;
+    }
     h->t_first = INT64_MAX;
     h->t_last = INT64_MIN;
     for (size_t i = 0; i < n; i++) {
@@ -312,8 +329,9 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
 
         hta_round(opts->exact_ns, h->base_ns, kp_pg_i64(r, (int) i, 0, 0),
                   kp_pg_i64(r, (int) i, 1, 0), &t->ts, &t->end);
-        if (drop && t->ts >= cutoff)
+        if (drop && t->ts >= cutoff) {
             continue;
+        }
         t->corr = kp_pg_i64(r, (int) i, 2, 0);
         t->name = name_of(h, r, (int) i, 3);
         h->n_rts++;
@@ -321,15 +339,18 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
     PQclear(r);
     r = NULL;
     ci = calloc(h->n_rts ? h->n_rts : 1, sizeof(*ci));
-    if (!ci)
+    if (!ci) {
         goto nomem;
+    }
     for (size_t i = 0; i < h->n_rts; i++) {
         ci[i].corr = h->rts[i].corr;
         ci[i].idx = (int32_t) i;
-        if (h->rts[i].ts < h->t_first)
+        if (h->rts[i].ts < h->t_first) {
             h->t_first = h->rts[i].ts;
-        if (h->rts[i].ts > h->t_last)
+        }
+        if (h->rts[i].ts > h->t_last) {
             h->t_last = h->rts[i].ts;
+        }
     }
     qsort(ci, h->n_rts, sizeof(*ci), cmp_corr);
 
@@ -343,12 +364,14 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
         "bw.bandwidth_gbps, bytes FROM memsets" KP_SQL_BANDWIDTH_JOIN(
             "memsets", "memset_bandwidth", "$1", "$2") WHERE_RR " ORDER BY 2, 1",
         2, params, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         goto fail;
+    }
     n = (size_t) PQntuples(r);
     h->evs = calloc(n ? n : 1, sizeof(*h->evs));
-    if (!h->evs)
+    if (!h->evs) {
         goto nomem;
+    }
     for (size_t i = 0; i < n; i++) {
         struct hta_ev *e = &h->evs[h->n_evs];
         struct corr_idx key, *hit;
@@ -356,8 +379,9 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
         int64_t kind = kp_pg_i64(r, row, 0, 0);
         char buf[96];
 
-        if (PQgetisnull(r, row, 4))
+        if (PQgetisnull(r, row, 4)) {
             continue; /* no stream: not a GPU event here */
+        }
         e->corr = PQgetisnull(r, row, 3) ? -1 : kp_pg_i64(r, row, 3, 0);
         key.corr = e->corr;
         key.idx = -1;
@@ -369,16 +393,20 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
             while (lo < hi) {
                 size_t mid = (lo + hi) / 2;
 
-                if (cmp_corr(&ci[mid], &key) < 0)
+                if (cmp_corr(&ci[mid], &key) < 0) {
                     lo = mid + 1;
-                else
+                }
+                else {
                     hi = mid;
+                }
             }
-            if (lo < h->n_rts && ci[lo].corr == e->corr)
+            if (lo < h->n_rts && ci[lo].corr == e->corr) {
                 hit = &ci[lo];
+            }
         }
-        if (drop && !hit)
+        if (drop && !hit) {
             continue; /* HTA keeps GPU rows whose launch it kept */
+        }
         e->rt = hit ? hit->idx : -1;
         hta_round(opts->exact_ns, h->base_ns, kp_pg_i64(r, row, 1, 0), kp_pg_i64(r, row, 2, 0),
                   &e->ts, &e->end);
@@ -387,17 +415,20 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
             e->name = name_of(h, r, row, 5);
         }
         else {
-            if (kind == 1)
+            if (kind == 1) {
                 snprintf(buf, sizeof(buf), "Memcpy %s (%s -> %s)",
                          NAME_OF(memcpy_kinds, kp_pg_i64(r, row, 6, 0)),
                          NAME_OF(memory_kinds, kp_pg_i64(r, row, 7, 0)),
                          NAME_OF(memory_kinds, kp_pg_i64(r, row, 8, 0)));
-            else
+            }
+            else {
                 snprintf(buf, sizeof(buf), "Memset (%s)",
                          NAME_OF(memory_kinds, kp_pg_i64(r, row, 6, 0)));
+            }
             e->name = intern(h, buf);
-            if (!e->name)
+            if (!e->name) {
                 goto nomem;
+            }
             /* §11: the trace's bandwidth; a capture has none: bytes / exact ns (= GB/s) */
             if (PQgetisnull(r, row, 9)) {
                 int64_t dur = kp_pg_i64(r, row, 2, 0);
@@ -411,10 +442,12 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
         }
         e->type = (uint8_t) kp_hta_kernel_type(e->name);
         e->order = i;
-        if (e->ts < h->t_first)
+        if (e->ts < h->t_first) {
             h->t_first = e->ts;
-        if (e->ts > h->t_last)
+        }
+        if (e->ts > h->t_last) {
             h->t_last = e->ts;
+        }
         h->n_evs++;
     }
     PQclear(r);
@@ -428,8 +461,9 @@ int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts
     }
     qsort(h->evs, h->n_evs, sizeof(*h->evs), cmp_ev);
     rc = compute(h);
-    if (rc < 0)
+    if (rc < 0) {
         goto nomem;
+    }
     free(ci);
     *out = h;
     return 0;
@@ -446,11 +480,13 @@ fail:
 
 void kp_hta_destroy(struct kp_hta *h)
 {
-    if (!h)
+    if (!h) {
         return;
+    }
     kp_an_dict_fini(&h->names);
-    for (size_t i = 0; i < h->n_extra; i++)
+    for (size_t i = 0; i < h->n_extra; i++) {
         free(h->extra[i]);
+    }
     free(h->extra);
     free(h->rts);
     free(h->evs);
@@ -474,8 +510,9 @@ static size_t merge_types(const struct kp_hta *h, unsigned mask, struct kp_range
     for (size_t i = 0; i < h->n_evs; i++) {
         const struct hta_ev *e = &h->evs[i];
 
-        if (!(mask & (1u << e->type)))
+        if (!(mask & (1u << e->type))) {
             continue;
+        }
         if (n == 0 || e->ts > cm) {
             out[n].start = e->ts;
             out[n].end = e->end;
@@ -484,8 +521,9 @@ static size_t merge_types(const struct kp_hta *h, unsigned mask, struct kp_range
         else if (e->end > out[n - 1].end) {
             out[n - 1].end = e->end;
         }
-        if (e->end > cm)
+        if (e->end > cm) {
             cm = e->end;
+        }
     }
     return n;
 }
@@ -494,8 +532,9 @@ static int64_t groups_len(const struct kp_range *g, size_t n)
 {
     int64_t s = 0;
 
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         s += g[i].end - g[i].start;
+    }
     return s;
 }
 
@@ -521,8 +560,9 @@ static double quantile(const double *v, size_t n, double q)
 
     lo = floor(pos);
     i = (size_t) lo;
-    if (i + 1 >= n)
+    if (i + 1 >= n) {
         return v[n - 1];
+    }
     return v[i] + (v[i + 1] - v[i]) * (pos - lo);
 }
 
@@ -533,16 +573,20 @@ static void describe(double *v, size_t n, struct kp_hta_stats *s)
 
     s->count = n;
     s->mean = s->std = s->min = s->q25 = s->q50 = s->q75 = s->max = NAN;
-    if (n == 0)
+    if (n == 0) {
         return;
+    }
     qsort(v, n, sizeof(*v), cmp_dbl);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         sum += v[i];
+    }
     s->mean = sum / (double) n;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         ss += (v[i] - s->mean) * (v[i] - s->mean);
-    if (n > 1)
+    }
+    if (n > 1) {
         s->std = sqrt(ss / (double) (n - 1));
+    }
     s->min = v[0];
     s->max = v[n - 1];
     s->q25 = quantile(v, n, 0.25);
@@ -579,14 +623,16 @@ static void temporal_overlap(struct kp_hta *h, struct kp_range *g, struct kp_ran
     h->overlap.comm_ns = groups_len(g2, nm);
     k = 0;
     for (size_t i = 0; i < n; i++) { /* g still holds computation; keep the non-empty */
-        if (g[i].end > g[i].start)
+        if (g[i].end > g[i].start) {
             g[k++] = g[i];
+        }
     }
     nc = k;
     k = 0;
     for (size_t i = 0; i < nm; i++) {
-        if (g2[i].end > g2[i].start)
+        if (g2[i].end > g2[i].start) {
             g2[k++] = g2[i];
+        }
     }
     nm = kp_ranges_intersect(g, nc, g2, k, tmp);
     h->overlap.overlap_ns = kp_ranges_length(tmp, nm);
@@ -612,8 +658,9 @@ static int type_time(struct kp_hta *h, struct kp_range *g)
     size_t np = 0;
     int running = 0;
 
-    if (!p)
+    if (!p) {
         return -ENOMEM;
+    }
     for (int t = 0; t < 3; t++) {
         size_t n = merge_types(h, 1u << t, g);
 
@@ -627,8 +674,9 @@ static int type_time(struct kp_hta *h, struct kp_range *g)
     qsort(p, np, sizeof(*p), cmp_point);
     for (size_t i = 0; i + 1 < np; i++) {
         running += p[i].v;
-        if (running > 0 && running < 8)
+        if (running > 0 && running < 8) {
             h->type_time[running] += p[i + 1].t - p[i].t;
+        }
     }
     free(p);
     return 0;
@@ -652,8 +700,9 @@ static int cmp_agg_sum(const void *pa, const void *pb)
 {
     const struct name_agg *a = pa, *b = pb;
 
-    if (a->sum != b->sum)
+    if (a->sum != b->sum) {
         return a->sum > b->sum ? -1 : 1;
+    }
     return strcmp(a->name, b->name);
 }
 
@@ -677,8 +726,9 @@ static void agg(struct name_agg *a, const double *v, size_t n)
         a->min = v[i] < a->min ? v[i] : a->min;
     }
     a->mean = a->sum / (double) n;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         ss += (v[i] - a->mean) * (v[i] - a->mean);
+    }
     a->std = n > 1 ? sqrt(ss / (double) (n - 1)) : 0;
 }
 
@@ -690,11 +740,13 @@ static int kernel_rows(struct kp_hta *h, enum kp_hta_ktype type, size_t *idx, do
     struct kp_hta_kernel_row *rows;
 
     for (size_t i = 0; i < h->n_evs; i++) {
-        if (h->evs[i].type == type)
+        if (h->evs[i].type == type) {
             idx[n++] = i;
+        }
     }
-    if (n == 0)
+    if (n == 0) {
         return 0;
+    }
     qsort_r(idx, n, sizeof(*idx), cmp_ev_name, h->evs);
     for (size_t i = 0; i < n;) {
         size_t j = i;
@@ -719,8 +771,9 @@ static int kernel_rows(struct kp_hta *h, enum kp_hta_ktype type, size_t *idx, do
         }
         q = quantile(v, na, h->opts.duration_ratio);
         for (size_t i = 0; i < na; i++) {
-            if (v[i] > q || i >= (size_t) h->opts.num_kernels)
+            if (v[i] > q || i >= (size_t) h->opts.num_kernels) {
                 aggs[i].name = "others";
+            }
         }
         qsort(aggs, na, sizeof(*aggs), cmp_agg_name);
         nf = 0;
@@ -738,8 +791,9 @@ static int kernel_rows(struct kp_hta *h, enum kp_hta_ktype type, size_t *idx, do
         memmove(aggs, folded, nf * sizeof(*aggs));
     }
     rows = realloc(h->krows, (h->n_krows + nf) * sizeof(*rows));
-    if (!rows)
+    if (!rows) {
         return -ENOMEM;
+    }
     h->krows = rows;
     for (size_t i = 0; i < nf; i++) {
         struct kp_hta_kernel_row *r = &rows[h->n_krows++];
@@ -761,15 +815,18 @@ static int idle(struct kp_hta *h, double *v)
     int64_t *streams = calloc(h->n_evs, sizeof(*streams));
     size_t ns = 0;
 
-    if (!streams)
+    if (!streams) {
         return -ENOMEM;
+    }
     for (size_t i = 0; i < h->n_evs; i++) {
         size_t k = 0;
 
-        while (k < ns && streams[k] != h->evs[i].stream)
+        while (k < ns && streams[k] != h->evs[i].stream) {
             k++;
-        if (k == ns)
+        }
+        if (k == ns) {
             streams[ns++] = h->evs[i].stream;
+        }
     }
     qsort(streams, ns, sizeof(*streams), cmp_i64);
     h->idle = calloc(ns ? ns : 1, sizeof(*h->idle));
@@ -791,8 +848,9 @@ static int idle(struct kp_hta *h, double *v)
             int64_t gap;
             int c;
 
-            if (e->stream != is->stream)
+            if (e->stream != is->stream) {
                 continue;
+            }
             if (first) {
                 /* HTA: the first row has no gap and falls into "other" (NaN, not counted) */
                 is->present[KP_HTA_IDLE_OTHER] = true;
@@ -801,12 +859,15 @@ static int idle(struct kp_hta *h, double *v)
                 continue;
             }
             gap = e->ts - prev_end;
-            if (e->rt >= 0 && h->rts[e->rt].ts > prev_end)
+            if (e->rt >= 0 && h->rts[e->rt].ts > prev_end) {
                 c = KP_HTA_HOST_WAIT;
-            else if (gap < h->opts.consecutive_kernel_delay_ns)
+            }
+            else if (gap < h->opts.consecutive_kernel_delay_ns) {
                 c = KP_HTA_KERNEL_WAIT;
-            else
+            }
+            else {
                 c = KP_HTA_IDLE_OTHER;
+            }
             is->present[c] = true;
             is->idle_ns[c] += gap;
             v[(size_t) c * h->n_evs + cnt[c]++] = (double) gap;
@@ -816,8 +877,9 @@ static int idle(struct kp_hta *h, double *v)
             total += is->idle_ns[c];
             describe(v + (size_t) c * h->n_evs, cnt[c], &is->stats[c]);
         }
-        for (int c = 0; c < 3; c++)
+        for (int c = 0; c < 3; c++) {
             is->ratio[c] = total ? (double) is->idle_ns[c] / (double) total : NAN;
+        }
     }
     free(streams);
     return 0;
@@ -850,15 +912,17 @@ static int launches(struct kp_hta *h, double *v)
     double cpu = 0, gpu = 0, delay = 0;
 
     h->launches = calloc(h->n_evs, sizeof(*h->launches));
-    if (!h->launches)
+    if (!h->launches) {
         return -ENOMEM;
+    }
     for (size_t i = 0; i < h->n_evs; i++) {
         const struct hta_ev *e = &h->evs[i];
         const struct hta_rt *t;
         struct kp_hta_launch_row *l;
 
-        if (e->rt < 0 || !is_launch_stats_call(h->rts[e->rt].name))
+        if (e->rt < 0 || !is_launch_stats_call(h->rts[e->rt].name)) {
             continue;
+        }
         t = &h->rts[e->rt];
         l = &h->launches[n++];
         l->correlation = e->corr;
@@ -876,12 +940,15 @@ static int launches(struct kp_hta *h, double *v)
         gpu += (double) l->gpu_ns;
         delay += (double) l->delay_ns;
         v[i] = (double) l->delay_ns;
-        if (l->cpu_ns <= KP_HTA_RUNTIME_CUTOFF_NS && l->gpu_ns < l->cpu_ns)
+        if (l->cpu_ns <= KP_HTA_RUNTIME_CUTOFF_NS && l->gpu_ns < l->cpu_ns) {
             s->n_gpu_shorter++;
-        if (l->cpu_ns > KP_HTA_RUNTIME_CUTOFF_NS)
+        }
+        if (l->cpu_ns > KP_HTA_RUNTIME_CUTOFF_NS) {
             s->n_runtime_outliers++;
-        if (l->delay_ns > KP_HTA_LAUNCH_DELAY_CUTOFF_NS)
+        }
+        if (l->delay_ns > KP_HTA_LAUNCH_DELAY_CUTOFF_NS) {
             s->n_delay_outliers++;
+        }
     }
     if (n) {
         s->cpu_mean_ns = cpu / (double) n;
@@ -912,8 +979,9 @@ static void np_aheapsort(const int64_t *v, size_t *tosort, size_t n)
     for (l = n >> 1; l > 0; --l) {
         tmp = a[l];
         for (i = l, j = l << 1; j <= n;) {
-            if (j < n && v[a[j]] < v[a[j + 1]])
+            if (j < n && v[a[j]] < v[a[j + 1]]) {
                 j += 1;
+            }
             if (v[tmp] < v[a[j]]) {
                 a[i] = a[j];
                 i = j;
@@ -930,8 +998,9 @@ static void np_aheapsort(const int64_t *v, size_t *tosort, size_t n)
         a[n] = a[1];
         n -= 1;
         for (i = 1, j = 2; j <= n;) {
-            if (j < n && v[a[j]] < v[a[j + 1]])
+            if (j < n && v[a[j]] < v[a[j + 1]]) {
                 j++;
+            }
             if (v[tmp] < v[a[j]]) {
                 a[i] = a[j];
                 i = j;
@@ -959,10 +1028,12 @@ static void np_argsort(const int64_t *v, size_t *tosort, size_t num)
     int depth[NP_QS_STACK], *psdepth = depth, cdepth = 0;
     int64_t vp;
 
-    if (num < 2)
+    if (num < 2) {
         return;
-    for (size_t u = num; u >>= 1;)
+    }
+    for (size_t u = num; u >>= 1;) {
         cdepth++;
+    }
     cdepth *= 2;
     for (;;) {
         if (cdepth < 0) {
@@ -971,12 +1042,15 @@ static void np_argsort(const int64_t *v, size_t *tosort, size_t num)
         }
         while ((pr - pl) > NP_SMALL_QUICKSORT) {
             pm = pl + ((pr - pl) >> 1);
-            if (v[*pm] < v[*pl])
+            if (v[*pm] < v[*pl]) {
                 ISWAP(*pm, *pl);
-            if (v[*pr] < v[*pm])
+            }
+            if (v[*pr] < v[*pm]) {
                 ISWAP(*pr, *pm);
-            if (v[*pm] < v[*pl])
+            }
+            if (v[*pm] < v[*pl]) {
                 ISWAP(*pm, *pl);
+            }
             vp = v[*pm];
             pi = pl;
             pj = pr - 1;
@@ -988,8 +1062,9 @@ static void np_argsort(const int64_t *v, size_t *tosort, size_t num)
                 do {
                     --pj;
                 } while (vp < v[*pj]);
-                if (pi >= pj)
+                if (pi >= pj) {
                     break;
+                }
                 ISWAP(*pi, *pj);
             }
             pk = pr - 1;
@@ -1011,13 +1086,15 @@ static void np_argsort(const int64_t *v, size_t *tosort, size_t num)
             vp = v[vi];
             pj = pi;
             pk = pi - 1;
-            while (pj > pl && vp < v[*pk])
+            while (pj > pl && vp < v[*pk]) {
                 *pj-- = *pk--;
+            }
             *pj = vi;
         }
 stack_pop:
-        if (sptr == stack)
+        if (sptr == stack) {
             break;
+        }
         pr = *(--sptr);
         pl = *(--sptr);
         cdepth = *(--psdepth);
@@ -1051,37 +1128,44 @@ static int queue(struct kp_hta *h, double *v)
     key = malloc((2 * n + 1) * sizeof(*key));
     pt = malloc((2 * n + 1) * sizeof(*pt));
     h->queue = calloc(h->n_idle ? h->n_idle : 1, sizeof(*h->queue));
-    if (!ev_of || !perm || !srt || !key || !pt || !h->queue)
+    if (!ev_of || !perm || !srt || !key || !pt || !h->queue) {
         goto out;
-    for (size_t i = 0; i < h->n_rts; i++)
+    }
+    for (size_t i = 0; i < h->n_rts; i++) {
         ev_of[i] = SIZE_MAX;
+    }
     for (size_t i = 0; i < n; i++) {
         const struct hta_ev *e = &h->evs[i];
 
-        if (e->rt >= 0 && is_queue_call(h->rts[e->rt].name))
+        if (e->rt >= 0 && is_queue_call(h->rts[e->rt].name)) {
             ev_of[e->rt] = i;
+        }
     }
     for (size_t i = 0; i < h->n_rts; i++) {
-        if (ev_of[i] == SIZE_MAX)
+        if (ev_of[i] == SIZE_MAX) {
             continue;
+        }
         key[np] = h->rts[i].ts;
         pt[np].stream = h->evs[ev_of[i]].stream;
         pt[np++].delta = 1;
     }
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         perm[i] = i;
+    }
     qsort_r(perm, n, sizeof(*perm), cmp_order, h->evs);
     for (size_t k = 0; k < n; k++) {
         const struct hta_ev *e = &h->evs[perm[k]];
 
-        if (e->rt < 0 || !is_queue_call(h->rts[e->rt].name))
+        if (e->rt < 0 || !is_queue_call(h->rts[e->rt].name)) {
             continue;
+        }
         key[np] = e->ts;
         pt[np].stream = e->stream;
         pt[np++].delta = -1;
     }
-    for (size_t i = 0; i < np; i++)
+    for (size_t i = 0; i < np; i++) {
         srt[i] = i;
+    }
     np_argsort(key, srt, np);
     for (size_t s = 0; s < h->n_idle; s++) {
         struct kp_hta_queue_stream *q = &h->queue[h->n_queue];
@@ -1091,16 +1175,19 @@ static int queue(struct kp_hta *h, double *v)
         for (size_t i = 0; i < np; i++) {
             size_t j = srt[i];
 
-            if (pt[j].stream != h->idle[s].stream)
+            if (pt[j].stream != h->idle[s].stream) {
                 continue;
-            if (m > 0 && l >= KP_HTA_MAX_QUEUE_LENGTH)
+            }
+            if (m > 0 && l >= KP_HTA_MAX_QUEUE_LENGTH) {
                 q->blocked_ns += key[j] - prev_t;
+            }
             l += pt[j].delta;
             v[m++] = (double) l;
             prev_t = key[j];
         }
-        if (m == 0)
+        if (m == 0) {
             continue;
+        }
         q->stream = h->idle[s].stream;
         q->blocked_rel = dur > 0 ? (double) q->blocked_ns / (double) dur : NAN;
         describe(v, m, &q->stats);
@@ -1122,10 +1209,12 @@ static const char *membw_kind(struct kp_hta *h, const char *name)
 {
     char buf[12];
 
-    if (starts(name, "Memset"))
+    if (starts(name, "Memset")) {
         return intern(h, "Memset");
-    if (!starts(name, "Memcpy"))
+    }
+    if (!starts(name, "Memcpy")) {
         return intern(h, "Memcpy Unknown");
+    }
     snprintf(buf, sizeof(buf), "%s", name);
     return intern(h, buf);
 }
@@ -1154,24 +1243,30 @@ static int membw(struct kp_hta *h, double *v)
     key = malloc((2 * n + 1) * sizeof(*key));
     val = malloc((2 * n + 1) * sizeof(*val));
     h->membw = calloc(n + 1, sizeof(*h->membw));
-    if (!perm || !mem || !srt || !grp || !key || !val || !h->membw)
+    if (!perm || !mem || !srt || !grp || !key || !val || !h->membw) {
         goto out;
-    for (size_t i = 0; i < n; i++)
+    }
+    for (size_t i = 0; i < n; i++) {
         perm[i] = i;
+    }
     qsort_r(perm, n, sizeof(*perm), cmp_order, h->evs);
     for (size_t k = 0; k < n; k++) {
         const struct hta_ev *e = &h->evs[perm[k]];
         const char *kind;
         size_t g = 0;
 
-        if (e->type != KP_HTA_MEMORY)
+        if (e->type != KP_HTA_MEMORY) {
             continue;
-        if (!(kind = membw_kind(h, e->name)))
+        }
+        if (!(kind = membw_kind(h, e->name))) {
             goto out;
-        while (g < h->n_membw && h->membw[g].name != kind)
+        }
+        while (g < h->n_membw && h->membw[g].name != kind) {
             g++;
-        if (g == h->n_membw)
+        }
+        if (g == h->n_membw) {
             h->membw[h->n_membw++].name = kind;
+        }
         h->membw[g].events++;
         h->membw[g].computed += e->bw_computed;
         mem[m++] = perm[k];
@@ -1186,8 +1281,9 @@ static int membw(struct kp_hta *h, double *v)
         val[i] = i < m ? e->bw : -e->bw;
         size_t g = 0;
 
-        while (h->membw[g].name != kind)
+        while (h->membw[g].name != kind) {
             g++;
+        }
         grp[i] = g;
         srt[i] = i;
     }
@@ -1197,19 +1293,22 @@ static int membw(struct kp_hta *h, double *v)
         double sum = 0;
 
         for (size_t i = 0; i < np; i++) {
-            if (grp[srt[i]] != g)
+            if (grp[srt[i]] != g) {
                 continue;
+            }
             sum += val[srt[i]];
-            if (sum > 0)
+            if (sum > 0) {
                 v[c++] = sum;
+            }
         }
         describe(v, c, &h->membw[g].stats);
     }
     /* HTA has a row only for a kind with a point > 0 */
     m = 0;
     for (size_t g = 0; g < h->n_membw; g++) {
-        if (h->membw[g].stats.count > 0)
+        if (h->membw[g].stats.count > 0) {
             h->membw[m++] = h->membw[g];
+        }
     }
     h->n_membw = m;
     rc = 0;
@@ -1232,18 +1331,22 @@ static int compute(struct kp_hta *h)
     struct name_agg *aggs = calloc(2 * n + 1, sizeof(*aggs));
     int rc = -ENOMEM;
 
-    if (!g || !idx || !v || !aggs)
+    if (!g || !idx || !v || !aggs) {
         goto out;
+    }
     temporal_overlap(h, g, g + n, g + 2 * n);
-    if ((rc = type_time(h, g)) < 0)
+    if ((rc = type_time(h, g)) < 0) {
         goto out;
+    }
     for (int t = 0; t < 3; t++) {
-        if ((rc = kernel_rows(h, (enum kp_hta_ktype) t, idx, v, aggs)) < 0)
+        if ((rc = kernel_rows(h, (enum kp_hta_ktype) t, idx, v, aggs)) < 0) {
             goto out;
+        }
     }
     if ((rc = idle(h, v)) < 0 || (rc = launches(h, v)) < 0 || (rc = queue(h, v)) < 0 ||
-        (rc = membw(h, v)) < 0)
+        (rc = membw(h, v)) < 0) {
         goto out;
+    }
     rc = 0;
 out:
     free(g);
@@ -1315,12 +1418,15 @@ const struct kp_hta_queue_stream *kp_hta_queue(const struct kp_hta *h, size_t *n
 /* A number, or null for NaN and infinities. */
 static void json_num(FILE *f, double v)
 {
-    if (!isfinite(v))
+    if (!isfinite(v)) {
         fputs("null", f);
-    else if (v == floor(v) && fabs(v) < 1e15)
+    }
+    else if (v == floor(v) && fabs(v) < 1e15) {
         fprintf(f, "%.0f", v);
-    else
+    }
+    else {
         fprintf(f, "%.17g", v);
+    }
 }
 
 /* ns as µs. */
@@ -1337,10 +1443,12 @@ static void json_stats(FILE *f, const struct kp_hta_stats *s, bool us)
     fprintf(f, "{\"count\": %zu", s->count);
     for (int i = 0; i < 7; i++) {
         fprintf(f, ", \"%s\": ", keys[i]);
-        if (us)
+        if (us) {
             json_us(f, vals[i]);
-        else
+        }
+        else {
             json_num(f, vals[i]);
+        }
     }
     fputc('}', f);
 }
@@ -1374,8 +1482,9 @@ static void w_idle(const struct kp_hta *h, FILE *f)
 
         fprintf(f, "%s{\"stream\": %" PRId64 ", \"categories\": [", s ? ", " : "", is->stream);
         for (int c = 0; c < 3; c++) {
-            if (!is->present[c])
+            if (!is->present[c]) {
                 continue;
+            }
             fprintf(f, "%s{\"idle_category\": \"%s\", \"idle_time_us\": ", first ? "" : ", ",
                     idle_cat_names[c]);
             json_us(f, (double) is->idle_ns[c]);
@@ -1408,8 +1517,9 @@ static void w_kernels(const struct kp_hta *h, FILE *f)
 
     fputs("\"kernel_types\": [", f);
     for (unsigned m = 1; m < 8; m++) {
-        if (h->type_time[m] == 0)
+        if (h->type_time[m] == 0) {
             continue;
+        }
         kp_hta_type_label(m, label, sizeof(label));
         fprintf(f, "%s{\"kernel_type\": \"%s\", \"sum_us\": ", first ? "" : ", ", label);
         json_us(f, (double) h->type_time[m]);
@@ -1515,8 +1625,9 @@ int kp_hta_write_json(const struct kp_hta *h, const char *analysis, FILE *f)
                 { "membw", w_membw } };
 
     for (size_t i = 0; i < sizeof(tab) / sizeof(tab[0]); i++) {
-        if (strcmp(tab[i].name, analysis) != 0)
+        if (strcmp(tab[i].name, analysis) != 0) {
             continue;
+        }
         fprintf(f,
                 "{\"analysis\": \"%s\", \"hta_compat\": {\"rounded_to_us\": %s, "
                 "\"last_step_dropped\": %s, \"consecutive_kernel_delay_us\": ",

@@ -145,8 +145,9 @@ int kp_an_dict_load(PGconn *c, const char *sql, const char *const *params, size_
     size_t n;
     int rc = kp_an_query(c, 2, sql, params, budget, max_rows, &r, errbuf, errlen);
 
-    if (rc < 0)
+    if (rc < 0) {
         return rc;
+    }
     n = (size_t) PQntuples(r);
     d->v = calloc(n ? n : 1, sizeof(*d->v));
     if (!d->v) {
@@ -169,8 +170,9 @@ int kp_an_dict_load(PGconn *c, const char *sql, const char *const *params, size_
 
 void kp_an_dict_fini(struct kp_an_dict *d)
 {
-    for (size_t i = 0; i < d->n; i++)
+    for (size_t i = 0; i < d->n; i++) {
         free(d->v[i].s);
+    }
     free(d->v);
     d->v = NULL;
     d->n = 0;
@@ -195,8 +197,9 @@ int kp_an_query(PGconn *c, int n_params, const char *sql, const char *const *par
 
     *out = NULL; /* a failed query leaves no stale result for the caller's cleanup */
     rc = kp_pg_query(c, sql, n_params, params, out, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         return rc;
+    }
     n = (size_t) PQntuples(*out);
     if (max_rows && n > max_rows - *budget) {
         kp_errbuf_set(errbuf, errlen, "the rank has more than %zu rows: raise the row limit",
@@ -216,8 +219,9 @@ int kp_an_check_rank(PGconn *c, const char *const *params, int64_t run, int rank
     int rc;
 
     rc = kp_pg_query(c, "SELECT count(*) FROM runs WHERE id = $1", 1, params, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         return rc;
+    }
     if (kp_pg_i64(r, 0, 0, 0) == 0) {
         PQclear(r);
         kp_errbuf_set(errbuf, errlen,
@@ -231,8 +235,9 @@ int kp_an_check_rank(PGconn *c, const char *const *params, int64_t run, int rank
                      "SELECT coalesce(string_agg(rank::text, ',' ORDER BY rank), ''), "
                      "count(*) FILTER (WHERE rank = $2) FROM ranks WHERE run_id = $1",
                      2, params, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         return rc;
+    }
     if (kp_pg_i64(r, 0, 1, 0) == 0) {
         kp_errbuf_set(errbuf, errlen,
                       "run %" PRId64 " has no rank %d: pick one of its ranks (%s) with --rank", run,
@@ -260,11 +265,13 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     snprintf(runs, sizeof(runs), "%" PRId64, run);
     snprintf(ranks, sizeof(ranks), "%d", rank);
     rc = kp_an_check_rank(c, params, run, rank, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         return rc;
+    }
     a = calloc(1, sizeof(*a));
-    if (!a)
+    if (!a) {
         return -ENOMEM;
+    }
 
     rc = kp_an_dict_load(c,
                          "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
@@ -272,22 +279,26 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
                          " UNION SELECT input_shapes FROM ops" WHERE_RR
                          " UNION SELECT input_dtypes FROM ops" WHERE_RR ") ORDER BY id",
                          params, &budget, max_rows, &a->names, errbuf, errlen);
-    if (rc == -ENOMEM)
+    if (rc == -ENOMEM) {
         goto nomem;
-    if (rc < 0)
+    }
+    if (rc < 0) {
         goto fail;
+    }
 
     rc = kp_an_query(
         c, 2,
         "SELECT start_ns, dur_ns, tid, external_id, name, input_shapes, kind, input_dtypes "
         "FROM ops" WHERE_RR " ORDER BY tid, start_ns, dur_ns DESC",
         params, &budget, max_rows, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         goto fail;
+    }
     n = (size_t) PQntuples(r);
     a->ops = calloc(n ? n : 1, sizeof(*a->ops));
-    if (!a->ops)
+    if (!a->ops) {
         goto nomem;
+    }
     for (size_t i = 0; i < n; i++) {
         struct an_op *o = &a->ops[i];
         int row = (int) i;
@@ -310,12 +321,14 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
                     "SELECT start_ns, dur_ns, tid, correlation, external_id FROM api_calls" WHERE_RR
                     " AND domain = 1 ORDER BY start_ns, dur_ns DESC",
                     params, &budget, max_rows, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         goto fail;
+    }
     n = (size_t) PQntuples(r);
     a->rts = calloc(n + 1, sizeof(*a->rts));
-    if (!a->rts)
+    if (!a->rts) {
         goto nomem;
+    }
     for (size_t i = 0; i < n; i++) {
         struct an_rt *t = &a->rts[i];
         int row = (int) i;
@@ -334,8 +347,9 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
      * loop that re-aggregates the side table for every kernel: 25 s instead of 25 ms on a
      * resnet50 rank. A hash join is right at every size here, so say so (export does too). */
     rc = kp_pg_exec(c, "SET enable_nestloop = off", errbuf, errlen);
-    if (rc != 0)
+    if (rc != 0) {
         goto fail;
+    }
     rc = kp_an_query(
         c, 2,
         "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, grid_y, "
@@ -348,8 +362,9 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
         "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR
         " ORDER BY 2, 3 DESC",
         params, &budget, max_rows, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         goto fail;
+    }
     {
         char ignored[128];
 
@@ -357,8 +372,9 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     }
     n = (size_t) PQntuples(r);
     a->devs = calloc(n ? n : 1, sizeof(*a->devs));
-    if (!a->devs)
+    if (!a->devs) {
         goto nomem;
+    }
     for (size_t i = 0; i < n; i++) {
         struct an_dev *d = &a->devs[i];
         int row = (int) i;
@@ -382,12 +398,15 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
         d->occ = PQgetisnull(r, row, 16) ? NAN : strtod(PQgetvalue(r, row, 16), NULL);
         d->rt = -1;
         d->next = -1;
-        if (d->kind == DEV_KERNEL)
+        if (d->kind == DEV_KERNEL) {
             a->n_kernels++;
-        else if (d->kind == DEV_MEMCPY)
+        }
+        else if (d->kind == DEV_MEMCPY) {
             a->n_memcpy++;
-        else
+        }
+        else {
             a->n_memset++;
+        }
     }
     a->n_devs = n;
     PQclear(r);
@@ -395,12 +414,14 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
     /* Recorded steps: a capture has no ProfilerStep ops but reports its steps (the hook) */
     rc = kp_an_query(c, 2, "SELECT step, start_ns, dur_ns FROM steps" WHERE_RR " ORDER BY start_ns",
                      params, &budget, max_rows, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         goto fail;
+    }
     n = (size_t) PQntuples(r);
     a->rec_steps = calloc(n ? n : 1, sizeof(*a->rec_steps));
-    if (!a->rec_steps)
+    if (!a->rec_steps) {
         goto nomem;
+    }
     for (size_t i = 0; i < n; i++) {
         struct kp_an_step *st = &a->rec_steps[i];
 
@@ -416,8 +437,9 @@ int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an *
                      "SELECT profiler_start_ns, profiler_end_ns FROM ranks" WHERE_RR
                      " AND profiler_start_ns >= 0 AND profiler_end_ns > profiler_start_ns",
                      params, &budget, max_rows, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         goto fail;
+    }
     if (PQntuples(r) == 1) {
         a->prof_start = kp_pg_i64(r, 0, 0, 0);
         a->prof_end = kp_pg_i64(r, 0, 1, 0);
@@ -437,8 +459,9 @@ fail:
 
 void kp_an_destroy(struct kp_an *a)
 {
-    if (!a)
+    if (!a) {
         return;
+    }
     kp_an_dict_fini(&a->names);
     free(a->ops);
     free(a->rts);
@@ -466,13 +489,17 @@ static bool is_comm_name(const char *s)
                                        "reduce_scatter" };
     const char *rest;
 
-    if (strncmp(s, "nccl:", 5) == 0 || strncmp(s, "gloo:", 5) == 0)
+    if (strncmp(s, "nccl:", 5) == 0 || strncmp(s, "gloo:", 5) == 0) {
         rest = s + 5;
-    else
+    }
+    else {
         return false;
-    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
-        if (strcmp(rest, ops[i]) == 0)
+    }
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+        if (strcmp(rest, ops[i]) == 0) {
             return true;
+        }
+    }
     return false;
 }
 
@@ -497,8 +524,9 @@ static bool is_dataloader_name(const char *s)
 {
     size_t n = strlen(s);
 
-    if (strncmp(s, "enumerate(DataPipe)#", 20) == 0)
+    if (strncmp(s, "enumerate(DataPipe)#", 20) == 0) {
         return true;
+    }
     return strncmp(s, "enumerate(DataLoader)#", 22) == 0 && n >= 9 &&
            strcmp(s + n - 9, ".__next__") == 0;
 }
@@ -551,9 +579,11 @@ static bool is_tc_eligible_op(const char *s)
                                        "AddbmmBackward",
                                        "aten::cudnn_convolution_backward" };
 
-    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
-        if (strcmp(s, ops[i]) == 0)
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+        if (strcmp(s, ops[i]) == 0) {
             return true;
+        }
+    }
     return false;
 }
 
@@ -604,17 +634,23 @@ bool kp_an_is_tc_kernel(const char *name)
                                           "fmha_",
                                           "_sdpa_" };
 
-    for (size_t i = 0; i < sizeof(pats) / sizeof(pats[0]); i++)
-        if (strstr(name, pats[i]))
+    for (size_t i = 0; i < sizeof(pats) / sizeof(pats[0]); i++) {
+        if (strstr(name, pats[i])) {
             return true;
-    if (strstr(name, "_simt_") != NULL)
+        }
+    }
+    if (strstr(name, "_simt_") != NULL) {
         return false;
+    }
     /* fmha's fp32 kernels (fmha_cutlassF_f32_aligned_*) run on CUDA cores */
-    if (strstr(name, "fmha_") != NULL)
+    if (strstr(name, "fmha_") != NULL) {
         return strstr(name, "_f32_") == NULL;
-    for (size_t i = 0; i < sizeof(modern) / sizeof(modern[0]); i++)
-        if (strstr(name, modern[i]))
+    }
+    for (size_t i = 0; i < sizeof(modern) / sizeof(modern[0]); i++) {
+        if (strstr(name, modern[i])) {
             return true;
+        }
+    }
     return false;
 }
 
@@ -623,18 +659,25 @@ static int host_type(const struct kp_an *a, const struct an_op *o)
 {
     const char *s = nm(a, o->name);
 
-    if (o->kind == OPK_PROFILER_STEP)
+    if (o->kind == OPK_PROFILER_STEP) {
         return NODE_STEP;
-    if (o->kind == OPK_USER_ANNOTATION)
+    }
+    if (o->kind == OPK_USER_ANNOTATION) {
         return is_comm_name(s) ? NODE_COMM : -1;
-    if (o->kind != OPK_CPU_OP)
+    }
+    if (o->kind != OPK_CPU_OP) {
         return -1;
-    if (is_dataloader_name(s))
+    }
+    if (is_dataloader_name(s)) {
         return NODE_DATALOADER;
-    if (strncmp(s, "Optimizer.", 10) == 0)
+    }
+    if (strncmp(s, "Optimizer.", 10) == 0) {
         return NODE_OPTIMIZER;
-    if (strcmp(s, "DataParallel.forward") == 0 || strcmp(s, "DistributedDataParallel.forward") == 0)
+    }
+    if (strcmp(s, "DataParallel.forward") == 0 ||
+        strcmp(s, "DistributedDataParallel.forward") == 0) {
         return NODE_OTHER_OP;
+    }
     return NODE_OPERATOR;
 }
 
@@ -649,8 +692,9 @@ static int cmp_key_idx(const void *pa, const void *pb)
 {
     const struct key_idx *a = pa, *b = pb;
 
-    if (a->key != b->key)
+    if (a->key != b->key) {
         return a->key < b->key ? -1 : 1;
+    }
     return (a->idx > b->idx) - (a->idx < b->idx);
 }
 
@@ -661,10 +705,12 @@ static const struct key_idx *find_key(const struct key_idx *v, size_t n, int64_t
     while (lo < hi) { /* the first entry with this key */
         size_t mid = lo + (hi - lo) / 2;
 
-        if (v[mid].key < key)
+        if (v[mid].key < key) {
             lo = mid + 1;
-        else
+        }
+        else {
             hi = mid;
+        }
     }
     return lo < n && v[lo].key == key ? &v[lo] : NULL;
 }
@@ -676,12 +722,15 @@ static int32_t root_of(const struct kp_an *a, int64_t tid)
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
 
-        if (a->roots[mid].tid == tid)
+        if (a->roots[mid].tid == tid) {
             return a->roots[mid].node;
-        if (a->roots[mid].tid < tid)
+        }
+        if (a->roots[mid].tid < tid) {
             lo = mid + 1;
-        else
+        }
+        else {
             hi = mid;
+        }
     }
     return -1;
 }
@@ -705,10 +754,12 @@ static void add_child(struct kp_an *a, int32_t parent, int32_t child)
     struct an_node *p = &a->nodes[parent];
 
     a->nodes[child].parent = parent;
-    if (p->last_child >= 0)
+    if (p->last_child >= 0) {
         a->nodes[p->last_child].next_sib = child;
-    else
+    }
+    else {
         p->first_child = child;
+    }
     p->last_child = child;
     p->n_child++;
 }
@@ -719,10 +770,12 @@ static void add_rt(struct kp_an *a, int32_t node, int32_t rt)
 
     a->rts[rt].owner = node;
     a->rts[rt].next = -1;
-    if (n->last_rt >= 0)
+    if (n->last_rt >= 0) {
         a->rts[n->last_rt].next = rt;
-    else
+    }
+    else {
         n->first_rt = rt;
+    }
     n->last_rt = rt;
 }
 
@@ -736,8 +789,9 @@ static int cmp_tid_root(const void *pa, const void *pb)
 /* The runtime's external id if the device event has none. */
 static int64_t dev_ext(const struct kp_an *a, const struct an_dev *d)
 {
-    if (d->ext)
+    if (d->ext) {
         return d->ext;
+    }
     return d->rt >= 0 ? a->rts[d->rt].ext : 0;
 }
 
@@ -757,8 +811,9 @@ static int build_model(struct kp_an *a)
     stack = calloc(a->n_ops + 2, sizeof(*stack));
     ext = calloc(a->n_ops + 1, sizeof(*ext));
     corr = calloc(a->n_rts + 1, sizeof(*corr));
-    if (!a->nodes || !a->roots || !stack || !ext || !corr)
+    if (!a->nodes || !a->roots || !stack || !ext || !corr) {
         goto out;
+    }
 
     /* 1. One tree per thread: ops come sorted by (tid, start, end descending). */
     for (size_t i = 0; i < a->n_ops; i++) {
@@ -766,8 +821,9 @@ static int build_model(struct kp_an *a)
         int type = host_type(a, o);
         int32_t node;
 
-        if (type < 0)
+        if (type < 0) {
             continue;
+        }
         if (o->kind == OPK_PROFILER_STEP && !has_main) {
             has_main = true;
             main_tid = o->tid;
@@ -787,8 +843,9 @@ static int build_model(struct kp_an *a)
                     node = new_node(a, (int32_t) i, o->start, o->end, (uint8_t) type);
                     add_child(a, stack[sp - 1], node);
                     stack[sp++] = node;
-                    if (o->ext)
+                    if (o->ext) {
                         ext[n_ext++] = (struct key_idx){ o->ext, node };
+                    }
                 }
                 break; /* a partial overlap is dropped (spec §2.4) */
             }
@@ -799,8 +856,9 @@ static int build_model(struct kp_an *a)
     for (size_t i = 0; i < a->n_rts; i++) {
         bool found = false;
 
-        for (size_t k = 0; k < a->n_roots && !found; k++)
+        for (size_t k = 0; k < a->n_roots && !found; k++) {
             found = a->roots[k].tid == a->rts[i].tid;
+        }
         if (!found && a->n_roots < cap) {
             int32_t root = new_node(a, -1, INT64_MIN, INT64_MAX, NODE_ROOT);
 
@@ -855,35 +913,42 @@ static int build_model(struct kp_an *a)
         d->next = a->rts[rt].first_dev; /* walking backwards keeps start order */
         a->rts[rt].first_dev = (int32_t) i;
         a->rts[rt].dev_ns += d->end - d->start;
-        if (d->kind == DEV_KERNEL)
+        if (d->kind == DEV_KERNEL) {
             a->rts[rt].kern_ns += d->end - d->start;
-        if (d->kind == DEV_KERNEL && kp_an_is_tc_kernel(nm(a, d->name)))
+        }
+        if (d->kind == DEV_KERNEL && kp_an_is_tc_kernel(nm(a, d->name))) {
             a->rts[rt].tc_ns += d->end - d->start;
+        }
     }
 
     /* 4. Duplicate merging (spec §2.5), parents before children. */
     for (size_t i = 0; i < a->n_nodes; i++) {
         struct an_node *n = &a->nodes[i];
 
-        if (n->dead || n->op < 0 || a->ops[n->op].kind != OPK_CPU_OP)
+        if (n->dead || n->op < 0 || a->ops[n->op].kind != OPK_CPU_OP) {
             continue;
+        }
         while (n->n_child == 1) {
             struct an_node *c = &a->nodes[n->first_child];
 
             if (c->op < 0 || a->ops[c->op].kind != OPK_CPU_OP ||
-                a->ops[c->op].name != a->ops[n->op].name)
+                a->ops[c->op].name != a->ops[n->op].name) {
                 break;
-            for (int32_t r = n->first_rt; r >= 0; r = a->rts[r].next)
+            }
+            for (int32_t r = n->first_rt; r >= 0; r = a->rts[r].next) {
                 a->rts[r].owner = -1;
+            }
             n->first_rt = c->first_rt;
             n->last_rt = c->last_rt;
-            for (int32_t r = n->first_rt; r >= 0; r = a->rts[r].next)
+            for (int32_t r = n->first_rt; r >= 0; r = a->rts[r].next) {
                 a->rts[r].owner = (int32_t) i;
+            }
             n->first_child = c->first_child;
             n->last_child = c->last_child;
             n->n_child = c->n_child;
-            for (int32_t k = n->first_child; k >= 0; k = a->nodes[k].next_sib)
+            for (int32_t k = n->first_child; k >= 0; k = a->nodes[k].next_sib) {
                 a->nodes[k].parent = (int32_t) i;
+            }
             c->dead = true;
         }
     }
@@ -893,32 +958,38 @@ static int build_model(struct kp_an *a)
         struct an_node *n = &a->nodes[i];
         bool host = n->op >= 0; /* roots have no host time */
 
-        if (n->dead)
+        if (n->dead) {
             continue;
+        }
         n->host_self = host ? n->end - n->start : 0;
         n->eligible = n->op >= 0 && is_tc_eligible_op(nm(a, a->ops[n->op].name));
         for (int32_t r = n->first_rt; r >= 0; r = a->rts[r].next) {
-            if (host)
+            if (host) {
                 n->host_self -= a->rts[r].end - a->rts[r].start;
+            }
             n->dev_self += a->rts[r].dev_ns;
             n->tc_self += a->rts[r].tc_ns;
             n->kern_self += a->rts[r].kern_ns;
-            if (a->rts[r].tc_ns > 0)
+            if (a->rts[r].tc_ns > 0) {
                 n->eligible = true;
+            }
         }
         n->dev_total += n->dev_self;
         n->tc_total += n->tc_self;
         for (int32_t k = n->first_child; k >= 0; k = a->nodes[k].next_sib) {
             const struct an_node *c = &a->nodes[k];
 
-            if (host)
+            if (host) {
                 n->host_self -= c->end - c->start;
+            }
             n->dev_total += c->dev_total;
             n->tc_total += c->tc_total;
-            if (c->eligible && n->op >= 0 && a->ops[n->op].kind == OPK_CPU_OP)
+            if (c->eligible && n->op >= 0 && a->ops[n->op].kind == OPK_CPU_OP) {
                 n->eligible = true;
-            if (c->eligible || c->eligible_below)
+            }
+            if (c->eligible || c->eligible_below) {
                 n->eligible_below = true;
+            }
         }
     }
     a->built = true;
@@ -953,14 +1024,16 @@ static int build_steps(struct kp_an *a)
     free(a->steps);
     a->steps =
         calloc((a->n_ops > a->n_rec_steps ? a->n_ops : a->n_rec_steps) + 1, sizeof(*a->steps));
-    if (!a->steps)
+    if (!a->steps) {
         return -ENOMEM;
+    }
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
         const char *s = nm(a, o->name);
 
-        if (o->kind != OPK_PROFILER_STEP)
+        if (o->kind != OPK_PROFILER_STEP) {
             continue;
+        }
         snprintf(a->steps[n].name, sizeof(a->steps[n].name), "%s",
                  strncmp(s, "ProfilerStep#", 13) == 0 ? s + 13 : s);
         a->steps[n].start_ns = o->start;
@@ -976,8 +1049,9 @@ static int build_steps(struct kp_an *a)
         int64_t lo = INT64_MAX, hi = INT64_MIN;
 
         for (size_t i = 0; i < a->n_ops; i++) {
-            if (a->ops[i].kind != OPK_CPU_OP)
+            if (a->ops[i].kind != OPK_CPU_OP) {
                 continue;
+            }
             lo = a->ops[i].start < lo ? a->ops[i].start : lo;
             hi = a->ops[i].end > hi ? a->ops[i].end : hi;
         }
@@ -991,8 +1065,9 @@ static int build_steps(struct kp_an *a)
     qsort(a->steps, n, sizeof(*a->steps), cmp_step);
 
     sd = calloc(n + 1, sizeof(*sd));
-    if (!sd)
+    if (!sd) {
         return -ENOMEM;
+    }
     for (size_t s = 0; s < n; s++) {
         sd[s].min_start = INT64_MAX;
         sd[s].max_end = INT64_MIN;
@@ -1003,25 +1078,30 @@ static int build_steps(struct kp_an *a)
         size_t lo = 0, hi = n;
 
         t->step = -1;
-        if (i == a->n_rts || t->dummy)
+        if (i == a->n_rts || t->dummy) {
             continue;
+        }
         while (lo < hi) {
             size_t mid = lo + (hi - lo) / 2;
 
-            if (a->steps[mid].start_ns <= t->start)
+            if (a->steps[mid].start_ns <= t->start) {
                 lo = mid + 1;
-            else
+            }
+            else {
                 hi = mid;
+            }
         }
-        if (lo > 0 && t->end <= a->steps[lo - 1].end_ns)
+        if (lo > 0 && t->end <= a->steps[lo - 1].end_ns) {
             t->step = (int32_t) (lo - 1);
+        }
     }
     for (size_t i = 0; i < a->n_devs; i++) {
         const struct an_dev *d = &a->devs[i];
         int32_t s = d->rt >= 0 ? a->rts[d->rt].step : -1;
 
-        if (s < 0)
+        if (s < 0) {
             continue;
+        }
         sd[s].count++;
         sd[s].min_start = d->start < sd[s].min_start ? d->start : sd[s].min_start;
         sd[s].max_end = d->end > sd[s].max_end ? d->end : sd[s].max_end;
@@ -1034,10 +1114,12 @@ static int build_steps(struct kp_an *a)
             for (size_t i = 0; i < a->n_devs; i++) {
                 const struct an_dev *d = &a->devs[i];
 
-                if (d->rt >= 0 && a->rts[d->rt].step >= 0)
+                if (d->rt >= 0 && a->rts[d->rt].step >= 0) {
                     continue;
-                if (d->end < sd[0].min_start && d->end > prev_end)
+                }
+                if (d->end < sd[0].min_start && d->end > prev_end) {
                     prev_end = d->end;
+                }
             }
         }
         for (size_t s = 0; s < n; s++) {
@@ -1045,12 +1127,15 @@ static int build_steps(struct kp_an *a)
             int64_t start = prev_end > st->start_ns ? prev_end : st->start_ns;
             int64_t end;
 
-            if (sd[s].count > 0)
+            if (sd[s].count > 0) {
                 end = st->end_ns > sd[s].max_end ? st->end_ns : sd[s].max_end;
-            else
+            }
+            else {
                 end = st->end_ns > start ? st->end_ns : start;
-            if (end < start)
+            }
+            if (end < start) {
                 end = start;
+            }
             st->start_ns = start;
             st->end_ns = end;
             prev_end = end;
@@ -1058,11 +1143,13 @@ static int build_steps(struct kp_an *a)
         if (n > 1) { /* tail trimming */
             size_t last = n - 1;
 
-            while (sd[last].count == 0)
+            while (sd[last].count == 0) {
                 last--;
+            }
             n = last + 1;
-            if (last > 0 && (double) sd[last].count < 0.8 * (double) sd[last - 1].count)
+            if (last > 0 && (double) sd[last].count < 0.8 * (double) sd[last - 1].count) {
                 n = last;
+            }
         }
     }
     free(sd);
@@ -1080,8 +1167,9 @@ struct rlist {
 
 static int rl_push(struct rlist *l, size_t cap, int64_t s, int64_t e)
 {
-    if (l->n >= cap)
+    if (l->n >= cap) {
         return -ENOMEM;
+    }
     l->r[l->n++] = (struct kp_range){ s, e };
     return 0;
 }
@@ -1120,10 +1208,12 @@ static int cmp_sm_ev(const void *pa, const void *pb)
 {
     const struct sm_ev *x = pa, *y = pb;
 
-    if (x->t != y->t)
+    if (x->t != y->t) {
         return x->t < y->t ? -1 : 1;
-    if (x->start != y->start)
+    }
+    if (x->start != y->start) {
         return y->start - x->start;
+    }
     return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
@@ -1150,8 +1240,9 @@ static int sm_efficiency(struct kp_an *a, int g, size_t k, int64_t w0, int64_t w
     for (size_t i = 0; i < a->n_devs; i++) {
         const struct an_dev *d = &a->devs[i];
 
-        if (d->kind != DEV_KERNEL || d->device != g || isnan(d->bps) || !(d->bps > 0))
+        if (d->kind != DEV_KERNEL || d->device != g || isnan(d->bps) || !(d->bps > 0)) {
             continue;
+        }
         ev[n] = (struct sm_ev){ d->start, 1, d->bps, n };
         n++;
         ev[n] = (struct sm_ev){ d->end, 0, d->bps, n };
@@ -1219,12 +1310,14 @@ static int util_timeline(struct kp_an *a, size_t k, const struct kp_range *r, si
     int64_t bucket = 1000, n_b;
     struct kp_an_point *p;
 
-    while (hi - lo > 100 * bucket && bucket <= INT64_MAX / 1000)
+    while (hi - lo > 100 * bucket && bucket <= INT64_MAX / 1000) {
         bucket *= 10;
+    }
     n_b = (hi - lo) / bucket;
     p = calloc((size_t) n_b + 1, sizeof(*p));
-    if (!p)
+    if (!p) {
         return -ENOMEM;
+    }
     for (int64_t i = 0; i < n_b; i++) {
         int64_t s = lo + i * bucket, e = i + 1 == n_b ? hi : s + bucket;
 
@@ -1249,8 +1342,9 @@ static void occupancy(const struct kp_an *a, int g, int64_t w0, int64_t w1, doub
         const struct an_dev *d = &a->devs[i];
         int64_t lo, hi;
 
-        if (d->kind != DEV_KERNEL || d->device != g || isnan(d->occ) || d->occ < 0)
+        if (d->kind != DEV_KERNEL || d->device != g || isnan(d->occ) || d->occ < 0) {
             continue;
+        }
         lo = d->start > w0 ? d->start : w0;
         hi = d->end < w1 ? d->end : w1;
         if (hi > lo) {
@@ -1272,29 +1366,36 @@ static int gpu_utilization(struct kp_an *a, struct kp_range *tmp)
 
     b->n_gpus = 0;
     event_span(a, &lo, &hi);
-    for (size_t i = 0; i < a->n_devs; i++)
+    for (size_t i = 0; i < a->n_devs; i++) {
         if (a->devs[i].kind == DEV_KERNEL && a->devs[i].device >= 0 &&
-            a->devs[i].device < KP_AN_MAX_GPUS)
+            a->devs[i].device < KP_AN_MAX_GPUS) {
             seen[a->devs[i].device] = true;
+        }
+    }
     w0 = b->n_steps ? a->steps[0].start_ns : 0;
     w1 = b->n_steps ? a->steps[b->n_steps - 1].end_ns : 0;
     for (int g = 0; g < KP_AN_MAX_GPUS; g++) {
         size_t n = 0;
 
-        if (!seen[g])
+        if (!seen[g]) {
             continue;
-        for (size_t i = 0; i < a->n_devs; i++)
-            if (a->devs[i].kind == DEV_KERNEL && a->devs[i].device == g)
+        }
+        for (size_t i = 0; i < a->n_devs; i++) {
+            if (a->devs[i].kind == DEV_KERNEL && a->devs[i].device == g) {
                 tmp[n++] = (struct kp_range){ a->devs[i].start, a->devs[i].end };
+            }
+        }
         n = kp_ranges_merge(tmp, n);
         b->gpu_ids[b->n_gpus] = g;
         b->gpu_utilization[b->n_gpus] =
             w1 > w0 ? (double) kp_ranges_clip_length(tmp, n, w0, w1) / (double) (w1 - w0) : 0.0;
         rc = util_timeline(a, b->n_gpus, tmp, n, lo, hi);
-        if (rc == 0)
+        if (rc == 0) {
             rc = sm_efficiency(a, g, b->n_gpus, w0, w1);
-        if (rc < 0)
+        }
+        if (rc < 0) {
             return rc;
+        }
         occupancy(a, g, w0, w1, &b->est_achieved_occupancy[b->n_gpus],
                   &b->est_achieved_occupancy_defined[b->n_gpus]);
         b->n_gpus++;
@@ -1311,24 +1412,28 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
     int64_t *comm_ext = NULL;
     int rc = -ENOMEM;
 
-    if (!a->built && (rc = build_model(a)) < 0)
+    if (!a->built && (rc = build_model(a)) < 0) {
         return rc;
-    if ((rc = build_steps(a)) < 0)
+    }
+    if ((rc = build_steps(a)) < 0) {
         return rc;
+    }
     rc = -ENOMEM;
     n_steps = a->bd.n_steps;
     for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
         cat[c].r = calloc(cap, sizeof(struct kp_range));
         share[c].r = calloc(2 * cap + n_steps + 1, sizeof(struct kp_range));
-        if (!cat[c].r || !share[c].r)
+        if (!cat[c].r || !share[c].r) {
             goto out;
+        }
     }
     free_r = calloc(2 * cap + n_steps + 1, sizeof(*free_r));
     all_steps = calloc(n_steps + 1, sizeof(*all_steps));
     tmp = calloc(2 * cap + n_steps + 1, sizeof(*tmp));
     comm_ext = calloc(a->n_ops + 1, sizeof(*comm_ext));
-    if (!free_r || !all_steps || !tmp || !comm_ext)
+    if (!free_r || !all_steps || !tmp || !comm_ext) {
         goto out;
+    }
 
     /* Each category's intervals, from all events. */
     a->bd.use_dp = a->bd.use_ddp = false;
@@ -1337,25 +1442,31 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
         const char *s = nm(a, o->name);
         bool host = o->kind == OPK_CPU_OP || o->kind == OPK_USER_ANNOTATION;
 
-        if (strcmp(s, "DataParallel.forward") == 0)
+        if (strcmp(s, "DataParallel.forward") == 0) {
             a->bd.use_dp = true;
-        else if (strcmp(s, "DistributedDataParallel.forward") == 0)
+        }
+        else if (strcmp(s, "DistributedDataParallel.forward") == 0) {
             a->bd.use_ddp = true;
+        }
         if (is_comm_op(o, s)) {
             rl_push(&cat[KP_AN_COMMUNICATION], cap, o->start, o->end);
             n_nccl += s[0] == 'n';
             n_gloo += s[0] == 'g';
-            if (o->ext)
+            if (o->ext) {
                 comm_ext[n_comm++] = o->ext;
+            }
         }
-        if (host && is_dataloader_name(s))
+        if (host && is_dataloader_name(s)) {
             rl_push(&cat[KP_AN_DATALOADER], cap, o->start, o->end);
-        else if (host || o->kind == OPK_GPU_USER_ANNOTATION || o->kind == OPK_NVTX)
+        }
+        else if (host || o->kind == OPK_GPU_USER_ANNOTATION || o->kind == OPK_NVTX) {
             rl_push(&cat[KP_AN_CPU_EXEC], cap, o->start, o->end);
+        }
     }
     qsort(comm_ext, n_comm, sizeof(*comm_ext), cmp_i64);
-    for (size_t i = 0; i < a->n_rts; i++)
+    for (size_t i = 0; i < a->n_rts; i++) {
         rl_push(&cat[KP_AN_RUNTIME], cap, a->rts[i].start, a->rts[i].end);
+    }
     for (size_t i = 0; i < a->n_devs; i++) {
         const struct an_dev *d = &a->devs[i];
         int c = d->kind == DEV_MEMCPY   ? KP_AN_MEMCPY
@@ -1366,8 +1477,9 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
             int64_t e = dev_ext(a, d);
 
             if ((e && bsearch(&e, comm_ext, n_comm, sizeof(*comm_ext), cmp_i64)) ||
-                (!plugin_compat && d->kind == DEV_KERNEL && is_comm_kernel_name(nm(a, d->name))))
+                (!plugin_compat && d->kind == DEV_KERNEL && is_comm_kernel_name(nm(a, d->name)))) {
                 c = KP_AN_COMMUNICATION;
+            }
         }
         rl_push(&cat[c], cap, d->start, d->end);
     }
@@ -1377,10 +1489,12 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
     a->bd.has_communication = cat[KP_AN_COMMUNICATION].n > 0;
     a->bd.comm_node_count = n_nccl && n_gloo ? 0 : n_nccl + n_gloo;
     a->bd.comm_nccl = n_nccl > 0;
-    for (int c = 0; c < KP_AN_OTHER; c++)
+    for (int c = 0; c < KP_AN_OTHER; c++) {
         cat[c].n = kp_ranges_merge(cat[c].r, cat[c].n);
-    for (size_t s = 0; s < n_steps; s++)
+    }
+    for (size_t s = 0; s < n_steps; s++) {
         all_steps[s] = (struct kp_range){ a->steps[s].start_ns, a->steps[s].end_ns };
+    }
     n_all = kp_ranges_merge(all_steps, n_steps);
 
     /* Priority masking. The plugin starts with no free time and resets it to all steps
@@ -1419,15 +1533,17 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
         a->bd.avg_total_ns += (double) (st->end_ns - st->start_ns);
     }
     if (n_steps > 0) {
-        for (int c = 0; c < KP_AN_CAT_COUNT; c++)
+        for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
             a->bd.avg_ns[c] /= (double) n_steps;
+        }
         a->bd.avg_total_ns /= (double) n_steps;
     }
     overlap(a, cat[KP_AN_KERNEL].n ? &cat[KP_AN_KERNEL] : &cat[KP_AN_CPU_EXEC],
             &cat[KP_AN_COMMUNICATION], tmp);
     rc = gpu_utilization(a, tmp);
-    if (rc < 0)
+    if (rc < 0) {
         goto out;
+    }
     *out = &a->bd;
 out:
     for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
@@ -1452,10 +1568,12 @@ static int cmp_comm_op(const void *pa, const void *pb)
 {
     const struct comm_op *x = pa, *y = pb;
 
-    if (x->start != y->start)
+    if (x->start != y->start) {
         return x->start < y->start ? -1 : 1;
-    if (x->end != y->end)
+    }
+    if (x->end != y->end) {
         return x->end > y->end ? -1 : 1;
+    }
     return (x->op > y->op) - (x->op < y->op);
 }
 
@@ -1463,8 +1581,9 @@ static int cmp_range_start_end_desc(const void *pa, const void *pb)
 {
     const struct kp_range *x = pa, *y = pb;
 
-    if (x->start != y->start)
+    if (x->start != y->start) {
         return x->start < y->start ? -1 : 1;
+    }
     return (x->end < y->end) - (x->end > y->end);
 }
 
@@ -1476,41 +1595,49 @@ int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
     int rc = -ENOMEM;
 
     memset(out, 0, sizeof(*out));
-    if (!a->steps)
+    if (!a->steps) {
         return -EINVAL;
+    }
     v = calloc(a->n_ops + 1, sizeof(*v));
     ext = calloc(a->n_ops + 1, sizeof(*ext));
-    if (!v || !ext)
+    if (!v || !ext) {
         goto out;
+    }
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
         const char *nam = nm(a, o->name);
 
-        if (!is_comm_op(o, nam))
+        if (!is_comm_op(o, nam)) {
             continue;
+        }
         out->nccl |= nam[0] == 'n';
         out->gloo |= nam[0] == 'g';
-        if (o->ext)
+        if (o->ext) {
             ext[n_ext++] = (struct key_idx){ o->ext, (int32_t) i };
-        else /* no external id (an NVTX range): a node of its own */
+        }
+        else { /* no external id (an NVTX range): a node of its own */
             v[n++] = (struct comm_op){ o->start, o->end, (int32_t) i };
+        }
     }
     rc = 0;
-    if (out->nccl && out->gloo) /* the plugin empties the node list then */
+    if (out->nccl && out->gloo) { /* the plugin empties the node list then */
         goto out;
+    }
     /* One node per external id, the last op with it (the plugin's dict keeps the last). */
     qsort(ext, n_ext, sizeof(*ext), cmp_key_idx);
     for (size_t k = 0; k < n_ext; k++) {
         const struct an_op *o = &a->ops[ext[k].idx];
 
-        if (k + 1 == n_ext || ext[k + 1].key != ext[k].key)
+        if (k + 1 == n_ext || ext[k + 1].key != ext[k].key) {
             v[n++] = (struct comm_op){ o->start, o->end, ext[k].idx };
+        }
     }
     qsort(v, n, sizeof(*v), cmp_comm_op);
     rc = -ENOMEM;
     out->nodes = calloc(n + 1, sizeof(*out->nodes));
-    if (!out->nodes)
+    if (!out->nodes) {
         goto out;
+    }
     n_ext = 0;
     for (size_t j = 0; j < n; j++) {
         const struct an_op *o = &a->ops[v[j].op];
@@ -1524,8 +1651,9 @@ int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
         cn->end_ns = o->end;
         cn->step = -1;
         cn->n = 1; /* its own span */
-        if (o->ext)
+        if (o->ext) {
             ext[n_ext++] = (struct key_idx){ o->ext, (int32_t) j };
+        }
     }
     out->n_nodes = n;
     /* NCCL: the kernels of a node's external id are its intervals too. */
@@ -1534,8 +1662,9 @@ int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
         const struct key_idx *k;
 
         if (a->devs[i].kind == DEV_KERNEL &&
-            (k = find_key(ext, n_ext, dev_ext(a, &a->devs[i]))) != NULL)
+            (k = find_key(ext, n_ext, dev_ext(a, &a->devs[i]))) != NULL) {
             out->nodes[k->idx].n++;
+        }
     }
     for (size_t j = 0; j < n; j++) {
         out->nodes[j].first = n_ranges;
@@ -1543,11 +1672,13 @@ int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
         out->nodes[j].n = 1;
     }
     out->ranges = calloc(n_ranges + 1, sizeof(*out->ranges));
-    if (!out->ranges)
+    if (!out->ranges) {
         goto out;
-    for (size_t j = 0; j < n; j++)
+    }
+    for (size_t j = 0; j < n; j++) {
         out->ranges[out->nodes[j].first] =
             (struct kp_range){ out->nodes[j].start_ns, out->nodes[j].end_ns };
+    }
     for (size_t i = 0; out->nccl && i < a->n_devs; i++) {
         const struct an_dev *d = &a->devs[i];
         const struct key_idx *k;
@@ -1558,9 +1689,10 @@ int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
             out->ranges[cn->first + cn->n++] = (struct kp_range){ d->start, d->end };
         }
     }
-    for (size_t j = 0; j < n; j++)
+    for (size_t j = 0; j < n; j++) {
         qsort(out->ranges + out->nodes[j].first, out->nodes[j].n, sizeof(*out->ranges),
               cmp_range_start_end_desc);
+    }
     /* Each node goes to the first step that contains it, walking both in time order; a node
      * that straddles a step end gets none, and after the last step none do. */
     for (size_t j = 0; j < n && s < a->bd.n_steps; j++) {
@@ -1571,8 +1703,9 @@ int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
                 cn->step = (int32_t) s;
                 break;
             }
-            if (cn->start_ns < a->steps[s].end_ns)
+            if (cn->start_ns < a->steps[s].end_ns) {
                 break;
+            }
             s++;
         }
     }
@@ -1580,8 +1713,9 @@ int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
 out:
     free(v);
     free(ext);
-    if (rc < 0)
+    if (rc < 0) {
         kp_an_comm_fini(out);
+    }
     return rc;
 }
 
@@ -1604,10 +1738,12 @@ static void mem_inclusive(const struct kp_an *a, int64_t *st, int32_t x)
 {
     for (int32_t ch = a->nodes[x].first_child; ch >= 0; ch = a->nodes[ch].next_sib) {
         mem_inclusive(a, st, ch);
-        for (int s = 0; s < MEM_SLOTS; s++)
-            for (int k = 0; k < 3; k++)
+        for (int s = 0; s < MEM_SLOTS; s++) {
+            for (int k = 0; k < 3; k++) {
                 st[((size_t) x * MEM_SLOTS + s) * 3 + k] +=
                     st[((size_t) ch * MEM_SLOTS + s) * 3 + k];
+            }
+        }
     }
 }
 
@@ -1623,16 +1759,18 @@ int kp_an_memory(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_r
     int rc;
 
     memset(out, 0, sizeof(*out));
-    if (!a->built && (rc = build_model(a)) < 0)
+    if (!a->built && (rc = build_model(a)) < 0) {
         return rc;
+    }
     snprintf(runs, sizeof(runs), "%" PRId64, run);
     snprintf(ranks, sizeof(ranks), "%d", rank);
     rc = kp_an_query(c, 2,
                      "SELECT start_ns, bytes, tid, device_type, device FROM memory_events" WHERE_RR
                      " ORDER BY start_ns",
                      params, &budget, max_rows, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         return rc;
+    }
     self = calloc((a->n_nodes + 1) * MEM_SLOTS * 3, sizeof(*self));
     incl = calloc((a->n_nodes + 1) * MEM_SLOTS * 3, sizeof(*incl));
     by_name = calloc((a->names.n + 1) * MEM_SLOTS * MEM_FIELDS, sizeof(*by_name));
@@ -1650,39 +1788,46 @@ int kp_an_memory(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_r
         int slot;
         int64_t *v;
 
-        if (dtype == 0)
+        if (dtype == 0) {
             slot = 0;
-        else if (dtype == 1 && dev >= 0 && dev < KP_AN_MAX_GPUS)
+        }
+        else if (dtype == 1 && dev >= 0 && dev < KP_AN_MAX_GPUS) {
             slot = 1 + (int) dev;
-        else
+        }
+        else {
             continue;
+        }
         seen[slot] = true;
         /* the innermost node with start <= ts < end */
         for (in = x; in >= 0;) {
             x = in;
             in = -1;
-            for (int32_t ch = a->nodes[x].first_child; ch >= 0; ch = a->nodes[ch].next_sib)
+            for (int32_t ch = a->nodes[x].first_child; ch >= 0; ch = a->nodes[ch].next_sib) {
                 if (!a->nodes[ch].dead && a->nodes[ch].start <= ts && ts < a->nodes[ch].end) {
                     in = ch;
                     break;
                 }
+            }
         }
-        if (x < 0 || a->nodes[x].type != NODE_OPERATOR)
+        if (x < 0 || a->nodes[x].type != NODE_OPERATOR) {
             continue;
+        }
         v = &self[((size_t) x * MEM_SLOTS + slot) * 3];
         v[0] += bytes;
         v[1] += bytes > 0 ? bytes : 0;
         v[2] += bytes > 0;
     }
     memcpy(incl, self, (a->n_nodes + 1) * MEM_SLOTS * 3 * sizeof(*incl));
-    for (size_t i = 0; i < a->n_roots; i++)
+    for (size_t i = 0; i < a->n_roots; i++) {
         mem_inclusive(a, incl, a->roots[i].node);
+    }
     for (size_t i = 0; i < a->n_nodes; i++) {
         const struct an_node *x = &a->nodes[i];
         int32_t name;
 
-        if (x->dead || x->type != NODE_OPERATOR || a->ops[x->op].name < 0)
+        if (x->dead || x->type != NODE_OPERATOR || a->ops[x->op].name < 0) {
             continue;
+        }
         name = a->ops[x->op].name;
         for (int s = 0; s < MEM_SLOTS; s++) {
             int64_t *v = &by_name[((size_t) name * MEM_SLOTS + s) * MEM_FIELDS];
@@ -1694,12 +1839,13 @@ int kp_an_memory(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_r
             v[6]++;
         }
     }
-    for (int s = 0; s < MEM_SLOTS; s++)
+    for (int s = 0; s < MEM_SLOTS; s++) {
         for (size_t m = 0; m < a->names.n; m++) {
             const int64_t *v = &by_name[(m * MEM_SLOTS + (size_t) s) * MEM_FIELDS];
 
             out->n_rows += seen[s] && (v[0] || v[1] || v[2] || v[3] || v[4] || v[5]);
         }
+    }
     out->rows = calloc(out->n_rows + 1, sizeof(*out->rows));
     if (!out->rows) {
         rc = -ENOMEM;
@@ -1708,14 +1854,16 @@ int kp_an_memory(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_r
     out->n_rows = 0;
     for (int s = 0; s < MEM_SLOTS; s++) {
         out->seen[s] = seen[s];
-        if (!seen[s])
+        if (!seen[s]) {
             continue;
+        }
         for (size_t m = 0; m < a->names.n; m++) {
             const int64_t *v = &by_name[(m * MEM_SLOTS + (size_t) s) * MEM_FIELDS];
             struct kp_an_mem_row *o = &out->rows[out->n_rows];
 
-            if (!v[0] && !v[1] && !v[2] && !v[3] && !v[4] && !v[5])
+            if (!v[0] && !v[1] && !v[2] && !v[3] && !v[4] && !v[5]) {
                 continue;
+            }
             o->slot = s;
             o->name = a->names.v[m].s;
             memcpy(o->v, v, sizeof(o->v));
@@ -1744,20 +1892,25 @@ int kp_an_memory_json(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t 
     int n_dev = 0, rc, first_dev = 1;
     size_t i = 0;
 
-    if ((rc = kp_an_memory(a, c, run, rank, max_rows, &m, errbuf, errlen)) < 0)
+    if ((rc = kp_an_memory(a, c, run, rank, max_rows, &m, errbuf, errlen)) < 0) {
         return rc;
-    for (int s = 0; s < MEM_SLOTS; s++)
+    }
+    for (int s = 0; s < MEM_SLOTS; s++) {
         n_dev += m.seen[s];
+    }
     fprintf(f, "{\"device_count\": %d, \"devices\": {", n_dev);
     for (int s = 0; s < MEM_SLOTS; s++) {
         int first = 1;
 
-        if (!m.seen[s])
+        if (!m.seen[s]) {
             continue;
-        if (s == 0)
+        }
+        if (s == 0) {
             fprintf(f, "%s\"CPU\": {", first_dev ? "" : ", ");
-        else
+        }
+        else {
             fprintf(f, "%s\"GPU%d\": {", first_dev ? "" : ", ", s - 1);
+        }
         first_dev = 0;
         for (; i < m.n_rows && m.rows[i].slot == s; i++) {
             const int64_t *v = m.rows[i].v;
@@ -1802,11 +1955,13 @@ static int cmp_op_nodes(const void *pa, const void *pb, void *ctx)
     const struct an_op *ox = &sort_an->ops[x->op], *oy = &sort_an->ops[y->op];
     int c = strcmp(nm(sort_an, ox->name), nm(sort_an, oy->name));
 
-    if (c == 0 && sort_by_shape)
+    if (c == 0 && sort_by_shape) {
         c = strcmp(op_shapes(sort_an, ox), op_shapes(sort_an, oy));
-    if (c == 0)
+    }
+    if (c == 0) {
         c = (*(const int32_t *) pa > *(const int32_t *) pb) -
             (*(const int32_t *) pa < *(const int32_t *) pb);
+    }
     return c;
 }
 
@@ -1818,8 +1973,9 @@ static int cmp_op_rows(const void *pa, const void *pb, void *ctx)
     int64_t vy = sort_by_device ? y->device_self_ns : y->host_self_ns;
     int c;
 
-    if (vx != vy)
+    if (vx != vy) {
         return vx > vy ? -1 : 1;
+    }
     c = strcmp(x->name, y->name);
     return c ? c : strcmp(x->input_shape, y->input_shape);
 }
@@ -1833,8 +1989,9 @@ int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
     bool by_device;
     int rc;
 
-    if (!a->built && (rc = build_model(a)) < 0)
+    if (!a->built && (rc = build_model(a)) < 0) {
         return rc;
+    }
     idx = calloc(a->n_nodes + 1, sizeof(*idx));
     rows = calloc(a->n_nodes + 1, sizeof(*rows));
     if (!idx || !rows) {
@@ -1842,9 +1999,11 @@ int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
         free(rows);
         return -ENOMEM;
     }
-    for (size_t i = 0; i < a->n_nodes; i++)
-        if (!a->nodes[i].dead && a->nodes[i].type == NODE_OPERATOR)
+    for (size_t i = 0; i < a->n_nodes; i++) {
+        if (!a->nodes[i].dead && a->nodes[i].type == NODE_OPERATOR) {
             idx[n++] = (int32_t) i;
+        }
+    }
     /* groups keep tree order inside */
     qsort_r(idx, n, sizeof(*idx), cmp_op_nodes, &(struct op_sort){ a, by_shape });
     for (size_t i = 0; i < n; i++) {
@@ -1881,10 +2040,12 @@ int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
 
 static void fmt_dim(char *buf, size_t len, bool has, const int32_t *v)
 {
-    if (has)
+    if (has) {
         snprintf(buf, len, "[%d, %d, %d]", v[0], v[1], v[2]);
-    else
+    }
+    else {
         snprintf(buf, len, "None");
+    }
 }
 
 static int cmp_kernel_rows_key(const void *pa, const void *pb)
@@ -1892,16 +2053,21 @@ static int cmp_kernel_rows_key(const void *pa, const void *pb)
     const struct kp_an_kernel_row *x = pa, *y = pb;
     int c = strcmp(x->name, y->name);
 
-    if (c == 0)
+    if (c == 0) {
         c = strcmp(x->op_name, y->op_name);
-    if (c == 0)
+    }
+    if (c == 0) {
         c = strcmp(x->grid, y->grid);
-    if (c == 0)
+    }
+    if (c == 0) {
         c = strcmp(x->block, y->block);
-    if (c == 0 && x->registers != y->registers)
+    }
+    if (c == 0 && x->registers != y->registers) {
         c = x->registers < y->registers ? -1 : 1;
-    if (c == 0 && x->shared_memory != y->shared_memory)
+    }
+    if (c == 0 && x->shared_memory != y->shared_memory) {
         c = x->shared_memory < y->shared_memory ? -1 : 1;
+    }
     return c;
 }
 
@@ -1909,8 +2075,9 @@ static int cmp_kernel_rows_total(const void *pa, const void *pb)
 {
     const struct kp_an_kernel_row *x = pa, *y = pb;
 
-    if (x->total_ns != y->total_ns)
+    if (x->total_ns != y->total_ns) {
         return x->total_ns > y->total_ns ? -1 : 1;
+    }
     return cmp_kernel_rows_key(pa, pb);
 }
 
@@ -1921,26 +2088,30 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
     size_t n = 0, nr = 0;
     int rc;
 
-    if (!a->built && (rc = build_model(a)) < 0)
+    if (!a->built && (rc = build_model(a)) < 0) {
         return rc;
+    }
     rows = calloc(a->n_kernels + 1, sizeof(*rows));
-    if (!rows)
+    if (!rows) {
         return -ENOMEM;
+    }
     /* One row per kernel, then sorted by key and folded. */
     for (size_t i = 0; i < a->n_devs; i++) {
         const struct an_dev *d = &a->devs[i];
         struct kp_an_kernel_row *r = &rows[n];
 
-        if (d->kind != DEV_KERNEL)
+        if (d->kind != DEV_KERNEL) {
             continue;
+        }
         r->name = nm(a, d->name);
         r->op_name = "";
         if (by_op) {
             int32_t owner = d->rt >= 0 ? a->rts[d->rt].owner : -1;
             const struct an_node *node;
 
-            if (owner < 0)
+            if (owner < 0) {
                 continue; /* not reached through the tree */
+            }
             node = &a->nodes[owner];
             r->op_name = node->op >= 0 ? nm(a, a->ops[node->op].name) : "CallTreeRoot";
             r->op_tc_eligible = node->eligible;
@@ -1995,18 +2166,22 @@ static void json_us(FILE *f, int64_t ns)
     uint64_t u = ns < 0 ? (uint64_t) 0 - (uint64_t) ns : (uint64_t) ns;
     unsigned frac = (unsigned) (u % 1000);
 
-    if (ns < 0)
+    if (ns < 0) {
         fputc('-', f);
+    }
     if (frac == 0) {
         fprintf(f, "%" PRIu64, u / 1000);
         return;
     }
-    if (frac % 100 == 0)
+    if (frac % 100 == 0) {
         fprintf(f, "%" PRIu64 ".%u", u / 1000, frac / 100);
-    else if (frac % 10 == 0)
+    }
+    else if (frac % 10 == 0) {
         fprintf(f, "%" PRIu64 ".%02u", u / 1000, frac / 10);
-    else
+    }
+    else {
         fprintf(f, "%" PRIu64 ".%03u", u / 1000, frac);
+    }
 }
 
 void kp_an_json_us(FILE *f, int64_t ns)
@@ -2016,10 +2191,12 @@ void kp_an_json_us(FILE *f, int64_t ns)
 
 static void json_dbl(FILE *f, double v)
 {
-    if (v == (double) (int64_t) v && v < 1e15 && v > -1e15)
+    if (v == (double) (int64_t) v && v < 1e15 && v > -1e15) {
         fprintf(f, "%" PRId64, (int64_t) v);
-    else
+    }
+    else {
         fprintf(f, "%.17g", v);
+    }
 }
 
 void kp_an_breakdown_json(FILE *f, const struct kp_an_breakdown *b)
@@ -2065,22 +2242,27 @@ void kp_an_breakdown_json(FILE *f, const struct kp_an_breakdown *b)
     fprintf(f, ", \"total_us\": ");
     json_dbl(f, b->avg_total_ns / 1000.0);
     fprintf(f, "}, \"gpu\": {\"gpu_ids\": [");
-    for (size_t i = 0; i < b->n_gpus; i++)
+    for (size_t i = 0; i < b->n_gpus; i++) {
         fprintf(f, "%s%d", i ? ", " : "", b->gpu_ids[i]);
+    }
     fprintf(f, "], \"per_device\": {");
     for (size_t i = 0; i < b->n_gpus; i++) {
         fprintf(f, "%s\"%d\": {\"utilization\": ", i ? ", " : "", b->gpu_ids[i]);
         json_dbl(f, b->gpu_utilization[i]);
         fprintf(f, ", \"est_sm_efficiency\": ");
-        if (b->est_sm_efficiency_defined[i])
+        if (b->est_sm_efficiency_defined[i]) {
             json_dbl(f, b->est_sm_efficiency[i]);
-        else
+        }
+        else {
             fprintf(f, "null");
+        }
         fprintf(f, ", \"est_achieved_occupancy\": ");
-        if (b->est_achieved_occupancy_defined[i])
+        if (b->est_achieved_occupancy_defined[i]) {
             json_dbl(f, b->est_achieved_occupancy[i]);
-        else
+        }
+        else {
             fprintf(f, "null");
+        }
         fputc('}', f);
     }
     fprintf(f, "}, \"util_timeline\": {");
@@ -2200,27 +2382,32 @@ int kp_an_tensor_cores(struct kp_an *a, struct kp_an_tc *out)
     bool seen[KP_AN_MAX_GPUS] = { false }, any = false;
     int rc;
 
-    if (!a->built && (rc = build_model(a)) < 0)
+    if (!a->built && (rc = build_model(a)) < 0) {
         return rc;
+    }
     memset(out, 0, sizeof(*out));
     for (size_t i = 0; i < a->n_devs; i++) {
         const struct an_dev *d = &a->devs[i];
         int32_t owner;
 
-        if (d->kind != DEV_KERNEL || d->device < 0 || d->device >= KP_AN_MAX_GPUS)
+        if (d->kind != DEV_KERNEL || d->device < 0 || d->device >= KP_AN_MAX_GPUS) {
             continue;
+        }
         seen[d->device] = true;
         owner = d->rt >= 0 ? a->rts[d->rt].owner : -1;
-        if (owner < 0 || a->nodes[owner].type != NODE_OPERATOR)
+        if (owner < 0 || a->nodes[owner].type != NODE_OPERATOR) {
             continue; /* only kernels launched by operators */
+        }
         any = true;
         kern[d->device] += d->end - d->start;
-        if (kp_an_is_tc_kernel(nm(a, d->name)))
+        if (kp_an_is_tc_kernel(nm(a, d->name))) {
             tc[d->device] += d->end - d->start;
+        }
     }
     for (int g = 0; g < KP_AN_MAX_GPUS; g++) {
-        if (!seen[g])
+        if (!seen[g]) {
             continue;
+        }
         out->gpu_ids[out->n_gpus] = g;
         out->tc_ratio[out->n_gpus] = kern[g] ? (double) tc[g] / (double) kern[g] : 0.0;
         out->n_gpus++;
@@ -2229,11 +2416,13 @@ int kp_an_tensor_cores(struct kp_an *a, struct kp_an_tc *out)
     for (size_t i = 0; i < a->n_nodes; i++) {
         const struct an_node *n = &a->nodes[i];
 
-        if (n->dead || n->type != NODE_OPERATOR)
+        if (n->dead || n->type != NODE_OPERATOR) {
             continue;
+        }
         all += n->kern_self;
-        if (n->eligible && !n->eligible_below)
+        if (n->eligible && !n->eligible_below) {
             bottom += n->kern_self;
+        }
     }
     out->eligible_ops_kernel_ratio = all ? (double) bottom / (double) all : 0.0;
     return 0;

@@ -7,10 +7,12 @@ static int cmp_range(const void *pa, const void *pb)
 {
     const struct kp_range *a = pa, *b = pb;
 
-    if (a->start != b->start)
+    if (a->start != b->start) {
         return a->start < b->start ? -1 : 1;
-    if (a->end != b->end)
+    }
+    if (a->end != b->end) {
         return a->end < b->end ? -1 : 1;
+    }
     return 0;
 }
 
@@ -18,15 +20,18 @@ size_t kp_ranges_merge(struct kp_range *r, size_t n)
 {
     size_t out = 0;
 
-    if (n == 0)
+    if (n == 0) {
         return 0;
+    }
     qsort(r, n, sizeof(*r), cmp_range);
     for (size_t i = 0; i < n; i++) {
-        if (r[i].end <= r[i].start)
+        if (r[i].end <= r[i].start) {
             continue;
+        }
         if (out > 0 && r[i].start <= r[out - 1].end) {
-            if (r[i].end > r[out - 1].end)
+            if (r[i].end > r[out - 1].end) {
                 r[out - 1].end = r[i].end;
+            }
         }
         else {
             r[out++] = r[i];
@@ -44,12 +49,15 @@ size_t kp_ranges_intersect(const struct kp_range *a, size_t na, const struct kp_
         int64_t s = a[i].start > b[j].start ? a[i].start : b[j].start;
         int64_t e = a[i].end < b[j].end ? a[i].end : b[j].end;
 
-        if (s < e)
+        if (s < e) {
             out[n++] = (struct kp_range){ s, e };
-        if (a[i].end < b[j].end)
+        }
+        if (a[i].end < b[j].end) {
             i++;
-        else
+        }
+        else {
             j++;
+        }
     }
     return n;
 }
@@ -62,18 +70,23 @@ size_t kp_ranges_subtract(const struct kp_range *a, size_t na, const struct kp_r
     for (size_t i = 0; i < na; i++) {
         int64_t s = a[i].start;
 
-        while (j < nb && b[j].end <= s)
+        while (j < nb && b[j].end <= s) {
             j++;
-        for (size_t k = j; k < nb && b[k].start < a[i].end; k++) {
-            if (b[k].start > s)
-                out[n++] = (struct kp_range){ s, b[k].start };
-            if (b[k].end > s)
-                s = b[k].end;
-            if (s >= a[i].end)
-                break;
         }
-        if (s < a[i].end)
+        for (size_t k = j; k < nb && b[k].start < a[i].end; k++) {
+            if (b[k].start > s) {
+                out[n++] = (struct kp_range){ s, b[k].start };
+            }
+            if (b[k].end > s) {
+                s = b[k].end;
+            }
+            if (s >= a[i].end) {
+                break;
+            }
+        }
+        if (s < a[i].end) {
             out[n++] = (struct kp_range){ s, a[i].end };
+        }
     }
     return n;
 }
@@ -82,8 +95,9 @@ int64_t kp_ranges_length(const struct kp_range *r, size_t n)
 {
     int64_t t = 0;
 
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         t += r[i].end - r[i].start;
+    }
     return t;
 }
 
@@ -95,8 +109,9 @@ int64_t kp_ranges_clip_length(const struct kp_range *r, size_t n, int64_t start,
         int64_t s = r[i].start > start ? r[i].start : start;
         int64_t e = r[i].end < end ? r[i].end : end;
 
-        if (s < e)
+        if (s < e) {
             t += e - s;
+        }
     }
     return t;
 }

@@ -62,18 +62,21 @@ static void usage(FILE *f)
 static void text_breakdown(const struct kp_an_breakdown *b)
 {
     printf("%-8s", "step");
-    for (int c = 0; c < KP_AN_CAT_COUNT; c++)
+    for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
         printf(" %14.*s", (int) (strlen(kp_an_cat_keys[c]) - 3), kp_an_cat_keys[c]);
+    }
     printf(" %14s\n", "total");
     for (size_t s = 0; s < b->n_steps; s++) {
         printf("%-8s", b->steps[s].name);
-        for (int c = 0; c < KP_AN_CAT_COUNT; c++)
+        for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
             printf(" %14.3f", (double) b->steps[s].cost_ns[c] / 1000.0);
+        }
         printf(" %14.3f\n", (double) (b->steps[s].end_ns - b->steps[s].start_ns) / 1000.0);
     }
     printf("%-8s", "average");
-    for (int c = 0; c < KP_AN_CAT_COUNT; c++)
+    for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
         printf(" %14.3f", b->avg_ns[c] / 1000.0);
+    }
     printf(" %14.3f\n(µs)\n", b->avg_total_ns / 1000.0);
 }
 
@@ -85,8 +88,9 @@ static void text_recommendations(const struct kp_an_recs *r)
         return;
     }
     printf("recommendations:\n");
-    for (size_t i = 0; i < r->n_text; i++)
+    for (size_t i = 0; i < r->n_text; i++) {
         printf("  - %s\n", r->text[i]);
+    }
 }
 
 static void text_ops(const struct kp_an_table *t)
@@ -95,10 +99,11 @@ static void text_ops(const struct kp_an_table *t)
 
     printf("%8s %14s %14s %14s %14s  %s\n", "calls", "host_total", "host_self", "dev_total",
            "dev_self", "name (µs)");
-    for (size_t i = 0; i < t->n; i++)
+    for (size_t i = 0; i < t->n; i++) {
         printf("%8" PRIu64 " %14.3f %14.3f %14.3f %14.3f  %s\n", r[i].calls,
                (double) r[i].host_total_ns / 1e3, (double) r[i].host_self_ns / 1e3,
                (double) r[i].device_total_ns / 1e3, (double) r[i].device_self_ns / 1e3, r[i].name);
+    }
 }
 
 static void text_kernels(const struct kp_an_table *t)
@@ -106,10 +111,11 @@ static void text_kernels(const struct kp_an_table *t)
     const struct kp_an_kernel_row *r = t->rows;
 
     printf("%8s %14s %12s %12s %12s  %s\n", "calls", "total", "mean", "min", "max", "name (µs)");
-    for (size_t i = 0; i < t->n; i++)
+    for (size_t i = 0; i < t->n; i++) {
         printf("%8" PRIu64 " %14.3f %12.3f %12.3f %12.3f  %s\n", r[i].calls,
                (double) r[i].total_ns / 1e3, (double) r[i].total_ns / 1e3 / (double) r[i].calls,
                (double) r[i].min_ns / 1e3, (double) r[i].max_ns / 1e3, r[i].name);
+    }
 }
 
 /* distributed: across the run's ranks; needs no kp_an_load of one rank. A disabled view is
@@ -122,15 +128,19 @@ static int distributed_verb(const char *conninfo, int64_t run, size_t max_rows, 
     int rc;
 
     rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
-    if (rc == 0)
-        rc = kp_dist_build(c, run, max_rows, &d, err, sizeof(err));
     if (rc == 0) {
-        if (json)
+        rc = kp_dist_build(c, run, max_rows, &d, err, sizeof(err));
+    }
+    if (rc == 0) {
+        if (json) {
             kp_dist_json(stdout, d);
-        else
+        }
+        else {
             kp_dist_text(stdout, d);
-        if (!d->enabled)
+        }
+        if (!d->enabled) {
             fprintf(stderr, "kprof-analyze: no distributed view: %s\n", d->reason);
+        }
     }
     else {
         fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
@@ -151,15 +161,18 @@ static int counters_verb(const char *conninfo, int64_t run, int rank, size_t max
     int rc;
 
     rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
-    if (rc == 0)
+    if (rc == 0) {
         rc = kp_ctr_build(c, run, rank, max_rows, &t, err, sizeof(err));
+    }
     if (rc == 0) {
         rc = kp_ctr_write(stdout, t, run, rank, columns, format, err, sizeof(err));
-        if (rc == 0 && format != KP_CTR_JSON && kp_ctr_message(t))
+        if (rc == 0 && format != KP_CTR_JSON && kp_ctr_message(t)) {
             fprintf(stderr, "kprof-analyze: %s\n", kp_ctr_message(t));
+        }
     }
-    if (rc < 0)
+    if (rc < 0) {
         fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
+    }
     kp_ctr_destroy(t);
     PQfinish(c);
     return rc == 0 ? 0 : rc == KP_ENOTFOUND ? 3 : rc == -EINVAL ? 2 : 1;
@@ -327,10 +340,12 @@ int main(int argc, char **argv)
         }
     }
     for (int i = optind; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0)
+        if (strcmp(argv[i], "--json") == 0) {
             json = true;
-        else if (!verb)
+        }
+        else if (!verb) {
             verb = argv[i];
+        }
         else {
             usage(stderr);
             return 2;
@@ -350,17 +365,20 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (strcmp(verb, "distributed") == 0)
+    if (strcmp(verb, "distributed") == 0) {
         return distributed_verb(conninfo, run, (size_t) max_rows, json);
-    if (strcmp(verb, "counters") == 0)
+    }
+    if (strcmp(verb, "counters") == 0) {
         return counters_verb(conninfo, run, rank, (size_t) max_rows,
                              strcmp(columns, KP_PROF_DEFAULT_COLUMNS) ? columns : NULL,
                              json  ? KP_CTR_JSON
                              : csv ? KP_CTR_CSV
                                    : KP_CTR_TEXT);
+    }
     rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
-    if (rc == 0)
+    if (rc == 0) {
         rc = kp_an_load(c, run, rank, (size_t) max_rows, &a, err, sizeof(err));
+    }
     if (rc < 0) {
         fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
         PQfinish(c);
@@ -370,14 +388,16 @@ int main(int argc, char **argv)
         struct kp_rl *rl = NULL;
 
         rc = kp_rl_build(c, run, rank, (size_t) max_rows, by, &rl, err, sizeof(err));
-        if (rc == 0)
+        if (rc == 0) {
             kp_rl_write(stdout, rl, run, rank,
                         json  ? KP_RL_JSON
                         : csv ? KP_RL_CSV
                               : KP_RL_TEXT,
                         (size_t) top);
-        else
+        }
+        else {
             fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
+        }
         kp_rl_destroy(rl);
         kp_an_destroy(a);
         PQfinish(c);
@@ -387,14 +407,16 @@ int main(int argc, char **argv)
         struct kp_prof *p = NULL;
 
         rc = kp_prof_build(c, run, rank, (size_t) max_rows, &p, err, sizeof(err));
-        if (rc == 0)
+        if (rc == 0) {
             kp_prof_write(stdout, p, run, rank, cols, ncols,
                           json  ? KP_PROF_JSON
                           : csv ? KP_PROF_CSV
                                 : KP_PROF_TEXT,
                           (int) width);
-        else if (err[0])
+        }
+        else if (err[0]) {
             fprintf(stderr, "kprof-analyze: %s\n", err);
+        }
         kp_prof_destroy(p);
         if (rc < 0 && err[0]) {
             kp_an_destroy(a);
@@ -406,8 +428,9 @@ int main(int argc, char **argv)
         printf("{\"run\": %" PRId64 ", \"rank\": %d, \"memory_stats\": ", run, rank);
         rc = kp_an_memory_json(a, c, run, rank, (size_t) max_rows, stdout, err, sizeof(err));
         printf("}\n");
-        if (rc < 0 && err[0])
+        if (rc < 0 && err[0]) {
             fprintf(stderr, "kprof-analyze: %s\n", err);
+        }
     }
     else if (strcmp(verb, "breakdown") == 0) {
         const struct kp_an_breakdown *b;
@@ -415,8 +438,9 @@ int main(int argc, char **argv)
 
         /* the recommendations first: they compute both breakdown figures */
         rc = kp_an_recommend(a, c, run, rank, &recs, err, sizeof(err));
-        if (rc == 0)
+        if (rc == 0) {
             rc = kp_an_breakdown(a, compat, &b);
+        }
         if (rc == 0) {
             if (json) {
                 char *ov = kp_an_recs_overview_html(&recs);
@@ -433,16 +457,18 @@ int main(int argc, char **argv)
                 kp_json_fputs(stdout, ov ? ov : "");
                 printf("}}\n");
                 free(ov);
-                if (!ov)
+                if (!ov) {
                     rc = -ENOMEM;
+                }
             }
             else {
                 text_breakdown(b);
                 text_recommendations(&recs);
             }
         }
-        else if (err[0])
+        else if (err[0]) {
             fprintf(stderr, "kprof-analyze: %s\n", err);
+        }
         kp_an_recs_fini(&recs);
     }
     else {
@@ -450,20 +476,25 @@ int main(int argc, char **argv)
         const struct kp_an_table *t1 = NULL, *t2 = NULL;
 
         rc = ops ? kp_an_ops(a, false, &t1) : kp_an_kernels(a, false, &t1);
-        if (rc == 0)
+        if (rc == 0) {
             rc = ops ? kp_an_ops(a, true, &t2) : kp_an_kernels(a, true, &t2);
+        }
         if (rc == 0 && json) {
             printf("{\"run\": %" PRId64 ", \"rank\": %d, \"%s\": ", run, rank,
                    ops ? "operators_by_name" : "kernels_by_name");
-            if (ops)
+            if (ops) {
                 kp_an_ops_json(stdout, t1);
-            else
+            }
+            else {
                 kp_an_kernels_json(stdout, t1, false);
+            }
             printf(", \"%s\": ", ops ? "operators_by_name_and_input_shape" : "kernels_by_name_op");
-            if (ops)
+            if (ops) {
                 kp_an_ops_json(stdout, t2);
-            else
+            }
+            else {
                 kp_an_kernels_json(stdout, t2, true);
+            }
             if (!ops) {
                 struct kp_an_tc tc;
 
@@ -474,14 +505,17 @@ int main(int argc, char **argv)
             printf("}\n");
         }
         else if (rc == 0) {
-            if (ops)
+            if (ops) {
                 text_ops(t1);
-            else
+            }
+            else {
                 text_kernels(t1);
+            }
         }
     }
-    if (rc < 0)
+    if (rc < 0) {
         fprintf(stderr, "kprof-analyze: %s\n", kp_strerror(rc));
+    }
     kp_an_destroy(a);
     PQfinish(c);
     return rc < 0 ? 1 : 0;

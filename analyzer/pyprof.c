@@ -51,8 +51,9 @@ static int cmp_key(const void *pa, const void *pb)
 {
     const struct pp_key *a = pa, *b = pb;
 
-    if (a->key != b->key)
+    if (a->key != b->key) {
         return a->key < b->key ? -1 : 1;
+    }
     return a->idx < b->idx ? -1 : a->idx > b->idx;
 }
 
@@ -64,10 +65,12 @@ static const struct pp_key *lower(const struct pp_key *v, size_t n, int64_t k)
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
 
-        if (v[mid].key < k)
+        if (v[mid].key < k) {
             lo = mid + 1;
-        else
+        }
+        else {
             hi = mid;
+        }
     }
     return lo < n && v[lo].key == k ? &v[lo] : NULL;
 }
@@ -83,20 +86,26 @@ static void short_kernel(const char *name, char *out, size_t len)
     size_t n = strcspn(name, "<");
     char *p;
 
-    if (n >= sizeof(buf))
+    if (n >= sizeof(buf)) {
         n = sizeof(buf) - 1;
+    }
     memcpy(buf, name, n);
     buf[n] = '\0';
-    for (size_t i = 0; i < sizeof(strip) / sizeof(strip[0]); i++)
-        while ((p = strstr(buf, strip[i])) != NULL)
+    for (size_t i = 0; i < sizeof(strip) / sizeof(strip[0]); i++) {
+        while ((p = strstr(buf, strip[i])) != NULL) {
             memmove(p, p + strlen(strip[i]), strlen(p + strlen(strip[i])) + 1);
+        }
+    }
     buf[strcspn(buf, "(")] = '\0';
-    for (p = buf; *p; p++)
-        if (*p == ' ')
+    for (p = buf; *p; p++) {
+        if (*p == ' ') {
             *p = '_';
+        }
+    }
     n = strlen(buf);
-    if (n >= len)
+    if (n >= len) {
         n = len - 1;
+    }
     memcpy(out, buf, n);
     out[n] = '\0';
 }
@@ -113,16 +122,20 @@ static void bwd_base(const char *name, char *out, size_t len)
     const char *s = name, *p;
     size_t n;
 
-    while ((p = strstr(s, "::")) != NULL)
+    while ((p = strstr(s, "::")) != NULL) {
         s = p + 2;
+    }
     p = strstr(s, "Backward");
-    if (!p)
+    if (!p) {
         p = strstr(s, "backward");
+    }
     n = (size_t) (p - s);
-    if (n > 0 && s[n - 1] == '_')
+    if (n > 0 && s[n - 1] == '_') {
         n--;
-    if (n >= len)
+    }
+    if (n >= len) {
         n = len - 1;
+    }
     memcpy(out, s, n);
     out[n] = '\0';
 }
@@ -135,10 +148,12 @@ static void squash(const char *s, char *out, size_t len)
     for (; *s && n + 1 < len; s++) {
         char ch = *s;
 
-        if (ch >= 'A' && ch <= 'Z')
+        if (ch >= 'A' && ch <= 'Z') {
             ch = (char) (ch - 'A' + 'a');
-        if ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9'))
+        }
+        if ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9')) {
             out[n++] = ch;
+        }
     }
     out[n] = '\0';
 }
@@ -199,9 +214,11 @@ static bool is_functional(const char *op)
         "normalize",
     };
 
-    for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++)
-        if (strcmp(op, fns[i]) == 0)
+    for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
+        if (strcmp(op, fns[i]) == 0) {
             return true;
+        }
+    }
     return false;
 }
 
@@ -216,12 +233,16 @@ static void mod_op(const char *name, struct kp_prof_row *r)
         size_t len = strlen(op);
 
         snprintf(r->op, sizeof(r->op), "%s", op);
-        if (is_functional(op))
+        if (is_functional(op)) {
             snprintf(r->mod, sizeof(r->mod), "torch.nn.functional");
-        else if ((len > 1 && op[len - 1] == '_' && op[len - 2] != '_') || strncmp(op, "__", 2) == 0)
+        }
+        else if ((len > 1 && op[len - 1] == '_' && op[len - 2] != '_') ||
+                 strncmp(op, "__", 2) == 0) {
             snprintf(r->mod, sizeof(r->mod), "Tensor");
-        else
+        }
+        else {
             snprintf(r->mod, sizeof(r->mod), "torch");
+        }
         return;
     }
     if (p && p != name) {
@@ -251,22 +272,26 @@ static int32_t find_forward_on(const struct kp_prof *p, const struct pp_key *by_
     char want[96], got[96], base[96];
     int32_t best = -1, named = -1;
 
-    if (!k)
+    if (!k) {
         return -1;
+    }
     bwd_base(b->name, base, sizeof(base));
     squash(base, want, sizeof(want));
     for (; k < end && k->key == b->seq; k++) {
         const struct pp_op *o = &p->ops[k->idx];
 
-        if (!op_kind(o) || is_bwd_node(o) || (on_fwd_tid && o->tid != b->fwd_tid))
+        if (!op_kind(o) || is_bwd_node(o) || (on_fwd_tid && o->tid != b->fwd_tid)) {
             continue;
+        }
         if (best < 0 || o->start < p->ops[best].start ||
-            (o->start == p->ops[best].start && o->end > p->ops[best].end))
+            (o->start == p->ops[best].start && o->end > p->ops[best].end)) {
             best = k->idx;
+        }
         kp_fl_base_name(o->name, base, sizeof(base));
         squash(base, got, sizeof(got));
-        if (named < 0 && want[0] && strcmp(got, want) == 0)
+        if (named < 0 && want[0] && strcmp(got, want) == 0) {
             named = k->idx;
+        }
     }
     return named >= 0 ? named : best;
 }
@@ -327,8 +352,9 @@ static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const
     bool have_hint = false, as_bwd = false;
     const struct pp_op *ao;
 
-    for (int32_t i = oi; i >= 0 && n < 64; i = p->ops[i].parent)
+    for (int32_t i = oi; i >= 0 && n < 64; i = p->ops[i].parent) {
         chain[n++] = i; /* innermost first */
+    }
     snprintf(r->layer, sizeof(r->layer), "-");
     r->trace = "-";
     r->seq = -1;
@@ -337,16 +363,19 @@ static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const
     snprintf(r->op, sizeof(r->op), "na");
     snprintf(r->params, sizeof(r->params), "na");
     r->tc = "na";
-    if (n == 0)
+    if (n == 0) {
         return;
+    }
     r->tid = p->ops[chain[0]].tid;
     for (int i = 0; i < n; i++) {
         const struct pp_op *o = &p->ops[chain[i]];
 
-        if (node < 0 && is_bwd_node(o))
+        if (node < 0 && is_bwd_node(o)) {
             node = chain[i];
-        if (r->trace[0] == '-' && o->kind == OPK_PYTHON_FUNCTION)
+        }
+        if (r->trace[0] == '-' && o->kind == OPK_PYTHON_FUNCTION) {
             r->trace = o->name;
+        }
     }
     r->bwd = node >= 0;
     if (node >= 0) {
@@ -356,32 +385,41 @@ static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const
             as_bwd = true;
         }
         else {
-            for (int i = 0; i < n && chain[i] != node; i++)
+            for (int i = 0; i < n && chain[i] != node; i++) {
                 if (op_kind(&p->ops[chain[i]]) && kp_fl_has_formula(p->ops[chain[i]].name)) {
                     attr = chain[i];
                     break;
                 }
+            }
         }
         r->seq = p->ops[node].seq;
     }
     else {
-        for (int i = n - 1; i >= 0 && attr < 0; i--)
+        for (int i = n - 1; i >= 0 && attr < 0; i--) {
             if (op_kind(&p->ops[chain[i]]) && kp_fl_has_formula(p->ops[chain[i]].name) &&
-                strncmp(p->ops[chain[i]].name, "aten::", 6) == 0)
+                strncmp(p->ops[chain[i]].name, "aten::", 6) == 0) {
                 attr = chain[i];
-        for (int i = 0; i < n && attr < 0; i++)
-            if (op_kind(&p->ops[chain[i]]) && kp_fl_has_formula(p->ops[chain[i]].name))
+            }
+        }
+        for (int i = 0; i < n && attr < 0; i++) {
+            if (op_kind(&p->ops[chain[i]]) && kp_fl_has_formula(p->ops[chain[i]].name)) {
                 attr = chain[i];
-        for (int i = 0; i < n && attr < 0; i++)
-            if (op_kind(&p->ops[chain[i]]))
+            }
+        }
+        for (int i = 0; i < n && attr < 0; i++) {
+            if (op_kind(&p->ops[chain[i]])) {
                 attr = chain[i];
-        if (attr < 0)
+            }
+        }
+        if (attr < 0) {
             attr = chain[0];
+        }
         /* the attributed op's seq, else its nearest enclosing op's */
         for (int i = 0, at = 0; i < n && r->seq < 0; i++) {
             at = at || chain[i] == attr;
-            if (at && p->ops[chain[i]].seq >= 0)
+            if (at && p->ops[chain[i]].seq >= 0) {
                 r->seq = p->ops[chain[i]].seq;
+            }
         }
     }
     /* altseq: the stack's other seqs */
@@ -389,27 +427,31 @@ static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const
         int64_t s = p->ops[chain[i]].seq;
         bool dup = s < 0 || s == r->seq;
 
-        for (int j = 0; j < ns && !dup; j++)
+        for (int j = 0; j < ns && !dup; j++) {
             dup = seqs[j] == s;
-        if (!dup)
+        }
+        if (!dup) {
             seqs[ns++] = s;
+        }
     }
     if (ns) {
         size_t len = 0;
 
         qsort(seqs, (size_t) ns, sizeof(seqs[0]), cmp_i64);
         r->altseq[0] = '\0';
-        for (int j = 0; j < ns && len + 24 < sizeof(r->altseq); j++)
+        for (int j = 0; j < ns && len + 24 < sizeof(r->altseq); j++) {
             len += (size_t) snprintf(r->altseq + len, sizeof(r->altseq) - len, "%s%" PRId64,
                                      j ? "," : "", seqs[j]);
+        }
     }
     /* layer: enclosing layer:NAME annotations, outermost first */
     for (int i = n - 1, len = 0; i >= 0; i--) {
         const char *nm = p->ops[chain[i]].name;
 
-        if (strncmp(nm, "layer:", 6) == 0 && (size_t) len + 2 < sizeof(r->layer))
+        if (strncmp(nm, "layer:", 6) == 0 && (size_t) len + 2 < sizeof(r->layer)) {
             len += snprintf(r->layer + len, sizeof(r->layer) - (size_t) len, "%s%s", len ? ":" : "",
                             nm + 6);
+        }
     }
     /* sub: ordinal within the backward node or the attributed op */
     group = node >= 0 ? node : attr;
@@ -423,12 +465,15 @@ static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const
     }
     ao = &p->ops[attr];
     mod_op(ao->name, r);
-    if (kp_fl_parse(ao->shapes, ao->dtypes, &args) < 0)
+    if (kp_fl_parse(ao->shapes, ao->dtypes, &args) < 0) {
         memset(&args, 0, sizeof(args));
-    if (as_bwd)
+    }
+    if (as_bwd) {
         have_hint = conv_hint(p, by_seq, n_seq, r->seq, &hint);
-    else
+    }
+    else {
         have_hint = conv_hint(p, by_seq, n_seq, ao->seq, &hint);
+    }
     kp_fl_compute(ao->name, &args, as_bwd ? KP_FL_BWD : KP_FL_FWD, have_hint ? &hint : NULL, &res);
     snprintf(r->params, sizeof(r->params), "%s", res.params[0] ? res.params : "-");
     r->flops_known = res.known;
@@ -439,20 +484,24 @@ static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const
         sh->flops += kp_fl_part_flops(&res, i);
         sh->bytes += r->bytes_known ? kp_fl_part_bytes(&res, i) : 0;
     }
-    if (res.tc == KP_FL_TC_GEMM)
+    if (res.tc == KP_FL_TC_GEMM) {
         r->tc = kp_an_is_tc_kernel(kname) ? "1" : "0";
-    else if (res.tc == KP_FL_TC_CONV)
+    }
+    else if (res.tc == KP_FL_TC_CONV) {
         r->tc = kp_an_is_tc_kernel(kname) ? "1" : "-";
-    else
+    }
+    else {
         r->tc = "-";
+    }
 }
 
 static int cmp_share(const void *pa, const void *pb)
 {
     const struct pp_share *a = pa, *b = pb;
 
-    if (a->key != b->key)
+    if (a->key != b->key) {
         return a->key < b->key ? -1 : 1;
+    }
     return a->row < b->row ? -1 : a->row > b->row;
 }
 
@@ -468,15 +517,17 @@ static void share_work(struct kp_prof_row *rows, struct pp_share *sh, size_t n)
     for (size_t i = 0, j; i < n; i = j) {
         double w = 0;
 
-        for (j = i; j < n && sh[j].key == sh[i].key; j++)
+        for (j = i; j < n && sh[j].key == sh[i].key; j++) {
             w += rows[sh[j].row].sil_ns > 0 ? (double) rows[sh[j].row].sil_ns : 0;
+        }
         for (size_t k = i; k < j; k++) {
             struct kp_prof_row *r = &rows[sh[k].row];
             double d = r->sil_ns > 0 ? (double) r->sil_ns : 0;
             double f = w > 0 ? d / w : 1.0 / (double) (j - i);
 
-            if (sh[k].key < 0)
+            if (sh[k].key < 0) {
                 continue;
+            }
             r->flops = r->flops_known ? sh[k].flops * f : 0;
             r->bytes = r->bytes_known ? sh[k].bytes * f : 0;
         }
@@ -502,8 +553,9 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
     snprintf(runs, sizeof(runs), "%" PRId64, run);
     snprintf(ranks, sizeof(ranks), "%d", rank);
     p = calloc(1, sizeof(*p));
-    if (!p)
+    if (!p) {
         return -ENOMEM;
+    }
 
     rc = kp_an_query(
         c, 2,
@@ -512,14 +564,16 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
         "x.block_z FROM kernels x LEFT JOIN names n ON n.id = x.name" WHERE_RR
         " ORDER BY x.correlation NULLS LAST, x.start_ns",
         params, &budget, max_rows, &p->kr, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         goto fail;
+    }
     rc = kp_an_query(c, 2,
                      "SELECT x.correlation, x.tid, x.external_id FROM api_calls x" WHERE_RR
                      " AND x.correlation IS NOT NULL ORDER BY x.correlation, x.domain",
                      params, &budget, max_rows, &ar, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         goto fail;
+    }
     rc =
         kp_an_query(c, 2,
                     "SELECT x.start_ns, x.dur_ns, x.tid, x.op_id, x.seq, x.fwd_tid, x.external_id, "
@@ -528,8 +582,9 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
                     "x.input_shapes LEFT JOIN names d ON d.id = x.input_dtypes" WHERE_RR
                     " AND x.kind IN (1, 2, 4, 5, 6) ORDER BY x.tid, x.start_ns, x.dur_ns DESC",
                     params, &budget, max_rows, &p->or, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         goto fail;
+    }
 
     n = (size_t) PQntuples(p->or);
     p->ops = calloc(n ? n : 1, sizeof(*p->ops));
@@ -537,8 +592,9 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
     by_seq = calloc(n ? n : 1, sizeof(*by_seq));
     stack = calloc(n ? n : 1, sizeof(*stack));
     sub_count = calloc(n ? n : 1, sizeof(*sub_count));
-    if (!p->ops || !by_id || !by_seq || !stack || !sub_count)
+    if (!p->ops || !by_id || !by_seq || !stack || !sub_count) {
         goto nomem;
+    }
     p->n_ops = n;
     {
         size_t depth = 0;
@@ -560,22 +616,26 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
             o->shapes = PQgetvalue(p->or, row, 8);
             o->dtypes = PQgetvalue(p->or, row, 9);
             o->kind = (uint8_t) kp_pg_i64(p->or, row, 10, -1);
-            if (o->op_id < 0)
+            if (o->op_id < 0) {
                 o->op_id = ext;
+            }
             /* the enclosing op: the nearest earlier op of the thread that contains it */
             while (depth > 0) {
                 const struct pp_op *t = &p->ops[stack[depth - 1]];
 
-                if (t->tid == o->tid && t->start <= o->start && t->end >= o->end)
+                if (t->tid == o->tid && t->start <= o->start && t->end >= o->end) {
                     break;
+                }
                 depth--;
             }
             o->parent = depth ? stack[depth - 1] : -1;
             stack[depth++] = (int32_t) i;
-            if (o->op_id >= 0)
+            if (o->op_id >= 0) {
                 by_id[n_id++] = (struct pp_key){ o->op_id, (int32_t) i };
-            if (o->seq >= 0)
+            }
+            if (o->seq >= 0) {
                 by_seq[n_seq++] = (struct pp_key){ o->seq, (int32_t) i };
+            }
         }
     }
     qsort(by_id, n_id, sizeof(*by_id), cmp_key);
@@ -585,8 +645,9 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
     by_corr = calloc(n_corr ? n_corr : 1, sizeof(*by_corr));
     corr_tid = calloc(n_corr ? n_corr : 1, sizeof(*corr_tid));
     corr_ext = calloc(n_corr ? n_corr : 1, sizeof(*corr_ext));
-    if (!by_corr || !corr_tid || !corr_ext)
+    if (!by_corr || !corr_tid || !corr_ext) {
         goto nomem;
+    }
     for (size_t i = 0; i < n_corr; i++) {
         by_corr[i] = (struct pp_key){ kp_pg_i64(ar, (int) i, 0, -1), (int32_t) i };
         corr_tid[i] = kp_pg_i64(ar, (int) i, 1, -1);
@@ -596,8 +657,9 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
     n = (size_t) PQntuples(p->kr);
     p->rows = calloc(n ? n : 1, sizeof(*p->rows));
     share = calloc(n ? n : 1, sizeof(*share));
-    if (!p->rows || !share)
+    if (!p->rows || !share) {
         goto nomem;
+    }
     p->n_rows = n;
     for (size_t i = 0; i < n; i++) {
         struct kp_prof_row *r = &p->rows[i];
@@ -611,27 +673,34 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
         r->sil_ns = kp_pg_i64(p->kr, row, 1, -1);
         r->stream = (int) kp_pg_i64(p->kr, row, 5, -1);
         r->device = (int) kp_pg_i64(p->kr, row, 6, -1);
-        if (PQgetisnull(p->kr, row, 7))
+        if (PQgetisnull(p->kr, row, 7)) {
             snprintf(r->grid, sizeof(r->grid), "-");
-        else
+        }
+        else {
             snprintf(r->grid, sizeof(r->grid), "%" PRId64 ",%" PRId64 ",%" PRId64,
                      kp_pg_i64(p->kr, row, 7, -1), kp_pg_i64(p->kr, row, 8, -1),
                      kp_pg_i64(p->kr, row, 9, -1));
-        if (PQgetisnull(p->kr, row, 10))
+        }
+        if (PQgetisnull(p->kr, row, 10)) {
             snprintf(r->block, sizeof(r->block), "-");
-        else
+        }
+        else {
             snprintf(r->block, sizeof(r->block), "%" PRId64 ",%" PRId64 ",%" PRId64,
                      kp_pg_i64(p->kr, row, 10, -1), kp_pg_i64(p->kr, row, 11, -1),
                      kp_pg_i64(p->kr, row, 12, -1));
+        }
         short_kernel(kname, r->kernel, sizeof(r->kernel));
         r->kernel_full = kname;
-        if (ext <= 0 && ck)
+        if (ext <= 0 && ck) {
             ext = corr_ext[ck->idx];
+        }
         /* the innermost op of that id: the last one in (tid, start) order */
         ok = ext > 0 ? lower(by_id, n_id, ext) : NULL;
-        for (; ok && ok < by_id + n_id && ok->key == ext; ok++)
-            if (oi < 0 || p->ops[ok->idx].start >= p->ops[oi].start)
+        for (; ok && ok < by_id + n_id && ok->key == ext; ok++) {
+            if (oi < 0 || p->ops[ok->idx].start >= p->ops[oi].start) {
                 oi = ok->idx;
+            }
+        }
         r->tid = ck ? corr_tid[ck->idx] : 0;
         share[i].key = -1;
         share[i].row = i;
@@ -663,8 +732,9 @@ out:
 
 void kp_prof_destroy(struct kp_prof *p)
 {
-    if (!p)
+    if (!p) {
         return;
+    }
     PQclear(p->kr);
     PQclear(p->or);
     free(p->ops);

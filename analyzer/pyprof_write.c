@@ -42,9 +42,11 @@ int kp_prof_parse_columns(const char *list, enum kp_prof_col *cols, int max, cha
         size_t len = strcspn(s, ",");
         int c;
 
-        for (c = 0; c < KP_PROF_COL_COUNT; c++)
-            if (strlen(col_names[c]) == len && strncmp(s, col_names[c], len) == 0)
+        for (c = 0; c < KP_PROF_COL_COUNT; c++) {
+            if (strlen(col_names[c]) == len && strncmp(s, col_names[c], len) == 0) {
                 break;
+            }
+        }
         if (c == KP_PROF_COL_COUNT || n >= max) {
             kp_errbuf_set(errbuf, errlen,
                           "unknown column '%.*s': pick from idx,seq,altseq,tid,layer,trace,dir,"
@@ -54,8 +56,9 @@ int kp_prof_parse_columns(const char *list, enum kp_prof_col *cols, int max, cha
         }
         cols[n++] = (enum kp_prof_col) c;
         s += len;
-        if (*s == ',')
+        if (*s == ',') {
             s++;
+        }
     }
     if (n == 0) {
         kp_errbuf_set(errbuf, errlen, "no column selected");
@@ -72,8 +75,9 @@ static const char *cell(const struct kp_prof_row *r, enum kp_prof_col c, char *b
         snprintf(buf, len, "%" PRIu64, r->idx);
         return buf;
     case KP_PROF_SEQ:
-        if (r->seq < 0)
+        if (r->seq < 0) {
             return "-";
+        }
         snprintf(buf, len, "%" PRId64, r->seq);
         return buf;
     case KP_PROF_ALTSEQ:
@@ -99,8 +103,9 @@ static const char *cell(const struct kp_prof_row *r, enum kp_prof_col c, char *b
     case KP_PROF_PARAMS:
         return r->params;
     case KP_PROF_SIL:
-        if (r->sil_ns < 0)
+        if (r->sil_ns < 0) {
             return "-";
+        }
         snprintf(buf, len, "%" PRId64 ".%03" PRId64, r->sil_ns / 1000, r->sil_ns % 1000);
         return buf;
     case KP_PROF_TC:
@@ -116,13 +121,15 @@ static const char *cell(const struct kp_prof_row *r, enum kp_prof_col c, char *b
     case KP_PROF_BLOCK:
         return r->block;
     case KP_PROF_FLOPS:
-        if (!r->flops_known)
+        if (!r->flops_known) {
             return "-";
+        }
         snprintf(buf, len, "%.0f", r->flops);
         return buf;
     case KP_PROF_BYTES:
-        if (!r->bytes_known)
+        if (!r->bytes_known) {
             return "-";
+        }
         snprintf(buf, len, "%.0f", r->bytes);
         return buf;
     default:
@@ -135,8 +142,9 @@ static int disp_width(const char *s)
 {
     int n = 0;
 
-    for (; *s; s++)
+    for (; *s; s++) {
         n += ((unsigned char) *s & 0xC0) != 0x80;
+    }
     return n;
 }
 
@@ -148,16 +156,18 @@ static void put_cell(FILE *f, const char *sep, const char *s, int w, bool last)
     fputs(sep, f);
     if (n > w) {
         for (int cols = 0; *s; s++) {
-            if (((unsigned char) *s & 0xC0) != 0x80 && ++cols > w - 1)
+            if (((unsigned char) *s & 0xC0) != 0x80 && ++cols > w - 1) {
                 break;
+            }
             fputc(*s, f);
         }
         fputs("\u2026", f);
         return;
     }
     fputs(s, f);
-    for (; !last && n < w; n++)
+    for (; !last && n < w; n++) {
         fputc(' ', f);
+    }
 }
 
 static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
@@ -174,29 +184,35 @@ static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
         fprintf(f, "%" PRId64, r->sil_ns);
         return;
     case KP_PROF_SEQ:
-        if (r->seq < 0)
+        if (r->seq < 0) {
             fputs("null", f);
-        else
+        }
+        else {
             fprintf(f, "%" PRId64, r->seq);
+        }
         return;
     case KP_PROF_DEVICE:
     case KP_PROF_STREAM: {
         int v = c == KP_PROF_DEVICE ? r->device : r->stream;
 
-        if (v < 0)
+        if (v < 0) {
             fputs("null", f);
-        else
+        }
+        else {
             fprintf(f, "%d", v);
+        }
         return;
     }
     case KP_PROF_FLOPS:
     case KP_PROF_BYTES: {
         bool known = c == KP_PROF_FLOPS ? r->flops_known : r->bytes_known;
 
-        if (!known)
+        if (!known) {
             fputs("null", f);
-        else
+        }
+        else {
             fprintf(f, "%.17g", c == KP_PROF_FLOPS ? r->flops : r->bytes);
+        }
         return;
     }
     default:
@@ -214,8 +230,9 @@ void kp_prof_write_rows(FILE *f, const struct kp_prof_row *rows, size_t n_rows, 
 
     if (fmt == KP_PROF_JSON) {
         fprintf(f, "{\"run\": %" PRId64 ", \"rank\": %d, \"columns\": [", run, rank);
-        for (int c = 0; c < ncols; c++)
+        for (int c = 0; c < ncols; c++) {
             fprintf(f, "%s\"%s\"", c ? ", " : "", json_key(cols[c]));
+        }
         fputs("], \"rows\": [", f);
         for (size_t i = 0; i < n_rows; i++) {
             fputs(i ? ",\n  {" : "\n  {", f);
@@ -229,8 +246,9 @@ void kp_prof_write_rows(FILE *f, const struct kp_prof_row *rows, size_t n_rows, 
         return;
     }
     if (fmt == KP_PROF_CSV) {
-        for (int c = 0; c < ncols; c++)
+        for (int c = 0; c < ncols; c++) {
             fprintf(f, "%s\"%s\"", c ? "," : "", col_headers[cols[c]]);
+        }
         fputc('\n', f);
         for (size_t i = 0; i < n_rows; i++) {
             for (int c = 0; c < ncols; c++) {
@@ -238,8 +256,9 @@ void kp_prof_write_rows(FILE *f, const struct kp_prof_row *rows, size_t n_rows, 
 
                 fputs(c ? ",\"" : "\"", f);
                 for (; *s; s++) {
-                    if (*s == '"')
+                    if (*s == '"') {
                         fputc('"', f);
+                    }
                     fputc(*s, f);
                 }
                 fputc('"', f);
@@ -254,19 +273,23 @@ void kp_prof_write_rows(FILE *f, const struct kp_prof_row *rows, size_t n_rows, 
         for (size_t i = 0; i < n_rows; i++) {
             int l = disp_width(cell(&rows[i], cols[c], buf, sizeof(buf)));
 
-            if (l > w[c])
+            if (l > w[c]) {
                 w[c] = l;
+            }
         }
-        if (width > 0 && w[c] > width)
+        if (width > 0 && w[c] > width) {
             w[c] = width;
+        }
     }
-    for (int c = 0; c < ncols; c++)
+    for (int c = 0; c < ncols; c++) {
         put_cell(f, c ? " " : "", col_headers[cols[c]], w[c], c == ncols - 1);
+    }
     fputc('\n', f);
     for (size_t i = 0; i < n_rows; i++) {
-        for (int c = 0; c < ncols; c++)
+        for (int c = 0; c < ncols; c++) {
             put_cell(f, c ? " " : "", cell(&rows[i], cols[c], buf, sizeof(buf)), w[c],
                      c == ncols - 1);
+        }
         fputc('\n', f);
     }
 }

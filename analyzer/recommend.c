@@ -60,10 +60,12 @@ struct facts {
 /* A link: "<a href=…>title</a>" (html) or "title (url)". */
 static const char *link(char *buf, size_t len, bool html, const char *title, const char *url)
 {
-    if (html)
+    if (html) {
         snprintf(buf, len, "<a href=\"%s\" target=\"_blank\">%s</a>", url, title);
-    else
+    }
+    else {
         snprintf(buf, len, "%s (%s)", title, url);
+    }
     return buf;
 }
 
@@ -78,13 +80,15 @@ static int add(struct kp_an_recs *r, bool html, const char *fmt, ...)
     int len;
     char *s;
 
-    if (*n >= KP_AN_RECS_MAX)
+    if (*n >= KP_AN_RECS_MAX) {
         return 0;
+    }
     va_start(ap, fmt);
     len = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    if (len < 0 || !(s = malloc((size_t) len + 1)))
+    if (len < 0 || !(s = malloc((size_t) len + 1))) {
         return -ENOMEM;
+    }
     va_start(ap, fmt);
     vsnprintf(s, (size_t) len + 1, fmt, ap);
     va_end(ap);
@@ -131,12 +135,14 @@ static int load_facts(struct kp_an *a, PGconn *c, int64_t run, int rank, struct 
     int rc;
 
     /* the plugin's figure, then kprof's own (left in the handle) */
-    if ((rc = kp_an_breakdown(a, true, &b)) < 0)
+    if ((rc = kp_an_breakdown(a, true, &b)) < 0) {
         return rc;
+    }
     f->compat = (struct fig){ b->avg_ns[KP_AN_DATALOADER], b->avg_ns[KP_AN_COMMUNICATION],
                               b->avg_total_ns };
-    if ((rc = kp_an_breakdown(a, false, &b)) < 0)
+    if ((rc = kp_an_breakdown(a, false, &b)) < 0) {
         return rc;
+    }
     f->own = (struct fig){ b->avg_ns[KP_AN_DATALOADER], b->avg_ns[KP_AN_COMMUNICATION],
                            b->avg_total_ns };
     f->n_gpus = b->n_gpus;
@@ -148,18 +154,21 @@ static int load_facts(struct kp_an *a, PGconn *c, int64_t run, int rank, struct 
     f->use_ddp = b->use_ddp;
 
     /* the kernel view's Tensor Core share (undefined without kernel time) */
-    if ((rc = kp_an_kernels(a, false, &kt)) < 0)
+    if ((rc = kp_an_kernels(a, false, &kt)) < 0) {
         return rc;
+    }
     kr = kt->rows;
     for (size_t i = 0; i < kt->n; i++) {
         all_ns += (double) kr[i].total_ns;
-        if (kr[i].tc_used)
+        if (kr[i].tc_used) {
             tc_ns += (double) kr[i].total_ns;
+        }
     }
     f->tc_used_known = all_ns > 0;
     f->tc_used_ratio = all_ns > 0 ? tc_ns / all_ns : 0.0;
-    if ((rc = kp_an_tensor_cores(a, &tc)) < 0)
+    if ((rc = kp_an_tensor_cores(a, &tc)) < 0) {
         return rc;
+    }
     f->tc_eligible_ratio = tc.eligible_ops_kernel_ratio;
 
     snprintf(runs, sizeof(runs), "%" PRId64, run);
@@ -168,8 +177,9 @@ static int load_facts(struct kp_an *a, PGconn *c, int64_t run, int rank, struct 
                      "SELECT id, cc_major, cc_minor, global_memory_bytes FROM devices "
                      "WHERE run_id = $1 AND rank = $2 ORDER BY id",
                      params, &budget, 0, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         return rc;
+    }
     for (int i = 0; i < PQntuples(r) && f->n_devs < MAX_DEVICES; i++) {
         struct dev *d = &f->devs[f->n_devs++];
 
@@ -189,8 +199,9 @@ static int load_facts(struct kp_an *a, PGconn *c, int64_t run, int rank, struct 
                      "AND total_allocated IS NOT NULL "
                      "GROUP BY 1, 2 ORDER BY min(start_ns), 1, 2",
                      params, &budget, 0, &r, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         return rc;
+    }
     for (int i = 0; i < PQntuples(r) && f->n_peaks < sizeof(f->peaks) / sizeof(f->peaks[0]); i++) {
         struct peak *p = &f->peaks[f->n_peaks++];
 
@@ -212,7 +223,7 @@ static int rules(const struct facts *f, bool html, struct kp_an_recs *out)
     int rc = 0;
 
     /* 1. DataLoader */
-    if (g->total_ns > 0 && g->dataloader_ns / g->total_ns > 0.05)
+    if (g->total_ns > 0 && g->dataloader_ns / g->total_ns > 0.05) {
         rc |= add(
             out, html,
             "This run has high time cost on input data loading. %.1f%% of the step time is "
@@ -220,12 +231,14 @@ static int rules(const struct facts *f, bool html, struct kp_an_recs *out)
             "and %s.",
             100.0 * (g->dataloader_ns / g->total_ns),
             link(l1, sizeof(l1), html, "enable multi-processes on data loading", URL_DATALOADER));
+    }
     /* 2. DataParallel (the plugin counts the devices of kernels, memcpys and memsets; kprof
      * those of kernels) */
-    if (f->use_dp && f->n_gpus > 1)
+    if (f->use_dp && f->n_gpus > 1) {
         rc |= add(out, html, "It is recommended to %s to do multi-GPU training.",
                   link(l1, sizeof(l1), html, "use DistributedDataParallel instead of DataParallel",
                        URL_DDP));
+    }
     /* 3. NCCL backend */
     if (f->use_ddp && !f->comm_nccl) {
         for (size_t i = 0; i < f->n_devs; i++) {
@@ -242,7 +255,7 @@ static int rules(const struct facts *f, bool html, struct kp_an_recs *out)
     }
     /* 4. Communication. Peer bug: its compression URL is a 1-tuple, so the plugin's href is
      * the tuple's repr; kprof links the page itself. */
-    if (g->total_ns > 0 && g->communication_ns / g->total_ns > 0.1)
+    if (g->total_ns > 0 && g->communication_ns / g->total_ns > 0.1) {
         rc |= add(out, html,
                   "This run has high time cost on communication. %.1f%% of the step time is in "
                   "communication. You could try %s or %s or increase the batch size. Note: "
@@ -254,10 +267,13 @@ static int rules(const struct facts *f, bool html, struct kp_an_recs *out)
                        html ? "('" URL_COMPRESS "',)" : URL_COMPRESS),
                   link(l2, sizeof(l2), html, "Gradient Accumulation", URL_GRAD_ACC),
                   link(l3, sizeof(l3), html, "LAMB optimizer", URL_LAMB));
+    }
     /* 5. Low GPU utilization (ids ascending). Peer quirks in gpu_list. */
-    for (size_t i = 0; i < f->n_gpus && (html || f->window); i++)
-        if (f->gpu_util[i] < 0.5)
+    for (size_t i = 0; i < f->n_gpus && (html || f->window); i++) {
+        if (f->gpu_util[i] < 0.5) {
             low[n_low++] = f->gpu_ids[i];
+        }
+    }
     if (n_low > 0) {
         const char *has;
 
@@ -270,12 +286,13 @@ static int rules(const struct facts *f, bool html, struct kp_an_recs *out)
     }
     /* 6. AMP: the first device listed, compute capability >= 7 */
     if (f->n_devs > 0 && f->devs[0].has_cc && f->devs[0].cc_major >= 7 && f->tc_used_known &&
-        f->tc_used_ratio == 0.0 && f->tc_eligible_ratio > 0.0)
+        f->tc_used_ratio == 0.0 && f->tc_eligible_ratio > 0.0) {
         rc |= add(out, html,
                   "Kernels with %.0f%% time are launched by Tensor Cores eligible operators. You "
                   "could enable %s to speedup by using FP16.",
                   f->tc_eligible_ratio * 100.0,
                   link(l1, sizeof(l1), html, "Automatic Mixed Precision", URL_AMP));
+    }
     /* 7. Memory limit: the first device over 90%. Peer bug: the plugin meant to skip the CPU
      * but tests the device *type* against -1, so the CPU (id -1) is measured against the last
      * listed GPU (Python's list[-1]); kprof only measures GPUs, each against its own. */
@@ -287,16 +304,20 @@ static int rules(const struct facts *f, bool html, struct kp_an_recs *out)
         if (html) {
             long idx = p->id < 0 ? (long) f->n_devs + p->id : p->id;
 
-            if (idx >= 0 && idx < (long) f->n_devs)
+            if (idx >= 0 && idx < (long) f->n_devs) {
                 d = &f->devs[idx];
+            }
         }
         else if (p->type == 1) {
-            for (size_t k = 0; k < f->n_devs; k++)
-                if (f->devs[k].id == p->id)
+            for (size_t k = 0; k < f->n_devs; k++) {
+                if (f->devs[k].id == p->id) {
                     d = &f->devs[k];
+                }
+            }
         }
-        if (!d || !d->has_mem || !((double) p->bytes > (double) d->mem_bytes * 0.9))
+        if (!d || !d->has_mem || !((double) p->bytes > (double) d->mem_bytes * 0.9)) {
             continue;
+        }
         pct = (double) p->bytes / (double) d->mem_bytes * 100.0;
         gb = (double) d->mem_bytes / 1024.0 / 1024.0 / 1024.0;
         rc |= add(out, html,
@@ -317,17 +338,22 @@ int kp_an_recommend(struct kp_an *a, PGconn *c, int64_t run, int rank, struct kp
     int rc;
 
     memset(out, 0, sizeof(*out));
-    if (!f)
+    if (!f) {
         return -ENOMEM;
+    }
     rc = load_facts(a, c, run, rank, f, errbuf, errlen);
-    if (rc == 0)
+    if (rc == 0) {
         rc = rules(f, true, out);
-    if (rc == 0)
+    }
+    if (rc == 0) {
         rc = rules(f, false, out);
-    if (rc == -ENOMEM)
+    }
+    if (rc == -ENOMEM) {
         kp_errbuf_set(errbuf, errlen, "out of memory computing the recommendations");
-    if (rc < 0)
+    }
+    if (rc < 0) {
         kp_an_recs_fini(out);
+    }
     free(f);
     return rc;
 }
@@ -337,15 +363,19 @@ char *kp_an_recs_overview_html(const struct kp_an_recs *r)
     size_t len = sizeof("<ul><li>N/A</li></ul>");
     char *s, *p;
 
-    for (size_t i = 0; i < r->n_html; i++)
+    for (size_t i = 0; i < r->n_html; i++) {
         len += strlen(r->html[i]) + 9;
-    if (!(s = malloc(len)))
+    }
+    if (!(s = malloc(len))) {
         return NULL;
+    }
     p = s + sprintf(s, "<ul>");
-    if (r->n_html == 0)
+    if (r->n_html == 0) {
         p += sprintf(p, "<li>N/A</li>");
-    for (size_t i = 0; i < r->n_html; i++)
+    }
+    for (size_t i = 0; i < r->n_html; i++) {
         p += sprintf(p, "<li>%s</li>", r->html[i]);
+    }
     sprintf(p, "</ul>");
     return s;
 }
@@ -356,8 +386,9 @@ void kp_an_recs_json(FILE *f, const struct kp_an_recs *r, bool html)
 
     fputc('[', f);
     for (size_t i = 0; i < n; i++) {
-        if (i)
+        if (i) {
             fputs(", ", f);
+        }
         kp_json_fputs(f, html ? r->html[i] : r->text[i]);
     }
     fputc(']', f);
@@ -365,11 +396,14 @@ void kp_an_recs_json(FILE *f, const struct kp_an_recs *r, bool html)
 
 void kp_an_recs_fini(struct kp_an_recs *r)
 {
-    if (!r)
+    if (!r) {
         return;
-    for (size_t i = 0; i < r->n_html; i++)
+    }
+    for (size_t i = 0; i < r->n_html; i++) {
         free(r->html[i]);
-    for (size_t i = 0; i < r->n_text; i++)
+    }
+    for (size_t i = 0; i < r->n_text; i++) {
         free(r->text[i]);
+    }
     memset(r, 0, sizeof(*r));
 }

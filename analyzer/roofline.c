@@ -93,9 +93,11 @@ static bool has_word(const char *name, const char *w)
 {
     size_t len = strlen(w);
 
-    for (const char *p = strstr(name, w); p != NULL; p = strstr(p + 1, w))
-        if (word_at(name, p, len))
+    for (const char *p = strstr(name, w); p != NULL; p = strstr(p + 1, w)) {
+        if (word_at(name, p, len)) {
             return true;
+        }
+    }
     return false;
 }
 
@@ -103,30 +105,37 @@ static bool has_ci(const char *s, const char *sub)
 {
     size_t n = strlen(sub);
 
-    for (; *s; s++)
-        if (strncasecmp(s, sub, n) == 0)
+    for (; *s; s++) {
+        if (strncasecmp(s, sub, n) == 0) {
             return true;
+        }
+    }
     return false;
 }
 
 const struct kp_rl_gpu *kp_rl_lookup(const char *device_name)
 {
-    for (size_t i = 0; i < sizeof(gpus) / sizeof(gpus[0]); i++)
+    for (size_t i = 0; i < sizeof(gpus) / sizeof(gpus[0]); i++) {
         if (has_word(device_name, gpus[i].model) &&
-            (gpus[i].variant == NULL || has_ci(device_name, gpus[i].variant)))
+            (gpus[i].variant == NULL || has_ci(device_name, gpus[i].variant))) {
             return &gpus[i];
+        }
+    }
     return NULL;
 }
 
 /* FP32 lanes per SM (CUDA C Programming Guide, "Arithmetic Instructions"), 0: unknown. */
 static int fp32_lanes(int major, int minor)
 {
-    if (major == 6)
+    if (major == 6) {
         return minor == 0 ? 64 : 128;
-    if (major == 7 || (major == 8 && minor == 0))
+    }
+    if (major == 7 || (major == 8 && minor == 0)) {
         return 64;
-    if (major == 8 || major == 9)
+    }
+    if (major == 8 || major == 9) {
         return 128;
+    }
     return 0;
 }
 
@@ -135,12 +144,15 @@ static int fp32_lanes(int major, int minor)
  * 1.83 GHz = 4096, A10 and L4 1024), 0: none or unknown. */
 static int tc_fp16_per_clk(int major, int minor)
 {
-    if (major == 7 && minor != 1)
+    if (major == 7 && minor != 1) {
         return 1024;
-    if (major == 8)
+    }
+    if (major == 8) {
         return minor == 0 ? 2048 : 1024;
-    if (major == 9)
+    }
+    if (major == 9) {
         return 4096;
+    }
     return 0;
 }
 
@@ -193,35 +205,43 @@ static enum kp_rl_peak kernel_peak(const struct kp_prof_row *r)
     const char *t = strstr(r->params, "type=");
     char ty[24] = "";
 
-    if (t != NULL)
+    if (t != NULL) {
         snprintf(ty, sizeof(ty), "%.*s", (int) strcspn(t + 5, ",; "), t + 5);
+    }
     if (strcmp(r->tc, "1") == 0) {
-        if (has_ci(ty, "fp8") || has_ci(ty, "float8") || has_ci(ty, "e4m3") || has_ci(ty, "e5m2"))
+        if (has_ci(ty, "fp8") || has_ci(ty, "float8") || has_ci(ty, "e4m3") || has_ci(ty, "e5m2")) {
             return KP_RL_FP8_TC;
-        if (strcmp(ty, "fp32") == 0 || strcmp(ty, "tf32") == 0)
+        }
+        if (strcmp(ty, "fp32") == 0 || strcmp(ty, "tf32") == 0) {
             return KP_RL_TF32_TC;
+        }
         return KP_RL_FP16_TC;
     }
-    if (strcmp(ty, "fp64") == 0 || strcmp(ty, "c128") == 0)
+    if (strcmp(ty, "fp64") == 0 || strcmp(ty, "c128") == 0) {
         return KP_RL_NO_PEAK;
+    }
     return KP_RL_FP32;
 }
 
 /* The device's peak for a class; a Tensor Core class the device lacks falls back to FP16. */
 static double device_peak(const struct kp_rl_device *d, enum kp_rl_peak p)
 {
-    if (d == NULL || p >= KP_RL_PEAK_COUNT)
+    if (d == NULL || p >= KP_RL_PEAK_COUNT) {
         return 0;
-    if (d->peak_flop_per_s[p] <= 0 && (p == KP_RL_TF32_TC || p == KP_RL_FP8_TC))
+    }
+    if (d->peak_flop_per_s[p] <= 0 && (p == KP_RL_TF32_TC || p == KP_RL_FP8_TC)) {
         return d->peak_flop_per_s[KP_RL_FP16_TC];
+    }
     return d->peak_flop_per_s[p];
 }
 
 static const struct kp_rl_device *find_dev(const struct kp_rl *r, int id)
 {
-    for (size_t i = 0; i < r->n_devs; i++)
-        if (r->devs[i].id == id)
+    for (size_t i = 0; i < r->n_devs; i++) {
+        if (r->devs[i].id == id) {
             return &r->devs[i];
+        }
+    }
     return r->n_devs == 1 ? &r->devs[0] : NULL;
 }
 
@@ -241,8 +261,9 @@ static int load_devices(PGconn *c, struct kp_rl *r, int64_t run, int rank, char 
                      "coalesce(memory_bandwidth_bytes_per_s, 0) FROM devices "
                      "WHERE run_id = $1 AND rank = $2 ORDER BY id",
                      2, params, &res, errbuf, errlen);
-    if (rc < 0)
+    if (rc < 0) {
         return rc;
+    }
     for (int i = 0; i < PQntuples(res) && r->n_devs < KP_RL_MAX_DEVICES; i++) {
         struct kp_rl_device *d = &r->devs[r->n_devs++];
 
@@ -261,11 +282,13 @@ static size_t key_hash(const char *name, const char *dir)
 {
     uint64_t h = 1469598103934665603ULL;
 
-    for (const char *s = name; *s; s++)
+    for (const char *s = name; *s; s++) {
         h = (h ^ (unsigned char) *s) * 1099511628211ULL;
+    }
     h = (h ^ '/') * 1099511628211ULL;
-    for (const char *s = dir; *s; s++)
+    for (const char *s = dir; *s; s++) {
         h = (h ^ (unsigned char) *s) * 1099511628211ULL;
+    }
     return (size_t) h;
 }
 
@@ -274,10 +297,12 @@ static int cmp_rows(const void *pa, const void *pb)
     const struct kp_rl_row *a = pa, *b = pb;
     int c;
 
-    if (a->time_ns != b->time_ns)
+    if (a->time_ns != b->time_ns) {
         return a->time_ns > b->time_ns ? -1 : 1;
-    if ((c = strcmp(a->name, b->name)) != 0)
+    }
+    if ((c = strcmp(a->name, b->name)) != 0) {
         return c;
+    }
     return strcmp(a->dir, b->dir);
 }
 
@@ -332,18 +357,22 @@ int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by
     int rc;
 
     *out = NULL;
-    if (r == NULL)
+    if (r == NULL) {
         return -ENOMEM;
+    }
     r->by = by;
-    if ((rc = load_devices(c, r, run, rank, errbuf, errlen)) < 0)
+    if ((rc = load_devices(c, r, run, rank, errbuf, errlen)) < 0) {
         goto fail;
-    if ((rc = kp_prof_build(c, run, rank, max_rows, &p, errbuf, errlen)) < 0)
+    }
+    if ((rc = kp_prof_build(c, run, rank, max_rows, &p, errbuf, errlen)) < 0) {
         goto fail;
+    }
     pr = kp_prof_rows(p, &n);
     r->rows = calloc(n ? n : 1, sizeof(*r->rows));
     acc = calloc(n ? n : 1, sizeof(*acc));
-    while (mask < 2 * n)
+    while (mask < 2 * n) {
         mask <<= 1;
+    }
     slots = calloc(mask, sizeof(*slots));
     mask--;
     if (r->rows == NULL || acc == NULL || slots == NULL) {
@@ -370,8 +399,9 @@ int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by
                 break;
             }
         }
-        if (j == r->n_rows)
+        if (j == r->n_rows) {
             slots[h] = j + 1;
+        }
         g = &r->rows[j];
         a = &acc[j];
         if (j == r->n_rows) {
@@ -390,25 +420,29 @@ int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by
             a->flops_time += t;
             a->peak_work += peak * t;
             a->peak_missing = a->peak_missing || peak <= 0;
-            if (a->peak < 0)
+            if (a->peak < 0) {
                 a->peak = (int) pk;
-            else if (a->peak != (int) pk)
+            }
+            else if (a->peak != (int) pk) {
                 a->peak = KP_RL_PEAK_COUNT + 1;
+            }
         }
         if (k->bytes_known) {
             g->bytes_known = true;
             g->bytes += k->bytes;
             a->bytes_time += t;
-            if (d == NULL || d->bandwidth_bytes_per_s != g->bandwidth_bytes_per_s)
+            if (d == NULL || d->bandwidth_bytes_per_s != g->bandwidth_bytes_per_s) {
                 g->bandwidth_bytes_per_s = 0; /* kernels on devices with other bandwidths */
+            }
         }
         if (k->flops_known && k->bytes_known) {
             a->ai_flops += k->flops;
             a->ai_bytes += k->bytes;
         }
     }
-    for (size_t j = 0; j < r->n_rows; j++)
+    for (size_t j = 0; j < r->n_rows; j++) {
         finish_row(&r->rows[j], &acc[j]);
+    }
     qsort(r->rows, r->n_rows, sizeof(*r->rows), cmp_rows);
     rc = 0;
     r->prof = p;
@@ -425,8 +459,9 @@ fail:
 
 void kp_rl_destroy(struct kp_rl *r)
 {
-    if (r == NULL)
+    if (r == NULL) {
         return;
+    }
     free(r->rows);
     kp_prof_destroy(r->prof);
     free(r);

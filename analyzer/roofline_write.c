@@ -18,17 +18,20 @@ const char *kp_rl_peak_name(enum kp_rl_peak p)
 static void json_num(FILE *f, const char *key, double v, bool defined)
 {
     fprintf(f, ", \"%s\": ", key);
-    if (defined)
+    if (defined) {
         fprintf(f, "%.17g", v);
-    else
+    }
+    else {
         fputs("null", f);
+    }
 }
 
 /* A CSV/text cell of a figure: %.6g, "-" when undefined. */
 static const char *fig(char *buf, size_t len, double v, bool defined)
 {
-    if (!defined)
+    if (!defined) {
         return "-";
+    }
     snprintf(buf, len, "%.6g", v);
     return buf;
 }
@@ -46,15 +49,17 @@ static void put_cut(FILE *f, const char *s, int width)
     int cols = 0;
     const char *p;
 
-    for (p = s; *p; p++)
+    for (p = s; *p; p++) {
         cols += ((unsigned char) *p & 0xC0) != 0x80;
+    }
     if (width <= 0 || cols <= width) {
         fputs(s, f);
         return;
     }
     for (p = s, cols = 0; *p; p++) {
-        if (((unsigned char) *p & 0xC0) != 0x80 && ++cols > width - 1)
+        if (((unsigned char) *p & 0xC0) != 0x80 && ++cols > width - 1) {
             break;
+        }
         fputc(*p, f);
     }
     fputs("\u2026", f);
@@ -76,10 +81,12 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
             fprintf(f, "%s{\"id\": %d, \"name\": ", i ? ", " : "", d->id);
             kp_json_fputs(f, d->name);
             fputs(", \"entry\": ", f);
-            if (d->entry[0])
+            if (d->entry[0]) {
                 kp_json_fputs(f, d->entry);
-            else
+            }
+            else {
                 fputs("null", f);
+            }
             fputs(", \"source\": ", f);
             kp_json_fputs(f, d->source);
             for (int p = 0; p < KP_RL_PEAK_COUNT; p++) {
@@ -117,10 +124,12 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
                      g->bandwidth_bytes_per_s > 0);
             json_num(f, "bandwidth_fraction", g->bandwidth_fraction, g->bandwidth_fraction_defined);
             fputs(", \"above_peak\": ", f);
-            if (g->above_peak[0])
+            if (g->above_peak[0]) {
                 kp_json_fputs(f, g->above_peak);
-            else
+            }
+            else {
                 fputs("null", f);
+            }
             fputc('}', f);
         }
         fputs("]}\n", f);
@@ -134,11 +143,13 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
                 by == KP_RL_BY_OP ? "dir," : "");
     }
     else {
-        for (size_t i = 0; i < n_devs; i++)
+        for (size_t i = 0; i < n_devs; i++) {
             fprintf(f, "device %d \"%s\": peaks from %s\n", devs[i].id, devs[i].name,
                     devs[i].source);
-        if (n_devs == 0)
+        }
+        if (n_devs == 0) {
             fprintf(f, "no device properties for this rank: peaks unknown\n");
+        }
         fprintf(f, "%-10s %-5s %7s %12s %10s %10s %9s %12s %4s %-10s  %s\n", "TFLOP/s", "peak",
                 "%peak", "GB/s", "%bw", "FLOP/B", "kernels", "time_us", "dev", "above_peak",
                 "name");
@@ -149,13 +160,15 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
         if (fmt == KP_RL_CSV) {
             fputc('"', f);
             for (const char *s = g->name; *s; s++) {
-                if (*s == '"')
+                if (*s == '"') {
                     fputc('"', f);
+                }
                 fputc(*s, f);
             }
             fputc('"', f);
-            if (by == KP_RL_BY_OP)
+            if (by == KP_RL_BY_OP) {
                 fprintf(f, ",%s", g->dir);
+            }
             fprintf(
                 f,
                 ",%d,%s,%" PRIu64 ",%" PRId64 ".%03" PRId64 ",%s,%s,%s,%s,%s,%s,%s,%s,%s,\"%s\"\n",
@@ -182,9 +195,10 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
         fprintf(f, "%s%s\n", g->dir[0] ? " " : "", g->dir);
         n_above += g->above_peak[0] != '\0';
     }
-    if (fmt == KP_RL_TEXT && n_above > 0)
+    if (fmt == KP_RL_TEXT && n_above > 0) {
         fprintf(f,
                 "%zu row(s) above 100 %% of a peak (above_peak): the FLOP/byte model or the "
                 "device's peak is wrong for those kernels\n",
                 n_above);
+    }
 }

@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(
   build-essential cmake pkg-config git
-  clang libclang-rt-14-dev clang-format
+  clang libclang-rt-14-dev clang-format clang-tidy
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
   python3 python3-grpcio python3-protobuf
   libpq-dev postgresql postgresql-client

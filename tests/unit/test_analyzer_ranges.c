@@ -75,8 +75,9 @@ static char *slurp(const char *name)
 
     snprintf(path, sizeof(path), "%s/tests/data/peers/tbplugin/cases/%s", src ? src : ".", name);
     f = fopen(path, "rb");
-    if (!f)
+    if (!f) {
         return NULL;
+    }
     fseek(f, 0, SEEK_END);
     n = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -93,14 +94,16 @@ static int64_t parse_fixed(const char **p)
     int64_t ip = 0, frac = 0, scale = 1000000;
     int neg = 0;
 
-    while (**p == ' ' || **p == '\n')
+    while (**p == ' ' || **p == '\n') {
         (*p)++;
+    }
     if (**p == '-') {
         neg = 1;
         (*p)++;
     }
-    while (**p >= '0' && **p <= '9')
+    while (**p >= '0' && **p <= '9') {
         ip = ip * 10 + (*(*p)++ - '0');
+    }
     if (**p == '.') {
         (*p)++;
         while (**p >= '0' && **p <= '9') {
@@ -123,18 +126,22 @@ static size_t parse_list(const char *doc, const char *section, const char *key,
     assert_non_null(p);
     p = strchr(p, '[') + 1; /* the outer list */
     for (;;) {
-        while (*p == ' ' || *p == '\n' || *p == ',')
+        while (*p == ' ' || *p == '\n' || *p == ',') {
             p++;
-        if (*p == ']')
+        }
+        if (*p == ']') {
             return n;
+        }
         assert_true(*p == '[' && n < cap);
         p++;
         out[n].start = parse_fixed(&p);
-        while (*p == ' ' || *p == '\n' || *p == ',')
+        while (*p == ' ' || *p == '\n' || *p == ',') {
             p++;
+        }
         out[n].end = parse_fixed(&p);
-        while (*p != ']')
+        while (*p != ']') {
             p++;
+        }
         p++;
         n++;
     }

@@ -516,23 +516,27 @@ static void test_cases(void **state)
         struct kp_fl_args a;
         struct kp_fl_result r;
 
-        if (kp_fl_parse(c->shapes, c->dtypes, &a) != 0)
+        if (kp_fl_parse(c->shapes, c->dtypes, &a) != 0) {
             fail_msg("case %zu (%s): parse failed", i, c->op);
+        }
         kp_fl_compute(c->op, &a, c->dir, NULL, &r);
         if (r.known != c->known || (c->known && r.bytes_known != c->bytes_known) ||
-            (c->known && r.n_parts != c->n_parts))
+            (c->known && r.n_parts != c->n_parts)) {
             fail_msg("case %zu (%s): known %d/%d bytes_known %d/%d parts %d/%d", i, c->op, r.known,
                      c->known, r.bytes_known, c->bytes_known, r.n_parts, c->n_parts);
+        }
         for (int p = 0; p < c->n_parts; p++) {
-            if (r.flops[p] != c->flops[p] || r.bytes[p] != c->bytes[p])
+            if (r.flops[p] != c->flops[p] || r.bytes[p] != c->bytes[p]) {
                 fail_msg("case %zu (%s) part %d: flops %.0f want %.0f, bytes %.0f want %.0f", i,
                          c->op, p, r.flops[p], c->flops[p], r.bytes[p], c->bytes[p]);
+            }
         }
         /* past the last part a kernel gets nothing */
         assert_true(kp_fl_part_flops(&r, c->n_parts) == 0);
         assert_true(kp_fl_part_bytes(&r, -1) == 0);
-        if (c->params && strcmp(r.params, c->params) != 0)
+        if (c->params && strcmp(r.params, c->params) != 0) {
             fail_msg("case %zu (%s): params '%s' want '%s'", i, c->op, r.params, c->params);
+        }
     }
 }
 
@@ -607,8 +611,9 @@ static void test_junk(void **state)
 
     (void) state;
     for (size_t i = 0; i < sizeof(junk) / sizeof(junk[0]); i++) {
-        if (kp_fl_parse(junk[i], "['float']", &a) != -EINVAL)
+        if (kp_fl_parse(junk[i], "['float']", &a) != -EINVAL) {
             fail_msg("junk '%s' parsed", junk[i]);
+        }
         assert_int_equal(a.n, 0);
         /* an empty parse never crashes a formula */
         kp_fl_compute("aten::addmm", &a, KP_FL_FWD, NULL, &r);
@@ -620,8 +625,9 @@ static void test_junk(void **state)
     /* too many arguments */
     memset(big, 0, sizeof(big));
     strcpy(big, "[");
-    for (int i = 0; i < 40; i++)
+    for (int i = 0; i < 40; i++) {
         strcat(big, i ? ", [1]" : "[1]");
+    }
     strcat(big, "]");
     assert_int_equal(kp_fl_parse(big, NULL, &a), -EINVAL);
     /* wrong ranks and zero dims give unknown, not a crash or a division by zero */

@@ -50,9 +50,10 @@ static void test_kernel_types(void **state)
     for (size_t i = 0; i < sizeof(kcases) / sizeof(kcases[0]); i++) {
         enum kp_hta_ktype got = kp_hta_kernel_type(kcases[i].name);
 
-        if (got != kcases[i].want)
+        if (got != kcases[i].want) {
             fprintf(stderr, "case %zu '%s': got %s, want %s\n", i, kcases[i].name,
                     kp_hta_ktype_names[got], kp_hta_ktype_names[kcases[i].want]);
+        }
         assert_int_equal(got, kcases[i].want);
     }
 }
