@@ -1,5 +1,5 @@
 /*
- * kp_cmp: the cross-rank comparison of a run (issue 7): which rank holds the job back, and why.
+ * kp_cmp: the cross-rank comparison of a run: which rank holds the job back, and why.
  *
  * Per rank and step (a rank's steps are its ProfilerStep#N ops, else its rows of the steps
  * table (captures), else one step 0 over its kernels):

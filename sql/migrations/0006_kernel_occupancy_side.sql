@@ -1,5 +1,5 @@
 -- kprof schema, version 6: kernels' blocks per SM and est. achieved occupancy move to a side
--- table (kprof issue #6).
+-- table.
 --
 -- Only imported Kineto traces carry these figures ("blocks per SM", "est. achieved occupancy
 -- %"); CUPTI captures never do. As two columns of `kernels` (migration 0004) they cost every

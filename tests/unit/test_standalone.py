@@ -7,6 +7,8 @@
    every section cited as `NAME.md §N` (or §N.M) is a heading of that document (`§N ...`),
    so a citation always leads to the right text.
 3. The peer data the tests read is in tests/data/peers, with its README.
+4. Code says why in its own words: no source file (C, Python, shell, SQL, CMake) refers to an
+   issue by its number; the tracker is not part of the repository.
 
 Files are the tracked ones (`git ls-files`) when KPROF_SOURCE_DIR is a git checkout, else
 every file under it (a source tarball). Exit status 0 when all hold, 1 with one line per
@@ -29,6 +31,8 @@ OUTSIDE = re.compile("|".join([
     r'"\.\."\s*,\s*"' + "shared" + '"',
     re.escape("/" + "work" + "/"),
 ]))
+CODE = (".c", ".h", ".py", ".sh", ".sql", ".txt", ".cmake", ".proto")
+ISSUE_REF = re.compile(r"\b[Ii]ssues?\s*#?\d+|\(#\d+\)|\bGH-\d+")
 CITED_DOC = re.compile(r"docs/(?:specs/[\w.-]+\.md|design\.md|style\.md)")
 # "tbplugin-views.md §9", "docs/style.md §6", "hta-analyses.md §5-§7" (each § after the name)
 CITED_SECTION = re.compile(r"([\w-]+\.md)((?:\s*(?:§[\d.]*\d|,|-|and))+)")
@@ -86,6 +90,10 @@ def main():
             for d in CITED_DOC.findall(line):
                 if not os.path.isfile(os.path.join(SRC, d)):
                     bad.append("%s:%d cites %s, which does not exist" % (p, i, d))
+            if (p.endswith(CODE) and not p.startswith("tests/unit/test_standalone") and
+                    ISSUE_REF.search(line)):
+                bad.append("%s:%d refers to an issue number; say the reason instead: %s" %
+                           (p, i, line.strip()))
             if p.startswith(("docs/", "tests/data/")):
                 continue
             for name, secs in CITED_SECTION.findall(line):
