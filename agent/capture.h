@@ -113,7 +113,7 @@ uint64_t kp_proc_run_id(const struct kp_proc *p);
 /* The library's STATUS: its counters for the batcher, and a capture it failed or began. */
 void kp_proc_on_status(struct kp_proc *p, const struct kp_wire_status *st);
 
-/* count records of one kind: to p's batcher, or counted dropped when p is not capturing. */
+/* RECORDS (count records of one kind): to p's batcher, or counted dropped when p has none. */
 void kp_proc_on_records(struct kp_proc *p, const struct kp_wire_records *rh, const void *recs,
                         uint32_t count);
 
