@@ -2,14 +2,13 @@
  * kprof-agent as an object (one per node): agent_main.c and the tests drive it through
  * create/run/stop/destroy.
  *
- * Threads: the loop thread (kp_agent_run: epoll over the listening socket, every library and
- * control connection, a timer and a wake-up eventfd; owns sessions, captures and batchers and
- * appends to the spool); the uplink thread (reads the spool in seq order and pushes it to
- * collectord on one kp_push stream, acknowledging the spool as collectord acknowledges);
- * the control worker (blocking Control.CreateRun / EndRun calls, results back to the loop by
- * queue + eventfd); the attach thread (attach.h: keeps a Control.Attach call open, sends the
- * loop's reports and queues collectord's capture commands for the loop, woken by the same
- * eventfd); the HTTP thread (/healthz, /readyz, /metrics) when --http-listen is set.
+ * Threads: the loop thread (kp_agent_run: epoll over the listening socket, every library
+ * connection, a timer and a wake-up eventfd; owns the sessions, the captures and their
+ * batchers, and appends to the spool); the uplink thread (uplink.h: pushes the spool to
+ * collectord and acknowledges it as collectord acknowledges); the attach thread (attach.h:
+ * keeps a Control.Attach call open, sends the loop's reports and queues the coordinator's
+ * capture commands for the loop, woken by the eventfd); the HTTP thread (/healthz, /readyz,
+ * /metrics) when --http-listen is set.
  */
 #ifndef KP_AGENT_H
 #define KP_AGENT_H
@@ -35,12 +34,13 @@ struct kp_agent_config {
     char *ready_file;            /* written with "socket=<path>" (and "http=...") once listening */
     int log_level;               /* index into error, warn, info, debug */
     char *host;                  /* this node's name for logs; "" : gethostname() */
-    bool attach;                 /* Control.Attach to collectord: reports, capture commands */
+    bool attach; /* Control.Attach to collectord: reports, capture commands (without it the
+                  * agent only uploads what is spooled: nothing can start a capture) */
 };
 
 /*
  * Opens the spool, binds the socket (mkdir -p its directory, unlinks a stale socket file,
- * chmods it), starts the uplink, control worker and HTTP threads. Returns 0 and *out, or a
+ * chmods it), starts the uplink, attach and HTTP threads. Returns 0 and *out, or a
  * negative code with a message in errbuf that says what to do.
  */
 int kp_agent_create(const struct kp_agent_config *cfg, struct kp_agent **out, char *errbuf,

@@ -14,7 +14,9 @@
  * kernel, then "aten::gelu" with its kernel; "aten::zero_" with a memset; the backward pass on
  * a second (autograd) thread: "AddmmBackward0, seq = S" / "aten::mm" with two GEMM kernels
  * per layer; "nccl:all_reduce" with an NCCL kernel on another stream; a cudaStreamSynchronize;
- * the optimizer's "aten::_foreach_add_" kernel; then it sleeps --step-ms.
+ * the optimizer's "aten::_foreach_add_" kernel; then it sleeps --step-ms. --fork (or
+ * --fork-step N, for a step only known at run time) forks a DataLoader-like child at step 2
+ * (or N) that must exit 0.
  *
  * --expect FILE writes one JSON object per line for each GPU-side record and each NVTX range
  * emitted: {"type":"gpu"|"range", "step", "kind", "name", "correlation", "recorded" (the fake
@@ -72,7 +74,7 @@ static const char *const wk_foreach_kernel =
 
 struct wk_opts {
     int steps, layers, step_ms, max_steps, timeout_s;
-    int no_hook, fork_child, stats;
+    int no_hook, fork_child, fork_step, stats;
     int until_captures; /* -1: off */
     unsigned seed;
     const char *expect;
@@ -92,6 +94,7 @@ static struct wk_opts g_o = {
     .timeout_s = 300,
     .until_captures = -1,
     .seed = 1,
+    .fork_step = 2,
 };
 static int g_rank = -1;
 static uint32_t g_device;
@@ -458,7 +461,7 @@ static int wk_step(int64_t step)
     else if (g_kprof_step) {
         g_kprof_step(step);
     }
-    if (g_o.fork_child && step == 2 && wk_fork_child(step) < 0) {
+    if (g_o.fork_child && step == g_o.fork_step && wk_fork_child(step) < 0) {
         rc = -1;
     }
 
@@ -626,6 +629,7 @@ static void wk_print_stats(int64_t steps)
 static void wk_usage(FILE *f)
 {
     fputs("usage: kprof-test-worker [--steps N] [--layers L] [--step-ms M] [--no-hook] [--fork]\n"
+          "         [--fork-step N]\n"
           "         [--until-captures K] [--max-steps N] [--expect FILE] [--stats] [--seed S]\n"
           "         [--timeout-s S]\n"
           "Plays one DDP rank: loads $CUDA_INJECTION64_PATH like the CUDA driver, emits NVTX\n"
@@ -656,6 +660,7 @@ static int wk_parse(int argc, char **argv)
         { "step-ms", required_argument, NULL, 'm' },
         { "no-hook", no_argument, NULL, 'n' },
         { "fork", no_argument, NULL, 'f' },
+        { "fork-step", required_argument, NULL, 'F' },
         { "until-captures", required_argument, NULL, 'u' },
         { "max-steps", required_argument, NULL, 'x' },
         { "expect", required_argument, NULL, 'e' },
@@ -688,6 +693,12 @@ static int wk_parse(int argc, char **argv)
             g_o.no_hook = 1;
             break;
         case 'f':
+            g_o.fork_child = 1;
+            break;
+        case 'F':
+            if (wk_int_arg("fork-step", optarg, 0, &g_o.fork_step) < 0) {
+                return -1;
+            }
             g_o.fork_child = 1;
             break;
         case 'u':

@@ -1,12 +1,15 @@
 """kprof-agent end to end: a real kprof-collectord (fresh database), the real kprof-agent and a
-Python stand-in for libkprof_inject.so (tests/it/kpwire.py):
-  1. capture --wait: HELLO, ARM, STEP / WINDOW_BEGIN / STRINGS / RECORDS / WINDOW_END; the
-     exact rows in PostgreSQL (kernels with external_id and step, ops, steps, api_calls),
-     warm-up and after-window records left out, the run ended;
-  2. a malformed message and a refused uid only close that connection; ps still works;
-     control errors (no such job, busy) have their exit codes;
+Python stand-in for libkprof_inject.so (tests/it/kpwire.py); captures are started with the
+kprofctl binary through collectord's coordinator, the agent's only control plane:
+  1. `kprofctl start --wait`: HELLO, ARM (the coordinator's start step), STEP / WINDOW_BEGIN /
+     STRINGS / RECORDS / WINDOW_END; the exact rows in PostgreSQL (kernels with external_id
+     and step, ops, steps, api_calls), warm-up and after-window records left out, the run
+     ended;
+  2. a malformed message and a refused uid only close that connection; the good one is still
+     listed by `kprofctl jobs`; start errors (no such job, a rank outside the world size) have
+     their exit codes; `kprof-agent capture` (removed) exits 2 naming kprofctl;
   3. collectord stopped during the capture: the agent spools, collectord comes back, every
-     row is stored exactly once;
+     row is stored exactly once, and only then is the agent's capture complete;
   4. the agent restarted while records are spooled and unacknowledged: replayed after the
      restart, no duplicates;
   5. collectord frozen (SIGSTOP, not killed) under the uplink: the agent still stops promptly,
@@ -28,6 +31,7 @@ kpfix.require_env()
 DB = "kp_it_agent"
 T = 1_760_000_000_000_000_000
 AGENT = os.path.join(kpfix.BIN, "agent", "kprof-agent")
+KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
 DIR = os.path.join(kpfix.TEST_DIR, "agent-it")
 
 
@@ -72,13 +76,56 @@ class Agent:
         return self.proc.returncode
 
 
-def ctl(agent, *args, wait=True):
-    cmd = [AGENT] + list(args[:1]) + ["--socket", agent.sock] + list(args[1:])
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if not wait:
-        return p
-    out, err = p.communicate(timeout=60 * kpfix.SCALE)
-    return p.returncode, out, err
+class Ctl:
+    """The kprofctl binary against the test's collectord (its address set in main)."""
+    addr = None
+
+    @staticmethod
+    def run(*args, wait=True):
+        cmd = [KPROFCTL] + list(args) + ["--collector", Ctl.addr]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if not wait:
+            return p
+        out, err = p.communicate(timeout=60 * kpfix.SCALE)
+        return p.returncode, out, err
+
+    @staticmethod
+    def jobs(job):
+        rc, out, err = Ctl.run("jobs", "--json")
+        assert rc == 0, (rc, out, err)
+        return [r for r in json.loads(out) if r["job"] == job]
+
+    @staticmethod
+    def wait_job(job, pid):
+        """Until collectord lists process pid of job (the agent reported it)."""
+        kpfix.wait_for(lambda: any(r["pid"] == pid for r in Ctl.jobs(job)), 30,
+                       "job %s listed by kprofctl jobs" % job)
+
+    @staticmethod
+    def start(job, *args):
+        """`kprofctl start --job J ARGS` in the background (it returns once the ranks are
+        armed, so the test answers the ARM meanwhile)."""
+        Ctl.wait_job(job, os.getpid())
+        return Ctl.run("start", "--job", job, *args, wait=False)
+
+    @staticmethod
+    def status(run):
+        """The run's ranks as `kprofctl status --json` lists them."""
+        rc, out, err = Ctl.run("status", "--run", str(run), "--json")
+        assert rc == 0, (rc, out, err)
+        return json.loads(out)
+
+
+def started_run(cap):
+    """The run id `kprofctl start` (no --wait) printed."""
+    out, err = cap.communicate(timeout=60 * kpfix.SCALE)
+    assert cap.returncode == 0, (cap.returncode, out, err)
+    return int(out.strip())
+
+
+def wait_run_state(run, state):
+    kpfix.wait_for(lambda: q("SELECT state FROM runs WHERE id = %d" % run) == state, 30,
+                   "run %d in state %s" % (run, state))
 
 
 def q(sql):
@@ -113,55 +160,57 @@ def recv_arm(lib):
 def test_capture_rows(agent):
     lib = library(agent, "itjob", step=5)
     lib.send(kw.status(0, kw.ST_DORMANT, 5))
-    # An explicit start step (the default one, a rate-dependent margin ahead of the ranks'
-    # steps, is exercised by test_capture.py).
-    cap = ctl(agent, "capture", "--job", "itjob", "--start-step", "7", "--steps", "2", "--wait",
-              "--json", wait=False)
+    cap = Ctl.start("itjob", "--steps", "2", "--wait", "--json")
     arm = recv_arm(lib)
-    assert arm["target_step"] == 7 and arm["n_steps"] == 2, arm
+    # the coordinator's start step: a margin ahead of the rank's step (test_capture.py checks
+    # that real workers make it); s is the window's first step
+    s = arm["target_step"]
+    assert s > 6 and arm["n_steps"] == 2, arm
     cid, run = arm["capture_id"], arm["run_id"]
     assert run > 0
     lib.send(kw.strings({1: "volta_sgemm_128x64_nn", 2: "cudaLaunchKernel", 3: "aten::mm",
                          4: "[[2, 3], [3, 4]]"}))
-    lib.send(kw.status(cid, kw.ST_ARMED, 6))
-    lib.send(kw.step(6, T))
+    lib.send(kw.status(cid, kw.ST_ARMED, s - 1))
+    lib.send(kw.step(s - 1, T))
     # warm-up: launched before the window, so its kernel is left out too
     lib.send(kw.records(kw.REC_API, [kw.api(T + 100, T + 110, 1, 2)]))
     lib.send(kw.records(kw.REC_KERNEL, [kw.kernel(T + 1100, T + 1150, 1, 1)]))
-    lib.send(kw.step(7, T + 1000))
-    lib.send(kw.window(kw.WINDOW_BEGIN, cid, run, T + 1000, 0, 7, -1))
+    lib.send(kw.step(s, T + 1000))
+    lib.send(kw.window(kw.WINDOW_BEGIN, cid, run, T + 1000, 0, s, -1))
     lib.send(kw.records(kw.REC_KERNEL, [kw.kernel(T + 1300, T + 1390, 2, 1)]))  # before its API
     lib.send(kw.records(kw.REC_API, [kw.api(T + 1200, T + 1210, 2, 2, external_id=50)]))
     lib.send(kw.records(kw.REC_RANGE, [kw.range_(T + 1150, T + 1400, 50, 3, seq=9, op_id=4,
                                                  shapes=4)]))
-    lib.send(kw.step(8, T + 2000))
+    lib.send(kw.step(s + 1, T + 2000))
     lib.send(kw.records(kw.REC_API, [kw.api(T + 2100, T + 2120, 3, 2)]))
     lib.send(kw.records(kw.REC_KERNEL, [kw.kernel(T + 2200, T + 2300, 3, 1)]))
-    lib.send(kw.step(9, T + 3000))
+    lib.send(kw.step(s + 2, T + 3000))
     lib.send(kw.records(kw.REC_API, [kw.api(T + 3100, T + 3120, 4, 2)]))  # after the window
-    lib.send(kw.window(kw.WINDOW_END, cid, run, T + 1000, T + 3000, 7, 8, records_=8, dropped=2))
-    lib.send(kw.status(cid, kw.ST_DONE, 9))
+    lib.send(kw.window(kw.WINDOW_END, cid, run, T + 1000, T + 3000, s, s + 1, records_=8,
+                       dropped=2))
+    lib.send(kw.status(cid, kw.ST_DONE, s + 2))
     out, err = cap.communicate(timeout=60 * kpfix.SCALE)
     assert cap.returncode == 0, (cap.returncode, out, err)
     res = json.loads(out)
-    assert res["run_id"] == run and res["result"] == "ok", res
+    assert res["run"] == run and [r["state"] for r in res["ranks"]] == ["done"], res
+    s0, s1 = str(s), str(s + 1)
     eq(rows("SELECT k.start_ns - %d, k.dur_ns, k.step, k.external_id, k.correlation, n.name "
-                "FROM kernels k JOIN names n ON n.id = k.name WHERE run_id = %d ORDER BY 1"
-                % (T, run)),[("1300", "90", "7", "50", "2", "volta_sgemm_128x64_nn"),
-                                ("2200", "100", "8", "0", "3", "volta_sgemm_128x64_nn")])
+            "FROM kernels k JOIN names n ON n.id = k.name WHERE run_id = %d ORDER BY 1"
+            % (T, run)), [("1300", "90", s0, "50", "2", "volta_sgemm_128x64_nn"),
+                          ("2200", "100", s1, "0", "3", "volta_sgemm_128x64_nn")])
     eq(rows("SELECT a.start_ns - %d, a.step, a.external_id, a.correlation, a.domain, n.name "
-                "FROM api_calls a JOIN names n ON n.id = a.name WHERE run_id = %d ORDER BY 1"
-                % (T, run)),[("1200", "7", "50", "2", "1", "cudaLaunchKernel"),
-                                ("2100", "8", "0", "3", "1", "cudaLaunchKernel")])
+            "FROM api_calls a JOIN names n ON n.id = a.name WHERE run_id = %d ORDER BY 1"
+            % (T, run)), [("1200", s0, "50", "2", "1", "cudaLaunchKernel"),
+                          ("2100", s1, "0", "3", "1", "cudaLaunchKernel")])
     eq(rows("SELECT o.start_ns - %d, o.dur_ns, o.op_id, o.external_id, o.step, o.seq, "
-                "n.name, s.name FROM ops o JOIN names n ON n.id = o.name "
-                "JOIN names s ON s.id = o.input_shapes WHERE run_id = %d" % (T, run)),
-        [("1150", "250", "50", "50", "7", "9", "aten::mm", "[[2, 3], [3, 4]]")])
+            "n.name, s.name FROM ops o JOIN names n ON n.id = o.name "
+            "JOIN names s ON s.id = o.input_shapes WHERE run_id = %d" % (T, run)),
+       [("1150", "250", "50", "50", s0, "9", "aten::mm", "[[2, 3], [3, 4]]")])
     eq(rows("SELECT step, start_ns - %d, dur_ns FROM steps WHERE run_id = %d ORDER BY 1"
-                % (T, run)),[("7", "1000", "1000"), ("8", "2000", "1000")])
+            % (T, run)), [(s0, "1000", "1000"), (s1, "2000", "1000")])
     eq(rows("SELECT job, host, pid, records_dropped FROM ranks WHERE run_id = %d" % run),
-        [("itjob", "testhost", str(os.getpid()), "2")])
-    assert q("SELECT state FROM runs WHERE id = %d" % run) == "2"  # ended
+       [("itjob", "testhost", str(os.getpid()), "2")])
+    wait_run_state(run, "2")  # ended
     return lib
 
 
@@ -190,18 +239,22 @@ def test_bad_peers(agent, lib):
         assert "connection refused" in agent.text()
     else:
         print("skip: refused-uid check needs root")
-    # the good connection is still registered and served
-    rc, out, err = ctl(agent, "ps", "--json")
-    assert rc == 0, err
-    procs = json.loads(out)
-    assert [p["job"] for p in procs if p["pid"] == os.getpid()] == ["itjob"], procs
-    # control errors
-    rc, out, err = ctl(agent, "capture", "--job", "nosuchjob")
+    # the good connection is still registered and reported, the closed one no longer
+    Ctl.wait_job("itjob", os.getpid())
+    kpfix.wait_for(lambda: not Ctl.jobs("otherjob"), 30, "otherjob gone from kprofctl jobs")
+    procs = Ctl.jobs("itjob")
+    assert [p["pid"] for p in procs] == [os.getpid()], procs
+    # start errors
+    rc, out, err = Ctl.run("start", "--job", "nosuchjob")
     assert rc == 3 and "registered jobs: itjob" in err, (rc, err)
-    rc, out, err = ctl(agent, "capture", "--job", "itjob", "--ranks", "3")
-    assert rc == 2 and "outside the job's world size" in err, (rc, err)
-    rc, out, err = ctl(agent, "ps", "--socket", os.path.join(DIR, "nothing.sock"))
-    assert rc == 5 and "is kprof-agent running?" in err, (rc, err)
+    rc, out, err = Ctl.run("start", "--job", "itjob", "--ranks", "3")
+    assert rc == 2 and "outside job itjob's world size" in err, (rc, err)
+    # the agent's own control plane is gone: its old verbs say where captures start now
+    for verb in ("capture", "ps"):
+        p = subprocess.run([AGENT, verb, "--socket", agent.sock], capture_output=True,
+                           text=True, timeout=30)
+        assert p.returncode == 2 and "kprofctl start" in p.stderr, (verb, p.returncode,
+                                                                     p.stderr)
 
 
 def send_window(lib, arm, first, n_api, start_step):
@@ -239,32 +292,32 @@ def segments(agent):
 
 
 def test_collectord_down(agent, coll, conninfo, port, lib):
-    cap = ctl(agent, "capture", "--job", "itjob", "--start-step", "20", "--steps", "1", "--wait",
-              wait=False)
+    cap = Ctl.start("itjob", "--steps", "1")
     arm = recv_arm(lib)
-    run = arm["run_id"]
+    run = started_run(cap)
+    assert arm["run_id"] == run, (arm, run)
     coll.stop(signal.SIGKILL)
-    send_window(lib, arm, 1, 1000, 20)
+    send_window(lib, arm, 1, 1000, arm["target_step"])
     kpfix.wait_for(lambda: len(segments(agent)) > 0, 30, "records spooled")
     time.sleep(0.3)  # the agent keeps retrying meanwhile; nothing may be lost
-    assert cap.poll() is None, "capture --wait must wait for the acknowledgement"
+    done = "capture complete run=%d ranks=1 failed=0" % run
+    assert done not in agent.text(), "the capture must wait for collectord's acknowledgement"
     coll = kpfix.Collectord("agent-coll2", conninfo, ["--listen", "127.0.0.1:%d" % port])
-    out, err = cap.communicate(timeout=120 * kpfix.SCALE)
-    assert cap.returncode == 0, (out, err)
+    # (the restarted collectord marks the capture it did not see end as failed: its rows
+    # are what counts here, and the agent finishing it once they are acknowledged)
+    kpfix.wait_for(lambda: done in agent.text(), 60, "the agent's capture complete, acknowledged")
     assert counts(run) == (1000, 1000, 1000), counts(run)
     return coll
 
 
 def test_agent_restart(agent, coll, conninfo, port):
     lib = library(agent, "itjob", step=30)
-    cap = ctl(agent, "capture", "--job", "itjob", "--start-step", "31", "--steps", "1",
-              wait=False)
+    cap = Ctl.start("itjob", "--steps", "1")
     arm = recv_arm(lib)
-    out, err = cap.communicate(timeout=60)
-    assert cap.returncode == 0 and out.startswith("run_id=%d\n" % arm["run_id"]), (out, err)
-    run = arm["run_id"]
+    run = started_run(cap)
+    assert run == arm["run_id"], (run, arm)
     coll.stop(signal.SIGKILL)
-    send_window(lib, arm, 2, 700, 31)
+    send_window(lib, arm, 2, 700, arm["target_step"])
     kpfix.wait_for(lambda: "window ended run=%d" % run in agent.text(), 30, "window end")
     kpfix.wait_for(lambda: len(segments(agent)) > 0, 30, "records spooled")
     lib.close()
@@ -302,15 +355,12 @@ def test_collectord_frozen(agent, coll, conninfo, port):
     connection stays up, nothing is read or acknowledged) must not hang the agent's threads:
     SIGTERM still stops it. Thawed, collectord gets the records from the spool exactly once."""
     lib = library(agent, "itjob", step=40)
-    cap = ctl(agent, "capture", "--job", "itjob", "--start-step", "41", "--steps", "1",
-              wait=False)
+    cap = Ctl.start("itjob", "--steps", "1")
     arm = recv_arm(lib)
-    out, err = cap.communicate(timeout=60)
-    assert cap.returncode == 0, (out, err)
-    run = arm["run_id"]
+    run = started_run(cap)
     coll.proc.send_signal(signal.SIGSTOP)
     try:
-        send_window(lib, arm, 3, 20000, 41)
+        send_window(lib, arm, 3, 20000, arm["target_step"])
         kpfix.wait_for(lambda: "window ended run=%d" % run in agent.text(), 30, "window end")
         kpfix.wait_for(lambda: len(segments(agent)) > 0, 30, "records spooled")
         time.sleep(0.5)  # the uplink pushes into the frozen collectord meanwhile
@@ -338,18 +388,17 @@ def test_window_timeout(agent):
     --window-timeout with a reason, and DISARMed; the capture ends instead of waiting forever."""
     lib = library(agent, "stuckjob", step=5)
     lib.send(kw.status(0, kw.ST_DORMANT, 5))
-    cap = ctl(agent, "capture", "--job", "stuckjob", "--start-step", "7", "--steps", "2",
-              "--wait", wait=False)
+    cap = Ctl.start("stuckjob", "--steps", "2", "--wait")
     arm = recv_arm(lib)
-    cid, run = arm["capture_id"], arm["run_id"]
-    lib.send(kw.step(7, T + 1000))
-    lib.send(kw.window(kw.WINDOW_BEGIN, cid, run, T + 1000, 0, 7, -1))
+    cid, run, s = arm["capture_id"], arm["run_id"], arm["target_step"]
+    lib.send(kw.step(s, T + 1000))
+    lib.send(kw.window(kw.WINDOW_BEGIN, cid, run, T + 1000, 0, s, -1))
     out, err = cap.communicate(timeout=60 * kpfix.SCALE)
     assert cap.returncode == 1, (cap.returncode, out, err)
-    assert "began its window (step 7) but did not end it in time" in out, out
+    assert "began its window (step %d) but did not end it in time" % s in out + err, (out, err)
     mtype, payload = lib.recv()
     assert mtype == kw.DISARM, mtype
-    assert q("SELECT state FROM runs WHERE id = %d" % run) == "3"  # failed
+    wait_run_state(run, "3")  # failed
     lib.close()
 
 
@@ -358,6 +407,7 @@ def main():
     os.makedirs(DIR)
     conninfo = kpfix.fresh_db(DB)
     port = free_port()
+    Ctl.addr = "127.0.0.1:%d" % port
     coll = kpfix.Collectord("agent-coll", conninfo, ["--listen", "127.0.0.1:%d" % port])
     agent = Agent("agent", "127.0.0.1:%d" % port)
     try:

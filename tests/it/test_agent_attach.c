@@ -5,7 +5,8 @@
  * batches, or holds the acks), and fake libkprof_inject processes that speak kp_wire on the
  * agent's socket (HELLO, then WINDOW_BEGIN / WINDOW_END / STATUS as the test says). Checks the
  * report's processes and rank states (PENDING, CAPTURING, FLUSHING, DONE, FAILED and their
- * reasons) through ARM, STOP and FORGET.
+ * reasons) through ARM, STOP and FORGET. An it test: it runs the daemon whole (threads, sockets,
+ * gRPC), though it needs no PostgreSQL.
  */
 #include <setjmp.h>
 #include <stdarg.h>
