@@ -55,8 +55,6 @@ static size_t fixed_payload(uint16_t type)
         return sizeof(struct kp_wire_window);
     case KP_W_STEP:
         return sizeof(struct kp_wire_step);
-    case KP_W_CTL_REPLY:
-        return sizeof(struct kp_wire_ctl_reply);
     default:
         return 0;
     }

@@ -1,7 +1,6 @@
 /*
- * kp_wire: the node-local protocol between libkprof_inject.so (inside each worker process),
- * kprof-agent (one per node) and the agent's local control clients (`kprof-agent capture`,
- * `kprof-agent ps`).
+ * kp_wire: the node-local protocol between libkprof_inject.so (inside each worker process)
+ * and kprof-agent (one per node).
  *
  * Transport: a filesystem AF_UNIX SOCK_SEQPACKET socket (default KP_WIRE_DEFAULT_SOCKET).
  * SEQPACKET keeps message boundaries, so each send(2) is one message: a struct kp_wire_hdr
@@ -21,7 +20,8 @@
  * more. The agent joins GPU records to their launch API record by correlation id (step, op),
  * assigns steps, keeps what falls inside the window and builds protobuf batches.
  *
- * Conversation of a control client: client → CTL_REQUEST, agent → CTL_REPLY, then close.
+ * Captures are started and stopped through kprofctl and collectord, never on this socket: a
+ * message of the retired local control plane (type 20) closes its connection with a reason.
  *
  * Unknown message types are ignored by both ends (logged once); a malformed message (bad
  * magic, version, or a length that does not match) closes that one connection.
@@ -58,8 +58,7 @@ enum kp_wire_type {
     KP_W_WINDOW_BEGIN = 8, /* lib → agent: struct kp_wire_window */
     KP_W_WINDOW_END = 9,   /* lib → agent: struct kp_wire_window */
     KP_W_STEP = 10,        /* lib → agent: struct kp_wire_step (a step started) */
-    KP_W_CTL_REQUEST = 20, /* client → agent: text, "key=value\n" lines (see agent/ctl.h) */
-    KP_W_CTL_REPLY = 21,   /* agent → client: struct kp_wire_ctl_reply, then text */
+    KP_W_CTL_REQUEST = 20, /* retired (a local control client's request): refused, see above */
 };
 
 /* Activity selection (ARM.activities). */
@@ -244,11 +243,6 @@ struct kp_wire_range {
 };
 #define KP_RANGE_PRE_WINDOW 1u /* pushed before recording began (no id pushed to CUPTI) */
 #define KP_RANGE_UNCLOSED   2u /* still open at window end; end_ns is the window end */
-
-struct kp_wire_ctl_reply {
-    int32_t status; /* 0 ok; else an exit code for the client (2 usage, 3 not found, 4 busy) */
-    uint32_t pad;
-};
 
 /*
  * Helpers shared by both ends. A message is built in a caller buffer of KP_WIRE_MAX_MSG bytes.

@@ -1,8 +1,8 @@
 /*
  * Fuzz target: what kprof-agent does with the bytes a local process sends it (a buggy or
  * hostile peer): kp_wire_check on each message, then the dispatch of one library session
- * with a capture armed (agent.c on_message): STRINGS into a bounded id -> text table, STATUS
- * counters, STEP, WINDOW_BEGIN/END and RECORDS into a kp_batcher with small batches. Every
+ * with a capture armed (agent/session.c on_message): STRINGS into a bounded id -> text table,
+ * STATUS counters, STEP, WINDOW_BEGIN/END and RECORDS into a kp_batcher with small batches. Every
  * batch the batcher emits is unpacked and checked with kp_batch_validate; an invalid one, a
  * row count that does not match, or stats.invalid > 0 at the end abort()s.
  *
@@ -196,7 +196,7 @@ static void fz_strings(struct fz_session *s, const uint8_t *p, uint32_t count)
     }
 }
 
-/* agent.c on_message for a registered library session whose capture CAPTURE_ID is armed. */
+/* agent/session.c on_message for a registered library session whose capture CAPTURE_ID is armed. */
 static void fz_message(struct fz_session *s, const uint8_t *msg, size_t n)
 {
     struct kp_wire_hdr h;
@@ -212,7 +212,7 @@ static void fz_message(struct fz_session *s, const uint8_t *msg, size_t n)
     memcpy(&h, msg, sizeof(h));
     switch (h.type) {
     case KP_W_HELLO:       /* a second HELLO */
-    case KP_W_CTL_REQUEST: /* a control request on a library connection */
+    case KP_W_CTL_REQUEST: /* the retired local control plane */
         fz_close(s);
         return;
     case KP_W_STATUS: {

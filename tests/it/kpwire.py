@@ -1,5 +1,5 @@
 """The kp_wire protocol (common/kp_wire.h) in Python, for tests that stand in for
-libkprof_inject.so or for a control client: struct packing of every message, and a small
+libkprof_inject.so: struct packing of every message, and a small
 SOCK_SEQPACKET client. Host byte order (little endian here), C layouts with their padding."""
 import os
 import socket
@@ -10,7 +10,7 @@ VERSION = 1
 MAX_MSG = 64 * 1024
 
 HELLO, WELCOME, ARM, DISARM, STATUS, STRINGS, RECORDS, WINDOW_BEGIN, WINDOW_END, STEP = range(1, 11)
-CTL_REQUEST, CTL_REPLY = 20, 21
+CTL_REQUEST = 20  # retired local control plane: the agent closes the connection
 
 REC_KERNEL, REC_MEMCPY, REC_MEMSET, REC_API, REC_SYNC, REC_RANGE = range(1, 7)
 ST_DORMANT, ST_ARMED, ST_WARMUP, ST_CAPTURING, ST_FLUSHING, ST_DONE, ST_FAILED = range(7)
@@ -29,7 +29,6 @@ MEMSET_S = struct.Struct("<qqQQ6I")
 API_S = struct.Struct("<qqQQQIIIi")
 SYNC_S = struct.Struct("<qqQ6I")
 RANGE_S = struct.Struct("<qqQQQqq6I")
-CTL_REPLY_S = struct.Struct("<iI")
 assert (HELLO_S.size, WELCOME_S.size, ARM_S.size, STATUS_S.size, WINDOW_S.size, STEP_S.size,
         KERNEL_S.size, MEMCPY_S.size, MEMSET_S.size, API_S.size, SYNC_S.size,
         RANGE_S.size) == (816, 272, 48, 320, 104, 24, 88, 64, 56, 56, 48, 80)
