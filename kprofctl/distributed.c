@@ -152,37 +152,19 @@ static int dist_rows(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMe
     return r;
 }
 
-static const struct kp_rpcverb_spec wait_spec = {
-    .name = "distributed wait",
-    .synopsis = SYNOPSIS,
-    .exit_ok = "shown (also when the view is disabled: stderr says why)",
-    .defs = dist_defs,
-    .n_defs = sizeof(dist_defs) / sizeof(dist_defs[0]),
-    .cols = wait_cols,
-    .n_cols = N_WAIT_COLS,
-    .analyzer = true,
-    .flags = KP_RPCVERB_F_RUN,
-    .method = "Distributed",
-    .req_desc = &kprof__v1__distributed_request__descriptor,
-    .resp_desc = &kprof__v1__distributed_response__descriptor,
-    .rows = dist_rows,
-};
+/* One spec per table: they differ in the name and the columns. */
+#define DIST_SPEC(table, cols_, n_cols_)                                                         \
+    {                                                                                            \
+        .name = "distributed " table, .synopsis = SYNOPSIS,                                      \
+        .exit_ok = "shown (also when the view is disabled: stderr says why)", .defs = dist_defs, \
+        .n_defs = sizeof(dist_defs) / sizeof(dist_defs[0]), .cols = cols_, .n_cols = n_cols_,    \
+        .analyzer = true, .flags = KP_RPCVERB_F_RUN, .method = "Distributed",                    \
+        .req_desc = &kprof__v1__distributed_request__descriptor,                                 \
+        .resp_desc = &kprof__v1__distributed_response__descriptor, .rows = dist_rows,            \
+    }
 
-static const struct kp_rpcverb_spec ops_spec = {
-    .name = "distributed ops",
-    .synopsis = SYNOPSIS,
-    .exit_ok = "shown (also when the view is disabled: stderr says why)",
-    .defs = dist_defs,
-    .n_defs = sizeof(dist_defs) / sizeof(dist_defs[0]),
-    .cols = ops_cols,
-    .n_cols = N_OPS_COLS,
-    .analyzer = true,
-    .flags = KP_RPCVERB_F_RUN,
-    .method = "Distributed",
-    .req_desc = &kprof__v1__distributed_request__descriptor,
-    .resp_desc = &kprof__v1__distributed_response__descriptor,
-    .rows = dist_rows,
-};
+static const struct kp_rpcverb_spec wait_spec = DIST_SPEC("wait", wait_cols, N_WAIT_COLS);
+static const struct kp_rpcverb_spec ops_spec = DIST_SPEC("ops", ops_cols, N_OPS_COLS);
 
 int kprofctl_distributed(int argc, char **argv)
 {
