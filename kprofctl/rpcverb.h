@@ -36,8 +36,8 @@
 #include "kprof.pb-c.h"
 #include "table.h"
 
-#define KP_RPCVERB_MAX_DEFS 48 /* common rows plus the verb's */
-#define KP_RPCVERB_RUN      (-1)
+#define KP_RPCVERB_MAX_DEFS 48   /* common rows plus the verb's */
+#define KP_RPCVERB_RUN      (-1) /* kp_rpcverb_init's and a check hook's "go on" */
 
 /* The --run row of an analysis verb, into kp_rpcverb_common.run (so at the same offset in
  * the verb's config, which starts with it). */
@@ -57,14 +57,12 @@
             false                                                                                \
     }
 
-/* struct kp_rpcverb_spec.flags. */
-#define KP_RPCVERB_F_RUN                                              \
-    0x1u /* --run R (KP_RPCVERB_RUN_DEF) is required: kp_rpcverb_main \
-            exits 2 without it, sets the request's run_id and names   \
-            "run R" when the call is refused */
-#define KP_RPCVERB_F_RANK                                                 \
-    0x2u /* with F_RUN: --rank N (KP_RPCVERB_RANK_DEF) too: the request's \
-            rank, and "run R rank N" when refused */
+/* struct kp_rpcverb_spec.flags. F_RUN: --run R (KP_RPCVERB_RUN_DEF) is required
+ * (kp_rpcverb_main exits 2 without it), it is the request's run_id, and a refused call names
+ * "run R". F_RANK, with F_RUN: --rank N (KP_RPCVERB_RANK_DEF) is the request's rank too, and
+ * a refused call names "run R rank N". */
+#define KP_RPCVERB_F_RUN  0x1u
+#define KP_RPCVERB_F_RANK 0x2u
 
 /* The common flags. A verb's config struct has this as its FIRST member, so that the common
  * rows' offsets are valid in it. */
