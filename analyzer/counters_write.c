@@ -10,6 +10,7 @@
 #include "counters_impl.h"
 #include "kp_err.h"
 #include "kp_json.h"
+#include "kp_str.h"
 #include "kp_strbuf.h"
 
 /* ---- output ---------------------------------------------------------------------------- */
@@ -66,24 +67,13 @@ static long parse_cols(const struct kp_ctr *t, const char *list, long *cols, lon
     long n = 0;
     const char *p = list;
 
-    while (*p) {
-        const char *e = strchr(p, ',');
-        size_t len = e ? (size_t) (e - p) : strlen(p);
+    while (p != NULL && *p) {
         char name[256];
         long col = -2;
+        size_t len;
 
-        while (len > 0 && (*p == ' ' || *p == '\t')) {
-            p++;
-            len--;
-        }
-        while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t')) {
-            len--;
-        }
-        if (len >= sizeof(name)) {
-            len = sizeof(name) - 1;
-        }
-        memcpy(name, p, len);
-        name[len] = '\0';
+        p = kp_str_list_item(p, name, sizeof(name));
+        len = strlen(name);
         if (len > 0 && strcmp(name, "all") == 0) {
             for (long c = 0; c < C_FIXED + (long) t->n_metrics && n < max; c++) {
                 cols[n++] = c;
@@ -114,7 +104,6 @@ static long parse_cols(const struct kp_ctr *t, const char *list, long *cols, lon
                 cols[n++] = col;
             }
         }
-        p += e ? (size_t) (e - p) + 1 : strlen(p);
     }
     return n;
 }

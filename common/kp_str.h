@@ -13,4 +13,12 @@
  */
 void kp_strlcpy(char *dst, size_t cap, const char *src);
 
+/*
+ * One item of a comma-separated list ("a, b,c"): the item at p, up to the next ',' or the end,
+ * without the blanks (spaces, tabs) around it, into name (cap > 0 bytes; a longer item is cut
+ * to cap - 1 bytes). Returns where the next item starts (after the ','), or NULL when this
+ * item was the last.
+ */
+const char *kp_str_list_item(const char *p, char *name, size_t cap);
+
 #endif

@@ -44,16 +44,13 @@
 
 struct breakdown_config {
     struct kp_rpcverb_common common; /* first: the common rows' offsets */
-    long long run;
-    long long rank;
     bool plugin_compat;
 };
 
 #define OFF(f) offsetof(struct breakdown_config, f)
 static const struct kp_config_def breakdown_defs[] = {
-    { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
-      false },
-    KP_RPCVERB_RANK_DEF(OFF(rank)),
+    KP_RPCVERB_RUN_DEF,
+    KP_RPCVERB_RANK_DEF,
     { "plugin-compat", KP_CONFIG_BOOL, "false", 0, 0, OFF(plugin_compat),
       "the TensorBoard plugin's figure, which counts time twice once a category fills a step", NULL,
       false },
@@ -86,21 +83,6 @@ static const struct kp_table_col breakdown_cols[N_COLS] = {
     [COL_CPU_EXEC] = { "cpu_exec_us", KP_TABLE_NUMERIC },
     [COL_OTHER] = { "other_us", KP_TABLE_NUMERIC },
     [COL_TOTAL] = { "total_us", KP_TABLE_NUMERIC },
-};
-
-static const struct kp_rpcverb_spec breakdown_spec = {
-    .name = "breakdown",
-    .synopsis =
-        "kprofctl breakdown --run R [--rank N] [--plugin-compat] [--json|--csv] [-c COLS]\n"
-        "                   [-w WIDTH]\n"
-        "  The step-time breakdown of one rank (Analyzer.Breakdown): one row per step and an\n"
-        "  \"average\" row, each category in µs, by the TensorBoard plugin's priority rule.\n",
-    .exit_ok = "shown",
-    .defs = breakdown_defs,
-    .n_defs = N_DEFS,
-    .cols = breakdown_cols,
-    .n_cols = N_COLS,
-    .analyzer = true,
 };
 
 static int add_step(struct kp_table *t, const Kprof__V1__BreakdownStep *s)
@@ -259,72 +241,74 @@ static int print_json(const struct kp_rpcverb *v, const struct kp_table *t,
     return fflush(stdout) != 0 ? KPROFCTL_EXIT_FAILED : 0;
 }
 
-int kprofctl_breakdown(int argc, char **argv)
+static int breakdown_request(struct kp_rpcverb *v, ProtobufCMessage *msg)
 {
-    struct breakdown_config cfg;
-    struct kp_rpcverb v;
-    struct kp_table *t = NULL;
-    Kprof__V1__BreakdownRequest req = KPROF__V1__BREAKDOWN_REQUEST__INIT;
-    Kprof__V1__BreakdownResponse *resp;
-    ProtobufCMessage *msg = NULL;
-    int rc, r;
+    const struct breakdown_config *cfg = v->cfg;
 
-    memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &breakdown_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if (cfg.run == 0) {
-        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
-        goto out;
-    }
-    if ((rc = kp_rpcverb_table(&v, &t)) != 0) {
-        goto out;
-    }
-    req.run_id = (uint64_t) cfg.run;
-    req.rank = (int32_t) cfg.rank;
-    req.plugin_compat = cfg.plugin_compat;
-    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
-    if ((rc = kp_rpcverb_call(&v, "Breakdown", &req.base,
-                              &kprof__v1__breakdown_response__descriptor, &msg)) != 0) {
-        goto out;
-    }
-    resp = (Kprof__V1__BreakdownResponse *) msg;
-    r = 0;
+    ((Kprof__V1__BreakdownRequest *) msg)->plugin_compat = cfg->plugin_compat;
+    return 0;
+}
+
+static int breakdown_rows(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *msg)
+{
+    const Kprof__V1__BreakdownResponse *resp = (const Kprof__V1__BreakdownResponse *) msg;
+    int r = 0;
+
     for (size_t i = 0; i < resp->n_steps && r == 0; i++) {
         r = add_step(t, resp->steps[i]);
     }
-    if (r == 0) {
-        r = add_average(&v, t, resp->average);
+    return r != 0 ? r : add_average(v, t, resp->average);
+}
+
+/* Text adds the GPUs and the recommendations below the table; --json is one object. */
+static int breakdown_print(struct kp_rpcverb *v, const struct kp_table *t,
+                           const ProtobufCMessage *msg)
+{
+    const Kprof__V1__BreakdownResponse *resp = (const Kprof__V1__BreakdownResponse *) msg;
+    int rc;
+
+    if (v->format == KP_TABLE_FORMAT_JSON) {
+        return print_json(v, t, resp);
     }
-    if (r != 0) {
-        kp_rpcverb_error(&v, "%s", kp_strerror(r));
-        rc = KPROFCTL_EXIT_FAILED;
-        goto out;
+    if ((rc = kp_rpcverb_print(v, t, stdout)) != 0 || v->format != KP_TABLE_FORMAT_TEXT) {
+        return rc;
     }
-    if (v.format == KP_TABLE_FORMAT_JSON) {
-        rc = print_json(&v, t, resp);
-        goto out;
+    for (size_t i = 0; i < resp->n_gpus; i++) {
+        print_gpu(resp->gpus[i]);
     }
-    if ((rc = kp_rpcverb_print(&v, t, stdout)) != 0) {
-        goto out;
+    printf("recommendations:%s\n", resp->n_recommendations == 0 ? " none" : "");
+    for (size_t i = 0; i < resp->n_recommendations; i++) {
+        printf("  - %s\n", resp->recommendations[i]);
     }
-    if (v.format == KP_TABLE_FORMAT_TEXT) {
-        for (size_t i = 0; i < resp->n_gpus; i++) {
-            print_gpu(resp->gpus[i]);
-        }
-        printf("recommendations:%s\n", resp->n_recommendations == 0 ? " none" : "");
-        for (size_t i = 0; i < resp->n_recommendations; i++) {
-            printf("  - %s\n", resp->recommendations[i]);
-        }
-        if (fflush(stdout) != 0) {
-            rc = KPROFCTL_EXIT_FAILED;
-        }
-    }
-out:
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_table_destroy(t);
-    kp_rpcverb_fini(&v);
-    return rc;
+    return fflush(stdout) != 0 ? KPROFCTL_EXIT_FAILED : 0;
+}
+
+static const struct kp_rpcverb_spec breakdown_spec = {
+    .name = "breakdown",
+    .synopsis =
+        "kprofctl breakdown --run R [--rank N] [--plugin-compat] [--json|--csv] [-c COLS]\n"
+        "                   [-w WIDTH]\n"
+        "  The step-time breakdown of one rank (Analyzer.Breakdown): one row per step and an\n"
+        "  \"average\" row, each category in µs, by the TensorBoard plugin's priority rule.\n",
+    .exit_ok = "shown",
+    .defs = breakdown_defs,
+    .n_defs = N_DEFS,
+    .cols = breakdown_cols,
+    .n_cols = N_COLS,
+    .analyzer = true,
+    .flags = KP_RPCVERB_F_RUN | KP_RPCVERB_F_RANK,
+    .method = "Breakdown",
+    .req_desc = &kprof__v1__breakdown_request__descriptor,
+    .resp_desc = &kprof__v1__breakdown_response__descriptor,
+    .request = breakdown_request,
+    .rows = breakdown_rows,
+    .print = breakdown_print,
+};
+
+int kprofctl_breakdown(int argc, char **argv)
+{
+    struct breakdown_config cfg;
+
+    memset(&cfg, 0, sizeof(cfg));
+    return kp_rpcverb_main(&breakdown_spec, &cfg, argc, argv);
 }

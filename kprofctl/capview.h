@@ -1,5 +1,6 @@
 /*
- * kp_capview: how kprofctl shows captures (start, stop and status share it).
+ * kp_capview: how kprofctl shows captures (start, stop and status share it): capview.c, and
+ * the wait loop kp_capview_watch in capwatch.c.
  *
  * The status table: one row per rank of each capture, captures in collectord's order and
  * each capture's ranks by rank number, with the columns

@@ -61,7 +61,6 @@
 
 struct compare_config {
     struct kp_rpcverb_common common; /* first: the common rows' offsets */
-    long long run;
     long long step;
     long long late_pct;
     long long excess_pct;
@@ -72,12 +71,12 @@ struct compare_config {
     long long hta_candidates;
     long long top;
     bool flagged;
+    Kprof__V1__CompareThresholds th; /* the request's */
 };
 
 #define OFF(f) offsetof(struct compare_config, f)
 static const struct kp_config_def compare_defs[] = {
-    { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
-      false },
+    KP_RPCVERB_RUN_DEF,
     { "step", KP_CONFIG_INT, "-1", -1, INT64_MAX, OFF(step),
       "compare only this step (the N of ProfilerStep#N); -1: every step", NULL, false },
     { "late-pct", KP_CONFIG_INT, "2", 0, 10000, OFF(late_pct),
@@ -141,30 +140,6 @@ static const struct kp_table_col compare_cols[N_COLS] = {
     [COL_OTHER] = { "other_us", KP_TABLE_NUMERIC },
     [COL_OFFSET] = { "offset_us", KP_TABLE_NUMERIC },
     [COL_FLAG] = { "flag", KP_TABLE_TEXT },
-};
-
-static const struct kp_rpcverb_spec compare_spec = {
-    .name = "compare",
-    .synopsis =
-        "usage: kprofctl compare --run R [--step S] [--top N] [--flagged] [--json|--csv]\n"
-        "                        [-c COLS] [-w WIDTH] [--analyzer ADDR] [--late-pct P]\n"
-        "                        [--excess-pct P] [--step-pct P] [--save-offsets]\n"
-        "                        [--hta [--hta-candidates K]]\n"
-        "  Which rank holds the job back, and why: one row per rank (µs), flagged ranks first\n"
-        "  (stragglers: late at the collectives from their own work; late: the rank the others\n"
-        "  wait for), with host and node, a rank x step lateness map, the verdict in one line\n"
-        "  (with the ranks of the world missing from the run) and the next commands to run.\n"
-        "  From kprof-analyzer (Analyzer.Compare; --analyzer or KPROF_ANALYZER), which caches\n"
-        "  the comparison until the run changes.\n",
-    .exit_ok = "shown",
-    .json_help = "print one JSON object {run, world_size, missing_ranks, waited_for, next, ranks, "
-                 "steps, stragglers, verdict} (--hta: {collective, note, stream, mean_step_ms, "
-                 "metric, stragglers})",
-    .defs = compare_defs,
-    .n_defs = sizeof(compare_defs) / sizeof(compare_defs[0]),
-    .cols = compare_cols,
-    .n_cols = N_COLS,
-    .analyzer = true,
 };
 
 static int fill_table(struct kp_table *t, const struct kp_cmp_result *r, const size_t *idx,
@@ -303,81 +278,79 @@ static int print_result(const struct kp_rpcverb *v, const struct compare_config 
     return rc;
 }
 
-int kprofctl_compare(int argc, char **argv)
+static int compare_check(struct kp_rpcverb *v)
 {
-    struct compare_config cfg;
-    struct kp_rpcverb v;
-    Kprof__V1__CompareRequest req = KPROF__V1__COMPARE_REQUEST__INIT;
-    Kprof__V1__CompareThresholds th = KPROF__V1__COMPARE_THRESHOLDS__INIT;
-    Kprof__V1__CompareResponse *resp;
-    ProtobufCMessage *msg = NULL;
+    const struct compare_config *cfg = v->cfg;
+
+    if (cfg->hta && (cfg->common.csv || cfg->save_offsets)) {
+        return kp_rpcverb_usage_error(v, "%s",
+                                      cfg->save_offsets
+                                          ? "--save-offsets goes with kprof's own comparison, "
+                                            "not --hta"
+                                          : "--hta prints text or --json, not --csv");
+    }
+    return KP_RPCVERB_RUN;
+}
+
+static int compare_request(struct kp_rpcverb *v, ProtobufCMessage *msg)
+{
+    struct compare_config *cfg = v->cfg;
+    Kprof__V1__CompareRequest *req = (Kprof__V1__CompareRequest *) msg;
+
+    req->has_step = cfg->step >= 0;
+    req->step = cfg->step >= 0 ? cfg->step : 0;
+    kprof__v1__compare_thresholds__init(&cfg->th);
+    cfg->th.late_pct = (double) cfg->late_pct;
+    cfg->th.excess_pct = (double) cfg->excess_pct;
+    cfg->th.step_pct = (double) cfg->step_pct;
+    req->thresholds = &cfg->th;
+    req->hta = cfg->hta;
+    req->hta_candidates = (uint32_t) cfg->hta_candidates;
+    req->max_rows = (uint64_t) cfg->max_rows;
+    req->save_offsets = cfg->save_offsets;
+    return 0;
+}
+
+/* The comparison, or with --hta HTA's call, as text, CSV or JSON. */
+static int compare_print(struct kp_rpcverb *v, const struct kp_table *t,
+                         const ProtobufCMessage *msg)
+{
+    const struct compare_config *cfg = v->cfg;
+    const Kprof__V1__CompareResponse *resp = (const Kprof__V1__CompareResponse *) msg;
     struct kp_cmp_result *res = NULL;
     struct kp_cmp_hta *hta = NULL;
     char err[1024];
-    int rc;
+    int rc = KPROFCTL_EXIT_FAILED;
 
-    memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &compare_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if (cfg.run <= 0) {
-        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
-        goto out;
-    }
-    if (cfg.hta && (cfg.common.csv || cfg.save_offsets)) {
-        rc = kp_rpcverb_usage_error(&v, "%s",
-                                    cfg.save_offsets
-                                        ? "--save-offsets goes with kprof's own comparison, not "
-                                          "--hta"
-                                        : "--hta prints text or --json, not --csv");
-        goto out;
-    }
-    req.run_id = (uint64_t) cfg.run;
-    req.has_step = cfg.step >= 0;
-    req.step = cfg.step >= 0 ? cfg.step : 0;
-    th.late_pct = (double) cfg.late_pct;
-    th.excess_pct = (double) cfg.excess_pct;
-    th.step_pct = (double) cfg.step_pct;
-    req.thresholds = &th;
-    req.hta = cfg.hta;
-    req.hta_candidates = (uint32_t) cfg.hta_candidates;
-    req.max_rows = (uint64_t) cfg.max_rows;
-    req.save_offsets = cfg.save_offsets;
-    snprintf(v.subject, sizeof(v.subject), "run %lld", cfg.run);
-    if ((rc = kp_rpcverb_call(&v, "Compare", &req.base, &kprof__v1__compare_response__descriptor,
-                              &msg)) != 0) {
-        goto out;
-    }
-    resp = (Kprof__V1__CompareResponse *) msg;
-    rc = KPROFCTL_EXIT_FAILED;
-    if (cfg.hta) {
+    (void) t;
+    if (cfg->hta) {
         if (resp->hta == NULL) {
-            kp_rpcverb_error(&v, "kprof-analyzer's reply is malformed: no HTA call in it");
+            kp_rpcverb_error(v, "kprof-analyzer's reply is malformed: no HTA call in it");
             goto out;
         }
         if (kp_cmp_hta_from_pb(resp->hta, &hta) != 0) {
-            kp_rpcverb_error(&v, "out of memory");
+            kp_rpcverb_error(v, "out of memory");
             goto out;
         }
-        print_hta(&v, hta, cfg.hta_candidates);
+        print_hta(v, hta, cfg->hta_candidates);
     }
     else {
         if (kp_cmp_from_pb(resp, &res, err, sizeof(err)) != 0) {
-            kp_rpcverb_error(&v, "kprof-analyzer's reply is malformed: %s", err);
+            kp_rpcverb_error(v, "kprof-analyzer's reply is malformed: %s", err);
             goto out;
         }
-        if (cfg.save_offsets) {
+        if (cfg->save_offsets) {
             fprintf(stderr, "kprofctl compare: saved the clock offsets of %u ranks of run %lld\n",
-                    (unsigned) resp->offsets_saved, cfg.run);
+                    (unsigned) resp->offsets_saved, cfg->common.run);
         }
-        if ((rc = print_result(&v, &cfg, res,
+        if ((rc = print_result(v, cfg, res,
                                resp->thresholds != NULL ? resp->thresholds->late_pct / 100.0
                                                         : KP_CMP_DEFAULT_LATE_FRAC)) != 0) {
             goto out;
         }
     }
     if (fflush(stdout) != 0 || ferror(stdout)) {
-        kp_rpcverb_error(&v, "cannot write the output");
+        kp_rpcverb_error(v, "cannot write the output");
         rc = KPROFCTL_EXIT_FAILED;
         goto out;
     }
@@ -385,9 +358,44 @@ int kprofctl_compare(int argc, char **argv)
 out:
     kp_cmp_result_destroy(res);
     kp_cmp_hta_destroy(hta);
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_rpcverb_fini(&v);
     return rc;
+}
+
+static const struct kp_rpcverb_spec compare_spec = {
+    .name = "compare",
+    .synopsis =
+        "usage: kprofctl compare --run R [--step S] [--top N] [--flagged] [--json|--csv]\n"
+        "                        [-c COLS] [-w WIDTH] [--analyzer ADDR] [--late-pct P]\n"
+        "                        [--excess-pct P] [--step-pct P] [--save-offsets]\n"
+        "                        [--hta [--hta-candidates K]]\n"
+        "  Which rank holds the job back, and why: one row per rank (µs), flagged ranks first\n"
+        "  (stragglers: late at the collectives from their own work; late: the rank the others\n"
+        "  wait for), with host and node, a rank x step lateness map, the verdict in one line\n"
+        "  (with the ranks of the world missing from the run) and the next commands to run.\n"
+        "  From kprof-analyzer (Analyzer.Compare; --analyzer or KPROF_ANALYZER), which caches\n"
+        "  the comparison until the run changes.\n",
+    .exit_ok = "shown",
+    .json_help = "print one JSON object {run, world_size, missing_ranks, waited_for, next, ranks, "
+                 "steps, stragglers, verdict} (--hta: {collective, note, stream, mean_step_ms, "
+                 "metric, stragglers})",
+    .defs = compare_defs,
+    .n_defs = sizeof(compare_defs) / sizeof(compare_defs[0]),
+    .cols = compare_cols,
+    .n_cols = N_COLS,
+    .analyzer = true,
+    .flags = KP_RPCVERB_F_RUN,
+    .method = "Compare",
+    .req_desc = &kprof__v1__compare_request__descriptor,
+    .resp_desc = &kprof__v1__compare_response__descriptor,
+    .check = compare_check,
+    .request = compare_request,
+    .print = compare_print,
+};
+
+int kprofctl_compare(int argc, char **argv)
+{
+    struct compare_config cfg;
+
+    memset(&cfg, 0, sizeof(cfg));
+    return kp_rpcverb_main(&compare_spec, &cfg, argc, argv);
 }

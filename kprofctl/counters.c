@@ -37,15 +37,12 @@
 
 struct counters_config {
     struct kp_rpcverb_common common; /* first: the common rows' offsets */
-    long long run;
-    long long rank;
 };
 
 #define OFF(f) offsetof(struct counters_config, f)
 static const struct kp_config_def counters_defs[] = {
-    { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
-      false },
-    KP_RPCVERB_RANK_DEF(OFF(rank)),
+    KP_RPCVERB_RUN_DEF,
+    KP_RPCVERB_RANK_DEF,
 };
 #undef OFF
 
@@ -59,30 +56,6 @@ static const struct kp_table_col counters_cols[] = {
     { "flops", KP_TABLE_NUMERIC },       { "flops_fp64", KP_TABLE_NUMERIC },
     { "flops_fp32", KP_TABLE_NUMERIC },  { "flops_fp16", KP_TABLE_NUMERIC },
     { "flops_per_s", KP_TABLE_NUMERIC },
-};
-
-static const struct kp_rpcverb_spec counters_spec = {
-    .name = "counters",
-    .synopsis =
-        "kprofctl counters --run R [--rank N] [-c COLS] [--json|--csv]\n"
-        "  CUPTI counter values per kernel (Kineto's cuda_profiler_range events, imported with\n"
-        "  kprofctl import), each kernel's op stack (top_op outermost, bottom_op innermost) and\n"
-        "  the FLOPs from the SASS instruction counters (add + mul + 2 fma per precision), with\n"
-        "  the achieved FLOP/s, from kprof-analyzer (Analyzer.Counters). An unknown counter is\n"
-        "  \"-\" (text), empty (CSV) or null (JSON), never 0. The same output as kprof-analyze\n"
-        "  counters.\n",
-    .exit_ok = "shown (also an empty table: the run has no counters; stderr says so)",
-    .json_help = "print {\"run\", \"rank\", \"metrics\", \"message\", \"rows\": [{..., "
-                 "\"op_stack\": [...], \"counters\": {metric: value|null}}]}",
-    .defs = counters_defs,
-    .n_defs = sizeof(counters_defs) / sizeof(counters_defs[0]),
-    .cols = counters_cols,
-    .n_cols = sizeof(counters_cols) / sizeof(counters_cols[0]),
-    .columns_help = "-c: comma-separated columns to show, in order: idx, range, kernel, device, "
-                    "correlation, tid, top_op, bottom_op, op_stack, dur_us, flops, flops_fp64, "
-                    "flops_fp32, flops_fp16, flops_per_s, a metric name, or all (text "
-                    "default: " KP_CTR_TEXT_COLUMNS "; CSV and JSON: all)",
-    .analyzer = true,
 };
 
 /* The reply's rows as counters.h's rows, pointing into resp. Returns 0, or -EPROTO when a
@@ -117,76 +90,97 @@ static int from_reply(const Kprof__V1__CountersResponse *resp, struct kp_ctr_row
     return 0;
 }
 
-int kprofctl_counters(int argc, char **argv)
+static int counters_check(struct kp_rpcverb *v)
 {
-    struct counters_config cfg;
-    struct kp_rpcverb v;
-    Kprof__V1__CountersRequest req = KPROF__V1__COUNTERS_REQUEST__INIT;
-    Kprof__V1__CountersResponse *resp;
-    ProtobufCMessage *msg = NULL;
-    struct kp_ctr_row *rows = NULL;
+    if (v->common->width != 0 && v->common->width < 4) {
+        return kp_rpcverb_usage_error(v, "-w takes a width of 4 or more");
+    }
+    return KP_RPCVERB_RUN;
+}
+
+/* The reply's rows through kp_ctr_write_rows_width, which also checks -c against the run's
+ * metrics. */
+static int counters_print(struct kp_rpcverb *v, const struct kp_table *t,
+                          const ProtobufCMessage *msg)
+{
+    const Kprof__V1__CountersResponse *resp = (const Kprof__V1__CountersResponse *) msg;
+    const struct kp_rpcverb_common *c = v->common;
+    struct kp_ctr_row *rows;
     const char *message;
     char err[1024];
     int rc, r;
 
-    memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &counters_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if (cfg.run == 0) {
-        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
-        goto out;
-    }
-    if (cfg.common.width != 0 && cfg.common.width < 4) {
-        rc = kp_rpcverb_usage_error(&v, "-w takes a width of 4 or more");
-        goto out;
-    }
-    req.run_id = (uint64_t) cfg.run;
-    req.rank = (int32_t) cfg.rank;
-    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
-    if ((rc = kp_rpcverb_call(&v, "Counters", &req.base, &kprof__v1__counters_response__descriptor,
-                              &msg)) != 0) {
-        goto out;
-    }
-    resp = (Kprof__V1__CountersResponse *) msg;
+    (void) t;
     if ((rows = calloc(resp->n_rows ? resp->n_rows : 1, sizeof(*rows))) == NULL) {
-        kp_rpcverb_error(&v, "out of memory");
-        rc = KPROFCTL_EXIT_FAILED;
-        goto out;
+        kp_rpcverb_error(v, "out of memory");
+        return KPROFCTL_EXIT_FAILED;
     }
+    rc = KPROFCTL_EXIT_FAILED;
     if (from_reply(resp, rows) != 0) {
-        kp_rpcverb_error(&v,
+        kp_rpcverb_error(v,
                          "kprof-analyzer's reply is malformed: a row's values do not match "
                          "its %zu metrics",
                          resp->n_metrics);
-        rc = KPROFCTL_EXIT_FAILED;
         goto out;
     }
     message = resp->message != NULL && resp->message[0] != '\0' ? resp->message : NULL;
     r = kp_ctr_write_rows_width(stdout, rows, resp->n_rows, (const char *const *) resp->metrics,
-                                resp->n_metrics, message, cfg.run, resp->rank, cfg.common.columns,
-                                v.format == KP_TABLE_FORMAT_JSON  ? KP_CTR_JSON
-                                : v.format == KP_TABLE_FORMAT_CSV ? KP_CTR_CSV
-                                                                  : KP_CTR_TEXT,
-                                (int) cfg.common.width, err, sizeof(err));
+                                resp->n_metrics, message, c->run, resp->rank, c->columns,
+                                v->format == KP_TABLE_FORMAT_JSON  ? KP_CTR_JSON
+                                : v->format == KP_TABLE_FORMAT_CSV ? KP_CTR_CSV
+                                                                   : KP_CTR_TEXT,
+                                (int) c->width, err, sizeof(err));
     if (r == -EINVAL) {
-        rc = kp_rpcverb_usage_error(&v, "-c: %s", err);
+        rc = kp_rpcverb_usage_error(v, "-c: %s", err);
         goto out;
     }
     if (r != 0) {
-        kp_rpcverb_error(&v, "cannot write the output");
-        rc = KPROFCTL_EXIT_FAILED;
+        kp_rpcverb_error(v, "cannot write the output");
         goto out;
     }
-    if (v.format != KP_TABLE_FORMAT_JSON && message != NULL) {
-        kp_rpcverb_error(&v, "%s", message);
+    if (v->format != KP_TABLE_FORMAT_JSON && message != NULL) {
+        kp_rpcverb_error(v, "%s", message);
     }
     rc = KPROFCTL_EXIT_OK;
 out:
     free(rows);
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_rpcverb_fini(&v);
     return rc;
+}
+
+static const struct kp_rpcverb_spec counters_spec = {
+    .name = "counters",
+    .synopsis =
+        "kprofctl counters --run R [--rank N] [-c COLS] [--json|--csv]\n"
+        "  CUPTI counter values per kernel (Kineto's cuda_profiler_range events, imported with\n"
+        "  kprofctl import), each kernel's op stack (top_op outermost, bottom_op innermost) and\n"
+        "  the FLOPs from the SASS instruction counters (add + mul + 2 fma per precision), with\n"
+        "  the achieved FLOP/s, from kprof-analyzer (Analyzer.Counters). An unknown counter is\n"
+        "  \"-\" (text), empty (CSV) or null (JSON), never 0. The same output as kprof-analyze\n"
+        "  counters.\n",
+    .exit_ok = "shown (also an empty table: the run has no counters; stderr says so)",
+    .json_help = "print {\"run\", \"rank\", \"metrics\", \"message\", \"rows\": [{..., "
+                 "\"op_stack\": [...], \"counters\": {metric: value|null}}]}",
+    .defs = counters_defs,
+    .n_defs = sizeof(counters_defs) / sizeof(counters_defs[0]),
+    .cols = counters_cols,
+    .n_cols = sizeof(counters_cols) / sizeof(counters_cols[0]),
+    .columns_help = "-c: comma-separated columns to show, in order: idx, range, kernel, device, "
+                    "correlation, tid, top_op, bottom_op, op_stack, dur_us, flops, flops_fp64, "
+                    "flops_fp32, flops_fp16, flops_per_s, a metric name, or all (text "
+                    "default: " KP_CTR_TEXT_COLUMNS "; CSV and JSON: all)",
+    .analyzer = true,
+    .flags = KP_RPCVERB_F_RUN | KP_RPCVERB_F_RANK,
+    .method = "Counters",
+    .req_desc = &kprof__v1__counters_request__descriptor,
+    .resp_desc = &kprof__v1__counters_response__descriptor,
+    .check = counters_check,
+    .print = counters_print,
+};
+
+int kprofctl_counters(int argc, char **argv)
+{
+    struct counters_config cfg;
+
+    memset(&cfg, 0, sizeof(cfg));
+    return kp_rpcverb_main(&counters_spec, &cfg, argc, argv);
 }

@@ -31,17 +31,9 @@
 #include "rpcverb.h"
 #include "table.h"
 
-struct dist_config {
-    struct kp_rpcverb_common common; /* first: the common rows' offsets */
-    long long run;
-};
-
-#define OFF(f) offsetof(struct dist_config, f)
 static const struct kp_config_def dist_defs[] = {
-    { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
-      false },
+    KP_RPCVERB_RUN_DEF,
 };
-#undef OFF
 
 enum wait_col {
     COL_RANK,
@@ -88,28 +80,6 @@ static const struct kp_table_col ops_cols[N_OPS_COLS] = {
     "  The TensorBoard plugin's distributed view of a run, every rank (Analyzer.Distributed):\n" \
     "  wait (the default): data transfer and synchronizing time per rank and step; ops: the\n"   \
     "  communication ops per rank. Times in µs.\n"
-
-static const struct kp_rpcverb_spec wait_spec = {
-    .name = "distributed wait",
-    .synopsis = SYNOPSIS,
-    .exit_ok = "shown (also when the view is disabled: stderr says why)",
-    .defs = dist_defs,
-    .n_defs = sizeof(dist_defs) / sizeof(dist_defs[0]),
-    .cols = wait_cols,
-    .n_cols = N_WAIT_COLS,
-    .analyzer = true,
-};
-
-static const struct kp_rpcverb_spec ops_spec = {
-    .name = "distributed ops",
-    .synopsis = SYNOPSIS,
-    .exit_ok = "shown (also when the view is disabled: stderr says why)",
-    .defs = dist_defs,
-    .n_defs = sizeof(dist_defs) / sizeof(dist_defs[0]),
-    .cols = ops_cols,
-    .n_cols = N_OPS_COLS,
-    .analyzer = true,
-};
 
 static int add_wait(struct kp_table *t, const Kprof__V1__DistributedRank *r)
 {
@@ -166,17 +136,42 @@ static int add_ops(struct kp_table *t, const Kprof__V1__DistributedRank *r)
     return rc;
 }
 
+/* The rows of the table the spec names (wait or ops); a run where the view is disabled
+ * gets an empty table and a line on stderr that says why. */
+static int dist_rows(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *msg)
+{
+    const Kprof__V1__DistributedResponse *resp = (const Kprof__V1__DistributedResponse *) msg;
+    int r = 0;
+
+    for (size_t i = 0; i < resp->n_ranks && r == 0; i++) {
+        r = v->spec->cols == wait_cols ? add_wait(t, resp->ranks[i]) : add_ops(t, resp->ranks[i]);
+    }
+    if (r == 0 && !resp->enabled) {
+        kp_rpcverb_error(v, "no distributed view: %s", resp->reason);
+    }
+    return r;
+}
+
+/* One spec per table: they differ in the name and the columns. */
+#define DIST_SPEC(table, cols_, n_cols_)                                                         \
+    {                                                                                            \
+        .name = "distributed " table, .synopsis = SYNOPSIS,                                      \
+        .exit_ok = "shown (also when the view is disabled: stderr says why)", .defs = dist_defs, \
+        .n_defs = sizeof(dist_defs) / sizeof(dist_defs[0]), .cols = cols_, .n_cols = n_cols_,    \
+        .analyzer = true, .flags = KP_RPCVERB_F_RUN, .method = "Distributed",                    \
+        .req_desc = &kprof__v1__distributed_request__descriptor,                                 \
+        .resp_desc = &kprof__v1__distributed_response__descriptor, .rows = dist_rows,            \
+    }
+
+static const struct kp_rpcverb_spec wait_spec = DIST_SPEC("wait", wait_cols, N_WAIT_COLS);
+static const struct kp_rpcverb_spec ops_spec = DIST_SPEC("ops", ops_cols, N_OPS_COLS);
+
 int kprofctl_distributed(int argc, char **argv)
 {
     const struct kp_rpcverb_spec *spec = &wait_spec;
-    struct dist_config cfg;
-    struct kp_rpcverb v;
-    struct kp_table *t = NULL;
-    Kprof__V1__DistributedRequest req = KPROF__V1__DISTRIBUTED_REQUEST__INIT;
-    Kprof__V1__DistributedResponse *resp;
-    ProtobufCMessage *msg = NULL;
+    struct kp_rpcverb_common cfg;
     char *av[256];
-    int rc, r = 0, ac = argc;
+    int ac = argc;
 
     if (argc > (int) (sizeof(av) / sizeof(av[0]))) {
         fprintf(stderr, "kprofctl distributed: too many arguments\n");
@@ -197,40 +192,5 @@ int kprofctl_distributed(int argc, char **argv)
         ac = argc - 1;
     }
     memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, spec, &cfg, ac, av)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if (cfg.run == 0) {
-        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
-        goto out;
-    }
-    if ((rc = kp_rpcverb_table(&v, &t)) != 0) {
-        goto out;
-    }
-    req.run_id = (uint64_t) cfg.run;
-    kp_rpcverb_set_subject(&v, cfg.run, -1);
-    if ((rc = kp_rpcverb_call(&v, "Distributed", &req.base,
-                              &kprof__v1__distributed_response__descriptor, &msg)) != 0) {
-        goto out;
-    }
-    resp = (Kprof__V1__DistributedResponse *) msg;
-    for (size_t i = 0; i < resp->n_ranks && r == 0; i++) {
-        r = spec == &wait_spec ? add_wait(t, resp->ranks[i]) : add_ops(t, resp->ranks[i]);
-    }
-    if (r != 0) {
-        kp_rpcverb_error(&v, "%s", kp_strerror(r));
-        rc = KPROFCTL_EXIT_FAILED;
-        goto out;
-    }
-    if (!resp->enabled) {
-        kp_rpcverb_error(&v, "no distributed view: %s", resp->reason);
-    }
-    rc = kp_rpcverb_print(&v, t, stdout);
-out:
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_table_destroy(t);
-    kp_rpcverb_fini(&v);
-    return rc;
+    return kp_rpcverb_main(spec, &cfg, ac, av);
 }

@@ -54,9 +54,7 @@
 #define EXPORT_MAX_ARGS 256
 
 struct export_config {
-    struct kp_rpcverb_common common; /* first: the common rows' offsets */
-    long long run;
-    long long rank;
+    struct kp_rpcverb_common common; /* first: the common rows' offsets (and run, rank) */
     char *output;
     long long fetch_rows;
     long long gzip_level;
@@ -65,9 +63,9 @@ struct export_config {
 
 #define OFF(f) offsetof(struct export_config, f)
 static const struct kp_config_def export_defs[] = {
-    { "run", KP_CONFIG_INT, "0", 0, 2147483647, OFF(run),
+    { "run", KP_CONFIG_INT, "0", 0, 2147483647, OFF(common.run),
       "id of the run to export (required; kprofctl runs)", NULL, false },
-    { "rank", KP_CONFIG_INT, "-1", -1, 65535, OFF(rank),
+    { "rank", KP_CONFIG_INT, "-1", -1, 65535, OFF(common.rank),
       "export only this rank (-1: every rank; a FILE output needs one rank)", NULL, false },
     { "output", KP_CONFIG_STRING, "", 0, 4000, OFF(output),
       "output: FILE (.gz: gzip), DIR (one file per rank; DIR/ is created) or - (stdout); also -o",
@@ -343,23 +341,227 @@ static int call_failed(const struct kp_rpcverb *v, const struct kp_rpc_status *s
     return rc;
 }
 
+/* One export: where it writes and what it wrote. */
+struct export
+{
+    const struct export_config *cfg;
+    bool dir_mode; /* -o DIR: one file per rank */
+    bool gz;
+    struct outf f; /* the file being written: f.path NULL between files */
+    struct rank_result *res;
+    size_t n_res, cap;
+};
+
+/* Starts the file of c's rank: its rank_result, path and temporary. Returns 0 or 1 (printed). */
+static int file_begin(const struct kp_rpcverb *v, struct export *ex,
+                      const Kprof__V1__ExportChunk *c)
+{
+    const struct export_config *cfg = ex->cfg;
+    struct rank_result *rr;
+    int e;
+
+    if (!ex->dir_mode && ex->n_res > 0) {
+        kp_rpcverb_error(v, "kprof-analyzer sent more than one rank for one file");
+        return KPROFCTL_EXIT_FAILED;
+    }
+    if (ex->n_res == ex->cap) {
+        size_t nc = ex->cap ? 2 * ex->cap : 8;
+        struct rank_result *nr = realloc(ex->res, nc * sizeof(*ex->res));
+
+        if (nr == NULL) {
+            kp_rpcverb_error(v, "out of memory");
+            return KPROFCTL_EXIT_FAILED;
+        }
+        ex->res = nr;
+        ex->cap = nc;
+    }
+    rr = &ex->res[ex->n_res++];
+    memset(rr, 0, sizeof(*rr));
+    rr->rank = c->rank;
+    if (ex->dir_mode) {
+        size_t ol = strlen(cfg->output), n = ol + 96;
+
+        if ((rr->path = malloc(n)) != NULL) {
+            snprintf(rr->path, n, "%s%skprof-run%lld.rank-%ld.pt.trace.json%s", cfg->output,
+                     cfg->output[ol - 1] == '/' ? "" : "/", cfg->common.run, rr->rank,
+                     ex->gz ? ".gz" : "");
+        }
+    }
+    else {
+        rr->path = strdup(cfg->output);
+    }
+    if (rr->path == NULL || (e = out_open(&ex->f, rr->path)) != 0) {
+        kp_rpcverb_error(v,
+                         "cannot write %s: %s (check the directory exists and is "
+                         "writable)",
+                         rr->path != NULL ? rr->path : cfg->output,
+                         rr->path != NULL ? strerror(-e) : "out of memory");
+        return KPROFCTL_EXIT_FAILED;
+    }
+    return 0;
+}
+
+/* Ends the file of the last rank: renamed into place, its figures kept. Returns 0 or 1
+ * (printed). */
+static int file_end(const struct kp_rpcverb *v, struct export *ex, const Kprof__V1__ExportChunk *c)
+{
+    struct rank_result *rr = &ex->res[ex->n_res - 1];
+    int e = out_close(&ex->f, true);
+
+    if (e != 0) {
+        kp_rpcverb_error(v, "writing %s: %s", rr->path, strerror(-e));
+        return KPROFCTL_EXIT_FAILED;
+    }
+    rr->bytes = c->json_bytes;
+    rr->events = c->events;
+    rr->flows = c->flows;
+    for (size_t i = 0; i < c->n_rows; i++) {
+        for (int k = 0; k < KP_EV_COUNT; k++) {
+            if (c->rows[i]->table != NULL &&
+                strcmp(c->rows[i]->table, kp_event_kinds[k].table) == 0) {
+                rr->rows[k] = c->rows[i]->rows;
+            }
+        }
+    }
+    return 0;
+}
+
+/* One chunk: its bytes into its rank's file, which it may start or end. Returns 0 or 1
+ * (printed). */
+static int take_chunk(const struct kp_rpcverb *v, struct export *ex,
+                      const Kprof__V1__ExportChunk *c)
+{
+    int rc;
+
+    if (ex->f.path != NULL && (ex->n_res == 0 || ex->res[ex->n_res - 1].rank != c->rank)) {
+        kp_rpcverb_error(v, "kprof-analyzer switched ranks in the middle of a file");
+        return KPROFCTL_EXIT_FAILED;
+    }
+    if (ex->f.path == NULL && (rc = file_begin(v, ex, c)) != 0) {
+        return rc;
+    }
+    if (c->data.len > 0 && (rc = out_write(&ex->f, c->data.data, c->data.len)) != 0) {
+        kp_rpcverb_error(v, "writing %s: %s", ex->f.path, strerror(-rc));
+        return KPROFCTL_EXIT_FAILED;
+    }
+    return c->end_of_rank ? file_end(v, ex, c) : 0;
+}
+
+/* Streams Analyzer.Export into the files. Returns 0 or the exit status (printed). */
+static int stream_export(struct kp_rpcverb *v, struct export *ex,
+                         const Kprof__V1__ExportRequest *req)
+{
+    struct kp_rpc_stream *s = NULL;
+    struct kp_rpc_status st;
+    int rc = KPROFCTL_EXIT_FAILED;
+
+    memset(&st, 0, sizeof(st));
+    if (kp_rpc_stream_open(v->ch, "/kprof.v1.Analyzer/Export", &kprof__v1__export_chunk__descriptor,
+                           0, &s, &st) != 0 ||
+        kp_rpc_stream_send(s, &req->base) != 0 || kp_rpc_stream_close_send(s) != 0) {
+        if (s != NULL) {
+            (void) kp_rpc_stream_finish(s, &st, v->common->timeout_ms);
+        }
+        rc = call_failed(v, &st, (long) ex->cfg->common.run);
+        goto out;
+    }
+    for (;;) {
+        ProtobufCMessage *m = NULL;
+        int r = kp_rpc_stream_recv(s, &m, v->common->timeout_ms);
+
+        if (r == 0) {
+            break;
+        }
+        if (r == -ETIMEDOUT) {
+            kp_rpcverb_error(v,
+                             "kprof-analyzer at %s sent nothing for %lld ms: giving up (raise "
+                             "--timeout)",
+                             v->common->collector, v->common->timeout_ms);
+            rc = KPROFCTL_EXIT_UNREACHABLE;
+            goto out;
+        }
+        if (r < 0) {
+            if (r == KP_EPROTO) {
+                kp_rpcverb_error(v, "kprof-analyzer sent a chunk that does not unpack");
+                goto out;
+            }
+            break; /* the status tells */
+        }
+        r = take_chunk(v, ex, (const Kprof__V1__ExportChunk *) m);
+        protobuf_c_message_free_unpacked(m, NULL);
+        if (r != 0) {
+            goto out;
+        }
+    }
+    if (kp_rpc_stream_finish(s, &st, v->common->timeout_ms) != 0) {
+        rc = call_failed(v, &st, (long) ex->cfg->common.run);
+        goto out;
+    }
+    if (ex->f.path != NULL || ex->n_res == 0) {
+        kp_rpcverb_error(v, "kprof-analyzer ended the export in the middle of a file");
+        goto out;
+    }
+    rc = 0;
+out:
+    kp_rpc_stream_destroy(s);
+    return rc;
+}
+
+/* What was written: one line (on stderr when the trace went to stdout), --json or --csv.
+ * Returns 0 or the exit status. */
+static int report(const struct kp_rpcverb *v, const struct export *ex, double secs)
+{
+    const struct export_config *cfg = ex->cfg;
+    FILE *sout = strcmp(cfg->output, "-") == 0 ? stderr : stdout;
+    uint64_t bytes = 0, events = 0;
+
+    for (size_t i = 0; i < ex->n_res; i++) {
+        bytes += ex->res[i].bytes;
+        events += ex->res[i].events;
+    }
+    if (v->common->json) {
+        print_json(sout, (long) cfg->common.run, secs, ex->res, ex->n_res);
+        return 0;
+    }
+    if (v->common->csv) {
+        return print_csv(v, ex->res, ex->n_res);
+    }
+    fprintf(sout,
+            "run %lld: exported %zu rank%s (%" PRIu64 " events, %.1f MB of JSON) to %s in "
+            "%.2f s (%.1f MB/s)\n",
+            cfg->common.run, ex->n_res, ex->n_res == 1 ? "" : "s", events, (double) bytes / 1e6,
+            ex->dir_mode ? cfg->output : ex->res[0].path, secs,
+            secs > 0 ? (double) bytes / 1e6 / secs : 0.0);
+    return 0;
+}
+
+/* -o DIR (an existing directory, or a path ending in '/'): created. Returns 0 or 1 (printed). */
+static int output_dir(const struct kp_rpcverb *v, struct export *ex)
+{
+    const char *out = ex->cfg->output;
+    struct stat sb;
+    int e;
+
+    ex->dir_mode = (stat(out, &sb) == 0 && S_ISDIR(sb.st_mode)) || out[strlen(out) - 1] == '/';
+    if (ex->dir_mode && (e = make_dirs(out)) != 0) {
+        kp_rpcverb_error(v, "cannot create the directory %s: %s", out, strerror(-e));
+        return KPROFCTL_EXIT_FAILED;
+    }
+    ex->gz = ex->cfg->gzip || (!ex->dir_mode && has_suffix(out, ".gz"));
+    return 0;
+}
+
 int kprofctl_export(int argc, char **argv)
 {
     struct export_config cfg;
+    struct export ex = { .cfg = &cfg, .f = { NULL, NULL, -1 } };
     struct kp_rpcverb v;
     Kprof__V1__ExportRequest req = KPROF__V1__EXPORT_REQUEST__INIT;
-    struct kp_rpc_stream *s = NULL;
-    struct kp_rpc_status st;
-    struct outf f = { NULL, NULL, -1 };
-    struct rank_result *res = NULL;
-    size_t n_res = 0, cap = 0;
     char **av = NULL;
-    bool dir_mode = false, gz;
     double t0;
     int rc, ac;
 
     memset(&cfg, 0, sizeof(cfg));
-    memset(&st, 0, sizeof(st));
     if (argc > EXPORT_MAX_ARGS || (av = calloc((size_t) argc + 2, sizeof(*av))) == NULL ||
         (ac = fix_argv(argc, argv, av, argc + 2)) < 0) {
         fprintf(stderr, "kprofctl export: too many arguments\n");
@@ -369,189 +571,32 @@ int kprofctl_export(int argc, char **argv)
     if ((rc = kp_rpcverb_init(&v, &export_spec, &cfg, ac, av)) != KP_RPCVERB_RUN) {
         goto out;
     }
-    if (cfg.run <= 0 || cfg.output == NULL || cfg.output[0] == '\0') {
-        rc =
-            kp_rpcverb_usage_error(&v, "%s", cfg.run <= 0 ? "--run is required" : "-o is required");
+    if (cfg.common.run <= 0 || cfg.output == NULL || cfg.output[0] == '\0') {
+        rc = kp_rpcverb_usage_error(&v, "%s",
+                                    cfg.common.run <= 0 ? "--run is required" : "-o is required");
         goto out;
     }
-    {
-        struct stat sb;
-        size_t ol = strlen(cfg.output);
-
-        dir_mode = (stat(cfg.output, &sb) == 0 && S_ISDIR(sb.st_mode)) || cfg.output[ol - 1] == '/';
-        if (dir_mode && (rc = make_dirs(cfg.output)) != 0) {
-            kp_rpcverb_error(&v, "cannot create the directory %s: %s", cfg.output, strerror(-rc));
-            rc = KPROFCTL_EXIT_FAILED;
-            goto out;
-        }
+    if ((rc = output_dir(&v, &ex)) != 0) {
+        goto out;
     }
-    gz = cfg.gzip || (!dir_mode && has_suffix(cfg.output, ".gz"));
-    req.run_id = (uint64_t) cfg.run;
-    req.all_ranks = cfg.rank < 0;
-    req.rank = cfg.rank < 0 ? 0 : (int32_t) cfg.rank;
-    req.one_rank = !dir_mode;
-    req.gzip = gz;
+    req.run_id = (uint64_t) cfg.common.run;
+    req.all_ranks = cfg.common.rank < 0;
+    req.rank = cfg.common.rank < 0 ? 0 : (int32_t) cfg.common.rank;
+    req.one_rank = !ex.dir_mode;
+    req.gzip = ex.gz;
     req.gzip_level = (int32_t) cfg.gzip_level;
     req.fetch_rows = (uint32_t) cfg.fetch_rows;
-    snprintf(v.subject, sizeof(v.subject), "run %lld", cfg.run);
+    kp_rpcverb_set_subject(&v, cfg.common.run, -1);
     t0 = kp_mono_s();
-    rc = KPROFCTL_EXIT_FAILED;
-    if (kp_rpc_stream_open(v.ch, "/kprof.v1.Analyzer/Export", &kprof__v1__export_chunk__descriptor,
-                           0, &s, &st) != 0 ||
-        kp_rpc_stream_send(s, &req.base) != 0 || kp_rpc_stream_close_send(s) != 0) {
-        if (s != NULL) {
-            (void) kp_rpc_stream_finish(s, &st, v.common->timeout_ms);
-        }
-        rc = call_failed(&v, &st, (long) cfg.run);
-        goto out;
+    if ((rc = stream_export(&v, &ex, &req)) == 0) {
+        rc = report(&v, &ex, kp_mono_s() - t0);
     }
-    for (;;) {
-        ProtobufCMessage *m = NULL;
-        Kprof__V1__ExportChunk *c;
-        int r = kp_rpc_stream_recv(s, &m, v.common->timeout_ms);
-
-        if (r == 0) {
-            break;
-        }
-        if (r == -ETIMEDOUT) {
-            kp_rpcverb_error(&v,
-                             "kprof-analyzer at %s sent nothing for %lld ms: giving up (raise "
-                             "--timeout)",
-                             v.common->collector, v.common->timeout_ms);
-            rc = KPROFCTL_EXIT_UNREACHABLE;
-            goto out;
-        }
-        if (r < 0) {
-            if (r == KP_EPROTO) {
-                kp_rpcverb_error(&v, "kprof-analyzer sent a chunk that does not unpack");
-                goto out;
-            }
-            break; /* the status tells */
-        }
-        c = (Kprof__V1__ExportChunk *) m;
-        if (f.path != NULL && (n_res == 0 || res[n_res - 1].rank != c->rank)) {
-            kp_rpcverb_error(&v, "kprof-analyzer switched ranks in the middle of a file");
-            protobuf_c_message_free_unpacked(m, NULL);
-            goto out;
-        }
-        if (f.path == NULL) {
-            struct rank_result *rr;
-            int e;
-
-            if (!dir_mode && n_res > 0) {
-                kp_rpcverb_error(&v, "kprof-analyzer sent more than one rank for one file");
-                protobuf_c_message_free_unpacked(m, NULL);
-                goto out;
-            }
-            if (n_res == cap) {
-                size_t nc = cap ? 2 * cap : 8;
-                struct rank_result *nr = realloc(res, nc * sizeof(*res));
-
-                if (nr == NULL) {
-                    protobuf_c_message_free_unpacked(m, NULL);
-                    kp_rpcverb_error(&v, "out of memory");
-                    goto out;
-                }
-                res = nr;
-                cap = nc;
-            }
-            rr = &res[n_res++];
-            memset(rr, 0, sizeof(*rr));
-            rr->rank = c->rank;
-            if (dir_mode) {
-                size_t ol = strlen(cfg.output), n = ol + 96;
-
-                if ((rr->path = malloc(n)) != NULL) {
-                    snprintf(rr->path, n, "%s%skprof-run%lld.rank-%ld.pt.trace.json%s", cfg.output,
-                             cfg.output[ol - 1] == '/' ? "" : "/", cfg.run, rr->rank,
-                             gz ? ".gz" : "");
-                }
-            }
-            else {
-                rr->path = strdup(cfg.output);
-            }
-            if (rr->path == NULL || (e = out_open(&f, rr->path)) != 0) {
-                kp_rpcverb_error(&v,
-                                 "cannot write %s: %s (check the directory exists and is "
-                                 "writable)",
-                                 rr->path != NULL ? rr->path : cfg.output,
-                                 rr->path != NULL ? strerror(-e) : "out of memory");
-                protobuf_c_message_free_unpacked(m, NULL);
-                goto out;
-            }
-        }
-        if (c->data.len > 0 && (rc = out_write(&f, c->data.data, c->data.len)) != 0) {
-            kp_rpcverb_error(&v, "writing %s: %s", f.path, strerror(-rc));
-            rc = KPROFCTL_EXIT_FAILED;
-            protobuf_c_message_free_unpacked(m, NULL);
-            goto out;
-        }
-        rc = KPROFCTL_EXIT_FAILED;
-        if (c->end_of_rank) {
-            struct rank_result *rr = &res[n_res - 1];
-            int e = out_close(&f, true);
-
-            if (e != 0) {
-                kp_rpcverb_error(&v, "writing %s: %s", rr->path, strerror(-e));
-                protobuf_c_message_free_unpacked(m, NULL);
-                goto out;
-            }
-            rr->bytes = c->json_bytes;
-            rr->events = c->events;
-            rr->flows = c->flows;
-            for (size_t i = 0; i < c->n_rows; i++) {
-                for (int k = 0; k < KP_EV_COUNT; k++) {
-                    if (c->rows[i]->table != NULL &&
-                        strcmp(c->rows[i]->table, kp_event_kinds[k].table) == 0) {
-                        rr->rows[k] = c->rows[i]->rows;
-                    }
-                }
-            }
-        }
-        protobuf_c_message_free_unpacked(m, NULL);
-    }
-    if (kp_rpc_stream_finish(s, &st, v.common->timeout_ms) != 0) {
-        rc = call_failed(&v, &st, (long) cfg.run);
-        goto out;
-    }
-    if (f.path != NULL || n_res == 0) {
-        kp_rpcverb_error(&v, "kprof-analyzer ended the export in the middle of a file");
-        goto out;
-    }
-    {
-        double secs = kp_mono_s() - t0;
-        uint64_t bytes = 0, events = 0;
-        FILE *sout = strcmp(cfg.output, "-") == 0 ? stderr : stdout;
-
-        for (size_t i = 0; i < n_res; i++) {
-            bytes += res[i].bytes;
-            events += res[i].events;
-        }
-        if (v.common->json) {
-            print_json(sout, (long) cfg.run, secs, res, n_res);
-        }
-        else if (v.common->csv) {
-            if ((rc = print_csv(&v, res, n_res)) != 0) {
-                goto out;
-            }
-        }
-        else {
-            fprintf(sout,
-                    "run %lld: exported %zu rank%s (%" PRIu64 " events, %.1f MB of JSON) to %s in "
-                    "%.2f s (%.1f MB/s)\n",
-                    cfg.run, n_res, n_res == 1 ? "" : "s", events, (double) bytes / 1e6,
-                    dir_mode ? cfg.output : res[0].path, secs,
-                    secs > 0 ? (double) bytes / 1e6 / secs : 0.0);
-        }
-    }
-    rc = KPROFCTL_EXIT_OK;
 out:
-    (void) out_close(&f, false);
-    kp_rpc_stream_destroy(s);
-    for (size_t i = 0; i < n_res; i++) {
-        free(res[i].path);
+    (void) out_close(&ex.f, false);
+    for (size_t i = 0; i < ex.n_res; i++) {
+        free(ex.res[i].path);
     }
-    free(res);
+    free(ex.res);
     kp_rpcverb_fini(&v);
     free(av);
     return rc;

@@ -46,10 +46,11 @@
 #include "rpcverb.h"
 #include "table.h"
 
+struct analysis;
+
 struct hta_config {
     struct kp_rpcverb_common common; /* first: the common rows' offsets */
-    long long run;
-    long long rank;
+    const struct analysis *an;       /* the analysis named first */
     bool exact_ns;
     bool include_last_step;
     long long delay_us; /* -1: HTA's default */
@@ -57,9 +58,8 @@ struct hta_config {
 
 #define OFF(f) offsetof(struct hta_config, f)
 static const struct kp_config_def hta_defs[] = {
-    { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
-      false },
-    KP_RPCVERB_RANK_DEF(OFF(rank)),
+    KP_RPCVERB_RUN_DEF,
+    KP_RPCVERB_RANK_DEF,
     { "exact-ns", KP_CONFIG_BOOL, "false", 0, 0, OFF(exact_ns),
       "kprof's exact ns instead of HTA's whole-µs rounding", NULL, false },
     { "include-last-step", KP_CONFIG_BOOL, "false", 0, 0, OFF(include_last_step),
@@ -152,11 +152,18 @@ struct analysis {
     add_rows_fn *add;
 };
 
+static int hta_request(struct kp_rpcverb *v, ProtobufCMessage *msg);
+static int hta_rows(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *msg);
+
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 #define SPEC(verb, cols_)                                                                     \
     {                                                                                         \
         .name = "hta " verb, .synopsis = SYNOPSIS_HEAD, .exit_ok = "shown", .defs = hta_defs, \
         .n_defs = N_OF(hta_defs), .cols = cols_, .n_cols = N_OF(cols_), .analyzer = true,     \
+        .flags = KP_RPCVERB_F_RUN | KP_RPCVERB_F_RANK, .method = "Hta",                       \
+        .req_desc = &kprof__v1__hta_request__descriptor,                                      \
+        .resp_desc = &kprof__v1__hta_response__descriptor, .request = hta_request,            \
+        .rows = hta_rows,                                                                     \
     }
 
 /* x exactly (kp_rpcverb_set_exact), or null when HTA has NaN. */
@@ -381,6 +388,26 @@ static const struct analysis analyses[] = {
     { "membw", KPROF__V1__HTA_ANALYSIS__HTA_MEMBW, SPEC("membw", membw_cols), add_membw },
 };
 
+static int hta_request(struct kp_rpcverb *v, ProtobufCMessage *msg)
+{
+    const struct hta_config *cfg = v->cfg;
+    Kprof__V1__HtaRequest *req = (Kprof__V1__HtaRequest *) msg;
+
+    req->analysis = cfg->an->rpc;
+    req->exact_ns = cfg->exact_ns;
+    req->include_last_step = cfg->include_last_step;
+    req->has_consecutive_kernel_delay_ns = cfg->delay_us >= 0;
+    req->consecutive_kernel_delay_ns = cfg->delay_us >= 0 ? cfg->delay_us * 1000 : 0;
+    return 0;
+}
+
+static int hta_rows(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *msg)
+{
+    const struct hta_config *cfg = v->cfg;
+
+    return cfg->an->add(v, t, (const Kprof__V1__HtaResponse *) msg);
+}
+
 static int usage(FILE *out, int status)
 {
     fputs(SYNOPSIS_HEAD "\n`kprofctl hta ANALYSIS --help` lists the flags and the columns.\n", out);
@@ -391,12 +418,7 @@ int kprofctl_hta(int argc, char **argv)
 {
     const struct analysis *an = NULL;
     struct hta_config cfg;
-    struct kp_rpcverb v;
-    struct kp_table *t = NULL;
-    Kprof__V1__HtaRequest req = KPROF__V1__HTA_REQUEST__INIT;
-    ProtobufCMessage *msg = NULL;
     char *av[256];
-    int rc, r;
 
     if (argc < 2 || argv[1][0] == '-') {
         if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
@@ -424,39 +446,6 @@ int kprofctl_hta(int argc, char **argv)
         av[i - 1] = argv[i];
     }
     memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &an->spec, &cfg, argc - 1, av)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if (cfg.run == 0) {
-        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
-        goto out;
-    }
-    if ((rc = kp_rpcverb_table(&v, &t)) != 0) {
-        goto out;
-    }
-    req.run_id = (uint64_t) cfg.run;
-    req.rank = (int32_t) cfg.rank;
-    req.analysis = an->rpc;
-    req.exact_ns = cfg.exact_ns;
-    req.include_last_step = cfg.include_last_step;
-    req.has_consecutive_kernel_delay_ns = cfg.delay_us >= 0;
-    req.consecutive_kernel_delay_ns = cfg.delay_us >= 0 ? cfg.delay_us * 1000 : 0;
-    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
-    if ((rc = kp_rpcverb_call(&v, "Hta", &req.base, &kprof__v1__hta_response__descriptor, &msg)) !=
-        0) {
-        goto out;
-    }
-    if ((r = an->add(&v, t, (const Kprof__V1__HtaResponse *) msg)) != 0) {
-        kp_rpcverb_error(&v, "%s", kp_strerror(r));
-        rc = KPROFCTL_EXIT_FAILED;
-        goto out;
-    }
-    rc = kp_rpcverb_print(&v, t, stdout);
-out:
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_table_destroy(t);
-    kp_rpcverb_fini(&v);
-    return rc;
+    cfg.an = an;
+    return kp_rpcverb_main(&an->spec, &cfg, argc - 1, av);
 }

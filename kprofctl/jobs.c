@@ -72,20 +72,6 @@ static const struct kp_table_col jobs_cols[N_COLS] = {
     [COL_RUN] = { "run", KP_TABLE_NUMERIC },
 };
 
-static const struct kp_rpcverb_spec jobs_spec = {
-    .name = "jobs",
-    .synopsis =
-        "kprofctl jobs [--job J] [--json|--csv] [-c COLS] [-w WIDTH]\n"
-        "  The ranks registered with attached kprof-agents (Control.ListJobs), one row\n"
-        "  each, by job then rank: job, world_size, rank, host, pid, local_rank, device,\n"
-        "  step (the last one reported), step_us, run (the capture it is in; - when idle).\n",
-    .exit_ok = "listed (also when no job is registered)",
-    .defs = jobs_defs,
-    .n_defs = N_DEFS,
-    .cols = jobs_cols,
-    .n_cols = N_COLS,
-};
-
 struct job_row {
     const Kprof__V1__Job *job;
     const Kprof__V1__JobRank *rank;
@@ -170,62 +156,78 @@ static int collect(const Kprof__V1__ListJobsResponse *resp, struct job_row **out
     return 0;
 }
 
+static int jobs_request(struct kp_rpcverb *v, ProtobufCMessage *msg)
+{
+    const struct jobs_config *cfg = v->cfg;
+
+    ((Kprof__V1__ListJobsRequest *) msg)->job = cfg->job;
+    return 0;
+}
+
+static int jobs_rows(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *msg)
+{
+    struct job_row *rows = NULL;
+    size_t n_rows = 0;
+    int r;
+
+    (void) v;
+    if ((r = collect((const Kprof__V1__ListJobsResponse *) msg, &rows, &n_rows)) != 0) {
+        return r;
+    }
+    for (size_t i = 0; i < n_rows && r == 0; i++) {
+        r = add_row(t, &rows[i]);
+    }
+    free(rows);
+    return r;
+}
+
+/* The table; text says on stderr what to do when no job is registered. */
+static int jobs_print(struct kp_rpcverb *v, const struct kp_table *t, const ProtobufCMessage *msg)
+{
+    const struct jobs_config *cfg = v->cfg;
+    int rc = kp_rpcverb_print(v, t, stdout);
+
+    (void) msg;
+    if (rc != 0 || kp_table_rows(t) > 0 || v->format != KP_TABLE_FORMAT_TEXT) {
+        return rc;
+    }
+    if (cfg->job[0] != '\0') {
+        fprintf(stderr,
+                "kprofctl jobs: job \"%s\" is not registered: start its workers with "
+                "kprof-run and check that kprof-agent runs on their nodes\n",
+                cfg->job);
+    }
+    else {
+        fprintf(stderr, "kprofctl jobs: no job is registered: start workers with kprof-run "
+                        "and check that kprof-agent runs on their nodes\n");
+    }
+    return rc;
+}
+
+static const struct kp_rpcverb_spec jobs_spec = {
+    .name = "jobs",
+    .synopsis =
+        "kprofctl jobs [--job J] [--json|--csv] [-c COLS] [-w WIDTH]\n"
+        "  The ranks registered with attached kprof-agents (Control.ListJobs), one row\n"
+        "  each, by job then rank: job, world_size, rank, host, pid, local_rank, device,\n"
+        "  step (the last one reported), step_us, run (the capture it is in; - when idle).\n",
+    .exit_ok = "listed (also when no job is registered)",
+    .defs = jobs_defs,
+    .n_defs = N_DEFS,
+    .cols = jobs_cols,
+    .n_cols = N_COLS,
+    .method = "ListJobs",
+    .req_desc = &kprof__v1__list_jobs_request__descriptor,
+    .resp_desc = &kprof__v1__list_jobs_response__descriptor,
+    .request = jobs_request,
+    .rows = jobs_rows,
+    .print = jobs_print,
+};
+
 int kprofctl_jobs(int argc, char **argv)
 {
     struct jobs_config cfg;
-    struct kp_rpcverb v;
-    struct kp_table *t = NULL;
-    struct job_row *rows = NULL;
-    Kprof__V1__ListJobsRequest req = KPROF__V1__LIST_JOBS_REQUEST__INIT;
-    ProtobufCMessage *msg = NULL;
-    size_t n_rows = 0;
-    int rc, r;
 
     memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &jobs_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if ((rc = kp_rpcverb_table(&v, &t)) != 0) {
-        goto out;
-    }
-    req.job = cfg.job;
-    if ((rc = kp_rpcverb_call(&v, "ListJobs", &req.base, &kprof__v1__list_jobs_response__descriptor,
-                              &msg)) != 0) {
-        goto out;
-    }
-    if ((r = collect((Kprof__V1__ListJobsResponse *) msg, &rows, &n_rows)) != 0) {
-        kp_rpcverb_error(&v, "%s", kp_strerror(r));
-        rc = KPROFCTL_EXIT_FAILED;
-        goto out;
-    }
-    for (size_t i = 0; i < n_rows; i++) {
-        if ((r = add_row(t, &rows[i])) != 0) {
-            kp_rpcverb_error(&v, "%s", kp_strerror(r));
-            rc = KPROFCTL_EXIT_FAILED;
-            goto out;
-        }
-    }
-    if ((rc = kp_rpcverb_print(&v, t, stdout)) != 0) {
-        goto out;
-    }
-    if (n_rows == 0 && v.format == KP_TABLE_FORMAT_TEXT) {
-        if (cfg.job[0] != '\0') {
-            fprintf(stderr,
-                    "kprofctl jobs: job \"%s\" is not registered: start its workers with "
-                    "kprof-run and check that kprof-agent runs on their nodes\n",
-                    cfg.job);
-        }
-        else {
-            fprintf(stderr, "kprofctl jobs: no job is registered: start workers with kprof-run "
-                            "and check that kprof-agent runs on their nodes\n");
-        }
-    }
-out:
-    free(rows);
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_table_destroy(t);
-    kp_rpcverb_fini(&v);
-    return rc;
+    return kp_rpcverb_main(&jobs_spec, &cfg, argc, argv);
 }

@@ -32,8 +32,6 @@
 
 struct kernels_config {
     struct kp_rpcverb_common common; /* first: the common rows' offsets */
-    long long run;
-    long long rank;
     int group_by;
     long long top;
 };
@@ -42,9 +40,8 @@ static const char *const group_bys[] = { "name", "op", NULL };
 
 #define OFF(f) offsetof(struct kernels_config, f)
 static const struct kp_config_def kernels_defs[] = {
-    { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
-      false },
-    KP_RPCVERB_RANK_DEF(OFF(rank)),
+    KP_RPCVERB_RUN_DEF,
+    KP_RPCVERB_RANK_DEF,
     { "group-by", KP_CONFIG_ENUM, "name", 0, 0, OFF(group_by),
       "name: one row per kernel; op: per kernel, launching op, grid, block, registers and "
       "shared memory",
@@ -90,22 +87,6 @@ static const struct kp_table_col kernels_cols[N_COLS] = {
     [COL_OCCUPANCY] = { "mean_est_achieved_occupancy", KP_TABLE_NUMERIC },
     [COL_TC_USED] = { "tc_used", KP_TABLE_TEXT },
     [COL_OP_TC_ELIGIBLE] = { "op_tc_eligible", KP_TABLE_TEXT },
-};
-
-static const struct kp_rpcverb_spec kernels_spec = {
-    .name = "kernels",
-    .synopsis =
-        "kprofctl kernels --run R [--rank N] [--group-by name|op] [--top N] [--json|--csv]\n"
-        "                 [-c COLS] [-w WIDTH]\n"
-        "  The kernel view of one rank (Analyzer.Kernels): calls, total, mean, min and max\n"
-        "  time in µs, mean blocks per SM and est. achieved occupancy (%) weighted by\n"
-        "  duration, and Tensor Core use, longest total first.\n",
-    .exit_ok = "shown",
-    .defs = kernels_defs,
-    .n_defs = N_DEFS,
-    .cols = kernels_cols,
-    .n_cols = N_COLS,
-    .analyzer = true,
 };
 
 static int set_dim(struct kp_table *t, size_t col, const char *s)
@@ -164,72 +145,75 @@ static void print_tc(const Kprof__V1__TensorCoreStats *tc)
     printf(" TC-eligible ops %.2f%% of ops' kernel time\n", 100.0 * tc->eligible_ops_kernel_ratio);
 }
 
+static int kernels_request(struct kp_rpcverb *v, ProtobufCMessage *msg)
+{
+    const struct kernels_config *cfg = v->cfg;
+
+    ((Kprof__V1__KernelsRequest *) msg)->group_by =
+        cfg->group_by == 1 ? KPROF__V1__KERNELS_GROUP_BY__KERNELS_GROUP_BY_NAME_AND_OP
+                           : KPROF__V1__KERNELS_GROUP_BY__KERNELS_GROUP_BY_NAME;
+    return 0;
+}
+
+static int kernels_rows(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *msg)
+{
+    const struct kernels_config *cfg = v->cfg;
+    const Kprof__V1__KernelsResponse *resp = (const Kprof__V1__KernelsResponse *) msg;
+    size_t n = kp_rpcverb_top(resp->n_rows, cfg->top);
+    int r = 0;
+
+    /* Grouped by name, the op columns are left out unless -c names them. */
+    if (cfg->group_by == 0) {
+        kp_rpcverb_default_columns(v, t,
+                                   "name,calls,total_us,mean_us,min_us,max_us,mean_blocks_per_sm,"
+                                   "mean_est_achieved_occupancy,tc_used");
+    }
+    for (size_t i = 0; i < n && r == 0; i++) {
+        r = add_kernel(v, t, resp->rows[i], cfg->group_by == 1);
+    }
+    return r;
+}
+
+/* Text adds the Tensor Core statistics below the table. */
+static int kernels_print(struct kp_rpcverb *v, const struct kp_table *t,
+                         const ProtobufCMessage *msg)
+{
+    int rc = kp_rpcverb_print(v, t, stdout);
+
+    if (rc != 0 || v->format != KP_TABLE_FORMAT_TEXT) {
+        return rc;
+    }
+    print_tc(((const Kprof__V1__KernelsResponse *) msg)->tensor_cores);
+    return fflush(stdout) != 0 ? KPROFCTL_EXIT_FAILED : 0;
+}
+
+static const struct kp_rpcverb_spec kernels_spec = {
+    .name = "kernels",
+    .synopsis =
+        "kprofctl kernels --run R [--rank N] [--group-by name|op] [--top N] [--json|--csv]\n"
+        "                 [-c COLS] [-w WIDTH]\n"
+        "  The kernel view of one rank (Analyzer.Kernels): calls, total, mean, min and max\n"
+        "  time in µs, mean blocks per SM and est. achieved occupancy (%) weighted by\n"
+        "  duration, and Tensor Core use, longest total first.\n",
+    .exit_ok = "shown",
+    .defs = kernels_defs,
+    .n_defs = N_DEFS,
+    .cols = kernels_cols,
+    .n_cols = N_COLS,
+    .analyzer = true,
+    .flags = KP_RPCVERB_F_RUN | KP_RPCVERB_F_RANK,
+    .method = "Kernels",
+    .req_desc = &kprof__v1__kernels_request__descriptor,
+    .resp_desc = &kprof__v1__kernels_response__descriptor,
+    .request = kernels_request,
+    .rows = kernels_rows,
+    .print = kernels_print,
+};
+
 int kprofctl_kernels(int argc, char **argv)
 {
     struct kernels_config cfg;
-    struct kp_rpcverb v;
-    struct kp_table *t = NULL;
-    Kprof__V1__KernelsRequest req = KPROF__V1__KERNELS_REQUEST__INIT;
-    Kprof__V1__KernelsResponse *resp;
-    ProtobufCMessage *msg = NULL;
-    char err[1024];
-    size_t n;
-    int rc, r;
 
     memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &kernels_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if (cfg.run == 0) {
-        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
-        goto out;
-    }
-    if ((rc = kp_rpcverb_table(&v, &t)) != 0) {
-        goto out;
-    }
-    if (cfg.group_by == 0 && (cfg.common.columns == NULL || cfg.common.columns[0] == '\0')) {
-        kp_table_select(t,
-                        "name,calls,total_us,mean_us,min_us,max_us,mean_blocks_per_sm,"
-                        "mean_est_achieved_occupancy,tc_used",
-                        err, sizeof(err));
-    }
-    req.run_id = (uint64_t) cfg.run;
-    req.rank = (int32_t) cfg.rank;
-    req.group_by = cfg.group_by == 1 ? KPROF__V1__KERNELS_GROUP_BY__KERNELS_GROUP_BY_NAME_AND_OP
-                                     : KPROF__V1__KERNELS_GROUP_BY__KERNELS_GROUP_BY_NAME;
-    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
-    if ((rc = kp_rpcverb_call(&v, "Kernels", &req.base, &kprof__v1__kernels_response__descriptor,
-                              &msg)) != 0) {
-        goto out;
-    }
-    resp = (Kprof__V1__KernelsResponse *) msg;
-    n = resp->n_rows;
-    if (cfg.top > 0 && (size_t) cfg.top < n) {
-        n = (size_t) cfg.top;
-    }
-    r = 0;
-    for (size_t i = 0; i < n && r == 0; i++) {
-        r = add_kernel(&v, t, resp->rows[i], cfg.group_by == 1);
-    }
-    if (r != 0) {
-        kp_rpcverb_error(&v, "%s", kp_strerror(r));
-        rc = KPROFCTL_EXIT_FAILED;
-        goto out;
-    }
-    if ((rc = kp_rpcverb_print(&v, t, stdout)) != 0) {
-        goto out;
-    }
-    if (v.format == KP_TABLE_FORMAT_TEXT) {
-        print_tc(resp->tensor_cores);
-        if (fflush(stdout) != 0) {
-            rc = KPROFCTL_EXIT_FAILED;
-        }
-    }
-out:
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_table_destroy(t);
-    kp_rpcverb_fini(&v);
-    return rc;
+    return kp_rpcverb_main(&kernels_spec, &cfg, argc, argv);
 }

@@ -1,9 +1,10 @@
 /*
  * kprofctl's verbs. main.c dispatches `kprofctl VERB ARGS...` through a table of struct
- * kprofctl_verb; each verb lives in its own .c file and parses its own flags with
- * kp_config_load_args (so --help works per verb and KPROF_<KEY> env vars apply). The verbs
- * that call collectord's Control service share their flags, call and output code
- * (rpcverb.h); the capture verbs share how a capture is shown (capview.h).
+ * kprofctl_verb; each verb lives in its own .c file, and its flags are kp_config rows (so
+ * --help works per verb and KPROF_<KEY> env vars apply). Every verb but import is a struct
+ * kp_rpcverb_spec (rpcverb.h): the common flags, the call, the error-to-exit-status mapping and
+ * the text/CSV/JSON output are kp_rpcverb's, and the verb keeps its own flags, request, rows
+ * and printing; the capture verbs share how a capture is shown (capview.h).
  *
  * Exit statuses. Every verb over collectord uses these, and its --help lists them:
  *   0    ok

@@ -1,8 +1,9 @@
 /*
  * kprofctl: kprof's command-line client, verbs in the kubectl style (docs/design.md "kprofctl").
  * This file only dispatches: `kprofctl VERB [flags] [args]` runs the verb's entry point from
- * the table below. To add a verb, write kprofctl/<verb>.c with `int kprofctl_<verb>(int argc,
- * char **argv)`, declare it in kprofctl.h and add a row here.
+ * the table below. To add a verb, write kprofctl/<verb>.c with its struct kp_rpcverb_spec
+ * (rpcverb.h) and `int kprofctl_<verb>(int argc, char **argv)` that runs it with
+ * kp_rpcverb_main, declare that in kprofctl.h and add a row here.
  */
 #include <stdio.h>
 #include <string.h>

@@ -27,16 +27,13 @@
 
 struct memory_config {
     struct kp_rpcverb_common common; /* first: the common rows' offsets */
-    long long run;
-    long long rank;
     char *device;
 };
 
 #define OFF(f) offsetof(struct memory_config, f)
 static const struct kp_config_def memory_defs[] = {
-    { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
-      false },
-    KP_RPCVERB_RANK_DEF(OFF(rank)),
+    KP_RPCVERB_RUN_DEF,
+    KP_RPCVERB_RANK_DEF,
     { "device", KP_CONFIG_STRING, "", 0, 0, OFF(device),
       "only this device's rows (CPU, GPU0, ...); empty: every device", NULL, false },
 };
@@ -67,20 +64,6 @@ static const struct kp_table_col memory_cols[N_COLS] = {
     [COL_COUNT] = { "alloc_count", KP_TABLE_NUMERIC },
 };
 
-static const struct kp_rpcverb_spec memory_spec = {
-    .name = "memory",
-    .synopsis =
-        "kprofctl memory --run R [--rank N] [--device D] [--json|--csv] [-c COLS] [-w WIDTH]\n"
-        "  The memory view of one rank (Analyzer.Memory): per device and operator name, the\n"
-        "  bytes and allocations in the op itself (self_*) and with its children.\n",
-    .exit_ok = "shown (also an empty table: the rank has no memory events)",
-    .defs = memory_defs,
-    .n_defs = sizeof(memory_defs) / sizeof(memory_defs[0]),
-    .cols = memory_cols,
-    .n_cols = N_COLS,
-    .analyzer = true,
-};
-
 static int add_row(struct kp_table *t, const Kprof__V1__MemoryOpRow *r)
 {
     int rc = kp_table_add_row(t);
@@ -97,70 +80,60 @@ static int add_row(struct kp_table *t, const Kprof__V1__MemoryOpRow *r)
     return rc;
 }
 
-int kprofctl_memory(int argc, char **argv)
+/* Checks --device against the rank's devices, then adds the rows (of --device only). */
+static int memory_rows(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *msg)
 {
-    struct memory_config cfg;
-    struct kp_rpcverb v;
-    struct kp_table *t = NULL;
-    Kprof__V1__MemoryRequest req = KPROF__V1__MEMORY_REQUEST__INIT;
-    Kprof__V1__MemoryResponse *resp;
-    ProtobufCMessage *msg = NULL;
-    bool device_seen;
-    int rc, r = 0;
+    const struct memory_config *cfg = v->cfg;
+    const Kprof__V1__MemoryResponse *resp = (const Kprof__V1__MemoryResponse *) msg;
+    bool all = cfg->device == NULL || cfg->device[0] == '\0', device_seen = all;
+    int r = 0;
 
-    memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &memory_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if (cfg.run == 0) {
-        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
-        goto out;
-    }
-    if ((rc = kp_rpcverb_table(&v, &t)) != 0) {
-        goto out;
-    }
-    req.run_id = (uint64_t) cfg.run;
-    req.rank = (int32_t) cfg.rank;
-    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
-    if ((rc = kp_rpcverb_call(&v, "Memory", &req.base, &kprof__v1__memory_response__descriptor,
-                              &msg)) != 0) {
-        goto out;
-    }
-    resp = (Kprof__V1__MemoryResponse *) msg;
-    device_seen = cfg.device == NULL || cfg.device[0] == '\0';
     for (size_t i = 0; i < resp->n_devices; i++) {
-        device_seen = device_seen || strcmp(resp->devices[i], cfg.device) == 0;
+        device_seen = device_seen || strcmp(resp->devices[i], cfg->device) == 0;
     }
     if (!device_seen) {
-        rc = kp_rpcverb_usage_error(&v,
-                                    "--device %s: rank %d of run %lld has no memory events "
-                                    "on it (it has %zu devices with events)",
-                                    cfg.device, resp->rank, cfg.run, resp->n_devices);
-        goto out;
+        return kp_rpcverb_usage_error(v,
+                                      "--device %s: rank %d of run %lld has no memory events "
+                                      "on it (it has %zu devices with events)",
+                                      cfg->device, resp->rank, cfg->common.run, resp->n_devices);
     }
     for (size_t i = 0; i < resp->n_rows && r == 0; i++) {
-        if (cfg.device == NULL || cfg.device[0] == '\0' ||
-            strcmp(resp->rows[i]->device, cfg.device) == 0) {
+        if (all || strcmp(resp->rows[i]->device, cfg->device) == 0) {
             r = add_row(t, resp->rows[i]);
         }
     }
-    if (r != 0) {
-        kp_rpcverb_error(&v, "%s", kp_strerror(r));
-        rc = KPROFCTL_EXIT_FAILED;
-        goto out;
-    }
-    if (resp->n_devices == 0) {
-        kp_rpcverb_error(&v,
+    if (r == 0 && resp->n_devices == 0) {
+        kp_rpcverb_error(v,
                          "rank %d of run %lld has no memory events (record with "
                          "profile_memory=True)",
-                         resp->rank, cfg.run);
+                         resp->rank, cfg->common.run);
     }
-    rc = kp_rpcverb_print(&v, t, stdout);
-out:
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_table_destroy(t);
-    kp_rpcverb_fini(&v);
-    return rc;
+    return r;
+}
+
+static const struct kp_rpcverb_spec memory_spec = {
+    .name = "memory",
+    .synopsis =
+        "kprofctl memory --run R [--rank N] [--device D] [--json|--csv] [-c COLS] [-w WIDTH]\n"
+        "  The memory view of one rank (Analyzer.Memory): per device and operator name, the\n"
+        "  bytes and allocations in the op itself (self_*) and with its children.\n",
+    .exit_ok = "shown (also an empty table: the rank has no memory events)",
+    .defs = memory_defs,
+    .n_defs = sizeof(memory_defs) / sizeof(memory_defs[0]),
+    .cols = memory_cols,
+    .n_cols = N_COLS,
+    .analyzer = true,
+    .flags = KP_RPCVERB_F_RUN | KP_RPCVERB_F_RANK,
+    .method = "Memory",
+    .req_desc = &kprof__v1__memory_request__descriptor,
+    .resp_desc = &kprof__v1__memory_response__descriptor,
+    .rows = memory_rows,
+};
+
+int kprofctl_memory(int argc, char **argv)
+{
+    struct memory_config cfg;
+
+    memset(&cfg, 0, sizeof(cfg));
+    return kp_rpcverb_main(&memory_spec, &cfg, argc, argv);
 }

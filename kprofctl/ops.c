@@ -29,8 +29,6 @@
 
 struct ops_config {
     struct kp_rpcverb_common common; /* first: the common rows' offsets */
-    long long run;
-    long long rank;
     int group_by;
     long long top;
 };
@@ -39,9 +37,8 @@ static const char *const group_bys[] = { "name", "shapes", NULL };
 
 #define OFF(f) offsetof(struct ops_config, f)
 static const struct kp_config_def ops_defs[] = {
-    { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
-      false },
-    KP_RPCVERB_RANK_DEF(OFF(rank)),
+    KP_RPCVERB_RUN_DEF,
+    KP_RPCVERB_RANK_DEF,
     { "group-by", KP_CONFIG_ENUM, "name", 0, 0, OFF(group_by),
       "name: one row per operator; shapes: per operator and input shapes", group_bys, false },
     { "top", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(top), "only the first N rows (0: all)", NULL,
@@ -77,21 +74,6 @@ static const struct kp_table_col ops_cols[N_COLS] = {
     [COL_TC_TOTAL_RATIO] = { "tc_total_ratio", KP_TABLE_NUMERIC },
 };
 
-static const struct kp_rpcverb_spec ops_spec = {
-    .name = "ops",
-    .synopsis =
-        "kprofctl ops --run R [--rank N] [--group-by name|shapes] [--top N] [--json|--csv]\n"
-        "             [-c COLS] [-w WIDTH]\n"
-        "  The operator view of one rank (Analyzer.Ops): calls, host and device self and\n"
-        "  total time in µs, Tensor Core eligibility and ratios.\n",
-    .exit_ok = "shown",
-    .defs = ops_defs,
-    .n_defs = N_DEFS,
-    .cols = ops_cols,
-    .n_cols = N_COLS,
-    .analyzer = true,
-};
-
 static double ratio(int64_t num, int64_t den)
 {
     return den ? (double) num / (double) den : 0.0;
@@ -119,64 +101,61 @@ static int add_op(const struct kp_rpcverb *v, struct kp_table *t, const Kprof__V
     return rc;
 }
 
+static int ops_request(struct kp_rpcverb *v, ProtobufCMessage *msg)
+{
+    const struct ops_config *cfg = v->cfg;
+
+    ((Kprof__V1__OpsRequest *) msg)->group_by =
+        cfg->group_by == 1 ? KPROF__V1__OPS_GROUP_BY__OPS_GROUP_BY_NAME_AND_SHAPES
+                           : KPROF__V1__OPS_GROUP_BY__OPS_GROUP_BY_NAME;
+    return 0;
+}
+
+static int ops_rows(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *msg)
+{
+    const struct ops_config *cfg = v->cfg;
+    const Kprof__V1__OpsResponse *resp = (const Kprof__V1__OpsResponse *) msg;
+    size_t n = kp_rpcverb_top(resp->n_rows, cfg->top);
+    int r = 0;
+
+    /* Grouped by name, input_shape is left out unless -c names it. */
+    if (cfg->group_by == 0) {
+        kp_rpcverb_default_columns(
+            v, t,
+            "name,calls,host_self_us,host_total_us,device_self_us,device_total_us,"
+            "tc_eligible,tc_self_ratio,tc_total_ratio");
+    }
+    for (size_t i = 0; i < n && r == 0; i++) {
+        r = add_op(v, t, resp->rows[i]);
+    }
+    return r;
+}
+
+static const struct kp_rpcverb_spec ops_spec = {
+    .name = "ops",
+    .synopsis =
+        "kprofctl ops --run R [--rank N] [--group-by name|shapes] [--top N] [--json|--csv]\n"
+        "             [-c COLS] [-w WIDTH]\n"
+        "  The operator view of one rank (Analyzer.Ops): calls, host and device self and\n"
+        "  total time in µs, Tensor Core eligibility and ratios.\n",
+    .exit_ok = "shown",
+    .defs = ops_defs,
+    .n_defs = N_DEFS,
+    .cols = ops_cols,
+    .n_cols = N_COLS,
+    .analyzer = true,
+    .flags = KP_RPCVERB_F_RUN | KP_RPCVERB_F_RANK,
+    .method = "Ops",
+    .req_desc = &kprof__v1__ops_request__descriptor,
+    .resp_desc = &kprof__v1__ops_response__descriptor,
+    .request = ops_request,
+    .rows = ops_rows,
+};
+
 int kprofctl_ops(int argc, char **argv)
 {
     struct ops_config cfg;
-    struct kp_rpcverb v;
-    struct kp_table *t = NULL;
-    Kprof__V1__OpsRequest req = KPROF__V1__OPS_REQUEST__INIT;
-    Kprof__V1__OpsResponse *resp;
-    ProtobufCMessage *msg = NULL;
-    char err[1024];
-    size_t n;
-    int rc, r;
 
     memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &ops_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if (cfg.run == 0) {
-        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
-        goto out;
-    }
-    if ((rc = kp_rpcverb_table(&v, &t)) != 0) {
-        goto out;
-    }
-    if (cfg.group_by == 0 && (cfg.common.columns == NULL || cfg.common.columns[0] == '\0')) {
-        kp_table_select(t,
-                        "name,calls,host_self_us,host_total_us,device_self_us,device_total_us,"
-                        "tc_eligible,tc_self_ratio,tc_total_ratio",
-                        err, sizeof(err));
-    }
-    req.run_id = (uint64_t) cfg.run;
-    req.rank = (int32_t) cfg.rank;
-    req.group_by = cfg.group_by == 1 ? KPROF__V1__OPS_GROUP_BY__OPS_GROUP_BY_NAME_AND_SHAPES
-                                     : KPROF__V1__OPS_GROUP_BY__OPS_GROUP_BY_NAME;
-    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
-    if ((rc = kp_rpcverb_call(&v, "Ops", &req.base, &kprof__v1__ops_response__descriptor, &msg)) !=
-        0) {
-        goto out;
-    }
-    resp = (Kprof__V1__OpsResponse *) msg;
-    n = resp->n_rows;
-    if (cfg.top > 0 && (size_t) cfg.top < n) {
-        n = (size_t) cfg.top;
-    }
-    r = 0;
-    for (size_t i = 0; i < n && r == 0; i++) {
-        r = add_op(&v, t, resp->rows[i]);
-    }
-    if (r != 0) {
-        kp_rpcverb_error(&v, "%s", kp_strerror(r));
-        rc = KPROFCTL_EXIT_FAILED;
-        goto out;
-    }
-    rc = kp_rpcverb_print(&v, t, stdout);
-out:
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_table_destroy(t);
-    kp_rpcverb_fini(&v);
-    return rc;
+    return kp_rpcverb_main(&ops_spec, &cfg, argc, argv);
 }

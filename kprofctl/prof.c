@@ -30,15 +30,14 @@
 
 struct prof_config {
     struct kp_rpcverb_common common; /* first: the common rows' offsets */
-    long long run;
-    long long rank;
+    enum kp_prof_col cols[64];       /* -c, parsed */
+    int ncols;
 };
 
 #define OFF(f) offsetof(struct prof_config, f)
 static const struct kp_config_def prof_defs[] = {
-    { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
-      false },
-    KP_RPCVERB_RANK_DEF(OFF(rank)),
+    KP_RPCVERB_RUN_DEF,
+    KP_RPCVERB_RANK_DEF,
 };
 #undef OFF
 
@@ -51,27 +50,6 @@ static const struct kp_table_col prof_cols[KP_PROF_COL_COUNT] = {
     { "sil", KP_TABLE_NUMERIC },    { "tc", KP_TABLE_TEXT },       { "device", KP_TABLE_NUMERIC },
     { "stream", KP_TABLE_NUMERIC }, { "grid", KP_TABLE_TEXT },     { "block", KP_TABLE_TEXT },
     { "flops", KP_TABLE_NUMERIC },  { "bytes", KP_TABLE_NUMERIC },
-};
-
-static const struct kp_rpcverb_spec prof_spec = {
-    .name = "prof",
-    .synopsis = "kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]\n"
-                "  PyProf's per-kernel table of one rank (Analyzer.Prof), one row per kernel in\n"
-                "  launch order; -c picks PyProf's columns (default " KP_PROF_DEFAULT_COLUMNS ")\n"
-                "  and -w cuts text cells (default: none). Sil is in µs (JSON: exact sil_ns).\n"
-                "  The same output as kprof-analyze prof.\n",
-    .exit_ok = "shown",
-    .json_help = "print {\"run\", \"rank\", \"columns\", \"rows\": [{column: value}]}",
-    .defs = prof_defs,
-    .n_defs = sizeof(prof_defs) / sizeof(prof_defs[0]),
-    .cols = prof_cols,
-    .n_cols = KP_PROF_COL_COUNT,
-    .analyzer = true,
-};
-
-struct prof_rows {
-    struct kp_prof_row *rows;
-    size_t n_rows;
 };
 
 static void copy_str(char *dst, size_t len, const char *src)
@@ -111,65 +89,76 @@ static void from_reply(const Kprof__V1__ProfResponse *resp, struct kp_prof_row *
     }
 }
 
+/* -c as PyProf's columns, and -w. */
+static int prof_check(struct kp_rpcverb *v)
+{
+    struct prof_config *cfg = v->cfg;
+    const char *cols = cfg->common.columns;
+    char err[512];
+
+    cfg->ncols =
+        kp_prof_parse_columns(cols != NULL && cols[0] != '\0' ? cols : KP_PROF_DEFAULT_COLUMNS,
+                              cfg->cols, 64, err, sizeof(err));
+    if (cfg->ncols < 0) {
+        return kp_rpcverb_usage_error(v, "%s", err);
+    }
+    if (cfg->common.width != 0 && cfg->common.width < 20) {
+        return kp_rpcverb_usage_error(v, "-w takes a width of 20 or more");
+    }
+    return KP_RPCVERB_RUN;
+}
+
+/* The reply's rows through pyprof.c's writer. */
+static int prof_print(struct kp_rpcverb *v, const struct kp_table *t, const ProtobufCMessage *msg)
+{
+    const struct prof_config *cfg = v->cfg;
+    const Kprof__V1__ProfResponse *resp = (const Kprof__V1__ProfResponse *) msg;
+    struct kp_prof_row *rows = calloc(resp->n_rows ? resp->n_rows : 1, sizeof(*rows));
+    int rc;
+
+    (void) t;
+    if (rows == NULL) {
+        kp_rpcverb_error(v, "out of memory");
+        return KPROFCTL_EXIT_FAILED;
+    }
+    from_reply(resp, rows);
+    kp_prof_write_rows(stdout, rows, resp->n_rows, cfg->common.run, resp->rank, cfg->cols,
+                       cfg->ncols,
+                       v->format == KP_TABLE_FORMAT_JSON  ? KP_PROF_JSON
+                       : v->format == KP_TABLE_FORMAT_CSV ? KP_PROF_CSV
+                                                          : KP_PROF_TEXT,
+                       cfg->common.width > 0 ? (int) cfg->common.width : KP_PROF_DEFAULT_WIDTH);
+    rc = fflush(stdout) == 0 && !ferror(stdout) ? KPROFCTL_EXIT_OK : KPROFCTL_EXIT_FAILED;
+    free(rows);
+    return rc;
+}
+
+static const struct kp_rpcverb_spec prof_spec = {
+    .name = "prof",
+    .synopsis = "kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]\n"
+                "  PyProf's per-kernel table of one rank (Analyzer.Prof), one row per kernel in\n"
+                "  launch order; -c picks PyProf's columns (default " KP_PROF_DEFAULT_COLUMNS ")\n"
+                "  and -w cuts text cells (default: none). Sil is in µs (JSON: exact sil_ns).\n"
+                "  The same output as kprof-analyze prof.\n",
+    .exit_ok = "shown",
+    .json_help = "print {\"run\", \"rank\", \"columns\", \"rows\": [{column: value}]}",
+    .defs = prof_defs,
+    .n_defs = sizeof(prof_defs) / sizeof(prof_defs[0]),
+    .cols = prof_cols,
+    .n_cols = KP_PROF_COL_COUNT,
+    .analyzer = true,
+    .flags = KP_RPCVERB_F_RUN | KP_RPCVERB_F_RANK,
+    .method = "Prof",
+    .req_desc = &kprof__v1__prof_request__descriptor,
+    .resp_desc = &kprof__v1__prof_response__descriptor,
+    .check = prof_check,
+    .print = prof_print,
+};
+
 int kprofctl_prof(int argc, char **argv)
 {
     struct prof_config cfg;
-    struct kp_rpcverb v;
-    Kprof__V1__ProfRequest req = KPROF__V1__PROF_REQUEST__INIT;
-    Kprof__V1__ProfResponse *resp;
-    ProtobufCMessage *msg = NULL;
-    struct prof_rows pr = { NULL, 0 };
-    enum kp_prof_col cols[64];
-    char err[512];
-    int ncols, rc;
 
     memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &prof_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if (cfg.run == 0) {
-        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
-        goto out;
-    }
-    ncols = kp_prof_parse_columns(cfg.common.columns != NULL && cfg.common.columns[0] != '\0'
-                                      ? cfg.common.columns
-                                      : KP_PROF_DEFAULT_COLUMNS,
-                                  cols, 64, err, sizeof(err));
-    if (ncols < 0) {
-        rc = kp_rpcverb_usage_error(&v, "%s", err);
-        goto out;
-    }
-    if (cfg.common.width != 0 && cfg.common.width < 20) {
-        rc = kp_rpcverb_usage_error(&v, "-w takes a width of 20 or more");
-        goto out;
-    }
-    req.run_id = (uint64_t) cfg.run;
-    req.rank = (int32_t) cfg.rank;
-    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
-    if ((rc = kp_rpcverb_call(&v, "Prof", &req.base, &kprof__v1__prof_response__descriptor,
-                              &msg)) != 0) {
-        goto out;
-    }
-    resp = (Kprof__V1__ProfResponse *) msg;
-    pr.rows = calloc(resp->n_rows ? resp->n_rows : 1, sizeof(*pr.rows));
-    if (pr.rows == NULL) {
-        kp_rpcverb_error(&v, "out of memory");
-        rc = KPROFCTL_EXIT_FAILED;
-        goto out;
-    }
-    pr.n_rows = resp->n_rows;
-    from_reply(resp, pr.rows);
-    kp_prof_write_rows(stdout, pr.rows, pr.n_rows, cfg.run, resp->rank, cols, ncols,
-                       v.format == KP_TABLE_FORMAT_JSON  ? KP_PROF_JSON
-                       : v.format == KP_TABLE_FORMAT_CSV ? KP_PROF_CSV
-                                                         : KP_PROF_TEXT,
-                       cfg.common.width > 0 ? (int) cfg.common.width : KP_PROF_DEFAULT_WIDTH);
-    rc = fflush(stdout) == 0 && !ferror(stdout) ? KPROFCTL_EXIT_OK : KPROFCTL_EXIT_FAILED;
-out:
-    free(pr.rows);
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_rpcverb_fini(&v);
-    return rc;
+    return kp_rpcverb_main(&prof_spec, &cfg, argc, argv);
 }

@@ -28,8 +28,6 @@
 
 struct roofline_config {
     struct kp_rpcverb_common common; /* first: the common rows' offsets */
-    long long run;
-    long long rank;
     int by;
     long long top;
 };
@@ -38,9 +36,8 @@ static const char *const bys[] = { "kernel", "op", NULL };
 
 #define OFF(f) offsetof(struct roofline_config, f)
 static const struct kp_config_def roofline_defs[] = {
-    { "run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(run), "the run (required; kprofctl runs)", NULL,
-      false },
-    KP_RPCVERB_RANK_DEF(OFF(rank)),
+    KP_RPCVERB_RUN_DEF,
+    KP_RPCVERB_RANK_DEF,
     { "by", KP_CONFIG_ENUM, "kernel", 0, 0, OFF(by),
       "kernel: one row per kernel name; op: one row per op and direction (fprop, bprop)", bys,
       false },
@@ -52,25 +49,6 @@ static const struct kp_config_def roofline_defs[] = {
 /* The CSV columns (fixed: -c does not apply). */
 static const struct kp_table_col roofline_cols[] = {
     { "name", KP_TABLE_TEXT },
-};
-
-static const struct kp_rpcverb_spec roofline_spec = {
-    .name = "roofline",
-    .synopsis =
-        "kprofctl roofline --run R [--rank N] [--by kernel|op] [--top N] [-w WIDTH] [--csv|--json]\n"
-        "  Achieved FLOP/s and bytes/s per kernel or op of one rank (Analyzer.Roofline),\n"
-        "  arithmetic intensity and the fraction of the device's peak compute (for each\n"
-        "  kernel's dtype and Tensor Core use) and memory bandwidth. Peaks come from the\n"
-        "  device's properties, else a built-in table of datasheet figures matched by the\n"
-        "  device's name; the output says which. The same output as kprof-analyze roofline.\n",
-    .exit_ok = "shown",
-    .json_help = "print {\"run\", \"rank\", \"by\", \"devices\": [...], \"rows\": [...]}",
-    .defs = roofline_defs,
-    .n_defs = sizeof(roofline_defs) / sizeof(roofline_defs[0]),
-    .cols = roofline_cols,
-    .n_cols = sizeof(roofline_cols) / sizeof(roofline_cols[0]),
-    .columns_help = "-c: does not apply: roofline prints fixed columns (exits 2)",
-    .analyzer = true,
 };
 
 static void copy_str(char *dst, size_t len, const char *src)
@@ -118,46 +96,38 @@ static void row_from(struct kp_rl_row *r, const Kprof__V1__RooflineRow *o)
     copy_str(r->above_peak, sizeof(r->above_peak), o->above_peak);
 }
 
-int kprofctl_roofline(int argc, char **argv)
+static int roofline_check(struct kp_rpcverb *v)
 {
-    struct roofline_config cfg;
-    struct kp_rpcverb v;
-    Kprof__V1__RooflineRequest req = KPROF__V1__ROOFLINE_REQUEST__INIT;
-    Kprof__V1__RooflineResponse *resp;
-    ProtobufCMessage *msg = NULL;
-    struct kp_rl_device *devs = NULL;
-    struct kp_rl_row *rows = NULL;
-    size_t nd;
-    int rc;
+    if (v->common->columns != NULL && v->common->columns[0] != '\0') {
+        return kp_rpcverb_usage_error(v, "-c does not apply: roofline prints fixed columns");
+    }
+    return KP_RPCVERB_RUN;
+}
 
-    memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &roofline_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if (cfg.run == 0) {
-        rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
-        goto out;
-    }
-    if (cfg.common.columns != NULL && cfg.common.columns[0] != '\0') {
-        rc = kp_rpcverb_usage_error(&v, "-c does not apply: roofline prints fixed columns");
-        goto out;
-    }
-    req.run_id = (uint64_t) cfg.run;
-    req.rank = (int32_t) cfg.rank;
-    req.group_by = cfg.by == 1 ? KPROF__V1__ROOFLINE_GROUP_BY__ROOFLINE_GROUP_BY_OP
-                               : KPROF__V1__ROOFLINE_GROUP_BY__ROOFLINE_GROUP_BY_KERNEL;
-    kp_rpcverb_set_subject(&v, cfg.run, cfg.rank);
-    if ((rc = kp_rpcverb_call(&v, "Roofline", &req.base, &kprof__v1__roofline_response__descriptor,
-                              &msg)) != 0) {
-        goto out;
-    }
-    resp = (Kprof__V1__RooflineResponse *) msg;
-    nd = resp->n_devices < KP_RL_MAX_DEVICES ? resp->n_devices : KP_RL_MAX_DEVICES;
-    devs = calloc(nd ? nd : 1, sizeof(*devs));
-    rows = calloc(resp->n_rows ? resp->n_rows : 1, sizeof(*rows));
+static int roofline_request(struct kp_rpcverb *v, ProtobufCMessage *msg)
+{
+    const struct roofline_config *cfg = v->cfg;
+
+    ((Kprof__V1__RooflineRequest *) msg)->group_by =
+        cfg->by == 1 ? KPROF__V1__ROOFLINE_GROUP_BY__ROOFLINE_GROUP_BY_OP
+                     : KPROF__V1__ROOFLINE_GROUP_BY__ROOFLINE_GROUP_BY_KERNEL;
+    return 0;
+}
+
+/* The reply's devices and rows through roofline.c's writer. */
+static int roofline_print(struct kp_rpcverb *v, const struct kp_table *t,
+                          const ProtobufCMessage *msg)
+{
+    const struct roofline_config *cfg = v->cfg;
+    const Kprof__V1__RooflineResponse *resp = (const Kprof__V1__RooflineResponse *) msg;
+    size_t nd = resp->n_devices < KP_RL_MAX_DEVICES ? resp->n_devices : KP_RL_MAX_DEVICES;
+    struct kp_rl_device *devs = calloc(nd ? nd : 1, sizeof(*devs));
+    struct kp_rl_row *rows = calloc(resp->n_rows ? resp->n_rows : 1, sizeof(*rows));
+    int rc = KPROFCTL_EXIT_FAILED;
+
+    (void) t;
     if (devs == NULL || rows == NULL) {
-        kp_rpcverb_error(&v, "out of memory");
-        rc = KPROFCTL_EXIT_FAILED;
+        kp_rpcverb_error(v, "out of memory");
         goto out;
     }
     for (size_t i = 0; i < nd; i++) {
@@ -166,19 +136,49 @@ int kprofctl_roofline(int argc, char **argv)
     for (size_t i = 0; i < resp->n_rows; i++) {
         row_from(&rows[i], resp->rows[i]);
     }
-    kp_rl_write_parts_width(stdout, cfg.by == 1 ? KP_RL_BY_OP : KP_RL_BY_KERNEL, devs, nd, rows,
-                            resp->n_rows, cfg.run, resp->rank,
-                            v.format == KP_TABLE_FORMAT_JSON  ? KP_RL_JSON
-                            : v.format == KP_TABLE_FORMAT_CSV ? KP_RL_CSV
-                                                              : KP_RL_TEXT,
-                            (size_t) cfg.top, (int) cfg.common.width);
+    kp_rl_write_parts_width(stdout, cfg->by == 1 ? KP_RL_BY_OP : KP_RL_BY_KERNEL, devs, nd, rows,
+                            resp->n_rows, cfg->common.run, resp->rank,
+                            v->format == KP_TABLE_FORMAT_JSON  ? KP_RL_JSON
+                            : v->format == KP_TABLE_FORMAT_CSV ? KP_RL_CSV
+                                                               : KP_RL_TEXT,
+                            (size_t) cfg->top, (int) cfg->common.width);
     rc = fflush(stdout) == 0 && !ferror(stdout) ? KPROFCTL_EXIT_OK : KPROFCTL_EXIT_FAILED;
 out:
     free(devs);
     free(rows);
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_rpcverb_fini(&v);
     return rc;
+}
+
+static const struct kp_rpcverb_spec roofline_spec = {
+    .name = "roofline",
+    .synopsis =
+        "kprofctl roofline --run R [--rank N] [--by kernel|op] [--top N] [-w WIDTH] [--csv|--json]\n"
+        "  Achieved FLOP/s and bytes/s per kernel or op of one rank (Analyzer.Roofline),\n"
+        "  arithmetic intensity and the fraction of the device's peak compute (for each\n"
+        "  kernel's dtype and Tensor Core use) and memory bandwidth. Peaks come from the\n"
+        "  device's properties, else a built-in table of datasheet figures matched by the\n"
+        "  device's name; the output says which. The same output as kprof-analyze roofline.\n",
+    .exit_ok = "shown",
+    .json_help = "print {\"run\", \"rank\", \"by\", \"devices\": [...], \"rows\": [...]}",
+    .defs = roofline_defs,
+    .n_defs = sizeof(roofline_defs) / sizeof(roofline_defs[0]),
+    .cols = roofline_cols,
+    .n_cols = sizeof(roofline_cols) / sizeof(roofline_cols[0]),
+    .columns_help = "-c: does not apply: roofline prints fixed columns (exits 2)",
+    .analyzer = true,
+    .flags = KP_RPCVERB_F_RUN | KP_RPCVERB_F_RANK,
+    .method = "Roofline",
+    .req_desc = &kprof__v1__roofline_request__descriptor,
+    .resp_desc = &kprof__v1__roofline_response__descriptor,
+    .check = roofline_check,
+    .request = roofline_request,
+    .print = roofline_print,
+};
+
+int kprofctl_roofline(int argc, char **argv)
+{
+    struct roofline_config cfg;
+
+    memset(&cfg, 0, sizeof(cfg));
+    return kp_rpcverb_main(&roofline_spec, &cfg, argc, argv);
 }

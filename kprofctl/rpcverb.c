@@ -1,11 +1,12 @@
 /*
- * kp_rpcverb: the flags, call and table output shared by kprofctl's verbs over collectord's
- * Control service (rpcverb.h).
+ * kp_rpcverb: the verb framework, and the flags, call and table output shared by kprofctl's
+ * verbs over collectord's Control and kprof-analyzer's Analyzer services (rpcverb.h).
  */
 #include "rpcverb.h"
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -294,6 +295,110 @@ int kp_rpcverb_init(struct kp_rpcverb *v, const struct kp_rpcverb_spec *spec, vo
     return KP_RPCVERB_RUN;
 }
 
+/* Sets req's field name (a plain scalar of type) to x. Returns 0, or -EINVAL when req has no
+ * such field: a verb whose flags do not fit its request. */
+static int set_field(ProtobufCMessage *req, const char *name, ProtobufCType type, long long x)
+{
+    const ProtobufCFieldDescriptor *f =
+        protobuf_c_message_descriptor_get_field_by_name(req->descriptor, name);
+
+    if (f == NULL || f->type != type || f->label != PROTOBUF_C_LABEL_NONE) {
+        return -EINVAL;
+    }
+    if (type == PROTOBUF_C_TYPE_UINT64) {
+        *(uint64_t *) (void *) ((char *) req + f->offset) = (uint64_t) x;
+    }
+    else {
+        *(int32_t *) (void *) ((char *) req + f->offset) = (int32_t) x;
+    }
+    return 0;
+}
+
+/* The request: initialised, run_id and rank per the flags, then the verb's fields. Returns 0
+ * and *out (free), or the exit status. */
+static int build_request(struct kp_rpcverb *v, ProtobufCMessage **out)
+{
+    const struct kp_rpcverb_spec *spec = v->spec;
+    const struct kp_rpcverb_common *c = v->common;
+    ProtobufCMessage *req = malloc(spec->req_desc->sizeof_message);
+    int rc = 0;
+
+    *out = NULL;
+    if (req == NULL) {
+        kp_rpcverb_error(v, "out of memory");
+        return KPROFCTL_EXIT_FAILED;
+    }
+    protobuf_c_message_init(spec->req_desc, req);
+    if (spec->flags & KP_RPCVERB_F_RUN) {
+        rc = set_field(req, "run_id", PROTOBUF_C_TYPE_UINT64, c->run);
+        kp_rpcverb_set_subject(v, c->run, (spec->flags & KP_RPCVERB_F_RANK) ? c->rank : -1);
+    }
+    if (rc == 0 && (spec->flags & KP_RPCVERB_F_RANK)) {
+        rc = set_field(req, "rank", PROTOBUF_C_TYPE_INT32, c->rank);
+    }
+    if (rc != 0) {
+        kp_rpcverb_error(v, "%s has no run_id or rank to set", spec->req_desc->name);
+        free(req);
+        return KPROFCTL_EXIT_FAILED;
+    }
+    if (spec->request != NULL && (rc = spec->request(v, req)) != 0) {
+        free(req);
+        return rc;
+    }
+    *out = req;
+    return 0;
+}
+
+/* After kp_rpcverb_init: the rest of kp_rpcverb_main. */
+static int run_verb(struct kp_rpcverb *v)
+{
+    const struct kp_rpcverb_spec *spec = v->spec;
+    ProtobufCMessage *req = NULL, *resp = NULL;
+    struct kp_table *t = NULL;
+    int rc;
+
+    if ((spec->flags & KP_RPCVERB_F_RUN) && v->common->run == 0) {
+        return kp_rpcverb_usage_error(v, "--run is required (kprofctl runs lists the runs)");
+    }
+    if (spec->check != NULL && (rc = spec->check(v)) != KP_RPCVERB_RUN) {
+        return rc;
+    }
+    if (spec->rows != NULL && (rc = kp_rpcverb_table(v, &t)) != 0) {
+        return rc;
+    }
+    if ((rc = build_request(v, &req)) != 0 ||
+        (rc = kp_rpcverb_call(v, spec->method, req, spec->resp_desc, &resp)) != 0) {
+        goto out;
+    }
+    if (spec->rows != NULL && (rc = spec->rows(v, t, resp)) != 0) {
+        if (rc < 0) {
+            kp_rpcverb_error(v, "%s", kp_strerror(rc));
+            rc = KPROFCTL_EXIT_FAILED;
+        }
+        goto out;
+    }
+    rc = spec->print != NULL ? spec->print(v, t, resp) : kp_rpcverb_print(v, t, stdout);
+out:
+    if (resp != NULL) {
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    free(req);
+    kp_table_destroy(t);
+    return rc;
+}
+
+int kp_rpcverb_main(const struct kp_rpcverb_spec *spec, void *cfg, int argc, char **argv)
+{
+    struct kp_rpcverb v;
+    int rc = kp_rpcverb_init(&v, spec, cfg, argc, argv);
+
+    if (rc == KP_RPCVERB_RUN) {
+        rc = run_verb(&v);
+    }
+    kp_rpcverb_fini(&v);
+    return rc;
+}
+
 void kp_rpcverb_fini(struct kp_rpcverb *v)
 {
     if (v == NULL || v->spec == NULL) {
@@ -405,6 +510,20 @@ int kp_rpcverb_table(const struct kp_rpcverb *v, struct kp_table **out)
     }
     *out = t;
     return 0;
+}
+
+void kp_rpcverb_default_columns(const struct kp_rpcverb *v, struct kp_table *t, const char *list)
+{
+    char err[1024];
+
+    if (v->common->columns == NULL || v->common->columns[0] == '\0') {
+        kp_table_select(t, list, err, sizeof(err));
+    }
+}
+
+size_t kp_rpcverb_top(size_t n, long long top)
+{
+    return top > 0 && (size_t) top < n ? (size_t) top : n;
 }
 
 int kp_rpcverb_print(const struct kp_rpcverb *v, const struct kp_table *t, FILE *out)

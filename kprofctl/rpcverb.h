@@ -1,15 +1,22 @@
 /*
- * kp_rpcverb: what every kprofctl verb over a kprof gRPC service shares, so that runs, jobs,
- * start, stop and status (collectord's Control service) and breakdown, ops and kernels
- * (kprof-analyzer's Analyzer service, spec.analyzer) parse, call and print alike:
+ * kp_rpcverb: the verb framework of kprofctl. Every verb over a kprof gRPC service (runs, jobs,
+ * start, stop and status on collectord's Control service; breakdown, ops, kernels, prof,
+ * roofline, compare, counters, hta, memory, distributed and export on kprof-analyzer's Analyzer
+ * service, spec.analyzer) describes itself in one struct kp_rpcverb_spec and parses, calls and
+ * prints alike:
  *
  *   flags   --collector, --tls-ca (before the verb's own flags in --help), then --json,
  *           --csv, --columns (-c), --width (-w), --timeout and --log-level (after them), in
  *           one kp_config table built from the common rows and the verb's; --help adds the
  *           verb's synopsis above the flags and the exit statuses (kprofctl.h) below them.
- *   call    one blocking unary call to /kprof.v1.Control/<Method>; a failed status is printed
- *           with collectord's details and mapped to an exit status (kp_rpcverb_exit_code).
+ *   call    one blocking unary call to /kprof.v1.Control/<Method> (Analyzer/<Method>); a
+ *           failed status is printed with the server's details and mapped to an exit status
+ *           (kp_rpcverb_exit_code).
  *   output  the verb's table (table.h) with the -c selection, printed as text, CSV or JSON.
+ *
+ * kp_rpcverb_main runs a verb from its spec: parse, check, build the request, call, fill the
+ * table, print. The verb keeps only its own parts, in the spec's hooks. A verb whose call is
+ * not one unary call (export streams) uses the steps below it: kp_rpcverb_init, _call, _print.
  *
  * Messages go to stderr as "kprofctl VERB: ...". Not thread-safe.
  */
@@ -29,18 +36,33 @@
 #include "kprof.pb-c.h"
 #include "table.h"
 
-#define KP_RPCVERB_MAX_DEFS 48 /* common rows plus the verb's */
-#define KP_RPCVERB_RUN      (-1)
+#define KP_RPCVERB_MAX_DEFS 48   /* common rows plus the verb's */
+#define KP_RPCVERB_RUN      (-1) /* kp_rpcverb_init's and a check hook's "go on" */
 
-/* The --rank row of a per-rank analysis verb (field: offsetof its long long): by default -1,
+/* The --run row of an analysis verb, into kp_rpcverb_common.run (so at the same offset in
+ * the verb's config, which starts with it). */
+#define KP_RPCVERB_RUN_DEF                                                                \
+    {                                                                                     \
+        "run", KP_CONFIG_INT, "0", 0, INT32_MAX, offsetof(struct kp_rpcverb_common, run), \
+            "the run (required; kprofctl runs)", NULL, false                              \
+    }
+
+/* The --rank row of a per-rank analysis verb, into kp_rpcverb_common.rank: by default -1,
  * which asks kprof-analyzer for the run's only rank; a run with several ranks is then a usage
  * error (exit 2) whose message lists them. */
-#define KP_RPCVERB_RANK_DEF(field)                                                               \
+#define KP_RPCVERB_RANK_DEF                                                                      \
     {                                                                                            \
-        "rank", KP_CONFIG_INT, "-1", -1, INT32_MAX, (field),                                     \
+        "rank", KP_CONFIG_INT, "-1", -1, INT32_MAX, offsetof(struct kp_rpcverb_common, rank),    \
             "the rank (default -1: the run's only rank; a run with several needs --rank)", NULL, \
             false                                                                                \
     }
+
+/* struct kp_rpcverb_spec.flags. F_RUN: --run R (KP_RPCVERB_RUN_DEF) is required
+ * (kp_rpcverb_main exits 2 without it), it is the request's run_id, and a refused call names
+ * "run R". F_RANK, with F_RUN: --rank N (KP_RPCVERB_RANK_DEF) is the request's rank too, and
+ * a refused call names "run R rank N". */
+#define KP_RPCVERB_F_RUN  0x1u
+#define KP_RPCVERB_F_RANK 0x2u
 
 /* The common flags. A verb's config struct has this as its FIRST member, so that the common
  * rows' offsets are valid in it. */
@@ -53,7 +75,11 @@ struct kp_rpcverb_common {
     long long width;
     long long timeout_ms; /* one call's deadline */
     int log_level;
+    long long run;  /* --run, for the verbs whose rows point here (KP_RPCVERB_RUN_DEF) */
+    long long rank; /* --rank, likewise (KP_RPCVERB_RANK_DEF) */
 };
+
+struct kp_rpcverb;
 
 /* What a verb tells the module about itself; static, borrowed for the verb's run. */
 struct kp_rpcverb_spec {
@@ -71,6 +97,24 @@ struct kp_rpcverb_spec {
                                  help, and the verb checks -c itself (e.g. metric names) */
     bool analyzer; /* calls kprof-analyzer's Analyzer service: --analyzer (KPROF_ANALYZER,
                       default 127.0.0.1:7072) instead of --collector, and its exit statuses */
+
+    /* What kp_rpcverb_main does; every hook may be NULL. */
+    unsigned flags;                              /* KP_RPCVERB_F_* */
+    const char *method;                          /* the RPC ("ListRuns") */
+    const ProtobufCMessageDescriptor *req_desc;  /* its request */
+    const ProtobufCMessageDescriptor *resp_desc; /* its reply */
+    /* After the common checks (and --run's): the verb's own. Returns KP_RPCVERB_RUN to go on,
+     * or the exit status to return at once (status --watch does its own calls here). */
+    int (*check)(struct kp_rpcverb *v);
+    /* Fills req (initialised, run_id and rank set per flags); its fields may borrow from
+     * v->cfg, which outlives the call. Returns 0 or the exit status. */
+    int (*request)(struct kp_rpcverb *v, ProtobufCMessage *req);
+    /* Adds resp's rows to t (the verb's table, -c applied). Returns 0, a negative errno
+     * (kp_rpcverb_main prints it and exits 1) or the exit status after printing why. NULL: no
+     * table is made, and print gets t NULL. */
+    int (*rows)(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *resp);
+    /* Prints the result. Returns the exit status. NULL: kp_rpcverb_print(t) to stdout. */
+    int (*print)(struct kp_rpcverb *v, const struct kp_table *t, const ProtobufCMessage *resp);
 };
 
 /* One verb's run. Caller-owned (kp_rpcverb_init/fini). */
@@ -85,6 +129,14 @@ struct kp_rpcverb {
     struct kp_rpc_channel *ch;
     char subject[256]; /* what the call is about ("job ddp-42", "run 17"), named when refused */
 };
+
+/*
+ * Runs the verb spec describes: kp_rpcverb_init, then (--run required with F_RUN) spec->check,
+ * the table (when spec->rows), the request (run_id and rank per flags, then spec->request),
+ * kp_rpcverb_call, spec->rows and spec->print. cfg is the verb's config struct, zeroed by the
+ * caller, struct kp_rpcverb_common first. Returns the process exit status (kprofctl.h).
+ */
+int kp_rpcverb_main(const struct kp_rpcverb_spec *spec, void *cfg, int argc, char **argv);
 
 /*
  * Parses argv into cfg (the verb's config struct, zeroed by the caller, struct
@@ -150,6 +202,12 @@ int kp_rpcverb_exit_code(grpc_status_code code);
 /* Creates the verb's table with the -c selection applied. Returns 0 and *out
  * (kp_table_destroy), or 1 after printing why. */
 int kp_rpcverb_table(const struct kp_rpcverb *v, struct kp_table **out);
+
+/* Shows only list's columns ("name,calls") when -c was not given: a verb's narrower default. */
+void kp_rpcverb_default_columns(const struct kp_rpcverb *v, struct kp_table *t, const char *list);
+
+/* How many of n rows --top N shows: N when 0 < N < n, else n. */
+size_t kp_rpcverb_top(size_t n, long long top);
 
 /* Prints t to out in the chosen format and -w width. Returns 0, or 1 after printing why. */
 int kp_rpcverb_print(const struct kp_rpcverb *v, const struct kp_table *t, FILE *out);

@@ -101,6 +101,28 @@ static int add_run(struct kp_table *t, const Kprof__V1__Run *r)
     return rc;
 }
 
+static int runs_request(struct kp_rpcverb *v, ProtobufCMessage *msg)
+{
+    const struct runs_config *cfg = v->cfg;
+    Kprof__V1__ListRunsRequest *req = (Kprof__V1__ListRunsRequest *) msg;
+
+    req->job = cfg->job;
+    req->limit = (uint32_t) cfg->limit;
+    return 0;
+}
+
+static int runs_rows(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *msg)
+{
+    const Kprof__V1__ListRunsResponse *resp = (const Kprof__V1__ListRunsResponse *) msg;
+    int r = 0;
+
+    (void) v;
+    for (size_t i = 0; i < resp->n_runs && r == 0; i++) {
+        r = add_run(t, resp->runs[i]);
+    }
+    return r;
+}
+
 static const struct kp_rpcverb_spec runs_spec = {
     .name = "runs",
     .synopsis = "kprofctl runs [--job J] [--limit N] [--json|--csv] [-c COLS] [-w WIDTH]\n"
@@ -111,45 +133,17 @@ static const struct kp_rpcverb_spec runs_spec = {
     .n_defs = N_DEFS,
     .cols = runs_cols,
     .n_cols = N_COLS,
+    .method = "ListRuns",
+    .req_desc = &kprof__v1__list_runs_request__descriptor,
+    .resp_desc = &kprof__v1__list_runs_response__descriptor,
+    .request = runs_request,
+    .rows = runs_rows,
 };
 
 int kprofctl_runs(int argc, char **argv)
 {
     struct runs_config cfg;
-    struct kp_rpcverb v;
-    struct kp_table *t = NULL;
-    Kprof__V1__ListRunsRequest req = KPROF__V1__LIST_RUNS_REQUEST__INIT;
-    Kprof__V1__ListRunsResponse *resp = NULL;
-    ProtobufCMessage *msg = NULL;
-    int rc, r;
 
     memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &runs_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if ((rc = kp_rpcverb_table(&v, &t)) != 0) {
-        goto out;
-    }
-    req.job = cfg.job;
-    req.limit = (uint32_t) cfg.limit;
-    if ((rc = kp_rpcverb_call(&v, "ListRuns", &req.base, &kprof__v1__list_runs_response__descriptor,
-                              &msg)) != 0) {
-        goto out;
-    }
-    resp = (Kprof__V1__ListRunsResponse *) msg;
-    for (size_t i = 0; i < resp->n_runs; i++) {
-        if ((r = add_run(t, resp->runs[i])) != 0) {
-            kp_rpcverb_error(&v, "%s", kp_strerror(r));
-            rc = KPROFCTL_EXIT_FAILED;
-            goto out;
-        }
-    }
-    rc = kp_rpcverb_print(&v, t, stdout);
-out:
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_table_destroy(t);
-    kp_rpcverb_fini(&v);
-    return rc;
+    return kp_rpcverb_main(&runs_spec, &cfg, argc, argv);
 }

@@ -64,6 +64,9 @@ struct start_config {
     char *name;
     long long deadline_ms;
     bool wait;
+    uint32_t n_steps;                      /* --steps, parsed (0: not given) */
+    char *metric_names[START_MAX_METRICS]; /* --metrics, split in place */
+    size_t n_metrics;
 };
 
 #define OFF(f) offsetof(struct start_config, f)
@@ -93,27 +96,6 @@ static const struct kp_config_def start_defs[] = {
 };
 #undef OFF
 #define N_DEFS (sizeof(start_defs) / sizeof(start_defs[0]))
-
-static const struct kp_rpcverb_spec start_spec = {
-    .name = "start",
-    .synopsis =
-        "kprofctl start --job J [--ranks all|0,3-5] [--steps N | --duration 30s]\n"
-        "               [--activities kernel,memcpy,...] [--metrics m1,m2] [--name NAME]\n"
-        "               [--deadline 10m] [--wait] [--json]\n"
-        "  Starts a capture of job J (Control.StartCapture). Prints the run id on stdout\n"
-        "  (RUN=$(kprofctl start ...)) and a summary on stderr; --json prints the capture as a\n"
-        "  JSON object. --wait then waits for every rank to finish and prints the status table\n"
-        "  (as kprofctl status; --csv, -c, -w shape it) or, with --json, the final capture.\n",
-    .exit_ok = "started (with --wait: every rank done)",
-    .exit_failed = "failed: with --wait a rank FAILED; or collectord refused for another reason "
-                   "(e.g. UNIMPLEMENTED: --metrics)",
-    .interruptible = true,
-    .json_help = "print the capture as one JSON object (with --wait: once it is over)",
-    .defs = start_defs,
-    .n_defs = N_DEFS,
-    .cols = kp_capview_cols,
-    .n_cols = KP_CAPVIEW_N_COLS,
-};
 
 /* --steps as a number: 0 when not given. Returns 0 or 2 (message printed). */
 static int parse_steps(const struct kp_rpcverb *v, const char *s, uint32_t *out)
@@ -247,72 +229,103 @@ out:
     return rc;
 }
 
-int kprofctl_start(int argc, char **argv)
+/* The flags kp_config cannot check; --steps and --metrics parsed into cfg. */
+static int start_check(struct kp_rpcverb *v)
 {
-    struct start_config cfg;
-    struct kp_rpcverb v;
-    Kprof__V1__StartCaptureRequest req = KPROF__V1__START_CAPTURE_REQUEST__INIT;
-    Kprof__V1__Capture *cap = NULL;
-    ProtobufCMessage *msg = NULL;
-    char *metrics[START_MAX_METRICS];
-    char summary[1024];
-    size_t n_metrics = 0;
-    uint64_t run_id;
-    uint32_t steps = 0;
+    struct start_config *cfg = v->cfg;
     int rc;
 
-    memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &start_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
-        goto out;
+    if ((rc = check_flags(v, cfg)) != 0 || (rc = parse_steps(v, cfg->steps, &cfg->n_steps)) != 0 ||
+        (rc = split_metrics(v, cfg->metrics, cfg->metric_names, &cfg->n_metrics)) != 0) {
+        return rc;
     }
-    if ((rc = check_flags(&v, &cfg)) != 0 || (rc = parse_steps(&v, cfg.steps, &steps)) != 0 ||
-        (rc = split_metrics(&v, cfg.metrics, metrics, &n_metrics)) != 0) {
-        goto out;
-    }
-    req.job = cfg.job;
-    req.ranks = cfg.ranks;
-    req.steps = steps;
-    req.duration_ms = (uint64_t) cfg.duration_ms;
-    req.activities = cfg.activities;
-    req.n_metrics = n_metrics;
-    req.metrics = metrics;
-    req.name = cfg.name;
-    req.deadline_ms = (uint64_t) cfg.deadline_ms;
-    snprintf(v.subject, sizeof(v.subject), "job %s, ranks %s", cfg.job, cfg.ranks);
-    if ((rc = kp_rpcverb_call(&v, "StartCapture", &req.base, &kprof__v1__capture__descriptor,
-                              &msg)) != 0) {
-        goto out;
-    }
-    cap = (Kprof__V1__Capture *) msg;
+    return KP_RPCVERB_RUN;
+}
+
+static int start_request(struct kp_rpcverb *v, ProtobufCMessage *msg)
+{
+    struct start_config *cfg = v->cfg;
+    Kprof__V1__StartCaptureRequest *req = (Kprof__V1__StartCaptureRequest *) msg;
+
+    req->job = cfg->job;
+    req->ranks = cfg->ranks;
+    req->steps = cfg->n_steps;
+    req->duration_ms = (uint64_t) cfg->duration_ms;
+    req->activities = cfg->activities;
+    req->n_metrics = cfg->n_metrics;
+    req->metrics = cfg->metric_names;
+    req->name = cfg->name;
+    req->deadline_ms = (uint64_t) cfg->deadline_ms;
+    snprintf(v->subject, sizeof(v->subject), "job %s, ranks %s", cfg->job, cfg->ranks);
+    return 0;
+}
+
+/* The run id (or --json the capture), a summary on stderr; --wait then waits and prints. */
+static int start_print(struct kp_rpcverb *v, const struct kp_table *t, const ProtobufCMessage *msg)
+{
+    const struct start_config *cfg = v->cfg;
+    const Kprof__V1__Capture *cap = (const Kprof__V1__Capture *) msg;
+    char summary[1024];
+    uint64_t run_id;
+
+    (void) t;
     if (cap->run == NULL || cap->run->id == 0) {
-        kp_rpcverb_error(&v, "collectord at %s answered StartCapture without a run",
-                         cfg.common.collector);
-        rc = KPROFCTL_EXIT_FAILED;
-        goto out;
+        kp_rpcverb_error(v, "collectord at %s answered StartCapture without a run",
+                         cfg->common.collector);
+        return KPROFCTL_EXIT_FAILED;
     }
     run_id = cap->run->id;
     kp_capview_summary(cap, summary, sizeof(summary));
-    if (cfg.wait) {
+    if (cfg->wait) {
         fprintf(stderr, "%s; waiting for it to end (ctrl-c stops waiting, not the capture)\n",
                 summary);
-        rc = wait_and_print(&v, run_id);
-        goto out;
+        return wait_and_print(v, run_id);
     }
     fprintf(stderr, "%s; follow with kprofctl status --run %" PRIu64 " --watch\n", summary, run_id);
-    if (cfg.common.json) {
+    if (cfg->common.json) {
         if (kp_capview_write_json(cap, stdout) != 0) {
-            kp_rpcverb_error(&v, "writing the capture failed");
-            rc = KPROFCTL_EXIT_FAILED;
+            kp_rpcverb_error(v, "writing the capture failed");
+            return KPROFCTL_EXIT_FAILED;
         }
     }
     else if (printf("%" PRIu64 "\n", run_id) < 0 || fflush(stdout) != 0) {
-        kp_rpcverb_error(&v, "writing the run id failed");
-        rc = KPROFCTL_EXIT_FAILED;
+        kp_rpcverb_error(v, "writing the run id failed");
+        return KPROFCTL_EXIT_FAILED;
     }
-out:
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_rpcverb_fini(&v);
-    return rc;
+    return 0;
+}
+
+static const struct kp_rpcverb_spec start_spec = {
+    .name = "start",
+    .synopsis =
+        "kprofctl start --job J [--ranks all|0,3-5] [--steps N | --duration 30s]\n"
+        "               [--activities kernel,memcpy,...] [--metrics m1,m2] [--name NAME]\n"
+        "               [--deadline 10m] [--wait] [--json]\n"
+        "  Starts a capture of job J (Control.StartCapture). Prints the run id on stdout\n"
+        "  (RUN=$(kprofctl start ...)) and a summary on stderr; --json prints the capture as a\n"
+        "  JSON object. --wait then waits for every rank to finish and prints the status table\n"
+        "  (as kprofctl status; --csv, -c, -w shape it) or, with --json, the final capture.\n",
+    .exit_ok = "started (with --wait: every rank done)",
+    .exit_failed = "failed: with --wait a rank FAILED; or collectord refused for another reason "
+                   "(e.g. UNIMPLEMENTED: --metrics)",
+    .interruptible = true,
+    .json_help = "print the capture as one JSON object (with --wait: once it is over)",
+    .defs = start_defs,
+    .n_defs = N_DEFS,
+    .cols = kp_capview_cols,
+    .n_cols = KP_CAPVIEW_N_COLS,
+    .method = "StartCapture",
+    .req_desc = &kprof__v1__start_capture_request__descriptor,
+    .resp_desc = &kprof__v1__capture__descriptor,
+    .check = start_check,
+    .request = start_request,
+    .print = start_print,
+};
+
+int kprofctl_start(int argc, char **argv)
+{
+    struct start_config cfg;
+
+    memset(&cfg, 0, sizeof(cfg));
+    return kp_rpcverb_main(&start_spec, &cfg, argc, argv);
 }

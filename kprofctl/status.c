@@ -62,6 +62,76 @@ static const struct kp_config_def status_defs[] = {
 #undef OFF
 #define N_DEFS (sizeof(status_defs) / sizeof(status_defs[0]))
 
+/* --watch: polls until every capture shown is over. Returns the exit status. */
+static int status_watch(struct kp_rpcverb *v, const struct status_config *cfg)
+{
+    Kprof__V1__CaptureStatusResponse *last = NULL;
+    struct kp_capview_watch w;
+    char title[128];
+    int rc;
+
+    if (cfg->run > 0) {
+        snprintf(title, sizeof(title), "kprofctl status --run %lld", cfg->run);
+    }
+    else {
+        snprintf(title, sizeof(title), "kprofctl status");
+    }
+    memset(&w, 0, sizeof(w));
+    w.run_id = (uint64_t) cfg->run;
+    w.limit = (uint32_t) cfg->limit;
+    w.interval_ms = cfg->interval_ms;
+    w.show = true;
+    w.title = title;
+    if ((rc = kp_capview_watch(v, &w, &last)) == 0) {
+        kp_capview_report_failures(v, last);
+        rc = kp_capview_exit_status(last);
+    }
+    if (last != NULL) {
+        protobuf_c_message_free_unpacked(&last->base, NULL);
+    }
+    return rc;
+}
+
+/* Names the run when refused; --watch does its own calls here. */
+static int status_check(struct kp_rpcverb *v)
+{
+    const struct status_config *cfg = v->cfg;
+
+    if (cfg->run > 0) {
+        snprintf(v->subject, sizeof(v->subject), "run %lld", cfg->run);
+    }
+    return cfg->watch ? status_watch(v, cfg) : KP_RPCVERB_RUN;
+}
+
+static int status_request(struct kp_rpcverb *v, ProtobufCMessage *msg)
+{
+    const struct status_config *cfg = v->cfg;
+    Kprof__V1__CaptureStatusRequest *req = (Kprof__V1__CaptureStatusRequest *) msg;
+
+    req->run_id = (uint64_t) cfg->run;
+    req->limit = (uint32_t) cfg->limit;
+    return 0;
+}
+
+static int status_rows(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *msg)
+{
+    (void) v;
+    return kp_capview_add_response(t, (const Kprof__V1__CaptureStatusResponse *) msg);
+}
+
+/* The table; text says on stderr how to start a capture when there is none. */
+static int status_print(struct kp_rpcverb *v, const struct kp_table *t, const ProtobufCMessage *msg)
+{
+    const Kprof__V1__CaptureStatusResponse *resp = (const Kprof__V1__CaptureStatusResponse *) msg;
+    int rc = kp_rpcverb_print(v, t, stdout);
+
+    if (rc == 0 && resp->n_captures == 0 && v->format == KP_TABLE_FORMAT_TEXT) {
+        fprintf(stderr, "kprofctl status: no capture yet: start one with kprofctl start --job J "
+                        "(kprofctl jobs lists the jobs)\n");
+    }
+    return rc;
+}
+
 static const struct kp_rpcverb_spec status_spec = {
     .name = "status",
     .synopsis =
@@ -80,88 +150,19 @@ static const struct kp_rpcverb_spec status_spec = {
     .n_defs = N_DEFS,
     .cols = kp_capview_cols,
     .n_cols = KP_CAPVIEW_N_COLS,
+    .method = "CaptureStatus",
+    .req_desc = &kprof__v1__capture_status_request__descriptor,
+    .resp_desc = &kprof__v1__capture_status_response__descriptor,
+    .check = status_check,
+    .request = status_request,
+    .rows = status_rows,
+    .print = status_print,
 };
-
-/* One read, printed. Returns the exit status. */
-static int status_once(struct kp_rpcverb *v, const struct status_config *cfg)
-{
-    Kprof__V1__CaptureStatusRequest req = KPROF__V1__CAPTURE_STATUS_REQUEST__INIT;
-    Kprof__V1__CaptureStatusResponse *resp;
-    ProtobufCMessage *msg = NULL;
-    struct kp_table *t = NULL;
-    int rc, r;
-
-    if ((rc = kp_rpcverb_table(v, &t)) != 0) {
-        goto out;
-    }
-    req.run_id = (uint64_t) cfg->run;
-    req.limit = (uint32_t) cfg->limit;
-    if ((rc = kp_rpcverb_call(v, "CaptureStatus", &req.base,
-                              &kprof__v1__capture_status_response__descriptor, &msg)) != 0) {
-        goto out;
-    }
-    resp = (Kprof__V1__CaptureStatusResponse *) msg;
-    if ((r = kp_capview_add_response(t, resp)) != 0) {
-        kp_rpcverb_error(v, "%s", kp_strerror(r));
-        rc = KPROFCTL_EXIT_FAILED;
-        goto out;
-    }
-    if ((rc = kp_rpcverb_print(v, t, stdout)) != 0) {
-        goto out;
-    }
-    if (resp->n_captures == 0 && v->format == KP_TABLE_FORMAT_TEXT) {
-        fprintf(stderr, "kprofctl status: no capture yet: start one with kprofctl start --job J "
-                        "(kprofctl jobs lists the jobs)\n");
-    }
-out:
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_table_destroy(t);
-    return rc;
-}
 
 int kprofctl_status(int argc, char **argv)
 {
     struct status_config cfg;
-    struct kp_rpcverb v;
-    struct kp_capview_watch w;
-    Kprof__V1__CaptureStatusResponse *last = NULL;
-    char title[128];
-    int rc;
 
     memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &status_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if (cfg.run > 0) {
-        snprintf(v.subject, sizeof(v.subject), "run %lld", cfg.run);
-    }
-    if (!cfg.watch) {
-        rc = status_once(&v, &cfg);
-        goto out;
-    }
-    if (cfg.run > 0) {
-        snprintf(title, sizeof(title), "kprofctl status --run %lld", cfg.run);
-    }
-    else {
-        snprintf(title, sizeof(title), "kprofctl status");
-    }
-    memset(&w, 0, sizeof(w));
-    w.run_id = (uint64_t) cfg.run;
-    w.limit = (uint32_t) cfg.limit;
-    w.interval_ms = cfg.interval_ms;
-    w.show = true;
-    w.title = title;
-    if ((rc = kp_capview_watch(&v, &w, &last)) != 0) {
-        goto out;
-    }
-    kp_capview_report_failures(&v, last);
-    rc = kp_capview_exit_status(last);
-out:
-    if (last != NULL) {
-        protobuf_c_message_free_unpacked(&last->base, NULL);
-    }
-    kp_rpcverb_fini(&v);
-    return rc;
+    return kp_rpcverb_main(&status_spec, &cfg, argc, argv);
 }

@@ -45,6 +45,55 @@ static const struct kp_config_def stop_defs[] = {
 #undef OFF
 #define N_DEFS (sizeof(stop_defs) / sizeof(stop_defs[0]))
 
+static int stop_check(struct kp_rpcverb *v)
+{
+    const struct stop_config *cfg = v->cfg;
+
+    if ((cfg->run == 0) == (cfg->job[0] == '\0')) {
+        return kp_rpcverb_usage_error(v, cfg->run == 0 ? "which capture? give --run R or --job J"
+                                                       : "give --run R or --job J, not both");
+    }
+    return KP_RPCVERB_RUN;
+}
+
+static int stop_request(struct kp_rpcverb *v, ProtobufCMessage *msg)
+{
+    const struct stop_config *cfg = v->cfg;
+    Kprof__V1__StopCaptureRequest *req = (Kprof__V1__StopCaptureRequest *) msg;
+
+    req->run_id = (uint64_t) cfg->run;
+    req->job = cfg->job;
+    if (cfg->run > 0) {
+        snprintf(v->subject, sizeof(v->subject), "run %lld", cfg->run);
+    }
+    else {
+        snprintf(v->subject, sizeof(v->subject), "job %s", cfg->job);
+    }
+    return 0;
+}
+
+static int stop_rows(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *msg)
+{
+    (void) v;
+    return kp_capview_add_rows(t, (const Kprof__V1__Capture *) msg);
+}
+
+/* The table, and on stderr how to follow the ranks' flush. */
+static int stop_print(struct kp_rpcverb *v, const struct kp_table *t, const ProtobufCMessage *msg)
+{
+    const Kprof__V1__Capture *cap = (const Kprof__V1__Capture *) msg;
+    uint64_t run = cap->run != NULL ? cap->run->id : 0;
+    int rc = kp_rpcverb_print(v, t, stdout);
+
+    if (rc == 0) {
+        fprintf(stderr,
+                "run %" PRIu64 ": stop requested; ranks flush what they captured (follow with "
+                "kprofctl status --run %" PRIu64 " --watch)\n",
+                run, run);
+    }
+    return rc;
+}
+
 static const struct kp_rpcverb_spec stop_spec = {
     .name = "stop",
     .synopsis = "kprofctl stop (--run R | --job J) [--json|--csv] [-c COLS] [-w WIDTH]\n"
@@ -55,60 +104,19 @@ static const struct kp_rpcverb_spec stop_spec = {
     .n_defs = N_DEFS,
     .cols = kp_capview_cols,
     .n_cols = KP_CAPVIEW_N_COLS,
+    .method = "StopCapture",
+    .req_desc = &kprof__v1__stop_capture_request__descriptor,
+    .resp_desc = &kprof__v1__capture__descriptor,
+    .check = stop_check,
+    .request = stop_request,
+    .rows = stop_rows,
+    .print = stop_print,
 };
 
 int kprofctl_stop(int argc, char **argv)
 {
     struct stop_config cfg;
-    struct kp_rpcverb v;
-    struct kp_table *t = NULL;
-    Kprof__V1__StopCaptureRequest req = KPROF__V1__STOP_CAPTURE_REQUEST__INIT;
-    Kprof__V1__Capture *cap;
-    ProtobufCMessage *msg = NULL;
-    int rc, r;
 
     memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_rpcverb_init(&v, &stop_spec, &cfg, argc, argv)) != KP_RPCVERB_RUN) {
-        goto out;
-    }
-    if ((cfg.run == 0) == (cfg.job[0] == '\0')) {
-        rc = kp_rpcverb_usage_error(&v, cfg.run == 0 ? "which capture? give --run R or --job J"
-                                                     : "give --run R or --job J, not both");
-        goto out;
-    }
-    if ((rc = kp_rpcverb_table(&v, &t)) != 0) {
-        goto out;
-    }
-    req.run_id = (uint64_t) cfg.run;
-    req.job = cfg.job;
-    if (cfg.run > 0) {
-        snprintf(v.subject, sizeof(v.subject), "run %lld", cfg.run);
-    }
-    else {
-        snprintf(v.subject, sizeof(v.subject), "job %s", cfg.job);
-    }
-    if ((rc = kp_rpcverb_call(&v, "StopCapture", &req.base, &kprof__v1__capture__descriptor,
-                              &msg)) != 0) {
-        goto out;
-    }
-    cap = (Kprof__V1__Capture *) msg;
-    if ((r = kp_capview_add_rows(t, cap)) != 0) {
-        kp_rpcverb_error(&v, "%s", kp_strerror(r));
-        rc = KPROFCTL_EXIT_FAILED;
-        goto out;
-    }
-    if ((rc = kp_rpcverb_print(&v, t, stdout)) != 0) {
-        goto out;
-    }
-    fprintf(stderr,
-            "run %" PRIu64 ": stop requested; ranks flush what they captured (follow with "
-            "kprofctl status --run %" PRIu64 " --watch)\n",
-            cap->run != NULL ? cap->run->id : 0, cap->run != NULL ? cap->run->id : 0);
-out:
-    if (msg != NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-    }
-    kp_table_destroy(t);
-    kp_rpcverb_fini(&v);
-    return rc;
+    return kp_rpcverb_main(&stop_spec, &cfg, argc, argv);
 }

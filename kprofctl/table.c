@@ -20,6 +20,7 @@
 
 #include "kp_err.h"
 #include "kp_json.h"
+#include "kp_str.h"
 
 enum cell_type {
     CELL_NULL = 0,
@@ -272,26 +273,13 @@ int kp_table_select(struct kp_table *t, const char *list, char *errbuf, size_t e
         t->n_sel = t->n_cols;
         return 0;
     }
-    for (;;) {
-        const char *end = strchr(p, ',');
-        size_t len = end != NULL ? (size_t) (end - p) : strlen(p);
+    while (p != NULL) {
         size_t i;
         char name[128];
 
-        while (len > 0 && (*p == ' ' || *p == '\t')) {
-            p++;
-            len--;
-        }
-        while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t')) {
-            len--;
-        }
-        if (len >= sizeof(name)) {
-            len = sizeof(name) - 1;
-        }
-        memcpy(name, p, len);
-        name[len] = '\0';
+        p = kp_str_list_item(p, name, sizeof(name));
         for (i = 0; i < t->n_cols; i++) {
-            if (strlen(t->cols[i].name) == len && strncasecmp(t->cols[i].name, p, len) == 0) {
+            if (strcasecmp(t->cols[i].name, name) == 0) {
                 break;
             }
         }
@@ -304,10 +292,6 @@ int kp_table_select(struct kp_table *t, const char *list, char *errbuf, size_t e
             return -EINVAL;
         }
         sel[n++] = i;
-        if (end == NULL) {
-            break;
-        }
-        p = end + 1;
     }
     memcpy(t->sel, sel, n * sizeof(sel[0]));
     t->n_sel = n;

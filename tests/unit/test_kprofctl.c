@@ -7,7 +7,9 @@
  *    that answers canned messages and error statuses: output on stdout and stderr, exit
  *    statuses, start --wait and status --watch polling until a capture is over, SIGINT;
  *  - every verb exits 5 with the "is kprof-collectord running" hint when nothing listens,
- *    and 2 on bad flags.
+ *    and 2 on bad flags;
+ *  - kp_rpcverb_main's flags: --run required, run_id and rank set in the request and named
+ *    when it is refused (through an in-process Analyzer), a spec that does not fit exits 1.
  * Links kp_kprofctl_core (tests/CMakeLists.txt).
  */
 #define _GNU_SOURCE
@@ -1194,6 +1196,99 @@ static void test_counters(void **state)
     result_free(&r);
 }
 
+/* ---- kp_rpcverb_main: what the flags of a spec do ---- */
+
+static const struct kp_config_def main_defs[] = { KP_RPCVERB_RUN_DEF, KP_RPCVERB_RANK_DEF };
+static const struct kp_table_col main_cols[] = { { "x", KP_TABLE_TEXT } };
+static const struct kp_rpcverb_spec main_spec = {
+    .name = "t",
+    .synopsis = "kprofctl t --run R [--rank N]\n",
+    .defs = main_defs,
+    .n_defs = 2,
+    .cols = main_cols,
+    .n_cols = 1,
+    .analyzer = true,
+    .flags = KP_RPCVERB_F_RUN | KP_RPCVERB_F_RANK,
+    .method = "Breakdown",
+    .req_desc = &kprof__v1__breakdown_request__descriptor,
+    .resp_desc = &kprof__v1__breakdown_response__descriptor,
+};
+/* The same flags on a request that has no rank: a spec that does not fit. */
+static const struct kp_rpcverb_spec misfit_spec = {
+    .name = "t",
+    .synopsis = "kprofctl t --run R [--rank N]\n",
+    .defs = main_defs,
+    .n_defs = 2,
+    .cols = main_cols,
+    .n_cols = 1,
+    .analyzer = true,
+    .flags = KP_RPCVERB_F_RUN | KP_RPCVERB_F_RANK,
+    .method = "Distributed",
+    .req_desc = &kprof__v1__distributed_request__descriptor,
+    .resp_desc = &kprof__v1__distributed_response__descriptor,
+};
+static Kprof__V1__BreakdownRequest main_seen;
+
+/* The in-process Analyzer: keeps the request and refuses it as an unknown run. */
+static int main_local(const char *method, const ProtobufCMessage *req,
+                      const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
+                      struct kp_rpc_status *st)
+{
+    (void) resp_desc;
+    (void) resp;
+    assert_string_equal(method, "Breakdown");
+    assert_ptr_equal(req->descriptor, &kprof__v1__breakdown_request__descriptor);
+    main_seen = *(const Kprof__V1__BreakdownRequest *) req;
+    st->code = GRPC_STATUS_NOT_FOUND;
+    snprintf(st->details, sizeof(st->details), "no such run");
+    return -1;
+}
+
+static int run_main_spec(int argc, char **argv)
+{
+    struct kp_rpcverb_common cfg;
+
+    memset(&cfg, 0, sizeof(cfg));
+    return kp_rpcverb_main(&main_spec, &cfg, argc, argv);
+}
+
+static int run_misfit_spec(int argc, char **argv)
+{
+    struct kp_rpcverb_common cfg;
+
+    memset(&cfg, 0, sizeof(cfg));
+    return kp_rpcverb_main(&misfit_spec, &cfg, argc, argv);
+}
+
+static void test_main_flags(void **state)
+{
+    struct result r;
+
+    (void) state;
+    r = run_verb(run_main_spec, "t", "--rank", "2", NULL);
+    assert_int_equal(r.rc, KPROFCTL_EXIT_USAGE);
+    assert_string_equal(r.err, "kprofctl t: --run is required (kprofctl runs lists the runs) "
+                               "(see kprofctl t --help)\n");
+    result_free(&r);
+
+    kp_rpcverb_set_local(main_local, "kprof-analyze");
+    memset(&main_seen, 0, sizeof(main_seen));
+    r = run_verb(run_main_spec, "t", "--run", "7", "--rank", "2", NULL);
+    assert_int_equal(r.rc, KPROFCTL_EXIT_NOT_FOUND);
+    assert_int_equal(main_seen.run_id, 7);
+    assert_int_equal(main_seen.rank, 2);
+    assert_string_equal(r.out, "");
+    assert_string_equal(r.err, "kprofctl t: kprof-analyze refused Breakdown (run 7 rank 2): "
+                               "NOT_FOUND: no such run\n");
+    result_free(&r);
+
+    r = run_verb(run_misfit_spec, "t", "--run", "7", NULL);
+    assert_int_equal(r.rc, KPROFCTL_EXIT_FAILED);
+    assert_contains(r.err, "kprof.v1.DistributedRequest has no run_id or rank to set");
+    result_free(&r);
+    kp_rpcverb_set_local(NULL, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1217,6 +1312,7 @@ int main(void)
         cmocka_unit_test(test_usage),
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_counters),
+        cmocka_unit_test(test_main_flags),
     };
 
     /* The verbs read KPROF_<FLAG>: keep the caller's environment out. */

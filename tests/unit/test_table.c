@@ -1,6 +1,7 @@
 /*
  * Unit tests for kprofctl/table: text alignment (UTF-8 widths, -w cuts, numeric columns
- * right-aligned), CSV quoting, JSON escaping and types, column selection, the short flags.
+ * right-aligned), CSV quoting, JSON escaping and types, column selection (and kp_str_list_item,
+ * which it splits -c with), the short flags.
  * table.c is compiled in here (first, since it defines _GNU_SOURCE) because the unit tests
  * do not link kp_kprofctl_core.
  */
@@ -238,6 +239,27 @@ static void test_select(void **state)
     kp_table_destroy(t);
 }
 
+/* kp_str_list_item, which -c's parsing here and counters' share: blanks dropped, empty items
+ * kept, long items cut, NULL after the last. */
+static void test_list_item(void **state)
+{
+    const char *p = " id ,\tNote\t,,x";
+    char name[4];
+
+    (void) state;
+    p = kp_str_list_item(p, name, sizeof(name));
+    assert_string_equal(name, "id");
+    p = kp_str_list_item(p, name, sizeof(name));
+    assert_string_equal(name, "Not");
+    p = kp_str_list_item(p, name, sizeof(name));
+    assert_string_equal(name, "");
+    assert_string_equal(p, "x");
+    assert_null(kp_str_list_item(p, name, sizeof(name)));
+    assert_string_equal(name, "x");
+    assert_string_equal(kp_str_list_item("a,", name, sizeof(name)), "");
+    assert_string_equal(name, "a");
+}
+
 static void test_bad_calls(void **state)
 {
     struct kp_table *t = NULL;
@@ -265,7 +287,8 @@ int main(void)
         cmocka_unit_test(test_text_aligned), cmocka_unit_test(test_text_empty_and_header_wider),
         cmocka_unit_test(test_utf8_widths),  cmocka_unit_test(test_width_cuts_text_only),
         cmocka_unit_test(test_csv_quoting),  cmocka_unit_test(test_json_types_and_escapes),
-        cmocka_unit_test(test_select),       cmocka_unit_test(test_bad_calls),
+        cmocka_unit_test(test_select),       cmocka_unit_test(test_list_item),
+        cmocka_unit_test(test_bad_calls),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
