@@ -20,6 +20,7 @@
 #include "kp_log.h"
 #include "kp_pg.h"
 #include "kp_strbuf.h"
+#include "kp_workq.h"
 #include "kprof.pb-c.h"
 #include "store.h"
 
@@ -42,24 +43,17 @@ struct job {
     enum job_type type;
     struct kp_rpc_call *call; /* a reference */
     ProtobufCMessage *req;    /* owned */
-    struct job *next;
 };
 
 struct kp_control {
     struct kp_coord *coord; /* borrowed */
     bool recovered;         /* kp_coord_recover ran */
     char *conninfo;
-    PGconn *pg;
-    pthread_t thread;
-    bool started;
-    pthread_mutex_t mu;
-    pthread_cond_t cond;
-    struct job *head, *tail;
-    size_t queued;
-    bool stopping;
+    PGconn *pg; /* the worker's */
+    struct kp_workq *q;
     long long last_tick_ms;
     struct kp_complain pg_complain;
-    /* open runs without a producer (kp_control_set_open_run_timeout), under mu */
+    pthread_mutex_t mu; /* open runs without a producer (kp_control_set_open_run_timeout) */
     struct kp_ingest *ingest;
     long long open_run_timeout_ms;
     long long last_reap_ms;
@@ -333,53 +327,30 @@ static void tick(struct kp_control *c)
     reap_open_runs(c, c->pg != NULL && PQstatus(c->pg) == CONNECTION_OK ? c->pg : NULL, now);
 }
 
-static void *worker(void *arg)
+/* The queue's callbacks: c is the ud, the worker has no state of its own but c->pg. */
+static void run_cb(void *ud, void *state, void *item)
 {
-    struct kp_control *c = arg;
+    run_job(ud, item);
+    job_free(item);
+}
 
-    for (;;) {
-        struct job *j;
+static void cancel_cb(void *ud, void *item)
+{
+    struct job *j = item;
 
-        pthread_mutex_lock(&c->mu);
-        if (c->head == NULL && !c->stopping) {
-            struct timespec ts = kp_real_deadline(KP_CONTROL_TICK_MS);
+    kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, "collectord is shutting down");
+    job_free(j);
+}
 
-            pthread_cond_timedwait(&c->cond, &c->mu, &ts);
-        }
-        if (c->head == NULL) {
-            bool stop = c->stopping;
-
-            pthread_mutex_unlock(&c->mu);
-            if (stop) {
-                break;
-            }
-            tick(c);
-            continue;
-        }
-        j = c->head;
-        c->head = j->next;
-        if (c->head == NULL) {
-            c->tail = NULL;
-        }
-        c->queued--;
-        pthread_mutex_unlock(&c->mu);
-        if (c->stopping) {
-            kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, "collectord is shutting down");
-        }
-        else {
-            run_job(c, j);
-        }
-        job_free(j);
-        tick(c); /* a busy queue must not starve the deadlines */
-    }
-    return NULL;
+static void tick_cb(void *ud, void *state)
+{
+    tick(ud);
 }
 
 static void enqueue(struct kp_control *c, enum job_type type, struct kp_rpc_call *call,
                     ProtobufCMessage *req)
 {
     struct job *j = calloc(1, sizeof(*j));
-    bool full;
 
     if (j == NULL) {
         protobuf_c_message_free_unpacked(req, NULL);
@@ -390,21 +361,7 @@ static void enqueue(struct kp_control *c, enum job_type type, struct kp_rpc_call
     j->call = call;
     j->req = req;
     kp_rpc_call_ref(call);
-    pthread_mutex_lock(&c->mu);
-    full = c->queued >= KP_CONTROL_QUEUE_MAX || c->stopping;
-    if (!full) {
-        if (c->tail != NULL) {
-            c->tail->next = j;
-        }
-        else {
-            c->head = j;
-        }
-        c->tail = j;
-        c->queued++;
-        pthread_cond_signal(&c->cond);
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (full) {
+    if (kp_workq_submit(c->q, j) != 0) { /* full, or stopping */
         kp_log_warn("control queue full; rejecting method=%s peer=%s", kp_rpc_call_method(call),
                     kp_rpc_call_peer(call));
         kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED,
@@ -508,7 +465,12 @@ void kp_control_methods(struct kp_control *c, struct kp_rpc_method *out)
 int kp_control_create(const char *conninfo, struct kp_coord *coord, struct kp_control **out,
                       char *errbuf, size_t errlen)
 {
+    static const struct kp_workq_ops ops = { .run = run_cb, .cancel = cancel_cb, .tick = tick_cb };
+    struct kp_workq_opts qo = { .workers = 1,
+                                .queue_max = KP_CONTROL_QUEUE_MAX,
+                                .tick_ms = KP_CONTROL_TICK_MS };
     struct kp_control *c = calloc(1, sizeof(*c));
+    int rc;
 
     if (c == NULL || (c->conninfo = strdup(conninfo)) == NULL) {
         free(c);
@@ -517,13 +479,10 @@ int kp_control_create(const char *conninfo, struct kp_coord *coord, struct kp_co
     }
     c->coord = coord;
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cond, NULL);
-    if (pthread_create(&c->thread, NULL, worker, c) != 0) {
-        snprintf(errbuf, errlen, "cannot start the control worker");
+    if ((rc = kp_workq_create(&qo, &ops, c, &c->q, errbuf, errlen)) != 0) {
         kp_control_destroy(c);
-        return -EAGAIN;
+        return rc;
     }
-    c->started = true;
     *out = c;
     return 0;
 }
@@ -533,17 +492,10 @@ void kp_control_destroy(struct kp_control *c)
     if (c == NULL) {
         return;
     }
-    pthread_mutex_lock(&c->mu);
-    c->stopping = true;
-    pthread_cond_broadcast(&c->cond);
-    pthread_mutex_unlock(&c->mu);
-    if (c->started) {
-        pthread_join(c->thread, NULL);
-    }
+    kp_workq_destroy(c->q); /* what is queued is answered UNAVAILABLE */
     if (c->pg != NULL) {
         PQfinish(c->pg);
     }
-    pthread_cond_destroy(&c->cond);
     pthread_mutex_destroy(&c->mu);
     free(c->conninfo);
     free(c);
