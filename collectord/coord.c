@@ -1011,7 +1011,7 @@ out:
 /* Writes k's captures row (if first) and its ranks' rows, in one transaction. */
 static int persist(PGconn *pg, const struct cap *k, bool first, char *err, size_t len)
 {
-    char run[24], a[24], b[24], d[24], e[24], f[24], g[24], h[24], i8[24];
+    char run[24], a[24], b[24], d[24], e[24], f[24], g[24], h[24];
     int rc;
 
     snprintf(run, sizeof(run), "%" PRIu64, k->run_id);
@@ -1048,7 +1048,6 @@ static int persist(PGconn *pg, const struct cap *k, bool first, char *err, size_
         snprintf(f, sizeof(f), "%" PRIu64, q->dropped);
         snprintf(g, sizeof(g), "%" PRId64, q->first_step);
         snprintf(h, sizeof(h), "%" PRId64, q->last_step);
-        (void) i8;
         rc = kp_pg_query(pg,
                          "INSERT INTO capture_ranks (run_id, rank, state, host, pid, records, "
                          "dropped, first_step, last_step, reason) VALUES ($1, $2, $3, $4, $5, "

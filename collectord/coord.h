@@ -1,5 +1,5 @@
 /*
- * kp_coord: collectord's capture coordinator (issue #4). It knows every attached agent (the
+ * kp_coord: collectord's capture coordinator. It knows every attached agent (the
  * Control.Attach streams) and the processes each one hosts, starts captures across them,
  * tracks the state of every rank of every capture from the agents' reports, and decides
  * when a capture is over: when every rank is DONE or FAILED, or at its deadline (unfinished
