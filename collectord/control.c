@@ -125,26 +125,85 @@ static grpc_status_code status_of(int rc)
     }
 }
 
+/* CreateRun's checks before PostgreSQL. Returns true, or false with the reason in err. */
+static bool create_ok(const Kprof__V1__CreateRunRequest *r, char *err, size_t len)
+{
+    if (!text_ok(r->job, "job", true, err, len) || !text_ok(r->name, "name", false, err, len)) {
+        return false;
+    }
+    if (r->world_size == 0 || r->world_size > KP_STORE_MAX_WORLD_SIZE) {
+        snprintf(err, len, "world_size %u is out of range (1..%d)", r->world_size,
+                 KP_STORE_MAX_WORLD_SIZE);
+        return false;
+    }
+    return true;
+}
+
+/* The run requests (CreateRun, EndRun, DropRun) over the store: replies on success, else
+ * returns the store's code with the reason in err. */
+static int run_request(PGconn *pg, struct job *j, char *err, size_t len)
+{
+    Kprof__V1__Run run = KPROF__V1__RUN__INIT;
+    int rc;
+
+    if (j->type == JOB_CREATE) {
+        Kprof__V1__CreateRunRequest *r = (Kprof__V1__CreateRunRequest *) j->req;
+
+        rc = kp_store_create_run(pg, r->job, r->name, r->world_size, (int) r->source, &run, err,
+                                 len);
+        if (rc == 0) {
+            kp_log_info("run created run=%" PRIu64 " job=%s world_size=%u", run.id, r->job,
+                        r->world_size);
+        }
+    }
+    else if (j->type == JOB_END) {
+        Kprof__V1__EndRunRequest *r = (Kprof__V1__EndRunRequest *) j->req;
+
+        rc = kp_store_end_run(pg, r->run_id, r->failed, &run, err, len);
+        if (rc == 0) {
+            kp_log_info("run ended run=%" PRIu64 " failed=%d", run.id, (int) r->failed);
+        }
+    }
+    else {
+        Kprof__V1__DropRunRequest *r = (Kprof__V1__DropRunRequest *) j->req;
+
+        rc = kp_store_drop_run(pg, r->run_id, &run, err, len);
+        if (rc == 0) {
+            kp_log_info("run dropped run=%" PRIu64 " job=%s batches=%" PRIu64 " peer=%s", run.id,
+                        run.job, run.batches, kp_rpc_call_peer(j->call));
+        }
+    }
+    if (rc == 0) {
+        kp_rpc_call_reply(j->call, &run.base);
+    }
+    kp_store_run_fini(&run);
+    return rc;
+}
+
+/* ListRuns: replies on success, else returns the store's code with the reason in err. */
+static int list_request(PGconn *pg, struct job *j, char *err, size_t len)
+{
+    Kprof__V1__ListRunsRequest *r = (Kprof__V1__ListRunsRequest *) j->req;
+    Kprof__V1__ListRunsResponse resp = KPROF__V1__LIST_RUNS_RESPONSE__INIT;
+    int rc = kp_store_list_runs(pg, r->job, r->limit, &resp, err, len);
+
+    if (rc == 0) {
+        kp_rpc_call_reply(j->call, &resp.base);
+    }
+    kp_store_list_fini(&resp);
+    return rc;
+}
+
 static void run_job(struct kp_control *c, struct job *j)
 {
     char err[512] = "";
     PGconn *pg;
     int rc;
 
-    if (j->type == JOB_CREATE) {
-        Kprof__V1__CreateRunRequest *r = (Kprof__V1__CreateRunRequest *) j->req;
-
-        if (!text_ok(r->job, "job", true, err, sizeof(err)) ||
-            !text_ok(r->name, "name", false, err, sizeof(err))) {
-            kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
-            return;
-        }
-        if (r->world_size == 0 || r->world_size > KP_STORE_MAX_WORLD_SIZE) {
-            snprintf(err, sizeof(err), "world_size %u is out of range (1..%d)", r->world_size,
-                     KP_STORE_MAX_WORLD_SIZE);
-            kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
-            return;
-        }
+    if (j->type == JOB_CREATE &&
+        !create_ok((Kprof__V1__CreateRunRequest *) j->req, err, sizeof(err))) {
+        kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
+        return;
     }
     if (j->type == JOB_START || j->type == JOB_STATUS) {
         pg = pg_get(c, err, sizeof(err)); /* NULL: the coordinator says what it can */
@@ -163,65 +222,13 @@ static void run_job(struct kp_control *c, struct job *j)
         kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, details);
         return;
     }
-    switch (j->type) {
-    case JOB_CREATE: {
-        Kprof__V1__CreateRunRequest *r = (Kprof__V1__CreateRunRequest *) j->req;
-        Kprof__V1__Run run = KPROF__V1__RUN__INIT;
-
-        rc = kp_store_create_run(pg, r->job, r->name, r->world_size, (int) r->source, &run, err,
-                                 sizeof(err));
-        if (rc == 0) {
-            kp_log_info("run created run=%" PRIu64 " job=%s world_size=%u", run.id, r->job,
-                        r->world_size);
-            kp_rpc_call_reply(j->call, &run.base);
-        }
-        kp_store_run_fini(&run);
-        break;
+    if (j->type == JOB_LIST &&
+        !text_ok(((Kprof__V1__ListRunsRequest *) j->req)->job, "job", false, err, sizeof(err))) {
+        kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
+        return;
     }
-    case JOB_END: {
-        Kprof__V1__EndRunRequest *r = (Kprof__V1__EndRunRequest *) j->req;
-        Kprof__V1__Run run = KPROF__V1__RUN__INIT;
-
-        rc = kp_store_end_run(pg, r->run_id, r->failed, &run, err, sizeof(err));
-        if (rc == 0) {
-            kp_log_info("run ended run=%" PRIu64 " failed=%d", run.id, (int) r->failed);
-            kp_rpc_call_reply(j->call, &run.base);
-        }
-        kp_store_run_fini(&run);
-        break;
-    }
-    case JOB_LIST: {
-        Kprof__V1__ListRunsRequest *r = (Kprof__V1__ListRunsRequest *) j->req;
-        Kprof__V1__ListRunsResponse resp = KPROF__V1__LIST_RUNS_RESPONSE__INIT;
-
-        if (!text_ok(r->job, "job", false, err, sizeof(err))) {
-            kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
-            return;
-        }
-        rc = kp_store_list_runs(pg, r->job, r->limit, &resp, err, sizeof(err));
-        if (rc == 0) {
-            kp_rpc_call_reply(j->call, &resp.base);
-        }
-        kp_store_list_fini(&resp);
-        break;
-    }
-    case JOB_DROP: {
-        Kprof__V1__DropRunRequest *r = (Kprof__V1__DropRunRequest *) j->req;
-        Kprof__V1__Run run = KPROF__V1__RUN__INIT;
-
-        rc = kp_store_drop_run(pg, r->run_id, &run, err, sizeof(err));
-        if (rc == 0) {
-            kp_log_info("run dropped run=%" PRIu64 " job=%s batches=%" PRIu64 " peer=%s", run.id,
-                        run.job, run.batches, kp_rpc_call_peer(j->call));
-            kp_rpc_call_reply(j->call, &run.base);
-        }
-        kp_store_run_fini(&run);
-        break;
-    }
-    default:
-        rc = -EINVAL;
-        break;
-    }
+    rc = j->type == JOB_LIST ? list_request(pg, j, err, sizeof(err))
+                             : run_request(pg, j, err, sizeof(err));
     if (rc != 0) {
         if (rc != KP_ENOTFOUND && rc != KP_EPROTO && rc != -EINVAL && rc != -EBUSY) {
             kp_log_warn("control request failed method=%s err=\"%s\"", kp_rpc_call_method(j->call),
