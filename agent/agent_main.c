@@ -6,8 +6,6 @@
 #define KP_LOG_MODULE "agent"
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
