@@ -5,8 +5,6 @@
  * agent has no commands of its own.
  */
 #define KP_LOG_MODULE "agent"
-#include <pthread.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -15,6 +13,7 @@
 
 #include "agent.h"
 #include "kp_config.h"
+#include "kp_daemon.h"
 #include "kp_log.h"
 #include "kp_wire.h"
 
@@ -64,19 +63,9 @@ static const struct kp_config_def agent_config[] = {
 };
 #undef OFF
 
-static void *signal_thread(void *arg)
+static void stop_agent(void *ud)
 {
-    struct kp_agent *a = arg;
-    sigset_t set;
-    int sig;
-
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigwait(&set, &sig);
-    kp_log_info("stopping signal=%s", sig == SIGTERM ? "TERM" : "INT");
-    kp_agent_stop(a);
-    return NULL;
+    kp_agent_stop(ud);
 }
 
 static int run_daemon(int argc, char **argv)
@@ -85,8 +74,7 @@ static int run_daemon(int argc, char **argv)
     struct kp_agent *a = NULL;
     size_t n = sizeof(agent_config) / sizeof(agent_config[0]);
     char err[1024] = "";
-    sigset_t set;
-    pthread_t th;
+    struct kp_daemon_sigwatch *sw = NULL;
     int exit_rc, rc;
 
     memset(&cfg, 0, sizeof(cfg));
@@ -94,25 +82,20 @@ static int run_daemon(int argc, char **argv)
         return exit_rc;
     }
     kp_log_set_level((enum kp_log_level) cfg.log_level);
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    kp_daemon_signals_block();
     if ((rc = kp_agent_create(&cfg, &a, err, sizeof(err))) != 0) {
         kp_log_error("cannot start: %s", err);
         kp_config_fini(agent_config, n, &cfg);
         return 1;
     }
-    if (pthread_create(&th, NULL, signal_thread, a) != 0) {
+    if (kp_daemon_sigwatch_create(KP_LOG_MODULE, stop_agent, a, &sw) != 0) {
         kp_log_error("cannot start the signal thread");
         kp_agent_destroy(a);
         kp_config_fini(agent_config, n, &cfg);
         return 1;
     }
     rc = kp_agent_run(a);
-    pthread_kill(th, SIGTERM); /* if the loop ended on its own, end the signal thread too */
-    pthread_join(th, NULL);
+    kp_daemon_sigwatch_destroy(sw);
     kp_agent_destroy(a);
     kp_config_fini(agent_config, n, &cfg);
     kp_log_info("stopped");

@@ -6,7 +6,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +19,7 @@
 #include "kp_err.h"
 #include "kp_log.h"
 #include "kp_pg.h"
+#include "kp_workq.h"
 #include "kprof.pb-c.h"
 
 /* How long one chunk may wait for a client that does not read before the export gives up. */
@@ -28,10 +28,7 @@
 struct kp_export_svc {
     const char *conninfo;
     int max_active;
-    pthread_mutex_t mu;
-    pthread_cond_t idle;
-    int active;
-    bool stopping;
+    struct kp_workq *q; /* max_active workers, nothing waits (queue_max 0) */
     struct kp_rpc_method method;
 };
 
@@ -41,7 +38,7 @@ struct xcall {
     bool got_request;
 };
 
-/* One export's thread. */
+/* One export, run by a worker of svc->q. */
 struct xjob {
     struct kp_export_svc *svc;
     struct kp_rpc_call *call; /* referenced */
@@ -52,15 +49,9 @@ struct xjob {
 
 static void job_done(struct xjob *j)
 {
-    struct kp_export_svc *svc = j->svc;
-
     kp_rpc_call_unref(j->call);
     protobuf_c_message_free_unpacked(&j->req->base, NULL);
     free(j);
-    pthread_mutex_lock(&svc->mu);
-    svc->active--;
-    pthread_cond_broadcast(&svc->idle);
-    pthread_mutex_unlock(&svc->mu);
 }
 
 /* Sends one chunk once the previous one has reached the transport (one in flight). */
@@ -121,9 +112,10 @@ static grpc_status_code status_of(int rc, PGconn *pg)
     return rc == -ENOMEM ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INTERNAL;
 }
 
-static void *export_main(void *arg)
+/* The queue's run callback: one export, with a connection of its own. */
+static void export_run(void *ud, void *state, void *item)
 {
-    struct xjob *j = arg;
+    struct xjob *j = item;
     const Kprof__V1__ExportRequest *r = j->req;
     struct kp_export *x = NULL;
     PGconn *pg = NULL;
@@ -189,7 +181,15 @@ out:
         PQfinish(pg);
     }
     job_done(j);
-    return NULL;
+}
+
+/* The queue's cancel callback: an export accepted as the analyzer began to stop. */
+static void export_cancel(void *ud, void *item)
+{
+    struct xjob *j = item;
+
+    kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, "kprof-analyzer is stopping");
+    job_done(j);
 }
 
 static void *on_open(struct kp_rpc_call *call, void *ud)
@@ -210,9 +210,7 @@ static enum kp_rpc_next on_message(struct kp_rpc_call *call, ProtobufCMessage *m
     Kprof__V1__ExportRequest *req = (Kprof__V1__ExportRequest *) msg;
     struct kp_export_svc *svc;
     struct xjob *j = NULL;
-    pthread_attr_t attr;
-    pthread_t th;
-    bool busy, stopping;
+    int rc;
 
     (void) wire_bytes;
     if (c == NULL) {
@@ -230,46 +228,26 @@ static enum kp_rpc_next on_message(struct kp_rpc_call *call, ProtobufCMessage *m
                            "all_ranks) and gzip_level 0..9");
         return KP_RPC_STOP;
     }
-    pthread_mutex_lock(&svc->mu);
-    stopping = svc->stopping;
-    busy = svc->active >= svc->max_active;
-    if (!stopping && !busy) {
-        svc->active++;
+    if ((j = calloc(1, sizeof(*j))) == NULL) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return KP_RPC_STOP;
     }
-    pthread_mutex_unlock(&svc->mu);
-    if (stopping || busy) {
+    j->svc = svc;
+    j->call = call;
+    j->req = req;
+    kp_rpc_call_ref(call);
+    if ((rc = kp_workq_submit(svc->q, j)) != 0) {
         char why[160];
 
         snprintf(why, sizeof(why),
-                 stopping ? "kprof-analyzer is stopping"
-                          : "%d exports are running already: retry when one has ended",
+                 rc == -ESHUTDOWN ? "kprof-analyzer is stopping"
+                                  : "%d exports are running already: retry when one has ended",
                  svc->max_active);
-        protobuf_c_message_free_unpacked(msg, NULL);
         kp_rpc_call_finish(
-            call, stopping ? GRPC_STATUS_UNAVAILABLE : GRPC_STATUS_RESOURCE_EXHAUSTED, why);
-        return KP_RPC_STOP;
-    }
-    if ((j = calloc(1, sizeof(*j))) != NULL) {
-        j->svc = svc;
-        j->call = call;
-        j->req = req;
-        kp_rpc_call_ref(call);
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&th, &attr, export_main, j) == 0) {
-            pthread_attr_destroy(&attr);
-            return KP_RPC_STOP;
-        }
-        pthread_attr_destroy(&attr);
-        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "cannot start the export");
+            call, rc == -ESHUTDOWN ? GRPC_STATUS_UNAVAILABLE : GRPC_STATUS_RESOURCE_EXHAUSTED, why);
         job_done(j); /* frees req */
-        return KP_RPC_STOP;
     }
-    protobuf_c_message_free_unpacked(msg, NULL);
-    pthread_mutex_lock(&svc->mu);
-    svc->active--;
-    pthread_mutex_unlock(&svc->mu);
-    kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     return KP_RPC_STOP;
 }
 
@@ -290,17 +268,25 @@ static void on_close(struct kp_rpc_call *call, bool cancelled, void *state)
     free(state);
 }
 
-struct kp_export_svc *kp_export_svc_create(const char *pg_conninfo, int max_active)
+int kp_export_svc_create(const char *pg_conninfo, int max_active, struct kp_export_svc **out,
+                         char *errbuf, size_t errlen)
 {
+    static const struct kp_workq_ops ops = { .run = export_run, .cancel = export_cancel };
     struct kp_export_svc *svc = calloc(1, sizeof(*svc));
+    struct kp_workq_opts qo = { .queue_max = 0 };
+    int rc;
 
     if (svc == NULL) {
-        return NULL;
+        snprintf(errbuf, errlen, "out of memory");
+        return -ENOMEM;
     }
     svc->conninfo = pg_conninfo;
     svc->max_active = max_active > 0 ? max_active : 1;
-    pthread_mutex_init(&svc->mu, NULL);
-    pthread_cond_init(&svc->idle, NULL);
+    qo.workers = (size_t) svc->max_active;
+    if ((rc = kp_workq_create(&qo, &ops, svc, &svc->q, errbuf, errlen)) != 0) {
+        free(svc);
+        return rc;
+    }
     svc->method = (struct kp_rpc_method){
         .path = "/kprof.v1.Analyzer/Export",
         .kind = KP_RPC_STREAM,
@@ -311,7 +297,8 @@ struct kp_export_svc *kp_export_svc_create(const char *pg_conninfo, int max_acti
         .on_close = on_close,
         .ud = svc,
     };
-    return svc;
+    *out = svc;
+    return 0;
 }
 
 const struct kp_rpc_method *kp_export_svc_method(struct kp_export_svc *svc)
@@ -324,13 +311,6 @@ void kp_export_svc_destroy(struct kp_export_svc *svc)
     if (svc == NULL) {
         return;
     }
-    pthread_mutex_lock(&svc->mu);
-    svc->stopping = true;
-    while (svc->active > 0) {
-        pthread_cond_wait(&svc->idle, &svc->mu);
-    }
-    pthread_mutex_unlock(&svc->mu);
-    pthread_cond_destroy(&svc->idle);
-    pthread_mutex_destroy(&svc->mu);
+    kp_workq_destroy(svc->q); /* waits for the running exports */
     free(svc);
 }

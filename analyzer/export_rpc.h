@@ -4,9 +4,10 @@
  * ExportChunks (at most KP_EXPORT_CHUNK bytes of data each), the last chunk of a rank with
  * end_of_rank and its figures, then OK.
  *
- * Threads: the gRPC thread only checks the call and starts a thread of the export's own (with
- * its own PostgreSQL connection), so a long export never holds up the analyzer's views. That
- * thread waits for each chunk to reach the transport before it builds the next (one chunk in
+ * Threads: the gRPC thread only checks the call and hands it to a pool of max_active workers
+ * (kp_workq.h, nothing queued: an export starts at once or is refused), each export with a
+ * PostgreSQL connection of its own, so a long export never holds up the analyzer's views. The
+ * worker waits for each chunk to reach the transport before it builds the next (one chunk in
  * flight): a slow client slows the export, never grows the analyzer's memory. At most
  * max_active exports run at once; past that a call is answered RESOURCE_EXHAUSTED.
  *
@@ -22,16 +23,17 @@
 
 struct kp_export_svc;
 
-/* Creates the service (pg_conninfo borrowed: it must outlive the object). Returns NULL when
- * out of memory. */
-struct kp_export_svc *kp_export_svc_create(const char *pg_conninfo, int max_active);
+/* Creates the service and starts its max_active workers (pg_conninfo borrowed: it must outlive
+ * the object). Returns 0 and *out, or -ENOMEM or -EAGAIN with a message in errbuf. */
+int kp_export_svc_create(const char *pg_conninfo, int max_active, struct kp_export_svc **out,
+                         char *errbuf, size_t errlen);
 
 /* The method to register with the gRPC server (borrowed from svc). */
 const struct kp_rpc_method *kp_export_svc_method(struct kp_export_svc *svc);
 
 /* Refuses new exports and waits for the running ones to end: call it after
- * kp_rpc_server_shutdown (which cancels their calls) and before kp_rpc_server_destroy (their
- * threads hold references on their calls). Frees svc. Accepts NULL. */
+ * kp_rpc_server_shutdown (which cancels their calls) and before kp_rpc_server_destroy (the
+ * exports hold references on their calls). Frees svc. Accepts NULL. */
 void kp_export_svc_destroy(struct kp_export_svc *svc);
 
 #endif

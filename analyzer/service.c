@@ -15,13 +15,14 @@
 #include "export_rpc.h"
 #include "kp_analyzer.h"
 #include "kp_clock.h"
+#include "kp_daemon.h"
 #include "kp_err.h"
 #include "kp_http.h"
 #include "kp_log.h"
 #include "kp_pg.h"
-#include "kp_ready.h"
 #include "kp_rpc.h"
 #include "kp_strbuf.h"
+#include "kp_workq.h"
 #include "kprof.pb-c.h"
 #include "view.h"
 
@@ -34,7 +35,6 @@ struct job {
     size_t view;              /* index into kp_views */
     struct kp_rpc_call *call; /* a reference */
     ProtobufCMessage *req;    /* owned */
-    struct job *next;
 };
 
 /* What a cached reply was computed from: the view and its key (view.h). */
@@ -52,10 +52,9 @@ struct cache_entry {
     struct cache_entry *prev, *next; /* most recently used first */
 };
 
+/* A worker's state (kp_workq): its PostgreSQL connection. */
 struct worker {
     struct kp_analyzer *a;
-    pthread_t thread;
-    bool started;
     PGconn *pg;
     struct kp_complain pg_complain;
 };
@@ -83,14 +82,9 @@ struct kp_analyzer {
     struct kp_export_svc *export_svc; /* Analyzer.Export (export_rpc.h) */
     struct kp_rpc_server *server;
     struct kp_http *http;
-    struct worker workers[KP_ANALYZER_MAX_WORKERS];
-    size_t n_workers;
+    struct kp_workq *q; /* the workers, each with a struct worker */
 
-    pthread_mutex_t mu; /* the queue */
-    pthread_cond_t cond;
-    struct job *head, *tail;
-    size_t queued;
-    bool stopping;
+    pthread_mutex_t mu; /* last_reject_log_ns */
     long long last_reject_log_ns;
 
     pthread_mutex_t cache_mu; /* the cache list and its byte count */
@@ -242,7 +236,7 @@ static PGconn *pg_get(struct worker *w, char *err, size_t len)
         PQfinish(w->pg);
         w->pg = NULL;
     }
-    if (kp_pg_connect(w->a->cfg.pg_conninfo, "kprof-analyzer", &w->pg, err, len) != 0) {
+    if (kp_pg_connect(w->a->cfg.base.pg_conninfo, "kprof-analyzer", &w->pg, err, len) != 0) {
         __atomic_store_n(&w->a->st.pg_ok, 0, __ATOMIC_RELAXED);
         kp_complain(&w->pg_complain, KP_LOG_ERROR, KP_LOG_MODULE,
                     "PostgreSQL unreachable for analyses err=\"%s\"", err);
@@ -339,51 +333,63 @@ static void run_job(struct worker *w, struct job *j)
     kp_an_destroy(an); /* last: a reply may point into the loaded rank */
 }
 
-static void *worker_main(void *arg)
+/* ---- the queue's callbacks (kp_workq) ---------------------------------------------------- */
+
+static int worker_init(void *ud, size_t index, void **state, char *err, size_t len)
 {
-    struct worker *w = arg;
-    struct kp_analyzer *a = w->a;
+    struct worker *w = calloc(1, sizeof(*w));
+
+    if (w == NULL) {
+        snprintf(err, len, "out of memory for analysis worker %zu", index);
+        return -ENOMEM;
+    }
+    w->a = ud;
+    *state = w;
+    return 0;
+}
+
+static void worker_fini(void *ud, void *state)
+{
+    struct worker *w = state;
+
+    if (w != NULL && w->pg != NULL) {
+        PQfinish(w->pg);
+    }
+    free(w);
+}
+
+/* Once when the worker starts (tick_ms 0): connect early, so /readyz tells whether PostgreSQL is
+ * there. */
+static void worker_tick(void *ud, void *state)
+{
+    struct worker *w = state;
     char err[512];
 
-    /* Connect early so /readyz tells whether PostgreSQL is there. */
-    pg_get(w, err, sizeof(err));
-    for (;;) {
-        struct job *j;
-        bool stop;
-
-        pthread_mutex_lock(&a->mu);
-        while (a->head == NULL && !a->stopping) {
-            pthread_cond_wait(&a->cond, &a->mu);
-        }
-        j = a->head;
-        if (j != NULL) {
-            a->head = j->next;
-            if (a->head == NULL) {
-                a->tail = NULL;
-            }
-            a->queued--;
-        }
-        stop = a->stopping;
-        pthread_mutex_unlock(&a->mu);
-        if (j == NULL) {
-            break;
-        }
-        if (stop) {
-            finish_error(a, j->call, GRPC_STATUS_UNAVAILABLE, "kprof-analyzer is shutting down");
-        }
-        else {
-            run_job(w, j);
-        }
-        job_free(j);
+    if (w->pg == NULL) {
+        pg_get(w, err, sizeof(err));
     }
-    return NULL;
+}
+
+static void worker_run(void *ud, void *state, void *item)
+{
+    run_job(state, item);
+    job_free(item);
+}
+
+static void worker_cancel(void *ud, void *item)
+{
+    struct job *j = item;
+
+    finish_error(ud, j->call, GRPC_STATUS_UNAVAILABLE, "kprof-analyzer is shutting down");
+    job_free(j);
 }
 
 static void enqueue(struct kp_analyzer *a, size_t v, struct kp_rpc_call *call,
                     ProtobufCMessage *req)
 {
     struct job *j = calloc(1, sizeof(*j));
-    bool full, log_it = false;
+    bool log_it = false;
+    long long now;
 
     INC(a->st.requests[v]);
     if (j == NULL) {
@@ -395,38 +401,24 @@ static void enqueue(struct kp_analyzer *a, size_t v, struct kp_rpc_call *call,
     j->call = call;
     j->req = req;
     kp_rpc_call_ref(call);
-    pthread_mutex_lock(&a->mu);
-    full = a->queued >= (size_t) a->cfg.queue_max || a->stopping;
-    if (!full) {
-        if (a->tail != NULL) {
-            a->tail->next = j;
-        }
-        else {
-            a->head = j;
-        }
-        a->tail = j;
-        a->queued++;
-        pthread_cond_signal(&a->cond);
+    if (kp_workq_submit(a->q, j) == 0) {
+        return;
     }
-    else {
-        long long now = kp_mono_ns();
-
-        if (now - a->last_reject_log_ns >= 1000000000LL) {
-            a->last_reject_log_ns = now;
-            log_it = true;
-        }
+    /* Full, or stopping. */
+    now = kp_mono_ns();
+    pthread_mutex_lock(&a->mu);
+    if (now - a->last_reject_log_ns >= 1000000000LL) {
+        a->last_reject_log_ns = now;
+        log_it = true;
     }
     pthread_mutex_unlock(&a->mu);
-    if (full) {
-        INC(a->st.rejected);
-        if (log_it) {
-            kp_log_warn("analysis queue full; rejecting method=%s peer=%s queue_max=%lld",
-                        kp_rpc_call_method(call), kp_rpc_call_peer(call), a->cfg.queue_max);
-        }
-        finish_error(a, call, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                     "too many analyses queued; retry later");
-        job_free(j);
+    INC(a->st.rejected);
+    if (log_it) {
+        kp_log_warn("analysis queue full; rejecting method=%s peer=%s queue_max=%lld",
+                    kp_rpc_call_method(call), kp_rpc_call_peer(call), a->cfg.queue_max);
     }
+    finish_error(a, call, GRPC_STATUS_RESOURCE_EXHAUSTED, "too many analyses queued; retry later");
+    job_free(j);
 }
 
 /* Every view's method: ud is the view's slot. */
@@ -464,9 +456,7 @@ static int metrics(void *ud, struct kp_strbuf *out)
     used = a->cache_used;
     entries = a->cache_entries;
     pthread_mutex_unlock(&a->cache_mu);
-    pthread_mutex_lock(&a->mu);
-    queued = a->queued;
-    pthread_mutex_unlock(&a->mu);
+    queued = a->q != NULL ? kp_workq_queued(a->q) : 0;
 #define METRIC(type, name, help, v)                                                          \
     kp_strbuf_appendf(out,                                                                   \
                       "# HELP kprof_analyzer_" name " " help "\n# TYPE kprof_analyzer_" name \
@@ -496,32 +486,29 @@ static int metrics(void *ud, struct kp_strbuf *out)
 
 /* ---- lifecycle -------------------------------------------------------------------------- */
 
-static int write_ready_file(const struct kp_analyzer *a, char *errbuf, size_t errlen)
-{
-    char grpc[32], http[32];
-    struct kp_ready_entry e[] = { { "grpc", grpc }, { "http", NULL } };
-
-    snprintf(grpc, sizeof(grpc), "127.0.0.1:%d", kp_analyzer_port(a));
-    if (a->http != NULL) {
-        snprintf(http, sizeof(http), "127.0.0.1:%d", kp_analyzer_http_port(a));
-        e[1].value = http;
-    }
-    return kp_ready_file_write(a->cfg.ready_file, e, 2, errbuf, errlen);
-}
-
 int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer **out, char *errbuf,
                        size_t errlen)
 {
     struct kp_analyzer *a = calloc(1, sizeof(*a));
     struct kp_rpc_server_opts sopts = {
-        .listen = cfg->listen,
-        .tls_cert_file = cfg->tls_cert != NULL && cfg->tls_cert[0] ? cfg->tls_cert : NULL,
-        .tls_key_file = cfg->tls_key != NULL && cfg->tls_key[0] ? cfg->tls_key : NULL,
+        .listen = cfg->base.listen,
+        .tls_cert_file =
+            cfg->base.tls_cert != NULL && cfg->base.tls_cert[0] ? cfg->base.tls_cert : NULL,
+        .tls_key_file =
+            cfg->base.tls_key != NULL && cfg->base.tls_key[0] ? cfg->base.tls_key : NULL,
         .name = "kprof-analyzer",
     };
     static const struct kp_http_handlers hh = { .healthz = healthz,
                                                 .readyz = readyz,
                                                 .metrics = metrics };
+    static const struct kp_workq_ops ops = { .init = worker_init,
+                                             .fini = worker_fini,
+                                             .run = worker_run,
+                                             .cancel = worker_cancel,
+                                             .tick = worker_tick };
+    char grpc[32];
+    struct kp_workq_opts qo = { .workers = (size_t) cfg->workers,
+                                .queue_max = (size_t) cfg->queue_max };
     int rc;
 
     if (a == NULL) {
@@ -530,7 +517,6 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
     }
     a->cfg = *cfg;
     pthread_mutex_init(&a->mu, NULL);
-    pthread_cond_init(&a->cond, NULL);
     pthread_mutex_init(&a->cache_mu, NULL);
     if (cfg->workers < 1 || cfg->workers > KP_ANALYZER_MAX_WORKERS || cfg->queue_max < 1) {
         snprintf(errbuf, errlen, "--workers must be 1..%d and --queue-max at least 1",
@@ -538,17 +524,8 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
         rc = -EINVAL;
         goto fail;
     }
-    for (long long i = 0; i < cfg->workers; i++) {
-        struct worker *w = &a->workers[i];
-
-        w->a = a;
-        if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
-            snprintf(errbuf, errlen, "cannot start analysis worker %lld", i);
-            rc = -EAGAIN;
-            goto fail;
-        }
-        w->started = true;
-        a->n_workers++;
+    if ((rc = kp_workq_create(&qo, &ops, a, &a->q, errbuf, errlen)) != 0) {
+        goto fail;
     }
     if (kp_n_views > KP_ANALYZER_MAX_VIEWS) {
         snprintf(errbuf, errlen, "too many views (%zu) for KP_ANALYZER_MAX_VIEWS", kp_n_views);
@@ -567,9 +544,8 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
         };
     }
     /* Methods that are not views go here, after the views: Export streams its reply. */
-    if ((a->export_svc = kp_export_svc_create(cfg->pg_conninfo, (int) cfg->workers)) == NULL) {
-        snprintf(errbuf, errlen, "out of memory");
-        rc = -ENOMEM;
+    if ((rc = kp_export_svc_create(cfg->base.pg_conninfo, (int) cfg->workers, &a->export_svc,
+                                   errbuf, errlen)) != 0) {
         goto fail;
     }
     a->methods[a->n_methods++] = *kp_export_svc_method(a->export_svc);
@@ -577,15 +553,17 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
         0) {
         goto fail;
     }
-    if (cfg->http_listen != NULL && cfg->http_listen[0] != '\0' &&
-        (rc = kp_http_create(cfg->http_listen, &hh, a, &a->http, errbuf, errlen)) != 0) {
+    if ((rc = kp_daemon_http_start(cfg->base.http_listen, &hh, a, &a->http, errbuf, errlen)) != 0) {
         goto fail;
     }
-    if ((rc = write_ready_file(a, errbuf, errlen)) != 0) {
+    snprintf(grpc, sizeof(grpc), "127.0.0.1:%d", kp_analyzer_port(a));
+    if ((rc = kp_daemon_ready_write(cfg->base.ready_file, "grpc", grpc, a->http, errbuf, errlen)) !=
+        0) {
         goto fail;
     }
-    kp_log_info("serving grpc=%s port=%d http_port=%d workers=%lld cache_bytes=%lld", cfg->listen,
-                kp_analyzer_port(a), kp_analyzer_http_port(a), cfg->workers, cfg->cache_bytes);
+    kp_log_info("serving grpc=%s port=%d http_port=%d workers=%lld cache_bytes=%lld",
+                cfg->base.listen, kp_analyzer_port(a), kp_analyzer_http_port(a), cfg->workers,
+                cfg->cache_bytes);
     *out = a;
     return 0;
 fail:
@@ -614,24 +592,12 @@ void kp_analyzer_destroy(struct kp_analyzer *a)
         kp_rpc_server_shutdown(a->server, a->cfg.shutdown_grace_ms);
     }
     kp_export_svc_destroy(a->export_svc); /* its calls are over: their threads end */
-    pthread_mutex_lock(&a->mu);
-    a->stopping = true;
-    pthread_cond_broadcast(&a->cond);
-    pthread_mutex_unlock(&a->mu);
-    for (size_t i = 0; i < a->n_workers; i++) {
-        if (a->workers[i].started) {
-            pthread_join(a->workers[i].thread, NULL);
-        }
-        if (a->workers[i].pg != NULL) {
-            PQfinish(a->workers[i].pg);
-        }
-    }
+    kp_workq_destroy(a->q);               /* queued requests are answered UNAVAILABLE */
     kp_rpc_server_destroy(a->server);
     while (a->lru_head != NULL) {
         cache_drop(a, a->lru_head);
     }
     pthread_mutex_destroy(&a->cache_mu);
-    pthread_cond_destroy(&a->cond);
     pthread_mutex_destroy(&a->mu);
     free(a);
 }

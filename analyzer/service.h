@@ -25,22 +25,18 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "kp_daemon.h"
+
 struct kp_analyzer;
 
 #define KP_ANALYZER_DEFAULT_LISTEN "127.0.0.1:7072"
 
 struct kp_analyzer_config {
-    char *listen;      /* gRPC address, e.g. "127.0.0.1:7072" */
-    char *http_listen; /* /healthz, /readyz, /metrics; "" disables */
-    char *pg_conninfo; /* libpq conninfo */
-    char *tls_cert;    /* PEM files; empty: plaintext */
-    char *tls_key;
-    int log_level;         /* index into error, warn, info, debug */
-    char *ready_file;      /* written with the bound addresses once serving */
-    long long workers;     /* worker threads, each with its own PostgreSQL connection */
-    long long queue_max;   /* requests waiting for a worker */
-    long long cache_bytes; /* packed replies kept; 0 disables the cache */
-    long long max_rows;    /* a rank with more rows is refused (RESOURCE_EXHAUSTED); 0: none */
+    struct kp_daemon_config base; /* listen, http_listen, pg_conninfo, TLS, log_level, ready_file */
+    long long workers;            /* worker threads, each with its own PostgreSQL connection */
+    long long queue_max;          /* requests waiting for a worker */
+    long long cache_bytes;        /* packed replies kept; 0 disables the cache */
+    long long max_rows; /* a rank with more rows is refused (RESOURCE_EXHAUSTED); 0: none */
     long long shutdown_grace_ms;
 };
 

@@ -11,10 +11,10 @@
 #include "coord.h"
 #include "ingest.h"
 #include "kp_codec.h"
+#include "kp_daemon.h"
 #include "kp_err.h"
 #include "kp_http.h"
 #include "kp_log.h"
-#include "kp_ready.h"
 #include "kp_rpc.h"
 #include "kp_strbuf.h"
 #include "sink_pg.h"
@@ -85,19 +85,6 @@ static int metrics(void *ud, struct kp_strbuf *out)
     return 0;
 }
 
-static int write_ready_file(const struct kp_collectord *d, char *errbuf, size_t errlen)
-{
-    char grpc[32], http[32];
-    struct kp_ready_entry e[] = { { "grpc", grpc }, { "http", NULL } };
-
-    snprintf(grpc, sizeof(grpc), "127.0.0.1:%d", kp_collectord_port(d));
-    if (d->http != NULL) {
-        snprintf(http, sizeof(http), "127.0.0.1:%d", kp_collectord_http_port(d));
-        e[1].value = http;
-    }
-    return kp_ready_file_write(d->cfg.ready_file, e, 2, errbuf, errlen);
-}
-
 int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_collectord **out,
                          char *errbuf, size_t errlen)
 {
@@ -108,20 +95,21 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
         .max_rows = KP_CODEC_DEFAULT_MAX_ROWS,
     };
     struct kp_sink_config scfg = {
-        .conninfo = cfg->pg_conninfo,
+        .conninfo = cfg->base.pg_conninfo,
         .queue_max_bytes = (size_t) cfg->queue_max_bytes,
         .flush_max_rows = (size_t) cfg->flush_max_rows,
         .flush_interval_ms = cfg->flush_interval_ms,
         .retry_max_ms = cfg->retry_max_ms,
     };
     struct kp_rpc_server_opts sopts = {
-        .listen = cfg->listen,
+        .listen = cfg->base.listen,
         .max_message_bytes = (size_t) cfg->max_message_bytes,
-        .tls_cert_file = cfg->tls_cert,
-        .tls_key_file = cfg->tls_key,
+        .tls_cert_file = cfg->base.tls_cert,
+        .tls_key_file = cfg->base.tls_key,
         .name = "kprof-collectord",
     };
     struct kp_http_handlers hh = { .healthz = healthz, .readyz = readyz, .metrics = metrics };
+    char grpc[32];
     int rc;
 
     if (d == NULL) {
@@ -147,7 +135,8 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
         snprintf(errbuf, errlen, "out of memory");
         goto fail;
     }
-    if ((rc = kp_control_create(cfg->pg_conninfo, d->coord, &d->control, errbuf, errlen)) != 0) {
+    if ((rc = kp_control_create(cfg->base.pg_conninfo, d->coord, &d->control, errbuf, errlen)) !=
+        0) {
         goto fail;
     }
     kp_control_set_open_run_timeout(d->control, d->ingest, cfg->open_run_timeout_ms);
@@ -157,14 +146,15 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
                                    errlen)) != 0) {
         goto fail;
     }
-    if (cfg->http_listen != NULL && cfg->http_listen[0] != '\0' &&
-        (rc = kp_http_create(cfg->http_listen, &hh, d, &d->http, errbuf, errlen)) != 0) {
+    if ((rc = kp_daemon_http_start(cfg->base.http_listen, &hh, d, &d->http, errbuf, errlen)) != 0) {
         goto fail;
     }
-    if ((rc = write_ready_file(d, errbuf, errlen)) != 0) {
+    snprintf(grpc, sizeof(grpc), "127.0.0.1:%d", kp_collectord_port(d));
+    if ((rc = kp_daemon_ready_write(cfg->base.ready_file, "grpc", grpc, d->http, errbuf, errlen)) !=
+        0) {
         goto fail;
     }
-    kp_log_info("serving grpc=%s port=%d http_port=%d", cfg->listen, kp_collectord_port(d),
+    kp_log_info("serving grpc=%s port=%d http_port=%d", cfg->base.listen, kp_collectord_port(d),
                 kp_collectord_http_port(d));
     *out = d;
     return 0;

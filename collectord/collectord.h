@@ -10,17 +10,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "kp_daemon.h"
+
 struct kp_collectord;
 
 struct kp_collectord_config {
-    char *listen;      /* gRPC address, e.g. "127.0.0.1:7070" */
-    char *http_listen; /* /healthz, /readyz, /metrics; "" disables */
-    char *pg_conninfo; /* libpq conninfo */
-    char *tls_cert;    /* PEM files; empty: plaintext */
-    char *tls_key;
-    int log_level;               /* index into error, warn, info, debug */
-    char *ready_file;            /* written with the bound addresses once serving */
-    long long max_message_bytes; /* largest Batch accepted on the wire */
+    struct kp_daemon_config base; /* listen, http_listen, pg_conninfo, TLS, log_level, ready_file */
+    long long max_message_bytes;  /* largest Batch accepted on the wire */
     long long max_name_bytes;
     long long queue_max_bytes;
     long long flush_max_rows;

@@ -20,6 +20,7 @@
 #include "kp_log.h"
 #include "kp_pg.h"
 #include "kp_strbuf.h"
+#include "kp_workq.h"
 #include "kprof.pb-c.h"
 #include "store.h"
 
@@ -42,24 +43,17 @@ struct job {
     enum job_type type;
     struct kp_rpc_call *call; /* a reference */
     ProtobufCMessage *req;    /* owned */
-    struct job *next;
 };
 
 struct kp_control {
     struct kp_coord *coord; /* borrowed */
     bool recovered;         /* kp_coord_recover ran */
     char *conninfo;
-    PGconn *pg;
-    pthread_t thread;
-    bool started;
-    pthread_mutex_t mu;
-    pthread_cond_t cond;
-    struct job *head, *tail;
-    size_t queued;
-    bool stopping;
+    PGconn *pg; /* the worker's */
+    struct kp_workq *q;
     long long last_tick_ms;
     struct kp_complain pg_complain;
-    /* open runs without a producer (kp_control_set_open_run_timeout), under mu */
+    pthread_mutex_t mu; /* open runs without a producer (kp_control_set_open_run_timeout) */
     struct kp_ingest *ingest;
     long long open_run_timeout_ms;
     long long last_reap_ms;
@@ -131,26 +125,85 @@ static grpc_status_code status_of(int rc)
     }
 }
 
+/* CreateRun's checks before PostgreSQL. Returns true, or false with the reason in err. */
+static bool create_ok(const Kprof__V1__CreateRunRequest *r, char *err, size_t len)
+{
+    if (!text_ok(r->job, "job", true, err, len) || !text_ok(r->name, "name", false, err, len)) {
+        return false;
+    }
+    if (r->world_size == 0 || r->world_size > KP_STORE_MAX_WORLD_SIZE) {
+        snprintf(err, len, "world_size %u is out of range (1..%d)", r->world_size,
+                 KP_STORE_MAX_WORLD_SIZE);
+        return false;
+    }
+    return true;
+}
+
+/* The run requests (CreateRun, EndRun, DropRun) over the store: replies on success, else
+ * returns the store's code with the reason in err. */
+static int run_request(PGconn *pg, struct job *j, char *err, size_t len)
+{
+    Kprof__V1__Run run = KPROF__V1__RUN__INIT;
+    int rc;
+
+    if (j->type == JOB_CREATE) {
+        Kprof__V1__CreateRunRequest *r = (Kprof__V1__CreateRunRequest *) j->req;
+
+        rc = kp_store_create_run(pg, r->job, r->name, r->world_size, (int) r->source, &run, err,
+                                 len);
+        if (rc == 0) {
+            kp_log_info("run created run=%" PRIu64 " job=%s world_size=%u", run.id, r->job,
+                        r->world_size);
+        }
+    }
+    else if (j->type == JOB_END) {
+        Kprof__V1__EndRunRequest *r = (Kprof__V1__EndRunRequest *) j->req;
+
+        rc = kp_store_end_run(pg, r->run_id, r->failed, &run, err, len);
+        if (rc == 0) {
+            kp_log_info("run ended run=%" PRIu64 " failed=%d", run.id, (int) r->failed);
+        }
+    }
+    else {
+        Kprof__V1__DropRunRequest *r = (Kprof__V1__DropRunRequest *) j->req;
+
+        rc = kp_store_drop_run(pg, r->run_id, &run, err, len);
+        if (rc == 0) {
+            kp_log_info("run dropped run=%" PRIu64 " job=%s batches=%" PRIu64 " peer=%s", run.id,
+                        run.job, run.batches, kp_rpc_call_peer(j->call));
+        }
+    }
+    if (rc == 0) {
+        kp_rpc_call_reply(j->call, &run.base);
+    }
+    kp_store_run_fini(&run);
+    return rc;
+}
+
+/* ListRuns: replies on success, else returns the store's code with the reason in err. */
+static int list_request(PGconn *pg, struct job *j, char *err, size_t len)
+{
+    Kprof__V1__ListRunsRequest *r = (Kprof__V1__ListRunsRequest *) j->req;
+    Kprof__V1__ListRunsResponse resp = KPROF__V1__LIST_RUNS_RESPONSE__INIT;
+    int rc = kp_store_list_runs(pg, r->job, r->limit, &resp, err, len);
+
+    if (rc == 0) {
+        kp_rpc_call_reply(j->call, &resp.base);
+    }
+    kp_store_list_fini(&resp);
+    return rc;
+}
+
 static void run_job(struct kp_control *c, struct job *j)
 {
     char err[512] = "";
     PGconn *pg;
     int rc;
 
-    if (j->type == JOB_CREATE) {
-        Kprof__V1__CreateRunRequest *r = (Kprof__V1__CreateRunRequest *) j->req;
-
-        if (!text_ok(r->job, "job", true, err, sizeof(err)) ||
-            !text_ok(r->name, "name", false, err, sizeof(err))) {
-            kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
-            return;
-        }
-        if (r->world_size == 0 || r->world_size > KP_STORE_MAX_WORLD_SIZE) {
-            snprintf(err, sizeof(err), "world_size %u is out of range (1..%d)", r->world_size,
-                     KP_STORE_MAX_WORLD_SIZE);
-            kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
-            return;
-        }
+    if (j->type == JOB_CREATE &&
+        !create_ok((Kprof__V1__CreateRunRequest *) j->req, err, sizeof(err))) {
+        kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
+        return;
     }
     if (j->type == JOB_START || j->type == JOB_STATUS) {
         pg = pg_get(c, err, sizeof(err)); /* NULL: the coordinator says what it can */
@@ -169,65 +222,13 @@ static void run_job(struct kp_control *c, struct job *j)
         kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, details);
         return;
     }
-    switch (j->type) {
-    case JOB_CREATE: {
-        Kprof__V1__CreateRunRequest *r = (Kprof__V1__CreateRunRequest *) j->req;
-        Kprof__V1__Run run = KPROF__V1__RUN__INIT;
-
-        rc = kp_store_create_run(pg, r->job, r->name, r->world_size, (int) r->source, &run, err,
-                                 sizeof(err));
-        if (rc == 0) {
-            kp_log_info("run created run=%" PRIu64 " job=%s world_size=%u", run.id, r->job,
-                        r->world_size);
-            kp_rpc_call_reply(j->call, &run.base);
-        }
-        kp_store_run_fini(&run);
-        break;
+    if (j->type == JOB_LIST &&
+        !text_ok(((Kprof__V1__ListRunsRequest *) j->req)->job, "job", false, err, sizeof(err))) {
+        kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
+        return;
     }
-    case JOB_END: {
-        Kprof__V1__EndRunRequest *r = (Kprof__V1__EndRunRequest *) j->req;
-        Kprof__V1__Run run = KPROF__V1__RUN__INIT;
-
-        rc = kp_store_end_run(pg, r->run_id, r->failed, &run, err, sizeof(err));
-        if (rc == 0) {
-            kp_log_info("run ended run=%" PRIu64 " failed=%d", run.id, (int) r->failed);
-            kp_rpc_call_reply(j->call, &run.base);
-        }
-        kp_store_run_fini(&run);
-        break;
-    }
-    case JOB_LIST: {
-        Kprof__V1__ListRunsRequest *r = (Kprof__V1__ListRunsRequest *) j->req;
-        Kprof__V1__ListRunsResponse resp = KPROF__V1__LIST_RUNS_RESPONSE__INIT;
-
-        if (!text_ok(r->job, "job", false, err, sizeof(err))) {
-            kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
-            return;
-        }
-        rc = kp_store_list_runs(pg, r->job, r->limit, &resp, err, sizeof(err));
-        if (rc == 0) {
-            kp_rpc_call_reply(j->call, &resp.base);
-        }
-        kp_store_list_fini(&resp);
-        break;
-    }
-    case JOB_DROP: {
-        Kprof__V1__DropRunRequest *r = (Kprof__V1__DropRunRequest *) j->req;
-        Kprof__V1__Run run = KPROF__V1__RUN__INIT;
-
-        rc = kp_store_drop_run(pg, r->run_id, &run, err, sizeof(err));
-        if (rc == 0) {
-            kp_log_info("run dropped run=%" PRIu64 " job=%s batches=%" PRIu64 " peer=%s", run.id,
-                        run.job, run.batches, kp_rpc_call_peer(j->call));
-            kp_rpc_call_reply(j->call, &run.base);
-        }
-        kp_store_run_fini(&run);
-        break;
-    }
-    default:
-        rc = -EINVAL;
-        break;
-    }
+    rc = j->type == JOB_LIST ? list_request(pg, j, err, sizeof(err))
+                             : run_request(pg, j, err, sizeof(err));
     if (rc != 0) {
         if (rc != KP_ENOTFOUND && rc != KP_EPROTO && rc != -EINVAL && rc != -EBUSY) {
             kp_log_warn("control request failed method=%s err=\"%s\"", kp_rpc_call_method(j->call),
@@ -333,53 +334,30 @@ static void tick(struct kp_control *c)
     reap_open_runs(c, c->pg != NULL && PQstatus(c->pg) == CONNECTION_OK ? c->pg : NULL, now);
 }
 
-static void *worker(void *arg)
+/* The queue's callbacks: c is the ud, the worker has no state of its own but c->pg. */
+static void run_cb(void *ud, void *state, void *item)
 {
-    struct kp_control *c = arg;
+    run_job(ud, item);
+    job_free(item);
+}
 
-    for (;;) {
-        struct job *j;
+static void cancel_cb(void *ud, void *item)
+{
+    struct job *j = item;
 
-        pthread_mutex_lock(&c->mu);
-        if (c->head == NULL && !c->stopping) {
-            struct timespec ts = kp_real_deadline(KP_CONTROL_TICK_MS);
+    kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, "collectord is shutting down");
+    job_free(j);
+}
 
-            pthread_cond_timedwait(&c->cond, &c->mu, &ts);
-        }
-        if (c->head == NULL) {
-            bool stop = c->stopping;
-
-            pthread_mutex_unlock(&c->mu);
-            if (stop) {
-                break;
-            }
-            tick(c);
-            continue;
-        }
-        j = c->head;
-        c->head = j->next;
-        if (c->head == NULL) {
-            c->tail = NULL;
-        }
-        c->queued--;
-        pthread_mutex_unlock(&c->mu);
-        if (c->stopping) {
-            kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, "collectord is shutting down");
-        }
-        else {
-            run_job(c, j);
-        }
-        job_free(j);
-        tick(c); /* a busy queue must not starve the deadlines */
-    }
-    return NULL;
+static void tick_cb(void *ud, void *state)
+{
+    tick(ud);
 }
 
 static void enqueue(struct kp_control *c, enum job_type type, struct kp_rpc_call *call,
                     ProtobufCMessage *req)
 {
     struct job *j = calloc(1, sizeof(*j));
-    bool full;
 
     if (j == NULL) {
         protobuf_c_message_free_unpacked(req, NULL);
@@ -390,21 +368,7 @@ static void enqueue(struct kp_control *c, enum job_type type, struct kp_rpc_call
     j->call = call;
     j->req = req;
     kp_rpc_call_ref(call);
-    pthread_mutex_lock(&c->mu);
-    full = c->queued >= KP_CONTROL_QUEUE_MAX || c->stopping;
-    if (!full) {
-        if (c->tail != NULL) {
-            c->tail->next = j;
-        }
-        else {
-            c->head = j;
-        }
-        c->tail = j;
-        c->queued++;
-        pthread_cond_signal(&c->cond);
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (full) {
+    if (kp_workq_submit(c->q, j) != 0) { /* full, or stopping */
         kp_log_warn("control queue full; rejecting method=%s peer=%s", kp_rpc_call_method(call),
                     kp_rpc_call_peer(call));
         kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED,
@@ -508,7 +472,12 @@ void kp_control_methods(struct kp_control *c, struct kp_rpc_method *out)
 int kp_control_create(const char *conninfo, struct kp_coord *coord, struct kp_control **out,
                       char *errbuf, size_t errlen)
 {
+    static const struct kp_workq_ops ops = { .run = run_cb, .cancel = cancel_cb, .tick = tick_cb };
+    struct kp_workq_opts qo = { .workers = 1,
+                                .queue_max = KP_CONTROL_QUEUE_MAX,
+                                .tick_ms = KP_CONTROL_TICK_MS };
     struct kp_control *c = calloc(1, sizeof(*c));
+    int rc;
 
     if (c == NULL || (c->conninfo = strdup(conninfo)) == NULL) {
         free(c);
@@ -517,13 +486,10 @@ int kp_control_create(const char *conninfo, struct kp_coord *coord, struct kp_co
     }
     c->coord = coord;
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cond, NULL);
-    if (pthread_create(&c->thread, NULL, worker, c) != 0) {
-        snprintf(errbuf, errlen, "cannot start the control worker");
+    if ((rc = kp_workq_create(&qo, &ops, c, &c->q, errbuf, errlen)) != 0) {
         kp_control_destroy(c);
-        return -EAGAIN;
+        return rc;
     }
-    c->started = true;
     *out = c;
     return 0;
 }
@@ -533,17 +499,10 @@ void kp_control_destroy(struct kp_control *c)
     if (c == NULL) {
         return;
     }
-    pthread_mutex_lock(&c->mu);
-    c->stopping = true;
-    pthread_cond_broadcast(&c->cond);
-    pthread_mutex_unlock(&c->mu);
-    if (c->started) {
-        pthread_join(c->thread, NULL);
-    }
+    kp_workq_destroy(c->q); /* what is queued is answered UNAVAILABLE */
     if (c->pg != NULL) {
         PQfinish(c->pg);
     }
-    pthread_cond_destroy(&c->cond);
     pthread_mutex_destroy(&c->mu);
     free(c->conninfo);
     free(c);

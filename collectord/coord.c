@@ -1,5 +1,6 @@
 #define KP_LOG_MODULE "coord"
 #include "coord.h"
+#include "coord_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -22,119 +23,9 @@
 #include "kp_wire.h"
 #include "store.h"
 
-#define KP_COORD_MAX_TEXT      256
-#define KP_COORD_MAX_REASON    2048
-#define KP_COORD_MAX_PROCESSES 65536
-#define KP_COORD_MAX_RANKS     (1u << 20)
-#define KP_COORD_MAX_STEPS     100000
-#define KP_COORD_MAX_DUR_MS    (24LL * 3600 * 1000)
-#define KP_COORD_MAX_DEADLINE  (7LL * 24 * 3600 * 1000)
-#define KP_COORD_REARM_MS      2000
-#define KP_COORD_UNKNOWN_RATE  8 /* steps of margin while no rank's step rate is known */
-#define KP_COORD_STATUS_LIMIT  20
-
-#define ST_PENDING   KPROF__V1__RANK_STATE__RANK_STATE_PENDING
-#define ST_CAPTURING KPROF__V1__RANK_STATE__RANK_STATE_CAPTURING
-#define ST_FLUSHING  KPROF__V1__RANK_STATE__RANK_STATE_FLUSHING
-#define ST_DONE      KPROF__V1__RANK_STATE__RANK_STATE_DONE
-#define ST_FAILED    KPROF__V1__RANK_STATE__RANK_STATE_FAILED
-
-struct agent {
-    struct kp_coord *coord;
-    struct kp_rpc_call *call; /* a reference; NULL once the call is over */
-    uint64_t id;              /* the agent_id of its reports; 0 before the first */
-    char host[KP_COORD_MAX_TEXT + 1];
-    char peer[128];
-    Kprof__V1__AgentReport *report; /* the newest, owned */
-    long long report_ms;            /* CLOCK_MONOTONIC of its arrival */
-    long long gone_ms;              /* when the call ended; 0 while attached */
-    bool local;                     /* kp_coord_feed_report's: attached without a call */
-    uint32_t slot;                  /* ... and which one */
-    bool invalid_logged;
-    struct agent *next;
-};
-
-struct crank {
-    int32_t rank;
-    int state; /* Kprof__V1__RankState */
-    uint64_t agent_id;
-    char host[KP_COORD_MAX_TEXT + 1];
-    uint32_t pid;
-    uint64_t records, dropped;
-    int64_t first_step, last_step;
-    long long armed_ms; /* when ARM was last sent for it */
-    char reason[KP_COORD_MAX_REASON + 1];
-};
-
-struct cap {
-    uint64_t run_id; /* 0 while the run is being created */
-    char job[KP_COORD_MAX_TEXT + 1];
-    char name[KP_COORD_MAX_TEXT + 1];
-    char activities_text[KP_COORD_MAX_TEXT + 1];
-    uint32_t world_size;
-    int64_t start_step;
-    uint32_t steps;
-    uint64_t duration_ms;
-    uint32_t activities;
-    long long deadline_ms; /* CLOCK_MONOTONIC */
-    int64_t deadline_ns;   /* CLOCK_REALTIME, for users */
-    bool stopped;
-    bool deadline_stop_sent; /* STOP sent to its agents when the deadline passed */
-    bool ending;             /* its end is being written to PostgreSQL */
-    bool ended;
-    int run_state; /* Kprof__V1__RunState */
-    int64_t created_ns, ended_ns;
-    long long ended_ms;
-    size_t n;
-    struct crank *ranks;
-    struct cap *next; /* newest first */
-};
-
-struct kp_coord {
-    struct kp_coord_opts o;
-    pthread_mutex_t mu;
-    struct agent *agents;
-    struct cap *caps;
-};
-
-static bool terminal(int st)
-{
-    return st == ST_DONE || st == ST_FAILED;
-}
-
-static const char *state_name(int st)
-{
-    switch (st) {
-    case ST_PENDING:
-        return "pending";
-    case ST_CAPTURING:
-        return "capturing";
-    case ST_FLUSHING:
-        return "flushing";
-    case ST_DONE:
-        return "done";
-    case ST_FAILED:
-        return "failed";
-    default:
-        return "unknown";
-    }
-}
-
-static bool text_ok(const char *s, size_t max)
-{
-    size_t n = s == NULL ? 0 : strlen(s);
-
-    return n <= max && kp_utf8_valid(s == NULL ? "" : s, n);
-}
-
-static void copy_text(char *dst, size_t cap, const char *src)
-{
-    kp_strlcpy(dst, cap, src != NULL ? src : "");
-}
-
 /* ---- lookups (mu held) ---- */
 
-static struct cap *cap_by_run(struct kp_coord *c, uint64_t run_id)
+struct cap *kp__coord_cap_by_run(struct kp_coord *c, uint64_t run_id)
 {
     for (struct cap *k = c->caps; k != NULL; k = k->next) {
         if (run_id != 0 && k->run_id == run_id) {
@@ -201,7 +92,7 @@ static void send_cmd(struct agent *a, const Kprof__V1__CaptureCommand *cmd)
 }
 
 /* Sends ARM for the ranks of k hosted by a that are still pending (all: every one of them). */
-static void send_arm(struct kp_coord *c, struct cap *k, struct agent *a, bool all)
+void kp__coord_send_arm(struct kp_coord *c, struct cap *k, struct agent *a, bool all)
 {
     Kprof__V1__CaptureCommand cmd = KPROF__V1__CAPTURE_COMMAND__INIT;
     int32_t *ranks = malloc((k->n ? k->n : 1) * sizeof(*ranks));
@@ -266,7 +157,7 @@ static void rank_set_failed(struct cap *k, struct crank *r, const char *fmt, ...
 {
     va_list ap;
 
-    if (terminal(r->state)) {
+    if (kp__coord_terminal(r->state)) {
         return;
     }
     va_start(ap, fmt);
@@ -275,241 +166,6 @@ static void rank_set_failed(struct cap *k, struct crank *r, const char *fmt, ...
     r->state = ST_FAILED;
     kp_log_warn("capture rank failed run=%" PRIu64 " rank=%d host=%s reason=\"%s\"", k->run_id,
                 r->rank, r->host, r->reason);
-}
-
-/* ---- Attach ---- */
-
-static bool report_valid(const Kprof__V1__AgentReport *r, char *why, size_t len)
-{
-    if (!text_ok(r->host, KP_COORD_MAX_TEXT) || !text_ok(r->version, KP_COORD_MAX_TEXT)) {
-        snprintf(why, len, "AgentReport.host or .version is not UTF-8 of at most %d bytes",
-                 KP_COORD_MAX_TEXT);
-        return false;
-    }
-    if (r->agent_id == 0) {
-        snprintf(why, len, "AgentReport.agent_id must not be 0");
-        return false;
-    }
-    if (r->n_processes > KP_COORD_MAX_PROCESSES || r->n_ranks > KP_COORD_MAX_RANKS) {
-        snprintf(why, len, "AgentReport has too many processes (%zu) or ranks (%zu)",
-                 r->n_processes, r->n_ranks);
-        return false;
-    }
-    for (size_t i = 0; i < r->n_processes; i++) {
-        const Kprof__V1__AgentProcess *p = r->processes[i];
-
-        if (!text_ok(p->job, KP_COORD_MAX_TEXT)) {
-            snprintf(why, len, "processes[%zu].job is not UTF-8 of at most %d bytes", i,
-                     KP_COORD_MAX_TEXT);
-            return false;
-        }
-        if (p->world_size > KP_STORE_MAX_WORLD_SIZE || p->rank >= KP_STORE_MAX_WORLD_SIZE) {
-            snprintf(why, len, "processes[%zu]: rank %d or world size %u out of range", i, p->rank,
-                     p->world_size);
-            return false;
-        }
-    }
-    for (size_t i = 0; i < r->n_ranks; i++) {
-        const Kprof__V1__AgentCaptureRank *q = r->ranks[i];
-
-        if (!text_ok(q->reason, KP_COORD_MAX_REASON)) {
-            snprintf(why, len, "ranks[%zu].reason is not UTF-8 of at most %d bytes", i,
-                     KP_COORD_MAX_REASON);
-            return false;
-        }
-        if (q->state < ST_PENDING || q->state > ST_FAILED) {
-            snprintf(why, len, "ranks[%zu].state %d is not a RankState", i, (int) q->state);
-            return false;
-        }
-    }
-    return true;
-}
-
-/* Takes in the rank states of a's report (mu held). */
-static void apply_report(struct kp_coord *c, struct agent *a)
-{
-    const Kprof__V1__AgentReport *rep = a->report;
-    long long now = kp_mono_ms();
-
-    for (size_t i = 0; i < rep->n_ranks; i++) {
-        const Kprof__V1__AgentCaptureRank *q = rep->ranks[i];
-        struct cap *k = cap_by_run(c, q->run_id);
-
-        if (k == NULL || k->ended) {
-            continue;
-        }
-        for (size_t j = 0; j < k->n; j++) {
-            struct crank *r = &k->ranks[j];
-
-            if (r->rank != q->rank || r->agent_id != a->id) {
-                continue;
-            }
-            if (terminal(r->state) || (int) q->state < r->state) {
-                break; /* final already, or an older picture */
-            }
-            if ((int) q->state != r->state) {
-                kp_log_info("capture rank run=%" PRIu64 " rank=%d host=%s state=%s%s%s", k->run_id,
-                            r->rank, r->host, state_name((int) q->state),
-                            q->reason[0] ? " reason=" : "", q->reason);
-            }
-            r->state = (int) q->state;
-            r->records = q->records;
-            r->dropped = q->dropped;
-            if (q->pid != 0) {
-                r->pid = q->pid;
-            }
-            r->first_step = q->first_step;
-            r->last_step = q->last_step;
-            copy_text(r->reason, sizeof(r->reason), q->reason);
-            break;
-        }
-    }
-    /* ARMs that may not have arrived (the call broke before they went out): again */
-    for (struct cap *k = c->caps; k != NULL; k = k->next) {
-        bool want = false;
-
-        if (k->ended || k->run_id == 0) {
-            continue;
-        }
-        for (size_t j = 0; j < k->n && !want; j++) {
-            struct crank *r = &k->ranks[j];
-
-            if (r->agent_id != a->id || r->state != ST_PENDING ||
-                now - r->armed_ms < KP_COORD_REARM_MS) {
-                continue;
-            }
-            want = true;
-            for (size_t i = 0; i < rep->n_ranks; i++) {
-                if (rep->ranks[i]->run_id == k->run_id && rep->ranks[i]->rank == r->rank) {
-                    want = false; /* it knows */
-                    break;
-                }
-            }
-        }
-        if (want) {
-            send_arm(c, k, a, false);
-        }
-    }
-}
-
-static void *att_open(struct kp_rpc_call *call, void *ud)
-{
-    struct kp_coord *c = ud;
-    struct agent *a = calloc(1, sizeof(*a));
-
-    if (a == NULL) {
-        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
-        return NULL;
-    }
-    kp_rpc_call_ref(call);
-    a->coord = c;
-    a->call = call;
-    copy_text(a->peer, sizeof(a->peer), kp_rpc_call_peer(call));
-    pthread_mutex_lock(&c->mu);
-    a->next = c->agents;
-    c->agents = a;
-    pthread_mutex_unlock(&c->mu);
-    kp_log_debug("attach call opened peer=%s", a->peer);
-    return a;
-}
-
-static enum kp_rpc_next att_message(struct kp_rpc_call *call, ProtobufCMessage *msg,
-                                    size_t wire_bytes, void *state)
-{
-    struct agent *a = state;
-    struct kp_coord *c;
-    Kprof__V1__AgentReport *rep = (Kprof__V1__AgentReport *) msg;
-    char why[300];
-
-    (void) wire_bytes;
-    if (a == NULL) {
-        protobuf_c_message_free_unpacked(msg, NULL);
-        return KP_RPC_STOP;
-    }
-    c = a->coord;
-    if (!report_valid(rep, why, sizeof(why))) {
-        if (!a->invalid_logged) {
-            kp_log_warn("agent report refused peer=%s err=\"%s\"", a->peer, why);
-            a->invalid_logged = true;
-        }
-        protobuf_c_message_free_unpacked(msg, NULL);
-        kp_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, why);
-        return KP_RPC_STOP;
-    }
-    pthread_mutex_lock(&c->mu);
-    if (a->id == 0) {
-        /* first report: a reconnecting agent takes over its earlier entry's ranks (by id) */
-        a->id = rep->agent_id;
-        copy_text(a->host, sizeof(a->host), rep->host);
-        kp_log_info("agent attached host=%s agent_id=%016" PRIx64 " peer=%s processes=%zu", a->host,
-                    a->id, a->peer, rep->n_processes);
-        for (struct agent **pp = &c->agents; *pp != NULL;) {
-            struct agent *o = *pp;
-
-            if (o != a && o->id == a->id && o->call == NULL) {
-                *pp = o->next;
-                if (o->report != NULL) {
-                    protobuf_c_message_free_unpacked(&o->report->base, NULL);
-                }
-                free(o);
-                continue;
-            }
-            pp = &o->next;
-        }
-    }
-    else if (rep->agent_id != a->id) {
-        pthread_mutex_unlock(&c->mu);
-        protobuf_c_message_free_unpacked(msg, NULL);
-        kp_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
-                           "AgentReport.agent_id changed within one Attach call");
-        return KP_RPC_STOP;
-    }
-    if (a->report != NULL) {
-        protobuf_c_message_free_unpacked(&a->report->base, NULL);
-    }
-    a->report = rep;
-    a->report_ms = kp_mono_ms();
-    apply_report(c, a);
-    pthread_mutex_unlock(&c->mu);
-    return KP_RPC_CONTINUE;
-}
-
-static void att_half_close(struct kp_rpc_call *call, void *state)
-{
-    (void) state;
-    kp_rpc_call_finish(call, GRPC_STATUS_OK, "");
-}
-
-static void att_close(struct kp_rpc_call *call, bool cancelled, void *state)
-{
-    struct agent *a = state;
-    struct kp_coord *c;
-
-    if (a == NULL) {
-        return;
-    }
-    c = a->coord;
-    pthread_mutex_lock(&c->mu);
-    a->call = NULL;
-    a->gone_ms = kp_mono_ms();
-    pthread_mutex_unlock(&c->mu);
-    if (a->id != 0) {
-        kp_log_info("agent detached host=%s agent_id=%016" PRIx64 " peer=%s cancelled=%d", a->host,
-                    a->id, a->peer, (int) cancelled);
-    }
-    kp_rpc_call_unref(call);
-}
-
-struct kp_rpc_method kp_coord_attach_method(struct kp_coord *c)
-{
-    return (struct kp_rpc_method){ .path = "/kprof.v1.Control/Attach",
-                                   .kind = KP_RPC_STREAM,
-                                   .request = &kprof__v1__agent_report__descriptor,
-                                   .on_open = att_open,
-                                   .on_message = att_message,
-                                   .on_half_close = att_half_close,
-                                   .on_close = att_close,
-                                   .ud = c };
 }
 
 /* ---- replies ---- */
@@ -597,11 +253,6 @@ static void reply_capture(struct kp_rpc_call *call, struct cap *k, bool as_list)
 
 /* ---- ListJobs ---- */
 
-struct procref {
-    const Kprof__V1__AgentProcess *p;
-    const struct agent *a;
-};
-
 static int procref_cmp(const void *x, const void *y)
 {
     const struct procref *a = x, *b = y;
@@ -615,7 +266,7 @@ static int procref_cmp(const void *x, const void *y)
 
 /* The processes of job (NULL: all) on attached agents, sorted by job and rank (mu held).
  * Returns the count, or -ENOMEM; *out is owned by the caller. */
-static long gather(struct kp_coord *c, const char *job, struct procref **out)
+long kp__coord_gather(struct kp_coord *c, const char *job, struct procref **out)
 {
     size_t n = 0, cap = 0;
     struct procref *v = NULL;
@@ -663,13 +314,13 @@ void kp_coord_list_jobs(struct kp_coord *c, struct kp_rpc_call *call,
     size_t nj = 0;
     long n;
 
-    if (!text_ok(req->job, KP_COORD_MAX_TEXT)) {
+    if (!kp__coord_text_ok(req->job, KP_COORD_MAX_TEXT)) {
         kp_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
                            "job is not UTF-8 of at most 256 bytes");
         return;
     }
     pthread_mutex_lock(&c->mu);
-    n = gather(c, req->job[0] ? req->job : NULL, &v);
+    n = kp__coord_gather(c, req->job[0] ? req->job : NULL, &v);
     if (n < 0 || (n > 0 && ((jobs = calloc((size_t) n, sizeof(*jobs))) == NULL ||
                             (jp = calloc((size_t) n, sizeof(*jp))) == NULL ||
                             (ranks = calloc((size_t) n, sizeof(*ranks))) == NULL ||
@@ -737,13 +388,14 @@ void kp_coord_stop(struct kp_coord *c, struct kp_rpc_call *call,
     char err[600];
     struct cap *k;
 
-    if (!text_ok(req->job, KP_COORD_MAX_TEXT) || (req->run_id == 0) == (req->job[0] == '\0')) {
+    if (!kp__coord_text_ok(req->job, KP_COORD_MAX_TEXT) ||
+        (req->run_id == 0) == (req->job[0] == '\0')) {
         kp_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
                            "give either run_id or job (the job's capture in progress)");
         return;
     }
     pthread_mutex_lock(&c->mu);
-    k = req->run_id != 0 ? cap_by_run(c, req->run_id) : cap_active_of_job(c, req->job);
+    k = req->run_id != 0 ? kp__coord_cap_by_run(c, req->run_id) : cap_active_of_job(c, req->job);
     if (k == NULL || k->run_id == 0) {
         pthread_mutex_unlock(&c->mu);
         if (req->run_id != 0) {
@@ -801,6 +453,83 @@ static grpc_status_code finish_err(struct kp_rpc_call *call, grpc_status_code co
     return code;
 }
 
+/* Answers NOT_FOUND for a job no attached agent hosts, naming the jobs they do host. mu held. */
+static void refuse_unknown_job(struct kp_coord *c, struct kp_rpc_call *call, const char *job)
+{
+    struct procref *all_v = NULL;
+    long na = kp__coord_gather(c, NULL, &all_v);
+    struct kp_strbuf sb;
+    char err[1400];
+
+    kp_strbuf_init(&sb, 300);
+    for (long i = 0; i < na; i++) {
+        if (i == 0 || strcmp(all_v[i].p->job, all_v[i - 1].p->job) != 0) {
+            kp_strbuf_appendf(&sb, "%s%s", sb.len ? ", " : "", all_v[i].p->job);
+        }
+    }
+    snprintf(err, sizeof(err),
+             "job %s is not registered with any attached agent; registered jobs: %s (kprofctl "
+             "jobs lists them; workers register when started with kprof-run on a node whose "
+             "kprof-agent is attached to this collectord)",
+             job, sb.len ? sb.data : "none");
+    kp_strbuf_fini(&sb);
+    free(all_v);
+    finish_err(call, GRPC_STATUS_NOT_FOUND, err);
+}
+
+/* The steps the selected ranks are at (-1 / INT64_MAX: none known) and their step times in ms
+ * (0: none known). */
+struct step_span {
+    int64_t min_step, max_step;
+    long long fastest_ms, slowest_ms;
+};
+
+/* Sets k's window (a common future step, or a time window when no rank reports steps) and its
+ * deadline. */
+static void set_window(const struct kp_coord *c, struct cap *k,
+                       const Kprof__V1__StartCaptureRequest *req, long long now,
+                       struct step_span sp)
+{
+    long long budget;
+
+    k->steps = req->steps;
+    k->duration_ms = req->duration_ms;
+    if (k->steps == 0 && k->duration_ms == 0) {
+        k->steps = (uint32_t) c->o.default_steps;
+    }
+    if (k->steps > 0 && sp.max_step >= 0) {
+        /* a warm-up step, then the window, plus what the fastest rank steps while the
+         * command travels to every agent */
+        k->start_step =
+            sp.max_step + 2 +
+            (sp.fastest_ms > 0 ? (c->o.start_margin_ms + sp.fastest_ms - 1) / sp.fastest_ms
+                               : KP_COORD_UNKNOWN_RATE);
+    }
+    else {
+        k->start_step = -1;
+        if (k->steps > 0 && k->duration_ms == 0) {
+            k->duration_ms = 5000; /* no steps known: a 5 s time window */
+        }
+        k->steps = 0;
+    }
+    budget = c->o.min_deadline_ms;
+    if (k->steps > 0 && sp.slowest_ms > 0) {
+        long long need =
+            2 * (k->start_step - (sp.min_step > 0 ? sp.min_step : 0) + (long long) k->steps + 5) *
+                sp.slowest_ms +
+            60000;
+        budget = need > budget ? need : budget;
+    }
+    if (k->duration_ms > 0 && (long long) k->duration_ms + 60000 > budget) {
+        budget = (long long) k->duration_ms + 60000;
+    }
+    if (req->deadline_ms > 0) {
+        budget = (long long) req->deadline_ms;
+    }
+    k->deadline_ms = now + budget;
+    k->deadline_ns = kp_real_ns() + (int64_t) budget * 1000000;
+}
+
 /* Validates req and reserves the ranks: a new capture (run_id 0) linked into c. Returns it,
  * or NULL after answering the call. mu held. */
 static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
@@ -812,37 +541,20 @@ static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
     uint8_t *sel = NULL, *missing = NULL;
     struct cap *k = NULL, *busy;
     uint32_t world = 0;
-    long long now = kp_mono_ms(), slowest = 0, fastest = 0, budget;
+    long long now = kp_mono_ms(), slowest = 0, fastest = 0;
     int64_t mx = -1, mn = INT64_MAX;
     long n, bad_rank = 0;
     bool all, any_missing = false;
     size_t nsel = 0;
     int rc;
 
-    n = gather(c, req->job, &v);
+    n = kp__coord_gather(c, req->job, &v);
     if (n < 0) {
         finish_err(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
         goto out;
     }
     if (n == 0) {
-        struct procref *all_v = NULL;
-        long na = gather(c, NULL, &all_v);
-        struct kp_strbuf sb;
-
-        kp_strbuf_init(&sb, 300);
-        for (long i = 0; i < na; i++) {
-            if (i == 0 || strcmp(all_v[i].p->job, all_v[i - 1].p->job) != 0) {
-                kp_strbuf_appendf(&sb, "%s%s", sb.len ? ", " : "", all_v[i].p->job);
-            }
-        }
-        snprintf(err, sizeof(err),
-                 "job %s is not registered with any attached agent; registered jobs: %s (kprofctl "
-                 "jobs lists them; workers register when started with kprof-run on a node whose "
-                 "kprof-agent is attached to this collectord)",
-                 req->job, sb.len ? sb.data : "none");
-        kp_strbuf_fini(&sb);
-        free(all_v);
-        finish_err(call, GRPC_STATUS_NOT_FOUND, err);
+        refuse_unknown_job(c, call, req->job);
         goto out;
     }
     if ((busy = cap_active_of_job(c, req->job)) != NULL) {
@@ -927,10 +639,10 @@ static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
         finish_err(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
         goto out;
     }
-    copy_text(k->job, sizeof(k->job), req->job);
-    copy_text(k->name, sizeof(k->name), req->name);
-    copy_text(k->activities_text, sizeof(k->activities_text),
-              req->activities[0] ? req->activities : "all");
+    kp__coord_copy_text(k->job, sizeof(k->job), req->job);
+    kp__coord_copy_text(k->name, sizeof(k->name), req->name);
+    kp__coord_copy_text(k->activities_text, sizeof(k->activities_text),
+                        req->activities[0] ? req->activities : "all");
     k->world_size = world;
     k->activities = activities;
     k->run_state = KPROF__V1__RUN_STATE__RUN_STATE_OPEN;
@@ -946,7 +658,7 @@ static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
         q->rank = (int32_t) r;
         q->state = ST_PENDING;
         q->agent_id = pr->a->id;
-        copy_text(q->host, sizeof(q->host), pr->a->host);
+        kp__coord_copy_text(q->host, sizeof(q->host), pr->a->host);
         q->pid = pr->p->pid;
         q->first_step = -1;
         q->last_step = -1;
@@ -964,40 +676,7 @@ static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
             slowest = pr->p->step_ms;
         }
     }
-    /* the window: a common future step, or a time window when no rank reports steps */
-    k->steps = req->steps;
-    k->duration_ms = req->duration_ms;
-    if (k->steps == 0 && k->duration_ms == 0) {
-        k->steps = (uint32_t) c->o.default_steps;
-    }
-    if (k->steps > 0 && mx >= 0) {
-        /* a warm-up step, then the window, plus what the fastest rank steps while the
-         * command travels to every agent */
-        k->start_step =
-            mx + 2 +
-            (fastest > 0 ? (c->o.start_margin_ms + fastest - 1) / fastest : KP_COORD_UNKNOWN_RATE);
-    }
-    else {
-        k->start_step = -1;
-        if (k->steps > 0 && k->duration_ms == 0) {
-            k->duration_ms = 5000; /* no steps known: a 5 s time window */
-        }
-        k->steps = 0;
-    }
-    budget = c->o.min_deadline_ms;
-    if (k->steps > 0 && slowest > 0) {
-        long long need =
-            2 * (k->start_step - (mn > 0 ? mn : 0) + (long long) k->steps + 5) * slowest + 60000;
-        budget = need > budget ? need : budget;
-    }
-    if (k->duration_ms > 0 && (long long) k->duration_ms + 60000 > budget) {
-        budget = (long long) k->duration_ms + 60000;
-    }
-    if (req->deadline_ms > 0) {
-        budget = (long long) req->deadline_ms;
-    }
-    k->deadline_ms = now + budget;
-    k->deadline_ns = kp_real_ns() + (int64_t) budget * 1000000;
+    set_window(c, k, req, now, (struct step_span){ mn, mx, fastest, slowest });
     k->next = c->caps;
     c->caps = k;
 out:
@@ -1011,7 +690,7 @@ out:
 /* Writes k's captures row (if first) and its ranks' rows, in one transaction. */
 static int persist(PGconn *pg, const struct cap *k, bool first, char *err, size_t len)
 {
-    char run[24], a[24], b[24], d[24], e[24], f[24], g[24], h[24], i8[24];
+    char run[24], a[24], b[24], d[24], e[24], f[24], g[24], h[24];
     int rc;
 
     snprintf(run, sizeof(run), "%" PRIu64, k->run_id);
@@ -1048,7 +727,6 @@ static int persist(PGconn *pg, const struct cap *k, bool first, char *err, size_
         snprintf(f, sizeof(f), "%" PRIu64, q->dropped);
         snprintf(g, sizeof(g), "%" PRId64, q->first_step);
         snprintf(h, sizeof(h), "%" PRId64, q->last_step);
-        (void) i8;
         rc = kp_pg_query(pg,
                          "INSERT INTO capture_ranks (run_id, rank, state, host, pid, records, "
                          "dropped, first_step, last_step, reason) VALUES ($1, $2, $3, $4, $5, "
@@ -1095,9 +773,10 @@ void kp_coord_start(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
     struct cap *k, *snap;
     int rc;
 
-    if (req->job[0] == '\0' || !text_ok(req->job, KP_COORD_MAX_TEXT) ||
-        !text_ok(req->name, KP_COORD_MAX_TEXT) || !text_ok(req->ranks, KP_COORD_MAX_TEXT) ||
-        !text_ok(req->activities, KP_COORD_MAX_TEXT)) {
+    if (req->job[0] == '\0' || !kp__coord_text_ok(req->job, KP_COORD_MAX_TEXT) ||
+        !kp__coord_text_ok(req->name, KP_COORD_MAX_TEXT) ||
+        !kp__coord_text_ok(req->ranks, KP_COORD_MAX_TEXT) ||
+        !kp__coord_text_ok(req->activities, KP_COORD_MAX_TEXT)) {
         finish_err(call, GRPC_STATUS_INVALID_ARGUMENT,
                    "job is required; job, name, ranks and activities must be UTF-8 of at most "
                    "256 bytes");
@@ -1166,7 +845,7 @@ void kp_coord_start(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
     k->created_ns = run.created_ns;
     for (struct agent *a = c->agents; a != NULL; a = a->next) {
         if (a->call != NULL) {
-            send_arm(c, k, a, true);
+            kp__coord_send_arm(c, k, a, true);
         }
     }
     kp_log_info("capture started run=%" PRIu64 " job=%s ranks=%zu start_step=%" PRId64
@@ -1251,8 +930,8 @@ static int load_capture(PGconn *pg, uint64_t run_id, struct cap **out, char *err
         return -ENOMEM;
     }
     k->run_id = run_id;
-    copy_text(k->job, sizeof(k->job), PQgetvalue(res, 0, 1));
-    copy_text(k->name, sizeof(k->name), PQgetvalue(res, 0, 2));
+    kp__coord_copy_text(k->job, sizeof(k->job), PQgetvalue(res, 0, 1));
+    kp__coord_copy_text(k->name, sizeof(k->name), PQgetvalue(res, 0, 2));
     k->run_state = (int) kp_pg_i64(res, 0, 3, 0);
     k->world_size = (uint32_t) kp_pg_i64(res, 0, 4, 0);
     k->created_ns = kp_pg_i64(res, 0, 5, 0);
@@ -1260,7 +939,7 @@ static int load_capture(PGconn *pg, uint64_t run_id, struct cap **out, char *err
     k->start_step = kp_pg_i64(res, 0, 7, 0);
     k->steps = (uint32_t) kp_pg_i64(res, 0, 8, 0);
     k->duration_ms = (uint64_t) kp_pg_i64(res, 0, 9, 0);
-    copy_text(k->activities_text, sizeof(k->activities_text), PQgetvalue(res, 0, 10));
+    kp__coord_copy_text(k->activities_text, sizeof(k->activities_text), PQgetvalue(res, 0, 10));
     k->deadline_ns = kp_pg_i64(res, 0, 11, 0);
     k->stopped = strcmp(PQgetvalue(res, 0, 12), "t") == 0;
     k->ended = true;
@@ -1269,13 +948,13 @@ static int load_capture(PGconn *pg, uint64_t run_id, struct cap **out, char *err
 
         q->rank = (int32_t) kp_pg_i64(rr, i, 0, 0);
         q->state = (int) kp_pg_i64(rr, i, 1, 0);
-        copy_text(q->host, sizeof(q->host), PQgetvalue(rr, i, 2));
+        kp__coord_copy_text(q->host, sizeof(q->host), PQgetvalue(rr, i, 2));
         q->pid = (uint32_t) kp_pg_i64(rr, i, 3, 0);
         q->records = (uint64_t) kp_pg_i64(rr, i, 4, 0);
         q->dropped = (uint64_t) kp_pg_i64(rr, i, 5, 0);
         q->first_step = kp_pg_i64(rr, i, 6, 0);
         q->last_step = kp_pg_i64(rr, i, 7, 0);
-        copy_text(q->reason, sizeof(q->reason), PQgetvalue(rr, i, 8));
+        kp__coord_copy_text(q->reason, sizeof(q->reason), PQgetvalue(rr, i, 8));
     }
     PQclear(res);
     PQclear(rr);
@@ -1296,7 +975,7 @@ void kp_coord_status(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
 
     if (req->run_id != 0) {
         pthread_mutex_lock(&c->mu);
-        if ((k = cap_by_run(c, req->run_id)) != NULL) {
+        if ((k = kp__coord_cap_by_run(c, req->run_id)) != NULL) {
             reply_capture(call, k, true);
             pthread_mutex_unlock(&c->mu);
             return;
@@ -1370,7 +1049,7 @@ static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
             struct crank *r = &k->ranks[i];
             struct agent *a;
 
-            if (terminal(r->state)) {
+            if (kp__coord_terminal(r->state)) {
                 continue;
             }
             a = agent_by_id(c, r->agent_id);
@@ -1379,7 +1058,8 @@ static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
                                 "lost contact with the kprof-agent on host %s for over %lld s "
                                 "while the rank was %s (the agent stopped, or its connection to "
                                 "collectord broke); the rows it stored before are kept",
-                                r->host, c->o.agent_grace_ms / 1000, state_name(r->state));
+                                r->host, c->o.agent_grace_ms / 1000,
+                                kp__coord_state_name(r->state));
             }
             else if (expired) {
                 rank_set_failed(k, r,
@@ -1387,10 +1067,10 @@ static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
                                 "%" PRId64 " of the window %" PRId64 "..%" PRId64
                                 "); the rows stored so far are kept (give kprofctl start a "
                                 "longer --deadline if the steps are that slow)",
-                                state_name(r->state), r->last_step, k->start_step,
+                                kp__coord_state_name(r->state), r->last_step, k->start_step,
                                 k->start_step + (int64_t) k->steps - 1);
             }
-            over &= terminal(r->state);
+            over &= kp__coord_terminal(r->state);
         }
         if (expired && !k->deadline_stop_sent) {
             k->deadline_stop_sent = true;
@@ -1456,7 +1136,7 @@ void kp_coord_tick(struct kp_coord *c, PGconn *pg)
             rc = kp_store_end_run(pg, s->run_id, failed > 0, &run, err, sizeof(err));
         }
         pthread_mutex_lock(&c->mu);
-        if ((k = cap_by_run(c, s->run_id)) != NULL) {
+        if ((k = kp__coord_cap_by_run(c, s->run_id)) != NULL) {
             k->ending = false;
             if (rc == 0) {
                 k->ended = true;
@@ -1531,51 +1211,6 @@ int kp_coord_create(const struct kp_coord_opts *o, struct kp_coord **out)
     pthread_mutex_init(&c->mu, NULL);
     *out = c;
     return 0;
-}
-
-int kp_coord_feed_report(struct kp_coord *c, uint32_t slot, const uint8_t *buf, size_t len,
-                         char *why, size_t whylen)
-{
-    Kprof__V1__AgentReport *rep = kprof__v1__agent_report__unpack(NULL, len, buf);
-    struct procref *v = NULL;
-    struct agent *a;
-    long n;
-
-    if (rep == NULL) {
-        snprintf(why, whylen, "AgentReport failed to unpack");
-        return KP_EPROTO;
-    }
-    if (!report_valid(rep, why, whylen)) {
-        protobuf_c_message_free_unpacked(&rep->base, NULL);
-        return KP_EPROTO;
-    }
-    pthread_mutex_lock(&c->mu);
-    for (a = c->agents; a != NULL && !(a->local && a->slot == slot); a = a->next) {
-    }
-    if (a == NULL && (a = calloc(1, sizeof(*a))) != NULL) {
-        a->coord = c;
-        a->local = true;
-        a->slot = slot;
-        a->next = c->agents;
-        c->agents = a;
-    }
-    if (a == NULL) {
-        pthread_mutex_unlock(&c->mu);
-        protobuf_c_message_free_unpacked(&rep->base, NULL);
-        return -ENOMEM;
-    }
-    if (a->report != NULL) {
-        protobuf_c_message_free_unpacked(&a->report->base, NULL);
-    }
-    a->id = rep->agent_id;
-    copy_text(a->host, sizeof(a->host), rep->host);
-    a->report = rep;
-    a->report_ms = kp_mono_ms();
-    apply_report(c, a);
-    n = gather(c, NULL, &v);
-    pthread_mutex_unlock(&c->mu);
-    free(v);
-    return n < 0 ? (int) n : 0;
 }
 
 void kp_coord_shutdown(struct kp_coord *c)

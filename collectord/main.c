@@ -1,33 +1,29 @@
 /* kprof-collectord: parses the configuration, runs the daemon until SIGTERM or SIGINT. */
 #define KP_LOG_MODULE "collectord"
-#include <pthread.h>
-#include <signal.h>
 #include <stddef.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "collectord.h"
 #include "kp_config.h"
+#include "kp_daemon.h"
 #include "kp_log.h"
-
-static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
 
 #define OFF(f) offsetof(struct kp_collectord_config, f)
 static const struct kp_config_def collectord_config[] = {
-    { "listen", KP_CONFIG_STRING, "127.0.0.1:7070", 0, 0, OFF(listen),
+    { "listen", KP_CONFIG_STRING, "127.0.0.1:7070", 0, 0, OFF(base.listen),
       "gRPC address (Ingest and Control): host:port, [v6]:port or unix:/path; port 0 picks one",
       NULL, false },
-    { "http-listen", KP_CONFIG_STRING, "127.0.0.1:7071", 0, 0, OFF(http_listen),
+    { "http-listen", KP_CONFIG_STRING, "127.0.0.1:7071", 0, 0, OFF(base.http_listen),
       "address of /healthz, /readyz and /metrics; empty disables", NULL, false },
-    { "pg-conninfo", KP_CONFIG_STRING, "dbname=kprof", 0, 0, OFF(pg_conninfo),
+    { "pg-conninfo", KP_CONFIG_STRING, "dbname=kprof", 0, 0, OFF(base.pg_conninfo),
       "libpq connection string of the kprof database", NULL, true },
-    { "tls-cert", KP_CONFIG_STRING, "", 0, 0, OFF(tls_cert),
+    { "tls-cert", KP_CONFIG_STRING, "", 0, 0, OFF(base.tls_cert),
       "PEM certificate chain: serve gRPC over TLS (with --tls-key)", NULL, false },
-    { "tls-key", KP_CONFIG_STRING, "", 0, 0, OFF(tls_key), "PEM private key of --tls-cert", NULL,
-      true },
-    { "log-level", KP_CONFIG_ENUM, "info", 0, 0, OFF(log_level), "error, warn, info or debug",
-      log_levels, false },
-    { "ready-file", KP_CONFIG_STRING, "", 0, 0, OFF(ready_file),
+    { "tls-key", KP_CONFIG_STRING, "", 0, 0, OFF(base.tls_key), "PEM private key of --tls-cert",
+      NULL, true },
+    { "log-level", KP_CONFIG_ENUM, "info", 0, 0, OFF(base.log_level), "error, warn, info or debug",
+      kp_daemon_log_levels, false },
+    { "ready-file", KP_CONFIG_STRING, "", 0, 0, OFF(base.ready_file),
       "file to write the bound addresses to (grpc=..., http=...) once serving", NULL, false },
     { "max-message-bytes", KP_CONFIG_SIZE, "64MiB", 1024, 1LL << 30, OFF(max_message_bytes),
       "largest encoded batch accepted; larger ones get RESOURCE_EXHAUSTED", NULL, false },
@@ -53,37 +49,35 @@ static const struct kp_config_def collectord_config[] = {
 };
 #undef OFF
 
+static int create(const void *cfg, void **obj, char *errbuf, size_t errlen)
+{
+    struct kp_collectord *d = NULL;
+    int rc = kp_collectord_create(cfg, &d, errbuf, errlen);
+
+    *obj = d;
+    return rc;
+}
+
+static void destroy(void *obj)
+{
+    kp_collectord_destroy(obj);
+}
+
 int main(int argc, char **argv)
 {
     struct kp_collectord_config cfg;
-    struct kp_collectord *d = NULL;
     size_t n = sizeof(collectord_config) / sizeof(collectord_config[0]);
-    char err[1024];
-    sigset_t set;
-    int exit_rc, sig, rc;
+    int rc;
 
     memset(&cfg, 0, sizeof(cfg));
-    if ((exit_rc = kp_config_main(collectord_config, n, &cfg, "kprof-collectord", argc, argv)) >=
-        0) {
-        return exit_rc;
+    if ((rc = kp_config_main(collectord_config, n, &cfg, "kprof-collectord", argc, argv)) >= 0) {
+        return rc;
     }
-    kp_log_set_level((enum kp_log_level) cfg.log_level);
-    /* Signals are taken synchronously by this thread; every other thread inherits the mask. */
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    rc = kp_collectord_create(&cfg, &d, err, sizeof(err));
-    if (rc != 0) {
-        kp_log_error("cannot start: %s", err);
-        kp_config_fini(collectord_config, n, &cfg);
-        return 1;
-    }
-    sigwait(&set, &sig);
-    kp_log_info("stopping signal=%s", sig == SIGTERM ? "TERM" : "INT");
-    kp_collectord_destroy(d);
+    kp_log_set_level((enum kp_log_level) cfg.base.log_level);
+    rc = kp_daemon_serve(KP_LOG_MODULE, create, destroy, &cfg);
     kp_config_fini(collectord_config, n, &cfg);
-    kp_log_info("stopped");
-    return 0;
+    if (rc == 0) {
+        kp_log_info("stopped");
+    }
+    return rc;
 }

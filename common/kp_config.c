@@ -828,29 +828,24 @@ static int check_required(const struct kp_config_def *defs, size_t n, const void
     return 0;
 }
 
-int kp_config_load_args(const struct kp_config_def *defs, size_t n, void *cfg, const char *prog,
-                        int argc, char **argv, struct kp_config_pos *pos, char *errbuf,
-                        size_t errlen, int *action)
-{
-    char path[512], origin[NAME_MAX_LEN + SHOWN_MAX + 16], tmp[SHOWN_MAX + 4];
-    const char *config_path = NULL;
-    bool help = false, dry_run = false, print = false, flags_done = false;
-    struct tok t;
-    int rc, first_err = 0, i;
+/* What pass 1 over the arguments found: the built-in flags. */
+struct builtins {
+    bool help, dry_run, print;
+    const char *config_path;
+};
 
-    *action = KP_CONFIG_RUN;
-    if (pos != NULL) {
-        pos->n = 0;
-    }
-    rc = check_table(defs, n, errbuf, errlen);
-    if (rc == 0) {
-        rc = load_defaults(defs, n, cfg, errbuf, errlen);
-    }
-    if (rc != 0) {
-        goto fail;
-    }
-    /* Pass 1: the built-in flags, and every syntax error. --help wins over the errors. */
-    for (i = 1; i < argc;) {
+/* Pass 1: the built-in flags and the positional arguments, and every syntax error. Returns 0 or
+ * the first error (its message in errbuf); bi is filled either way (--help wins over errors). */
+static int scan_args(const struct kp_config_def *defs, size_t n, const char *prog, int argc,
+                     char **argv, struct kp_config_pos *pos, struct builtins *bi, char *errbuf,
+                     size_t errlen)
+{
+    bool flags_done = false;
+    struct tok t;
+    int rc, first_err = 0;
+
+    memset(bi, 0, sizeof(*bi));
+    for (int i = 1; i < argc;) {
         rc = next_tok(defs, n, argc, argv, &i, &flags_done, &t, first_err == 0 ? errbuf : NULL,
                       errlen);
         if (rc == 0 && t.kind == TOK_POS) {
@@ -876,14 +871,60 @@ int kp_config_load_args(const struct kp_config_def *defs, size_t n, void *cfg, c
             }
             continue;
         }
-        help |= t.kind == TOK_HELP;
-        dry_run |= t.kind == TOK_DRY_RUN;
-        print |= t.kind == TOK_PRINT;
+        bi->help |= t.kind == TOK_HELP;
+        bi->dry_run |= t.kind == TOK_DRY_RUN;
+        bi->print |= t.kind == TOK_PRINT;
         if (t.kind == TOK_CONFIG) {
-            config_path = t.val;
+            bi->config_path = t.val;
         }
     }
-    if (help) {
+    return first_err;
+}
+
+/* Pass 2: applies the --key=value flags (pass 1 checked their syntax). Returns 0 or an error. */
+static int apply_args(const struct kp_config_def *defs, size_t n, void *cfg, int argc, char **argv,
+                      char *errbuf, size_t errlen)
+{
+    char origin[NAME_MAX_LEN + SHOWN_MAX + 16], tmp[SHOWN_MAX + 4];
+    bool flags_done = false;
+    struct tok t;
+    int rc;
+
+    for (int i = 1; i < argc;) {
+        rc = next_tok(defs, n, argc, argv, &i, &flags_done, &t, errbuf, errlen);
+        if (rc == 0 && t.kind == TOK_KEY) {
+            snprintf(origin, sizeof(origin), "--%s=%s", t.d->name,
+                     shown(t.d, t.val, tmp, sizeof(tmp)));
+            rc = apply(t.d, cfg, t.val, origin, false, errbuf, errlen);
+        }
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
+int kp_config_load_args(const struct kp_config_def *defs, size_t n, void *cfg, const char *prog,
+                        int argc, char **argv, struct kp_config_pos *pos, char *errbuf,
+                        size_t errlen, int *action)
+{
+    char path[512];
+    struct builtins bi;
+    int rc;
+
+    *action = KP_CONFIG_RUN;
+    if (pos != NULL) {
+        pos->n = 0;
+    }
+    rc = check_table(defs, n, errbuf, errlen);
+    if (rc == 0) {
+        rc = load_defaults(defs, n, cfg, errbuf, errlen);
+    }
+    if (rc != 0) {
+        goto fail;
+    }
+    rc = scan_args(defs, n, prog, argc, argv, pos, &bi, errbuf, errlen);
+    if (bi.help) {
         if (errbuf != NULL && errlen > 0) {
             errbuf[0] = '\0';
         }
@@ -892,12 +933,11 @@ int kp_config_load_args(const struct kp_config_def *defs, size_t n, void *cfg, c
         *action = KP_CONFIG_EXIT_OK;
         return 0;
     }
-    if (first_err != 0) {
-        rc = first_err;
+    if (rc != 0) {
         goto fail;
     }
-    if (config_path != NULL) {
-        rc = load_file(defs, n, cfg, config_path, true, errbuf, errlen);
+    if (bi.config_path != NULL) {
+        rc = load_file(defs, n, cfg, bi.config_path, true, errbuf, errlen);
     }
     else if (prog != NULL) {
         snprintf(path, sizeof(path), "%s/%s.conf", KP_CONFIG_DIR, prog);
@@ -906,31 +946,20 @@ int kp_config_load_args(const struct kp_config_def *defs, size_t n, void *cfg, c
     if (rc == 0) {
         rc = load_env(defs, n, cfg, errbuf, errlen);
     }
+    if (rc == 0) {
+        rc = apply_args(defs, n, cfg, argc, argv, errbuf, errlen);
+    }
+    if (rc == 0) {
+        rc = check_required(defs, n, cfg, errbuf, errlen);
+    }
     if (rc != 0) {
         goto fail;
     }
-    /* Pass 2: the values; pass 1 checked the syntax. */
-    flags_done = false;
-    for (i = 1; i < argc;) {
-        rc = next_tok(defs, n, argc, argv, &i, &flags_done, &t, errbuf, errlen);
-        if (rc == 0 && t.kind == TOK_KEY) {
-            snprintf(origin, sizeof(origin), "--%s=%s", t.d->name,
-                     shown(t.d, t.val, tmp, sizeof(tmp)));
-            rc = apply(t.d, cfg, t.val, origin, false, errbuf, errlen);
-        }
-        if (rc != 0) {
-            goto fail;
-        }
-    }
-    rc = check_required(defs, n, cfg, errbuf, errlen);
-    if (rc != 0) {
-        goto fail;
-    }
-    if (print) {
+    if (bi.print) {
         kp_config_print(defs, n, cfg, stdout);
         fflush(stdout);
     }
-    if (print || dry_run) {
+    if (bi.print || bi.dry_run) {
         *action = KP_CONFIG_EXIT_OK;
     }
     return 0;

@@ -1,6 +1,6 @@
 /*
- * kp_push: the reliable producer of Ingest.Push, used by kprof-loadgen and later by the node
- * agent and the importer.
+ * kp_push: the reliable producer of Ingest.Push, used by the node agent, kprofctl import and
+ * kprof-loadgen.
  *
  * One kp_push is one producer `stream` id. It numbers the batches it is given 1, 2, 3, ...
  * (or from opts.first_seq), encodes each once and keeps the bytes until collectord

@@ -1,0 +1,301 @@
+/*
+ * The agents' side of the capture coordinator (coord.h): their Control.Attach calls, the
+ * reports they send on them (checked, then applied to the captures' ranks) and
+ * kp_coord_feed_report, which plays an agent for tests and fuzzing.
+ */
+#define KP_LOG_MODULE "coord"
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord.h"
+#include "coord_int.h"
+#include "kp_clock.h"
+#include "kp_err.h"
+#include "kp_log.h"
+#include "store.h"
+
+/* ---- Attach ---- */
+
+static bool report_valid(const Kprof__V1__AgentReport *r, char *why, size_t len)
+{
+    if (!kp__coord_text_ok(r->host, KP_COORD_MAX_TEXT) ||
+        !kp__coord_text_ok(r->version, KP_COORD_MAX_TEXT)) {
+        snprintf(why, len, "AgentReport.host or .version is not UTF-8 of at most %d bytes",
+                 KP_COORD_MAX_TEXT);
+        return false;
+    }
+    if (r->agent_id == 0) {
+        snprintf(why, len, "AgentReport.agent_id must not be 0");
+        return false;
+    }
+    if (r->n_processes > KP_COORD_MAX_PROCESSES || r->n_ranks > KP_COORD_MAX_RANKS) {
+        snprintf(why, len, "AgentReport has too many processes (%zu) or ranks (%zu)",
+                 r->n_processes, r->n_ranks);
+        return false;
+    }
+    for (size_t i = 0; i < r->n_processes; i++) {
+        const Kprof__V1__AgentProcess *p = r->processes[i];
+
+        if (!kp__coord_text_ok(p->job, KP_COORD_MAX_TEXT)) {
+            snprintf(why, len, "processes[%zu].job is not UTF-8 of at most %d bytes", i,
+                     KP_COORD_MAX_TEXT);
+            return false;
+        }
+        if (p->world_size > KP_STORE_MAX_WORLD_SIZE || p->rank >= KP_STORE_MAX_WORLD_SIZE) {
+            snprintf(why, len, "processes[%zu]: rank %d or world size %u out of range", i, p->rank,
+                     p->world_size);
+            return false;
+        }
+    }
+    for (size_t i = 0; i < r->n_ranks; i++) {
+        const Kprof__V1__AgentCaptureRank *q = r->ranks[i];
+
+        if (!kp__coord_text_ok(q->reason, KP_COORD_MAX_REASON)) {
+            snprintf(why, len, "ranks[%zu].reason is not UTF-8 of at most %d bytes", i,
+                     KP_COORD_MAX_REASON);
+            return false;
+        }
+        if (q->state < ST_PENDING || q->state > ST_FAILED) {
+            snprintf(why, len, "ranks[%zu].state %d is not a RankState", i, (int) q->state);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Takes in the rank states of a's report (mu held). */
+static void apply_report(struct kp_coord *c, struct agent *a)
+{
+    const Kprof__V1__AgentReport *rep = a->report;
+    long long now = kp_mono_ms();
+
+    for (size_t i = 0; i < rep->n_ranks; i++) {
+        const Kprof__V1__AgentCaptureRank *q = rep->ranks[i];
+        struct cap *k = kp__coord_cap_by_run(c, q->run_id);
+
+        if (k == NULL || k->ended) {
+            continue;
+        }
+        for (size_t j = 0; j < k->n; j++) {
+            struct crank *r = &k->ranks[j];
+
+            if (r->rank != q->rank || r->agent_id != a->id) {
+                continue;
+            }
+            if (kp__coord_terminal(r->state) || (int) q->state < r->state) {
+                break; /* final already, or an older picture */
+            }
+            if ((int) q->state != r->state) {
+                kp_log_info("capture rank run=%" PRIu64 " rank=%d host=%s state=%s%s%s", k->run_id,
+                            r->rank, r->host, kp__coord_state_name((int) q->state),
+                            q->reason[0] ? " reason=" : "", q->reason);
+            }
+            r->state = (int) q->state;
+            r->records = q->records;
+            r->dropped = q->dropped;
+            if (q->pid != 0) {
+                r->pid = q->pid;
+            }
+            r->first_step = q->first_step;
+            r->last_step = q->last_step;
+            kp__coord_copy_text(r->reason, sizeof(r->reason), q->reason);
+            break;
+        }
+    }
+    /* ARMs that may not have arrived (the call broke before they went out): again */
+    for (struct cap *k = c->caps; k != NULL; k = k->next) {
+        bool want = false;
+
+        if (k->ended || k->run_id == 0) {
+            continue;
+        }
+        for (size_t j = 0; j < k->n && !want; j++) {
+            struct crank *r = &k->ranks[j];
+
+            if (r->agent_id != a->id || r->state != ST_PENDING ||
+                now - r->armed_ms < KP_COORD_REARM_MS) {
+                continue;
+            }
+            want = true;
+            for (size_t i = 0; i < rep->n_ranks; i++) {
+                if (rep->ranks[i]->run_id == k->run_id && rep->ranks[i]->rank == r->rank) {
+                    want = false; /* it knows */
+                    break;
+                }
+            }
+        }
+        if (want) {
+            kp__coord_send_arm(c, k, a, false);
+        }
+    }
+}
+
+static void *att_open(struct kp_rpc_call *call, void *ud)
+{
+    struct kp_coord *c = ud;
+    struct agent *a = calloc(1, sizeof(*a));
+
+    if (a == NULL) {
+        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
+        return NULL;
+    }
+    kp_rpc_call_ref(call);
+    a->coord = c;
+    a->call = call;
+    kp__coord_copy_text(a->peer, sizeof(a->peer), kp_rpc_call_peer(call));
+    pthread_mutex_lock(&c->mu);
+    a->next = c->agents;
+    c->agents = a;
+    pthread_mutex_unlock(&c->mu);
+    kp_log_debug("attach call opened peer=%s", a->peer);
+    return a;
+}
+
+static enum kp_rpc_next att_message(struct kp_rpc_call *call, ProtobufCMessage *msg,
+                                    size_t wire_bytes, void *state)
+{
+    struct agent *a = state;
+    struct kp_coord *c;
+    Kprof__V1__AgentReport *rep = (Kprof__V1__AgentReport *) msg;
+    char why[300];
+
+    (void) wire_bytes;
+    if (a == NULL) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        return KP_RPC_STOP;
+    }
+    c = a->coord;
+    if (!report_valid(rep, why, sizeof(why))) {
+        if (!a->invalid_logged) {
+            kp_log_warn("agent report refused peer=%s err=\"%s\"", a->peer, why);
+            a->invalid_logged = true;
+        }
+        protobuf_c_message_free_unpacked(msg, NULL);
+        kp_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, why);
+        return KP_RPC_STOP;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (a->id == 0) {
+        /* first report: a reconnecting agent takes over its earlier entry's ranks (by id) */
+        a->id = rep->agent_id;
+        kp__coord_copy_text(a->host, sizeof(a->host), rep->host);
+        kp_log_info("agent attached host=%s agent_id=%016" PRIx64 " peer=%s processes=%zu", a->host,
+                    a->id, a->peer, rep->n_processes);
+        for (struct agent **pp = &c->agents; *pp != NULL;) {
+            struct agent *o = *pp;
+
+            if (o != a && o->id == a->id && o->call == NULL) {
+                *pp = o->next;
+                if (o->report != NULL) {
+                    protobuf_c_message_free_unpacked(&o->report->base, NULL);
+                }
+                free(o);
+                continue;
+            }
+            pp = &o->next;
+        }
+    }
+    else if (rep->agent_id != a->id) {
+        pthread_mutex_unlock(&c->mu);
+        protobuf_c_message_free_unpacked(msg, NULL);
+        kp_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                           "AgentReport.agent_id changed within one Attach call");
+        return KP_RPC_STOP;
+    }
+    if (a->report != NULL) {
+        protobuf_c_message_free_unpacked(&a->report->base, NULL);
+    }
+    a->report = rep;
+    a->report_ms = kp_mono_ms();
+    apply_report(c, a);
+    pthread_mutex_unlock(&c->mu);
+    return KP_RPC_CONTINUE;
+}
+
+static void att_half_close(struct kp_rpc_call *call, void *state)
+{
+    (void) state;
+    kp_rpc_call_finish(call, GRPC_STATUS_OK, "");
+}
+
+static void att_close(struct kp_rpc_call *call, bool cancelled, void *state)
+{
+    struct agent *a = state;
+    struct kp_coord *c;
+
+    if (a == NULL) {
+        return;
+    }
+    c = a->coord;
+    pthread_mutex_lock(&c->mu);
+    a->call = NULL;
+    a->gone_ms = kp_mono_ms();
+    pthread_mutex_unlock(&c->mu);
+    if (a->id != 0) {
+        kp_log_info("agent detached host=%s agent_id=%016" PRIx64 " peer=%s cancelled=%d", a->host,
+                    a->id, a->peer, (int) cancelled);
+    }
+    kp_rpc_call_unref(call);
+}
+
+struct kp_rpc_method kp_coord_attach_method(struct kp_coord *c)
+{
+    return (struct kp_rpc_method){ .path = "/kprof.v1.Control/Attach",
+                                   .kind = KP_RPC_STREAM,
+                                   .request = &kprof__v1__agent_report__descriptor,
+                                   .on_open = att_open,
+                                   .on_message = att_message,
+                                   .on_half_close = att_half_close,
+                                   .on_close = att_close,
+                                   .ud = c };
+}
+
+int kp_coord_feed_report(struct kp_coord *c, uint32_t slot, const uint8_t *buf, size_t len,
+                         char *why, size_t whylen)
+{
+    Kprof__V1__AgentReport *rep = kprof__v1__agent_report__unpack(NULL, len, buf);
+    struct procref *v = NULL;
+    struct agent *a;
+    long n;
+
+    if (rep == NULL) {
+        snprintf(why, whylen, "AgentReport failed to unpack");
+        return KP_EPROTO;
+    }
+    if (!report_valid(rep, why, whylen)) {
+        protobuf_c_message_free_unpacked(&rep->base, NULL);
+        return KP_EPROTO;
+    }
+    pthread_mutex_lock(&c->mu);
+    for (a = c->agents; a != NULL && !(a->local && a->slot == slot); a = a->next) {
+    }
+    if (a == NULL && (a = calloc(1, sizeof(*a))) != NULL) {
+        a->coord = c;
+        a->local = true;
+        a->slot = slot;
+        a->next = c->agents;
+        c->agents = a;
+    }
+    if (a == NULL) {
+        pthread_mutex_unlock(&c->mu);
+        protobuf_c_message_free_unpacked(&rep->base, NULL);
+        return -ENOMEM;
+    }
+    if (a->report != NULL) {
+        protobuf_c_message_free_unpacked(&a->report->base, NULL);
+    }
+    a->id = rep->agent_id;
+    kp__coord_copy_text(a->host, sizeof(a->host), rep->host);
+    a->report = rep;
+    a->report_ms = kp_mono_ms();
+    apply_report(c, a);
+    n = kp__coord_gather(c, NULL, &v);
+    pthread_mutex_unlock(&c->mu);
+    free(v);
+    return n < 0 ? (int) n : 0;
+}

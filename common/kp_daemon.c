@@ -1,0 +1,143 @@
+#include "kp_daemon.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kp_http.h"
+#include "kp_log.h"
+#include "kp_ready.h"
+
+const char *const kp_daemon_log_levels[] = { "error", "warn", "info", "debug", NULL };
+
+struct kp_daemon_sigwatch {
+    const char *module;
+    kp_daemon_stop_cb *stop;
+    void *ud;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    bool done; /* the loop ended on its own: a signal now only ends the thread */
+};
+
+static void stop_set(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+}
+
+void kp_daemon_signals_block(void)
+{
+    sigset_t set;
+
+    /* Signals are taken synchronously by one thread; every other thread inherits the mask. */
+    stop_set(&set);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+int kp_daemon_signals_wait(const char *module)
+{
+    sigset_t set;
+    int sig = 0;
+
+    stop_set(&set);
+    sigwait(&set, &sig);
+    kp_log_write(KP_LOG_INFO, module, "stopping signal=%s", sig == SIGTERM ? "TERM" : "INT");
+    return sig;
+}
+
+int kp_daemon_serve(const char *module, kp_daemon_create_cb *create, kp_daemon_destroy_cb *destroy,
+                    const void *cfg)
+{
+    char err[1024] = "";
+    void *obj = NULL;
+
+    kp_daemon_signals_block();
+    if (create(cfg, &obj, err, sizeof(err)) != 0) {
+        kp_log_write(KP_LOG_ERROR, module, "cannot start: %s", err);
+        return 1;
+    }
+    kp_daemon_signals_wait(module);
+    destroy(obj);
+    return 0;
+}
+
+static void *sigwatch_main(void *arg)
+{
+    struct kp_daemon_sigwatch *w = arg;
+    sigset_t set;
+    int sig = 0;
+    bool done;
+
+    stop_set(&set);
+    sigwait(&set, &sig);
+    pthread_mutex_lock(&w->mu);
+    done = w->done;
+    pthread_mutex_unlock(&w->mu);
+    if (!done) {
+        kp_log_write(KP_LOG_INFO, w->module, "stopping signal=%s", sig == SIGTERM ? "TERM" : "INT");
+        w->stop(w->ud);
+    }
+    return NULL;
+}
+
+int kp_daemon_sigwatch_create(const char *module, kp_daemon_stop_cb *stop, void *ud,
+                              struct kp_daemon_sigwatch **out)
+{
+    struct kp_daemon_sigwatch *w = calloc(1, sizeof(*w));
+
+    if (w == NULL) {
+        return -ENOMEM;
+    }
+    w->module = module;
+    w->stop = stop;
+    w->ud = ud;
+    pthread_mutex_init(&w->mu, NULL);
+    if (pthread_create(&w->thread, NULL, sigwatch_main, w) != 0) {
+        pthread_mutex_destroy(&w->mu);
+        free(w);
+        return -EAGAIN;
+    }
+    *out = w;
+    return 0;
+}
+
+void kp_daemon_sigwatch_destroy(struct kp_daemon_sigwatch *w)
+{
+    if (w == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&w->mu);
+    w->done = true;
+    pthread_mutex_unlock(&w->mu);
+    pthread_kill(w->thread, SIGTERM); /* if the loop ended on its own, end the thread too */
+    pthread_join(w->thread, NULL);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}
+
+int kp_daemon_http_start(const char *listen, const struct kp_http_handlers *h, void *ud,
+                         struct kp_http **out, char *errbuf, size_t errlen)
+{
+    *out = NULL;
+    if (listen == NULL || listen[0] == '\0') {
+        return 0;
+    }
+    return kp_http_create(listen, h, ud, out, errbuf, errlen);
+}
+
+int kp_daemon_ready_write(const char *ready_file, const char *key, const char *value,
+                          const struct kp_http *http, char *errbuf, size_t errlen)
+{
+    char addr[32];
+    struct kp_ready_entry e[] = { { key, value }, { "http", NULL } };
+
+    if (http != NULL) {
+        snprintf(addr, sizeof(addr), "127.0.0.1:%d", kp_http_port(http));
+        e[1].value = addr;
+    }
+    return kp_ready_file_write(ready_file, e, 2, errbuf, errlen);
+}
