@@ -30,9 +30,9 @@
 
 #include "capture.h"
 #include "kp_clock.h"
+#include "kp_daemon.h"
 #include "kp_http.h"
 #include "kp_log.h"
-#include "kp_ready.h"
 #include "kp_rpc.h"
 #include "kp_str.h"
 #include "kp_strbuf.h"
@@ -104,18 +104,6 @@ static int h_metrics(void *ud, struct kp_strbuf *out)
 }
 
 /* --- lifecycle --- */
-
-static int write_ready_file(struct kp_agent *a, char *errbuf, size_t errlen)
-{
-    char http[32];
-    struct kp_ready_entry e[] = { { "socket", a->cfg.socket }, { "http", NULL } };
-
-    if (a->http != NULL) {
-        snprintf(http, sizeof(http), "127.0.0.1:%d", kp_http_port(a->http));
-        e[1].value = http;
-    }
-    return kp_ready_file_write(a->cfg.ready_file, e, 2, errbuf, errlen);
-}
 
 /* The loop's epoll, wake-up eventfd and tick timer. */
 static int loop_fds(struct kp_agent *a, char *errbuf, size_t errlen)
@@ -233,11 +221,11 @@ int kp_agent_create(const struct kp_agent_config *cfg, struct kp_agent **out, ch
     if ((rc = kp_uplink_create(&uc, &a->uplink, errbuf, errlen)) != 0) {
         goto fail;
     }
-    if (cfg->http_listen != NULL && cfg->http_listen[0] != '\0' &&
-        (rc = kp_http_create(cfg->http_listen, &hh, a, &a->http, errbuf, errlen)) != 0) {
+    if ((rc = kp_daemon_http_start(cfg->http_listen, &hh, a, &a->http, errbuf, errlen)) != 0) {
         goto fail;
     }
-    if ((rc = write_ready_file(a, errbuf, errlen)) != 0) {
+    if ((rc = kp_daemon_ready_write(cfg->ready_file, "socket", cfg->socket, a->http, errbuf,
+                                    errlen)) != 0) {
         goto fail;
     }
     kp_log_info("listening socket=%s collector=%s spool=%s stream=%" PRIu64
