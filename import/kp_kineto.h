@@ -106,18 +106,15 @@
 #include <sys/types.h>
 
 #include "kp_codec.h"
+#include "kp_kineto_ids.h"
 #include "kprof.pb-c.h"
 
 #define KP_KINETO_DEFAULT_BATCH_ROWS       4096
 #define KP_KINETO_DEFAULT_MAX_STRING_BYTES (1u << 20)
 #define KP_KINETO_DEFAULT_MAX_DEPTH        64
 #define KP_KINETO_MAX_DEVICES              64
-#define KP_KINETO_PY_ID_BASE               (1ULL << 56)
-/* cuda_profiler_range events (see the mapping above): the correlation of a range without one
- * of its own is KP_KINETO_RANGE_ID_BASE + its index; its name row's metric starts with
- * KP_KINETO_RANGE_NAME_PREFIX; an event may carry up to KP_KINETO_MAX_COUNTERS metrics. */
-#define KP_KINETO_RANGE_ID_BASE     (1ULL << 62)
-#define KP_KINETO_RANGE_NAME_PREFIX "kprof.range_name:"
+/* cuda_profiler_range events (see the mapping above) may carry up to KP_KINETO_MAX_COUNTERS
+ * metrics each; their ids: kp_kineto_ids.h. */
 #define KP_KINETO_MAX_COUNTERS      256
 #define KP_KINETO_MAX_DIST_JSON     8192 /* distributedInfo kept as JSON text, at most */
 
