@@ -51,6 +51,8 @@ enum kp_col_role {
     KP_ROLE_NAME,  /* index into the batch's string table; stored as a names.id */
 };
 
+#define KP_CODEC_MAX_COLS 24 /* columns of a kind, at most (kp_codec_selfcheck checks) */
+
 struct kp_column_spec {
     const char *name; /* the proto field's name and the SQL column's name */
     enum kp_col_sql sql;
