@@ -36,6 +36,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "kp_batch_builder.h"
 #include "kp_err.h"
 #include "kp_json.h"
 #include "kp_log.h"
@@ -944,291 +945,65 @@ static enum num_rc text_to_i64(const char *s, int64_t *out)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* 3. The batch builder */
+/* 3. The batch's columns (kp_batch_builder does the rest) */
 
-struct r_kernel {
-    int64_t ts;
-    uint64_t dur, corr, ext, graph_node;
-    double blocks_sm, occupancy; /* NaN: absent */
-    uint32_t name, device, context, stream, grid[3], block[3], regs, smem, graph_id;
+/* An imported batch leaves out an optional column whose every row holds its "none" value
+ * (NULL in PostgreSQL: 0, or -1 where 0 means something; NaN for the doubles), except those
+ * that every event of the kind has (ALWAYS). */
+#define ALWAYS(kind, col)          \
+    {                              \
+        kind, col, KP_BB_ALWAYS, 0 \
+    }
+static const struct kp_batch_builder_rule import_cols[] = {
+    ALWAYS(KP_EV_KERNEL, "start_ns"),
+    ALWAYS(KP_EV_KERNEL, "dur_ns"),
+    ALWAYS(KP_EV_KERNEL, "name"),
+    ALWAYS(KP_EV_KERNEL, "device"),
+    ALWAYS(KP_EV_KERNEL, "stream"),
+    ALWAYS(KP_EV_MEMCPY, "start_ns"),
+    ALWAYS(KP_EV_MEMCPY, "dur_ns"),
+    ALWAYS(KP_EV_MEMCPY, "bytes"),
+    ALWAYS(KP_EV_MEMCPY, "device"),
+    ALWAYS(KP_EV_MEMCPY, "stream"),
+    ALWAYS(KP_EV_MEMSET, "start_ns"),
+    ALWAYS(KP_EV_MEMSET, "dur_ns"),
+    ALWAYS(KP_EV_MEMSET, "bytes"),
+    ALWAYS(KP_EV_MEMSET, "device"),
+    ALWAYS(KP_EV_MEMSET, "stream"),
+    ALWAYS(KP_EV_API, "start_ns"),
+    ALWAYS(KP_EV_API, "dur_ns"),
+    ALWAYS(KP_EV_API, "domain"),
+    ALWAYS(KP_EV_API, "name"),
+    ALWAYS(KP_EV_API, "tid"),
+    ALWAYS(KP_EV_OP, "start_ns"),
+    ALWAYS(KP_EV_OP, "dur_ns"),
+    ALWAYS(KP_EV_OP, "name"),
+    ALWAYS(KP_EV_OP, "kind"),
+    { KP_EV_OP, "seq", KP_BB_AUTO, -1 },
+    { KP_EV_OP, "device", KP_BB_AUTO, -1 },
+    ALWAYS(KP_EV_STEP, "start_ns"),
+    ALWAYS(KP_EV_STEP, "step"),
+    ALWAYS(KP_EV_STEP, "dur_ns"),
+    ALWAYS(KP_EV_COLLECTIVE, "start_ns"),
+    ALWAYS(KP_EV_COLLECTIVE, "dur_ns"),
+    ALWAYS(KP_EV_COLLECTIVE, "name"),
+    ALWAYS(KP_EV_COLLECTIVE, "tid"),
+    ALWAYS(KP_EV_SYNC, "start_ns"),
+    ALWAYS(KP_EV_SYNC, "dur_ns"),
+    ALWAYS(KP_EV_SYNC, "sync_type"),
+    ALWAYS(KP_EV_SYNC, "device"),
+    ALWAYS(KP_EV_SYNC, "stream"),
+    ALWAYS(KP_EV_MEMORY, "start_ns"),
+    ALWAYS(KP_EV_MEMORY, "name"),
+    ALWAYS(KP_EV_MEMORY, "device_type"),
+    ALWAYS(KP_EV_MEMORY, "device"),
+    ALWAYS(KP_EV_MEMORY, "bytes"),
+    ALWAYS(KP_EV_COUNTER, "metric"),
+    ALWAYS(KP_EV_COUNTER, "correlation"),
+    ALWAYS(KP_EV_COUNTER, "value"),
+    ALWAYS(KP_EV_COUNTER, "device"),
 };
-
-struct r_memcpy {
-    int64_t ts;
-    uint64_t dur, bytes, corr, ext;
-    double bw; /* "memory bandwidth (GB/s)", NaN: absent */
-    uint32_t copy_kind, src_kind, dst_kind, device, context, stream, src_dev, dst_dev;
-};
-
-struct r_memset {
-    int64_t ts;
-    uint64_t dur, bytes, corr, ext;
-    double bw;
-    uint32_t mem_kind, device, context, stream;
-};
-
-struct r_api {
-    int64_t ts;
-    uint64_t dur, tid, corr, ext;
-    uint32_t domain, cbid, name;
-};
-
-struct r_op {
-    int64_t ts, seq;
-    uint64_t dur, tid, op_id, parent_id, fwd_tid, ext;
-    uint32_t name, kind, shapes, dtypes, stream;
-    int32_t device;
-};
-
-struct r_step {
-    int64_t step, ts;
-    uint64_t dur;
-};
-
-struct r_coll {
-    int64_t ts;
-    uint64_t dur, in, out, seq, ext, tid;
-    uint32_t name, dtype, group_size, pg;
-};
-
-struct r_sync {
-    int64_t ts;
-    uint64_t dur, corr;
-    uint32_t type, device, context, stream, event;
-};
-
-struct r_mem {
-    int64_t ts, bytes;
-    uint64_t addr, total_alloc, total_res, tid;
-    uint32_t name, device_type;
-    int32_t device;
-};
-
-struct r_ctr {
-    double value;
-    uint64_t corr;
-    uint32_t metric, device;
-};
-
-#define KB_KIND(T, f) \
-    struct T *f;      \
-    size_t n_##f, cap_##f
-
-struct kb {
-    KB_KIND(r_kernel, kern);
-    KB_KIND(r_memcpy, mcpy);
-    KB_KIND(r_memset, mset);
-    KB_KIND(r_api, api);
-    KB_KIND(r_op, op);
-    KB_KIND(r_step, step);
-    KB_KIND(r_coll, coll);
-    KB_KIND(r_sync, sync);
-    KB_KIND(r_mem, memev);
-    KB_KIND(r_ctr, ctr);
-    size_t rows;
-    int64_t base_ns;
-    bool have_base;
-    /* per-batch string table: bytes holds the NUL-terminated strings, off[i] where i starts */
-    struct kp_strbuf bytes;
-    uint32_t *off;
-    size_t nstr, cap_str;
-    uint32_t *htab; /* index + 1, 0 empty */
-    size_t hcap;
-    char **ptrs;
-    size_t cap_ptrs;
-    unsigned char *mem; /* column arena of a flush */
-    size_t mem_cap, mem_used;
-};
-
-static void kb_fini(struct kb *b)
-{
-    free(b->kern);
-    free(b->mcpy);
-    free(b->mset);
-    free(b->api);
-    free(b->op);
-    free(b->step);
-    free(b->coll);
-    free(b->sync);
-    free(b->memev);
-    free(b->ctr);
-    kp_strbuf_fini(&b->bytes);
-    free(b->off);
-    free(b->htab);
-    free(b->ptrs);
-    free(b->mem);
-}
-
-static uint64_t hash_bytes(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ULL;
-
-    for (size_t i = 0; i < n; i++) {
-        h = (h ^ (unsigned char) s[i]) * 1099511628211ULL;
-    }
-    return h ^ (h >> 29);
-}
-
-static int kb_rehash(struct kb *b, size_t cap)
-{
-    uint32_t *t = calloc(cap, sizeof(*t));
-
-    if (t == NULL) {
-        return -ENOMEM;
-    }
-    for (size_t i = 0; i < b->nstr; i++) {
-        const char *s = b->bytes.data + b->off[i];
-        size_t h = (size_t) hash_bytes(s, strlen(s)) & (cap - 1);
-
-        while (t[h] != 0) {
-            h = (h + 1) & (cap - 1);
-        }
-        t[h] = (uint32_t) i + 1;
-    }
-    free(b->htab);
-    b->htab = t;
-    b->hcap = cap;
-    return 0;
-}
-
-/* Interns s[0..n) (valid UTF-8 without NUL, at most the name limit) and returns its index
- * (0 for ""), or a negative code. */
-static int64_t kb_intern(struct kb *b, const char *s, size_t n)
-{
-    size_t h;
-    int rc;
-
-    if (n == 0) {
-        return 0;
-    }
-    if ((b->nstr + 1) * 2 > b->hcap && kb_rehash(b, b->hcap ? b->hcap * 2 : 1024) != 0) {
-        return -ENOMEM;
-    }
-    h = (size_t) hash_bytes(s, n) & (b->hcap - 1);
-    while (b->htab[h] != 0) {
-        const char *t = b->bytes.data + b->off[b->htab[h] - 1];
-
-        if (strncmp(t, s, n) == 0 && t[n] == '\0') {
-            return b->htab[h] - 1;
-        }
-        h = (h + 1) & (b->hcap - 1);
-    }
-    if (b->nstr == b->cap_str) {
-        size_t cap = b->cap_str ? b->cap_str * 2 : 1024;
-        uint32_t *o = realloc(b->off, cap * sizeof(*o));
-
-        if (o == NULL) {
-            return -ENOMEM;
-        }
-        b->off = o;
-        b->cap_str = cap;
-    }
-    b->off[b->nstr] = (uint32_t) b->bytes.len;
-    if ((rc = kp_strbuf_append(&b->bytes, s, n)) != 0 || (rc = kp_strbuf_putc(&b->bytes, 0)) != 0) {
-        return rc;
-    }
-    b->htab[h] = (uint32_t) b->nstr + 1;
-    return (int64_t) b->nstr++;
-}
-
-static void kb_reset(struct kb *b)
-{
-    b->n_kern = b->n_mcpy = b->n_mset = b->n_api = b->n_op = b->n_step = b->n_coll = b->n_sync =
-        b->n_memev = b->n_ctr = 0;
-    b->rows = 0;
-    b->have_base = false;
-    kp_strbuf_reset(&b->bytes);
-    b->nstr = 0;
-    if (b->htab != NULL) {
-        memset(b->htab, 0, b->hcap * sizeof(*b->htab));
-    }
-    /* index 0 is the empty string */
-    if (b->cap_str == 0) {
-        b->off = malloc(1024 * sizeof(*b->off));
-        b->cap_str = b->off != NULL ? 1024 : 0;
-    }
-    if (b->off != NULL && kp_strbuf_putc(&b->bytes, 0) == 0) {
-        b->off[0] = 0;
-        b->nstr = 1;
-    }
-}
-
-/* Reserves a row of kind f; evaluates to a pointer or NULL. */
-#define KB_ADD(b, f)                                                                         \
-    ((b)->n_##f < (b)->cap_##f || kb_grow((void **) &(b)->f, &(b)->cap_##f, sizeof(*(b)->f)) \
-         ? memset(&(b)->f[(b)->n_##f++], 0, sizeof(*(b)->f))                                 \
-         : NULL)
-
-static bool kb_grow(void **p, size_t *cap, size_t size)
-{
-    size_t c = *cap ? *cap * 2 : 256;
-    void *q = realloc(*p, c * size);
-
-    if (q == NULL) {
-        return false;
-    }
-    *p = q;
-    *cap = c;
-    return true;
-}
-
-static void *kb_mem(struct kb *b, size_t n)
-{
-    void *p;
-
-    n = (n + 7) & ~(size_t) 7;
-    if (b->mem_used + n > b->mem_cap) {
-        return NULL; /* sized up front by kb_flush */
-    }
-    p = b->mem + b->mem_used;
-    b->mem_used += n;
-    return p;
-}
-
-/* Fills column F of message M from rows R[0..N) with EXPR (r is the row); an optional column
- * (REQ false) whose every value is DEF is left out (NULL in PostgreSQL). */
-#define COLUMN(M, F, N, R, EXPR, DEF, REQ)              \
-    do {                                                \
-        bool any_ = (REQ);                              \
-        for (size_t i_ = 0; !any_ && i_ < (N); i_++) {  \
-            const __typeof__((R)[0]) *r = &(R)[i_];     \
-            any_ = (EXPR) != (DEF);                     \
-        }                                               \
-        if (any_) {                                     \
-            (M).F = kb_mem(b, (N) * sizeof(*(M).F));    \
-            (M).n_##F = (N);                            \
-            for (size_t i_ = 0; i_ < (N); i_++) {       \
-                const __typeof__((R)[0]) *r = &(R)[i_]; \
-                (M).F[i_] = (EXPR);                     \
-            }                                           \
-        }                                               \
-    } while (0)
-
-/* The bandwidth_gbps column of M from R[0..N)'s bw, left out when every row's is NaN. */
-#define BANDWIDTH(M, N, R)                                            \
-    do {                                                              \
-        for (size_t i_ = 0; i_ < (N); i_++) {                         \
-            if (!isnan((R)[i_].bw)) {                                 \
-                (M).bandwidth_gbps = kb_mem(b, (N) * sizeof(double)); \
-                (M).n_bandwidth_gbps = (N);                           \
-                for (size_t j_ = 0; j_ < (N); j_++) {                 \
-                    (M).bandwidth_gbps[j_] = (R)[j_].bw;              \
-                }                                                     \
-                break;                                                \
-            }                                                         \
-        }                                                             \
-    } while (0)
-
-#define STARTS(M, N, R)                                  \
-    do {                                                 \
-        int64_t prev_ = b->base_ns;                      \
-        (M).start_ns = kb_mem(b, (N) * sizeof(int64_t)); \
-        (M).n_start_ns = (N);                            \
-        for (size_t i_ = 0; i_ < (N); i_++) {            \
-            (M).start_ns[i_] = (R)[i_].ts - prev_;       \
-            prev_ = (R)[i_].ts;                          \
-        }                                                \
-    } while (0)
+#undef ALWAYS
 
 /* ------------------------------------------------------------------------------------------ */
 /* 2. The trace walker */
@@ -1390,7 +1165,9 @@ struct kp_kineto_spool {
 struct kp_kineto {
     const struct kp_kineto_opts *opts;
     struct jr j;
-    struct kb b;
+    struct kp_batch_builder *bb; /* the batch being read */
+    int64_t base_ns;             /* its base_ns: the start of its first row */
+    bool have_base;
     struct kp_strbuf evs; /* the current event's strings */
     struct ev e;
     struct kp_kineto_meta *meta;
@@ -1826,7 +1603,7 @@ static int64_t intern_name(struct kp_kineto *k, const char *s, size_t n)
         }
         s = tmp;
     }
-    idx = kb_intern(&k->b, s, n);
+    idx = kp_batch_builder_intern(k->bb, s, n);
     free(tmp);
     return idx;
 }
@@ -1841,14 +1618,31 @@ static int64_t intern_ev(struct kp_kineto *k, int id)
 
 static int kb_flush(struct kp_kineto *k);
 
-/* Counts a row and its start for the batch; flushes when full. */
+/* Appends a zeroed row of kind to the batch (its columns: kp_batch_builder_table). Returns
+ * its index, or -ENOMEM (set as the parse's error). */
+static long row_new(struct kp_kineto *k, enum kp_event_kind kind)
+{
+    long i = kp_batch_builder_add(k->bb, kind, 1);
+
+    if (i < 0) {
+        k->j.err = -ENOMEM;
+    }
+    return i;
+}
+
+#define ROW(i, kind)                        \
+    do {                                    \
+        if (((i) = row_new(k, kind)) < 0) { \
+            return k->j.err;                \
+        }                                   \
+    } while (0)
+
+/* Counts a row and its start for the batch. */
 static int row_added(struct kp_kineto *k, int kind, int64_t ts)
 {
-    struct kb *b = &k->b;
-
-    if (!b->have_base) {
-        b->base_ns = ts;
-        b->have_base = true;
+    if (!k->have_base) {
+        k->base_ns = ts;
+        k->have_base = true;
     }
     if (ts < k->meta->min_ns) {
         k->meta->min_ns = ts;
@@ -1857,13 +1651,14 @@ static int row_added(struct kp_kineto *k, int kind, int64_t ts)
         k->meta->max_ns = ts;
     }
     k->meta->rows[kind]++;
-    b->rows++;
     return 0;
 }
 
 static bool batch_full(struct kp_kineto *k)
 {
-    return k->b.rows >= k->batch_rows || k->b.bytes.len >= KB_MAX_STR_BYTES;
+    /* + 1: the string table's "" counted as a byte, as it always was */
+    return kp_batch_builder_total(k->bb) >= k->batch_rows ||
+           kp_batch_builder_string_bytes(k->bb) + 1 >= KB_MAX_STR_BYTES;
 }
 
 /* Lower-cases cat into buf (at most len-1 bytes; longer cats never match). */
@@ -2020,13 +1815,6 @@ static bool profiler_step(struct kp_kineto *k, int64_t *step)
     return text_to_i64(n + sizeof(pfx) - 1, step) == NUM_OK && *step >= 0;
 }
 
-#define OOM(x)                  \
-    do {                        \
-        if ((x) == NULL) {      \
-            k->j.err = -ENOMEM; \
-            return k->j.err;    \
-        }                       \
-    } while (0)
 #define IDX(var, expr)           \
     do {                         \
         int64_t i_ = (expr);     \
@@ -2040,10 +1828,11 @@ static bool profiler_step(struct kp_kineto *k, int64_t *step)
 static int map_op(struct kp_kineto *k, enum map m)
 {
     struct ev *e = &k->e;
-    struct r_op *o;
+    Kprof__V1__Ops *o = kp_batch_builder_table(k->bb, KP_EV_OP);
     int64_t v, step = 0;
     uint32_t kind;
     bool is_step = false;
+    long i;
 
     if (m == M_GPU_ANN) {
         kind = KPROF__V1__OP_KIND__OP_KIND_GPU_USER_ANNOTATION;
@@ -2057,52 +1846,52 @@ static int map_op(struct kp_kineto *k, enum map m)
                        : (m == M_CPU_OP ? KPROF__V1__OP_KIND__OP_KIND_CPU_OP
                                         : KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION);
     }
-    OOM(o = KB_ADD(&k->b, op));
-    o->ts = abs_ts(k);
-    o->dur = (uint64_t) e->dur_ns;
-    o->kind = kind;
-    o->seq = -1;
-    o->device = -1;
-    IDX(o->name, name_idx(k));
+    ROW(i, KP_EV_OP);
+    o->start_ns[i] = abs_ts(k);
+    o->dur_ns[i] = (uint64_t) e->dur_ns;
+    o->kind[i] = kind;
+    o->seq[i] = -1;
+    o->device[i] = -1;
+    IDX(o->name[i], name_idx(k));
     if (m == M_GPU_ANN) {
         int64_t dev, stream;
 
         if (gpu_where(k, &dev, &stream) != 0 || arg_in(k, A_EXT, 0, INT64_MAX, 0, &v) != 0) {
             return k->j.err;
         }
-        o->device = (int32_t) dev;
-        o->stream = (uint32_t) stream;
-        o->ext = (uint64_t) v;
+        o->device[i] = (int32_t) dev;
+        o->stream[i] = (uint32_t) stream;
+        o->external_id[i] = (uint64_t) v;
     }
     else {
         cpu_seen(k);
-        o->tid = e->tid_num ? (uint64_t) e->tid : 0;
+        o->tid[i] = e->tid_num ? (uint64_t) e->tid : 0;
         if (m == M_PY) {
             if (arg_in(k, A_PY_ID, 0, INT64_MAX - (int64_t) KP_KINETO_PY_ID_BASE, -1, &v) != 0) {
                 return k->j.err;
             }
-            o->op_id = v >= 0 ? KP_KINETO_PY_ID_BASE + (uint64_t) v : 0;
+            o->op_id[i] = v >= 0 ? KP_KINETO_PY_ID_BASE + (uint64_t) v : 0;
             if (arg_in(k, A_PY_PARENT, 0, INT64_MAX - (int64_t) KP_KINETO_PY_ID_BASE, -1, &v) !=
                 0) {
                 return k->j.err;
             }
-            o->parent_id = v >= 0 ? KP_KINETO_PY_ID_BASE + (uint64_t) v : 0;
+            o->parent_id[i] = v >= 0 ? KP_KINETO_PY_ID_BASE + (uint64_t) v : 0;
         }
         else {
             if (arg_in(k, A_EXT, 0, INT64_MAX, 0, &v) != 0) {
                 return k->j.err;
             }
-            o->op_id = o->ext = (uint64_t) v;
-            if (arg_in(k, A_SEQ, -1, INT64_MAX, -1, &o->seq) != 0 ||
+            o->op_id[i] = o->external_id[i] = (uint64_t) v;
+            if (arg_in(k, A_SEQ, -1, INT64_MAX, -1, &o->seq[i]) != 0 ||
                 arg_in(k, A_FWD_TID, 0, INT64_MAX, 0, &v) != 0) {
                 return k->j.err;
             }
-            o->fwd_tid = (uint64_t) v;
-            IDX(o->shapes, intern_ev(k, C_SHAPES));
-            IDX(o->dtypes, intern_ev(k, C_TYPES));
+            o->fwd_tid[i] = (uint64_t) v;
+            IDX(o->input_shapes[i], intern_ev(k, C_SHAPES));
+            IDX(o->input_dtypes[i], intern_ev(k, C_TYPES));
         }
     }
-    row_added(k, KP_EV_OP, o->ts);
+    row_added(k, KP_EV_OP, o->start_ns[i]);
     if (m == M_GPU_ANN) {
         k->meta->cats[KP_KINETO_GPU_USER_ANNOTATION]++;
         return 0;
@@ -2111,56 +1900,56 @@ static int map_op(struct kp_kineto *k, enum map m)
                   : m == M_CPU_OP ? KP_KINETO_CPU_OP
                                   : KP_KINETO_USER_ANNOTATION]++;
     if (is_step) {
-        struct r_step *s;
+        Kprof__V1__Steps *st = kp_batch_builder_table(k->bb, KP_EV_STEP);
+        long j;
 
-        OOM(s = KB_ADD(&k->b, step));
-        s->step = step;
-        s->ts = o->ts;
-        s->dur = o->dur;
-        row_added(k, KP_EV_STEP, s->ts);
+        ROW(j, KP_EV_STEP);
+        st->step[j] = step;
+        st->start_ns[j] = o->start_ns[i];
+        st->dur_ns[j] = o->dur_ns[i];
+        row_added(k, KP_EV_STEP, st->start_ns[j]);
         k->meta->cats[KP_KINETO_PROFILER_STEP]++;
     }
     if (m == M_CPU_OP && has(e, S_COLL_NAME)) {
-        struct r_coll *c;
-        uint64_t ext = o->ext, tid = o->tid;
-        int64_t ts = o->ts, dur = (int64_t) o->dur;
+        Kprof__V1__Collectives *c = kp_batch_builder_table(k->bb, KP_EV_COLLECTIVE);
+        long j;
 
-        OOM(c = KB_ADD(&k->b, coll));
-        c->ts = ts;
-        c->dur = (uint64_t) dur;
-        c->ext = ext;
-        c->tid = tid;
-        IDX(c->name, intern_ev(k, S_COLL_NAME));
-        IDX(c->dtype, intern_ev(k, S_DTYPE));
+        ROW(j, KP_EV_COLLECTIVE);
+        c->start_ns[j] = o->start_ns[i];
+        c->dur_ns[j] = o->dur_ns[i];
+        c->external_id[j] = o->external_id[i];
+        c->tid[j] = o->tid[i];
+        IDX(c->name[j], intern_ev(k, S_COLL_NAME));
+        IDX(c->dtype[j], intern_ev(k, S_DTYPE));
         if (has(e, S_PG_NAME)) {
-            IDX(c->pg, intern_ev(k, S_PG_NAME));
+            IDX(c->process_group[j], intern_ev(k, S_PG_NAME));
         }
         else if (has(e, S_PG_DESC)) {
-            IDX(c->pg, intern_ev(k, S_PG_DESC));
+            IDX(c->process_group[j], intern_ev(k, S_PG_DESC));
         }
         else if (has(e, A_PG_ID)) {
             char id[32];
             int n = snprintf(id, sizeof(id), "%" PRId64, e->a[A_PG_ID]);
 
-            IDX(c->pg, intern_name(k, id, (size_t) n));
+            IDX(c->process_group[j], intern_name(k, id, (size_t) n));
         }
         if (arg_in(k, A_IN_NELEMS, 0, INT64_MAX, 0, &v) != 0) {
             return k->j.err;
         }
-        c->in = (uint64_t) v;
+        c->in_nelems[j] = (uint64_t) v;
         if (arg_in(k, A_OUT_NELEMS, 0, INT64_MAX, 0, &v) != 0) {
             return k->j.err;
         }
-        c->out = (uint64_t) v;
+        c->out_nelems[j] = (uint64_t) v;
         if (arg_in(k, A_GROUP_SIZE, 0, I4MAX, 0, &v) != 0) {
             return k->j.err;
         }
-        c->group_size = (uint32_t) v;
+        c->group_size[j] = (uint32_t) v;
         if (arg_in(k, A_COLL_SEQ, 0, INT64_MAX, 0, &v) != 0) {
             return k->j.err;
         }
-        c->seq = (uint64_t) v;
-        row_added(k, KP_EV_COLLECTIVE, c->ts);
+        c->coll_seq[j] = (uint64_t) v;
+        row_added(k, KP_EV_COLLECTIVE, c->start_ns[j]);
         k->meta->cats[KP_KINETO_COLLECTIVE]++;
     }
     return 0;
@@ -2169,27 +1958,28 @@ static int map_op(struct kp_kineto *k, enum map m)
 static int map_api(struct kp_kineto *k, enum map m)
 {
     struct ev *e = &k->e;
-    struct r_api *a;
+    Kprof__V1__ApiCalls *a = kp_batch_builder_table(k->bb, KP_EV_API);
     int64_t v;
+    long i;
 
     cpu_seen(k);
-    OOM(a = KB_ADD(&k->b, api));
-    a->ts = abs_ts(k);
-    a->dur = (uint64_t) e->dur_ns;
-    a->domain = m == M_DRIVER ? KPROF__V1__API_DOMAIN__API_DOMAIN_DRIVER
-                              : KPROF__V1__API_DOMAIN__API_DOMAIN_RUNTIME;
-    a->tid = e->tid_num ? (uint64_t) e->tid : 0;
-    IDX(a->name, name_idx(k));
+    ROW(i, KP_EV_API);
+    a->start_ns[i] = abs_ts(k);
+    a->dur_ns[i] = (uint64_t) e->dur_ns;
+    a->domain[i] = m == M_DRIVER ? KPROF__V1__API_DOMAIN__API_DOMAIN_DRIVER
+                                 : KPROF__V1__API_DOMAIN__API_DOMAIN_RUNTIME;
+    a->tid[i] = e->tid_num ? (uint64_t) e->tid : 0;
+    IDX(a->name[i], name_idx(k));
     if (arg_in(k, A_CBID, 0, I4MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    a->cbid = (uint32_t) v;
+    a->cbid[i] = (uint32_t) v;
     if (arg_in(k, A_CORR, 0, INT64_MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    a->corr = (uint64_t) v;
-    a->ext = gpu_ext(k);
-    row_added(k, KP_EV_API, a->ts);
+    a->correlation[i] = (uint64_t) v;
+    a->external_id[i] = gpu_ext(k);
+    row_added(k, KP_EV_API, a->start_ns[i]);
     k->meta->cats[m == M_DRIVER ? KP_KINETO_CUDA_DRIVER : KP_KINETO_CUDA_RUNTIME]++;
     return 0;
 }
@@ -2197,60 +1987,65 @@ static int map_api(struct kp_kineto *k, enum map m)
 static int map_kernel(struct kp_kineto *k)
 {
     struct ev *e = &k->e;
-    struct r_kernel *r;
+    Kprof__V1__Kernels *r = kp_batch_builder_table(k->bb, KP_EV_KERNEL);
     int64_t dev, stream, v;
+    long i;
 
     if (gpu_where(k, &dev, &stream) != 0) {
         return k->j.err;
     }
-    OOM(r = KB_ADD(&k->b, kern));
-    r->ts = abs_ts(k);
-    r->dur = (uint64_t) e->dur_ns;
-    r->device = (uint32_t) dev;
-    r->stream = (uint32_t) stream;
-    IDX(r->name, name_idx(k));
+    ROW(i, KP_EV_KERNEL);
+    r->start_ns[i] = abs_ts(k);
+    r->dur_ns[i] = (uint64_t) e->dur_ns;
+    r->device[i] = (uint32_t) dev;
+    r->stream[i] = (uint32_t) stream;
+    IDX(r->name[i], name_idx(k));
     if (arg_in(k, A_CONTEXT, 0, I4MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->context = (uint32_t) v;
+    r->context[i] = (uint32_t) v;
     if (arg_in(k, A_CORR, 0, INT64_MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->corr = (uint64_t) v;
-    r->ext = gpu_ext(k);
-    for (int i = 0; i < 3; i++) {
-        if (has(e, C_GRID) && (e->grid[i] < 0 || e->grid[i] > I4MAX)) {
-            return jr_fail(&k->j, "args.grid[%d] = %" PRId64 " is out of range (0..%d)", i,
-                           e->grid[i], I4MAX);
+    r->correlation[i] = (uint64_t) v;
+    r->external_id[i] = gpu_ext(k);
+    for (int d = 0; d < 3; d++) {
+        if (has(e, C_GRID) && (e->grid[d] < 0 || e->grid[d] > I4MAX)) {
+            return jr_fail(&k->j, "args.grid[%d] = %" PRId64 " is out of range (0..%d)", d,
+                           e->grid[d], I4MAX);
         }
-        if (has(e, C_BLOCK) && (e->block[i] < 0 || e->block[i] > I2MAX)) {
-            return jr_fail(&k->j, "args.block[%d] = %" PRId64 " is out of range (0..%d)", i,
-                           e->block[i], I2MAX);
+        if (has(e, C_BLOCK) && (e->block[d] < 0 || e->block[d] > I2MAX)) {
+            return jr_fail(&k->j, "args.block[%d] = %" PRId64 " is out of range (0..%d)", d,
+                           e->block[d], I2MAX);
         }
-        r->grid[i] = has(e, C_GRID) ? (uint32_t) e->grid[i] : 0;
-        r->block[i] = has(e, C_BLOCK) ? (uint32_t) e->block[i] : 0;
     }
-    if (arg_real(k, C_BLOCKS_SM, &r->blocks_sm) != 0 ||
-        arg_real(k, C_OCCUPANCY, &r->occupancy) != 0) {
+    r->grid_x[i] = has(e, C_GRID) ? (uint32_t) e->grid[0] : 0;
+    r->grid_y[i] = has(e, C_GRID) ? (uint32_t) e->grid[1] : 0;
+    r->grid_z[i] = has(e, C_GRID) ? (uint32_t) e->grid[2] : 0;
+    r->block_x[i] = has(e, C_BLOCK) ? (uint32_t) e->block[0] : 0;
+    r->block_y[i] = has(e, C_BLOCK) ? (uint32_t) e->block[1] : 0;
+    r->block_z[i] = has(e, C_BLOCK) ? (uint32_t) e->block[2] : 0;
+    if (arg_real(k, C_BLOCKS_SM, &r->blocks_per_sm[i]) != 0 ||
+        arg_real(k, C_OCCUPANCY, &r->est_occupancy[i]) != 0) {
         return k->j.err;
     }
     if (arg_in(k, A_REGS, 0, I2MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->regs = (uint32_t) v;
+    r->registers[i] = (uint32_t) v;
     if (arg_in(k, A_SMEM, 0, I4MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->smem = (uint32_t) v;
+    r->static_smem[i] = (uint32_t) v;
     if (arg_in(k, A_GRAPH_ID, 0, I4MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->graph_id = (uint32_t) v;
+    r->graph_id[i] = (uint32_t) v;
     if (arg_in(k, A_GRAPH_NODE, 0, INT64_MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->graph_node = (uint64_t) v;
-    row_added(k, KP_EV_KERNEL, r->ts);
+    r->graph_node_id[i] = (uint64_t) v;
+    row_added(k, KP_EV_KERNEL, r->start_ns[i]);
     k->meta->cats[KP_KINETO_KERNEL]++;
     return 0;
 }
@@ -2304,6 +2099,7 @@ static int map_memcpy(struct kp_kineto *k, bool memset_)
     int64_t dev, stream, ctx, corr, bytes, v;
     uint32_t kind, src, dst;
     double bw;
+    long i;
 
     if (gpu_where(k, &dev, &stream) != 0 || arg_in(k, A_CONTEXT, 0, I4MAX, 0, &ctx) != 0 ||
         arg_in(k, A_CORR, 0, INT64_MAX, 0, &corr) != 0 ||
@@ -2312,47 +2108,47 @@ static int map_memcpy(struct kp_kineto *k, bool memset_)
     }
     parse_mem_name(evstr(k, e->name_off), e->name_len, &kind, &src, &dst);
     if (memset_) {
-        struct r_memset *r;
+        Kprof__V1__Memsets *r = kp_batch_builder_table(k->bb, KP_EV_MEMSET);
 
-        OOM(r = KB_ADD(&k->b, mset));
-        r->ts = abs_ts(k);
-        r->dur = (uint64_t) e->dur_ns;
-        r->bytes = (uint64_t) bytes;
-        r->mem_kind = src;
-        r->device = (uint32_t) dev;
-        r->context = (uint32_t) ctx;
-        r->stream = (uint32_t) stream;
-        r->corr = (uint64_t) corr;
-        r->ext = gpu_ext(k);
-        r->bw = bw;
-        row_added(k, KP_EV_MEMSET, r->ts);
+        ROW(i, KP_EV_MEMSET);
+        r->start_ns[i] = abs_ts(k);
+        r->dur_ns[i] = (uint64_t) e->dur_ns;
+        r->bytes[i] = (uint64_t) bytes;
+        r->mem_kind[i] = src;
+        r->device[i] = (uint32_t) dev;
+        r->context[i] = (uint32_t) ctx;
+        r->stream[i] = (uint32_t) stream;
+        r->correlation[i] = (uint64_t) corr;
+        r->external_id[i] = gpu_ext(k);
+        r->bandwidth_gbps[i] = bw;
+        row_added(k, KP_EV_MEMSET, r->start_ns[i]);
         k->meta->cats[KP_KINETO_GPU_MEMSET]++;
         return 0;
     }
-    struct r_memcpy *r;
+    Kprof__V1__Memcpys *r = kp_batch_builder_table(k->bb, KP_EV_MEMCPY);
 
-    OOM(r = KB_ADD(&k->b, mcpy));
-    r->ts = abs_ts(k);
-    r->dur = (uint64_t) e->dur_ns;
-    r->bytes = (uint64_t) bytes;
-    r->copy_kind = kind;
-    r->src_kind = src;
-    r->dst_kind = dst;
-    r->device = (uint32_t) dev;
-    r->context = (uint32_t) ctx;
-    r->stream = (uint32_t) stream;
-    r->corr = (uint64_t) corr;
-    r->ext = gpu_ext(k);
-    r->bw = bw;
+    ROW(i, KP_EV_MEMCPY);
+    r->start_ns[i] = abs_ts(k);
+    r->dur_ns[i] = (uint64_t) e->dur_ns;
+    r->bytes[i] = (uint64_t) bytes;
+    r->copy_kind[i] = kind;
+    r->src_kind[i] = src;
+    r->dst_kind[i] = dst;
+    r->device[i] = (uint32_t) dev;
+    r->context[i] = (uint32_t) ctx;
+    r->stream[i] = (uint32_t) stream;
+    r->correlation[i] = (uint64_t) corr;
+    r->external_id[i] = gpu_ext(k);
+    r->bandwidth_gbps[i] = bw;
     if (arg_in(k, A_FROM_DEV, 0, I2MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->src_dev = (uint32_t) v;
+    r->src_device[i] = (uint32_t) v;
     if (arg_in(k, A_TO_DEV, 0, I2MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->dst_dev = (uint32_t) v;
-    row_added(k, KP_EV_MEMCPY, r->ts);
+    r->dst_device[i] = (uint32_t) v;
+    row_added(k, KP_EV_MEMCPY, r->start_ns[i]);
     k->meta->cats[KP_KINETO_GPU_MEMCPY]++;
     return 0;
 }
@@ -2362,31 +2158,32 @@ static int map_sync(struct kp_kineto *k)
     static const char *const types[] = { "Unknown",     "Event Sync",   "Stream Wait Event",
                                          "Stream Sync", "Context Sync", NULL };
     struct ev *e = &k->e;
-    struct r_sync *r;
+    Kprof__V1__Syncs *r = kp_batch_builder_table(k->bb, KP_EV_SYNC);
     int64_t dev, stream, v;
+    long i;
 
     if (gpu_where(k, &dev, &stream) != 0) {
         return k->j.err;
     }
-    OOM(r = KB_ADD(&k->b, sync));
-    r->ts = abs_ts(k);
-    r->dur = (uint64_t) e->dur_ns;
-    r->type = word_index(evstr(k, e->name_off), e->name_len, types);
-    r->device = (uint32_t) dev;
-    r->stream = (uint32_t) (stream >= 1000000 ? stream - 1000000 : stream);
+    ROW(i, KP_EV_SYNC);
+    r->start_ns[i] = abs_ts(k);
+    r->dur_ns[i] = (uint64_t) e->dur_ns;
+    r->sync_type[i] = word_index(evstr(k, e->name_off), e->name_len, types);
+    r->device[i] = (uint32_t) dev;
+    r->stream[i] = (uint32_t) (stream >= 1000000 ? stream - 1000000 : stream);
     if (arg_in(k, A_CONTEXT, 0, I4MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->context = (uint32_t) v;
+    r->context[i] = (uint32_t) v;
     if (arg_in(k, A_CORR, 0, INT64_MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->corr = (uint64_t) v;
+    r->correlation[i] = (uint64_t) v;
     if (arg_in(k, A_EVENT_ID, 0, I4MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->event = (uint32_t) v;
-    row_added(k, KP_EV_SYNC, r->ts);
+    r->cuda_event[i] = (uint32_t) v;
+    row_added(k, KP_EV_SYNC, r->start_ns[i]);
     k->meta->cats[KP_KINETO_CUDA_SYNC]++;
     return 0;
 }
@@ -2394,38 +2191,39 @@ static int map_sync(struct kp_kineto *k)
 static int map_memory(struct kp_kineto *k)
 {
     struct ev *e = &k->e;
-    struct r_mem *r;
+    Kprof__V1__MemoryEvents *r = kp_batch_builder_table(k->bb, KP_EV_MEMORY);
     int64_t v;
+    long i;
 
     cpu_seen(k);
-    OOM(r = KB_ADD(&k->b, memev));
-    r->ts = abs_ts(k);
-    r->tid = e->tid_num ? (uint64_t) e->tid : 0;
-    IDX(r->name, name_idx(k));
+    ROW(i, KP_EV_MEMORY);
+    r->start_ns[i] = abs_ts(k);
+    r->tid[i] = e->tid_num ? (uint64_t) e->tid : 0;
+    IDX(r->name[i], name_idx(k));
     if (arg_in(k, A_DEV_ID, -1, I2MAX, -1, &v) != 0) {
         return k->j.err;
     }
-    r->device = (int32_t) v;
+    r->device[i] = (int32_t) v;
     if (arg_in(k, A_DEV_TYPE, 0, I2MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->device_type = (uint32_t) v;
-    if (arg_in(k, A_MEM_BYTES, INT64_MIN, INT64_MAX, 0, &r->bytes) != 0) {
+    r->device_type[i] = (uint32_t) v;
+    if (arg_in(k, A_MEM_BYTES, INT64_MIN, INT64_MAX, 0, &r->bytes[i]) != 0) {
         return k->j.err;
     }
     if (arg_in(k, A_ADDR, 0, INT64_MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->addr = (uint64_t) v;
+    r->addr[i] = (uint64_t) v;
     if (arg_in(k, A_TOTAL_ALLOC, 0, INT64_MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->total_alloc = (uint64_t) v;
+    r->total_allocated[i] = (uint64_t) v;
     if (arg_in(k, A_TOTAL_RES, 0, INT64_MAX, 0, &v) != 0) {
         return k->j.err;
     }
-    r->total_res = (uint64_t) v;
-    row_added(k, KP_EV_MEMORY, r->ts);
+    r->total_reserved[i] = (uint64_t) v;
+    row_added(k, KP_EV_MEMORY, r->start_ns[i]);
     k->meta->cats[KP_KINETO_MEMORY]++;
     return 0;
 }
@@ -2434,7 +2232,6 @@ static int map_memory(struct kp_kineto *k)
 static void row_added_untimed(struct kp_kineto *k, int kind)
 {
     k->meta->rows[kind]++;
-    k->b.rows++;
 }
 
 /* A cuda_profiler_range event: its counters rows and the row naming it (kp_kineto.h). */
@@ -2442,7 +2239,8 @@ static int map_range(struct kp_kineto *k)
 {
     struct ev *e = &k->e;
     static const char pfx[] = KP_KINETO_RANGE_NAME_PREFIX;
-    struct r_ctr *r;
+    Kprof__V1__Counters *r = kp_batch_builder_table(k->bb, KP_EV_COUNTER);
+    long i;
     int64_t dev, stream, corr;
     uint64_t key, index = k->n_ranges;
     char *nm;
@@ -2469,18 +2267,18 @@ static int map_range(struct kp_kineto *k)
         k->j.err = (int) idx;
         return k->j.err;
     }
-    OOM(r = KB_ADD(&k->b, ctr));
-    r->metric = (uint32_t) idx;
-    r->value = (double) index;
-    r->corr = key;
-    r->device = (uint32_t) dev;
+    ROW(i, KP_EV_COUNTER);
+    r->metric[i] = (uint32_t) idx;
+    r->value[i] = (double) index;
+    r->correlation[i] = key;
+    r->device[i] = (uint32_t) dev;
     row_added_untimed(k, KP_EV_COUNTER);
-    for (uint32_t i = 0; i < e->n_ctr; i++) {
-        OOM(r = KB_ADD(&k->b, ctr));
-        IDX(r->metric, intern_name(k, evstr(k, e->ctr_off[i]), e->ctr_len[i]));
-        r->value = e->ctr_val[i];
-        r->corr = key;
-        r->device = (uint32_t) dev;
+    for (uint32_t c = 0; c < e->n_ctr; c++) {
+        ROW(i, KP_EV_COUNTER);
+        IDX(r->metric[i], intern_name(k, evstr(k, e->ctr_off[c]), e->ctr_len[c]));
+        r->value[i] = e->ctr_val[c];
+        r->correlation[i] = key;
+        r->device[i] = (uint32_t) dev;
         row_added_untimed(k, KP_EV_COUNTER);
     }
     k->n_ranges++;
@@ -2496,9 +2294,11 @@ static int ev_finish(struct kp_kineto *k)
     enum map m;
     int rc = 0;
 
-    size_t snap[10] = { k->b.n_kern, k->b.n_mcpy, k->b.n_mset, k->b.n_api,   k->b.n_op,
-                        k->b.n_step, k->b.n_coll, k->b.n_sync, k->b.n_memev, k->b.n_ctr };
-    size_t snap_rows = k->b.rows;
+    size_t snap[KP_EV_COUNT];
+
+    for (int kind = 0; kind < KP_EV_COUNT; kind++) {
+        snap[kind] = kp_batch_builder_rows(k->bb, (enum kp_event_kind) kind);
+    }
 
     if (e->ph == 0) {
         return jr_fail(&k->j, "the event has no \"ph\" (phase)");
@@ -2597,17 +2397,9 @@ static int ev_finish(struct kp_kineto *k)
     }
     if (rc != 0) {
         /* drop the rows of the event that failed half-way (--partial flushes the rest) */
-        k->b.n_kern = snap[0];
-        k->b.n_mcpy = snap[1];
-        k->b.n_mset = snap[2];
-        k->b.n_api = snap[3];
-        k->b.n_op = snap[4];
-        k->b.n_step = snap[5];
-        k->b.n_coll = snap[6];
-        k->b.n_sync = snap[7];
-        k->b.n_memev = snap[8];
-        k->b.n_ctr = snap[9];
-        k->b.rows = snap_rows;
+        for (int kind = 0; kind < KP_EV_COUNT; kind++) {
+            kp_batch_builder_truncate(k->bb, (enum kp_event_kind) kind, snap[kind]);
+        }
         return rc;
     }
     if (batch_full(k)) {
@@ -3212,257 +3004,44 @@ static void spool_seal(struct kp_kineto_spool *s)
 
 static int kb_flush(struct kp_kineto *k)
 {
-    struct kb *b = &k->b;
-    Kprof__V1__Batch m = KPROF__V1__BATCH__INIT;
-    Kprof__V1__Kernels kern = KPROF__V1__KERNELS__INIT;
-    Kprof__V1__Memcpys mcpy = KPROF__V1__MEMCPYS__INIT;
-    Kprof__V1__Memsets mset = KPROF__V1__MEMSETS__INIT;
-    Kprof__V1__ApiCalls api = KPROF__V1__API_CALLS__INIT;
-    Kprof__V1__Ops op = KPROF__V1__OPS__INIT;
-    Kprof__V1__Steps step = KPROF__V1__STEPS__INIT;
-    Kprof__V1__Collectives coll = KPROF__V1__COLLECTIVES__INIT;
-    Kprof__V1__Syncs sync = KPROF__V1__SYNCS__INIT;
-    Kprof__V1__MemoryEvents memev = KPROF__V1__MEMORY_EVENTS__INIT;
-    Kprof__V1__Counters ctr = KPROF__V1__COUNTERS__INIT;
+    Kprof__V1__Batch *m;
     Kprof__V1__RankInfo ri = KPROF__V1__RANK_INFO__INIT;
     Kprof__V1__Device devs[KP_KINETO_MAX_DEVICES];
     Kprof__V1__Device *devp[KP_KINETO_MAX_DEVICES];
     const struct kp_kineto_meta *src = k->opts->meta != NULL ? k->opts->meta : k->meta;
     struct kp_batch_limits lim;
     char err[512];
-    size_t need;
     int rc;
 
-    if (b->rows == 0 && k->sent_first) {
+    if (kp_batch_builder_total(k->bb) == 0 && k->sent_first) {
         return 0;
     }
-    need = (b->n_kern + b->n_mcpy + b->n_mset + b->n_api + b->n_op + b->n_step + b->n_coll +
-            b->n_sync + b->n_memev + b->n_ctr) *
-               24 * sizeof(uint64_t) +
-           8192; /* + the padding of every column */
-    if (need > b->mem_cap) {
-        unsigned char *p = realloc(b->mem, need);
-
-        if (p == NULL) {
-            k->j.err = -ENOMEM;
-            return k->j.err;
-        }
-        b->mem = p;
-        b->mem_cap = need;
-    }
-    b->mem_used = 0;
-    if (b->cap_ptrs < b->nstr) {
-        char **p = realloc(b->ptrs, b->nstr * sizeof(*p));
-
-        if (p == NULL) {
-            k->j.err = -ENOMEM;
-            return k->j.err;
-        }
-        b->ptrs = p;
-        b->cap_ptrs = b->nstr;
-    }
-    for (size_t i = 0; i < b->nstr; i++) {
-        b->ptrs[i] = b->bytes.data + b->off[i];
-    }
-    m.run_id = k->opts->run_id != 0 ? k->opts->run_id : 1; /* a scan validates as run 1 */
-    m.rank = k->opts->rank;
-    m.strings = b->ptrs;
-    m.n_strings = b->nstr;
-    m.base_ns = b->have_base ? b->base_ns : 0;
-
-    if (b->n_kern) {
-        size_t n = b->n_kern;
-        const struct r_kernel *R = b->kern;
-
-        STARTS(kern, n, R);
-        COLUMN(kern, dur_ns, n, R, r->dur, 0, true);
-        COLUMN(kern, name, n, R, r->name, 0, true);
-        COLUMN(kern, device, n, R, r->device, 0, true);
-        COLUMN(kern, context, n, R, r->context, 0, false);
-        COLUMN(kern, stream, n, R, r->stream, 0, true);
-        COLUMN(kern, correlation, n, R, r->corr, 0, false);
-        COLUMN(kern, external_id, n, R, r->ext, 0, false);
-        COLUMN(kern, grid_x, n, R, r->grid[0], 0, false);
-        COLUMN(kern, grid_y, n, R, r->grid[1], 0, false);
-        COLUMN(kern, grid_z, n, R, r->grid[2], 0, false);
-        COLUMN(kern, block_x, n, R, r->block[0], 0, false);
-        COLUMN(kern, block_y, n, R, r->block[1], 0, false);
-        COLUMN(kern, block_z, n, R, r->block[2], 0, false);
-        COLUMN(kern, registers, n, R, r->regs, 0, false);
-        COLUMN(kern, static_smem, n, R, r->smem, 0, false);
-        COLUMN(kern, graph_id, n, R, r->graph_id, 0, false);
-        COLUMN(kern, graph_node_id, n, R, r->graph_node, 0, false);
-        for (size_t i = 0; i < n; i++) {
-            if (!isnan(R[i].blocks_sm) || !isnan(R[i].occupancy)) {
-                kern.blocks_per_sm = kb_mem(b, n * sizeof(double));
-                kern.est_occupancy = kb_mem(b, n * sizeof(double));
-                kern.n_blocks_per_sm = kern.n_est_occupancy = n;
-                for (size_t j = 0; j < n; j++) {
-                    kern.blocks_per_sm[j] = R[j].blocks_sm;
-                    kern.est_occupancy[j] = R[j].occupancy;
-                }
-                break;
-            }
-        }
-        m.kernels = &kern;
-    }
-    if (b->n_mcpy) {
-        size_t n = b->n_mcpy;
-        const struct r_memcpy *R = b->mcpy;
-
-        STARTS(mcpy, n, R);
-        COLUMN(mcpy, dur_ns, n, R, r->dur, 0, true);
-        COLUMN(mcpy, bytes, n, R, r->bytes, 0, true);
-        COLUMN(mcpy, copy_kind, n, R, r->copy_kind, 0, false);
-        COLUMN(mcpy, src_kind, n, R, r->src_kind, 0, false);
-        COLUMN(mcpy, dst_kind, n, R, r->dst_kind, 0, false);
-        COLUMN(mcpy, device, n, R, r->device, 0, true);
-        COLUMN(mcpy, context, n, R, r->context, 0, false);
-        COLUMN(mcpy, stream, n, R, r->stream, 0, true);
-        COLUMN(mcpy, correlation, n, R, r->corr, 0, false);
-        COLUMN(mcpy, external_id, n, R, r->ext, 0, false);
-        COLUMN(mcpy, src_device, n, R, r->src_dev, 0, false);
-        COLUMN(mcpy, dst_device, n, R, r->dst_dev, 0, false);
-        BANDWIDTH(mcpy, n, R);
-        m.memcpys = &mcpy;
-    }
-    if (b->n_mset) {
-        size_t n = b->n_mset;
-        const struct r_memset *R = b->mset;
-
-        STARTS(mset, n, R);
-        COLUMN(mset, dur_ns, n, R, r->dur, 0, true);
-        COLUMN(mset, bytes, n, R, r->bytes, 0, true);
-        COLUMN(mset, mem_kind, n, R, r->mem_kind, 0, false);
-        COLUMN(mset, device, n, R, r->device, 0, true);
-        COLUMN(mset, context, n, R, r->context, 0, false);
-        COLUMN(mset, stream, n, R, r->stream, 0, true);
-        COLUMN(mset, correlation, n, R, r->corr, 0, false);
-        COLUMN(mset, external_id, n, R, r->ext, 0, false);
-        BANDWIDTH(mset, n, R);
-        m.memsets = &mset;
-    }
-    if (b->n_api) {
-        size_t n = b->n_api;
-        const struct r_api *R = b->api;
-
-        STARTS(api, n, R);
-        COLUMN(api, dur_ns, n, R, r->dur, 0, true);
-        COLUMN(api, domain, n, R, r->domain, 0, true);
-        COLUMN(api, cbid, n, R, r->cbid, 0, false);
-        COLUMN(api, name, n, R, r->name, 0, true);
-        COLUMN(api, tid, n, R, r->tid, 0, true);
-        COLUMN(api, correlation, n, R, r->corr, 0, false);
-        COLUMN(api, external_id, n, R, r->ext, 0, false);
-        m.api_calls = &api;
-    }
-    if (b->n_op) {
-        size_t n = b->n_op;
-        const struct r_op *R = b->op;
-
-        STARTS(op, n, R);
-        COLUMN(op, dur_ns, n, R, r->dur, 0, true);
-        COLUMN(op, name, n, R, r->name, 0, true);
-        COLUMN(op, kind, n, R, r->kind, 0xffffffffu, true);
-        COLUMN(op, tid, n, R, r->tid, 0, false);
-        COLUMN(op, op_id, n, R, r->op_id, 0, false);
-        COLUMN(op, parent_id, n, R, r->parent_id, 0, false);
-        COLUMN(op, seq, n, R, r->seq, -1, false);
-        COLUMN(op, fwd_tid, n, R, r->fwd_tid, 0, false);
-        COLUMN(op, input_shapes, n, R, r->shapes, 0, false);
-        COLUMN(op, input_dtypes, n, R, r->dtypes, 0, false);
-        COLUMN(op, external_id, n, R, r->ext, 0, false);
-        COLUMN(op, device, n, R, r->device, -1, false);
-        COLUMN(op, stream, n, R, r->stream, 0, false);
-        m.ops = &op;
-    }
-    if (b->n_step) {
-        size_t n = b->n_step;
-        const struct r_step *R = b->step;
-
-        COLUMN(step, step, n, R, r->step, 0, true);
-        STARTS(step, n, R);
-        COLUMN(step, dur_ns, n, R, r->dur, 0, true);
-        m.steps = &step;
-    }
-    if (b->n_coll) {
-        size_t n = b->n_coll;
-        const struct r_coll *R = b->coll;
-
-        STARTS(coll, n, R);
-        COLUMN(coll, dur_ns, n, R, r->dur, 0, true);
-        COLUMN(coll, name, n, R, r->name, 0, true);
-        COLUMN(coll, in_nelems, n, R, r->in, 0, false);
-        COLUMN(coll, out_nelems, n, R, r->out, 0, false);
-        COLUMN(coll, dtype, n, R, r->dtype, 0, false);
-        COLUMN(coll, group_size, n, R, r->group_size, 0, false);
-        COLUMN(coll, process_group, n, R, r->pg, 0, false);
-        COLUMN(coll, coll_seq, n, R, r->seq, 0, false);
-        COLUMN(coll, external_id, n, R, r->ext, 0, false);
-        COLUMN(coll, tid, n, R, r->tid, 0, true);
-        m.collectives = &coll;
-    }
-    if (b->n_sync) {
-        size_t n = b->n_sync;
-        const struct r_sync *R = b->sync;
-
-        STARTS(sync, n, R);
-        COLUMN(sync, dur_ns, n, R, r->dur, 0, true);
-        COLUMN(sync, sync_type, n, R, r->type, 0, true);
-        COLUMN(sync, device, n, R, r->device, 0, true);
-        COLUMN(sync, context, n, R, r->context, 0, false);
-        COLUMN(sync, stream, n, R, r->stream, 0, true);
-        COLUMN(sync, cuda_event, n, R, r->event, 0, false);
-        COLUMN(sync, correlation, n, R, r->corr, 0, false);
-        m.syncs = &sync;
-    }
-    if (b->n_memev) {
-        size_t n = b->n_memev;
-        const struct r_mem *R = b->memev;
-
-        STARTS(memev, n, R);
-        COLUMN(memev, name, n, R, r->name, 0, true);
-        COLUMN(memev, device_type, n, R, r->device_type, 0, true);
-        COLUMN(memev, device, n, R, r->device, -1, true);
-        COLUMN(memev, addr, n, R, r->addr, 0, false);
-        COLUMN(memev, bytes, n, R, r->bytes, 0, true);
-        COLUMN(memev, total_allocated, n, R, r->total_alloc, 0, false);
-        COLUMN(memev, total_reserved, n, R, r->total_res, 0, false);
-        COLUMN(memev, tid, n, R, r->tid, 0, false);
-        m.memory = &memev;
-    }
-    if (b->n_ctr) {
-        size_t n = b->n_ctr;
-        const struct r_ctr *R = b->ctr;
-
-        COLUMN(ctr, metric, n, R, r->metric, 0, true);
-        COLUMN(ctr, correlation, n, R, r->corr, 0, true);
-        COLUMN(ctr, value, n, R, r->value, 0, true);
-        COLUMN(ctr, device, n, R, r->device, 0, true);
-        m.counters = &ctr;
-    }
+    m = kp_batch_builder_finish(k->bb, k->have_base ? k->base_ns : 0, NULL);
+    m->run_id = k->opts->run_id != 0 ? k->opts->run_id : 1; /* a scan validates as run 1 */
+    m->rank = k->opts->rank;
     if (!k->sent_first) {
-        fill_rank_info(k->opts, src, &m, &ri, devs, devp);
+        fill_rank_info(k->opts, src, m, &ri, devs, devp);
     }
     lim.max_name_bytes = k->max_name;
     lim.max_strings = KP_CODEC_DEFAULT_MAX_STRINGS;
     lim.max_rows = KP_CODEC_DEFAULT_MAX_ROWS;
-    if ((rc = kp_batch_validate(&m, &lim, err, sizeof(err))) != 0) {
+    if ((rc = kp_batch_validate(m, &lim, err, sizeof(err))) != 0) {
         return jr_fail(&k->j, "batch %" PRIu64 " (the events before this one) is invalid: %s",
                        k->meta->batches + 1, err);
     }
     k->meta->batches++;
     k->sent_first = true;
     if (k->spool != NULL && !k->spool->unusable) {
-        spool_put(k, &m);
+        spool_put(k, m);
     }
-    if (k->cb != NULL && (rc = k->cb(&m, k->cb_ud)) != 0) {
+    if (k->cb != NULL && (rc = k->cb(m, k->cb_ud)) != 0) {
         k->j.err = rc;
         kp_errbuf_set(k->j.errbuf, k->j.errlen, "sending batch %" PRIu64 ": %s", k->meta->batches,
                       kp_strerror(rc));
         return rc;
     }
-    kb_reset(b);
+    kp_batch_builder_next(k->bb);
+    k->have_base = false;
     return 0;
 }
 
@@ -3511,23 +3090,18 @@ int kp_kineto_parse(kp_kineto_read_cb *read, void *read_ud, const struct kp_kine
     k->j.errbuf = errbuf;
     k->j.errlen = errlen;
     kp_strbuf_init(&k->evs, EV_MAX_BYTES);
-    kp_strbuf_init(&k->b.bytes, 0);
-    if ((k->j.buf = malloc(JR_CHUNK)) == NULL) {
-        rc = -ENOMEM;
-        kp_errbuf_set(errbuf, errlen, "out of memory");
-        goto out;
-    }
-    kb_reset(&k->b);
-    if (k->b.nstr != 1) {
+    if ((k->j.buf = malloc(JR_CHUNK)) == NULL ||
+        (rc = kp_batch_builder_create(KP_BB_AUTO, import_cols,
+                                      sizeof(import_cols) / sizeof(import_cols[0]), &k->bb)) != 0) {
         rc = -ENOMEM;
         kp_errbuf_set(errbuf, errlen, "out of memory");
         goto out;
     }
     rc = parse_top(k);
-    if (rc == 0 && (k->b.rows > 0 || !k->sent_first)) {
+    if (rc == 0 && (kp_batch_builder_total(k->bb) > 0 || !k->sent_first)) {
         rc = kb_flush(k);
     }
-    else if (rc == KP_EPROTO && opts->partial && cb != NULL && k->b.rows > 0) {
+    else if (rc == KP_EPROTO && opts->partial && cb != NULL && kp_batch_builder_total(k->bb) > 0) {
         /* --partial: send what was read before the error, keep the error's message */
         char saved[1024];
 
@@ -3561,7 +3135,7 @@ out:
     free(k->j.buf);
     free(k->j.str);
     kp_strbuf_fini(&k->evs);
-    kb_fini(&k->b);
+    kp_batch_builder_destroy(k->bb);
     free(k);
     return rc;
 }
