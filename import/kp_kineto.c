@@ -1,24 +1,14 @@
 /*
  * kp_kineto: streaming Kineto trace JSON → kprof batches. See kp_kineto.h for the contract
- * and the mapping.
- *
- * DESIGN. Three layers, all in this file:
- *  1. struct jr, a pull JSON tokenizer over a refillable 256 KiB buffer. It never holds more
- *     than one string (bounded by max_string_bytes) and one number token; nesting is bounded
- *     by max_depth (skipping recurses at most that deep). Positions (line, column, byte) are
- *     kept for errors: lines are counted in whitespace, the only place a raw newline may be.
- *  2. The trace walker: the top-level object (or a bare array), its metadata keys, and each
- *     traceEvents entry parsed into a struct ev — the envelope plus every args key the mapping
- *     uses, whatever their order (args may come before cat) — then mapped by ev_finish.
- *  3. struct kb, the batch builder: rows per kind as structs, names interned per batch in a
- *     hash table, and at batch_rows rows (or 8 MiB of names) a flush that writes the columns
- *     (delta-encoded start_ns; optional columns left out when every row has the "none"
- *     value), validates the batch with kp_batch_validate and hands it to the callback.
+ * and the mapping. The importer is three files:
+ *  - jr.c: the pull JSON tokenizer over a refillable 256 KiB buffer (jr.h);
+ *  - this file: the trace walker and the Kineto mapping. The top-level object (or a bare
+ *    array), its metadata keys, and each traceEvents entry parsed into a struct ev — the
+ *    envelope plus every args key the mapping uses, whatever their order (args may come
+ *    before cat) — then mapped by ev_finish into the rows of a kp_batch_builder; at
+ *    batch_rows rows (or 8 MiB of names) the batch is flushed;
+ *  - spill.c: the flush (rank_info, validation, the callback) and the spool of a scan.
  * Memory is O(batch_rows + max_string_bytes), independent of the file.
- *  4. The spool (end of the file): a scan's validated batches, encoded without the fields a
- *     replay puts in front, in memory up to a limit, then in an unlinked temporary file.
- * Speed: the tokenizer finds string ends eight bytes at a time (str_span) and reads plain
- * numbers in one pass over the buffer; integers up to 18 digits skip strtoll.
  */
 #define KP_LOG_MODULE "kineto"
 #include "kp_kineto.h"
@@ -36,17 +26,16 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "jr.h"
 #include "kp_batch_builder.h"
 #include "kp_err.h"
 #include "kp_json.h"
 #include "kp_log.h"
 #include "kp_strbuf.h"
+#include "spill.h"
 
-#define JR_CHUNK         (256u * 1024u)
-#define EV_MAX_BYTES     (8u << 20) /* strings of one event together */
-#define KB_MAX_STR_BYTES (8u << 20) /* names of one batch before a flush */
-#define I2MAX            32767
-#define I4MAX            INT32_MAX
+#define I2MAX 32767
+#define I4MAX INT32_MAX
 
 const char *const kp_kineto_cat_names[KP_KINETO_CAT_COUNT] = {
     "cpu_op",
@@ -68,881 +57,6 @@ const char *const kp_kineto_cat_names[KP_KINETO_CAT_COUNT] = {
     "metadata",
     "skipped",
 };
-
-/* ------------------------------------------------------------------------------------------ */
-/* 1. The tokenizer */
-
-struct jr {
-    kp_kineto_read_cb *read;
-    void *read_ud;
-    kp_kineto_progress_cb *progress;
-    void *progress_ud;
-    unsigned char *buf;
-    size_t len, pos;
-    bool eof;
-    uint64_t off;        /* bytes before buf[0] */
-    uint64_t line;       /* 1-based */
-    uint64_t line_start; /* offset of the current line's first byte */
-    uint64_t tok_off, tok_line, tok_col;
-    int64_t event; /* index into traceEvents while inside one, else -1 */
-    char *str;     /* the last string read, NUL-terminated */
-    size_t slen, scap, smax;
-    char num[72];
-    size_t nlen;
-    uint32_t depth, max_depth;
-    int err; /* sticky */
-    char *errbuf;
-    size_t errlen;
-};
-
-__attribute__((format(printf, 2, 3))) static int jr_fail(struct jr *j, const char *fmt, ...)
-{
-    char msg[512];
-    char where[64] = "";
-    va_list ap;
-
-    if (j->err != 0) {
-        return j->err;
-    }
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    if (j->event >= 0) {
-        snprintf(where, sizeof(where), ", traceEvents[%" PRId64 "]", j->event);
-    }
-    kp_errbuf_set(j->errbuf, j->errlen,
-                  "line %" PRIu64 ", column %" PRIu64 " (byte %" PRIu64 ")%s: %s", j->tok_line,
-                  j->tok_col, j->tok_off, where, msg);
-    j->err = KP_EPROTO;
-    return j->err;
-}
-
-static inline void jr_mark(struct jr *j)
-{
-    j->tok_off = j->off + j->pos;
-    j->tok_line = j->line;
-    j->tok_col = j->tok_off - j->line_start + 1;
-}
-
-/* Refills the buffer. Returns 1 if bytes are available, 0 at the end, or the error. */
-static int jr_fill(struct jr *j)
-{
-    ssize_t n;
-
-    if (j->err != 0) {
-        return j->err;
-    }
-    if (j->eof) {
-        return 0;
-    }
-    j->off += j->len;
-    j->pos = 0;
-    j->len = 0;
-    char msg[512] = "";
-
-    n = j->read(j->read_ud, j->buf, JR_CHUNK, msg, sizeof(msg));
-    if (n < 0) {
-        jr_mark(j);
-        jr_fail(j, "%s", msg[0] != '\0' ? msg : kp_strerror((int) n));
-        j->err = (int) n;
-        return j->err;
-    }
-    if (n == 0) {
-        j->eof = true;
-        return 0;
-    }
-    j->len = (size_t) n;
-    return 1;
-}
-
-/* Next byte without consuming it, -1 at the end, or -2 on a read error. */
-static inline int jr_peekc(struct jr *j)
-{
-    if (j->pos < j->len) {
-        return j->buf[j->pos];
-    }
-    int rc = jr_fill(j);
-    if (rc <= 0) {
-        return rc == 0 ? -1 : -2;
-    }
-    return j->buf[j->pos];
-}
-
-/* Skips whitespace; returns the next significant byte (not consumed), -1 at the end, -2 on
- * a read error. Marks the token position. */
-static inline int jr_ws(struct jr *j)
-{
-    for (;;) {
-        while (j->pos < j->len) {
-            unsigned char c = j->buf[j->pos];
-
-            if (c == ' ' || c == '\t' || c == '\r') {
-                j->pos++;
-            }
-            else if (c == '\n') {
-                j->pos++;
-                j->line++;
-                j->line_start = j->off + j->pos;
-            }
-            else {
-                jr_mark(j);
-                return c;
-            }
-        }
-        int rc = jr_fill(j);
-        if (rc <= 0) {
-            jr_mark(j);
-            return rc == 0 ? -1 : -2;
-        }
-    }
-}
-
-static const char *jr_what(int c)
-{
-    static __thread char b[16];
-
-    if (c == -1) {
-        return "the end of the input";
-    }
-    if (c >= 0x20 && c < 0x7f) {
-        snprintf(b, sizeof(b), "'%c'", c);
-    }
-    else {
-        snprintf(b, sizeof(b), "byte 0x%02x", (unsigned) c & 0xff);
-    }
-    return b;
-}
-
-static int jr_unexpected(struct jr *j, int c, const char *expected)
-{
-    if (c == -2) {
-        return j->err;
-    }
-    if (c == -1) {
-        return jr_fail(j, "the input ends early (truncated file?): expected %s", expected);
-    }
-    return jr_fail(j, "expected %s, got %s", expected, jr_what(c));
-}
-
-static int jr_str_grow(struct jr *j, size_t need)
-{
-    size_t cap;
-    char *p;
-
-    if (need > j->smax) {
-        return jr_fail(j, "a string longer than %zu bytes (max_string_bytes)", j->smax);
-    }
-    if (need + 1 <= j->scap) {
-        return 0;
-    }
-    cap = j->scap ? j->scap : 256;
-    while (cap < need + 1) {
-        cap *= 2;
-    }
-    if ((p = realloc(j->str, cap)) == NULL) {
-        j->err = -ENOMEM;
-        return j->err;
-    }
-    j->str = p;
-    j->scap = cap;
-    return 0;
-}
-
-static int jr_put_utf8(struct jr *j, uint32_t cp)
-{
-    char u[4];
-    size_t n;
-
-    if (cp == 0) {
-        cp = 0xfffd; /* NUL cannot be stored: names are C strings */
-    }
-    if (cp < 0x80) {
-        u[0] = (char) cp;
-        n = 1;
-    }
-    else if (cp < 0x800) {
-        u[0] = (char) (0xc0 | (cp >> 6));
-        u[1] = (char) (0x80 | (cp & 0x3f));
-        n = 2;
-    }
-    else if (cp < 0x10000) {
-        u[0] = (char) (0xe0 | (cp >> 12));
-        u[1] = (char) (0x80 | ((cp >> 6) & 0x3f));
-        u[2] = (char) (0x80 | (cp & 0x3f));
-        n = 3;
-    }
-    else {
-        u[0] = (char) (0xf0 | (cp >> 18));
-        u[1] = (char) (0x80 | ((cp >> 12) & 0x3f));
-        u[2] = (char) (0x80 | ((cp >> 6) & 0x3f));
-        u[3] = (char) (0x80 | (cp & 0x3f));
-        n = 4;
-    }
-    if (jr_str_grow(j, j->slen + n) != 0) {
-        return j->err;
-    }
-    memcpy(j->str + j->slen, u, n);
-    j->slen += n;
-    return 0;
-}
-
-static int jr_hex4(struct jr *j, uint32_t *out)
-{
-    uint32_t v = 0;
-
-    for (int i = 0; i < 4; i++) {
-        int c = jr_peekc(j);
-
-        if (c >= '0' && c <= '9') {
-            v = v * 16 + (uint32_t) (c - '0');
-        }
-        else if (c >= 'a' && c <= 'f') {
-            v = v * 16 + (uint32_t) (c - 'a' + 10);
-        }
-        else if (c >= 'A' && c <= 'F') {
-            v = v * 16 + (uint32_t) (c - 'A' + 10);
-        }
-        else {
-            return jr_unexpected(j, c, "4 hex digits after \\u");
-        }
-        j->pos++;
-    }
-    *out = v;
-    return 0;
-}
-
-/* Index of the first '"', '\\' or control byte in p[0..n), or n. Eight bytes at a time: a
- * byte of w is flagged if it is 0 after xor with the quote or the backslash, or below 0x20
- * (the classic has-less-than word trick); flags above the first true one may be false, so
- * the lowest flagged byte is the answer (little-endian). */
-static inline size_t str_span(const unsigned char *p, size_t n)
-{
-    size_t i = 0;
-
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
-
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w, q, b, t;
-
-        memcpy(&w, p + i, 8);
-        q = w ^ (ones * '"');
-        b = w ^ (ones * '\\');
-        t = ((q - ones) & ~q) | ((b - ones) & ~b) | ((w - ones * 0x20) & ~w);
-        t &= highs;
-        if (t != 0) {
-            return i + (size_t) (__builtin_ctzll(t) >> 3);
-        }
-    }
-#endif
-    for (; i < n; i++) {
-        unsigned char c = p[i];
-
-        if (c == '"' || c == '\\' || c < 0x20) {
-            break;
-        }
-    }
-    return i;
-}
-
-/* Reads a string token (the next byte must be '"') into j->str. Raw bytes are copied as they
- * are (UTF-8 is checked where names are stored); escapes are decoded. */
-static int jr_string(struct jr *j)
-{
-    j->slen = 0;
-    j->pos++; /* the opening quote */
-    for (;;) {
-        size_t start = j->pos, i = j->pos + str_span(j->buf + j->pos, j->len - j->pos);
-
-        if (i > start) {
-            if (jr_str_grow(j, j->slen + (i - start)) != 0) {
-                return j->err;
-            }
-            memcpy(j->str + j->slen, j->buf + start, i - start);
-            j->slen += i - start;
-            j->pos = i;
-        }
-        int c = jr_peekc(j);
-        if (c < 0) {
-            return jr_unexpected(j, c, "the end of a string ('\"')");
-        }
-        if (c == '"') {
-            j->pos++;
-            break;
-        }
-        if (c < 0x20) {
-            return jr_fail(j, "a raw control character (0x%02x) inside a string", (unsigned) c);
-        }
-        if (c == '\\') {
-            uint32_t cp, lo;
-            int e;
-
-            j->pos++;
-            e = jr_peekc(j);
-            if (e < 0) {
-                return jr_unexpected(j, e, "an escape after '\\'");
-            }
-            j->pos++;
-            switch (e) {
-            case '"':
-            case '\\':
-            case '/':
-                cp = (uint32_t) e;
-                break;
-            case 'b':
-                cp = '\b';
-                break;
-            case 'f':
-                cp = '\f';
-                break;
-            case 'n':
-                cp = '\n';
-                break;
-            case 'r':
-                cp = '\r';
-                break;
-            case 't':
-                cp = '\t';
-                break;
-            case 'u':
-                if (jr_hex4(j, &cp) != 0) {
-                    return j->err;
-                }
-                if (cp >= 0xd800 && cp < 0xdc00) {
-                    if (jr_peekc(j) == '\\') {
-                        j->pos++;
-                        if (jr_peekc(j) != 'u') {
-                            return jr_fail(j, "a lone UTF-16 surrogate in a \\u escape");
-                        }
-                        j->pos++;
-                        if (jr_hex4(j, &lo) != 0) {
-                            return j->err;
-                        }
-                        if (lo < 0xdc00 || lo > 0xdfff) {
-                            return jr_fail(j, "a lone UTF-16 surrogate in a \\u escape");
-                        }
-                        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-                    }
-                    else {
-                        cp = 0xfffd;
-                    }
-                }
-                else if (cp >= 0xdc00 && cp <= 0xdfff) {
-                    cp = 0xfffd;
-                }
-                break;
-            default:
-                return jr_fail(j, "an invalid escape '\\%c' in a string", e);
-            }
-            if (jr_put_utf8(j, cp) != 0) {
-                return j->err;
-            }
-        }
-    }
-    if (jr_str_grow(j, j->slen) != 0) {
-        return j->err;
-    }
-    j->str[j->slen] = '\0';
-    return 0;
-}
-
-/* Reads a number token (strict JSON grammar) into j->num. */
-static int jr_number(struct jr *j)
-{
-    int c;
-    size_t digits;
-
-    j->nlen = 0;
-    {
-        /* fast path: -?int(.digits)? ending inside the buffer, no exponent */
-        const unsigned char *p = j->buf + j->pos, *q = p, *end = j->buf + j->len, *d;
-
-        if (q < end && *q == '-') {
-            q++;
-        }
-        if (q < end && *q == '0') {
-            q++;
-        }
-        else if (q < end && *q >= '1' && *q <= '9') {
-            while (q < end && *q >= '0' && *q <= '9') {
-                q++;
-            }
-        }
-        else {
-            goto slow;
-        }
-        if (q < end && *q == '.') {
-            d = ++q;
-            while (q < end && *q >= '0' && *q <= '9') {
-                q++;
-            }
-            if (q == d) {
-                goto slow;
-            }
-        }
-        if (q >= end || *q == 'e' || *q == 'E' || (size_t) (q - p) + 2 > sizeof(j->num)) {
-            goto slow;
-        }
-        j->nlen = (size_t) (q - p);
-        memcpy(j->num, p, j->nlen);
-        j->num[j->nlen] = '\0';
-        j->pos += j->nlen;
-        return 0;
-    }
-slow:
-#define NUM_TAKE()                                                                        \
-    do {                                                                                  \
-        if (j->nlen + 1 >= sizeof(j->num)) {                                              \
-            return jr_fail(j, "a number longer than %zu characters", sizeof(j->num) - 2); \
-        }                                                                                 \
-        j->num[j->nlen++] = (char) c;                                                     \
-        j->pos++;                                                                         \
-    } while (0)
-    c = jr_peekc(j);
-    if (c == '-') {
-        NUM_TAKE();
-        c = jr_peekc(j);
-    }
-    if (c == '0') {
-        NUM_TAKE();
-        c = jr_peekc(j);
-    }
-    else if (c >= '1' && c <= '9') {
-        while (c >= '0' && c <= '9') {
-            NUM_TAKE();
-            c = jr_peekc(j);
-        }
-    }
-    else {
-        return jr_unexpected(j, c, "a digit");
-    }
-    if (c == '.') {
-        NUM_TAKE();
-        c = jr_peekc(j);
-        digits = 0;
-        while (c >= '0' && c <= '9') {
-            NUM_TAKE();
-            c = jr_peekc(j);
-            digits++;
-        }
-        if (digits == 0) {
-            return jr_unexpected(j, c, "a digit after '.'");
-        }
-    }
-    if (c == 'e' || c == 'E') {
-        NUM_TAKE();
-        c = jr_peekc(j);
-        if (c == '+' || c == '-') {
-            NUM_TAKE();
-            c = jr_peekc(j);
-        }
-        digits = 0;
-        while (c >= '0' && c <= '9') {
-            NUM_TAKE();
-            c = jr_peekc(j);
-            digits++;
-        }
-        if (digits == 0) {
-            return jr_unexpected(j, c, "a digit in the exponent");
-        }
-    }
-#undef NUM_TAKE
-    if (c == -2) {
-        return j->err;
-    }
-    j->num[j->nlen] = '\0';
-    return 0;
-}
-
-static int jr_literal(struct jr *j, const char *lit)
-{
-    for (const char *p = lit; *p != '\0'; p++) {
-        int c = jr_peekc(j);
-
-        if (c != *p) {
-            return jr_unexpected(j, c, lit);
-        }
-        j->pos++;
-    }
-    return 0;
-}
-
-static int jr_enter(struct jr *j)
-{
-    if (++j->depth > j->max_depth) {
-        return jr_fail(j, "nesting deeper than %u levels", j->max_depth);
-    }
-    return 0;
-}
-
-/* After a value inside a container: consumes ',' and returns 1, or the closer and returns
- * 0. */
-static int jr_after(struct jr *j, char closer)
-{
-    int c = jr_ws(j);
-
-    if (c == ',') {
-        j->pos++;
-        return 1;
-    }
-    if (c == closer) {
-        j->pos++;
-        j->depth--;
-        return 0;
-    }
-    return jr_unexpected(j, c,
-                         closer == '}' ? "',' or '}' in an object" : "',' or ']' in an array");
-}
-
-/* Object iteration. Call jr_obj_begin at '{' and then jr_obj_key until it returns 0: each 1
- * leaves the key in j->str and the position at the value. */
-static int jr_obj_begin(struct jr *j, bool *first)
-{
-    int c = jr_ws(j);
-
-    if (c != '{') {
-        return jr_unexpected(j, c, "'{'");
-    }
-    j->pos++;
-    *first = true;
-    return jr_enter(j);
-}
-
-static int jr_obj_key(struct jr *j, bool *first)
-{
-    int c;
-
-    if (*first) {
-        *first = false;
-        c = jr_ws(j);
-        if (c == '}') {
-            j->pos++;
-            j->depth--;
-            return 0;
-        }
-    }
-    else {
-        int rc = jr_after(j, '}');
-
-        if (rc <= 0) {
-            return rc;
-        }
-        c = jr_ws(j);
-    }
-    if (c != '"') {
-        return jr_unexpected(j, c, "a key (a string) in an object");
-    }
-    if (jr_string(j) != 0) {
-        return j->err;
-    }
-    c = jr_ws(j);
-    if (c != ':') {
-        return jr_unexpected(j, c, "':' after a key");
-    }
-    j->pos++;
-    return 1;
-}
-
-static int jr_arr_begin(struct jr *j, bool *first)
-{
-    int c = jr_ws(j);
-
-    if (c != '[') {
-        return jr_unexpected(j, c, "'['");
-    }
-    j->pos++;
-    *first = true;
-    return jr_enter(j);
-}
-
-/* Returns 1 if an element follows (position at it), 0 after ']'. */
-static int jr_arr_next(struct jr *j, bool *first)
-{
-    if (*first) {
-        *first = false;
-        int c = jr_ws(j);
-
-        if (c == ']') {
-            j->pos++;
-            j->depth--;
-            return 0;
-        }
-        return c < 0 ? jr_unexpected(j, c, "a value or ']'") : 1;
-    }
-    return jr_after(j, ']');
-}
-
-static int jr_skip(struct jr *j);
-
-static int jr_skip_container(struct jr *j, int c)
-{
-    bool first;
-    int rc;
-
-    if (c == '{') {
-        if (jr_obj_begin(j, &first) != 0) {
-            return j->err;
-        }
-        while ((rc = jr_obj_key(j, &first)) == 1) {
-            if (jr_skip(j) != 0) {
-                return j->err;
-            }
-        }
-        return rc;
-    }
-    if (jr_arr_begin(j, &first) != 0) {
-        return j->err;
-    }
-    while ((rc = jr_arr_next(j, &first)) == 1) {
-        if (jr_skip(j) != 0) {
-            return j->err;
-        }
-    }
-    return rc;
-}
-
-/* Skips one value of any type. Recursion is bounded by max_depth. */
-static int jr_skip(struct jr *j)
-{
-    int c = jr_ws(j);
-
-    switch (c) {
-    case '{':
-    case '[':
-        return jr_skip_container(j, c);
-    case '"':
-        return jr_string(j);
-    case 't':
-        return jr_literal(j, "true");
-    case 'f':
-        return jr_literal(j, "false");
-    case 'n':
-        return jr_literal(j, "null");
-    default:
-        if (c == '-' || (c >= '0' && c <= '9')) {
-            return jr_number(j);
-        }
-        return jr_unexpected(j, c, "a value");
-    }
-}
-
-/* Appends s as a Python string literal ('...'). */
-static int py_str(struct kp_strbuf *sb, const char *s, size_t n)
-{
-    int rc = kp_strbuf_putc(sb, '\'');
-
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        if (s[i] == '\'' || s[i] == '\\') {
-            rc = kp_strbuf_putc(sb, '\\');
-        }
-        if (rc == 0) {
-            rc = kp_strbuf_putc(sb, s[i]);
-        }
-    }
-    return rc == 0 ? kp_strbuf_putc(sb, '\'') : rc;
-}
-
-/* Reads one value and appends it to sb as Python's str() would print it ("[[32, 128], []]",
- * "['float', 'Scalar']", None, True), or (json) as JSON text with the same separators. */
-static int jr_capture_as(struct jr *j, struct kp_strbuf *sb, bool json)
-{
-    static const char *const lits[2][3] = { { "True", "False", "None" },
-                                            { "true", "false", "null" } };
-    int c = jr_ws(j), rc = 0;
-    bool first;
-
-    switch (c) {
-    case '[':
-    case '{':
-        if (c == '[' ? jr_arr_begin(j, &first) : jr_obj_begin(j, &first)) {
-            return j->err;
-        }
-        rc = kp_strbuf_putc(sb, (char) c);
-        for (size_t n = 0; rc == 0; n++) {
-            int more = c == '[' ? jr_arr_next(j, &first) : jr_obj_key(j, &first);
-
-            if (more < 0) {
-                return more;
-            }
-            if (more == 0) {
-                break;
-            }
-            if (n > 0) {
-                rc = kp_strbuf_append(sb, ", ", 2);
-            }
-            if (rc == 0 && c == '{') {
-                rc = json ? kp_json_append(sb, j->str, j->slen) : py_str(sb, j->str, j->slen);
-                if (rc == 0) {
-                    rc = kp_strbuf_append(sb, ": ", 2);
-                }
-            }
-            if (rc == 0 && jr_capture_as(j, sb, json) != 0) {
-                return j->err;
-            }
-        }
-        if (rc == 0) {
-            rc = kp_strbuf_putc(sb, c == '[' ? ']' : '}');
-        }
-        break;
-    case '"':
-        if (jr_string(j) != 0) {
-            return j->err;
-        }
-        rc = json ? kp_json_append(sb, j->str, j->slen) : py_str(sb, j->str, j->slen);
-        break;
-    case 't':
-        if (jr_literal(j, "true") != 0) {
-            return j->err;
-        }
-        rc = kp_strbuf_append_str(sb, lits[json][0]);
-        break;
-    case 'f':
-        if (jr_literal(j, "false") != 0) {
-            return j->err;
-        }
-        rc = kp_strbuf_append_str(sb, lits[json][1]);
-        break;
-    case 'n':
-        if (jr_literal(j, "null") != 0) {
-            return j->err;
-        }
-        rc = kp_strbuf_append_str(sb, lits[json][2]);
-        break;
-    default:
-        if (c == '-' || (c >= '0' && c <= '9')) {
-            if (jr_number(j) != 0) {
-                return j->err;
-            }
-            rc = kp_strbuf_append(sb, j->num, j->nlen);
-            break;
-        }
-        return jr_unexpected(j, c, "a value");
-    }
-    if (rc == KP_ETOOBIG && !json) { /* json: the caller's buffer, which it names */
-        return jr_fail(j, "an event's strings and lists exceed %u bytes", EV_MAX_BYTES);
-    }
-    if (rc != 0) {
-        j->err = rc;
-    }
-    return rc;
-}
-
-static int jr_capture(struct jr *j, struct kp_strbuf *sb)
-{
-    return jr_capture_as(j, sb, false);
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Numbers */
-
-/* num_us_to_ns of a number with an exponent. */
-static int num_exp_to_ns(const char *s, int64_t *out)
-{
-    long double d = strtold(s, NULL) * 1000.0L;
-
-    if (!(d > -9.2e18L && d < 9.2e18L)) {
-        return -ERANGE;
-    }
-    *out = (int64_t) (d < 0 ? d - 0.5L : d + 0.5L); /* round half away from zero */
-    return 0;
-}
-
-/* Parses the JSON number text s (µs) into ns, rounded half away from zero, without floating
- * point for the common forms. Returns 0 or -ERANGE. */
-static int num_us_to_ns(const char *s, int64_t *out)
-{
-    const char *p = s;
-    bool neg = false;
-    int64_t v = 0;
-    int fd = 0;
-
-    if (*p == '-') {
-        neg = true;
-        p++;
-    }
-    for (; *p >= '0' && *p <= '9'; p++) {
-        if (v > (INT64_MAX / 1000 - 9) / 10) {
-            return strpbrk(s, "eE") != NULL ? num_exp_to_ns(s, out) : -ERANGE;
-        }
-        v = v * 10 + (*p - '0');
-    }
-    v *= 1000;
-    if (*p == '.') {
-        int mult = 100;
-
-        for (p++; *p >= '0' && *p <= '9'; p++, fd++) {
-            if (fd < 3) {
-                v += (*p - '0') * mult;
-                mult /= 10;
-            }
-            else if (fd == 3 && *p >= '5') {
-                v += 1;
-            }
-        }
-    }
-    if (*p == 'e' || *p == 'E') {
-        return num_exp_to_ns(s, out);
-    }
-    *out = neg ? -v : v;
-    return 0;
-}
-
-enum num_rc {
-    NUM_OK = 0,
-    NUM_NAN = 1,
-    NUM_RANGE = 2
-};
-
-/* Text (a JSON number, or a string from an old trace) to int64: integral text exactly,
- * otherwise truncated. "N/A", "inf", "" and other non-numbers give NUM_NAN. */
-static enum num_rc text_to_i64(const char *s, int64_t *out)
-{
-    char *end;
-
-    {
-        /* fast path: -?[0-9]{1,18}, which cannot overflow */
-        const char *p = s + (*s == '-');
-        int64_t v = 0;
-        int n = 0;
-
-        for (; *p >= '0' && *p <= '9' && n < 18; p++, n++) {
-            v = v * 10 + (*p - '0');
-        }
-        if (*p == '\0' && n > 0) {
-            *out = *s == '-' ? -v : v;
-            return NUM_OK;
-        }
-    }
-    while (*s == ' ') {
-        s++;
-    }
-    if (*s == '\0') {
-        return NUM_NAN;
-    }
-    if (strpbrk(s, ".eE") == NULL) {
-        long long v;
-
-        errno = 0;
-        v = strtoll(s, &end, 10);
-        if (end == s || *end != '\0') {
-            return NUM_NAN;
-        }
-        if (errno == ERANGE) {
-            return NUM_RANGE;
-        }
-        *out = v;
-        return NUM_OK;
-    }
-    double d = strtod(s, &end);
-    if (end == s || *end != '\0' || d != d) { /* d != d: NaN (no libm) */
-        return NUM_NAN;
-    }
-    if (!(d > -9.2e18 && d < 9.2e18)) {
-        return NUM_RANGE;
-    }
-    *out = (int64_t) d;
-    return NUM_OK;
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* 3. The batch's columns (kp_batch_builder does the rest) */
@@ -1137,48 +251,17 @@ struct ev {
     double ctr_val[KP_KINETO_MAX_COUNTERS];
 };
 
-/* A record of the spool: this header, then len bytes of the encoded batch. */
-struct spool_rec {
-    uint32_t len;
-    uint32_t first; /* the batch that carries rank_info and devices */
-    int64_t base_ns;
-    uint64_t in_bytes; /* input position when the batch was built (for progress) */
-};
-
-#define SPOOL_WBUF (1u << 20) /* write buffer once the spool is a file */
-
-struct kp_kineto_spool {
-    size_t mem_limit;
-    unsigned char *buf; /* every record while in memory; the write buffer once in a file */
-    size_t len, cap;
-    int fd; /* the unlinked temporary file, -1 while in memory */
-    uint64_t file_bytes;
-    uint64_t records, bytes;
-    uint64_t in_bytes; /* latest input position the reader reported */
-    int64_t base_used; /* the base time the rows were built with */
-    bool base_set;
-    bool used;     /* a scan wrote to it */
-    bool unusable; /* see kp_kineto.h: replay answers KP_KINETO_REPARSE */
-    bool replayed;
-};
-
 struct kp_kineto {
     const struct kp_kineto_opts *opts;
     struct jr j;
-    struct kp_batch_builder *bb; /* the batch being read */
-    int64_t base_ns;             /* its base_ns: the start of its first row */
-    bool have_base;
+    struct spill out;     /* the batch being read */
     struct kp_strbuf evs; /* the current event's strings */
     struct ev e;
     struct kp_kineto_meta *meta;
-    kp_kineto_batch_cb *cb;
-    void *cb_ud;
     size_t max_name;
     uint32_t batch_rows;
-    bool sent_first;
     uint64_t ev_index;
     uint64_t n_ranges; /* cuda_profiler_range events mapped so far */
-    struct kp_kineto_spool *spool;
 };
 
 static bool has(const struct ev *e, int id)
@@ -1603,7 +686,7 @@ static int64_t intern_name(struct kp_kineto *k, const char *s, size_t n)
         }
         s = tmp;
     }
-    idx = kp_batch_builder_intern(k->bb, s, n);
+    idx = kp_batch_builder_intern(k->out.bb, s, n);
     free(tmp);
     return idx;
 }
@@ -1616,13 +699,11 @@ static int64_t intern_ev(struct kp_kineto *k, int id)
     return intern_name(k, evstr(k, k->e.s_off[id]), k->e.s_len[id]);
 }
 
-static int kb_flush(struct kp_kineto *k);
-
 /* Appends a zeroed row of kind to the batch (its columns: kp_batch_builder_table). Returns
  * its index, or -ENOMEM (set as the parse's error). */
 static long row_new(struct kp_kineto *k, enum kp_event_kind kind)
 {
-    long i = kp_batch_builder_add(k->bb, kind, 1);
+    long i = kp_batch_builder_add(k->out.bb, kind, 1);
 
     if (i < 0) {
         k->j.err = -ENOMEM;
@@ -1640,9 +721,9 @@ static long row_new(struct kp_kineto *k, enum kp_event_kind kind)
 /* Counts a row and its start for the batch. */
 static int row_added(struct kp_kineto *k, int kind, int64_t ts)
 {
-    if (!k->have_base) {
-        k->base_ns = ts;
-        k->have_base = true;
+    if (!k->out.have_base) {
+        k->out.base_ns = ts;
+        k->out.have_base = true;
     }
     if (ts < k->meta->min_ns) {
         k->meta->min_ns = ts;
@@ -1657,8 +738,8 @@ static int row_added(struct kp_kineto *k, int kind, int64_t ts)
 static bool batch_full(struct kp_kineto *k)
 {
     /* + 1: the string table's "" counted as a byte, as it always was */
-    return kp_batch_builder_total(k->bb) >= k->batch_rows ||
-           kp_batch_builder_string_bytes(k->bb) + 1 >= KB_MAX_STR_BYTES;
+    return kp_batch_builder_total(k->out.bb) >= k->batch_rows ||
+           kp_batch_builder_string_bytes(k->out.bb) + 1 >= KB_MAX_STR_BYTES;
 }
 
 /* Lower-cases cat into buf (at most len-1 bytes; longer cats never match). */
@@ -1760,13 +841,13 @@ static int64_t abs_ts(struct kp_kineto *k)
 {
     int64_t base = k->opts->meta != NULL ? k->opts->meta->base_ns : k->meta->base_ns;
 
-    if (k->spool != NULL) {
-        if (!k->spool->base_set) {
-            k->spool->base_used = base;
-            k->spool->base_set = true;
+    if (k->out.spool != NULL) {
+        if (!k->out.spool->base_set) {
+            k->out.spool->base_used = base;
+            k->out.spool->base_set = true;
         }
-        else if (k->spool->base_used != base) {
-            k->spool->unusable = true; /* rows built with two different bases */
+        else if (k->out.spool->base_used != base) {
+            k->out.spool->unusable = true; /* rows built with two different bases */
         }
     }
     if (__builtin_add_overflow(base, k->e.ts_ns, &base)) {
@@ -1815,6 +896,16 @@ static bool profiler_step(struct kp_kineto *k, int64_t *step)
     return text_to_i64(n + sizeof(pfx) - 1, step) == NUM_OK && *step >= 0;
 }
 
+/* Reads args key id, an integer in [lo, hi] (def when absent), into dst; returns the parse's
+ * error from the caller if it is not. */
+#define ARG(dst, id, lo, hi, def)                   \
+    do {                                            \
+        int64_t v_;                                 \
+        if (arg_in(k, id, lo, hi, def, &v_) != 0) { \
+            return k->j.err;                        \
+        }                                           \
+        (dst) = (__typeof__(dst)) v_;               \
+    } while (0)
 #define IDX(var, expr)           \
     do {                         \
         int64_t i_ = (expr);     \
@@ -1828,7 +919,7 @@ static bool profiler_step(struct kp_kineto *k, int64_t *step)
 static int map_op(struct kp_kineto *k, enum map m)
 {
     struct ev *e = &k->e;
-    Kprof__V1__Ops *o = kp_batch_builder_table(k->bb, KP_EV_OP);
+    Kprof__V1__Ops *o = kp_batch_builder_table(k->out.bb, KP_EV_OP);
     int64_t v, step = 0;
     uint32_t kind;
     bool is_step = false;
@@ -1900,7 +991,7 @@ static int map_op(struct kp_kineto *k, enum map m)
                   : m == M_CPU_OP ? KP_KINETO_CPU_OP
                                   : KP_KINETO_USER_ANNOTATION]++;
     if (is_step) {
-        Kprof__V1__Steps *st = kp_batch_builder_table(k->bb, KP_EV_STEP);
+        Kprof__V1__Steps *st = kp_batch_builder_table(k->out.bb, KP_EV_STEP);
         long j;
 
         ROW(j, KP_EV_STEP);
@@ -1911,7 +1002,7 @@ static int map_op(struct kp_kineto *k, enum map m)
         k->meta->cats[KP_KINETO_PROFILER_STEP]++;
     }
     if (m == M_CPU_OP && has(e, S_COLL_NAME)) {
-        Kprof__V1__Collectives *c = kp_batch_builder_table(k->bb, KP_EV_COLLECTIVE);
+        Kprof__V1__Collectives *c = kp_batch_builder_table(k->out.bb, KP_EV_COLLECTIVE);
         long j;
 
         ROW(j, KP_EV_COLLECTIVE);
@@ -1933,22 +1024,10 @@ static int map_op(struct kp_kineto *k, enum map m)
 
             IDX(c->process_group[j], intern_name(k, id, (size_t) n));
         }
-        if (arg_in(k, A_IN_NELEMS, 0, INT64_MAX, 0, &v) != 0) {
-            return k->j.err;
-        }
-        c->in_nelems[j] = (uint64_t) v;
-        if (arg_in(k, A_OUT_NELEMS, 0, INT64_MAX, 0, &v) != 0) {
-            return k->j.err;
-        }
-        c->out_nelems[j] = (uint64_t) v;
-        if (arg_in(k, A_GROUP_SIZE, 0, I4MAX, 0, &v) != 0) {
-            return k->j.err;
-        }
-        c->group_size[j] = (uint32_t) v;
-        if (arg_in(k, A_COLL_SEQ, 0, INT64_MAX, 0, &v) != 0) {
-            return k->j.err;
-        }
-        c->coll_seq[j] = (uint64_t) v;
+        ARG(c->in_nelems[j], A_IN_NELEMS, 0, INT64_MAX, 0);
+        ARG(c->out_nelems[j], A_OUT_NELEMS, 0, INT64_MAX, 0);
+        ARG(c->group_size[j], A_GROUP_SIZE, 0, I4MAX, 0);
+        ARG(c->coll_seq[j], A_COLL_SEQ, 0, INT64_MAX, 0);
         row_added(k, KP_EV_COLLECTIVE, c->start_ns[j]);
         k->meta->cats[KP_KINETO_COLLECTIVE]++;
     }
@@ -1958,8 +1037,7 @@ static int map_op(struct kp_kineto *k, enum map m)
 static int map_api(struct kp_kineto *k, enum map m)
 {
     struct ev *e = &k->e;
-    Kprof__V1__ApiCalls *a = kp_batch_builder_table(k->bb, KP_EV_API);
-    int64_t v;
+    Kprof__V1__ApiCalls *a = kp_batch_builder_table(k->out.bb, KP_EV_API);
     long i;
 
     cpu_seen(k);
@@ -1970,14 +1048,8 @@ static int map_api(struct kp_kineto *k, enum map m)
                                  : KPROF__V1__API_DOMAIN__API_DOMAIN_RUNTIME;
     a->tid[i] = e->tid_num ? (uint64_t) e->tid : 0;
     IDX(a->name[i], name_idx(k));
-    if (arg_in(k, A_CBID, 0, I4MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    a->cbid[i] = (uint32_t) v;
-    if (arg_in(k, A_CORR, 0, INT64_MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    a->correlation[i] = (uint64_t) v;
+    ARG(a->cbid[i], A_CBID, 0, I4MAX, 0);
+    ARG(a->correlation[i], A_CORR, 0, INT64_MAX, 0);
     a->external_id[i] = gpu_ext(k);
     row_added(k, KP_EV_API, a->start_ns[i]);
     k->meta->cats[m == M_DRIVER ? KP_KINETO_CUDA_DRIVER : KP_KINETO_CUDA_RUNTIME]++;
@@ -1987,8 +1059,8 @@ static int map_api(struct kp_kineto *k, enum map m)
 static int map_kernel(struct kp_kineto *k)
 {
     struct ev *e = &k->e;
-    Kprof__V1__Kernels *r = kp_batch_builder_table(k->bb, KP_EV_KERNEL);
-    int64_t dev, stream, v;
+    Kprof__V1__Kernels *r = kp_batch_builder_table(k->out.bb, KP_EV_KERNEL);
+    int64_t dev, stream;
     long i;
 
     if (gpu_where(k, &dev, &stream) != 0) {
@@ -2000,14 +1072,8 @@ static int map_kernel(struct kp_kineto *k)
     r->device[i] = (uint32_t) dev;
     r->stream[i] = (uint32_t) stream;
     IDX(r->name[i], name_idx(k));
-    if (arg_in(k, A_CONTEXT, 0, I4MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->context[i] = (uint32_t) v;
-    if (arg_in(k, A_CORR, 0, INT64_MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->correlation[i] = (uint64_t) v;
+    ARG(r->context[i], A_CONTEXT, 0, I4MAX, 0);
+    ARG(r->correlation[i], A_CORR, 0, INT64_MAX, 0);
     r->external_id[i] = gpu_ext(k);
     for (int d = 0; d < 3; d++) {
         if (has(e, C_GRID) && (e->grid[d] < 0 || e->grid[d] > I4MAX)) {
@@ -2029,22 +1095,10 @@ static int map_kernel(struct kp_kineto *k)
         arg_real(k, C_OCCUPANCY, &r->est_occupancy[i]) != 0) {
         return k->j.err;
     }
-    if (arg_in(k, A_REGS, 0, I2MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->registers[i] = (uint32_t) v;
-    if (arg_in(k, A_SMEM, 0, I4MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->static_smem[i] = (uint32_t) v;
-    if (arg_in(k, A_GRAPH_ID, 0, I4MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->graph_id[i] = (uint32_t) v;
-    if (arg_in(k, A_GRAPH_NODE, 0, INT64_MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->graph_node_id[i] = (uint64_t) v;
+    ARG(r->registers[i], A_REGS, 0, I2MAX, 0);
+    ARG(r->static_smem[i], A_SMEM, 0, I4MAX, 0);
+    ARG(r->graph_id[i], A_GRAPH_ID, 0, I4MAX, 0);
+    ARG(r->graph_node_id[i], A_GRAPH_NODE, 0, INT64_MAX, 0);
     row_added(k, KP_EV_KERNEL, r->start_ns[i]);
     k->meta->cats[KP_KINETO_KERNEL]++;
     return 0;
@@ -2096,7 +1150,7 @@ static void parse_mem_name(const char *n, size_t len, uint32_t *kind, uint32_t *
 static int map_memcpy(struct kp_kineto *k, bool memset_)
 {
     struct ev *e = &k->e;
-    int64_t dev, stream, ctx, corr, bytes, v;
+    int64_t dev, stream, ctx, corr, bytes;
     uint32_t kind, src, dst;
     double bw;
     long i;
@@ -2108,7 +1162,7 @@ static int map_memcpy(struct kp_kineto *k, bool memset_)
     }
     parse_mem_name(evstr(k, e->name_off), e->name_len, &kind, &src, &dst);
     if (memset_) {
-        Kprof__V1__Memsets *r = kp_batch_builder_table(k->bb, KP_EV_MEMSET);
+        Kprof__V1__Memsets *r = kp_batch_builder_table(k->out.bb, KP_EV_MEMSET);
 
         ROW(i, KP_EV_MEMSET);
         r->start_ns[i] = abs_ts(k);
@@ -2125,7 +1179,7 @@ static int map_memcpy(struct kp_kineto *k, bool memset_)
         k->meta->cats[KP_KINETO_GPU_MEMSET]++;
         return 0;
     }
-    Kprof__V1__Memcpys *r = kp_batch_builder_table(k->bb, KP_EV_MEMCPY);
+    Kprof__V1__Memcpys *r = kp_batch_builder_table(k->out.bb, KP_EV_MEMCPY);
 
     ROW(i, KP_EV_MEMCPY);
     r->start_ns[i] = abs_ts(k);
@@ -2140,14 +1194,8 @@ static int map_memcpy(struct kp_kineto *k, bool memset_)
     r->correlation[i] = (uint64_t) corr;
     r->external_id[i] = gpu_ext(k);
     r->bandwidth_gbps[i] = bw;
-    if (arg_in(k, A_FROM_DEV, 0, I2MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->src_device[i] = (uint32_t) v;
-    if (arg_in(k, A_TO_DEV, 0, I2MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->dst_device[i] = (uint32_t) v;
+    ARG(r->src_device[i], A_FROM_DEV, 0, I2MAX, 0);
+    ARG(r->dst_device[i], A_TO_DEV, 0, I2MAX, 0);
     row_added(k, KP_EV_MEMCPY, r->start_ns[i]);
     k->meta->cats[KP_KINETO_GPU_MEMCPY]++;
     return 0;
@@ -2158,8 +1206,8 @@ static int map_sync(struct kp_kineto *k)
     static const char *const types[] = { "Unknown",     "Event Sync",   "Stream Wait Event",
                                          "Stream Sync", "Context Sync", NULL };
     struct ev *e = &k->e;
-    Kprof__V1__Syncs *r = kp_batch_builder_table(k->bb, KP_EV_SYNC);
-    int64_t dev, stream, v;
+    Kprof__V1__Syncs *r = kp_batch_builder_table(k->out.bb, KP_EV_SYNC);
+    int64_t dev, stream;
     long i;
 
     if (gpu_where(k, &dev, &stream) != 0) {
@@ -2171,18 +1219,9 @@ static int map_sync(struct kp_kineto *k)
     r->sync_type[i] = word_index(evstr(k, e->name_off), e->name_len, types);
     r->device[i] = (uint32_t) dev;
     r->stream[i] = (uint32_t) (stream >= 1000000 ? stream - 1000000 : stream);
-    if (arg_in(k, A_CONTEXT, 0, I4MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->context[i] = (uint32_t) v;
-    if (arg_in(k, A_CORR, 0, INT64_MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->correlation[i] = (uint64_t) v;
-    if (arg_in(k, A_EVENT_ID, 0, I4MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->cuda_event[i] = (uint32_t) v;
+    ARG(r->context[i], A_CONTEXT, 0, I4MAX, 0);
+    ARG(r->correlation[i], A_CORR, 0, INT64_MAX, 0);
+    ARG(r->cuda_event[i], A_EVENT_ID, 0, I4MAX, 0);
     row_added(k, KP_EV_SYNC, r->start_ns[i]);
     k->meta->cats[KP_KINETO_CUDA_SYNC]++;
     return 0;
@@ -2191,8 +1230,7 @@ static int map_sync(struct kp_kineto *k)
 static int map_memory(struct kp_kineto *k)
 {
     struct ev *e = &k->e;
-    Kprof__V1__MemoryEvents *r = kp_batch_builder_table(k->bb, KP_EV_MEMORY);
-    int64_t v;
+    Kprof__V1__MemoryEvents *r = kp_batch_builder_table(k->out.bb, KP_EV_MEMORY);
     long i;
 
     cpu_seen(k);
@@ -2200,29 +1238,14 @@ static int map_memory(struct kp_kineto *k)
     r->start_ns[i] = abs_ts(k);
     r->tid[i] = e->tid_num ? (uint64_t) e->tid : 0;
     IDX(r->name[i], name_idx(k));
-    if (arg_in(k, A_DEV_ID, -1, I2MAX, -1, &v) != 0) {
-        return k->j.err;
-    }
-    r->device[i] = (int32_t) v;
-    if (arg_in(k, A_DEV_TYPE, 0, I2MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->device_type[i] = (uint32_t) v;
+    ARG(r->device[i], A_DEV_ID, -1, I2MAX, -1);
+    ARG(r->device_type[i], A_DEV_TYPE, 0, I2MAX, 0);
     if (arg_in(k, A_MEM_BYTES, INT64_MIN, INT64_MAX, 0, &r->bytes[i]) != 0) {
         return k->j.err;
     }
-    if (arg_in(k, A_ADDR, 0, INT64_MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->addr[i] = (uint64_t) v;
-    if (arg_in(k, A_TOTAL_ALLOC, 0, INT64_MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->total_allocated[i] = (uint64_t) v;
-    if (arg_in(k, A_TOTAL_RES, 0, INT64_MAX, 0, &v) != 0) {
-        return k->j.err;
-    }
-    r->total_reserved[i] = (uint64_t) v;
+    ARG(r->addr[i], A_ADDR, 0, INT64_MAX, 0);
+    ARG(r->total_allocated[i], A_TOTAL_ALLOC, 0, INT64_MAX, 0);
+    ARG(r->total_reserved[i], A_TOTAL_RES, 0, INT64_MAX, 0);
     row_added(k, KP_EV_MEMORY, r->start_ns[i]);
     k->meta->cats[KP_KINETO_MEMORY]++;
     return 0;
@@ -2239,7 +1262,7 @@ static int map_range(struct kp_kineto *k)
 {
     struct ev *e = &k->e;
     static const char pfx[] = KP_KINETO_RANGE_NAME_PREFIX;
-    Kprof__V1__Counters *r = kp_batch_builder_table(k->bb, KP_EV_COUNTER);
+    Kprof__V1__Counters *r = kp_batch_builder_table(k->out.bb, KP_EV_COUNTER);
     long i;
     int64_t dev, stream, corr;
     uint64_t key, index = k->n_ranges;
@@ -2297,7 +1320,7 @@ static int ev_finish(struct kp_kineto *k)
     size_t snap[KP_EV_COUNT];
 
     for (int kind = 0; kind < KP_EV_COUNT; kind++) {
-        snap[kind] = kp_batch_builder_rows(k->bb, (enum kp_event_kind) kind);
+        snap[kind] = kp_batch_builder_rows(k->out.bb, (enum kp_event_kind) kind);
     }
 
     if (e->ph == 0) {
@@ -2398,12 +1421,12 @@ static int ev_finish(struct kp_kineto *k)
     if (rc != 0) {
         /* drop the rows of the event that failed half-way (--partial flushes the rest) */
         for (int kind = 0; kind < KP_EV_COUNT; kind++) {
-            kp_batch_builder_truncate(k->bb, (enum kp_event_kind) kind, snap[kind]);
+            kp_batch_builder_truncate(k->out.bb, (enum kp_event_kind) kind, snap[kind]);
         }
         return rc;
     }
     if (batch_full(k)) {
-        rc = kb_flush(k);
+        rc = spill_flush(&k->out);
     }
     return rc;
 }
@@ -2808,244 +1831,6 @@ static int parse_top(struct kp_kineto *k)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Flush */
-
-/* The first batch's rank_info and devices, from the opts and the file's meta. */
-static void fill_rank_info(const struct kp_kineto_opts *opts, const struct kp_kineto_meta *src,
-                           Kprof__V1__Batch *m, Kprof__V1__RankInfo *ri, Kprof__V1__Device *devs,
-                           Kprof__V1__Device **devp)
-{
-    ri->job = (char *) (opts->job != NULL ? opts->job : "");
-    ri->host = (char *) src->host;
-    ri->pid = src->pid;
-    ri->world_size = opts->world_size;
-    ri->device = src->device;
-    ri->distributed_info = (char *) src->dist_json;
-    ri->profiler_start_ns = ri->profiler_end_ns = 0;
-    ri->time_base_ns = src->base_ns;
-    if (src->has_profiler_span) { /* both 0 (unknown) if it overflows or starts at 0 */
-        int64_t s, e;
-
-        if (!__builtin_add_overflow(src->base_ns, src->profiler_ts_ns, &s) &&
-            !__builtin_add_overflow(s, src->profiler_dur_ns, &e) && s > 0) {
-            ri->profiler_start_ns = s;
-            ri->profiler_end_ns = e;
-        }
-    }
-    m->rank_info = ri;
-    for (size_t i = 0; i < src->n_devices; i++) {
-        const struct kp_kineto_device *d = &src->devices[i];
-
-        kprof__v1__device__init(&devs[i]);
-        devs[i].id = d->id;
-        devs[i].name = (char *) d->name;
-        devs[i].sm_count = d->sm_count;
-        devs[i].cc_major = d->cc_major;
-        devs[i].cc_minor = d->cc_minor;
-        devs[i].global_memory_bytes = d->global_memory_bytes;
-        devs[i].max_threads_per_block = d->max_threads_per_block;
-        devs[i].max_threads_per_sm = d->max_threads_per_sm;
-        devs[i].regs_per_block = d->regs_per_block;
-        devs[i].regs_per_sm = d->regs_per_sm;
-        devs[i].smem_per_block = d->smem_per_block;
-        devs[i].smem_per_sm = d->smem_per_sm;
-        devs[i].warp_size = d->warp_size;
-        devp[i] = &devs[i];
-    }
-    m->devices = devp;
-    m->n_devices = src->n_devices;
-}
-
-/* Gives up on the spool (the import parses the file again): frees what it holds. */
-static void spool_drop(struct kp_kineto_spool *s)
-{
-    s->unusable = true;
-    free(s->buf);
-    s->buf = NULL;
-    s->len = s->cap = 0;
-    if (s->fd >= 0) {
-        close(s->fd);
-        s->fd = -1;
-    }
-}
-
-static bool write_all(int fd, const unsigned char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-
-        if (w < 0 && errno == EINTR) {
-            continue;
-        }
-        if (w <= 0) {
-            return false;
-        }
-        p += w;
-        n -= (size_t) w;
-    }
-    return true;
-}
-
-/* Moves the buffered records to the file (created on the first call). */
-static bool spool_spill(struct kp_kineto_spool *s)
-{
-    if (s->fd < 0) {
-        const char *dir = getenv("TMPDIR");
-        char path[4096];
-
-        if (dir == NULL || dir[0] == '\0') {
-            dir = "/tmp";
-        }
-        snprintf(path, sizeof(path), "%s/kprof-import-XXXXXX", dir);
-        if ((s->fd = mkstemp(path)) < 0) {
-            kp_log_warn("cannot create a temporary file in %s (%s): the trace will be parsed "
-                        "twice; set TMPDIR to a writable directory",
-                        dir, strerror(errno));
-            return false;
-        }
-        unlink(path);
-        (void) fcntl(s->fd, F_SETFD, FD_CLOEXEC);
-    }
-    if (!write_all(s->fd, s->buf, s->len)) {
-        kp_log_warn("cannot write the scanned batches to a temporary file (%s): the trace will "
-                    "be parsed twice; set TMPDIR to a directory with free space",
-                    strerror(errno));
-        return false;
-    }
-    s->file_bytes += s->len;
-    s->len = 0;
-    return true;
-}
-
-/* Keeps a validated batch (m) in the spool, without what the replay puts in front. A
- * failure only makes the spool unusable: the scan goes on. */
-static void spool_put(struct kp_kineto *k, Kprof__V1__Batch *m)
-{
-    struct kp_kineto_spool *s = k->spool;
-    struct spool_rec h;
-    size_t body, need;
-
-    h.first = m->rank_info != NULL;
-    h.base_ns = m->base_ns;
-    h.in_bytes = s->in_bytes;
-    m->run_id = 0;
-    m->rank = 0;
-    m->base_ns = 0;
-    m->rank_info = NULL;
-    m->devices = NULL;
-    m->n_devices = 0;
-    body = kprof__v1__batch__get_packed_size(m);
-    if (body > UINT32_MAX - sizeof(h)) {
-        spool_drop(s);
-        return;
-    }
-    h.len = (uint32_t) body;
-    need = sizeof(h) + body;
-    if (s->fd < 0 && s->len + need > s->mem_limit) {
-        if (!spool_spill(s)) {
-            spool_drop(s);
-            return;
-        }
-        if (s->cap > 2 * SPOOL_WBUF) { /* from now on only a write buffer */
-            free(s->buf);
-            s->buf = NULL;
-            s->cap = 0;
-        }
-    }
-    if (s->fd >= 0 && s->len + need > SPOOL_WBUF && s->len > 0 && !spool_spill(s)) {
-        spool_drop(s);
-        return;
-    }
-    if (s->len + need > s->cap) {
-        size_t cap = s->cap ? s->cap : 64 * 1024;
-        unsigned char *p;
-
-        while (cap < s->len + need) {
-            cap *= 2;
-        }
-        if ((p = realloc(s->buf, cap)) == NULL) {
-            spool_drop(s);
-            return;
-        }
-        s->buf = p;
-        s->cap = cap;
-    }
-    memcpy(s->buf + s->len, &h, sizeof(h));
-    kprof__v1__batch__pack(m, s->buf + s->len + sizeof(h));
-    s->len += need;
-    s->records++;
-    s->bytes += need;
-}
-
-/* End of a clean scan: a file spool flushes its buffer and frees it. */
-static void spool_seal(struct kp_kineto_spool *s)
-{
-    if (s->unusable) {
-        return;
-    }
-    if (s->fd >= 0) {
-        if (s->len > 0 && !spool_spill(s)) {
-            spool_drop(s);
-            return;
-        }
-        free(s->buf);
-        s->buf = NULL;
-        s->cap = 0;
-    }
-    else if (s->cap > s->len && s->len > 0) {
-        unsigned char *p = realloc(s->buf, s->len);
-
-        if (p != NULL) {
-            s->buf = p;
-            s->cap = s->len;
-        }
-    }
-}
-
-static int kb_flush(struct kp_kineto *k)
-{
-    Kprof__V1__Batch *m;
-    Kprof__V1__RankInfo ri = KPROF__V1__RANK_INFO__INIT;
-    Kprof__V1__Device devs[KP_KINETO_MAX_DEVICES];
-    Kprof__V1__Device *devp[KP_KINETO_MAX_DEVICES];
-    const struct kp_kineto_meta *src = k->opts->meta != NULL ? k->opts->meta : k->meta;
-    struct kp_batch_limits lim;
-    char err[512];
-    int rc;
-
-    if (kp_batch_builder_total(k->bb) == 0 && k->sent_first) {
-        return 0;
-    }
-    m = kp_batch_builder_finish(k->bb, k->have_base ? k->base_ns : 0, NULL);
-    m->run_id = k->opts->run_id != 0 ? k->opts->run_id : 1; /* a scan validates as run 1 */
-    m->rank = k->opts->rank;
-    if (!k->sent_first) {
-        fill_rank_info(k->opts, src, m, &ri, devs, devp);
-    }
-    lim.max_name_bytes = k->max_name;
-    lim.max_strings = KP_CODEC_DEFAULT_MAX_STRINGS;
-    lim.max_rows = KP_CODEC_DEFAULT_MAX_ROWS;
-    if ((rc = kp_batch_validate(m, &lim, err, sizeof(err))) != 0) {
-        return jr_fail(&k->j, "batch %" PRIu64 " (the events before this one) is invalid: %s",
-                       k->meta->batches + 1, err);
-    }
-    k->meta->batches++;
-    k->sent_first = true;
-    if (k->spool != NULL && !k->spool->unusable) {
-        spool_put(k, m);
-    }
-    if (k->cb != NULL && (rc = k->cb(m, k->cb_ud)) != 0) {
-        k->j.err = rc;
-        kp_errbuf_set(k->j.errbuf, k->j.errlen, "sending batch %" PRIu64 ": %s", k->meta->batches,
-                      kp_strerror(rc));
-        return rc;
-    }
-    kp_batch_builder_next(k->bb);
-    k->have_base = false;
-    return 0;
-}
-
-/* ------------------------------------------------------------------------------------------ */
 /* Entry points */
 
 int kp_kineto_parse(kp_kineto_read_cb *read, void *read_ud, const struct kp_kineto_opts *opts,
@@ -3070,13 +1855,17 @@ int kp_kineto_parse(kp_kineto_read_cb *read, void *read_ud, const struct kp_kine
     meta_out->max_ns = INT64_MIN;
     k->opts = opts;
     k->meta = meta_out;
-    k->cb = cb;
-    k->cb_ud = cb_ud;
-    k->spool = opts->spool;
-    if (k->spool != NULL) {
-        k->spool->used = true;
+    k->out.opts = opts;
+    k->out.meta = meta_out;
+    k->out.j = &k->j;
+    k->out.cb = cb;
+    k->out.cb_ud = cb_ud;
+    k->out.spool = opts->spool;
+    if (k->out.spool != NULL) {
+        k->out.spool->used = true;
     }
     k->max_name = opts->max_name_bytes ? opts->max_name_bytes : KP_CODEC_DEFAULT_MAX_NAME_BYTES;
+    k->out.max_name = k->max_name;
     k->batch_rows = opts->batch_rows ? opts->batch_rows : KP_KINETO_DEFAULT_BATCH_ROWS;
     k->j.read = read;
     k->j.read_ud = read_ud;
@@ -3092,16 +1881,18 @@ int kp_kineto_parse(kp_kineto_read_cb *read, void *read_ud, const struct kp_kine
     kp_strbuf_init(&k->evs, EV_MAX_BYTES);
     if ((k->j.buf = malloc(JR_CHUNK)) == NULL ||
         (rc = kp_batch_builder_create(KP_BB_AUTO, import_cols,
-                                      sizeof(import_cols) / sizeof(import_cols[0]), &k->bb)) != 0) {
+                                      sizeof(import_cols) / sizeof(import_cols[0]), &k->out.bb)) !=
+            0) {
         rc = -ENOMEM;
         kp_errbuf_set(errbuf, errlen, "out of memory");
         goto out;
     }
     rc = parse_top(k);
-    if (rc == 0 && (kp_batch_builder_total(k->bb) > 0 || !k->sent_first)) {
-        rc = kb_flush(k);
+    if (rc == 0 && (kp_batch_builder_total(k->out.bb) > 0 || !k->out.sent_first)) {
+        rc = spill_flush(&k->out);
     }
-    else if (rc == KP_EPROTO && opts->partial && cb != NULL && kp_batch_builder_total(k->bb) > 0) {
+    else if (rc == KP_EPROTO && opts->partial && cb != NULL &&
+             kp_batch_builder_total(k->out.bb) > 0) {
         /* --partial: send what was read before the error, keep the error's message */
         char saved[1024];
 
@@ -3109,7 +1900,7 @@ int kp_kineto_parse(kp_kineto_read_cb *read, void *read_ud, const struct kp_kine
         k->j.err = 0;
         k->j.errbuf = NULL;
         k->j.errlen = 0;
-        if (kb_flush(k) != 0) {
+        if (spill_flush(&k->out) != 0) {
             kp_errbuf_set(errbuf, errlen, "%s (and the rows before it could not be sent)", saved);
         }
         else {
@@ -3124,18 +1915,18 @@ int kp_kineto_parse(kp_kineto_read_cb *read, void *read_ud, const struct kp_kine
         meta_out->min_ns = meta_out->max_ns = 0;
     }
 out:
-    if (k->spool != NULL) {
+    if (k->out.spool != NULL) {
         if (rc == 0) {
-            spool_seal(k->spool);
+            spool_seal(k->out.spool);
         }
         else {
-            spool_drop(k->spool);
+            spool_drop(k->out.spool);
         }
     }
     free(k->j.buf);
     free(k->j.str);
     kp_strbuf_fini(&k->evs);
-    kp_batch_builder_destroy(k->bb);
+    kp_batch_builder_destroy(k->out.bb);
     free(k);
     return rc;
 }
@@ -3219,191 +2010,6 @@ int kp_kineto_parse_file(const char *path, const struct kp_kineto_opts *opts,
         kp_errbuf_set(errbuf, errlen, "%s: %s", path, inner[0] ? inner : kp_strerror(rc));
     }
     gzclose(g.gz);
-    return rc;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Spool */
-
-int kp_kineto_spool_create(size_t mem_limit, struct kp_kineto_spool **out)
-{
-    struct kp_kineto_spool *s = calloc(1, sizeof(*s));
-
-    if (s == NULL) {
-        return -ENOMEM;
-    }
-    s->mem_limit = mem_limit;
-    s->fd = -1;
-    *out = s;
-    return 0;
-}
-
-void kp_kineto_spool_destroy(struct kp_kineto_spool *s)
-{
-    if (s == NULL) {
-        return;
-    }
-    spool_drop(s);
-    free(s);
-}
-
-size_t kp_kineto_spool_mem_bytes(const struct kp_kineto_spool *s)
-{
-    return s != NULL ? s->cap : 0;
-}
-
-uint64_t kp_kineto_spool_bytes(const struct kp_kineto_spool *s)
-{
-    return s != NULL && !s->unusable ? s->bytes : 0;
-}
-
-static bool read_at(int fd, void *buf, size_t n, uint64_t off)
-{
-    unsigned char *p = buf;
-
-    while (n > 0) {
-        ssize_t r = pread(fd, p, n, (off_t) off);
-
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r <= 0) {
-            if (r == 0) {
-                errno = EIO;
-            }
-            return false;
-        }
-        p += r;
-        n -= (size_t) r;
-        off += (uint64_t) r;
-    }
-    return true;
-}
-
-/* The fields in front of a spooled batch; packed into out (NULL: only the size). */
-static size_t spool_prefix(const struct kp_kineto_opts *opts, const struct spool_rec *h,
-                           int64_t shift, uint8_t *out, const struct kp_batch_limits *lim,
-                           char *err, size_t errlen, int *valid)
-{
-    Kprof__V1__Batch m = KPROF__V1__BATCH__INIT;
-    Kprof__V1__RankInfo ri = KPROF__V1__RANK_INFO__INIT;
-    Kprof__V1__Device devs[KP_KINETO_MAX_DEVICES];
-    Kprof__V1__Device *devp[KP_KINETO_MAX_DEVICES];
-
-    m.run_id = opts->run_id;
-    m.rank = opts->rank;
-    m.base_ns = h->base_ns + shift;
-    if (h->first) {
-        fill_rank_info(opts, opts->meta, &m, &ri, devs, devp);
-    }
-    if (valid != NULL) {
-        *valid = kp_batch_validate(&m, lim, err, errlen);
-    }
-    return out != NULL ? kprof__v1__batch__pack(&m, out) : kprof__v1__batch__get_packed_size(&m);
-}
-
-int kp_kineto_spool_replay(struct kp_kineto_spool *s, const struct kp_kineto_opts *opts,
-                           kp_kineto_encoded_cb *cb, void *cb_ud, struct kp_kineto_meta *meta_out,
-                           char *errbuf, size_t errlen)
-{
-    const struct kp_kineto_meta *meta;
-    struct kp_batch_limits lim;
-    struct spool_rec h;
-    unsigned char *buf = NULL;
-    size_t cap = 0, pos = 0;
-    uint64_t off = 0;
-    int64_t shift = 0, lo = 0, hi = 0;
-    char err[512];
-    int rc = 0, valid;
-
-    if (s == NULL || opts == NULL || opts->meta == NULL || cb == NULL || meta_out == NULL) {
-        kp_errbuf_set(errbuf, errlen, "kp_kineto_spool_replay: bad arguments");
-        return -EINVAL;
-    }
-    meta = opts->meta;
-    if (s->unusable || s->replayed || !s->used || s->records == 0) {
-        return KP_KINETO_REPARSE;
-    }
-    if (s->base_set && __builtin_sub_overflow(meta->base_ns, s->base_used, &shift)) {
-        return KP_KINETO_REPARSE;
-    }
-    if (shift != 0 && (meta->max_ns == INT64_MAX || meta->min_ns == INT64_MIN ||
-                       __builtin_add_overflow(meta->min_ns, shift, &lo) ||
-                       __builtin_add_overflow(meta->max_ns, shift, &hi))) {
-        return KP_KINETO_REPARSE; /* a time saturated in the scan, or would now */
-    }
-    /* the first batch's rank_info as the second parse would build it must validate */
-    lim.max_name_bytes =
-        opts->max_name_bytes ? opts->max_name_bytes : KP_CODEC_DEFAULT_MAX_NAME_BYTES;
-    lim.max_strings = KP_CODEC_DEFAULT_MAX_STRINGS;
-    lim.max_rows = KP_CODEC_DEFAULT_MAX_ROWS;
-    memset(&h, 0, sizeof(h));
-    h.first = 1;
-    (void) spool_prefix(opts, &h, 0, NULL, &lim, err, sizeof(err), &valid);
-    if (valid != 0) {
-        return KP_KINETO_REPARSE;
-    }
-    s->replayed = true;
-    *meta_out = *meta;
-    for (int kind = 0; shift != 0 && kind < KP_EV_COUNT; kind++) {
-        if (meta->rows[kind] > 0) { /* with no rows, min_ns and max_ns are 0 unshifted */
-            meta_out->min_ns = lo;
-            meta_out->max_ns = hi;
-            break;
-        }
-    }
-    for (uint64_t r = 0; r < s->records; r++) {
-        size_t pre, need;
-
-        if (s->fd < 0) {
-            memcpy(&h, s->buf + pos, sizeof(h));
-            pos += sizeof(h);
-        }
-        else {
-            if (!read_at(s->fd, &h, sizeof(h), off)) {
-                rc = -errno;
-                kp_errbuf_set(errbuf, errlen, "reading back the scanned batches: %s",
-                              strerror(errno));
-                break;
-            }
-            off += sizeof(h);
-        }
-        pre = spool_prefix(opts, &h, shift, NULL, NULL, NULL, 0, NULL);
-        need = pre + h.len;
-        if (need > cap) {
-            unsigned char *p = realloc(buf, need);
-
-            if (p == NULL) {
-                rc = -ENOMEM;
-                kp_errbuf_set(errbuf, errlen, "out of memory");
-                break;
-            }
-            buf = p;
-            cap = need;
-        }
-        (void) spool_prefix(opts, &h, shift, buf, NULL, NULL, 0, NULL);
-        if (s->fd < 0) {
-            memcpy(buf + pre, s->buf + pos, h.len);
-            pos += h.len;
-        }
-        else {
-            if (!read_at(s->fd, buf + pre, h.len, off)) {
-                rc = -errno;
-                kp_errbuf_set(errbuf, errlen, "reading back the scanned batches: %s",
-                              strerror(errno));
-                break;
-            }
-            off += h.len;
-        }
-        if (opts->progress != NULL) {
-            opts->progress(h.in_bytes, opts->progress_ud);
-        }
-        if ((rc = cb(buf, need, cb_ud)) != 0) {
-            kp_errbuf_set(errbuf, errlen, "sending batch %" PRIu64 ": %s", r + 1, kp_strerror(rc));
-            break;
-        }
-    }
-    free(buf);
     return rc;
 }
 

@@ -115,8 +115,8 @@
 #define KP_KINETO_MAX_DEVICES              64
 /* cuda_profiler_range events (see the mapping above) may carry up to KP_KINETO_MAX_COUNTERS
  * metrics each; their ids: kp_kineto_ids.h. */
-#define KP_KINETO_MAX_COUNTERS      256
-#define KP_KINETO_MAX_DIST_JSON     8192 /* distributedInfo kept as JSON text, at most */
+#define KP_KINETO_MAX_COUNTERS  256
+#define KP_KINETO_MAX_DIST_JSON 8192 /* distributedInfo kept as JSON text, at most */
 
 /* The event categories counted while parsing (file side of the import's accounting). */
 enum kp_kineto_cat {
