@@ -470,18 +470,24 @@ static int jr_after(struct jr *j, char closer)
                          closer == '}' ? "',' or '}' in an object" : "',' or ']' in an array");
 }
 
-/* Object iteration. Call jr_obj_begin at '{' and then jr_obj_key until it returns 0: each 1
- * leaves the key in j->str and the position at the value. */
-int jr_obj_begin(struct jr *j, bool *first)
+/* Consumes the opener ("'{'" or "'['") of a container. */
+static int jr_begin(struct jr *j, bool *first, const char *opener)
 {
     int c = jr_ws(j);
 
-    if (c != '{') {
-        return jr_unexpected(j, c, "'{'");
+    if (c != opener[1]) {
+        return jr_unexpected(j, c, opener);
     }
     j->pos++;
     *first = true;
     return jr_enter(j);
+}
+
+/* Object iteration. Call jr_obj_begin at '{' and then jr_obj_key until it returns 0: each 1
+ * leaves the key in j->str and the position at the value. */
+int jr_obj_begin(struct jr *j, bool *first)
+{
+    return jr_begin(j, first, "'{'");
 }
 
 int jr_obj_key(struct jr *j, bool *first)
@@ -521,14 +527,7 @@ int jr_obj_key(struct jr *j, bool *first)
 
 int jr_arr_begin(struct jr *j, bool *first)
 {
-    int c = jr_ws(j);
-
-    if (c != '[') {
-        return jr_unexpected(j, c, "'['");
-    }
-    j->pos++;
-    *first = true;
-    return jr_enter(j);
+    return jr_begin(j, first, "'['");
 }
 
 /* Returns 1 if an element follows (position at it), 0 after ']'. */
