@@ -810,8 +810,11 @@ static const struct kp_batch_builder_rule capture_cols[] = {
     { KP_EV_OP, "stream", KP_BB_NEVER, 0 },
 };
 
-/* The event kind of each wire record kind (0: none). */
-static const enum kp_event_kind rec_kind[KP_REC_RANGE + 1] = {
+/* Wire record kinds: the last one + 1. */
+#define N_REC (KP_REC_RANGE + 1)
+
+/* The event kind of each wire record kind. */
+static const enum kp_event_kind rec_kind[N_REC] = {
     [KP_REC_KERNEL] = KP_EV_KERNEL, [KP_REC_MEMCPY] = KP_EV_MEMCPY, [KP_REC_MEMSET] = KP_EV_MEMSET,
     [KP_REC_API] = KP_EV_API,       [KP_REC_SYNC] = KP_EV_SYNC,     [KP_REC_RANGE] = KP_EV_OP,
 };
@@ -1004,7 +1007,7 @@ static void cut(struct kp_batcher *b, bool last)
     struct tables t;
     Kprof__V1__RankInfo ri = KPROF__V1__RANK_INFO__INIT;
     Kprof__V1__CaptureStats cs = KPROF__V1__CAPTURE_STATS__INIT;
-    size_t n[KP_REC_RANGE + 1] = { 0 }, at[KP_REC_RANGE + 1] = { 0 }, n_steps = 0;
+    size_t n[N_REC] = { 0 }, at[N_REC] = { 0 }, n_steps = 0;
     int64_t base;
     bool oom = false;
     uint8_t *buf = NULL;
@@ -1028,7 +1031,7 @@ static void cut(struct kp_batcher *b, bool last)
     if (base == INT64_MIN || base < 0) {
         base = 0;
     }
-    for (int k = KP_REC_KERNEL; k <= KP_REC_RANGE; k++) {
+    for (int k = KP_REC_KERNEL; k < N_REC; k++) {
         if (n[k] > 0 && kp_batch_builder_add(b->bb, rec_kind[k], n[k]) < 0) {
             oom = true;
         }

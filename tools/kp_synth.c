@@ -1338,6 +1338,21 @@ void kp_synth_count(const Kprof__V1__Batch *b, struct kp_synth_totals *t)
     }
 }
 
+void kp_synth_opts_from_flags(struct kp_synth_opts *so, const struct kp_synth_flags *f,
+                              uint32_t rank, uint64_t run_id, const char *job)
+{
+    memset(so, 0, sizeof(*so));
+    so->seed = (uint64_t) f->seed;
+    so->rank = rank;
+    so->world_size = (uint32_t) f->ranks;
+    so->first_step = f->first_step;
+    so->n_steps = (uint32_t) f->steps;
+    so->kernels_per_step = (uint32_t) f->kernels_per_step;
+    so->batch_rows = (uint32_t) f->batch_rows;
+    so->run_id = run_id;
+    so->job = job;
+}
+
 /* --- create / destroy --- */
 
 static int build_strings(struct kp_synth *s, int p)
