@@ -554,11 +554,38 @@ static uint64_t api_call(struct kp_synth *s, int64_t *cpu, enum sid name, uint32
     return corr;
 }
 
+/* A kernel row of kd at abs time st on stream. */
+static void kernel_row(struct kp_synth *s, const struct kdef *kd, int64_t st, int64_t dur,
+                       uint32_t stream, uint64_t corr, uint64_t ext)
+{
+    Kprof__V1__Kernels *k = s->p_kernels;
+    size_t i = row_add(s, KP_EV_KERNEL);
+
+    k->start_ns[i] = st;
+    k->dur_ns[i] = (uint64_t) dur;
+    k->name[i] = kd->name;
+    k->device[i] = s->o.rank % 8;
+    k->context[i] = CONTEXT_ID;
+    k->stream[i] = stream;
+    k->correlation[i] = corr;
+    k->external_id[i] = ext;
+    k->grid_x[i] = kd->grid[0];
+    k->grid_y[i] = kd->grid[1];
+    k->grid_z[i] = kd->grid[2];
+    k->block_x[i] = kd->block[0];
+    k->block_y[i] = kd->block[1];
+    k->block_z[i] = kd->block[2];
+    k->registers[i] = kd->registers;
+    k->static_smem[i] = kd->static_smem;
+    k->dynamic_smem[i] = kd->dynamic_smem;
+    k->step[i] = (int32_t) s->step;
+    add_dur(s, KP_EV_KERNEL, dur);
+}
+
 /* Launches a kernel of type kt from the CPU cursor *cpu on the compute stream. */
 static uint64_t launch(struct kp_synth *s, int64_t *cpu, uint64_t tid, enum ktype kt, uint64_t ext)
 {
     const struct kdef *kd = &kdefs[kt];
-    Kprof__V1__Kernels *k = s->p_kernels;
     int64_t ready, kst, kdur, st, dur;
     uint64_t corr;
     size_t i;
@@ -574,26 +601,7 @@ static uint64_t launch(struct kp_synth *s, int64_t *cpu, uint64_t tid, enum ktyp
     dur = ab(s, kst + kdur) - st;
     dur_noise(s, &dur);
 
-    i = row_add(s, KP_EV_KERNEL);
-    k->start_ns[i] = st;
-    k->dur_ns[i] = (uint64_t) dur;
-    k->name[i] = kd->name;
-    k->device[i] = s->o.rank % 8;
-    k->context[i] = CONTEXT_ID;
-    k->stream[i] = STREAM_COMPUTE;
-    k->correlation[i] = corr;
-    k->external_id[i] = ext;
-    k->grid_x[i] = kd->grid[0];
-    k->grid_y[i] = kd->grid[1];
-    k->grid_z[i] = kd->grid[2];
-    k->block_x[i] = kd->block[0];
-    k->block_y[i] = kd->block[1];
-    k->block_z[i] = kd->block[2];
-    k->registers[i] = kd->registers;
-    k->static_smem[i] = kd->static_smem;
-    k->dynamic_smem[i] = kd->dynamic_smem;
-    k->step[i] = (int32_t) s->step;
-    add_dur(s, KP_EV_KERNEL, dur);
+    kernel_row(s, kd, st, dur, STREAM_COMPUTE, corr, ext);
 
     if (!s->first_gemm_corr_done && kt == KT_GEMM_FWD1) {
         Kprof__V1__Counters *c = s->p_counters;
@@ -799,7 +807,6 @@ static int64_t nccl_start(const struct kp_synth *s, uint32_t q, int64_t t, int64
 /* The allreduce of bucket b, launched from the autograd thread once its gradients are in. */
 static void allreduce(struct kp_synth *s, uint32_t b)
 {
-    Kprof__V1__Kernels *k = s->p_kernels;
     Kprof__V1__Collectives *c = s->p_colls;
     const struct kdef *kd = &kdefs[KT_NCCL];
     struct frame fo, fr;
@@ -843,26 +850,7 @@ static void allreduce(struct kp_synth *s, uint32_t b)
     mine = nccl_start(s, s->o.rank, t, s->comm_end);
     s->comm_end = end;
 
-    i = row_add(s, KP_EV_KERNEL);
-    k->start_ns[i] = mine;
-    k->dur_ns[i] = (uint64_t) (end - mine);
-    k->name[i] = kd->name;
-    k->device[i] = s->o.rank % 8;
-    k->context[i] = CONTEXT_ID;
-    k->stream[i] = STREAM_COMM;
-    k->correlation[i] = corr;
-    k->external_id[i] = fr.id;
-    k->grid_x[i] = kd->grid[0];
-    k->grid_y[i] = kd->grid[1];
-    k->grid_z[i] = kd->grid[2];
-    k->block_x[i] = kd->block[0];
-    k->block_y[i] = kd->block[1];
-    k->block_z[i] = kd->block[2];
-    k->registers[i] = kd->registers;
-    k->static_smem[i] = kd->static_smem;
-    k->dynamic_smem[i] = kd->dynamic_smem;
-    k->step[i] = (int32_t) s->step;
-    add_dur(s, KP_EV_KERNEL, end - mine);
+    kernel_row(s, kd, mine, end - mine, STREAM_COMM, corr, fr.id);
 
     i = row_add(s, KP_EV_COLLECTIVE);
     c->start_ns[i] = op_start;
