@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kp_batch_builder.h"
 #include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_log.h"
@@ -100,8 +101,10 @@ struct kp_batcher {
     bool rank_info_sent;
     uint64_t lib_dropped, lib_cupti, lib_overhead;
     uint64_t inc_dropped, inc_cupti, inc_overhead;
-    long long mal_next_ms; /* next malformed log line allowed (mono ms); 0: none logged yet */
-    uint64_t mal_logged;   /* stats.malformed at the last log line */
+    long long mal_next_ms;       /* next malformed log line allowed (mono ms); 0: none logged yet */
+    uint64_t mal_logged;         /* stats.malformed at the last log line */
+    struct kp_batch_builder *bb; /* the batch being cut */
+    struct u64map str_ids;       /* wire string id -> its index in that batch */
     struct kp_batcher_stats st;
 };
 
@@ -793,24 +796,41 @@ static void pend_rescan(struct kp_batcher *b, bool final)
 
 /* --- batch building --- */
 
-struct strtab {
-    char **s;    /* s[0] = "" */
-    bool *owned; /* s[i] was allocated here */
-    size_t n, cap;
-    struct u64map ids; /* wire id -> index */
+/* The columns a capture leaves out (NULL in PostgreSQL): kernels' occupancy figures and the
+ * copies' bandwidth come only from imported traces (a capture that set them would write a
+ * side-table row per event); the wire's ranges carry no fwd_tid, dtypes, device or stream. */
+static const struct kp_batch_builder_rule capture_cols[] = {
+    { KP_EV_KERNEL, "blocks_per_sm", KP_BB_NEVER, 0 },
+    { KP_EV_KERNEL, "est_occupancy", KP_BB_NEVER, 0 },
+    { KP_EV_MEMCPY, "bandwidth_gbps", KP_BB_NEVER, 0 },
+    { KP_EV_MEMSET, "bandwidth_gbps", KP_BB_NEVER, 0 },
+    { KP_EV_OP, "fwd_tid", KP_BB_NEVER, 0 },
+    { KP_EV_OP, "input_dtypes", KP_BB_NEVER, 0 },
+    { KP_EV_OP, "device", KP_BB_NEVER, 0 },
+    { KP_EV_OP, "stream", KP_BB_NEVER, 0 },
 };
 
-static uint32_t intern(struct kp_batcher *b, struct strtab *t, uint32_t id)
+/* Wire record kinds: the last one + 1. */
+#define N_REC (KP_REC_RANGE + 1)
+
+/* The event kind of each wire record kind. */
+static const enum kp_event_kind rec_kind[N_REC] = {
+    [KP_REC_KERNEL] = KP_EV_KERNEL, [KP_REC_MEMCPY] = KP_EV_MEMCPY, [KP_REC_MEMSET] = KP_EV_MEMSET,
+    [KP_REC_API] = KP_EV_API,       [KP_REC_SYNC] = KP_EV_SYNC,     [KP_REC_RANGE] = KP_EV_OP,
+};
+
+/* The batch's index of wire string id (0: none), its text added on first use. */
+static uint32_t intern(struct kp_batcher *b, uint32_t id)
 {
     const uint32_t *hit;
     const char *text;
     size_t len = 0;
-    char *copy = NULL;
+    int64_t idx;
 
     if (id == 0) {
         return 0;
     }
-    if ((hit = map_get(&t->ids, id)) != NULL) {
+    if ((hit = map_get(&b->str_ids, id)) != NULL) {
         return *hit;
     }
     text = b->o.strings != NULL ? b->o.strings(b->o.ud, id, &len) : NULL;
@@ -828,39 +848,18 @@ static uint32_t intern(struct kp_batcher *b, struct strtab *t, uint32_t id)
         b->st.missing_strings++;
         return 0;
     }
-    if (t->n >= KP_CODEC_DEFAULT_MAX_STRINGS) {
+    if (kp_batch_builder_strings(b->bb) >= KP_CODEC_DEFAULT_MAX_STRINGS) {
         b->st.missing_strings++; /* the batch's table is full (batch_rows near 1M) */
         return 0;
     }
-    if (t->n == t->cap) {
-        size_t cap = t->cap * 2;
-        char **s = realloc(t->s, cap * sizeof(*s));
-        bool *o;
-
-        if (s == NULL) {
-            return 0;
-        }
-        t->s = s;
-        if ((o = realloc(t->owned, cap * sizeof(*o))) == NULL) {
-            return 0;
-        }
-        t->owned = o;
-        t->cap = cap;
-    }
-    if (text[len] != '\0') {
-        if ((copy = malloc(len + 1)) == NULL) {
-            return 0;
-        }
-        memcpy(copy, text, len);
-        copy[len] = '\0';
-    }
-    t->s[t->n] = copy != NULL ? copy : (char *) text;
-    t->owned[t->n] = copy != NULL;
-    if (map_put(&t->ids, id, (uint32_t) t->n) != 0) {
-        free(copy);
+    /* borrowed: the text lives until the batch is packed */
+    if ((idx = kp_batch_builder_string(b->bb, text, len)) < 0) {
         return 0;
     }
-    return (uint32_t) t->n++;
+    if (map_put(&b->str_ids, id, (uint32_t) idx) != 0) {
+        return 0;
+    }
+    return (uint32_t) idx;
 }
 
 /* end - start, both >= 0 (rec_check, kp_batcher_step): never above INT64_MAX. */
@@ -869,28 +868,131 @@ static uint64_t dur(int64_t start, int64_t end)
     return end > start ? (uint64_t) end - (uint64_t) start : 0;
 }
 
-#define ALLOC_COL(msg, field, n)                                                     \
-    do {                                                                             \
-        (msg)->n_##field = (n);                                                      \
-        if (((msg)->field = calloc((n) ? (n) : 1, sizeof(*(msg)->field))) == NULL) { \
-            oom = true;                                                              \
-        }                                                                            \
-    } while (0)
+/* The tables of the batch being cut, looked up once per cut. */
+struct tables {
+    Kprof__V1__Kernels *kk;
+    Kprof__V1__Memcpys *mc;
+    Kprof__V1__Memsets *ms;
+    Kprof__V1__ApiCalls *ap;
+    Kprof__V1__Syncs *sy;
+    Kprof__V1__Ops *op;
+};
 
-static void free_kind(ProtobufCMessage *m)
+/* Writes row w at index j of its kind's table (start_ns absolute). */
+static void put_row(struct kp_batcher *b, const struct tables *t, const struct row *w, size_t j)
 {
-    const ProtobufCMessageDescriptor *d;
+    int64_t s = rec_start(w->kind, &w->r);
+    uint64_t d = dur(s, rec_end(w->kind, &w->r));
 
-    if (m == NULL) {
-        return;
+    switch (w->kind) {
+    case KP_REC_KERNEL: {
+        const struct kp_wire_kernel *r = &w->r.k;
+        Kprof__V1__Kernels *kk = t->kk;
+        kk->start_ns[j] = s;
+        kk->dur_ns[j] = d;
+        kk->name[j] = intern(b, r->name);
+        kk->device[j] = r->device;
+        kk->context[j] = r->context;
+        kk->stream[j] = r->stream;
+        kk->correlation[j] = r->correlation;
+        kk->external_id[j] = w->ext;
+        kk->grid_x[j] = r->grid_x;
+        kk->grid_y[j] = r->grid_y;
+        kk->grid_z[j] = r->grid_z;
+        kk->block_x[j] = r->block_x;
+        kk->block_y[j] = r->block_y;
+        kk->block_z[j] = r->block_z;
+        kk->registers[j] = r->registers;
+        kk->static_smem[j] = r->static_smem;
+        kk->dynamic_smem[j] = r->dynamic_smem;
+        kk->graph_id[j] = r->graph_id;
+        kk->graph_node_id[j] = r->graph_node_id;
+        kk->step[j] = w->step;
+        break;
     }
-    d = m->descriptor;
-    for (unsigned i = 0; i < d->n_fields; i++) {
-        const ProtobufCFieldDescriptor *f = &d->fields[i];
-
-        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
-            free(*(void **) ((char *) m + f->offset));
-        }
+    case KP_REC_MEMCPY: {
+        const struct kp_wire_memcpy *r = &w->r.m;
+        Kprof__V1__Memcpys *mc = t->mc;
+        mc->start_ns[j] = s;
+        mc->dur_ns[j] = d;
+        mc->bytes[j] = r->bytes;
+        mc->copy_kind[j] = r->copy_kind;
+        mc->src_kind[j] = r->src_kind;
+        mc->dst_kind[j] = r->dst_kind;
+        mc->device[j] = r->device;
+        mc->context[j] = r->context;
+        mc->stream[j] = r->stream;
+        mc->correlation[j] = r->correlation;
+        mc->external_id[j] = w->ext;
+        mc->src_device[j] = r->src_device;
+        mc->dst_device[j] = r->dst_device;
+        mc->step[j] = w->step;
+        break;
+    }
+    case KP_REC_MEMSET: {
+        const struct kp_wire_memset *r = &w->r.s;
+        Kprof__V1__Memsets *ms = t->ms;
+        ms->start_ns[j] = s;
+        ms->dur_ns[j] = d;
+        ms->bytes[j] = r->bytes;
+        ms->value[j] = r->value;
+        ms->mem_kind[j] = r->mem_kind;
+        ms->device[j] = r->device;
+        ms->context[j] = r->context;
+        ms->stream[j] = r->stream;
+        ms->correlation[j] = r->correlation;
+        ms->external_id[j] = w->ext;
+        ms->step[j] = w->step;
+        break;
+    }
+    case KP_REC_API: {
+        const struct kp_wire_api *r = &w->r.a;
+        Kprof__V1__ApiCalls *ap = t->ap;
+        ap->start_ns[j] = s;
+        ap->dur_ns[j] = d;
+        ap->domain[j] = r->domain;
+        ap->cbid[j] = r->cbid;
+        ap->name[j] = intern(b, r->name);
+        ap->tid[j] = r->tid;
+        ap->correlation[j] = r->correlation;
+        ap->external_id[j] = w->ext;
+        ap->return_value[j] = r->return_value;
+        ap->step[j] = w->step;
+        break;
+    }
+    case KP_REC_SYNC: {
+        const struct kp_wire_sync *r = &w->r.y;
+        Kprof__V1__Syncs *sy = t->sy;
+        sy->start_ns[j] = s;
+        sy->dur_ns[j] = d;
+        sy->sync_type[j] = r->sync_type;
+        sy->device[j] = r->device;
+        sy->context[j] = r->context;
+        sy->stream[j] = r->stream;
+        sy->cuda_event[j] = r->cuda_event;
+        sy->correlation[j] = r->correlation;
+        sy->step[j] = w->step;
+        break;
+    }
+    case KP_REC_RANGE: {
+        const struct kp_wire_range *r = &w->r.r;
+        Kprof__V1__Ops *op = t->op;
+        op->start_ns[j] = s;
+        op->dur_ns[j] = d;
+        op->name[j] = intern(b, r->name);
+        op->kind[j] = r->kind;
+        op->tid[j] = r->tid;
+        op->op_id[j] = r->range_id;
+        op->parent_id[j] = r->parent_id;
+        op->seq[j] = r->seq;
+        op->input_shapes[j] = intern(b, r->shapes);
+        op->external_id[j] = r->range_id;
+        op->domain[j] = intern(b, r->domain);
+        op->step[j] = w->step;
+        break;
+    }
+    default:
+        break;
     }
 }
 
@@ -901,36 +1003,19 @@ static void cut(struct kp_batcher *b, bool last)
         .max_strings = KP_CODEC_DEFAULT_MAX_STRINGS,
         .max_rows = KP_CODEC_DEFAULT_MAX_ROWS,
     };
-    Kprof__V1__Batch batch = KPROF__V1__BATCH__INIT;
-    Kprof__V1__Kernels kk = KPROF__V1__KERNELS__INIT;
-    Kprof__V1__Memcpys mc = KPROF__V1__MEMCPYS__INIT;
-    Kprof__V1__Memsets ms = KPROF__V1__MEMSETS__INIT;
-    Kprof__V1__ApiCalls ap = KPROF__V1__API_CALLS__INIT;
-    Kprof__V1__Syncs sy = KPROF__V1__SYNCS__INIT;
-    Kprof__V1__Ops op = KPROF__V1__OPS__INIT;
-    Kprof__V1__Steps stp = KPROF__V1__STEPS__INIT;
+    Kprof__V1__Batch *batch;
+    struct tables t;
     Kprof__V1__RankInfo ri = KPROF__V1__RANK_INFO__INIT;
     Kprof__V1__CaptureStats cs = KPROF__V1__CAPTURE_STATS__INIT;
-    struct strtab t;
-    size_t n[KP_REC_RANGE + 1] = { 0 }, at[KP_REC_RANGE + 1] = { 0 }, n_steps = 0;
-    int64_t prev[KP_REC_RANGE + 1], prev_step, base;
+    size_t n[N_REC] = { 0 }, at[N_REC] = { 0 }, n_steps = 0;
+    int64_t base;
     bool oom = false;
     uint8_t *buf = NULL;
     size_t len, rows = b->n_rows;
     char err[512];
     int rc;
 
-    memset(&t, 0, sizeof(t));
-    t.cap = 64;
-    t.s = malloc(t.cap * sizeof(*t.s));
-    t.owned = malloc(t.cap * sizeof(*t.owned));
-    if (t.s == NULL || t.owned == NULL) {
-        oom = true;
-        goto out;
-    }
-    t.s[0] = (char *) "";
-    t.owned[0] = false;
-    t.n = 1;
+    map_clear(&b->str_ids);
     /* steps rows go into the last batch */
     if (last) {
         for (size_t i = 0; i < b->n_steps; i++) {
@@ -946,237 +1031,28 @@ static void cut(struct kp_batcher *b, bool last)
     if (base == INT64_MIN || base < 0) {
         base = 0;
     }
-    for (int k = 0; k <= KP_REC_RANGE; k++) {
-        prev[k] = base;
+    for (int k = KP_REC_KERNEL; k < N_REC; k++) {
+        if (n[k] > 0 && kp_batch_builder_add(b->bb, rec_kind[k], n[k]) < 0) {
+            oom = true;
+        }
     }
-    prev_step = base;
-    batch.run_id = b->o.run_id;
-    batch.rank = b->o.rank;
-    batch.base_ns = base;
-    if (n[KP_REC_KERNEL]) {
-        size_t c = n[KP_REC_KERNEL];
-        ALLOC_COL(&kk, start_ns, c);
-        ALLOC_COL(&kk, dur_ns, c);
-        ALLOC_COL(&kk, name, c);
-        ALLOC_COL(&kk, device, c);
-        ALLOC_COL(&kk, context, c);
-        ALLOC_COL(&kk, stream, c);
-        ALLOC_COL(&kk, correlation, c);
-        ALLOC_COL(&kk, external_id, c);
-        ALLOC_COL(&kk, grid_x, c);
-        ALLOC_COL(&kk, grid_y, c);
-        ALLOC_COL(&kk, grid_z, c);
-        ALLOC_COL(&kk, block_x, c);
-        ALLOC_COL(&kk, block_y, c);
-        ALLOC_COL(&kk, block_z, c);
-        ALLOC_COL(&kk, registers, c);
-        ALLOC_COL(&kk, static_smem, c);
-        ALLOC_COL(&kk, dynamic_smem, c);
-        ALLOC_COL(&kk, graph_id, c);
-        ALLOC_COL(&kk, graph_node_id, c);
-        ALLOC_COL(&kk, step, c);
-        batch.kernels = &kk;
-    }
-    if (n[KP_REC_MEMCPY]) {
-        size_t c = n[KP_REC_MEMCPY];
-        ALLOC_COL(&mc, start_ns, c);
-        ALLOC_COL(&mc, dur_ns, c);
-        ALLOC_COL(&mc, bytes, c);
-        ALLOC_COL(&mc, copy_kind, c);
-        ALLOC_COL(&mc, src_kind, c);
-        ALLOC_COL(&mc, dst_kind, c);
-        ALLOC_COL(&mc, device, c);
-        ALLOC_COL(&mc, context, c);
-        ALLOC_COL(&mc, stream, c);
-        ALLOC_COL(&mc, correlation, c);
-        ALLOC_COL(&mc, external_id, c);
-        ALLOC_COL(&mc, src_device, c);
-        ALLOC_COL(&mc, dst_device, c);
-        ALLOC_COL(&mc, step, c);
-        batch.memcpys = &mc;
-    }
-    if (n[KP_REC_MEMSET]) {
-        size_t c = n[KP_REC_MEMSET];
-        ALLOC_COL(&ms, start_ns, c);
-        ALLOC_COL(&ms, dur_ns, c);
-        ALLOC_COL(&ms, bytes, c);
-        ALLOC_COL(&ms, value, c);
-        ALLOC_COL(&ms, mem_kind, c);
-        ALLOC_COL(&ms, device, c);
-        ALLOC_COL(&ms, context, c);
-        ALLOC_COL(&ms, stream, c);
-        ALLOC_COL(&ms, correlation, c);
-        ALLOC_COL(&ms, external_id, c);
-        ALLOC_COL(&ms, step, c);
-        batch.memsets = &ms;
-    }
-    if (n[KP_REC_API]) {
-        size_t c = n[KP_REC_API];
-        ALLOC_COL(&ap, start_ns, c);
-        ALLOC_COL(&ap, dur_ns, c);
-        ALLOC_COL(&ap, domain, c);
-        ALLOC_COL(&ap, cbid, c);
-        ALLOC_COL(&ap, name, c);
-        ALLOC_COL(&ap, tid, c);
-        ALLOC_COL(&ap, correlation, c);
-        ALLOC_COL(&ap, external_id, c);
-        ALLOC_COL(&ap, return_value, c);
-        ALLOC_COL(&ap, step, c);
-        batch.api_calls = &ap;
-    }
-    if (n[KP_REC_SYNC]) {
-        size_t c = n[KP_REC_SYNC];
-        ALLOC_COL(&sy, start_ns, c);
-        ALLOC_COL(&sy, dur_ns, c);
-        ALLOC_COL(&sy, sync_type, c);
-        ALLOC_COL(&sy, device, c);
-        ALLOC_COL(&sy, context, c);
-        ALLOC_COL(&sy, stream, c);
-        ALLOC_COL(&sy, cuda_event, c);
-        ALLOC_COL(&sy, correlation, c);
-        ALLOC_COL(&sy, step, c);
-        batch.syncs = &sy;
-    }
-    if (n[KP_REC_RANGE]) {
-        size_t c = n[KP_REC_RANGE];
-        ALLOC_COL(&op, start_ns, c);
-        ALLOC_COL(&op, dur_ns, c);
-        ALLOC_COL(&op, name, c);
-        ALLOC_COL(&op, kind, c);
-        ALLOC_COL(&op, tid, c);
-        ALLOC_COL(&op, op_id, c);
-        ALLOC_COL(&op, parent_id, c);
-        ALLOC_COL(&op, seq, c);
-        ALLOC_COL(&op, input_shapes, c);
-        ALLOC_COL(&op, external_id, c);
-        ALLOC_COL(&op, domain, c);
-        ALLOC_COL(&op, step, c);
-        batch.ops = &op;
-    }
-    if (n_steps) {
-        ALLOC_COL(&stp, step, n_steps);
-        ALLOC_COL(&stp, start_ns, n_steps);
-        ALLOC_COL(&stp, dur_ns, n_steps);
-        batch.steps = &stp;
+    if (n_steps > 0 && kp_batch_builder_add(b->bb, KP_EV_STEP, n_steps) < 0) {
+        oom = true;
     }
     if (oom) {
         goto out;
     }
+    t.kk = kp_batch_builder_table(b->bb, KP_EV_KERNEL);
+    t.mc = kp_batch_builder_table(b->bb, KP_EV_MEMCPY);
+    t.ms = kp_batch_builder_table(b->bb, KP_EV_MEMSET);
+    t.ap = kp_batch_builder_table(b->bb, KP_EV_API);
+    t.sy = kp_batch_builder_table(b->bb, KP_EV_SYNC);
+    t.op = kp_batch_builder_table(b->bb, KP_EV_OP);
     for (size_t i = 0; i < b->n_rows; i++) {
-        const struct row *w = &b->rows[i];
-        uint32_t kind = w->kind;
-        size_t j = at[kind]++;
-        int64_t s = rec_start(kind, &w->r);
-        int64_t delta = s - prev[kind];
-        uint64_t d = dur(s, rec_end(kind, &w->r));
-
-        prev[kind] = s;
-        switch (kind) {
-        case KP_REC_KERNEL: {
-            const struct kp_wire_kernel *r = &w->r.k;
-            kk.start_ns[j] = delta;
-            kk.dur_ns[j] = d;
-            kk.name[j] = intern(b, &t, r->name);
-            kk.device[j] = r->device;
-            kk.context[j] = r->context;
-            kk.stream[j] = r->stream;
-            kk.correlation[j] = r->correlation;
-            kk.external_id[j] = w->ext;
-            kk.grid_x[j] = r->grid_x;
-            kk.grid_y[j] = r->grid_y;
-            kk.grid_z[j] = r->grid_z;
-            kk.block_x[j] = r->block_x;
-            kk.block_y[j] = r->block_y;
-            kk.block_z[j] = r->block_z;
-            kk.registers[j] = r->registers;
-            kk.static_smem[j] = r->static_smem;
-            kk.dynamic_smem[j] = r->dynamic_smem;
-            kk.graph_id[j] = r->graph_id;
-            kk.graph_node_id[j] = r->graph_node_id;
-            kk.step[j] = w->step;
-            break;
-        }
-        case KP_REC_MEMCPY: {
-            const struct kp_wire_memcpy *r = &w->r.m;
-            mc.start_ns[j] = delta;
-            mc.dur_ns[j] = d;
-            mc.bytes[j] = r->bytes;
-            mc.copy_kind[j] = r->copy_kind;
-            mc.src_kind[j] = r->src_kind;
-            mc.dst_kind[j] = r->dst_kind;
-            mc.device[j] = r->device;
-            mc.context[j] = r->context;
-            mc.stream[j] = r->stream;
-            mc.correlation[j] = r->correlation;
-            mc.external_id[j] = w->ext;
-            mc.src_device[j] = r->src_device;
-            mc.dst_device[j] = r->dst_device;
-            mc.step[j] = w->step;
-            break;
-        }
-        case KP_REC_MEMSET: {
-            const struct kp_wire_memset *r = &w->r.s;
-            ms.start_ns[j] = delta;
-            ms.dur_ns[j] = d;
-            ms.bytes[j] = r->bytes;
-            ms.value[j] = r->value;
-            ms.mem_kind[j] = r->mem_kind;
-            ms.device[j] = r->device;
-            ms.context[j] = r->context;
-            ms.stream[j] = r->stream;
-            ms.correlation[j] = r->correlation;
-            ms.external_id[j] = w->ext;
-            ms.step[j] = w->step;
-            break;
-        }
-        case KP_REC_API: {
-            const struct kp_wire_api *r = &w->r.a;
-            ap.start_ns[j] = delta;
-            ap.dur_ns[j] = d;
-            ap.domain[j] = r->domain;
-            ap.cbid[j] = r->cbid;
-            ap.name[j] = intern(b, &t, r->name);
-            ap.tid[j] = r->tid;
-            ap.correlation[j] = r->correlation;
-            ap.external_id[j] = w->ext;
-            ap.return_value[j] = r->return_value;
-            ap.step[j] = w->step;
-            break;
-        }
-        case KP_REC_SYNC: {
-            const struct kp_wire_sync *r = &w->r.y;
-            sy.start_ns[j] = delta;
-            sy.dur_ns[j] = d;
-            sy.sync_type[j] = r->sync_type;
-            sy.device[j] = r->device;
-            sy.context[j] = r->context;
-            sy.stream[j] = r->stream;
-            sy.cuda_event[j] = r->cuda_event;
-            sy.correlation[j] = r->correlation;
-            sy.step[j] = w->step;
-            break;
-        }
-        case KP_REC_RANGE: {
-            const struct kp_wire_range *r = &w->r.r;
-            op.start_ns[j] = delta;
-            op.dur_ns[j] = d;
-            op.name[j] = intern(b, &t, r->name);
-            op.kind[j] = r->kind;
-            op.tid[j] = r->tid;
-            op.op_id[j] = r->range_id;
-            op.parent_id[j] = r->parent_id;
-            op.seq[j] = r->seq;
-            op.input_shapes[j] = intern(b, &t, r->shapes);
-            op.external_id[j] = r->range_id;
-            op.domain[j] = intern(b, &t, r->domain);
-            op.step[j] = w->step;
-            break;
-        }
-        default:
-            break;
-        }
+        put_row(b, &t, &b->rows[i], at[b->rows[i].kind]++);
     }
     if (n_steps) {
+        Kprof__V1__Steps *stp = kp_batch_builder_table(b->bb, KP_EV_STEP);
         size_t j = 0;
 
         for (size_t i = 0; i < b->n_steps; i++) {
@@ -1187,17 +1063,17 @@ static void cut(struct kp_batcher *b, bool last)
             }
             e = i + 1 < b->n_steps && b->steps[i + 1].start <= b->we ? b->steps[i + 1].start
                                                                      : b->we;
-            stp.step[j] = b->steps[i].step;
-            stp.start_ns[j] = s - prev_step;
-            stp.dur_ns[j] = dur(s, e);
-            prev_step = s;
+            stp->step[j] = b->steps[i].step;
+            stp->start_ns[j] = s;
+            stp->dur_ns[j] = dur(s, e);
             j++;
         }
         rows += n_steps;
         b->st.kept += n_steps;
     }
-    batch.n_strings = t.n;
-    batch.strings = t.s;
+    batch = kp_batch_builder_finish(b->bb, base, NULL);
+    batch->run_id = b->o.run_id;
+    batch->rank = b->o.rank;
     if (!b->rank_info_sent) {
         ri.job = b->job;
         ri.host = b->host;
@@ -1205,27 +1081,27 @@ static void cut(struct kp_batcher *b, bool last)
         ri.local_rank = b->o.local_rank;
         ri.world_size = b->o.world_size;
         ri.device = b->o.device;
-        batch.rank_info = &ri;
+        batch->rank_info = &ri;
     }
     if (b->inc_dropped || b->inc_cupti || b->inc_overhead) {
         cs.records_dropped = b->inc_dropped;
         cs.cupti_dropped = b->inc_cupti;
         cs.overhead_ns = b->inc_overhead;
-        batch.stats = &cs;
+        batch->stats = &cs;
     }
-    if ((rc = kp_batch_validate(&batch, &limits, err, sizeof(err))) != 0) {
+    if ((rc = kp_batch_validate(batch, &limits, err, sizeof(err))) != 0) {
         b->st.invalid++;
         kp_log_error("built an invalid batch (a kprof bug; dropped) run=%" PRIu64
                      " rank=%u rows=%zu err=\"%s\"",
                      b->o.run_id, b->o.rank, rows, err);
         goto out;
     }
-    len = kprof__v1__batch__get_packed_size(&batch);
+    len = kprof__v1__batch__get_packed_size(batch);
     if ((buf = malloc(len ? len : 1)) == NULL) {
         oom = true;
         goto out;
     }
-    kprof__v1__batch__pack(&batch, buf);
+    kprof__v1__batch__pack(batch, buf);
     if (b->o.emit(b->o.ud, buf, len, rows, last) != 0) {
         b->st.emit_failed++;
     }
@@ -1242,21 +1118,7 @@ out:
         b->inc_dropped = sat_add(b->inc_dropped, b->n_rows);
     }
     free(buf);
-    free_kind(&kk.base);
-    free_kind(&mc.base);
-    free_kind(&ms.base);
-    free_kind(&ap.base);
-    free_kind(&sy.base);
-    free_kind(&op.base);
-    free_kind(&stp.base);
-    for (size_t i = 1; i < t.n; i++) {
-        if (t.owned[i]) {
-            free(t.s[i]);
-        }
-    }
-    free(t.s);
-    free(t.owned);
-    map_free(&t.ids);
+    kp_batch_builder_next(b->bb);
     b->n_rows = 0;
 }
 
@@ -1325,7 +1187,9 @@ int kp_batcher_create(const struct kp_batcher_opts *o, struct kp_batcher **out)
     }
     b->cap_steps = 256;
     b->steps = malloc(b->cap_steps * sizeof(*b->steps));
-    if (b->job == NULL || b->host == NULL || b->steps == NULL) {
+    if (b->job == NULL || b->host == NULL || b->steps == NULL ||
+        kp_batch_builder_create(KP_BB_ALWAYS, capture_cols,
+                                sizeof(capture_cols) / sizeof(capture_cols[0]), &b->bb) != 0) {
         kp_batcher_destroy(b);
         return -ENOMEM;
     }
@@ -1351,6 +1215,8 @@ void kp_batcher_destroy(struct kp_batcher *b)
     free(b->pend);
     map_free(&b->pend_map);
     free(b->rows);
+    kp_batch_builder_destroy(b->bb);
+    map_free(&b->str_ids);
     free(b);
 }
 

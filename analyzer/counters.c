@@ -20,7 +20,7 @@
 
 #include "kp_analyzer.h"
 #include "kp_err.h"
-#include "kp_kineto.h"
+#include "kp_kineto_ids.h"
 #include "kp_pg.h"
 #include "kp_strbuf.h"
 

@@ -21,7 +21,7 @@
 #include "kp_codec.h"
 #include "kp_err.h"
 #include "kp_json.h"
-#include "kp_kineto.h"
+#include "kp_kineto_ids.h"
 #include "kp_log.h"
 #include "kp_pg.h"
 #include "kp_strbuf.h"

@@ -172,8 +172,6 @@ const struct kp_event_kind_info kp_event_kinds[KP_EV_COUNT] = {
 #undef I8
 #undef F8
 
-#define KP_CODEC_MAX_COLS 24
-
 /* Resolved once: the field descriptor of every column, and of each kind within Batch. */
 static const ProtobufCFieldDescriptor *col_fields[KP_EV_COUNT][KP_CODEC_MAX_COLS];
 static const ProtobufCFieldDescriptor *kind_fields[KP_EV_COUNT];

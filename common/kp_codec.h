@@ -5,7 +5,8 @@
  * fields, and one PostgreSQL table whose columns are (run_id, rank, <the fields, same names,
  * same order>). The spec table in kp_codec.c gives each field its SQL type and role. The
  * validator and the COPY encoder walk that table and protobuf-c's field descriptors, so a new
- * column is one row in the table, one field in the proto and one migration. A kind may keep
+ * column is one row in the table, one field in the proto and one migration (a new kind:
+ * docs/recipes.md). kp_batch_builder fills batches from the same table. A kind may keep
  * figures that few rows carry in a side table instead (struct kp_side_spec): kernels' occupancy
  * figures live in kernel_occupancy.
  *
@@ -50,6 +51,8 @@ enum kp_col_role {
     KP_ROLE_TS,    /* delta-encoded CLOCK_REALTIME ns, see kprof.proto */
     KP_ROLE_NAME,  /* index into the batch's string table; stored as a names.id */
 };
+
+#define KP_CODEC_MAX_COLS 24 /* columns of a kind, at most (kp_codec_selfcheck checks) */
 
 struct kp_column_spec {
     const char *name; /* the proto field's name and the SQL column's name */

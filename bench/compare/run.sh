@@ -60,7 +60,7 @@ done
 [ "$ranks" -ge 2 ] || die "--ranks must be 2 or more"
 [ -n "$build" ] || build=$root/build
 kprofctl=$build/kprofctl/kprofctl
-loadgen=$build/bench/ingest/kprof-loadgen
+loadgen=$build/tools/kprof-loadgen
 collectord=$build/collectord/kprof-collectord
 analyzer=$build/analyzer/kprof-analyzer
 [ -x "$kprofctl" ] && [ -x "$loadgen" ] && [ -x "$analyzer" ] ||

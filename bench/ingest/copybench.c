@@ -38,7 +38,8 @@
 struct copy_config {
     char *pg_conninfo;
     char *job;
-    long long ranks, steps, first_step, kernels_per_step, batch_rows, seed, start_ns;
+    struct kp_synth_flags synth;
+    long long start_ns;
     long long flush_rows;
     bool drop;
 };
@@ -49,16 +50,16 @@ static const struct kp_config_def copy_defs[] = {
       "libpq connection string of the kprof database", NULL, true },
     { "job", KP_CONFIG_STRING, "copy-baseline", 1, 256, OFF(job), "job name of the run", NULL,
       false },
-    { "ranks", KP_CONFIG_INT, "4", 1, 4096, OFF(ranks), "ranks to generate", NULL, false },
-    { "steps", KP_CONFIG_INT, "100", 0, 1000000, OFF(steps), "steps per rank", NULL, false },
-    { "first-step", KP_CONFIG_INT, "0", 0, 1000000000, OFF(first_step), "first step number", NULL,
-      false },
+    { "ranks", KP_CONFIG_INT, "4", 1, 4096, OFF(synth.ranks), "ranks to generate", NULL, false },
+    { "steps", KP_CONFIG_INT, "100", 0, 1000000, OFF(synth.steps), "steps per rank", NULL, false },
+    { "first-step", KP_CONFIG_INT, "0", 0, 1000000000, OFF(synth.first_step), "first step number",
+      NULL, false },
     { "kernels-per-step", KP_CONFIG_INT, "200", KP_SYNTH_MIN_KERNELS_PER_STEP,
-      KP_SYNTH_MAX_KERNELS_PER_STEP, OFF(kernels_per_step), "compute kernels per step", NULL,
+      KP_SYNTH_MAX_KERNELS_PER_STEP, OFF(synth.kernels_per_step), "compute kernels per step", NULL,
       false },
     { "batch-rows", KP_CONFIG_INT, "4000", KP_SYNTH_MIN_BATCH_ROWS, KP_SYNTH_MAX_BATCH_ROWS,
-      OFF(batch_rows), "rows per generated batch", NULL, false },
-    { "seed", KP_CONFIG_INT, "1", 0, 0x7fffffffffffffffLL, OFF(seed), "seed", NULL, false },
+      OFF(synth.batch_rows), "rows per generated batch", NULL, false },
+    { "seed", KP_CONFIG_INT, "1", 0, 0x7fffffffffffffffLL, OFF(synth.seed), "seed", NULL, false },
     { "start-ns", KP_CONFIG_INT, "1700000000000000000", 1, 0x7fffffffffffffffLL, OFF(start_ns),
       "CLOCK_REALTIME ns of the first step", NULL, false },
     { "flush-rows", KP_CONFIG_INT, "65536", 1, 1LL << 24, OFF(flush_rows), "rows per transaction",
@@ -153,17 +154,8 @@ static int synth_for(const struct copy_config *cfg, uint32_t rank, uint64_t run_
 {
     struct kp_synth_opts so;
 
-    memset(&so, 0, sizeof(so));
-    so.seed = (uint64_t) cfg->seed;
-    so.rank = rank;
-    so.world_size = (uint32_t) cfg->ranks;
-    so.first_step = cfg->first_step;
-    so.n_steps = (uint32_t) cfg->steps;
-    so.kernels_per_step = (uint32_t) cfg->kernels_per_step;
-    so.batch_rows = (uint32_t) cfg->batch_rows;
+    kp_synth_opts_from_flags(&so, &cfg->synth, rank, run_id, cfg->job);
     so.start_ns = cfg->start_ns;
-    so.run_id = run_id;
-    so.job = cfg->job;
     return kp_synth_create(&so, out);
 }
 
@@ -189,7 +181,7 @@ static int resolve_names(PGconn *c, const struct copy_config *cfg, struct name_m
     const char *params[1];
     int rc = 0;
 
-    for (uint32_t q = 0; q < cfg->ranks && rc == 0; q++) {
+    for (uint32_t q = 0; q < cfg->synth.ranks && rc == 0; q++) {
         struct kp_synth *s;
 
         if (synth_for(cfg, q, 1, &s) != 0) {
@@ -441,7 +433,7 @@ static int run_copy(PGconn *c, const struct copy_config *cfg, const struct name_
         rc = -EAGAIN;
         goto out;
     }
-    for (uint32_t q = 0; q < cfg->ranks && rc == 0; q++) {
+    for (uint32_t q = 0; q < cfg->synth.ranks && rc == 0; q++) {
         struct kp_synth *s;
         Kprof__V1__Batch *b;
 
@@ -515,7 +507,7 @@ int main(int argc, char **argv)
         goto out;
     }
     params[0] = cfg.job;
-    snprintf(wbuf, sizeof(wbuf), "%lld", cfg.ranks);
+    snprintf(wbuf, sizeof(wbuf), "%lld", cfg.synth.ranks);
     params[1] = wbuf;
     if ((r = exec_ok(c,
                      "INSERT INTO runs (job, name, world_size, source) VALUES ($1, "

@@ -58,14 +58,14 @@ for v in ranks steps kernels reps; do
 done
 if [ -z "$build" ]; then
     for d in "$root/build" "$root/build-c" /tmp/build-c; do
-        if [ -x "$d/bench/ingest/kprof-loadgen" ]; then
+        if [ -x "$d/tools/kprof-loadgen" ]; then
             build=$d
             break
         fi
     done
 fi
 [ -n "$build" ] || die "no build found; build first (cmake -S . -B build && cmake --build build) or pass --build DIR"
-loadgen=$build/bench/ingest/kprof-loadgen
+loadgen=$build/tools/kprof-loadgen
 copy=$build/bench/ingest/kprof-bench-copy
 collectord=$build/collectord/kprof-collectord
 [ -x "$loadgen" ] && [ -x "$copy" ] || die "$build lacks kprof-loadgen or kprof-bench-copy; build them"

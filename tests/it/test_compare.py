@@ -77,7 +77,7 @@ PEERS = os.environ.get("KPROF_PEERS_DIR") or os.path.join(
     os.environ.get("KPROF_SOURCE_DIR", "."), "tests", "data", "peers")
 HTA_PAIR = os.path.join(PEERS, "hta", "trace_filter_2rank")
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
-LOADGEN = os.path.join(kpfix.BIN, "bench", "ingest", "kprof-loadgen")
+LOADGEN = os.path.join(kpfix.BIN, "tools", "kprof-loadgen")
 TABLES = ("kernels", "memcpys", "memsets", "api_calls", "ops", "steps", "collectives", "syncs",
           "memory_events")
 

@@ -42,7 +42,7 @@ PEERS = os.environ.get("KPROF_PEERS_DIR") or os.path.join(
     os.environ.get("KPROF_SOURCE_DIR", "."), "tests", "data", "peers")
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
 ANALYZER = os.path.join(kpfix.BIN, "analyzer", "kprof-analyzer")
-LOADGEN = os.path.join(kpfix.BIN, "bench", "ingest", "kprof-loadgen")
+LOADGEN = os.path.join(kpfix.BIN, "tools", "kprof-loadgen")
 D = decimal.Decimal
 US3 = re.compile(r'"(ts|dur)": (-?\d+\.\d{3})[,}]')
 

@@ -21,7 +21,7 @@ kpfix.require_env()
 
 DB = "kp_it_kprofctl_runs"
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
-LOADGEN = os.path.join(kpfix.BIN, "bench", "ingest", "kprof-loadgen")
+LOADGEN = os.path.join(kpfix.BIN, "tools", "kprof-loadgen")
 COLS = ["id", "job", "name", "state", "source", "world_size", "created", "ended", "batches"]
 NUMERIC = {"id", "world_size", "batches"}
 STATES = {"1": "open", "2": "ended", "3": "failed"}

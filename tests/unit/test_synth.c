@@ -1,4 +1,4 @@
-/* Unit tests for common/kp_synth: validity, determinism, totals, links, the straggler model. */
+/* Unit tests for tools/kp_synth: validity, determinism, totals, links, the straggler model. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

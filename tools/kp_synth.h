@@ -72,6 +72,16 @@ struct kp_synth_opts {
     const char *job;                 /* rank_info.job (copied); NULL: "synthetic" */
 };
 
+/* The generator's shape as the command-line flags of kprof-loadgen and bench/ingest's COPY
+ * baseline give it (kp_config integers; the flags' ranges keep them within the opts'). */
+struct kp_synth_flags {
+    long long seed, ranks, first_step, steps, kernels_per_step, batch_rows;
+};
+
+/* Fills *so (all of it: the rest zero) for rank `rank` of the job the flags describe. */
+void kp_synth_opts_from_flags(struct kp_synth_opts *so, const struct kp_synth_flags *f,
+                              uint32_t rank, uint64_t run_id, const char *job);
+
 /*
  * What the generator has produced so far, per event kind (kp_event_kinds order), counted as
  * rows are generated (a step at a time, independently of the batch encoding): mid-way they

@@ -1,99 +1,21 @@
 /*
  * kp_kineto: a streaming reader of torch.profiler (Kineto) chrome-trace JSON that turns the
  * trace into kprof protocol batches (proto/kprof.proto), in constant memory whatever the file
- * size. Reference: docs/specs/torch-trace-formats.md, Part B.
+ * size. Reference: docs/specs/torch-trace-formats.md, Part B; the rules (parsing, the two
+ * passes, the spool, the Kineto → kprof mapping, times): docs/datapath.md "The Kineto
+ * importer".
  *
- * Parsing. A pull tokenizer of its own reads the JSON through a caller's read callback (or a
- * file, gzip or plain, through zlib) in 256 KiB chunks; no DOM is built. Every string is
- * bounded (max_string_bytes), nesting is bounded (max_depth), names longer than
- * max_name_bytes are cut at a UTF-8 boundary, invalid UTF-8 and NUL become U+FFFD. An
- * error (bad JSON, wrong type, missing field, out-of-range value, hostile sizes) stops the
- * parse with KP_EPROTO and a one-line message giving the line, the column, the byte offset
- * in the (decompressed) JSON and the event index, e.g.
+ * Two passes: an import scans a file first (cb NULL: every event is parsed, mapped and
+ * checked, batches built and validated, nothing sent) to learn a struct kp_kineto_meta (the
+ * time base, rank, devices may come anywhere in the file), then parses it again with
+ * opts.meta set and a callback that sends the batches; a file that scans clean converts
+ * clean. Or one pass: the scan keeps its batches in a spool and kp_kineto_spool_replay sends
+ * them.
+ *
+ * Errors: bad JSON, a wrong type, a missing field, an out-of-range value or hostile sizes stop
+ * the parse with KP_EPROTO and a one-line message giving the line, column, byte offset in the
+ * (decompressed) JSON and the event index, e.g.
  *   "line 40, column 77 (byte 5124), traceEvents[12]: args.grid must be an array of 3 ints".
- *
- * Two passes. Times are µs relative to baseTimeNanoseconds (~2.4+) or absolute µs (older),
- * and before 2025-03 baseTimeNanoseconds came after traceEvents; the rank and world size
- * (distributedInfo), the device table and the External-id mode may come anywhere too. So an
- * import scans a file first (cb NULL: every event is parsed, mapped and checked exactly as in
- * the second pass, batches are built and validated with kp_batch_validate, nothing is sent)
- * and gets a struct kp_kineto_meta, then parses it again with opts.meta set and a callback
- * that sends the batches. A file that scans clean converts clean.
- *
- * One parse instead of two: a spool (struct kp_kineto_spool, opts.spool in a scan) keeps
- * each validated batch of the scan, protobuf-encoded, without the fields only known after
- * every file is scanned (run_id, rank, rank_info, devices; base_ns apart), in memory up to
- * its limit and beyond that in an unlinked temporary file in $TMPDIR (or /tmp).
- * kp_kineto_spool_replay then hands each batch back, encoded, with those fields in front
- * (fields of a protobuf message may come in any order), the start times shifted if
- * baseTimeNanoseconds came after the events: the same batches, bytes aside, that a second
- * parse would build. Where it cannot be sure of that (baseTimeNanoseconds changed between
- * events, a shift that would overflow, a rank_info that does not validate, the temporary
- * file could not be written) it says so before sending anything, and the file is parsed
- * again the old way.
- *
- * Mapping (Kineto → kprof; export inverts it):
- *  - cat cpu_op, Operator (1.8/1.9)   → ops, kind CPU_OP (ProfilerStep#N: kind PROFILER_STEP
- *                                        plus a steps row), op_id = external_id = External id,
- *                                        seq = Sequence number (-1 if none), fwd_tid = Fwd
- *                                        thread id, input_shapes = str(Input Dims) ("[[32, 128],
- *                                        []]"), input_dtypes = repr(Input type) ("['float']")
- *  - user_annotation                  → ops USER_ANNOTATION (ProfilerStep#N: PROFILER_STEP +
- *                                        steps row {step N, ts, dur}), ids as cpu_op
- *  - gpu_user_annotation (any case), User (1.8) → ops GPU_USER_ANNOTATION, external_id =
- *                                        External id, op_id 0, device = pid, stream = tid
- *  - python_function                  → ops PYTHON_FUNCTION, op_id = KP_KINETO_PY_ID_BASE +
- *                                        Python id, parent_id = the same of Python parent id
- *  - record_param_comms with Collective name → also a collectives row (name, dtype, In/Out
- *                                        msg nelems, Group size, Process Group Name (or
- *                                        Description, or ID), coll_seq = Seq, External id, tid)
- *  - cuda_runtime, Runtime (≤1.10)    → api_calls domain RUNTIME; cuda_driver → DRIVER
- *  - kernel                           → kernels (shared memory → static_smem: Kineto gives
- *                                        static + dynamic as one number; "blocks per SM" and
- *                                        "est. achieved occupancy %" → blocks_per_sm and
- *                                        est_occupancy, NaN when absent or not a number)
- *  - gpu_memcpy, Memcpy               → memcpys, copy/src/dst kinds parsed from the name
- *                                        ("Memcpy HtoD (Pinned -> Device)"); peer copies take
- *                                        fromDevice/toDevice; "memory bandwidth (GB/s)" →
- *                                        bandwidth_gbps (NaN when absent or not a number)
- *  - gpu_memset, Memset               → memsets, mem_kind from the name, bandwidth_gbps as
- *                                        memcpys
- *  - cuda_sync                        → syncs (sync_type from the name, CUPTI's enum)
- *  - cuda_profiler_range (CUPTI range profiler, docs/specs/hta-analyses.md §10) → counters: one row
- *                                        per numeric args key that is not a known key (each
- *                                        requested metric, e.g. smsp__sass_thread_inst_
- *                                        executed_op_ffma_pred_on.sum), metric = the key,
- *                                        value = the number, device = args.device, else pid;
- *                                        correlation = args.correlation when > 0, else
- *                                        KP_KINETO_RANGE_ID_BASE + the range's index (its
- *                                        0-based position among the file's range events,
- *                                        Kineto's range order). Plus one row naming the range:
- *                                        metric = KP_KINETO_RANGE_NAME_PREFIX + the event's
- *                                        name (the kernel's, in auto-range mode), value = the
- *                                        index, same correlation and device. Non-numeric
- *                                        values (strings, null) store no row: unknown, not 0.
- *                                        The events' ts/dur are synthetic and not stored.
- *  - [memory], [OutOfMemory] instants → memory_events (MemoryEvents): name, device = Device
- *                                        Id (-1: none), device_type = Device Type, addr =
- *                                        Addr, bytes = Bytes (< 0: a free), total_allocated
- *                                        = Total Allocated, total_reserved = Total Reserved
- *                                        (addr and the totals NULL when a batch has none)
- *  - ac2g / async / async_gpu / async_cpu_to_gpu and fwdbwd / forward_backward flows: counted
- *    and checked, not stored: an ac2g id is the CUPTI correlation both ends already carry; a
- *    fwdbwd pair is (Fwd thread id, Sequence number), which the ops rows keep.
- *  - deviceProperties → Batch.devices; distributedInfo → rank and world size, and the whole
- *    object as JSON text in rank_info.distributed_info (ranks.distributed_info); the first
- *    batch carries rank_info (job, host_name, the CPU pid, the device of the first GPU event).
- *  - The External id trap (B.6): from 1.11 to 2.2 the runtime and GPU events' External id is
- *    their own CUPTI correlation, and 2.3-2.5 falls back to it for events outside any op. An
- *    External id equal to the event's correlation is therefore dropped (0: no link); the
- *    lower-case `external id` of 1.8-1.10 is the CPU op's and is kept.
- *  - Metadata (M), Trace spans, other instants and other categories are counted as skipped;
- *    the "PyTorch Profiler (0)" Trace span (cat Trace, any case; the last by ts) is kept as
- *    the first batch's rank_info.profiler_start_ns/_end_ns.
- *
- * Times: ns since the epoch = baseTimeNanoseconds (0 if absent) + ts µs × 1000, parsed from
- * the decimal text without floating point, rounded to the ns.
  *
  * Thread-safety: none needed; a parse uses only its own state.
  */
@@ -106,20 +28,17 @@
 #include <sys/types.h>
 
 #include "kp_codec.h"
+#include "kp_kineto_ids.h"
 #include "kprof.pb-c.h"
 
 #define KP_KINETO_DEFAULT_BATCH_ROWS       4096
 #define KP_KINETO_DEFAULT_MAX_STRING_BYTES (1u << 20)
 #define KP_KINETO_DEFAULT_MAX_DEPTH        64
 #define KP_KINETO_MAX_DEVICES              64
-#define KP_KINETO_PY_ID_BASE               (1ULL << 56)
-/* cuda_profiler_range events (see the mapping above): the correlation of a range without one
- * of its own is KP_KINETO_RANGE_ID_BASE + its index; its name row's metric starts with
- * KP_KINETO_RANGE_NAME_PREFIX; an event may carry up to KP_KINETO_MAX_COUNTERS metrics. */
-#define KP_KINETO_RANGE_ID_BASE     (1ULL << 62)
-#define KP_KINETO_RANGE_NAME_PREFIX "kprof.range_name:"
-#define KP_KINETO_MAX_COUNTERS      256
-#define KP_KINETO_MAX_DIST_JSON     8192 /* distributedInfo kept as JSON text, at most */
+/* cuda_profiler_range events (docs/datapath.md, Mapping) may carry up to KP_KINETO_MAX_COUNTERS
+ * metrics each; their ids: kp_kineto_ids.h. */
+#define KP_KINETO_MAX_COUNTERS  256
+#define KP_KINETO_MAX_DIST_JSON 8192 /* distributedInfo kept as JSON text, at most */
 
 /* The event categories counted while parsing (file side of the import's accounting). */
 enum kp_kineto_cat {

@@ -42,13 +42,8 @@ struct loadgen_config {
     char *tls_ca;
     char *job;
     char *name;
-    long long ranks;
+    struct kp_synth_flags synth;
     long long threads;
-    long long steps;
-    long long first_step;
-    long long kernels_per_step;
-    long long batch_rows;
-    long long seed;
     long long run_id;
     long long start_ns;
     long long window;
@@ -68,24 +63,24 @@ static const struct kp_config_def loadgen_defs[] = {
       "kprof-collectord's gRPC address (host:port or unix:/path)", NULL, false },
     { "tls-ca", KP_CONFIG_STRING, "", 0, 0, OFF(tls_ca),
       "PEM of the CA that signed collectord's certificate: use TLS", NULL, false },
-    { "ranks", KP_CONFIG_INT, "4", 1, LOADGEN_MAX_RANKS, OFF(ranks),
+    { "ranks", KP_CONFIG_INT, "4", 1, LOADGEN_MAX_RANKS, OFF(synth.ranks),
       "ranks (world size) to simulate, one producer stream each", NULL, false },
     { "threads", KP_CONFIG_INT, "0", 0, LOADGEN_MAX_THREADS, OFF(threads),
       "worker threads; each runs whole ranks in turn (0: one per rank, at most 64)", NULL, false },
-    { "steps", KP_CONFIG_INT, "100", 0, 1000000, OFF(steps), "training steps per rank", NULL,
+    { "steps", KP_CONFIG_INT, "100", 0, 1000000, OFF(synth.steps), "training steps per rank", NULL,
       false },
-    { "first-step", KP_CONFIG_INT, "0", 0, 1000000000, OFF(first_step), "number of the first step",
-      NULL, false },
+    { "first-step", KP_CONFIG_INT, "0", 0, 1000000000, OFF(synth.first_step),
+      "number of the first step", NULL, false },
     { "kernels-per-step", KP_CONFIG_INT, "200", KP_SYNTH_MIN_KERNELS_PER_STEP,
-      KP_SYNTH_MAX_KERNELS_PER_STEP, OFF(kernels_per_step),
+      KP_SYNTH_MAX_KERNELS_PER_STEP, OFF(synth.kernels_per_step),
       "compute kernels per step and rank (NCCL kernels come on top)", NULL, false },
     { "batch-rows", KP_CONFIG_INT, "4000", KP_SYNTH_MIN_BATCH_ROWS, KP_SYNTH_MAX_BATCH_ROWS,
-      OFF(batch_rows), "target rows (events of all kinds) per batch", NULL, false },
+      OFF(synth.batch_rows), "target rows (events of all kinds) per batch", NULL, false },
     { "job", KP_CONFIG_STRING, "loadgen", 1, 256, OFF(job), "job name of the run", NULL, false },
     { "name", KP_CONFIG_STRING, "", 0, 256, OFF(name), "run name (CreateRun)", NULL, false },
     { "run-id", KP_CONFIG_INT, "0", 0, 2147483647, OFF(run_id),
       "push into this existing run; 0: create one with world size --ranks", NULL, false },
-    { "seed", KP_CONFIG_INT, "1", 0, 0x7fffffffffffffffLL, OFF(seed),
+    { "seed", KP_CONFIG_INT, "1", 0, 0x7fffffffffffffffLL, OFF(synth.seed),
       "seed of the synthetic traffic (same seed, same events)", NULL, false },
     { "start-ns", KP_CONFIG_INT, "0", 0, 0x7fffffffffffffffLL, OFF(start_ns),
       "CLOCK_REALTIME ns of the first step; 0: now", NULL, false },
@@ -204,19 +199,10 @@ static void run_rank(struct loadgen *lg, uint32_t rank)
     bool first = true;
     int rc;
 
-    memset(&so, 0, sizeof(so));
-    so.seed = (uint64_t) cfg->seed;
-    so.rank = rank;
-    so.world_size = (uint32_t) cfg->ranks;
-    so.first_step = cfg->first_step;
-    so.n_steps = (uint32_t) cfg->steps;
-    so.kernels_per_step = (uint32_t) cfg->kernels_per_step;
-    so.batch_rows = (uint32_t) cfg->batch_rows;
+    kp_synth_opts_from_flags(&so, &cfg->synth, rank, lg->run_id, cfg->job);
     so.compute_slowdown = lg->slow;
     so.dataload_slowdown = lg->dlslow;
     so.start_ns = lg->start_ns;
-    so.run_id = lg->run_id;
-    so.job = cfg->job;
     memset(&po, 0, sizeof(po));
     po.window = (uint32_t) cfg->window;
     po.give_up_after_ms = cfg->give_up_ms;
@@ -279,7 +265,7 @@ static void *worker(void *arg)
     struct loadgen *lg = arg;
     unsigned r;
 
-    while ((r = atomic_fetch_add(&lg->next_rank, 1)) < (unsigned) lg->cfg->ranks) {
+    while ((r = atomic_fetch_add(&lg->next_rank, 1)) < (unsigned) lg->cfg->synth.ranks) {
         run_rank(lg, r);
     }
     return NULL;
@@ -310,7 +296,7 @@ static int control(struct loadgen *lg)
 
         req.job = cfg->job;
         req.name = cfg->name;
-        req.world_size = (uint32_t) cfg->ranks;
+        req.world_size = (uint32_t) cfg->synth.ranks;
         req.source = KPROF__V1__RUN_SOURCE__RUN_SOURCE_SYNTHETIC;
         rc = kp_rpc_unary(lg->ch, "/kprof.v1.Control/CreateRun", &req.base,
                           &kprof__v1__run__descriptor, &resp, 15000, &st);
@@ -374,10 +360,10 @@ static void print_json(const struct loadgen *lg, uint64_t events, uint64_t batch
            "\"seed\":%lld,\"events\":%" PRIu64 ",\"batches\":%" PRIu64 ",\"bytes\":%" PRIu64
            ",\"seconds\":%.6f,\"events_per_s\":%.1f,\"duplicates\":%" PRIu64
            ",\"reconnects\":%" PRIu64 ",\"resent\":%" PRIu64 ",\"expected\":[",
-           lg->run_id, cfg->ranks, cfg->steps, cfg->kernels_per_step, cfg->seed, events, batches,
-           bytes, secs, secs > 0 ? (double) events / secs : 0.0, sum->duplicates, sum->reconnects,
-           sum->resent);
-    for (long long r = 0; r < cfg->ranks; r++) {
+           lg->run_id, cfg->synth.ranks, cfg->synth.steps, cfg->synth.kernels_per_step,
+           cfg->synth.seed, events, batches, bytes, secs, secs > 0 ? (double) events / secs : 0.0,
+           sum->duplicates, sum->reconnects, sum->resent);
+    for (long long r = 0; r < cfg->synth.ranks; r++) {
         const struct kp_synth_totals *t = &lg->res[r].totals;
 
         printf("%s{\"rank\":%lld,\"batches\":%" PRIu64 ",\"events\":%" PRIu64 ",\"kinds\":{",
@@ -413,24 +399,25 @@ int main(int argc, char **argv)
     kp_log_set_level((enum kp_log_level) cfg.log_level);
     signal(SIGPIPE, SIG_IGN);
     lg.cfg = &cfg;
-    lg.slow = calloc((size_t) cfg.ranks, sizeof(double));
-    lg.dlslow = calloc((size_t) cfg.ranks, sizeof(double));
-    lg.res = calloc((size_t) cfg.ranks, sizeof(struct rank_result));
-    nthreads = cfg.threads ? cfg.threads : (cfg.ranks < 64 ? cfg.ranks : 64);
-    nthreads = nthreads > cfg.ranks ? cfg.ranks : nthreads;
+    lg.slow = calloc((size_t) cfg.synth.ranks, sizeof(double));
+    lg.dlslow = calloc((size_t) cfg.synth.ranks, sizeof(double));
+    lg.res = calloc((size_t) cfg.synth.ranks, sizeof(struct rank_result));
+    nthreads = cfg.threads ? cfg.threads : (cfg.synth.ranks < 64 ? cfg.synth.ranks : 64);
+    nthreads = nthreads > cfg.synth.ranks ? cfg.synth.ranks : nthreads;
     th = calloc((size_t) nthreads, sizeof(pthread_t));
     if (lg.slow == NULL || lg.dlslow == NULL || lg.res == NULL || th == NULL) {
         fprintf(stderr, "kprof-loadgen: out of memory\n");
         goto out;
     }
-    for (long long r = 0; r < cfg.ranks; r++) {
+    for (long long r = 0; r < cfg.synth.ranks; r++) {
         lg.slow[r] = 1.0;
         lg.dlslow[r] = 1.0;
     }
-    if (parse_factors("straggler", cfg.straggler, lg.slow, cfg.ranks, err, sizeof(err)) != 0 ||
-        parse_factors("compute-straggler", cfg.compute_straggler, lg.slow, cfg.ranks, err,
+    if (parse_factors("straggler", cfg.straggler, lg.slow, cfg.synth.ranks, err, sizeof(err)) !=
+            0 ||
+        parse_factors("compute-straggler", cfg.compute_straggler, lg.slow, cfg.synth.ranks, err,
                       sizeof(err)) != 0 ||
-        parse_factors("dataload-straggler", cfg.dataload_straggler, lg.dlslow, cfg.ranks, err,
+        parse_factors("dataload-straggler", cfg.dataload_straggler, lg.dlslow, cfg.synth.ranks, err,
                       sizeof(err)) != 0) {
         fprintf(stderr, "kprof-loadgen: %s (see --help)\n", err);
         rc = 2;
@@ -458,7 +445,7 @@ int main(int argc, char **argv)
     atomic_init(&lg.last_ack_ns, 0);
     atomic_init(&lg.abort, false);
     kp_log_info("pushing run=%" PRIu64 " ranks=%lld steps=%lld kernels_per_step=%lld threads=%lld",
-                lg.run_id, cfg.ranks, cfg.steps, cfg.kernels_per_step, nthreads);
+                lg.run_id, cfg.synth.ranks, cfg.synth.steps, cfg.synth.kernels_per_step, nthreads);
     for (long long i = 0; i < nthreads; i++) {
         if (pthread_create(&th[i], NULL, worker, &lg) != 0) {
             break;
@@ -474,7 +461,7 @@ int main(int argc, char **argv)
     }
 
     memset(&sum, 0, sizeof(sum));
-    for (long long r = 0; r < cfg.ranks; r++) {
+    for (long long r = 0; r < cfg.synth.ranks; r++) {
         const struct rank_result *res = &lg.res[r];
 
         events += res->totals.all_rows;
@@ -512,8 +499,9 @@ int main(int argc, char **argv)
         printf("run %" PRIu64 ": %lld ranks x %lld steps, %" PRIu64 " events in %" PRIu64
                " batches (%.1f MB) committed in %.3f s: %.0f events/s; duplicates %" PRIu64
                ", reconnects %" PRIu64 ", resent %" PRIu64 "\n",
-               lg.run_id, cfg.ranks, cfg.steps, events, batches, (double) bytes / 1e6, secs,
-               secs > 0 ? (double) events / secs : 0.0, sum.duplicates, sum.reconnects, sum.resent);
+               lg.run_id, cfg.synth.ranks, cfg.synth.steps, events, batches, (double) bytes / 1e6,
+               secs, secs > 0 ? (double) events / secs : 0.0, sum.duplicates, sum.reconnects,
+               sum.resent);
     }
     rc = 0;
 out:

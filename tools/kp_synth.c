@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kp_batch_builder.h"
+
 #define STEP_NAME_FLAG 0x80000000u /* pending name id of "ProfilerStep#<first_step + low bits>" */
 
 /* CUPTI constants (cupti_activity.h, cupti_runtime_cbid.h). */
@@ -344,42 +346,24 @@ struct kp_synth {
     uint32_t mem_live;                   /* activations allocated and not yet freed */
     int64_t mem_allocated, mem_reserved; /* the allocator's totals, bytes */
 
-    /* pending rows */
-    Kprof__V1__Kernels p_kernels;
-    Kprof__V1__Memcpys p_memcpys;
-    Kprof__V1__Memsets p_memsets;
-    Kprof__V1__ApiCalls p_api;
-    Kprof__V1__Ops p_ops;
-    Kprof__V1__Steps p_steps;
-    Kprof__V1__Counters p_counters;
-    Kprof__V1__Collectives p_colls;
-    Kprof__V1__Syncs p_syncs;
-    Kprof__V1__MemoryEvents p_memory;
-    ProtobufCMessage *pend[KP_EV_COUNT];
-    size_t pend_n[KP_EV_COUNT], pend_cap[KP_EV_COUNT];
+    /* pending rows, in the builder (a batch takes those up to a checkpoint); its tables */
+    struct kp_batch_builder *bb;
+    Kprof__V1__Kernels *p_kernels;
+    Kprof__V1__Memcpys *p_memcpys;
+    Kprof__V1__Memsets *p_memsets;
+    Kprof__V1__ApiCalls *p_api;
+    Kprof__V1__Ops *p_ops;
+    Kprof__V1__Steps *p_steps;
+    Kprof__V1__Counters *p_counters;
+    Kprof__V1__Collectives *p_colls;
+    Kprof__V1__Syncs *p_syncs;
+    Kprof__V1__MemoryEvents *p_memory;
     struct checkpoint *cps;
     size_t n_cps, cap_cps;
     size_t cut_cp; /* checkpoints consumed by the batch handed out, to shift on next call */
     bool have_out;
 
-    /* the batch handed out */
-    Kprof__V1__Batch batch;
-    Kprof__V1__Kernels o_kernels;
-    Kprof__V1__Memcpys o_memcpys;
-    Kprof__V1__Memsets o_memsets;
-    Kprof__V1__ApiCalls o_api;
-    Kprof__V1__Ops o_ops;
-    Kprof__V1__Steps o_steps;
-    Kprof__V1__Counters o_counters;
-    Kprof__V1__Collectives o_colls;
-    Kprof__V1__Syncs o_syncs;
-    Kprof__V1__MemoryEvents o_memory;
-    ProtobufCMessage *out[KP_EV_COUNT];
-    size_t out_cap[KP_EV_COUNT];
-    char **strs;
-    size_t cap_strs;
-    char (*stepnames)[32];
-    size_t cap_stepnames, n_stepnames;
+    /* the batch handed out (the builder's) */
     uint32_t xlat[S_COUNT];
     uint64_t xlat_epoch[S_COUNT];
     Kprof__V1__RankInfo rank_info;
@@ -441,91 +425,22 @@ static int64_t ab(const struct kp_synth *s, int64_t t)
     return map_t(s->my_origin, s->my_f, t);
 }
 
-/* --- pending tables --- */
-
-static size_t elem_size(const ProtobufCFieldDescriptor *f)
-{
-    switch (f->type) {
-    case PROTOBUF_C_TYPE_UINT32:
-    case PROTOBUF_C_TYPE_SINT32:
-    case PROTOBUF_C_TYPE_INT32:
-        return 4;
-    default:
-        return 8;
-    }
-}
-
-static void **field_arr(ProtobufCMessage *m, const ProtobufCFieldDescriptor *f)
-{
-    return (void **) ((char *) m + f->offset);
-}
-
-static size_t *field_cnt(ProtobufCMessage *m, const ProtobufCFieldDescriptor *f)
-{
-    return (size_t *) ((char *) m + f->quantifier_offset);
-}
-
-/* Grows every column of m to hold need rows. Returns 0 or -ENOMEM (then *cap is unchanged
- * but some columns may have grown, which is harmless). */
-static int table_reserve(ProtobufCMessage *m, size_t *cap, size_t need)
-{
-    const ProtobufCMessageDescriptor *d = m->descriptor;
-    size_t ncap = *cap ? *cap : 256;
-
-    if (need <= *cap) {
-        return 0;
-    }
-    while (ncap < need) {
-        ncap *= 2;
-    }
-    for (unsigned i = 0; i < d->n_fields; i++) {
-        const ProtobufCFieldDescriptor *f = &d->fields[i];
-        void **arr = field_arr(m, f);
-        void *p = realloc(*arr, ncap * elem_size(f));
-
-        if (p == NULL) {
-            return -ENOMEM;
-        }
-        *arr = p;
-    }
-    *cap = ncap;
-    return 0;
-}
-
-static void table_free(ProtobufCMessage *m)
-{
-    const ProtobufCMessageDescriptor *d = m->descriptor;
-
-    for (unsigned i = 0; i < d->n_fields; i++) {
-        void **arr = field_arr(m, &d->fields[i]);
-
-        free(*arr);
-        *arr = NULL;
-    }
-}
+/* --- pending rows --- */
 
 /* Appends a zeroed row of kind k; returns its index. On ENOMEM, flags the generator and
- * returns the last row (overwritten; the step is thrown away by the caller). */
+ * returns the last row (overwritten; the step is thrown away by the caller): create reserved
+ * room, so there is one. */
 static size_t row_add(struct kp_synth *s, enum kp_event_kind k)
 {
-    ProtobufCMessage *m = s->pend[k];
-    const ProtobufCMessageDescriptor *d = m->descriptor;
-    size_t i = s->pend_n[k];
+    long i = kp_batch_builder_add(s->bb, k, 1);
 
-    if (table_reserve(m, &s->pend_cap[k], i + 1) != 0) {
+    if (i < 0) {
         s->nomem = true;
-        return s->pend_cap[k] - 1;
+        return kp_batch_builder_rows(s->bb, k) - 1;
     }
-    for (unsigned c = 0; c < d->n_fields; c++) {
-        const ProtobufCFieldDescriptor *f = &d->fields[c];
-        size_t sz = elem_size(f);
-
-        memset((char *) *field_arr(m, f) + i * sz, 0, sz);
-    }
-    s->pend_n[k] = i + 1;
     s->totals.rows[k]++;
     s->totals.all_rows++;
-    return i;
+    return (size_t) i;
 }
 
 static void add_dur(struct kp_synth *s, enum kp_event_kind k, int64_t dur)
@@ -546,7 +461,9 @@ static void checkpoint(struct kp_synth *s)
         s->cps = p;
         s->cap_cps = ncap;
     }
-    memcpy(s->cps[s->n_cps].rows, s->pend_n, sizeof(s->pend_n));
+    for (int k = 0; k < KP_EV_COUNT; k++) {
+        s->cps[s->n_cps].rows[k] = kp_batch_builder_rows(s->bb, (enum kp_event_kind) k);
+    }
     s->n_cps++;
 }
 
@@ -573,7 +490,7 @@ static void op_open(struct kp_synth *s, struct frame *fr, int64_t start_abs, enu
 
 static void op_close(struct kp_synth *s, const struct frame *fr, int64_t end_abs)
 {
-    Kprof__V1__Ops *o = &s->p_ops;
+    Kprof__V1__Ops *o = s->p_ops;
     size_t i = row_add(s, KP_EV_OP);
     int64_t dur = end_abs - fr->start;
 
@@ -613,7 +530,7 @@ static uint64_t tid_bwd(const struct kp_synth *s)
 static uint64_t api_call(struct kp_synth *s, int64_t *cpu, enum sid name, uint32_t cbid,
                          uint64_t tid, uint64_t ext, double mean_ns, int64_t *gpu_ready)
 {
-    Kprof__V1__ApiCalls *a = &s->p_api;
+    Kprof__V1__ApiCalls *a = s->p_api;
     int64_t d = base_dur(s, mean_ns, 0.3);
     int64_t st = ab(s, *cpu), en = ab(s, *cpu + d);
     size_t i = row_add(s, KP_EV_API);
@@ -637,11 +554,38 @@ static uint64_t api_call(struct kp_synth *s, int64_t *cpu, enum sid name, uint32
     return corr;
 }
 
+/* A kernel row of kd at abs time st on stream. */
+static void kernel_row(struct kp_synth *s, const struct kdef *kd, int64_t st, int64_t dur,
+                       uint32_t stream, uint64_t corr, uint64_t ext)
+{
+    Kprof__V1__Kernels *k = s->p_kernels;
+    size_t i = row_add(s, KP_EV_KERNEL);
+
+    k->start_ns[i] = st;
+    k->dur_ns[i] = (uint64_t) dur;
+    k->name[i] = kd->name;
+    k->device[i] = s->o.rank % 8;
+    k->context[i] = CONTEXT_ID;
+    k->stream[i] = stream;
+    k->correlation[i] = corr;
+    k->external_id[i] = ext;
+    k->grid_x[i] = kd->grid[0];
+    k->grid_y[i] = kd->grid[1];
+    k->grid_z[i] = kd->grid[2];
+    k->block_x[i] = kd->block[0];
+    k->block_y[i] = kd->block[1];
+    k->block_z[i] = kd->block[2];
+    k->registers[i] = kd->registers;
+    k->static_smem[i] = kd->static_smem;
+    k->dynamic_smem[i] = kd->dynamic_smem;
+    k->step[i] = (int32_t) s->step;
+    add_dur(s, KP_EV_KERNEL, dur);
+}
+
 /* Launches a kernel of type kt from the CPU cursor *cpu on the compute stream. */
 static uint64_t launch(struct kp_synth *s, int64_t *cpu, uint64_t tid, enum ktype kt, uint64_t ext)
 {
     const struct kdef *kd = &kdefs[kt];
-    Kprof__V1__Kernels *k = &s->p_kernels;
     int64_t ready, kst, kdur, st, dur;
     uint64_t corr;
     size_t i;
@@ -657,29 +601,10 @@ static uint64_t launch(struct kp_synth *s, int64_t *cpu, uint64_t tid, enum ktyp
     dur = ab(s, kst + kdur) - st;
     dur_noise(s, &dur);
 
-    i = row_add(s, KP_EV_KERNEL);
-    k->start_ns[i] = st;
-    k->dur_ns[i] = (uint64_t) dur;
-    k->name[i] = kd->name;
-    k->device[i] = s->o.rank % 8;
-    k->context[i] = CONTEXT_ID;
-    k->stream[i] = STREAM_COMPUTE;
-    k->correlation[i] = corr;
-    k->external_id[i] = ext;
-    k->grid_x[i] = kd->grid[0];
-    k->grid_y[i] = kd->grid[1];
-    k->grid_z[i] = kd->grid[2];
-    k->block_x[i] = kd->block[0];
-    k->block_y[i] = kd->block[1];
-    k->block_z[i] = kd->block[2];
-    k->registers[i] = kd->registers;
-    k->static_smem[i] = kd->static_smem;
-    k->dynamic_smem[i] = kd->dynamic_smem;
-    k->step[i] = (int32_t) s->step;
-    add_dur(s, KP_EV_KERNEL, dur);
+    kernel_row(s, kd, st, dur, STREAM_COMPUTE, corr, ext);
 
     if (!s->first_gemm_corr_done && kt == KT_GEMM_FWD1) {
-        Kprof__V1__Counters *c = &s->p_counters;
+        Kprof__V1__Counters *c = s->p_counters;
 
         s->first_gemm_corr_done = 1;
         i = row_add(s, KP_EV_COUNTER);
@@ -700,7 +625,7 @@ static uint64_t launch(struct kp_synth *s, int64_t *cpu, uint64_t tid, enum ktyp
 static void memcpy_row(struct kp_synth *s, int64_t *cpu, uint64_t tid, uint64_t ext, uint64_t bytes,
                        uint32_t copy_kind, uint32_t src_kind, uint32_t dst_kind)
 {
-    Kprof__V1__Memcpys *m = &s->p_memcpys;
+    Kprof__V1__Memcpys *m = s->p_memcpys;
     int64_t ready, st, dur, mst, mdur;
     uint64_t corr;
     size_t i;
@@ -734,7 +659,7 @@ static void memcpy_row(struct kp_synth *s, int64_t *cpu, uint64_t tid, uint64_t 
 static void sync_row(struct kp_synth *s, int64_t st, int64_t en, uint32_t type, uint64_t corr,
                      uint32_t event)
 {
-    Kprof__V1__Syncs *y = &s->p_syncs;
+    Kprof__V1__Syncs *y = s->p_syncs;
     size_t i = row_add(s, KP_EV_SYNC);
 
     y->start_ns[i] = st;
@@ -752,7 +677,7 @@ static void sync_row(struct kp_synth *s, int64_t st, int64_t en, uint32_t type, 
 /* An allocator event at abs time at on thread tid: bytes > 0 allocates, < 0 frees. */
 static void mem_row(struct kp_synth *s, int64_t at, uint64_t tid, uint64_t addr, int64_t bytes)
 {
-    Kprof__V1__MemoryEvents *m = &s->p_memory;
+    Kprof__V1__MemoryEvents *m = s->p_memory;
     size_t i = row_add(s, KP_EV_MEMORY);
 
     s->mem_allocated += bytes;
@@ -882,8 +807,7 @@ static int64_t nccl_start(const struct kp_synth *s, uint32_t q, int64_t t, int64
 /* The allreduce of bucket b, launched from the autograd thread once its gradients are in. */
 static void allreduce(struct kp_synth *s, uint32_t b)
 {
-    Kprof__V1__Kernels *k = &s->p_kernels;
-    Kprof__V1__Collectives *c = &s->p_colls;
+    Kprof__V1__Collectives *c = s->p_colls;
     const struct kdef *kd = &kdefs[KT_NCCL];
     struct frame fo, fr;
     uint64_t tid = tid_bwd(s), corr, nelems = s->bucket_nelems[b];
@@ -926,26 +850,7 @@ static void allreduce(struct kp_synth *s, uint32_t b)
     mine = nccl_start(s, s->o.rank, t, s->comm_end);
     s->comm_end = end;
 
-    i = row_add(s, KP_EV_KERNEL);
-    k->start_ns[i] = mine;
-    k->dur_ns[i] = (uint64_t) (end - mine);
-    k->name[i] = kd->name;
-    k->device[i] = s->o.rank % 8;
-    k->context[i] = CONTEXT_ID;
-    k->stream[i] = STREAM_COMM;
-    k->correlation[i] = corr;
-    k->external_id[i] = fr.id;
-    k->grid_x[i] = kd->grid[0];
-    k->grid_y[i] = kd->grid[1];
-    k->grid_z[i] = kd->grid[2];
-    k->block_x[i] = kd->block[0];
-    k->block_y[i] = kd->block[1];
-    k->block_z[i] = kd->block[2];
-    k->registers[i] = kd->registers;
-    k->static_smem[i] = kd->static_smem;
-    k->dynamic_smem[i] = kd->dynamic_smem;
-    k->step[i] = (int32_t) s->step;
-    add_dur(s, KP_EV_KERNEL, end - mine);
+    kernel_row(s, kd, mine, end - mine, STREAM_COMM, corr, fr.id);
 
     i = row_add(s, KP_EV_COLLECTIVE);
     c->start_ns[i] = op_start;
@@ -1006,8 +911,8 @@ static void schedule_step(struct kp_synth *s)
 
 static void sim_step(struct kp_synth *s)
 {
-    Kprof__V1__Steps *st = &s->p_steps;
-    Kprof__V1__Memsets *ms = &s->p_memsets;
+    Kprof__V1__Steps *st = s->p_steps;
+    Kprof__V1__Memsets *ms = s->p_memsets;
     struct frame fstep, fdl, fddp, fz, fopt, ffe, fitem, fdense;
     uint64_t tm = tid_main(s);
     int64_t t0 = s->t0[s->o.rank], bwd_end, end, ready, sync_st, sync_en, opt_end;
@@ -1190,7 +1095,8 @@ static void sim_step(struct kp_synth *s)
         sync_en = s->cpu_main;
     }
     /* the API call lasts until the GPU is done: stretch its row */
-    s->p_api.dur_ns[s->pend_n[KP_EV_API] - 1] = (uint64_t) (ab(s, sync_en) - ab(s, sync_st));
+    s->p_api->dur_ns[kp_batch_builder_rows(s->bb, KP_EV_API) - 1] =
+        (uint64_t) (ab(s, sync_en) - ab(s, sync_st));
     s->totals.dur_ns[KP_EV_API] += (uint64_t) (ab(s, sync_en) - ab(s, s->cpu_main));
     sync_row(s, ab(s, sync_st), ab(s, sync_en), SYNC_STREAM_SYNC, corr, 0);
     s->cpu_main = sync_en + base_dur(s, 1500, 0.3);
@@ -1222,23 +1128,22 @@ static void sim_step(struct kp_synth *s)
 /* Columns a CUPTI capture leaves empty. Kernels' blocks per SM and occupancy, and memcpys' and
  * memsets' bandwidth, come only from imported Kineto traces: a synthetic capture that set them
  * would write a side-table row per event, which no real capture does. */
-static const char *const absent_cols[][2] = {
-    { "kernels", "graph_id" },
-    { "kernels", "graph_node_id" },
-    { "kernels", "blocks_per_sm" },
-    { "kernels", "est_occupancy" },
-    { "memcpys", "bandwidth_gbps" },
-    { "memsets", "bandwidth_gbps" },
-    { "ops", "domain" },
-    { "ops", "device" },
-    { "ops", "stream" },
+static const struct kp_batch_builder_rule synth_cols[] = {
+    { KP_EV_KERNEL, "graph_id", KP_BB_NEVER, 0 },
+    { KP_EV_KERNEL, "graph_node_id", KP_BB_NEVER, 0 },
+    { KP_EV_KERNEL, "blocks_per_sm", KP_BB_NEVER, 0 },
+    { KP_EV_KERNEL, "est_occupancy", KP_BB_NEVER, 0 },
+    { KP_EV_MEMCPY, "bandwidth_gbps", KP_BB_NEVER, 0 },
+    { KP_EV_MEMSET, "bandwidth_gbps", KP_BB_NEVER, 0 },
+    { KP_EV_OP, "domain", KP_BB_NEVER, 0 },
+    { KP_EV_OP, "device", KP_BB_NEVER, 0 },
+    { KP_EV_OP, "stream", KP_BB_NEVER, 0 },
 };
 
 static bool col_absent(enum kp_event_kind k, const char *name)
 {
-    for (size_t i = 0; i < sizeof(absent_cols) / sizeof(absent_cols[0]); i++) {
-        if (strcmp(kp_event_kinds[k].field, absent_cols[i][0]) == 0 &&
-            strcmp(name, absent_cols[i][1]) == 0) {
+    for (size_t i = 0; i < sizeof(synth_cols) / sizeof(synth_cols[0]); i++) {
+        if (synth_cols[i].kind == k && strcmp(name, synth_cols[i].column) == 0) {
             return true;
         }
     }
@@ -1248,6 +1153,8 @@ static bool col_absent(enum kp_event_kind k, const char *name)
 /* The batch string index of pool id (or step name) v, adding it on first use. */
 static int map_name(struct kp_synth *s, uint32_t v, uint32_t *out)
 {
+    int64_t idx;
+
     if (v == S_NONE) {
         *out = 0;
         return 0;
@@ -1256,58 +1163,32 @@ static int map_name(struct kp_synth *s, uint32_t v, uint32_t *out)
         *out = s->xlat[v];
         return 0;
     }
-    if (s->batch.n_strings == s->cap_strs) {
-        size_t ncap = s->cap_strs * 2;
-        char **p = realloc(s->strs, ncap * sizeof(*p));
-
-        if (p == NULL) {
-            return -ENOMEM;
-        }
-        s->strs = p;
-        s->cap_strs = ncap;
-        s->batch.strings = p;
-    }
     if (v & STEP_NAME_FLAG) {
-        /* one ProfilerStep op per step, so each step name is added once per batch; room
-         * was reserved by build_batch */
-        char *name = s->stepnames[s->n_stepnames++];
+        /* one ProfilerStep op per step, so each step name is added once per batch (copied) */
+        char name[32];
+        int n = snprintf(name, sizeof(name), "ProfilerStep#%" PRId64,
+                         s->o.first_step + (int64_t) (v & ~STEP_NAME_FLAG));
 
-        snprintf(name, sizeof(s->stepnames[0]), "ProfilerStep#%" PRId64,
-                 s->o.first_step + (int64_t) (v & ~STEP_NAME_FLAG));
-        s->strs[s->batch.n_strings] = name;
+        idx = kp_batch_builder_intern(s->bb, name, (size_t) n);
     }
     else {
-        s->strs[s->batch.n_strings] = (char *) s->pool[v];
-        s->xlat[v] = (uint32_t) s->batch.n_strings;
+        idx = kp_batch_builder_string(s->bb, s->pool[v], strlen(s->pool[v]));
+        s->xlat[v] = (uint32_t) idx;
         s->xlat_epoch[v] = s->totals.batches + 1;
     }
-    *out = (uint32_t) s->batch.n_strings;
-    s->batch.n_strings++;
+    if (idx < 0) {
+        return (int) idx;
+    }
+    *out = (uint32_t) idx;
     return 0;
 }
 
-/* Drops the rows of the batch handed out last from the pending tables. */
+/* Drops the rows of the batch handed out last from the pending rows. */
 static void shift_out(struct kp_synth *s)
 {
     const struct checkpoint cut = s->cps[s->cut_cp - 1];
 
-    for (int k = 0; k < KP_EV_COUNT; k++) {
-        ProtobufCMessage *m = s->pend[k];
-        const ProtobufCMessageDescriptor *d = m->descriptor;
-        size_t n = cut.rows[k], left = s->pend_n[k] - n;
-
-        if (n == 0) {
-            continue;
-        }
-        for (unsigned c = 0; c < d->n_fields; c++) {
-            const ProtobufCFieldDescriptor *f = &d->fields[c];
-            size_t sz = elem_size(f);
-            char *a = *field_arr(m, f);
-
-            memmove(a, a + n * sz, left * sz);
-        }
-        s->pend_n[k] = left;
-    }
+    kp_batch_builder_next(s->bb);
     memmove(s->cps, s->cps + s->cut_cp, (s->n_cps - s->cut_cp) * sizeof(*s->cps));
     s->n_cps -= s->cut_cp;
     for (size_t j = 0; j < s->n_cps; j++) {
@@ -1328,100 +1209,55 @@ static size_t cp_total(const struct checkpoint *c)
     return n;
 }
 
-static int build_batch(struct kp_synth *s, const struct checkpoint *cut)
+static int build_batch(struct kp_synth *s, const struct checkpoint *cut, Kprof__V1__Batch **out)
 {
-    Kprof__V1__Batch *b = &s->batch;
+    Kprof__V1__Batch *b;
     int64_t base = INT64_MAX;
     int rc;
-
-    b->run_id = s->o.run_id;
-    b->rank = s->o.rank;
-    b->stream = 0;
-    b->seq = 0;
-    b->n_strings = 1;
-    b->strings = s->strs;
-    s->strs[0] = (char *) "";
-    s->n_stepnames = 0;
-    if (cut->rows[KP_EV_OP] > s->cap_stepnames) {
-        /* at most one step name per op row */
-        char(*p)[32] = realloc(s->stepnames, cut->rows[KP_EV_OP] * sizeof(*p));
-
-        if (p == NULL) {
-            return -ENOMEM;
-        }
-        s->stepnames = p;
-        s->cap_stepnames = cut->rows[KP_EV_OP];
-    }
-    b->rank_info = s->totals.batches == 0 ? &s->rank_info : NULL;
-    b->n_devices = s->totals.batches == 0 ? 1 : 0;
-    b->devices = s->totals.batches == 0 ? s->devices : NULL;
 
     /* base_ns: the earliest start among the kinds' first rows */
     for (int k = 0; k < KP_EV_COUNT; k++) {
         const struct kp_event_kind_info *ki = &kp_event_kinds[k];
+        const ProtobufCMessage *m = kp_batch_builder_table(s->bb, (enum kp_event_kind) k);
 
         if (cut->rows[k] == 0) {
             continue;
         }
         for (size_t c = 0; c < ki->n_columns; c++) {
             if (ki->columns[c].role == KP_ROLE_TS) {
-                int64_t v = ((int64_t *) *field_arr(s->pend[k], kp_codec_field(k, c)))[0];
+                int64_t v = kp_codec_get_i64(m, kp_codec_field(k, c), 0);
 
                 base = v < base ? v : base;
             }
         }
     }
-    b->base_ns = base == INT64_MAX ? 0 : base;
-
+    /* names: pool ids become the batch's string indexes, in kind, column, row order */
     for (int k = 0; k < KP_EV_COUNT; k++) {
         const struct kp_event_kind_info *ki = &kp_event_kinds[k];
-        ProtobufCMessage *src = s->pend[k], *dst = s->out[k];
-        size_t n = cut->rows[k];
-        ProtobufCMessage **slot =
-            (ProtobufCMessage **) ((char *) b + protobuf_c_message_descriptor_get_field_by_name(
-                                                    &kprof__v1__batch__descriptor, ki->field)
-                                                    ->offset);
+        ProtobufCMessage *m = kp_batch_builder_table(s->bb, (enum kp_event_kind) k);
 
-        if (n == 0) {
-            *slot = NULL;
-            continue;
-        }
-        if ((rc = table_reserve(dst, &s->out_cap[k], n)) != 0) {
-            return rc;
-        }
-        *slot = dst;
-        for (size_t c = 0; c < ki->n_columns; c++) {
+        for (size_t c = 0; c < ki->n_columns && cut->rows[k] > 0; c++) {
             const ProtobufCFieldDescriptor *f = kp_codec_field(k, c);
-            size_t sz = elem_size(f);
-            void *da = *field_arr(dst, f);
+            uint32_t *v = *(uint32_t **) ((char *) m + f->offset);
 
-            if (col_absent(k, ki->columns[c].name)) {
-                *field_cnt(dst, f) = 0;
+            if (ki->columns[c].role != KP_ROLE_NAME ||
+                col_absent((enum kp_event_kind) k, ki->columns[c].name)) {
                 continue;
             }
-            *field_cnt(dst, f) = n;
-            memcpy(da, *field_arr(src, f), n * sz);
-            if (ki->columns[c].role == KP_ROLE_TS) {
-                int64_t *v = da, prev = b->base_ns;
-
-                for (size_t i = 0; i < n; i++) {
-                    int64_t abs_ns = v[i];
-
-                    v[i] = abs_ns - prev;
-                    prev = abs_ns;
-                }
-            }
-            else if (ki->columns[c].role == KP_ROLE_NAME) {
-                uint32_t *v = da;
-
-                for (size_t i = 0; i < n; i++) {
-                    if ((rc = map_name(s, v[i], &v[i])) != 0) {
-                        return rc;
-                    }
+            for (size_t i = 0; i < cut->rows[k]; i++) {
+                if ((rc = map_name(s, v[i], &v[i])) != 0) {
+                    return rc;
                 }
             }
         }
     }
+    b = kp_batch_builder_finish(s->bb, base == INT64_MAX ? 0 : base, cut->rows);
+    b->run_id = s->o.run_id;
+    b->rank = s->o.rank;
+    b->rank_info = s->totals.batches == 0 ? &s->rank_info : NULL;
+    b->n_devices = s->totals.batches == 0 ? 1 : 0;
+    b->devices = s->totals.batches == 0 ? s->devices : NULL;
+    *out = b;
     return 0;
 }
 
@@ -1436,10 +1272,7 @@ int kp_synth_next(struct kp_synth *s, Kprof__V1__Batch **out)
         s->have_out = false;
     }
     for (;;) {
-        total = 0;
-        for (int k = 0; k < KP_EV_COUNT; k++) {
-            total += s->pend_n[k];
-        }
+        total = kp_batch_builder_total(s->bb);
         if (total >= s->batch_rows || s->step >= s->step_end) {
             break;
         }
@@ -1454,13 +1287,12 @@ int kp_synth_next(struct kp_synth *s, Kprof__V1__Batch **out)
     while (cut < s->n_cps - 1 && cp_total(&s->cps[cut]) < s->batch_rows) {
         cut++;
     }
-    if ((rc = build_batch(s, &s->cps[cut])) != 0) {
+    if ((rc = build_batch(s, &s->cps[cut], out)) != 0) {
         return rc;
     }
     s->cut_cp = cut + 1;
     s->have_out = true;
     s->totals.batches++;
-    *out = &s->batch;
     return 1;
 }
 
@@ -1492,6 +1324,21 @@ void kp_synth_count(const Kprof__V1__Batch *b, struct kp_synth_totals *t)
             }
         }
     }
+}
+
+void kp_synth_opts_from_flags(struct kp_synth_opts *so, const struct kp_synth_flags *f,
+                              uint32_t rank, uint64_t run_id, const char *job)
+{
+    memset(so, 0, sizeof(*so));
+    so->seed = (uint64_t) f->seed;
+    so->rank = rank;
+    so->world_size = (uint32_t) f->ranks;
+    so->first_step = f->first_step;
+    so->n_steps = (uint32_t) f->steps;
+    so->kernels_per_step = (uint32_t) f->kernels_per_step;
+    so->batch_rows = (uint32_t) f->batch_rows;
+    so->run_id = run_id;
+    so->job = job;
 }
 
 /* --- create / destroy --- */
@@ -1601,11 +1448,11 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     s->bucket_nelems = calloc(s->n_buckets, sizeof(uint64_t));
     s->bseq = calloc(s->n_blocks + 1, sizeof(struct block_seq));
     s->job = strdup(opts->job != NULL ? opts->job : "synthetic");
-    s->cap_strs = 256;
-    s->strs = calloc(s->cap_strs, sizeof(char *));
     if (s->slow == NULL || s->dlslow == NULL || s->f == NULL || s->t0 == NULL ||
         s->origin == NULL || s->bucket_nelems == NULL || s->bseq == NULL || s->job == NULL ||
-        s->strs == NULL || build_strings(s, p) != 0) {
+        build_strings(s, p) != 0 ||
+        kp_batch_builder_create(KP_BB_ALWAYS, synth_cols,
+                                sizeof(synth_cols) / sizeof(synth_cols[0]), &s->bb) != 0) {
         goto fail;
     }
     for (uint32_t q = 0; q < w; q++) {
@@ -1631,52 +1478,23 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     s->next_event = 1;
     s->next_aseq = 1;
 
-    kprof__v1__kernels__init(&s->p_kernels);
-    kprof__v1__memcpys__init(&s->p_memcpys);
-    kprof__v1__memsets__init(&s->p_memsets);
-    kprof__v1__api_calls__init(&s->p_api);
-    kprof__v1__ops__init(&s->p_ops);
-    kprof__v1__steps__init(&s->p_steps);
-    kprof__v1__counters__init(&s->p_counters);
-    kprof__v1__collectives__init(&s->p_colls);
-    kprof__v1__syncs__init(&s->p_syncs);
-    kprof__v1__memory_events__init(&s->p_memory);
-    kprof__v1__kernels__init(&s->o_kernels);
-    kprof__v1__memcpys__init(&s->o_memcpys);
-    kprof__v1__memsets__init(&s->o_memsets);
-    kprof__v1__api_calls__init(&s->o_api);
-    kprof__v1__ops__init(&s->o_ops);
-    kprof__v1__steps__init(&s->o_steps);
-    kprof__v1__counters__init(&s->o_counters);
-    kprof__v1__collectives__init(&s->o_colls);
-    kprof__v1__syncs__init(&s->o_syncs);
-    kprof__v1__memory_events__init(&s->o_memory);
-    s->pend[KP_EV_KERNEL] = &s->p_kernels.base;
-    s->pend[KP_EV_MEMCPY] = &s->p_memcpys.base;
-    s->pend[KP_EV_MEMSET] = &s->p_memsets.base;
-    s->pend[KP_EV_API] = &s->p_api.base;
-    s->pend[KP_EV_OP] = &s->p_ops.base;
-    s->pend[KP_EV_STEP] = &s->p_steps.base;
-    s->pend[KP_EV_COUNTER] = &s->p_counters.base;
-    s->pend[KP_EV_COLLECTIVE] = &s->p_colls.base;
-    s->pend[KP_EV_SYNC] = &s->p_syncs.base;
-    s->pend[KP_EV_MEMORY] = &s->p_memory.base;
-    s->out[KP_EV_KERNEL] = &s->o_kernels.base;
-    s->out[KP_EV_MEMCPY] = &s->o_memcpys.base;
-    s->out[KP_EV_MEMSET] = &s->o_memsets.base;
-    s->out[KP_EV_API] = &s->o_api.base;
-    s->out[KP_EV_OP] = &s->o_ops.base;
-    s->out[KP_EV_STEP] = &s->o_steps.base;
-    s->out[KP_EV_COUNTER] = &s->o_counters.base;
-    s->out[KP_EV_COLLECTIVE] = &s->o_colls.base;
-    s->out[KP_EV_SYNC] = &s->o_syncs.base;
-    s->out[KP_EV_MEMORY] = &s->o_memory.base;
-    for (int i = 0; i < KP_EV_COUNT; i++) {
-        if (table_reserve(s->pend[i], &s->pend_cap[i], 256) != 0) {
+    /* room for a row of every kind, so that row_add always has one to give */
+    for (int ev = 0; ev < KP_EV_COUNT; ev++) {
+        if (kp_batch_builder_add(s->bb, (enum kp_event_kind) ev, 1) < 0) {
             goto fail;
         }
+        kp_batch_builder_truncate(s->bb, (enum kp_event_kind) ev, 0);
     }
-    kprof__v1__batch__init(&s->batch);
+    s->p_kernels = kp_batch_builder_table(s->bb, KP_EV_KERNEL);
+    s->p_memcpys = kp_batch_builder_table(s->bb, KP_EV_MEMCPY);
+    s->p_memsets = kp_batch_builder_table(s->bb, KP_EV_MEMSET);
+    s->p_api = kp_batch_builder_table(s->bb, KP_EV_API);
+    s->p_ops = kp_batch_builder_table(s->bb, KP_EV_OP);
+    s->p_steps = kp_batch_builder_table(s->bb, KP_EV_STEP);
+    s->p_counters = kp_batch_builder_table(s->bb, KP_EV_COUNTER);
+    s->p_colls = kp_batch_builder_table(s->bb, KP_EV_COLLECTIVE);
+    s->p_syncs = kp_batch_builder_table(s->bb, KP_EV_SYNC);
+    s->p_memory = kp_batch_builder_table(s->bb, KP_EV_MEMORY);
 
     snprintf(s->host, sizeof(s->host), "synth-node-%u", opts->rank / 8);
     kprof__v1__rank_info__init(&s->rank_info);
@@ -1716,20 +1534,11 @@ void kp_synth_destroy(struct kp_synth *s)
     if (s == NULL) {
         return;
     }
-    for (int k = 0; k < KP_EV_COUNT; k++) {
-        if (s->pend[k] != NULL) {
-            table_free(s->pend[k]);
-        }
-        if (s->out[k] != NULL) {
-            table_free(s->out[k]);
-        }
-    }
+    kp_batch_builder_destroy(s->bb);
     for (int i = 0; i < S_COUNT; i++) {
         free(s->owned[i]);
     }
     free(s->cps);
-    free(s->strs);
-    free(s->stepnames);
     free(s->job);
     free(s->slow);
     free(s->dlslow);
