@@ -54,21 +54,15 @@ static void destroy(void *obj)
     kp_analyzer_destroy(obj);
 }
 
+/* kp_daemon_main reads the shared settings at the start of the config. */
+_Static_assert(offsetof(struct kp_analyzer_config, base) == 0, "base first");
+
 int main(int argc, char **argv)
 {
     struct kp_analyzer_config cfg;
-    size_t n = sizeof(analyzer_config) / sizeof(analyzer_config[0]);
-    int rc;
 
     memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_config_main(analyzer_config, n, &cfg, "kprof-analyzer", argc, argv)) >= 0) {
-        return rc;
-    }
-    kp_log_set_level((enum kp_log_level) cfg.base.log_level);
-    rc = kp_daemon_serve(KP_LOG_MODULE, create, destroy, &cfg);
-    kp_config_fini(analyzer_config, n, &cfg);
-    if (rc == 0) {
-        kp_log_info("stopped");
-    }
-    return rc;
+    return kp_daemon_main(KP_LOG_MODULE, "kprof-analyzer", analyzer_config,
+                          sizeof(analyzer_config) / sizeof(analyzer_config[0]), &cfg, create,
+                          destroy, argc, argv);
 }

@@ -63,21 +63,15 @@ static void destroy(void *obj)
     kp_collectord_destroy(obj);
 }
 
+/* kp_daemon_main reads the shared settings at the start of the config. */
+_Static_assert(offsetof(struct kp_collectord_config, base) == 0, "base first");
+
 int main(int argc, char **argv)
 {
     struct kp_collectord_config cfg;
-    size_t n = sizeof(collectord_config) / sizeof(collectord_config[0]);
-    int rc;
 
     memset(&cfg, 0, sizeof(cfg));
-    if ((rc = kp_config_main(collectord_config, n, &cfg, "kprof-collectord", argc, argv)) >= 0) {
-        return rc;
-    }
-    kp_log_set_level((enum kp_log_level) cfg.base.log_level);
-    rc = kp_daemon_serve(KP_LOG_MODULE, create, destroy, &cfg);
-    kp_config_fini(collectord_config, n, &cfg);
-    if (rc == 0) {
-        kp_log_info("stopped");
-    }
-    return rc;
+    return kp_daemon_main(KP_LOG_MODULE, "kprof-collectord", collectord_config,
+                          sizeof(collectord_config) / sizeof(collectord_config[0]), &cfg, create,
+                          destroy, argc, argv);
 }

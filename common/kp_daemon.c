@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "kp_config.h"
 #include "kp_http.h"
 #include "kp_log.h"
 #include "kp_ready.h"
@@ -49,19 +50,29 @@ int kp_daemon_signals_wait(const char *module)
     return sig;
 }
 
-int kp_daemon_serve(const char *module, kp_daemon_create_cb *create, kp_daemon_destroy_cb *destroy,
-                    const void *cfg)
+int kp_daemon_main(const char *module, const char *prog, const struct kp_config_def *defs, size_t n,
+                   void *cfg, kp_daemon_create_cb *create, kp_daemon_destroy_cb *destroy, int argc,
+                   char **argv)
 {
+    const struct kp_daemon_config *base = cfg;
     char err[1024] = "";
     void *obj = NULL;
+    int rc;
 
+    if ((rc = kp_config_main(defs, n, cfg, prog, argc, argv)) >= 0) {
+        return rc;
+    }
+    kp_log_set_level((enum kp_log_level) base->log_level);
     kp_daemon_signals_block();
     if (create(cfg, &obj, err, sizeof(err)) != 0) {
         kp_log_write(KP_LOG_ERROR, module, "cannot start: %s", err);
+        kp_config_fini(defs, n, cfg);
         return 1;
     }
     kp_daemon_signals_wait(module);
     destroy(obj);
+    kp_config_fini(defs, n, cfg);
+    kp_log_write(KP_LOG_INFO, module, "stopped");
     return 0;
 }
 

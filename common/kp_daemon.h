@@ -48,13 +48,19 @@ typedef int kp_daemon_create_cb(const void *cfg, void **obj, char *errbuf, size_
 /* Stops the daemon and frees obj. */
 typedef void kp_daemon_destroy_cb(void *obj);
 
+struct kp_config_def;
+
 /*
- * A server daemon's life once its config is parsed: blocks the signals, creates the daemon,
- * serves until SIGTERM or SIGINT, destroys it. Returns main's exit status: 0, or 1 when create
- * failed (logged as "cannot start: <why>" under module).
+ * A server daemon's whole main: parses argv into cfg by defs (kp_config_main: --help,
+ * --print-config and bad usage end here with its status), sets the log level, blocks the
+ * signals, creates the daemon, serves until SIGTERM or SIGINT, destroys it and frees cfg's
+ * strings. cfg is the caller's zeroed config struct, whose first member is a struct
+ * kp_daemon_config. Returns main's exit status: 0; 2 bad usage; 1 when create failed (logged
+ * as "cannot start: <why>" under module).
  */
-int kp_daemon_serve(const char *module, kp_daemon_create_cb *create, kp_daemon_destroy_cb *destroy,
-                    const void *cfg);
+int kp_daemon_main(const char *module, const char *prog, const struct kp_config_def *defs, size_t n,
+                   void *cfg, kp_daemon_create_cb *create, kp_daemon_destroy_cb *destroy, int argc,
+                   char **argv);
 
 /* A thread that waits for SIGTERM or SIGINT and then calls stop(ud), for a daemon whose loop
  * runs on the main thread (the agent). */
