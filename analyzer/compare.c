@@ -16,6 +16,7 @@
 #include "kp_analyzer.h"
 #include "kp_err.h"
 #include "kp_pg.h"
+#include "kp_strbuf.h"
 
 void kp_cmp_opts_init(struct kp_cmp_opts *o)
 {
@@ -257,14 +258,14 @@ struct ncls {
 struct nameset {
     struct ncls *v; /* by id */
     size_t n;
-    char *arr[NC_COUNT + 1]; /* "{id,...}" per class; [NC_COUNT]: the ops classes */
+    struct kp_strbuf arr[NC_COUNT + 1]; /* "{id,...}" per class; [NC_COUNT]: the ops classes */
 };
 
 static void nameset_fini(struct nameset *ns)
 {
     free(ns->v);
     for (int k = 0; k <= NC_COUNT; k++) {
-        free(ns->arr[k]);
+        kp_strbuf_fini(&ns->arr[k]);
     }
     memset(ns, 0, sizeof(*ns));
 }
@@ -290,7 +291,6 @@ static int nameset_load(PGconn *c, struct nameset *ns, size_t *budget, size_t ma
                         char *errbuf, size_t errlen)
 {
     PGresult *r = NULL;
-    size_t len[NC_COUNT + 1] = { 0 };
     int rc = kp_an_query(c, 0, names_sql, NULL, budget, max_rows, &r, errbuf, errlen);
     size_t n;
 
@@ -302,10 +302,10 @@ static int nameset_load(PGconn *c, struct nameset *ns, size_t *budget, size_t ma
         goto nomem;
     }
     for (int k = 0; k <= NC_COUNT; k++) {
-        if ((ns->arr[k] = malloc(24 * n + 3)) == NULL) {
+        kp_strbuf_init(&ns->arr[k], 0);
+        if (kp_pg_array_open(&ns->arr[k]) != 0) {
             goto nomem;
         }
-        ns->arr[k][len[k]++] = '{';
     }
     for (size_t i = 0; i < n; i++) {
         struct ncls *x = &ns->v[ns->n++];
@@ -321,15 +321,16 @@ static int nameset_load(PGconn *c, struct nameset *ns, size_t *budget, size_t ma
             x->num = -1;
         }
         x->p2p = k != NC_STEP && strcmp(PQgetvalue(r, (int) i, 2), "p2p") == 0;
-        len[k] += (size_t) sprintf(ns->arr[k] + len[k], "%s%" PRId64, len[k] > 1 ? "," : "", x->id);
-        if (k == NC_GLOO || k == NC_STEP || k == NC_DATA) {
-            len[NC_COUNT] += (size_t) sprintf(ns->arr[NC_COUNT] + len[NC_COUNT], "%s%" PRId64,
-                                              len[NC_COUNT] > 1 ? "," : "", x->id);
+        if (kp_pg_array_i64(&ns->arr[k], x->id) != 0 ||
+            ((k == NC_GLOO || k == NC_STEP || k == NC_DATA) &&
+             kp_pg_array_i64(&ns->arr[NC_COUNT], x->id) != 0)) {
+            goto nomem;
         }
     }
     for (int k = 0; k <= NC_COUNT; k++) {
-        ns->arr[k][len[k]++] = '}';
-        ns->arr[k][len[k]] = '\0';
+        if (kp_pg_array_close(&ns->arr[k]) != 0) {
+            goto nomem;
+        }
     }
     PQclear(r);
     return 0;
@@ -528,20 +529,20 @@ static int cmp_load_run(PGconn *c, const char *runs, int64_t run, size_t max_row
     if ((rc = nameset_load(c, &L->names, &L->budget, max_rows, errbuf, errlen)) != 0) {
         return rc;
     }
-    p2[1] = L->names.arr[NC_COUNT];
+    p2[1] = L->names.arr[NC_COUNT].data;
     if ((rc = kp_an_query(c, 2, ops_sql, p2, &L->budget, max_rows, &L->ops, errbuf, errlen)) != 0 ||
         (rc = kp_an_query(c, 1, steps_sql, p2, &L->budget, max_rows, &L->steps, errbuf, errlen)) !=
             0) {
         return rc;
     }
-    p2[1] = L->names.arr[NC_NCCL];
+    p2[1] = L->names.arr[NC_NCCL].data;
     if ((rc = kp_an_query(c, 1, kern_sql, p2, &L->budget, max_rows, &L->kern, errbuf, errlen)) !=
             0 ||
         (rc = kp_an_query(c, 2, coll_sql, p2, &L->budget, max_rows, &L->coll, errbuf, errlen)) !=
             0) {
         return rc;
     }
-    p2[1] = L->names.arr[NC_SYNC];
+    p2[1] = L->names.arr[NC_SYNC].data;
     if ((rc = kp_an_query(c, 2, api_sql, p2, &L->budget, max_rows, &L->api, errbuf, errlen)) != 0 ||
         (rc = kp_an_query(c, 1, mem_sql, p2, &L->budget, max_rows, &L->mem, errbuf, errlen)) != 0) {
         return rc;
@@ -605,62 +606,33 @@ nomem:
     return -ENOMEM;
 }
 
-/* Adds an int64 to a "{...}" array under construction. */
-static int arr_add(char **b, size_t *len, size_t *cap, int64_t v)
-{
-    if (*cap - *len < 24) {
-        size_t nc = *cap * 2 + 64;
-        char *nb = realloc(*b, nc);
-
-        if (nb == NULL) {
-            return -ENOMEM;
-        }
-        *b = nb;
-        *cap = nc;
-    }
-    *len += (size_t) snprintf(*b + *len, *cap - *len, "%s%" PRId64, *len == 0 ? "{" : ",", v);
-    return 0;
-}
-
-/* Ends a "{...}" array ("{}" when empty). */
-static int arr_close(char **b, size_t *len, size_t *cap)
-{
-    char *nb = realloc(*b, *len + 3);
-
-    if (nb == NULL) {
-        return -ENOMEM;
-    }
-    *b = nb;
-    *cap = *len + 3;
-    strcpy(nb + *len, *len == 0 ? "{}" : "}");
-    *len += *len == 0 ? 2 : 1;
-    return 0;
-}
-
 /* Sums the rows without a step of the tables flagged in need (0 kernels, 1 API calls, 2
  * copies and memsets) by the ranks' steps, into the cells' compute, launch and other. */
 static int load_unstepped(PGconn *c, const char *runs, struct cmp_load *L, const bool need[3],
                           const int64_t *nums, size_t ns, struct kp_cmp_cell *cells,
                           size_t max_rows, char *errbuf, size_t errlen)
 {
-    char *arr[4] = { NULL, NULL, NULL, NULL };
-    size_t len[4] = { 0 }, cap[4] = { 0 };
+    struct kp_strbuf arr[4];
     const char *params[6] = { runs, NULL, NULL, NULL, NULL, NULL };
     int rc = 0;
 
+    for (int f = 0; f < 4; f++) {
+        kp_strbuf_init(&arr[f], 0);
+        rc = rc != 0 ? rc : kp_pg_array_open(&arr[f]);
+    }
     for (size_t i = 0; i < L->n_ranks && rc == 0; i++) {
         for (size_t j = 0; j < L->rs[i].n && rc == 0; j++) {
             const struct rstep *st = &L->rs[i].v[j];
 
-            rc = arr_add(&arr[0], &len[0], &cap[0], L->ranks[i]);
-            rc = rc != 0 ? rc : arr_add(&arr[1], &len[1], &cap[1], st->start);
-            rc = rc != 0 ? rc : arr_add(&arr[2], &len[2], &cap[2], st->end);
-            rc = rc != 0 ? rc : arr_add(&arr[3], &len[3], &cap[3], st->num);
+            rc = kp_pg_array_i64(&arr[0], L->ranks[i]);
+            rc = rc != 0 ? rc : kp_pg_array_i64(&arr[1], st->start);
+            rc = rc != 0 ? rc : kp_pg_array_i64(&arr[2], st->end);
+            rc = rc != 0 ? rc : kp_pg_array_i64(&arr[3], st->num);
         }
     }
     for (int f = 0; f < 4 && rc == 0; f++) {
-        if ((rc = arr_close(&arr[f], &len[f], &cap[f])) == 0) {
-            params[f + 1] = arr[f];
+        if ((rc = kp_pg_array_close(&arr[f])) == 0) {
+            params[f + 1] = arr[f].data;
         }
     }
     if (rc != 0) {
@@ -672,7 +644,7 @@ static int load_unstepped(PGconn *c, const char *runs, struct cmp_load *L, const
         if (!need[t]) {
             continue;
         }
-        params[5] = L->names.arr[t == 0 ? NC_NCCL : NC_SYNC];
+        params[5] = L->names.arr[t == 0 ? NC_NCCL : NC_SYNC].data;
         if ((rc = kp_an_query(c, t == 2 ? 5 : 6, range_sql[t], params, &L->budget, max_rows, &r,
                               errbuf, errlen)) != 0) {
             break;
@@ -693,7 +665,7 @@ static int load_unstepped(PGconn *c, const char *runs, struct cmp_load *L, const
     }
 out:
     for (int f = 0; f < 4; f++) {
-        free(arr[f]);
+        kp_strbuf_fini(&arr[f]);
     }
     return rc;
 }
@@ -1613,24 +1585,29 @@ out:
 int kp_cmp_save_offsets(PGconn *c, const struct kp_cmp_result *r, size_t *n_saved, char *errbuf,
                         size_t errlen)
 {
-    char runs[24], *arr[2] = { NULL, NULL };
-    size_t len[2] = { 0 }, cap[2] = { 0 }, n = 0;
+    char runs[24];
+    struct kp_strbuf arr[2];
+    size_t n = 0;
     const char *params[3] = { runs, NULL, NULL };
     int rc = 0;
 
     *n_saved = 0;
     snprintf(runs, sizeof(runs), "%" PRId64, r->run);
+    for (int f = 0; f < 2; f++) {
+        kp_strbuf_init(&arr[f], 0);
+        rc = rc != 0 ? rc : kp_pg_array_open(&arr[f]);
+    }
     for (size_t i = 0; i < r->n_ranks && rc == 0; i++) {
         if (!r->ranks[i].has_offset) {
             continue;
         }
-        rc = arr_add(&arr[0], &len[0], &cap[0], r->ranks[i].rank);
-        rc = rc != 0 ? rc : arr_add(&arr[1], &len[1], &cap[1], r->ranks[i].clock_offset_ns);
+        rc = kp_pg_array_i64(&arr[0], r->ranks[i].rank);
+        rc = rc != 0 ? rc : kp_pg_array_i64(&arr[1], r->ranks[i].clock_offset_ns);
         n++;
     }
     for (int f = 0; f < 2 && rc == 0; f++) {
-        rc = arr_close(&arr[f], &len[f], &cap[f]);
-        params[f + 1] = arr[f];
+        rc = kp_pg_array_close(&arr[f]);
+        params[f + 1] = arr[f].data;
     }
     if (rc != 0) {
         kp_errbuf_set(errbuf, errlen, "out of memory");
@@ -1642,8 +1619,8 @@ int kp_cmp_save_offsets(PGconn *c, const struct kp_cmp_result *r, size_t *n_save
                                         3, params, NULL, errbuf, errlen)) == 0) {
         *n_saved = n;
     }
-    free(arr[0]);
-    free(arr[1]);
+    kp_strbuf_fini(&arr[0]);
+    kp_strbuf_fini(&arr[1]);
     return rc;
 }
 
@@ -1671,28 +1648,18 @@ struct hcand {
     char *name;
 };
 
-/* Appends "{a,b,...}" of n int64 values (or ints) to a string buffer of cap bytes. */
-static int pg_array(char **out, size_t n, const struct hstep *st, int field)
+/* Appends "{a,b,...}" of the steps' field (0 rank, 1 start, 2 end, 3 num) to sb. */
+static int steps_array(struct kp_strbuf *sb, size_t n, const struct hstep *st, int field)
 {
-    size_t cap = 24 * n + 3, len = 0;
-    char *b = malloc(cap);
+    int rc = kp_pg_array_open(sb);
 
-    if (b == NULL) {
-        return -ENOMEM;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        rc = kp_pg_array_i64(sb, field == 0   ? st[i].rank
+                                 : field == 1 ? st[i].start
+                                 : field == 2 ? st[i].end
+                                              : st[i].num);
     }
-    b[len++] = '{';
-    for (size_t i = 0; i < n; i++) {
-        int64_t v = field == 0   ? st[i].rank
-                    : field == 1 ? st[i].start
-                    : field == 2 ? st[i].end
-                                 : st[i].num;
-
-        len += (size_t) snprintf(b + len, cap - len, "%s%" PRId64, i ? "," : "", v);
-    }
-    b[len++] = '}';
-    b[len] = '\0';
-    *out = b;
-    return 0;
+    return rc != 0 ? rc : kp_pg_array_close(sb);
 }
 
 int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_candidates,
@@ -1723,6 +1690,7 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
 #undef HTA_STEPS
     char runs[24];
     const char *params[5] = { runs, NULL, NULL, NULL, NULL };
+    struct kp_strbuf arrs[4];
     PGresult *r = NULL;
     struct hstep *st = NULL;
     struct hcand *cand = NULL;
@@ -1737,6 +1705,9 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
     int rc;
 
     *out = NULL;
+    for (int f = 0; f < 4; f++) {
+        kp_strbuf_init(&arrs[f], 0);
+    }
     snprintf(runs, sizeof(runs), "%" PRId64, run);
     if ((rc = check_run(c, params, run, errbuf, errlen)) != 0) {
         return rc;
@@ -1815,9 +1786,10 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
         }
     }
     for (int f = 0; f < 4; f++) {
-        if ((rc = pg_array((char **) &params[f + 1], n_st, st, f)) != 0) {
+        if ((rc = steps_array(&arrs[f], n_st, st, f)) != 0) {
             goto nomem;
         }
+        params[f + 1] = arrs[f].data;
     }
     if ((rc = kp_pg_query(c, sql_end, 5, params, &r, errbuf, errlen)) < 0) {
         goto fail;
@@ -2020,8 +1992,8 @@ nomem:
 fail:
 out:
     PQclear(r);
-    for (int f = 1; f < 5; f++) {
-        free((char *) params[f]);
+    for (int f = 0; f < 4; f++) {
+        kp_strbuf_fini(&arrs[f]);
     }
     kp_cmp_hta_destroy(h);
     free(cnt_rank);

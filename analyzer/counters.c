@@ -106,17 +106,6 @@ static int sort_rows(struct kp_ctr *t)
     return 0;
 }
 
-/* "{1,2,3}" for a bigint[] parameter. */
-static int int_array(struct kp_strbuf *sb, const int64_t *v, size_t n)
-{
-    int rc = kp_strbuf_putc(sb, '{');
-
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        rc = kp_strbuf_appendf(sb, "%s%" PRId64, i ? "," : "", v[i]);
-    }
-    return rc != 0 ? rc : kp_strbuf_putc(sb, '}');
-}
-
 static int cmp_i64(const void *pa, const void *pb)
 {
     int64_t a = *(const int64_t *) pa, b = *(const int64_t *) pb;
@@ -282,7 +271,7 @@ static int find_launches(struct kp_ctr *t, PGconn *c, const char *const *params,
     }
     if (n_keys > 0) {
         qsort(keys, n_keys, sizeof(*keys), cmp_i64);
-        if ((rc = int_array(&sb, keys, n_keys)) != 0) {
+        if ((rc = kp_pg_array_i64s(&sb, keys, n_keys)) != 0) {
             goto out;
         }
         p3[2] = sb.data;
@@ -343,7 +332,7 @@ static int find_kernels(struct kp_ctr *t, PGconn *c, const char *const *params, 
         goto out;
     }
     qsort(keys, n, sizeof(*keys), cmp_i64);
-    if ((rc = int_array(&sb, keys, n)) != 0) {
+    if ((rc = kp_pg_array_i64s(&sb, keys, n)) != 0) {
         goto out;
     }
     p3[2] = sb.data;
@@ -402,7 +391,7 @@ static int find_stacks(struct kp_ctr *t, PGconn *c, const char *const *params, s
         goto out;
     }
     qsort(tids, n_tids, sizeof(*tids), cmp_i64);
-    if ((rc = int_array(&sb, tids, n_tids)) != 0) {
+    if ((rc = kp_pg_array_i64s(&sb, tids, n_tids)) != 0) {
         goto out;
     }
     p3[2] = sb.data;
