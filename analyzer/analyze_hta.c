@@ -1,6 +1,6 @@
 /*
  * kprof-analyze hta: HTA's per-rank analyses (analyzer/hta.h) computed in process, the
- * offline mode of kprofctl hta (analyzer/view_hta.c computes the same kp_hta_load).
+ * offline mode of kprofctl hta (analyzer/view_hta.c computes the same kp_hta_create).
  *   kprof-analyze --pg CONNINFO --run R [--rank N] [--exact-ns] [--include-last-step]
  *             [--consecutive-kernel-delay-us N] hta
  * temporal|idle|overlap|kernels|launch|queue|membw
@@ -135,7 +135,7 @@ int kp_analyze_hta(int argc, char **argv)
         fprintf(stderr, "kprof-analyze hta: %s\n", err);
         goto out;
     }
-    rc = kp_hta_load(c, run, rank, &o, &h, err, sizeof(err));
+    rc = kp_hta_create(c, run, rank, &o, &h, err, sizeof(err));
     if (rc < 0) {
         fprintf(stderr, "kprof-analyze hta: %s\n", err[0] ? err : kp_strerror(rc));
         status = rc == KP_ENOTFOUND ? 3 : 1;

@@ -1,8 +1,8 @@
 /*
- * kp_cmp: the cross-rank comparison (compare.h). kp_cmp_run reads the whole run in one pass
- * over each event table (PostgreSQL sums per rank and step; the collectives come back as
+ * kp_cmp: the cross-rank comparison (compare.h). kp_compare_result_create reads the whole run in
+ * one pass over each event table (PostgreSQL sums per rank and step; the collectives come back as
  * rows), matches the collectives across ranks by order within the step, aligns the clocks
- * from their end times and applies the straggler rule. kp_cmp_hta is HTA's metric, apart.
+ * from their end times and applies the straggler rule. kp_compare_hta is HTA's metric, apart.
  */
 #include "compare.h"
 
@@ -13,17 +13,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 #include "kp_err.h"
 #include "kp_pg.h"
 #include "kp_strbuf.h"
 
-void kp_cmp_opts_init(struct kp_cmp_opts *o)
+void kp_compare_opts_init(struct kp_compare_opts *o)
 {
     memset(o, 0, sizeof(*o));
-    o->late_frac = KP_CMP_DEFAULT_LATE_FRAC;
-    o->excess_frac = KP_CMP_DEFAULT_EXCESS_FRAC;
-    o->step_frac = KP_CMP_DEFAULT_STEP_FRAC;
+    o->late_frac = KP_COMPARE_DEFAULT_LATE_FRAC;
+    o->excess_frac = KP_COMPARE_DEFAULT_EXCESS_FRAC;
+    o->step_frac = KP_COMPARE_DEFAULT_STEP_FRAC;
 }
 
 /* ---- helpers -------------------------------------------------------------------------- */
@@ -148,7 +148,7 @@ static int load_ranks(PGconn *c, const char *const *params, int64_t run, int64_t
         return rc;
     }
     nr = (size_t) PQntuples(r);
-    if (nr == 0 || nr > KP_CMP_MAX_RANKS) {
+    if (nr == 0 || nr > KP_COMPARE_MAX_RANKS) {
         kp_errbuf_set(errbuf, errlen,
                       nr == 0 ? "run %" PRId64 " has no ranks: nothing was captured or imported"
                               : "run %" PRId64 " has too many ranks",
@@ -170,8 +170,8 @@ static int load_ranks(PGconn *c, const char *const *params, int64_t run, int64_t
 
 /* The world around res's ranks: each rank's host, node and local rank, runs.world_size and the
  * ranks of the world missing from the run. Returns 0, KP_EPG or -ENOMEM. */
-static int load_world(PGconn *c, const char *const *params, struct kp_cmp_result *res, char *errbuf,
-                      size_t errlen)
+static int load_world(PGconn *c, const char *const *params, struct kp_compare_result *res,
+                      char *errbuf, size_t errlen)
 {
     PGresult *r = NULL;
     int rc = kp_pg_query(
@@ -218,7 +218,8 @@ static int load_world(PGconn *c, const char *const *params, struct kp_cmp_result
     return 0;
 }
 
-/* ---- kp_cmp_run: loading --------------------------------------------------------------- */
+/* ---- kp_compare_result_create: loading
+ * --------------------------------------------------------------- */
 
 /*
  * The whole run is read in a few queries, each one pass over one event table of the run's
@@ -416,39 +417,39 @@ struct coll {
 
 #define NOT_COMPARED UINT32_MAX
 
+/* -1, 0 or 1 as a is below, equal to or above b. */
+static int cmp3(int64_t a, int64_t b)
+{
+    return (a > b) - (a < b);
+}
+
+/* By rank, step, kind, start. */
 static int cmp_coll_rank(const void *pa, const void *pb)
 {
     const struct coll *a = pa, *b = pb;
+    int d;
 
-    if (a->ri != b->ri) {
-        return a->ri < b->ri ? -1 : 1;
+    if ((d = cmp3(a->ri, b->ri)) != 0 || (d = cmp3(a->si, b->si)) != 0 ||
+        (d = cmp3(a->kind, b->kind)) != 0) {
+        return d;
     }
-    if (a->si != b->si) {
-        return a->si < b->si ? -1 : 1;
-    }
-    if (a->kind != b->kind) {
-        return a->kind < b->kind ? -1 : 1;
-    }
-    return (a->start > b->start) - (a->start < b->start);
+    return cmp3(a->start, b->start);
 }
 
+/* By step, kind, order, rank: the same collective of every rank together. */
 static int cmp_coll_match(const void *pa, const void *pb)
 {
     const struct coll *a = pa, *b = pb;
+    int d;
 
-    if (a->si != b->si) {
-        return a->si < b->si ? -1 : 1;
+    if ((d = cmp3(a->si, b->si)) != 0 || (d = cmp3(a->kind, b->kind)) != 0 ||
+        (d = cmp3(a->idx, b->idx)) != 0) {
+        return d;
     }
-    if (a->kind != b->kind) {
-        return a->kind < b->kind ? -1 : 1;
-    }
-    if (a->idx != b->idx) {
-        return a->idx < b->idx ? -1 : 1;
-    }
-    return (a->ri > b->ri) - (a->ri < b->ri);
+    return cmp3(a->ri, b->ri);
 }
 
-/* What kp_cmp_run reads, between the queries and the result. */
+/* What kp_compare_result_create reads, between the queries and the result. */
 struct cmp_load {
     int64_t *ranks; /* sorted */
     size_t n_ranks;
@@ -609,7 +610,7 @@ nomem:
 /* Sums the rows without a step of the tables flagged in need (0 kernels, 1 API calls, 2
  * copies and memsets) by the ranks' steps, into the cells' compute, launch and other. */
 static int load_unstepped(PGconn *c, const char *runs, struct cmp_load *L, const bool need[3],
-                          const int64_t *nums, size_t ns, struct kp_cmp_cell *cells,
+                          const int64_t *nums, size_t ns, struct kp_compare_cell *cells,
                           size_t max_rows, char *errbuf, size_t errlen)
 {
     struct kp_strbuf arr[4];
@@ -652,7 +653,7 @@ static int load_unstepped(PGconn *c, const char *runs, struct cmp_load *L, const
         for (int i = 0; i < PQntuples(r); i++) {
             long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(r, i, 0, -1));
             long si = find_i64(nums, ns, kp_pg_i64(r, i, 1, 0));
-            struct kp_cmp_cell *cl;
+            struct kp_compare_cell *cl;
 
             if (ri < 0 || si < 0 || !(cl = &cells[(size_t) ri * ns + (size_t) si])->present) {
                 continue;
@@ -689,7 +690,7 @@ static bool common_coll(const struct coll *v, size_t i, size_t j, const size_t *
 /* Offsets from end times over every step of the run: rank i's median of (end - the reference
  * rank's end) over the common collectives (common_coll) both have, the interquartile range of
  * those differences as its spread; colls sorted by cmp_coll_match. */
-static int align_clocks(struct kp_cmp_result *res, const struct coll *v, size_t n,
+static int align_clocks(struct kp_compare_result *res, const struct coll *v, size_t n,
                         const size_t *step_nr)
 {
     size_t nr = res->n_ranks, *cnt = calloc(nr + 1, sizeof(*cnt)), *at = NULL;
@@ -733,7 +734,7 @@ static int align_clocks(struct kp_cmp_result *res, const struct coll *v, size_t 
         i = j;
     }
     for (size_t r = 0; r < nr; r++) {
-        struct kp_cmp_rank *rk = &res->ranks[r];
+        struct kp_compare_rank *rk = &res->ranks[r];
         int64_t *x = d + at[r];
         size_t m = cnt[r];
 
@@ -756,7 +757,7 @@ out:
  * max_late_ns, n_coll (decisive collectives: the spread of arrivals is over decisive_frac of
  * the step's median step time; exact ties and jitter do not count) and n_last (it arrived
  * last, alone). tmp holds n_ranks values. */
-static void lateness(struct kp_cmp_result *res, const struct coll *v, size_t n, double *tmp)
+static void lateness(struct kp_compare_result *res, const struct coll *v, size_t n, double *tmp)
 {
     size_t ns = res->n_steps;
 
@@ -789,7 +790,7 @@ static void lateness(struct kp_cmp_result *res, const struct coll *v, size_t n, 
         med = median(tmp, j - i);
         for (size_t k = i; k < j; k++) {
             double late = (double) (v[k].start - res->ranks[v[k].ri].clock_offset_ns) - med;
-            struct kp_cmp_cell *cl = &res->cells[(size_t) v[k].ri * ns + v[k].si];
+            struct kp_compare_cell *cl = &res->cells[(size_t) v[k].ri * ns + v[k].si];
 
             cl->late_ns += late > 0 ? late : 0.0;
             cl->max_late_ns = late > cl->max_late_ns ? late : cl->max_late_ns;
@@ -801,7 +802,8 @@ static void lateness(struct kp_cmp_result *res, const struct coll *v, size_t n, 
                 break;
             }
         }
-        if ((double) (last - first) > KP_CMP_DECISIVE_FRAC * res->steps[v[i].si].step_median_ns) {
+        if ((double) (last - first) >
+            KP_COMPARE_DECISIVE_FRAC * res->steps[v[i].si].step_median_ns) {
             for (size_t k = i; k < j; k++) {
                 res->cells[(size_t) v[k].ri * ns + v[k].si].n_coll++;
             }
@@ -813,19 +815,19 @@ static void lateness(struct kp_cmp_result *res, const struct coll *v, size_t n, 
     }
 }
 
-static int64_t cell_cause(const struct kp_cmp_cell *cl, int cause)
+static int64_t cell_cause(const struct kp_compare_cell *cl, int cause)
 {
-    return cause == KP_CMP_COMPUTE ? cl->compute_ns
-           : cause == KP_CMP_HOST  ? cl->host_ns
-                                   : cl->launch_ns;
+    return cause == KP_COMPARE_COMPUTE ? cl->compute_ns
+           : cause == KP_COMPARE_HOST  ? cl->host_ns
+                                       : cl->launch_ns;
 }
 
-static const char *cause_phrase(enum kp_cmp_cause c)
+static const char *cause_phrase(enum kp_compare_cause c)
 {
     switch (c) {
-    case KP_CMP_COMPUTE:
+    case KP_COMPARE_COMPUTE:
         return "its compute (GPU kernels) takes";
-    case KP_CMP_HOST:
+    case KP_COMPARE_HOST:
         return "its data loading takes";
     default:
         return "its kernel launches (CUDA runtime calls) take";
@@ -834,7 +836,7 @@ static const char *cause_phrase(enum kp_cmp_cause c)
 
 /* The rank the others wait for (compare.h), flagged "late" when it is no straggler, and HTA's
  * pick per step and over the steps. */
-static void who_waits(struct kp_cmp_result *res, const struct kp_cmp_opts *o)
+static void who_waits(struct kp_compare_result *res, const struct kp_compare_opts *o)
 {
     size_t nr = res->n_ranks, ns = res->n_steps, best_n = 0;
     long best = -1;
@@ -866,7 +868,7 @@ static void who_waits(struct kp_cmp_result *res, const struct kp_cmp_opts *o)
         bool tie = false;
 
         for (size_t r = 0; r < nr; r++) {
-            const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
+            const struct kp_compare_cell *cl = &res->cells[r * ns + j];
 
             if (!cl->present || cl->n_coll_seen == 0) {
                 continue;
@@ -915,7 +917,7 @@ static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
     }
 }
 
-int kp_cmp_ranges(char *buf, size_t cap, const int *v, size_t n)
+int kp_compare_ranges(char *buf, size_t cap, const int *v, size_t n)
 {
     size_t len = 0;
 
@@ -941,7 +943,7 @@ int kp_cmp_ranges(char *buf, size_t cap, const int *v, size_t n)
     return 0;
 }
 
-static const struct kp_cmp_rank *rank_of(const struct kp_cmp_result *res, int rank)
+static const struct kp_compare_rank *rank_of(const struct kp_compare_result *res, int rank)
 {
     for (size_t r = 0; r < res->n_ranks; r++) {
         if (res->ranks[r].rank == rank) {
@@ -953,13 +955,13 @@ static const struct kp_cmp_rank *rank_of(const struct kp_cmp_result *res, int ra
 
 /* The caveats every verdict carries: HTA's pick against kprof's, point-to-point collectives,
  * unaligned clocks, the ranks of the world missing from the run. */
-static void verdict_caveats(struct kp_cmp_result *res, const struct kp_cmp_opts *o, char *v,
+static void verdict_caveats(struct kp_compare_result *res, const struct kp_compare_opts *o, char *v,
                             size_t cap, size_t *len)
 {
     int named = res->n_stragglers > 0 ? res->stragglers[0].rank : res->waited_for;
 
     if (res->hta_rank >= 0 && named >= 0) {
-        const struct kp_cmp_rank *h = rank_of(res, res->hta_rank);
+        const struct kp_compare_rank *h = rank_of(res, res->hta_rank);
 
         if (res->hta_rank == named) {
             put(v, cap, len,
@@ -1000,7 +1002,7 @@ static void verdict_caveats(struct kp_cmp_result *res, const struct kp_cmp_opts 
     if (res->n_missing > 0) {
         char list[512];
 
-        kp_cmp_ranges(list, sizeof(list), res->missing, res->n_missing);
+        kp_compare_ranges(list, sizeof(list), res->missing, res->n_missing);
         put(v, cap, len,
             "; only %zu of the world's %d ranks are in this run: rank%s %s %s missing (not "
             "captured or imported), so a straggler among them cannot be seen here",
@@ -1015,7 +1017,7 @@ static void verdict_caveats(struct kp_cmp_result *res, const struct kp_cmp_opts 
     }
 }
 
-static void make_verdict(struct kp_cmp_result *res, const struct kp_cmp_opts *o,
+static void make_verdict(struct kp_compare_result *res, const struct kp_compare_opts *o,
                          size_t n_coll_total)
 {
     char *v = res->verdict;
@@ -1024,7 +1026,7 @@ static void make_verdict(struct kp_cmp_result *res, const struct kp_cmp_opts *o,
     v[0] = '\0';
     if (res->n_stragglers > 0) {
         for (size_t i = 0; i < res->n_stragglers; i++) {
-            const struct kp_cmp_straggler *s = &res->stragglers[i];
+            const struct kp_compare_straggler *s = &res->stragglers[i];
             size_t rsteps = 0;
 
             for (size_t r = 0; r < res->n_ranks; r++) {
@@ -1065,7 +1067,7 @@ static void make_verdict(struct kp_cmp_result *res, const struct kp_cmp_opts *o,
             n_coll_total == 0 ? " (no collectives to compare arrivals at)" : "");
     }
     if (res->waited_for >= 0) {
-        const struct kp_cmp_rank *w = rank_of(res, res->waited_for);
+        const struct kp_compare_rank *w = rank_of(res, res->waited_for);
         double ex = 0.0;
         size_t n_last = 0;
 
@@ -1074,9 +1076,9 @@ static void make_verdict(struct kp_cmp_result *res, const struct kp_cmp_opts *o,
                 continue;
             }
             for (size_t j = 0; j < res->n_steps; j++) {
-                const struct kp_cmp_cell *cl = &res->cells[r * res->n_steps + j];
+                const struct kp_compare_cell *cl = &res->cells[r * res->n_steps + j];
 
-                for (int c = 0; c < KP_CMP_CAUSE_COUNT && cl->present; c++) {
+                for (int c = 0; c < KP_COMPARE_CAUSE_COUNT && cl->present; c++) {
                     ex = fmax(ex, cl->excess_ns[c]);
                 }
                 n_last += res->steps[j].last_rank == w->rank;
@@ -1097,9 +1099,10 @@ static void make_verdict(struct kp_cmp_result *res, const struct kp_cmp_opts *o,
 /* Fills the cells from the loaded rows: steps, sums, and the collectives into *colls, those of
  * every step of the run (all[0..n_all), sorted; si indexes it), cs set for the compared ones
  * (nums, res->steps). */
-static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp_cmp_result *res,
-                      const int64_t *nums, const int64_t *all, size_t n_all, size_t max_rows,
-                      struct coll **colls, size_t *n_colls, char *errbuf, size_t errlen)
+static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L,
+                      struct kp_compare_result *res, const int64_t *nums, const int64_t *all,
+                      size_t n_all, size_t max_rows, struct coll **colls, size_t *n_colls,
+                      char *errbuf, size_t errlen)
 {
     size_t ns = res->n_steps, nc = 0, cap = 0;
     bool need[3] = { false, false, false };
@@ -1110,7 +1113,7 @@ static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp
         for (size_t j = 0; j < L->rs[r].n; j++) {
             const struct rstep *s = &L->rs[r].v[j];
             long si = find_i64(nums, ns, s->num);
-            struct kp_cmp_cell *cl;
+            struct kp_compare_cell *cl;
 
             if (si < 0 || (cl = &res->cells[r * ns + (size_t) si])->present) {
                 continue; /* not compared, or a repeated step number: the first is kept */
@@ -1211,7 +1214,7 @@ static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp
     for (int t = 0; t < 2; t++) {
         for (int i = 0; i < PQntuples(sums[t]); i++) {
             long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(sums[t], i, 0, -1)), si;
-            struct kp_cmp_cell *cl;
+            struct kp_compare_cell *cl;
 
             if (ri < 0) {
                 continue;
@@ -1234,8 +1237,8 @@ static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp
     return 0;
 }
 
-int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cmp_result **out,
-               char *errbuf, size_t errlen)
+int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opts *o,
+                             struct kp_compare_result **out, char *errbuf, size_t errlen)
 {
     char runs[24];
     const char *params[1] = { runs };
@@ -1245,7 +1248,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     size_t *step_nr = NULL, *seen_by = NULL;
     struct coll *colls = NULL;
     double *tmp = NULL;
-    struct kp_cmp_result *res = NULL;
+    struct kp_compare_result *res = NULL;
     int rc;
 
     *out = NULL;
@@ -1363,7 +1366,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
         size_t k = 0;
 
         for (size_t i = 0; i < n_colls; i++) { /* (all -> compared keeps the order) */
-            struct kp_cmp_cell *cl;
+            struct kp_compare_cell *cl;
 
             if (colls[i].cs == NOT_COMPARED) {
                 continue;
@@ -1381,11 +1384,11 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     }
     /* per step: spreads, and each rank's excess over the median rank per cause */
     for (size_t j = 0; j < ns; j++) {
-        struct kp_cmp_step *st = &res->steps[j];
+        struct kp_compare_step *st = &res->steps[j];
         size_t k = 0;
 
         for (size_t r = 0; r < nr; r++) {
-            const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
+            const struct kp_compare_cell *cl = &res->cells[r * ns + j];
 
             if (cl->present) {
                 tmp[k++] = (double) cl->step_ns;
@@ -1404,7 +1407,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
         st->coll_median_ns = median(tmp, k);
         st->step_ratio = st->step_median_ns > 0 ? st->step_max_ns / st->step_median_ns : 0.0;
         st->coll_ratio = st->coll_median_ns > 0 ? st->coll_max_ns / st->coll_median_ns : 0.0;
-        for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
+        for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
             double m;
 
             k = 0;
@@ -1415,7 +1418,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
             }
             m = median(tmp, k);
             for (size_t r = 0; r < nr; r++) {
-                struct kp_cmp_cell *cl = &res->cells[r * ns + j];
+                struct kp_compare_cell *cl = &res->cells[r * ns + j];
 
                 cl->excess_ns[cause] = cl->present ? (double) cell_cause(cl, cause) - m : 0.0;
             }
@@ -1424,7 +1427,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     lateness(res, colls, n_colls, tmp);
     /* per step: who is late */
     for (size_t j = 0; j < ns; j++) {
-        struct kp_cmp_step *st = &res->steps[j];
+        struct kp_compare_step *st = &res->steps[j];
         size_t best = 0, k = 0;
 
         /* the step's collective times, sorted: the others' median is that of all less one */
@@ -1435,7 +1438,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
         }
         qsort(tmp, k, sizeof(*tmp), cmp_double);
         for (size_t r = 0; r < nr; r++) {
-            struct kp_cmp_cell *cl = &res->cells[r * ns + j];
+            struct kp_compare_cell *cl = &res->cells[r * ns + j];
             double excess = 0.0;
 
             st->n_coll = cl->n_coll > st->n_coll ? cl->n_coll : st->n_coll;
@@ -1447,7 +1450,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
                 continue;
             }
             cl->wait_ns = median_but_one(tmp, k, (double) cl->coll_ns) - (double) cl->coll_ns;
-            for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
+            for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
                 excess = fmax(excess, cl->excess_ns[cause]);
             }
             cl->late = cl->late_ns > o->late_frac * st->step_median_ns &&
@@ -1457,7 +1460,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
 
     /* per rank: medians over its steps */
     for (size_t r = 0; r < nr; r++) {
-        struct kp_cmp_rank *rk = &res->ranks[r];
+        struct kp_compare_rank *rk = &res->ranks[r];
         double *dst[6] = { &rk->step_ns, &rk->coll_ns,   &rk->compute_ns,
                            &rk->host_ns, &rk->launch_ns, &rk->other_ns };
         size_t present = 0;
@@ -1467,7 +1470,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
             size_t k = 0;
 
             for (size_t j = 0; j < ns; j++) {
-                const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
+                const struct kp_compare_cell *cl = &res->cells[r * ns + j];
                 int64_t const *fields[6] = { &cl->step_ns, &cl->coll_ns,   &cl->compute_ns,
                                              &cl->host_ns, &cl->launch_ns, &cl->other_ns };
 
@@ -1478,7 +1481,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
             *dst[f] = median(tmp, k);
         }
         for (size_t j = 0; j < ns; j++) {
-            const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
+            const struct kp_compare_cell *cl = &res->cells[r * ns + j];
 
             if (cl->present) {
                 present++;
@@ -1509,7 +1512,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
             goto nomem;
         }
         for (size_t r = 0; r < nr; r++) {
-            struct kp_cmp_straggler *s;
+            struct kp_compare_straggler *s;
 
             if (!res->ranks[r].straggler) {
                 continue;
@@ -1520,7 +1523,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
                 goto nomem;
             }
             for (size_t j = 0; j < ns; j++) {
-                const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
+                const struct kp_compare_cell *cl = &res->cells[r * ns + j];
 
                 if (!cl->late) {
                     continue;
@@ -1528,17 +1531,17 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
                 s->steps[s->n_steps++] = res->steps[j].step;
                 s->late_ns += cl->late_ns;
                 s->max_late_ns = fmax(s->max_late_ns, cl->max_late_ns);
-                for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
+                for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
                     s->excess_ns[cause] += cl->excess_ns[cause];
                     s->own_ns[cause] += (double) cell_cause(cl, cause);
                 }
             }
             s->late_ns /= (double) s->n_steps;
-            for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
+            for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
                 s->excess_ns[cause] /= (double) s->n_steps;
                 s->own_ns[cause] /= (double) s->n_steps;
                 if (s->excess_ns[cause] > s->excess_ns[s->cause]) {
-                    s->cause = (enum kp_cmp_cause) cause;
+                    s->cause = (enum kp_compare_cause) cause;
                 }
             }
         }
@@ -1546,13 +1549,13 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
         for (size_t a = 1; a < res->n_stragglers; a++) {
             for (size_t b = a; b > 0 && res->stragglers[b].late_ns > res->stragglers[b - 1].late_ns;
                  b--) {
-                struct kp_cmp_straggler t = res->stragglers[b];
+                struct kp_compare_straggler t = res->stragglers[b];
 
                 res->stragglers[b] = res->stragglers[b - 1];
                 res->stragglers[b - 1] = t;
             }
         }
-        const struct kp_cmp_rank *s0 = rank_of(res, res->stragglers[0].rank);
+        const struct kp_compare_rank *s0 = rank_of(res, res->stragglers[0].rank);
 
         for (size_t r = 0; r < nr; r++) {
             res->ranks[r].waits =
@@ -1571,7 +1574,7 @@ nomem:
     kp_errbuf_set(errbuf, errlen, "out of memory");
 fail:
 out:
-    kp_cmp_result_destroy(res);
+    kp_compare_result_destroy(res);
     free(tmp);
     free(colls);
     free(nums);
@@ -1582,8 +1585,8 @@ out:
     return rc;
 }
 
-int kp_cmp_save_offsets(PGconn *c, const struct kp_cmp_result *r, size_t *n_saved, char *errbuf,
-                        size_t errlen)
+int kp_compare_save_offsets(PGconn *c, const struct kp_compare_result *r, size_t *n_saved,
+                            char *errbuf, size_t errlen)
 {
     char runs[24];
     struct kp_strbuf arr[2];
@@ -1662,8 +1665,8 @@ static int steps_array(struct kp_strbuf *sb, size_t n, const struct hstep *st, i
     return rc != 0 ? rc : kp_pg_array_close(sb);
 }
 
-int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_candidates,
-               struct kp_cmp_hta **out, char *errbuf, size_t errlen)
+int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, int num_candidates,
+                          struct kp_compare_hta **out, char *errbuf, size_t errlen)
 {
     /* the chosen steps as (rank, start, end, num) arrays */
 #define HTA_STEPS                                                                                 \
@@ -1694,7 +1697,7 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
     PGresult *r = NULL;
     struct hstep *st = NULL;
     struct hcand *cand = NULL;
-    struct kp_cmp_hta *h = NULL;
+    struct kp_compare_hta *h = NULL;
     size_t n_st = 0, n_cand = 0, n_steps_distinct = 0, nr, n_steps_all = 0;
     int64_t t_min = INT64_MAX, t_max;
     int64_t *nums = NULL;
@@ -1910,7 +1913,7 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
     h->stream = cand[best_i].stream;
     for (size_t k = 0; k < n_cand; k++) {
         if (cand[k].stream == h->stream && strcmp(cand[k].name, h->collective) == 0) {
-            struct kp_cmp_hta_row *w = &h->rows[h->n_rows++];
+            struct kp_compare_hta_row *w = &h->rows[h->n_rows++];
 
             w->rank = cand[k].rank;
             w->step = cand[k].step;
@@ -1926,7 +1929,7 @@ int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_cand
                                      (h->rows[b].step == h->rows[b - 1].step &&
                                       h->rows[b].rank < h->rows[b - 1].rank));
              b--) {
-            struct kp_cmp_hta_row t = h->rows[b];
+            struct kp_compare_hta_row t = h->rows[b];
 
             h->rows[b] = h->rows[b - 1];
             h->rows[b - 1] = t;
@@ -1995,7 +1998,7 @@ out:
     for (int f = 0; f < 4; f++) {
         kp_strbuf_fini(&arrs[f]);
     }
-    kp_cmp_hta_destroy(h);
+    kp_compare_hta_destroy(h);
     free(cnt_rank);
     free(cnt);
     free(sd);

@@ -813,18 +813,28 @@ static void arg_bandwidth(struct xout *o, const PGresult *r, int i, int col, int
     xo_put(o, bw, strlen(bw));
 }
 
+/* The event and GPU args of a memcpy, memset or sync row: its columns 0 start, 1 duration,
+ * 2 device, 3 stream, 4 context, 5 correlation; ext the external id (0: none). */
+static void gpu_row(struct xp *x, const PGresult *r, int i, const char *cat, const char *name,
+                    int64_t ext, bool *first)
+{
+    int64_t dev = I(r, i, 2), stream = I(r, i, 3);
+
+    ev_x(x, cat, name, dev, stream, I(r, i, 0), I(r, i, 1), true);
+    gpu_args(&x->out, first, dev, I(r, i, 4), stream, I(r, i, 5), ext);
+}
+
 static void row_memcpy(struct xp *x, const PGresult *r, int i)
 {
     struct xout *o = &x->out;
-    int64_t dev = I(r, i, 2), stream = I(r, i, 3), bytes = I(r, i, 7), dur = I(r, i, 1);
+    int64_t bytes = I(r, i, 7), dur = I(r, i, 1);
     int64_t src_dev = I(r, i, 11), dst_dev = I(r, i, 12);
     char name[96];
     bool first = true;
 
     snprintf(name, sizeof(name), "Memcpy %s (%s -> %s)", NAME_OF(memcpy_kinds, I(r, i, 8)),
              NAME_OF(memory_kinds, I(r, i, 9)), NAME_OF(memory_kinds, I(r, i, 10)));
-    ev_x(x, "gpu_memcpy", name, dev, stream, I(r, i, 0), dur, true);
-    gpu_args(o, &first, dev, I(r, i, 4), stream, I(r, i, 5), I(r, i, 6));
+    gpu_row(x, r, i, "gpu_memcpy", name, I(r, i, 6), &first);
     arg_i(o, &first, "bytes", bytes);
     arg_bandwidth(o, r, i, 13, bytes, dur);
     if (src_dev != 0 || dst_dev != 0) {
@@ -838,13 +848,12 @@ static void row_memcpy(struct xp *x, const PGresult *r, int i)
 static void row_memset(struct xp *x, const PGresult *r, int i)
 {
     struct xout *o = &x->out;
-    int64_t dev = I(r, i, 2), stream = I(r, i, 3), bytes = I(r, i, 7), dur = I(r, i, 1);
+    int64_t bytes = I(r, i, 7), dur = I(r, i, 1);
     char name[64];
     bool first = true;
 
     snprintf(name, sizeof(name), "Memset (%s)", NAME_OF(memory_kinds, I(r, i, 8)));
-    ev_x(x, "gpu_memset", name, dev, stream, I(r, i, 0), dur, true);
-    gpu_args(o, &first, dev, I(r, i, 4), stream, I(r, i, 5), I(r, i, 6));
+    gpu_row(x, r, i, "gpu_memset", name, I(r, i, 6), &first);
     arg_i(o, &first, "bytes", bytes);
     arg_bandwidth(o, r, i, 9, bytes, dur);
     XO_LIT(o, "}}");
@@ -854,12 +863,10 @@ static void row_memset(struct xp *x, const PGresult *r, int i)
 static void row_sync(struct xp *x, const PGresult *r, int i)
 {
     struct xout *o = &x->out;
-    int64_t dev = I(r, i, 2), stream = I(r, i, 3), ev = I(r, i, 7);
+    int64_t ev = I(r, i, 7);
     bool first = true;
 
-    ev_x(x, "cuda_sync", NAME_OF(sync_types, I(r, i, 6)), dev, stream, I(r, i, 0), I(r, i, 1),
-         true);
-    gpu_args(o, &first, dev, I(r, i, 4), stream, I(r, i, 5), 0);
+    gpu_row(x, r, i, "cuda_sync", NAME_OF(sync_types, I(r, i, 6)), 0, &first);
     if (ev != 0) {
         arg_i(o, &first, "wait_on_cuda_event_id", ev);
     }

@@ -30,12 +30,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 #include "kp_codec.h"
 #include "kp_err.h"
 #include "kp_json.h"
 #include "kp_pg.h"
-#include "kp_ranges.h"
+#include "ranges.h"
 
 #define OPK_PROFILER_STEP 6 /* OpKind (proto/kprof.proto) */
 
@@ -245,8 +245,8 @@ static int cmp_ev(const void *pa, const void *pb)
 
 static int compute(struct kp_hta *h);
 
-int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts,
-                struct kp_hta **out, char *errbuf, size_t errlen)
+int kp_hta_create(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts,
+                  struct kp_hta **out, char *errbuf, size_t errlen)
 {
     char runs[24], ranks[16];
     const char *params[2] = { runs, ranks };
@@ -972,45 +972,37 @@ static int launches(struct kp_hta *h, double *v)
 #define NP_SMALL_QUICKSORT 15
 #define NP_QS_STACK        128
 
+/* numpy's sift-down: tmp into the 1-based heap a[1..n] from a[i] down. */
+static void np_sift_down(const int64_t *v, size_t *a, size_t i, size_t n, size_t tmp)
+{
+    for (size_t j = i << 1; j <= n;) {
+        if (j < n && v[a[j]] < v[a[j + 1]]) {
+            j += 1;
+        }
+        if (v[tmp] < v[a[j]]) {
+            a[i] = a[j];
+            i = j;
+            j += j;
+        }
+        else {
+            break;
+        }
+    }
+    a[i] = tmp;
+}
+
 static void np_aheapsort(const int64_t *v, size_t *tosort, size_t n)
 {
-    size_t *a = tosort - 1, i, j, l, tmp;
+    size_t *a = tosort - 1, tmp;
 
-    for (l = n >> 1; l > 0; --l) {
-        tmp = a[l];
-        for (i = l, j = l << 1; j <= n;) {
-            if (j < n && v[a[j]] < v[a[j + 1]]) {
-                j += 1;
-            }
-            if (v[tmp] < v[a[j]]) {
-                a[i] = a[j];
-                i = j;
-                j += j;
-            }
-            else {
-                break;
-            }
-        }
-        a[i] = tmp;
+    for (size_t l = n >> 1; l > 0; --l) {
+        np_sift_down(v, a, l, n, a[l]);
     }
     for (; n > 1;) {
         tmp = a[n];
         a[n] = a[1];
         n -= 1;
-        for (i = 1, j = 2; j <= n;) {
-            if (j < n && v[a[j]] < v[a[j + 1]]) {
-                j++;
-            }
-            if (v[tmp] < v[a[j]]) {
-                a[i] = a[j];
-                i = j;
-                j += j;
-            }
-            else {
-                break;
-            }
-        }
-        a[i] = tmp;
+        np_sift_down(v, a, 1, n, tmp);
     }
 }
 

@@ -8,14 +8,14 @@
  *                 hta temporal|idle|overlap|kernels|launch|queue [--json]
  * breakdown: the step-time breakdown per step and on average (--plugin-compat: the
  * TensorBoard plugin's double-counting figure instead of kprof's), then the recommendations
- * (analyzer/recommend.h: kprof's as text; --json adds the plugin's HTML); ops: the operator view by
- * name and by name + input shapes; kernels: the kernel view by name and by name + op, and the
+ * (analyzer/an_recommend.h: kprof's as text; --json adds the plugin's HTML); ops: the operator view
+ * by name and by name + input shapes; kernels: the kernel view by name and by name + op, and the
  * Tensor Core statistics; prof: PyProf's per-kernel table (analyzer/pyprof.h), the columns
  * of -c (default idx,dir,sub,mod,op,kernel,params,sil), columnated (cells cut at -w WIDTH,
  * default none), or every field quoted with --csv, or --json; roofline: achieved FLOP/s and bytes/s
  * per kernel or op against the device's peaks (analyzer/roofline.h), longest first.
  * counters: CUPTI counter values per kernel with the op stack and FLOPs (analyzer/counters.h),
- * -c COLUMNS (default KP_CTR_TEXT_COLUMNS in text, every column in --csv and --json).
+ * -c COLUMNS (default KP_COUNTERS_TEXT_COLUMNS in text, every column in --csv and --json).
  * memory: the memory view's per-operator allocation statistics per device, always as JSON.
  * distributed: the plugin's wait view and communication-ops table across every rank of the
  * run (analyzer/distributed.h; --rank is ignored), or "no distributed view: <why>".
@@ -34,15 +34,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "an.h"
+#include "an_recommend.h"
 #include "analyze.h"
 #include "counters.h"
 #include "distributed.h"
-#include "kp_analyzer.h"
 #include "kp_err.h"
 #include "kp_json.h"
 #include "kp_pg.h"
 #include "pyprof.h"
-#include "recommend.h"
 #include "roofline.h"
 
 static void usage(FILE *f)
@@ -80,7 +80,7 @@ static void text_breakdown(const struct kp_an_breakdown *b)
     printf(" %14.3f\n(µs)\n", b->avg_total_ns / 1000.0);
 }
 
-/* kprof's own recommendations (analyzer/recommend.h) under the breakdown table. */
+/* kprof's own recommendations (analyzer/an_recommend.h) under the breakdown table. */
 static void text_recommendations(const struct kp_an_recs *r)
 {
     if (r->n_text == 0) {
@@ -118,25 +118,25 @@ static void text_kernels(const struct kp_an_table *t)
     }
 }
 
-/* distributed: across the run's ranks; needs no kp_an_load of one rank. A disabled view is
+/* distributed: across the run's ranks; needs no kp_an_create of one rank. A disabled view is
  * no error: the text (or JSON "reason") says why, and so does stderr. */
 static int distributed_verb(const char *conninfo, int64_t run, size_t max_rows, bool json)
 {
     char err[512] = "";
     PGconn *c = NULL;
-    struct kp_dist *d = NULL;
+    struct kp_distributed *d = NULL;
     int rc;
 
     rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
     if (rc == 0) {
-        rc = kp_dist_build(c, run, max_rows, &d, err, sizeof(err));
+        rc = kp_distributed_create(c, run, max_rows, &d, err, sizeof(err));
     }
     if (rc == 0) {
         if (json) {
-            kp_dist_json(stdout, d);
+            kp_distributed_json(stdout, d);
         }
         else {
-            kp_dist_text(stdout, d);
+            kp_distributed_text(stdout, d);
         }
         if (!d->enabled) {
             fprintf(stderr, "kprof-analyze: no distributed view: %s\n", d->reason);
@@ -145,35 +145,35 @@ static int distributed_verb(const char *conninfo, int64_t run, size_t max_rows, 
     else {
         fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
     }
-    kp_dist_destroy(d);
+    kp_distributed_destroy(d);
     PQfinish(c);
     return rc == 0 ? 0 : rc == KP_ENOTFOUND ? 3 : 1;
 }
 
-/* counters: CUPTI counter values per kernel (analyzer/counters.h); needs no kp_an_load. The
+/* counters: CUPTI counter values per kernel (analyzer/counters.h); needs no kp_an_create. The
  * table goes to stdout, its message (no counters, ops not mapped) to stderr (JSON has it). */
 static int counters_verb(const char *conninfo, int64_t run, int rank, size_t max_rows,
-                         const char *columns, enum kp_ctr_format format)
+                         const char *columns, enum kp_counters_format format)
 {
     char err[512] = "";
     PGconn *c = NULL;
-    struct kp_ctr *t = NULL;
+    struct kp_counters *t = NULL;
     int rc;
 
     rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
     if (rc == 0) {
-        rc = kp_ctr_build(c, run, rank, max_rows, &t, err, sizeof(err));
+        rc = kp_counters_create(c, run, rank, max_rows, &t, err, sizeof(err));
     }
     if (rc == 0) {
-        rc = kp_ctr_write(stdout, t, run, rank, columns, format, err, sizeof(err));
-        if (rc == 0 && format != KP_CTR_JSON && kp_ctr_message(t)) {
-            fprintf(stderr, "kprof-analyze: %s\n", kp_ctr_message(t));
+        rc = kp_counters_write(stdout, t, run, rank, columns, format, err, sizeof(err));
+        if (rc == 0 && format != KP_COUNTERS_JSON && kp_counters_message(t)) {
+            fprintf(stderr, "kprof-analyze: %s\n", kp_counters_message(t));
         }
     }
     if (rc < 0) {
         fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
     }
-    kp_ctr_destroy(t);
+    kp_counters_destroy(t);
     PQfinish(c);
     return rc == 0 ? 0 : rc == KP_ENOTFOUND ? 3 : rc == -EINVAL ? 2 : 1;
 }
@@ -225,11 +225,11 @@ int main(int argc, char **argv)
     unsigned long long max_rows = 0;
     int rank = 0, opt, rc;
     bool json = false, compat = false, csv = false;
-    const char *columns = KP_PROF_DEFAULT_COLUMNS;
-    long width = KP_PROF_DEFAULT_WIDTH;
-    enum kp_prof_col cols[64];
+    const char *columns = KP_PYPROF_DEFAULT_COLUMNS;
+    long width = KP_PYPROF_DEFAULT_WIDTH;
+    enum kp_pyprof_col cols[64];
     int ncols = 0;
-    enum kp_rl_by by = KP_RL_BY_KERNEL;
+    enum kp_roofline_by by = KP_ROOFLINE_BY_KERNEL;
     unsigned long long top = 0;
     PGconn *c = NULL;
     struct kp_an *a = NULL;
@@ -322,7 +322,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "kprof-analyze: --by takes kernel or op, not '%s'\n", optarg);
                 return 2;
             }
-            by = strcmp(optarg, "op") == 0 ? KP_RL_BY_OP : KP_RL_BY_KERNEL;
+            by = strcmp(optarg, "op") == 0 ? KP_ROOFLINE_BY_OP : KP_ROOFLINE_BY_KERNEL;
             break;
         case 't':
             top = strtoull(optarg, &end, 10);
@@ -359,7 +359,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (strcmp(verb, "prof") == 0) {
-        ncols = kp_prof_parse_columns(columns, cols, 64, err, sizeof(err));
+        ncols = kp_pyprof_parse_columns(columns, cols, 64, err, sizeof(err));
         if (ncols < 0) {
             fprintf(stderr, "kprof-analyze: %s\n", err);
             return 2;
@@ -370,14 +370,14 @@ int main(int argc, char **argv)
     }
     if (strcmp(verb, "counters") == 0) {
         return counters_verb(conninfo, run, rank, (size_t) max_rows,
-                             strcmp(columns, KP_PROF_DEFAULT_COLUMNS) ? columns : NULL,
-                             json  ? KP_CTR_JSON
-                             : csv ? KP_CTR_CSV
-                                   : KP_CTR_TEXT);
+                             strcmp(columns, KP_PYPROF_DEFAULT_COLUMNS) ? columns : NULL,
+                             json  ? KP_COUNTERS_JSON
+                             : csv ? KP_COUNTERS_CSV
+                                   : KP_COUNTERS_TEXT);
     }
     rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
     if (rc == 0) {
-        rc = kp_an_load(c, run, rank, (size_t) max_rows, &a, err, sizeof(err));
+        rc = kp_an_create(c, run, rank, (size_t) max_rows, &a, err, sizeof(err));
     }
     if (rc < 0) {
         fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
@@ -385,39 +385,39 @@ int main(int argc, char **argv)
         return rc == KP_ENOTFOUND ? 3 : 1;
     }
     if (strcmp(verb, "roofline") == 0) {
-        struct kp_rl *rl = NULL;
+        struct kp_roofline *rl = NULL;
 
-        rc = kp_rl_build(c, run, rank, (size_t) max_rows, by, &rl, err, sizeof(err));
+        rc = kp_roofline_create(c, run, rank, (size_t) max_rows, by, &rl, err, sizeof(err));
         if (rc == 0) {
-            kp_rl_write(stdout, rl, run, rank,
-                        json  ? KP_RL_JSON
-                        : csv ? KP_RL_CSV
-                              : KP_RL_TEXT,
-                        (size_t) top);
+            kp_roofline_write(stdout, rl, run, rank,
+                              json  ? KP_ROOFLINE_JSON
+                              : csv ? KP_ROOFLINE_CSV
+                                    : KP_ROOFLINE_TEXT,
+                              (size_t) top);
         }
         else {
             fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
         }
-        kp_rl_destroy(rl);
+        kp_roofline_destroy(rl);
         kp_an_destroy(a);
         PQfinish(c);
         return rc < 0 ? 1 : 0;
     }
     if (strcmp(verb, "prof") == 0) {
-        struct kp_prof *p = NULL;
+        struct kp_pyprof *p = NULL;
 
-        rc = kp_prof_build(c, run, rank, (size_t) max_rows, &p, err, sizeof(err));
+        rc = kp_pyprof_create(c, run, rank, (size_t) max_rows, &p, err, sizeof(err));
         if (rc == 0) {
-            kp_prof_write(stdout, p, run, rank, cols, ncols,
-                          json  ? KP_PROF_JSON
-                          : csv ? KP_PROF_CSV
-                                : KP_PROF_TEXT,
-                          (int) width);
+            kp_pyprof_write(stdout, p, run, rank, cols, ncols,
+                            json  ? KP_PYPROF_JSON
+                            : csv ? KP_PYPROF_CSV
+                                  : KP_PYPROF_TEXT,
+                            (int) width);
         }
         else if (err[0]) {
             fprintf(stderr, "kprof-analyze: %s\n", err);
         }
-        kp_prof_destroy(p);
+        kp_pyprof_destroy(p);
         if (rc < 0 && err[0]) {
             kp_an_destroy(a);
             PQfinish(c);

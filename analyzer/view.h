@@ -64,7 +64,7 @@ struct kp_view {
     const ProtobufCMessageDescriptor *request; /* its reply has run_id and cached */
     const ProtobufCMessageDescriptor *reply;
     bool whole_run; /* a view of every rank: its request has no rank */
-    bool load_rank; /* kp_an_load (run, rank) before the compute (ctx->an) */
+    bool load_rank; /* kp_an_create (run, rank) before the compute (ctx->an) */
     /* The request as a key: run, rank and options (key zeroed by the caller). Returns true, or
      * false with INVALID_ARGUMENT's details in err. max_rows is the service's budget. */
     bool (*key)(const ProtobufCMessage *req, size_t max_rows, struct kp_view_key *k, char *err,

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 #include "kprof.pb-c.h"
 #include "view.h"
 

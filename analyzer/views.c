@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 #include "kp_err.h"
 #include "kp_log.h"
 #include "kp_pg.h"
@@ -162,7 +162,7 @@ int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage 
     memset(out, 0, sizeof(*out));
     err[0] = '\0';
     if (v->load_rank &&
-        (rc = kp_an_load(pg, (int64_t) k->run, (int) k->rank, max_rows, an, err, len)) != 0) {
+        (rc = kp_an_create(pg, (int64_t) k->run, (int) k->rank, max_rows, an, err, len)) != 0) {
         *code = kp_view_status(v, k, rc, err, len);
         return rc;
     }

@@ -6,7 +6,7 @@
  *
  * Output: exactly what `kprof-analyze counters` prints for the same run, rank and flags
  * (tests/it/test_analyzer_counters.py checks it): the reply's rows go through counters.c's own
- * writer, kp_ctr_write_rows. Text columns default to idx, kernel, device, top_op, bottom_op,
+ * writer, kp_counters_write_rows. Text columns default to idx, kernel, device, top_op, bottom_op,
  * dur_us, flops, flops_per_s; -c picks others (range, correlation, tid, op_stack, flops_fp64,
  * flops_fp32, flops_fp16, any metric name, or all); --csv every column; --json one object
  * {run, rank, metrics, message, rows: [{..., op_stack: [...], counters: {metric: value|null}}]}.
@@ -81,17 +81,17 @@ static const struct kp_rpcverb_spec counters_spec = {
     .columns_help = "-c: comma-separated columns to show, in order: idx, range, kernel, device, "
                     "correlation, tid, top_op, bottom_op, op_stack, dur_us, flops, flops_fp64, "
                     "flops_fp32, flops_fp16, flops_per_s, a metric name, or all (text "
-                    "default: " KP_CTR_TEXT_COLUMNS "; CSV and JSON: all)",
+                    "default: " KP_COUNTERS_TEXT_COLUMNS "; CSV and JSON: all)",
     .analyzer = true,
 };
 
 /* The reply's rows as counters.h's rows, pointing into resp. Returns 0, or -EPROTO when a
  * row's values do not match the metrics. */
-static int from_reply(const Kprof__V1__CountersResponse *resp, struct kp_ctr_row *rows)
+static int from_reply(const Kprof__V1__CountersResponse *resp, struct kp_counters_row *rows)
 {
     for (size_t i = 0; i < resp->n_rows; i++) {
         const Kprof__V1__CountersRow *o = resp->rows[i];
-        struct kp_ctr_row *r = &rows[i];
+        struct kp_counters_row *r = &rows[i];
 
         if (o->n_values != resp->n_metrics) {
             return -EPROTO;
@@ -109,9 +109,9 @@ static int from_reply(const Kprof__V1__CountersResponse *resp, struct kp_ctr_row
         r->dur_ns = o->dur_ns;
         r->values = o->values;
         r->flops = o->flops;
-        r->flops_prec[KP_CTR_FP64] = o->flops_fp64;
-        r->flops_prec[KP_CTR_FP32] = o->flops_fp32;
-        r->flops_prec[KP_CTR_FP16] = o->flops_fp16;
+        r->flops_prec[KP_COUNTERS_FP64] = o->flops_fp64;
+        r->flops_prec[KP_COUNTERS_FP32] = o->flops_fp32;
+        r->flops_prec[KP_COUNTERS_FP16] = o->flops_fp16;
         r->flops_per_s = o->flops_per_s;
     }
     return 0;
@@ -124,7 +124,7 @@ int kprofctl_counters(int argc, char **argv)
     Kprof__V1__CountersRequest req = KPROF__V1__COUNTERS_REQUEST__INIT;
     Kprof__V1__CountersResponse *resp;
     ProtobufCMessage *msg = NULL;
-    struct kp_ctr_row *rows = NULL;
+    struct kp_counters_row *rows = NULL;
     const char *message;
     char err[1024];
     int rc, r;
@@ -163,12 +163,13 @@ int kprofctl_counters(int argc, char **argv)
         goto out;
     }
     message = resp->message != NULL && resp->message[0] != '\0' ? resp->message : NULL;
-    r = kp_ctr_write_rows_width(stdout, rows, resp->n_rows, (const char *const *) resp->metrics,
-                                resp->n_metrics, message, cfg.run, resp->rank, cfg.common.columns,
-                                v.format == KP_TABLE_FORMAT_JSON  ? KP_CTR_JSON
-                                : v.format == KP_TABLE_FORMAT_CSV ? KP_CTR_CSV
-                                                                  : KP_CTR_TEXT,
-                                (int) cfg.common.width, err, sizeof(err));
+    r = kp_counters_write_rows_width(stdout, rows, resp->n_rows,
+                                     (const char *const *) resp->metrics, resp->n_metrics, message,
+                                     cfg.run, resp->rank, cfg.common.columns,
+                                     v.format == KP_TABLE_FORMAT_JSON  ? KP_COUNTERS_JSON
+                                     : v.format == KP_TABLE_FORMAT_CSV ? KP_COUNTERS_CSV
+                                                                       : KP_COUNTERS_TEXT,
+                                     (int) cfg.common.width, err, sizeof(err));
     if (r == -EINVAL) {
         rc = kp_rpcverb_usage_error(&v, "-c: %s", err);
         goto out;

@@ -6,7 +6,7 @@
  *
  * Output: exactly what `kprof-analyze prof` prints for the same run, rank and flags
  * (tests/it/test_analyzer_roofline.py checks it): the reply's rows go through pyprof.c's own
- * writer, kp_prof_write_rows.
+ * writer, kp_pyprof_write_rows.
  *
  * Exit status: 0 shown, 2 bad usage, 3 unknown run or rank, 5 kprof-analyzer (or its
  * PostgreSQL) unreachable, 1 anything else.
@@ -43,7 +43,7 @@ static const struct kp_config_def prof_defs[] = {
 #undef OFF
 
 /* PyProf's columns, so that -c is checked against them. */
-static const struct kp_table_col prof_cols[KP_PROF_COL_COUNT] = {
+static const struct kp_table_col prof_cols[KP_PYPROF_COL_COUNT] = {
     { "idx", KP_TABLE_NUMERIC },    { "seq", KP_TABLE_NUMERIC },   { "altseq", KP_TABLE_TEXT },
     { "tid", KP_TABLE_NUMERIC },    { "layer", KP_TABLE_TEXT },    { "trace", KP_TABLE_TEXT },
     { "dir", KP_TABLE_TEXT },       { "sub", KP_TABLE_NUMERIC },   { "mod", KP_TABLE_TEXT },
@@ -55,22 +55,23 @@ static const struct kp_table_col prof_cols[KP_PROF_COL_COUNT] = {
 
 static const struct kp_rpcverb_spec prof_spec = {
     .name = "prof",
-    .synopsis = "kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]\n"
-                "  PyProf's per-kernel table of one rank (Analyzer.Prof), one row per kernel in\n"
-                "  launch order; -c picks PyProf's columns (default " KP_PROF_DEFAULT_COLUMNS ")\n"
-                "  and -w cuts text cells (default: none). Sil is in µs (JSON: exact sil_ns).\n"
-                "  The same output as kprof-analyze prof.\n",
+    .synopsis =
+        "kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]\n"
+        "  PyProf's per-kernel table of one rank (Analyzer.Prof), one row per kernel in\n"
+        "  launch order; -c picks PyProf's columns (default " KP_PYPROF_DEFAULT_COLUMNS ")\n"
+        "  and -w cuts text cells (default: none). Sil is in µs (JSON: exact sil_ns).\n"
+        "  The same output as kprof-analyze prof.\n",
     .exit_ok = "shown",
     .json_help = "print {\"run\", \"rank\", \"columns\", \"rows\": [{column: value}]}",
     .defs = prof_defs,
     .n_defs = sizeof(prof_defs) / sizeof(prof_defs[0]),
     .cols = prof_cols,
-    .n_cols = KP_PROF_COL_COUNT,
+    .n_cols = KP_PYPROF_COL_COUNT,
     .analyzer = true,
 };
 
 struct prof_rows {
-    struct kp_prof_row *rows;
+    struct kp_pyprof_row *rows;
     size_t n_rows;
 };
 
@@ -80,11 +81,11 @@ static void copy_str(char *dst, size_t len, const char *src)
 }
 
 /* The reply's rows as pyprof.h's rows; strings point into resp or are copied. */
-static void from_reply(const Kprof__V1__ProfResponse *resp, struct kp_prof_row *rows)
+static void from_reply(const Kprof__V1__ProfResponse *resp, struct kp_pyprof_row *rows)
 {
     for (size_t i = 0; i < resp->n_rows; i++) {
         const Kprof__V1__ProfRow *o = resp->rows[i];
-        struct kp_prof_row *r = &rows[i];
+        struct kp_pyprof_row *r = &rows[i];
 
         r->idx = o->idx;
         r->seq = o->seq;
@@ -119,7 +120,7 @@ int kprofctl_prof(int argc, char **argv)
     Kprof__V1__ProfResponse *resp;
     ProtobufCMessage *msg = NULL;
     struct prof_rows pr = { NULL, 0 };
-    enum kp_prof_col cols[64];
+    enum kp_pyprof_col cols[64];
     char err[512];
     int ncols, rc;
 
@@ -131,10 +132,10 @@ int kprofctl_prof(int argc, char **argv)
         rc = kp_rpcverb_usage_error(&v, "--run is required (kprofctl runs lists the runs)");
         goto out;
     }
-    ncols = kp_prof_parse_columns(cfg.common.columns != NULL && cfg.common.columns[0] != '\0'
-                                      ? cfg.common.columns
-                                      : KP_PROF_DEFAULT_COLUMNS,
-                                  cols, 64, err, sizeof(err));
+    ncols = kp_pyprof_parse_columns(cfg.common.columns != NULL && cfg.common.columns[0] != '\0'
+                                        ? cfg.common.columns
+                                        : KP_PYPROF_DEFAULT_COLUMNS,
+                                    cols, 64, err, sizeof(err));
     if (ncols < 0) {
         rc = kp_rpcverb_usage_error(&v, "%s", err);
         goto out;
@@ -159,11 +160,11 @@ int kprofctl_prof(int argc, char **argv)
     }
     pr.n_rows = resp->n_rows;
     from_reply(resp, pr.rows);
-    kp_prof_write_rows(stdout, pr.rows, pr.n_rows, cfg.run, resp->rank, cols, ncols,
-                       v.format == KP_TABLE_FORMAT_JSON  ? KP_PROF_JSON
-                       : v.format == KP_TABLE_FORMAT_CSV ? KP_PROF_CSV
-                                                         : KP_PROF_TEXT,
-                       cfg.common.width > 0 ? (int) cfg.common.width : KP_PROF_DEFAULT_WIDTH);
+    kp_pyprof_write_rows(stdout, pr.rows, pr.n_rows, cfg.run, resp->rank, cols, ncols,
+                         v.format == KP_TABLE_FORMAT_JSON  ? KP_PYPROF_JSON
+                         : v.format == KP_TABLE_FORMAT_CSV ? KP_PYPROF_CSV
+                                                           : KP_PYPROF_TEXT,
+                         cfg.common.width > 0 ? (int) cfg.common.width : KP_PYPROF_DEFAULT_WIDTH);
     rc = fflush(stdout) == 0 && !ferror(stdout) ? KPROFCTL_EXIT_OK : KPROFCTL_EXIT_FAILED;
 out:
     free(pr.rows);

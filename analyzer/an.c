@@ -1,5 +1,5 @@
 /*
- * kp_analyzer: loader, model and views (see kp_analyzer.h).
+ * kp_analyzer: loader, model and views (see an.h).
  *
  * DESIGN. The loader reads each table of the (run, rank) with one ordered query into flat
  * arrays; names are resolved once to indexes into one id-sorted array. The model then links
@@ -11,7 +11,7 @@
  * Everything the views need is in struct kp_an; no view queries PostgreSQL again.
  */
 #define _GNU_SOURCE /* qsort_r */
-#include "kp_analyzer.h"
+#include "an.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -23,7 +23,7 @@
 #include "kp_err.h"
 #include "kp_json.h"
 #include "kp_pg.h"
-#include "kp_ranges.h"
+#include "ranges.h"
 
 /* OpKind (proto/kprof.proto). */
 enum {
@@ -251,8 +251,8 @@ int kp_an_check_rank(PGconn *c, const char *const *params, int64_t run, int rank
 
 #define WHERE_RR " WHERE run_id = $1 AND rank = $2"
 
-int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out, char *errbuf,
-               size_t errlen)
+int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out,
+                 char *errbuf, size_t errlen)
 {
     char runs[24], ranks[16];
     const char *params[2] = { runs, ranks };
