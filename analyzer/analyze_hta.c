@@ -66,24 +66,14 @@ int kp_analyze_hta(int argc, char **argv)
 
     kp_hta_opts_init(&o);
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if ((rc = kp_analyze_common_opt("kprof-analyze hta", opt, optarg, &conninfo, &run,
+                                        &rank)) != 0) {
+            if (rc < 0) {
+                return 2;
+            }
+            continue;
+        }
         switch (opt) {
-        case 'p':
-            conninfo = optarg;
-            break;
-        case 'r':
-            run = strtoll(optarg, &end, 10);
-            if (*end || run < 0) {
-                fprintf(stderr, "kprof-analyze hta: --run takes a run id, not '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 'k':
-            rank = (int) strtol(optarg, &end, 10);
-            if (*end || rank < 0) {
-                fprintf(stderr, "kprof-analyze hta: --rank takes a rank, not '%s'\n", optarg);
-                return 2;
-            }
-            break;
         case 'j':
             break; /* JSON is the only output */
         case 'x':
