@@ -1,5 +1,5 @@
 /*
- * kp_analyzer: loader, model and views (see an.h).
+ * kp_an: the analyzer core's loader (see an.h).
  *
  * DESIGN. The loader reads each table of the (run, rank) with one ordered query into flat
  * arrays; names are resolved once to indexes into one id-sorted array. The model then links
@@ -8,7 +8,14 @@
  * index of the nodes in tree order), and every host node into its thread's tree (a stack
  * over the ops sorted by thread, start, end descending). Nodes are created parent first, so
  * walking them backwards is a post-order walk: the bottom-up statistics need no recursion.
- * Everything the views need is in struct kp_an; no view queries PostgreSQL again.
+ * Everything the breakdown, operator, kernel and Tensor Core views need is in struct kp_an:
+ * they query PostgreSQL no more. The memory view (an_memory.c) reads the rank's memory events
+ * and the recommendations (an_recommend.c) two more small queries, each over the caller's
+ * connection.
+ *
+ * The files: an.c loads and frees; an_names.c classifies names; an_model.c builds the model and
+ * the steps; an_breakdown.c, an_comm.c, an_memory.c and an_tables.c compute the views;
+ * an_json.c writes them. an_impl.h is what they share.
  */
 #include "an_impl.h"
 
@@ -150,7 +157,6 @@ int kp_an_check_rank(PGconn *c, const char *const *params, int64_t run, int rank
     PQclear(r);
     return 0;
 }
-
 
 int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out,
                  char *errbuf, size_t errlen)

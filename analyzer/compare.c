@@ -1,10 +1,11 @@
 /*
- * kp_cmp: the cross-rank comparison (compare.h). kp_compare_result_create reads the whole run in
- * one pass over each event table (PostgreSQL sums per rank and step; the collectives come back as
- * rows), matches the collectives across ranks by order within the step, aligns the clocks
- * from their end times and applies the straggler rule. kp_compare_hta is HTA's metric, apart.
+ * kp_compare: the cross-rank comparison (docs/specs/compare.md). kp_compare_result_create reads the
+ * whole run in one pass over each event table (PostgreSQL sums per rank and step; the collectives
+ * come back as rows), matches the collectives across ranks by order within the step, aligns the
+ * clocks from their end times and applies the straggler rule. kp_compare_hta_create is HTA's
+ * metric, apart.
  */
-#include "compare.h"
+#include "compare_impl.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -28,14 +29,14 @@ void kp_compare_opts_init(struct kp_compare_opts *o)
 
 /* ---- helpers -------------------------------------------------------------------------- */
 
-static int cmp_double(const void *pa, const void *pb)
+int cmp_double(const void *pa, const void *pb)
 {
     double a = *(const double *) pa, b = *(const double *) pb;
 
     return (a > b) - (a < b);
 }
 
-static int cmp_i64(const void *pa, const void *pb)
+int cmp_i64(const void *pa, const void *pb)
 {
     int64_t a = *(const int64_t *) pa, b = *(const int64_t *) pb;
 
@@ -43,7 +44,7 @@ static int cmp_i64(const void *pa, const void *pb)
 }
 
 /* The median of v[0..n) (reordered); 0 when n == 0. */
-static double median(double *v, size_t n)
+double cmp_median(double *v, size_t n)
 {
     if (n == 0) {
         return 0.0;
@@ -102,7 +103,7 @@ static long find_i64(const int64_t *v, size_t n, int64_t x)
     return lo < n && v[lo] == x ? (long) lo : -1;
 }
 
-static bool parse_step(const char *s, int64_t *out)
+bool cmp_parse_step(const char *s, int64_t *out)
 {
     char *end;
     long long v;
@@ -117,7 +118,7 @@ static bool parse_step(const char *s, int64_t *out)
 }
 
 /* Checks that run exists; returns 0, KP_ENOTFOUND or KP_EPG. */
-static int check_run(PGconn *c, const char *const *params, int64_t run, char *errbuf, size_t errlen)
+int cmp_check_run(PGconn *c, const char *const *params, int64_t run, char *errbuf, size_t errlen)
 {
     PGresult *r = NULL;
     int rc =
@@ -253,7 +254,7 @@ struct ncls {
     int64_t id;
     int cls;
     int64_t num; /* NC_STEP: the N of ProfilerStep#N; -1 when not a number */
-    bool p2p;    /* NC_NCCL, NC_GLOO: a point-to-point transfer (compare.h) */
+    bool p2p;    /* NC_NCCL, NC_GLOO: a point-to-point transfer (docs/specs/compare.md §3) */
 };
 
 struct nameset {
@@ -318,7 +319,7 @@ static int nameset_load(PGconn *c, struct nameset *ns, size_t *budget, size_t ma
             ns->n--;
             continue;
         }
-        if (k == NC_STEP && !parse_step(PQgetvalue(r, (int) i, 2), &x->num)) {
+        if (k == NC_STEP && !cmp_parse_step(PQgetvalue(r, (int) i, 2), &x->num)) {
             x->num = -1;
         }
         x->p2p = k != NC_STEP && strcmp(PQgetvalue(r, (int) i, 2), "p2p") == 0;
@@ -787,7 +788,7 @@ static void lateness(struct kp_compare_result *res, const struct coll *v, size_t
                 n_max++;
             }
         }
-        med = median(tmp, j - i);
+        med = cmp_median(tmp, j - i);
         for (size_t k = i; k < j; k++) {
             double late = (double) (v[k].start - res->ranks[v[k].ri].clock_offset_ns) - med;
             struct kp_compare_cell *cl = &res->cells[(size_t) v[k].ri * ns + v[k].si];
@@ -815,290 +816,6 @@ static void lateness(struct kp_compare_result *res, const struct coll *v, size_t
     }
 }
 
-static int64_t cell_cause(const struct kp_compare_cell *cl, int cause)
-{
-    return cause == KP_COMPARE_COMPUTE ? cl->compute_ns
-           : cause == KP_COMPARE_HOST  ? cl->host_ns
-                                       : cl->launch_ns;
-}
-
-static const char *cause_phrase(enum kp_compare_cause c)
-{
-    switch (c) {
-    case KP_COMPARE_COMPUTE:
-        return "its compute (GPU kernels) takes";
-    case KP_COMPARE_HOST:
-        return "its data loading takes";
-    default:
-        return "its kernel launches (CUDA runtime calls) take";
-    }
-}
-
-/* The rank the others wait for (compare.h), flagged "late" when it is no straggler, and HTA's
- * pick per step and over the steps. */
-static void who_waits(struct kp_compare_result *res, const struct kp_compare_opts *o)
-{
-    size_t nr = res->n_ranks, ns = res->n_steps, best_n = 0;
-    long best = -1;
-
-    /* the latest rank, when it is late and last in at least half the steps (not jitter's pick) */
-    for (size_t r = 0; r < nr; r++) {
-        if (best < 0 || res->ranks[r].late_ns > res->ranks[best].late_ns) {
-            best = (long) r;
-        }
-    }
-    if (best >= 0) {
-        size_t n_last = 0;
-
-        for (size_t j = 0; j < ns; j++) {
-            n_last += res->steps[j].last_rank == res->ranks[best].rank;
-        }
-        if (!(res->ranks[best].late_ns > o->late_frac * res->step_median_ns) || 2 * n_last < ns) {
-            best = -1;
-        }
-    }
-    if (best >= 0) {
-        res->waited_for = res->ranks[best].rank;
-        res->ranks[best].late = !res->ranks[best].straggler;
-        res->ranks[best].waits = false;
-    }
-    /* HTA: per step, the rank whose last collective starts latest on its own clock */
-    for (size_t j = 0; j < ns; j++) {
-        long who = -1;
-        bool tie = false;
-
-        for (size_t r = 0; r < nr; r++) {
-            const struct kp_compare_cell *cl = &res->cells[r * ns + j];
-
-            if (!cl->present || cl->n_coll_seen == 0) {
-                continue;
-            }
-            if (who < 0 || cl->last_start > res->cells[(size_t) who * ns + j].last_start) {
-                who = (long) r;
-                tie = false;
-            }
-            else if (cl->last_start == res->cells[(size_t) who * ns + j].last_start) {
-                tie = true;
-            }
-        }
-        res->steps[j].hta_rank = who >= 0 && !tie ? res->ranks[who].rank : -1;
-    }
-    for (size_t r = 0; r < nr; r++) {
-        size_t n = 0;
-
-        for (size_t j = 0; j < ns; j++) {
-            n += res->steps[j].hta_rank == res->ranks[r].rank;
-        }
-        if (n > best_n) {
-            best_n = n;
-            res->hta_rank = res->ranks[r].rank;
-            res->hta_rank_steps = n;
-        }
-    }
-}
-
-/* Appends to buf (cap bytes, *len used) with snprintf's format, never past cap. */
-static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
-{
-    va_list ap;
-    int n;
-
-    if (*len + 1 >= cap) {
-        return;
-    }
-    va_start(ap, fmt);
-    n = vsnprintf(buf + *len, cap - *len, fmt, ap);
-    va_end(ap);
-    if (n > 0) {
-        *len = *len + (size_t) n < cap ? *len + (size_t) n : cap - 1;
-    }
-}
-
-int kp_compare_ranges(char *buf, size_t cap, const int *v, size_t n)
-{
-    size_t len = 0;
-
-    buf[0] = '\0';
-    for (size_t i = 0; i < n;) {
-        size_t j = i;
-
-        while (j + 1 < n && v[j + 1] == v[j] + 1) {
-            j++;
-        }
-        if (len + 40 >= cap) {
-            put(buf, cap, &len, "%s... (%zu in all)", i ? ", " : "", n);
-            return -1;
-        }
-        if (j == i) {
-            put(buf, cap, &len, "%s%d", i ? ", " : "", v[i]);
-        }
-        else {
-            put(buf, cap, &len, "%s%d..%d", i ? ", " : "", v[i], v[j]);
-        }
-        i = j + 1;
-    }
-    return 0;
-}
-
-static const struct kp_compare_rank *rank_of(const struct kp_compare_result *res, int rank)
-{
-    for (size_t r = 0; r < res->n_ranks; r++) {
-        if (res->ranks[r].rank == rank) {
-            return &res->ranks[r];
-        }
-    }
-    return NULL;
-}
-
-/* The caveats every verdict carries: HTA's pick against kprof's, point-to-point collectives,
- * unaligned clocks, the ranks of the world missing from the run. */
-static void verdict_caveats(struct kp_compare_result *res, const struct kp_compare_opts *o, char *v,
-                            size_t cap, size_t *len)
-{
-    int named = res->n_stragglers > 0 ? res->stragglers[0].rank : res->waited_for;
-
-    if (res->hta_rank >= 0 && named >= 0) {
-        const struct kp_compare_rank *h = rank_of(res, res->hta_rank);
-
-        if (res->hta_rank == named) {
-            put(v, cap, len,
-                "; HTA's straggler metric agrees: rank %d's last collective of a step starts "
-                "latest in %zu/%zu steps",
-                res->hta_rank, res->hta_rank_steps, res->n_steps);
-        }
-        else {
-            put(v, cap, len,
-                "; HTA's straggler metric would name rank %d instead (its last collective of a "
-                "step starts latest in %zu/%zu steps): HTA reads the hosts' clocks as they are "
-                "(rank %d's is %.0f us off the reference's%s) and one kernel per step, kprof "
-                "aligns the clocks and sums the lateness over every collective",
-                res->hta_rank, res->hta_rank_steps, res->n_steps, res->hta_rank,
-                h != NULL ? (double) h->clock_offset_ns / 1e3 : 0.0,
-                h != NULL && !h->has_offset ? ", unknown" : "");
-        }
-    }
-    else if (res->hta_rank < 0 && named >= 0 && res->n_groups > 0) {
-        put(v, cap, len,
-            "; HTA's straggler metric names no single rank: in every step the last collectives "
-            "of several ranks start at the same time on their hosts' clocks");
-    }
-    if (res->n_p2p > 0) {
-        put(v, cap, len,
-            "; caveat: %zu of the %zu collectives compared are point-to-point (SendRecv, send, "
-            "recv): they end when their own peer is done, which may be a rank outside this run, "
-            "so a late arrival there is not necessarily this rank's doing",
-            res->n_p2p, res->n_groups);
-    }
-    if (res->n_no_offset > 0) {
-        put(v, cap, len,
-            "; caveat: the clocks of %zu of the %zu ranks could not be aligned (no collective "
-            "that every rank finishes together, point-to-point ones excluded): their arrivals "
-            "are compared on their hosts' own clocks",
-            res->n_no_offset, res->n_ranks);
-    }
-    if (res->n_missing > 0) {
-        char list[512];
-
-        kp_compare_ranges(list, sizeof(list), res->missing, res->n_missing);
-        put(v, cap, len,
-            "; only %zu of the world's %d ranks are in this run: rank%s %s %s missing (not "
-            "captured or imported), so a straggler among them cannot be seen here",
-            res->n_ranks, res->world_size, res->n_missing == 1 ? "" : "s", list,
-            res->n_missing == 1 ? "is" : "are");
-    }
-    if (o->has_step) {
-        put(v, cap, len,
-            "; this is step %" PRId64 " alone: the other steps may name other ranks (the clock "
-            "offsets are the whole run's)",
-            o->step);
-    }
-}
-
-static void make_verdict(struct kp_compare_result *res, const struct kp_compare_opts *o,
-                         size_t n_coll_total)
-{
-    char *v = res->verdict;
-    size_t cap = sizeof(res->verdict), len = 0;
-
-    v[0] = '\0';
-    if (res->n_stragglers > 0) {
-        for (size_t i = 0; i < res->n_stragglers; i++) {
-            const struct kp_compare_straggler *s = &res->stragglers[i];
-            size_t rsteps = 0;
-
-            for (size_t r = 0; r < res->n_ranks; r++) {
-                if (res->ranks[r].rank == s->rank) {
-                    for (size_t j = 0; j < res->n_steps; j++) {
-                        rsteps += res->cells[r * res->n_steps + j].present;
-                    }
-                }
-            }
-            put(v, cap, &len,
-                "%srank %d %s: it arrives late at the collectives in %zu/%zu steps, %.0f us after "
-                "the median rank per step over all of a step's collectives (up to %.0f us at one "
-                "collective); %s %.0f us more per step "
-                "than the median rank's (%.0f vs %.0f us)",
-                i == 0 ? "" : "; ", s->rank,
-                res->n_stragglers == 1 ? "is the straggler" : "is a straggler", s->n_steps, rsteps,
-                s->late_ns / 1e3, s->max_late_ns / 1e3, cause_phrase(s->cause),
-                s->excess_ns[s->cause] / 1e3, s->own_ns[s->cause] / 1e3,
-                (s->own_ns[s->cause] - s->excess_ns[s->cause]) / 1e3);
-        }
-        verdict_caveats(res, o, v, cap, &len);
-        return;
-    }
-    if (res->n_ranks < 2) {
-        put(v, cap, &len, "no straggler: only 1 rank (rank %d) to compare", res->ranks[0].rank);
-        verdict_caveats(res, o, v, cap, &len);
-        return;
-    }
-    {
-        double lo = INFINITY, hi = 0.0;
-
-        for (size_t r = 0; r < res->n_ranks; r++) {
-            lo = res->ranks[r].step_ns < lo ? res->ranks[r].step_ns : lo;
-            hi = res->ranks[r].step_ns > hi ? res->ranks[r].step_ns : hi;
-        }
-        put(v, cap, &len, "no straggler: step times within %.0f%% across %zu ranks%s",
-            res->step_median_ns > 0 ? 100.0 * (hi - lo) / res->step_median_ns : 0.0, res->n_ranks,
-            n_coll_total == 0 ? " (no collectives to compare arrivals at)" : "");
-    }
-    if (res->waited_for >= 0) {
-        const struct kp_compare_rank *w = rank_of(res, res->waited_for);
-        double ex = 0.0;
-        size_t n_last = 0;
-
-        for (size_t r = 0; r < res->n_ranks; r++) {
-            if (&res->ranks[r] != w) {
-                continue;
-            }
-            for (size_t j = 0; j < res->n_steps; j++) {
-                const struct kp_compare_cell *cl = &res->cells[r * res->n_steps + j];
-
-                for (int c = 0; c < KP_COMPARE_CAUSE_COUNT && cl->present; c++) {
-                    ex = fmax(ex, cl->excess_ns[c]);
-                }
-                n_last += res->steps[j].last_rank == w->rank;
-            }
-        }
-        put(v, cap, &len,
-            "; but the others wait for rank %d at the collectives: it arrives %.0f us after the "
-            "median rank per step over all of a step's collectives (last in %zu/%zu steps), "
-            "while its compute, data "
-            "loading and launches exceed the median rank's by %.0f us at most (%.1f%% of a "
-            "step), so what delays it is outside them",
-            w->rank, w->late_ns / 1e3, n_last, res->n_steps, ex / 1e3,
-            res->step_median_ns > 0 ? 100.0 * ex / res->step_median_ns : 0.0);
-    }
-    verdict_caveats(res, o, v, cap, &len);
-}
-
-/* Fills the cells from the loaded rows: steps, sums, and the collectives into *colls, those of
- * every step of the run (all[0..n_all), sorted; si indexes it), cs set for the compared ones
- * (nums, res->steps). */
 static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L,
                       struct kp_compare_result *res, const int64_t *nums, const int64_t *all,
                       size_t n_all, size_t max_rows, struct coll **colls, size_t *n_colls,
@@ -1259,7 +976,7 @@ int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opt
         return -EINVAL;
     }
     snprintf(runs, sizeof(runs), "%" PRId64, run);
-    if ((rc = check_run(c, params, run, errbuf, errlen)) != 0 ||
+    if ((rc = cmp_check_run(c, params, run, errbuf, errlen)) != 0 ||
         (rc = load_ranks(c, params, run, &L.ranks, &L.n_ranks, errbuf, errlen)) != 0 ||
         (rc = cmp_load_run(c, runs, run, o->max_rows, &L, errbuf, errlen)) != 0) {
         goto fail;
@@ -1397,14 +1114,14 @@ int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opt
             }
         }
         st->n_ranks = k;
-        st->step_median_ns = median(tmp, k);
+        st->step_median_ns = cmp_median(tmp, k);
         k = 0;
         for (size_t r = 0; r < nr; r++) {
             if (res->cells[r * ns + j].present) {
                 tmp[k++] = (double) res->cells[r * ns + j].coll_ns;
             }
         }
-        st->coll_median_ns = median(tmp, k);
+        st->coll_median_ns = cmp_median(tmp, k);
         st->step_ratio = st->step_median_ns > 0 ? st->step_max_ns / st->step_median_ns : 0.0;
         st->coll_ratio = st->coll_median_ns > 0 ? st->coll_max_ns / st->coll_median_ns : 0.0;
         for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
@@ -1413,14 +1130,14 @@ int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opt
             k = 0;
             for (size_t r = 0; r < nr; r++) {
                 if (res->cells[r * ns + j].present) {
-                    tmp[k++] = (double) cell_cause(&res->cells[r * ns + j], cause);
+                    tmp[k++] = (double) cmp_cell_cause(&res->cells[r * ns + j], cause);
                 }
             }
-            m = median(tmp, k);
+            m = cmp_median(tmp, k);
             for (size_t r = 0; r < nr; r++) {
                 struct kp_compare_cell *cl = &res->cells[r * ns + j];
 
-                cl->excess_ns[cause] = cl->present ? (double) cell_cause(cl, cause) - m : 0.0;
+                cl->excess_ns[cause] = cl->present ? (double) cmp_cell_cause(cl, cause) - m : 0.0;
             }
         }
     }
@@ -1478,7 +1195,7 @@ int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opt
                     tmp[k++] = (double) *fields[f];
                 }
             }
-            *dst[f] = median(tmp, k);
+            *dst[f] = cmp_median(tmp, k);
         }
         for (size_t j = 0; j < ns; j++) {
             const struct kp_compare_cell *cl = &res->cells[r * ns + j];
@@ -1497,7 +1214,7 @@ int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opt
     for (size_t r = 0; r < nr; r++) {
         tmp[r] = res->ranks[r].step_ns;
     }
-    res->step_median_ns = median(tmp, nr);
+    res->step_median_ns = cmp_median(tmp, nr);
     for (size_t r = 0; r < nr; r++) {
         res->ranks[r].vs_median =
             res->step_median_ns > 0 ? res->ranks[r].step_ns / res->step_median_ns - 1.0 : 0.0;
@@ -1533,7 +1250,7 @@ int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opt
                 s->max_late_ns = fmax(s->max_late_ns, cl->max_late_ns);
                 for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
                     s->excess_ns[cause] += cl->excess_ns[cause];
-                    s->own_ns[cause] += (double) cell_cause(cl, cause);
+                    s->own_ns[cause] += (double) cmp_cell_cause(cl, cause);
                 }
             }
             s->late_ns /= (double) s->n_steps;
@@ -1555,7 +1272,7 @@ int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opt
                 res->stragglers[b - 1] = t;
             }
         }
-        const struct kp_compare_rank *s0 = rank_of(res, res->stragglers[0].rank);
+        const struct kp_compare_rank *s0 = cmp_rank_of(res, res->stragglers[0].rank);
 
         for (size_t r = 0; r < nr; r++) {
             res->ranks[r].waits =
@@ -1563,8 +1280,8 @@ int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opt
                 res->ranks[r].coll_ns - s0->coll_ns >= 0.5 * res->stragglers[0].late_ns;
         }
     }
-    who_waits(res, o);
-    make_verdict(res, o, n_colls);
+    cmp_who_waits(res, o);
+    cmp_make_verdict(res, o, n_colls);
     *out = res;
     res = NULL;
     rc = 0;
@@ -1624,386 +1341,5 @@ int kp_compare_save_offsets(PGconn *c, const struct kp_compare_result *r, size_t
     }
     kp_strbuf_fini(&arr[0]);
     kp_strbuf_fini(&arr[1]);
-    return rc;
-}
-
-/* ---- HTA's metric --------------------------------------------------------------------- */
-
-struct hstep {
-    int rank;
-    int64_t num, start, end;
-};
-
-static int cmp_hstep(const void *pa, const void *pb)
-{
-    const struct hstep *a = pa, *b = pb;
-
-    if (a->rank != b->rank) {
-        return a->rank < b->rank ? -1 : 1;
-    }
-    return (a->start > b->start) - (a->start < b->start);
-}
-
-/* A candidate kernel, kept last per (rank, stream, step, name). */
-struct hcand {
-    int rank, stream;
-    int64_t step, start, dur;
-    char *name;
-};
-
-/* Appends "{a,b,...}" of the steps' field (0 rank, 1 start, 2 end, 3 num) to sb. */
-static int steps_array(struct kp_strbuf *sb, size_t n, const struct hstep *st, int field)
-{
-    int rc = kp_pg_array_open(sb);
-
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        rc = kp_pg_array_i64(sb, field == 0   ? st[i].rank
-                                 : field == 1 ? st[i].start
-                                 : field == 2 ? st[i].end
-                                              : st[i].num);
-    }
-    return rc != 0 ? rc : kp_pg_array_close(sb);
-}
-
-int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, int num_candidates,
-                          struct kp_compare_hta **out, char *errbuf, size_t errlen)
-{
-    /* the chosen steps as (rank, start, end, num) arrays */
-#define HTA_STEPS                                                                                 \
-    "WITH st AS (SELECT * FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::bigint[]) "      \
-    "AS st(rank, s, e, num)), rt AS (SELECT a.rank, a.correlation, st.num FROM api_calls a JOIN " \
-    "st ON a.rank = st.rank AND a.start_ns >= st.s AND a.start_ns < st.e WHERE a.run_id = $1 "    \
-    "AND a.correlation IS NOT NULL) "
-    static const char sql_end[] = HTA_STEPS
-        "SELECT max(x) FROM (SELECT max(o.start_ns + o.dur_ns) x FROM ops o JOIN st ON o.rank = "
-        "st.rank AND o.start_ns >= st.s AND o.start_ns < st.e WHERE o.run_id = $1 "
-        "UNION ALL SELECT max(a.start_ns + a.dur_ns) FROM api_calls a JOIN st ON a.rank = st.rank "
-        "AND a.start_ns >= st.s AND a.start_ns < st.e WHERE a.run_id = $1 "
-        "UNION ALL SELECT max(k.start_ns + k.dur_ns) FROM kernels k JOIN rt ON k.rank = rt.rank "
-        "AND k.correlation = rt.correlation WHERE k.run_id = $1 AND k.stream >= 0 "
-        "UNION ALL SELECT max(k.start_ns + k.dur_ns) FROM memcpys k JOIN rt ON k.rank = rt.rank "
-        "AND k.correlation = rt.correlation WHERE k.run_id = $1 AND k.stream >= 0 "
-        "UNION ALL SELECT max(k.start_ns + k.dur_ns) FROM memsets k JOIN rt ON k.rank = rt.rank "
-        "AND k.correlation = rt.correlation WHERE k.run_id = $1 AND k.stream >= 0) z";
-    static const char sql_cand[] =
-        HTA_STEPS "SELECT k.rank, k.stream, rt.num, k.start_ns, k.dur_ns, n.name FROM kernels k "
-                  "JOIN rt ON k.rank = rt.rank AND k.correlation = rt.correlation JOIN names n ON "
-                  "n.id = k.name WHERE k.run_id = $1 AND k.stream > 0 AND n.name LIKE "
-                  "'ncclKernel%' ORDER BY k.rank, k.start_ns";
-#undef HTA_STEPS
-    char runs[24];
-    const char *params[5] = { runs, NULL, NULL, NULL, NULL };
-    struct kp_strbuf arrs[4];
-    PGresult *r = NULL;
-    struct hstep *st = NULL;
-    struct hcand *cand = NULL;
-    struct kp_compare_hta *h = NULL;
-    size_t n_st = 0, n_cand = 0, n_steps_distinct = 0, nr, n_steps_all = 0;
-    int64_t t_min = INT64_MAX, t_max;
-    int64_t *nums = NULL;
-    double *sd = NULL, best = -1.0;
-    size_t best_i = 0;
-    int *cnt_rank = NULL;
-    size_t *cnt = NULL;
-    int rc;
-
-    *out = NULL;
-    for (int f = 0; f < 4; f++) {
-        kp_strbuf_init(&arrs[f], 0);
-    }
-    snprintf(runs, sizeof(runs), "%" PRId64, run);
-    if ((rc = check_run(c, params, run, errbuf, errlen)) != 0) {
-        return rc;
-    }
-    rc = kp_pg_query(
-        c,
-        "SELECT o.rank, o.start_ns, o.start_ns + o.dur_ns, substr(n.name, 14) FROM ops o "
-        "JOIN names n ON n.id = o.name WHERE o.run_id = $1 AND n.name LIKE "
-        "'ProfilerStep#%'",
-        1, params, &r, errbuf, errlen);
-    if (rc < 0) {
-        goto fail;
-    }
-    nr = (size_t) PQntuples(r);
-    if ((st = calloc(nr + 1, sizeof(*st))) == NULL ||
-        (nums = calloc(nr + 1, sizeof(*nums))) == NULL) {
-        goto nomem;
-    }
-    for (size_t i = 0; i < nr; i++) {
-        st[n_st].rank = (int) kp_pg_i64(r, (int) i, 0, 0);
-        st[n_st].start = kp_pg_i64(r, (int) i, 1, 0);
-        st[n_st].end = kp_pg_i64(r, (int) i, 2, 0);
-        if (parse_step(PQgetvalue(r, (int) i, 3), &st[n_st].num)) {
-            nums[n_st] = st[n_st].num;
-            n_st++;
-        }
-    }
-    PQclear(r);
-    r = NULL;
-    qsort(nums, n_st, sizeof(*nums), cmp_i64);
-    n_steps_all = n_st;
-    for (size_t i = 0; i < n_st; i++) {
-        n_steps_distinct += i == 0 || nums[i] != nums[i - 1];
-    }
-    qsort(st, n_st, sizeof(*st), cmp_hstep);
-    {
-        /* drop each rank's last step (by start) when there are 2+ step names; pick `step` */
-        size_t k = 0;
-
-        for (size_t i = 0; i < n_st; i++) {
-            bool last = i + 1 == n_st || st[i + 1].rank != st[i].rank;
-
-            if ((n_steps_distinct >= 2 && last) || (has_step && st[i].num != step)) {
-                continue;
-            }
-            st[k++] = st[i];
-        }
-        n_st = k;
-    }
-    {
-        size_t n_r = 0;
-        bool step_seen = false;
-
-        for (size_t i = 0; i < n_steps_all; i++) { /* (nums: every step number read) */
-            step_seen = step_seen || nums[i] == step;
-        }
-        for (size_t i = 0; i < n_st; i++) {
-            n_r += i == 0 || st[i].rank != st[i - 1].rank;
-            t_min = st[i].start < t_min ? st[i].start : t_min;
-        }
-        if (has_step && !step_seen) {
-            kp_errbuf_set(errbuf, errlen, "run %" PRId64 " has no step %" PRId64, run, step);
-            rc = KP_ENOTFOUND;
-            goto fail;
-        }
-        if (n_r < 2) { /* an answer, not an unknown run */
-            if ((h = calloc(1, sizeof(*h))) == NULL || (h->collective = strdup("")) == NULL) {
-                goto nomem;
-            }
-            snprintf(h->note, sizeof(h->note),
-                     "HTA's straggler metric needs 2 or more ranks with ProfilerStep ranges%s; "
-                     "run %" PRId64 " has %zu",
-                     n_steps_distinct >= 2 ? " (its last step dropped, as HTA does)" : "", run,
-                     n_r);
-            goto answer;
-        }
-    }
-    for (int f = 0; f < 4; f++) {
-        if ((rc = steps_array(&arrs[f], n_st, st, f)) != 0) {
-            goto nomem;
-        }
-        params[f + 1] = arrs[f].data;
-    }
-    if ((rc = kp_pg_query(c, sql_end, 5, params, &r, errbuf, errlen)) < 0) {
-        goto fail;
-    }
-    t_max = kp_pg_i64(r, 0, 0, 0);
-    PQclear(r);
-    r = NULL;
-    {
-        /* mean step time: (latest end - t_min) / steps */
-        size_t n_num = 0;
-
-        for (size_t i = 0; i < n_st; i++) {
-            nums[i] = st[i].num;
-        }
-        qsort(nums, n_st, sizeof(*nums), cmp_i64);
-        for (size_t i = 0; i < n_st; i++) {
-            n_num += i == 0 || nums[i] != nums[i - 1];
-        }
-        if ((h = calloc(1, sizeof(*h))) == NULL) {
-            goto nomem;
-        }
-        h->mean_step_ns = (double) (t_max - t_min) / (double) n_num;
-    }
-    if ((rc = kp_pg_query(c, sql_cand, 5, params, &r, errbuf, errlen)) < 0) {
-        goto fail;
-    }
-    nr = (size_t) PQntuples(r);
-    if ((cand = calloc(nr + 1, sizeof(*cand))) == NULL) {
-        goto nomem;
-    }
-    for (size_t i = 0; i < nr; i++) {
-        struct hcand x = { (int) kp_pg_i64(r, (int) i, 0, 0), (int) kp_pg_i64(r, (int) i, 1, 0),
-                           kp_pg_i64(r, (int) i, 2, 0),       kp_pg_i64(r, (int) i, 3, 0),
-                           kp_pg_i64(r, (int) i, 4, 0),       PQgetvalue(r, (int) i, 5) };
-        size_t j;
-
-        if (x.step <= 0 || (double) x.dur < 0.01 * h->mean_step_ns) { /* HTA: iteration > 0 */
-            continue;
-        }
-        for (j = 0; j < n_cand; j++) { /* the last per (rank, stream, step, name) */
-            if (cand[j].rank == x.rank && cand[j].stream == x.stream && cand[j].step == x.step &&
-                strcmp(cand[j].name, x.name) == 0) {
-                break;
-            }
-        }
-        cand[j] = x;
-        n_cand += j == n_cand;
-    }
-    if (n_cand == 0) { /* an answer, not an unknown run */
-        if ((h->collective = strdup("")) == NULL) {
-            goto nomem;
-        }
-        snprintf(h->note, sizeof(h->note),
-                 "HTA's straggler metric needs collectives; this run has none (no ncclKernel* "
-                 "kernel lasting 1%% of the mean step in a step it keeps)");
-        goto answer;
-    }
-    /* per (stream, name): mean over steps of the std (ddof 1) across ranks of dur' */
-    if ((sd = calloc(n_cand, sizeof(*sd))) == NULL ||
-        (cnt = calloc(n_cand, sizeof(*cnt))) == NULL) {
-        goto nomem;
-    }
-    for (size_t i = 0; i < n_cand; i++) {
-        double sum = 0.0, sq = 0.0, nsteps = 0.0, acc = 0.0;
-        bool seen = false;
-
-        for (size_t j = 0; j < i && !seen; j++) {
-            seen = cand[j].stream == cand[i].stream && strcmp(cand[j].name, cand[i].name) == 0;
-        }
-        if (seen) {
-            continue;
-        }
-        /* each step of this (stream, name) */
-        for (size_t j = 0; j < n_cand; j++) {
-            size_t n = 0;
-            bool first = true;
-
-            if (cand[j].stream != cand[i].stream || strcmp(cand[j].name, cand[i].name) != 0) {
-                continue;
-            }
-            for (size_t k = 0; k < j && first; k++) {
-                first = !(cand[k].stream == cand[i].stream && cand[k].step == cand[j].step &&
-                          strcmp(cand[k].name, cand[i].name) == 0);
-            }
-            if (!first) {
-                continue;
-            }
-            sum = sq = 0.0;
-            for (size_t k = 0; k < n_cand; k++) {
-                if (cand[k].stream == cand[i].stream && cand[k].step == cand[j].step &&
-                    strcmp(cand[k].name, cand[i].name) == 0) {
-                    double d = (double) cand[k].dur / h->mean_step_ns;
-
-                    sum += d;
-                    sq += d * d;
-                    n++;
-                }
-            }
-            if (n >= 2) {
-                double m = sum / (double) n;
-
-                acc += sqrt(fmax(0.0, (sq - (double) n * m * m) / (double) (n - 1)));
-                nsteps += 1.0;
-            }
-        }
-        sd[i] = nsteps > 0 ? acc / nsteps : -1.0;
-        if (sd[i] > best) {
-            best = sd[i];
-            best_i = i;
-        }
-    }
-    if ((h->collective = strdup(cand[best_i].name)) == NULL ||
-        (h->rows = calloc(n_cand, sizeof(*h->rows))) == NULL ||
-        (cnt_rank = calloc(n_cand, sizeof(*cnt_rank))) == NULL ||
-        (h->stragglers = calloc(n_cand, sizeof(*h->stragglers))) == NULL) {
-        goto nomem;
-    }
-    h->stream = cand[best_i].stream;
-    for (size_t k = 0; k < n_cand; k++) {
-        if (cand[k].stream == h->stream && strcmp(cand[k].name, h->collective) == 0) {
-            struct kp_compare_hta_row *w = &h->rows[h->n_rows++];
-
-            w->rank = cand[k].rank;
-            w->step = cand[k].step;
-            w->start_ns = cand[k].start - t_min;
-            w->dur_ns = cand[k].dur;
-            w->norm_start = (double) w->start_ns / h->mean_step_ns;
-            w->norm_dur = (double) w->dur_ns / h->mean_step_ns;
-        }
-    }
-    /* order the metric by step, then rank */
-    for (size_t a = 1; a < h->n_rows; a++) {
-        for (size_t b = a; b > 0 && (h->rows[b].step < h->rows[b - 1].step ||
-                                     (h->rows[b].step == h->rows[b - 1].step &&
-                                      h->rows[b].rank < h->rows[b - 1].rank));
-             b--) {
-            struct kp_compare_hta_row t = h->rows[b];
-
-            h->rows[b] = h->rows[b - 1];
-            h->rows[b - 1] = t;
-        }
-    }
-    /* per step: flag ranks whose metric >= the k-th largest; count flags per rank */
-    memset(cnt, 0, n_cand * sizeof(*cnt));
-    {
-        size_t n_rk = 0;
-
-        for (size_t a = 0; a < h->n_rows;) {
-            size_t b = a, m = 0;
-            double *vals = sd; /* reuse: n_cand >= rows of one step */
-            double kth;
-
-            while (b < h->n_rows && h->rows[b].step == h->rows[a].step) {
-                vals[m++] = h->rows[b].norm_start;
-                b++;
-            }
-            qsort(vals, m, sizeof(*vals), cmp_double);
-            kth = vals[m >= (size_t) num_candidates ? m - (size_t) num_candidates : 0];
-            for (size_t k = a; k < b; k++) {
-                size_t q;
-
-                if (h->rows[k].norm_start < kth) {
-                    continue;
-                }
-                for (q = 0; q < n_rk && cnt_rank[q] != h->rows[k].rank; q++) {
-                }
-                if (q == n_rk) {
-                    cnt_rank[n_rk++] = h->rows[k].rank;
-                }
-                cnt[q]++;
-            }
-            a = b;
-        }
-        /* top k by count, ties by rank */
-        for (size_t a = 1; a < n_rk; a++) {
-            for (size_t b = a; b > 0 && (cnt[b] > cnt[b - 1] ||
-                                         (cnt[b] == cnt[b - 1] && cnt_rank[b] < cnt_rank[b - 1]));
-                 b--) {
-                size_t tc = cnt[b];
-                int tr = cnt_rank[b];
-
-                cnt[b] = cnt[b - 1];
-                cnt_rank[b] = cnt_rank[b - 1];
-                cnt[b - 1] = tc;
-                cnt_rank[b - 1] = tr;
-            }
-        }
-        for (size_t a = 0; a < n_rk && a < (size_t) num_candidates; a++) {
-            h->stragglers[h->n_stragglers++] = cnt_rank[a];
-        }
-    }
-answer:
-    *out = h;
-    h = NULL;
-    rc = 0;
-    goto out;
-nomem:
-    rc = -ENOMEM;
-    kp_errbuf_set(errbuf, errlen, "out of memory");
-fail:
-out:
-    PQclear(r);
-    for (int f = 0; f < 4; f++) {
-        kp_strbuf_fini(&arrs[f]);
-    }
-    kp_compare_hta_destroy(h);
-    free(cnt_rank);
-    free(cnt);
-    free(sd);
-    free(cand);
-    free(nums);
-    free(st);
     return rc;
 }

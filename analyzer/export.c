@@ -1,13 +1,13 @@
 /*
- * kp_export (export.h): rows → Chrome trace JSON into a sink. Moved here from kprofctl export
- * so that kprofctl links no libpq; the JSON is the same byte for byte, but for the counters,
- * the CUDA-graph flows and distributedInfo (export.h).
+ * kp_export (export.h): rows → Chrome trace JSON into a sink, as docs/specs/export.md lays it
+ * out. It lives in the analyzer so that kprofctl links no libpq.
  */
 #define KP_LOG_MODULE "export"
 #include "export.h"
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -1266,21 +1266,29 @@ static int write_devices(struct xp *x)
     return 0;
 }
 
-/* Writes rank x->rank's trace into x->out. Returns 0, or an error with x->err set. */
-static int write_rank(struct xp *x)
+/* Runs sql (printf-style, built from fmt) through a cursor, cb on each row (cursor_each). */
+static int each(struct xp *x, export_row_cb *cb, const int *ncols, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int each(struct xp *x, export_row_cb *cb, const int *ncols, const char *fmt, ...)
+{
+    char sql[EXPORT_SQL_MAX];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(sql, sizeof(sql), fmt, ap);
+    va_end(ap);
+    return cursor_each(x, sql, ncols, cb);
+}
+
+static const int nc_none[] = { -1 }, nc_2[] = { 2, -1 };
+
+/* The file's head up to the open traceEvents array: devices, distributedInfo, host, run,
+ * time base. Returns 0, or an error with x->err set. */
+static int write_head(struct xp *x)
 {
     struct xout *o = &x->out;
-    char sql[EXPORT_SQL_MAX];
     const long run = x->run, rank = x->rank;
     int rc;
-
-    x->events = x->flows = 0;
-    memset(x->rows, 0, sizeof(x->rows));
-    for (size_t i = 0; i < 2 * EXPORT_MAX_TRACKS; i++) {
-        x->tracks[i].tid = -1;
-    }
-    x->n_tracks = 0;
-    x->tracks_full = false;
 
     XO_LIT(o, "{\"schemaVersion\": 1,\n");
     if ((rc = write_devices(x)) != 0) {
@@ -1313,134 +1321,200 @@ static int write_rank(struct xp *x)
     XO_LIT(o, "},\n\"displayTimeUnit\": \"ns\",\n\"baseTimeNanoseconds\": ");
     xo_i64(o, x->base_ns);
     XO_LIT(o, ",\n\"traceEvents\": [");
+    return 0;
+}
 
-#define EACH(cb, ncols, ...)                                  \
-    do {                                                      \
-        snprintf(sql, sizeof(sql), __VA_ARGS__);              \
-        if ((rc = cursor_each(x, sql, (ncols), (cb))) != 0) { \
-            return rc;                                        \
-        }                                                     \
-    } while (0)
-    static const int nc_none[] = { -1 }, nc_2[] = { 2, -1 };
+/* The GPU tables' events, the rank's own device first: import takes ranks.device from the
+ * first GPU event. Returns 0, or an error with x->err set. */
+static int write_gpu_events(struct xp *x)
+{
+    const long run = x->run, rank = x->rank;
+    int rc;
+
+    if ((rc = each(x, row_kernel, nc_2,
+                   "SELECT t.start_ns, t.dur_ns, t.name, "
+                   "coalesce(t.device, 0), coalesce(t.stream, 0), coalesce(t.context, 0), "
+                   "coalesce(t.correlation, 0), coalesce(t.external_id, 0), coalesce(t.grid_x, 0), "
+                   "coalesce(t.grid_y, 0), coalesce(t.grid_z, 0), coalesce(t.block_x, 0), "
+                   "coalesce(t.block_y, 0), coalesce(t.block_z, 0), coalesce(t.registers, 0), "
+                   "coalesce(t.static_smem, 0)::bigint + coalesce(t.dynamic_smem, 0), "
+                   "coalesce(t.graph_id, 0), coalesce(t.graph_node_id, 0), o.blocks_per_sm, "
+                   "o.est_occupancy FROM kernels t" KP_SQL_KERNEL_OCCUPANCY_JOIN(
+                       "%ld", "%ld") " WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
+                   run, rank, run, rank, x->device)) != 0) {
+        return rc;
+    }
+    if ((rc =
+             each(x, row_memcpy, nc_none,
+                  "SELECT t.start_ns, t.dur_ns, coalesce(t.device, 0), coalesce(t.stream, 0), "
+                  "coalesce(t.context, 0), coalesce(t.correlation, 0), coalesce(t.external_id, 0), "
+                  "coalesce(t.bytes, 0), coalesce(t.copy_kind, 0), coalesce(t.src_kind, 0), "
+                  "coalesce(t.dst_kind, 0), coalesce(t.src_device, 0), coalesce(t.dst_device, 0), "
+                  "bw.bandwidth_gbps FROM memcpys t" KP_SQL_BANDWIDTH_JOIN(
+                      "t", "memcpy_bandwidth", "%ld",
+                      "%ld") " WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
+                  run, rank, run, rank, x->device)) != 0) {
+        return rc;
+    }
+    if ((rc =
+             each(x, row_memset, nc_none,
+                  "SELECT t.start_ns, t.dur_ns, coalesce(t.device, 0), coalesce(t.stream, 0), "
+                  "coalesce(t.context, 0), coalesce(t.correlation, 0), coalesce(t.external_id, 0), "
+                  "coalesce(t.bytes, 0), coalesce(t.mem_kind, 0), bw.bandwidth_gbps "
+                  "FROM memsets t" KP_SQL_BANDWIDTH_JOIN(
+                      "t", "memset_bandwidth", "%ld",
+                      "%ld") " WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
+                  run, rank, run, rank, x->device)) != 0) {
+        return rc;
+    }
+    if ((rc = each(x, row_sync, nc_none,
+                   "SELECT t.start_ns, t.dur_ns, coalesce(t.device, 0), coalesce(t.stream, 0), "
+                   "coalesce(t.context, 0), coalesce(t.correlation, 0), coalesce(t.sync_type, 0), "
+                   "coalesce(t.cuda_event, 0) "
+                   "FROM syncs t WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
+                   run, rank, x->device)) != 0) {
+        return rc;
+    }
+    return 0;
+}
+
+/* The host's events: API calls, ops (each record_param_comms cpu_op with its collective),
+ * collectives and steps without their op, memory events. Returns 0, or an error with x->err
+ * set. */
+static int write_host_events(struct xp *x)
+{
     static const int nc_op[] = { 2, 10, 11, 15, 16, 20, -1 }, nc_coll[] = { 4, 5, 9, -1 };
+    const long run = x->run, rank = x->rank;
+    int rc;
 
-    /* GPU tables first, the rank's own device first: import takes ranks.device from the
-     * first GPU event */
-    EACH(row_kernel, nc_2,
-         "SELECT t.start_ns, t.dur_ns, t.name, "
-         "coalesce(t.device, 0), coalesce(t.stream, 0), coalesce(t.context, 0), "
-         "coalesce(t.correlation, 0), coalesce(t.external_id, 0), coalesce(t.grid_x, 0), "
-         "coalesce(t.grid_y, 0), coalesce(t.grid_z, 0), coalesce(t.block_x, 0), "
-         "coalesce(t.block_y, 0), coalesce(t.block_z, 0), coalesce(t.registers, 0), "
-         "coalesce(t.static_smem, 0)::bigint + coalesce(t.dynamic_smem, 0), "
-         "coalesce(t.graph_id, 0), coalesce(t.graph_node_id, 0), o.blocks_per_sm, "
-         "o.est_occupancy FROM kernels t" KP_SQL_KERNEL_OCCUPANCY_JOIN(
-             "%ld", "%ld") " WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
-         run, rank, run, rank, x->device);
-    EACH(row_memcpy, nc_none,
-         "SELECT t.start_ns, t.dur_ns, coalesce(t.device, 0), coalesce(t.stream, 0), "
-         "coalesce(t.context, 0), coalesce(t.correlation, 0), coalesce(t.external_id, 0), "
-         "coalesce(t.bytes, 0), coalesce(t.copy_kind, 0), coalesce(t.src_kind, 0), "
-         "coalesce(t.dst_kind, 0), coalesce(t.src_device, 0), coalesce(t.dst_device, 0), "
-         "bw.bandwidth_gbps FROM memcpys t" KP_SQL_BANDWIDTH_JOIN(
-             "t", "memcpy_bandwidth", "%ld",
-             "%ld") " WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
-         run, rank, run, rank, x->device);
-    EACH(row_memset, nc_none,
-         "SELECT t.start_ns, t.dur_ns, coalesce(t.device, 0), coalesce(t.stream, 0), "
-         "coalesce(t.context, 0), coalesce(t.correlation, 0), coalesce(t.external_id, 0), "
-         "coalesce(t.bytes, 0), coalesce(t.mem_kind, 0), bw.bandwidth_gbps "
-         "FROM memsets t" KP_SQL_BANDWIDTH_JOIN(
-             "t", "memset_bandwidth", "%ld",
-             "%ld") " WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
-         run, rank, run, rank, x->device);
-    EACH(row_sync, nc_none,
-         "SELECT t.start_ns, t.dur_ns, coalesce(t.device, 0), coalesce(t.stream, 0), "
-         "coalesce(t.context, 0), coalesce(t.correlation, 0), coalesce(t.sync_type, 0), "
-         "coalesce(t.cuda_event, 0) "
-         "FROM syncs t WHERE t.run_id = %ld AND t.rank = %ld " GPU_ORDER,
-         run, rank, x->device);
-    EACH(row_api, nc_2,
-         "SELECT t.start_ns, t.dur_ns, t.name, "
-         "coalesce(t.tid, 0), coalesce(t.domain, 1), coalesce(t.cbid, 0), "
-         "coalesce(t.correlation, 0), coalesce(t.external_id, 0) "
-         "FROM api_calls t WHERE t.run_id = %ld AND t.rank = %ld ORDER BY t.start_ns",
-         run, rank);
+    if ((rc = each(x, row_api, nc_2,
+                   "SELECT t.start_ns, t.dur_ns, t.name, "
+                   "coalesce(t.tid, 0), coalesce(t.domain, 1), coalesce(t.cbid, 0), "
+                   "coalesce(t.correlation, 0), coalesce(t.external_id, 0) "
+                   "FROM api_calls t WHERE t.run_id = %ld AND t.rank = %ld ORDER BY t.start_ns",
+                   run, rank)) != 0) {
+        return rc;
+    }
     /* ops, each record_param_comms cpu_op with its collective */
-    EACH(
-        row_op, nc_op,
-        "SELECT t.start_ns, t.dur_ns, t.name, "
-        "coalesce(t.kind, 0), coalesce(t.tid, 0), coalesce(t.op_id, 0), "
-        "coalesce(t.parent_id, 0), coalesce(t.seq, -1), coalesce(t.fwd_tid, 0), "
-        "coalesce(t.external_id, 0), t.input_shapes, "
-        "t.input_dtypes, coalesce(t.device, -1), "
-        "coalesce(t.stream, 0), c.start_ns IS NOT NULL, c.name, c.dtype, "
-        "coalesce(c.in_nelems, 0), "
-        "coalesce(c.out_nelems, 0), coalesce(c.group_size, 0), "
-        "c.process_group, coalesce(c.coll_seq, 0) FROM ops t LEFT JOIN collectives c ON c.run_id = t.run_id AND c.rank = t.rank "
-        "AND t.kind = 1 AND c.start_ns = t.start_ns AND c.dur_ns = t.dur_ns "
-        "AND coalesce(c.tid, 0) = coalesce(t.tid, 0) "
-        "AND coalesce(c.external_id, 0) = coalesce(t.external_id, 0) "
-        "WHERE t.run_id = %ld AND t.rank = %ld ORDER BY t.start_ns",
-        run, rank);
-    EACH(row_lone_coll, nc_coll,
-         "SELECT c.start_ns, c.dur_ns, coalesce(c.tid, 0), coalesce(c.external_id, 0), "
-         "c.name, c.dtype, coalesce(c.in_nelems, 0), coalesce(c.out_nelems, 0), "
-         "coalesce(c.group_size, 0), c.process_group, coalesce(c.coll_seq, 0) "
-         "FROM collectives c WHERE c.run_id = %ld AND c.rank = %ld AND NOT EXISTS ("
-         "SELECT 1 FROM ops t WHERE t.run_id = c.run_id AND t.rank = c.rank AND t.kind = 1 "
-         "AND t.start_ns = c.start_ns AND t.dur_ns = c.dur_ns "
-         "AND coalesce(t.tid, 0) = coalesce(c.tid, 0) "
-         "AND coalesce(t.external_id, 0) = coalesce(c.external_id, 0)) ORDER BY c.start_ns",
-         run, rank);
-    EACH(row_lone_step, nc_none,
-         "SELECT s.start_ns, s.dur_ns, s.step FROM steps s WHERE s.run_id = %ld AND "
-         "s.rank = %ld AND NOT EXISTS (SELECT 1 FROM ops t WHERE t.run_id = s.run_id AND "
-         "t.rank = s.rank AND t.kind = 6 AND t.start_ns = s.start_ns AND t.dur_ns = s.dur_ns) "
-         "ORDER BY s.start_ns",
-         run, rank);
+    if ((rc = each(
+             x, row_op, nc_op,
+             "SELECT t.start_ns, t.dur_ns, t.name, "
+             "coalesce(t.kind, 0), coalesce(t.tid, 0), coalesce(t.op_id, 0), "
+             "coalesce(t.parent_id, 0), coalesce(t.seq, -1), coalesce(t.fwd_tid, 0), "
+             "coalesce(t.external_id, 0), t.input_shapes, "
+             "t.input_dtypes, coalesce(t.device, -1), "
+             "coalesce(t.stream, 0), c.start_ns IS NOT NULL, c.name, c.dtype, "
+             "coalesce(c.in_nelems, 0), "
+             "coalesce(c.out_nelems, 0), coalesce(c.group_size, 0), "
+             "c.process_group, coalesce(c.coll_seq, 0) FROM ops t LEFT JOIN collectives c ON c.run_id = t.run_id AND c.rank = t.rank "
+             "AND t.kind = 1 AND c.start_ns = t.start_ns AND c.dur_ns = t.dur_ns "
+             "AND coalesce(c.tid, 0) = coalesce(t.tid, 0) "
+             "AND coalesce(c.external_id, 0) = coalesce(t.external_id, 0) "
+             "WHERE t.run_id = %ld AND t.rank = %ld ORDER BY t.start_ns",
+             run, rank)) != 0) {
+        return rc;
+    }
+    if ((rc = each(
+             x, row_lone_coll, nc_coll,
+             "SELECT c.start_ns, c.dur_ns, coalesce(c.tid, 0), coalesce(c.external_id, 0), "
+             "c.name, c.dtype, coalesce(c.in_nelems, 0), coalesce(c.out_nelems, 0), "
+             "coalesce(c.group_size, 0), c.process_group, coalesce(c.coll_seq, 0) "
+             "FROM collectives c WHERE c.run_id = %ld AND c.rank = %ld AND NOT EXISTS ("
+             "SELECT 1 FROM ops t WHERE t.run_id = c.run_id AND t.rank = c.rank AND t.kind = 1 "
+             "AND t.start_ns = c.start_ns AND t.dur_ns = c.dur_ns "
+             "AND coalesce(t.tid, 0) = coalesce(c.tid, 0) "
+             "AND coalesce(t.external_id, 0) = coalesce(c.external_id, 0)) ORDER BY c.start_ns",
+             run, rank)) != 0) {
+        return rc;
+    }
+    if ((rc = each(
+             x, row_lone_step, nc_none,
+             "SELECT s.start_ns, s.dur_ns, s.step FROM steps s WHERE s.run_id = %ld AND "
+             "s.rank = %ld AND NOT EXISTS (SELECT 1 FROM ops t WHERE t.run_id = s.run_id AND "
+             "t.rank = s.rank AND t.kind = 6 AND t.start_ns = s.start_ns AND t.dur_ns = s.dur_ns) "
+             "ORDER BY s.start_ns",
+             run, rank)) != 0) {
+        return rc;
+    }
     if (x->has_memory) {
         static const int nc_mem[] = { 1, -1 };
 
-        EACH(row_memory, nc_mem,
-             "SELECT start_ns, name, coalesce(tid, 0), coalesce(total_reserved, 0), "
-             "coalesce(total_allocated, 0), coalesce(bytes, 0), coalesce(addr, 0), "
-             "coalesce(device, -1), coalesce(device_type, 0) FROM memory_events "
-             "WHERE run_id = %ld AND rank = %ld ORDER BY start_ns",
-             run, rank);
+        if ((rc = each(x, row_memory, nc_mem,
+                       "SELECT start_ns, name, coalesce(tid, 0), coalesce(total_reserved, 0), "
+                       "coalesce(total_allocated, 0), coalesce(bytes, 0), coalesce(addr, 0), "
+                       "coalesce(device, -1), coalesce(device_type, 0) FROM memory_events "
+                       "WHERE run_id = %ld AND rank = %ld ORDER BY start_ns",
+                       run, rank)) != 0) {
+            return rc;
+        }
     }
+    return 0;
+}
+
+/* The counters' ranges and the ac2g flows. Returns 0, or an error with x->err set. */
+static int write_ranges_and_flows(struct xp *x)
+{
+    const long run = x->run, rank = x->rank;
+    int rc;
+
     /* counters: one cuda_profiler_range event per range (rows of one correlation and
      * device), in range order, the name row first */
     {
         static const int nc_ctr[] = { 2, -1 };
 
-        EACH(row_counter, nc_ctr,
-             "SELECT coalesce(c.correlation, 0), coalesce(c.device, 0), c.metric, c.value::text, "
-             "starts_with(n.name, '" KP_KINETO_RANGE_NAME_PREFIX "'), min(CASE WHEN "
-             "starts_with(n.name, '" KP_KINETO_RANGE_NAME_PREFIX "') THEN c.value END) OVER "
-             "(PARTITION BY c.correlation, c.device) AS idx FROM counters c JOIN names n ON "
-             "n.id = c.metric WHERE c.run_id = %ld AND c.rank = %ld "
-             "ORDER BY idx NULLS LAST, 1, 2, 5 DESC, 3",
-             run, rank);
+        if ((rc = each(
+                 x, row_counter, nc_ctr,
+                 "SELECT coalesce(c.correlation, 0), coalesce(c.device, 0), c.metric, c.value::text, "
+                 "starts_with(n.name, '" KP_KINETO_RANGE_NAME_PREFIX "'), min(CASE WHEN "
+                 "starts_with(n.name, '" KP_KINETO_RANGE_NAME_PREFIX "') THEN c.value END) OVER "
+                 "(PARTITION BY c.correlation, c.device) AS idx FROM counters c JOIN names n ON "
+                 "n.id = c.metric WHERE c.run_id = %ld AND c.rank = %ld "
+                 "ORDER BY idx NULLS LAST, 1, 2, 5 DESC, 3",
+                 run, rank)) != 0) {
+            return rc;
+        }
         range_close(x);
     }
     /* ac2g flows: API call → each GPU activity with its correlation */
-    EACH(row_flow, nc_none,
-         "SELECT a.start_ns, coalesce(a.tid, 0), g.start_ns, g.device, g.stream, a.correlation, "
-         "row_number() OVER (PARTITION BY a.start_ns, a.tid, a.correlation "
-         "ORDER BY g.start_ns, g.device, g.stream) = 1 "
-         "FROM api_calls a JOIN ("
-         "SELECT start_ns, coalesce(device, 0) AS device, coalesce(stream, 0) AS stream, "
-         "correlation FROM kernels WHERE run_id = %ld AND rank = %ld AND correlation > 0 "
-         "UNION ALL SELECT start_ns, coalesce(device, 0), coalesce(stream, 0), correlation "
-         "FROM memcpys WHERE run_id = %ld AND rank = %ld AND correlation > 0 "
-         "UNION ALL SELECT start_ns, coalesce(device, 0), coalesce(stream, 0), correlation "
-         "FROM memsets WHERE run_id = %ld AND rank = %ld AND correlation > 0"
-         ") g ON g.correlation = a.correlation "
-         "WHERE a.run_id = %ld AND a.rank = %ld AND a.correlation > 0 "
-         "ORDER BY a.start_ns, a.tid, a.correlation, g.start_ns, g.device, g.stream",
-         run, rank, run, rank, run, rank, run, rank);
-#undef EACH
+    if ((rc = each(
+             x, row_flow, nc_none,
+             "SELECT a.start_ns, coalesce(a.tid, 0), g.start_ns, g.device, g.stream, a.correlation, "
+             "row_number() OVER (PARTITION BY a.start_ns, a.tid, a.correlation "
+             "ORDER BY g.start_ns, g.device, g.stream) = 1 "
+             "FROM api_calls a JOIN ("
+             "SELECT start_ns, coalesce(device, 0) AS device, coalesce(stream, 0) AS stream, "
+             "correlation FROM kernels WHERE run_id = %ld AND rank = %ld AND correlation > 0 "
+             "UNION ALL SELECT start_ns, coalesce(device, 0), coalesce(stream, 0), correlation "
+             "FROM memcpys WHERE run_id = %ld AND rank = %ld AND correlation > 0 "
+             "UNION ALL SELECT start_ns, coalesce(device, 0), coalesce(stream, 0), correlation "
+             "FROM memsets WHERE run_id = %ld AND rank = %ld AND correlation > 0"
+             ") g ON g.correlation = a.correlation "
+             "WHERE a.run_id = %ld AND a.rank = %ld AND a.correlation > 0 "
+             "ORDER BY a.start_ns, a.tid, a.correlation, g.start_ns, g.device, g.stream",
+             run, rank, run, rank, run, rank, run, rank)) != 0) {
+        return rc;
+    }
+    return 0;
+}
+
+/* Writes rank x->rank's trace into x->out. Returns 0, or an error with x->err set. */
+static int write_rank(struct xp *x)
+{
+    struct xout *o = &x->out;
+    const long run = x->run, rank = x->rank;
+    int rc;
+
+    x->events = x->flows = 0;
+    memset(x->rows, 0, sizeof(x->rows));
+    for (size_t i = 0; i < 2 * EXPORT_MAX_TRACKS; i++) {
+        x->tracks[i].tid = -1;
+    }
+    x->n_tracks = 0;
+    x->tracks_full = false;
+    if ((rc = write_head(x)) != 0 || (rc = write_gpu_events(x)) != 0 ||
+        (rc = write_host_events(x)) != 0 || (rc = write_ranges_and_flows(x)) != 0) {
+        return rc;
+    }
     write_metadata(x);
     XO_LIT(o, "\n],\n\"traceName\": ");
     {
