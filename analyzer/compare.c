@@ -954,6 +954,253 @@ static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L,
     return 0;
 }
 
+/* Numbers the collectives in order within (rank, step, kind) (sorting them so). */
+static void number_colls(struct coll *colls, size_t n_colls)
+{
+    qsort(colls, n_colls, sizeof(*colls), cmp_coll_rank);
+    for (size_t i = 0; i < n_colls; i++) {
+        const struct coll *p = i > 0 ? &colls[i - 1] : NULL;
+
+        colls[i].idx =
+            (p != NULL && p->ri == colls[i].ri && p->si == colls[i].si && p->kind == colls[i].kind)
+                ? p->idx + 1
+                : 0;
+    }
+}
+
+/* Keeps the collectives of compared steps only (their si the compared index), adding their
+ * times to the cells. Returns how many are kept. */
+static size_t keep_compared(struct kp_compare_result *res, struct coll *colls, size_t n_colls)
+{
+    size_t ns = res->n_steps;
+    size_t k = 0;
+
+    for (size_t i = 0; i < n_colls; i++) { /* (all -> compared keeps the order) */
+        struct kp_compare_cell *cl;
+
+        if (colls[i].cs == NOT_COMPARED) {
+            continue;
+        }
+        colls[k] = colls[i];
+        colls[k].si = colls[i].cs;
+        cl = &res->cells[(size_t) colls[k].ri * ns + colls[k].si];
+        cl->coll_ns += colls[k].end - colls[k].start;
+        if (cl->n_coll_seen++ == 0 || colls[k].start > cl->last_start) {
+            cl->last_start = colls[k].start;
+        }
+        k++;
+    }
+    return k;
+}
+
+/* Per step: the spreads of step and collective times, and each rank's excess over the median
+ * rank per cause. tmp holds max(ranks, steps) doubles. */
+static void step_spreads(struct kp_compare_result *res, double *tmp)
+{
+    size_t ns = res->n_steps, nr = res->n_ranks;
+
+    for (size_t j = 0; j < ns; j++) {
+        struct kp_compare_step *st = &res->steps[j];
+        size_t k = 0;
+
+        for (size_t r = 0; r < nr; r++) {
+            const struct kp_compare_cell *cl = &res->cells[r * ns + j];
+
+            if (cl->present) {
+                tmp[k++] = (double) cl->step_ns;
+                st->step_max_ns = fmax(st->step_max_ns, (double) cl->step_ns);
+                st->coll_max_ns = fmax(st->coll_max_ns, (double) cl->coll_ns);
+            }
+        }
+        st->n_ranks = k;
+        st->step_median_ns = cmp_median(tmp, k);
+        k = 0;
+        for (size_t r = 0; r < nr; r++) {
+            if (res->cells[r * ns + j].present) {
+                tmp[k++] = (double) res->cells[r * ns + j].coll_ns;
+            }
+        }
+        st->coll_median_ns = cmp_median(tmp, k);
+        st->step_ratio = st->step_median_ns > 0 ? st->step_max_ns / st->step_median_ns : 0.0;
+        st->coll_ratio = st->coll_median_ns > 0 ? st->coll_max_ns / st->coll_median_ns : 0.0;
+        for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
+            double m;
+
+            k = 0;
+            for (size_t r = 0; r < nr; r++) {
+                if (res->cells[r * ns + j].present) {
+                    tmp[k++] = (double) cmp_cell_cause(&res->cells[r * ns + j], cause);
+                }
+            }
+            m = cmp_median(tmp, k);
+            for (size_t r = 0; r < nr; r++) {
+                struct kp_compare_cell *cl = &res->cells[r * ns + j];
+
+                cl->excess_ns[cause] = cl->present ? (double) cmp_cell_cause(cl, cause) - m : 0.0;
+            }
+        }
+    }
+}
+
+/* Per step: each rank's wait and whether it is late (docs/specs/compare.md §6), and the step's
+ * last rank. */
+static void late_cells(struct kp_compare_result *res, const struct kp_compare_opts *o, double *tmp)
+{
+    size_t ns = res->n_steps, nr = res->n_ranks;
+
+    for (size_t j = 0; j < ns; j++) {
+        struct kp_compare_step *st = &res->steps[j];
+        size_t best = 0, k = 0;
+
+        /* the step's collective times, sorted: the others' median is that of all less one */
+        for (size_t q = 0; q < nr; q++) {
+            if (res->cells[q * ns + j].present) {
+                tmp[k++] = (double) res->cells[q * ns + j].coll_ns;
+            }
+        }
+        qsort(tmp, k, sizeof(*tmp), cmp_double);
+        for (size_t r = 0; r < nr; r++) {
+            struct kp_compare_cell *cl = &res->cells[r * ns + j];
+            double excess = 0.0;
+
+            st->n_coll = cl->n_coll > st->n_coll ? cl->n_coll : st->n_coll;
+            if (cl->n_last > best) {
+                best = cl->n_last;
+                st->last_rank = res->ranks[r].rank;
+            }
+            if (!cl->present) {
+                continue;
+            }
+            cl->wait_ns = median_but_one(tmp, k, (double) cl->coll_ns) - (double) cl->coll_ns;
+            for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
+                excess = fmax(excess, cl->excess_ns[cause]);
+            }
+            cl->late = cl->late_ns > o->late_frac * st->step_median_ns &&
+                       excess > o->excess_frac * st->step_median_ns;
+        }
+    }
+}
+
+/* Per rank: medians over its steps, its lateness and whether it is a straggler; the run's
+ * median step time. */
+static void rank_medians(struct kp_compare_result *res, const struct kp_compare_opts *o,
+                         double *tmp)
+{
+    size_t ns = res->n_steps, nr = res->n_ranks;
+
+    for (size_t r = 0; r < nr; r++) {
+        struct kp_compare_rank *rk = &res->ranks[r];
+        double *dst[6] = { &rk->step_ns, &rk->coll_ns,   &rk->compute_ns,
+                           &rk->host_ns, &rk->launch_ns, &rk->other_ns };
+        size_t present = 0;
+        double late = 0.0;
+
+        for (int f = 0; f < 6; f++) {
+            size_t k = 0;
+
+            for (size_t j = 0; j < ns; j++) {
+                const struct kp_compare_cell *cl = &res->cells[r * ns + j];
+                int64_t const *fields[6] = { &cl->step_ns, &cl->coll_ns,   &cl->compute_ns,
+                                             &cl->host_ns, &cl->launch_ns, &cl->other_ns };
+
+                if (cl->present) {
+                    tmp[k++] = (double) *fields[f];
+                }
+            }
+            *dst[f] = cmp_median(tmp, k);
+        }
+        for (size_t j = 0; j < ns; j++) {
+            const struct kp_compare_cell *cl = &res->cells[r * ns + j];
+
+            if (cl->present) {
+                present++;
+                late += cl->late_ns;
+                rk->n_late_steps += cl->late;
+            }
+        }
+        rk->late_ns = present > 0 ? late / (double) present : 0.0;
+        rk->straggler =
+            rk->n_late_steps > 0 && (double) rk->n_late_steps >= o->step_frac * (double) present;
+        res->n_stragglers += rk->straggler;
+    }
+    for (size_t r = 0; r < nr; r++) {
+        tmp[r] = res->ranks[r].step_ns;
+    }
+    res->step_median_ns = cmp_median(tmp, nr);
+    for (size_t r = 0; r < nr; r++) {
+        res->ranks[r].vs_median =
+            res->step_median_ns > 0 ? res->ranks[r].step_ns / res->step_median_ns - 1.0 : 0.0;
+    }
+}
+
+/* The stragglers' evidence and cause, over the steps they are late in, latest first; which
+ * ranks wait. Returns 0 or -ENOMEM. */
+static int straggler_evidence(struct kp_compare_result *res)
+{
+    size_t ns = res->n_steps, nr = res->n_ranks;
+
+    if (res->n_stragglers > 0) {
+        size_t k = 0;
+
+        if ((res->stragglers = calloc(res->n_stragglers, sizeof(*res->stragglers))) == NULL) {
+            res->n_stragglers = 0;
+            return -ENOMEM;
+        }
+        for (size_t r = 0; r < nr; r++) {
+            struct kp_compare_straggler *s;
+
+            if (!res->ranks[r].straggler) {
+                continue;
+            }
+            s = &res->stragglers[k++];
+            s->rank = res->ranks[r].rank;
+            if ((s->steps = calloc(res->ranks[r].n_late_steps, sizeof(*s->steps))) == NULL) {
+                return -ENOMEM;
+            }
+            for (size_t j = 0; j < ns; j++) {
+                const struct kp_compare_cell *cl = &res->cells[r * ns + j];
+
+                if (!cl->late) {
+                    continue;
+                }
+                s->steps[s->n_steps++] = res->steps[j].step;
+                s->late_ns += cl->late_ns;
+                s->max_late_ns = fmax(s->max_late_ns, cl->max_late_ns);
+                for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
+                    s->excess_ns[cause] += cl->excess_ns[cause];
+                    s->own_ns[cause] += (double) cmp_cell_cause(cl, cause);
+                }
+            }
+            s->late_ns /= (double) s->n_steps;
+            for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
+                s->excess_ns[cause] /= (double) s->n_steps;
+                s->own_ns[cause] /= (double) s->n_steps;
+                if (s->excess_ns[cause] > s->excess_ns[s->cause]) {
+                    s->cause = (enum kp_compare_cause) cause;
+                }
+            }
+        }
+        /* latest first */
+        for (size_t a = 1; a < res->n_stragglers; a++) {
+            for (size_t b = a; b > 0 && res->stragglers[b].late_ns > res->stragglers[b - 1].late_ns;
+                 b--) {
+                struct kp_compare_straggler t = res->stragglers[b];
+
+                res->stragglers[b] = res->stragglers[b - 1];
+                res->stragglers[b - 1] = t;
+            }
+        }
+        const struct kp_compare_rank *s0 = cmp_rank_of(res, res->stragglers[0].rank);
+
+        for (size_t r = 0; r < nr; r++) {
+            res->ranks[r].waits =
+                !res->ranks[r].straggler && s0 != NULL &&
+                res->ranks[r].coll_ns - s0->coll_ns >= 0.5 * res->stragglers[0].late_ns;
+        }
+    }
+    return 0;
+}
+
 int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opts *o,
                              struct kp_compare_result **out, char *errbuf, size_t errlen)
 {
@@ -1066,219 +1313,18 @@ int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opt
     }
     /* collectives of every step: order within (rank, step, kind), then matched across ranks;
      * the clocks aligned over all of them, then only the compared steps' kept */
-    qsort(colls, n_colls, sizeof(*colls), cmp_coll_rank);
-    for (size_t i = 0; i < n_colls; i++) {
-        const struct coll *p = i > 0 ? &colls[i - 1] : NULL;
-
-        colls[i].idx =
-            (p != NULL && p->ri == colls[i].ri && p->si == colls[i].si && p->kind == colls[i].kind)
-                ? p->idx + 1
-                : 0;
-    }
+    number_colls(colls, n_colls);
     qsort(colls, n_colls, sizeof(*colls), cmp_coll_match);
     if ((rc = align_clocks(res, colls, n_colls, step_nr)) != 0) {
         goto nomem;
     }
-    {
-        size_t k = 0;
-
-        for (size_t i = 0; i < n_colls; i++) { /* (all -> compared keeps the order) */
-            struct kp_compare_cell *cl;
-
-            if (colls[i].cs == NOT_COMPARED) {
-                continue;
-            }
-            colls[k] = colls[i];
-            colls[k].si = colls[i].cs;
-            cl = &res->cells[(size_t) colls[k].ri * ns + colls[k].si];
-            cl->coll_ns += colls[k].end - colls[k].start;
-            if (cl->n_coll_seen++ == 0 || colls[k].start > cl->last_start) {
-                cl->last_start = colls[k].start;
-            }
-            k++;
-        }
-        n_colls = k;
-    }
-    /* per step: spreads, and each rank's excess over the median rank per cause */
-    for (size_t j = 0; j < ns; j++) {
-        struct kp_compare_step *st = &res->steps[j];
-        size_t k = 0;
-
-        for (size_t r = 0; r < nr; r++) {
-            const struct kp_compare_cell *cl = &res->cells[r * ns + j];
-
-            if (cl->present) {
-                tmp[k++] = (double) cl->step_ns;
-                st->step_max_ns = fmax(st->step_max_ns, (double) cl->step_ns);
-                st->coll_max_ns = fmax(st->coll_max_ns, (double) cl->coll_ns);
-            }
-        }
-        st->n_ranks = k;
-        st->step_median_ns = cmp_median(tmp, k);
-        k = 0;
-        for (size_t r = 0; r < nr; r++) {
-            if (res->cells[r * ns + j].present) {
-                tmp[k++] = (double) res->cells[r * ns + j].coll_ns;
-            }
-        }
-        st->coll_median_ns = cmp_median(tmp, k);
-        st->step_ratio = st->step_median_ns > 0 ? st->step_max_ns / st->step_median_ns : 0.0;
-        st->coll_ratio = st->coll_median_ns > 0 ? st->coll_max_ns / st->coll_median_ns : 0.0;
-        for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
-            double m;
-
-            k = 0;
-            for (size_t r = 0; r < nr; r++) {
-                if (res->cells[r * ns + j].present) {
-                    tmp[k++] = (double) cmp_cell_cause(&res->cells[r * ns + j], cause);
-                }
-            }
-            m = cmp_median(tmp, k);
-            for (size_t r = 0; r < nr; r++) {
-                struct kp_compare_cell *cl = &res->cells[r * ns + j];
-
-                cl->excess_ns[cause] = cl->present ? (double) cmp_cell_cause(cl, cause) - m : 0.0;
-            }
-        }
-    }
+    n_colls = keep_compared(res, colls, n_colls);
+    step_spreads(res, tmp);
     lateness(res, colls, n_colls, tmp);
-    /* per step: who is late */
-    for (size_t j = 0; j < ns; j++) {
-        struct kp_compare_step *st = &res->steps[j];
-        size_t best = 0, k = 0;
-
-        /* the step's collective times, sorted: the others' median is that of all less one */
-        for (size_t q = 0; q < nr; q++) {
-            if (res->cells[q * ns + j].present) {
-                tmp[k++] = (double) res->cells[q * ns + j].coll_ns;
-            }
-        }
-        qsort(tmp, k, sizeof(*tmp), cmp_double);
-        for (size_t r = 0; r < nr; r++) {
-            struct kp_compare_cell *cl = &res->cells[r * ns + j];
-            double excess = 0.0;
-
-            st->n_coll = cl->n_coll > st->n_coll ? cl->n_coll : st->n_coll;
-            if (cl->n_last > best) {
-                best = cl->n_last;
-                st->last_rank = res->ranks[r].rank;
-            }
-            if (!cl->present) {
-                continue;
-            }
-            cl->wait_ns = median_but_one(tmp, k, (double) cl->coll_ns) - (double) cl->coll_ns;
-            for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
-                excess = fmax(excess, cl->excess_ns[cause]);
-            }
-            cl->late = cl->late_ns > o->late_frac * st->step_median_ns &&
-                       excess > o->excess_frac * st->step_median_ns;
-        }
-    }
-
-    /* per rank: medians over its steps */
-    for (size_t r = 0; r < nr; r++) {
-        struct kp_compare_rank *rk = &res->ranks[r];
-        double *dst[6] = { &rk->step_ns, &rk->coll_ns,   &rk->compute_ns,
-                           &rk->host_ns, &rk->launch_ns, &rk->other_ns };
-        size_t present = 0;
-        double late = 0.0;
-
-        for (int f = 0; f < 6; f++) {
-            size_t k = 0;
-
-            for (size_t j = 0; j < ns; j++) {
-                const struct kp_compare_cell *cl = &res->cells[r * ns + j];
-                int64_t const *fields[6] = { &cl->step_ns, &cl->coll_ns,   &cl->compute_ns,
-                                             &cl->host_ns, &cl->launch_ns, &cl->other_ns };
-
-                if (cl->present) {
-                    tmp[k++] = (double) *fields[f];
-                }
-            }
-            *dst[f] = cmp_median(tmp, k);
-        }
-        for (size_t j = 0; j < ns; j++) {
-            const struct kp_compare_cell *cl = &res->cells[r * ns + j];
-
-            if (cl->present) {
-                present++;
-                late += cl->late_ns;
-                rk->n_late_steps += cl->late;
-            }
-        }
-        rk->late_ns = present > 0 ? late / (double) present : 0.0;
-        rk->straggler =
-            rk->n_late_steps > 0 && (double) rk->n_late_steps >= o->step_frac * (double) present;
-        res->n_stragglers += rk->straggler;
-    }
-    for (size_t r = 0; r < nr; r++) {
-        tmp[r] = res->ranks[r].step_ns;
-    }
-    res->step_median_ns = cmp_median(tmp, nr);
-    for (size_t r = 0; r < nr; r++) {
-        res->ranks[r].vs_median =
-            res->step_median_ns > 0 ? res->ranks[r].step_ns / res->step_median_ns - 1.0 : 0.0;
-    }
-
-    /* stragglers: evidence and cause, over the steps they are late in */
-    if (res->n_stragglers > 0) {
-        size_t k = 0;
-
-        if ((res->stragglers = calloc(res->n_stragglers, sizeof(*res->stragglers))) == NULL) {
-            res->n_stragglers = 0;
-            goto nomem;
-        }
-        for (size_t r = 0; r < nr; r++) {
-            struct kp_compare_straggler *s;
-
-            if (!res->ranks[r].straggler) {
-                continue;
-            }
-            s = &res->stragglers[k++];
-            s->rank = res->ranks[r].rank;
-            if ((s->steps = calloc(res->ranks[r].n_late_steps, sizeof(*s->steps))) == NULL) {
-                goto nomem;
-            }
-            for (size_t j = 0; j < ns; j++) {
-                const struct kp_compare_cell *cl = &res->cells[r * ns + j];
-
-                if (!cl->late) {
-                    continue;
-                }
-                s->steps[s->n_steps++] = res->steps[j].step;
-                s->late_ns += cl->late_ns;
-                s->max_late_ns = fmax(s->max_late_ns, cl->max_late_ns);
-                for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
-                    s->excess_ns[cause] += cl->excess_ns[cause];
-                    s->own_ns[cause] += (double) cmp_cell_cause(cl, cause);
-                }
-            }
-            s->late_ns /= (double) s->n_steps;
-            for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
-                s->excess_ns[cause] /= (double) s->n_steps;
-                s->own_ns[cause] /= (double) s->n_steps;
-                if (s->excess_ns[cause] > s->excess_ns[s->cause]) {
-                    s->cause = (enum kp_compare_cause) cause;
-                }
-            }
-        }
-        /* latest first */
-        for (size_t a = 1; a < res->n_stragglers; a++) {
-            for (size_t b = a; b > 0 && res->stragglers[b].late_ns > res->stragglers[b - 1].late_ns;
-                 b--) {
-                struct kp_compare_straggler t = res->stragglers[b];
-
-                res->stragglers[b] = res->stragglers[b - 1];
-                res->stragglers[b - 1] = t;
-            }
-        }
-        const struct kp_compare_rank *s0 = cmp_rank_of(res, res->stragglers[0].rank);
-
-        for (size_t r = 0; r < nr; r++) {
-            res->ranks[r].waits =
-                !res->ranks[r].straggler && s0 != NULL &&
-                res->ranks[r].coll_ns - s0->coll_ns >= 0.5 * res->stragglers[0].late_ns;
-        }
+    late_cells(res, o, tmp);
+    rank_medians(res, o, tmp);
+    if (straggler_evidence(res) != 0) {
+        goto nomem;
     }
     cmp_who_waits(res, o);
     cmp_make_verdict(res, o, n_colls);

@@ -50,6 +50,182 @@ static int steps_array(struct kp_strbuf *sb, size_t n, const struct hstep *st, i
     return rc != 0 ? rc : kp_pg_array_close(sb);
 }
 
+/* The candidates of r (sql_cand's rows) that HTA keeps into cand: a step > 0, lasting 1% of
+ * the mean step or more, the last one per (rank, stream, step, name). Returns how many. */
+static size_t read_candidates(const PGresult *r, double mean_step_ns, struct hcand *cand)
+{
+    size_t nr = (size_t) PQntuples(r), n_cand = 0;
+
+    for (size_t i = 0; i < nr; i++) {
+        struct hcand x = { (int) kp_pg_i64(r, (int) i, 0, 0), (int) kp_pg_i64(r, (int) i, 1, 0),
+                           kp_pg_i64(r, (int) i, 2, 0),       kp_pg_i64(r, (int) i, 3, 0),
+                           kp_pg_i64(r, (int) i, 4, 0),       PQgetvalue(r, (int) i, 5) };
+        size_t j;
+
+        if (x.step <= 0 || (double) x.dur < 0.01 * mean_step_ns) { /* HTA: iteration > 0 */
+            continue;
+        }
+        for (j = 0; j < n_cand; j++) { /* the last per (rank, stream, step, name) */
+            if (cand[j].rank == x.rank && cand[j].stream == x.stream && cand[j].step == x.step &&
+                strcmp(cand[j].name, x.name) == 0) {
+                break;
+            }
+        }
+        cand[j] = x;
+        n_cand += j == n_cand;
+    }
+    return n_cand;
+}
+
+/* The collective HTA picks: per (stream, name), the mean over steps of the std (ddof 1) across
+ * ranks of dur / mean step, the largest (sd[i] for each first candidate of its (stream, name),
+ * -1 where no step has 2 ranks). Returns its candidate's index. */
+static size_t pick_collective(const struct hcand *cand, size_t n_cand, double mean_step_ns,
+                              double *sd)
+{
+    double best = -1.0;
+    size_t best_i = 0;
+
+    for (size_t i = 0; i < n_cand; i++) {
+        double sum = 0.0, sq = 0.0, nsteps = 0.0, acc = 0.0;
+        bool seen = false;
+
+        for (size_t j = 0; j < i && !seen; j++) {
+            seen = cand[j].stream == cand[i].stream && strcmp(cand[j].name, cand[i].name) == 0;
+        }
+        if (seen) {
+            continue;
+        }
+        /* each step of this (stream, name) */
+        for (size_t j = 0; j < n_cand; j++) {
+            size_t n = 0;
+            bool first = true;
+
+            if (cand[j].stream != cand[i].stream || strcmp(cand[j].name, cand[i].name) != 0) {
+                continue;
+            }
+            for (size_t k = 0; k < j && first; k++) {
+                first = !(cand[k].stream == cand[i].stream && cand[k].step == cand[j].step &&
+                          strcmp(cand[k].name, cand[i].name) == 0);
+            }
+            if (!first) {
+                continue;
+            }
+            sum = sq = 0.0;
+            for (size_t k = 0; k < n_cand; k++) {
+                if (cand[k].stream == cand[i].stream && cand[k].step == cand[j].step &&
+                    strcmp(cand[k].name, cand[i].name) == 0) {
+                    double d = (double) cand[k].dur / mean_step_ns;
+
+                    sum += d;
+                    sq += d * d;
+                    n++;
+                }
+            }
+            if (n >= 2) {
+                double m = sum / (double) n;
+
+                acc += sqrt(fmax(0.0, (sq - (double) n * m * m) / (double) (n - 1)));
+                nsteps += 1.0;
+            }
+        }
+        sd[i] = nsteps > 0 ? acc / nsteps : -1.0;
+        if (sd[i] > best) {
+            best = sd[i];
+            best_i = i;
+        }
+    }
+    return best_i;
+}
+
+/* h's rows: the picked collective's candidates, by step then rank, start relative to t_min.
+ * h->rows has room for n_cand. */
+static void metric_rows(struct kp_compare_hta *h, const struct hcand *cand, size_t n_cand,
+                        size_t best_i, int64_t t_min)
+{
+    h->stream = cand[best_i].stream;
+    for (size_t k = 0; k < n_cand; k++) {
+        if (cand[k].stream == h->stream && strcmp(cand[k].name, h->collective) == 0) {
+            struct kp_compare_hta_row *w = &h->rows[h->n_rows++];
+
+            w->rank = cand[k].rank;
+            w->step = cand[k].step;
+            w->start_ns = cand[k].start - t_min;
+            w->dur_ns = cand[k].dur;
+            w->norm_start = (double) w->start_ns / h->mean_step_ns;
+            w->norm_dur = (double) w->dur_ns / h->mean_step_ns;
+        }
+    }
+    /* order the metric by step, then rank */
+    for (size_t a = 1; a < h->n_rows; a++) {
+        for (size_t b = a; b > 0 && (h->rows[b].step < h->rows[b - 1].step ||
+                                     (h->rows[b].step == h->rows[b - 1].step &&
+                                      h->rows[b].rank < h->rows[b - 1].rank));
+             b--) {
+            struct kp_compare_hta_row t = h->rows[b];
+
+            h->rows[b] = h->rows[b - 1];
+            h->rows[b - 1] = t;
+        }
+    }
+}
+
+/* Per step, flags the ranks whose metric is at least the num_candidates-th largest, counts the
+ * flags per rank (cnt, cnt_rank: n_cand each; sd reused as scratch) and keeps the top
+ * num_candidates by count, ties by rank, as h's stragglers. */
+static void flag_stragglers(struct kp_compare_hta *h, int num_candidates, double *sd, size_t *cnt,
+                            int *cnt_rank, size_t n_cand)
+{
+    memset(cnt, 0, n_cand * sizeof(*cnt));
+    {
+        size_t n_rk = 0;
+
+        for (size_t a = 0; a < h->n_rows;) {
+            size_t b = a, m = 0;
+            double *vals = sd; /* reuse: n_cand >= rows of one step */
+            double kth;
+
+            while (b < h->n_rows && h->rows[b].step == h->rows[a].step) {
+                vals[m++] = h->rows[b].norm_start;
+                b++;
+            }
+            qsort(vals, m, sizeof(*vals), cmp_double);
+            kth = vals[m >= (size_t) num_candidates ? m - (size_t) num_candidates : 0];
+            for (size_t k = a; k < b; k++) {
+                size_t q;
+
+                if (h->rows[k].norm_start < kth) {
+                    continue;
+                }
+                for (q = 0; q < n_rk && cnt_rank[q] != h->rows[k].rank; q++) {
+                }
+                if (q == n_rk) {
+                    cnt_rank[n_rk++] = h->rows[k].rank;
+                }
+                cnt[q]++;
+            }
+            a = b;
+        }
+        /* top k by count, ties by rank */
+        for (size_t a = 1; a < n_rk; a++) {
+            for (size_t b = a; b > 0 && (cnt[b] > cnt[b - 1] ||
+                                         (cnt[b] == cnt[b - 1] && cnt_rank[b] < cnt_rank[b - 1]));
+                 b--) {
+                size_t tc = cnt[b];
+                int tr = cnt_rank[b];
+
+                cnt[b] = cnt[b - 1];
+                cnt_rank[b] = cnt_rank[b - 1];
+                cnt[b - 1] = tc;
+                cnt_rank[b - 1] = tr;
+            }
+        }
+        for (size_t a = 0; a < n_rk && a < (size_t) num_candidates; a++) {
+            h->stragglers[h->n_stragglers++] = cnt_rank[a];
+        }
+    }
+}
+
 int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, int num_candidates,
                           struct kp_compare_hta **out, char *errbuf, size_t errlen)
 {
@@ -86,7 +262,7 @@ int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, i
     size_t n_st = 0, n_cand = 0, n_steps_distinct = 0, nr, n_steps_all = 0;
     int64_t t_min = INT64_MAX, t_max;
     int64_t *nums = NULL;
-    double *sd = NULL, best = -1.0;
+    double *sd = NULL;
     size_t best_i = 0;
     int *cnt_rank = NULL;
     size_t *cnt = NULL;
@@ -208,24 +384,7 @@ int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, i
     if ((cand = calloc(nr + 1, sizeof(*cand))) == NULL) {
         goto nomem;
     }
-    for (size_t i = 0; i < nr; i++) {
-        struct hcand x = { (int) kp_pg_i64(r, (int) i, 0, 0), (int) kp_pg_i64(r, (int) i, 1, 0),
-                           kp_pg_i64(r, (int) i, 2, 0),       kp_pg_i64(r, (int) i, 3, 0),
-                           kp_pg_i64(r, (int) i, 4, 0),       PQgetvalue(r, (int) i, 5) };
-        size_t j;
-
-        if (x.step <= 0 || (double) x.dur < 0.01 * h->mean_step_ns) { /* HTA: iteration > 0 */
-            continue;
-        }
-        for (j = 0; j < n_cand; j++) { /* the last per (rank, stream, step, name) */
-            if (cand[j].rank == x.rank && cand[j].stream == x.stream && cand[j].step == x.step &&
-                strcmp(cand[j].name, x.name) == 0) {
-                break;
-            }
-        }
-        cand[j] = x;
-        n_cand += j == n_cand;
-    }
+    n_cand = read_candidates(r, h->mean_step_ns, cand);
     if (n_cand == 0) { /* an answer, not an unknown run */
         if ((h->collective = strdup("")) == NULL) {
             goto nomem;
@@ -240,135 +399,16 @@ int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, i
         (cnt = calloc(n_cand, sizeof(*cnt))) == NULL) {
         goto nomem;
     }
-    for (size_t i = 0; i < n_cand; i++) {
-        double sum = 0.0, sq = 0.0, nsteps = 0.0, acc = 0.0;
-        bool seen = false;
-
-        for (size_t j = 0; j < i && !seen; j++) {
-            seen = cand[j].stream == cand[i].stream && strcmp(cand[j].name, cand[i].name) == 0;
-        }
-        if (seen) {
-            continue;
-        }
-        /* each step of this (stream, name) */
-        for (size_t j = 0; j < n_cand; j++) {
-            size_t n = 0;
-            bool first = true;
-
-            if (cand[j].stream != cand[i].stream || strcmp(cand[j].name, cand[i].name) != 0) {
-                continue;
-            }
-            for (size_t k = 0; k < j && first; k++) {
-                first = !(cand[k].stream == cand[i].stream && cand[k].step == cand[j].step &&
-                          strcmp(cand[k].name, cand[i].name) == 0);
-            }
-            if (!first) {
-                continue;
-            }
-            sum = sq = 0.0;
-            for (size_t k = 0; k < n_cand; k++) {
-                if (cand[k].stream == cand[i].stream && cand[k].step == cand[j].step &&
-                    strcmp(cand[k].name, cand[i].name) == 0) {
-                    double d = (double) cand[k].dur / h->mean_step_ns;
-
-                    sum += d;
-                    sq += d * d;
-                    n++;
-                }
-            }
-            if (n >= 2) {
-                double m = sum / (double) n;
-
-                acc += sqrt(fmax(0.0, (sq - (double) n * m * m) / (double) (n - 1)));
-                nsteps += 1.0;
-            }
-        }
-        sd[i] = nsteps > 0 ? acc / nsteps : -1.0;
-        if (sd[i] > best) {
-            best = sd[i];
-            best_i = i;
-        }
-    }
+    best_i = pick_collective(cand, n_cand, h->mean_step_ns, sd);
     if ((h->collective = strdup(cand[best_i].name)) == NULL ||
         (h->rows = calloc(n_cand, sizeof(*h->rows))) == NULL ||
         (cnt_rank = calloc(n_cand, sizeof(*cnt_rank))) == NULL ||
         (h->stragglers = calloc(n_cand, sizeof(*h->stragglers))) == NULL) {
         goto nomem;
     }
-    h->stream = cand[best_i].stream;
-    for (size_t k = 0; k < n_cand; k++) {
-        if (cand[k].stream == h->stream && strcmp(cand[k].name, h->collective) == 0) {
-            struct kp_compare_hta_row *w = &h->rows[h->n_rows++];
-
-            w->rank = cand[k].rank;
-            w->step = cand[k].step;
-            w->start_ns = cand[k].start - t_min;
-            w->dur_ns = cand[k].dur;
-            w->norm_start = (double) w->start_ns / h->mean_step_ns;
-            w->norm_dur = (double) w->dur_ns / h->mean_step_ns;
-        }
-    }
-    /* order the metric by step, then rank */
-    for (size_t a = 1; a < h->n_rows; a++) {
-        for (size_t b = a; b > 0 && (h->rows[b].step < h->rows[b - 1].step ||
-                                     (h->rows[b].step == h->rows[b - 1].step &&
-                                      h->rows[b].rank < h->rows[b - 1].rank));
-             b--) {
-            struct kp_compare_hta_row t = h->rows[b];
-
-            h->rows[b] = h->rows[b - 1];
-            h->rows[b - 1] = t;
-        }
-    }
+    metric_rows(h, cand, n_cand, best_i, t_min);
     /* per step: flag ranks whose metric >= the k-th largest; count flags per rank */
-    memset(cnt, 0, n_cand * sizeof(*cnt));
-    {
-        size_t n_rk = 0;
-
-        for (size_t a = 0; a < h->n_rows;) {
-            size_t b = a, m = 0;
-            double *vals = sd; /* reuse: n_cand >= rows of one step */
-            double kth;
-
-            while (b < h->n_rows && h->rows[b].step == h->rows[a].step) {
-                vals[m++] = h->rows[b].norm_start;
-                b++;
-            }
-            qsort(vals, m, sizeof(*vals), cmp_double);
-            kth = vals[m >= (size_t) num_candidates ? m - (size_t) num_candidates : 0];
-            for (size_t k = a; k < b; k++) {
-                size_t q;
-
-                if (h->rows[k].norm_start < kth) {
-                    continue;
-                }
-                for (q = 0; q < n_rk && cnt_rank[q] != h->rows[k].rank; q++) {
-                }
-                if (q == n_rk) {
-                    cnt_rank[n_rk++] = h->rows[k].rank;
-                }
-                cnt[q]++;
-            }
-            a = b;
-        }
-        /* top k by count, ties by rank */
-        for (size_t a = 1; a < n_rk; a++) {
-            for (size_t b = a; b > 0 && (cnt[b] > cnt[b - 1] ||
-                                         (cnt[b] == cnt[b - 1] && cnt_rank[b] < cnt_rank[b - 1]));
-                 b--) {
-                size_t tc = cnt[b];
-                int tr = cnt_rank[b];
-
-                cnt[b] = cnt[b - 1];
-                cnt_rank[b] = cnt_rank[b - 1];
-                cnt[b - 1] = tc;
-                cnt_rank[b - 1] = tr;
-            }
-        }
-        for (size_t a = 0; a < n_rk && a < (size_t) num_candidates; a++) {
-            h->stragglers[h->n_stragglers++] = cnt_rank[a];
-        }
-    }
+    flag_stragglers(h, num_candidates, sd, cnt, cnt_rank, n_cand);
 answer:
     *out = h;
     h = NULL;
