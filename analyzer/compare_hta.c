@@ -226,32 +226,52 @@ static void flag_stragglers(struct kp_compare_hta *h, int num_candidates, double
     }
 }
 
-int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, int num_candidates,
-                          struct kp_compare_hta **out, char *errbuf, size_t errlen)
-{
-    /* the chosen steps as (rank, start, end, num) arrays */
+/* HTA's queries over the chosen steps, given as (rank, start, end, num) arrays: the latest end
+ * of the steps' work, and the candidate collectives (NCCL kernels launched in them). */
 #define HTA_STEPS                                                                                 \
     "WITH st AS (SELECT * FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::bigint[]) "      \
     "AS st(rank, s, e, num)), rt AS (SELECT a.rank, a.correlation, st.num FROM api_calls a JOIN " \
     "st ON a.rank = st.rank AND a.start_ns >= st.s AND a.start_ns < st.e WHERE a.run_id = $1 "    \
     "AND a.correlation IS NOT NULL) "
-    static const char sql_end[] = HTA_STEPS
-        "SELECT max(x) FROM (SELECT max(o.start_ns + o.dur_ns) x FROM ops o JOIN st ON o.rank = "
-        "st.rank AND o.start_ns >= st.s AND o.start_ns < st.e WHERE o.run_id = $1 "
-        "UNION ALL SELECT max(a.start_ns + a.dur_ns) FROM api_calls a JOIN st ON a.rank = st.rank "
-        "AND a.start_ns >= st.s AND a.start_ns < st.e WHERE a.run_id = $1 "
-        "UNION ALL SELECT max(k.start_ns + k.dur_ns) FROM kernels k JOIN rt ON k.rank = rt.rank "
-        "AND k.correlation = rt.correlation WHERE k.run_id = $1 AND k.stream >= 0 "
-        "UNION ALL SELECT max(k.start_ns + k.dur_ns) FROM memcpys k JOIN rt ON k.rank = rt.rank "
-        "AND k.correlation = rt.correlation WHERE k.run_id = $1 AND k.stream >= 0 "
-        "UNION ALL SELECT max(k.start_ns + k.dur_ns) FROM memsets k JOIN rt ON k.rank = rt.rank "
-        "AND k.correlation = rt.correlation WHERE k.run_id = $1 AND k.stream >= 0) z";
-    static const char sql_cand[] =
-        HTA_STEPS "SELECT k.rank, k.stream, rt.num, k.start_ns, k.dur_ns, n.name FROM kernels k "
-                  "JOIN rt ON k.rank = rt.rank AND k.correlation = rt.correlation JOIN names n ON "
-                  "n.id = k.name WHERE k.run_id = $1 AND k.stream > 0 AND n.name LIKE "
-                  "'ncclKernel%' ORDER BY k.rank, k.start_ns";
+static const char sql_end[] = HTA_STEPS
+    "SELECT max(x) FROM (SELECT max(o.start_ns + o.dur_ns) x FROM ops o JOIN st ON o.rank = "
+    "st.rank AND o.start_ns >= st.s AND o.start_ns < st.e WHERE o.run_id = $1 "
+    "UNION ALL SELECT max(a.start_ns + a.dur_ns) FROM api_calls a JOIN st ON a.rank = st.rank "
+    "AND a.start_ns >= st.s AND a.start_ns < st.e WHERE a.run_id = $1 "
+    "UNION ALL SELECT max(k.start_ns + k.dur_ns) FROM kernels k JOIN rt ON k.rank = rt.rank "
+    "AND k.correlation = rt.correlation WHERE k.run_id = $1 AND k.stream >= 0 "
+    "UNION ALL SELECT max(k.start_ns + k.dur_ns) FROM memcpys k JOIN rt ON k.rank = rt.rank "
+    "AND k.correlation = rt.correlation WHERE k.run_id = $1 AND k.stream >= 0 "
+    "UNION ALL SELECT max(k.start_ns + k.dur_ns) FROM memsets k JOIN rt ON k.rank = rt.rank "
+    "AND k.correlation = rt.correlation WHERE k.run_id = $1 AND k.stream >= 0) z";
+static const char sql_cand[] =
+    HTA_STEPS "SELECT k.rank, k.stream, rt.num, k.start_ns, k.dur_ns, n.name FROM kernels k "
+              "JOIN rt ON k.rank = rt.rank AND k.correlation = rt.correlation JOIN names n ON "
+              "n.id = k.name WHERE k.run_id = $1 AND k.stream > 0 AND n.name LIKE "
+              "'ncclKernel%' ORDER BY k.rank, k.start_ns";
 #undef HTA_STEPS
+
+/* Drops each rank's last step (by start; st sorted by rank, start) when drop_last, as HTA
+ * does when there are 2+ step names, and keeps only step `step` when has_step. Returns how
+ * many steps are left at the front of st. */
+static size_t keep_steps(struct hstep *st, size_t n_st, bool drop_last, bool has_step, int64_t step)
+{
+    size_t k = 0;
+
+    for (size_t i = 0; i < n_st; i++) {
+        bool last = i + 1 == n_st || st[i + 1].rank != st[i].rank;
+
+        if ((drop_last && last) || (has_step && st[i].num != step)) {
+            continue;
+        }
+        st[k++] = st[i];
+    }
+    return k;
+}
+
+int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, int num_candidates,
+                          struct kp_compare_hta **out, char *errbuf, size_t errlen)
+{
     char runs[24];
     const char *params[5] = { runs, NULL, NULL, NULL, NULL };
     struct kp_strbuf arrs[4];
@@ -307,20 +327,7 @@ int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, i
         n_steps_distinct += i == 0 || nums[i] != nums[i - 1];
     }
     qsort(st, n_st, sizeof(*st), cmp_hstep);
-    {
-        /* drop each rank's last step (by start) when there are 2+ step names; pick `step` */
-        size_t k = 0;
-
-        for (size_t i = 0; i < n_st; i++) {
-            bool last = i + 1 == n_st || st[i + 1].rank != st[i].rank;
-
-            if ((n_steps_distinct >= 2 && last) || (has_step && st[i].num != step)) {
-                continue;
-            }
-            st[k++] = st[i];
-        }
-        n_st = k;
-    }
+    n_st = keep_steps(st, n_st, n_steps_distinct >= 2, has_step, step);
     {
         size_t n_r = 0;
         bool step_seen = false;

@@ -1645,8 +1645,8 @@ static int begin(struct xp *x)
     return 0;
 }
 
-int kp_export_begin(PGconn *pg, int64_t run, unsigned fetch_rows, struct kp_export **out, char *err,
-                    size_t errlen)
+int kp_export_open(PGconn *pg, int64_t run, unsigned fetch_rows, struct kp_export **out, char *err,
+                   size_t errlen)
 {
     struct xp *x = calloc(1, sizeof(*x));
     int rc;
@@ -1675,7 +1675,7 @@ int kp_export_begin(PGconn *pg, int64_t run, unsigned fetch_rows, struct kp_expo
     }
     if ((rc = begin(x)) != 0) {
         snprintf(err, errlen, "%s", x->err);
-        kp_export_end((struct kp_export *) x);
+        kp_export_close((struct kp_export *) x);
         return rc;
     }
     *out = (struct kp_export *) x;
@@ -1793,7 +1793,7 @@ int kp_export_rank(struct kp_export *xe, int32_t rank, int gzip_level, kp_export
     return 0;
 }
 
-void kp_export_end(struct kp_export *xe)
+void kp_export_close(struct kp_export *xe)
 {
     struct xp *x = (struct xp *) xe;
     char ignored[256];

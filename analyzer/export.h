@@ -48,11 +48,11 @@ struct kp_export_stats {
 /*
  * Begins the export of run over pg (borrowed; it must be idle): opens the read-only snapshot,
  * checks the run and lists its ranks. fetch_rows 0: KP_EXPORT_FETCH_ROWS. Returns 0 and *out
- * (kp_export_end), or KP_ENOTFOUND ("run 42 not found", or a run with no ranks), KP_EPG,
+ * (kp_export_close), or KP_ENOTFOUND ("run 42 not found", or a run with no ranks), KP_EPG,
  * -ENOMEM with a message in err.
  */
-int kp_export_begin(PGconn *pg, int64_t run, unsigned fetch_rows, struct kp_export **out, char *err,
-                    size_t errlen);
+int kp_export_open(PGconn *pg, int64_t run, unsigned fetch_rows, struct kp_export **out, char *err,
+                   size_t errlen);
 
 /* The run's ranks, ascending (borrowed from x), and its world size. */
 const int32_t *kp_export_ranks(const struct kp_export *x, size_t *n);
@@ -65,6 +65,6 @@ int kp_export_rank(struct kp_export *x, int32_t rank, int gzip_level, kp_export_
                    void *ud, struct kp_export_stats *st, char *err, size_t errlen);
 
 /* Ends the snapshot and frees x. Accepts NULL. */
-void kp_export_end(struct kp_export *x);
+void kp_export_close(struct kp_export *x);
 
 #endif

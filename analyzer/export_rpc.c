@@ -139,7 +139,7 @@ static void *export_main(void *arg)
         kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, msg);
         goto out;
     }
-    if ((rc = kp_export_begin(pg, (int64_t) r->run_id, r->fetch_rows, &x, err, sizeof(err))) != 0) {
+    if ((rc = kp_export_open(pg, (int64_t) r->run_id, r->fetch_rows, &x, err, sizeof(err))) != 0) {
         kp_rpc_call_finish(j->call, status_of(rc, pg), err);
         goto out;
     }
@@ -184,7 +184,7 @@ static void *export_main(void *arg)
                 " seconds=%.3f",
                 r->run_id, n_done, json, j->sent_bytes, kp_mono_s() - t0);
 out:
-    kp_export_end(x);
+    kp_export_close(x);
     if (pg != NULL) {
         PQfinish(pg);
     }

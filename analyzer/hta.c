@@ -22,7 +22,7 @@
  * (unions, sweeps) or are broken by file order, as HTA's own sort left them on the peer traces.
  */
 #define _GNU_SOURCE /* qsort_r */
-#include "hta.h"
+#include "hta_impl.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -41,8 +41,6 @@
 
 const char *const kp_hta_ktype_names[4] = { "COMPUTATION", "COMMUNICATION", "MEMORY", "OTHER" };
 
-static const char *const idle_cat_names[3] = { "host_wait", "kernel_wait", "other" };
-
 /* CUPTI's names as Kineto prints them (common/kp_kineto.c reads them back). */
 static const char *const memcpy_kinds[] = { "Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA",
                                             "AtoD",    "DtoA", "DtoD", "HtoH", "PtoP" };
@@ -51,50 +49,6 @@ static const char *const memory_kinds[] = {
 };
 #define NAME_OF(tbl, i) \
     ((i) >= 0 && (size_t) (i) < sizeof(tbl) / sizeof(tbl[0]) ? tbl[(i)] : tbl[0])
-
-struct hta_rt {
-    int64_t ts, end, corr;
-    const char *name;
-};
-
-struct hta_ev {
-    int64_t ts, end, corr, stream;
-    const char *name;
-    size_t order;     /* load order, the tie-break of every sort by start */
-    int32_t rt;       /* index of the launching call in h->rts, -1: none */
-    uint8_t type;     /* enum kp_hta_ktype */
-    bool bw_computed; /* bw is bytes / exact ns: no figure from the trace */
-    double bw;        /* memcpys/memsets: the trace's GB/s (kernels: 0, HTA's default) */
-};
-
-struct kp_hta {
-    struct kp_hta_opts opts;
-    struct kp_an_dict names; /* kernels' and calls' names */
-    char **extra;            /* memcpy/memset names made here */
-    size_t n_extra;
-    struct hta_rt *rts; /* kept calls */
-    size_t n_rts;
-    struct hta_ev *evs; /* kept GPU rows with a stream, by start */
-    size_t n_evs;
-    int64_t base_ns;         /* the trace's time base, 0: absolute (HTA rounds relative) */
-    int64_t t_first, t_last; /* first and last start of any kept row */
-    bool dropped;            /* the last ProfilerStep was dropped */
-
-    struct kp_hta_temporal temporal;
-    struct kp_hta_idle_stream *idle;
-    size_t n_idle;
-    struct kp_hta_overlap overlap;
-    int64_t type_time[8];
-    struct kp_hta_kernel_row *krows;
-    size_t n_krows;
-    struct kp_hta_launch_row *launches;
-    size_t n_launches;
-    struct kp_hta_launch_summary lsum;
-    struct kp_hta_queue_stream *queue;
-    size_t n_queue;
-    struct kp_hta_membw_row *membw;
-    size_t n_membw;
-};
 
 void kp_hta_opts_init(struct kp_hta_opts *o)
 {
@@ -965,134 +919,6 @@ static int launches(struct kp_hta *h, double *v)
     return 0;
 }
 
-/* numpy's argsort(kind="quicksort") of v (introsort: median-of-3 quicksort, insertion sort
- * under 16 rows, heapsort past the depth limit; numpy 1.24 npysort/quicksort.cpp and
- * heapsort.cpp). pandas sorts with it, and the order it leaves equal keys in decides HTA's
- * queue lengths where a launch and a GPU row share a µs, so it is reproduced exactly. */
-#define NP_SMALL_QUICKSORT 15
-#define NP_QS_STACK        128
-
-/* numpy's sift-down: tmp into the 1-based heap a[1..n] from a[i] down. */
-static void np_sift_down(const int64_t *v, size_t *a, size_t i, size_t n, size_t tmp)
-{
-    for (size_t j = i << 1; j <= n;) {
-        if (j < n && v[a[j]] < v[a[j + 1]]) {
-            j += 1;
-        }
-        if (v[tmp] < v[a[j]]) {
-            a[i] = a[j];
-            i = j;
-            j += j;
-        }
-        else {
-            break;
-        }
-    }
-    a[i] = tmp;
-}
-
-static void np_aheapsort(const int64_t *v, size_t *tosort, size_t n)
-{
-    size_t *a = tosort - 1, tmp;
-
-    for (size_t l = n >> 1; l > 0; --l) {
-        np_sift_down(v, a, l, n, a[l]);
-    }
-    for (; n > 1;) {
-        tmp = a[n];
-        a[n] = a[1];
-        n -= 1;
-        np_sift_down(v, a, 1, n, tmp);
-    }
-}
-
-#define ISWAP(a, b)      \
-    do {                 \
-        size_t t_ = (a); \
-        (a) = (b);       \
-        (b) = t_;        \
-    } while (0)
-
-static void np_argsort(const int64_t *v, size_t *tosort, size_t num)
-{
-    size_t *pl = tosort, *pr = tosort + num - 1, *stack[NP_QS_STACK], **sptr = stack;
-    size_t *pm, *pi, *pj, *pk, vi;
-    int depth[NP_QS_STACK], *psdepth = depth, cdepth = 0;
-    int64_t vp;
-
-    if (num < 2) {
-        return;
-    }
-    for (size_t u = num; u >>= 1;) {
-        cdepth++;
-    }
-    cdepth *= 2;
-    for (;;) {
-        if (cdepth < 0) {
-            np_aheapsort(v, pl, (size_t) (pr - pl + 1));
-            goto stack_pop;
-        }
-        while ((pr - pl) > NP_SMALL_QUICKSORT) {
-            pm = pl + ((pr - pl) >> 1);
-            if (v[*pm] < v[*pl]) {
-                ISWAP(*pm, *pl);
-            }
-            if (v[*pr] < v[*pm]) {
-                ISWAP(*pr, *pm);
-            }
-            if (v[*pm] < v[*pl]) {
-                ISWAP(*pm, *pl);
-            }
-            vp = v[*pm];
-            pi = pl;
-            pj = pr - 1;
-            ISWAP(*pm, *pj);
-            for (;;) {
-                do {
-                    ++pi;
-                } while (v[*pi] < vp);
-                do {
-                    --pj;
-                } while (vp < v[*pj]);
-                if (pi >= pj) {
-                    break;
-                }
-                ISWAP(*pi, *pj);
-            }
-            pk = pr - 1;
-            ISWAP(*pi, *pk);
-            if (pi - pl < pr - pi) {
-                *sptr++ = pi + 1;
-                *sptr++ = pr;
-                pr = pi - 1;
-            }
-            else {
-                *sptr++ = pl;
-                *sptr++ = pi - 1;
-                pl = pi + 1;
-            }
-            *psdepth++ = --cdepth;
-        }
-        for (pi = pl + 1; pi <= pr; ++pi) {
-            vi = *pi;
-            vp = v[vi];
-            pj = pi;
-            pk = pi - 1;
-            while (pj > pl && vp < v[*pk]) {
-                *pj-- = *pk--;
-            }
-            *pj = vi;
-        }
-stack_pop:
-        if (sptr == stack) {
-            break;
-        }
-        pr = *(--sptr);
-        pl = *(--sptr);
-        cdepth = *(--psdepth);
-    }
-}
-
 static int cmp_order(const void *pa, const void *pb, void *ctx)
 {
     const struct hta_ev *e = ctx;
@@ -1158,7 +984,7 @@ static int queue(struct kp_hta *h, double *v)
     for (size_t i = 0; i < np; i++) {
         srt[i] = i;
     }
-    np_argsort(key, srt, np);
+    hta_np_argsort(key, srt, np);
     for (size_t s = 0; s < h->n_idle; s++) {
         struct kp_hta_queue_stream *q = &h->queue[h->n_queue];
         size_t m = 0;
@@ -1279,7 +1105,7 @@ static int membw(struct kp_hta *h, double *v)
         grp[i] = g;
         srt[i] = i;
     }
-    np_argsort(key, srt, np);
+    hta_np_argsort(key, srt, np);
     for (size_t g = 0; g < h->n_membw; g++) {
         size_t c = 0;
         double sum = 0;
@@ -1403,232 +1229,4 @@ const struct kp_hta_queue_stream *kp_hta_queue(const struct kp_hta *h, size_t *n
 {
     *n = h->n_queue;
     return h->queue;
-}
-
-/* ---- JSON ----------------------------------------------------------------------------- */
-
-/* A number, or null for NaN and infinities. */
-static void json_num(FILE *f, double v)
-{
-    if (!isfinite(v)) {
-        fputs("null", f);
-    }
-    else if (v == floor(v) && fabs(v) < 1e15) {
-        fprintf(f, "%.0f", v);
-    }
-    else {
-        fprintf(f, "%.17g", v);
-    }
-}
-
-/* ns as µs. */
-static void json_us(FILE *f, double ns)
-{
-    json_num(f, ns / 1000.0);
-}
-
-static void json_stats(FILE *f, const struct kp_hta_stats *s, bool us)
-{
-    const double vals[7] = { s->mean, s->std, s->min, s->q25, s->q50, s->q75, s->max };
-    static const char *const keys[7] = { "mean", "std", "min", "25%", "50%", "75%", "max" };
-
-    fprintf(f, "{\"count\": %zu", s->count);
-    for (int i = 0; i < 7; i++) {
-        fprintf(f, ", \"%s\": ", keys[i]);
-        if (us) {
-            json_us(f, vals[i]);
-        }
-        else {
-            json_num(f, vals[i]);
-        }
-    }
-    fputc('}', f);
-}
-
-static void w_temporal(const struct kp_hta *h, FILE *f)
-{
-    const struct kp_hta_temporal *t = &h->temporal;
-
-    fputs("\"idle_time_us\": ", f);
-    json_us(f, (double) t->idle_ns);
-    fputs(", \"compute_time_us\": ", f);
-    json_us(f, (double) t->compute_ns);
-    fputs(", \"non_compute_time_us\": ", f);
-    json_us(f, (double) t->non_compute_ns);
-    fputs(", \"kernel_time_us\": ", f);
-    json_us(f, (double) t->kernel_ns);
-    fputs(", \"idle_time_pctg\": ", f);
-    json_num(f, t->idle_pct);
-    fputs(", \"compute_time_pctg\": ", f);
-    json_num(f, t->compute_pct);
-    fputs(", \"non_compute_time_pctg\": ", f);
-    json_num(f, t->non_compute_pct);
-}
-
-static void w_idle(const struct kp_hta *h, FILE *f)
-{
-    fputs("\"streams\": [", f);
-    for (size_t s = 0; s < h->n_idle; s++) {
-        const struct kp_hta_idle_stream *is = &h->idle[s];
-        bool first = true;
-
-        fprintf(f, "%s{\"stream\": %" PRId64 ", \"categories\": [", s ? ", " : "", is->stream);
-        for (int c = 0; c < 3; c++) {
-            if (!is->present[c]) {
-                continue;
-            }
-            fprintf(f, "%s{\"idle_category\": \"%s\", \"idle_time_us\": ", first ? "" : ", ",
-                    idle_cat_names[c]);
-            json_us(f, (double) is->idle_ns[c]);
-            fputs(", \"idle_time_ratio\": ", f);
-            json_num(f, is->ratio[c]);
-            fputs(", \"interval_stats_us\": ", f);
-            json_stats(f, &is->stats[c], true);
-            fputc('}', f);
-            first = false;
-        }
-        fputs("]}", f);
-    }
-    fputc(']', f);
-}
-
-static void w_overlap(const struct kp_hta *h, FILE *f)
-{
-    fputs("\"comm_time_us\": ", f);
-    json_us(f, (double) h->overlap.comm_ns);
-    fputs(", \"overlap_time_us\": ", f);
-    json_us(f, (double) h->overlap.overlap_ns);
-    fputs(", \"comp_comm_overlap_pctg\": ", f);
-    json_num(f, h->overlap.pct);
-}
-
-static void w_kernels(const struct kp_hta *h, FILE *f)
-{
-    bool first = true;
-    char label[128];
-
-    fputs("\"kernel_types\": [", f);
-    for (unsigned m = 1; m < 8; m++) {
-        if (h->type_time[m] == 0) {
-            continue;
-        }
-        kp_hta_type_label(m, label, sizeof(label));
-        fprintf(f, "%s{\"kernel_type\": \"%s\", \"sum_us\": ", first ? "" : ", ", label);
-        json_us(f, (double) h->type_time[m]);
-        fputc('}', f);
-        first = false;
-    }
-    fputs("], \"kernels\": [", f);
-    for (size_t i = 0; i < h->n_krows; i++) {
-        const struct kp_hta_kernel_row *r = &h->krows[i];
-
-        fputs(i ? ", {\"name\": " : "{\"name\": ", f);
-        kp_json_fputs(f, r->name);
-        fprintf(f, ", \"kernel_type\": \"%s\", \"sum_us\": ", kp_hta_ktype_names[r->type]);
-        json_us(f, r->sum_ns);
-        fputs(", \"max_us\": ", f);
-        json_us(f, r->max_ns);
-        fputs(", \"min_us\": ", f);
-        json_us(f, r->min_ns);
-        fputs(", \"mean_us\": ", f);
-        json_us(f, r->mean_ns);
-        fputs(", \"std_us\": ", f);
-        json_us(f, r->std_ns);
-        fputc('}', f);
-    }
-    fputc(']', f);
-}
-
-static void w_launch(const struct kp_hta *h, FILE *f)
-{
-    const struct kp_hta_launch_summary *s = &h->lsum;
-
-    fprintf(f, "\"summary\": {\"n\": %zu, \"cpu_duration_mean_us\": ", s->n);
-    json_us(f, s->cpu_mean_ns);
-    fputs(", \"gpu_duration_mean_us\": ", f);
-    json_us(f, s->gpu_mean_ns);
-    fputs(", \"launch_delay_mean_us\": ", f);
-    json_us(f, s->delay_mean_ns);
-    fputs(", \"launch_delay_p50_us\": ", f);
-    json_us(f, s->delay_p50_ns);
-    fputs(", \"launch_delay_max_us\": ", f);
-    json_us(f, s->delay_max_ns);
-    fprintf(f,
-            ", \"n_gpu_shorter_than_cpu\": %zu, \"n_runtime_outliers\": %zu, "
-            "\"n_launch_delay_outliers\": %zu, \"runtime_cutoff_us\": %d, "
-            "\"launch_delay_cutoff_us\": %d}, \"launches\": [",
-            s->n_gpu_shorter, s->n_runtime_outliers, s->n_delay_outliers,
-            KP_HTA_RUNTIME_CUTOFF_NS / 1000, KP_HTA_LAUNCH_DELAY_CUTOFF_NS / 1000);
-    for (size_t i = 0; i < h->n_launches; i++) {
-        const struct kp_hta_launch_row *l = &h->launches[i];
-
-        fprintf(f, "%s{\"correlation\": %" PRId64 ", \"cpu_duration_us\": ", i ? ", " : "",
-                l->correlation);
-        json_us(f, (double) l->cpu_ns);
-        fputs(", \"gpu_duration_us\": ", f);
-        json_us(f, (double) l->gpu_ns);
-        fputs(", \"launch_delay_us\": ", f);
-        json_us(f, (double) l->delay_ns);
-        fputc('}', f);
-    }
-    fputc(']', f);
-}
-
-static void w_queue(const struct kp_hta *h, FILE *f)
-{
-    fputs("\"streams\": [", f);
-    for (size_t i = 0; i < h->n_queue; i++) {
-        const struct kp_hta_queue_stream *q = &h->queue[i];
-
-        fprintf(f, "%s{\"stream\": %" PRId64 ", \"queue_length\": ", i ? ", " : "", q->stream);
-        json_stats(f, &q->stats, false);
-        fputs(", \"duration_at_max_queue_length_us\": ", f);
-        json_us(f, (double) q->blocked_ns);
-        fputs(", \"relative_duration_at_max_queue_length\": ", f);
-        json_num(f, q->blocked_rel);
-        fputc('}', f);
-    }
-    fprintf(f, "], \"max_queue_length\": %d", KP_HTA_MAX_QUEUE_LENGTH);
-}
-
-static void w_membw(const struct kp_hta *h, FILE *f)
-{
-    fputs("\"kinds\": [", f);
-    for (size_t i = 0; i < h->n_membw; i++) {
-        const struct kp_hta_membw_row *r = &h->membw[i];
-
-        fputs(i ? ", {\"name\": " : "{\"name\": ", f);
-        kp_json_fputs(f, r->name);
-        fputs(", \"memory_bw_gbps\": ", f);
-        json_stats(f, &r->stats, false);
-        fprintf(f, ", \"events\": %zu, \"bandwidth_from_bytes_per_ns\": %zu}", r->events,
-                r->computed);
-    }
-    fputc(']', f);
-}
-
-int kp_hta_write_json(const struct kp_hta *h, const char *analysis, FILE *f)
-{
-    static const struct {
-        const char *name;
-        void (*fn)(const struct kp_hta *, FILE *);
-    } tab[] = { { "temporal", w_temporal }, { "idle", w_idle },     { "overlap", w_overlap },
-                { "kernels", w_kernels },   { "launch", w_launch }, { "queue", w_queue },
-                { "membw", w_membw } };
-
-    for (size_t i = 0; i < sizeof(tab) / sizeof(tab[0]); i++) {
-        if (strcmp(tab[i].name, analysis) != 0) {
-            continue;
-        }
-        fprintf(f,
-                "{\"analysis\": \"%s\", \"hta_compat\": {\"rounded_to_us\": %s, "
-                "\"last_step_dropped\": %s, \"consecutive_kernel_delay_us\": ",
-                analysis, h->opts.exact_ns ? "false" : "true", h->dropped ? "true" : "false");
-        json_us(f, (double) h->opts.consecutive_kernel_delay_ns);
-        fputs("}, ", f);
-        tab[i].fn(h, f);
-        fputs("}\n", f);
-        return 0;
-    }
-    return -EINVAL;
 }

@@ -66,7 +66,7 @@ enum kp_pyprof_col {
     KP_PYPROF_COL_COUNT
 };
 
-/* The default column list (the and PyProf's). */
+/* The default column list (PyProf's). */
 #define KP_PYPROF_DEFAULT_COLUMNS "idx,dir,sub,mod,op,kernel,params,sil"
 #define KP_PYPROF_DEFAULT_WIDTH   0 /* no cut: every column as wide as its longest cell */
 

@@ -19,15 +19,6 @@ struct roofline_state {
     void *devs, *dptrs, *rows, *ptrs;
 };
 
-static bool roofline_key(const ProtobufCMessage *req, size_t max_rows, struct kp_view_key *k,
-                         char *err, size_t len)
-{
-    const Kprof__V1__RooflineRequest *r = (const Kprof__V1__RooflineRequest *) req;
-
-    (void) max_rows;
-    return kp_view_key_group_by(k, r->run_id, r->rank, (int) r->group_by, err, len);
-}
-
 /* The roofline as a RooflineResponse into *m, pointing into rl and the arrays (freed by the
  * caller). Returns 0 or -ENOMEM. */
 static int fill_roofline(Kprof__V1__RooflineResponse *m, const struct kp_roofline *rl,
@@ -146,6 +137,6 @@ const struct kp_view kp_view_roofline = {
     .request = &kprof__v1__roofline_request__descriptor,
     .reply = &kprof__v1__roofline_response__descriptor,
     .load_rank = true,
-    .key = roofline_key,
+    .key = kp_view_group_by_key,
     .compute = roofline_compute,
 };
