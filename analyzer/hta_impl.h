@@ -1,5 +1,5 @@
 /*
- * hta_impl.h: what hta.c (loading and the analyses), hta_npsort.c (numpy's sort) and
+ * hta_impl.h: what hta_load.c (loading), hta.c (the analyses), hta_npsort.c (numpy's sort) and
  * hta_write.c (the JSON) share. Private to those files.
  */
 #ifndef KP_HTA_IMPL_H
@@ -55,6 +55,11 @@ struct kp_hta {
     struct kp_hta_membw_row *membw;
     size_t n_membw;
 };
+
+/* hta.c: every analysis of h (its rows loaded) into h. Returns 0 or -ENOMEM. */
+int hta_compute(struct kp_hta *h);
+/* s as a string h owns (a name made while loading or computing); NULL when out of memory. */
+const char *hta_intern(struct kp_hta *h, const char *s);
 
 /* numpy's argsort(kind="quicksort") of v[0..num) into tosort (hta_npsort.c). */
 void hta_np_argsort(const int64_t *v, size_t *tosort, size_t num);
