@@ -3,6 +3,7 @@
 #define KP_ANALYZE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* `kprof-analyze ... hta ANALYSIS ...` with "hta" taken out of argv: HTA's per-rank analyses
  * as JSON (analyze_hta.c). Returns the exit status: 0 ok, 2 usage, 3 unknown run or rank, 1
@@ -14,5 +15,12 @@ int kp_analyze_hta(int argc, char **argv);
  * (analyze_ctl.c). Returns the verb's exit status (kprofctl.h); 5 when PostgreSQL is
  * unreachable. */
 int kp_analyze_ctl(const char *conninfo, size_t max_rows, int argc, char **argv);
+
+/* The flags of kprof-analyze that its hta verb shares (kprof_analyze.c): opt, getopt_long's
+ * 'p' (--pg), 'r' (--run) or 'k' (--rank) with its argument arg, into *conninfo, *run or *rank.
+ * Returns 1 when opt was one of them, 0 when not, -1 (a usage error, said on stderr after
+ * "prog: ") when arg is not a run id or rank. */
+int kp_analyze_common_opt(const char *prog, int opt, const char *arg, const char **conninfo,
+                          int64_t *run, int *rank);
 
 #endif

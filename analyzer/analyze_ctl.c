@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "an.h"
 #include "analyze.h"
-#include "kp_analyzer.h"
 #include "kp_err.h"
 #include "kp_pg.h"
 #include "kp_rpc.h"

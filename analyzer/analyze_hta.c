@@ -1,6 +1,6 @@
 /*
  * kprof-analyze hta: HTA's per-rank analyses (analyzer/hta.h) computed in process, the
- * offline mode of kprofctl hta (analyzer/view_hta.c computes the same kp_hta_load).
+ * offline mode of kprofctl hta (analyzer/view_hta.c computes the same kp_hta_create).
  *   kprof-analyze --pg CONNINFO --run R [--rank N] [--exact-ns] [--include-last-step]
  *             [--consecutive-kernel-delay-us N] hta
  * temporal|idle|overlap|kernels|launch|queue|membw
@@ -66,24 +66,14 @@ int kp_analyze_hta(int argc, char **argv)
 
     kp_hta_opts_init(&o);
     while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if ((rc = kp_analyze_common_opt("kprof-analyze hta", opt, optarg, &conninfo, &run,
+                                        &rank)) != 0) {
+            if (rc < 0) {
+                return 2;
+            }
+            continue;
+        }
         switch (opt) {
-        case 'p':
-            conninfo = optarg;
-            break;
-        case 'r':
-            run = strtoll(optarg, &end, 10);
-            if (*end || run < 0) {
-                fprintf(stderr, "kprof-analyze hta: --run takes a run id, not '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 'k':
-            rank = (int) strtol(optarg, &end, 10);
-            if (*end || rank < 0) {
-                fprintf(stderr, "kprof-analyze hta: --rank takes a rank, not '%s'\n", optarg);
-                return 2;
-            }
-            break;
         case 'j':
             break; /* JSON is the only output */
         case 'x':
@@ -135,7 +125,7 @@ int kp_analyze_hta(int argc, char **argv)
         fprintf(stderr, "kprof-analyze hta: %s\n", err);
         goto out;
     }
-    rc = kp_hta_load(c, run, rank, &o, &h, err, sizeof(err));
+    rc = kp_hta_create(c, run, rank, &o, &h, err, sizeof(err));
     if (rc < 0) {
         fprintf(stderr, "kprof-analyze hta: %s\n", err[0] ? err : kp_strerror(rc));
         status = rc == KP_ENOTFOUND ? 3 : 1;

@@ -1,10 +1,11 @@
 /*
- * kp_cmp: the cross-rank comparison (compare.h). kp_cmp_run reads the whole run in one pass
- * over each event table (PostgreSQL sums per rank and step; the collectives come back as
- * rows), matches the collectives across ranks by order within the step, aligns the clocks
- * from their end times and applies the straggler rule. kp_cmp_hta is HTA's metric, apart.
+ * kp_compare: the cross-rank comparison (docs/specs/compare.md). kp_compare_result_create reads the
+ * whole run in one pass over each event table (PostgreSQL sums per rank and step; the collectives
+ * come back as rows), matches the collectives across ranks by order within the step, aligns the
+ * clocks from their end times and applies the straggler rule. kp_compare_hta_create is HTA's
+ * metric, apart.
  */
-#include "compare.h"
+#include "compare_impl.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -13,28 +14,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 #include "kp_err.h"
 #include "kp_pg.h"
+#include "kp_strbuf.h"
 
-void kp_cmp_opts_init(struct kp_cmp_opts *o)
+void kp_compare_opts_init(struct kp_compare_opts *o)
 {
     memset(o, 0, sizeof(*o));
-    o->late_frac = KP_CMP_DEFAULT_LATE_FRAC;
-    o->excess_frac = KP_CMP_DEFAULT_EXCESS_FRAC;
-    o->step_frac = KP_CMP_DEFAULT_STEP_FRAC;
+    o->late_frac = KP_COMPARE_DEFAULT_LATE_FRAC;
+    o->excess_frac = KP_COMPARE_DEFAULT_EXCESS_FRAC;
+    o->step_frac = KP_COMPARE_DEFAULT_STEP_FRAC;
 }
 
 /* ---- helpers -------------------------------------------------------------------------- */
 
-static int cmp_double(const void *pa, const void *pb)
+int cmp_double(const void *pa, const void *pb)
 {
     double a = *(const double *) pa, b = *(const double *) pb;
 
     return (a > b) - (a < b);
 }
 
-static int cmp_i64(const void *pa, const void *pb)
+int cmp_i64(const void *pa, const void *pb)
 {
     int64_t a = *(const int64_t *) pa, b = *(const int64_t *) pb;
 
@@ -42,7 +44,7 @@ static int cmp_i64(const void *pa, const void *pb)
 }
 
 /* The median of v[0..n) (reordered); 0 when n == 0. */
-static double median(double *v, size_t n)
+double cmp_median(double *v, size_t n)
 {
     if (n == 0) {
         return 0.0;
@@ -84,7 +86,7 @@ static int64_t median_i64(int64_t *v, size_t n)
 }
 
 /* Index of x in sorted v[0..n), or -1. */
-static long find_i64(const int64_t *v, size_t n, int64_t x)
+long cmp_find_i64(const int64_t *v, size_t n, int64_t x)
 {
     size_t lo = 0, hi = n;
 
@@ -101,7 +103,7 @@ static long find_i64(const int64_t *v, size_t n, int64_t x)
     return lo < n && v[lo] == x ? (long) lo : -1;
 }
 
-static bool parse_step(const char *s, int64_t *out)
+bool cmp_parse_step(const char *s, int64_t *out)
 {
     char *end;
     long long v;
@@ -116,7 +118,7 @@ static bool parse_step(const char *s, int64_t *out)
 }
 
 /* Checks that run exists; returns 0, KP_ENOTFOUND or KP_EPG. */
-static int check_run(PGconn *c, const char *const *params, int64_t run, char *errbuf, size_t errlen)
+int cmp_check_run(PGconn *c, const char *const *params, int64_t run, char *errbuf, size_t errlen)
 {
     PGresult *r = NULL;
     int rc =
@@ -134,568 +136,36 @@ static int check_run(PGconn *c, const char *const *params, int64_t run, char *er
     return rc;
 }
 
-/* The run's ranks, sorted. Returns 0 and *ranks (free) / *n, KP_ENOTFOUND, KP_EPG, -ENOMEM. */
-static int load_ranks(PGconn *c, const char *const *params, int64_t run, int64_t **ranks, size_t *n,
-                      char *errbuf, size_t errlen)
+/* -1, 0 or 1 as a is below, equal to or above b. */
+static int cmp3(int64_t a, int64_t b)
 {
-    PGresult *r = NULL;
-    int rc = kp_pg_query(c, "SELECT rank FROM ranks WHERE run_id = $1 ORDER BY rank", 1, params, &r,
-                         errbuf, errlen);
-    size_t nr;
-
-    if (rc < 0) {
-        return rc;
-    }
-    nr = (size_t) PQntuples(r);
-    if (nr == 0 || nr > KP_CMP_MAX_RANKS) {
-        kp_errbuf_set(errbuf, errlen,
-                      nr == 0 ? "run %" PRId64 " has no ranks: nothing was captured or imported"
-                              : "run %" PRId64 " has too many ranks",
-                      run);
-        PQclear(r);
-        return nr == 0 ? KP_ENOTFOUND : KP_ETOOBIG;
-    }
-    if ((*ranks = calloc(nr, sizeof(**ranks))) == NULL) {
-        PQclear(r);
-        return -ENOMEM;
-    }
-    for (size_t i = 0; i < nr; i++) {
-        (*ranks)[i] = kp_pg_i64(r, (int) i, 0, 0);
-    }
-    *n = nr;
-    PQclear(r);
-    return 0;
+    return (a > b) - (a < b);
 }
 
-/* The world around res's ranks: each rank's host, node and local rank, runs.world_size and the
- * ranks of the world missing from the run. Returns 0, KP_EPG or -ENOMEM. */
-static int load_world(PGconn *c, const char *const *params, struct kp_cmp_result *res, char *errbuf,
-                      size_t errlen)
-{
-    PGresult *r = NULL;
-    int rc = kp_pg_query(
-        c,
-        "SELECT k.rank, k.host, k.local_rank, (SELECT world_size FROM runs WHERE id = $1), "
-        "dense_rank() OVER (ORDER BY k.host IS NULL, k.first) - 1 FROM (SELECT rank, host, "
-        "local_rank, min(rank) OVER (PARTITION BY host) AS first FROM ranks WHERE run_id = $1) k "
-        "ORDER BY k.rank",
-        1, params, &r, errbuf, errlen);
-    size_t at = 0;
-
-    if (rc < 0) {
-        return rc;
-    }
-    for (int i = 0; i < PQntuples(r); i++) {
-        int rank = (int) kp_pg_i64(r, i, 0, -1);
-
-        res->world_size = (int) kp_pg_i64(r, i, 3, 0);
-        for (; at < res->n_ranks && res->ranks[at].rank < rank; at++) {
-        }
-        if (at == res->n_ranks || res->ranks[at].rank != rank) {
-            continue;
-        }
-        if (!PQgetisnull(r, i, 1)) {
-            snprintf(res->ranks[at].host, sizeof(res->ranks[at].host), "%s", PQgetvalue(r, i, 1));
-            res->ranks[at].node = (int) kp_pg_i64(r, i, 4, -1);
-        }
-        res->ranks[at].local_rank = (int) kp_pg_i64(r, i, 2, -1);
-    }
-    PQclear(r);
-    if (res->world_size > 0 &&
-        (res->missing = calloc((size_t) res->world_size, sizeof(*res->missing))) == NULL) {
-        kp_errbuf_set(errbuf, errlen, "out of memory");
-        return -ENOMEM;
-    }
-    at = 0;
-    for (int w = 0; w < res->world_size; w++) {
-        for (; at < res->n_ranks && res->ranks[at].rank < w; at++) {
-        }
-        if (at == res->n_ranks || res->ranks[at].rank != w) {
-            res->missing[res->n_missing++] = w;
-        }
-    }
-    return 0;
-}
-
-/* ---- kp_cmp_run: loading --------------------------------------------------------------- */
-
-/*
- * The whole run is read in a few queries, each one pass over one event table of the run's
- * partition, with PostgreSQL summing per (rank, step) where a sum is all compare needs; only
- * the collectives and the step, data-loading and Gloo ops come back as rows. So the cost is
- * about one scan of each table, whatever the number of ranks, and the memory is that of the
- * sums and the collectives (a few rows per rank and step), not of the run.
- */
-
-/* Classes of names compare reads, from one pass over names. */
-enum {
-    NC_NCCL,
-    NC_GLOO,
-    NC_STEP,
-    NC_DATA,
-    NC_SYNC,
-    NC_COUNT
-};
-
-static const char names_sql[] =
-    "SELECT id, c, CASE WHEN c = 2 THEN substr(name, 14) WHEN c < 2 AND (name ILIKE '%send%' OR "
-    "name ILIKE '%recv%') THEN 'p2p' END FROM (SELECT id, name, CASE "
-    "WHEN name LIKE 'nccl%Kernel%' THEN 0 WHEN name LIKE 'gloo:%' THEN 1 "
-    "WHEN name LIKE 'ProfilerStep#%' THEN 2 "
-    "WHEN name LIKE 'enumerate(DataPipe)#%' OR (name LIKE 'enumerate(DataLoader)#%' AND "
-    "right(name, 9) = '.__next__') THEN 3 "
-    "WHEN name LIKE 'cuda%Synchronize%' OR name LIKE 'cuda%WaitEvent%' OR name LIKE "
-    "'cuda%Query%' THEN 4 END AS c FROM names) x WHERE c IS NOT NULL ORDER BY id";
-
-struct ncls {
-    int64_t id;
-    int cls;
-    int64_t num; /* NC_STEP: the N of ProfilerStep#N; -1 when not a number */
-    bool p2p;    /* NC_NCCL, NC_GLOO: a point-to-point transfer (compare.h) */
-};
-
-struct nameset {
-    struct ncls *v; /* by id */
-    size_t n;
-    char *arr[NC_COUNT + 1]; /* "{id,...}" per class; [NC_COUNT]: the ops classes */
-};
-
-static void nameset_fini(struct nameset *ns)
-{
-    free(ns->v);
-    for (int k = 0; k <= NC_COUNT; k++) {
-        free(ns->arr[k]);
-    }
-    memset(ns, 0, sizeof(*ns));
-}
-
-static const struct ncls *nameset_find(const struct nameset *ns, int64_t id)
-{
-    size_t lo = 0, hi = ns->n;
-
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-
-        if (ns->v[mid].id < id) {
-            lo = mid + 1;
-        }
-        else {
-            hi = mid;
-        }
-    }
-    return lo < ns->n && ns->v[lo].id == id ? &ns->v[lo] : NULL;
-}
-
-static int nameset_load(PGconn *c, struct nameset *ns, size_t *budget, size_t max_rows,
-                        char *errbuf, size_t errlen)
-{
-    PGresult *r = NULL;
-    size_t len[NC_COUNT + 1] = { 0 };
-    int rc = kp_an_query(c, 0, names_sql, NULL, budget, max_rows, &r, errbuf, errlen);
-    size_t n;
-
-    if (rc != 0) {
-        return rc;
-    }
-    n = (size_t) PQntuples(r);
-    if ((ns->v = calloc(n + 1, sizeof(*ns->v))) == NULL) {
-        goto nomem;
-    }
-    for (int k = 0; k <= NC_COUNT; k++) {
-        if ((ns->arr[k] = malloc(24 * n + 3)) == NULL) {
-            goto nomem;
-        }
-        ns->arr[k][len[k]++] = '{';
-    }
-    for (size_t i = 0; i < n; i++) {
-        struct ncls *x = &ns->v[ns->n++];
-        int k;
-
-        x->id = kp_pg_i64(r, (int) i, 0, 0);
-        x->cls = k = (int) kp_pg_i64(r, (int) i, 1, 0);
-        if (k < 0 || k >= NC_COUNT) {
-            ns->n--;
-            continue;
-        }
-        if (k == NC_STEP && !parse_step(PQgetvalue(r, (int) i, 2), &x->num)) {
-            x->num = -1;
-        }
-        x->p2p = k != NC_STEP && strcmp(PQgetvalue(r, (int) i, 2), "p2p") == 0;
-        len[k] += (size_t) sprintf(ns->arr[k] + len[k], "%s%" PRId64, len[k] > 1 ? "," : "", x->id);
-        if (k == NC_GLOO || k == NC_STEP || k == NC_DATA) {
-            len[NC_COUNT] += (size_t) sprintf(ns->arr[NC_COUNT] + len[NC_COUNT], "%s%" PRId64,
-                                              len[NC_COUNT] > 1 ? "," : "", x->id);
-        }
-    }
-    for (int k = 0; k <= NC_COUNT; k++) {
-        ns->arr[k][len[k]++] = '}';
-        ns->arr[k][len[k]] = '\0';
-    }
-    PQclear(r);
-    return 0;
-nomem:
-    PQclear(r);
-    kp_errbuf_set(errbuf, errlen, "out of memory");
-    return -ENOMEM;
-}
-
-/* One step of one rank: a ProfilerStep#N op, else a row of the steps table (captures), else
- * step 0 over the rank's kernels. */
-struct rstep {
-    int64_t num, start, end;
-};
-
-struct rsteps {
-    size_t n, cap;
-    struct rstep *v; /* by start */
-    bool from_ops;   /* has ProfilerStep ops (the steps table is then not read for it) */
-    bool kany;       /* kmin, kmax: the span of its kernels */
-    int64_t kmin, kmax;
-};
-
-static int rsteps_add(struct rsteps *rs, int64_t num, int64_t start, int64_t end)
-{
-    if (rs->n == rs->cap) {
-        size_t nc = rs->cap * 2 + 16;
-        struct rstep *nv = realloc(rs->v, nc * sizeof(*nv));
-
-        if (nv == NULL) {
-            return -ENOMEM;
-        }
-        rs->v = nv;
-        rs->cap = nc;
-    }
-    rs->v[rs->n++] = (struct rstep){ num, start, end };
-    return 0;
-}
-
-static int cmp_rstep(const void *pa, const void *pb)
-{
-    const struct rstep *a = pa, *b = pb;
-
-    return (a->start > b->start) - (a->start < b->start);
-}
-
-/* The step number of a row without one: the rank's step holding start, or -1. */
-static int64_t step_at(const struct rsteps *rs, int64_t start)
-{
-    size_t lo = 0, hi = rs->n;
-
-    while (lo < hi) { /* the first step starting after start */
-        size_t mid = lo + (hi - lo) / 2;
-
-        if (rs->v[mid].start <= start) {
-            lo = mid + 1;
-        }
-        else {
-            hi = mid;
-        }
-    }
-    for (size_t i = lo; i-- > 0;) { /* steps may nest or overlap: the latest holding it */
-        if (start >= rs->v[i].start && start < rs->v[i].end) {
-            return rs->v[i].num;
-        }
-        if (lo - i > 4) {
-            break;
-        }
-    }
-    return -1;
-}
-
-/* One collective of one rank: an NCCL kernel (kind 0) or a Gloo op (kind 1). */
-struct coll {
-    uint32_t ri;   /* rank index */
-    uint32_t si;   /* step index: among every step of the run, then (compacted) compared */
-    uint32_t kind; /* 0 NCCL, 1 Gloo */
-    uint32_t idx;  /* order within (rank, step, kind) */
-    int64_t start, end;
-    uint32_t cs; /* compared step index; NOT_COMPARED when its step is not compared */
-    bool p2p;    /* a point-to-point transfer */
-};
-
-#define NOT_COMPARED UINT32_MAX
-
+/* By rank, step, kind, start. */
 static int cmp_coll_rank(const void *pa, const void *pb)
 {
     const struct coll *a = pa, *b = pb;
+    int d;
 
-    if (a->ri != b->ri) {
-        return a->ri < b->ri ? -1 : 1;
+    if ((d = cmp3(a->ri, b->ri)) != 0 || (d = cmp3(a->si, b->si)) != 0 ||
+        (d = cmp3(a->kind, b->kind)) != 0) {
+        return d;
     }
-    if (a->si != b->si) {
-        return a->si < b->si ? -1 : 1;
-    }
-    if (a->kind != b->kind) {
-        return a->kind < b->kind ? -1 : 1;
-    }
-    return (a->start > b->start) - (a->start < b->start);
+    return cmp3(a->start, b->start);
 }
 
+/* By step, kind, order, rank: the same collective of every rank together. */
 static int cmp_coll_match(const void *pa, const void *pb)
 {
     const struct coll *a = pa, *b = pb;
+    int d;
 
-    if (a->si != b->si) {
-        return a->si < b->si ? -1 : 1;
+    if ((d = cmp3(a->si, b->si)) != 0 || (d = cmp3(a->kind, b->kind)) != 0 ||
+        (d = cmp3(a->idx, b->idx)) != 0) {
+        return d;
     }
-    if (a->kind != b->kind) {
-        return a->kind < b->kind ? -1 : 1;
-    }
-    if (a->idx != b->idx) {
-        return a->idx < b->idx ? -1 : 1;
-    }
-    return (a->ri > b->ri) - (a->ri < b->ri);
-}
-
-/* What kp_cmp_run reads, between the queries and the result. */
-struct cmp_load {
-    int64_t *ranks; /* sorted */
-    size_t n_ranks;
-    struct rsteps *rs;
-    struct nameset names;
-    PGresult *ops, *steps, *kern, *coll, *api, *mem;
-    size_t budget;
-};
-
-static void cmp_load_fini(struct cmp_load *L)
-{
-    if (L->rs != NULL) {
-        for (size_t i = 0; i < L->n_ranks; i++) {
-            free(L->rs[i].v);
-        }
-    }
-    free(L->rs);
-    free(L->ranks);
-    nameset_fini(&L->names);
-    PQclear(L->ops);
-    PQclear(L->steps);
-    PQclear(L->kern);
-    PQclear(L->coll);
-    PQclear(L->api);
-    PQclear(L->mem);
-}
-
-/* The event queries, one pass over each table (two over kernels: the sums of every kernel per
- * (rank, step), with their span, then the collective kernels one by one, whose durations are
- * taken off the sums: each pass is a plain parallel scan). */
-static const char ops_sql[] = "SELECT rank, step, name, start_ns, dur_ns FROM ops WHERE run_id = "
-                              "$1 AND name = ANY($2::int[])";
-static const char steps_sql[] = "SELECT rank, step, start_ns, dur_ns FROM steps WHERE run_id = $1";
-static const char kern_sql[] =
-    "SELECT rank, step, sum(dur_ns) FROM kernels WHERE run_id = $1 GROUP BY rank, step";
-/* only when a rank has no steps at all */
-static const char span_sql[] = "SELECT rank, min(start_ns), max(start_ns + dur_ns) FROM kernels "
-                               "WHERE run_id = $1 GROUP BY rank";
-static const char coll_sql[] =
-    "SELECT rank, step, start_ns, dur_ns, name FROM kernels WHERE run_id "
-    "= $1 AND name = ANY($2::int[])";
-/* (a FILTER rather than a WHERE: PostgreSQL then estimates the groups right, and sums them
- * in parallel) */
-static const char api_sql[] =
-    "SELECT rank, step, sum(dur_ns) FILTER (WHERE coalesce(domain, 1) = 1 AND NOT coalesce(name "
-    "= ANY($2::int[]), false)) FROM api_calls WHERE run_id = $1 GROUP BY rank, step";
-static const char mem_sql[] =
-    "SELECT rank, step, sum(dur_ns) FROM (SELECT rank, step, dur_ns FROM memcpys WHERE run_id = "
-    "$1 UNION ALL SELECT rank, step, dur_ns FROM memsets WHERE run_id = $1) m GROUP BY rank, step";
-
-/* The same sums for rows without a step (imports): by the rank's step holding their start. */
-#define RANGE_SQL(table, filter)                                                                \
-    "WITH st AS (SELECT * FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::bigint[]) AS " \
-    "st(rank, s, e, num)) SELECT t.rank, st.num, sum(t.dur_ns) FROM " table " t JOIN st ON "    \
-    "t.rank = st.rank AND t.start_ns >= st.s AND t.start_ns < st.e WHERE t.run_id = $1 AND "    \
-    "t.step IS NULL" filter " GROUP BY t.rank, st.num"
-static const char *const range_sql[3] = {
-    RANGE_SQL("kernels", " AND NOT coalesce(t.name = ANY($6::int[]), false)"),
-    RANGE_SQL("api_calls",
-              " AND coalesce(t.domain, 1) = 1 AND NOT coalesce(t.name = ANY($6::int[]), false)"),
-    RANGE_SQL("(SELECT run_id, rank, step, start_ns, dur_ns FROM memcpys UNION ALL SELECT run_id, "
-              "rank, step, start_ns, dur_ns FROM memsets)",
-              ""),
-};
-#undef RANGE_SQL
-
-/* Runs the first queries and builds every rank's steps. */
-static int cmp_load_run(PGconn *c, const char *runs, int64_t run, size_t max_rows,
-                        struct cmp_load *L, char *errbuf, size_t errlen)
-{
-    const char *p2[2] = { runs, NULL };
-    int rc;
-
-    if ((L->rs = calloc(L->n_ranks, sizeof(*L->rs))) == NULL) {
-        kp_errbuf_set(errbuf, errlen, "out of memory");
-        return -ENOMEM;
-    }
-    if ((rc = nameset_load(c, &L->names, &L->budget, max_rows, errbuf, errlen)) != 0) {
-        return rc;
-    }
-    p2[1] = L->names.arr[NC_COUNT];
-    if ((rc = kp_an_query(c, 2, ops_sql, p2, &L->budget, max_rows, &L->ops, errbuf, errlen)) != 0 ||
-        (rc = kp_an_query(c, 1, steps_sql, p2, &L->budget, max_rows, &L->steps, errbuf, errlen)) !=
-            0) {
-        return rc;
-    }
-    p2[1] = L->names.arr[NC_NCCL];
-    if ((rc = kp_an_query(c, 1, kern_sql, p2, &L->budget, max_rows, &L->kern, errbuf, errlen)) !=
-            0 ||
-        (rc = kp_an_query(c, 2, coll_sql, p2, &L->budget, max_rows, &L->coll, errbuf, errlen)) !=
-            0) {
-        return rc;
-    }
-    p2[1] = L->names.arr[NC_SYNC];
-    if ((rc = kp_an_query(c, 2, api_sql, p2, &L->budget, max_rows, &L->api, errbuf, errlen)) != 0 ||
-        (rc = kp_an_query(c, 1, mem_sql, p2, &L->budget, max_rows, &L->mem, errbuf, errlen)) != 0) {
-        return rc;
-    }
-    /* steps: ProfilerStep ops, else the steps table, else step 0 over the kernels */
-    for (int i = 0; i < PQntuples(L->ops); i++) {
-        const struct ncls *nc = nameset_find(&L->names, kp_pg_i64(L->ops, i, 2, -1));
-        long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->ops, i, 0, -1));
-        int64_t st = kp_pg_i64(L->ops, i, 3, 0);
-
-        if (nc == NULL || nc->cls != NC_STEP || nc->num < 0 || ri < 0) {
-            continue;
-        }
-        if (rsteps_add(&L->rs[ri], nc->num, st, st + kp_pg_i64(L->ops, i, 4, 0)) != 0) {
-            goto nomem;
-        }
-        L->rs[ri].from_ops = true;
-    }
-    for (int i = 0; i < PQntuples(L->steps); i++) {
-        long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->steps, i, 0, -1));
-        int64_t st = kp_pg_i64(L->steps, i, 2, 0);
-
-        if (ri >= 0 && !L->rs[ri].from_ops &&
-            rsteps_add(&L->rs[ri], kp_pg_i64(L->steps, i, 1, 0), st,
-                       st + kp_pg_i64(L->steps, i, 3, 0)) != 0) {
-            goto nomem;
-        }
-    }
-    for (size_t ri = 0; ri < L->n_ranks; ri++) {
-        PGresult *r = NULL;
-
-        if (L->rs[ri].n > 0) {
-            continue;
-        }
-        if ((rc = kp_an_query(c, 1, span_sql, p2, &L->budget, max_rows, &r, errbuf, errlen)) != 0) {
-            return rc;
-        }
-        for (int i = 0; i < PQntuples(r); i++) {
-            long q = find_i64(L->ranks, L->n_ranks, kp_pg_i64(r, i, 0, -1));
-
-            if (q >= 0 && !PQgetisnull(r, i, 1)) {
-                L->rs[q].kany = true;
-                L->rs[q].kmin = kp_pg_i64(r, i, 1, 0);
-                L->rs[q].kmax = kp_pg_i64(r, i, 2, 0);
-            }
-        }
-        PQclear(r);
-        break;
-    }
-    for (size_t ri = 0; ri < L->n_ranks; ri++) {
-        struct rsteps *rs = &L->rs[ri];
-
-        if (rs->n == 0 && rs->kany && rsteps_add(rs, 0, rs->kmin, rs->kmax + 1) != 0) {
-            goto nomem;
-        }
-        qsort(rs->v, rs->n, sizeof(*rs->v), cmp_rstep);
-    }
-    return 0;
-nomem:
-    kp_errbuf_set(errbuf, errlen, "out of memory");
-    return -ENOMEM;
-}
-
-/* Adds an int64 to a "{...}" array under construction. */
-static int arr_add(char **b, size_t *len, size_t *cap, int64_t v)
-{
-    if (*cap - *len < 24) {
-        size_t nc = *cap * 2 + 64;
-        char *nb = realloc(*b, nc);
-
-        if (nb == NULL) {
-            return -ENOMEM;
-        }
-        *b = nb;
-        *cap = nc;
-    }
-    *len += (size_t) snprintf(*b + *len, *cap - *len, "%s%" PRId64, *len == 0 ? "{" : ",", v);
-    return 0;
-}
-
-/* Ends a "{...}" array ("{}" when empty). */
-static int arr_close(char **b, size_t *len, size_t *cap)
-{
-    char *nb = realloc(*b, *len + 3);
-
-    if (nb == NULL) {
-        return -ENOMEM;
-    }
-    *b = nb;
-    *cap = *len + 3;
-    strcpy(nb + *len, *len == 0 ? "{}" : "}");
-    *len += *len == 0 ? 2 : 1;
-    return 0;
-}
-
-/* Sums the rows without a step of the tables flagged in need (0 kernels, 1 API calls, 2
- * copies and memsets) by the ranks' steps, into the cells' compute, launch and other. */
-static int load_unstepped(PGconn *c, const char *runs, struct cmp_load *L, const bool need[3],
-                          const int64_t *nums, size_t ns, struct kp_cmp_cell *cells,
-                          size_t max_rows, char *errbuf, size_t errlen)
-{
-    char *arr[4] = { NULL, NULL, NULL, NULL };
-    size_t len[4] = { 0 }, cap[4] = { 0 };
-    const char *params[6] = { runs, NULL, NULL, NULL, NULL, NULL };
-    int rc = 0;
-
-    for (size_t i = 0; i < L->n_ranks && rc == 0; i++) {
-        for (size_t j = 0; j < L->rs[i].n && rc == 0; j++) {
-            const struct rstep *st = &L->rs[i].v[j];
-
-            rc = arr_add(&arr[0], &len[0], &cap[0], L->ranks[i]);
-            rc = rc != 0 ? rc : arr_add(&arr[1], &len[1], &cap[1], st->start);
-            rc = rc != 0 ? rc : arr_add(&arr[2], &len[2], &cap[2], st->end);
-            rc = rc != 0 ? rc : arr_add(&arr[3], &len[3], &cap[3], st->num);
-        }
-    }
-    for (int f = 0; f < 4 && rc == 0; f++) {
-        if ((rc = arr_close(&arr[f], &len[f], &cap[f])) == 0) {
-            params[f + 1] = arr[f];
-        }
-    }
-    if (rc != 0) {
-        goto out;
-    }
-    for (int t = 0; t < 3 && rc == 0; t++) {
-        PGresult *r = NULL;
-
-        if (!need[t]) {
-            continue;
-        }
-        params[5] = L->names.arr[t == 0 ? NC_NCCL : NC_SYNC];
-        if ((rc = kp_an_query(c, t == 2 ? 5 : 6, range_sql[t], params, &L->budget, max_rows, &r,
-                              errbuf, errlen)) != 0) {
-            break;
-        }
-        for (int i = 0; i < PQntuples(r); i++) {
-            long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(r, i, 0, -1));
-            long si = find_i64(nums, ns, kp_pg_i64(r, i, 1, 0));
-            struct kp_cmp_cell *cl;
-
-            if (ri < 0 || si < 0 || !(cl = &cells[(size_t) ri * ns + (size_t) si])->present) {
-                continue;
-            }
-            *(t == 0   ? &cl->compute_ns
-              : t == 1 ? &cl->launch_ns
-                       : &cl->other_ns) += kp_pg_i64(r, i, 2, 0);
-        }
-        PQclear(r);
-    }
-out:
-    for (int f = 0; f < 4; f++) {
-        free(arr[f]);
-    }
-    return rc;
+    return cmp3(a->ri, b->ri);
 }
 
 /* Whether the group v[i..j) (one matched collective) is one every rank finishes together: no
@@ -717,7 +187,7 @@ static bool common_coll(const struct coll *v, size_t i, size_t j, const size_t *
 /* Offsets from end times over every step of the run: rank i's median of (end - the reference
  * rank's end) over the common collectives (common_coll) both have, the interquartile range of
  * those differences as its spread; colls sorted by cmp_coll_match. */
-static int align_clocks(struct kp_cmp_result *res, const struct coll *v, size_t n,
+static int align_clocks(struct kp_compare_result *res, const struct coll *v, size_t n,
                         const size_t *step_nr)
 {
     size_t nr = res->n_ranks, *cnt = calloc(nr + 1, sizeof(*cnt)), *at = NULL;
@@ -761,7 +231,7 @@ static int align_clocks(struct kp_cmp_result *res, const struct coll *v, size_t 
         i = j;
     }
     for (size_t r = 0; r < nr; r++) {
-        struct kp_cmp_rank *rk = &res->ranks[r];
+        struct kp_compare_rank *rk = &res->ranks[r];
         int64_t *x = d + at[r];
         size_t m = cnt[r];
 
@@ -784,7 +254,7 @@ out:
  * max_late_ns, n_coll (decisive collectives: the spread of arrivals is over decisive_frac of
  * the step's median step time; exact ties and jitter do not count) and n_last (it arrived
  * last, alone). tmp holds n_ranks values. */
-static void lateness(struct kp_cmp_result *res, const struct coll *v, size_t n, double *tmp)
+static void lateness(struct kp_compare_result *res, const struct coll *v, size_t n, double *tmp)
 {
     size_t ns = res->n_steps;
 
@@ -814,10 +284,10 @@ static void lateness(struct kp_cmp_result *res, const struct coll *v, size_t n, 
                 n_max++;
             }
         }
-        med = median(tmp, j - i);
+        med = cmp_median(tmp, j - i);
         for (size_t k = i; k < j; k++) {
             double late = (double) (v[k].start - res->ranks[v[k].ri].clock_offset_ns) - med;
-            struct kp_cmp_cell *cl = &res->cells[(size_t) v[k].ri * ns + v[k].si];
+            struct kp_compare_cell *cl = &res->cells[(size_t) v[k].ri * ns + v[k].si];
 
             cl->late_ns += late > 0 ? late : 0.0;
             cl->max_late_ns = late > cl->max_late_ns ? late : cl->max_late_ns;
@@ -829,7 +299,8 @@ static void lateness(struct kp_cmp_result *res, const struct coll *v, size_t n, 
                 break;
             }
         }
-        if ((double) (last - first) > KP_CMP_DECISIVE_FRAC * res->steps[v[i].si].step_median_ns) {
+        if ((double) (last - first) >
+            KP_COMPARE_DECISIVE_FRAC * res->steps[v[i].si].step_median_ns) {
             for (size_t k = i; k < j; k++) {
                 res->cells[(size_t) v[k].ri * ns + v[k].si].n_coll++;
             }
@@ -841,429 +312,255 @@ static void lateness(struct kp_cmp_result *res, const struct coll *v, size_t n, 
     }
 }
 
-static int64_t cell_cause(const struct kp_cmp_cell *cl, int cause)
+/* Numbers the collectives in order within (rank, step, kind) (sorting them so). */
+static void number_colls(struct coll *colls, size_t n_colls)
 {
-    return cause == KP_CMP_COMPUTE ? cl->compute_ns
-           : cause == KP_CMP_HOST  ? cl->host_ns
-                                   : cl->launch_ns;
-}
+    qsort(colls, n_colls, sizeof(*colls), cmp_coll_rank);
+    for (size_t i = 0; i < n_colls; i++) {
+        const struct coll *p = i > 0 ? &colls[i - 1] : NULL;
 
-static const char *cause_phrase(enum kp_cmp_cause c)
-{
-    switch (c) {
-    case KP_CMP_COMPUTE:
-        return "its compute (GPU kernels) takes";
-    case KP_CMP_HOST:
-        return "its data loading takes";
-    default:
-        return "its kernel launches (CUDA runtime calls) take";
+        colls[i].idx =
+            (p != NULL && p->ri == colls[i].ri && p->si == colls[i].si && p->kind == colls[i].kind)
+                ? p->idx + 1
+                : 0;
     }
 }
 
-/* The rank the others wait for (compare.h), flagged "late" when it is no straggler, and HTA's
- * pick per step and over the steps. */
-static void who_waits(struct kp_cmp_result *res, const struct kp_cmp_opts *o)
+/* Keeps the collectives of compared steps only (their si the compared index), adding their
+ * times to the cells. Returns how many are kept. */
+static size_t keep_compared(struct kp_compare_result *res, struct coll *colls, size_t n_colls)
 {
-    size_t nr = res->n_ranks, ns = res->n_steps, best_n = 0;
-    long best = -1;
+    size_t ns = res->n_steps;
+    size_t k = 0;
 
-    /* the latest rank, when it is late and last in at least half the steps (not jitter's pick) */
-    for (size_t r = 0; r < nr; r++) {
-        if (best < 0 || res->ranks[r].late_ns > res->ranks[best].late_ns) {
-            best = (long) r;
-        }
-    }
-    if (best >= 0) {
-        size_t n_last = 0;
+    for (size_t i = 0; i < n_colls; i++) { /* (all -> compared keeps the order) */
+        struct kp_compare_cell *cl;
 
-        for (size_t j = 0; j < ns; j++) {
-            n_last += res->steps[j].last_rank == res->ranks[best].rank;
+        if (colls[i].cs == NOT_COMPARED) {
+            continue;
         }
-        if (!(res->ranks[best].late_ns > o->late_frac * res->step_median_ns) || 2 * n_last < ns) {
-            best = -1;
+        colls[k] = colls[i];
+        colls[k].si = colls[i].cs;
+        cl = &res->cells[(size_t) colls[k].ri * ns + colls[k].si];
+        cl->coll_ns += colls[k].end - colls[k].start;
+        if (cl->n_coll_seen++ == 0 || colls[k].start > cl->last_start) {
+            cl->last_start = colls[k].start;
         }
+        k++;
     }
-    if (best >= 0) {
-        res->waited_for = res->ranks[best].rank;
-        res->ranks[best].late = !res->ranks[best].straggler;
-        res->ranks[best].waits = false;
-    }
-    /* HTA: per step, the rank whose last collective starts latest on its own clock */
+    return k;
+}
+
+/* Per step: the spreads of step and collective times, and each rank's excess over the median
+ * rank per cause. tmp holds max(ranks, steps) doubles. */
+static void step_spreads(struct kp_compare_result *res, double *tmp)
+{
+    size_t ns = res->n_steps, nr = res->n_ranks;
+
     for (size_t j = 0; j < ns; j++) {
-        long who = -1;
-        bool tie = false;
+        struct kp_compare_step *st = &res->steps[j];
+        size_t k = 0;
 
         for (size_t r = 0; r < nr; r++) {
-            const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
+            const struct kp_compare_cell *cl = &res->cells[r * ns + j];
 
-            if (!cl->present || cl->n_coll_seen == 0) {
-                continue;
-            }
-            if (who < 0 || cl->last_start > res->cells[(size_t) who * ns + j].last_start) {
-                who = (long) r;
-                tie = false;
-            }
-            else if (cl->last_start == res->cells[(size_t) who * ns + j].last_start) {
-                tie = true;
+            if (cl->present) {
+                tmp[k++] = (double) cl->step_ns;
+                st->step_max_ns = fmax(st->step_max_ns, (double) cl->step_ns);
+                st->coll_max_ns = fmax(st->coll_max_ns, (double) cl->coll_ns);
             }
         }
-        res->steps[j].hta_rank = who >= 0 && !tie ? res->ranks[who].rank : -1;
+        st->n_ranks = k;
+        st->step_median_ns = cmp_median(tmp, k);
+        k = 0;
+        for (size_t r = 0; r < nr; r++) {
+            if (res->cells[r * ns + j].present) {
+                tmp[k++] = (double) res->cells[r * ns + j].coll_ns;
+            }
+        }
+        st->coll_median_ns = cmp_median(tmp, k);
+        st->step_ratio = st->step_median_ns > 0 ? st->step_max_ns / st->step_median_ns : 0.0;
+        st->coll_ratio = st->coll_median_ns > 0 ? st->coll_max_ns / st->coll_median_ns : 0.0;
+        for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
+            double m;
+
+            k = 0;
+            for (size_t r = 0; r < nr; r++) {
+                if (res->cells[r * ns + j].present) {
+                    tmp[k++] = (double) cmp_cell_cause(&res->cells[r * ns + j], cause);
+                }
+            }
+            m = cmp_median(tmp, k);
+            for (size_t r = 0; r < nr; r++) {
+                struct kp_compare_cell *cl = &res->cells[r * ns + j];
+
+                cl->excess_ns[cause] = cl->present ? (double) cmp_cell_cause(cl, cause) - m : 0.0;
+            }
+        }
+    }
+}
+
+/* Per step: each rank's wait and whether it is late (docs/specs/compare.md §6), and the step's
+ * last rank. */
+static void late_cells(struct kp_compare_result *res, const struct kp_compare_opts *o, double *tmp)
+{
+    size_t ns = res->n_steps, nr = res->n_ranks;
+
+    for (size_t j = 0; j < ns; j++) {
+        struct kp_compare_step *st = &res->steps[j];
+        size_t best = 0, k = 0;
+
+        /* the step's collective times, sorted: the others' median is that of all less one */
+        for (size_t q = 0; q < nr; q++) {
+            if (res->cells[q * ns + j].present) {
+                tmp[k++] = (double) res->cells[q * ns + j].coll_ns;
+            }
+        }
+        qsort(tmp, k, sizeof(*tmp), cmp_double);
+        for (size_t r = 0; r < nr; r++) {
+            struct kp_compare_cell *cl = &res->cells[r * ns + j];
+            double excess = 0.0;
+
+            st->n_coll = cl->n_coll > st->n_coll ? cl->n_coll : st->n_coll;
+            if (cl->n_last > best) {
+                best = cl->n_last;
+                st->last_rank = res->ranks[r].rank;
+            }
+            if (!cl->present) {
+                continue;
+            }
+            cl->wait_ns = median_but_one(tmp, k, (double) cl->coll_ns) - (double) cl->coll_ns;
+            for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
+                excess = fmax(excess, cl->excess_ns[cause]);
+            }
+            cl->late = cl->late_ns > o->late_frac * st->step_median_ns &&
+                       excess > o->excess_frac * st->step_median_ns;
+        }
+    }
+}
+
+/* Per rank: medians over its steps, its lateness and whether it is a straggler; the run's
+ * median step time. */
+static void rank_medians(struct kp_compare_result *res, const struct kp_compare_opts *o,
+                         double *tmp)
+{
+    size_t ns = res->n_steps, nr = res->n_ranks;
+
+    for (size_t r = 0; r < nr; r++) {
+        struct kp_compare_rank *rk = &res->ranks[r];
+        double *dst[6] = { &rk->step_ns, &rk->coll_ns,   &rk->compute_ns,
+                           &rk->host_ns, &rk->launch_ns, &rk->other_ns };
+        size_t present = 0;
+        double late = 0.0;
+
+        for (int f = 0; f < 6; f++) {
+            size_t k = 0;
+
+            for (size_t j = 0; j < ns; j++) {
+                const struct kp_compare_cell *cl = &res->cells[r * ns + j];
+                int64_t const *fields[6] = { &cl->step_ns, &cl->coll_ns,   &cl->compute_ns,
+                                             &cl->host_ns, &cl->launch_ns, &cl->other_ns };
+
+                if (cl->present) {
+                    tmp[k++] = (double) *fields[f];
+                }
+            }
+            *dst[f] = cmp_median(tmp, k);
+        }
+        for (size_t j = 0; j < ns; j++) {
+            const struct kp_compare_cell *cl = &res->cells[r * ns + j];
+
+            if (cl->present) {
+                present++;
+                late += cl->late_ns;
+                rk->n_late_steps += cl->late;
+            }
+        }
+        rk->late_ns = present > 0 ? late / (double) present : 0.0;
+        rk->straggler =
+            rk->n_late_steps > 0 && (double) rk->n_late_steps >= o->step_frac * (double) present;
+        res->n_stragglers += rk->straggler;
     }
     for (size_t r = 0; r < nr; r++) {
-        size_t n = 0;
-
-        for (size_t j = 0; j < ns; j++) {
-            n += res->steps[j].hta_rank == res->ranks[r].rank;
-        }
-        if (n > best_n) {
-            best_n = n;
-            res->hta_rank = res->ranks[r].rank;
-            res->hta_rank_steps = n;
-        }
+        tmp[r] = res->ranks[r].step_ns;
+    }
+    res->step_median_ns = cmp_median(tmp, nr);
+    for (size_t r = 0; r < nr; r++) {
+        res->ranks[r].vs_median =
+            res->step_median_ns > 0 ? res->ranks[r].step_ns / res->step_median_ns - 1.0 : 0.0;
     }
 }
 
-/* Appends to buf (cap bytes, *len used) with snprintf's format, never past cap. */
-static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+/* The stragglers' evidence and cause, over the steps they are late in, latest first; which
+ * ranks wait. Returns 0 or -ENOMEM. */
+static int straggler_evidence(struct kp_compare_result *res)
 {
-    va_list ap;
-    int n;
+    size_t ns = res->n_steps, nr = res->n_ranks;
 
-    if (*len + 1 >= cap) {
-        return;
-    }
-    va_start(ap, fmt);
-    n = vsnprintf(buf + *len, cap - *len, fmt, ap);
-    va_end(ap);
-    if (n > 0) {
-        *len = *len + (size_t) n < cap ? *len + (size_t) n : cap - 1;
-    }
-}
-
-int kp_cmp_ranges(char *buf, size_t cap, const int *v, size_t n)
-{
-    size_t len = 0;
-
-    buf[0] = '\0';
-    for (size_t i = 0; i < n;) {
-        size_t j = i;
-
-        while (j + 1 < n && v[j + 1] == v[j] + 1) {
-            j++;
-        }
-        if (len + 40 >= cap) {
-            put(buf, cap, &len, "%s... (%zu in all)", i ? ", " : "", n);
-            return -1;
-        }
-        if (j == i) {
-            put(buf, cap, &len, "%s%d", i ? ", " : "", v[i]);
-        }
-        else {
-            put(buf, cap, &len, "%s%d..%d", i ? ", " : "", v[i], v[j]);
-        }
-        i = j + 1;
-    }
-    return 0;
-}
-
-static const struct kp_cmp_rank *rank_of(const struct kp_cmp_result *res, int rank)
-{
-    for (size_t r = 0; r < res->n_ranks; r++) {
-        if (res->ranks[r].rank == rank) {
-            return &res->ranks[r];
-        }
-    }
-    return NULL;
-}
-
-/* The caveats every verdict carries: HTA's pick against kprof's, point-to-point collectives,
- * unaligned clocks, the ranks of the world missing from the run. */
-static void verdict_caveats(struct kp_cmp_result *res, const struct kp_cmp_opts *o, char *v,
-                            size_t cap, size_t *len)
-{
-    int named = res->n_stragglers > 0 ? res->stragglers[0].rank : res->waited_for;
-
-    if (res->hta_rank >= 0 && named >= 0) {
-        const struct kp_cmp_rank *h = rank_of(res, res->hta_rank);
-
-        if (res->hta_rank == named) {
-            put(v, cap, len,
-                "; HTA's straggler metric agrees: rank %d's last collective of a step starts "
-                "latest in %zu/%zu steps",
-                res->hta_rank, res->hta_rank_steps, res->n_steps);
-        }
-        else {
-            put(v, cap, len,
-                "; HTA's straggler metric would name rank %d instead (its last collective of a "
-                "step starts latest in %zu/%zu steps): HTA reads the hosts' clocks as they are "
-                "(rank %d's is %.0f us off the reference's%s) and one kernel per step, kprof "
-                "aligns the clocks and sums the lateness over every collective",
-                res->hta_rank, res->hta_rank_steps, res->n_steps, res->hta_rank,
-                h != NULL ? (double) h->clock_offset_ns / 1e3 : 0.0,
-                h != NULL && !h->has_offset ? ", unknown" : "");
-        }
-    }
-    else if (res->hta_rank < 0 && named >= 0 && res->n_groups > 0) {
-        put(v, cap, len,
-            "; HTA's straggler metric names no single rank: in every step the last collectives "
-            "of several ranks start at the same time on their hosts' clocks");
-    }
-    if (res->n_p2p > 0) {
-        put(v, cap, len,
-            "; caveat: %zu of the %zu collectives compared are point-to-point (SendRecv, send, "
-            "recv): they end when their own peer is done, which may be a rank outside this run, "
-            "so a late arrival there is not necessarily this rank's doing",
-            res->n_p2p, res->n_groups);
-    }
-    if (res->n_no_offset > 0) {
-        put(v, cap, len,
-            "; caveat: the clocks of %zu of the %zu ranks could not be aligned (no collective "
-            "that every rank finishes together, point-to-point ones excluded): their arrivals "
-            "are compared on their hosts' own clocks",
-            res->n_no_offset, res->n_ranks);
-    }
-    if (res->n_missing > 0) {
-        char list[512];
-
-        kp_cmp_ranges(list, sizeof(list), res->missing, res->n_missing);
-        put(v, cap, len,
-            "; only %zu of the world's %d ranks are in this run: rank%s %s %s missing (not "
-            "captured or imported), so a straggler among them cannot be seen here",
-            res->n_ranks, res->world_size, res->n_missing == 1 ? "" : "s", list,
-            res->n_missing == 1 ? "is" : "are");
-    }
-    if (o->has_step) {
-        put(v, cap, len,
-            "; this is step %" PRId64 " alone: the other steps may name other ranks (the clock "
-            "offsets are the whole run's)",
-            o->step);
-    }
-}
-
-static void make_verdict(struct kp_cmp_result *res, const struct kp_cmp_opts *o,
-                         size_t n_coll_total)
-{
-    char *v = res->verdict;
-    size_t cap = sizeof(res->verdict), len = 0;
-
-    v[0] = '\0';
     if (res->n_stragglers > 0) {
-        for (size_t i = 0; i < res->n_stragglers; i++) {
-            const struct kp_cmp_straggler *s = &res->stragglers[i];
-            size_t rsteps = 0;
+        size_t k = 0;
 
-            for (size_t r = 0; r < res->n_ranks; r++) {
-                if (res->ranks[r].rank == s->rank) {
-                    for (size_t j = 0; j < res->n_steps; j++) {
-                        rsteps += res->cells[r * res->n_steps + j].present;
-                    }
+        if ((res->stragglers = calloc(res->n_stragglers, sizeof(*res->stragglers))) == NULL) {
+            res->n_stragglers = 0;
+            return -ENOMEM;
+        }
+        for (size_t r = 0; r < nr; r++) {
+            struct kp_compare_straggler *s;
+
+            if (!res->ranks[r].straggler) {
+                continue;
+            }
+            s = &res->stragglers[k++];
+            s->rank = res->ranks[r].rank;
+            if ((s->steps = calloc(res->ranks[r].n_late_steps, sizeof(*s->steps))) == NULL) {
+                return -ENOMEM;
+            }
+            for (size_t j = 0; j < ns; j++) {
+                const struct kp_compare_cell *cl = &res->cells[r * ns + j];
+
+                if (!cl->late) {
+                    continue;
+                }
+                s->steps[s->n_steps++] = res->steps[j].step;
+                s->late_ns += cl->late_ns;
+                s->max_late_ns = fmax(s->max_late_ns, cl->max_late_ns);
+                for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
+                    s->excess_ns[cause] += cl->excess_ns[cause];
+                    s->own_ns[cause] += (double) cmp_cell_cause(cl, cause);
                 }
             }
-            put(v, cap, &len,
-                "%srank %d %s: it arrives late at the collectives in %zu/%zu steps, %.0f us after "
-                "the median rank per step over all of a step's collectives (up to %.0f us at one "
-                "collective); %s %.0f us more per step "
-                "than the median rank's (%.0f vs %.0f us)",
-                i == 0 ? "" : "; ", s->rank,
-                res->n_stragglers == 1 ? "is the straggler" : "is a straggler", s->n_steps, rsteps,
-                s->late_ns / 1e3, s->max_late_ns / 1e3, cause_phrase(s->cause),
-                s->excess_ns[s->cause] / 1e3, s->own_ns[s->cause] / 1e3,
-                (s->own_ns[s->cause] - s->excess_ns[s->cause]) / 1e3);
-        }
-        verdict_caveats(res, o, v, cap, &len);
-        return;
-    }
-    if (res->n_ranks < 2) {
-        put(v, cap, &len, "no straggler: only 1 rank (rank %d) to compare", res->ranks[0].rank);
-        verdict_caveats(res, o, v, cap, &len);
-        return;
-    }
-    {
-        double lo = INFINITY, hi = 0.0;
-
-        for (size_t r = 0; r < res->n_ranks; r++) {
-            lo = res->ranks[r].step_ns < lo ? res->ranks[r].step_ns : lo;
-            hi = res->ranks[r].step_ns > hi ? res->ranks[r].step_ns : hi;
-        }
-        put(v, cap, &len, "no straggler: step times within %.0f%% across %zu ranks%s",
-            res->step_median_ns > 0 ? 100.0 * (hi - lo) / res->step_median_ns : 0.0, res->n_ranks,
-            n_coll_total == 0 ? " (no collectives to compare arrivals at)" : "");
-    }
-    if (res->waited_for >= 0) {
-        const struct kp_cmp_rank *w = rank_of(res, res->waited_for);
-        double ex = 0.0;
-        size_t n_last = 0;
-
-        for (size_t r = 0; r < res->n_ranks; r++) {
-            if (&res->ranks[r] != w) {
-                continue;
-            }
-            for (size_t j = 0; j < res->n_steps; j++) {
-                const struct kp_cmp_cell *cl = &res->cells[r * res->n_steps + j];
-
-                for (int c = 0; c < KP_CMP_CAUSE_COUNT && cl->present; c++) {
-                    ex = fmax(ex, cl->excess_ns[c]);
+            s->late_ns /= (double) s->n_steps;
+            for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
+                s->excess_ns[cause] /= (double) s->n_steps;
+                s->own_ns[cause] /= (double) s->n_steps;
+                if (s->excess_ns[cause] > s->excess_ns[s->cause]) {
+                    s->cause = (enum kp_compare_cause) cause;
                 }
-                n_last += res->steps[j].last_rank == w->rank;
             }
         }
-        put(v, cap, &len,
-            "; but the others wait for rank %d at the collectives: it arrives %.0f us after the "
-            "median rank per step over all of a step's collectives (last in %zu/%zu steps), "
-            "while its compute, data "
-            "loading and launches exceed the median rank's by %.0f us at most (%.1f%% of a "
-            "step), so what delays it is outside them",
-            w->rank, w->late_ns / 1e3, n_last, res->n_steps, ex / 1e3,
-            res->step_median_ns > 0 ? 100.0 * ex / res->step_median_ns : 0.0);
-    }
-    verdict_caveats(res, o, v, cap, &len);
-}
+        /* latest first */
+        for (size_t a = 1; a < res->n_stragglers; a++) {
+            for (size_t b = a; b > 0 && res->stragglers[b].late_ns > res->stragglers[b - 1].late_ns;
+                 b--) {
+                struct kp_compare_straggler t = res->stragglers[b];
 
-/* Fills the cells from the loaded rows: steps, sums, and the collectives into *colls, those of
- * every step of the run (all[0..n_all), sorted; si indexes it), cs set for the compared ones
- * (nums, res->steps). */
-static int fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp_cmp_result *res,
-                      const int64_t *nums, const int64_t *all, size_t n_all, size_t max_rows,
-                      struct coll **colls, size_t *n_colls, char *errbuf, size_t errlen)
-{
-    size_t ns = res->n_steps, nc = 0, cap = 0;
-    bool need[3] = { false, false, false };
-    struct coll *v;
-    PGresult *sums[2] = { L->api, L->mem };
-
-    for (size_t r = 0; r < L->n_ranks; r++) {
-        for (size_t j = 0; j < L->rs[r].n; j++) {
-            const struct rstep *s = &L->rs[r].v[j];
-            long si = find_i64(nums, ns, s->num);
-            struct kp_cmp_cell *cl;
-
-            if (si < 0 || (cl = &res->cells[r * ns + (size_t) si])->present) {
-                continue; /* not compared, or a repeated step number: the first is kept */
-            }
-            cl->present = true;
-            cl->step_ns = s->end - s->start;
-        }
-    }
-    cap = (size_t) PQntuples(L->coll);
-    for (int i = 0; i < PQntuples(L->ops); i++) {
-        const struct ncls *x = nameset_find(&L->names, kp_pg_i64(L->ops, i, 2, -1));
-
-        cap += x != NULL && x->cls == NC_GLOO;
-    }
-    if ((v = calloc(cap + 1, sizeof(*v))) == NULL) {
-        kp_errbuf_set(errbuf, errlen, "out of memory");
-        return -ENOMEM;
-    }
-    *colls = v;
-    /* kernels: the sums per step, less the collective kernels, which come one by one */
-    for (int i = 0; i < PQntuples(L->kern); i++) {
-        long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->kern, i, 0, -1)), si;
-
-        if (ri < 0) {
-            continue;
-        }
-        if (PQgetisnull(L->kern, i, 1)) {
-            need[0] = true;
-            continue;
-        }
-        if ((si = find_i64(nums, ns, kp_pg_i64(L->kern, i, 1, 0))) >= 0) {
-            res->cells[(size_t) ri * ns + (size_t) si].compute_ns += kp_pg_i64(L->kern, i, 2, 0);
-        }
-    }
-    for (int i = 0; i < PQntuples(L->coll); i++) {
-        long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->coll, i, 0, -1)), si, ai;
-        bool nostep = PQgetisnull(L->coll, i, 1);
-        int64_t start = kp_pg_i64(L->coll, i, 2, 0), dur = kp_pg_i64(L->coll, i, 3, 0), num;
-        const struct ncls *x = nameset_find(&L->names, kp_pg_i64(L->coll, i, 4, -1));
-
-        if (ri < 0) {
-            continue;
-        }
-        num = nostep ? step_at(&L->rs[ri], start) : kp_pg_i64(L->coll, i, 1, 0);
-        if ((ai = find_i64(all, n_all, num)) < 0) {
-            continue;
-        }
-        si = find_i64(nums, ns, num);
-        if (si >= 0 && !nostep) { /* in the sums above (the unstepped sums leave them out) */
-            res->cells[(size_t) ri * ns + (size_t) si].compute_ns -= dur;
-        }
-        if (si >= 0 && !res->cells[(size_t) ri * ns + (size_t) si].present) {
-            si = -1;
-        }
-        v[nc++] = (struct coll){ (uint32_t) ri,
-                                 (uint32_t) ai,
-                                 0,
-                                 0,
-                                 start,
-                                 start + dur,
-                                 si >= 0 ? (uint32_t) si : NOT_COMPARED,
-                                 x != NULL && x->p2p };
-    }
-    /* ops: data loading sums, Gloo collectives */
-    for (int i = 0; i < PQntuples(L->ops); i++) {
-        const struct ncls *x = nameset_find(&L->names, kp_pg_i64(L->ops, i, 2, -1));
-        long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->ops, i, 0, -1)), si;
-        int64_t start = kp_pg_i64(L->ops, i, 3, 0), dur = kp_pg_i64(L->ops, i, 4, 0);
-
-        int64_t num;
-        long ai;
-
-        if (x == NULL || ri < 0 || (x->cls != NC_GLOO && x->cls != NC_DATA)) {
-            continue;
-        }
-        num = PQgetisnull(L->ops, i, 1) ? step_at(&L->rs[ri], start) : kp_pg_i64(L->ops, i, 1, 0);
-        si = find_i64(nums, ns, num);
-        if (si >= 0 && !res->cells[(size_t) ri * ns + (size_t) si].present) {
-            si = -1;
-        }
-        if (x->cls == NC_DATA) {
-            if (si >= 0) {
-                res->cells[(size_t) ri * ns + (size_t) si].host_ns += dur;
+                res->stragglers[b] = res->stragglers[b - 1];
+                res->stragglers[b - 1] = t;
             }
         }
-        else if (nc < cap && (ai = find_i64(all, n_all, num)) >= 0) {
-            v[nc++] = (struct coll){ (uint32_t) ri,
-                                     (uint32_t) ai,
-                                     1,
-                                     0,
-                                     start,
-                                     start + dur,
-                                     si >= 0 ? (uint32_t) si : NOT_COMPARED,
-                                     x->p2p };
-        }
-    }
-    /* API calls (launch) and copies/memsets (other) */
-    for (int t = 0; t < 2; t++) {
-        for (int i = 0; i < PQntuples(sums[t]); i++) {
-            long ri = find_i64(L->ranks, L->n_ranks, kp_pg_i64(sums[t], i, 0, -1)), si;
-            struct kp_cmp_cell *cl;
+        const struct kp_compare_rank *s0 = cmp_rank_of(res, res->stragglers[0].rank);
 
-            if (ri < 0) {
-                continue;
-            }
-            if (PQgetisnull(sums[t], i, 1)) {
-                need[t + 1] = true;
-                continue;
-            }
-            if ((si = find_i64(nums, ns, kp_pg_i64(sums[t], i, 1, 0))) < 0 ||
-                !(cl = &res->cells[(size_t) ri * ns + (size_t) si])->present) {
-                continue;
-            }
-            *(t == 0 ? &cl->launch_ns : &cl->other_ns) += kp_pg_i64(sums[t], i, 2, 0);
+        for (size_t r = 0; r < nr; r++) {
+            res->ranks[r].waits =
+                !res->ranks[r].straggler && s0 != NULL &&
+                res->ranks[r].coll_ns - s0->coll_ns >= 0.5 * res->stragglers[0].late_ns;
         }
-    }
-    *n_colls = nc;
-    if (need[0] || need[1] || need[2]) {
-        return load_unstepped(c, runs, L, need, nums, ns, res->cells, max_rows, errbuf, errlen);
     }
     return 0;
 }
 
-int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cmp_result **out,
-               char *errbuf, size_t errlen)
+int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opts *o,
+                             struct kp_compare_result **out, char *errbuf, size_t errlen)
 {
     char runs[24];
     const char *params[1] = { runs };
@@ -1273,7 +570,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     size_t *step_nr = NULL, *seen_by = NULL;
     struct coll *colls = NULL;
     double *tmp = NULL;
-    struct kp_cmp_result *res = NULL;
+    struct kp_compare_result *res = NULL;
     int rc;
 
     *out = NULL;
@@ -1284,8 +581,8 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
         return -EINVAL;
     }
     snprintf(runs, sizeof(runs), "%" PRId64, run);
-    if ((rc = check_run(c, params, run, errbuf, errlen)) != 0 ||
-        (rc = load_ranks(c, params, run, &L.ranks, &L.n_ranks, errbuf, errlen)) != 0 ||
+    if ((rc = cmp_check_run(c, params, run, errbuf, errlen)) != 0 ||
+        (rc = cmp_load_ranks(c, params, run, &L.ranks, &L.n_ranks, errbuf, errlen)) != 0 ||
         (rc = cmp_load_run(c, runs, run, o->max_rows, &L, errbuf, errlen)) != 0) {
         goto fail;
     }
@@ -1315,7 +612,7 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
     }
     for (size_t i = 0; i < L.n_ranks; i++) { /* the ranks having each step */
         for (size_t j = 0; j < L.rs[i].n; j++) {
-            long a = find_i64(all, n_all, L.rs[i].v[j].num);
+            long a = cmp_find_i64(all, n_all, L.rs[i].v[j].num);
 
             if (seen_by[a] != i + 1) { /* a repeated step number counts once */
                 seen_by[a] = i + 1;
@@ -1361,235 +658,34 @@ int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cm
         res->ranks[r].node = res->ranks[r].local_rank = -1;
     }
     res->waited_for = res->hta_rank = -1;
-    if ((rc = load_world(c, params, res, errbuf, errlen)) != 0) {
+    if ((rc = cmp_load_world(c, params, res, errbuf, errlen)) != 0) {
         goto fail;
     }
     for (size_t j = 0; j < ns; j++) {
         res->steps[j].step = nums[j];
         res->steps[j].last_rank = -1;
     }
-    if ((rc = fill_cells(c, runs, &L, res, nums, all, n_all, o->max_rows, &colls, &n_colls, errbuf,
-                         errlen)) != 0) {
+    if ((rc = cmp_fill_cells(c, runs, &L, res, nums, all, n_all, o->max_rows, &colls, &n_colls,
+                             errbuf, errlen)) != 0) {
         goto fail;
     }
     /* collectives of every step: order within (rank, step, kind), then matched across ranks;
      * the clocks aligned over all of them, then only the compared steps' kept */
-    qsort(colls, n_colls, sizeof(*colls), cmp_coll_rank);
-    for (size_t i = 0; i < n_colls; i++) {
-        const struct coll *p = i > 0 ? &colls[i - 1] : NULL;
-
-        colls[i].idx =
-            (p != NULL && p->ri == colls[i].ri && p->si == colls[i].si && p->kind == colls[i].kind)
-                ? p->idx + 1
-                : 0;
-    }
+    number_colls(colls, n_colls);
     qsort(colls, n_colls, sizeof(*colls), cmp_coll_match);
     if ((rc = align_clocks(res, colls, n_colls, step_nr)) != 0) {
         goto nomem;
     }
-    {
-        size_t k = 0;
-
-        for (size_t i = 0; i < n_colls; i++) { /* (all -> compared keeps the order) */
-            struct kp_cmp_cell *cl;
-
-            if (colls[i].cs == NOT_COMPARED) {
-                continue;
-            }
-            colls[k] = colls[i];
-            colls[k].si = colls[i].cs;
-            cl = &res->cells[(size_t) colls[k].ri * ns + colls[k].si];
-            cl->coll_ns += colls[k].end - colls[k].start;
-            if (cl->n_coll_seen++ == 0 || colls[k].start > cl->last_start) {
-                cl->last_start = colls[k].start;
-            }
-            k++;
-        }
-        n_colls = k;
-    }
-    /* per step: spreads, and each rank's excess over the median rank per cause */
-    for (size_t j = 0; j < ns; j++) {
-        struct kp_cmp_step *st = &res->steps[j];
-        size_t k = 0;
-
-        for (size_t r = 0; r < nr; r++) {
-            const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
-
-            if (cl->present) {
-                tmp[k++] = (double) cl->step_ns;
-                st->step_max_ns = fmax(st->step_max_ns, (double) cl->step_ns);
-                st->coll_max_ns = fmax(st->coll_max_ns, (double) cl->coll_ns);
-            }
-        }
-        st->n_ranks = k;
-        st->step_median_ns = median(tmp, k);
-        k = 0;
-        for (size_t r = 0; r < nr; r++) {
-            if (res->cells[r * ns + j].present) {
-                tmp[k++] = (double) res->cells[r * ns + j].coll_ns;
-            }
-        }
-        st->coll_median_ns = median(tmp, k);
-        st->step_ratio = st->step_median_ns > 0 ? st->step_max_ns / st->step_median_ns : 0.0;
-        st->coll_ratio = st->coll_median_ns > 0 ? st->coll_max_ns / st->coll_median_ns : 0.0;
-        for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
-            double m;
-
-            k = 0;
-            for (size_t r = 0; r < nr; r++) {
-                if (res->cells[r * ns + j].present) {
-                    tmp[k++] = (double) cell_cause(&res->cells[r * ns + j], cause);
-                }
-            }
-            m = median(tmp, k);
-            for (size_t r = 0; r < nr; r++) {
-                struct kp_cmp_cell *cl = &res->cells[r * ns + j];
-
-                cl->excess_ns[cause] = cl->present ? (double) cell_cause(cl, cause) - m : 0.0;
-            }
-        }
-    }
+    n_colls = keep_compared(res, colls, n_colls);
+    step_spreads(res, tmp);
     lateness(res, colls, n_colls, tmp);
-    /* per step: who is late */
-    for (size_t j = 0; j < ns; j++) {
-        struct kp_cmp_step *st = &res->steps[j];
-        size_t best = 0, k = 0;
-
-        /* the step's collective times, sorted: the others' median is that of all less one */
-        for (size_t q = 0; q < nr; q++) {
-            if (res->cells[q * ns + j].present) {
-                tmp[k++] = (double) res->cells[q * ns + j].coll_ns;
-            }
-        }
-        qsort(tmp, k, sizeof(*tmp), cmp_double);
-        for (size_t r = 0; r < nr; r++) {
-            struct kp_cmp_cell *cl = &res->cells[r * ns + j];
-            double excess = 0.0;
-
-            st->n_coll = cl->n_coll > st->n_coll ? cl->n_coll : st->n_coll;
-            if (cl->n_last > best) {
-                best = cl->n_last;
-                st->last_rank = res->ranks[r].rank;
-            }
-            if (!cl->present) {
-                continue;
-            }
-            cl->wait_ns = median_but_one(tmp, k, (double) cl->coll_ns) - (double) cl->coll_ns;
-            for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
-                excess = fmax(excess, cl->excess_ns[cause]);
-            }
-            cl->late = cl->late_ns > o->late_frac * st->step_median_ns &&
-                       excess > o->excess_frac * st->step_median_ns;
-        }
+    late_cells(res, o, tmp);
+    rank_medians(res, o, tmp);
+    if (straggler_evidence(res) != 0) {
+        goto nomem;
     }
-
-    /* per rank: medians over its steps */
-    for (size_t r = 0; r < nr; r++) {
-        struct kp_cmp_rank *rk = &res->ranks[r];
-        double *dst[6] = { &rk->step_ns, &rk->coll_ns,   &rk->compute_ns,
-                           &rk->host_ns, &rk->launch_ns, &rk->other_ns };
-        size_t present = 0;
-        double late = 0.0;
-
-        for (int f = 0; f < 6; f++) {
-            size_t k = 0;
-
-            for (size_t j = 0; j < ns; j++) {
-                const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
-                int64_t const *fields[6] = { &cl->step_ns, &cl->coll_ns,   &cl->compute_ns,
-                                             &cl->host_ns, &cl->launch_ns, &cl->other_ns };
-
-                if (cl->present) {
-                    tmp[k++] = (double) *fields[f];
-                }
-            }
-            *dst[f] = median(tmp, k);
-        }
-        for (size_t j = 0; j < ns; j++) {
-            const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
-
-            if (cl->present) {
-                present++;
-                late += cl->late_ns;
-                rk->n_late_steps += cl->late;
-            }
-        }
-        rk->late_ns = present > 0 ? late / (double) present : 0.0;
-        rk->straggler =
-            rk->n_late_steps > 0 && (double) rk->n_late_steps >= o->step_frac * (double) present;
-        res->n_stragglers += rk->straggler;
-    }
-    for (size_t r = 0; r < nr; r++) {
-        tmp[r] = res->ranks[r].step_ns;
-    }
-    res->step_median_ns = median(tmp, nr);
-    for (size_t r = 0; r < nr; r++) {
-        res->ranks[r].vs_median =
-            res->step_median_ns > 0 ? res->ranks[r].step_ns / res->step_median_ns - 1.0 : 0.0;
-    }
-
-    /* stragglers: evidence and cause, over the steps they are late in */
-    if (res->n_stragglers > 0) {
-        size_t k = 0;
-
-        if ((res->stragglers = calloc(res->n_stragglers, sizeof(*res->stragglers))) == NULL) {
-            res->n_stragglers = 0;
-            goto nomem;
-        }
-        for (size_t r = 0; r < nr; r++) {
-            struct kp_cmp_straggler *s;
-
-            if (!res->ranks[r].straggler) {
-                continue;
-            }
-            s = &res->stragglers[k++];
-            s->rank = res->ranks[r].rank;
-            if ((s->steps = calloc(res->ranks[r].n_late_steps, sizeof(*s->steps))) == NULL) {
-                goto nomem;
-            }
-            for (size_t j = 0; j < ns; j++) {
-                const struct kp_cmp_cell *cl = &res->cells[r * ns + j];
-
-                if (!cl->late) {
-                    continue;
-                }
-                s->steps[s->n_steps++] = res->steps[j].step;
-                s->late_ns += cl->late_ns;
-                s->max_late_ns = fmax(s->max_late_ns, cl->max_late_ns);
-                for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
-                    s->excess_ns[cause] += cl->excess_ns[cause];
-                    s->own_ns[cause] += (double) cell_cause(cl, cause);
-                }
-            }
-            s->late_ns /= (double) s->n_steps;
-            for (int cause = 0; cause < KP_CMP_CAUSE_COUNT; cause++) {
-                s->excess_ns[cause] /= (double) s->n_steps;
-                s->own_ns[cause] /= (double) s->n_steps;
-                if (s->excess_ns[cause] > s->excess_ns[s->cause]) {
-                    s->cause = (enum kp_cmp_cause) cause;
-                }
-            }
-        }
-        /* latest first */
-        for (size_t a = 1; a < res->n_stragglers; a++) {
-            for (size_t b = a; b > 0 && res->stragglers[b].late_ns > res->stragglers[b - 1].late_ns;
-                 b--) {
-                struct kp_cmp_straggler t = res->stragglers[b];
-
-                res->stragglers[b] = res->stragglers[b - 1];
-                res->stragglers[b - 1] = t;
-            }
-        }
-        const struct kp_cmp_rank *s0 = rank_of(res, res->stragglers[0].rank);
-
-        for (size_t r = 0; r < nr; r++) {
-            res->ranks[r].waits =
-                !res->ranks[r].straggler && s0 != NULL &&
-                res->ranks[r].coll_ns - s0->coll_ns >= 0.5 * res->stragglers[0].late_ns;
-        }
-    }
-    who_waits(res, o);
-    make_verdict(res, o, n_colls);
+    cmp_who_waits(res, o);
+    cmp_make_verdict(res, o, n_colls);
     *out = res;
     res = NULL;
     rc = 0;
@@ -1599,7 +695,7 @@ nomem:
     kp_errbuf_set(errbuf, errlen, "out of memory");
 fail:
 out:
-    kp_cmp_result_destroy(res);
+    kp_compare_result_destroy(res);
     free(tmp);
     free(colls);
     free(nums);
@@ -1610,27 +706,32 @@ out:
     return rc;
 }
 
-int kp_cmp_save_offsets(PGconn *c, const struct kp_cmp_result *r, size_t *n_saved, char *errbuf,
-                        size_t errlen)
+int kp_compare_save_offsets(PGconn *c, const struct kp_compare_result *r, size_t *n_saved,
+                            char *errbuf, size_t errlen)
 {
-    char runs[24], *arr[2] = { NULL, NULL };
-    size_t len[2] = { 0 }, cap[2] = { 0 }, n = 0;
+    char runs[24];
+    struct kp_strbuf arr[2];
+    size_t n = 0;
     const char *params[3] = { runs, NULL, NULL };
     int rc = 0;
 
     *n_saved = 0;
     snprintf(runs, sizeof(runs), "%" PRId64, r->run);
+    for (int f = 0; f < 2; f++) {
+        kp_strbuf_init(&arr[f], 0);
+        rc = rc != 0 ? rc : kp_pg_array_open(&arr[f]);
+    }
     for (size_t i = 0; i < r->n_ranks && rc == 0; i++) {
         if (!r->ranks[i].has_offset) {
             continue;
         }
-        rc = arr_add(&arr[0], &len[0], &cap[0], r->ranks[i].rank);
-        rc = rc != 0 ? rc : arr_add(&arr[1], &len[1], &cap[1], r->ranks[i].clock_offset_ns);
+        rc = kp_pg_array_i64(&arr[0], r->ranks[i].rank);
+        rc = rc != 0 ? rc : kp_pg_array_i64(&arr[1], r->ranks[i].clock_offset_ns);
         n++;
     }
     for (int f = 0; f < 2 && rc == 0; f++) {
-        rc = arr_close(&arr[f], &len[f], &cap[f]);
-        params[f + 1] = arr[f];
+        rc = kp_pg_array_close(&arr[f]);
+        params[f + 1] = arr[f].data;
     }
     if (rc != 0) {
         kp_errbuf_set(errbuf, errlen, "out of memory");
@@ -1642,393 +743,7 @@ int kp_cmp_save_offsets(PGconn *c, const struct kp_cmp_result *r, size_t *n_save
                                         3, params, NULL, errbuf, errlen)) == 0) {
         *n_saved = n;
     }
-    free(arr[0]);
-    free(arr[1]);
-    return rc;
-}
-
-/* ---- HTA's metric --------------------------------------------------------------------- */
-
-struct hstep {
-    int rank;
-    int64_t num, start, end;
-};
-
-static int cmp_hstep(const void *pa, const void *pb)
-{
-    const struct hstep *a = pa, *b = pb;
-
-    if (a->rank != b->rank) {
-        return a->rank < b->rank ? -1 : 1;
-    }
-    return (a->start > b->start) - (a->start < b->start);
-}
-
-/* A candidate kernel, kept last per (rank, stream, step, name). */
-struct hcand {
-    int rank, stream;
-    int64_t step, start, dur;
-    char *name;
-};
-
-/* Appends "{a,b,...}" of n int64 values (or ints) to a string buffer of cap bytes. */
-static int pg_array(char **out, size_t n, const struct hstep *st, int field)
-{
-    size_t cap = 24 * n + 3, len = 0;
-    char *b = malloc(cap);
-
-    if (b == NULL) {
-        return -ENOMEM;
-    }
-    b[len++] = '{';
-    for (size_t i = 0; i < n; i++) {
-        int64_t v = field == 0   ? st[i].rank
-                    : field == 1 ? st[i].start
-                    : field == 2 ? st[i].end
-                                 : st[i].num;
-
-        len += (size_t) snprintf(b + len, cap - len, "%s%" PRId64, i ? "," : "", v);
-    }
-    b[len++] = '}';
-    b[len] = '\0';
-    *out = b;
-    return 0;
-}
-
-int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_candidates,
-               struct kp_cmp_hta **out, char *errbuf, size_t errlen)
-{
-    /* the chosen steps as (rank, start, end, num) arrays */
-#define HTA_STEPS                                                                                 \
-    "WITH st AS (SELECT * FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::bigint[]) "      \
-    "AS st(rank, s, e, num)), rt AS (SELECT a.rank, a.correlation, st.num FROM api_calls a JOIN " \
-    "st ON a.rank = st.rank AND a.start_ns >= st.s AND a.start_ns < st.e WHERE a.run_id = $1 "    \
-    "AND a.correlation IS NOT NULL) "
-    static const char sql_end[] = HTA_STEPS
-        "SELECT max(x) FROM (SELECT max(o.start_ns + o.dur_ns) x FROM ops o JOIN st ON o.rank = "
-        "st.rank AND o.start_ns >= st.s AND o.start_ns < st.e WHERE o.run_id = $1 "
-        "UNION ALL SELECT max(a.start_ns + a.dur_ns) FROM api_calls a JOIN st ON a.rank = st.rank "
-        "AND a.start_ns >= st.s AND a.start_ns < st.e WHERE a.run_id = $1 "
-        "UNION ALL SELECT max(k.start_ns + k.dur_ns) FROM kernels k JOIN rt ON k.rank = rt.rank "
-        "AND k.correlation = rt.correlation WHERE k.run_id = $1 AND k.stream >= 0 "
-        "UNION ALL SELECT max(k.start_ns + k.dur_ns) FROM memcpys k JOIN rt ON k.rank = rt.rank "
-        "AND k.correlation = rt.correlation WHERE k.run_id = $1 AND k.stream >= 0 "
-        "UNION ALL SELECT max(k.start_ns + k.dur_ns) FROM memsets k JOIN rt ON k.rank = rt.rank "
-        "AND k.correlation = rt.correlation WHERE k.run_id = $1 AND k.stream >= 0) z";
-    static const char sql_cand[] =
-        HTA_STEPS "SELECT k.rank, k.stream, rt.num, k.start_ns, k.dur_ns, n.name FROM kernels k "
-                  "JOIN rt ON k.rank = rt.rank AND k.correlation = rt.correlation JOIN names n ON "
-                  "n.id = k.name WHERE k.run_id = $1 AND k.stream > 0 AND n.name LIKE "
-                  "'ncclKernel%' ORDER BY k.rank, k.start_ns";
-#undef HTA_STEPS
-    char runs[24];
-    const char *params[5] = { runs, NULL, NULL, NULL, NULL };
-    PGresult *r = NULL;
-    struct hstep *st = NULL;
-    struct hcand *cand = NULL;
-    struct kp_cmp_hta *h = NULL;
-    size_t n_st = 0, n_cand = 0, n_steps_distinct = 0, nr, n_steps_all = 0;
-    int64_t t_min = INT64_MAX, t_max;
-    int64_t *nums = NULL;
-    double *sd = NULL, best = -1.0;
-    size_t best_i = 0;
-    int *cnt_rank = NULL;
-    size_t *cnt = NULL;
-    int rc;
-
-    *out = NULL;
-    snprintf(runs, sizeof(runs), "%" PRId64, run);
-    if ((rc = check_run(c, params, run, errbuf, errlen)) != 0) {
-        return rc;
-    }
-    rc = kp_pg_query(
-        c,
-        "SELECT o.rank, o.start_ns, o.start_ns + o.dur_ns, substr(n.name, 14) FROM ops o "
-        "JOIN names n ON n.id = o.name WHERE o.run_id = $1 AND n.name LIKE "
-        "'ProfilerStep#%'",
-        1, params, &r, errbuf, errlen);
-    if (rc < 0) {
-        goto fail;
-    }
-    nr = (size_t) PQntuples(r);
-    if ((st = calloc(nr + 1, sizeof(*st))) == NULL ||
-        (nums = calloc(nr + 1, sizeof(*nums))) == NULL) {
-        goto nomem;
-    }
-    for (size_t i = 0; i < nr; i++) {
-        st[n_st].rank = (int) kp_pg_i64(r, (int) i, 0, 0);
-        st[n_st].start = kp_pg_i64(r, (int) i, 1, 0);
-        st[n_st].end = kp_pg_i64(r, (int) i, 2, 0);
-        if (parse_step(PQgetvalue(r, (int) i, 3), &st[n_st].num)) {
-            nums[n_st] = st[n_st].num;
-            n_st++;
-        }
-    }
-    PQclear(r);
-    r = NULL;
-    qsort(nums, n_st, sizeof(*nums), cmp_i64);
-    n_steps_all = n_st;
-    for (size_t i = 0; i < n_st; i++) {
-        n_steps_distinct += i == 0 || nums[i] != nums[i - 1];
-    }
-    qsort(st, n_st, sizeof(*st), cmp_hstep);
-    {
-        /* drop each rank's last step (by start) when there are 2+ step names; pick `step` */
-        size_t k = 0;
-
-        for (size_t i = 0; i < n_st; i++) {
-            bool last = i + 1 == n_st || st[i + 1].rank != st[i].rank;
-
-            if ((n_steps_distinct >= 2 && last) || (has_step && st[i].num != step)) {
-                continue;
-            }
-            st[k++] = st[i];
-        }
-        n_st = k;
-    }
-    {
-        size_t n_r = 0;
-        bool step_seen = false;
-
-        for (size_t i = 0; i < n_steps_all; i++) { /* (nums: every step number read) */
-            step_seen = step_seen || nums[i] == step;
-        }
-        for (size_t i = 0; i < n_st; i++) {
-            n_r += i == 0 || st[i].rank != st[i - 1].rank;
-            t_min = st[i].start < t_min ? st[i].start : t_min;
-        }
-        if (has_step && !step_seen) {
-            kp_errbuf_set(errbuf, errlen, "run %" PRId64 " has no step %" PRId64, run, step);
-            rc = KP_ENOTFOUND;
-            goto fail;
-        }
-        if (n_r < 2) { /* an answer, not an unknown run */
-            if ((h = calloc(1, sizeof(*h))) == NULL || (h->collective = strdup("")) == NULL) {
-                goto nomem;
-            }
-            snprintf(h->note, sizeof(h->note),
-                     "HTA's straggler metric needs 2 or more ranks with ProfilerStep ranges%s; "
-                     "run %" PRId64 " has %zu",
-                     n_steps_distinct >= 2 ? " (its last step dropped, as HTA does)" : "", run,
-                     n_r);
-            goto answer;
-        }
-    }
-    for (int f = 0; f < 4; f++) {
-        if ((rc = pg_array((char **) &params[f + 1], n_st, st, f)) != 0) {
-            goto nomem;
-        }
-    }
-    if ((rc = kp_pg_query(c, sql_end, 5, params, &r, errbuf, errlen)) < 0) {
-        goto fail;
-    }
-    t_max = kp_pg_i64(r, 0, 0, 0);
-    PQclear(r);
-    r = NULL;
-    {
-        /* mean step time: (latest end - t_min) / steps */
-        size_t n_num = 0;
-
-        for (size_t i = 0; i < n_st; i++) {
-            nums[i] = st[i].num;
-        }
-        qsort(nums, n_st, sizeof(*nums), cmp_i64);
-        for (size_t i = 0; i < n_st; i++) {
-            n_num += i == 0 || nums[i] != nums[i - 1];
-        }
-        if ((h = calloc(1, sizeof(*h))) == NULL) {
-            goto nomem;
-        }
-        h->mean_step_ns = (double) (t_max - t_min) / (double) n_num;
-    }
-    if ((rc = kp_pg_query(c, sql_cand, 5, params, &r, errbuf, errlen)) < 0) {
-        goto fail;
-    }
-    nr = (size_t) PQntuples(r);
-    if ((cand = calloc(nr + 1, sizeof(*cand))) == NULL) {
-        goto nomem;
-    }
-    for (size_t i = 0; i < nr; i++) {
-        struct hcand x = { (int) kp_pg_i64(r, (int) i, 0, 0), (int) kp_pg_i64(r, (int) i, 1, 0),
-                           kp_pg_i64(r, (int) i, 2, 0),       kp_pg_i64(r, (int) i, 3, 0),
-                           kp_pg_i64(r, (int) i, 4, 0),       PQgetvalue(r, (int) i, 5) };
-        size_t j;
-
-        if (x.step <= 0 || (double) x.dur < 0.01 * h->mean_step_ns) { /* HTA: iteration > 0 */
-            continue;
-        }
-        for (j = 0; j < n_cand; j++) { /* the last per (rank, stream, step, name) */
-            if (cand[j].rank == x.rank && cand[j].stream == x.stream && cand[j].step == x.step &&
-                strcmp(cand[j].name, x.name) == 0) {
-                break;
-            }
-        }
-        cand[j] = x;
-        n_cand += j == n_cand;
-    }
-    if (n_cand == 0) { /* an answer, not an unknown run */
-        if ((h->collective = strdup("")) == NULL) {
-            goto nomem;
-        }
-        snprintf(h->note, sizeof(h->note),
-                 "HTA's straggler metric needs collectives; this run has none (no ncclKernel* "
-                 "kernel lasting 1%% of the mean step in a step it keeps)");
-        goto answer;
-    }
-    /* per (stream, name): mean over steps of the std (ddof 1) across ranks of dur' */
-    if ((sd = calloc(n_cand, sizeof(*sd))) == NULL ||
-        (cnt = calloc(n_cand, sizeof(*cnt))) == NULL) {
-        goto nomem;
-    }
-    for (size_t i = 0; i < n_cand; i++) {
-        double sum = 0.0, sq = 0.0, nsteps = 0.0, acc = 0.0;
-        bool seen = false;
-
-        for (size_t j = 0; j < i && !seen; j++) {
-            seen = cand[j].stream == cand[i].stream && strcmp(cand[j].name, cand[i].name) == 0;
-        }
-        if (seen) {
-            continue;
-        }
-        /* each step of this (stream, name) */
-        for (size_t j = 0; j < n_cand; j++) {
-            size_t n = 0;
-            bool first = true;
-
-            if (cand[j].stream != cand[i].stream || strcmp(cand[j].name, cand[i].name) != 0) {
-                continue;
-            }
-            for (size_t k = 0; k < j && first; k++) {
-                first = !(cand[k].stream == cand[i].stream && cand[k].step == cand[j].step &&
-                          strcmp(cand[k].name, cand[i].name) == 0);
-            }
-            if (!first) {
-                continue;
-            }
-            sum = sq = 0.0;
-            for (size_t k = 0; k < n_cand; k++) {
-                if (cand[k].stream == cand[i].stream && cand[k].step == cand[j].step &&
-                    strcmp(cand[k].name, cand[i].name) == 0) {
-                    double d = (double) cand[k].dur / h->mean_step_ns;
-
-                    sum += d;
-                    sq += d * d;
-                    n++;
-                }
-            }
-            if (n >= 2) {
-                double m = sum / (double) n;
-
-                acc += sqrt(fmax(0.0, (sq - (double) n * m * m) / (double) (n - 1)));
-                nsteps += 1.0;
-            }
-        }
-        sd[i] = nsteps > 0 ? acc / nsteps : -1.0;
-        if (sd[i] > best) {
-            best = sd[i];
-            best_i = i;
-        }
-    }
-    if ((h->collective = strdup(cand[best_i].name)) == NULL ||
-        (h->rows = calloc(n_cand, sizeof(*h->rows))) == NULL ||
-        (cnt_rank = calloc(n_cand, sizeof(*cnt_rank))) == NULL ||
-        (h->stragglers = calloc(n_cand, sizeof(*h->stragglers))) == NULL) {
-        goto nomem;
-    }
-    h->stream = cand[best_i].stream;
-    for (size_t k = 0; k < n_cand; k++) {
-        if (cand[k].stream == h->stream && strcmp(cand[k].name, h->collective) == 0) {
-            struct kp_cmp_hta_row *w = &h->rows[h->n_rows++];
-
-            w->rank = cand[k].rank;
-            w->step = cand[k].step;
-            w->start_ns = cand[k].start - t_min;
-            w->dur_ns = cand[k].dur;
-            w->norm_start = (double) w->start_ns / h->mean_step_ns;
-            w->norm_dur = (double) w->dur_ns / h->mean_step_ns;
-        }
-    }
-    /* order the metric by step, then rank */
-    for (size_t a = 1; a < h->n_rows; a++) {
-        for (size_t b = a; b > 0 && (h->rows[b].step < h->rows[b - 1].step ||
-                                     (h->rows[b].step == h->rows[b - 1].step &&
-                                      h->rows[b].rank < h->rows[b - 1].rank));
-             b--) {
-            struct kp_cmp_hta_row t = h->rows[b];
-
-            h->rows[b] = h->rows[b - 1];
-            h->rows[b - 1] = t;
-        }
-    }
-    /* per step: flag ranks whose metric >= the k-th largest; count flags per rank */
-    memset(cnt, 0, n_cand * sizeof(*cnt));
-    {
-        size_t n_rk = 0;
-
-        for (size_t a = 0; a < h->n_rows;) {
-            size_t b = a, m = 0;
-            double *vals = sd; /* reuse: n_cand >= rows of one step */
-            double kth;
-
-            while (b < h->n_rows && h->rows[b].step == h->rows[a].step) {
-                vals[m++] = h->rows[b].norm_start;
-                b++;
-            }
-            qsort(vals, m, sizeof(*vals), cmp_double);
-            kth = vals[m >= (size_t) num_candidates ? m - (size_t) num_candidates : 0];
-            for (size_t k = a; k < b; k++) {
-                size_t q;
-
-                if (h->rows[k].norm_start < kth) {
-                    continue;
-                }
-                for (q = 0; q < n_rk && cnt_rank[q] != h->rows[k].rank; q++) {
-                }
-                if (q == n_rk) {
-                    cnt_rank[n_rk++] = h->rows[k].rank;
-                }
-                cnt[q]++;
-            }
-            a = b;
-        }
-        /* top k by count, ties by rank */
-        for (size_t a = 1; a < n_rk; a++) {
-            for (size_t b = a; b > 0 && (cnt[b] > cnt[b - 1] ||
-                                         (cnt[b] == cnt[b - 1] && cnt_rank[b] < cnt_rank[b - 1]));
-                 b--) {
-                size_t tc = cnt[b];
-                int tr = cnt_rank[b];
-
-                cnt[b] = cnt[b - 1];
-                cnt_rank[b] = cnt_rank[b - 1];
-                cnt[b - 1] = tc;
-                cnt_rank[b - 1] = tr;
-            }
-        }
-        for (size_t a = 0; a < n_rk && a < (size_t) num_candidates; a++) {
-            h->stragglers[h->n_stragglers++] = cnt_rank[a];
-        }
-    }
-answer:
-    *out = h;
-    h = NULL;
-    rc = 0;
-    goto out;
-nomem:
-    rc = -ENOMEM;
-    kp_errbuf_set(errbuf, errlen, "out of memory");
-fail:
-out:
-    PQclear(r);
-    for (int f = 1; f < 5; f++) {
-        free((char *) params[f]);
-    }
-    kp_cmp_hta_destroy(h);
-    free(cnt_rank);
-    free(cnt);
-    free(sd);
-    free(cand);
-    free(nums);
-    free(st);
+    kp_strbuf_fini(&arr[0]);
+    kp_strbuf_fini(&arr[1]);
     return rc;
 }

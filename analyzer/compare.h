@@ -1,101 +1,9 @@
 /*
- * kp_cmp: the cross-rank comparison of a run: which rank holds the job back, and why.
+ * kp_compare: the cross-rank comparison of a run: which rank holds the job back, and why. What
+ * it measures and how it decides (steps, matching of collectives, clock alignment, lateness,
+ * excess, the straggler rule, HTA's metric) is docs/specs/compare.md.
  *
- * Per rank and step (a rank's steps are its ProfilerStep#N ops, else its rows of the steps
- * table (captures), else one step 0 over its kernels):
- *  - step time (end - start);
- *  - collective time: the sum of the durations of the rank's collectives in the step, i.e. its
- *    NCCL kernels (names starting "nccl" that contain "Kernel": ncclKernel_* and
- *    ncclDevKernel_*) and its Gloo ops (op names starting "gloo:");
- *  - compute: the sum of the durations of its other kernels;
- *  - host: the sum of the durations of its data-loading ops (the plugin's DataLoader names:
- *    enumerate(DataLoader)#...__next__, enumerate(DataPipe)#...);
- *  - launch: the sum of the durations of its CUDA runtime calls, synchronizations and waits
- *    (cuda*Synchronize*, cuda*WaitEvent*, cuda*Query*) excluded: the host's cost of issuing
- *    the work;
- *  - other: the sum of the durations of its copies and memsets.
- * A row belongs to the step its row carries (kernels.step, ...; set by captures and
- * kprof-loadgen), else to the rank's step whose [start, end) holds its start (imports).
- * PostgreSQL computes these sums in one pass over each event table of the run (all ranks at
- * once); only the collectives and the step and data-loading ops come back as rows, so memory
- * is a few rows per rank and step, not the run.
- *
- * Matching: the i-th NCCL kernel of step S on one rank (by start time) is the same collective
- * as the i-th NCCL kernel of step S on every other rank; Gloo ops are matched the same way
- * among themselves (a Gloo op is the CPU-side collective: its start is the rank's arrival and
- * the waiting is inside it, as for an NCCL kernel). A collective only some ranks have (a rank
- * with fewer) is compared among the ranks that have it. This assumes every rank issues the
- * same collectives in the same order, which NCCL itself requires within a communicator; with
- * several communicators on separate streams the order by start can differ between ranks, and
- * lateness is then noisy.
- *
- * Clock alignment: every rank's kernel of one collective ends (about) when the last rank
- * arrives plus the transfer, so end times should coincide. That holds only for collectives
- * that every rank finishes together: a point-to-point transfer (NCCL SendRecv, Send, Recv
- * kernels, gloo:send / gloo:recv ops: names containing "send" or "recv", any case) ends when
- * its own peer is done, which may be a rank outside the run, and a matched group that lacks a
- * rank having the step is no common collective either. So a rank's clock offset (its clock
- * minus the reference's, as ranks.clock_offset_ns) is the median, over the collectives it
- * shares with the reference rank (the lowest rank) that are neither, of (its end - the
- * reference's end); the spread is the interquartile range of those differences, with their
- * count. A rank with none has no offset (has_offset false): its clock is taken as is and the
- * verdict says so. Offsets are always estimated over every step of the run, also under
- * --step, so that a one-step view uses the whole run's offsets and never contradicts it. They
- * are subtracted from the rank's collective starts before they are compared. Step times and
- * durations need no alignment. kp_cmp_save_offsets writes them to ranks.clock_offset_ns.
- *
- * Lateness: at collective k, rank r's lateness = its aligned start - the median aligned start
- * over the ranks that have k: how long the rank in the middle waits for r there. A rank's
- * lateness in a step (late_ns) is the sum of its positive lateness over the step's
- * collectives, with the largest one (max_late_ns). Against the median rather than the
- * earliest or the last arrival, it names every late rank: with two stragglers, the slower one
- * makes everyone, the other straggler included, wait inside the collectives, but the other
- * still arrives after the median rank (at least where its own delay is not hidden behind the
- * slower one's transfer), and healthy ranks, which wait, are at the median. Informative only:
- * a collective is decisive when its arrivals spread over KP_CMP_DECISIVE_FRAC (1%) of the
- * step's median step time, and the rank that arrives last, alone, is "last" in it.
- *
- * Excess: per step and cause (compute, host, launch), a rank's time minus the median over the
- * ranks of the same time (the median rank's).
- *
- * Straggler rule (thresholds in struct kp_cmp_opts; kprofctl compare --late-pct etc.):
- *  - rank r is late in step S when (1) its lateness in S exceeds late_frac (2%) of S's median
- *    step time: it does arrive late, and (2) its largest excess in S exceeds excess_frac (5%)
- *    of S's median step time: it spends that much longer than the median rank on compute, data
- *    loading or launches before the collectives. (1) alone does not do: on synthetic DDP runs
- *    the slowest healthy rank of a step (±1.5% compute jitter) arrives up to ~18% of a step
- *    after the median in all, being last at every bucket, while its excess stays under 2%; and
- *    a second, milder straggler behind a worse one arrives only ~6% late, hidden, while its
- *    excess (15% for 1.25x compute) shows. (2) alone does not do either: extra work that does
- *    not delay the collectives (it overlaps them) holds nobody back.
- *  - r is a straggler when it is late in at least step_frac (50%) of the steps it has.
- * A rank late for a reason outside the three causes (a slow link, Python overhead between
- * launches) is not named; its lateness shows in late_ms and the steps' last_rank.
- * Evidence: the steps, its mean lateness over them, its largest at one collective, and per
- * cause its mean time and its mean excess over those steps; the cause is the largest excess.
- * A rank that is not a straggler "waits" when there is a straggler and its median collective
- * time exceeds the latest straggler's by at least half that straggler's lateness.
- *
- * The rank the others wait for (waited_for): the rank with the largest mean lateness, when it
- * exceeds late_frac of the median step time and the rank is the steps' last_rank in at least
- * half of them (not jitter's pick of a step); it is flagged "late" when it is not a straggler
- * (it arrives late, but not from its own compute, data loading or launches). With equal step
- * times (synchronous training) this is the answer to "who holds the collectives back". HTA's
- * straggler metric looks at when each rank's last collective of a step starts, on the hosts'
- * own clocks: per step, hta_rank is the rank whose last collective starts latest (raw
- * clocks; -1 on a tie), and the result's hta_rank the one that is so in most steps; the
- * verdict says whether it agrees with the rank kprof names (the latest straggler, else
- * waited_for), and why not when it does not.
- *
- * The world: runs.world_size and the ranks table say which ranks of the job are missing from
- * the run (never captured or imported); the verdict says so. Each rank's host and local rank
- * come from the ranks table; its node is the index of its host among the run's hosts, numbered
- * in the order of their lowest ranks (-1: no host recorded).
- *
- * HTA's metric (kp_cmp_hta, spec §9 of docs/specs/hta-analyses.md) is computed apart, on
- * HTA's own terms, so that its call can be checked against HTA's output.
- *
- * Memory: results are owned by the caller (kp_cmp_result_destroy, kp_cmp_hta_destroy).
+ * Memory: results are owned by the caller (kp_compare_result_destroy, kp_compare_hta_destroy).
  * Blocks on PostgreSQL; one caller per connection.
  */
 #ifndef KP_COMPARE_H
@@ -107,13 +15,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define KP_CMP_DEFAULT_LATE_FRAC   0.02
-#define KP_CMP_DEFAULT_EXCESS_FRAC 0.05
-#define KP_CMP_DEFAULT_STEP_FRAC   0.5
-#define KP_CMP_MAX_RANKS           65536
-#define KP_CMP_DECISIVE_FRAC       0.01 /* see "Lateness" above */
+#define KP_COMPARE_DEFAULT_LATE_FRAC   0.02
+#define KP_COMPARE_DEFAULT_EXCESS_FRAC 0.05
+#define KP_COMPARE_DEFAULT_STEP_FRAC   0.5
+#define KP_COMPARE_MAX_RANKS           65536
+#define KP_COMPARE_DECISIVE_FRAC       0.01 /* see "Lateness" above */
 
-struct kp_cmp_opts {
+struct kp_compare_opts {
     bool has_step;      /* compare only step `step` */
     int64_t step;       /* the N of ProfilerStep#N (or of the recorded step) */
     double late_frac;   /* lateness threshold, a fraction of the step's median step time */
@@ -123,20 +31,20 @@ struct kp_cmp_opts {
 };
 
 /* Initializes o with the defaults above (every step). */
-void kp_cmp_opts_init(struct kp_cmp_opts *o);
+void kp_compare_opts_init(struct kp_compare_opts *o);
 
-enum kp_cmp_cause {
-    KP_CMP_COMPUTE,
-    KP_CMP_HOST,
-    KP_CMP_LAUNCH,
-    KP_CMP_CAUSE_COUNT,
+enum kp_compare_cause {
+    KP_COMPARE_COMPUTE,
+    KP_COMPARE_HOST,
+    KP_COMPARE_LAUNCH,
+    KP_COMPARE_CAUSE_COUNT,
 };
 
 /* "compute", "host", "launch". */
-extern const char *const kp_cmp_cause_names[KP_CMP_CAUSE_COUNT];
+extern const char *const kp_compare_cause_names[KP_COMPARE_CAUSE_COUNT];
 
 /* One rank in one step; times in ns. Absent (present false) when the rank lacks the step. */
-struct kp_cmp_cell {
+struct kp_compare_cell {
     bool present;
     int64_t step_ns, coll_ns, compute_ns, host_ns, launch_ns, other_ns;
     uint32_t n_coll;    /* decisive collectives matched in the step */
@@ -144,13 +52,13 @@ struct kp_cmp_cell {
     double late_ns;     /* sum of its lateness (after the median arrival) over the step */
     double max_late_ns; /* its largest lateness at one of them */
     double wait_ns;     /* the others' median collective time - its own */
-    double excess_ns[KP_CMP_CAUSE_COUNT]; /* its time - the median rank's, per cause */
-    bool late;                            /* late in this step by the rule above */
+    double excess_ns[KP_COMPARE_CAUSE_COUNT]; /* its time - the median rank's, per cause */
+    bool late;                                /* late in this step by the rule above */
     int64_t last_start;   /* the start of its last collective of the step, on its own clock */
     uint32_t n_coll_seen; /* its collectives in the step (last_start is set when > 0) */
 };
 
-struct kp_cmp_rank {
+struct kp_compare_rank {
     int rank;
     int64_t clock_offset_ns; /* subtracted from its collective starts */
     bool has_offset;         /* it shares collectives with the reference (or is it) */
@@ -167,7 +75,7 @@ struct kp_cmp_rank {
     int local_rank;          /* -1: unknown */
 };
 
-struct kp_cmp_step {
+struct kp_compare_step {
     int64_t step;
     size_t n_ranks;                                 /* ranks that have the step */
     size_t n_coll;                                  /* collectives compared (most on any rank) */
@@ -177,28 +85,28 @@ struct kp_cmp_step {
     int hta_rank;  /* the rank whose last collective starts latest (raw clocks); -1: none */
 };
 
-struct kp_cmp_straggler {
+struct kp_compare_straggler {
     int rank;
     size_t n_steps;     /* steps it is late in */
     int64_t *steps;     /* their numbers */
     double late_ns;     /* mean over those steps of its summed lateness */
     double max_late_ns; /* its largest lateness at one collective in those steps */
-    enum kp_cmp_cause cause;
-    double own_ns[KP_CMP_CAUSE_COUNT];    /* its mean per step, over those steps */
-    double excess_ns[KP_CMP_CAUSE_COUNT]; /* its mean excess over the median rank, the same */
+    enum kp_compare_cause cause;
+    double own_ns[KP_COMPARE_CAUSE_COUNT];    /* its mean per step, over those steps */
+    double excess_ns[KP_COMPARE_CAUSE_COUNT]; /* its mean excess over the median rank, the same */
 };
 
-struct kp_cmp_result {
+struct kp_compare_result {
     int64_t run;
     size_t n_ranks;
-    struct kp_cmp_rank *ranks; /* by rank number */
+    struct kp_compare_rank *ranks; /* by rank number */
     size_t n_steps;
-    struct kp_cmp_step *steps; /* by step number */
-    struct kp_cmp_cell *cells; /* [rank index * n_steps + step index] */
+    struct kp_compare_step *steps; /* by step number */
+    struct kp_compare_cell *cells; /* [rank index * n_steps + step index] */
     size_t n_stragglers;
-    struct kp_cmp_straggler *stragglers; /* latest first */
-    double step_median_ns;               /* median over ranks of kp_cmp_rank.step_ns */
-    int world_size;                      /* runs.world_size */
+    struct kp_compare_straggler *stragglers; /* latest first */
+    double step_median_ns;                   /* median over ranks of kp_compare_rank.step_ns */
+    int world_size;                          /* runs.world_size */
     size_t n_missing;
     int *missing;          /* the ranks of the world not in the run, ascending */
     int waited_for;        /* the rank the others wait for; -1: none */
@@ -212,39 +120,39 @@ struct kp_cmp_result {
 };
 
 /*
- * Compares the ranks of run `run` over c. Returns 0 and *out (kp_cmp_result_destroy), or
+ * Compares the ranks of run `run` over c. Returns 0 and *out (kp_compare_result_destroy), or
  * KP_ENOTFOUND (no such run, no ranks, or no such step: errbuf says which exist), KP_EPG,
  * KP_ETOOBIG, -ENOMEM, -EINVAL (bad opts), with a message in errbuf.
  */
-int kp_cmp_run(PGconn *c, int64_t run, const struct kp_cmp_opts *o, struct kp_cmp_result **out,
-               char *errbuf, size_t errlen);
+int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opts *o,
+                             struct kp_compare_result **out, char *errbuf, size_t errlen);
 
 /* Writes r's clock offsets to ranks.clock_offset_ns (the ranks with one: has_offset), in one
  * statement. Returns 0 and *n_saved, or KP_EPG / -ENOMEM with a message in errbuf. */
-int kp_cmp_save_offsets(PGconn *c, const struct kp_cmp_result *r, size_t *n_saved, char *errbuf,
-                        size_t errlen);
+int kp_compare_save_offsets(PGconn *c, const struct kp_compare_result *r, size_t *n_saved,
+                            char *errbuf, size_t errlen);
 
 /* Frees a result; NULL is fine. */
-void kp_cmp_result_destroy(struct kp_cmp_result *r);
+void kp_compare_result_destroy(struct kp_compare_result *r);
 
 /* Fills idx[0..n_ranks) with indices into r->ranks, flagged first (stragglers, latest first,
  * then the rank flagged "late"), then the others slowest step time first (ties by rank).
  * Returns 0 or -ENOMEM. */
-int kp_cmp_order(const struct kp_cmp_result *r, size_t *idx);
+int kp_compare_order(const struct kp_compare_result *r, size_t *idx);
 
 /* A rank's flag: "straggler", "late" (the rank the others wait for), "waits" or "". */
-const char *kp_cmp_flag(const struct kp_cmp_rank *rk);
+const char *kp_compare_flag(const struct kp_compare_rank *rk);
 
 /* Whether a rank holds the others back: flagged "straggler" or "late". */
-bool kp_cmp_flagged(const struct kp_cmp_rank *rk);
+bool kp_compare_flagged(const struct kp_compare_rank *rk);
 
-/* The ranks shown: kp_cmp_order's order, only the flagged ones if flagged, the first top
+/* The ranks shown: kp_compare_order's order, only the flagged ones if flagged, the first top
  * (0: all). Fills idx (n_ranks entries) and returns how many, or -ENOMEM. */
-long kp_cmp_select(const struct kp_cmp_result *r, size_t top, bool flagged, size_t *idx);
+long kp_compare_select(const struct kp_compare_result *r, size_t top, bool flagged, size_t *idx);
 
 /* The index into r->ranks of the rank whose median step time is nearest the median, among
  * the ranks not flagged (any rank when all are); -1 when r has no ranks. */
-long kp_cmp_median_rank(const struct kp_cmp_result *r);
+long kp_compare_median_rank(const struct kp_compare_result *r);
 
 /* Writes r as one JSON object {run, world_size, missing_ranks, ranks: [...], steps: [...],
  * stragglers: [{rank, steps, late_ms, max_late_ms, cause, excess_ms, excess_ms_by_cause,
@@ -252,41 +160,41 @@ long kp_cmp_median_rank(const struct kp_cmp_result *r);
  * ms (the unit in each name); each rank carries its host, node, local_rank, has_offset,
  * clock_offset_spread_ms, offset_collectives and its lateness per step (late_us_by_step, in
  * the order of steps; null where it lacks the step): the rank x step lateness map; next is
- * kp_cmp_next's commands, one string each. Every rank, in kp_cmp_order's order. */
-void kp_cmp_json(FILE *f, const struct kp_cmp_result *r);
+ * kp_compare_next's commands, one string each. Every rank, in kp_compare_order's order. */
+void kp_compare_json(FILE *f, const struct kp_compare_result *r);
 
-/* The same with only the ranks idx[0..n) (kp_cmp_select). */
-void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, size_t n);
+/* The same with only the ranks idx[0..n) (kp_compare_select). */
+void kp_compare_json_sel(FILE *f, const struct kp_compare_result *r, const size_t *idx, size_t n);
 
 /* Writes the ascending ranks v[0..n) to buf as ranges ("2..127", "3, 5..9"), truncated with
  * "... (N in all)" to fit cap. Returns 0, or -1 when truncated. */
-int kp_cmp_ranges(char *buf, size_t cap, const int *v, size_t n);
+int kp_compare_ranges(char *buf, size_t cap, const int *v, size_t n);
 
 /* Writes one line on r's clock offsets: how many collectives they come from, their largest
  * spread, the ranks without one; nothing for a single rank. */
-void kp_cmp_offsets_line(FILE *f, const struct kp_cmp_result *r);
+void kp_compare_offsets_line(FILE *f, const struct kp_compare_result *r);
 
 /* Writes the next commands to run on r, each line prefixed by indent: the breakdown of its
  * first flagged rank, then on one line the export of that rank and of the median rank
- * (kp_cmp_median_rank) joined by &&; nothing when no rank is flagged. */
-void kp_cmp_next(FILE *f, const struct kp_cmp_result *r, const char *indent);
+ * (kp_compare_median_rank) joined by &&; nothing when no rank is flagged. */
+void kp_compare_next(FILE *f, const struct kp_compare_result *r, const char *indent);
 
 /* ---- HTA's straggler metric (get_potential_stragglers) --------------------------------- */
 
-struct kp_cmp_hta_row {
+struct kp_compare_hta_row {
     int rank;
     int64_t step;
     int64_t start_ns, dur_ns; /* relative to t_min / absolute duration */
     double norm_start, norm_dur;
 };
 
-struct kp_cmp_hta {
+struct kp_compare_hta {
     char *collective; /* the chosen kernel name (owned); "" when note is set */
     char note[256];   /* why there is no call (no collectives, one rank); "" otherwise */
     int stream;
     double mean_step_ns;
     size_t n_rows;
-    struct kp_cmp_hta_row *rows; /* the metric: by step, then rank */
+    struct kp_compare_hta_row *rows; /* the metric: by step, then rank */
     size_t n_stragglers;
     int *stragglers; /* HTA's list, in its order */
 };
@@ -297,18 +205,18 @@ struct kp_cmp_hta {
  * restricts to one; CPU rows (ops, runtime calls) belong to the step holding their start,
  * kernels to their launching runtime call's step; candidates are kernels named ncclKernel*
  * (not ncclDevKernel, as HTA) lasting >= 1% of the mean step time; k = num_candidates.
- * Returns 0 and *out (kp_cmp_hta_destroy), KP_ENOTFOUND (no run, or no step `step`), KP_EPG
+ * Returns 0 and *out (kp_compare_hta_destroy), KP_ENOTFOUND (no run, or no step `step`), KP_EPG
  * or -ENOMEM, with a message in errbuf. A run HTA's metric cannot be computed on (fewer than 2
  * ranks with steps, no candidate ncclKernel) is an answer, not an error: *out has no rows and
  * its note says why ("HTA's straggler metric needs collectives; this run has none").
  */
-int kp_cmp_hta(PGconn *c, int64_t run, bool has_step, int64_t step, int num_candidates,
-               struct kp_cmp_hta **out, char *errbuf, size_t errlen);
+int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, int num_candidates,
+                          struct kp_compare_hta **out, char *errbuf, size_t errlen);
 
-void kp_cmp_hta_destroy(struct kp_cmp_hta *h);
+void kp_compare_hta_destroy(struct kp_compare_hta *h);
 
 /* Writes h as one JSON object {collective, note, stream, mean_step_ms, metric: [...],
  * stragglers}. */
-void kp_cmp_hta_json(FILE *f, const struct kp_cmp_hta *h);
+void kp_compare_hta_json(FILE *f, const struct kp_compare_hta *h);
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * kp_cmp_pb: compare.h's result and HTA call as Analyzer.Compare's reply, and back
+ * kp_compare_pb: compare.h's result and HTA call as Analyzer.Compare's reply, and back
  * (compare_pb.h).
  */
 #include "compare_pb.h"
@@ -26,7 +26,7 @@ enum {
 };
 
 /* compare.h's cause c as the proto's enum, and back (-1: not a cause). */
-static Kprof__V1__CompareCause cause_to_pb(enum kp_cmp_cause c)
+static Kprof__V1__CompareCause cause_to_pb(enum kp_compare_cause c)
 {
     return (Kprof__V1__CompareCause) ((int) c + 1);
 }
@@ -35,7 +35,7 @@ static int cause_from_pb(Kprof__V1__CompareCause c)
 {
     int i = (int) c - 1;
 
-    return i >= 0 && i < KP_CMP_CAUSE_COUNT ? i : -1;
+    return i >= 0 && i < KP_COMPARE_CAUSE_COUNT ? i : -1;
 }
 
 /* One calloc for n items of size sz (at least one, so that 0 items is not an error). */
@@ -44,7 +44,7 @@ static void *alloc_n(size_t n, size_t sz)
     return calloc(n ? n : 1, sz);
 }
 
-int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r)
+int kp_compare_pb_init(struct kp_compare_pb *p, const struct kp_compare_result *r)
 {
     Kprof__V1__CompareResponse *m = &p->msg;
     Kprof__V1__CompareRank *ranks;
@@ -53,7 +53,7 @@ int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r)
     Kprof__V1__CompareEvidence *ev;
     void **ptrs;
     double *late;
-    size_t n_ev = r->n_stragglers * KP_CMP_CAUSE_COUNT, used = 0;
+    size_t n_ev = r->n_stragglers * KP_COMPARE_CAUSE_COUNT, used = 0;
 
     memset(p, 0, sizeof(*p));
     kprof__v1__compare_response__init(m);
@@ -76,7 +76,7 @@ int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r)
     m->n_ranks = r->n_ranks;
     m->ranks = (Kprof__V1__CompareRank **) (ptrs + used);
     for (size_t i = 0; i < r->n_ranks; i++) {
-        const struct kp_cmp_rank *k = &r->ranks[i];
+        const struct kp_compare_rank *k = &r->ranks[i];
         Kprof__V1__CompareRank *o = &ranks[i];
 
         kprof__v1__compare_rank__init(o);
@@ -103,7 +103,8 @@ int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r)
         o->n_step_late_ns = r->n_steps;
         o->step_late_ns = late + i * r->n_steps;
         for (size_t j = 0; j < r->n_steps; j++) {
-            const struct kp_cmp_cell *cl = r->cells != NULL ? &r->cells[i * r->n_steps + j] : NULL;
+            const struct kp_compare_cell *cl =
+                r->cells != NULL ? &r->cells[i * r->n_steps + j] : NULL;
 
             o->step_late_ns[j] = cl != NULL && cl->present ? cl->late_ns : NAN;
         }
@@ -112,7 +113,7 @@ int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r)
     m->n_steps = r->n_steps;
     m->steps = (Kprof__V1__CompareStep **) (ptrs + used);
     for (size_t j = 0; j < r->n_steps; j++) {
-        const struct kp_cmp_step *s = &r->steps[j];
+        const struct kp_compare_step *s = &r->steps[j];
         Kprof__V1__CompareStep *o = &steps[j];
 
         kprof__v1__compare_step__init(o);
@@ -133,7 +134,7 @@ int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r)
     m->stragglers = (Kprof__V1__CompareStraggler **) (ptrs + used);
     used += r->n_stragglers;
     for (size_t i = 0; i < r->n_stragglers; i++) {
-        const struct kp_cmp_straggler *s = &r->stragglers[i];
+        const struct kp_compare_straggler *s = &r->stragglers[i];
         Kprof__V1__CompareStraggler *o = &str[i];
 
         kprof__v1__compare_straggler__init(o);
@@ -143,13 +144,13 @@ int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r)
         o->late_ns = s->late_ns;
         o->max_late_ns = s->max_late_ns;
         o->cause = cause_to_pb(s->cause);
-        o->n_evidence = KP_CMP_CAUSE_COUNT;
+        o->n_evidence = KP_COMPARE_CAUSE_COUNT;
         o->evidence = (Kprof__V1__CompareEvidence **) (ptrs + used);
-        for (int c = 0; c < KP_CMP_CAUSE_COUNT; c++) {
-            Kprof__V1__CompareEvidence *e = &ev[i * KP_CMP_CAUSE_COUNT + (size_t) c];
+        for (int c = 0; c < KP_COMPARE_CAUSE_COUNT; c++) {
+            Kprof__V1__CompareEvidence *e = &ev[i * KP_COMPARE_CAUSE_COUNT + (size_t) c];
 
             kprof__v1__compare_evidence__init(e);
-            e->cause = cause_to_pb((enum kp_cmp_cause) c);
+            e->cause = cause_to_pb((enum kp_compare_cause) c);
             e->own_ns = s->own_ns[c];
             e->excess_ns = s->excess_ns[c];
             e->median_ns = s->own_ns[c] - s->excess_ns[c];
@@ -172,7 +173,7 @@ int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r)
     return 0;
 }
 
-int kp_cmp_pb_init_hta(struct kp_cmp_pb *p, const struct kp_cmp_hta *h, int k)
+int kp_compare_pb_init_hta(struct kp_compare_pb *p, const struct kp_compare_hta *h, int k)
 {
     Kprof__V1__CompareHtaRow *rows;
     Kprof__V1__CompareHtaRow **ptrs;
@@ -192,7 +193,7 @@ int kp_cmp_pb_init_hta(struct kp_cmp_pb *p, const struct kp_cmp_hta *h, int k)
     o->stream = h->stream;
     o->mean_step_ns = h->mean_step_ns;
     for (size_t i = 0; i < h->n_rows; i++) {
-        const struct kp_cmp_hta_row *w = &h->rows[i];
+        const struct kp_compare_hta_row *w = &h->rows[i];
 
         kprof__v1__compare_hta_row__init(&rows[i]);
         rows[i].rank = w->rank;
@@ -212,7 +213,7 @@ int kp_cmp_pb_init_hta(struct kp_cmp_pb *p, const struct kp_cmp_hta *h, int k)
     return 0;
 }
 
-void kp_cmp_pb_fini(struct kp_cmp_pb *p)
+void kp_compare_pb_fini(struct kp_compare_pb *p)
 {
     for (size_t i = 0; i < sizeof(p->arr) / sizeof(p->arr[0]); i++) {
         free(p->arr[i]);
@@ -220,10 +221,10 @@ void kp_cmp_pb_fini(struct kp_cmp_pb *p)
     }
 }
 
-int kp_cmp_from_pb(const Kprof__V1__CompareResponse *m, struct kp_cmp_result **out, char *errbuf,
-                   size_t errlen)
+int kp_compare_from_pb(const Kprof__V1__CompareResponse *m, struct kp_compare_result **out,
+                       char *errbuf, size_t errlen)
 {
-    struct kp_cmp_result *r = calloc(1, sizeof(*r));
+    struct kp_compare_result *r = calloc(1, sizeof(*r));
     int rc = -ENOMEM;
 
     *out = NULL;
@@ -251,7 +252,7 @@ int kp_cmp_from_pb(const Kprof__V1__CompareResponse *m, struct kp_cmp_result **o
     r->n_ranks = m->n_ranks;
     for (size_t i = 0; i < m->n_ranks; i++) {
         const Kprof__V1__CompareRank *o = m->ranks[i];
-        struct kp_cmp_rank *k = &r->ranks[i];
+        struct kp_compare_rank *k = &r->ranks[i];
 
         k->rank = o->rank;
         k->step_ns = o->step_ns;
@@ -274,7 +275,7 @@ int kp_cmp_from_pb(const Kprof__V1__CompareResponse *m, struct kp_cmp_result **o
         k->offset_spread_ns = o->offset_spread_ns;
         k->offset_n = (size_t) o->offset_collectives;
         for (size_t j = 0; j < m->n_steps && j < o->n_step_late_ns; j++) {
-            struct kp_cmp_cell *cl = &r->cells[i * m->n_steps + j];
+            struct kp_compare_cell *cl = &r->cells[i * m->n_steps + j];
 
             cl->present = !isnan(o->step_late_ns[j]);
             cl->late_ns = cl->present ? o->step_late_ns[j] : 0.0;
@@ -283,7 +284,7 @@ int kp_cmp_from_pb(const Kprof__V1__CompareResponse *m, struct kp_cmp_result **o
     r->n_steps = m->n_steps;
     for (size_t j = 0; j < m->n_steps; j++) {
         const Kprof__V1__CompareStep *o = m->steps[j];
-        struct kp_cmp_step *s = &r->steps[j];
+        struct kp_compare_step *s = &r->steps[j];
 
         s->step = o->step;
         s->n_ranks = (size_t) o->ranks;
@@ -299,8 +300,8 @@ int kp_cmp_from_pb(const Kprof__V1__CompareResponse *m, struct kp_cmp_result **o
     }
     for (size_t i = 0; i < m->n_stragglers; i++) {
         const Kprof__V1__CompareStraggler *o = m->stragglers[i];
-        struct kp_cmp_straggler *s = &r->stragglers[i];
-        bool seen[KP_CMP_CAUSE_COUNT] = { false };
+        struct kp_compare_straggler *s = &r->stragglers[i];
+        bool seen[KP_COMPARE_CAUSE_COUNT] = { false };
         int cause = cause_from_pb(o->cause);
 
         r->n_stragglers = i + 1; /* its steps are freed with r from here on */
@@ -325,7 +326,7 @@ int kp_cmp_from_pb(const Kprof__V1__CompareResponse *m, struct kp_cmp_result **o
             s->excess_ns[c] = o->evidence[e]->excess_ns;
             seen[c] = true;
         }
-        for (int c = 0; c < KP_CMP_CAUSE_COUNT && cause >= 0; c++) {
+        for (int c = 0; c < KP_COMPARE_CAUSE_COUNT && cause >= 0; c++) {
             if (!seen[c]) {
                 cause = -1;
             }
@@ -338,26 +339,26 @@ int kp_cmp_from_pb(const Kprof__V1__CompareResponse *m, struct kp_cmp_result **o
             rc = -EPROTO;
             goto fail;
         }
-        s->cause = (enum kp_cmp_cause) cause;
+        s->cause = (enum kp_compare_cause) cause;
     }
     r->step_median_ns = m->step_median_ns;
     snprintf(r->verdict, sizeof(r->verdict), "%s", m->verdict != NULL ? m->verdict : "");
     *out = r;
     return 0;
 fail:
-    kp_cmp_result_destroy(r);
+    kp_compare_result_destroy(r);
     return rc;
 }
 
-int kp_cmp_hta_from_pb(const Kprof__V1__CompareHta *h, struct kp_cmp_hta **out)
+int kp_compare_hta_from_pb(const Kprof__V1__CompareHta *h, struct kp_compare_hta **out)
 {
-    struct kp_cmp_hta *o = calloc(1, sizeof(*o));
+    struct kp_compare_hta *o = calloc(1, sizeof(*o));
 
     *out = NULL;
     if (o == NULL || (o->collective = strdup(h->collective != NULL ? h->collective : "")) == NULL ||
         (o->rows = alloc_n(h->n_metric, sizeof(*o->rows))) == NULL ||
         (o->stragglers = alloc_n(h->n_stragglers, sizeof(*o->stragglers))) == NULL) {
-        kp_cmp_hta_destroy(o);
+        kp_compare_hta_destroy(o);
         return -ENOMEM;
     }
     o->stream = h->stream;
@@ -367,12 +368,12 @@ int kp_cmp_hta_from_pb(const Kprof__V1__CompareHta *h, struct kp_cmp_hta **out)
     for (size_t i = 0; i < h->n_metric; i++) {
         const Kprof__V1__CompareHtaRow *w = h->metric[i];
 
-        o->rows[i] = (struct kp_cmp_hta_row){ .rank = w->rank,
-                                              .step = w->step,
-                                              .start_ns = w->start_ns,
-                                              .dur_ns = w->dur_ns,
-                                              .norm_start = w->normalized_start,
-                                              .norm_dur = w->normalized_duration };
+        o->rows[i] = (struct kp_compare_hta_row){ .rank = w->rank,
+                                                  .step = w->step,
+                                                  .start_ns = w->start_ns,
+                                                  .dur_ns = w->dur_ns,
+                                                  .norm_start = w->normalized_start,
+                                                  .norm_dur = w->normalized_duration };
     }
     o->n_stragglers = h->n_stragglers;
     if (h->n_stragglers > 0) {

@@ -1,16 +1,16 @@
 /*
- * kp_cmp_pb: the cross-rank comparison (compare.h) as Analyzer.Compare's reply
+ * kp_compare_pb: the cross-rank comparison (compare.h) as Analyzer.Compare's reply
  * (proto/kprof.proto CompareResponse) and back. kprof-analyzer builds the reply from a result
- * with kp_cmp_pb_init / kp_cmp_pb_init_hta; kprofctl compare turns the reply back into a
- * result with kp_cmp_from_pb / kp_cmp_hta_from_pb and prints it with compare.h's own writers
- * (kp_cmp_json, kp_cmp_order, kp_cmp_flag), so that its output is the same as when the
- * comparison ran in process. Every figure kprofctl prints goes through unchanged (doubles as
- * doubles, NaN included). Of the per-rank, per-step cells (kp_cmp_result.cells) only the
+ * with kp_compare_pb_init / kp_compare_pb_init_hta; kprofctl compare turns the reply back into a
+ * result with kp_compare_from_pb / kp_compare_hta_from_pb and prints it with compare.h's own
+ * writers (kp_compare_json, kp_compare_order, kp_compare_flag), so that its output is the same as
+ * when the comparison ran in process. Every figure kprofctl prints goes through unchanged (doubles
+ * as doubles, NaN included). Of the per-rank, per-step cells (kp_compare_result.cells) only the
  * lateness goes over (CompareRank.step_late_ns, NaN where the rank lacks the step: the
  * lateness map kprofctl prints); the rest stays on the server.
  */
-#ifndef KP_CMP_PB_H
-#define KP_CMP_PB_H
+#ifndef KP_COMPARE_PB_H
+#define KP_COMPARE_PB_H
 
 #include <stddef.h>
 
@@ -18,8 +18,8 @@
 #include "kprof.pb-c.h"
 
 /* A reply under construction: msg points into the arrays here and into the result or HTA
- * call it was built from (borrowed: keep it until kp_cmp_pb_fini). Caller-owned. */
-struct kp_cmp_pb {
+ * call it was built from (borrowed: keep it until kp_compare_pb_fini). Caller-owned. */
+struct kp_compare_pb {
     Kprof__V1__CompareResponse msg;
     Kprof__V1__CompareThresholds thresholds;
     Kprof__V1__CompareHta hta;
@@ -29,23 +29,23 @@ struct kp_cmp_pb {
 /* p->msg as r's comparison: run_id, ranks (by rank number), steps, stragglers with their
  * evidence (one per cause, in compare.h's cause order), step_median_ns and verdict; the
  * caller sets thresholds (p->thresholds is there for it), offsets_saved and cached. Borrows
- * r. Returns 0 or -ENOMEM (call kp_cmp_pb_fini in both cases). */
-int kp_cmp_pb_init(struct kp_cmp_pb *p, const struct kp_cmp_result *r);
+ * r. Returns 0 or -ENOMEM (call kp_compare_pb_fini in both cases). */
+int kp_compare_pb_init(struct kp_compare_pb *p, const struct kp_compare_result *r);
 
 /* p->msg with h as its hta (num_candidates k) and nothing else. Borrows h. Returns 0 or
- * -ENOMEM (call kp_cmp_pb_fini in both cases). */
-int kp_cmp_pb_init_hta(struct kp_cmp_pb *p, const struct kp_cmp_hta *h, int k);
+ * -ENOMEM (call kp_compare_pb_fini in both cases). */
+int kp_compare_pb_init_hta(struct kp_compare_pb *p, const struct kp_compare_hta *h, int k);
 
 /* Frees p's arrays; p->msg is invalid afterwards. Safe after a failed init. */
-void kp_cmp_pb_fini(struct kp_cmp_pb *p);
+void kp_compare_pb_fini(struct kp_compare_pb *p);
 
-/* The reply's comparison as a result (borrows m). Returns 0 and *out (kp_cmp_result_destroy;
+/* The reply's comparison as a result (borrows m). Returns 0 and *out (kp_compare_result_destroy;
  * cells is NULL), -ENOMEM, or -EPROTO with errbuf saying what is malformed (an unknown cause,
  * a cause without its evidence); cells carry present and late_ns only. */
-int kp_cmp_from_pb(const Kprof__V1__CompareResponse *m, struct kp_cmp_result **out, char *errbuf,
-                   size_t errlen);
+int kp_compare_from_pb(const Kprof__V1__CompareResponse *m, struct kp_compare_result **out,
+                       char *errbuf, size_t errlen);
 
-/* The reply's HTA call (borrows h). Returns 0 and *out (kp_cmp_hta_destroy) or -ENOMEM. */
-int kp_cmp_hta_from_pb(const Kprof__V1__CompareHta *h, struct kp_cmp_hta **out);
+/* The reply's HTA call (borrows h). Returns 0 and *out (kp_compare_hta_destroy) or -ENOMEM. */
+int kp_compare_hta_from_pb(const Kprof__V1__CompareHta *h, struct kp_compare_hta **out);
 
 #endif

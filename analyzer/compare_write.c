@@ -12,13 +12,13 @@
 #include "compare.h"
 #include "kp_json.h"
 
-const char *const kp_cmp_cause_names[KP_CMP_CAUSE_COUNT] = {
-    [KP_CMP_COMPUTE] = "compute",
-    [KP_CMP_HOST] = "host",
-    [KP_CMP_LAUNCH] = "launch",
+const char *const kp_compare_cause_names[KP_COMPARE_CAUSE_COUNT] = {
+    [KP_COMPARE_COMPUTE] = "compute",
+    [KP_COMPARE_HOST] = "host",
+    [KP_COMPARE_LAUNCH] = "launch",
 };
 
-void kp_cmp_result_destroy(struct kp_cmp_result *r)
+void kp_compare_result_destroy(struct kp_compare_result *r)
 {
     if (r == NULL) {
         return;
@@ -81,7 +81,7 @@ static int cmp_order(const void *pa, const void *pb)
     return (a->rank > b->rank) - (a->rank < b->rank);
 }
 
-int kp_cmp_order(const struct kp_cmp_result *r, size_t *idx)
+int kp_compare_order(const struct kp_compare_result *r, size_t *idx)
 {
     struct order_key *k = calloc(r->n_ranks + 1, sizeof(*k));
 
@@ -89,7 +89,7 @@ int kp_cmp_order(const struct kp_cmp_result *r, size_t *idx)
         return -ENOMEM;
     }
     for (size_t i = 0; i < r->n_ranks; i++) {
-        const struct kp_cmp_rank *rk = &r->ranks[i];
+        const struct kp_compare_rank *rk = &r->ranks[i];
 
         k[i] = (struct order_key){ rk->straggler ? 0
                                    : rk->late    ? 1
@@ -104,41 +104,41 @@ int kp_cmp_order(const struct kp_cmp_result *r, size_t *idx)
     return 0;
 }
 
-const char *kp_cmp_flag(const struct kp_cmp_rank *rk)
+const char *kp_compare_flag(const struct kp_compare_rank *rk)
 {
     return rk->straggler ? "straggler" : rk->late ? "late" : rk->waits ? "waits" : "";
 }
 
-bool kp_cmp_flagged(const struct kp_cmp_rank *rk)
+bool kp_compare_flagged(const struct kp_compare_rank *rk)
 {
     return rk->straggler || rk->late;
 }
 
-long kp_cmp_select(const struct kp_cmp_result *r, size_t top, bool flagged, size_t *idx)
+long kp_compare_select(const struct kp_compare_result *r, size_t top, bool flagged, size_t *idx)
 {
     size_t n = 0;
 
-    if (kp_cmp_order(r, idx) != 0) {
+    if (kp_compare_order(r, idx) != 0) {
         return -ENOMEM;
     }
     for (size_t i = 0; i < r->n_ranks && (top == 0 || n < top); i++) {
-        if (!flagged || kp_cmp_flagged(&r->ranks[idx[i]])) {
+        if (!flagged || kp_compare_flagged(&r->ranks[idx[i]])) {
             idx[n++] = idx[i];
         }
     }
     return (long) n;
 }
 
-long kp_cmp_median_rank(const struct kp_cmp_result *r)
+long kp_compare_median_rank(const struct kp_compare_result *r)
 {
     long best = -1;
     bool any_free = false;
 
     for (size_t i = 0; i < r->n_ranks; i++) {
-        any_free = any_free || !kp_cmp_flagged(&r->ranks[i]);
+        any_free = any_free || !kp_compare_flagged(&r->ranks[i]);
     }
     for (size_t i = 0; i < r->n_ranks; i++) {
-        if (any_free && kp_cmp_flagged(&r->ranks[i])) {
+        if (any_free && kp_compare_flagged(&r->ranks[i])) {
             continue;
         }
         if (best < 0 || fabs(r->ranks[i].step_ns - r->step_median_ns) <
@@ -149,14 +149,14 @@ long kp_cmp_median_rank(const struct kp_cmp_result *r)
     return best;
 }
 
-/* The first flagged rank (kp_cmp_order's first) and the median rank, or false. */
-static bool next_ranks(const struct kp_cmp_result *r, int *flagged, int *median)
+/* The first flagged rank (kp_compare_order's first) and the median rank, or false. */
+static bool next_ranks(const struct kp_compare_result *r, int *flagged, int *median)
 {
-    const struct kp_cmp_rank *first = NULL;
+    const struct kp_compare_rank *first = NULL;
     long m;
 
     for (size_t i = 0; i < r->n_ranks; i++) {
-        const struct kp_cmp_rank *rk = &r->ranks[i];
+        const struct kp_compare_rank *rk = &r->ranks[i];
 
         if (rk->straggler && (first == NULL || !first->straggler || rk->late_ns > first->late_ns)) {
             first = rk;
@@ -165,7 +165,7 @@ static bool next_ranks(const struct kp_cmp_result *r, int *flagged, int *median)
             first = rk;
         }
     }
-    if (first == NULL || (m = kp_cmp_median_rank(r)) < 0) {
+    if (first == NULL || (m = kp_compare_median_rank(r)) < 0) {
         return false;
     }
     *flagged = first->rank;
@@ -175,7 +175,7 @@ static bool next_ranks(const struct kp_cmp_result *r, int *flagged, int *median)
 
 /* The next commands on r: the first flagged rank's breakdown, its export, the median rank's
  * export. Returns 3, or 0 when no rank is flagged. */
-static int next_cmds(const struct kp_cmp_result *r, char cmd[3][128])
+static int next_cmds(const struct kp_compare_result *r, char cmd[3][128])
 {
     int x, m;
 
@@ -193,7 +193,7 @@ static int next_cmds(const struct kp_cmp_result *r, char cmd[3][128])
     return 3;
 }
 
-void kp_cmp_next(FILE *f, const struct kp_cmp_result *r, const char *indent)
+void kp_compare_next(FILE *f, const struct kp_compare_result *r, const char *indent)
 {
     char cmd[3][128];
 
@@ -202,14 +202,14 @@ void kp_cmp_next(FILE *f, const struct kp_cmp_result *r, const char *indent)
     }
 }
 
-void kp_cmp_offsets_line(FILE *f, const struct kp_cmp_result *r)
+void kp_compare_offsets_line(FILE *f, const struct kp_compare_result *r)
 {
-    const struct kp_cmp_rank *wide = NULL;
+    const struct kp_compare_rank *wide = NULL;
     int none[8];
     size_t n_none = 0;
 
     for (size_t i = 0; i < r->n_ranks; i++) {
-        const struct kp_cmp_rank *rk = &r->ranks[i];
+        const struct kp_compare_rank *rk = &r->ranks[i];
 
         if (!rk->has_offset) {
             if (n_none < sizeof(none) / sizeof(none[0])) {
@@ -248,19 +248,19 @@ void kp_cmp_offsets_line(FILE *f, const struct kp_cmp_result *r)
     fputc('\n', f);
 }
 
-void kp_cmp_json(FILE *f, const struct kp_cmp_result *r)
+void kp_compare_json(FILE *f, const struct kp_compare_result *r)
 {
     size_t *idx = calloc(r->n_ranks + 1, sizeof(*idx));
 
-    if (idx == NULL || kp_cmp_order(r, idx) != 0) { /* then in rank order */
+    if (idx == NULL || kp_compare_order(r, idx) != 0) { /* then in rank order */
         free(idx);
         idx = NULL;
     }
-    kp_cmp_json_sel(f, r, idx, r->n_ranks);
+    kp_compare_json_sel(f, r, idx, r->n_ranks);
     free(idx);
 }
 
-void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, size_t n)
+void kp_compare_json_sel(FILE *f, const struct kp_compare_result *r, const size_t *idx, size_t n)
 {
     char cmd[3][128];
     int n_cmd = next_cmds(r, cmd);
@@ -284,7 +284,7 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
     }
     fputs("],\n \"ranks\": [", f);
     for (size_t i = 0; i < n; i++) {
-        const struct kp_cmp_rank *rk = &r->ranks[idx != NULL ? idx[i] : i];
+        const struct kp_compare_rank *rk = &r->ranks[idx != NULL ? idx[i] : i];
         size_t ri = (size_t) (rk - r->ranks);
 
         fprintf(f, "%s\n  {\"rank\": %d, \"host\": ", i ? "," : "", rk->rank);
@@ -316,10 +316,11 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
         json_num(f, rk->offset_spread_ns / 1e6);
         fprintf(f, ", \"offset_collectives\": %zu", rk->offset_n);
         fprintf(f, ", \"late_steps\": %zu, \"flag\": ", rk->n_late_steps);
-        kp_json_fputs(f, kp_cmp_flag(rk));
+        kp_json_fputs(f, kp_compare_flag(rk));
         fputs(", \"late_us_by_step\": [", f);
         for (size_t j = 0; j < r->n_steps; j++) {
-            const struct kp_cmp_cell *cl = r->cells != NULL ? &r->cells[ri * r->n_steps + j] : NULL;
+            const struct kp_compare_cell *cl =
+                r->cells != NULL ? &r->cells[ri * r->n_steps + j] : NULL;
 
             fputs(j ? ", " : "", f);
             if (cl != NULL && cl->present) {
@@ -333,7 +334,7 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
     }
     fputs("],\n \"steps\": [", f);
     for (size_t j = 0; j < r->n_steps; j++) {
-        const struct kp_cmp_step *s = &r->steps[j];
+        const struct kp_compare_step *s = &r->steps[j];
 
         fprintf(f, "%s\n  {\"step\": %" PRId64 ", \"ranks\": %zu, \"collectives\": %zu",
                 j ? "," : "", s->step, s->n_ranks, s->n_coll);
@@ -357,7 +358,7 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
     }
     fputs("],\n \"stragglers\": [", f);
     for (size_t i = 0; i < r->n_stragglers; i++) {
-        const struct kp_cmp_straggler *s = &r->stragglers[i];
+        const struct kp_compare_straggler *s = &r->stragglers[i];
 
         fprintf(f, "%s\n  {\"rank\": %d, \"steps\": [", i ? "," : "", s->rank);
         for (size_t k = 0; k < s->n_steps; k++) {
@@ -368,7 +369,7 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
         fputs(", \"max_late_ms\": ", f);
         json_num(f, s->max_late_ns / 1e6);
         fputs(", \"cause\": ", f);
-        kp_json_fputs(f, kp_cmp_cause_names[s->cause]);
+        kp_json_fputs(f, kp_compare_cause_names[s->cause]);
         fputs(", \"excess_ms\": ", f);
         json_num(f, s->excess_ns[s->cause] / 1e6);
         for (int w = 0; w < 3; w++) {
@@ -376,8 +377,8 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
                                                  "median_ms_by_cause" };
 
             fprintf(f, ", \"%s\": {", keys[w]);
-            for (int c = 0; c < KP_CMP_CAUSE_COUNT; c++) {
-                fprintf(f, "%s\"%s\": ", c ? ", " : "", kp_cmp_cause_names[c]);
+            for (int c = 0; c < KP_COMPARE_CAUSE_COUNT; c++) {
+                fprintf(f, "%s\"%s\": ", c ? ", " : "", kp_compare_cause_names[c]);
                 json_num(f, (w == 0   ? s->excess_ns[c]
                              : w == 1 ? s->own_ns[c]
                                       : s->own_ns[c] - s->excess_ns[c]) /
@@ -392,7 +393,7 @@ void kp_cmp_json_sel(FILE *f, const struct kp_cmp_result *r, const size_t *idx, 
     fputs("}\n", f);
 }
 
-void kp_cmp_hta_destroy(struct kp_cmp_hta *h)
+void kp_compare_hta_destroy(struct kp_compare_hta *h)
 {
     if (h == NULL) {
         return;
@@ -403,7 +404,7 @@ void kp_cmp_hta_destroy(struct kp_cmp_hta *h)
     free(h);
 }
 
-void kp_cmp_hta_json(FILE *f, const struct kp_cmp_hta *h)
+void kp_compare_hta_json(FILE *f, const struct kp_compare_hta *h)
 {
     fputs("{\"collective\": ", f);
     kp_json_fputs(f, h->collective);
@@ -413,7 +414,7 @@ void kp_cmp_hta_json(FILE *f, const struct kp_cmp_hta *h)
     json_num(f, h->mean_step_ns / 1e6);
     fputs(", \"metric\": [", f);
     for (size_t i = 0; i < h->n_rows; i++) {
-        const struct kp_cmp_hta_row *w = &h->rows[i];
+        const struct kp_compare_hta_row *w = &h->rows[i];
 
         fprintf(f, "%s\n  {\"rank\": %d, \"step\": %" PRId64 ", \"ts_us\": ", i ? "," : "", w->rank,
                 w->step);

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 #include "kp_err.h"
 #include "kp_kineto_ids.h"
 #include "kp_pg.h"
@@ -75,10 +75,10 @@ static int cmp_perm(const void *pa, const void *pb)
 }
 
 /* Sorts rows[] (and ranges[] with it) into range order. */
-static int sort_rows(struct kp_ctr *t)
+static int sort_rows(struct kp_counters *t)
 {
     struct ct_perm *p = calloc(t->n_rows + 1, sizeof(*p));
-    struct kp_ctr_row *rows = calloc(t->n_rows + 1, sizeof(*rows));
+    struct kp_counters_row *rows = calloc(t->n_rows + 1, sizeof(*rows));
     struct ct_range *g = calloc(t->n_rows + 1, sizeof(*g));
 
     if (!p || !rows || !g) {
@@ -104,17 +104,6 @@ static int sort_rows(struct kp_ctr *t)
     t->rows = rows;
     t->ranges = g;
     return 0;
-}
-
-/* "{1,2,3}" for a bigint[] parameter. */
-static int int_array(struct kp_strbuf *sb, const int64_t *v, size_t n)
-{
-    int rc = kp_strbuf_putc(sb, '{');
-
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        rc = kp_strbuf_appendf(sb, "%s%" PRId64, i ? "," : "", v[i]);
-    }
-    return rc != 0 ? rc : kp_strbuf_putc(sb, '}');
 }
 
 static int cmp_i64(const void *pa, const void *pb)
@@ -143,7 +132,7 @@ static int find_row(const PGresult *r, int64_t key)
 }
 
 /* Groups the counters rows (ordered by correlation, device) into rows. */
-static int group_rows(struct kp_ctr *t)
+static int group_rows(struct kp_counters *t)
 {
     int n = PQntuples(t->cr);
     size_t nm = 0, nr = 0;
@@ -181,7 +170,7 @@ static int group_rows(struct kp_ctr *t)
     }
     t->n_rows = 0;
     for (int i = 0; i < n; i++) {
-        struct kp_ctr_row *r;
+        struct kp_counters_row *r;
         const char *m = PQgetvalue(t->cr, i, 2);
         double v = strtod(PQgetvalue(t->cr, i, 3), NULL);
 
@@ -216,8 +205,8 @@ static int group_rows(struct kp_ctr *t)
 }
 
 /* The launch of each range: positional pairing (Kineto ranges) or by correlation. */
-static int find_launches(struct kp_ctr *t, PGconn *c, const char *const *params, size_t *budget,
-                         size_t max_rows, char *errbuf, size_t errlen)
+static int find_launches(struct kp_counters *t, PGconn *c, const char *const *params,
+                         size_t *budget, size_t max_rows, char *errbuf, size_t errlen)
 {
     PGresult *lr = NULL, *ar = NULL;
     struct kp_strbuf sb;
@@ -265,7 +254,7 @@ static int find_launches(struct kp_ctr *t, PGconn *c, const char *const *params,
             /* rows are in range order here (sorted by the caller) */
             for (size_t i = 0; i < t->n_rows; i++) {
                 struct ct_range *g = &t->ranges[i];
-                struct kp_ctr_row *r = &t->rows[i];
+                struct kp_counters_row *r = &t->rows[i];
 
                 if (!positional(g->key)) {
                     continue;
@@ -282,7 +271,7 @@ static int find_launches(struct kp_ctr *t, PGconn *c, const char *const *params,
     }
     if (n_keys > 0) {
         qsort(keys, n_keys, sizeof(*keys), cmp_i64);
-        if ((rc = int_array(&sb, keys, n_keys)) != 0) {
+        if ((rc = kp_pg_array_i64s(&sb, keys, n_keys)) != 0) {
             goto out;
         }
         p3[2] = sb.data;
@@ -296,7 +285,7 @@ static int find_launches(struct kp_ctr *t, PGconn *c, const char *const *params,
         }
         for (size_t i = 0; i < t->n_rows; i++) {
             struct ct_range *g = &t->ranges[i];
-            struct kp_ctr_row *r = &t->rows[i];
+            struct kp_counters_row *r = &t->rows[i];
             int a;
 
             if (positional(g->key) || g->key <= 0) {
@@ -321,7 +310,7 @@ out:
 }
 
 /* Kernel names and durations by correlation. */
-static int find_kernels(struct kp_ctr *t, PGconn *c, const char *const *params, size_t *budget,
+static int find_kernels(struct kp_counters *t, PGconn *c, const char *const *params, size_t *budget,
                         size_t max_rows, char *errbuf, size_t errlen)
 {
     struct kp_strbuf sb;
@@ -343,7 +332,7 @@ static int find_kernels(struct kp_ctr *t, PGconn *c, const char *const *params, 
         goto out;
     }
     qsort(keys, n, sizeof(*keys), cmp_i64);
-    if ((rc = int_array(&sb, keys, n)) != 0) {
+    if ((rc = kp_pg_array_i64s(&sb, keys, n)) != 0) {
         goto out;
     }
     p3[2] = sb.data;
@@ -357,7 +346,7 @@ static int find_kernels(struct kp_ctr *t, PGconn *c, const char *const *params, 
         goto out;
     }
     for (size_t i = 0; i < t->n_rows; i++) {
-        struct kp_ctr_row *r = &t->rows[i];
+        struct kp_counters_row *r = &t->rows[i];
         int k = r->correlation > 0 ? find_row(t->kr, r->correlation) : -1;
 
         if (k < 0) {
@@ -378,7 +367,7 @@ out:
 }
 
 /* The enclosing cpu_ops of every launch, outermost first. */
-static int find_stacks(struct kp_ctr *t, PGconn *c, const char *const *params, size_t *budget,
+static int find_stacks(struct kp_counters *t, PGconn *c, const char *const *params, size_t *budget,
                        size_t max_rows, char *errbuf, size_t errlen)
 {
     struct kp_strbuf sb;
@@ -402,7 +391,7 @@ static int find_stacks(struct kp_ctr *t, PGconn *c, const char *const *params, s
         goto out;
     }
     qsort(tids, n_tids, sizeof(*tids), cmp_i64);
-    if ((rc = int_array(&sb, tids, n_tids)) != 0) {
+    if ((rc = kp_pg_array_i64s(&sb, tids, n_tids)) != 0) {
         goto out;
     }
     p3[2] = sb.data;
@@ -445,7 +434,7 @@ static int find_stacks(struct kp_ctr *t, PGconn *c, const char *const *params, s
     /* every row's chain, counted first so that the stacks are one block */
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < t->n_rows; i++) {
-            struct kp_ctr_row *r = &t->rows[i];
+            struct kp_counters_row *r = &t->rows[i];
             const struct ct_range *g = &t->ranges[i];
             size_t lo = 0, hi = n_ops, nc = 0;
             int32_t o = -1;
@@ -507,16 +496,16 @@ out:
 }
 
 /* FLOPs per precision and in total (counters.h). */
-static void compute_flops(struct kp_ctr *t)
+static void compute_flops(struct kp_counters *t)
 {
-    static const char precs[KP_CTR_PREC_COUNT] = { 'd', 'f', 'h' };
+    static const char precs[KP_COUNTERS_PREC_COUNT] = { 'd', 'f', 'h' };
     static const char *const ops[3] = { "add", "mul", "fma" };
     static const char *const pfx[2] = { "smsp", "sm" };
-    long idx[KP_CTR_PREC_COUNT][3];
-    bool recorded[KP_CTR_PREC_COUNT], any = false;
+    long idx[KP_COUNTERS_PREC_COUNT][3];
+    bool recorded[KP_COUNTERS_PREC_COUNT], any = false;
     long dur = metric_index(t, CT_DURATION_METRIC);
 
-    for (int p = 0; p < KP_CTR_PREC_COUNT; p++) {
+    for (int p = 0; p < KP_COUNTERS_PREC_COUNT; p++) {
         recorded[p] = false;
         for (int o = 0; o < 3; o++) {
             idx[p][o] = -1;
@@ -532,10 +521,10 @@ static void compute_flops(struct kp_ctr *t)
         any = any || recorded[p];
     }
     for (size_t i = 0; i < t->n_rows; i++) {
-        struct kp_ctr_row *r = &t->rows[i];
+        struct kp_counters_row *r = &t->rows[i];
         double total = 0;
 
-        for (int p = 0; p < KP_CTR_PREC_COUNT; p++) {
+        for (int p = 0; p < KP_COUNTERS_PREC_COUNT; p++) {
             double a = idx[p][0] >= 0 ? r->values[idx[p][0]] : NAN;
             double m = idx[p][1] >= 0 ? r->values[idx[p][1]] : NAN;
             double f = idx[p][2] >= 0 ? r->values[idx[p][2]] : NAN;
@@ -553,12 +542,12 @@ static void compute_flops(struct kp_ctr *t)
     }
 }
 
-int kp_ctr_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_ctr **out,
-                 char *errbuf, size_t errlen)
+int kp_counters_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_counters **out,
+                       char *errbuf, size_t errlen)
 {
     char runs[24], ranks[16];
     const char *params[2] = { runs, ranks };
-    struct kp_ctr *t;
+    struct kp_counters *t;
     size_t budget = 0;
     int rc;
 
@@ -611,11 +600,11 @@ nomem:
     rc = -ENOMEM;
     kp_errbuf_set(errbuf, errlen, "out of memory building the counters table");
 fail:
-    kp_ctr_destroy(t);
+    kp_counters_destroy(t);
     return rc;
 }
 
-void kp_ctr_destroy(struct kp_ctr *t)
+void kp_counters_destroy(struct kp_counters *t)
 {
     if (!t) {
         return;
@@ -631,19 +620,19 @@ void kp_ctr_destroy(struct kp_ctr *t)
     free(t);
 }
 
-const struct kp_ctr_row *kp_ctr_rows(const struct kp_ctr *t, size_t *n)
+const struct kp_counters_row *kp_counters_rows(const struct kp_counters *t, size_t *n)
 {
     *n = t->n_rows;
     return t->rows;
 }
 
-const char *const *kp_ctr_metrics(const struct kp_ctr *t, size_t *n)
+const char *const *kp_counters_metrics(const struct kp_counters *t, size_t *n)
 {
     *n = t->n_metrics;
     return t->metrics;
 }
 
-const char *kp_ctr_message(const struct kp_ctr *t)
+const char *kp_counters_message(const struct kp_counters *t)
 {
     return t->message[0] ? t->message : NULL;
 }

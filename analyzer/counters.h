@@ -44,14 +44,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum kp_ctr_prec {
-    KP_CTR_FP64,
-    KP_CTR_FP32,
-    KP_CTR_FP16,
-    KP_CTR_PREC_COUNT
+enum kp_counters_prec {
+    KP_COUNTERS_FP64,
+    KP_COUNTERS_FP32,
+    KP_COUNTERS_FP16,
+    KP_COUNTERS_PREC_COUNT
 };
 
-struct kp_ctr_row {
+struct kp_counters_row {
     uint64_t idx;          /* 1-based, in range order */
     int64_t range;         /* the range's index (Kineto), -1 when the rows give none */
     int device;            /* -1: none */
@@ -63,44 +63,44 @@ struct kp_ctr_row {
     const char **stack;    /* n_stack op names, outermost first */
     size_t n_stack;
     int64_t dur_ns; /* -1: unknown */
-    double *values; /* one per kp_ctr_metrics entry; NaN: not recorded for the kernel */
+    double *values; /* one per kp_counters_metrics entry; NaN: not recorded for the kernel */
     double flops;   /* NaN: unknown (see the top of this file) */
-    double flops_prec[KP_CTR_PREC_COUNT]; /* NaN: unknown */
-    double flops_per_s;                   /* NaN: unknown */
+    double flops_prec[KP_COUNTERS_PREC_COUNT]; /* NaN: unknown */
+    double flops_per_s;                        /* NaN: unknown */
 };
 
-struct kp_ctr;
+struct kp_counters;
 
 /* Builds the table of run `run`, rank `rank` over c. Returns 0 and *out (free with
- * kp_ctr_destroy); KP_ENOTFOUND if the run or rank does not exist; KP_EPG, -ENOMEM or
+ * kp_counters_destroy); KP_ENOTFOUND if the run or rank does not exist; KP_EPG, -ENOMEM or
  * KP_ETOOBIG (more than max_rows rows read; 0: no limit), with a message in errbuf. Blocks
  * on PostgreSQL. */
-int kp_ctr_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_ctr **out,
-                 char *errbuf, size_t errlen);
+int kp_counters_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_counters **out,
+                       char *errbuf, size_t errlen);
 
 /* Frees a table; NULL is fine. */
-void kp_ctr_destroy(struct kp_ctr *t);
+void kp_counters_destroy(struct kp_counters *t);
 
-/* The rows, valid until kp_ctr_destroy. */
-const struct kp_ctr_row *kp_ctr_rows(const struct kp_ctr *t, size_t *n);
+/* The rows, valid until kp_counters_destroy. */
+const struct kp_counters_row *kp_counters_rows(const struct kp_counters *t, size_t *n);
 
-/* The metric names (sorted), valid until kp_ctr_destroy; row values follow this order. */
-const char *const *kp_ctr_metrics(const struct kp_ctr *t, size_t *n);
+/* The metric names (sorted), valid until kp_counters_destroy; row values follow this order. */
+const char *const *kp_counters_metrics(const struct kp_counters *t, size_t *n);
 
 /* Why the table is empty or has no op stacks ("no CUPTI counters in run 3 rank 0: ..."), or
- * NULL when there is nothing to say. Valid until kp_ctr_destroy. */
-const char *kp_ctr_message(const struct kp_ctr *t);
+ * NULL when there is nothing to say. Valid until kp_counters_destroy. */
+const char *kp_counters_message(const struct kp_counters *t);
 
-enum kp_ctr_format {
-    KP_CTR_TEXT, /* aligned columns; NULL as "-" */
-    KP_CTR_CSV,  /* header first; fields quoted when needed (RFC 4180); NULL empty */
-    KP_CTR_JSON,
+enum kp_counters_format {
+    KP_COUNTERS_TEXT, /* aligned columns; NULL as "-" */
+    KP_COUNTERS_CSV,  /* header first; fields quoted when needed (RFC 4180); NULL empty */
+    KP_COUNTERS_JSON,
 };
 
 /* The default columns of the text format; CSV and JSON default to every column. */
-#define KP_CTR_TEXT_COLUMNS "idx,kernel,device,top_op,bottom_op,dur_us,flops,flops_per_s"
+#define KP_COUNTERS_TEXT_COLUMNS "idx,kernel,device,top_op,bottom_op,dur_us,flops,flops_per_s"
 /* The most columns one output shows (15 fixed, the rest metrics; "all" stops there). */
-#define KP_CTR_MAX_COLS 512
+#define KP_COUNTERS_MAX_COLS 512
 
 /*
  * Writes the table. columns: a comma-separated list of column names (idx, range, kernel,
@@ -112,22 +112,24 @@ enum kp_ctr_format {
  * array, every metric under "counters" by default. Returns 0, -EINVAL with errbuf naming an
  * unknown column, or -EIO when writing failed.
  */
-int kp_ctr_write(FILE *f, const struct kp_ctr *t, int64_t run, int rank, const char *columns,
-                 enum kp_ctr_format format, char *errbuf, size_t errlen);
+int kp_counters_write(FILE *f, const struct kp_counters *t, int64_t run, int rank,
+                      const char *columns, enum kp_counters_format format, char *errbuf,
+                      size_t errlen);
 
 /* The same for rows the caller holds (kprofctl's, from the Analyzer.Counters reply), so that
  * every output of the table comes from one writer: metrics (sorted) name the rows' values,
- * message is kp_ctr_message's (NULL or "": none). */
-int kp_ctr_write_rows(FILE *f, const struct kp_ctr_row *rows, size_t n_rows,
-                      const char *const *metrics, size_t n_metrics, const char *message,
-                      int64_t run, int rank, const char *columns, enum kp_ctr_format format,
-                      char *errbuf, size_t errlen);
+ * message is kp_counters_message's (NULL or "": none). */
+int kp_counters_write_rows(FILE *f, const struct kp_counters_row *rows, size_t n_rows,
+                           const char *const *metrics, size_t n_metrics, const char *message,
+                           int64_t run, int rank, const char *columns,
+                           enum kp_counters_format format, char *errbuf, size_t errlen);
 
-/* kp_ctr_write_rows with text cells cut at width bytes instead of 60 (0: 60), for
+/* kp_counters_write_rows with text cells cut at width bytes instead of 60 (0: 60), for
  * kprofctl's -w. */
-int kp_ctr_write_rows_width(FILE *f, const struct kp_ctr_row *rows, size_t n_rows,
-                            const char *const *metrics, size_t n_metrics, const char *message,
-                            int64_t run, int rank, const char *columns, enum kp_ctr_format format,
-                            int width, char *errbuf, size_t errlen);
+int kp_counters_write_rows_width(FILE *f, const struct kp_counters_row *rows, size_t n_rows,
+                                 const char *const *metrics, size_t n_metrics, const char *message,
+                                 int64_t run, int rank, const char *columns,
+                                 enum kp_counters_format format, int width, char *errbuf,
+                                 size_t errlen);
 
 #endif

@@ -12,11 +12,11 @@
 
 #include "counters.h"
 
-struct kp_ctr {
+struct kp_counters {
     PGresult *cr, *kr, * or ;
     const char **metrics;
     size_t n_metrics;
-    struct kp_ctr_row *rows;
+    struct kp_counters_row *rows;
     struct ct_range *ranges; /* parallel to rows */
     size_t n_rows;
     const char **stacks; /* every row's stack, one block */
@@ -29,7 +29,7 @@ static inline int cmp_str(const void *a, const void *b)
     return strcmp(*(const char *const *) a, *(const char *const *) b);
 }
 
-static inline long metric_index(const struct kp_ctr *t, const char *name)
+static inline long metric_index(const struct kp_counters *t, const char *name)
 {
     const char **p = bsearch(&name, t->metrics, t->n_metrics, sizeof(*t->metrics), cmp_str);
 

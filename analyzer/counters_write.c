@@ -48,21 +48,21 @@ static bool col_numeric(long col)
     return !(col == C_KERNEL || col == C_TOP || col == C_BOTTOM || col == C_STACK);
 }
 
-static const char *col_name(const struct kp_ctr *t, long col)
+static const char *col_name(const struct kp_counters *t, long col)
 {
     return col < C_FIXED ? col_names[col] : t->metrics[col - C_FIXED];
 }
 
 /* JSON keeps the duration as exact integer ns. */
-static const char *json_name(const struct kp_ctr *t, long col)
+static const char *json_name(const struct kp_counters *t, long col)
 {
     return col == C_DUR ? "dur_ns" : col_name(t, col);
 }
 
 /* Appends the columns of list to cols (at most max); "all" is every fixed column and every
  * metric. Returns the count or -EINVAL. */
-static long parse_cols(const struct kp_ctr *t, const char *list, long *cols, long max, char *errbuf,
-                       size_t errlen)
+static long parse_cols(const struct kp_counters *t, const char *list, long *cols, long max,
+                       char *errbuf, size_t errlen)
 {
     long n = 0;
     const char *p = list;
@@ -136,8 +136,8 @@ static const char *fmt_int(int64_t v, char *buf, size_t len)
 }
 
 /* The cell as text, or NULL for a null cell. op_stack is joined with " > " into sb. */
-static const char *cell(const struct kp_ctr_row *r, long col, bool exact, char *buf, size_t len,
-                        struct kp_strbuf *sb)
+static const char *cell(const struct kp_counters_row *r, long col, bool exact, char *buf,
+                        size_t len, struct kp_strbuf *sb)
 {
     switch (col) {
     case C_IDX:
@@ -221,8 +221,8 @@ static size_t text_len(const char *s, size_t limit, bool *cut)
     return n;
 }
 
-static void write_json(FILE *f, const struct kp_ctr *t, int64_t run, int rank, const long *cols,
-                       long n_cols, struct kp_strbuf *sb)
+static void write_json(FILE *f, const struct kp_counters *t, int64_t run, int rank,
+                       const long *cols, long n_cols, struct kp_strbuf *sb)
 {
     char buf[64];
 
@@ -240,7 +240,7 @@ static void write_json(FILE *f, const struct kp_ctr *t, int64_t run, int rank, c
     }
     fputs(", \"rows\": [", f);
     for (size_t i = 0; i < t->n_rows; i++) {
-        const struct kp_ctr_row *r = &t->rows[i];
+        const struct kp_counters_row *r = &t->rows[i];
 
         fputs(i ? ",\n  {" : "\n  {", f);
         for (long c = 0; c < n_cols; c++) {
@@ -287,10 +287,10 @@ static void write_json(FILE *f, const struct kp_ctr *t, int64_t run, int rank, c
     fputs(t->n_rows ? "\n]}\n" : "]}\n", f);
 }
 
-static void write_text(FILE *f, const struct kp_ctr *t, const long *cols, long n_cols, size_t limit,
-                       struct kp_strbuf *sb)
+static void write_text(FILE *f, const struct kp_counters *t, const long *cols, long n_cols,
+                       size_t limit, struct kp_strbuf *sb)
 {
-    size_t w[KP_CTR_MAX_COLS];
+    size_t w[KP_COUNTERS_MAX_COLS];
     char buf[64];
     bool cut;
 
@@ -331,29 +331,30 @@ static void write_text(FILE *f, const struct kp_ctr *t, const long *cols, long n
     }
 }
 
-static int write_table(FILE *f, const struct kp_ctr *t, int64_t run, int rank, const char *columns,
-                       enum kp_ctr_format format, int width, char *errbuf, size_t errlen)
+static int write_table(FILE *f, const struct kp_counters *t, int64_t run, int rank,
+                       const char *columns, enum kp_counters_format format, int width, char *errbuf,
+                       size_t errlen)
 {
-    long cols[KP_CTR_MAX_COLS], n_cols;
+    long cols[KP_COUNTERS_MAX_COLS], n_cols;
     struct kp_strbuf sb;
     char buf[64];
 
     if (!columns || !columns[0]) {
-        columns = format == KP_CTR_TEXT ? KP_CTR_TEXT_COLUMNS : "all";
+        columns = format == KP_COUNTERS_TEXT ? KP_COUNTERS_TEXT_COLUMNS : "all";
     }
-    n_cols = parse_cols(t, columns, cols, KP_CTR_MAX_COLS, errbuf, errlen);
+    n_cols = parse_cols(t, columns, cols, KP_COUNTERS_MAX_COLS, errbuf, errlen);
     if (n_cols < 0) {
         return (int) n_cols;
     }
-    if (format == KP_CTR_JSON && strcmp(columns, "all") == 0) {
+    if (format == KP_COUNTERS_JSON && strcmp(columns, "all") == 0) {
         n_cols = C_FIXED; /* every fixed column, then the metrics as one object */
         cols[n_cols++] = C_COUNTERS;
     }
     kp_strbuf_init(&sb, 0);
-    if (format == KP_CTR_JSON) {
+    if (format == KP_COUNTERS_JSON) {
         write_json(f, t, run, rank, cols, n_cols, &sb);
     }
-    else if (format == KP_CTR_CSV) {
+    else if (format == KP_COUNTERS_CSV) {
         for (long c = 0; c < n_cols; c++) {
             fputs(c ? "," : "", f);
             csv_field(f, col_name(t, cols[c]));
@@ -374,31 +375,33 @@ static int write_table(FILE *f, const struct kp_ctr *t, int64_t run, int rank, c
     return fflush(f) != 0 || ferror(f) ? -EIO : 0;
 }
 
-int kp_ctr_write(FILE *f, const struct kp_ctr *t, int64_t run, int rank, const char *columns,
-                 enum kp_ctr_format format, char *errbuf, size_t errlen)
+int kp_counters_write(FILE *f, const struct kp_counters *t, int64_t run, int rank,
+                      const char *columns, enum kp_counters_format format, char *errbuf,
+                      size_t errlen)
 {
     return write_table(f, t, run, rank, columns, format, 0, errbuf, errlen);
 }
 
-int kp_ctr_write_rows(FILE *f, const struct kp_ctr_row *rows, size_t n_rows,
-                      const char *const *metrics, size_t n_metrics, const char *message,
-                      int64_t run, int rank, const char *columns, enum kp_ctr_format format,
-                      char *errbuf, size_t errlen)
+int kp_counters_write_rows(FILE *f, const struct kp_counters_row *rows, size_t n_rows,
+                           const char *const *metrics, size_t n_metrics, const char *message,
+                           int64_t run, int rank, const char *columns,
+                           enum kp_counters_format format, char *errbuf, size_t errlen)
 {
-    return kp_ctr_write_rows_width(f, rows, n_rows, metrics, n_metrics, message, run, rank, columns,
-                                   format, 0, errbuf, errlen);
+    return kp_counters_write_rows_width(f, rows, n_rows, metrics, n_metrics, message, run, rank,
+                                        columns, format, 0, errbuf, errlen);
 }
 
-int kp_ctr_write_rows_width(FILE *f, const struct kp_ctr_row *rows, size_t n_rows,
-                            const char *const *metrics, size_t n_metrics, const char *message,
-                            int64_t run, int rank, const char *columns, enum kp_ctr_format format,
-                            int width, char *errbuf, size_t errlen)
+int kp_counters_write_rows_width(FILE *f, const struct kp_counters_row *rows, size_t n_rows,
+                                 const char *const *metrics, size_t n_metrics, const char *message,
+                                 int64_t run, int rank, const char *columns,
+                                 enum kp_counters_format format, int width, char *errbuf,
+                                 size_t errlen)
 {
-    struct kp_ctr t;
+    struct kp_counters t;
 
     /* A table without its PGresults: the writer only reads rows, metrics and message. */
     memset(&t, 0, sizeof(t));
-    t.rows = (struct kp_ctr_row *) rows;
+    t.rows = (struct kp_counters_row *) rows;
     t.n_rows = n_rows;
     t.metrics = (const char **) metrics;
     t.n_metrics = n_metrics;

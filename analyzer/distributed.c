@@ -2,7 +2,7 @@
  * distributed: the plugin's wait view and communication-ops table across ranks (see
  * distributed.h).
  *
- * DESIGN. Each rank is loaded with kp_an_load and its steps and communication nodes come from
+ * DESIGN. Each rank is loaded with kp_an_create and its steps and communication nodes come from
  * the analyzer core (kp_an_breakdown, kp_an_comm_nodes: the same nodes and intervals that the
  * breakdown's Communication category and the overlap view use). Only the nodes are kept: per
  * rank one interval array, each node's op row (name, calls, bytes) and wait entry (its step).
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 #include "kp_err.h"
 #include "kp_json.h"
 #include "kp_pg.h"
@@ -151,7 +151,7 @@ static size_t dtype_sizes(const char *p, int64_t *sizes, size_t max)
     return n < max ? n : max;
 }
 
-int64_t kp_dist_input_bytes(const char *shapes, const char *dtypes)
+int64_t kp_distributed_input_bytes(const char *shapes, const char *dtypes)
 {
     int64_t sizes[MAX_INPUTS], total = 0;
     size_t n_types, i = 0;
@@ -187,7 +187,7 @@ int64_t kp_dist_input_bytes(const char *shapes, const char *dtypes)
 
 /* ---- building ----------------------------------------------------------------------------- */
 
-static void rank_fini(struct kp_dist_rank *r)
+static void rank_fini(struct kp_distributed_rank *r)
 {
     for (size_t i = 0; i < r->n_ops; i++) {
         free(r->ops[i].name);
@@ -199,7 +199,7 @@ static void rank_fini(struct kp_dist_rank *r)
     free(r->wait);
 }
 
-void kp_dist_destroy(struct kp_dist *d)
+void kp_distributed_destroy(struct kp_distributed *d)
 {
     if (!d) {
         return;
@@ -212,7 +212,7 @@ void kp_dist_destroy(struct kp_dist *d)
 }
 
 /* Takes the nodes of c (borrowed from the handle whose steps are b's) into r. */
-static int rank_take(struct kp_dist_rank *r, const struct kp_an_comm *c,
+static int rank_take(struct kp_distributed_rank *r, const struct kp_an_comm *c,
                      const struct kp_an_breakdown *b)
 {
     size_t n_ranges = 0;
@@ -232,7 +232,7 @@ static int rank_take(struct kp_dist_rank *r, const struct kp_an_comm *c,
     n_ranges = 0;
     for (size_t i = 0; i < c->n_nodes; i++) {
         const struct kp_an_comm_node *cn = &c->nodes[i];
-        struct kp_dist_node *dn = &r->nodes[i];
+        struct kp_distributed_node *dn = &r->nodes[i];
         size_t k = 0;
 
         while (k < r->n_ops && strcmp(r->ops[k].name, cn->name) != 0) {
@@ -245,8 +245,8 @@ static int rank_take(struct kp_dist_rank *r, const struct kp_an_comm *c,
             r->n_ops++;
         }
         r->ops[k].calls++;
-        r->ops[k].total_bytes =
-            add_sat(r->ops[k].total_bytes, kp_dist_input_bytes(cn->input_shapes, cn->input_dtypes));
+        r->ops[k].total_bytes = add_sat(
+            r->ops[k].total_bytes, kp_distributed_input_bytes(cn->input_shapes, cn->input_dtypes));
         dn->op = (int32_t) k;
         /* wait entries, in the order the nodes reach them: each step with nodes, and one for
          * the nodes in none (a node straddling a step end may come between a step's nodes) */
@@ -278,13 +278,13 @@ static int rank_take(struct kp_dist_rank *r, const struct kp_an_comm *c,
 }
 
 /* Loads one rank and takes its nodes; sets d->reason when the rank disables the view. */
-static int load_rank(PGconn *c, struct kp_dist *d, struct kp_dist_rank *r, size_t max_rows,
-                     char *errbuf, size_t errlen)
+static int load_rank(PGconn *c, struct kp_distributed *d, struct kp_distributed_rank *r,
+                     size_t max_rows, char *errbuf, size_t errlen)
 {
     struct kp_an *a = NULL;
     struct kp_an_comm comm = { 0 };
     const struct kp_an_breakdown *b;
-    int rc = kp_an_load(c, d->run, r->rank, max_rows, &a, errbuf, errlen);
+    int rc = kp_an_create(c, d->run, r->rank, max_rows, &a, errbuf, errlen);
 
     if (rc == 0) {
         rc = kp_an_breakdown(a, false, &b);
@@ -319,12 +319,12 @@ static int load_rank(PGconn *c, struct kp_dist *d, struct kp_dist_rank *r, size_
 }
 
 /* The plugin's enable condition once every rank is in; sets d->reason if it fails. */
-static bool check_match(struct kp_dist *d)
+static bool check_match(struct kp_distributed *d)
 {
-    const struct kp_dist_rank *r0 = &d->ranks[0];
+    const struct kp_distributed_rank *r0 = &d->ranks[0];
 
     for (size_t k = 1; k < d->n_ranks; k++) {
-        const struct kp_dist_rank *r = &d->ranks[k];
+        const struct kp_distributed_rank *r = &d->ranks[k];
 
         if (r->n_nodes != r0->n_nodes) {
             snprintf(d->reason, sizeof(d->reason),
@@ -336,7 +336,7 @@ static bool check_match(struct kp_dist *d)
     }
     for (size_t i = 0; i < r0->n_nodes; i++) {
         for (size_t k = 1; k < d->n_ranks; k++) {
-            const struct kp_dist_rank *r = &d->ranks[k];
+            const struct kp_distributed_rank *r = &d->ranks[k];
 
             if (r->nodes[i].n != r0->nodes[i].n) {
                 snprintf(d->reason, sizeof(d->reason),
@@ -353,13 +353,13 @@ static bool check_match(struct kp_dist *d)
 
 /* |union| of src's intervals (r->ranges or r->real) of r's nodes of op `op` or wait entry
  * `wait` (-1: any); tmp holds them all. */
-static int64_t union_len(const struct kp_dist_rank *r, const struct kp_range *src,
+static int64_t union_len(const struct kp_distributed_rank *r, const struct kp_range *src,
                          struct kp_range *tmp, int32_t op, int32_t wait)
 {
     size_t n = 0;
 
     for (size_t i = 0; i < r->n_nodes; i++) {
-        const struct kp_dist_node *dn = &r->nodes[i];
+        const struct kp_distributed_node *dn = &r->nodes[i];
 
         if ((op >= 0 && dn->op != op) || (wait >= 0 && dn->wait != wait)) {
             continue;
@@ -371,9 +371,9 @@ static int64_t union_len(const struct kp_dist_rank *r, const struct kp_range *sr
     return kp_ranges_length(tmp, n);
 }
 
-static int compute(struct kp_dist *d)
+static int compute(struct kp_distributed *d)
 {
-    const struct kp_dist_rank *r0 = &d->ranks[0];
+    const struct kp_distributed_rank *r0 = &d->ranks[0];
 
     /* real intervals: [end - m, end], m the shortest interval j of node i over the ranks */
     for (size_t i = 0; i < r0->n_nodes; i++) {
@@ -386,7 +386,7 @@ static int compute(struct kp_dist *d)
                 m = x->end - x->start < m ? x->end - x->start : m;
             }
             for (size_t k = 0; k < d->n_ranks; k++) {
-                struct kp_dist_rank *r = &d->ranks[k];
+                struct kp_distributed_rank *r = &d->ranks[k];
                 size_t at = r->nodes[i].first + j;
 
                 r->real[at] = (struct kp_range){ r->ranges[at].end - m, r->ranges[at].end };
@@ -394,7 +394,7 @@ static int compute(struct kp_dist *d)
         }
     }
     for (size_t k = 0; k < d->n_ranks; k++) {
-        struct kp_dist_rank *r = &d->ranks[k];
+        struct kp_distributed_rank *r = &d->ranks[k];
         size_t n = r->n_nodes ? r->nodes[r->n_nodes - 1].first + r->nodes[r->n_nodes - 1].n : 0;
         struct kp_range *tmp = calloc(n + 1, sizeof(*tmp));
         double sum_t = 0, sum_s = 0;
@@ -421,12 +421,12 @@ static int compute(struct kp_dist *d)
     return 0;
 }
 
-int kp_dist_build(PGconn *c, int64_t run, size_t max_rows, struct kp_dist **out, char *errbuf,
-                  size_t errlen)
+int kp_distributed_create(PGconn *c, int64_t run, size_t max_rows, struct kp_distributed **out,
+                          char *errbuf, size_t errlen)
 {
     char runs[24];
     const char *params[1] = { runs };
-    struct kp_dist *d;
+    struct kp_distributed *d;
     PGresult *r = NULL;
     size_t n;
     int rc;
@@ -486,7 +486,7 @@ int kp_dist_build(PGconn *c, int64_t run, size_t max_rows, struct kp_dist **out,
     return 0;
 fail:
     PQclear(r);
-    kp_dist_destroy(d);
+    kp_distributed_destroy(d);
     return rc;
 }
 
@@ -498,7 +498,7 @@ static int64_t round_even(double x)
     return (int64_t) nearbyint(x);
 }
 
-void kp_dist_json(FILE *f, const struct kp_dist *d)
+void kp_distributed_json(FILE *f, const struct kp_distributed *d)
 {
     fprintf(f, "{\"run\": %" PRId64 ", \"enabled\": %s, \"reason\": ", d->run,
             d->enabled ? "true" : "false");
@@ -510,12 +510,12 @@ void kp_dist_json(FILE *f, const struct kp_dist *d)
     }
     fputs(", \"ranks\": [", f);
     for (size_t k = 0; k < d->n_ranks; k++) {
-        const struct kp_dist_rank *r = &d->ranks[k];
+        const struct kp_distributed_rank *r = &d->ranks[k];
 
         fprintf(f, "%s{\"rank\": %d, \"comm_node_count\": %zu, \"wait\": [", k ? ", " : "", r->rank,
                 r->n_nodes);
         for (size_t w = 0; w < r->n_wait; w++) {
-            const struct kp_dist_wait *x = &r->wait[w];
+            const struct kp_distributed_wait *x = &r->wait[w];
 
             fputs(w ? ", {\"index\": " : "{\"index\": ", f);
             if (x->step < 0) {
@@ -536,7 +536,7 @@ void kp_dist_json(FILE *f, const struct kp_dist *d)
                 ", \"synchronizing_us\": %" PRId64 "}, \"comm_ops\": [",
                 r->wait_all_transfer_us, r->wait_all_sync_us);
         for (size_t o = 0; o < r->n_ops; o++) {
-            const struct kp_dist_op *op = &r->ops[o];
+            const struct kp_distributed_op *op = &r->ops[o];
             double calls = (double) op->calls;
 
             fputs(o ? ", {\"name\": " : "{\"name\": ", f);
@@ -557,7 +557,7 @@ void kp_dist_json(FILE *f, const struct kp_dist *d)
     fputs("]}\n", f);
 }
 
-void kp_dist_text(FILE *f, const struct kp_dist *d)
+void kp_distributed_text(FILE *f, const struct kp_distributed *d)
 {
     if (!d->enabled) {
         fprintf(f, "no distributed view: %s\n", d->reason);
@@ -565,7 +565,7 @@ void kp_dist_text(FILE *f, const struct kp_dist *d)
     }
     fprintf(f, "%-6s %-8s %16s %16s\n", "rank", "step", "data_transfer", "synchronizing");
     for (size_t k = 0; k < d->n_ranks; k++) {
-        const struct kp_dist_rank *r = &d->ranks[k];
+        const struct kp_distributed_rank *r = &d->ranks[k];
 
         for (size_t w = 0; w < r->n_wait; w++) {
             fprintf(f, "%-6d %-8s %16.3f %16.3f\n", r->rank,
@@ -579,7 +579,7 @@ void kp_dist_text(FILE *f, const struct kp_dist *d)
     fprintf(f, "\n%-6s %8s %16s %14s %14s  %s\n", "rank", "calls", "total_bytes", "latency",
             "transfer", "op (µs)");
     for (size_t k = 0; k < d->n_ranks; k++) {
-        const struct kp_dist_rank *r = &d->ranks[k];
+        const struct kp_distributed_rank *r = &d->ranks[k];
 
         for (size_t o = 0; o < r->n_ops; o++) {
             fprintf(f, "%-6d %8" PRIu64 " %16" PRId64 " %14.3f %14.3f  %s\n", r->rank,

@@ -19,8 +19,8 @@
  * kprof's choices where the plugin fails or is silent: a communication op without an external
  * id is a node of its own; an input that is a list of tensors counts each tensor.
  *
- * Memory: ranks are loaded one at a time (kp_an_load) and only their communication nodes are
- * kept. Thread-safety: a kp_dist is read-only once built.
+ * Memory: ranks are loaded one at a time (kp_an_create) and only their communication nodes are
+ * kept. Thread-safety: a kp_distributed is read-only once built.
  */
 #ifndef KP_DISTRIBUTED_H
 #define KP_DISTRIBUTED_H
@@ -31,16 +31,16 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "kp_ranges.h"
+#include "ranges.h"
 
 /* One wait-view entry: a step with communication nodes, or the nodes in no step. */
-struct kp_dist_wait {
+struct kp_distributed_wait {
     int32_t step;       /* index into the rank's steps (kp_an_breakdown); -1: in no step */
     char step_name[24]; /* "" when step is -1 */
     int64_t latency_ns, transfer_ns;
 };
 
-struct kp_dist_op {
+struct kp_distributed_op {
     char *name; /* owned */
     uint64_t calls;
     int64_t total_bytes;
@@ -48,56 +48,56 @@ struct kp_dist_op {
 };
 
 /* The communication nodes of one rank, as kept between loading and computing. */
-struct kp_dist_node {
+struct kp_distributed_node {
     int32_t op;      /* index into the rank's ops */
     int32_t wait;    /* index into the rank's wait entries */
     size_t first, n; /* intervals: ranges[first .. first + n), real[first .. first + n) */
 };
 
-struct kp_dist_rank {
+struct kp_distributed_rank {
     int rank;
     size_t n_nodes;
-    struct kp_dist_node *nodes;
+    struct kp_distributed_node *nodes;
     struct kp_range *ranges, *real;
     size_t n_wait; /* in the order the nodes first reach them (time order) */
-    struct kp_dist_wait *wait;
+    struct kp_distributed_wait *wait;
     int64_t wait_all_transfer_us, wait_all_sync_us; /* mean over the entries, truncated */
     size_t n_ops;                                   /* first-seen order */
-    struct kp_dist_op *ops;
+    struct kp_distributed_op *ops;
 };
 
-struct kp_dist {
+struct kp_distributed {
     int64_t run;
     bool enabled;
     char reason[256]; /* why the view is disabled ("rank 1 has no communication ops ...") */
     size_t n_ranks;
-    struct kp_dist_rank *ranks; /* by rank; empty when disabled */
+    struct kp_distributed_rank *ranks; /* by rank; empty when disabled */
 };
 
 /*
  * Builds the distributed view of run `run` over c (borrowed; may block on PG). Each rank is
  * loaded under the max_rows budget (0: no limit). Returns 0 and *out (free with
- * kp_dist_destroy), also when the view is disabled (then enabled is false and reason says
+ * kp_distributed_destroy), also when the view is disabled (then enabled is false and reason says
  * why), or KP_ENOTFOUND (no such run), KP_EPG, KP_ETOOBIG, -ENOMEM with a message in errbuf.
  */
-int kp_dist_build(PGconn *c, int64_t run, size_t max_rows, struct kp_dist **out, char *errbuf,
-                  size_t errlen);
+int kp_distributed_create(PGconn *c, int64_t run, size_t max_rows, struct kp_distributed **out,
+                          char *errbuf, size_t errlen);
 
 /* Writes d as one JSON object: {"run", "enabled", "reason", "ranks": [{"rank",
  * "comm_node_count", "wait": [{"index", "step", "data_transfer_us", "synchronizing_us"}],
  * "wait_all": {...}, "comm_ops": [{"name", "calls", "total_size_bytes", "avg_size_bytes",
  * "total_latency_us", "avg_latency_us", "data_transfer_us", "avg_data_transfer_us"}]}]}. */
-void kp_dist_json(FILE *f, const struct kp_dist *d);
+void kp_distributed_json(FILE *f, const struct kp_distributed *d);
 
 /* Writes d as text tables, or "no distributed view: <reason>". */
-void kp_dist_text(FILE *f, const struct kp_dist *d);
+void kp_distributed_text(FILE *f, const struct kp_distributed *d);
 
-void kp_dist_destroy(struct kp_dist *d);
+void kp_distributed_destroy(struct kp_distributed *d);
 
 /* Bytes of a communication op's inputs from the stored "Input Dims" ("[[53120], [4, 2]]")
  * and "Input type" ("['float', 'long int']"): Σ over inputs of Π shape × element size, with
  * the plugin's element sizes (float, int 4; long int 8; c10::Half, c10::BFloat16 2;
  * unsigned char 1; anything else 0). NULL or unreadable text counts 0. */
-int64_t kp_dist_input_bytes(const char *shapes, const char *dtypes);
+int64_t kp_distributed_input_bytes(const char *shapes, const char *dtypes);
 
 #endif

@@ -131,7 +131,7 @@ static void export_run(void *ud, void *state, void *item)
         kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, msg);
         goto out;
     }
-    if ((rc = kp_export_begin(pg, (int64_t) r->run_id, r->fetch_rows, &x, err, sizeof(err))) != 0) {
+    if ((rc = kp_export_open(pg, (int64_t) r->run_id, r->fetch_rows, &x, err, sizeof(err))) != 0) {
         kp_rpc_call_finish(j->call, status_of(rc, pg), err);
         goto out;
     }
@@ -176,7 +176,7 @@ static void export_run(void *ud, void *state, void *item)
                 " seconds=%.3f",
                 r->run_id, n_done, json, j->sent_bytes, kp_mono_s() - t0);
 out:
-    kp_export_end(x);
+    kp_export_close(x);
     if (pg != NULL) {
         PQfinish(pg);
     }

@@ -1,8 +1,8 @@
 /*
  * flops: FLOPs and bytes per op (see flops.h; formulas from docs/specs/flops-bytes.md).
  *
- * DESIGN. kp_fl_parse reads the stored text into fixed arrays (no allocation, so junk can
- * only make it return -EINVAL). kp_fl_compute looks the op's base name up in one table of
+ * DESIGN. kp_flops_parse reads the stored text into fixed arrays (no allocation, so junk can
+ * only make it return -EINVAL). kp_flops_compute looks the op's base name up in one table of
  * (name, family, constant) rows; each family function reads the tensors it needs, returns
  * false when they are missing or inconsistent (the op is then "unknown"), and fills the
  * parts. Deliberate choices where the spec leaves kprof to decide (§9):
@@ -38,7 +38,7 @@ static const char *skip_ws(const char *p)
 }
 
 /* Parses "[d0, d1, ...]" (p at '[') into t. Returns the text after ']' or NULL. */
-static const char *parse_dims(const char *p, struct kp_fl_tensor *t)
+static const char *parse_dims(const char *p, struct kp_flops_tensor *t)
 {
     p = skip_ws(p + 1);
     t->ndim = 0;
@@ -58,7 +58,7 @@ static const char *parse_dims(const char *p, struct kp_fl_tensor *t)
             }
             p++;
         }
-        if (t->ndim >= KP_FL_MAX_DIMS) {
+        if (t->ndim >= KP_FLOPS_MAX_DIMS) {
             return NULL;
         }
         t->dim[t->ndim++] = v;
@@ -73,7 +73,7 @@ static const char *parse_dims(const char *p, struct kp_fl_tensor *t)
     }
 }
 
-static int parse_shapes(const char *p, struct kp_fl_args *out)
+static int parse_shapes(const char *p, struct kp_flops_args *out)
 {
     p = skip_ws(p);
     if (*p != '[') {
@@ -84,22 +84,22 @@ static int parse_shapes(const char *p, struct kp_fl_args *out)
         return *skip_ws(p + 1) ? -EINVAL : 0;
     }
     for (;;) {
-        struct kp_fl_arg *a;
+        struct kp_flops_arg *a;
 
         if (*p != '[') {
             return -EINVAL;
         }
-        if (out->n >= KP_FL_MAX_ARGS) {
+        if (out->n >= KP_FLOPS_MAX_ARGS) {
             return -EINVAL;
         }
         a = &out->a[out->n];
         memset(a, 0, sizeof(*a));
         if (*skip_ws(p + 1) == '[') { /* a list of shapes */
-            a->kind = KP_FL_LIST;
+            a->kind = KP_FLOPS_LIST;
             a->first = out->n_sub;
             p = skip_ws(p + 1);
             for (;;) {
-                if (*p != '[' || out->n_sub >= KP_FL_MAX_SUB) {
+                if (*p != '[' || out->n_sub >= KP_FLOPS_MAX_SUB) {
                     return -EINVAL;
                 }
                 memset(&out->sub[out->n_sub], 0, sizeof(out->sub[0]));
@@ -125,7 +125,7 @@ static int parse_shapes(const char *p, struct kp_fl_args *out)
             if (!p) {
                 return -EINVAL;
             }
-            a->kind = a->t.ndim > 0 ? KP_FL_TENSOR : KP_FL_NONE;
+            a->kind = a->t.ndim > 0 ? KP_FLOPS_TENSOR : KP_FLOPS_NONE;
         }
         out->n++;
         p = skip_ws(p);
@@ -204,7 +204,7 @@ static const struct dtype_row dtypes[] = {
     { "QInt32", 4, "qint32" },
 };
 
-int kp_fl_dtype_size(const char *name, char *short_name, size_t len)
+int kp_flops_dtype_size(const char *name, char *short_name, size_t len)
 {
     const char *s = name;
     int size = 0;
@@ -253,7 +253,7 @@ static bool non_tensor_type(const char *s)
 }
 
 /* Applies the quoted strings of dtypes to out's arguments in order. */
-static int apply_dtypes(const char *p, struct kp_fl_args *out)
+static int apply_dtypes(const char *p, struct kp_flops_args *out)
 {
     int i = 0;
 
@@ -278,15 +278,15 @@ static int apply_dtypes(const char *p, struct kp_fl_args *out)
         p++;
         buf[n] = '\0';
         if (i < out->n) {
-            struct kp_fl_arg *a = &out->a[i];
+            struct kp_flops_arg *a = &out->a[i];
 
-            if (a->kind == KP_FL_TENSOR || a->kind == KP_FL_NONE) {
-                if (a->kind == KP_FL_NONE && !non_tensor_type(buf) &&
-                    kp_fl_dtype_size(buf, NULL, 0) > 0) {
-                    a->kind = KP_FL_TENSOR; /* a 0-d tensor */
+            if (a->kind == KP_FLOPS_TENSOR || a->kind == KP_FLOPS_NONE) {
+                if (a->kind == KP_FLOPS_NONE && !non_tensor_type(buf) &&
+                    kp_flops_dtype_size(buf, NULL, 0) > 0) {
+                    a->kind = KP_FLOPS_TENSOR; /* a 0-d tensor */
                 }
-                if (a->kind == KP_FL_TENSOR) {
-                    a->t.esize = kp_fl_dtype_size(buf, a->t.dtype, sizeof(a->t.dtype));
+                if (a->kind == KP_FLOPS_TENSOR) {
+                    a->t.esize = kp_flops_dtype_size(buf, a->t.dtype, sizeof(a->t.dtype));
                 }
             }
         }
@@ -295,7 +295,7 @@ static int apply_dtypes(const char *p, struct kp_fl_args *out)
     return 0;
 }
 
-int kp_fl_parse(const char *shapes, const char *dtypes_text, struct kp_fl_args *out)
+int kp_flops_parse(const char *shapes, const char *dtypes_text, struct kp_flops_args *out)
 {
     int rc;
 
@@ -316,36 +316,36 @@ int kp_fl_parse(const char *shapes, const char *dtypes_text, struct kp_fl_args *
 /* ---- helpers ------------------------------------------------------------------------- */
 
 struct ctx {
-    const struct kp_fl_args *args;
-    enum kp_fl_dir dir;
-    const struct kp_fl_tensor *hint;
-    struct kp_fl_result *r;
+    const struct kp_flops_args *args;
+    enum kp_flops_dir dir;
+    const struct kp_flops_tensor *hint;
+    struct kp_flops_result *r;
     const char *name; /* base name */
     bool aten;        /* the name had the aten:: namespace */
     double k;         /* the row's constant */
     bool no_bytes;    /* a dtype that bytes need is unknown */
 };
 
-static const struct kp_fl_tensor *arg_t(const struct ctx *c, int i)
+static const struct kp_flops_tensor *arg_t(const struct ctx *c, int i)
 {
-    if (i < 0 || i >= c->args->n || c->args->a[i].kind != KP_FL_TENSOR) {
+    if (i < 0 || i >= c->args->n || c->args->a[i].kind != KP_FLOPS_TENSOR) {
         return NULL;
     }
     return &c->args->a[i].t;
 }
 
 /* The i-th tensor argument, skipping the others. */
-static const struct kp_fl_tensor *nth_t(const struct ctx *c, int i)
+static const struct kp_flops_tensor *nth_t(const struct ctx *c, int i)
 {
     for (int j = 0; j < c->args->n; j++) {
-        if (c->args->a[j].kind == KP_FL_TENSOR && i-- == 0) {
+        if (c->args->a[j].kind == KP_FLOPS_TENSOR && i-- == 0) {
             return &c->args->a[j].t;
         }
     }
     return NULL;
 }
 
-static double E(const struct kp_fl_tensor *t)
+static double E(const struct kp_flops_tensor *t)
 {
     double e = 1;
 
@@ -355,7 +355,7 @@ static double E(const struct kp_fl_tensor *t)
     return e;
 }
 
-static double S(struct ctx *c, const struct kp_fl_tensor *t)
+static double S(struct ctx *c, const struct kp_flops_tensor *t)
 {
     if (t->esize <= 0) {
         c->no_bytes = true;
@@ -363,26 +363,26 @@ static double S(struct ctx *c, const struct kp_fl_tensor *t)
     return t->esize;
 }
 
-static double Bt(struct ctx *c, const struct kp_fl_tensor *t)
+static double Bt(struct ctx *c, const struct kp_flops_tensor *t)
 {
     return E(t) * S(c, t);
 }
 
 static void part(struct ctx *c, double flops, double bytes)
 {
-    struct kp_fl_result *r = c->r;
+    struct kp_flops_result *r = c->r;
 
-    if (r->n_parts < KP_FL_MAX_PARTS) {
+    if (r->n_parts < KP_FLOPS_MAX_PARTS) {
         r->flops[r->n_parts] = flops;
         r->bytes[r->n_parts] = bytes;
         r->n_parts++;
     }
 }
 
-static void pcat(struct kp_fl_result *r, const char *fmt, ...)
+static void pcat(struct kp_flops_result *r, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-static void pcat(struct kp_fl_result *r, const char *fmt, ...)
+static void pcat(struct kp_flops_result *r, const char *fmt, ...)
 {
     size_t n = strlen(r->params);
     va_list ap;
@@ -395,7 +395,7 @@ static void pcat(struct kp_fl_result *r, const char *fmt, ...)
     va_end(ap);
 }
 
-static void pshape(struct kp_fl_result *r, const struct kp_fl_tensor *t)
+static void pshape(struct kp_flops_result *r, const struct kp_flops_tensor *t)
 {
     pcat(r, "[");
     for (int i = 0; i < t->ndim; i++) {
@@ -405,20 +405,20 @@ static void pshape(struct kp_fl_result *r, const struct kp_fl_tensor *t)
 }
 
 /* PyProf's generic params: every tensor as [d0,d1]dtype, separated by ';'. */
-static void params_tensors(const struct kp_fl_args *args, struct kp_fl_result *r)
+static void params_tensors(const struct kp_flops_args *args, struct kp_flops_result *r)
 {
     bool first = true;
 
     r->params[0] = '\0';
     for (int i = 0; i < args->n; i++) {
-        const struct kp_fl_arg *a = &args->a[i];
+        const struct kp_flops_arg *a = &args->a[i];
 
-        if (a->kind == KP_FL_TENSOR) {
+        if (a->kind == KP_FLOPS_TENSOR) {
             pcat(r, "%s", first ? "" : ";");
             pshape(r, &a->t);
             first = false;
         }
-        else if (a->kind == KP_FL_LIST) {
+        else if (a->kind == KP_FLOPS_LIST) {
             for (int j = 0; j < a->n; j++) {
                 pcat(r, "%s", first ? "" : ";");
                 pshape(r, &args->sub[a->first + j]);
@@ -428,7 +428,7 @@ static void params_tensors(const struct kp_fl_args *args, struct kp_fl_result *r
     }
 }
 
-static const char *dt(const struct kp_fl_tensor *t)
+static const char *dt(const struct kp_flops_tensor *t)
 {
     return t->dtype[0] ? t->dtype : "na";
 }
@@ -437,14 +437,14 @@ static const char *dt(const struct kp_fl_tensor *t)
 
 /* Sets the GEMM result: batch b, output [m, n], inner k; with_bias adds a bias-grad part. */
 static bool gemm(struct ctx *c, double b, double m, double n, double k,
-                 const struct kp_fl_tensor *A, const struct kp_fl_tensor *B, bool with_bias)
+                 const struct kp_flops_tensor *A, const struct kp_flops_tensor *B, bool with_bias)
 {
     double f = 2 * b * m * n * k;
     double by = b * (m * k * S(c, A) + k * n * S(c, B) + m * n * S(c, A));
 
-    c->r->tc = KP_FL_TC_GEMM;
+    c->r->tc = KP_FLOPS_TC_GEMM;
     c->r->family = "gemm";
-    if (c->dir == KP_FL_FWD) {
+    if (c->dir == KP_FLOPS_FWD) {
         part(c, f, by);
     }
     else {
@@ -466,7 +466,7 @@ static bool fam_mm(struct ctx *c)
 {
     /* mm(A, B), _scaled_mm(A, B, ...); addmm/baddbmm/addbmm(C, A, B); bmm(A, B) */
     int o = c->k > 0 ? 1 : 0;
-    const struct kp_fl_tensor *A = arg_t(c, o), *B = arg_t(c, o + 1);
+    const struct kp_flops_tensor *A = arg_t(c, o), *B = arg_t(c, o + 1);
 
     if (!A || !B) {
         return false;
@@ -485,7 +485,7 @@ static bool fam_mv(struct ctx *c)
 {
     /* mv(A[m,k], x[k]); addmv(y, A, x); dot/vdot(a[k], b[k]) */
     int o = c->k > 0 ? 1 : 0;
-    const struct kp_fl_tensor *A = arg_t(c, o), *x = arg_t(c, o + 1);
+    const struct kp_flops_tensor *A = arg_t(c, o), *x = arg_t(c, o + 1);
 
     if (!A || !x || x->ndim != 1) {
         return false;
@@ -520,7 +520,7 @@ static bool bcast_prod(const int64_t *a, int na, const int64_t *b, int nb, doubl
 static bool fam_matmul(struct ctx *c)
 {
     /* matmul(A, B) with PyTorch broadcasting (§3.1 shape rules) */
-    const struct kp_fl_tensor *A = arg_t(c, 0), *B = arg_t(c, 1);
+    const struct kp_flops_tensor *A = arg_t(c, 0), *B = arg_t(c, 1);
     int na, nb;
     double batch = 1;
 
@@ -556,7 +556,7 @@ static bool fam_matmul(struct ctx *c)
 static bool fam_linear(struct ctx *c)
 {
     /* linear(x[..., k], w[out, k], b[out]?): M = Π x[:-1], N = out, K = k */
-    const struct kp_fl_tensor *x = arg_t(c, 0), *w = arg_t(c, 1);
+    const struct kp_flops_tensor *x = arg_t(c, 0), *w = arg_t(c, 1);
     double m = 1;
 
     if (!x || !w || w->ndim != 2 || x->ndim < 1 || x->dim[x->ndim - 1] != w->dim[1]) {
@@ -574,11 +574,11 @@ static bool fam_linear(struct ctx *c)
 static bool fam_conv(struct ctx *c)
 {
     int o = c->k == 3 ? 1 : 0;
-    const struct kp_fl_tensor *x = arg_t(c, o), *w = arg_t(c, o + 1);
-    const struct kp_fl_tensor *hint = c->k == 3 ? arg_t(c, 0) : c->hint;
+    const struct kp_flops_tensor *x = arg_t(c, o), *w = arg_t(c, o + 1);
+    const struct kp_flops_tensor *hint = c->k == 3 ? arg_t(c, 0) : c->hint;
     double N = 1, C, K, g = 1, in_sp = 1, out_sp = 1, ker = 1, f, by;
     int d, xs; /* spatial rank, first spatial dim of x */
-    int64_t out[KP_FL_MAX_DIMS];
+    int64_t out[KP_FLOPS_MAX_DIMS];
     bool transposed = c->k == 2;
 
     if (!x || !w || w->ndim < 3 || w->ndim > 5) {
@@ -634,9 +634,9 @@ static bool fam_conv(struct ctx *c)
         f = 2 * N * in_sp * ker * (double) w->dim[0] * (double) w->dim[1];
     }
     by = S(c, x) * (E(x) + E(w) + N * K * out_sp);
-    c->r->tc = KP_FL_TC_CONV;
+    c->r->tc = KP_FLOPS_TC_CONV;
     c->r->family = "conv";
-    if (c->k == 3 || c->dir == KP_FL_BWD) {
+    if (c->k == 3 || c->dir == KP_FLOPS_BWD) {
         part(c, f, by); /* dgrad */
         part(c, f, by); /* wgrad */
     }
@@ -665,7 +665,7 @@ static bool fam_conv(struct ctx *c)
 /* c->k: 1 q/k/v as [b, h, s, d] (scaled_dot_product_*), 2 as [b, s, h, d] (flash kernels). */
 static bool fam_attention(struct ctx *c)
 {
-    const struct kp_fl_tensor *q = arg_t(c, 0), *k = arg_t(c, 1), *v = arg_t(c, 2);
+    const struct kp_flops_tensor *q = arg_t(c, 0), *k = arg_t(c, 1), *v = arg_t(c, 2);
     double b = 1, h, sq, sk, D, Dv, f, by;
     int n;
 
@@ -701,9 +701,9 @@ static bool fam_attention(struct ctx *c)
     if (k->dim[n - 1] != q->dim[n - 1]) {
         return false;
     }
-    c->r->tc = KP_FL_TC_GEMM;
+    c->r->tc = KP_FLOPS_TC_GEMM;
     c->r->family = "attention";
-    if (c->dir == KP_FL_FWD) {
+    if (c->dir == KP_FLOPS_FWD) {
         f = 2 * b * h * sq * sk * D + 2 * b * h * sq * sk * Dv;
         by = Bt(c, q) + Bt(c, k) + Bt(c, v) + b * h * sq * Dv * S(c, q);
     }
@@ -719,7 +719,7 @@ static bool fam_attention(struct ctx *c)
 
 /* ---- element-wise, activations, norms, softmax (§3.4-§3.7, §3.11) --------------------- */
 
-static const struct kp_fl_tensor *first_tensor(const struct ctx *c)
+static const struct kp_flops_tensor *first_tensor(const struct ctx *c)
 {
     return nth_t(c, 0);
 }
@@ -727,7 +727,7 @@ static const struct kp_fl_tensor *first_tensor(const struct ctx *c)
 /* Unary: c->k FLOPs per element, 2·B(x) bytes, direction ignored (Pointwise). */
 static bool fam_unary(struct ctx *c)
 {
-    const struct kp_fl_tensor *x = first_tensor(c);
+    const struct kp_flops_tensor *x = first_tensor(c);
 
     if (!x) {
         return false;
@@ -740,20 +740,20 @@ static bool fam_unary(struct ctx *c)
 /* Activation: c->k FLOPs per element both ways; bytes 2·B(x) fwd, 3·B(x) bwd. */
 static bool fam_activation(struct ctx *c)
 {
-    const struct kp_fl_tensor *x = first_tensor(c);
+    const struct kp_flops_tensor *x = first_tensor(c);
 
     if (!x) {
         return false;
     }
     c->r->family = "activation";
-    part(c, c->k * E(x), (c->dir == KP_FL_FWD ? 2 : 3) * Bt(c, x));
+    part(c, c->k * E(x), (c->dir == KP_FLOPS_FWD ? 2 : 3) * Bt(c, x));
     return true;
 }
 
 /* Dropout: 5·E(x) FLOPs, 2·B(x) bytes, both ways (§3.11). */
 static bool fam_dropout(struct ctx *c)
 {
-    const struct kp_fl_tensor *x = first_tensor(c);
+    const struct kp_flops_tensor *x = first_tensor(c);
 
     if (!x) {
         return false;
@@ -764,14 +764,14 @@ static bool fam_dropout(struct ctx *c)
 }
 
 /* Broadcast output of every tensor argument (numpy rules) into out; false if incompatible. */
-static bool bcast_out(const struct ctx *c, struct kp_fl_tensor *out, int *count)
+static bool bcast_out(const struct ctx *c, struct kp_flops_tensor *out, int *count)
 {
     memset(out, 0, sizeof(*out));
     *count = 0;
     for (int i = 0; i < c->args->n; i++) {
-        const struct kp_fl_tensor *t = arg_t(c, i);
+        const struct kp_flops_tensor *t = arg_t(c, i);
         int n;
-        int64_t d[KP_FL_MAX_DIMS];
+        int64_t d[KP_FLOPS_MAX_DIMS];
 
         if (!t) {
             continue;
@@ -803,7 +803,7 @@ static bool bcast_out(const struct ctx *c, struct kp_fl_tensor *out, int *count)
  * 20 pow, 3 ternary, 1.5 where (1 FLOP, bool condition). */
 static bool fam_binary(struct ctx *c)
 {
-    struct kp_fl_tensor out;
+    struct kp_flops_tensor out;
     int count;
     double in_bytes = 0, per = c->k, out_s;
     bool cmp = c->k == 1.25, addsub = c->k == 0.5;
@@ -815,7 +815,7 @@ static bool fam_binary(struct ctx *c)
         per = 1;
     }
     for (int i = 0; i < c->args->n; i++) {
-        const struct kp_fl_tensor *t = arg_t(c, i);
+        const struct kp_flops_tensor *t = arg_t(c, i);
 
         if (t) {
             in_bytes += Bt(c, t);
@@ -823,7 +823,7 @@ static bool fam_binary(struct ctx *c)
     }
     out_s = cmp ? 1 : S(c, c->k == 1.5 && nth_t(c, 1) ? nth_t(c, 1) : first_tensor(c));
     c->r->family = "pointwise";
-    if (c->dir == KP_FL_FWD || per == 20 || c->k == 3) {
+    if (c->dir == KP_FLOPS_FWD || per == 20 || c->k == 3) {
         part(c, per * E(&out), in_bytes + E(&out) * out_s);
     }
     else if (addsub) {
@@ -839,7 +839,7 @@ static bool fam_binary(struct ctx *c)
  * cumsum (k 5: E, 2B). Output writes are not counted (§3.8). */
 static bool fam_reduce(struct ctx *c)
 {
-    const struct kp_fl_tensor *x = first_tensor(c);
+    const struct kp_flops_tensor *x = first_tensor(c);
     int k = (int) c->k;
 
     if (!x) {
@@ -864,26 +864,26 @@ static bool fam_reduce(struct ctx *c)
 /* Softmax (k 40) and log_softmax (k 21): fwd 3·B(x), bwd 5·B(x) (§3.5). */
 static bool fam_softmax(struct ctx *c)
 {
-    const struct kp_fl_tensor *x = first_tensor(c);
+    const struct kp_flops_tensor *x = first_tensor(c);
 
     if (!x) {
         return false;
     }
     c->r->family = "softmax";
-    part(c, c->k * E(x), (c->dir == KP_FL_FWD ? 3 : 5) * Bt(c, x));
+    part(c, c->k * E(x), (c->dir == KP_FLOPS_FWD ? 3 : 5) * Bt(c, x));
     return true;
 }
 
 /* batch_norm: 8·E(x) FLOPs; fwd 4·B(x), bwd 5·B(x) (§3.4). */
 static bool fam_batchnorm(struct ctx *c)
 {
-    const struct kp_fl_tensor *x = first_tensor(c);
+    const struct kp_flops_tensor *x = first_tensor(c);
 
     if (!x) {
         return false;
     }
     c->r->family = "norm";
-    part(c, 8 * E(x), (c->dir == KP_FL_FWD ? 4 : 5) * Bt(c, x));
+    part(c, 8 * E(x), (c->dir == KP_FLOPS_FWD ? 4 : 5) * Bt(c, x));
     return true;
 }
 
@@ -892,21 +892,21 @@ static bool fam_batchnorm(struct ctx *c)
  * once (kprof's estimate: PyProf has none). */
 static bool fam_norm(struct ctx *c)
 {
-    const struct kp_fl_tensor *x = first_tensor(c);
+    const struct kp_flops_tensor *x = first_tensor(c);
     double pb = 0;
 
     if (!x) {
         return false;
     }
     for (int i = 1; i < c->args->n; i++) {
-        const struct kp_fl_tensor *t = arg_t(c, i);
+        const struct kp_flops_tensor *t = arg_t(c, i);
 
         if (t && t->ndim >= 1 && t != x) {
             pb += Bt(c, t);
         }
     }
     c->r->family = "norm";
-    part(c, c->k * E(x), (c->dir == KP_FL_FWD ? 2 : 3) * Bt(c, x) + pb);
+    part(c, c->k * E(x), (c->dir == KP_FLOPS_FWD ? 2 : 3) * Bt(c, x) + pb);
     return true;
 }
 
@@ -914,13 +914,13 @@ static bool fam_norm(struct ctx *c)
  * added once); bytes B(x) fwd (output size unknown without kernel_size), 2·B(x) bwd. */
 static bool fam_pool(struct ctx *c)
 {
-    const struct kp_fl_tensor *x = first_tensor(c);
+    const struct kp_flops_tensor *x = first_tensor(c);
 
     if (!x) {
         return false;
     }
     c->r->family = "pooling";
-    part(c, E(x), (c->dir == KP_FL_FWD ? 1 : 2) * Bt(c, x));
+    part(c, E(x), (c->dir == KP_FLOPS_FWD ? 1 : 2) * Bt(c, x));
     return true;
 }
 
@@ -928,7 +928,7 @@ static bool fam_pool(struct ctx *c)
 
 static bool fam_embedding(struct ctx *c)
 {
-    const struct kp_fl_tensor *a0 = arg_t(c, 0), *a1 = arg_t(c, 1), *I, *W;
+    const struct kp_flops_tensor *a0 = arg_t(c, 0), *a1 = arg_t(c, 1), *I, *W;
     double D;
 
     if (!a0 || !a1) {
@@ -948,7 +948,7 @@ static bool fam_embedding(struct ctx *c)
     }
     D = (double) W->dim[1];
     c->r->family = "embedding";
-    if (c->dir == KP_FL_FWD) {
+    if (c->dir == KP_FLOPS_FWD) {
         part(c, 0, Bt(c, I) + 2 * E(I) * D * S(c, W));
     }
     else {
@@ -961,13 +961,13 @@ static bool fam_embedding(struct ctx *c)
  * mean: Kineto does not record its value); bytes e·S, FLOPs 2e + 1 (§3.9). */
 static bool fam_mse(struct ctx *c)
 {
-    const struct kp_fl_tensor *x = arg_t(c, 0), *t = arg_t(c, 1);
+    const struct kp_flops_tensor *x = arg_t(c, 0), *t = arg_t(c, 1);
     double e;
 
     if (!x || !t || E(x) != E(t)) {
         return false;
     }
-    e = E(x) * (c->dir == KP_FL_FWD ? 2 : 3);
+    e = E(x) * (c->dir == KP_FLOPS_FWD ? 2 : 3);
     c->r->family = "loss";
     part(c, 2 * e + 1, e * S(c, x));
     return true;
@@ -977,14 +977,14 @@ static bool fam_mse(struct ctx *c)
  * B(target) + E(target)·S(input). cross_entropy_loss: log_softmax then nll_loss, two parts. */
 static bool fam_nll(struct ctx *c)
 {
-    const struct kp_fl_tensor *x = arg_t(c, 0), *t = arg_t(c, 1);
+    const struct kp_flops_tensor *x = arg_t(c, 0), *t = arg_t(c, 1);
 
     if (!x || !t || x->ndim < 1) {
         return false;
     }
     c->r->family = "loss";
     if (c->k == 2) {
-        part(c, 21 * E(x), (c->dir == KP_FL_FWD ? 3 : 5) * Bt(c, x));
+        part(c, 21 * E(x), (c->dir == KP_FLOPS_FWD ? 3 : 5) * Bt(c, x));
     }
     part(c, E(t), Bt(c, t) + E(t) * S(c, x));
     return true;
@@ -994,7 +994,7 @@ static bool fam_nll(struct ctx *c)
  * dtypes differ), FLOPs 0 (§3.12). */
 static bool fam_adam(struct ctx *c)
 {
-    const struct kp_fl_tensor *w = arg_t(c, 0), *g = arg_t(c, 4);
+    const struct kp_flops_tensor *w = arg_t(c, 0), *g = arg_t(c, 4);
     double by;
 
     if (!w || !g) {
@@ -1013,19 +1013,19 @@ static bool fam_adam(struct ctx *c)
  * 2·B(x); 3 fill-like B(x); 4 cat 2·ΣB(list); 5 gather 2·B(input); 6 nonzero B + E·ndim·8. */
 static bool fam_move(struct ctx *c)
 {
-    const struct kp_fl_tensor *x = first_tensor(c), *y;
+    const struct kp_flops_tensor *x = first_tensor(c), *y;
     int k = (int) c->k;
 
     c->r->family = "memory";
     if (k == 4) {
-        const struct kp_fl_arg *a = c->args->n > 0 ? &c->args->a[0] : NULL;
+        const struct kp_flops_arg *a = c->args->n > 0 ? &c->args->a[0] : NULL;
         double by = 0;
 
-        if (!a || a->kind != KP_FL_LIST) {
+        if (!a || a->kind != KP_FLOPS_LIST) {
             return false;
         }
         for (int i = 0; i < a->n; i++) {
-            const struct kp_fl_tensor *t = &c->args->sub[a->first + i];
+            const struct kp_flops_tensor *t = &c->args->sub[a->first + i];
 
             by += Bt(c, t);
         }
@@ -1305,7 +1305,7 @@ static const struct op_row op_table[] = {
     { "nonzero", fam_move, 6 },
 };
 
-const char *kp_fl_base_name(const char *op, char *buf, size_t len)
+const char *kp_flops_base_name(const char *op, char *buf, size_t len)
 {
     const char *s = op ? op : "", *p;
     size_t n;
@@ -1332,7 +1332,7 @@ static const struct op_row *find_row(const char *op)
 {
     char base[96];
 
-    kp_fl_base_name(op, base, sizeof(base));
+    kp_flops_base_name(op, base, sizeof(base));
     for (int pass = 0; pass < 2; pass++) {
         size_t n = strlen(base);
 
@@ -1352,13 +1352,13 @@ static const struct op_row *find_row(const char *op)
     return NULL;
 }
 
-bool kp_fl_has_formula(const char *op)
+bool kp_flops_has_formula(const char *op)
 {
     return find_row(op) != NULL;
 }
 
-void kp_fl_compute(const char *op, const struct kp_fl_args *args, enum kp_fl_dir dir,
-                   const struct kp_fl_tensor *out_hint, struct kp_fl_result *out)
+void kp_flops_compute(const char *op, const struct kp_flops_args *args, enum kp_flops_dir dir,
+                      const struct kp_flops_tensor *out_hint, struct kp_flops_result *out)
 {
     const struct op_row *row = find_row(op);
     char base[96];
@@ -1366,7 +1366,7 @@ void kp_fl_compute(const char *op, const struct kp_fl_args *args, enum kp_fl_dir
 
     memset(out, 0, sizeof(*out));
     out->family = "unknown";
-    out->tc = KP_FL_TC_NA;
+    out->tc = KP_FLOPS_TC_NA;
     params_tensors(args, out);
     if (!row) {
         return;
@@ -1375,7 +1375,7 @@ void kp_fl_compute(const char *op, const struct kp_fl_args *args, enum kp_fl_dir
     c.dir = dir;
     c.hint = out_hint;
     c.r = out;
-    c.name = kp_fl_base_name(op, base, sizeof(base));
+    c.name = kp_flops_base_name(op, base, sizeof(base));
     c.aten = op && strncmp(op, "aten::", 6) == 0;
     c.k = row->k;
     if (!row->fn(&c)) {
@@ -1384,14 +1384,14 @@ void kp_fl_compute(const char *op, const struct kp_fl_args *args, enum kp_fl_dir
         params_tensors(args, out);
         /* the op's kind still says whether tensor cores apply */
         if (row->fn == fam_conv) {
-            out->tc = KP_FL_TC_CONV;
+            out->tc = KP_FLOPS_TC_CONV;
         }
         else if (row->fn == fam_mm || row->fn == fam_mv || row->fn == fam_matmul ||
                  row->fn == fam_linear || row->fn == fam_attention) {
-            out->tc = KP_FL_TC_GEMM;
+            out->tc = KP_FLOPS_TC_GEMM;
         }
         else {
-            out->tc = KP_FL_TC_NA;
+            out->tc = KP_FLOPS_TC_NA;
         }
         return;
     }
@@ -1404,12 +1404,12 @@ void kp_fl_compute(const char *op, const struct kp_fl_args *args, enum kp_fl_dir
     }
 }
 
-double kp_fl_part_flops(const struct kp_fl_result *r, int sub)
+double kp_flops_part_flops(const struct kp_flops_result *r, int sub)
 {
     return sub >= 0 && sub < r->n_parts ? r->flops[sub] : 0;
 }
 
-double kp_fl_part_bytes(const struct kp_fl_result *r, int sub)
+double kp_flops_part_bytes(const struct kp_flops_result *r, int sub)
 {
     return sub >= 0 && sub < r->n_parts ? r->bytes[sub] : 0;
 }

@@ -1,7 +1,7 @@
 /*
  * hta: HTA's per-rank analyses (see hta.h and docs/specs/hta-analyses.md).
  *
- * DESIGN. The loader reads the rank's runtime/driver calls and its GPU rows (kernels,
+ * DESIGN. The loader (hta_load.c) reads the rank's runtime/driver calls and its GPU rows (kernels,
  * memcpys, memsets) into two flat arrays, rounds every time as HTA does (unless exact_ns),
  * drops what HTA drops (the last ProfilerStep, GPU rows without a kept launch), sorts the GPU
  * rows by start (ties in load order, which is the import's file order) and links each to its
@@ -22,7 +22,7 @@
  * (unions, sweeps) or are broken by file order, as HTA's own sort left them on the peer traces.
  */
 #define _GNU_SOURCE /* qsort_r */
-#include "hta.h"
+#include "hta_impl.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -30,71 +30,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 #include "kp_codec.h"
 #include "kp_err.h"
 #include "kp_json.h"
 #include "kp_pg.h"
-#include "kp_ranges.h"
-
-#define OPK_PROFILER_STEP 6 /* OpKind (proto/kprof.proto) */
+#include "ranges.h"
 
 const char *const kp_hta_ktype_names[4] = { "COMPUTATION", "COMMUNICATION", "MEMORY", "OTHER" };
-
-static const char *const idle_cat_names[3] = { "host_wait", "kernel_wait", "other" };
-
-/* CUPTI's names as Kineto prints them (common/kp_kineto.c reads them back). */
-static const char *const memcpy_kinds[] = { "Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA",
-                                            "AtoD",    "DtoA", "DtoD", "HtoH", "PtoP" };
-static const char *const memory_kinds[] = {
-    "Unknown", "Pageable", "Pinned", "Device", "Array", "Managed", "Device Static", "Managed Static"
-};
-#define NAME_OF(tbl, i) \
-    ((i) >= 0 && (size_t) (i) < sizeof(tbl) / sizeof(tbl[0]) ? tbl[(i)] : tbl[0])
-
-struct hta_rt {
-    int64_t ts, end, corr;
-    const char *name;
-};
-
-struct hta_ev {
-    int64_t ts, end, corr, stream;
-    const char *name;
-    size_t order;     /* load order, the tie-break of every sort by start */
-    int32_t rt;       /* index of the launching call in h->rts, -1: none */
-    uint8_t type;     /* enum kp_hta_ktype */
-    bool bw_computed; /* bw is bytes / exact ns: no figure from the trace */
-    double bw;        /* memcpys/memsets: the trace's GB/s (kernels: 0, HTA's default) */
-};
-
-struct kp_hta {
-    struct kp_hta_opts opts;
-    struct kp_an_dict names; /* kernels' and calls' names */
-    char **extra;            /* memcpy/memset names made here */
-    size_t n_extra;
-    struct hta_rt *rts; /* kept calls */
-    size_t n_rts;
-    struct hta_ev *evs; /* kept GPU rows with a stream, by start */
-    size_t n_evs;
-    int64_t base_ns;         /* the trace's time base, 0: absolute (HTA rounds relative) */
-    int64_t t_first, t_last; /* first and last start of any kept row */
-    bool dropped;            /* the last ProfilerStep was dropped */
-
-    struct kp_hta_temporal temporal;
-    struct kp_hta_idle_stream *idle;
-    size_t n_idle;
-    struct kp_hta_overlap overlap;
-    int64_t type_time[8];
-    struct kp_hta_kernel_row *krows;
-    size_t n_krows;
-    struct kp_hta_launch_row *launches;
-    size_t n_launches;
-    struct kp_hta_launch_summary lsum;
-    struct kp_hta_queue_stream *queue;
-    size_t n_queue;
-    struct kp_hta_membw_row *membw;
-    size_t n_membw;
-};
 
 void kp_hta_opts_init(struct kp_hta_opts *o)
 {
@@ -149,353 +92,6 @@ void kp_hta_type_label(unsigned mask, char *buf, size_t len)
             return;
         }
     }
-}
-
-/* ---- loading ------------------------------------------------------------------------ */
-
-/* A time as the trace wrote it, µs relative to its time base, read as json.loads reads it:
- * the double nearest the decimal (whole ns are 3 decimals, so the text is exact). */
-static double trace_us(int64_t rel_ns)
-{
-    char buf[40];
-    uint64_t a = rel_ns < 0 ? -(uint64_t) rel_ns : (uint64_t) rel_ns;
-
-    snprintf(buf, sizeof(buf), "%s%" PRIu64 ".%03" PRIu64, rel_ns < 0 ? "-" : "", a / 1000,
-             a % 1000);
-    return strtod(buf, NULL);
-}
-
-/* HTA's rounding of fractional-µs traces, on the trace's own time base (base_ns: its
- * baseTimeNanoseconds, 0 for absolute µs): in float64 as pandas holds the parsed JSON,
- * end = ts + dur, then ts rounded up and end down to whole µs. Rounding the absolute epoch
- * µs instead (~1.7e15, where a double resolves 0.25 µs) moves most boundaries. Returns ns
- * since the epoch. */
-static void hta_round(bool exact, int64_t base_ns, int64_t ts_ns, int64_t dur_ns, int64_t *ts,
-                      int64_t *end)
-{
-    double t, e;
-
-    if (exact) {
-        *ts = ts_ns;
-        *end = ts_ns + dur_ns;
-        return;
-    }
-    t = trace_us(ts_ns - base_ns);
-    e = t + trace_us(dur_ns);
-    *ts = base_ns + (int64_t) ceil(t) * 1000;
-    *end = base_ns + (int64_t) floor(e) * 1000;
-}
-
-static const char *name_of(const struct kp_hta *h, const PGresult *r, int row, int col)
-{
-    int32_t i =
-        PQgetisnull(r, row, col) ? -1 : kp_an_dict_find(&h->names, kp_pg_i64(r, row, col, 0));
-
-    return i >= 0 ? h->names.v[i].s : "";
-}
-
-/* Interns a name made here (memcpy/memset); NULL on ENOMEM. */
-static const char *intern(struct kp_hta *h, const char *s)
-{
-    char **v;
-
-    for (size_t i = 0; i < h->n_extra; i++) {
-        if (strcmp(h->extra[i], s) == 0) {
-            return h->extra[i];
-        }
-    }
-    v = realloc(h->extra, (h->n_extra + 1) * sizeof(*v));
-    if (!v) {
-        return NULL;
-    }
-    h->extra = v;
-    v[h->n_extra] = strdup(s);
-    if (!v[h->n_extra]) {
-        return NULL;
-    }
-    return v[h->n_extra++];
-}
-
-struct corr_idx {
-    int64_t corr;
-    int32_t idx;
-};
-
-static int cmp_corr(const void *pa, const void *pb)
-{
-    const struct corr_idx *a = pa, *b = pb;
-
-    if (a->corr != b->corr) {
-        return a->corr < b->corr ? -1 : 1;
-    }
-    return a->idx < b->idx ? -1 : a->idx > b->idx;
-}
-
-static int cmp_ev(const void *pa, const void *pb)
-{
-    const struct hta_ev *a = pa, *b = pb;
-
-    if (a->ts != b->ts) {
-        return a->ts < b->ts ? -1 : 1;
-    }
-    return a->order < b->order ? -1 : a->order > b->order;
-}
-
-#define WHERE_RR " WHERE run_id = $1 AND rank = $2"
-
-static int compute(struct kp_hta *h);
-
-int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts,
-                struct kp_hta **out, char *errbuf, size_t errlen)
-{
-    char runs[24], ranks[16];
-    const char *params[2] = { runs, ranks };
-    struct kp_hta *h;
-    PGresult *r = NULL;
-    struct corr_idx *ci = NULL;
-    bool drop = false;
-    int64_t cutoff = 0;
-    size_t n, nk;
-    int rc;
-
-    *out = NULL;
-    snprintf(runs, sizeof(runs), "%" PRId64, run);
-    snprintf(ranks, sizeof(ranks), "%d", rank);
-    rc = kp_an_check_rank(c, params, run, rank, errbuf, errlen);
-    if (rc < 0) {
-        return rc;
-    }
-    h = calloc(1, sizeof(*h));
-    if (!h) {
-        return -ENOMEM;
-    }
-    h->opts = *opts;
-
-    /* §0 last-step drop: only with two or more ProfilerStep names in the whole run; and the
-     * time base HTA's rounding works on (the imported trace's, NULL: absolute). */
-    rc = kp_pg_query(c,
-                     "SELECT (SELECT count(DISTINCT name) FROM ops WHERE run_id = $1 AND kind = 6),"
-                     " (SELECT start_ns FROM ops" WHERE_RR
-                     " AND kind = 6 ORDER BY start_ns DESC LIMIT 1),"
-                     " (SELECT time_base_ns FROM ranks" WHERE_RR ")",
-                     2, params, &r, errbuf, errlen);
-    if (rc < 0) {
-        goto fail;
-    }
-    h->base_ns = kp_pg_i64(r, 0, 2, 0);
-    if (!opts->include_last_step && kp_pg_i64(r, 0, 0, 0) >= 2 && !PQgetisnull(r, 0, 1)) {
-        int64_t e;
-
-        drop = true;
-        h->dropped = true;
-        hta_round(opts->exact_ns, h->base_ns, kp_pg_i64(r, 0, 1, 0), 0, &cutoff, &e);
-    }
-    PQclear(r);
-    r = NULL;
-
-    {
-        size_t unlimited = 0;
-
-        rc = kp_an_dict_load(
-            c,
-            "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
-            " UNION SELECT name FROM api_calls" WHERE_RR ") ORDER BY id",
-            params, &unlimited, 0, &h->names, errbuf, errlen);
-    }
-    if (rc == -ENOMEM) {
-        goto nomem;
-    }
-    if (rc < 0) {
-        goto fail;
-    }
-
-    /* CPU side: the runtime and driver calls (the only CPU rows with a correlation). */
-    rc = kp_pg_query(c,
-                     "SELECT start_ns, dur_ns, correlation, name FROM api_calls" WHERE_RR
-                     " AND domain IN (1, 2) AND correlation IS NOT NULL ORDER BY ctid",
-                     2, params, &r, errbuf, errlen);
-    if (rc < 0) {
-        goto fail;
-    }
-    n = (size_t) PQntuples(r);
-    h->rts = calloc(n ? n : 1, sizeof(*h->rts));
-    if (!h->rts) {
-        goto nomem;
-    }
-    h->t_first = INT64_MAX;
-    h->t_last = INT64_MIN;
-    for (size_t i = 0; i < n; i++) {
-        struct hta_rt *t = &h->rts[h->n_rts];
-
-        hta_round(opts->exact_ns, h->base_ns, kp_pg_i64(r, (int) i, 0, 0),
-                  kp_pg_i64(r, (int) i, 1, 0), &t->ts, &t->end);
-        if (drop && t->ts >= cutoff) {
-            continue;
-        }
-        t->corr = kp_pg_i64(r, (int) i, 2, 0);
-        t->name = name_of(h, r, (int) i, 3);
-        h->n_rts++;
-    }
-    PQclear(r);
-    r = NULL;
-    ci = calloc(h->n_rts ? h->n_rts : 1, sizeof(*ci));
-    if (!ci) {
-        goto nomem;
-    }
-    for (size_t i = 0; i < h->n_rts; i++) {
-        ci[i].corr = h->rts[i].corr;
-        ci[i].idx = (int32_t) i;
-        if (h->rts[i].ts < h->t_first) {
-            h->t_first = h->rts[i].ts;
-        }
-        if (h->rts[i].ts > h->t_last) {
-            h->t_last = h->rts[i].ts;
-        }
-    }
-    qsort(ci, h->n_rts, sizeof(*ci), cmp_corr);
-
-    rc = kp_pg_query(
-        c,
-        "SELECT 0, start_ns, dur_ns, correlation, stream, name, 0, 0, 0, NULL::float8, 0 "
-        "FROM kernels" WHERE_RR " UNION ALL SELECT 1, start_ns, dur_ns, correlation, stream, "
-        "NULL, copy_kind, src_kind, dst_kind, bw.bandwidth_gbps, bytes "
-        "FROM memcpys" KP_SQL_BANDWIDTH_JOIN("memcpys", "memcpy_bandwidth", "$1", "$2") WHERE_RR
-        " UNION ALL SELECT 2, start_ns, dur_ns, correlation, stream, NULL, mem_kind, 0, 0, "
-        "bw.bandwidth_gbps, bytes FROM memsets" KP_SQL_BANDWIDTH_JOIN(
-            "memsets", "memset_bandwidth", "$1", "$2") WHERE_RR " ORDER BY 2, 1",
-        2, params, &r, errbuf, errlen);
-    if (rc < 0) {
-        goto fail;
-    }
-    n = (size_t) PQntuples(r);
-    h->evs = calloc(n ? n : 1, sizeof(*h->evs));
-    if (!h->evs) {
-        goto nomem;
-    }
-    for (size_t i = 0; i < n; i++) {
-        struct hta_ev *e = &h->evs[h->n_evs];
-        struct corr_idx key, *hit;
-        int row = (int) i;
-        int64_t kind = kp_pg_i64(r, row, 0, 0);
-        char buf[96];
-
-        if (PQgetisnull(r, row, 4)) {
-            continue; /* no stream: not a GPU event here */
-        }
-        e->corr = PQgetisnull(r, row, 3) ? -1 : kp_pg_i64(r, row, 3, 0);
-        key.corr = e->corr;
-        key.idx = -1;
-        hit = NULL;
-        if (h->n_rts) {
-            /* first entry with this correlation: bsearch on the pair, then step back */
-            size_t lo = 0, hi = h->n_rts;
-
-            while (lo < hi) {
-                size_t mid = (lo + hi) / 2;
-
-                if (cmp_corr(&ci[mid], &key) < 0) {
-                    lo = mid + 1;
-                }
-                else {
-                    hi = mid;
-                }
-            }
-            if (lo < h->n_rts && ci[lo].corr == e->corr) {
-                hit = &ci[lo];
-            }
-        }
-        if (drop && !hit) {
-            continue; /* HTA keeps GPU rows whose launch it kept */
-        }
-        e->rt = hit ? hit->idx : -1;
-        hta_round(opts->exact_ns, h->base_ns, kp_pg_i64(r, row, 1, 0), kp_pg_i64(r, row, 2, 0),
-                  &e->ts, &e->end);
-        e->stream = kp_pg_i64(r, row, 4, 0);
-        if (kind == 0) {
-            e->name = name_of(h, r, row, 5);
-        }
-        else {
-            if (kind == 1) {
-                snprintf(buf, sizeof(buf), "Memcpy %s (%s -> %s)",
-                         NAME_OF(memcpy_kinds, kp_pg_i64(r, row, 6, 0)),
-                         NAME_OF(memory_kinds, kp_pg_i64(r, row, 7, 0)),
-                         NAME_OF(memory_kinds, kp_pg_i64(r, row, 8, 0)));
-            }
-            else {
-                snprintf(buf, sizeof(buf), "Memset (%s)",
-                         NAME_OF(memory_kinds, kp_pg_i64(r, row, 6, 0)));
-            }
-            e->name = intern(h, buf);
-            if (!e->name) {
-                goto nomem;
-            }
-            /* §11: the trace's bandwidth; a capture has none: bytes / exact ns (= GB/s) */
-            if (PQgetisnull(r, row, 9)) {
-                int64_t dur = kp_pg_i64(r, row, 2, 0);
-
-                e->bw_computed = true;
-                e->bw = dur > 0 ? (double) kp_pg_i64(r, row, 10, 0) / (double) dur : 0.0;
-            }
-            else {
-                e->bw = strtod(PQgetvalue(r, row, 9), NULL);
-            }
-        }
-        e->type = (uint8_t) kp_hta_kernel_type(e->name);
-        e->order = i;
-        if (e->ts < h->t_first) {
-            h->t_first = e->ts;
-        }
-        if (e->ts > h->t_last) {
-            h->t_last = e->ts;
-        }
-        h->n_evs++;
-    }
-    PQclear(r);
-    r = NULL;
-    nk = h->n_evs;
-    if (nk == 0) {
-        kp_errbuf_set(errbuf, errlen, "run %" PRId64 " rank %d has no GPU events%s", run, rank,
-                      drop ? " before its last ProfilerStep" : "");
-        rc = -ENODATA;
-        goto fail;
-    }
-    qsort(h->evs, h->n_evs, sizeof(*h->evs), cmp_ev);
-    rc = compute(h);
-    if (rc < 0) {
-        goto nomem;
-    }
-    free(ci);
-    *out = h;
-    return 0;
-
-nomem:
-    rc = -ENOMEM;
-    kp_errbuf_set(errbuf, errlen, "out of memory loading run %" PRId64 " rank %d", run, rank);
-fail:
-    PQclear(r);
-    free(ci);
-    kp_hta_destroy(h);
-    return rc;
-}
-
-void kp_hta_destroy(struct kp_hta *h)
-{
-    if (!h) {
-        return;
-    }
-    kp_an_dict_fini(&h->names);
-    for (size_t i = 0; i < h->n_extra; i++) {
-        free(h->extra[i]);
-    }
-    free(h->extra);
-    free(h->rts);
-    free(h->evs);
-    free(h->idle);
-    free(h->krows);
-    free(h->launches);
-    free(h->queue);
-    free(h->membw);
-    free(h);
 }
 
 /* ---- helpers -------------------------------------------------------------------------- */
@@ -965,142 +561,6 @@ static int launches(struct kp_hta *h, double *v)
     return 0;
 }
 
-/* numpy's argsort(kind="quicksort") of v (introsort: median-of-3 quicksort, insertion sort
- * under 16 rows, heapsort past the depth limit; numpy 1.24 npysort/quicksort.cpp and
- * heapsort.cpp). pandas sorts with it, and the order it leaves equal keys in decides HTA's
- * queue lengths where a launch and a GPU row share a µs, so it is reproduced exactly. */
-#define NP_SMALL_QUICKSORT 15
-#define NP_QS_STACK        128
-
-static void np_aheapsort(const int64_t *v, size_t *tosort, size_t n)
-{
-    size_t *a = tosort - 1, i, j, l, tmp;
-
-    for (l = n >> 1; l > 0; --l) {
-        tmp = a[l];
-        for (i = l, j = l << 1; j <= n;) {
-            if (j < n && v[a[j]] < v[a[j + 1]]) {
-                j += 1;
-            }
-            if (v[tmp] < v[a[j]]) {
-                a[i] = a[j];
-                i = j;
-                j += j;
-            }
-            else {
-                break;
-            }
-        }
-        a[i] = tmp;
-    }
-    for (; n > 1;) {
-        tmp = a[n];
-        a[n] = a[1];
-        n -= 1;
-        for (i = 1, j = 2; j <= n;) {
-            if (j < n && v[a[j]] < v[a[j + 1]]) {
-                j++;
-            }
-            if (v[tmp] < v[a[j]]) {
-                a[i] = a[j];
-                i = j;
-                j += j;
-            }
-            else {
-                break;
-            }
-        }
-        a[i] = tmp;
-    }
-}
-
-#define ISWAP(a, b)      \
-    do {                 \
-        size_t t_ = (a); \
-        (a) = (b);       \
-        (b) = t_;        \
-    } while (0)
-
-static void np_argsort(const int64_t *v, size_t *tosort, size_t num)
-{
-    size_t *pl = tosort, *pr = tosort + num - 1, *stack[NP_QS_STACK], **sptr = stack;
-    size_t *pm, *pi, *pj, *pk, vi;
-    int depth[NP_QS_STACK], *psdepth = depth, cdepth = 0;
-    int64_t vp;
-
-    if (num < 2) {
-        return;
-    }
-    for (size_t u = num; u >>= 1;) {
-        cdepth++;
-    }
-    cdepth *= 2;
-    for (;;) {
-        if (cdepth < 0) {
-            np_aheapsort(v, pl, (size_t) (pr - pl + 1));
-            goto stack_pop;
-        }
-        while ((pr - pl) > NP_SMALL_QUICKSORT) {
-            pm = pl + ((pr - pl) >> 1);
-            if (v[*pm] < v[*pl]) {
-                ISWAP(*pm, *pl);
-            }
-            if (v[*pr] < v[*pm]) {
-                ISWAP(*pr, *pm);
-            }
-            if (v[*pm] < v[*pl]) {
-                ISWAP(*pm, *pl);
-            }
-            vp = v[*pm];
-            pi = pl;
-            pj = pr - 1;
-            ISWAP(*pm, *pj);
-            for (;;) {
-                do {
-                    ++pi;
-                } while (v[*pi] < vp);
-                do {
-                    --pj;
-                } while (vp < v[*pj]);
-                if (pi >= pj) {
-                    break;
-                }
-                ISWAP(*pi, *pj);
-            }
-            pk = pr - 1;
-            ISWAP(*pi, *pk);
-            if (pi - pl < pr - pi) {
-                *sptr++ = pi + 1;
-                *sptr++ = pr;
-                pr = pi - 1;
-            }
-            else {
-                *sptr++ = pl;
-                *sptr++ = pi - 1;
-                pl = pi + 1;
-            }
-            *psdepth++ = --cdepth;
-        }
-        for (pi = pl + 1; pi <= pr; ++pi) {
-            vi = *pi;
-            vp = v[vi];
-            pj = pi;
-            pk = pi - 1;
-            while (pj > pl && vp < v[*pk]) {
-                *pj-- = *pk--;
-            }
-            *pj = vi;
-        }
-stack_pop:
-        if (sptr == stack) {
-            break;
-        }
-        pr = *(--sptr);
-        pl = *(--sptr);
-        cdepth = *(--psdepth);
-    }
-}
-
 static int cmp_order(const void *pa, const void *pb, void *ctx)
 {
     const struct hta_ev *e = ctx;
@@ -1166,7 +626,7 @@ static int queue(struct kp_hta *h, double *v)
     for (size_t i = 0; i < np; i++) {
         srt[i] = i;
     }
-    np_argsort(key, srt, np);
+    hta_np_argsort(key, srt, np);
     for (size_t s = 0; s < h->n_idle; s++) {
         struct kp_hta_queue_stream *q = &h->queue[h->n_queue];
         size_t m = 0;
@@ -1210,13 +670,13 @@ static const char *membw_kind(struct kp_hta *h, const char *name)
     char buf[12];
 
     if (starts(name, "Memset")) {
-        return intern(h, "Memset");
+        return hta_intern(h, "Memset");
     }
     if (!starts(name, "Memcpy")) {
-        return intern(h, "Memcpy Unknown");
+        return hta_intern(h, "Memcpy Unknown");
     }
     snprintf(buf, sizeof(buf), "%s", name);
-    return intern(h, buf);
+    return hta_intern(h, buf);
 }
 
 static int cmp_membw_name(const void *pa, const void *pb)
@@ -1287,7 +747,7 @@ static int membw(struct kp_hta *h, double *v)
         grp[i] = g;
         srt[i] = i;
     }
-    np_argsort(key, srt, np);
+    hta_np_argsort(key, srt, np);
     for (size_t g = 0; g < h->n_membw; g++) {
         size_t c = 0;
         double sum = 0;
@@ -1322,7 +782,7 @@ out:
     return rc;
 }
 
-static int compute(struct kp_hta *h)
+int hta_compute(struct kp_hta *h)
 {
     size_t n = h->n_evs;
     struct kp_range *g = calloc(3 * n + 1, sizeof(*g));
@@ -1411,232 +871,4 @@ const struct kp_hta_queue_stream *kp_hta_queue(const struct kp_hta *h, size_t *n
 {
     *n = h->n_queue;
     return h->queue;
-}
-
-/* ---- JSON ----------------------------------------------------------------------------- */
-
-/* A number, or null for NaN and infinities. */
-static void json_num(FILE *f, double v)
-{
-    if (!isfinite(v)) {
-        fputs("null", f);
-    }
-    else if (v == floor(v) && fabs(v) < 1e15) {
-        fprintf(f, "%.0f", v);
-    }
-    else {
-        fprintf(f, "%.17g", v);
-    }
-}
-
-/* ns as µs. */
-static void json_us(FILE *f, double ns)
-{
-    json_num(f, ns / 1000.0);
-}
-
-static void json_stats(FILE *f, const struct kp_hta_stats *s, bool us)
-{
-    const double vals[7] = { s->mean, s->std, s->min, s->q25, s->q50, s->q75, s->max };
-    static const char *const keys[7] = { "mean", "std", "min", "25%", "50%", "75%", "max" };
-
-    fprintf(f, "{\"count\": %zu", s->count);
-    for (int i = 0; i < 7; i++) {
-        fprintf(f, ", \"%s\": ", keys[i]);
-        if (us) {
-            json_us(f, vals[i]);
-        }
-        else {
-            json_num(f, vals[i]);
-        }
-    }
-    fputc('}', f);
-}
-
-static void w_temporal(const struct kp_hta *h, FILE *f)
-{
-    const struct kp_hta_temporal *t = &h->temporal;
-
-    fputs("\"idle_time_us\": ", f);
-    json_us(f, (double) t->idle_ns);
-    fputs(", \"compute_time_us\": ", f);
-    json_us(f, (double) t->compute_ns);
-    fputs(", \"non_compute_time_us\": ", f);
-    json_us(f, (double) t->non_compute_ns);
-    fputs(", \"kernel_time_us\": ", f);
-    json_us(f, (double) t->kernel_ns);
-    fputs(", \"idle_time_pctg\": ", f);
-    json_num(f, t->idle_pct);
-    fputs(", \"compute_time_pctg\": ", f);
-    json_num(f, t->compute_pct);
-    fputs(", \"non_compute_time_pctg\": ", f);
-    json_num(f, t->non_compute_pct);
-}
-
-static void w_idle(const struct kp_hta *h, FILE *f)
-{
-    fputs("\"streams\": [", f);
-    for (size_t s = 0; s < h->n_idle; s++) {
-        const struct kp_hta_idle_stream *is = &h->idle[s];
-        bool first = true;
-
-        fprintf(f, "%s{\"stream\": %" PRId64 ", \"categories\": [", s ? ", " : "", is->stream);
-        for (int c = 0; c < 3; c++) {
-            if (!is->present[c]) {
-                continue;
-            }
-            fprintf(f, "%s{\"idle_category\": \"%s\", \"idle_time_us\": ", first ? "" : ", ",
-                    idle_cat_names[c]);
-            json_us(f, (double) is->idle_ns[c]);
-            fputs(", \"idle_time_ratio\": ", f);
-            json_num(f, is->ratio[c]);
-            fputs(", \"interval_stats_us\": ", f);
-            json_stats(f, &is->stats[c], true);
-            fputc('}', f);
-            first = false;
-        }
-        fputs("]}", f);
-    }
-    fputc(']', f);
-}
-
-static void w_overlap(const struct kp_hta *h, FILE *f)
-{
-    fputs("\"comm_time_us\": ", f);
-    json_us(f, (double) h->overlap.comm_ns);
-    fputs(", \"overlap_time_us\": ", f);
-    json_us(f, (double) h->overlap.overlap_ns);
-    fputs(", \"comp_comm_overlap_pctg\": ", f);
-    json_num(f, h->overlap.pct);
-}
-
-static void w_kernels(const struct kp_hta *h, FILE *f)
-{
-    bool first = true;
-    char label[128];
-
-    fputs("\"kernel_types\": [", f);
-    for (unsigned m = 1; m < 8; m++) {
-        if (h->type_time[m] == 0) {
-            continue;
-        }
-        kp_hta_type_label(m, label, sizeof(label));
-        fprintf(f, "%s{\"kernel_type\": \"%s\", \"sum_us\": ", first ? "" : ", ", label);
-        json_us(f, (double) h->type_time[m]);
-        fputc('}', f);
-        first = false;
-    }
-    fputs("], \"kernels\": [", f);
-    for (size_t i = 0; i < h->n_krows; i++) {
-        const struct kp_hta_kernel_row *r = &h->krows[i];
-
-        fputs(i ? ", {\"name\": " : "{\"name\": ", f);
-        kp_json_fputs(f, r->name);
-        fprintf(f, ", \"kernel_type\": \"%s\", \"sum_us\": ", kp_hta_ktype_names[r->type]);
-        json_us(f, r->sum_ns);
-        fputs(", \"max_us\": ", f);
-        json_us(f, r->max_ns);
-        fputs(", \"min_us\": ", f);
-        json_us(f, r->min_ns);
-        fputs(", \"mean_us\": ", f);
-        json_us(f, r->mean_ns);
-        fputs(", \"std_us\": ", f);
-        json_us(f, r->std_ns);
-        fputc('}', f);
-    }
-    fputc(']', f);
-}
-
-static void w_launch(const struct kp_hta *h, FILE *f)
-{
-    const struct kp_hta_launch_summary *s = &h->lsum;
-
-    fprintf(f, "\"summary\": {\"n\": %zu, \"cpu_duration_mean_us\": ", s->n);
-    json_us(f, s->cpu_mean_ns);
-    fputs(", \"gpu_duration_mean_us\": ", f);
-    json_us(f, s->gpu_mean_ns);
-    fputs(", \"launch_delay_mean_us\": ", f);
-    json_us(f, s->delay_mean_ns);
-    fputs(", \"launch_delay_p50_us\": ", f);
-    json_us(f, s->delay_p50_ns);
-    fputs(", \"launch_delay_max_us\": ", f);
-    json_us(f, s->delay_max_ns);
-    fprintf(f,
-            ", \"n_gpu_shorter_than_cpu\": %zu, \"n_runtime_outliers\": %zu, "
-            "\"n_launch_delay_outliers\": %zu, \"runtime_cutoff_us\": %d, "
-            "\"launch_delay_cutoff_us\": %d}, \"launches\": [",
-            s->n_gpu_shorter, s->n_runtime_outliers, s->n_delay_outliers,
-            KP_HTA_RUNTIME_CUTOFF_NS / 1000, KP_HTA_LAUNCH_DELAY_CUTOFF_NS / 1000);
-    for (size_t i = 0; i < h->n_launches; i++) {
-        const struct kp_hta_launch_row *l = &h->launches[i];
-
-        fprintf(f, "%s{\"correlation\": %" PRId64 ", \"cpu_duration_us\": ", i ? ", " : "",
-                l->correlation);
-        json_us(f, (double) l->cpu_ns);
-        fputs(", \"gpu_duration_us\": ", f);
-        json_us(f, (double) l->gpu_ns);
-        fputs(", \"launch_delay_us\": ", f);
-        json_us(f, (double) l->delay_ns);
-        fputc('}', f);
-    }
-    fputc(']', f);
-}
-
-static void w_queue(const struct kp_hta *h, FILE *f)
-{
-    fputs("\"streams\": [", f);
-    for (size_t i = 0; i < h->n_queue; i++) {
-        const struct kp_hta_queue_stream *q = &h->queue[i];
-
-        fprintf(f, "%s{\"stream\": %" PRId64 ", \"queue_length\": ", i ? ", " : "", q->stream);
-        json_stats(f, &q->stats, false);
-        fputs(", \"duration_at_max_queue_length_us\": ", f);
-        json_us(f, (double) q->blocked_ns);
-        fputs(", \"relative_duration_at_max_queue_length\": ", f);
-        json_num(f, q->blocked_rel);
-        fputc('}', f);
-    }
-    fprintf(f, "], \"max_queue_length\": %d", KP_HTA_MAX_QUEUE_LENGTH);
-}
-
-static void w_membw(const struct kp_hta *h, FILE *f)
-{
-    fputs("\"kinds\": [", f);
-    for (size_t i = 0; i < h->n_membw; i++) {
-        const struct kp_hta_membw_row *r = &h->membw[i];
-
-        fputs(i ? ", {\"name\": " : "{\"name\": ", f);
-        kp_json_fputs(f, r->name);
-        fputs(", \"memory_bw_gbps\": ", f);
-        json_stats(f, &r->stats, false);
-        fprintf(f, ", \"events\": %zu, \"bandwidth_from_bytes_per_ns\": %zu}", r->events,
-                r->computed);
-    }
-    fputc(']', f);
-}
-
-int kp_hta_write_json(const struct kp_hta *h, const char *analysis, FILE *f)
-{
-    static const struct {
-        const char *name;
-        void (*fn)(const struct kp_hta *, FILE *);
-    } tab[] = { { "temporal", w_temporal }, { "idle", w_idle },     { "overlap", w_overlap },
-                { "kernels", w_kernels },   { "launch", w_launch }, { "queue", w_queue },
-                { "membw", w_membw } };
-
-    for (size_t i = 0; i < sizeof(tab) / sizeof(tab[0]); i++) {
-        if (strcmp(tab[i].name, analysis) != 0) {
-            continue;
-        }
-        fprintf(f,
-                "{\"analysis\": \"%s\", \"hta_compat\": {\"rounded_to_us\": %s, "
-                "\"last_step_dropped\": %s, \"consecutive_kernel_delay_us\": ",
-                analysis, h->opts.exact_ns ? "false" : "true", h->dropped ? "true" : "false");
-        json_us(f, (double) h->opts.consecutive_kernel_delay_ns);
-        fputs("}, ", f);
-        tab[i].fn(h, f);
-        fputs("}\n", f);
-        return 0;
-    }
-    return -EINVAL;
 }

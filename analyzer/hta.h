@@ -135,8 +135,8 @@ struct kp_hta;
  * (owned: kp_hta_destroy); KP_ENOTFOUND for an unknown run or rank; KP_EPG; -ENOMEM; or
  * -ENODATA when the rank has no GPU events. Message in errbuf. Blocks on PG.
  */
-int kp_hta_load(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts,
-                struct kp_hta **out, char *errbuf, size_t errlen);
+int kp_hta_create(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts,
+                  struct kp_hta **out, char *errbuf, size_t errlen);
 
 /* Frees h; accepts NULL. */
 void kp_hta_destroy(struct kp_hta *h);

@@ -8,14 +8,14 @@
  *                 hta temporal|idle|overlap|kernels|launch|queue [--json]
  * breakdown: the step-time breakdown per step and on average (--plugin-compat: the
  * TensorBoard plugin's double-counting figure instead of kprof's), then the recommendations
- * (analyzer/recommend.h: kprof's as text; --json adds the plugin's HTML); ops: the operator view by
- * name and by name + input shapes; kernels: the kernel view by name and by name + op, and the
+ * (analyzer/an_recommend.h: kprof's as text; --json adds the plugin's HTML); ops: the operator view
+ * by name and by name + input shapes; kernels: the kernel view by name and by name + op, and the
  * Tensor Core statistics; prof: PyProf's per-kernel table (analyzer/pyprof.h), the columns
  * of -c (default idx,dir,sub,mod,op,kernel,params,sil), columnated (cells cut at -w WIDTH,
  * default none), or every field quoted with --csv, or --json; roofline: achieved FLOP/s and bytes/s
  * per kernel or op against the device's peaks (analyzer/roofline.h), longest first.
  * counters: CUPTI counter values per kernel with the op stack and FLOPs (analyzer/counters.h),
- * -c COLUMNS (default KP_CTR_TEXT_COLUMNS in text, every column in --csv and --json).
+ * -c COLUMNS (default KP_COUNTERS_TEXT_COLUMNS in text, every column in --csv and --json).
  * memory: the memory view's per-operator allocation statistics per device, always as JSON.
  * distributed: the plugin's wait view and communication-ops table across every rank of the
  * run (analyzer/distributed.h; --rank is ignored), or "no distributed view: <why>".
@@ -34,15 +34,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "an.h"
+#include "an_recommend.h"
 #include "analyze.h"
 #include "counters.h"
 #include "distributed.h"
-#include "kp_analyzer.h"
 #include "kp_err.h"
 #include "kp_json.h"
 #include "kp_pg.h"
 #include "pyprof.h"
-#include "recommend.h"
 #include "roofline.h"
 
 static void usage(FILE *f)
@@ -80,7 +80,7 @@ static void text_breakdown(const struct kp_an_breakdown *b)
     printf(" %14.3f\n(µs)\n", b->avg_total_ns / 1000.0);
 }
 
-/* kprof's own recommendations (analyzer/recommend.h) under the breakdown table. */
+/* kprof's own recommendations (analyzer/an_recommend.h) under the breakdown table. */
 static void text_recommendations(const struct kp_an_recs *r)
 {
     if (r->n_text == 0) {
@@ -118,25 +118,25 @@ static void text_kernels(const struct kp_an_table *t)
     }
 }
 
-/* distributed: across the run's ranks; needs no kp_an_load of one rank. A disabled view is
+/* distributed: across the run's ranks; needs no kp_an_create of one rank. A disabled view is
  * no error: the text (or JSON "reason") says why, and so does stderr. */
 static int distributed_verb(const char *conninfo, int64_t run, size_t max_rows, bool json)
 {
     char err[512] = "";
     PGconn *c = NULL;
-    struct kp_dist *d = NULL;
+    struct kp_distributed *d = NULL;
     int rc;
 
     rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
     if (rc == 0) {
-        rc = kp_dist_build(c, run, max_rows, &d, err, sizeof(err));
+        rc = kp_distributed_create(c, run, max_rows, &d, err, sizeof(err));
     }
     if (rc == 0) {
         if (json) {
-            kp_dist_json(stdout, d);
+            kp_distributed_json(stdout, d);
         }
         else {
-            kp_dist_text(stdout, d);
+            kp_distributed_text(stdout, d);
         }
         if (!d->enabled) {
             fprintf(stderr, "kprof-analyze: no distributed view: %s\n", d->reason);
@@ -145,35 +145,35 @@ static int distributed_verb(const char *conninfo, int64_t run, size_t max_rows, 
     else {
         fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
     }
-    kp_dist_destroy(d);
+    kp_distributed_destroy(d);
     PQfinish(c);
     return rc == 0 ? 0 : rc == KP_ENOTFOUND ? 3 : 1;
 }
 
-/* counters: CUPTI counter values per kernel (analyzer/counters.h); needs no kp_an_load. The
+/* counters: CUPTI counter values per kernel (analyzer/counters.h); needs no kp_an_create. The
  * table goes to stdout, its message (no counters, ops not mapped) to stderr (JSON has it). */
 static int counters_verb(const char *conninfo, int64_t run, int rank, size_t max_rows,
-                         const char *columns, enum kp_ctr_format format)
+                         const char *columns, enum kp_counters_format format)
 {
     char err[512] = "";
     PGconn *c = NULL;
-    struct kp_ctr *t = NULL;
+    struct kp_counters *t = NULL;
     int rc;
 
     rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
     if (rc == 0) {
-        rc = kp_ctr_build(c, run, rank, max_rows, &t, err, sizeof(err));
+        rc = kp_counters_create(c, run, rank, max_rows, &t, err, sizeof(err));
     }
     if (rc == 0) {
-        rc = kp_ctr_write(stdout, t, run, rank, columns, format, err, sizeof(err));
-        if (rc == 0 && format != KP_CTR_JSON && kp_ctr_message(t)) {
-            fprintf(stderr, "kprof-analyze: %s\n", kp_ctr_message(t));
+        rc = kp_counters_write(stdout, t, run, rank, columns, format, err, sizeof(err));
+        if (rc == 0 && format != KP_COUNTERS_JSON && kp_counters_message(t)) {
+            fprintf(stderr, "kprof-analyze: %s\n", kp_counters_message(t));
         }
     }
     if (rc < 0) {
         fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
     }
-    kp_ctr_destroy(t);
+    kp_counters_destroy(t);
     PQfinish(c);
     return rc == 0 ? 0 : rc == KP_ENOTFOUND ? 3 : rc == -EINVAL ? 2 : 1;
 }
@@ -204,7 +204,144 @@ static bool is_verb_at(char **argv, int i, const char *verb)
     return true;
 }
 
-int main(int argc, char **argv)
+int kp_analyze_common_opt(const char *prog, int opt, const char *arg, const char **conninfo,
+                          int64_t *run, int *rank)
+{
+    char *end;
+
+    switch (opt) {
+    case 'p':
+        *conninfo = arg;
+        return 1;
+    case 'r':
+        *run = strtoll(arg, &end, 10);
+        if (*end || *run < 0) {
+            fprintf(stderr, "%s: --run takes a run id, not '%s'\n", prog, arg);
+            return -1;
+        }
+        return 1;
+    case 'k':
+        *rank = (int) strtol(arg, &end, 10);
+        if (*end || *rank < 0) {
+            fprintf(stderr, "%s: --rank takes a rank, not '%s'\n", prog, arg);
+            return -1;
+        }
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* What the command line asks for. */
+struct args {
+    const char *conninfo, *verb;
+    int64_t run;
+    int rank;
+    unsigned long long max_rows, top;
+    bool json, compat, csv;
+    const char *columns;
+    long width;
+    enum kp_pyprof_col cols[64];
+    int ncols;
+    enum kp_roofline_by by;
+};
+
+/* `... kprofctl VERB ...` at argv[i]: only --pg and --max-rows come before it (analyze_ctl.c).
+ * Returns the exit status. */
+static int ctl_verb(int argc, char **argv, int i)
+{
+    const char *conninfo = NULL;
+    unsigned long long max_rows = 0;
+    char *end;
+
+    for (int k = 1; k < i; k++) {
+        if (strcmp(argv[k], "--pg") == 0 && k + 1 < i) {
+            conninfo = argv[++k];
+        }
+        else if (strcmp(argv[k], "--max-rows") == 0 && k + 1 < i) {
+            max_rows = strtoull(argv[++k], &end, 10);
+            if (*end) {
+                fprintf(stderr, "kprof-analyze: --max-rows takes a count, not '%s'\n", argv[k]);
+                return 2;
+            }
+        }
+        else {
+            fprintf(stderr,
+                    "kprof-analyze: before kprofctl only --pg and --max-rows "
+                    "(the verb takes the rest), not '%s'\n",
+                    argv[k]);
+            return 2;
+        }
+    }
+    if (conninfo == NULL) {
+        usage(stderr);
+        return 2;
+    }
+    return kp_analyze_ctl(conninfo, (size_t) max_rows, argc - i - 1, argv + i + 1);
+}
+
+/* One flag of the verbs other than kprofctl and hta into *a. Returns -1 to go on, or the exit
+ * status. */
+static int parse_opt(int opt, struct args *a)
+{
+    char *end;
+    int rc = kp_analyze_common_opt("kprof-analyze", opt, optarg, &a->conninfo, &a->run, &a->rank);
+
+    if (rc != 0) {
+        return rc < 0 ? 2 : -1;
+    }
+    switch (opt) {
+    case 'm':
+        a->max_rows = strtoull(optarg, &end, 10);
+        if (*end || optarg[0] == '-') {
+            fprintf(stderr, "kprof-analyze: --max-rows takes a row count, not '%s'\n", optarg);
+            return 2;
+        }
+        return -1;
+    case 'j':
+        a->json = true;
+        return -1;
+    case 'P':
+        a->compat = true;
+        return -1;
+    case 'v':
+        a->csv = true;
+        return -1;
+    case 'c':
+        a->columns = optarg;
+        return -1;
+    case 'w':
+        a->width = strtol(optarg, &end, 10);
+        if (*end || a->width < 20 || a->width > 100000) {
+            fprintf(stderr, "kprof-analyze: -w takes a width of 20 or more, not '%s'\n", optarg);
+            return 2;
+        }
+        return -1;
+    case 'b':
+        if (strcmp(optarg, "kernel") != 0 && strcmp(optarg, "op") != 0) {
+            fprintf(stderr, "kprof-analyze: --by takes kernel or op, not '%s'\n", optarg);
+            return 2;
+        }
+        a->by = strcmp(optarg, "op") == 0 ? KP_ROOFLINE_BY_OP : KP_ROOFLINE_BY_KERNEL;
+        return -1;
+    case 't':
+        a->top = strtoull(optarg, &end, 10);
+        if (*end || optarg[0] == '-') {
+            fprintf(stderr, "kprof-analyze: --top takes a row count, not '%s'\n", optarg);
+            return 2;
+        }
+        return -1;
+    case 'h':
+        usage(stdout);
+        return 0;
+    default:
+        usage(stderr);
+        return 2;
+    }
+}
+
+/* The flags and the verb into *a. Returns -1 to go on, or the exit status. */
+static int parse_args(int argc, char **argv, struct args *a)
 {
     static const struct option longopts[] = { { "pg", required_argument, NULL, 'p' },
                                               { "run", required_argument, NULL, 'r' },
@@ -219,49 +356,208 @@ int main(int argc, char **argv)
                                               { "by", required_argument, NULL, 'b' },
                                               { "top", required_argument, NULL, 't' },
                                               { NULL, 0, NULL, 0 } };
-    const char *conninfo = NULL, *verb = NULL;
-    char err[512] = "", *end;
-    int64_t run = -1;
-    unsigned long long max_rows = 0;
-    int rank = 0, opt, rc;
-    bool json = false, compat = false, csv = false;
-    const char *columns = KP_PROF_DEFAULT_COLUMNS;
-    long width = KP_PROF_DEFAULT_WIDTH;
-    enum kp_prof_col cols[64];
-    int ncols = 0;
-    enum kp_rl_by by = KP_RL_BY_KERNEL;
-    unsigned long long top = 0;
-    PGconn *c = NULL;
-    struct kp_an *a = NULL;
+    char err[512] = "";
+    int opt, rc;
 
-    /* kprofctl VERB: only --pg and --max-rows come before it (analyze_ctl.c). */
+    while ((opt = getopt_long(argc, argv, "c:w:", longopts, NULL)) != -1) {
+        if ((rc = parse_opt(opt, a)) >= 0) {
+            return rc;
+        }
+    }
+    for (int i = optind; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0) {
+            a->json = true;
+        }
+        else if (!a->verb) {
+            a->verb = argv[i];
+        }
+        else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!a->conninfo || a->run < 0 || !a->verb ||
+        (strcmp(a->verb, "breakdown") && strcmp(a->verb, "ops") && strcmp(a->verb, "kernels") &&
+         strcmp(a->verb, "prof") && strcmp(a->verb, "roofline") && strcmp(a->verb, "counters") &&
+         strcmp(a->verb, "memory") && strcmp(a->verb, "distributed"))) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(a->verb, "prof") == 0) {
+        a->ncols = kp_pyprof_parse_columns(a->columns, a->cols, 64, err, sizeof(err));
+        if (a->ncols < 0) {
+            fprintf(stderr, "kprof-analyze: %s\n", err);
+            return 2;
+        }
+    }
+    return -1;
+}
+
+/* roofline: its table, or the error on stderr. Returns the exit status. */
+static int roofline_verb(PGconn *c, const struct args *a)
+{
+    char err[512] = "";
+    struct kp_roofline *rl = NULL;
+    int rc =
+        kp_roofline_create(c, a->run, a->rank, (size_t) a->max_rows, a->by, &rl, err, sizeof(err));
+
+    if (rc == 0) {
+        kp_roofline_write(stdout, rl, a->run, a->rank,
+                          a->json  ? KP_ROOFLINE_JSON
+                          : a->csv ? KP_ROOFLINE_CSV
+                                   : KP_ROOFLINE_TEXT,
+                          (size_t) a->top);
+    }
+    else {
+        fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
+    }
+    kp_roofline_destroy(rl);
+    return rc < 0 ? 1 : 0;
+}
+
+/* prof: PyProf's table. Returns rc, with *reported when the error is on stderr already. */
+static int prof_verb(PGconn *c, const struct args *a, bool *reported)
+{
+    char err[512] = "";
+    struct kp_pyprof *p = NULL;
+    int rc = kp_pyprof_create(c, a->run, a->rank, (size_t) a->max_rows, &p, err, sizeof(err));
+
+    if (rc == 0) {
+        kp_pyprof_write(stdout, p, a->run, a->rank, a->cols, a->ncols,
+                        a->json  ? KP_PYPROF_JSON
+                        : a->csv ? KP_PYPROF_CSV
+                                 : KP_PYPROF_TEXT,
+                        (int) a->width);
+    }
+    else if (err[0]) {
+        fprintf(stderr, "kprof-analyze: %s\n", err);
+    }
+    kp_pyprof_destroy(p);
+    *reported = rc < 0 && err[0];
+    return rc;
+}
+
+/* memory: the memory view's statistics as JSON. Returns rc. */
+static int memory_verb(struct kp_an *an, PGconn *c, const struct args *a)
+{
+    char err[512] = "";
+    int rc;
+
+    printf("{\"run\": %" PRId64 ", \"rank\": %d, \"memory_stats\": ", a->run, a->rank);
+    rc = kp_an_memory_json(an, c, a->run, a->rank, (size_t) a->max_rows, stdout, err, sizeof(err));
+    printf("}\n");
+    if (rc < 0 && err[0]) {
+        fprintf(stderr, "kprof-analyze: %s\n", err);
+    }
+    return rc;
+}
+
+/* breakdown: the breakdown and the recommendations, as text or JSON. Returns rc. */
+static int breakdown_verb(struct kp_an *an, PGconn *c, const struct args *a)
+{
+    char err[512] = "";
+    const struct kp_an_breakdown *b;
+    struct kp_an_recs recs;
+    /* the recommendations first: they compute both breakdown figures */
+    int rc = kp_an_recommend(an, c, a->run, a->rank, &recs, err, sizeof(err));
+
+    if (rc == 0) {
+        rc = kp_an_breakdown(an, a->compat, &b);
+    }
+    if (rc == 0) {
+        if (a->json) {
+            char *ov = kp_an_recs_overview_html(&recs);
+
+            printf("{\"run\": %" PRId64 ", \"rank\": %d, \"plugin_compat\": %s, "
+                   "\"breakdown\": ",
+                   a->run, a->rank, a->compat ? "true" : "false");
+            kp_an_breakdown_json(stdout, b);
+            printf(", \"recommendations\": ");
+            kp_an_recs_json(stdout, &recs, false);
+            printf(", \"plugin_recommendations\": {\"items_html\": ");
+            kp_an_recs_json(stdout, &recs, true);
+            printf(", \"overview_html\": ");
+            kp_json_fputs(stdout, ov ? ov : "");
+            printf("}}\n");
+            free(ov);
+            if (!ov) {
+                rc = -ENOMEM;
+            }
+        }
+        else {
+            text_breakdown(b);
+            text_recommendations(&recs);
+        }
+    }
+    else if (err[0]) {
+        fprintf(stderr, "kprof-analyze: %s\n", err);
+    }
+    kp_an_recs_fini(&recs);
+    return rc;
+}
+
+/* ops or kernels: the view's two tables (and the Tensor Core statistics), as text or JSON.
+ * Returns rc. */
+static int tables_verb(struct kp_an *an, const struct args *a)
+{
+    bool ops = strcmp(a->verb, "ops") == 0;
+    const struct kp_an_table *t1 = NULL, *t2 = NULL;
+    int rc = ops ? kp_an_ops(an, false, &t1) : kp_an_kernels(an, false, &t1);
+
+    if (rc == 0) {
+        rc = ops ? kp_an_ops(an, true, &t2) : kp_an_kernels(an, true, &t2);
+    }
+    if (rc == 0 && a->json) {
+        printf("{\"run\": %" PRId64 ", \"rank\": %d, \"%s\": ", a->run, a->rank,
+               ops ? "operators_by_name" : "kernels_by_name");
+        if (ops) {
+            kp_an_ops_json(stdout, t1);
+        }
+        else {
+            kp_an_kernels_json(stdout, t1, false);
+        }
+        printf(", \"%s\": ", ops ? "operators_by_name_and_input_shape" : "kernels_by_name_op");
+        if (ops) {
+            kp_an_ops_json(stdout, t2);
+        }
+        else {
+            kp_an_kernels_json(stdout, t2, true);
+        }
+        if (!ops) {
+            struct kp_an_tc tc;
+
+            rc = kp_an_tensor_cores(an, &tc);
+            printf(", \"tensor_cores\": ");
+            kp_an_tc_json(stdout, &tc);
+        }
+        printf("}\n");
+    }
+    else if (rc == 0) {
+        if (ops) {
+            text_ops(t1);
+        }
+        else {
+            text_kernels(t1);
+        }
+    }
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    struct args a = { .run = -1,
+                      .columns = KP_PYPROF_DEFAULT_COLUMNS,
+                      .width = KP_PYPROF_DEFAULT_WIDTH,
+                      .by = KP_ROOFLINE_BY_KERNEL };
+    char err[512] = "";
+    bool reported = false;
+    PGconn *c = NULL;
+    struct kp_an *an = NULL;
+    int rc;
+
     for (int i = 1; i < argc; i++) {
         if (is_verb_at(argv, i, "kprofctl")) {
-            for (int k = 1; k < i; k++) {
-                if (strcmp(argv[k], "--pg") == 0 && k + 1 < i) {
-                    conninfo = argv[++k];
-                }
-                else if (strcmp(argv[k], "--max-rows") == 0 && k + 1 < i) {
-                    max_rows = strtoull(argv[++k], &end, 10);
-                    if (*end) {
-                        fprintf(stderr, "kprof-analyze: --max-rows takes a count, not '%s'\n",
-                                argv[k]);
-                        return 2;
-                    }
-                }
-                else {
-                    fprintf(stderr,
-                            "kprof-analyze: before kprofctl only --pg and --max-rows "
-                            "(the verb takes the rest), not '%s'\n",
-                            argv[k]);
-                    return 2;
-                }
-            }
-            if (conninfo == NULL) {
-                usage(stderr);
-                return 2;
-            }
-            return kp_analyze_ctl(conninfo, (size_t) max_rows, argc - i - 1, argv + i + 1);
+            return ctl_verb(argc, argv, i);
         }
     }
     /* hta has flags of its own (analyze_hta.c): hand it argv without the verb. */
@@ -271,252 +567,50 @@ int main(int argc, char **argv)
             return kp_analyze_hta(argc - 1, argv);
         }
     }
-    while ((opt = getopt_long(argc, argv, "c:w:", longopts, NULL)) != -1) {
-        switch (opt) {
-        case 'p':
-            conninfo = optarg;
-            break;
-        case 'r':
-            run = strtoll(optarg, &end, 10);
-            if (*end || run < 0) {
-                fprintf(stderr, "kprof-analyze: --run takes a run id, not '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 'k':
-            rank = (int) strtol(optarg, &end, 10);
-            if (*end || rank < 0) {
-                fprintf(stderr, "kprof-analyze: --rank takes a rank, not '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 'm':
-            max_rows = strtoull(optarg, &end, 10);
-            if (*end || optarg[0] == '-') {
-                fprintf(stderr, "kprof-analyze: --max-rows takes a row count, not '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 'j':
-            json = true;
-            break;
-        case 'P':
-            compat = true;
-            break;
-        case 'v':
-            csv = true;
-            break;
-        case 'c':
-            columns = optarg;
-            break;
-        case 'w':
-            width = strtol(optarg, &end, 10);
-            if (*end || width < 20 || width > 100000) {
-                fprintf(stderr, "kprof-analyze: -w takes a width of 20 or more, not '%s'\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case 'b':
-            if (strcmp(optarg, "kernel") != 0 && strcmp(optarg, "op") != 0) {
-                fprintf(stderr, "kprof-analyze: --by takes kernel or op, not '%s'\n", optarg);
-                return 2;
-            }
-            by = strcmp(optarg, "op") == 0 ? KP_RL_BY_OP : KP_RL_BY_KERNEL;
-            break;
-        case 't':
-            top = strtoull(optarg, &end, 10);
-            if (*end || optarg[0] == '-') {
-                fprintf(stderr, "kprof-analyze: --top takes a row count, not '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default:
-            usage(stderr);
-            return 2;
-        }
+    if ((rc = parse_args(argc, argv, &a)) >= 0) {
+        return rc;
     }
-    for (int i = optind; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0) {
-            json = true;
-        }
-        else if (!verb) {
-            verb = argv[i];
-        }
-        else {
-            usage(stderr);
-            return 2;
-        }
+    if (strcmp(a.verb, "distributed") == 0) {
+        return distributed_verb(a.conninfo, a.run, (size_t) a.max_rows, a.json);
     }
-    if (!conninfo || run < 0 || !verb ||
-        (strcmp(verb, "breakdown") && strcmp(verb, "ops") && strcmp(verb, "kernels") &&
-         strcmp(verb, "prof") && strcmp(verb, "roofline") && strcmp(verb, "counters") &&
-         strcmp(verb, "memory") && strcmp(verb, "distributed"))) {
-        usage(stderr);
-        return 2;
+    if (strcmp(a.verb, "counters") == 0) {
+        return counters_verb(a.conninfo, a.run, a.rank, (size_t) a.max_rows,
+                             strcmp(a.columns, KP_PYPROF_DEFAULT_COLUMNS) ? a.columns : NULL,
+                             a.json  ? KP_COUNTERS_JSON
+                             : a.csv ? KP_COUNTERS_CSV
+                                     : KP_COUNTERS_TEXT);
     }
-    if (strcmp(verb, "prof") == 0) {
-        ncols = kp_prof_parse_columns(columns, cols, 64, err, sizeof(err));
-        if (ncols < 0) {
-            fprintf(stderr, "kprof-analyze: %s\n", err);
-            return 2;
-        }
-    }
-    if (strcmp(verb, "distributed") == 0) {
-        return distributed_verb(conninfo, run, (size_t) max_rows, json);
-    }
-    if (strcmp(verb, "counters") == 0) {
-        return counters_verb(conninfo, run, rank, (size_t) max_rows,
-                             strcmp(columns, KP_PROF_DEFAULT_COLUMNS) ? columns : NULL,
-                             json  ? KP_CTR_JSON
-                             : csv ? KP_CTR_CSV
-                                   : KP_CTR_TEXT);
-    }
-    rc = kp_pg_connect(conninfo, "kprof-analyze", &c, err, sizeof(err));
+    rc = kp_pg_connect(a.conninfo, "kprof-analyze", &c, err, sizeof(err));
     if (rc == 0) {
-        rc = kp_an_load(c, run, rank, (size_t) max_rows, &a, err, sizeof(err));
+        rc = kp_an_create(c, a.run, a.rank, (size_t) a.max_rows, &an, err, sizeof(err));
     }
     if (rc < 0) {
         fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
         PQfinish(c);
         return rc == KP_ENOTFOUND ? 3 : 1;
     }
-    if (strcmp(verb, "roofline") == 0) {
-        struct kp_rl *rl = NULL;
-
-        rc = kp_rl_build(c, run, rank, (size_t) max_rows, by, &rl, err, sizeof(err));
-        if (rc == 0) {
-            kp_rl_write(stdout, rl, run, rank,
-                        json  ? KP_RL_JSON
-                        : csv ? KP_RL_CSV
-                              : KP_RL_TEXT,
-                        (size_t) top);
-        }
-        else {
-            fprintf(stderr, "kprof-analyze: %s\n", err[0] ? err : kp_strerror(rc));
-        }
-        kp_rl_destroy(rl);
-        kp_an_destroy(a);
+    if (strcmp(a.verb, "roofline") == 0) {
+        rc = roofline_verb(c, &a);
+        kp_an_destroy(an);
         PQfinish(c);
-        return rc < 0 ? 1 : 0;
+        return rc;
     }
-    if (strcmp(verb, "prof") == 0) {
-        struct kp_prof *p = NULL;
-
-        rc = kp_prof_build(c, run, rank, (size_t) max_rows, &p, err, sizeof(err));
-        if (rc == 0) {
-            kp_prof_write(stdout, p, run, rank, cols, ncols,
-                          json  ? KP_PROF_JSON
-                          : csv ? KP_PROF_CSV
-                                : KP_PROF_TEXT,
-                          (int) width);
-        }
-        else if (err[0]) {
-            fprintf(stderr, "kprof-analyze: %s\n", err);
-        }
-        kp_prof_destroy(p);
-        if (rc < 0 && err[0]) {
-            kp_an_destroy(a);
-            PQfinish(c);
-            return 1;
-        }
+    if (strcmp(a.verb, "prof") == 0) {
+        rc = prof_verb(c, &a, &reported);
     }
-    else if (strcmp(verb, "memory") == 0) {
-        printf("{\"run\": %" PRId64 ", \"rank\": %d, \"memory_stats\": ", run, rank);
-        rc = kp_an_memory_json(a, c, run, rank, (size_t) max_rows, stdout, err, sizeof(err));
-        printf("}\n");
-        if (rc < 0 && err[0]) {
-            fprintf(stderr, "kprof-analyze: %s\n", err);
-        }
+    else if (strcmp(a.verb, "memory") == 0) {
+        rc = memory_verb(an, c, &a);
     }
-    else if (strcmp(verb, "breakdown") == 0) {
-        const struct kp_an_breakdown *b;
-        struct kp_an_recs recs;
-
-        /* the recommendations first: they compute both breakdown figures */
-        rc = kp_an_recommend(a, c, run, rank, &recs, err, sizeof(err));
-        if (rc == 0) {
-            rc = kp_an_breakdown(a, compat, &b);
-        }
-        if (rc == 0) {
-            if (json) {
-                char *ov = kp_an_recs_overview_html(&recs);
-
-                printf("{\"run\": %" PRId64 ", \"rank\": %d, \"plugin_compat\": %s, "
-                       "\"breakdown\": ",
-                       run, rank, compat ? "true" : "false");
-                kp_an_breakdown_json(stdout, b);
-                printf(", \"recommendations\": ");
-                kp_an_recs_json(stdout, &recs, false);
-                printf(", \"plugin_recommendations\": {\"items_html\": ");
-                kp_an_recs_json(stdout, &recs, true);
-                printf(", \"overview_html\": ");
-                kp_json_fputs(stdout, ov ? ov : "");
-                printf("}}\n");
-                free(ov);
-                if (!ov) {
-                    rc = -ENOMEM;
-                }
-            }
-            else {
-                text_breakdown(b);
-                text_recommendations(&recs);
-            }
-        }
-        else if (err[0]) {
-            fprintf(stderr, "kprof-analyze: %s\n", err);
-        }
-        kp_an_recs_fini(&recs);
+    else if (strcmp(a.verb, "breakdown") == 0) {
+        rc = breakdown_verb(an, c, &a);
     }
     else {
-        bool ops = strcmp(verb, "ops") == 0;
-        const struct kp_an_table *t1 = NULL, *t2 = NULL;
-
-        rc = ops ? kp_an_ops(a, false, &t1) : kp_an_kernels(a, false, &t1);
-        if (rc == 0) {
-            rc = ops ? kp_an_ops(a, true, &t2) : kp_an_kernels(a, true, &t2);
-        }
-        if (rc == 0 && json) {
-            printf("{\"run\": %" PRId64 ", \"rank\": %d, \"%s\": ", run, rank,
-                   ops ? "operators_by_name" : "kernels_by_name");
-            if (ops) {
-                kp_an_ops_json(stdout, t1);
-            }
-            else {
-                kp_an_kernels_json(stdout, t1, false);
-            }
-            printf(", \"%s\": ", ops ? "operators_by_name_and_input_shape" : "kernels_by_name_op");
-            if (ops) {
-                kp_an_ops_json(stdout, t2);
-            }
-            else {
-                kp_an_kernels_json(stdout, t2, true);
-            }
-            if (!ops) {
-                struct kp_an_tc tc;
-
-                rc = kp_an_tensor_cores(a, &tc);
-                printf(", \"tensor_cores\": ");
-                kp_an_tc_json(stdout, &tc);
-            }
-            printf("}\n");
-        }
-        else if (rc == 0) {
-            if (ops) {
-                text_ops(t1);
-            }
-            else {
-                text_kernels(t1);
-            }
-        }
+        rc = tables_verb(an, &a);
     }
-    if (rc < 0) {
+    if (rc < 0 && !reported) {
         fprintf(stderr, "kprof-analyze: %s\n", kp_strerror(rc));
     }
-    kp_an_destroy(a);
+    kp_an_destroy(an);
     PQfinish(c);
     return rc < 0 ? 1 : 0;
 }

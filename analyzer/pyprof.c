@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "an.h"
 #include "flops.h"
-#include "kp_analyzer.h"
 #include "kp_err.h"
 #include "kp_pg.h"
 
@@ -39,11 +39,11 @@ struct pp_key {
     int32_t idx;
 };
 
-struct kp_prof {
+struct kp_pyprof {
     PGresult *kr, * or ;
     struct pp_op *ops;
     size_t n_ops;
-    struct kp_prof_row *rows;
+    struct kp_pyprof_row *rows;
     size_t n_rows;
 };
 
@@ -223,7 +223,7 @@ static bool is_functional(const char *op)
 }
 
 /* mod and op from an op name (pyprof.h). */
-static void mod_op(const char *name, struct kp_prof_row *r)
+static void mod_op(const char *name, struct kp_pyprof_row *r)
 {
     const char *p = strstr(name, "::");
     size_t n;
@@ -265,7 +265,7 @@ static bool op_kind(const struct pp_op *o)
 }
 
 /* The forward op of backward node b (pyprof.h), or -1. */
-static int32_t find_forward_on(const struct kp_prof *p, const struct pp_key *by_seq, size_t n_seq,
+static int32_t find_forward_on(const struct kp_pyprof *p, const struct pp_key *by_seq, size_t n_seq,
                                const struct pp_op *b, bool on_fwd_tid)
 {
     const struct pp_key *k = lower(by_seq, n_seq, b->seq), *end = by_seq + n_seq;
@@ -287,7 +287,7 @@ static int32_t find_forward_on(const struct kp_prof *p, const struct pp_key *by_
             (o->start == p->ops[best].start && o->end > p->ops[best].end)) {
             best = k->idx;
         }
-        kp_fl_base_name(o->name, base, sizeof(base));
+        kp_flops_base_name(o->name, base, sizeof(base));
         squash(base, got, sizeof(got));
         if (named < 0 && want[0] && strcmp(got, want) == 0) {
             named = k->idx;
@@ -298,7 +298,7 @@ static int32_t find_forward_on(const struct kp_prof *p, const struct pp_key *by_
 
 /* Kineto's "Fwd thread id" is sometimes the profiler's thread index, not the OS thread id:
  * when no op of the seq runs on it, any thread's op is taken. */
-static int32_t find_forward(const struct kp_prof *p, const struct pp_key *by_seq, size_t n_seq,
+static int32_t find_forward(const struct kp_pyprof *p, const struct pp_key *by_seq, size_t n_seq,
                             const struct pp_op *b)
 {
     int32_t f = b->fwd_tid > 0 ? find_forward_on(p, by_seq, n_seq, b, true) : -1;
@@ -307,17 +307,17 @@ static int32_t find_forward(const struct kp_prof *p, const struct pp_key *by_seq
 }
 
 /* The output shape of a forward op from its backward node's grad_output (for convolutions). */
-static bool conv_hint(const struct kp_prof *p, const struct pp_key *by_seq, size_t n_seq,
-                      int64_t seq, struct kp_fl_tensor *hint)
+static bool conv_hint(const struct kp_pyprof *p, const struct pp_key *by_seq, size_t n_seq,
+                      int64_t seq, struct kp_flops_tensor *hint)
 {
     const struct pp_key *k = seq >= 0 ? lower(by_seq, n_seq, seq) : NULL, *end = by_seq + n_seq;
 
     for (; k && k < end && k->key == seq; k++) {
         const struct pp_op *o = &p->ops[k->idx];
-        struct kp_fl_args a;
+        struct kp_flops_args a;
 
-        if (is_bwd_node(o) && kp_fl_parse(o->shapes, NULL, &a) == 0 && a.n > 0 &&
-            a.a[0].kind == KP_FL_TENSOR) {
+        if (is_bwd_node(o) && kp_flops_parse(o->shapes, NULL, &a) == 0 && a.n > 0 &&
+            a.a[0].kind == KP_FLOPS_TENSOR) {
             *hint = a.a[0].t;
             return true;
         }
@@ -339,16 +339,16 @@ struct pp_share {
     size_t row;
 };
 
-static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const char *kname,
+static void fill_row(struct kp_pyprof *p, struct kp_pyprof_row *r, int32_t oi, const char *kname,
                      const struct pp_key *by_seq, size_t n_seq, int *sub_count, struct pp_share *sh)
 {
     int32_t chain[64], node = -1, attr = -1, fwd = -1;
     int n = 0, group;
     int64_t seqs[64];
     int ns = 0;
-    struct kp_fl_args args;
-    struct kp_fl_result res;
-    struct kp_fl_tensor hint;
+    struct kp_flops_args args;
+    struct kp_flops_result res;
+    struct kp_flops_tensor hint;
     bool have_hint = false, as_bwd = false;
     const struct pp_op *ao;
 
@@ -386,7 +386,7 @@ static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const
         }
         else {
             for (int i = 0; i < n && chain[i] != node; i++) {
-                if (op_kind(&p->ops[chain[i]]) && kp_fl_has_formula(p->ops[chain[i]].name)) {
+                if (op_kind(&p->ops[chain[i]]) && kp_flops_has_formula(p->ops[chain[i]].name)) {
                     attr = chain[i];
                     break;
                 }
@@ -396,13 +396,13 @@ static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const
     }
     else {
         for (int i = n - 1; i >= 0 && attr < 0; i--) {
-            if (op_kind(&p->ops[chain[i]]) && kp_fl_has_formula(p->ops[chain[i]].name) &&
+            if (op_kind(&p->ops[chain[i]]) && kp_flops_has_formula(p->ops[chain[i]].name) &&
                 strncmp(p->ops[chain[i]].name, "aten::", 6) == 0) {
                 attr = chain[i];
             }
         }
         for (int i = 0; i < n && attr < 0; i++) {
-            if (op_kind(&p->ops[chain[i]]) && kp_fl_has_formula(p->ops[chain[i]].name)) {
+            if (op_kind(&p->ops[chain[i]]) && kp_flops_has_formula(p->ops[chain[i]].name)) {
                 attr = chain[i];
             }
         }
@@ -465,7 +465,7 @@ static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const
     }
     ao = &p->ops[attr];
     mod_op(ao->name, r);
-    if (kp_fl_parse(ao->shapes, ao->dtypes, &args) < 0) {
+    if (kp_flops_parse(ao->shapes, ao->dtypes, &args) < 0) {
         memset(&args, 0, sizeof(args));
     }
     if (as_bwd) {
@@ -474,20 +474,21 @@ static void fill_row(struct kp_prof *p, struct kp_prof_row *r, int32_t oi, const
     else {
         have_hint = conv_hint(p, by_seq, n_seq, ao->seq, &hint);
     }
-    kp_fl_compute(ao->name, &args, as_bwd ? KP_FL_BWD : KP_FL_FWD, have_hint ? &hint : NULL, &res);
+    kp_flops_compute(ao->name, &args, as_bwd ? KP_FLOPS_BWD : KP_FLOPS_FWD,
+                     have_hint ? &hint : NULL, &res);
     snprintf(r->params, sizeof(r->params), "%s", res.params[0] ? res.params : "-");
     r->flops_known = res.known;
     r->bytes_known = res.known && res.bytes_known;
     /* the whole op's work, shared among its kernels by share_work */
     sh->key = ((int64_t) group << 32) | (uint32_t) attr;
     for (int i = 0; res.known && i < res.n_parts; i++) {
-        sh->flops += kp_fl_part_flops(&res, i);
-        sh->bytes += r->bytes_known ? kp_fl_part_bytes(&res, i) : 0;
+        sh->flops += kp_flops_part_flops(&res, i);
+        sh->bytes += r->bytes_known ? kp_flops_part_bytes(&res, i) : 0;
     }
-    if (res.tc == KP_FL_TC_GEMM) {
+    if (res.tc == KP_FLOPS_TC_GEMM) {
         r->tc = kp_an_is_tc_kernel(kname) ? "1" : "0";
     }
-    else if (res.tc == KP_FL_TC_CONV) {
+    else if (res.tc == KP_FLOPS_TC_CONV) {
         r->tc = kp_an_is_tc_kernel(kname) ? "1" : "-";
     }
     else {
@@ -511,7 +512,7 @@ static int cmp_share(const void *pa, const void *pb)
  * reductions) included: every kernel of the op then shows the op's own achieved rate, so a
  * kernel is above a peak exactly when its op is (a FLOP/byte model the kernels beat, e.g.
  * direct-convolution FLOPs for a Winograd or FFT algorithm, or a wrong peak). Sorts sh. */
-static void share_work(struct kp_prof_row *rows, struct pp_share *sh, size_t n)
+static void share_work(struct kp_pyprof_row *rows, struct pp_share *sh, size_t n)
 {
     qsort(sh, n, sizeof(*sh), cmp_share);
     for (size_t i = 0, j; i < n; i = j) {
@@ -521,7 +522,7 @@ static void share_work(struct kp_prof_row *rows, struct pp_share *sh, size_t n)
             w += rows[sh[j].row].sil_ns > 0 ? (double) rows[sh[j].row].sil_ns : 0;
         }
         for (size_t k = i; k < j; k++) {
-            struct kp_prof_row *r = &rows[sh[k].row];
+            struct kp_pyprof_row *r = &rows[sh[k].row];
             double d = r->sil_ns > 0 ? (double) r->sil_ns : 0;
             double f = w > 0 ? d / w : 1.0 / (double) (j - i);
 
@@ -534,12 +535,12 @@ static void share_work(struct kp_prof_row *rows, struct pp_share *sh, size_t n)
     }
 }
 
-int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_prof **out,
-                  char *errbuf, size_t errlen)
+int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_pyprof **out,
+                     char *errbuf, size_t errlen)
 {
     char runs[24], ranks[16];
     const char *params[2] = { runs, ranks };
-    struct kp_prof *p;
+    struct kp_pyprof *p;
     PGresult *ar = NULL;
     struct pp_key *by_id = NULL, *by_seq = NULL, *by_corr = NULL;
     size_t n_id = 0, n_seq = 0, n_corr = 0, budget = 0, n;
@@ -662,7 +663,7 @@ int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_p
     }
     p->n_rows = n;
     for (size_t i = 0; i < n; i++) {
-        struct kp_prof_row *r = &p->rows[i];
+        struct kp_pyprof_row *r = &p->rows[i];
         int row = (int) i;
         int64_t corr = kp_pg_i64(p->kr, row, 2, -1), ext = kp_pg_i64(p->kr, row, 3, -1);
         const struct pp_key *ck = corr >= 0 ? lower(by_corr, n_corr, corr) : NULL, *ok;
@@ -716,7 +717,7 @@ nomem:
     rc = -ENOMEM;
     kp_errbuf_set(errbuf, errlen, "out of memory building the PyProf table");
 fail:
-    kp_prof_destroy(p);
+    kp_pyprof_destroy(p);
 out:
     PQclear(ar);
     free(by_id);
@@ -730,7 +731,7 @@ out:
     return rc;
 }
 
-void kp_prof_destroy(struct kp_prof *p)
+void kp_pyprof_destroy(struct kp_pyprof *p)
 {
     if (!p) {
         return;
@@ -742,14 +743,15 @@ void kp_prof_destroy(struct kp_prof *p)
     free(p);
 }
 
-const struct kp_prof_row *kp_prof_rows(const struct kp_prof *p, size_t *n)
+const struct kp_pyprof_row *kp_pyprof_rows(const struct kp_pyprof *p, size_t *n)
 {
     *n = p->n_rows;
     return p->rows;
 }
 
-void kp_prof_write(FILE *f, const struct kp_prof *p, int64_t run, int rank,
-                   const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt, int width)
+void kp_pyprof_write(FILE *f, const struct kp_pyprof *p, int64_t run, int rank,
+                     const enum kp_pyprof_col *cols, int ncols, enum kp_pyprof_format fmt,
+                     int width)
 {
-    kp_prof_write_rows(f, p->rows, p->n_rows, run, rank, cols, ncols, fmt, width);
+    kp_pyprof_write_rows(f, p->rows, p->n_rows, run, rank, cols, ncols, fmt, width);
 }

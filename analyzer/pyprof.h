@@ -42,41 +42,41 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum kp_prof_col {
-    KP_PROF_IDX,
-    KP_PROF_SEQ,
-    KP_PROF_ALTSEQ,
-    KP_PROF_TID,
-    KP_PROF_LAYER,
-    KP_PROF_TRACE,
-    KP_PROF_DIR,
-    KP_PROF_SUB,
-    KP_PROF_MOD,
-    KP_PROF_OP,
-    KP_PROF_KERNEL,
-    KP_PROF_PARAMS,
-    KP_PROF_SIL,
-    KP_PROF_TC,
-    KP_PROF_DEVICE,
-    KP_PROF_STREAM,
-    KP_PROF_GRID,
-    KP_PROF_BLOCK,
-    KP_PROF_FLOPS,
-    KP_PROF_BYTES,
-    KP_PROF_COL_COUNT
+enum kp_pyprof_col {
+    KP_PYPROF_IDX,
+    KP_PYPROF_SEQ,
+    KP_PYPROF_ALTSEQ,
+    KP_PYPROF_TID,
+    KP_PYPROF_LAYER,
+    KP_PYPROF_TRACE,
+    KP_PYPROF_DIR,
+    KP_PYPROF_SUB,
+    KP_PYPROF_MOD,
+    KP_PYPROF_OP,
+    KP_PYPROF_KERNEL,
+    KP_PYPROF_PARAMS,
+    KP_PYPROF_SIL,
+    KP_PYPROF_TC,
+    KP_PYPROF_DEVICE,
+    KP_PYPROF_STREAM,
+    KP_PYPROF_GRID,
+    KP_PYPROF_BLOCK,
+    KP_PYPROF_FLOPS,
+    KP_PYPROF_BYTES,
+    KP_PYPROF_COL_COUNT
 };
 
-/* The default column list (the and PyProf's). */
-#define KP_PROF_DEFAULT_COLUMNS "idx,dir,sub,mod,op,kernel,params,sil"
-#define KP_PROF_DEFAULT_WIDTH   0 /* no cut: every column as wide as its longest cell */
+/* The default column list (PyProf's). */
+#define KP_PYPROF_DEFAULT_COLUMNS "idx,dir,sub,mod,op,kernel,params,sil"
+#define KP_PYPROF_DEFAULT_WIDTH   0 /* no cut: every column as wide as its longest cell */
 
-enum kp_prof_format {
-    KP_PROF_TEXT, /* columnated to a width */
-    KP_PROF_CSV,  /* every field double-quoted, header first */
-    KP_PROF_JSON,
+enum kp_pyprof_format {
+    KP_PYPROF_TEXT, /* columnated to a width */
+    KP_PYPROF_CSV,  /* every field double-quoted, header first */
+    KP_PYPROF_JSON,
 };
 
-struct kp_prof_row {
+struct kp_pyprof_row {
     uint64_t idx;
     int64_t seq; /* -1: none */
     char altseq[96];
@@ -97,27 +97,27 @@ struct kp_prof_row {
     bool flops_known, bytes_known;
 };
 
-struct kp_prof;
+struct kp_pyprof;
 
 /* Builds the table of run `run`, rank `rank` over c (the caller has checked that they exist).
- * Returns 0 and *out (free with kp_prof_destroy), KP_EPG, -ENOMEM or KP_ETOOBIG (more than
+ * Returns 0 and *out (free with kp_pyprof_destroy), KP_EPG, -ENOMEM or KP_ETOOBIG (more than
  * max_rows rows; 0: no limit), with a message in errbuf. */
-int kp_prof_build(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_prof **out,
-                  char *errbuf, size_t errlen);
+int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_pyprof **out,
+                     char *errbuf, size_t errlen);
 
 /* Frees a table; NULL is fine. */
-void kp_prof_destroy(struct kp_prof *p);
+void kp_pyprof_destroy(struct kp_pyprof *p);
 
-/* The rows, valid until kp_prof_destroy. */
-const struct kp_prof_row *kp_prof_rows(const struct kp_prof *p, size_t *n);
+/* The rows, valid until kp_pyprof_destroy. */
+const struct kp_pyprof_row *kp_pyprof_rows(const struct kp_pyprof *p, size_t *n);
 
 /* Parses a comma-separated column list ("idx,dir,op") into cols (at most max). Returns the
  * count, or -EINVAL naming the bad column in errbuf. */
-int kp_prof_parse_columns(const char *list, enum kp_prof_col *cols, int max, char *errbuf,
-                          size_t errlen);
+int kp_pyprof_parse_columns(const char *list, enum kp_pyprof_col *cols, int max, char *errbuf,
+                            size_t errlen);
 
 /* The option name of a column ("idx"). */
-const char *kp_prof_col_name(enum kp_prof_col c);
+const char *kp_pyprof_col_name(enum kp_pyprof_col c);
 
 /* Writes the selected columns of every row. Text and CSV show sil in µs ("Sil(us)", three
  * decimals: exact); JSON keeps it as exact integer ns under "sil_ns" (the key "columns"
@@ -125,13 +125,14 @@ const char *kp_prof_col_name(enum kp_prof_col c);
  * cell; width > 0 cuts cells wider than width display columns with "…" (kprofctl's -w in
  * every verb), 0 none. JSON: {"run", "rank", "columns", "rows": [{key: value}]}, numbers as
  * numbers, unknown flops/bytes as null. */
-void kp_prof_write(FILE *f, const struct kp_prof *p, int64_t run, int rank,
-                   const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt, int width);
+void kp_pyprof_write(FILE *f, const struct kp_pyprof *p, int64_t run, int rank,
+                     const enum kp_pyprof_col *cols, int ncols, enum kp_pyprof_format fmt,
+                     int width);
 
 /* The same for rows the caller holds (e.g. kprofctl's, from the Analyzer.Prof reply), so
  * every output of the table comes from one writer. */
-void kp_prof_write_rows(FILE *f, const struct kp_prof_row *rows, size_t n_rows, int64_t run,
-                        int rank, const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt,
-                        int width);
+void kp_pyprof_write_rows(FILE *f, const struct kp_pyprof_row *rows, size_t n_rows, int64_t run,
+                          int rank, const enum kp_pyprof_col *cols, int ncols,
+                          enum kp_pyprof_format fmt, int width);
 
 #endif

@@ -10,30 +10,30 @@
 #include "kp_json.h"
 #include "pyprof.h"
 
-static const char *const col_names[KP_PROF_COL_COUNT] = {
+static const char *const col_names[KP_PYPROF_COL_COUNT] = {
     "idx",    "seq",    "altseq", "tid", "layer",  "trace",  "dir",  "sub",   "mod",   "op",
     "kernel", "params", "sil",    "tc",  "device", "stream", "grid", "block", "flops", "bytes",
 };
 
-static const char *const col_headers[KP_PROF_COL_COUNT] = {
+static const char *const col_headers[KP_PYPROF_COL_COUNT] = {
     "Idx",    "SeqId",  "AltSeqId", "TId",    "Layer",  "Trace",   "Direction",
     "Sub",    "Module", "Op",       "Kernel", "Params", "Sil(us)", "TC",
     "Device", "Stream", "Grid",     "Block",  "FLOPs",  "Bytes",
 };
 
 /* JSON keys: the column names, but sil is exact ns. */
-static const char *json_key(enum kp_prof_col c)
+static const char *json_key(enum kp_pyprof_col c)
 {
-    return c == KP_PROF_SIL ? "sil_ns" : col_names[c];
+    return c == KP_PYPROF_SIL ? "sil_ns" : col_names[c];
 }
 
-const char *kp_prof_col_name(enum kp_prof_col c)
+const char *kp_pyprof_col_name(enum kp_pyprof_col c)
 {
-    return c < KP_PROF_COL_COUNT ? col_names[c] : "?";
+    return c < KP_PYPROF_COL_COUNT ? col_names[c] : "?";
 }
 
-int kp_prof_parse_columns(const char *list, enum kp_prof_col *cols, int max, char *errbuf,
-                          size_t errlen)
+int kp_pyprof_parse_columns(const char *list, enum kp_pyprof_col *cols, int max, char *errbuf,
+                            size_t errlen)
 {
     int n = 0;
     const char *s = list;
@@ -42,19 +42,19 @@ int kp_prof_parse_columns(const char *list, enum kp_prof_col *cols, int max, cha
         size_t len = strcspn(s, ",");
         int c;
 
-        for (c = 0; c < KP_PROF_COL_COUNT; c++) {
+        for (c = 0; c < KP_PYPROF_COL_COUNT; c++) {
             if (strlen(col_names[c]) == len && strncmp(s, col_names[c], len) == 0) {
                 break;
             }
         }
-        if (c == KP_PROF_COL_COUNT || n >= max) {
+        if (c == KP_PYPROF_COL_COUNT || n >= max) {
             kp_errbuf_set(errbuf, errlen,
                           "unknown column '%.*s': pick from idx,seq,altseq,tid,layer,trace,dir,"
                           "sub,mod,op,kernel,params,sil,tc,device,stream,grid,block,flops,bytes",
                           (int) len, s);
             return -EINVAL;
         }
-        cols[n++] = (enum kp_prof_col) c;
+        cols[n++] = (enum kp_pyprof_col) c;
         s += len;
         if (*s == ',') {
             s++;
@@ -68,65 +68,65 @@ int kp_prof_parse_columns(const char *list, enum kp_prof_col *cols, int max, cha
 }
 
 /* The text of one cell. */
-static const char *cell(const struct kp_prof_row *r, enum kp_prof_col c, char *buf, size_t len)
+static const char *cell(const struct kp_pyprof_row *r, enum kp_pyprof_col c, char *buf, size_t len)
 {
     switch (c) {
-    case KP_PROF_IDX:
+    case KP_PYPROF_IDX:
         snprintf(buf, len, "%" PRIu64, r->idx);
         return buf;
-    case KP_PROF_SEQ:
+    case KP_PYPROF_SEQ:
         if (r->seq < 0) {
             return "-";
         }
         snprintf(buf, len, "%" PRId64, r->seq);
         return buf;
-    case KP_PROF_ALTSEQ:
+    case KP_PYPROF_ALTSEQ:
         return r->altseq;
-    case KP_PROF_TID:
+    case KP_PYPROF_TID:
         snprintf(buf, len, "%" PRId64, r->tid);
         return buf;
-    case KP_PROF_LAYER:
+    case KP_PYPROF_LAYER:
         return r->layer;
-    case KP_PROF_TRACE:
+    case KP_PYPROF_TRACE:
         return r->trace;
-    case KP_PROF_DIR:
+    case KP_PYPROF_DIR:
         return r->bwd ? "bprop" : "fprop";
-    case KP_PROF_SUB:
+    case KP_PYPROF_SUB:
         snprintf(buf, len, "%d", r->sub);
         return buf;
-    case KP_PROF_MOD:
+    case KP_PYPROF_MOD:
         return r->mod;
-    case KP_PROF_OP:
+    case KP_PYPROF_OP:
         return r->op;
-    case KP_PROF_KERNEL:
+    case KP_PYPROF_KERNEL:
         return r->kernel;
-    case KP_PROF_PARAMS:
+    case KP_PYPROF_PARAMS:
         return r->params;
-    case KP_PROF_SIL:
+    case KP_PYPROF_SIL:
         if (r->sil_ns < 0) {
             return "-";
         }
         snprintf(buf, len, "%" PRId64 ".%03" PRId64, r->sil_ns / 1000, r->sil_ns % 1000);
         return buf;
-    case KP_PROF_TC:
+    case KP_PYPROF_TC:
         return r->tc;
-    case KP_PROF_DEVICE:
+    case KP_PYPROF_DEVICE:
         snprintf(buf, len, "%d", r->device);
         return r->device < 0 ? "-" : buf;
-    case KP_PROF_STREAM:
+    case KP_PYPROF_STREAM:
         snprintf(buf, len, "%d", r->stream);
         return r->stream < 0 ? "-" : buf;
-    case KP_PROF_GRID:
+    case KP_PYPROF_GRID:
         return r->grid;
-    case KP_PROF_BLOCK:
+    case KP_PYPROF_BLOCK:
         return r->block;
-    case KP_PROF_FLOPS:
+    case KP_PYPROF_FLOPS:
         if (!r->flops_known) {
             return "-";
         }
         snprintf(buf, len, "%.0f", r->flops);
         return buf;
-    case KP_PROF_BYTES:
+    case KP_PYPROF_BYTES:
         if (!r->bytes_known) {
             return "-";
         }
@@ -170,20 +170,20 @@ static void put_cell(FILE *f, const char *sep, const char *s, int w, bool last)
     }
 }
 
-static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
+static void json_cell(FILE *f, const struct kp_pyprof_row *r, enum kp_pyprof_col c)
 {
     char buf[64];
 
     switch (c) {
-    case KP_PROF_IDX:
-    case KP_PROF_TID:
-    case KP_PROF_SUB:
+    case KP_PYPROF_IDX:
+    case KP_PYPROF_TID:
+    case KP_PYPROF_SUB:
         fputs(cell(r, c, buf, sizeof(buf)), f);
         return;
-    case KP_PROF_SIL:
+    case KP_PYPROF_SIL:
         fprintf(f, "%" PRId64, r->sil_ns);
         return;
-    case KP_PROF_SEQ:
+    case KP_PYPROF_SEQ:
         if (r->seq < 0) {
             fputs("null", f);
         }
@@ -191,9 +191,9 @@ static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
             fprintf(f, "%" PRId64, r->seq);
         }
         return;
-    case KP_PROF_DEVICE:
-    case KP_PROF_STREAM: {
-        int v = c == KP_PROF_DEVICE ? r->device : r->stream;
+    case KP_PYPROF_DEVICE:
+    case KP_PYPROF_STREAM: {
+        int v = c == KP_PYPROF_DEVICE ? r->device : r->stream;
 
         if (v < 0) {
             fputs("null", f);
@@ -203,15 +203,15 @@ static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
         }
         return;
     }
-    case KP_PROF_FLOPS:
-    case KP_PROF_BYTES: {
-        bool known = c == KP_PROF_FLOPS ? r->flops_known : r->bytes_known;
+    case KP_PYPROF_FLOPS:
+    case KP_PYPROF_BYTES: {
+        bool known = c == KP_PYPROF_FLOPS ? r->flops_known : r->bytes_known;
 
         if (!known) {
             fputs("null", f);
         }
         else {
-            fprintf(f, "%.17g", c == KP_PROF_FLOPS ? r->flops : r->bytes);
+            fprintf(f, "%.17g", c == KP_PYPROF_FLOPS ? r->flops : r->bytes);
         }
         return;
     }
@@ -221,14 +221,14 @@ static void json_cell(FILE *f, const struct kp_prof_row *r, enum kp_prof_col c)
     }
 }
 
-void kp_prof_write_rows(FILE *f, const struct kp_prof_row *rows, size_t n_rows, int64_t run,
-                        int rank, const enum kp_prof_col *cols, int ncols, enum kp_prof_format fmt,
-                        int width)
+void kp_pyprof_write_rows(FILE *f, const struct kp_pyprof_row *rows, size_t n_rows, int64_t run,
+                          int rank, const enum kp_pyprof_col *cols, int ncols,
+                          enum kp_pyprof_format fmt, int width)
 {
     char buf[64];
-    int w[KP_PROF_COL_COUNT] = { 0 };
+    int w[KP_PYPROF_COL_COUNT] = { 0 };
 
-    if (fmt == KP_PROF_JSON) {
+    if (fmt == KP_PYPROF_JSON) {
         fprintf(f, "{\"run\": %" PRId64 ", \"rank\": %d, \"columns\": [", run, rank);
         for (int c = 0; c < ncols; c++) {
             fprintf(f, "%s\"%s\"", c ? ", " : "", json_key(cols[c]));
@@ -245,7 +245,7 @@ void kp_prof_write_rows(FILE *f, const struct kp_prof_row *rows, size_t n_rows, 
         fputs("]}\n", f);
         return;
     }
-    if (fmt == KP_PROF_CSV) {
+    if (fmt == KP_PYPROF_CSV) {
         for (int c = 0; c < ncols; c++) {
             fprintf(f, "%s\"%s\"", c ? "," : "", col_headers[cols[c]]);
         }

@@ -1,7 +1,7 @@
 /*
  * roofline: achieved FLOP/s and bytes/s against the device's peaks (see roofline.h).
  *
- * DESIGN. One pass over PyProf's table (kp_prof_build) assigns each kernel its device's peak
+ * DESIGN. One pass over PyProf's table (kp_pyprof_create) assigns each kernel its device's peak
  * for its class and adds it to its group (kernel full name, or op and direction); a group
  * keeps sums only, so the figures are ratios of sums (roofline.h). Devices come from the
  * `devices` rows of the rank. The table stays with the result: the rows' names point into
@@ -49,7 +49,7 @@
  * The first entry that matches wins: model is a whole word of the name, variant a substring
  * in any case (more specific variants come first).
  */
-static const struct kp_rl_gpu gpus[] = {
+static const struct kp_roofline_gpu gpus[] = {
     { "H100 NVL", "H100", "NVL", { 60 * T, 417.5 * T, 835.5 * T, 1670.5 * T }, 3900 * G },
     { "H100 PCIe", "H100", "PCIe", { 51 * T, 378 * T, 756 * T, 1513 * T }, 2000 * G },
     { "H100 SXM", "H100", NULL, { 67 * T, 494.5 * T, 989.5 * T, 1979 * T }, 3350 * G },
@@ -68,20 +68,20 @@ static const struct kp_rl_gpu gpus[] = {
     { "RTX 3090", "3090", NULL, { 35.6 * T, 35.6 * T, 71 * T, 0 }, 936 * G },
 };
 
-struct kp_rl {
-    enum kp_rl_by by;
-    struct kp_rl_device devs[KP_RL_MAX_DEVICES];
+struct kp_roofline {
+    enum kp_roofline_by by;
+    struct kp_roofline_device devs[KP_ROOFLINE_MAX_DEVICES];
     size_t n_devs;
-    struct kp_rl_row *rows;
+    struct kp_roofline_row *rows;
     size_t n_rows;
-    struct kp_prof *prof; /* the rows' names */
+    struct kp_pyprof *prof; /* the rows' names */
 };
 
 /* A group's sums while building. */
 struct acc {
     double flops_time, bytes_time, ai_flops, ai_bytes, peak_work;
     bool peak_missing;
-    int peak; /* -1: none yet, KP_RL_PEAK_COUNT + 1: mixed */
+    int peak; /* -1: none yet, KP_ROOFLINE_PEAK_COUNT + 1: mixed */
 };
 
 static bool word_at(const char *name, const char *p, size_t len)
@@ -113,7 +113,7 @@ static bool has_ci(const char *s, const char *sub)
     return false;
 }
 
-const struct kp_rl_gpu *kp_rl_lookup(const char *device_name)
+const struct kp_roofline_gpu *kp_roofline_lookup(const char *device_name)
 {
     for (size_t i = 0; i < sizeof(gpus) / sizeof(gpus[0]); i++) {
         if (has_word(device_name, gpus[i].model) &&
@@ -156,10 +156,10 @@ static int tc_fp16_per_clk(int major, int minor)
     return 0;
 }
 
-void kp_rl_device_peaks(struct kp_rl_device *d, int sm_count, int clock_khz, int cc_major,
-                        int cc_minor, double bandwidth_bytes_per_s)
+void kp_roofline_device_peaks(struct kp_roofline_device *d, int sm_count, int clock_khz,
+                              int cc_major, int cc_minor, double bandwidth_bytes_per_s)
 {
-    const struct kp_rl_gpu *g = kp_rl_lookup(d->name);
+    const struct kp_roofline_gpu *g = kp_roofline_lookup(d->name);
     double hz = (double) clock_khz * 1e3;
 
     memset(d->peak_flop_per_s, 0, sizeof(d->peak_flop_per_s));
@@ -169,11 +169,11 @@ void kp_rl_device_peaks(struct kp_rl_device *d, int sm_count, int clock_khz, int
         bandwidth_bytes_per_s > 0) {
         double tc = (double) sm_count * tc_fp16_per_clk(cc_major, cc_minor) * hz;
 
-        d->peak_flop_per_s[KP_RL_FP32] =
+        d->peak_flop_per_s[KP_ROOFLINE_FP32] =
             (double) sm_count * fp32_lanes(cc_major, cc_minor) * 2 * hz;
-        d->peak_flop_per_s[KP_RL_FP16_TC] = tc;
-        d->peak_flop_per_s[KP_RL_TF32_TC] = cc_major >= 8 ? tc / 2 : 0;
-        d->peak_flop_per_s[KP_RL_FP8_TC] =
+        d->peak_flop_per_s[KP_ROOFLINE_FP16_TC] = tc;
+        d->peak_flop_per_s[KP_ROOFLINE_TF32_TC] = cc_major >= 8 ? tc / 2 : 0;
+        d->peak_flop_per_s[KP_ROOFLINE_FP8_TC] =
             cc_major == 9 || (cc_major == 8 && cc_minor == 9) ? tc * 2 : 0;
         d->bandwidth_bytes_per_s = bandwidth_bytes_per_s;
         snprintf(d->source, sizeof(d->source),
@@ -200,7 +200,7 @@ void kp_rl_device_peaks(struct kp_rl_device *d, int sm_count, int clock_khz, int
 }
 
 /* The peak class of a kernel from PyProf's tc and params (type=). */
-static enum kp_rl_peak kernel_peak(const struct kp_prof_row *r)
+static enum kp_roofline_peak kernel_peak(const struct kp_pyprof_row *r)
 {
     const char *t = strstr(r->params, "type=");
     char ty[24] = "";
@@ -210,32 +210,32 @@ static enum kp_rl_peak kernel_peak(const struct kp_prof_row *r)
     }
     if (strcmp(r->tc, "1") == 0) {
         if (has_ci(ty, "fp8") || has_ci(ty, "float8") || has_ci(ty, "e4m3") || has_ci(ty, "e5m2")) {
-            return KP_RL_FP8_TC;
+            return KP_ROOFLINE_FP8_TC;
         }
         if (strcmp(ty, "fp32") == 0 || strcmp(ty, "tf32") == 0) {
-            return KP_RL_TF32_TC;
+            return KP_ROOFLINE_TF32_TC;
         }
-        return KP_RL_FP16_TC;
+        return KP_ROOFLINE_FP16_TC;
     }
     if (strcmp(ty, "fp64") == 0 || strcmp(ty, "c128") == 0) {
-        return KP_RL_NO_PEAK;
+        return KP_ROOFLINE_NO_PEAK;
     }
-    return KP_RL_FP32;
+    return KP_ROOFLINE_FP32;
 }
 
 /* The device's peak for a class; a Tensor Core class the device lacks falls back to FP16. */
-static double device_peak(const struct kp_rl_device *d, enum kp_rl_peak p)
+static double device_peak(const struct kp_roofline_device *d, enum kp_roofline_peak p)
 {
-    if (d == NULL || p >= KP_RL_PEAK_COUNT) {
+    if (d == NULL || p >= KP_ROOFLINE_PEAK_COUNT) {
         return 0;
     }
-    if (d->peak_flop_per_s[p] <= 0 && (p == KP_RL_TF32_TC || p == KP_RL_FP8_TC)) {
-        return d->peak_flop_per_s[KP_RL_FP16_TC];
+    if (d->peak_flop_per_s[p] <= 0 && (p == KP_ROOFLINE_TF32_TC || p == KP_ROOFLINE_FP8_TC)) {
+        return d->peak_flop_per_s[KP_ROOFLINE_FP16_TC];
     }
     return d->peak_flop_per_s[p];
 }
 
-static const struct kp_rl_device *find_dev(const struct kp_rl *r, int id)
+static const struct kp_roofline_device *find_dev(const struct kp_roofline *r, int id)
 {
     for (size_t i = 0; i < r->n_devs; i++) {
         if (r->devs[i].id == id) {
@@ -245,7 +245,7 @@ static const struct kp_rl_device *find_dev(const struct kp_rl *r, int id)
     return r->n_devs == 1 ? &r->devs[0] : NULL;
 }
 
-static int load_devices(PGconn *c, struct kp_rl *r, int64_t run, int rank, char *errbuf,
+static int load_devices(PGconn *c, struct kp_roofline *r, int64_t run, int rank, char *errbuf,
                         size_t errlen)
 {
     char runs[24], ranks[16];
@@ -264,14 +264,14 @@ static int load_devices(PGconn *c, struct kp_rl *r, int64_t run, int rank, char 
     if (rc < 0) {
         return rc;
     }
-    for (int i = 0; i < PQntuples(res) && r->n_devs < KP_RL_MAX_DEVICES; i++) {
-        struct kp_rl_device *d = &r->devs[r->n_devs++];
+    for (int i = 0; i < PQntuples(res) && r->n_devs < KP_ROOFLINE_MAX_DEVICES; i++) {
+        struct kp_roofline_device *d = &r->devs[r->n_devs++];
 
         d->id = atoi(PQgetvalue(res, i, 0));
         snprintf(d->name, sizeof(d->name), "%s", PQgetvalue(res, i, 1));
-        kp_rl_device_peaks(d, atoi(PQgetvalue(res, i, 2)), atoi(PQgetvalue(res, i, 3)),
-                           atoi(PQgetvalue(res, i, 4)), atoi(PQgetvalue(res, i, 5)),
-                           strtod(PQgetvalue(res, i, 6), NULL));
+        kp_roofline_device_peaks(d, atoi(PQgetvalue(res, i, 2)), atoi(PQgetvalue(res, i, 3)),
+                                 atoi(PQgetvalue(res, i, 4)), atoi(PQgetvalue(res, i, 5)),
+                                 strtod(PQgetvalue(res, i, 6), NULL));
     }
     PQclear(res);
     return 0;
@@ -294,7 +294,7 @@ static size_t key_hash(const char *name, const char *dir)
 
 static int cmp_rows(const void *pa, const void *pb)
 {
-    const struct kp_rl_row *a = pa, *b = pb;
+    const struct kp_roofline_row *a = pa, *b = pb;
     int c;
 
     if (a->time_ns != b->time_ns) {
@@ -306,7 +306,7 @@ static int cmp_rows(const void *pa, const void *pb)
     return strcmp(a->dir, b->dir);
 }
 
-static void flag_row(struct kp_rl_row *g)
+static void flag_row(struct kp_roofline_row *g)
 {
     bool c = g->compute_fraction_defined && g->compute_fraction > 1.0;
     bool b = g->bandwidth_fraction_defined && g->bandwidth_fraction > 1.0;
@@ -315,12 +315,13 @@ static void flag_row(struct kp_rl_row *g)
              b ? "bandwidth" : "");
 }
 
-static void finish_row(struct kp_rl_row *g, const struct acc *a)
+static void finish_row(struct kp_roofline_row *g, const struct acc *a)
 {
     snprintf(g->peak, sizeof(g->peak), "%s",
-             a->peak < 0                  ? "-"
-             : a->peak > KP_RL_PEAK_COUNT ? "mixed"
-                                          : kp_rl_peak_name((enum kp_rl_peak) a->peak));
+             a->peak < 0 ? "-"
+             : a->peak > KP_ROOFLINE_PEAK_COUNT
+                 ? "mixed"
+                 : kp_roofline_peak_name((enum kp_roofline_peak) a->peak));
     if (g->flops_known && a->flops_time > 0) {
         g->flop_per_s = g->flops / (a->flops_time * 1e-9);
         g->flop_per_s_defined = true;
@@ -345,12 +346,12 @@ static void finish_row(struct kp_rl_row *g, const struct acc *a)
     flag_row(g);
 }
 
-int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by by,
-                struct kp_rl **out, char *errbuf, size_t errlen)
+int kp_roofline_create(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_roofline_by by,
+                       struct kp_roofline **out, char *errbuf, size_t errlen)
 {
-    struct kp_prof *p = NULL;
-    const struct kp_prof_row *pr;
-    struct kp_rl *r = calloc(1, sizeof(*r));
+    struct kp_pyprof *p = NULL;
+    const struct kp_pyprof_row *pr;
+    struct kp_roofline *r = calloc(1, sizeof(*r));
     struct acc *acc = NULL;
     size_t *slots = NULL; /* open addressing: group index + 1, 0 empty */
     size_t n, mask = 1;
@@ -364,10 +365,10 @@ int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by
     if ((rc = load_devices(c, r, run, rank, errbuf, errlen)) < 0) {
         goto fail;
     }
-    if ((rc = kp_prof_build(c, run, rank, max_rows, &p, errbuf, errlen)) < 0) {
+    if ((rc = kp_pyprof_create(c, run, rank, max_rows, &p, errbuf, errlen)) < 0) {
         goto fail;
     }
-    pr = kp_prof_rows(p, &n);
+    pr = kp_pyprof_rows(p, &n);
     r->rows = calloc(n ? n : 1, sizeof(*r->rows));
     acc = calloc(n ? n : 1, sizeof(*acc));
     while (mask < 2 * n) {
@@ -381,18 +382,20 @@ int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by
         goto fail;
     }
     for (size_t i = 0; i < n; i++) {
-        const struct kp_prof_row *k = &pr[i];
-        const char *name = by == KP_RL_BY_OP ? k->op : k->kernel_full ? k->kernel_full : k->kernel;
-        const char *dir = by == KP_RL_BY_OP ? (k->bwd ? "bprop" : "fprop") : "";
-        const struct kp_rl_device *d = find_dev(r, k->device);
-        enum kp_rl_peak pk = kernel_peak(k);
+        const struct kp_pyprof_row *k = &pr[i];
+        const char *name = by == KP_ROOFLINE_BY_OP ? k->op
+                           : k->kernel_full        ? k->kernel_full
+                                                   : k->kernel;
+        const char *dir = by == KP_ROOFLINE_BY_OP ? (k->bwd ? "bprop" : "fprop") : "";
+        const struct kp_roofline_device *d = find_dev(r, k->device);
+        enum kp_roofline_peak pk = kernel_peak(k);
         double t = (double) (k->sil_ns > 0 ? k->sil_ns : 0), peak = device_peak(d, pk);
-        struct kp_rl_row *g = NULL;
+        struct kp_roofline_row *g = NULL;
         struct acc *a;
         size_t j, h = key_hash(name, dir) & mask;
 
         for (j = r->n_rows; slots[h] != 0; h = (h + 1) & mask) {
-            const struct kp_rl_row *x = &r->rows[slots[h] - 1];
+            const struct kp_roofline_row *x = &r->rows[slots[h] - 1];
 
             if (strcmp(x->name, name) == 0 && strcmp(x->dir, dir) == 0) {
                 j = slots[h] - 1;
@@ -424,7 +427,7 @@ int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by
                 a->peak = (int) pk;
             }
             else if (a->peak != (int) pk) {
-                a->peak = KP_RL_PEAK_COUNT + 1;
+                a->peak = KP_ROOFLINE_PEAK_COUNT + 1;
             }
         }
         if (k->bytes_known) {
@@ -452,40 +455,40 @@ int kp_rl_build(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_rl_by
 fail:
     free(slots);
     free(acc);
-    kp_prof_destroy(p);
-    kp_rl_destroy(r);
+    kp_pyprof_destroy(p);
+    kp_roofline_destroy(r);
     return rc;
 }
 
-void kp_rl_destroy(struct kp_rl *r)
+void kp_roofline_destroy(struct kp_roofline *r)
 {
     if (r == NULL) {
         return;
     }
     free(r->rows);
-    kp_prof_destroy(r->prof);
+    kp_pyprof_destroy(r->prof);
     free(r);
 }
 
-const struct kp_rl_row *kp_rl_rows(const struct kp_rl *r, size_t *n)
+const struct kp_roofline_row *kp_roofline_rows(const struct kp_roofline *r, size_t *n)
 {
     *n = r->n_rows;
     return r->rows;
 }
 
-enum kp_rl_by kp_rl_group_by(const struct kp_rl *r)
+enum kp_roofline_by kp_roofline_group_by(const struct kp_roofline *r)
 {
     return r->by;
 }
 
-const struct kp_rl_device *kp_rl_devices(const struct kp_rl *r, size_t *n)
+const struct kp_roofline_device *kp_roofline_devices(const struct kp_roofline *r, size_t *n)
 {
     *n = r->n_devs;
     return r->devs;
 }
 
-void kp_rl_write(FILE *f, const struct kp_rl *r, int64_t run, int rank, enum kp_rl_format fmt,
-                 size_t top)
+void kp_roofline_write(FILE *f, const struct kp_roofline *r, int64_t run, int rank,
+                       enum kp_roofline_format fmt, size_t top)
 {
-    kp_rl_write_parts(f, r->by, r->devs, r->n_devs, r->rows, r->n_rows, run, rank, fmt, top);
+    kp_roofline_write_parts(f, r->by, r->devs, r->n_devs, r->rows, r->n_rows, run, rank, fmt, top);
 }

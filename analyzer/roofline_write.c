@@ -8,11 +8,12 @@
 #include "kp_json.h"
 #include "roofline.h"
 
-static const char *const peak_names[KP_RL_PEAK_COUNT + 1] = { "fp32", "tf32", "fp16", "fp8", "-" };
+static const char *const peak_names[KP_ROOFLINE_PEAK_COUNT + 1] = { "fp32", "tf32", "fp16", "fp8",
+                                                                    "-" };
 
-const char *kp_rl_peak_name(enum kp_rl_peak p)
+const char *kp_roofline_peak_name(enum kp_roofline_peak p)
 {
-    return p <= KP_RL_NO_PEAK ? peak_names[p] : "?";
+    return p <= KP_ROOFLINE_NO_PEAK ? peak_names[p] : "?";
 }
 
 static void json_num(FILE *f, const char *key, double v, bool defined)
@@ -36,11 +37,11 @@ static const char *fig(char *buf, size_t len, double v, bool defined)
     return buf;
 }
 
-void kp_rl_write_parts(FILE *f, enum kp_rl_by by, const struct kp_rl_device *devs, size_t n_devs,
-                       const struct kp_rl_row *rows, size_t n_rows, int64_t run, int rank,
-                       enum kp_rl_format fmt, size_t top)
+void kp_roofline_write_parts(FILE *f, enum kp_roofline_by by, const struct kp_roofline_device *devs,
+                             size_t n_devs, const struct kp_roofline_row *rows, size_t n_rows,
+                             int64_t run, int rank, enum kp_roofline_format fmt, size_t top)
 {
-    kp_rl_write_parts_width(f, by, devs, n_devs, rows, n_rows, run, rank, fmt, top, 0);
+    kp_roofline_write_parts_width(f, by, devs, n_devs, rows, n_rows, run, rank, fmt, top, 0);
 }
 
 /* s, cut to width display columns (UTF-8 code points) with "…"; 0: whole. */
@@ -65,18 +66,19 @@ static void put_cut(FILE *f, const char *s, int width)
     fputs("\u2026", f);
 }
 
-void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_device *devs,
-                             size_t n_devs, const struct kp_rl_row *rows, size_t n_rows,
-                             int64_t run, int rank, enum kp_rl_format fmt, size_t top, int width)
+void kp_roofline_write_parts_width(FILE *f, enum kp_roofline_by by,
+                                   const struct kp_roofline_device *devs, size_t n_devs,
+                                   const struct kp_roofline_row *rows, size_t n_rows, int64_t run,
+                                   int rank, enum kp_roofline_format fmt, size_t top, int width)
 {
     size_t n = top && top < n_rows ? top : n_rows, n_above = 0;
     char b[9][32];
 
-    if (fmt == KP_RL_JSON) {
+    if (fmt == KP_ROOFLINE_JSON) {
         fprintf(f, "{\"run\": %" PRId64 ", \"rank\": %d, \"by\": \"%s\", \"devices\": [", run, rank,
-                by == KP_RL_BY_OP ? "op" : "kernel");
+                by == KP_ROOFLINE_BY_OP ? "op" : "kernel");
         for (size_t i = 0; i < n_devs; i++) {
-            const struct kp_rl_device *d = &devs[i];
+            const struct kp_roofline_device *d = &devs[i];
 
             fprintf(f, "%s{\"id\": %d, \"name\": ", i ? ", " : "", d->id);
             kp_json_fputs(f, d->name);
@@ -89,7 +91,7 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
             }
             fputs(", \"source\": ", f);
             kp_json_fputs(f, d->source);
-            for (int p = 0; p < KP_RL_PEAK_COUNT; p++) {
+            for (int p = 0; p < KP_ROOFLINE_PEAK_COUNT; p++) {
                 char key[40];
 
                 snprintf(key, sizeof(key), "peak_%s_flop_per_s", peak_names[p]);
@@ -101,11 +103,11 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
         }
         fputs("], \"rows\": [", f);
         for (size_t i = 0; i < n; i++) {
-            const struct kp_rl_row *g = &rows[i];
+            const struct kp_roofline_row *g = &rows[i];
 
             fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
             kp_json_fputs(f, g->name);
-            if (by == KP_RL_BY_OP) {
+            if (by == KP_ROOFLINE_BY_OP) {
                 fputs(", \"dir\": ", f);
                 kp_json_fputs(f, g->dir);
             }
@@ -135,12 +137,12 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
         fputs("]}\n", f);
         return;
     }
-    if (fmt == KP_RL_CSV) {
+    if (fmt == KP_ROOFLINE_CSV) {
         fprintf(f,
                 "name,%sdevice,peak,kernels,time_us,flops,bytes,flop_per_s,bytes_per_s,"
                 "intensity,peak_flop_per_s,compute_fraction,bandwidth_bytes_per_s,"
                 "bandwidth_fraction,above_peak\n",
-                by == KP_RL_BY_OP ? "dir," : "");
+                by == KP_ROOFLINE_BY_OP ? "dir," : "");
     }
     else {
         for (size_t i = 0; i < n_devs; i++) {
@@ -155,9 +157,9 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
                 "name");
     }
     for (size_t i = 0; i < n; i++) {
-        const struct kp_rl_row *g = &rows[i];
+        const struct kp_roofline_row *g = &rows[i];
 
-        if (fmt == KP_RL_CSV) {
+        if (fmt == KP_ROOFLINE_CSV) {
             fputc('"', f);
             for (const char *s = g->name; *s; s++) {
                 if (*s == '"') {
@@ -166,7 +168,7 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
                 fputc(*s, f);
             }
             fputc('"', f);
-            if (by == KP_RL_BY_OP) {
+            if (by == KP_ROOFLINE_BY_OP) {
                 fprintf(f, ",%s", g->dir);
             }
             fprintf(
@@ -195,7 +197,7 @@ void kp_rl_write_parts_width(FILE *f, enum kp_rl_by by, const struct kp_rl_devic
         fprintf(f, "%s%s\n", g->dir[0] ? " " : "", g->dir);
         n_above += g->above_peak[0] != '\0';
     }
-    if (fmt == KP_RL_TEXT && n_above > 0) {
+    if (fmt == KP_ROOFLINE_TEXT && n_above > 0) {
         fprintf(f,
                 "%zu row(s) above 100 %% of a peak (above_peak): the FLOP/byte model or the "
                 "device's peak is wrong for those kernels\n",

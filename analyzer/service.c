@@ -12,8 +12,8 @@
 
 #include <libpq-fe.h>
 
+#include "an.h"
 #include "export_rpc.h"
-#include "kp_analyzer.h"
 #include "kp_clock.h"
 #include "kp_daemon.h"
 #include "kp_err.h"

@@ -1,7 +1,7 @@
 /*
  * kprof-analyzer as an object (docs/design.md "Analysis"): the Analyzer gRPC service
  * (proto/kprof.proto), one unary method per view of view.h's table (Breakdown, Ops, ...,
- * Hta, Memory, Distributed), over the analyzer core (kp_analyzer.h), and the server-streaming
+ * Hta, Memory, Distributed), over the analyzer core (an.h), and the server-streaming
  * Export (export_rpc.h), which runs on threads of its own.
  * analyzer_main.c and the tests drive it through create/destroy.
  *

@@ -5,10 +5,9 @@
  * metrics) and knows no view by name; kprof-analyze (the offline mode) runs the same computes
  * in process.
  *
- * Adding a view: write analyzer/view_<name>.c with its key and compute functions and its
- * `const struct kp_view kp_view_<name>`, declare that here and list it in views.c's table, add
- * its request and reply messages and its rpc to proto/kprof.proto (every reply has `uint64
- * run_id` and `bool cached`), and add its kprofctl verb (kprofctl/<verb>.c).
+ * Adding a view (the steps, the files and the tests: docs/recipes.md "Adding an analysis
+ * view"): analyzer/view_<name>.c with its key and compute functions and its
+ * `const struct kp_view kp_view_<name>`, declared here and listed in views.c's table.
  *
  * Thread-safety: descriptors are constant; a compute runs on one worker with its own
  * PostgreSQL connection and touches nothing shared.
@@ -64,7 +63,7 @@ struct kp_view {
     const ProtobufCMessageDescriptor *request; /* its reply has run_id and cached */
     const ProtobufCMessageDescriptor *reply;
     bool whole_run; /* a view of every rank: its request has no rank */
-    bool load_rank; /* kp_an_load (run, rank) before the compute (ctx->an) */
+    bool load_rank; /* kp_an_create (run, rank) before the compute (ctx->an) */
     /* The request as a key: run, rank and options (key zeroed by the caller). Returns true, or
      * false with INVALID_ARGUMENT's details in err. max_rows is the service's budget. */
     bool (*key)(const ProtobufCMessage *req, size_t max_rows, struct kp_view_key *k, char *err,
@@ -99,6 +98,11 @@ bool kp_view_key_init(struct kp_view_key *k, uint64_t run, int32_t rank, bool wh
 /* kp_view_key_init for a per-rank view whose one option is a grouping (0 or 1), kept as an
  * int in k->opts; false with "group_by N is not a known grouping" otherwise. */
 bool kp_view_key_group_by(struct kp_view_key *k, uint64_t run, int32_t rank, int group_by,
+                          char *err, size_t len);
+
+/* The key function of a per-rank view whose request is (uint64 run_id, int32 rank, enum
+ * group_by), as Ops, Kernels and Roofline's are: kp_view_key_group_by over those fields. */
+bool kp_view_group_by_key(const ProtobufCMessage *req, size_t max_rows, struct kp_view_key *k,
                           char *err, size_t len);
 
 /* KP_VIEW_ONLY_RANK as the run's only rank in *rank. Returns 0; -EINVAL when the run has

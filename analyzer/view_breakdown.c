@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
+#include "an_recommend.h"
 #include "kp_pg.h"
 #include "kprof.pb-c.h"
-#include "recommend.h"
 #include "view.h"
 
 struct breakdown_opts {

@@ -1,5 +1,5 @@
 /* The Compare view (Analyzer.Compare): the cross-rank comparison of a whole run, or HTA's
- * straggler call (compare.h, compare_pb.h, view.h). It reads its own rows: no kp_an_load. */
+ * straggler call (compare.h, compare_pb.h, view.h). It reads its own rows: no kp_an_create. */
 #define KP_LOG_MODULE "analyzer"
 #include <errno.h>
 #include <inttypes.h>
@@ -20,7 +20,7 @@
 /* Compare's options: the comparison's (step, thresholds as fractions of the percentages
  * below, the row budget), or HTA's call (cmp_hta, the step and hta_k alone). */
 struct cmp_key {
-    struct kp_cmp_opts cmp;
+    struct kp_compare_opts cmp;
     double late_pct, excess_pct, step_pct;
     bool cmp_hta;
     int hta_k;
@@ -29,9 +29,9 @@ struct cmp_key {
 _Static_assert(sizeof(struct cmp_key) <= KP_VIEW_OPTS_BYTES, "Compare's options fit the key");
 
 struct compare_state {
-    struct kp_cmp_pb pb;
-    struct kp_cmp_result *res;
-    struct kp_cmp_hta *hta;
+    struct kp_compare_pb pb;
+    struct kp_compare_result *res;
+    struct kp_compare_hta *hta;
 };
 
 /* Compare's options into k (see struct cmp_key), the row budget the smaller of the request's
@@ -41,7 +41,7 @@ static bool parse_compare(const Kprof__V1__CompareRequest *r, size_t max_rows, s
 {
     const Kprof__V1__CompareThresholds *t = r->thresholds;
 
-    kp_cmp_opts_init(&k->cmp);
+    kp_compare_opts_init(&k->cmp);
     k->cmp.has_step = r->has_step;
     k->cmp.step = r->has_step ? r->step : 0;
     if (r->has_step && r->step < 0) {
@@ -53,9 +53,9 @@ static bool parse_compare(const Kprof__V1__CompareRequest *r, size_t max_rows, s
             snprintf(err, len, "save_offsets goes with kprof's own comparison, not hta");
             return false;
         }
-        if (r->hta_candidates > KP_CMP_MAX_RANKS) {
+        if (r->hta_candidates > KP_COMPARE_MAX_RANKS) {
             snprintf(err, len, "hta_candidates %u is over %d", (unsigned) r->hta_candidates,
-                     KP_CMP_MAX_RANKS);
+                     KP_COMPARE_MAX_RANKS);
             return false;
         }
         k->cmp_hta = true;
@@ -63,9 +63,9 @@ static bool parse_compare(const Kprof__V1__CompareRequest *r, size_t max_rows, s
         k->cmp.late_frac = k->cmp.excess_frac = k->cmp.step_frac = 0.0;
         return true;
     }
-    k->late_pct = t != NULL ? t->late_pct : 100.0 * KP_CMP_DEFAULT_LATE_FRAC;
-    k->excess_pct = t != NULL ? t->excess_pct : 100.0 * KP_CMP_DEFAULT_EXCESS_FRAC;
-    k->step_pct = t != NULL ? t->step_pct : 100.0 * KP_CMP_DEFAULT_STEP_FRAC;
+    k->late_pct = t != NULL ? t->late_pct : 100.0 * KP_COMPARE_DEFAULT_LATE_FRAC;
+    k->excess_pct = t != NULL ? t->excess_pct : 100.0 * KP_COMPARE_DEFAULT_EXCESS_FRAC;
+    k->step_pct = t != NULL ? t->step_pct : 100.0 * KP_COMPARE_DEFAULT_STEP_FRAC;
     /* written so that NaN fails too */
     if (!(k->late_pct >= 0.0 && k->late_pct <= 10000.0) ||
         !(k->excess_pct >= 0.0 && k->excess_pct <= 10000.0) ||
@@ -109,16 +109,16 @@ static void compare_free(void *p)
 {
     struct compare_state *s = p;
 
-    kp_cmp_pb_fini(&s->pb);
-    kp_cmp_result_destroy(s->res);
-    kp_cmp_hta_destroy(s->hta);
+    kp_compare_pb_fini(&s->pb);
+    kp_compare_result_destroy(s->res);
+    kp_compare_hta_destroy(s->hta);
     free(s);
 }
 
 /* Compares the ranks of the run (or makes HTA's call) in one snapshot. With save_offsets, the
  * snapshot is a read-write transaction that also writes the clock offsets, committed before
  * the answer; a failed write is INTERNAL, or UNAVAILABLE when the connection broke (ctx->status).
- * Returns as kp_cmp_run (-EINVAL, KP_ENOTFOUND, KP_EPG, KP_ETOOBIG, -ENOMEM). */
+ * Returns as kp_compare_result_create (-EINVAL, KP_ENOTFOUND, KP_EPG, KP_ETOOBIG, -ENOMEM). */
 static int compare_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
 {
     const Kprof__V1__CompareRequest *req = (const Kprof__V1__CompareRequest *) c->req;
@@ -146,18 +146,19 @@ static int compare_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
     }
     in_tx = true;
     if (k->cmp_hta) {
-        rc = kp_cmp_hta(pg, (int64_t) c->key->run, k->cmp.has_step, k->cmp.step, k->hta_k, &s->hta,
-                        err, errlen);
-        rc = rc != 0 ? rc : kp_cmp_pb_init_hta(&s->pb, s->hta, k->hta_k);
+        rc = kp_compare_hta_create(pg, (int64_t) c->key->run, k->cmp.has_step, k->cmp.step,
+                                   k->hta_k, &s->hta, err, errlen);
+        rc = rc != 0 ? rc : kp_compare_pb_init_hta(&s->pb, s->hta, k->hta_k);
         goto built;
     }
-    if ((rc = kp_cmp_run(pg, (int64_t) c->key->run, &k->cmp, &s->res, err, errlen)) != 0) {
+    if ((rc = kp_compare_result_create(pg, (int64_t) c->key->run, &k->cmp, &s->res, err, errlen)) !=
+        0) {
         goto out;
     }
     if (save) {
         char why[512];
 
-        if (kp_cmp_save_offsets(pg, s->res, &n_saved, why, sizeof(why)) != 0 ||
+        if (kp_compare_save_offsets(pg, s->res, &n_saved, why, sizeof(why)) != 0 ||
             kp_pg_exec(pg, "COMMIT", why, sizeof(why)) != 0) {
             bool broken = PQstatus(pg) != CONNECTION_OK;
 
@@ -170,7 +171,7 @@ static int compare_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
         }
         in_tx = false;
     }
-    rc = kp_cmp_pb_init(&s->pb, s->res);
+    rc = kp_compare_pb_init(&s->pb, s->res);
     s->pb.thresholds.late_pct = k->late_pct;
     s->pb.thresholds.excess_pct = k->excess_pct;
     s->pb.thresholds.step_pct = k->step_pct;

@@ -1,5 +1,5 @@
 /* The Counters view (Analyzer.Counters): CUPTI counter values per kernel of one rank with the
- * op stack and FLOPs (counters.h, view.h). It reads its own rows: no kp_an_load. */
+ * op stack and FLOPs (counters.h, view.h). It reads its own rows: no kp_an_create. */
 #include <errno.h>
 #include <stdlib.h>
 
@@ -10,7 +10,7 @@
 
 struct counters_state {
     Kprof__V1__CountersResponse m;
-    struct kp_ctr *ctr;
+    struct kp_counters *ctr;
     void *rows, *ptrs;
 };
 
@@ -24,9 +24,9 @@ static bool counters_key(const ProtobufCMessage *req, size_t max_rows, struct kp
 }
 
 /* The counters table of the rank, read in one snapshot (its queries see the same rows).
- * Returns as kp_ctr_build. */
+ * Returns as kp_counters_create. */
 static int build_counters(PGconn *pg, const struct kp_view_key *k, size_t max_rows,
-                          struct kp_ctr **out, char *err, size_t len)
+                          struct kp_counters **out, char *err, size_t len)
 {
     char ignored[256];
     int rc;
@@ -34,7 +34,7 @@ static int build_counters(PGconn *pg, const struct kp_view_key *k, size_t max_ro
     if ((rc = kp_pg_exec(pg, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", err, len)) != 0) {
         return rc;
     }
-    rc = kp_ctr_build(pg, (int64_t) k->run, (int) k->rank, max_rows, out, err, len);
+    rc = kp_counters_create(pg, (int64_t) k->run, (int) k->rank, max_rows, out, err, len);
     /* A failed COMMIT or ROLLBACK leaves a broken connection, which pg_get replaces. */
     (void) kp_pg_exec(pg, rc == 0 ? "COMMIT" : "ROLLBACK", ignored, sizeof(ignored));
     return rc;
@@ -42,12 +42,12 @@ static int build_counters(PGconn *pg, const struct kp_view_key *k, size_t max_ro
 
 /* The counters table as a CountersResponse into *m, pointing into t and the arrays (freed by
  * the caller). Returns 0 or -ENOMEM. */
-static int fill_counters(Kprof__V1__CountersResponse *m, const struct kp_ctr *t, void **rows_out,
-                         void **ptrs_out)
+static int fill_counters(Kprof__V1__CountersResponse *m, const struct kp_counters *t,
+                         void **rows_out, void **ptrs_out)
 {
     size_t n, nm;
-    const struct kp_ctr_row *r = kp_ctr_rows(t, &n);
-    const char *const *metrics = kp_ctr_metrics(t, &nm);
+    const struct kp_counters_row *r = kp_counters_rows(t, &n);
+    const char *const *metrics = kp_counters_metrics(t, &nm);
     Kprof__V1__CountersRow *rows, **ptrs;
 
     rows = *rows_out = calloc(n ? n : 1, sizeof(*rows));
@@ -71,9 +71,9 @@ static int fill_counters(Kprof__V1__CountersResponse *m, const struct kp_ctr *t,
         o->n_values = nm;
         o->values = r[i].values;
         o->flops = r[i].flops;
-        o->flops_fp64 = r[i].flops_prec[KP_CTR_FP64];
-        o->flops_fp32 = r[i].flops_prec[KP_CTR_FP32];
-        o->flops_fp16 = r[i].flops_prec[KP_CTR_FP16];
+        o->flops_fp64 = r[i].flops_prec[KP_COUNTERS_FP64];
+        o->flops_fp32 = r[i].flops_prec[KP_COUNTERS_FP32];
+        o->flops_fp16 = r[i].flops_prec[KP_COUNTERS_FP16];
         o->flops_per_s = r[i].flops_per_s;
         ptrs[i] = o;
     }
@@ -81,7 +81,7 @@ static int fill_counters(Kprof__V1__CountersResponse *m, const struct kp_ctr *t,
     m->metrics = (char **) metrics;
     m->n_rows = n;
     m->rows = ptrs;
-    m->message = (char *) (kp_ctr_message(t) != NULL ? kp_ctr_message(t) : "");
+    m->message = (char *) (kp_counters_message(t) != NULL ? kp_counters_message(t) : "");
     return 0;
 }
 
@@ -89,7 +89,7 @@ static void counters_free(void *p)
 {
     struct counters_state *s = p;
 
-    kp_ctr_destroy(s->ctr);
+    kp_counters_destroy(s->ctr);
     free(s->rows);
     free(s->ptrs);
     free(s);

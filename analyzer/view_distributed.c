@@ -11,7 +11,7 @@
 
 struct dist_state {
     Kprof__V1__DistributedResponse m;
-    struct kp_dist *d;
+    struct kp_distributed *d;
     Kprof__V1__DistributedRank *ranks, **rank_ptrs;
     Kprof__V1__DistributedWait *waits, **wait_ptrs;
     Kprof__V1__DistributedOp *ops, **op_ptrs;
@@ -30,7 +30,7 @@ static void dist_free(void *p)
 {
     struct dist_state *s = p;
 
-    kp_dist_destroy(s->d);
+    kp_distributed_destroy(s->d);
     free(s->ranks);
     free(s->rank_ptrs);
     free(s->waits);
@@ -43,14 +43,14 @@ static void dist_free(void *p)
 static int dist_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
 {
     struct dist_state *s = calloc(1, sizeof(*s));
-    const struct kp_dist *d;
+    const struct kp_distributed *d;
     size_t n_wait = 0, n_ops = 0, w = 0, o = 0;
     int rc;
 
     if (s == NULL) {
         return -ENOMEM;
     }
-    rc = kp_dist_build(c->pg, (int64_t) c->key->run, c->max_rows, &s->d, c->err, c->errlen);
+    rc = kp_distributed_create(c->pg, (int64_t) c->key->run, c->max_rows, &s->d, c->err, c->errlen);
     if (rc != 0) {
         dist_free(s);
         return rc;
@@ -72,7 +72,7 @@ static int dist_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
     }
     kprof__v1__distributed_response__init(&s->m);
     for (size_t i = 0; i < d->n_ranks; i++) {
-        const struct kp_dist_rank *r = &d->ranks[i];
+        const struct kp_distributed_rank *r = &d->ranks[i];
         Kprof__V1__DistributedRank *x = &s->ranks[i];
 
         kprof__v1__distributed_rank__init(x);

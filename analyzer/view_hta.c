@@ -1,6 +1,6 @@
 /* The Hta view (Analyzer.Hta): one of HTA's per-rank analyses (hta.h, view.h), the one the
- * request names; kp_hta_load computes them all, the reply carries that one. It reads its own
- * rows: no kp_an_load. A rank without GPU events is NOT_FOUND (HTA has nothing to analyze). */
+ * request names; kp_hta_create computes them all, the reply carries that one. It reads its own
+ * rows: no kp_an_create. A rank without GPU events is NOT_FOUND (HTA has nothing to analyze). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +102,18 @@ static void *alloc2(struct hta_state *s, size_t n, size_t sz, void ***ptrs)
     s->a[i + 1] = calloc(n ? n : 1, sizeof(void *));
     *ptrs = s->a[i + 1];
     return s->a[i] != NULL && s->a[i + 1] != NULL ? s->a[i] : NULL;
+}
+
+/* n rows of sz bytes (their pointers in *ptrs) and n HtaStats for them (in *stats); NULL when
+ * out of memory. */
+static void *alloc_with_stats(struct hta_state *s, size_t n, size_t sz, void ***ptrs,
+                              Kprof__V1__HtaStats **stats)
+{
+    void **dummy;
+    void *rows = alloc2(s, n, sz, ptrs);
+
+    *stats = rows != NULL ? alloc2(s, n, sizeof(**stats), &dummy) : NULL;
+    return *stats != NULL ? rows : NULL;
 }
 
 static int fill_idle(struct hta_state *s)
@@ -230,11 +242,8 @@ static int fill_queue(struct hta_state *s)
     const struct kp_hta_queue_stream *q = kp_hta_queue(s->h, &n);
     Kprof__V1__HtaQueueStream *rows, **ptrs;
     Kprof__V1__HtaStats *stats;
-    void **dummy;
 
-    rows = alloc2(s, n, sizeof(*rows), (void ***) &ptrs);
-    stats = rows != NULL ? alloc2(s, n, sizeof(*stats), &dummy) : NULL;
-    if (stats == NULL) {
+    if ((rows = alloc_with_stats(s, n, sizeof(*rows), (void ***) &ptrs, &stats)) == NULL) {
         return -ENOMEM;
     }
     for (size_t i = 0; i < n; i++) {
@@ -258,11 +267,8 @@ static int fill_membw(struct hta_state *s)
     const struct kp_hta_membw_row *m = kp_hta_membw(s->h, &n);
     Kprof__V1__HtaMembwRow *rows, **ptrs;
     Kprof__V1__HtaStats *stats;
-    void **dummy;
 
-    rows = alloc2(s, n, sizeof(*rows), (void ***) &ptrs);
-    stats = rows != NULL ? alloc2(s, n, sizeof(*stats), &dummy) : NULL;
-    if (stats == NULL) {
+    if ((rows = alloc_with_stats(s, n, sizeof(*rows), (void ***) &ptrs, &stats)) == NULL) {
         return -ENOMEM;
     }
     for (size_t i = 0; i < n; i++) {
@@ -295,7 +301,7 @@ static int hta_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
     ho.exact_ns = o.exact_ns;
     ho.include_last_step = o.include_last_step;
     ho.consecutive_kernel_delay_ns = o.delay_ns;
-    rc = kp_hta_load(c->pg, (int64_t) k->run, (int) k->rank, &ho, &s->h, c->err, c->errlen);
+    rc = kp_hta_create(c->pg, (int64_t) k->run, (int) k->rank, &ho, &s->h, c->err, c->errlen);
     if (rc == -ENODATA) {
         c->status = GRPC_STATUS_NOT_FOUND;
         goto fail;

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 #include "kprof.pb-c.h"
 #include "view.h"
 
@@ -19,15 +19,6 @@ struct kernels_state {
     Kprof__V1__TensorCoreGpu tcg[KP_AN_MAX_GPUS], *tcg_ptrs[KP_AN_MAX_GPUS];
     Kprof__V1__KernelRow *rows, **ptrs;
 };
-
-static bool kernels_key(const ProtobufCMessage *req, size_t max_rows, struct kp_view_key *k,
-                        char *err, size_t len)
-{
-    const Kprof__V1__KernelsRequest *r = (const Kprof__V1__KernelsRequest *) req;
-
-    (void) max_rows;
-    return kp_view_key_group_by(k, r->run_id, r->rank, (int) r->group_by, err, len);
-}
 
 static void kernels_free(void *p)
 {
@@ -116,6 +107,6 @@ const struct kp_view kp_view_kernels = {
     .request = &kprof__v1__kernels_request__descriptor,
     .reply = &kprof__v1__kernels_response__descriptor,
     .load_rank = true,
-    .key = kernels_key,
+    .key = kp_view_group_by_key,
     .compute = kernels_compute,
 };

@@ -1,11 +1,11 @@
 /* The Memory view (Analyzer.Memory): the memory view's per-operator allocation statistics of
- * one rank per device (kp_analyzer.h kp_an_memory, view.h). */
+ * one rank per device (an.h kp_an_memory, view.h). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 #include "kprof.pb-c.h"
 #include "view.h"
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 #include "kprof.pb-c.h"
 #include "view.h"
 
@@ -17,15 +17,6 @@ struct ops_state {
     Kprof__V1__OpsResponse m;
     Kprof__V1__OpRow *rows, **ptrs;
 };
-
-static bool ops_key(const ProtobufCMessage *req, size_t max_rows, struct kp_view_key *k, char *err,
-                    size_t len)
-{
-    const Kprof__V1__OpsRequest *r = (const Kprof__V1__OpsRequest *) req;
-
-    (void) max_rows;
-    return kp_view_key_group_by(k, r->run_id, r->rank, (int) r->group_by, err, len);
-}
 
 static void ops_free(void *p)
 {
@@ -93,6 +84,6 @@ const struct kp_view kp_view_ops = {
     .request = &kprof__v1__ops_request__descriptor,
     .reply = &kprof__v1__ops_response__descriptor,
     .load_rank = true,
-    .key = ops_key,
+    .key = kp_view_group_by_key,
     .compute = ops_compute,
 };

@@ -8,7 +8,7 @@
 
 struct prof_state {
     Kprof__V1__ProfResponse m;
-    struct kp_prof *prof;
+    struct kp_pyprof *prof;
     void *rows, *ptrs;
 };
 
@@ -23,11 +23,11 @@ static bool prof_key(const ProtobufCMessage *req, size_t max_rows, struct kp_vie
 
 /* PyProf's table of the rank as a ProfResponse into *m; the rows point into p and arrays
  * (freed by the caller). Returns 0 or -ENOMEM. */
-static int fill_prof(Kprof__V1__ProfResponse *m, const struct kp_prof *p, void **rows_out,
+static int fill_prof(Kprof__V1__ProfResponse *m, const struct kp_pyprof *p, void **rows_out,
                      void **ptrs_out)
 {
     size_t n;
-    const struct kp_prof_row *r = kp_prof_rows(p, &n);
+    const struct kp_pyprof_row *r = kp_pyprof_rows(p, &n);
     Kprof__V1__ProfRow *rows, **ptrs;
 
     rows = *rows_out = calloc(n ? n : 1, sizeof(*rows));
@@ -72,7 +72,7 @@ static void prof_free(void *p)
 {
     struct prof_state *s = p;
 
-    kp_prof_destroy(s->prof);
+    kp_pyprof_destroy(s->prof);
     free(s->rows);
     free(s->ptrs);
     free(s);
@@ -88,8 +88,8 @@ static int prof_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
         return -ENOMEM;
     }
     kprof__v1__prof_response__init(&s->m);
-    rc = kp_prof_build(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows, &s->prof, c->err,
-                       c->errlen);
+    rc = kp_pyprof_create(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows, &s->prof, c->err,
+                          c->errlen);
     if (rc == 0) {
         rc = fill_prof(&s->m, s->prof, &s->rows, &s->ptrs);
     }

@@ -15,27 +15,18 @@ struct roofline_opts {
 
 struct roofline_state {
     Kprof__V1__RooflineResponse m;
-    struct kp_rl *rl;
+    struct kp_roofline *rl;
     void *devs, *dptrs, *rows, *ptrs;
 };
 
-static bool roofline_key(const ProtobufCMessage *req, size_t max_rows, struct kp_view_key *k,
-                         char *err, size_t len)
-{
-    const Kprof__V1__RooflineRequest *r = (const Kprof__V1__RooflineRequest *) req;
-
-    (void) max_rows;
-    return kp_view_key_group_by(k, r->run_id, r->rank, (int) r->group_by, err, len);
-}
-
 /* The roofline as a RooflineResponse into *m, pointing into rl and the arrays (freed by the
  * caller). Returns 0 or -ENOMEM. */
-static int fill_roofline(Kprof__V1__RooflineResponse *m, const struct kp_rl *rl, void **devs_out,
-                         void **dptrs_out, void **rows_out, void **ptrs_out)
+static int fill_roofline(Kprof__V1__RooflineResponse *m, const struct kp_roofline *rl,
+                         void **devs_out, void **dptrs_out, void **rows_out, void **ptrs_out)
 {
     size_t nd, n;
-    const struct kp_rl_device *d = kp_rl_devices(rl, &nd);
-    const struct kp_rl_row *r = kp_rl_rows(rl, &n);
+    const struct kp_roofline_device *d = kp_roofline_devices(rl, &nd);
+    const struct kp_roofline_row *r = kp_roofline_rows(rl, &n);
     Kprof__V1__RooflineDevice *devs, **dptrs;
     Kprof__V1__RooflineRow *rows, **ptrs;
 
@@ -54,10 +45,10 @@ static int fill_roofline(Kprof__V1__RooflineResponse *m, const struct kp_rl *rl,
         o->name = (char *) d[i].name;
         o->entry = (char *) d[i].entry;
         o->source = (char *) d[i].source;
-        o->peak_fp32_flop_per_s = d[i].peak_flop_per_s[KP_RL_FP32];
-        o->peak_tf32_flop_per_s = d[i].peak_flop_per_s[KP_RL_TF32_TC];
-        o->peak_fp16_flop_per_s = d[i].peak_flop_per_s[KP_RL_FP16_TC];
-        o->peak_fp8_flop_per_s = d[i].peak_flop_per_s[KP_RL_FP8_TC];
+        o->peak_fp32_flop_per_s = d[i].peak_flop_per_s[KP_ROOFLINE_FP32];
+        o->peak_tf32_flop_per_s = d[i].peak_flop_per_s[KP_ROOFLINE_TF32_TC];
+        o->peak_fp16_flop_per_s = d[i].peak_flop_per_s[KP_ROOFLINE_FP16_TC];
+        o->peak_fp8_flop_per_s = d[i].peak_flop_per_s[KP_ROOFLINE_FP8_TC];
         o->bandwidth_bytes_per_s = d[i].bandwidth_bytes_per_s;
         dptrs[i] = o;
     }
@@ -101,7 +92,7 @@ static void roofline_free(void *p)
 {
     struct roofline_state *s = p;
 
-    kp_rl_destroy(s->rl);
+    kp_roofline_destroy(s->rl);
     free(s->devs);
     free(s->dptrs);
     free(s->rows);
@@ -121,8 +112,9 @@ static int roofline_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
         return -ENOMEM;
     }
     kprof__v1__roofline_response__init(&s->m);
-    rc = kp_rl_build(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows,
-                     o.group_by == 1 ? KP_RL_BY_OP : KP_RL_BY_KERNEL, &s->rl, c->err, c->errlen);
+    rc = kp_roofline_create(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows,
+                            o.group_by == 1 ? KP_ROOFLINE_BY_OP : KP_ROOFLINE_BY_KERNEL, &s->rl,
+                            c->err, c->errlen);
     if (rc == 0) {
         rc = fill_roofline(&s->m, s->rl, &s->devs, &s->dptrs, &s->rows, &s->ptrs);
     }
@@ -145,6 +137,6 @@ const struct kp_view kp_view_roofline = {
     .request = &kprof__v1__roofline_request__descriptor,
     .reply = &kprof__v1__roofline_response__descriptor,
     .load_rank = true,
-    .key = roofline_key,
+    .key = kp_view_group_by_key,
     .compute = roofline_compute,
 };

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 #include "kp_err.h"
 #include "kp_log.h"
 #include "kp_pg.h"
@@ -60,6 +60,29 @@ bool kp_view_key_group_by(struct kp_view_key *k, uint64_t run, int32_t rank, int
     }
     memcpy(k->opts, &group_by, sizeof(group_by));
     return true;
+}
+
+bool kp_view_group_by_key(const ProtobufCMessage *req, size_t max_rows, struct kp_view_key *k,
+                          char *err, size_t len)
+{
+    const ProtobufCMessageDescriptor *d = req->descriptor;
+    const ProtobufCFieldDescriptor *run =
+        protobuf_c_message_descriptor_get_field_by_name(d, "run_id");
+    const ProtobufCFieldDescriptor *rank =
+        protobuf_c_message_descriptor_get_field_by_name(d, "rank");
+    const ProtobufCFieldDescriptor *group =
+        protobuf_c_message_descriptor_get_field_by_name(d, "group_by");
+    const char *m = (const char *) req;
+
+    (void) max_rows;
+    if (run == NULL || rank == NULL || group == NULL || run->type != PROTOBUF_C_TYPE_UINT64 ||
+        rank->type != PROTOBUF_C_TYPE_INT32 || group->type != PROTOBUF_C_TYPE_ENUM) {
+        snprintf(err, len, "%s has no run_id, rank and group_by", d->name);
+        return false;
+    }
+    return kp_view_key_group_by(k, *(const uint64_t *) (m + run->offset),
+                                *(const int32_t *) (m + rank->offset),
+                                *(const int *) (m + group->offset), err, len);
 }
 
 int kp_view_resolve_rank(PGconn *pg, uint64_t run, int32_t *rank, char *err, size_t len)
@@ -162,7 +185,7 @@ int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage 
     memset(out, 0, sizeof(*out));
     err[0] = '\0';
     if (v->load_rank &&
-        (rc = kp_an_load(pg, (int64_t) k->run, (int) k->rank, max_rows, an, err, len)) != 0) {
+        (rc = kp_an_create(pg, (int64_t) k->run, (int) k->rank, max_rows, an, err, len)) != 0) {
         *code = kp_view_status(v, k, rc, err, len);
         return rc;
     }

@@ -269,17 +269,7 @@ static void reap_open_runs(struct kp_control *c, PGconn *pg, long long now)
         return;
     }
     kp_strbuf_init(&q, 256);
-    if (kp_strbuf_append_str(&q, "{") != 0) {
-        kp_strbuf_fini(&q);
-        return;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (kp_strbuf_appendf(&q, "%s%" PRIu64, i ? "," : "", live[i]) != 0) {
-            kp_strbuf_fini(&q);
-            return;
-        }
-    }
-    if (kp_strbuf_append_str(&q, "}") != 0) {
+    if (kp_pg_array_i64s(&q, (const int64_t *) live, n) != 0) {
         kp_strbuf_fini(&q);
         return;
     }

@@ -211,59 +211,19 @@ static void miss_reset(struct kp_sink *s)
     s->n_miss = 0;
 }
 
-/* --- array literals for unnest() parameters --- */
+/* --- array literals for unnest() parameters (kp_pg_array_*) --- */
 
+/* Empties b and opens its array. */
 static int arr_open(struct kp_strbuf *b)
 {
     kp_strbuf_reset(b);
-    return kp_strbuf_putc(b, '{');
-}
-
-static int arr_close(struct kp_strbuf *b)
-{
-    return kp_strbuf_putc(b, '}');
-}
-
-static int arr_i64(struct kp_strbuf *b, int64_t v)
-{
-    char tmp[24];
-    int n = snprintf(tmp, sizeof(tmp), "%s%" PRId64, b->len > 1 ? "," : "", v);
-
-    return kp_strbuf_append(b, tmp, (size_t) n);
-}
-
-static int arr_null(struct kp_strbuf *b)
-{
-    return kp_strbuf_append_str(b, b->len > 1 ? ",NULL" : "NULL");
+    return kp_pg_array_open(b);
 }
 
 /* Appends v, or NULL when v is 0 (proto3's "not set"). */
 static int arr_i64_or_null(struct kp_strbuf *b, int64_t v)
 {
-    return v == 0 ? arr_null(b) : arr_i64(b, v);
-}
-
-/* Appends s as a quoted element: " and \ get a backslash. */
-static int arr_text(struct kp_strbuf *b, const char *s)
-{
-    int rc = 0;
-
-    if (b->len > 1) {
-        rc |= kp_strbuf_putc(b, ',');
-    }
-    rc |= kp_strbuf_putc(b, '"');
-    while (*s != '\0') {
-        size_t n = strcspn(s, "\"\\");
-
-        rc |= kp_strbuf_append(b, s, n);
-        s += n;
-        if (*s != '\0') {
-            rc |= kp_strbuf_putc(b, '\\');
-            rc |= kp_strbuf_putc(b, *s++);
-        }
-    }
-    rc |= kp_strbuf_putc(b, '"');
-    return rc;
+    return v == 0 ? kp_pg_array_null(b) : kp_pg_array_i64(b, v);
 }
 
 /* --- settling --- */
@@ -358,11 +318,11 @@ static int check_runs(struct kp_sink *s, size_t lo, size_t hi)
 
         if (s->state[i] == ST_PENDING && b->run_id > 0 && b->run_id <= INT32_MAX &&
             run_slot(s, (int32_t) b->run_id)->run_id != (int32_t) b->run_id) {
-            rc |= arr_i64(ids, (int64_t) b->run_id);
+            rc |= kp_pg_array_i64(ids, (int64_t) b->run_id);
             any = true;
         }
     }
-    if ((rc |= arr_close(ids)) != 0) {
+    if ((rc |= kp_pg_array_close(ids)) != 0) {
         return -ENOMEM;
     }
     if (any) {
@@ -427,9 +387,9 @@ static int insert_names(struct kp_sink *s, size_t from, size_t n)
     int rc = arr_open(lit);
 
     for (size_t i = from; i < from + n; i++) {
-        rc |= arr_text(lit, s->sorted[i]);
+        rc |= kp_pg_array_text(lit, s->sorted[i]);
     }
-    if ((rc |= arr_close(lit)) != 0) {
+    if ((rc |= kp_pg_array_close(lit)) != 0) {
         return -ENOMEM;
     }
     params[0] = lit->data;
@@ -602,15 +562,16 @@ static long insert_keys(struct kp_sink *s, size_t lo, size_t hi)
             continue;
         }
         s->keys[u++] = s->keys[k];
-        rc |= arr_i64(&a[0], s->keys[k].run);
-        rc |= arr_i64(&a[1], s->keys[k].rank);
-        rc |= arr_i64(&a[2], s->keys[k].stream);
-        rc |= arr_i64(&a[3], s->keys[k].seq);
-        rc |= arr_i64(&a[4], (int64_t) kp_batch_total_rows(s->items[s->keys[k].idx]->batch));
+        rc |= kp_pg_array_i64(&a[0], s->keys[k].run);
+        rc |= kp_pg_array_i64(&a[1], s->keys[k].rank);
+        rc |= kp_pg_array_i64(&a[2], s->keys[k].stream);
+        rc |= kp_pg_array_i64(&a[3], s->keys[k].seq);
+        rc |=
+            kp_pg_array_i64(&a[4], (int64_t) kp_batch_total_rows(s->items[s->keys[k].idx]->batch));
         s->state[s->keys[k].idx] = ST_DUP; /* until the INSERT says it is new */
     }
     for (int p = 0; p < 5; p++) {
-        rc |= arr_close(&a[p]);
+        rc |= kp_pg_array_close(&a[p]);
         params[p] = a[p].data;
     }
     if (rc != 0) {
@@ -773,47 +734,50 @@ static int upsert_ranks(struct kp_sink *s, size_t lo, size_t hi)
                 info = b->rank_info; /* the latest wins */
             }
         }
-        rc |= arr_i64(&a[0], s->keys[g].run);
-        rc |= arr_i64(&a[1], s->keys[g].rank);
+        rc |= kp_pg_array_i64(&a[0], s->keys[g].run);
+        rc |= kp_pg_array_i64(&a[1], s->keys[g].rank);
         if (info != NULL) {
-            rc |= arr_text(&a[2], info->job);
-            rc |= info->host[0] != '\0' ? arr_text(&a[3], info->host) : arr_null(&a[3]);
+            rc |= kp_pg_array_text(&a[2], info->job);
+            rc |= info->host[0] != '\0' ? kp_pg_array_text(&a[3], info->host)
+                                        : kp_pg_array_null(&a[3]);
             rc |= arr_i64_or_null(&a[4], info->pid);
-            rc |= arr_i64(&a[5], info->local_rank);
-            rc |= info->device >= 0 && info->device <= INT16_MAX ? arr_i64(&a[6], info->device)
-                                                                 : arr_null(&a[6]);
-            rc |= arr_i64(&a[7], info->clock_offset_ns);
+            rc |= kp_pg_array_i64(&a[5], info->local_rank);
+            rc |= info->device >= 0 && info->device <= INT16_MAX
+                      ? kp_pg_array_i64(&a[6], info->device)
+                      : kp_pg_array_null(&a[6]);
+            rc |= kp_pg_array_i64(&a[7], info->clock_offset_ns);
             /* the profiler's span: NULL when not known (both 0) */
-            rc |= info->profiler_end_ns > 0 ? arr_i64(&a[13], info->profiler_start_ns)
-                                            : arr_null(&a[13]);
-            rc |= info->profiler_end_ns > 0 ? arr_i64(&a[14], info->profiler_end_ns)
-                                            : arr_null(&a[14]);
+            rc |= info->profiler_end_ns > 0 ? kp_pg_array_i64(&a[13], info->profiler_start_ns)
+                                            : kp_pg_array_null(&a[13]);
+            rc |= info->profiler_end_ns > 0 ? kp_pg_array_i64(&a[14], info->profiler_end_ns)
+                                            : kp_pg_array_null(&a[14]);
             /* the trace's time base: NULL when absolute (0) */
-            rc |= info->time_base_ns != 0 ? arr_i64(&a[15], info->time_base_ns) : arr_null(&a[15]);
+            rc |= info->time_base_ns != 0 ? kp_pg_array_i64(&a[15], info->time_base_ns)
+                                          : kp_pg_array_null(&a[15]);
             /* an imported trace's distributedInfo (JSON text); NULL: none */
             rc |= info->distributed_info != NULL && info->distributed_info[0] != '\0'
-                      ? arr_text(&a[16], info->distributed_info)
-                      : arr_null(&a[16]);
+                      ? kp_pg_array_text(&a[16], info->distributed_info)
+                      : kp_pg_array_null(&a[16]);
         }
         else {
             for (int p = 2; p <= 6; p++) {
-                rc |= arr_null(&a[p]);
+                rc |= kp_pg_array_null(&a[p]);
             }
-            rc |= arr_i64(&a[7], 0);
-            rc |= arr_null(&a[13]);
-            rc |= arr_null(&a[14]);
-            rc |= arr_null(&a[15]);
-            rc |= arr_null(&a[16]);
+            rc |= kp_pg_array_i64(&a[7], 0);
+            rc |= kp_pg_array_null(&a[13]);
+            rc |= kp_pg_array_null(&a[14]);
+            rc |= kp_pg_array_null(&a[15]);
+            rc |= kp_pg_array_null(&a[16]);
         }
-        rc |= arr_i64(&a[8], batches);
-        rc |= arr_i64(&a[9], records);
-        rc |= arr_i64(&a[10], dropped);
-        rc |= arr_i64(&a[11], cupti);
-        rc |= arr_i64(&a[12], overhead);
+        rc |= kp_pg_array_i64(&a[8], batches);
+        rc |= kp_pg_array_i64(&a[9], records);
+        rc |= kp_pg_array_i64(&a[10], dropped);
+        rc |= kp_pg_array_i64(&a[11], cupti);
+        rc |= kp_pg_array_i64(&a[12], overhead);
         g = e;
     }
     for (int p = 0; p < 17; p++) {
-        rc |= arr_close(&a[p]);
+        rc |= kp_pg_array_close(&a[p]);
         params[p] = a[p].data;
     }
     if (rc != 0) {
@@ -915,10 +879,10 @@ static int upsert_devices(struct kp_sink *s, size_t lo, size_t hi)
             continue; /* a later one of the same device follows */
         }
         d = s->items[r->idx]->batch->devices[r->d];
-        rc |= arr_i64(&a[0], r->run);
-        rc |= arr_i64(&a[1], r->rank);
-        rc |= arr_i64(&a[2], r->dev);
-        rc |= arr_text(&a[3], d->name);
+        rc |= kp_pg_array_i64(&a[0], r->run);
+        rc |= kp_pg_array_i64(&a[1], r->rank);
+        rc |= kp_pg_array_i64(&a[2], r->dev);
+        rc |= kp_pg_array_text(&a[3], d->name);
         rc |= arr_i64_or_null(&a[4], (int64_t) d->global_memory_bytes);
         rc |= arr_i64_or_null(&a[5], (int64_t) d->memory_bandwidth_bytes_per_s);
         rc |= arr_i64_or_null(&a[6], d->sm_count);
@@ -932,11 +896,11 @@ static int upsert_devices(struct kp_sink *s, size_t lo, size_t hi)
         rc |= arr_i64_or_null(&a[14], d->smem_per_block);
         rc |= arr_i64_or_null(&a[15], d->warp_size);
         /* 0 is a real minor version (8.0); both are unset only together. */
-        rc |= d->cc_major == 0 ? arr_null(&a[16]) : arr_i64(&a[16], d->cc_major);
-        rc |= d->cc_major == 0 ? arr_null(&a[17]) : arr_i64(&a[17], d->cc_minor);
+        rc |= d->cc_major == 0 ? kp_pg_array_null(&a[16]) : kp_pg_array_i64(&a[16], d->cc_major);
+        rc |= d->cc_major == 0 ? kp_pg_array_null(&a[17]) : kp_pg_array_i64(&a[17], d->cc_minor);
     }
     for (int p = 0; p < 18; p++) {
-        rc |= arr_close(&a[p]);
+        rc |= kp_pg_array_close(&a[p]);
         params[p] = a[p].data;
     }
     if (rc != 0) {

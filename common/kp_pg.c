@@ -2,6 +2,7 @@
 #include "kp_pg.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include "kp_err.h"
 #include "kp_log.h"
 #include "kp_migrations.h"
+#include "kp_strbuf.h"
 
 /* Largest buffer handed to PQputCopyData at once (its length is an int). */
 #define KP_PG_COPY_CHUNK (1u << 20)
@@ -511,4 +513,74 @@ bool kp_pg_conn_lost(const PGconn *c)
 const char *kp_pg_last_sqlstate(void)
 {
     return last_state;
+}
+
+/* --- array literals --- */
+
+/* The comma before an element that is not the array's first: the open '{' is the last byte
+ * only before the first element. */
+static int array_sep(struct kp_strbuf *sb)
+{
+    return sb->len > 0 && sb->data[sb->len - 1] == '{' ? 0 : kp_strbuf_putc(sb, ',');
+}
+
+int kp_pg_array_open(struct kp_strbuf *sb)
+{
+    return kp_strbuf_putc(sb, '{');
+}
+
+int kp_pg_array_close(struct kp_strbuf *sb)
+{
+    return kp_strbuf_putc(sb, '}');
+}
+
+int kp_pg_array_i64(struct kp_strbuf *sb, int64_t v)
+{
+    char tmp[24];
+    int n = snprintf(tmp, sizeof(tmp), "%" PRId64, v);
+    int rc = array_sep(sb);
+
+    return rc != 0 ? rc : kp_strbuf_append(sb, tmp, (size_t) n);
+}
+
+int kp_pg_array_null(struct kp_strbuf *sb)
+{
+    int rc = array_sep(sb);
+
+    return rc != 0 ? rc : kp_strbuf_append_str(sb, "NULL");
+}
+
+int kp_pg_array_text(struct kp_strbuf *sb, const char *s)
+{
+    int rc;
+
+    if (s == NULL) {
+        return kp_pg_array_null(sb);
+    }
+    if ((rc = array_sep(sb)) != 0 || (rc = kp_strbuf_putc(sb, '"')) != 0) {
+        return rc;
+    }
+    while (*s != '\0') {
+        size_t n = strcspn(s, "\"\\");
+
+        if ((rc = kp_strbuf_append(sb, s, n)) != 0) {
+            return rc;
+        }
+        s += n;
+        if (*s != '\0' &&
+            ((rc = kp_strbuf_putc(sb, '\\')) != 0 || (rc = kp_strbuf_putc(sb, *s++)) != 0)) {
+            return rc;
+        }
+    }
+    return kp_strbuf_putc(sb, '"');
+}
+
+int kp_pg_array_i64s(struct kp_strbuf *sb, const int64_t *v, size_t n)
+{
+    int rc = kp_pg_array_open(sb);
+
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        rc = kp_pg_array_i64(sb, v[i]);
+    }
+    return rc != 0 ? rc : kp_pg_array_close(sb);
 }

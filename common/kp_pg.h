@@ -20,6 +20,8 @@
 
 #include <libpq-fe.h>
 
+struct kp_strbuf;
+
 /* What went wrong in the last failed kp_pg_* call of this thread. */
 enum kp_pg_fault {
     KP_PG_FAULT_NONE,      /* the last call succeeded */
@@ -107,5 +109,24 @@ const char *kp_pg_last_sqlstate(void);
 
 /* Classifies a SQLSTATE alone (NULL or "": statement). */
 enum kp_pg_fault kp_pg_classify_sqlstate(const char *sqlstate);
+
+/*
+ * PostgreSQL array literals ({1,NULL,"a,b"}) for array parameters
+ * ($1::bigint[], $2::text[]: unnest(), = ANY()), built in a caller's kp_strbuf (the caller
+ * owns it: init/fini). kp_pg_array_open appends '{', each element call appends one element
+ * (with the comma when it is not the first), kp_pg_array_close appends '}'; the buffer may hold
+ * other text before the '{'. One array is open at a time. Each returns 0, -ENOMEM or KP_ETOOBIG
+ * (kp_strbuf's returns); after a failure the buffer's array is incomplete.
+ */
+int kp_pg_array_open(struct kp_strbuf *sb);
+int kp_pg_array_close(struct kp_strbuf *sb);
+int kp_pg_array_i64(struct kp_strbuf *sb, int64_t v);
+/* A NULL element. */
+int kp_pg_array_null(struct kp_strbuf *sb);
+/* s as a double-quoted element (" and \ escaped), so that "", "NULL", commas and braces stay
+ * text; a NULL s is a NULL element. */
+int kp_pg_array_text(struct kp_strbuf *sb, const char *s);
+/* The whole array "{v[0],...,v[n-1]}" ("{}" when n is 0). */
+int kp_pg_array_i64s(struct kp_strbuf *sb, const int64_t *v, size_t n);
 
 #endif

@@ -11,7 +11,7 @@
  * (2 decimals, like the TensorBoard plugin; "-" for a figure no kernel in the window has),
  * and under it, when the trace has the device's properties (the plugin's GPU summary):
  *     device: NAME, M GiB, compute capability X.Y, S SMs
- * then kprof's recommendations (analyzer/recommend.h, the plugin's rules in its order):
+ * then kprof's recommendations (analyzer/an_recommend.h, the plugin's rules in its order):
  *   recommendations:
  *     - <one per line>
  * or "recommendations: none".

@@ -142,13 +142,13 @@ static const struct kp_table_col compare_cols[N_COLS] = {
     [COL_FLAG] = { "flag", KP_TABLE_TEXT },
 };
 
-static int fill_table(struct kp_table *t, const struct kp_cmp_result *r, const size_t *idx,
+static int fill_table(struct kp_table *t, const struct kp_compare_result *r, const size_t *idx,
                       size_t n)
 {
     int rc = 0;
 
     for (size_t i = 0; i < n && rc == 0; i++) {
-        const struct kp_cmp_rank *k = &r->ranks[idx[i]];
+        const struct kp_compare_rank *k = &r->ranks[idx[i]];
 
         rc = rc != 0 ? rc : kp_table_add_row(t);
         rc = rc != 0 ? rc : kp_table_set_i64(t, COL_RANK, k->rank);
@@ -175,16 +175,16 @@ static int fill_table(struct kp_table *t, const struct kp_cmp_result *r, const s
         else {
             rc = rc != 0 ? rc : kp_table_set_null(t, COL_OFFSET);
         }
-        rc = rc != 0 ? rc : kp_table_set_str(t, COL_FLAG, kp_cmp_flag(k));
+        rc = rc != 0 ? rc : kp_table_set_str(t, COL_FLAG, kp_compare_flag(k));
     }
     return rc;
 }
 
 /* Prints HTA's call as text or JSON; a run it cannot be computed on, its note. */
-static void print_hta(const struct kp_rpcverb *v, const struct kp_cmp_hta *h, long long k)
+static void print_hta(const struct kp_rpcverb *v, const struct kp_compare_hta *h, long long k)
 {
     if (v->format == KP_TABLE_FORMAT_JSON) {
-        kp_cmp_hta_json(stdout, h);
+        kp_compare_hta_json(stdout, h);
         return;
     }
     if (h->note[0] != '\0') {
@@ -204,7 +204,8 @@ static void print_hta(const struct kp_rpcverb *v, const struct kp_cmp_hta *h, lo
 }
 
 /* The lateness map of the ranks idx[0..n): one row per rank, one column per step. */
-static void print_map(const struct kp_cmp_result *r, const size_t *idx, size_t n, double late_frac)
+static void print_map(const struct kp_compare_result *r, const size_t *idx, size_t n,
+                      double late_frac)
 {
     if (r->n_groups == 0) {
         printf("lateness map: no collectives to compare arrivals at\n");
@@ -218,7 +219,7 @@ static void print_map(const struct kp_cmp_result *r, const size_t *idx, size_t n
 
         printf("  %6d ", r->ranks[ri].rank);
         for (size_t j = 0; j < r->n_steps; j++) {
-            const struct kp_cmp_cell *cl = &r->cells[ri * r->n_steps + j];
+            const struct kp_compare_cell *cl = &r->cells[ri * r->n_steps + j];
             double lim = late_frac * r->steps[j].step_median_ns;
 
             putchar(!cl->present              ? ' '
@@ -226,18 +227,18 @@ static void print_map(const struct kp_cmp_result *r, const size_t *idx, size_t n
                     : cl->late_ns > lim       ? '+'
                                               : '.');
         }
-        printf("  %s\n", kp_cmp_flag(&r->ranks[ri]));
+        printf("  %s\n", kp_compare_flag(&r->ranks[ri]));
     }
 }
 
 /* Prints the comparison as the table, map, verdict and next commands, CSV or JSON, for the
  * ranks selected by --top and --flagged. Returns 0 or an exit status. */
 static int print_result(const struct kp_rpcverb *v, const struct compare_config *cfg,
-                        const struct kp_cmp_result *res, double late_frac)
+                        const struct kp_compare_result *res, double late_frac)
 {
     struct kp_table *t = NULL;
     size_t *idx = calloc(res->n_ranks + 1, sizeof(*idx));
-    long n = idx == NULL ? -ENOMEM : kp_cmp_select(res, (size_t) cfg->top, cfg->flagged, idx);
+    long n = idx == NULL ? -ENOMEM : kp_compare_select(res, (size_t) cfg->top, cfg->flagged, idx);
     int rc;
 
     if (n < 0) {
@@ -246,7 +247,7 @@ static int print_result(const struct kp_rpcverb *v, const struct compare_config 
         return KPROFCTL_EXIT_FAILED;
     }
     if (v->format == KP_TABLE_FORMAT_JSON) {
-        kp_cmp_json_sel(stdout, res, idx, (size_t) n);
+        kp_compare_json_sel(stdout, res, idx, (size_t) n);
         free(idx);
         return 0;
     }
@@ -266,11 +267,11 @@ static int print_result(const struct kp_rpcverb *v, const struct compare_config 
         putchar('\n');
         print_map(res, idx, (size_t) n, late_frac);
         putchar('\n');
-        kp_cmp_offsets_line(stdout, res);
+        kp_compare_offsets_line(stdout, res);
         printf("%s\n", res->verdict);
         if (res->n_stragglers > 0 || res->waited_for >= 0) { /* a rank is flagged */
             printf("next:\n");
-            kp_cmp_next(stdout, res, "  ");
+            kp_compare_next(stdout, res, "  ");
         }
     }
     kp_table_destroy(t);
@@ -317,8 +318,8 @@ static int compare_print(struct kp_rpcverb *v, const struct kp_table *t,
 {
     const struct compare_config *cfg = v->cfg;
     const Kprof__V1__CompareResponse *resp = (const Kprof__V1__CompareResponse *) msg;
-    struct kp_cmp_result *res = NULL;
-    struct kp_cmp_hta *hta = NULL;
+    struct kp_compare_result *res = NULL;
+    struct kp_compare_hta *hta = NULL;
     char err[1024];
     int rc = KPROFCTL_EXIT_FAILED;
 
@@ -328,14 +329,14 @@ static int compare_print(struct kp_rpcverb *v, const struct kp_table *t,
             kp_rpcverb_error(v, "kprof-analyzer's reply is malformed: no HTA call in it");
             goto out;
         }
-        if (kp_cmp_hta_from_pb(resp->hta, &hta) != 0) {
+        if (kp_compare_hta_from_pb(resp->hta, &hta) != 0) {
             kp_rpcverb_error(v, "out of memory");
             goto out;
         }
         print_hta(v, hta, cfg->hta_candidates);
     }
     else {
-        if (kp_cmp_from_pb(resp, &res, err, sizeof(err)) != 0) {
+        if (kp_compare_from_pb(resp, &res, err, sizeof(err)) != 0) {
             kp_rpcverb_error(v, "kprof-analyzer's reply is malformed: %s", err);
             goto out;
         }
@@ -345,7 +346,7 @@ static int compare_print(struct kp_rpcverb *v, const struct kp_table *t,
         }
         if ((rc = print_result(v, cfg, res,
                                resp->thresholds != NULL ? resp->thresholds->late_pct / 100.0
-                                                        : KP_CMP_DEFAULT_LATE_FRAC)) != 0) {
+                                                        : KP_COMPARE_DEFAULT_LATE_FRAC)) != 0) {
             goto out;
         }
     }
@@ -356,8 +357,8 @@ static int compare_print(struct kp_rpcverb *v, const struct kp_table *t,
     }
     rc = KPROFCTL_EXIT_OK;
 out:
-    kp_cmp_result_destroy(res);
-    kp_cmp_hta_destroy(hta);
+    kp_compare_result_destroy(res);
+    kp_compare_hta_destroy(hta);
     return rc;
 }
 

@@ -6,7 +6,7 @@
  *
  * Output: exactly what `kprof-analyze counters` prints for the same run, rank and flags
  * (tests/it/test_analyzer_counters.py checks it): the reply's rows go through counters.c's own
- * writer, kp_ctr_write_rows. Text columns default to idx, kernel, device, top_op, bottom_op,
+ * writer, kp_counters_write_rows. Text columns default to idx, kernel, device, top_op, bottom_op,
  * dur_us, flops, flops_per_s; -c picks others (range, correlation, tid, op_stack, flops_fp64,
  * flops_fp32, flops_fp16, any metric name, or all); --csv every column; --json one object
  * {run, rank, metrics, message, rows: [{..., op_stack: [...], counters: {metric: value|null}}]}.
@@ -60,11 +60,11 @@ static const struct kp_table_col counters_cols[] = {
 
 /* The reply's rows as counters.h's rows, pointing into resp. Returns 0, or -EPROTO when a
  * row's values do not match the metrics. */
-static int from_reply(const Kprof__V1__CountersResponse *resp, struct kp_ctr_row *rows)
+static int from_reply(const Kprof__V1__CountersResponse *resp, struct kp_counters_row *rows)
 {
     for (size_t i = 0; i < resp->n_rows; i++) {
         const Kprof__V1__CountersRow *o = resp->rows[i];
-        struct kp_ctr_row *r = &rows[i];
+        struct kp_counters_row *r = &rows[i];
 
         if (o->n_values != resp->n_metrics) {
             return -EPROTO;
@@ -82,9 +82,9 @@ static int from_reply(const Kprof__V1__CountersResponse *resp, struct kp_ctr_row
         r->dur_ns = o->dur_ns;
         r->values = o->values;
         r->flops = o->flops;
-        r->flops_prec[KP_CTR_FP64] = o->flops_fp64;
-        r->flops_prec[KP_CTR_FP32] = o->flops_fp32;
-        r->flops_prec[KP_CTR_FP16] = o->flops_fp16;
+        r->flops_prec[KP_COUNTERS_FP64] = o->flops_fp64;
+        r->flops_prec[KP_COUNTERS_FP32] = o->flops_fp32;
+        r->flops_prec[KP_COUNTERS_FP16] = o->flops_fp16;
         r->flops_per_s = o->flops_per_s;
     }
     return 0;
@@ -98,14 +98,14 @@ static int counters_check(struct kp_rpcverb *v)
     return KP_RPCVERB_RUN;
 }
 
-/* The reply's rows through kp_ctr_write_rows_width, which also checks -c against the run's
+/* The reply's rows through kp_counters_write_rows_width, which also checks -c against the run's
  * metrics. */
 static int counters_print(struct kp_rpcverb *v, const struct kp_table *t,
                           const ProtobufCMessage *msg)
 {
     const Kprof__V1__CountersResponse *resp = (const Kprof__V1__CountersResponse *) msg;
     const struct kp_rpcverb_common *c = v->common;
-    struct kp_ctr_row *rows;
+    struct kp_counters_row *rows;
     const char *message;
     char err[1024];
     int rc, r;
@@ -124,12 +124,13 @@ static int counters_print(struct kp_rpcverb *v, const struct kp_table *t,
         goto out;
     }
     message = resp->message != NULL && resp->message[0] != '\0' ? resp->message : NULL;
-    r = kp_ctr_write_rows_width(stdout, rows, resp->n_rows, (const char *const *) resp->metrics,
-                                resp->n_metrics, message, c->run, resp->rank, c->columns,
-                                v->format == KP_TABLE_FORMAT_JSON  ? KP_CTR_JSON
-                                : v->format == KP_TABLE_FORMAT_CSV ? KP_CTR_CSV
-                                                                   : KP_CTR_TEXT,
-                                (int) c->width, err, sizeof(err));
+    r = kp_counters_write_rows_width(stdout, rows, resp->n_rows,
+                                     (const char *const *) resp->metrics, resp->n_metrics, message,
+                                     c->run, resp->rank, c->columns,
+                                     v->format == KP_TABLE_FORMAT_JSON  ? KP_COUNTERS_JSON
+                                     : v->format == KP_TABLE_FORMAT_CSV ? KP_COUNTERS_CSV
+                                                                        : KP_COUNTERS_TEXT,
+                                     (int) c->width, err, sizeof(err));
     if (r == -EINVAL) {
         rc = kp_rpcverb_usage_error(v, "-c: %s", err);
         goto out;
@@ -167,7 +168,7 @@ static const struct kp_rpcverb_spec counters_spec = {
     .columns_help = "-c: comma-separated columns to show, in order: idx, range, kernel, device, "
                     "correlation, tid, top_op, bottom_op, op_stack, dur_us, flops, flops_fp64, "
                     "flops_fp32, flops_fp16, flops_per_s, a metric name, or all (text "
-                    "default: " KP_CTR_TEXT_COLUMNS "; CSV and JSON: all)",
+                    "default: " KP_COUNTERS_TEXT_COLUMNS "; CSV and JSON: all)",
     .analyzer = true,
     .flags = KP_RPCVERB_F_RUN | KP_RPCVERB_F_RANK,
     .method = "Counters",

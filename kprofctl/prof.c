@@ -6,7 +6,7 @@
  *
  * Output: exactly what `kprof-analyze prof` prints for the same run, rank and flags
  * (tests/it/test_analyzer_roofline.py checks it): the reply's rows go through pyprof.c's own
- * writer, kp_prof_write_rows.
+ * writer, kp_pyprof_write_rows.
  *
  * Exit status: 0 shown, 2 bad usage, 3 unknown run or rank, 5 kprof-analyzer (or its
  * PostgreSQL) unreachable, 1 anything else.
@@ -30,7 +30,7 @@
 
 struct prof_config {
     struct kp_rpcverb_common common; /* first: the common rows' offsets */
-    enum kp_prof_col cols[64];       /* -c, parsed */
+    enum kp_pyprof_col cols[64];     /* -c, parsed */
     int ncols;
 };
 
@@ -42,7 +42,7 @@ static const struct kp_config_def prof_defs[] = {
 #undef OFF
 
 /* PyProf's columns, so that -c is checked against them. */
-static const struct kp_table_col prof_cols[KP_PROF_COL_COUNT] = {
+static const struct kp_table_col prof_cols[KP_PYPROF_COL_COUNT] = {
     { "idx", KP_TABLE_NUMERIC },    { "seq", KP_TABLE_NUMERIC },   { "altseq", KP_TABLE_TEXT },
     { "tid", KP_TABLE_NUMERIC },    { "layer", KP_TABLE_TEXT },    { "trace", KP_TABLE_TEXT },
     { "dir", KP_TABLE_TEXT },       { "sub", KP_TABLE_NUMERIC },   { "mod", KP_TABLE_TEXT },
@@ -58,11 +58,11 @@ static void copy_str(char *dst, size_t len, const char *src)
 }
 
 /* The reply's rows as pyprof.h's rows; strings point into resp or are copied. */
-static void from_reply(const Kprof__V1__ProfResponse *resp, struct kp_prof_row *rows)
+static void from_reply(const Kprof__V1__ProfResponse *resp, struct kp_pyprof_row *rows)
 {
     for (size_t i = 0; i < resp->n_rows; i++) {
         const Kprof__V1__ProfRow *o = resp->rows[i];
-        struct kp_prof_row *r = &rows[i];
+        struct kp_pyprof_row *r = &rows[i];
 
         r->idx = o->idx;
         r->seq = o->seq;
@@ -97,8 +97,8 @@ static int prof_check(struct kp_rpcverb *v)
     char err[512];
 
     cfg->ncols =
-        kp_prof_parse_columns(cols != NULL && cols[0] != '\0' ? cols : KP_PROF_DEFAULT_COLUMNS,
-                              cfg->cols, 64, err, sizeof(err));
+        kp_pyprof_parse_columns(cols != NULL && cols[0] != '\0' ? cols : KP_PYPROF_DEFAULT_COLUMNS,
+                                cfg->cols, 64, err, sizeof(err));
     if (cfg->ncols < 0) {
         return kp_rpcverb_usage_error(v, "%s", err);
     }
@@ -113,7 +113,7 @@ static int prof_print(struct kp_rpcverb *v, const struct kp_table *t, const Prot
 {
     const struct prof_config *cfg = v->cfg;
     const Kprof__V1__ProfResponse *resp = (const Kprof__V1__ProfResponse *) msg;
-    struct kp_prof_row *rows = calloc(resp->n_rows ? resp->n_rows : 1, sizeof(*rows));
+    struct kp_pyprof_row *rows = calloc(resp->n_rows ? resp->n_rows : 1, sizeof(*rows));
     int rc;
 
     (void) t;
@@ -122,12 +122,12 @@ static int prof_print(struct kp_rpcverb *v, const struct kp_table *t, const Prot
         return KPROFCTL_EXIT_FAILED;
     }
     from_reply(resp, rows);
-    kp_prof_write_rows(stdout, rows, resp->n_rows, cfg->common.run, resp->rank, cfg->cols,
-                       cfg->ncols,
-                       v->format == KP_TABLE_FORMAT_JSON  ? KP_PROF_JSON
-                       : v->format == KP_TABLE_FORMAT_CSV ? KP_PROF_CSV
-                                                          : KP_PROF_TEXT,
-                       cfg->common.width > 0 ? (int) cfg->common.width : KP_PROF_DEFAULT_WIDTH);
+    kp_pyprof_write_rows(stdout, rows, resp->n_rows, cfg->common.run, resp->rank, cfg->cols,
+                         cfg->ncols,
+                         v->format == KP_TABLE_FORMAT_JSON  ? KP_PYPROF_JSON
+                         : v->format == KP_TABLE_FORMAT_CSV ? KP_PYPROF_CSV
+                                                            : KP_PYPROF_TEXT,
+                         cfg->common.width > 0 ? (int) cfg->common.width : KP_PYPROF_DEFAULT_WIDTH);
     rc = fflush(stdout) == 0 && !ferror(stdout) ? KPROFCTL_EXIT_OK : KPROFCTL_EXIT_FAILED;
     free(rows);
     return rc;
@@ -135,17 +135,18 @@ static int prof_print(struct kp_rpcverb *v, const struct kp_table *t, const Prot
 
 static const struct kp_rpcverb_spec prof_spec = {
     .name = "prof",
-    .synopsis = "kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]\n"
-                "  PyProf's per-kernel table of one rank (Analyzer.Prof), one row per kernel in\n"
-                "  launch order; -c picks PyProf's columns (default " KP_PROF_DEFAULT_COLUMNS ")\n"
-                "  and -w cuts text cells (default: none). Sil is in µs (JSON: exact sil_ns).\n"
-                "  The same output as kprof-analyze prof.\n",
+    .synopsis =
+        "kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]\n"
+        "  PyProf's per-kernel table of one rank (Analyzer.Prof), one row per kernel in\n"
+        "  launch order; -c picks PyProf's columns (default " KP_PYPROF_DEFAULT_COLUMNS ")\n"
+        "  and -w cuts text cells (default: none). Sil is in µs (JSON: exact sil_ns).\n"
+        "  The same output as kprof-analyze prof.\n",
     .exit_ok = "shown",
     .json_help = "print {\"run\", \"rank\", \"columns\", \"rows\": [{column: value}]}",
     .defs = prof_defs,
     .n_defs = sizeof(prof_defs) / sizeof(prof_defs[0]),
     .cols = prof_cols,
-    .n_cols = KP_PROF_COL_COUNT,
+    .n_cols = KP_PYPROF_COL_COUNT,
     .analyzer = true,
     .flags = KP_RPCVERB_F_RUN | KP_RPCVERB_F_RANK,
     .method = "Prof",

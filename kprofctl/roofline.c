@@ -56,20 +56,20 @@ static void copy_str(char *dst, size_t len, const char *src)
     snprintf(dst, len, "%s", src != NULL ? src : "");
 }
 
-static void device_from(struct kp_rl_device *d, const Kprof__V1__RooflineDevice *o)
+static void device_from(struct kp_roofline_device *d, const Kprof__V1__RooflineDevice *o)
 {
     d->id = o->id;
     copy_str(d->name, sizeof(d->name), o->name);
     copy_str(d->entry, sizeof(d->entry), o->entry);
     copy_str(d->source, sizeof(d->source), o->source);
-    d->peak_flop_per_s[KP_RL_FP32] = o->peak_fp32_flop_per_s;
-    d->peak_flop_per_s[KP_RL_TF32_TC] = o->peak_tf32_flop_per_s;
-    d->peak_flop_per_s[KP_RL_FP16_TC] = o->peak_fp16_flop_per_s;
-    d->peak_flop_per_s[KP_RL_FP8_TC] = o->peak_fp8_flop_per_s;
+    d->peak_flop_per_s[KP_ROOFLINE_FP32] = o->peak_fp32_flop_per_s;
+    d->peak_flop_per_s[KP_ROOFLINE_TF32_TC] = o->peak_tf32_flop_per_s;
+    d->peak_flop_per_s[KP_ROOFLINE_FP16_TC] = o->peak_fp16_flop_per_s;
+    d->peak_flop_per_s[KP_ROOFLINE_FP8_TC] = o->peak_fp8_flop_per_s;
     d->bandwidth_bytes_per_s = o->bandwidth_bytes_per_s;
 }
 
-static void row_from(struct kp_rl_row *r, const Kprof__V1__RooflineRow *o)
+static void row_from(struct kp_roofline_row *r, const Kprof__V1__RooflineRow *o)
 {
     r->name = o->name != NULL ? o->name : "";
     copy_str(r->dir, sizeof(r->dir), o->dir);
@@ -120,9 +120,10 @@ static int roofline_print(struct kp_rpcverb *v, const struct kp_table *t,
 {
     const struct roofline_config *cfg = v->cfg;
     const Kprof__V1__RooflineResponse *resp = (const Kprof__V1__RooflineResponse *) msg;
-    size_t nd = resp->n_devices < KP_RL_MAX_DEVICES ? resp->n_devices : KP_RL_MAX_DEVICES;
-    struct kp_rl_device *devs = calloc(nd ? nd : 1, sizeof(*devs));
-    struct kp_rl_row *rows = calloc(resp->n_rows ? resp->n_rows : 1, sizeof(*rows));
+    size_t nd =
+        resp->n_devices < KP_ROOFLINE_MAX_DEVICES ? resp->n_devices : KP_ROOFLINE_MAX_DEVICES;
+    struct kp_roofline_device *devs = calloc(nd ? nd : 1, sizeof(*devs));
+    struct kp_roofline_row *rows = calloc(resp->n_rows ? resp->n_rows : 1, sizeof(*rows));
     int rc = KPROFCTL_EXIT_FAILED;
 
     (void) t;
@@ -136,12 +137,12 @@ static int roofline_print(struct kp_rpcverb *v, const struct kp_table *t,
     for (size_t i = 0; i < resp->n_rows; i++) {
         row_from(&rows[i], resp->rows[i]);
     }
-    kp_rl_write_parts_width(stdout, cfg->by == 1 ? KP_RL_BY_OP : KP_RL_BY_KERNEL, devs, nd, rows,
-                            resp->n_rows, cfg->common.run, resp->rank,
-                            v->format == KP_TABLE_FORMAT_JSON  ? KP_RL_JSON
-                            : v->format == KP_TABLE_FORMAT_CSV ? KP_RL_CSV
-                                                               : KP_RL_TEXT,
-                            (size_t) cfg->top, (int) cfg->common.width);
+    kp_roofline_write_parts_width(stdout, cfg->by == 1 ? KP_ROOFLINE_BY_OP : KP_ROOFLINE_BY_KERNEL,
+                                  devs, nd, rows, resp->n_rows, cfg->common.run, resp->rank,
+                                  v->format == KP_TABLE_FORMAT_JSON  ? KP_ROOFLINE_JSON
+                                  : v->format == KP_TABLE_FORMAT_CSV ? KP_ROOFLINE_CSV
+                                                                     : KP_ROOFLINE_TEXT,
+                                  (size_t) cfg->top, (int) cfg->common.width);
     rc = fflush(stdout) == 0 && !ferror(stdout) ? KPROFCTL_EXIT_OK : KPROFCTL_EXIT_FAILED;
 out:
     free(devs);

@@ -41,8 +41,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char *text = malloc(size + 3);
     const char *op, *shapes, *dtypes;
-    struct kp_fl_args args;
-    struct kp_fl_result r;
+    struct kp_flops_args args;
+    struct kp_flops_result r;
     size_t a, b;
 
     if (text == NULL) {
@@ -55,11 +55,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     shapes = a <= size ? text + a : text + size + 1;
     b = a <= size ? a + strlen(shapes) + 1 : size + 2;
     dtypes = b <= size ? text + b : text + size + 2;
-    if (kp_fl_parse(shapes, dtypes, &args) == 0) {
+    if (kp_flops_parse(shapes, dtypes, &args) == 0) {
         for (int dir = 0; dir < 2; dir++) {
-            kp_fl_compute(op, &args, (enum kp_fl_dir) dir, NULL, &r);
-            for (int sub = 0; r.known && sub <= KP_FL_MAX_PARTS; sub++) {
-                double f = kp_fl_part_flops(&r, sub), by = kp_fl_part_bytes(&r, sub);
+            kp_flops_compute(op, &args, (enum kp_flops_dir) dir, NULL, &r);
+            for (int sub = 0; r.known && sub <= KP_FLOPS_MAX_PARTS; sub++) {
+                double f = kp_flops_part_flops(&r, sub), by = kp_flops_part_bytes(&r, sub);
 
                 if (!(f >= 0) || isinf(f) || (r.bytes_known && (!(by >= 0) || isinf(by)))) {
                     abort();

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kp_ranges.h"
+#include "ranges.h"
 
 #define R(s, e) ((struct kp_range){ (s), (e) })
 

@@ -1,5 +1,5 @@
 /*
- * kp_cmp_pb (analyzer/compare_pb.h): a comparison and an HTA call go through Analyzer.Compare's
+ * kp_compare_pb (analyzer/compare_pb.h): a comparison and an HTA call go through Analyzer.Compare's
  * reply (packed and unpacked, as on the wire) and come back printing the very same JSON with
  * compare.h's writers, NaN (null) and "no last rank" included; a reply whose straggler
  * evidence is malformed is refused with -EPROTO.
@@ -19,10 +19,10 @@
 #include "compare.h"
 #include "compare_pb.h"
 
-/* A result as kp_cmp_run makes them: 3 ranks, 2 steps, 2 stragglers. */
-static struct kp_cmp_result *sample(void)
+/* A result as kp_compare_result_create makes them: 3 ranks, 2 steps, 2 stragglers. */
+static struct kp_compare_result *sample(void)
 {
-    struct kp_cmp_result *r = calloc(1, sizeof(*r));
+    struct kp_compare_result *r = calloc(1, sizeof(*r));
 
     assert_non_null(r);
     r->run = 17;
@@ -34,7 +34,7 @@ static struct kp_cmp_result *sample(void)
     r->stragglers = calloc(2, sizeof(*r->stragglers));
     assert_true(r->ranks && r->steps && r->stragglers);
     for (int i = 0; i < 3; i++) {
-        struct kp_cmp_rank *k = &r->ranks[i];
+        struct kp_compare_rank *k = &r->ranks[i];
 
         k->rank = i * 2;
         k->clock_offset_ns = i == 0 ? 0 : -30000000LL + i;
@@ -65,7 +65,7 @@ static struct kp_cmp_result *sample(void)
         r->cells[c].late_ns = c == 4 ? 7.25e6 : 1000.0 / 3.0 * c;
     }
     for (int j = 0; j < 2; j++) {
-        struct kp_cmp_step *s = &r->steps[j];
+        struct kp_compare_step *s = &r->steps[j];
 
         s->step = 40 + j;
         s->n_ranks = 3;
@@ -80,7 +80,7 @@ static struct kp_cmp_result *sample(void)
         s->hta_rank = j == 0 ? 2 : -1;
     }
     for (int i = 0; i < 2; i++) {
-        struct kp_cmp_straggler *s = &r->stragglers[i];
+        struct kp_compare_straggler *s = &r->stragglers[i];
 
         s->rank = 4 - 4 * i;
         s->n_steps = i == 0 ? 2 : 0;
@@ -90,8 +90,8 @@ static struct kp_cmp_result *sample(void)
         s->steps[1] = 41;
         s->late_ns = 11434123.25 / (i + 1);
         s->max_late_ns = 3.9e6;
-        s->cause = i == 0 ? KP_CMP_HOST : KP_CMP_LAUNCH;
-        for (int c = 0; c < KP_CMP_CAUSE_COUNT; c++) {
+        s->cause = i == 0 ? KP_COMPARE_HOST : KP_COMPARE_LAUNCH;
+        for (int c = 0; c < KP_COMPARE_CAUSE_COUNT; c++) {
             s->own_ns[c] = 4.773e6 + c;
             s->excess_ns[c] = 3.17e6 / (c + 1);
         }
@@ -118,20 +118,20 @@ static struct kp_cmp_result *sample(void)
     return r;
 }
 
-static char *json_of(const struct kp_cmp_result *r)
+static char *json_of(const struct kp_compare_result *r)
 {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
 
     assert_non_null(f);
-    kp_cmp_json(f, r);
+    kp_compare_json(f, r);
     assert_int_equal(fclose(f), 0);
     return buf;
 }
 
 /* Packs p's reply and unpacks it, as the wire does. */
-static Kprof__V1__CompareResponse *wire(const struct kp_cmp_pb *p)
+static Kprof__V1__CompareResponse *wire(const struct kp_compare_pb *p)
 {
     size_t n = protobuf_c_message_get_packed_size(&p->msg.base);
     uint8_t *b = malloc(n ? n : 1);
@@ -147,20 +147,20 @@ static Kprof__V1__CompareResponse *wire(const struct kp_cmp_pb *p)
 
 static void test_round_trip(void **state)
 {
-    struct kp_cmp_result *r = sample(), *back = NULL;
+    struct kp_compare_result *r = sample(), *back = NULL;
     Kprof__V1__CompareResponse *m;
-    struct kp_cmp_pb p;
+    struct kp_compare_pb p;
     char err[256], *a, *b;
 
     (void) state;
-    assert_int_equal(kp_cmp_pb_init(&p, r), 0);
+    assert_int_equal(kp_compare_pb_init(&p, r), 0);
     m = wire(&p);
-    kp_cmp_pb_fini(&p);
+    kp_compare_pb_fini(&p);
     assert_int_equal(m->n_ranks, 3);
     assert_int_equal(m->stragglers[0]->cause, KPROF__V1__COMPARE_CAUSE__COMPARE_CAUSE_HOST);
-    assert_int_equal(m->stragglers[0]->n_evidence, KP_CMP_CAUSE_COUNT);
+    assert_int_equal(m->stragglers[0]->n_evidence, KP_COMPARE_CAUSE_COUNT);
     assert_true(m->stragglers[0]->evidence[1]->median_ns == 4.773e6 + 1 - 3.17e6 / 2);
-    assert_int_equal(kp_cmp_from_pb(m, &back, err, sizeof(err)), 0);
+    assert_int_equal(kp_compare_from_pb(m, &back, err, sizeof(err)), 0);
     a = json_of(r);
     b = json_of(back);
     assert_string_equal(a, b);
@@ -180,7 +180,7 @@ static void test_round_trip(void **state)
     {
         char buf[64];
 
-        assert_int_equal(kp_cmp_ranges(buf, sizeof(buf), back->missing, back->n_missing), 0);
+        assert_int_equal(kp_compare_ranges(buf, sizeof(buf), back->missing, back->n_missing), 0);
         assert_string_equal(buf, "1, 3, 5..7");
     }
     for (size_t i = 0; i < r->n_ranks; i++) {
@@ -188,62 +188,62 @@ static void test_round_trip(void **state)
     }
     free(a);
     free(b);
-    kp_cmp_result_destroy(back);
+    kp_compare_result_destroy(back);
     kprof__v1__compare_response__free_unpacked(m, NULL);
-    kp_cmp_result_destroy(r);
+    kp_compare_result_destroy(r);
 }
 
 static void test_empty(void **state)
 {
-    struct kp_cmp_result *r = calloc(1, sizeof(*r)), *back = NULL;
+    struct kp_compare_result *r = calloc(1, sizeof(*r)), *back = NULL;
     Kprof__V1__CompareResponse *m;
-    struct kp_cmp_pb p;
+    struct kp_compare_pb p;
     char err[256], *a, *b;
 
     (void) state;
     assert_non_null(r);
     r->run = 3;
-    assert_int_equal(kp_cmp_pb_init(&p, r), 0);
+    assert_int_equal(kp_compare_pb_init(&p, r), 0);
     m = wire(&p);
-    kp_cmp_pb_fini(&p);
-    assert_int_equal(kp_cmp_from_pb(m, &back, err, sizeof(err)), 0);
+    kp_compare_pb_fini(&p);
+    assert_int_equal(kp_compare_from_pb(m, &back, err, sizeof(err)), 0);
     a = json_of(r);
     b = json_of(back);
     assert_string_equal(a, b);
     free(a);
     free(b);
-    kp_cmp_result_destroy(back);
+    kp_compare_result_destroy(back);
     kprof__v1__compare_response__free_unpacked(m, NULL);
-    kp_cmp_result_destroy(r);
+    kp_compare_result_destroy(r);
 }
 
 static void test_malformed_evidence(void **state)
 {
-    struct kp_cmp_result *r = sample(), *back = NULL;
-    struct kp_cmp_pb p;
+    struct kp_compare_result *r = sample(), *back = NULL;
+    struct kp_compare_pb p;
     char err[256];
 
     (void) state;
-    assert_int_equal(kp_cmp_pb_init(&p, r), 0);
+    assert_int_equal(kp_compare_pb_init(&p, r), 0);
     p.msg.stragglers[1]->n_evidence = 2; /* launch, its cause, has no figures */
-    assert_int_equal(kp_cmp_from_pb(&p.msg, &back, err, sizeof(err)), -EPROTO);
+    assert_int_equal(kp_compare_from_pb(&p.msg, &back, err, sizeof(err)), -EPROTO);
     assert_null(back);
     assert_non_null(strstr(err, "rank 0"));
-    p.msg.stragglers[1]->n_evidence = KP_CMP_CAUSE_COUNT;
+    p.msg.stragglers[1]->n_evidence = KP_COMPARE_CAUSE_COUNT;
     p.msg.stragglers[0]->cause = (Kprof__V1__CompareCause) 9;
-    assert_int_equal(kp_cmp_from_pb(&p.msg, &back, err, sizeof(err)), -EPROTO);
+    assert_int_equal(kp_compare_from_pb(&p.msg, &back, err, sizeof(err)), -EPROTO);
     p.msg.stragglers[0]->cause = KPROF__V1__COMPARE_CAUSE__COMPARE_CAUSE_UNSPECIFIED;
-    assert_int_equal(kp_cmp_from_pb(&p.msg, &back, err, sizeof(err)), -EPROTO);
+    assert_int_equal(kp_compare_from_pb(&p.msg, &back, err, sizeof(err)), -EPROTO);
     assert_null(back);
-    kp_cmp_pb_fini(&p);
-    kp_cmp_result_destroy(r);
+    kp_compare_pb_fini(&p);
+    kp_compare_result_destroy(r);
 }
 
 static void test_hta(void **state)
 {
-    struct kp_cmp_hta *h = calloc(1, sizeof(*h)), *back = NULL;
+    struct kp_compare_hta *h = calloc(1, sizeof(*h)), *back = NULL;
     Kprof__V1__CompareResponse *m;
-    struct kp_cmp_pb p;
+    struct kp_compare_pb p;
     char *a = NULL, *b = NULL;
     size_t la = 0, lb = 0;
     FILE *f;
@@ -258,33 +258,33 @@ static void test_hta(void **state)
     h->n_stragglers = 2;
     h->stragglers = calloc(2, sizeof(*h->stragglers));
     assert_true(h->collective && h->rows && h->stragglers);
-    h->rows[0] = (struct kp_cmp_hta_row){
+    h->rows[0] = (struct kp_compare_hta_row){
         0, 551, 269204000, 47652000, 0.44269983686786296, 0.078362626953638895
     };
-    h->rows[1] = (struct kp_cmp_hta_row){ 1, 551, 433395000, 17614000, 0.712708190811977, NAN };
+    h->rows[1] = (struct kp_compare_hta_row){ 1, 551, 433395000, 17614000, 0.712708190811977, NAN };
     h->stragglers[0] = 1;
     h->stragglers[1] = 0;
     snprintf(h->note, sizeof(h->note), "a \"note\"");
-    assert_int_equal(kp_cmp_pb_init_hta(&p, h, 2), 0);
+    assert_int_equal(kp_compare_pb_init_hta(&p, h, 2), 0);
     m = wire(&p);
-    kp_cmp_pb_fini(&p);
+    kp_compare_pb_fini(&p);
     assert_non_null(m->hta);
     assert_int_equal(m->n_ranks, 0);
     assert_int_equal(m->hta->num_candidates, 2);
-    assert_int_equal(kp_cmp_hta_from_pb(m->hta, &back), 0);
+    assert_int_equal(kp_compare_hta_from_pb(m->hta, &back), 0);
     f = open_memstream(&a, &la);
-    kp_cmp_hta_json(f, h);
+    kp_compare_hta_json(f, h);
     fclose(f);
     f = open_memstream(&b, &lb);
-    kp_cmp_hta_json(f, back);
+    kp_compare_hta_json(f, back);
     fclose(f);
     assert_string_equal(a, b);
     assert_non_null(strstr(a, "\"note\": \"a \\\"note\\\"\""));
     free(a);
     free(b);
-    kp_cmp_hta_destroy(back);
+    kp_compare_hta_destroy(back);
     kprof__v1__compare_response__free_unpacked(m, NULL);
-    kp_cmp_hta_destroy(h);
+    kp_compare_hta_destroy(h);
 }
 
 int main(void)

@@ -17,15 +17,15 @@
 
 struct fcase {
     const char *op, *shapes, *dtypes;
-    enum kp_fl_dir dir;
+    enum kp_flops_dir dir;
     bool known, bytes_known;
     int n_parts;
-    double flops[KP_FL_MAX_PARTS], bytes[KP_FL_MAX_PARTS];
+    double flops[KP_FLOPS_MAX_PARTS], bytes[KP_FLOPS_MAX_PARTS];
     const char *params; /* NULL: not checked */
 };
 
-#define F KP_FL_FWD
-#define B KP_FL_BWD
+#define F KP_FLOPS_FWD
+#define B KP_FLOPS_BWD
 
 static const struct fcase cases[] = {
     /* addmm(C[128], A[32,64], B[64,128]) fp32: 2·32·128·64 = 524288 FLOPs;
@@ -513,13 +513,13 @@ static void test_cases(void **state)
     (void) state;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const struct fcase *c = &cases[i];
-        struct kp_fl_args a;
-        struct kp_fl_result r;
+        struct kp_flops_args a;
+        struct kp_flops_result r;
 
-        if (kp_fl_parse(c->shapes, c->dtypes, &a) != 0) {
+        if (kp_flops_parse(c->shapes, c->dtypes, &a) != 0) {
             fail_msg("case %zu (%s): parse failed", i, c->op);
         }
-        kp_fl_compute(c->op, &a, c->dir, NULL, &r);
+        kp_flops_compute(c->op, &a, c->dir, NULL, &r);
         if (r.known != c->known || (c->known && r.bytes_known != c->bytes_known) ||
             (c->known && r.n_parts != c->n_parts)) {
             fail_msg("case %zu (%s): known %d/%d bytes_known %d/%d parts %d/%d", i, c->op, r.known,
@@ -532,8 +532,8 @@ static void test_cases(void **state)
             }
         }
         /* past the last part a kernel gets nothing */
-        assert_true(kp_fl_part_flops(&r, c->n_parts) == 0);
-        assert_true(kp_fl_part_bytes(&r, -1) == 0);
+        assert_true(kp_flops_part_flops(&r, c->n_parts) == 0);
+        assert_true(kp_flops_part_bytes(&r, -1) == 0);
         if (c->params && strcmp(r.params, c->params) != 0) {
             fail_msg("case %zu (%s): params '%s' want '%s'", i, c->op, r.params, c->params);
         }
@@ -544,44 +544,44 @@ static void test_conv_hint(void **state)
 {
     /* stride 2, padding 1: x[1,3,8,8] w[4,3,3,3] out[1,4,4,4] from the backward node:
      * 2·1·4·16·3·9 = 3456 */
-    struct kp_fl_args a;
-    struct kp_fl_result r;
-    struct kp_fl_tensor hint = { 4, { 1, 4, 4, 4 }, 4, "fp32" };
+    struct kp_flops_args a;
+    struct kp_flops_result r;
+    struct kp_flops_tensor hint = { 4, { 1, 4, 4, 4 }, 4, "fp32" };
 
     (void) state;
-    assert_int_equal(kp_fl_parse("[[1, 3, 8, 8], [4, 3, 3, 3]]", "['float', 'float']", &a), 0);
-    kp_fl_compute("aten::conv2d", &a, KP_FL_FWD, &hint, &r);
+    assert_int_equal(kp_flops_parse("[[1, 3, 8, 8], [4, 3, 3, 3]]", "['float', 'float']", &a), 0);
+    kp_flops_compute("aten::conv2d", &a, KP_FLOPS_FWD, &hint, &r);
     assert_true(r.known);
     assert_true(r.flops[0] == 3456);
 }
 
 static void test_parse(void **state)
 {
-    struct kp_fl_args a;
+    struct kp_flops_args a;
 
     (void) state;
-    assert_int_equal(kp_fl_parse("[[32, 64], [64, 128]]", "['float', 'float']", &a), 0);
+    assert_int_equal(kp_flops_parse("[[32, 64], [64, 128]]", "['float', 'float']", &a), 0);
     assert_int_equal(a.n, 2);
-    assert_int_equal(a.a[1].kind, KP_FL_TENSOR);
+    assert_int_equal(a.a[1].kind, KP_FLOPS_TENSOR);
     assert_int_equal(a.a[1].t.dim[1], 128);
     assert_int_equal(a.a[1].t.esize, 4);
     /* JSON quoting, a 0-d tensor, a scalar, an empty list */
-    assert_int_equal(kp_fl_parse("[[], [], [3]]", "[\"float\", \"Scalar\", \"c10::BFloat16\"]", &a),
-                     0);
-    assert_int_equal(a.a[0].kind, KP_FL_TENSOR);
+    assert_int_equal(
+        kp_flops_parse("[[], [], [3]]", "[\"float\", \"Scalar\", \"c10::BFloat16\"]", &a), 0);
+    assert_int_equal(a.a[0].kind, KP_FLOPS_TENSOR);
     assert_int_equal(a.a[0].t.ndim, 0);
-    assert_int_equal(a.a[1].kind, KP_FL_NONE);
+    assert_int_equal(a.a[1].kind, KP_FLOPS_NONE);
     assert_string_equal(a.a[2].t.dtype, "bf16");
-    assert_int_equal(kp_fl_parse("[]", "", &a), 0);
+    assert_int_equal(kp_flops_parse("[]", "", &a), 0);
     assert_int_equal(a.n, 0);
     /* tensor list */
-    assert_int_equal(kp_fl_parse("[[[5, 128], [5, 128]], []]", NULL, &a), 0);
-    assert_int_equal(a.a[0].kind, KP_FL_LIST);
+    assert_int_equal(kp_flops_parse("[[[5, 128], [5, 128]], []]", NULL, &a), 0);
+    assert_int_equal(a.a[0].kind, KP_FLOPS_LIST);
     assert_int_equal(a.a[0].n, 2);
     assert_int_equal(a.n_sub, 2);
-    assert_int_equal(kp_fl_dtype_size("c10::Float8_e4m3fn", NULL, 0), 1);
-    assert_int_equal(kp_fl_dtype_size("c10::complex<double>", NULL, 0), 16);
-    assert_int_equal(kp_fl_dtype_size("Scalar", NULL, 0), 0);
+    assert_int_equal(kp_flops_dtype_size("c10::Float8_e4m3fn", NULL, 0), 1);
+    assert_int_equal(kp_flops_dtype_size("c10::complex<double>", NULL, 0), 16);
+    assert_int_equal(kp_flops_dtype_size("Scalar", NULL, 0), 0);
 }
 
 static void test_junk(void **state)
@@ -605,23 +605,23 @@ static void test_junk(void **state)
         "[[1], ]",
         "[[[1], 2]]",
     };
-    struct kp_fl_args a;
-    struct kp_fl_result r;
+    struct kp_flops_args a;
+    struct kp_flops_result r;
     char big[4096];
 
     (void) state;
     for (size_t i = 0; i < sizeof(junk) / sizeof(junk[0]); i++) {
-        if (kp_fl_parse(junk[i], "['float']", &a) != -EINVAL) {
+        if (kp_flops_parse(junk[i], "['float']", &a) != -EINVAL) {
             fail_msg("junk '%s' parsed", junk[i]);
         }
         assert_int_equal(a.n, 0);
         /* an empty parse never crashes a formula */
-        kp_fl_compute("aten::addmm", &a, KP_FL_FWD, NULL, &r);
+        kp_flops_compute("aten::addmm", &a, KP_FLOPS_FWD, NULL, &r);
         assert_false(r.known);
     }
-    assert_int_equal(kp_fl_parse(NULL, NULL, &a), -EINVAL);
+    assert_int_equal(kp_flops_parse(NULL, NULL, &a), -EINVAL);
     /* an unterminated dtype quote */
-    assert_int_equal(kp_fl_parse("[[1]]", "['float", &a), -EINVAL);
+    assert_int_equal(kp_flops_parse("[[1]]", "['float", &a), -EINVAL);
     /* too many arguments */
     memset(big, 0, sizeof(big));
     strcpy(big, "[");
@@ -629,28 +629,28 @@ static void test_junk(void **state)
         strcat(big, i ? ", [1]" : "[1]");
     }
     strcat(big, "]");
-    assert_int_equal(kp_fl_parse(big, NULL, &a), -EINVAL);
+    assert_int_equal(kp_flops_parse(big, NULL, &a), -EINVAL);
     /* wrong ranks and zero dims give unknown, not a crash or a division by zero */
-    assert_int_equal(kp_fl_parse("[[8, 3, 2, 2], [16, 0, 3, 3]]", "['float', 'float']", &a), 0);
-    kp_fl_compute("aten::conv2d", &a, KP_FL_FWD, NULL, &r);
+    assert_int_equal(kp_flops_parse("[[8, 3, 2, 2], [16, 0, 3, 3]]", "['float', 'float']", &a), 0);
+    kp_flops_compute("aten::conv2d", &a, KP_FLOPS_FWD, NULL, &r);
     assert_false(r.known);
-    assert_int_equal(kp_fl_parse("[[8, 0, 5, 5], [16, 3, 3, 3]]", "['float', 'float']", &a), 0);
-    kp_fl_compute("aten::conv2d", &a, KP_FL_FWD, NULL, &r); /* 0 channels: groups 0 */
+    assert_int_equal(kp_flops_parse("[[8, 0, 5, 5], [16, 3, 3, 3]]", "['float', 'float']", &a), 0);
+    kp_flops_compute("aten::conv2d", &a, KP_FLOPS_FWD, NULL, &r); /* 0 channels: groups 0 */
     assert_false(r.known);
-    assert_int_equal(r.tc, KP_FL_TC_CONV); /* still a convolution for the tc column */
-    assert_int_equal(kp_fl_parse("[[8, 3, 2, 2], [16, 3, 3, 3]]", "['float', 'float']", &a), 0);
-    kp_fl_compute("aten::conv2d", &a, KP_FL_FWD, NULL, &r); /* output would be 0x0 */
+    assert_int_equal(r.tc, KP_FLOPS_TC_CONV); /* still a convolution for the tc column */
+    assert_int_equal(kp_flops_parse("[[8, 3, 2, 2], [16, 3, 3, 3]]", "['float', 'float']", &a), 0);
+    kp_flops_compute("aten::conv2d", &a, KP_FLOPS_FWD, NULL, &r); /* output would be 0x0 */
     assert_false(r.known);
-    assert_int_equal(kp_fl_parse("[[8], [3]]", "['float', 'float']", &a), 0);
-    kp_fl_compute("aten::scaled_dot_product_attention", &a, KP_FL_BWD, NULL, &r);
+    assert_int_equal(kp_flops_parse("[[8], [3]]", "['float', 'float']", &a), 0);
+    kp_flops_compute("aten::scaled_dot_product_attention", &a, KP_FLOPS_BWD, NULL, &r);
     assert_false(r.known);
-    kp_fl_compute(NULL, &a, KP_FL_FWD, NULL, &r);
+    kp_flops_compute(NULL, &a, KP_FLOPS_FWD, NULL, &r);
     assert_false(r.known);
-    kp_fl_compute("", &a, KP_FL_FWD, NULL, &r);
+    kp_flops_compute("", &a, KP_FLOPS_FWD, NULL, &r);
     assert_false(r.known);
-    assert_false(kp_fl_has_formula("aten::"));
-    assert_true(kp_fl_has_formula("aten::add_"));
-    assert_true(kp_fl_has_formula("torch.nn.functional.gelu"));
+    assert_false(kp_flops_has_formula("aten::"));
+    assert_true(kp_flops_has_formula("aten::add_"));
+    assert_true(kp_flops_has_formula("torch.nn.functional.gelu"));
 }
 
 int main(void)

@@ -1,4 +1,4 @@
-/* Unit tests for kp_an_is_tc_kernel (analyzer/kp_analyzer.h): Tensor Core detection by kernel
+/* Unit tests for kp_an_is_tc_kernel (analyzer/an.h): Tensor Core detection by kernel
  * name, a table of real kernel names: the TensorBoard plugin's Volta/Turing names (which must
  * keep matching: the plugin's peer figures depend on them), the Ampere and Hopper names of
  * cuBLAS, CUTLASS, cuDNN and the attention libraries, and CUDA-core kernels that must not. */
@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 
 struct tc_case {
     const char *name;

@@ -1,5 +1,5 @@
 /*
- * kp_analyzer: the analyzer core. It loads one (run, rank) from PostgreSQL into compact
+ * kp_an: the analyzer core. It loads one (run, rank) from PostgreSQL into compact
  * arrays and computes on them the PyTorch Profiler TensorBoard plugin's views, as
  * docs/specs/tbplugin-views.md describes them:
  *  - the model (§2-§3): device events ↔ runtime calls by correlation, runtime calls ↔ host
@@ -23,12 +23,12 @@
  * Only runtime-domain API calls are read (the plugin drops cuda_driver), and python_function
  * rows are not host nodes (the rows do not say which are Modules).
  *
- * Memory: kp_an_load holds the rank's rows (about 80 bytes per row plus its names); results
+ * Memory: kp_an_create holds the rank's rows (about 80 bytes per row plus its names); results
  * are plain structs owned by the kp_an handle and freed with it.
  * Thread-safety: a handle is used by one thread at a time.
  */
-#ifndef KP_ANALYZER_H
-#define KP_ANALYZER_H
+#ifndef KP_AN_H
+#define KP_AN_H
 
 #include <libpq-fe.h>
 #include <stdbool.h>
@@ -36,7 +36,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "kp_ranges.h"
+#include "ranges.h"
 
 struct kp_an;
 
@@ -81,7 +81,7 @@ struct kp_an_sm_range {
 struct kp_an_breakdown {
     bool has_runtime, has_kernel, has_memcpy_or_memset, has_communication;
     size_t comm_node_count; /* host communication ops (0 when both NCCL and Gloo appear) */
-    /* for the recommendations (spec §11, analyzer/recommend.h): an NCCL communication op was
+    /* for the recommendations (spec §11, analyzer/an_recommend.h): an NCCL communication op was
      * seen; a DataParallel.forward / DistributedDataParallel.forward op was seen */
     bool comm_nccl, use_dp, use_ddp;
     size_t n_steps;                 /* after tail trimming */
@@ -176,8 +176,8 @@ struct kp_an_tc {
 /* Loads run `run`, rank `rank` over c. Returns 0 and *out (free with kp_an_destroy), or
  * KP_ENOTFOUND (no such run or rank: the message says which ranks exist), KP_EPG, -ENOMEM,
  * KP_ETOOBIG (over max_rows rows; 0: no limit), with a message in errbuf. */
-int kp_an_load(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out, char *errbuf,
-               size_t errlen);
+int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out,
+                 char *errbuf, size_t errlen);
 
 /* Shared by the analyzer's loaders (kp_analyzer, pyprof, hta, counters, ...). */
 

@@ -24,15 +24,15 @@
  * kp_an_breakdown after it, not before, when both are wanted.
  * Thread-safety: as the handle (one thread at a time).
  */
-#ifndef KP_RECOMMEND_H
-#define KP_RECOMMEND_H
+#ifndef KP_AN_RECOMMEND_H
+#define KP_AN_RECOMMEND_H
 
 #include <libpq-fe.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
-#include "kp_analyzer.h"
+#include "an.h"
 
 #define KP_AN_RECS_MAX 7 /* one per rule at most */
 

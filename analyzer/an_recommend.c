@@ -1,5 +1,5 @@
-/* The TensorBoard plugin's recommendations (spec tbplugin-views.md §11); see recommend.h. */
-#include "recommend.h"
+/* The TensorBoard plugin's recommendations (spec tbplugin-views.md §11); see an_recommend.h. */
+#include "an_recommend.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -1,5 +1,5 @@
-/* kp_ranges: interval sweeps (see kp_ranges.h). */
-#include "kp_ranges.h"
+/* kp_ranges: interval sweeps (see ranges.h). */
+#include "ranges.h"
 
 #include <stdlib.h>
 

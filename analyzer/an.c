@@ -1,0 +1,389 @@
+/*
+ * kp_an: the analyzer core's loader (see an.h).
+ *
+ * DESIGN. The loader reads each table of the (run, rank) with one ordered query into flat
+ * arrays; names are resolved once to indexes into one id-sorted array. The model then links
+ * the arrays by index: each device event to its runtime call (correlation, through a sorted
+ * index), each runtime call to the host node that owns it (external id, through a sorted
+ * index of the nodes in tree order), and every host node into its thread's tree (a stack
+ * over the ops sorted by thread, start, end descending). Nodes are created parent first, so
+ * walking them backwards is a post-order walk: the bottom-up statistics need no recursion.
+ * Everything the breakdown, operator, kernel and Tensor Core views need is in struct kp_an:
+ * they query PostgreSQL no more. The memory view (an_memory.c) reads the rank's memory events
+ * and the recommendations (an_recommend.c) two more small queries, each over the caller's
+ * connection.
+ *
+ * The files: an.c loads and frees; an_names.c classifies names; an_model.c builds the model and
+ * the steps; an_breakdown.c, an_comm.c, an_memory.c and an_tables.c compute the views;
+ * an_json.c writes them. an_impl.h is what they share.
+ */
+#include "an_impl.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_codec.h"
+#include "kp_err.h"
+#include "kp_json.h"
+#include "kp_pg.h"
+#include "ranges.h"
+
+const char *const kp_an_cat_keys[KP_AN_CAT_COUNT] = {
+    "kernel_us",  "memcpy_us",     "memset_us",   "communication_us",
+    "runtime_us", "dataloader_us", "cpu_exec_us", "other_us",
+};
+
+/* ---- loading ------------------------------------------------------------------------- */
+
+static int cmp_name_id(const void *pa, const void *pb)
+{
+    int64_t a = *(const int64_t *) pa, b = ((const struct kp_an_name *) pb)->id;
+
+    return a < b ? -1 : a > b;
+}
+
+int32_t kp_an_dict_find(const struct kp_an_dict *d, int64_t id)
+{
+    const struct kp_an_name *n = bsearch(&id, d->v, d->n, sizeof(*d->v), cmp_name_id);
+
+    return n ? (int32_t) (n - d->v) : -1;
+}
+
+int kp_an_dict_load(PGconn *c, const char *sql, const char *const *params, size_t *budget,
+                    size_t max_rows, struct kp_an_dict *d, char *errbuf, size_t errlen)
+{
+    PGresult *r = NULL;
+    size_t n;
+    int rc = kp_an_query(c, 2, sql, params, budget, max_rows, &r, errbuf, errlen);
+
+    if (rc < 0) {
+        return rc;
+    }
+    n = (size_t) PQntuples(r);
+    d->v = calloc(n ? n : 1, sizeof(*d->v));
+    if (!d->v) {
+        PQclear(r);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        d->v[i].id = kp_pg_i64(r, (int) i, 0, 0);
+        d->v[i].s = strdup(PQgetvalue(r, (int) i, 1));
+        if (!d->v[i].s) {
+            PQclear(r);
+            kp_an_dict_fini(d);
+            return -ENOMEM;
+        }
+        d->n++;
+    }
+    PQclear(r);
+    return 0;
+}
+
+void kp_an_dict_fini(struct kp_an_dict *d)
+{
+    for (size_t i = 0; i < d->n; i++) {
+        free(d->v[i].s);
+    }
+    free(d->v);
+    d->v = NULL;
+    d->n = 0;
+}
+
+/* The index of name id col in a->names, or -1 for NULL or an unknown id. */
+static int32_t name_idx(const struct kp_an *a, const PGresult *r, int row, int col)
+{
+    return PQgetisnull(r, row, col) ? -1 : kp_an_dict_find(&a->names, kp_pg_i64(r, row, col, 0));
+}
+
+int kp_an_query(PGconn *c, int n_params, const char *sql, const char *const *params, size_t *budget,
+                size_t max_rows, PGresult **out, char *errbuf, size_t errlen)
+{
+    size_t n;
+    int rc;
+
+    *out = NULL; /* a failed query leaves no stale result for the caller's cleanup */
+    rc = kp_pg_query(c, sql, n_params, params, out, errbuf, errlen);
+    if (rc < 0) {
+        return rc;
+    }
+    n = (size_t) PQntuples(*out);
+    if (max_rows && n > max_rows - *budget) {
+        kp_errbuf_set(errbuf, errlen, "the rank has more than %zu rows: raise the row limit",
+                      max_rows);
+        PQclear(*out);
+        *out = NULL;
+        return KP_ETOOBIG;
+    }
+    *budget += n;
+    return 0;
+}
+
+int kp_an_check_rank(PGconn *c, const char *const *params, int64_t run, int rank, char *errbuf,
+                     size_t errlen)
+{
+    PGresult *r = NULL;
+    int rc;
+
+    rc = kp_pg_query(c, "SELECT count(*) FROM runs WHERE id = $1", 1, params, &r, errbuf, errlen);
+    if (rc < 0) {
+        return rc;
+    }
+    if (kp_pg_i64(r, 0, 0, 0) == 0) {
+        PQclear(r);
+        kp_errbuf_set(errbuf, errlen,
+                      "run %" PRId64 " does not exist: `kprofctl runs` lists "
+                      "the runs",
+                      run);
+        return KP_ENOTFOUND;
+    }
+    PQclear(r);
+    rc = kp_pg_query(c,
+                     "SELECT coalesce(string_agg(rank::text, ',' ORDER BY rank), ''), "
+                     "count(*) FILTER (WHERE rank = $2) FROM ranks WHERE run_id = $1",
+                     2, params, &r, errbuf, errlen);
+    if (rc < 0) {
+        return rc;
+    }
+    if (kp_pg_i64(r, 0, 1, 0) == 0) {
+        kp_errbuf_set(errbuf, errlen,
+                      "run %" PRId64 " has no rank %d: pick one of its ranks (%s) with --rank", run,
+                      rank, PQgetvalue(r, 0, 0)[0] ? PQgetvalue(r, 0, 0) : "none");
+        PQclear(r);
+        return KP_ENOTFOUND;
+    }
+    PQclear(r);
+    return 0;
+}
+
+int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out,
+                 char *errbuf, size_t errlen)
+{
+    char runs[24], ranks[16];
+    const char *params[2] = { runs, ranks };
+    struct kp_an *a;
+    PGresult *r = NULL;
+    size_t budget = 0, n;
+    int rc;
+
+    *out = NULL;
+    snprintf(runs, sizeof(runs), "%" PRId64, run);
+    snprintf(ranks, sizeof(ranks), "%d", rank);
+    rc = kp_an_check_rank(c, params, run, rank, errbuf, errlen);
+    if (rc < 0) {
+        return rc;
+    }
+    a = calloc(1, sizeof(*a));
+    if (!a) {
+        return -ENOMEM;
+    }
+
+    rc = kp_an_dict_load(c,
+                         "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
+                         " UNION SELECT name FROM ops" WHERE_RR
+                         " UNION SELECT input_shapes FROM ops" WHERE_RR
+                         " UNION SELECT input_dtypes FROM ops" WHERE_RR ") ORDER BY id",
+                         params, &budget, max_rows, &a->names, errbuf, errlen);
+    if (rc == -ENOMEM) {
+        goto nomem;
+    }
+    if (rc < 0) {
+        goto fail;
+    }
+
+    rc = kp_an_query(
+        c, 2,
+        "SELECT start_ns, dur_ns, tid, external_id, name, input_shapes, kind, input_dtypes "
+        "FROM ops" WHERE_RR " ORDER BY tid, start_ns, dur_ns DESC",
+        params, &budget, max_rows, &r, errbuf, errlen);
+    if (rc < 0) {
+        goto fail;
+    }
+    n = (size_t) PQntuples(r);
+    a->ops = calloc(n ? n : 1, sizeof(*a->ops));
+    if (!a->ops) {
+        goto nomem;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct an_op *o = &a->ops[i];
+        int row = (int) i;
+
+        o->start = kp_pg_i64(r, row, 0, 0);
+        o->end = o->start + kp_pg_i64(r, row, 1, 0);
+        o->tid = kp_pg_i64(r, row, 2, 0);
+        o->ext = kp_pg_i64(r, row, 3, 0);
+        o->name = name_idx(a, r, row, 4);
+        o->shapes = name_idx(a, r, row, 5);
+        o->kind = (uint8_t) kp_pg_i64(r, row, 6, 0);
+        o->dtypes = name_idx(a, r, row, 7);
+    }
+    a->n_ops = n;
+    PQclear(r);
+
+    /* Runtime calls only: the plugin drops cuda_driver (spec §1). */
+    rc =
+        kp_an_query(c, 2,
+                    "SELECT start_ns, dur_ns, tid, correlation, external_id FROM api_calls" WHERE_RR
+                    " AND domain = 1 ORDER BY start_ns, dur_ns DESC",
+                    params, &budget, max_rows, &r, errbuf, errlen);
+    if (rc < 0) {
+        goto fail;
+    }
+    n = (size_t) PQntuples(r);
+    a->rts = calloc(n + 1, sizeof(*a->rts));
+    if (!a->rts) {
+        goto nomem;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct an_rt *t = &a->rts[i];
+        int row = (int) i;
+
+        t->start = kp_pg_i64(r, row, 0, 0);
+        t->end = t->start + kp_pg_i64(r, row, 1, 0);
+        t->tid = kp_pg_i64(r, row, 2, 0);
+        t->corr = kp_pg_i64(r, row, 3, 0);
+        t->ext = kp_pg_i64(r, row, 4, 0);
+    }
+    a->n_rts = n;
+    PQclear(r);
+
+    /* The occupancy side table is joined by key. Right after an import PostgreSQL has no
+     * statistics on the new partitions yet, estimates one row on each side and picks a nested
+     * loop that re-aggregates the side table for every kernel: 25 s instead of 25 ms on a
+     * resnet50 rank. A hash join is right at every size here, so say so (export does too). */
+    rc = kp_pg_exec(c, "SET enable_nestloop = off", errbuf, errlen);
+    if (rc != 0) {
+        goto fail;
+    }
+    rc = kp_an_query(
+        c, 2,
+        "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, grid_y, "
+        "grid_z, block_x, block_y, block_z, registers, "
+        "static_smem::bigint + coalesce(dynamic_smem, 0), device, o.blocks_per_sm, "
+        "o.est_occupancy FROM kernels" KP_SQL_KERNEL_OCCUPANCY_JOIN("$1", "$2") WHERE_RR
+        " UNION ALL SELECT 1, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
+        "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memcpys" WHERE_RR
+        " UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
+        "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR
+        " ORDER BY 2, 3 DESC",
+        params, &budget, max_rows, &r, errbuf, errlen);
+    if (rc < 0) {
+        goto fail;
+    }
+    {
+        char ignored[128];
+
+        (void) kp_pg_exec(c, "RESET enable_nestloop", ignored, sizeof(ignored));
+    }
+    n = (size_t) PQntuples(r);
+    a->devs = calloc(n ? n : 1, sizeof(*a->devs));
+    if (!a->devs) {
+        goto nomem;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct an_dev *d = &a->devs[i];
+        int row = (int) i;
+
+        d->kind = (uint8_t) kp_pg_i64(r, row, 0, 0);
+        d->start = kp_pg_i64(r, row, 1, 0);
+        d->end = d->start + kp_pg_i64(r, row, 2, 0);
+        d->corr = kp_pg_i64(r, row, 3, 0);
+        d->ext = kp_pg_i64(r, row, 4, 0);
+        d->name = name_idx(a, r, row, 5);
+        d->has_grid = !PQgetisnull(r, row, 6);
+        d->has_block = !PQgetisnull(r, row, 9);
+        for (int k = 0; k < 3; k++) {
+            d->grid[k] = (int32_t) kp_pg_i64(r, row, 6 + k, 0);
+            d->block[k] = (int32_t) kp_pg_i64(r, row, 9 + k, 0);
+        }
+        d->regs = (int32_t) kp_pg_i64(r, row, 12, 0);
+        d->smem = (int32_t) kp_pg_i64(r, row, 13, 0);
+        d->device = PQgetisnull(r, row, 14) ? -1 : (int16_t) kp_pg_i64(r, row, 14, 0);
+        d->bps = PQgetisnull(r, row, 15) ? NAN : strtod(PQgetvalue(r, row, 15), NULL);
+        d->occ = PQgetisnull(r, row, 16) ? NAN : strtod(PQgetvalue(r, row, 16), NULL);
+        d->rt = -1;
+        d->next = -1;
+        if (d->kind == DEV_KERNEL) {
+            a->n_kernels++;
+        }
+        else if (d->kind == DEV_MEMCPY) {
+            a->n_memcpy++;
+        }
+        else {
+            a->n_memset++;
+        }
+    }
+    a->n_devs = n;
+    PQclear(r);
+
+    /* Recorded steps: a capture has no ProfilerStep ops but reports its steps (the hook) */
+    rc = kp_an_query(c, 2, "SELECT step, start_ns, dur_ns FROM steps" WHERE_RR " ORDER BY start_ns",
+                     params, &budget, max_rows, &r, errbuf, errlen);
+    if (rc < 0) {
+        goto fail;
+    }
+    n = (size_t) PQntuples(r);
+    a->rec_steps = calloc(n ? n : 1, sizeof(*a->rec_steps));
+    if (!a->rec_steps) {
+        goto nomem;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct kp_an_step *st = &a->rec_steps[i];
+
+        snprintf(st->name, sizeof(st->name), "%" PRId64, kp_pg_i64(r, (int) i, 0, 0));
+        st->start_ns = kp_pg_i64(r, (int) i, 1, 0);
+        st->end_ns = st->start_ns + kp_pg_i64(r, (int) i, 2, 0);
+    }
+    a->n_rec_steps = n;
+    PQclear(r);
+
+    /* The profiler's span ("PyTorch Profiler (0)", kept by import): the timeline's range */
+    rc = kp_an_query(c, 2,
+                     "SELECT profiler_start_ns, profiler_end_ns FROM ranks" WHERE_RR
+                     " AND profiler_start_ns >= 0 AND profiler_end_ns > profiler_start_ns",
+                     params, &budget, max_rows, &r, errbuf, errlen);
+    if (rc < 0) {
+        goto fail;
+    }
+    if (PQntuples(r) == 1) {
+        a->prof_start = kp_pg_i64(r, 0, 0, 0);
+        a->prof_end = kp_pg_i64(r, 0, 1, 0);
+    }
+    PQclear(r);
+    *out = a;
+    return 0;
+
+nomem:
+    rc = -ENOMEM;
+    kp_errbuf_set(errbuf, errlen, "out of memory loading run %" PRId64 " rank %d", run, rank);
+fail:
+    PQclear(r);
+    kp_an_destroy(a);
+    return rc;
+}
+
+void kp_an_destroy(struct kp_an *a)
+{
+    if (!a) {
+        return;
+    }
+    kp_an_dict_fini(&a->names);
+    free(a->ops);
+    free(a->rts);
+    free(a->devs);
+    free(a->rec_steps);
+    free(a->nodes);
+    free(a->roots);
+    free(a->steps);
+    for (int i = 0; i < KP_AN_MAX_GPUS; i++) {
+        free(a->bd.util_timeline[i]);
+        free(a->bd.sm_ranges[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        free(a->ops_tab[i].rows);
+        free(a->kern_tab[i].rows);
+    }
+    free(a);
+}

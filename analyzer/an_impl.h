@@ -1,0 +1,141 @@
+/*
+ * an_impl.h: what the analyzer core's files (an.c and an_*.c) share: the model's structs and
+ * the helpers more than one of them uses. Private to those files.
+ */
+#ifndef KP_AN_IMPL_H
+#define KP_AN_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "an.h"
+
+/* OpKind (proto/kprof.proto). */
+enum {
+    OPK_CPU_OP = 1,
+    OPK_USER_ANNOTATION = 2,
+    OPK_GPU_USER_ANNOTATION = 3,
+    OPK_PYTHON_FUNCTION = 4,
+    OPK_NVTX = 5,
+    OPK_PROFILER_STEP = 6,
+};
+
+enum dev_kind {
+    DEV_KERNEL,
+    DEV_MEMCPY,
+    DEV_MEMSET
+};
+
+/* What a host node is (spec §2.4, §2.7). */
+enum node_type {
+    NODE_ROOT,
+    NODE_OPERATOR,   /* an operator that the op tables list */
+    NODE_OTHER_OP,   /* an Operator-category node the op tables leave out */
+    NODE_DATALOADER, /* enumerate(DataLoader)#...__next__ */
+    NODE_OPTIMIZER,  /* Optimizer.step... */
+    NODE_STEP,       /* ProfilerStep#N */
+    NODE_COMM,       /* user annotation named as a communication op */
+};
+
+struct an_op {
+    int64_t start, end, tid, ext;
+    int32_t name, shapes, dtypes; /* indexes into names, -1: none */
+    uint8_t kind;
+};
+
+struct an_rt {
+    int64_t start, end, tid, corr, ext;
+    int32_t owner;     /* node, -1: dropped */
+    int32_t next;      /* next runtime of the same owner */
+    int32_t first_dev; /* device events it launched */
+    int32_t step;      /* the step containing it, -1: none */
+    int64_t dev_ns, tc_ns, kern_ns;
+    bool dummy; /* the stand-in runtime of stale kernels */
+};
+
+struct an_dev {
+    int64_t start, end, corr, ext;
+    double bps, occ; /* blocks per SM, est. achieved occupancy %; NaN: unknown */
+    int32_t name, rt, next;
+    int32_t grid[3], block[3];
+    int32_t regs, smem;
+    int16_t device; /* -1: none */
+    bool has_grid, has_block;
+    uint8_t kind;
+};
+
+struct an_node {
+    int64_t start, end;
+    int32_t op; /* -1: root */
+    int32_t parent, first_child, last_child, next_sib, n_child;
+    int32_t first_rt, last_rt;
+    int64_t host_self, dev_self, dev_total, tc_self, tc_total, kern_self;
+    bool eligible, eligible_below, dead;
+    uint8_t type;
+};
+
+struct an_tid_root {
+    int64_t tid;
+    int32_t node;
+};
+
+struct kp_an {
+    struct kp_an_dict names;
+    struct an_op *ops;
+    size_t n_ops;
+    struct an_rt *rts; /* n_rts + 1 slots: the last may be the dummy runtime */
+    size_t n_rts;
+    struct an_dev *devs;
+    size_t n_devs, n_kernels, n_memcpy, n_memset;
+    struct kp_an_step *rec_steps; /* the steps table (a capture's step reports), by start */
+    size_t n_rec_steps;
+    int64_t prof_start, prof_end; /* the profiler's span (ranks.profiler_*); 0, 0: unknown */
+
+    bool built;
+    struct an_node *nodes;
+    size_t n_nodes;
+    struct an_tid_root *roots;
+    size_t n_roots;
+
+    struct kp_an_breakdown bd;
+    struct kp_an_step *steps;
+    struct kp_an_table ops_tab[2], kern_tab[2];
+};
+
+/* A query's filter on the (run, rank) of its parameters $1 and $2. */
+#define WHERE_RR " WHERE run_id = $1 AND rank = $2"
+
+struct key_idx {
+    int64_t key;
+    int32_t idx;
+};
+
+/* The name at index idx of a->names ("" for -1). */
+static inline const char *nm(const struct kp_an *a, int32_t idx)
+{
+    return idx >= 0 ? a->names.v[idx].s : "";
+}
+
+/* an_names.c */
+bool an_is_comm_op(const struct an_op *o, const char *s);
+bool an_is_comm_kernel_name(const char *s);
+bool an_is_dataloader_name(const char *s);
+/* Whether an op of this name is eligible for Tensor Cores (spec §7). */
+bool an_is_tc_eligible_op(const char *s);
+/* The node type of an op, or -1 if it is not a host node (spec §2.4). */
+int an_host_type(const struct kp_an *a, const struct an_op *o);
+
+/* an_model.c */
+int an_cmp_key_idx(const void *pa, const void *pb);
+/* The first entry of v[0..n) (sorted by key) with this key, or NULL. */
+const struct key_idx *an_find_key(const struct key_idx *v, size_t n, int64_t key);
+/* The root node of thread tid, or -1. */
+int32_t an_root_of(const struct kp_an *a, int64_t tid);
+int64_t an_dev_ext(const struct kp_an *a, const struct an_dev *d);
+/* Builds the trees and the per-node statistics (spec §2); then a->built. 0 or -ENOMEM. */
+int an_build_model(struct kp_an *a);
+/* The steps (spec §3) into a->steps and the breakdown's step list. 0 or -ENOMEM. */
+int an_build_steps(struct kp_an *a);
+
+#endif

@@ -1,0 +1,488 @@
+/* kp_an: the model (spec §2-§3): device events linked to runtime calls and host nodes, the host
+ * trees and their statistics, the steps. */
+#define _GNU_SOURCE /* qsort_r */
+#include "an_impl.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_codec.h"
+#include "kp_err.h"
+#include "kp_json.h"
+#include "kp_pg.h"
+#include "ranges.h"
+
+/* ---- the model ------------------------------------------------------------------------ */
+
+int an_cmp_key_idx(const void *pa, const void *pb)
+{
+    const struct key_idx *a = pa, *b = pb;
+
+    if (a->key != b->key) {
+        return a->key < b->key ? -1 : 1;
+    }
+    return (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+const struct key_idx *an_find_key(const struct key_idx *v, size_t n, int64_t key)
+{
+    size_t lo = 0, hi = n;
+
+    while (lo < hi) { /* the first entry with this key */
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (v[mid].key < key) {
+            lo = mid + 1;
+        }
+        else {
+            hi = mid;
+        }
+    }
+    return lo < n && v[lo].key == key ? &v[lo] : NULL;
+}
+
+int32_t an_root_of(const struct kp_an *a, int64_t tid)
+{
+    size_t lo = 0, hi = a->n_roots;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (a->roots[mid].tid == tid) {
+            return a->roots[mid].node;
+        }
+        if (a->roots[mid].tid < tid) {
+            lo = mid + 1;
+        }
+        else {
+            hi = mid;
+        }
+    }
+    return -1;
+}
+
+static int32_t new_node(struct kp_an *a, int32_t op, int64_t start, int64_t end, uint8_t type)
+{
+    struct an_node *n = &a->nodes[a->n_nodes];
+
+    memset(n, 0, sizeof(*n));
+    n->op = op;
+    n->start = start;
+    n->end = end;
+    n->type = type;
+    n->parent = n->first_child = n->last_child = n->next_sib = -1;
+    n->first_rt = n->last_rt = -1;
+    return (int32_t) a->n_nodes++;
+}
+
+static void add_child(struct kp_an *a, int32_t parent, int32_t child)
+{
+    struct an_node *p = &a->nodes[parent];
+
+    a->nodes[child].parent = parent;
+    if (p->last_child >= 0) {
+        a->nodes[p->last_child].next_sib = child;
+    }
+    else {
+        p->first_child = child;
+    }
+    p->last_child = child;
+    p->n_child++;
+}
+
+static void add_rt(struct kp_an *a, int32_t node, int32_t rt)
+{
+    struct an_node *n = &a->nodes[node];
+
+    a->rts[rt].owner = node;
+    a->rts[rt].next = -1;
+    if (n->last_rt >= 0) {
+        a->rts[n->last_rt].next = rt;
+    }
+    else {
+        n->first_rt = rt;
+    }
+    n->last_rt = rt;
+}
+
+static int cmp_tid_root(const void *pa, const void *pb)
+{
+    const struct an_tid_root *a = pa, *b = pb;
+
+    return (a->tid > b->tid) - (a->tid < b->tid);
+}
+
+/* The runtime's external id if the device event has none. */
+int64_t an_dev_ext(const struct kp_an *a, const struct an_dev *d)
+{
+    if (d->ext) {
+        return d->ext;
+    }
+    return d->rt >= 0 ? a->rts[d->rt].ext : 0;
+}
+
+/* Builds the trees and the per-node statistics (spec §2). */
+int an_build_model(struct kp_an *a)
+{
+    size_t cap = 2 * a->n_ops + a->n_rts + 2; /* nodes, and one root per thread */
+    int32_t *stack = NULL;
+    struct key_idx *ext = NULL, *corr = NULL;
+    size_t n_ext = 0, sp = 0;
+    int64_t main_tid = 0;
+    bool has_main = false;
+    int rc = -ENOMEM;
+
+    a->nodes = calloc(cap, sizeof(*a->nodes));
+    a->roots = calloc(cap, sizeof(*a->roots));
+    stack = calloc(a->n_ops + 2, sizeof(*stack));
+    ext = calloc(a->n_ops + 1, sizeof(*ext));
+    corr = calloc(a->n_rts + 1, sizeof(*corr));
+    if (!a->nodes || !a->roots || !stack || !ext || !corr) {
+        goto out;
+    }
+
+    /* 1. One tree per thread: ops come sorted by (tid, start, end descending). */
+    for (size_t i = 0; i < a->n_ops; i++) {
+        const struct an_op *o = &a->ops[i];
+        int type = an_host_type(a, o);
+        int32_t node;
+
+        if (type < 0) {
+            continue;
+        }
+        if (o->kind == OPK_PROFILER_STEP && !has_main) {
+            has_main = true;
+            main_tid = o->tid;
+        }
+        if (sp == 0 || a->roots[a->n_roots - 1].tid != o->tid) {
+            int32_t root = new_node(a, -1, INT64_MIN, INT64_MAX, NODE_ROOT);
+
+            a->roots[a->n_roots++] = (struct an_tid_root){ o->tid, root };
+            stack[0] = root;
+            sp = 1;
+        }
+        for (;;) {
+            const struct an_node *top = &a->nodes[stack[sp - 1]];
+
+            if (o->start < top->end) {
+                if (o->end <= top->end) {
+                    node = new_node(a, (int32_t) i, o->start, o->end, (uint8_t) type);
+                    add_child(a, stack[sp - 1], node);
+                    stack[sp++] = node;
+                    if (o->ext) {
+                        ext[n_ext++] = (struct key_idx){ o->ext, node };
+                    }
+                }
+                break; /* a partial overlap is dropped (spec §2.4) */
+            }
+            sp--;
+        }
+    }
+    /* Threads with runtime calls but no host node get a root too. */
+    for (size_t i = 0; i < a->n_rts; i++) {
+        bool found = false;
+
+        for (size_t k = 0; k < a->n_roots && !found; k++) {
+            found = a->roots[k].tid == a->rts[i].tid;
+        }
+        if (!found && a->n_roots < cap) {
+            int32_t root = new_node(a, -1, INT64_MIN, INT64_MAX, NODE_ROOT);
+
+            a->roots[a->n_roots++] = (struct an_tid_root){ a->rts[i].tid, root };
+        }
+    }
+    qsort(a->roots, a->n_roots, sizeof(*a->roots), cmp_tid_root);
+
+    /* 2. Runtime calls to host nodes by external id (the first node in tree order). */
+    qsort(ext, n_ext, sizeof(*ext), an_cmp_key_idx);
+    for (size_t i = 0; i < a->n_rts; i++) {
+        struct an_rt *t = &a->rts[i];
+        const struct key_idx *k;
+
+        t->owner = -1;
+        t->first_dev = -1;
+        t->next = -1;
+        if (t->ext == 0) {
+            add_rt(a, an_root_of(a, t->tid), (int32_t) i);
+        }
+        else if ((k = an_find_key(ext, n_ext, t->ext)) != NULL) {
+            add_rt(a, k->idx, (int32_t) i);
+        }
+        corr[i] = (struct key_idx){ t->corr, (int32_t) i };
+    }
+
+    /* 3. Device events to runtime calls by correlation; stale kernels to a dummy runtime
+     * under the main thread's root. */
+    qsort(corr, a->n_rts, sizeof(*corr), an_cmp_key_idx);
+    for (size_t i = a->n_devs; i-- > 0;) {
+        struct an_dev *d = &a->devs[i];
+        const struct key_idx *k = d->corr ? an_find_key(corr, a->n_rts, d->corr) : NULL;
+        int32_t rt;
+
+        if (k) {
+            rt = k->idx;
+        }
+        else if (d->kind == DEV_KERNEL && has_main) {
+            rt = (int32_t) a->n_rts;
+            if (!a->rts[rt].dummy) {
+                a->rts[rt].dummy = true;
+                a->rts[rt].first_dev = -1;
+                a->rts[rt].step = -1;
+                a->rts[rt].tid = main_tid;
+                add_rt(a, an_root_of(a, main_tid), rt);
+            }
+        }
+        else {
+            continue;
+        }
+        d->rt = rt;
+        d->next = a->rts[rt].first_dev; /* walking backwards keeps start order */
+        a->rts[rt].first_dev = (int32_t) i;
+        a->rts[rt].dev_ns += d->end - d->start;
+        if (d->kind == DEV_KERNEL) {
+            a->rts[rt].kern_ns += d->end - d->start;
+        }
+        if (d->kind == DEV_KERNEL && kp_an_is_tc_kernel(nm(a, d->name))) {
+            a->rts[rt].tc_ns += d->end - d->start;
+        }
+    }
+
+    /* 4. Duplicate merging (spec §2.5), parents before children. */
+    for (size_t i = 0; i < a->n_nodes; i++) {
+        struct an_node *n = &a->nodes[i];
+
+        if (n->dead || n->op < 0 || a->ops[n->op].kind != OPK_CPU_OP) {
+            continue;
+        }
+        while (n->n_child == 1) {
+            struct an_node *c = &a->nodes[n->first_child];
+
+            if (c->op < 0 || a->ops[c->op].kind != OPK_CPU_OP ||
+                a->ops[c->op].name != a->ops[n->op].name) {
+                break;
+            }
+            for (int32_t r = n->first_rt; r >= 0; r = a->rts[r].next) {
+                a->rts[r].owner = -1;
+            }
+            n->first_rt = c->first_rt;
+            n->last_rt = c->last_rt;
+            for (int32_t r = n->first_rt; r >= 0; r = a->rts[r].next) {
+                a->rts[r].owner = (int32_t) i;
+            }
+            n->first_child = c->first_child;
+            n->last_child = c->last_child;
+            n->n_child = c->n_child;
+            for (int32_t k = n->first_child; k >= 0; k = a->nodes[k].next_sib) {
+                a->nodes[k].parent = (int32_t) i;
+            }
+            c->dead = true;
+        }
+    }
+
+    /* 5. Bottom-up statistics (spec §2.6, §7): children have higher indexes. */
+    for (size_t i = a->n_nodes; i-- > 0;) {
+        struct an_node *n = &a->nodes[i];
+        bool host = n->op >= 0; /* roots have no host time */
+
+        if (n->dead) {
+            continue;
+        }
+        n->host_self = host ? n->end - n->start : 0;
+        n->eligible = n->op >= 0 && an_is_tc_eligible_op(nm(a, a->ops[n->op].name));
+        for (int32_t r = n->first_rt; r >= 0; r = a->rts[r].next) {
+            if (host) {
+                n->host_self -= a->rts[r].end - a->rts[r].start;
+            }
+            n->dev_self += a->rts[r].dev_ns;
+            n->tc_self += a->rts[r].tc_ns;
+            n->kern_self += a->rts[r].kern_ns;
+            if (a->rts[r].tc_ns > 0) {
+                n->eligible = true;
+            }
+        }
+        n->dev_total += n->dev_self;
+        n->tc_total += n->tc_self;
+        for (int32_t k = n->first_child; k >= 0; k = a->nodes[k].next_sib) {
+            const struct an_node *c = &a->nodes[k];
+
+            if (host) {
+                n->host_self -= c->end - c->start;
+            }
+            n->dev_total += c->dev_total;
+            n->tc_total += c->tc_total;
+            if (c->eligible && n->op >= 0 && a->ops[n->op].kind == OPK_CPU_OP) {
+                n->eligible = true;
+            }
+            if (c->eligible || c->eligible_below) {
+                n->eligible_below = true;
+            }
+        }
+    }
+    a->built = true;
+    rc = 0;
+out:
+    free(stack);
+    free(ext);
+    free(corr);
+    return rc;
+}
+
+/* ---- steps (spec §3) ----------------------------------------------------------------- */
+
+struct step_dev {
+    int64_t min_start, max_end;
+    uint64_t count;
+};
+
+static int cmp_step(const void *pa, const void *pb)
+{
+    const struct kp_an_step *a = pa, *b = pb;
+
+    return (a->start_ns > b->start_ns) - (a->start_ns < b->start_ns);
+}
+
+int an_build_steps(struct kp_an *a)
+{
+    size_t n = 0;
+    struct step_dev *sd = NULL;
+    bool launched = false;
+
+    free(a->steps);
+    a->steps =
+        calloc((a->n_ops > a->n_rec_steps ? a->n_ops : a->n_rec_steps) + 1, sizeof(*a->steps));
+    if (!a->steps) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < a->n_ops; i++) {
+        const struct an_op *o = &a->ops[i];
+        const char *s = nm(a, o->name);
+
+        if (o->kind != OPK_PROFILER_STEP) {
+            continue;
+        }
+        snprintf(a->steps[n].name, sizeof(a->steps[n].name), "%s",
+                 strncmp(s, "ProfilerStep#", 13) == 0 ? s + 13 : s);
+        a->steps[n].start_ns = o->start;
+        a->steps[n].end_ns = o->end;
+        n++;
+    }
+    if (n == 0 && a->n_rec_steps > 0) {
+        /* no ProfilerStep ranges: the steps the capture recorded (kprof_step reports) */
+        memcpy(a->steps, a->rec_steps, a->n_rec_steps * sizeof(*a->steps));
+        n = a->n_rec_steps;
+    }
+    if (n == 0) { /* one step "0" over the CPU-side events */
+        int64_t lo = INT64_MAX, hi = INT64_MIN;
+
+        for (size_t i = 0; i < a->n_ops; i++) {
+            if (a->ops[i].kind != OPK_CPU_OP) {
+                continue;
+            }
+            lo = a->ops[i].start < lo ? a->ops[i].start : lo;
+            hi = a->ops[i].end > hi ? a->ops[i].end : hi;
+        }
+        if (lo <= hi) {
+            snprintf(a->steps[0].name, sizeof(a->steps[0].name), "0");
+            a->steps[0].start_ns = lo;
+            a->steps[0].end_ns = hi;
+            n = 1;
+        }
+    }
+    qsort(a->steps, n, sizeof(*a->steps), cmp_step);
+
+    sd = calloc(n + 1, sizeof(*sd));
+    if (!sd) {
+        return -ENOMEM;
+    }
+    for (size_t s = 0; s < n; s++) {
+        sd[s].min_start = INT64_MAX;
+        sd[s].max_end = INT64_MIN;
+    }
+    /* A runtime call belongs to the last step starting at or before it, if inside it. */
+    for (size_t i = 0; i <= a->n_rts; i++) {
+        struct an_rt *t = &a->rts[i];
+        size_t lo = 0, hi = n;
+
+        t->step = -1;
+        if (i == a->n_rts || t->dummy) {
+            continue;
+        }
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+
+            if (a->steps[mid].start_ns <= t->start) {
+                lo = mid + 1;
+            }
+            else {
+                hi = mid;
+            }
+        }
+        if (lo > 0 && t->end <= a->steps[lo - 1].end_ns) {
+            t->step = (int32_t) (lo - 1);
+        }
+    }
+    for (size_t i = 0; i < a->n_devs; i++) {
+        const struct an_dev *d = &a->devs[i];
+        int32_t s = d->rt >= 0 ? a->rts[d->rt].step : -1;
+
+        if (s < 0) {
+            continue;
+        }
+        sd[s].count++;
+        sd[s].min_start = d->start < sd[s].min_start ? d->start : sd[s].min_start;
+        sd[s].max_end = d->end > sd[s].max_end ? d->end : sd[s].max_end;
+        launched = true;
+    }
+    if (launched) {
+        int64_t prev_end = a->steps[0].start_ns;
+
+        if (sd[0].count > 0) {
+            for (size_t i = 0; i < a->n_devs; i++) {
+                const struct an_dev *d = &a->devs[i];
+
+                if (d->rt >= 0 && a->rts[d->rt].step >= 0) {
+                    continue;
+                }
+                if (d->end < sd[0].min_start && d->end > prev_end) {
+                    prev_end = d->end;
+                }
+            }
+        }
+        for (size_t s = 0; s < n; s++) {
+            struct kp_an_step *st = &a->steps[s];
+            int64_t start = prev_end > st->start_ns ? prev_end : st->start_ns;
+            int64_t end;
+
+            if (sd[s].count > 0) {
+                end = st->end_ns > sd[s].max_end ? st->end_ns : sd[s].max_end;
+            }
+            else {
+                end = st->end_ns > start ? st->end_ns : start;
+            }
+            if (end < start) {
+                end = start;
+            }
+            st->start_ns = start;
+            st->end_ns = end;
+            prev_end = end;
+        }
+        if (n > 1) { /* tail trimming */
+            size_t last = n - 1;
+
+            while (sd[last].count == 0) {
+                last--;
+            }
+            n = last + 1;
+            if (last > 0 && (double) sd[last].count < 0.8 * (double) sd[last - 1].count) {
+                n = last;
+            }
+        }
+    }
+    free(sd);
+    a->bd.n_steps = n;
+    a->bd.steps = a->steps;
+    return 0;
+}
