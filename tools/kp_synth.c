@@ -909,61 +909,44 @@ static void schedule_step(struct kp_synth *s)
     s->my_origin = s->origin[s->o.rank];
 }
 
-static void sim_step(struct kp_synth *s)
+/* The input batch to the GPU: .to(), down to the host-to-device copy. */
+static void step_input(struct kp_synth *s, uint64_t tm, uint64_t parent)
 {
-    Kprof__V1__Steps *st = s->p_steps;
-    Kprof__V1__Memsets *ms = s->p_memsets;
-    struct frame fstep, fdl, fddp, fz, fopt, ffe, fitem, fdense;
-    uint64_t tm = tid_main(s);
-    int64_t t0 = s->t0[s->o.rank], bwd_end, end, ready, sync_st, sync_en, opt_end;
-    uint64_t corr;
+    struct frame f1, f2, f3;
+
+    op_open(s, &f1, ab(s, s->cpu_main), S_ATEN_TO, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm, parent);
+    f1.shapes = S_SH_TO;
+    f1.dtypes = S_DT_TO;
+    s->cpu_main += base_dur(s, 3000, 0.3);
+    op_open(s, &f2, ab(s, s->cpu_main), S_ATEN_TO_COPY, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
+            f1.id);
+    f2.shapes = S_SH_TO;
+    f2.dtypes = S_DT_TO;
+    s->cpu_main += base_dur(s, 5000, 0.3);
+    op_open(s, &f3, ab(s, s->cpu_main), S_ATEN_COPY, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm, f2.id);
+    f3.shapes = S_SH_TO;
+    f3.dtypes = S_DT_TO;
+    s->cpu_main += base_dur(s, 2000, 0.3);
+    memcpy_row(s, &s->cpu_main, tm, f3.id, (uint64_t) s->prof->tokens * s->prof->hidden * 4,
+               MEMCPY_HTOD, MEM_PINNED, MEM_DEVICE);
+    s->cpu_main += base_dur(s, 1000, 0.3);
+    op_close(s, &f3, ab(s, s->cpu_main));
+    s->cpu_main += base_dur(s, 800, 0.3);
+    op_close(s, &f2, ab(s, s->cpu_main));
+    s->cpu_main += base_dur(s, 800, 0.3);
+    op_close(s, &f1, ab(s, s->cpu_main));
+    checkpoint(s);
+}
+
+/* Forward: DDP's forward over the blocks, then the loss and whatever else is left of the
+ * kernel budget. */
+static void step_forward(struct kp_synth *s, uint64_t tm, uint64_t parent)
+{
+    struct frame fddp;
     uint32_t blk;
-    size_t i;
 
-    s->bi = 0;
-    s->first_gemm_corr_done = 0;
-    s->comm_end = 0;
-    schedule_step(s);
-    s->cpu_main = s->cpu_bwd = s->gpu = 0;
-
-    op_open(s, &fstep, t0, S_NONE, KPROF__V1__OP_KIND__OP_KIND_PROFILER_STEP, tm, 0);
-    fstep.name = STEP_NAME_FLAG | (uint32_t) (s->step - s->o.first_step);
-    op_open(s, &fdl, t0, S_DATALOADER, KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm, fstep.id);
-    op_close(s, &fdl, s->my_origin);
-
-    /* the input batch to the GPU */
-    {
-        struct frame f1, f2, f3;
-
-        op_open(s, &f1, ab(s, s->cpu_main), S_ATEN_TO, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
-                fstep.id);
-        f1.shapes = S_SH_TO;
-        f1.dtypes = S_DT_TO;
-        s->cpu_main += base_dur(s, 3000, 0.3);
-        op_open(s, &f2, ab(s, s->cpu_main), S_ATEN_TO_COPY, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
-                f1.id);
-        f2.shapes = S_SH_TO;
-        f2.dtypes = S_DT_TO;
-        s->cpu_main += base_dur(s, 5000, 0.3);
-        op_open(s, &f3, ab(s, s->cpu_main), S_ATEN_COPY, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
-                f2.id);
-        f3.shapes = S_SH_TO;
-        f3.dtypes = S_DT_TO;
-        s->cpu_main += base_dur(s, 2000, 0.3);
-        memcpy_row(s, &s->cpu_main, tm, f3.id, (uint64_t) s->prof->tokens * s->prof->hidden * 4,
-                   MEMCPY_HTOD, MEM_PINNED, MEM_DEVICE);
-        s->cpu_main += base_dur(s, 1000, 0.3);
-        op_close(s, &f3, ab(s, s->cpu_main));
-        s->cpu_main += base_dur(s, 800, 0.3);
-        op_close(s, &f2, ab(s, s->cpu_main));
-        s->cpu_main += base_dur(s, 800, 0.3);
-        op_close(s, &f1, ab(s, s->cpu_main));
-        checkpoint(s);
-    }
-
-    /* forward */
     op_open(s, &fddp, ab(s, s->cpu_main), S_DDP_FORWARD,
-            KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm, fstep.id);
+            KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm, parent);
     s->cpu_main += base_dur(s, 20000, 0.3);
     for (blk = 0; blk < s->n_blocks; blk++) {
         struct block_seq *q = &s->bseq[blk];
@@ -983,12 +966,21 @@ static void sim_step(struct kp_synth *s)
     op_close(s, &fddp, ab(s, s->cpu_main));
     /* the loss and whatever else is left of the kernel budget */
     for (uint32_t x = 0; x < s->n_extra; x++) {
-        fwd_op(s, fstep.id, S_NONE, S_ATEN_MUL, KT_MUL, S_SH_MUL, S_DT_2, NULL);
+        fwd_op(s, parent, S_NONE, S_ATEN_MUL, KT_MUL, S_SH_MUL, S_DT_2, NULL);
     }
+}
 
-    /* backward: DDP zeroes its first bucket, then the autograd thread takes over */
+/* Backward starts: DDP zeroes its first bucket (a memset on the GPU). */
+static void step_zero_bucket(struct kp_synth *s, uint64_t tm, uint64_t parent)
+{
+    Kprof__V1__Memsets *ms = s->p_memsets;
+    struct frame fz;
+    uint64_t corr;
+    int64_t ready;
+    size_t i;
+
     op_open(s, &fz, ab(s, s->cpu_main), S_ATEN_ZERO, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
-            fstep.id);
+            parent);
     fz.shapes = S_SH_ZERO;
     fz.dtypes = S_DT_1;
     s->cpu_main += base_dur(s, 2500, 0.3);
@@ -1018,6 +1010,14 @@ static void sim_step(struct kp_synth *s)
     s->cpu_main += base_dur(s, 1000, 0.3);
     op_close(s, &fz, ab(s, s->cpu_main));
     checkpoint(s);
+}
+
+/* Backward on the autograd thread, bucket by bucket with each bucket's allreduce; then every
+ * rank's mapping re-based where its optimizer phase starts. */
+static void step_backward(struct kp_synth *s)
+{
+    int64_t bwd_end;
+    uint32_t blk;
 
     s->cpu_bwd = s->cpu_main + base_dur(s, 15000, 0.3);
     for (uint32_t b = 0; b < s->n_buckets; b++) {
@@ -1043,6 +1043,14 @@ static void sim_step(struct kp_synth *s)
     }
     s->my_origin = s->origin[s->o.rank];
     s->cpu_main = s->gpu = 0;
+}
+
+/* The optimizer phase: the compute stream waits for the communication stream, then
+ * optimizer.step's foreach kernels, and what backward left alive is freed. */
+static void step_optimizer(struct kp_synth *s, uint64_t tm, uint64_t parent)
+{
+    struct frame fopt, ffe;
+    uint64_t corr;
 
     /* DDP makes the compute stream wait for the communication stream */
     {
@@ -1050,12 +1058,12 @@ static void sim_step(struct kp_synth *s)
         uint32_t ev = (uint32_t) (s->next_event++ & 0x7fffffff);
 
         corr = api_call(s, &s->cpu_main, S_CUDA_STREAM_WAIT_EVENT, CBID_STREAM_WAIT_EVENT, tm,
-                        fstep.id, 3000, NULL);
+                        parent, 3000, NULL);
         a1 = ab(s, s->cpu_main);
         sync_row(s, a0, a1, SYNC_STREAM_WAIT_EVENT, corr, ev);
     }
     op_open(s, &fopt, ab(s, s->cpu_main), S_OPTIMIZER_STEP,
-            KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm, fstep.id);
+            KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm, parent);
     s->cpu_main += base_dur(s, 8000, 0.3);
     op_open(s, &ffe, ab(s, s->cpu_main), S_FOREACH_ADD, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
             fopt.id);
@@ -1074,10 +1082,18 @@ static void sim_step(struct kp_synth *s)
     }
     s->cpu_main += base_dur(s, 3000, 0.3);
     op_close(s, &fopt, ab(s, s->cpu_main));
+}
 
-    /* loss.item(): a tiny copy back and a stream synchronize */
+/* loss.item(): a tiny copy back and a stream synchronize. Returns where the step ends (the
+ * main thread's time). */
+static int64_t step_item(struct kp_synth *s, uint64_t tm, uint64_t parent)
+{
+    struct frame fitem, fdense;
+    int64_t sync_st, sync_en;
+    uint64_t corr;
+
     op_open(s, &fitem, ab(s, s->cpu_main), S_ATEN_ITEM, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
-            fstep.id);
+            parent);
     fitem.shapes = S_SH_ITEM;
     fitem.dtypes = S_DT_ITEM;
     s->cpu_main += base_dur(s, 2000, 0.3);
@@ -1104,7 +1120,36 @@ static void sim_step(struct kp_synth *s)
     s->cpu_main += base_dur(s, 1000, 0.3);
     op_close(s, &fitem, ab(s, s->cpu_main));
     s->cpu_main += base_dur(s, 6000, 0.3);
-    opt_end = s->cpu_main;
+    return s->cpu_main;
+}
+
+/* One training step of the rank: its rows (every rank's timeline moves on with it). */
+static void sim_step(struct kp_synth *s)
+{
+    Kprof__V1__Steps *st = s->p_steps;
+    struct frame fstep, fdl;
+    uint64_t tm = tid_main(s);
+    int64_t t0 = s->t0[s->o.rank], end, opt_end;
+    size_t i;
+
+    s->bi = 0;
+    s->first_gemm_corr_done = 0;
+    s->comm_end = 0;
+    schedule_step(s);
+    s->cpu_main = s->cpu_bwd = s->gpu = 0;
+
+    op_open(s, &fstep, t0, S_NONE, KPROF__V1__OP_KIND__OP_KIND_PROFILER_STEP, tm, 0);
+    fstep.name = STEP_NAME_FLAG | (uint32_t) (s->step - s->o.first_step);
+    op_open(s, &fdl, t0, S_DATALOADER, KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm, fstep.id);
+    op_close(s, &fdl, s->my_origin);
+
+    step_input(s, tm, fstep.id);
+    step_forward(s, tm, fstep.id);
+    /* backward: DDP zeroes its first bucket, then the autograd thread takes over */
+    step_zero_bucket(s, tm, fstep.id);
+    step_backward(s);
+    step_optimizer(s, tm, fstep.id);
+    opt_end = step_item(s, tm, fstep.id);
 
     end = ab(s, opt_end);
     op_close(s, &fstep, end);
