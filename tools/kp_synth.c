@@ -1432,13 +1432,11 @@ static int build_strings(struct kp_synth *s, int p)
     return 0;
 }
 
-int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
+/* Whether opts are within kp_synth.h's limits. */
+static bool synth_opts_valid(const struct kp_synth_opts *opts)
 {
-    struct kp_synth *s;
-    uint32_t w = opts->world_size, k;
-    int rc = -ENOMEM, p;
+    uint32_t w = opts->world_size;
 
-    *out = NULL;
     if (w == 0 || w > KP_SYNTH_MAX_WORLD_SIZE || opts->rank >= w || opts->first_step < 0 ||
         opts->n_steps > INT32_MAX || opts->first_step > (int64_t) INT32_MAX - opts->n_steps ||
         (opts->kernels_per_step != 0 && (opts->kernels_per_step < KP_SYNTH_MIN_KERNELS_PER_STEP ||
@@ -1446,37 +1444,25 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
         (opts->batch_rows != 0 && (opts->batch_rows < KP_SYNTH_MIN_BATCH_ROWS ||
                                    opts->batch_rows > KP_SYNTH_MAX_BATCH_ROWS)) ||
         opts->run_id > INT32_MAX || opts->start_ns < 0) {
-        return -EINVAL;
+        return false;
     }
     for (uint32_t q = 0; q < w; q++) {
         if ((opts->compute_slowdown != NULL &&
              !(opts->compute_slowdown[q] >= 0.1 && opts->compute_slowdown[q] <= 100.0)) ||
             (opts->dataload_slowdown != NULL &&
              !(opts->dataload_slowdown[q] >= 0.1 && opts->dataload_slowdown[q] <= 100.0))) {
-            return -EINVAL;
+            return false;
         }
     }
-    if (kp_codec_selfcheck(NULL, 0) != 0) {
-        return -EINVAL;
-    }
-    if ((s = calloc(1, sizeof(*s))) == NULL) {
-        return -ENOMEM;
-    }
-    s->o = *opts;
-    s->o.job = NULL;
-    s->o.compute_slowdown = NULL;
-    s->o.dataload_slowdown = NULL;
-    if (s->o.start_ns == 0) {
-        s->o.start_ns = KP_SYNTH_DEFAULT_START_NS;
-    }
-    s->kernels_per_step =
-        opts->kernels_per_step ? opts->kernels_per_step : KP_SYNTH_DEFAULT_KERNELS_PER_STEP;
-    s->batch_rows = opts->batch_rows ? opts->batch_rows : KP_SYNTH_DEFAULT_BATCH_ROWS;
-    p = (int) (mix64(opts->seed ^ 0x9f0f11e) & 1);
-    s->prof = &profiles[p];
+    return true;
+}
 
-    /* the kernel budget: 16 per block, a few optimizer kernels, the rest elementwise */
-    k = s->kernels_per_step;
+/* The kernel budget of a step: 16 per block, a few optimizer kernels, the rest elementwise;
+ * the blocks in DDP buckets. */
+static void plan_kernels(struct kp_synth *s)
+{
+    uint32_t k = s->kernels_per_step;
+
     s->n_opt = k / 25;
     s->n_opt = s->n_opt < 1 ? 1 : (s->n_opt > 8 ? 8 : s->n_opt);
     s->n_blocks = (k - s->n_opt) / 16;
@@ -1484,22 +1470,13 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     s->blocks_per_bucket = s->n_blocks / 16 + 1;
     s->n_buckets =
         s->n_blocks == 0 ? 1 : (s->n_blocks + s->blocks_per_bucket - 1) / s->blocks_per_bucket;
+}
 
-    s->slow = calloc(w, sizeof(double));
-    s->dlslow = calloc(w, sizeof(double));
-    s->f = calloc(w, sizeof(double));
-    s->t0 = calloc(w, sizeof(int64_t));
-    s->origin = calloc(w, sizeof(int64_t));
-    s->bucket_nelems = calloc(s->n_buckets, sizeof(uint64_t));
-    s->bseq = calloc(s->n_blocks + 1, sizeof(struct block_seq));
-    s->job = strdup(opts->job != NULL ? opts->job : "synthetic");
-    if (s->slow == NULL || s->dlslow == NULL || s->f == NULL || s->t0 == NULL ||
-        s->origin == NULL || s->bucket_nelems == NULL || s->bseq == NULL || s->job == NULL ||
-        build_strings(s, p) != 0 ||
-        kp_batch_builder_create(KP_BB_ALWAYS, synth_cols,
-                                sizeof(synth_cols) / sizeof(synth_cols[0]), &s->bb) != 0) {
-        goto fail;
-    }
+/* Every rank's slowdowns and first step's start, and each bucket's gradient size. */
+static void init_timelines(struct kp_synth *s, const struct kp_synth_opts *opts)
+{
+    uint32_t w = opts->world_size;
+
     for (uint32_t q = 0; q < w; q++) {
         s->slow[q] = opts->compute_slowdown != NULL ? opts->compute_slowdown[q] : 1.0;
         s->dlslow[q] = opts->dataload_slowdown != NULL ? opts->dataload_slowdown[q] : 1.0;
@@ -1513,20 +1490,15 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
         /* two linear layers (8h^2 + 5h) and a layer norm (2h) per block */
         s->bucket_nelems[b] = nb == 0 ? 4096 : nb * (8 * hh * hh + 7 * hh);
     }
+}
 
-    s->step = opts->first_step;
-    s->step_end = opts->first_step + opts->n_steps;
-    s->rstate = hash4(opts->seed, 0x7a9c, opts->rank, 0);
-    s->next_op_id = 1;
-    s->next_corr = 1;
-    s->next_coll_seq = 1;
-    s->next_event = 1;
-    s->next_aseq = 1;
-
-    /* room for a row of every kind, so that row_add always has one to give */
+/* Room for a row of every kind, so that row_add always has one to give, and the tables
+ * the rows are written into. 0 or -ENOMEM. */
+static int bind_tables(struct kp_synth *s)
+{
     for (int ev = 0; ev < KP_EV_COUNT; ev++) {
         if (kp_batch_builder_add(s->bb, (enum kp_event_kind) ev, 1) < 0) {
-            goto fail;
+            return -ENOMEM;
         }
         kp_batch_builder_truncate(s->bb, (enum kp_event_kind) ev, 0);
     }
@@ -1540,6 +1512,13 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     s->p_colls = kp_batch_builder_table(s->bb, KP_EV_COLLECTIVE);
     s->p_syncs = kp_batch_builder_table(s->bb, KP_EV_SYNC);
     s->p_memory = kp_batch_builder_table(s->bb, KP_EV_MEMORY);
+    return 0;
+}
+
+/* rank_info and the device every batch of the rank carries. */
+static void init_identity(struct kp_synth *s, const struct kp_synth_opts *opts)
+{
+    uint32_t w = opts->world_size;
 
     snprintf(s->host, sizeof(s->host), "synth-node-%u", opts->rank / 8);
     kprof__v1__rank_info__init(&s->rank_info);
@@ -1567,6 +1546,69 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     s->device.smem_per_block = 49152;
     s->device.warp_size = 32;
     s->devices[0] = &s->device;
+}
+
+int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
+{
+    struct kp_synth *s;
+    uint32_t w = opts->world_size;
+    int rc = -ENOMEM, p;
+
+    *out = NULL;
+    if (!synth_opts_valid(opts)) {
+        return -EINVAL;
+    }
+    if (kp_codec_selfcheck(NULL, 0) != 0) {
+        return -EINVAL;
+    }
+    if ((s = calloc(1, sizeof(*s))) == NULL) {
+        return -ENOMEM;
+    }
+    s->o = *opts;
+    s->o.job = NULL;
+    s->o.compute_slowdown = NULL;
+    s->o.dataload_slowdown = NULL;
+    if (s->o.start_ns == 0) {
+        s->o.start_ns = KP_SYNTH_DEFAULT_START_NS;
+    }
+    s->kernels_per_step =
+        opts->kernels_per_step ? opts->kernels_per_step : KP_SYNTH_DEFAULT_KERNELS_PER_STEP;
+    s->batch_rows = opts->batch_rows ? opts->batch_rows : KP_SYNTH_DEFAULT_BATCH_ROWS;
+    p = (int) (mix64(opts->seed ^ 0x9f0f11e) & 1);
+    s->prof = &profiles[p];
+
+    plan_kernels(s);
+
+    s->slow = calloc(w, sizeof(double));
+    s->dlslow = calloc(w, sizeof(double));
+    s->f = calloc(w, sizeof(double));
+    s->t0 = calloc(w, sizeof(int64_t));
+    s->origin = calloc(w, sizeof(int64_t));
+    s->bucket_nelems = calloc(s->n_buckets, sizeof(uint64_t));
+    s->bseq = calloc(s->n_blocks + 1, sizeof(struct block_seq));
+    s->job = strdup(opts->job != NULL ? opts->job : "synthetic");
+    if (s->slow == NULL || s->dlslow == NULL || s->f == NULL || s->t0 == NULL ||
+        s->origin == NULL || s->bucket_nelems == NULL || s->bseq == NULL || s->job == NULL ||
+        build_strings(s, p) != 0 ||
+        kp_batch_builder_create(KP_BB_ALWAYS, synth_cols,
+                                sizeof(synth_cols) / sizeof(synth_cols[0]), &s->bb) != 0) {
+        goto fail;
+    }
+    init_timelines(s, opts);
+
+    s->step = opts->first_step;
+    s->step_end = opts->first_step + opts->n_steps;
+    s->rstate = hash4(opts->seed, 0x7a9c, opts->rank, 0);
+    s->next_op_id = 1;
+    s->next_corr = 1;
+    s->next_coll_seq = 1;
+    s->next_event = 1;
+    s->next_aseq = 1;
+
+    if (bind_tables(s) != 0) {
+        goto fail;
+    }
+    init_identity(s, opts);
     *out = s;
     return 0;
 fail:
