@@ -530,23 +530,154 @@ static void set_window(const struct kp_coord *c, struct cap *k,
     k->deadline_ns = kp_real_ns() + (int64_t) budget * 1000000;
 }
 
+/* The job's world size as its processes report it (at least above the highest rank). */
+static uint32_t job_world(const struct procref *v, long n)
+{
+    uint32_t world = 0;
+
+    for (long i = 0; i < n; i++) {
+        if (v[i].p->world_size > world) {
+            world = v[i].p->world_size;
+        }
+        if (v[i].p->rank >= 0 && (uint32_t) v[i].p->rank >= world) {
+            world = (uint32_t) v[i].p->rank + 1;
+        }
+    }
+    return world;
+}
+
+/* req->ranks ("all", "0,3-5") into sel (world entries). 0, or -1 after answering the call. */
+static int select_ranks(struct kp_rpc_call *call, const Kprof__V1__StartCaptureRequest *req,
+                        uint32_t world, uint8_t *sel)
+{
+    char err[1400];
+    long bad_rank = 0;
+    bool all;
+    int rc;
+
+    rc = kp_ranks_parse(req->ranks, world, sel, &all, &bad_rank);
+    if (rc == -ERANGE) {
+        snprintf(err, sizeof(err),
+                 "ranks %.100s: rank %ld is outside job %s's world size %u (its ranks are 0..%u)",
+                 req->ranks, bad_rank, req->job, world, world - 1);
+        finish_err(call, GRPC_STATUS_INVALID_ARGUMENT, err);
+        return -1;
+    }
+    if (rc != 0) {
+        snprintf(err, sizeof(err), "ranks %.100s: not a rank list (use all, or e.g. 0,3-5)",
+                 req->ranks);
+        finish_err(call, GRPC_STATUS_INVALID_ARGUMENT, err);
+        return -1;
+    }
+    if (all) {
+        memset(sel, 1, world);
+    }
+    return 0;
+}
+
+/* Each selected rank's process into by_rank (world entries; missing: world bytes of room) and
+ * their count into *nsel. 0, or -1 after answering the call when a selected rank has no
+ * process or one that is capturing already. */
+static int pick_procs(struct kp_rpc_call *call, const Kprof__V1__StartCaptureRequest *req,
+                      const struct procref *v, long n, uint32_t world, const uint8_t *sel,
+                      const struct procref **by_rank, uint8_t *missing, size_t *nsel)
+{
+    char err[1400], list[400];
+    bool any_missing = false;
+
+    /* one process per rank: the one reported most recently if a rank shows up twice */
+    for (long i = 0; i < n; i++) {
+        int32_t r = v[i].p->rank;
+
+        if (r >= 0 && (uint32_t) r < world &&
+            (by_rank[r] == NULL || by_rank[r]->a->report_ms < v[i].a->report_ms)) {
+            by_rank[r] = &v[i];
+        }
+    }
+    for (uint32_t r = 0; r < world; r++) {
+        if (sel[r] && by_rank[r] == NULL) {
+            missing[r] = 1;
+            any_missing = true;
+        }
+        *nsel += sel[r];
+    }
+    if (any_missing) {
+        snprintf(err, sizeof(err),
+                 "no attached agent hosts rank(s) %s of job %s (world size %u): start kprof-agent "
+                 "with --collector pointing here on their nodes, or pick --ranks among the "
+                 "attached ones (kprofctl jobs lists them)",
+                 kp_ranks_format(missing, world, list, sizeof(list)), req->job, world);
+        finish_err(call, GRPC_STATUS_FAILED_PRECONDITION, err);
+        return -1;
+    }
+    for (uint32_t r = 0; r < world; r++) {
+        if (sel[r] && by_rank[r]->p->run_id != 0) {
+            snprintf(err, sizeof(err),
+                     "rank %u of job %s (pid %u on %s) is capturing for run %" PRIu64
+                     " already (a capture started on its agent with kprof-agent capture?): wait "
+                     "for it to end",
+                     r, req->job, by_rank[r]->p->pid, by_rank[r]->a->host, by_rank[r]->p->run_id);
+            finish_err(call, GRPC_STATUS_ALREADY_EXISTS, err);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* k's ranks, one per selected rank, pending on its process's agent (k->ranks has room for
+ * them). Returns the steps they are at and their step times. */
+static struct step_span plan_ranks(struct cap *k, const struct procref *const *by_rank,
+                                   const uint8_t *sel, uint32_t world, long long now)
+{
+    struct step_span sp = { INT64_MAX, -1, 0, 0 };
+
+    for (uint32_t r = 0; r < world; r++) {
+        const struct procref *pr = by_rank[r];
+        struct crank *q;
+        int64_t at;
+
+        if (!sel[r]) {
+            continue;
+        }
+        q = &k->ranks[k->n++];
+        q->rank = (int32_t) r;
+        q->state = ST_PENDING;
+        q->agent_id = pr->a->id;
+        kp__coord_copy_text(q->host, sizeof(q->host), pr->a->host);
+        q->pid = pr->p->pid;
+        q->first_step = -1;
+        q->last_step = -1;
+        at = step_now(pr, now);
+        if (at > sp.max_step) {
+            sp.max_step = at;
+        }
+        if (at < sp.min_step) {
+            sp.min_step = at;
+        }
+        if (pr->p->step_ms > 0 && (sp.fastest_ms == 0 || pr->p->step_ms < sp.fastest_ms)) {
+            sp.fastest_ms = pr->p->step_ms;
+        }
+        if (pr->p->step_ms > sp.slowest_ms) {
+            sp.slowest_ms = pr->p->step_ms;
+        }
+    }
+    return sp;
+}
+
 /* Validates req and reserves the ranks: a new capture (run_id 0) linked into c. Returns it,
  * or NULL after answering the call. mu held. */
 static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
                         const Kprof__V1__StartCaptureRequest *req, uint32_t activities)
 {
-    char err[1400], list[400];
+    char err[1400];
     struct procref *v = NULL;
     const struct procref **by_rank = NULL;
     uint8_t *sel = NULL, *missing = NULL;
     struct cap *k = NULL, *busy;
-    uint32_t world = 0;
-    long long now = kp_mono_ms(), slowest = 0, fastest = 0;
-    int64_t mx = -1, mn = INT64_MAX;
-    long n, bad_rank = 0;
-    bool all, any_missing = false;
+    uint32_t world;
+    long long now = kp_mono_ms();
     size_t nsel = 0;
-    int rc;
+    long n;
 
     n = kp__coord_gather(c, req->job, &v);
     if (n < 0) {
@@ -566,71 +697,15 @@ static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
         finish_err(call, GRPC_STATUS_ALREADY_EXISTS, err);
         goto out;
     }
-    for (long i = 0; i < n; i++) {
-        if (v[i].p->world_size > world) {
-            world = v[i].p->world_size;
-        }
-        if (v[i].p->rank >= 0 && (uint32_t) v[i].p->rank >= world) {
-            world = (uint32_t) v[i].p->rank + 1;
-        }
-    }
+    world = job_world(v, n);
     if (world == 0 || (sel = calloc(world, 1)) == NULL || (missing = calloc(world, 1)) == NULL ||
         (by_rank = calloc(world, sizeof(*by_rank))) == NULL) {
         finish_err(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
         goto out;
     }
-    rc = kp_ranks_parse(req->ranks, world, sel, &all, &bad_rank);
-    if (rc == -ERANGE) {
-        snprintf(err, sizeof(err),
-                 "ranks %.100s: rank %ld is outside job %s's world size %u (its ranks are 0..%u)",
-                 req->ranks, bad_rank, req->job, world, world - 1);
-        finish_err(call, GRPC_STATUS_INVALID_ARGUMENT, err);
+    if (select_ranks(call, req, world, sel) != 0 ||
+        pick_procs(call, req, v, n, world, sel, by_rank, missing, &nsel) != 0) {
         goto out;
-    }
-    if (rc != 0) {
-        snprintf(err, sizeof(err), "ranks %.100s: not a rank list (use all, or e.g. 0,3-5)",
-                 req->ranks);
-        finish_err(call, GRPC_STATUS_INVALID_ARGUMENT, err);
-        goto out;
-    }
-    if (all) {
-        memset(sel, 1, world);
-    }
-    /* one process per rank: the one reported most recently if a rank shows up twice */
-    for (long i = 0; i < n; i++) {
-        int32_t r = v[i].p->rank;
-
-        if (r >= 0 && (uint32_t) r < world &&
-            (by_rank[r] == NULL || by_rank[r]->a->report_ms < v[i].a->report_ms)) {
-            by_rank[r] = &v[i];
-        }
-    }
-    for (uint32_t r = 0; r < world; r++) {
-        if (sel[r] && by_rank[r] == NULL) {
-            missing[r] = 1;
-            any_missing = true;
-        }
-        nsel += sel[r];
-    }
-    if (any_missing) {
-        snprintf(err, sizeof(err),
-                 "no attached agent hosts rank(s) %s of job %s (world size %u): start kprof-agent "
-                 "with --collector pointing here on their nodes, or pick --ranks among the "
-                 "attached ones (kprofctl jobs lists them)",
-                 kp_ranks_format(missing, world, list, sizeof(list)), req->job, world);
-        finish_err(call, GRPC_STATUS_FAILED_PRECONDITION, err);
-        goto out;
-    }
-    for (uint32_t r = 0; r < world; r++) {
-        if (sel[r] && by_rank[r]->p->run_id != 0) {
-            snprintf(err, sizeof(err),
-                     "rank %u of job %s (pid %u on %s) is capturing for run %" PRIu64
-                     " already (a capture started on its agent with kprof-agent capture?): wait "
-                     "for it to end",
-                     r, req->job, by_rank[r]->p->pid, by_rank[r]->a->host, by_rank[r]->p->run_id);
-            finish_err(call, GRPC_STATUS_ALREADY_EXISTS, err);
-            goto out;
-        }
     }
     if ((k = calloc(1, sizeof(*k))) == NULL ||
         (k->ranks = calloc(nsel, sizeof(*k->ranks))) == NULL) {
@@ -646,37 +721,7 @@ static struct cap *plan(struct kp_coord *c, struct kp_rpc_call *call,
     k->world_size = world;
     k->activities = activities;
     k->run_state = KPROF__V1__RUN_STATE__RUN_STATE_OPEN;
-    for (uint32_t r = 0; r < world; r++) {
-        const struct procref *pr = by_rank[r];
-        struct crank *q;
-        int64_t at;
-
-        if (!sel[r]) {
-            continue;
-        }
-        q = &k->ranks[k->n++];
-        q->rank = (int32_t) r;
-        q->state = ST_PENDING;
-        q->agent_id = pr->a->id;
-        kp__coord_copy_text(q->host, sizeof(q->host), pr->a->host);
-        q->pid = pr->p->pid;
-        q->first_step = -1;
-        q->last_step = -1;
-        at = step_now(pr, now);
-        if (at > mx) {
-            mx = at;
-        }
-        if (at < mn) {
-            mn = at;
-        }
-        if (pr->p->step_ms > 0 && (fastest == 0 || pr->p->step_ms < fastest)) {
-            fastest = pr->p->step_ms;
-        }
-        if (pr->p->step_ms > slowest) {
-            slowest = pr->p->step_ms;
-        }
-    }
-    set_window(c, k, req, now, (struct step_span){ mn, mx, fastest, slowest });
+    set_window(c, k, req, now, plan_ranks(k, by_rank, sel, world, now));
     k->next = c->caps;
     c->caps = k;
 out:

@@ -139,6 +139,14 @@ struct import {
     uint64_t batches_sent;
     size_t spool_mem;  /* in memory in the spools */
     uint64_t reparsed; /* files parsed a second time */
+    /* the run */
+    struct kp_rpc_channel *ch;
+    uint64_t run_id;
+    uint32_t world_size;
+    bool run_failed;  /* the push failed: the run is ended FAILED and dropped */
+    bool any_partial; /* --partial kept the part of a file before its error */
+    bool ended;       /* EndRun answered */
+    bool unreachable; /* collectord was unreachable or went away */
 };
 
 static volatile sig_atomic_t g_interrupted;
@@ -596,36 +604,19 @@ static int assign_ranks(struct import *im, uint32_t *world_size)
     return 0;
 }
 
-int kprofctl_import(int argc, char **argv)
+/* Flags and --help: -1 to go on, else the exit status (0 after --help, 2 for bad flags). */
+static int import_flags(struct import_config *cfg, int argc, char **argv, struct kp_config_pos *pos)
 {
-    struct import_config cfg;
-    struct import im;
-    struct kp_config_pos pos;
-    struct kp_rpc_channel_opts co;
-    struct kp_rpc_channel *ch = NULL;
-    struct kp_push_opts po;
-    struct kp_kineto_opts o;
-    Kprof__V1__Run *run = NULL;
-    char *args[IMPORT_MAX_ARGS];
     char err[1024];
-    uint64_t run_id = 0, stream;
-    uint32_t world_size = 0;
-    size_t bad;
-    int action, rc = 1;
-    bool run_failed = false, any_partial = false, ended = false, unreachable = false;
+    int action;
 
-    memset(&cfg, 0, sizeof(cfg));
-    memset(&im, 0, sizeof(im));
-    pos.args = args;
-    pos.max = IMPORT_MAX_ARGS;
-    pos.n = 0;
-    if (kp_config_load_args(import_defs, N_DEFS, &cfg, "kprofctl", argc, argv, &pos, err,
-                            sizeof(err), &action) != 0) {
+    if (kp_config_load_args(import_defs, N_DEFS, cfg, "kprofctl", argc, argv, pos, err, sizeof(err),
+                            &action) != 0) {
         fprintf(stderr, "kprofctl import: %s (see kprofctl import --help)\n", err);
         return 2;
     }
     if (action == KP_CONFIG_EXIT_OK) {
-        if (pos.n == 0) {
+        if (pos->n == 0) {
             printf("\nusage: kprofctl import --job NAME [flags] FILE_OR_DIR...\n"
                    "\nExit status:\n"
                    "  0    imported: the run is ENDED (with --partial also when some files were\n"
@@ -638,10 +629,273 @@ int kprofctl_import(int argc, char **argv)
                    "       could not end is ended FAILED by collectord at its\n"
                    "       --open-run-timeout)\n");
         }
-        kp_config_fini(import_defs, N_DEFS, &cfg);
+        kp_config_fini(import_defs, N_DEFS, cfg);
         return 0;
     }
-    kp_log_set_level((enum kp_log_level) cfg.log_level);
+    kp_log_set_level((enum kp_log_level) cfg->log_level);
+    return -1;
+}
+
+/* The trace files: the arguments' files and directories listed, each scanned (parsed once,
+ * its batches spooled) and given its rank. 0, or -1 once said on stderr (nothing imported). */
+static int import_scan(struct import *im, char **args, int n_args)
+{
+    const struct import_config *cfg = im->cfg;
+    size_t bad;
+
+    for (int i = 0; i < n_args; i++) {
+        struct stat st;
+
+        if (stat(args[i], &st) != 0) {
+            fprintf(stderr, "kprofctl import: %s: %s\n", args[i], strerror(errno));
+            return -1;
+        }
+        if (S_ISDIR(st.st_mode) ? add_dir(im, args[i], 0) != 0
+                                : add_file(im, args[i], (uint64_t) st.st_size) != 0) {
+            return -1;
+        }
+    }
+    if (im->n_files == 0) {
+        fprintf(stderr, "kprofctl import: no .json or .json.gz files in %s%s\n", args[0],
+                n_args > 1 ? " ..." : "");
+        return -1;
+    }
+    for (size_t i = 0; i < im->n_files; i++) {
+        im->total_bytes += 2 * im->files[i].size;
+    }
+    im->bar = cfg->progress == 1 || (cfg->progress == 0 && isatty(STDERR_FILENO));
+    im->start_ns = kp_mono_ns();
+    signal(SIGINT, on_sigint);
+    signal(SIGPIPE, SIG_IGN);
+
+    bad = scan_all(im);
+    if (g_interrupted) {
+        fprintf(stderr, "\nkprofctl import: interrupted; nothing was imported\n");
+        return -1;
+    }
+    if (bad > 0 && !cfg->partial) {
+        fprintf(stderr,
+                "kprofctl import: %zu of %zu file%s unreadable; nothing was imported (--partial "
+                "imports the good part of each file)\n",
+                bad, im->n_files, im->n_files == 1 ? "" : "s");
+        return -1;
+    }
+    if (assign_ranks(im, &im->world_size) != 0) {
+        return -1;
+    }
+    for (size_t i = 0; i < im->n_files; i++) {
+        if (im->files[i].scan_rc == 0 && im->files[i].scan.events == 0) {
+            fprintf(stderr,
+                    "kprofctl import: warning: %s is an empty trace (no events): rank %ld of the "
+                    "run will hold no rows\n",
+                    im->files[i].path, im->files[i].rank);
+        }
+    }
+    return 0;
+}
+
+/* The channel to collectord and CreateRun: 0 (im->ch, im->run_id set), or the exit status
+ * once said on stderr (2: a bad --collector; nothing to end then). */
+static int import_open_run(struct import *im)
+{
+    const struct import_config *cfg = im->cfg;
+    Kprof__V1__CreateRunRequest req = KPROF__V1__CREATE_RUN_REQUEST__INIT;
+    struct kp_rpc_channel_opts co;
+    Kprof__V1__Run *run = NULL;
+    char err[1024];
+
+    memset(&co, 0, sizeof(co));
+    co.tls_ca_file = cfg->tls_ca != NULL && cfg->tls_ca[0] != '\0' ? cfg->tls_ca : NULL;
+    if (kp_rpc_channel_create(cfg->collector, &co, &im->ch, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kprofctl import: --collector=%s: %s\n", cfg->collector, err);
+        return 2;
+    }
+    req.job = cfg->job;
+    req.name = cfg->name;
+    req.world_size = im->world_size;
+    req.source = KPROF__V1__RUN_SOURCE__RUN_SOURCE_IMPORT;
+    if (!control_call(im->ch, cfg->collector, "CreateRun", &req.base, &run, &im->unreachable, false,
+                      CONTROL_TIMEOUT_MS)) {
+        return im->unreachable ? KPROFCTL_EXIT_UNREACHABLE : KPROFCTL_EXIT_FAILED;
+    }
+    im->run_id = run->id;
+    protobuf_c_message_free_unpacked(&run->base, NULL);
+    return 0;
+}
+
+/* Sends every file's batches to the open run and flushes them: the exit status so far
+ * (im->run_failed, im->any_partial, im->unreachable say why). */
+static int import_push(struct import *im)
+{
+    const struct import_config *cfg = im->cfg;
+    struct kp_push_opts po;
+    struct kp_kineto_opts o;
+    uint64_t stream;
+    int rc;
+
+    memset(&po, 0, sizeof(po));
+    po.give_up_after_ms = cfg->give_up_ms;
+    if (getrandom(&stream, sizeof(stream), 0) != (ssize_t) sizeof(stream)) {
+        stream = (uint64_t) kp_mono_ns() ^ ((uint64_t) getpid() << 32);
+    }
+    stream &= 0x7fffffffffffffffULL;
+    stream = stream == 0 ? 1 : stream;
+    if ((rc = kp_push_create(im->ch, stream, &po, &im->push)) != 0) {
+        fprintf(stderr, "kprofctl import: cannot create the producer: %s\n", kp_strerror(rc));
+        im->run_failed = true;
+        return 1;
+    }
+    kineto_opts(im, &o);
+    o.run_id = im->run_id;
+    o.job = cfg->job;
+    o.world_size = im->world_size;
+    o.partial = cfg->partial;
+    im->phase = "send";
+    im->done_bytes = im->total_bytes / 2;
+    for (size_t i = 0; i < im->n_files && !im->run_failed; i++) {
+        struct trace_file *f = &im->files[i];
+
+        im->cur_index = i;
+        im->cur_bytes = 0;
+        o.rank = (uint32_t) f->rank;
+        o.meta = &f->scan;
+        f->send_rc = send_file(im, f, &o);
+        im->done_bytes += f->size;
+        if (f->send_rc == 0) {
+            continue;
+        }
+        if (f->scan_rc != 0 && f->send_rc == f->scan_rc) {
+            im->any_partial = true; /* --partial: the good part went in */
+            continue;
+        }
+        if (im->bar) {
+            fputc('\n', stderr);
+        }
+        if (f->send_rc == KP_ERPC) {
+            im->unreachable = push_failed(im, f->path, "did not take the batches");
+        }
+        else {
+            fprintf(stderr, "kprofctl import: %s\n", f->err);
+        }
+        im->run_failed = true;
+    }
+    if (!im->run_failed && kp_push_flush(im->push, -1) != 0) {
+        im->unreachable = push_failed(im, NULL, "did not commit the batches");
+        im->run_failed = true;
+    }
+    /* --partial that stored a run is a (partial) success: exit 0, said on stderr */
+    return im->run_failed ? (im->unreachable ? KPROFCTL_EXIT_UNREACHABLE : KPROFCTL_EXIT_FAILED)
+                          : KPROFCTL_EXIT_OK;
+}
+
+/* EndRun (failed when the push failed), asked again while collectord may be back: rc, or the
+ * exit status that the run could not be ended (said on stderr). Sets im->ended. */
+static int import_end(struct import *im, int rc)
+{
+    const struct import_config *cfg = im->cfg;
+    Kprof__V1__EndRunRequest req = KPROF__V1__END_RUN_REQUEST__INIT;
+    Kprof__V1__Run *run = NULL;
+    bool push_gone = im->unreachable, gone = false;
+    /* once the push gave up on collectord, one more --give-up is all EndRun gets */
+    long long end_timeout_ms = im->unreachable && cfg->give_up_ms < CONTROL_TIMEOUT_MS
+                                   ? cfg->give_up_ms
+                                   : CONTROL_TIMEOUT_MS;
+    long long until, pause_ms = 100;
+
+    if (im->bar) {
+        im->cur_bytes = 0;
+        progress_draw(im, true);
+    }
+    until = kp_mono_ns() + (im->unreachable ? 0 : cfg->give_up_ms * 1000000LL);
+    req.run_id = im->run_id;
+    req.failed = im->run_failed;
+    /* A collectord that went away (a restart) may be back soon: ask again until --give-up
+     * (once only when the push already gave up on it). Quiet while it may ask again, and
+     * once the push gave up (that was said; the line below says what it means for the
+     * run). */
+    while (!(im->ended = control_call(im->ch, cfg->collector, "EndRun", &req.base, &run, &gone,
+                                      push_gone || kp_mono_ns() < until, end_timeout_ms)) &&
+           gone && kp_mono_ns() < until && !g_interrupted) {
+        struct timespec ts = { 0, pause_ms * 1000000L };
+
+        nanosleep(&ts, NULL);
+        pause_ms = pause_ms < 1000 ? 2 * pause_ms : 1000;
+    }
+    if (im->ended) {
+        protobuf_c_message_free_unpacked(&run->base, NULL);
+        return rc;
+    }
+    im->unreachable = im->unreachable || gone;
+    fprintf(stderr,
+            "kprofctl import: run %" PRIu64 " could not be ended%s%s%s: collectord ends "
+            "it as failed once it has had no batch for its --open-run-timeout; "
+            "`kprofctl runs` shows its state\n",
+            im->run_id, im->unreachable ? " (collectord at " : "",
+            im->unreachable ? cfg->collector : "", im->unreachable ? " is unreachable)" : "");
+    return im->unreachable ? KPROFCTL_EXIT_UNREACHABLE : KPROFCTL_EXIT_FAILED;
+}
+
+/* After EndRun: a failed run is dropped (or said to be FAILED), an ended one reported. */
+static void import_report(struct import *im)
+{
+    if (im->run_failed) {
+        Kprof__V1__DropRunRequest req = KPROF__V1__DROP_RUN_REQUEST__INIT;
+        Kprof__V1__Run *run = NULL;
+
+        /* nothing more may go out for the run: unacknowledged batches are given up */
+        kp_push_destroy(im->push);
+        im->push = NULL;
+        req.run_id = im->run_id;
+        /* DropRun refuses a run that is still open, so only an ended one is worth asking */
+        if (im->ended && control_call(im->ch, im->cfg->collector, "DropRun", &req.base, &run, NULL,
+                                      false, CONTROL_TIMEOUT_MS)) {
+            protobuf_c_message_free_unpacked(&run->base, NULL);
+            fprintf(stderr,
+                    "kprofctl import: run %" PRIu64 " was dropped; nothing of these traces "
+                    "was kept\n",
+                    im->run_id);
+        }
+        else if (im->ended) {
+            fprintf(stderr,
+                    "kprofctl import: run %" PRIu64 " is marked FAILED and may hold part of "
+                    "the traces (`kprofctl runs` lists it)\n",
+                    im->run_id);
+        }
+    }
+    else if (im->ended) {
+        print_result(im, im->run_id, im->world_size, (double) (kp_mono_ns() - im->start_ns) / 1e9,
+                     !im->any_partial);
+        if (im->any_partial) {
+            size_t cut = 0;
+
+            for (size_t i = 0; i < im->n_files; i++) {
+                cut += im->files[i].scan_rc != 0;
+            }
+            fprintf(stderr,
+                    "kprofctl import: partial import: run %" PRIu64 " holds %zu of %zu file%s "
+                    "whole and the part of %zu file%s before its first error (--partial)\n",
+                    im->run_id, im->n_files - cut, im->n_files, im->n_files == 1 ? "" : "s", cut,
+                    cut == 1 ? "" : "s");
+        }
+    }
+}
+
+int kprofctl_import(int argc, char **argv)
+{
+    struct import_config cfg;
+    struct import im;
+    struct kp_config_pos pos;
+    char *args[IMPORT_MAX_ARGS];
+    int rc;
+
+    memset(&cfg, 0, sizeof(cfg));
+    memset(&im, 0, sizeof(im));
+    pos.args = args;
+    pos.max = IMPORT_MAX_ARGS;
+    pos.n = 0;
+    if ((rc = import_flags(&cfg, argc, argv, &pos)) >= 0) {
+        return rc;
+    }
     im.cfg = &cfg;
     if (cfg.job == NULL || cfg.job[0] == '\0' || pos.n == 0) {
         fprintf(stderr, "usage: kprofctl import --job NAME [flags] FILE_OR_DIR... (%s)\n",
@@ -649,221 +903,16 @@ int kprofctl_import(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    for (int i = 0; i < pos.n; i++) {
-        struct stat st;
-
-        if (stat(args[i], &st) != 0) {
-            fprintf(stderr, "kprofctl import: %s: %s\n", args[i], strerror(errno));
-            goto out;
-        }
-        if (S_ISDIR(st.st_mode) ? add_dir(&im, args[i], 0) != 0
-                                : add_file(&im, args[i], (uint64_t) st.st_size) != 0) {
-            goto out;
-        }
-    }
-    if (im.n_files == 0) {
-        fprintf(stderr, "kprofctl import: no .json or .json.gz files in %s%s\n", args[0],
-                pos.n > 1 ? " ..." : "");
+    rc = 1;
+    if (import_scan(&im, args, pos.n) != 0 || (rc = import_open_run(&im)) != 0) {
         goto out;
     }
-    for (size_t i = 0; i < im.n_files; i++) {
-        im.total_bytes += 2 * im.files[i].size;
-    }
-    im.bar = cfg.progress == 1 || (cfg.progress == 0 && isatty(STDERR_FILENO));
-    im.start_ns = kp_mono_ns();
-    signal(SIGINT, on_sigint);
-    signal(SIGPIPE, SIG_IGN);
-
-    bad = scan_all(&im);
-    if (g_interrupted) {
-        fprintf(stderr, "\nkprofctl import: interrupted; nothing was imported\n");
-        goto out;
-    }
-    if (bad > 0 && !cfg.partial) {
-        fprintf(stderr,
-                "kprofctl import: %zu of %zu file%s unreadable; nothing was imported (--partial "
-                "imports the good part of each file)\n",
-                bad, im.n_files, im.n_files == 1 ? "" : "s");
-        goto out;
-    }
-    if (assign_ranks(&im, &world_size) != 0) {
-        goto out;
-    }
-    for (size_t i = 0; i < im.n_files; i++) {
-        if (im.files[i].scan_rc == 0 && im.files[i].scan.events == 0) {
-            fprintf(stderr,
-                    "kprofctl import: warning: %s is an empty trace (no events): rank %ld of the "
-                    "run will hold no rows\n",
-                    im.files[i].path, im.files[i].rank);
-        }
-    }
-
-    memset(&co, 0, sizeof(co));
-    co.tls_ca_file = cfg.tls_ca != NULL && cfg.tls_ca[0] != '\0' ? cfg.tls_ca : NULL;
-    if (kp_rpc_channel_create(cfg.collector, &co, &ch, err, sizeof(err)) != 0) {
-        fprintf(stderr, "kprofctl import: --collector=%s: %s\n", cfg.collector, err);
-        rc = 2;
-        goto out;
-    }
-    {
-        Kprof__V1__CreateRunRequest req = KPROF__V1__CREATE_RUN_REQUEST__INIT;
-
-        req.job = cfg.job;
-        req.name = cfg.name;
-        req.world_size = world_size;
-        req.source = KPROF__V1__RUN_SOURCE__RUN_SOURCE_IMPORT;
-        if (!control_call(ch, cfg.collector, "CreateRun", &req.base, &run, &unreachable, false,
-                          CONTROL_TIMEOUT_MS)) {
-            rc = unreachable ? KPROFCTL_EXIT_UNREACHABLE : KPROFCTL_EXIT_FAILED;
-            goto out;
-        }
-        run_id = run->id;
-        protobuf_c_message_free_unpacked(&run->base, NULL);
-        run = NULL;
-    }
-    memset(&po, 0, sizeof(po));
-    po.give_up_after_ms = cfg.give_up_ms;
-    if (getrandom(&stream, sizeof(stream), 0) != (ssize_t) sizeof(stream)) {
-        stream = (uint64_t) kp_mono_ns() ^ ((uint64_t) getpid() << 32);
-    }
-    stream &= 0x7fffffffffffffffULL;
-    stream = stream == 0 ? 1 : stream;
-    if ((rc = kp_push_create(ch, stream, &po, &im.push)) != 0) {
-        fprintf(stderr, "kprofctl import: cannot create the producer: %s\n", kp_strerror(rc));
-        run_failed = true;
-        rc = 1;
-        goto end;
-    }
-    kineto_opts(&im, &o);
-    o.run_id = run_id;
-    o.job = cfg.job;
-    o.world_size = world_size;
-    o.partial = cfg.partial;
-    im.phase = "send";
-    im.done_bytes = im.total_bytes / 2;
-    for (size_t i = 0; i < im.n_files && !run_failed; i++) {
-        struct trace_file *f = &im.files[i];
-
-        im.cur_index = i;
-        im.cur_bytes = 0;
-        o.rank = (uint32_t) f->rank;
-        o.meta = &f->scan;
-        f->send_rc = send_file(&im, f, &o);
-        im.done_bytes += f->size;
-        if (f->send_rc == 0) {
-            continue;
-        }
-        if (f->scan_rc != 0 && f->send_rc == f->scan_rc) {
-            any_partial = true; /* --partial: the good part went in */
-            continue;
-        }
-        if (im.bar) {
-            fputc('\n', stderr);
-        }
-        if (f->send_rc == KP_ERPC) {
-            unreachable = push_failed(&im, f->path, "did not take the batches");
-        }
-        else {
-            fprintf(stderr, "kprofctl import: %s\n", f->err);
-        }
-        run_failed = true;
-    }
-    if (!run_failed && (rc = kp_push_flush(im.push, -1)) != 0) {
-        unreachable = push_failed(&im, NULL, "did not commit the batches");
-        run_failed = true;
-    }
-    /* --partial that stored a run is a (partial) success: exit 0, said on stderr */
-    rc = run_failed ? (unreachable ? KPROFCTL_EXIT_UNREACHABLE : KPROFCTL_EXIT_FAILED)
-                    : KPROFCTL_EXIT_OK;
-end:
-    if (im.bar) {
-        im.cur_bytes = 0;
-        progress_draw(&im, true);
-    }
-    {
-        Kprof__V1__EndRunRequest req = KPROF__V1__END_RUN_REQUEST__INIT;
-
-        long long until = kp_mono_ns() + (unreachable ? 0 : cfg.give_up_ms * 1000000LL);
-        bool push_gone = unreachable;
-        /* once the push gave up on collectord, one more --give-up is all EndRun gets */
-        long long end_timeout_ms = unreachable && cfg.give_up_ms < CONTROL_TIMEOUT_MS
-                                       ? cfg.give_up_ms
-                                       : CONTROL_TIMEOUT_MS;
-        long long pause_ms = 100;
-        bool gone = false;
-
-        req.run_id = run_id;
-        req.failed = run_failed;
-        /* A collectord that went away (a restart) may be back soon: ask again until --give-up
-         * (once only when the push already gave up on it). Quiet while it may ask again, and
-         * once the push gave up (that was said; the line below says what it means for the
-         * run). */
-        while (!(ended = control_call(ch, cfg.collector, "EndRun", &req.base, &run, &gone,
-                                      push_gone || kp_mono_ns() < until, end_timeout_ms)) &&
-               gone && kp_mono_ns() < until && !g_interrupted) {
-            struct timespec ts = { 0, pause_ms * 1000000L };
-
-            nanosleep(&ts, NULL);
-            pause_ms = pause_ms < 1000 ? 2 * pause_ms : 1000;
-        }
-        if (ended) {
-            protobuf_c_message_free_unpacked(&run->base, NULL);
-            run = NULL;
-        }
-        else {
-            unreachable = unreachable || gone;
-            fprintf(stderr,
-                    "kprofctl import: run %" PRIu64 " could not be ended%s%s%s: collectord ends "
-                    "it as failed once it has had no batch for its --open-run-timeout; "
-                    "`kprofctl runs` shows its state\n",
-                    run_id, unreachable ? " (collectord at " : "", unreachable ? cfg.collector : "",
-                    unreachable ? " is unreachable)" : "");
-            rc = unreachable ? KPROFCTL_EXIT_UNREACHABLE : KPROFCTL_EXIT_FAILED;
-        }
-    }
-    if (run_failed) {
-        Kprof__V1__DropRunRequest req = KPROF__V1__DROP_RUN_REQUEST__INIT;
-
-        /* nothing more may go out for the run: unacknowledged batches are given up */
-        kp_push_destroy(im.push);
-        im.push = NULL;
-        req.run_id = run_id;
-        /* DropRun refuses a run that is still open, so only an ended one is worth asking */
-        if (ended && control_call(ch, cfg.collector, "DropRun", &req.base, &run, NULL, false,
-                                  CONTROL_TIMEOUT_MS)) {
-            protobuf_c_message_free_unpacked(&run->base, NULL);
-            run = NULL;
-            fprintf(stderr,
-                    "kprofctl import: run %" PRIu64 " was dropped; nothing of these traces "
-                    "was kept\n",
-                    run_id);
-        }
-        else if (ended) {
-            fprintf(stderr,
-                    "kprofctl import: run %" PRIu64 " is marked FAILED and may hold part of "
-                    "the traces (`kprofctl runs` lists it)\n",
-                    run_id);
-        }
-    }
-    else if (ended) {
-        print_result(&im, run_id, world_size, (double) (kp_mono_ns() - im.start_ns) / 1e9,
-                     !any_partial);
-        if (any_partial) {
-            size_t cut = 0;
-
-            for (size_t i = 0; i < im.n_files; i++) {
-                cut += im.files[i].scan_rc != 0;
-            }
-            fprintf(stderr,
-                    "kprofctl import: partial import: run %" PRIu64 " holds %zu of %zu file%s "
-                    "whole and the part of %zu file%s before its first error (--partial)\n",
-                    run_id, im.n_files - cut, im.n_files, im.n_files == 1 ? "" : "s", cut,
-                    cut == 1 ? "" : "s");
-        }
-    }
+    rc = import_push(&im);
+    rc = import_end(&im, rc);
+    import_report(&im);
 out:
     kp_push_destroy(im.push);
-    kp_rpc_channel_destroy(ch);
+    kp_rpc_channel_destroy(im.ch);
     for (size_t i = 0; i < im.n_files; i++) {
         free(im.files[i].path);
         kp_kineto_spool_destroy(im.files[i].spool);

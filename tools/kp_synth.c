@@ -909,61 +909,44 @@ static void schedule_step(struct kp_synth *s)
     s->my_origin = s->origin[s->o.rank];
 }
 
-static void sim_step(struct kp_synth *s)
+/* The input batch to the GPU: .to(), down to the host-to-device copy. */
+static void step_input(struct kp_synth *s, uint64_t tm, uint64_t parent)
 {
-    Kprof__V1__Steps *st = s->p_steps;
-    Kprof__V1__Memsets *ms = s->p_memsets;
-    struct frame fstep, fdl, fddp, fz, fopt, ffe, fitem, fdense;
-    uint64_t tm = tid_main(s);
-    int64_t t0 = s->t0[s->o.rank], bwd_end, end, ready, sync_st, sync_en, opt_end;
-    uint64_t corr;
+    struct frame f1, f2, f3;
+
+    op_open(s, &f1, ab(s, s->cpu_main), S_ATEN_TO, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm, parent);
+    f1.shapes = S_SH_TO;
+    f1.dtypes = S_DT_TO;
+    s->cpu_main += base_dur(s, 3000, 0.3);
+    op_open(s, &f2, ab(s, s->cpu_main), S_ATEN_TO_COPY, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
+            f1.id);
+    f2.shapes = S_SH_TO;
+    f2.dtypes = S_DT_TO;
+    s->cpu_main += base_dur(s, 5000, 0.3);
+    op_open(s, &f3, ab(s, s->cpu_main), S_ATEN_COPY, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm, f2.id);
+    f3.shapes = S_SH_TO;
+    f3.dtypes = S_DT_TO;
+    s->cpu_main += base_dur(s, 2000, 0.3);
+    memcpy_row(s, &s->cpu_main, tm, f3.id, (uint64_t) s->prof->tokens * s->prof->hidden * 4,
+               MEMCPY_HTOD, MEM_PINNED, MEM_DEVICE);
+    s->cpu_main += base_dur(s, 1000, 0.3);
+    op_close(s, &f3, ab(s, s->cpu_main));
+    s->cpu_main += base_dur(s, 800, 0.3);
+    op_close(s, &f2, ab(s, s->cpu_main));
+    s->cpu_main += base_dur(s, 800, 0.3);
+    op_close(s, &f1, ab(s, s->cpu_main));
+    checkpoint(s);
+}
+
+/* Forward: DDP's forward over the blocks, then the loss and whatever else is left of the
+ * kernel budget. */
+static void step_forward(struct kp_synth *s, uint64_t tm, uint64_t parent)
+{
+    struct frame fddp;
     uint32_t blk;
-    size_t i;
 
-    s->bi = 0;
-    s->first_gemm_corr_done = 0;
-    s->comm_end = 0;
-    schedule_step(s);
-    s->cpu_main = s->cpu_bwd = s->gpu = 0;
-
-    op_open(s, &fstep, t0, S_NONE, KPROF__V1__OP_KIND__OP_KIND_PROFILER_STEP, tm, 0);
-    fstep.name = STEP_NAME_FLAG | (uint32_t) (s->step - s->o.first_step);
-    op_open(s, &fdl, t0, S_DATALOADER, KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm, fstep.id);
-    op_close(s, &fdl, s->my_origin);
-
-    /* the input batch to the GPU */
-    {
-        struct frame f1, f2, f3;
-
-        op_open(s, &f1, ab(s, s->cpu_main), S_ATEN_TO, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
-                fstep.id);
-        f1.shapes = S_SH_TO;
-        f1.dtypes = S_DT_TO;
-        s->cpu_main += base_dur(s, 3000, 0.3);
-        op_open(s, &f2, ab(s, s->cpu_main), S_ATEN_TO_COPY, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
-                f1.id);
-        f2.shapes = S_SH_TO;
-        f2.dtypes = S_DT_TO;
-        s->cpu_main += base_dur(s, 5000, 0.3);
-        op_open(s, &f3, ab(s, s->cpu_main), S_ATEN_COPY, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
-                f2.id);
-        f3.shapes = S_SH_TO;
-        f3.dtypes = S_DT_TO;
-        s->cpu_main += base_dur(s, 2000, 0.3);
-        memcpy_row(s, &s->cpu_main, tm, f3.id, (uint64_t) s->prof->tokens * s->prof->hidden * 4,
-                   MEMCPY_HTOD, MEM_PINNED, MEM_DEVICE);
-        s->cpu_main += base_dur(s, 1000, 0.3);
-        op_close(s, &f3, ab(s, s->cpu_main));
-        s->cpu_main += base_dur(s, 800, 0.3);
-        op_close(s, &f2, ab(s, s->cpu_main));
-        s->cpu_main += base_dur(s, 800, 0.3);
-        op_close(s, &f1, ab(s, s->cpu_main));
-        checkpoint(s);
-    }
-
-    /* forward */
     op_open(s, &fddp, ab(s, s->cpu_main), S_DDP_FORWARD,
-            KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm, fstep.id);
+            KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm, parent);
     s->cpu_main += base_dur(s, 20000, 0.3);
     for (blk = 0; blk < s->n_blocks; blk++) {
         struct block_seq *q = &s->bseq[blk];
@@ -983,12 +966,21 @@ static void sim_step(struct kp_synth *s)
     op_close(s, &fddp, ab(s, s->cpu_main));
     /* the loss and whatever else is left of the kernel budget */
     for (uint32_t x = 0; x < s->n_extra; x++) {
-        fwd_op(s, fstep.id, S_NONE, S_ATEN_MUL, KT_MUL, S_SH_MUL, S_DT_2, NULL);
+        fwd_op(s, parent, S_NONE, S_ATEN_MUL, KT_MUL, S_SH_MUL, S_DT_2, NULL);
     }
+}
 
-    /* backward: DDP zeroes its first bucket, then the autograd thread takes over */
+/* Backward starts: DDP zeroes its first bucket (a memset on the GPU). */
+static void step_zero_bucket(struct kp_synth *s, uint64_t tm, uint64_t parent)
+{
+    Kprof__V1__Memsets *ms = s->p_memsets;
+    struct frame fz;
+    uint64_t corr;
+    int64_t ready;
+    size_t i;
+
     op_open(s, &fz, ab(s, s->cpu_main), S_ATEN_ZERO, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
-            fstep.id);
+            parent);
     fz.shapes = S_SH_ZERO;
     fz.dtypes = S_DT_1;
     s->cpu_main += base_dur(s, 2500, 0.3);
@@ -1018,6 +1010,14 @@ static void sim_step(struct kp_synth *s)
     s->cpu_main += base_dur(s, 1000, 0.3);
     op_close(s, &fz, ab(s, s->cpu_main));
     checkpoint(s);
+}
+
+/* Backward on the autograd thread, bucket by bucket with each bucket's allreduce; then every
+ * rank's mapping re-based where its optimizer phase starts. */
+static void step_backward(struct kp_synth *s)
+{
+    int64_t bwd_end;
+    uint32_t blk;
 
     s->cpu_bwd = s->cpu_main + base_dur(s, 15000, 0.3);
     for (uint32_t b = 0; b < s->n_buckets; b++) {
@@ -1043,6 +1043,14 @@ static void sim_step(struct kp_synth *s)
     }
     s->my_origin = s->origin[s->o.rank];
     s->cpu_main = s->gpu = 0;
+}
+
+/* The optimizer phase: the compute stream waits for the communication stream, then
+ * optimizer.step's foreach kernels, and what backward left alive is freed. */
+static void step_optimizer(struct kp_synth *s, uint64_t tm, uint64_t parent)
+{
+    struct frame fopt, ffe;
+    uint64_t corr;
 
     /* DDP makes the compute stream wait for the communication stream */
     {
@@ -1050,12 +1058,12 @@ static void sim_step(struct kp_synth *s)
         uint32_t ev = (uint32_t) (s->next_event++ & 0x7fffffff);
 
         corr = api_call(s, &s->cpu_main, S_CUDA_STREAM_WAIT_EVENT, CBID_STREAM_WAIT_EVENT, tm,
-                        fstep.id, 3000, NULL);
+                        parent, 3000, NULL);
         a1 = ab(s, s->cpu_main);
         sync_row(s, a0, a1, SYNC_STREAM_WAIT_EVENT, corr, ev);
     }
     op_open(s, &fopt, ab(s, s->cpu_main), S_OPTIMIZER_STEP,
-            KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm, fstep.id);
+            KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm, parent);
     s->cpu_main += base_dur(s, 8000, 0.3);
     op_open(s, &ffe, ab(s, s->cpu_main), S_FOREACH_ADD, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
             fopt.id);
@@ -1074,10 +1082,18 @@ static void sim_step(struct kp_synth *s)
     }
     s->cpu_main += base_dur(s, 3000, 0.3);
     op_close(s, &fopt, ab(s, s->cpu_main));
+}
 
-    /* loss.item(): a tiny copy back and a stream synchronize */
+/* loss.item(): a tiny copy back and a stream synchronize. Returns where the step ends (the
+ * main thread's time). */
+static int64_t step_item(struct kp_synth *s, uint64_t tm, uint64_t parent)
+{
+    struct frame fitem, fdense;
+    int64_t sync_st, sync_en;
+    uint64_t corr;
+
     op_open(s, &fitem, ab(s, s->cpu_main), S_ATEN_ITEM, KPROF__V1__OP_KIND__OP_KIND_CPU_OP, tm,
-            fstep.id);
+            parent);
     fitem.shapes = S_SH_ITEM;
     fitem.dtypes = S_DT_ITEM;
     s->cpu_main += base_dur(s, 2000, 0.3);
@@ -1104,7 +1120,36 @@ static void sim_step(struct kp_synth *s)
     s->cpu_main += base_dur(s, 1000, 0.3);
     op_close(s, &fitem, ab(s, s->cpu_main));
     s->cpu_main += base_dur(s, 6000, 0.3);
-    opt_end = s->cpu_main;
+    return s->cpu_main;
+}
+
+/* One training step of the rank: its rows (every rank's timeline moves on with it). */
+static void sim_step(struct kp_synth *s)
+{
+    Kprof__V1__Steps *st = s->p_steps;
+    struct frame fstep, fdl;
+    uint64_t tm = tid_main(s);
+    int64_t t0 = s->t0[s->o.rank], end, opt_end;
+    size_t i;
+
+    s->bi = 0;
+    s->first_gemm_corr_done = 0;
+    s->comm_end = 0;
+    schedule_step(s);
+    s->cpu_main = s->cpu_bwd = s->gpu = 0;
+
+    op_open(s, &fstep, t0, S_NONE, KPROF__V1__OP_KIND__OP_KIND_PROFILER_STEP, tm, 0);
+    fstep.name = STEP_NAME_FLAG | (uint32_t) (s->step - s->o.first_step);
+    op_open(s, &fdl, t0, S_DATALOADER, KPROF__V1__OP_KIND__OP_KIND_USER_ANNOTATION, tm, fstep.id);
+    op_close(s, &fdl, s->my_origin);
+
+    step_input(s, tm, fstep.id);
+    step_forward(s, tm, fstep.id);
+    /* backward: DDP zeroes its first bucket, then the autograd thread takes over */
+    step_zero_bucket(s, tm, fstep.id);
+    step_backward(s);
+    step_optimizer(s, tm, fstep.id);
+    opt_end = step_item(s, tm, fstep.id);
 
     end = ab(s, opt_end);
     op_close(s, &fstep, end);
@@ -1387,13 +1432,11 @@ static int build_strings(struct kp_synth *s, int p)
     return 0;
 }
 
-int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
+/* Whether opts are within kp_synth.h's limits. */
+static bool synth_opts_valid(const struct kp_synth_opts *opts)
 {
-    struct kp_synth *s;
-    uint32_t w = opts->world_size, k;
-    int rc = -ENOMEM, p;
+    uint32_t w = opts->world_size;
 
-    *out = NULL;
     if (w == 0 || w > KP_SYNTH_MAX_WORLD_SIZE || opts->rank >= w || opts->first_step < 0 ||
         opts->n_steps > INT32_MAX || opts->first_step > (int64_t) INT32_MAX - opts->n_steps ||
         (opts->kernels_per_step != 0 && (opts->kernels_per_step < KP_SYNTH_MIN_KERNELS_PER_STEP ||
@@ -1401,37 +1444,25 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
         (opts->batch_rows != 0 && (opts->batch_rows < KP_SYNTH_MIN_BATCH_ROWS ||
                                    opts->batch_rows > KP_SYNTH_MAX_BATCH_ROWS)) ||
         opts->run_id > INT32_MAX || opts->start_ns < 0) {
-        return -EINVAL;
+        return false;
     }
     for (uint32_t q = 0; q < w; q++) {
         if ((opts->compute_slowdown != NULL &&
              !(opts->compute_slowdown[q] >= 0.1 && opts->compute_slowdown[q] <= 100.0)) ||
             (opts->dataload_slowdown != NULL &&
              !(opts->dataload_slowdown[q] >= 0.1 && opts->dataload_slowdown[q] <= 100.0))) {
-            return -EINVAL;
+            return false;
         }
     }
-    if (kp_codec_selfcheck(NULL, 0) != 0) {
-        return -EINVAL;
-    }
-    if ((s = calloc(1, sizeof(*s))) == NULL) {
-        return -ENOMEM;
-    }
-    s->o = *opts;
-    s->o.job = NULL;
-    s->o.compute_slowdown = NULL;
-    s->o.dataload_slowdown = NULL;
-    if (s->o.start_ns == 0) {
-        s->o.start_ns = KP_SYNTH_DEFAULT_START_NS;
-    }
-    s->kernels_per_step =
-        opts->kernels_per_step ? opts->kernels_per_step : KP_SYNTH_DEFAULT_KERNELS_PER_STEP;
-    s->batch_rows = opts->batch_rows ? opts->batch_rows : KP_SYNTH_DEFAULT_BATCH_ROWS;
-    p = (int) (mix64(opts->seed ^ 0x9f0f11e) & 1);
-    s->prof = &profiles[p];
+    return true;
+}
 
-    /* the kernel budget: 16 per block, a few optimizer kernels, the rest elementwise */
-    k = s->kernels_per_step;
+/* The kernel budget of a step: 16 per block, a few optimizer kernels, the rest elementwise;
+ * the blocks in DDP buckets. */
+static void plan_kernels(struct kp_synth *s)
+{
+    uint32_t k = s->kernels_per_step;
+
     s->n_opt = k / 25;
     s->n_opt = s->n_opt < 1 ? 1 : (s->n_opt > 8 ? 8 : s->n_opt);
     s->n_blocks = (k - s->n_opt) / 16;
@@ -1439,22 +1470,13 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     s->blocks_per_bucket = s->n_blocks / 16 + 1;
     s->n_buckets =
         s->n_blocks == 0 ? 1 : (s->n_blocks + s->blocks_per_bucket - 1) / s->blocks_per_bucket;
+}
 
-    s->slow = calloc(w, sizeof(double));
-    s->dlslow = calloc(w, sizeof(double));
-    s->f = calloc(w, sizeof(double));
-    s->t0 = calloc(w, sizeof(int64_t));
-    s->origin = calloc(w, sizeof(int64_t));
-    s->bucket_nelems = calloc(s->n_buckets, sizeof(uint64_t));
-    s->bseq = calloc(s->n_blocks + 1, sizeof(struct block_seq));
-    s->job = strdup(opts->job != NULL ? opts->job : "synthetic");
-    if (s->slow == NULL || s->dlslow == NULL || s->f == NULL || s->t0 == NULL ||
-        s->origin == NULL || s->bucket_nelems == NULL || s->bseq == NULL || s->job == NULL ||
-        build_strings(s, p) != 0 ||
-        kp_batch_builder_create(KP_BB_ALWAYS, synth_cols,
-                                sizeof(synth_cols) / sizeof(synth_cols[0]), &s->bb) != 0) {
-        goto fail;
-    }
+/* Every rank's slowdowns and first step's start, and each bucket's gradient size. */
+static void init_timelines(struct kp_synth *s, const struct kp_synth_opts *opts)
+{
+    uint32_t w = opts->world_size;
+
     for (uint32_t q = 0; q < w; q++) {
         s->slow[q] = opts->compute_slowdown != NULL ? opts->compute_slowdown[q] : 1.0;
         s->dlslow[q] = opts->dataload_slowdown != NULL ? opts->dataload_slowdown[q] : 1.0;
@@ -1468,20 +1490,15 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
         /* two linear layers (8h^2 + 5h) and a layer norm (2h) per block */
         s->bucket_nelems[b] = nb == 0 ? 4096 : nb * (8 * hh * hh + 7 * hh);
     }
+}
 
-    s->step = opts->first_step;
-    s->step_end = opts->first_step + opts->n_steps;
-    s->rstate = hash4(opts->seed, 0x7a9c, opts->rank, 0);
-    s->next_op_id = 1;
-    s->next_corr = 1;
-    s->next_coll_seq = 1;
-    s->next_event = 1;
-    s->next_aseq = 1;
-
-    /* room for a row of every kind, so that row_add always has one to give */
+/* Room for a row of every kind, so that row_add always has one to give, and the tables
+ * the rows are written into. 0 or -ENOMEM. */
+static int bind_tables(struct kp_synth *s)
+{
     for (int ev = 0; ev < KP_EV_COUNT; ev++) {
         if (kp_batch_builder_add(s->bb, (enum kp_event_kind) ev, 1) < 0) {
-            goto fail;
+            return -ENOMEM;
         }
         kp_batch_builder_truncate(s->bb, (enum kp_event_kind) ev, 0);
     }
@@ -1495,6 +1512,13 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     s->p_colls = kp_batch_builder_table(s->bb, KP_EV_COLLECTIVE);
     s->p_syncs = kp_batch_builder_table(s->bb, KP_EV_SYNC);
     s->p_memory = kp_batch_builder_table(s->bb, KP_EV_MEMORY);
+    return 0;
+}
+
+/* rank_info and the device every batch of the rank carries. */
+static void init_identity(struct kp_synth *s, const struct kp_synth_opts *opts)
+{
+    uint32_t w = opts->world_size;
 
     snprintf(s->host, sizeof(s->host), "synth-node-%u", opts->rank / 8);
     kprof__v1__rank_info__init(&s->rank_info);
@@ -1522,6 +1546,69 @@ int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
     s->device.smem_per_block = 49152;
     s->device.warp_size = 32;
     s->devices[0] = &s->device;
+}
+
+int kp_synth_create(const struct kp_synth_opts *opts, struct kp_synth **out)
+{
+    struct kp_synth *s;
+    uint32_t w = opts->world_size;
+    int rc = -ENOMEM, p;
+
+    *out = NULL;
+    if (!synth_opts_valid(opts)) {
+        return -EINVAL;
+    }
+    if (kp_codec_selfcheck(NULL, 0) != 0) {
+        return -EINVAL;
+    }
+    if ((s = calloc(1, sizeof(*s))) == NULL) {
+        return -ENOMEM;
+    }
+    s->o = *opts;
+    s->o.job = NULL;
+    s->o.compute_slowdown = NULL;
+    s->o.dataload_slowdown = NULL;
+    if (s->o.start_ns == 0) {
+        s->o.start_ns = KP_SYNTH_DEFAULT_START_NS;
+    }
+    s->kernels_per_step =
+        opts->kernels_per_step ? opts->kernels_per_step : KP_SYNTH_DEFAULT_KERNELS_PER_STEP;
+    s->batch_rows = opts->batch_rows ? opts->batch_rows : KP_SYNTH_DEFAULT_BATCH_ROWS;
+    p = (int) (mix64(opts->seed ^ 0x9f0f11e) & 1);
+    s->prof = &profiles[p];
+
+    plan_kernels(s);
+
+    s->slow = calloc(w, sizeof(double));
+    s->dlslow = calloc(w, sizeof(double));
+    s->f = calloc(w, sizeof(double));
+    s->t0 = calloc(w, sizeof(int64_t));
+    s->origin = calloc(w, sizeof(int64_t));
+    s->bucket_nelems = calloc(s->n_buckets, sizeof(uint64_t));
+    s->bseq = calloc(s->n_blocks + 1, sizeof(struct block_seq));
+    s->job = strdup(opts->job != NULL ? opts->job : "synthetic");
+    if (s->slow == NULL || s->dlslow == NULL || s->f == NULL || s->t0 == NULL ||
+        s->origin == NULL || s->bucket_nelems == NULL || s->bseq == NULL || s->job == NULL ||
+        build_strings(s, p) != 0 ||
+        kp_batch_builder_create(KP_BB_ALWAYS, synth_cols,
+                                sizeof(synth_cols) / sizeof(synth_cols[0]), &s->bb) != 0) {
+        goto fail;
+    }
+    init_timelines(s, opts);
+
+    s->step = opts->first_step;
+    s->step_end = opts->first_step + opts->n_steps;
+    s->rstate = hash4(opts->seed, 0x7a9c, opts->rank, 0);
+    s->next_op_id = 1;
+    s->next_corr = 1;
+    s->next_coll_seq = 1;
+    s->next_event = 1;
+    s->next_aseq = 1;
+
+    if (bind_tables(s) != 0) {
+        goto fail;
+    }
+    init_identity(s, opts);
     *out = s;
     return 0;
 fail:

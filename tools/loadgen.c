@@ -377,6 +377,116 @@ static void print_json(const struct loadgen *lg, uint64_t events, uint64_t batch
     printf("]}\n");
 }
 
+/* --straggler, --compute-straggler, --dataload-straggler into lg->slow and lg->dlslow (1.0
+ * for a rank none names): 0, or 2 once said on stderr. */
+static int parse_stragglers(struct loadgen *lg)
+{
+    const struct loadgen_config *cfg = lg->cfg;
+    char err[1024];
+
+    for (long long r = 0; r < cfg->synth.ranks; r++) {
+        lg->slow[r] = 1.0;
+        lg->dlslow[r] = 1.0;
+    }
+    if (parse_factors("straggler", cfg->straggler, lg->slow, cfg->synth.ranks, err, sizeof(err)) !=
+            0 ||
+        parse_factors("compute-straggler", cfg->compute_straggler, lg->slow, cfg->synth.ranks, err,
+                      sizeof(err)) != 0 ||
+        parse_factors("dataload-straggler", cfg->dataload_straggler, lg->dlslow, cfg->synth.ranks,
+                      err, sizeof(err)) != 0) {
+        fprintf(stderr, "kprof-loadgen: %s (see --help)\n", err);
+        return 2;
+    }
+    return 0;
+}
+
+/* Every rank's traffic, pushed by nthreads workers (th: room for them): 0 once they are
+ * done, or -1 when none could start (said on stderr). */
+static int push_ranks(struct loadgen *lg, pthread_t *th, long long nthreads)
+{
+    const struct loadgen_config *cfg = lg->cfg;
+    long long started = 0;
+
+    atomic_init(&lg->next_rank, 0);
+    atomic_init(&lg->first_send_ns, 0x7fffffffffffffffLL);
+    atomic_init(&lg->last_ack_ns, 0);
+    atomic_init(&lg->abort, false);
+    kp_log_info("pushing run=%" PRIu64 " ranks=%lld steps=%lld kernels_per_step=%lld threads=%lld",
+                lg->run_id, cfg->synth.ranks, cfg->synth.steps, cfg->synth.kernels_per_step,
+                nthreads);
+    for (long long i = 0; i < nthreads; i++) {
+        if (pthread_create(&th[i], NULL, worker, lg) != 0) {
+            break;
+        }
+        started++;
+    }
+    if (started == 0) {
+        fprintf(stderr, "kprof-loadgen: cannot start worker threads\n");
+        return -1;
+    }
+    for (long long i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+    }
+    return 0;
+}
+
+/* The ranks' results added up into *sum (batches, bytes, duplicates, reconnects, resent) and
+ * *events; returns whether a rank failed (the first failure said on stderr). */
+static bool sum_results(const struct loadgen *lg, struct kp_push_stats *sum, uint64_t *events)
+{
+    const struct loadgen_config *cfg = lg->cfg;
+    bool failed = false;
+    char err[1024];
+
+    memset(sum, 0, sizeof(*sum));
+    *events = 0;
+    for (long long r = 0; r < cfg->synth.ranks; r++) {
+        const struct rank_result *res = &lg->res[r];
+
+        *events += res->totals.all_rows;
+        sum->batches += res->push.batches;
+        sum->bytes += res->push.bytes;
+        sum->duplicates += res->push.duplicates;
+        sum->reconnects += res->push.reconnects;
+        sum->resent += res->push.resent;
+        if (res->rc != 0 && !failed) {
+            failed = true;
+            if (res->rc == KP_ERPC && (res->status.code == GRPC_STATUS_UNAVAILABLE ||
+                                       res->status.code == GRPC_STATUS_DEADLINE_EXCEEDED)) {
+                fprintf(stderr, "kprof-loadgen: rank %lld: %s\n", r,
+                        unreachable_hint(cfg, res->err, err, sizeof(err)));
+            }
+            else {
+                fprintf(stderr,
+                        "kprof-loadgen: rank %lld: collectord did not take the batches: %s\n", r,
+                        res->err);
+            }
+        }
+    }
+    return failed;
+}
+
+/* The result on stdout: --json's line, or one line for people. */
+static void report(const struct loadgen *lg, uint64_t events, const struct kp_push_stats *sum)
+{
+    const struct loadgen_config *cfg = lg->cfg;
+    double secs = lg->last_ack_ns > lg->first_send_ns
+                      ? (double) (lg->last_ack_ns - lg->first_send_ns) / 1e9
+                      : 0.0;
+
+    if (cfg->json) {
+        print_json(lg, events, sum->batches, sum->bytes, secs, sum);
+    }
+    else {
+        printf("run %" PRIu64 ": %lld ranks x %lld steps, %" PRIu64 " events in %" PRIu64
+               " batches (%.1f MB) committed in %.3f s: %.0f events/s; duplicates %" PRIu64
+               ", reconnects %" PRIu64 ", resent %" PRIu64 "\n",
+               lg->run_id, cfg->synth.ranks, cfg->synth.steps, events, sum->batches,
+               (double) sum->bytes / 1e6, secs, secs > 0 ? (double) events / secs : 0.0,
+               sum->duplicates, sum->reconnects, sum->resent);
+    }
+}
+
 int main(int argc, char **argv)
 {
     struct loadgen_config cfg;
@@ -384,12 +494,11 @@ int main(int argc, char **argv)
     struct kp_push_stats sum;
     struct loadgen lg;
     pthread_t *th = NULL;
-    uint64_t events = 0, batches = 0, bytes = 0;
-    long long nthreads, started = 0;
+    uint64_t events;
+    long long nthreads;
     char err[1024];
     int exit_rc, rc = 1;
-    bool failed = false, created;
-    double secs;
+    bool failed, created;
 
     memset(&cfg, 0, sizeof(cfg));
     memset(&lg, 0, sizeof(lg));
@@ -409,20 +518,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "kprof-loadgen: out of memory\n");
         goto out;
     }
-    for (long long r = 0; r < cfg.synth.ranks; r++) {
-        lg.slow[r] = 1.0;
-        lg.dlslow[r] = 1.0;
-    }
-    if (parse_factors("straggler", cfg.straggler, lg.slow, cfg.synth.ranks, err, sizeof(err)) !=
-            0 ||
-        parse_factors("compute-straggler", cfg.compute_straggler, lg.slow, cfg.synth.ranks, err,
-                      sizeof(err)) != 0 ||
-        parse_factors("dataload-straggler", cfg.dataload_straggler, lg.dlslow, cfg.synth.ranks, err,
-                      sizeof(err)) != 0) {
-        fprintf(stderr, "kprof-loadgen: %s (see --help)\n", err);
-        rc = 2;
+    if ((rc = parse_stragglers(&lg)) != 0) {
         goto out;
     }
+    rc = 1;
     memset(&co, 0, sizeof(co));
     co.tls_ca_file = cfg.tls_ca;
     if (kp_rpc_channel_create(cfg.collector, &co, &lg.ch, err, sizeof(err)) != 0) {
@@ -440,69 +539,17 @@ int main(int argc, char **argv)
     else {
         lg.start_ns = kp_real_ns();
     }
-    atomic_init(&lg.next_rank, 0);
-    atomic_init(&lg.first_send_ns, 0x7fffffffffffffffLL);
-    atomic_init(&lg.last_ack_ns, 0);
-    atomic_init(&lg.abort, false);
-    kp_log_info("pushing run=%" PRIu64 " ranks=%lld steps=%lld kernels_per_step=%lld threads=%lld",
-                lg.run_id, cfg.synth.ranks, cfg.synth.steps, cfg.synth.kernels_per_step, nthreads);
-    for (long long i = 0; i < nthreads; i++) {
-        if (pthread_create(&th[i], NULL, worker, &lg) != 0) {
-            break;
-        }
-        started++;
-    }
-    if (started == 0) {
-        fprintf(stderr, "kprof-loadgen: cannot start worker threads\n");
+    if (push_ranks(&lg, th, nthreads) != 0) {
         goto out;
     }
-    for (long long i = 0; i < started; i++) {
-        pthread_join(th[i], NULL);
-    }
-
-    memset(&sum, 0, sizeof(sum));
-    for (long long r = 0; r < cfg.synth.ranks; r++) {
-        const struct rank_result *res = &lg.res[r];
-
-        events += res->totals.all_rows;
-        batches += res->push.batches;
-        bytes += res->push.bytes;
-        sum.duplicates += res->push.duplicates;
-        sum.reconnects += res->push.reconnects;
-        sum.resent += res->push.resent;
-        if (res->rc != 0 && !failed) {
-            failed = true;
-            if (res->rc == KP_ERPC && (res->status.code == GRPC_STATUS_UNAVAILABLE ||
-                                       res->status.code == GRPC_STATUS_DEADLINE_EXCEEDED)) {
-                fprintf(stderr, "kprof-loadgen: rank %lld: %s\n", r,
-                        unreachable_hint(&cfg, res->err, err, sizeof(err)));
-            }
-            else {
-                fprintf(stderr,
-                        "kprof-loadgen: rank %lld: collectord did not take the batches: %s\n", r,
-                        res->err);
-            }
-        }
-    }
+    failed = sum_results(&lg, &sum, &events);
     if (created && cfg.end_run) {
         end_run(&lg, failed);
     }
     if (failed) {
         goto out;
     }
-    secs = lg.last_ack_ns > lg.first_send_ns ? (double) (lg.last_ack_ns - lg.first_send_ns) / 1e9
-                                             : 0.0;
-    if (cfg.json) {
-        print_json(&lg, events, batches, bytes, secs, &sum);
-    }
-    else {
-        printf("run %" PRIu64 ": %lld ranks x %lld steps, %" PRIu64 " events in %" PRIu64
-               " batches (%.1f MB) committed in %.3f s: %.0f events/s; duplicates %" PRIu64
-               ", reconnects %" PRIu64 ", resent %" PRIu64 "\n",
-               lg.run_id, cfg.synth.ranks, cfg.synth.steps, events, batches, (double) bytes / 1e6,
-               secs, secs > 0 ? (double) events / secs : 0.0, sum.duplicates, sum.reconnects,
-               sum.resent);
-    }
+    report(&lg, events, &sum);
     rc = 0;
 out:
     free(th);
