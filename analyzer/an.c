@@ -158,53 +158,43 @@ int kp_an_check_rank(PGconn *c, const char *const *params, int64_t run, int rank
     return 0;
 }
 
-int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out,
-                 char *errbuf, size_t errlen)
+/* What kp_an_create's phases share while a rank loads. */
+struct an_load {
+    PGconn *c;
+    const char *const *params; /* run, rank as text */
+    int64_t run;
+    int rank;
+    size_t budget, max_rows; /* rows read so far, the limit (0: none) */
+    char *errbuf;
+    size_t errlen;
+};
+
+static int load_nomem(struct an_load *ld)
 {
-    char runs[24], ranks[16];
-    const char *params[2] = { runs, ranks };
-    struct kp_an *a;
+    kp_errbuf_set(ld->errbuf, ld->errlen, "out of memory loading run %" PRId64 " rank %d", ld->run,
+                  ld->rank);
+    return -ENOMEM;
+}
+
+static int an_read_ops(struct kp_an *a, struct an_load *ld)
+{
     PGresult *r = NULL;
-    size_t budget = 0, n;
+    size_t n;
     int rc;
 
-    *out = NULL;
-    snprintf(runs, sizeof(runs), "%" PRId64, run);
-    snprintf(ranks, sizeof(ranks), "%d", rank);
-    rc = kp_an_check_rank(c, params, run, rank, errbuf, errlen);
-    if (rc < 0) {
-        return rc;
-    }
-    a = calloc(1, sizeof(*a));
-    if (!a) {
-        return -ENOMEM;
-    }
-
-    rc = kp_an_dict_load(c,
-                         "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
-                         " UNION SELECT name FROM ops" WHERE_RR
-                         " UNION SELECT input_shapes FROM ops" WHERE_RR
-                         " UNION SELECT input_dtypes FROM ops" WHERE_RR ") ORDER BY id",
-                         params, &budget, max_rows, &a->names, errbuf, errlen);
-    if (rc == -ENOMEM) {
-        goto nomem;
-    }
-    if (rc < 0) {
-        goto fail;
-    }
-
     rc = kp_an_query(
-        c, 2,
+        ld->c, 2,
         "SELECT start_ns, dur_ns, tid, external_id, name, input_shapes, kind, input_dtypes "
         "FROM ops" WHERE_RR " ORDER BY tid, start_ns, dur_ns DESC",
-        params, &budget, max_rows, &r, errbuf, errlen);
+        ld->params, &ld->budget, ld->max_rows, &r, ld->errbuf, ld->errlen);
     if (rc < 0) {
-        goto fail;
+        return rc;
     }
     n = (size_t) PQntuples(r);
     a->ops = calloc(n ? n : 1, sizeof(*a->ops));
     if (!a->ops) {
-        goto nomem;
+        PQclear(r);
+        return load_nomem(ld);
     }
     for (size_t i = 0; i < n; i++) {
         struct an_op *o = &a->ops[i];
@@ -221,20 +211,29 @@ int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an
     }
     a->n_ops = n;
     PQclear(r);
+    return 0;
+}
 
-    /* Runtime calls only: the plugin drops cuda_driver (spec §1). */
+/* Runtime calls only: the plugin drops cuda_driver (spec §1). */
+static int an_read_rts(struct kp_an *a, struct an_load *ld)
+{
+    PGresult *r = NULL;
+    size_t n;
+    int rc;
+
     rc =
-        kp_an_query(c, 2,
+        kp_an_query(ld->c, 2,
                     "SELECT start_ns, dur_ns, tid, correlation, external_id FROM api_calls" WHERE_RR
                     " AND domain = 1 ORDER BY start_ns, dur_ns DESC",
-                    params, &budget, max_rows, &r, errbuf, errlen);
+                    ld->params, &ld->budget, ld->max_rows, &r, ld->errbuf, ld->errlen);
     if (rc < 0) {
-        goto fail;
+        return rc;
     }
     n = (size_t) PQntuples(r);
     a->rts = calloc(n + 1, sizeof(*a->rts));
     if (!a->rts) {
-        goto nomem;
+        PQclear(r);
+        return load_nomem(ld);
     }
     for (size_t i = 0; i < n; i++) {
         struct an_rt *t = &a->rts[i];
@@ -248,17 +247,61 @@ int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an
     }
     a->n_rts = n;
     PQclear(r);
+    return 0;
+}
+
+/* One row of an_read_devs' query into a->devs[row]. */
+static void fill_dev(struct kp_an *a, const PGresult *r, int row)
+{
+    struct an_dev *d = &a->devs[row];
+
+    d->kind = (uint8_t) kp_pg_i64(r, row, 0, 0);
+    d->start = kp_pg_i64(r, row, 1, 0);
+    d->end = d->start + kp_pg_i64(r, row, 2, 0);
+    d->corr = kp_pg_i64(r, row, 3, 0);
+    d->ext = kp_pg_i64(r, row, 4, 0);
+    d->name = name_idx(a, r, row, 5);
+    d->has_grid = !PQgetisnull(r, row, 6);
+    d->has_block = !PQgetisnull(r, row, 9);
+    for (int k = 0; k < 3; k++) {
+        d->grid[k] = (int32_t) kp_pg_i64(r, row, 6 + k, 0);
+        d->block[k] = (int32_t) kp_pg_i64(r, row, 9 + k, 0);
+    }
+    d->regs = (int32_t) kp_pg_i64(r, row, 12, 0);
+    d->smem = (int32_t) kp_pg_i64(r, row, 13, 0);
+    d->device = PQgetisnull(r, row, 14) ? -1 : (int16_t) kp_pg_i64(r, row, 14, 0);
+    d->bps = PQgetisnull(r, row, 15) ? NAN : strtod(PQgetvalue(r, row, 15), NULL);
+    d->occ = PQgetisnull(r, row, 16) ? NAN : strtod(PQgetvalue(r, row, 16), NULL);
+    d->rt = -1;
+    d->next = -1;
+    if (d->kind == DEV_KERNEL) {
+        a->n_kernels++;
+    }
+    else if (d->kind == DEV_MEMCPY) {
+        a->n_memcpy++;
+    }
+    else {
+        a->n_memset++;
+    }
+}
+
+/* The device events: kernels with their launch and occupancy, memcpys, memsets. */
+static int an_read_devs(struct kp_an *a, struct an_load *ld)
+{
+    PGresult *r = NULL;
+    size_t n;
+    int rc;
 
     /* The occupancy side table is joined by key. Right after an import PostgreSQL has no
      * statistics on the new partitions yet, estimates one row on each side and picks a nested
      * loop that re-aggregates the side table for every kernel: 25 s instead of 25 ms on a
      * resnet50 rank. A hash join is right at every size here, so say so (export does too). */
-    rc = kp_pg_exec(c, "SET enable_nestloop = off", errbuf, errlen);
+    rc = kp_pg_exec(ld->c, "SET enable_nestloop = off", ld->errbuf, ld->errlen);
     if (rc != 0) {
-        goto fail;
+        return rc;
     }
     rc = kp_an_query(
-        c, 2,
+        ld->c, 2,
         "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, grid_y, "
         "grid_z, block_x, block_y, block_z, registers, "
         "static_smem::bigint + coalesce(dynamic_smem, 0), device, o.blocks_per_sm, "
@@ -268,66 +311,47 @@ int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an
         " UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
         "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR
         " ORDER BY 2, 3 DESC",
-        params, &budget, max_rows, &r, errbuf, errlen);
+        ld->params, &ld->budget, ld->max_rows, &r, ld->errbuf, ld->errlen);
     if (rc < 0) {
-        goto fail;
+        return rc;
     }
     {
         char ignored[128];
 
-        (void) kp_pg_exec(c, "RESET enable_nestloop", ignored, sizeof(ignored));
+        (void) kp_pg_exec(ld->c, "RESET enable_nestloop", ignored, sizeof(ignored));
     }
     n = (size_t) PQntuples(r);
     a->devs = calloc(n ? n : 1, sizeof(*a->devs));
     if (!a->devs) {
-        goto nomem;
+        PQclear(r);
+        return load_nomem(ld);
     }
     for (size_t i = 0; i < n; i++) {
-        struct an_dev *d = &a->devs[i];
-        int row = (int) i;
-
-        d->kind = (uint8_t) kp_pg_i64(r, row, 0, 0);
-        d->start = kp_pg_i64(r, row, 1, 0);
-        d->end = d->start + kp_pg_i64(r, row, 2, 0);
-        d->corr = kp_pg_i64(r, row, 3, 0);
-        d->ext = kp_pg_i64(r, row, 4, 0);
-        d->name = name_idx(a, r, row, 5);
-        d->has_grid = !PQgetisnull(r, row, 6);
-        d->has_block = !PQgetisnull(r, row, 9);
-        for (int k = 0; k < 3; k++) {
-            d->grid[k] = (int32_t) kp_pg_i64(r, row, 6 + k, 0);
-            d->block[k] = (int32_t) kp_pg_i64(r, row, 9 + k, 0);
-        }
-        d->regs = (int32_t) kp_pg_i64(r, row, 12, 0);
-        d->smem = (int32_t) kp_pg_i64(r, row, 13, 0);
-        d->device = PQgetisnull(r, row, 14) ? -1 : (int16_t) kp_pg_i64(r, row, 14, 0);
-        d->bps = PQgetisnull(r, row, 15) ? NAN : strtod(PQgetvalue(r, row, 15), NULL);
-        d->occ = PQgetisnull(r, row, 16) ? NAN : strtod(PQgetvalue(r, row, 16), NULL);
-        d->rt = -1;
-        d->next = -1;
-        if (d->kind == DEV_KERNEL) {
-            a->n_kernels++;
-        }
-        else if (d->kind == DEV_MEMCPY) {
-            a->n_memcpy++;
-        }
-        else {
-            a->n_memset++;
-        }
+        fill_dev(a, r, (int) i);
     }
     a->n_devs = n;
     PQclear(r);
+    return 0;
+}
 
-    /* Recorded steps: a capture has no ProfilerStep ops but reports its steps (the hook) */
-    rc = kp_an_query(c, 2, "SELECT step, start_ns, dur_ns FROM steps" WHERE_RR " ORDER BY start_ns",
-                     params, &budget, max_rows, &r, errbuf, errlen);
+/* Recorded steps: a capture has no ProfilerStep ops but reports its steps (the hook) */
+static int an_read_rec_steps(struct kp_an *a, struct an_load *ld)
+{
+    PGresult *r = NULL;
+    size_t n;
+    int rc;
+
+    rc = kp_an_query(ld->c, 2,
+                     "SELECT step, start_ns, dur_ns FROM steps" WHERE_RR " ORDER BY start_ns",
+                     ld->params, &ld->budget, ld->max_rows, &r, ld->errbuf, ld->errlen);
     if (rc < 0) {
-        goto fail;
+        return rc;
     }
     n = (size_t) PQntuples(r);
     a->rec_steps = calloc(n ? n : 1, sizeof(*a->rec_steps));
     if (!a->rec_steps) {
-        goto nomem;
+        PQclear(r);
+        return load_nomem(ld);
     }
     for (size_t i = 0; i < n; i++) {
         struct kp_an_step *st = &a->rec_steps[i];
@@ -338,28 +362,92 @@ int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an
     }
     a->n_rec_steps = n;
     PQclear(r);
+    return 0;
+}
 
-    /* The profiler's span ("PyTorch Profiler (0)", kept by import): the timeline's range */
-    rc = kp_an_query(c, 2,
+/* The profiler's span ("PyTorch Profiler (0)", kept by import): the timeline's range */
+static int an_read_prof_span(struct kp_an *a, struct an_load *ld)
+{
+    PGresult *r = NULL;
+    int rc;
+
+    rc = kp_an_query(ld->c, 2,
                      "SELECT profiler_start_ns, profiler_end_ns FROM ranks" WHERE_RR
                      " AND profiler_start_ns >= 0 AND profiler_end_ns > profiler_start_ns",
-                     params, &budget, max_rows, &r, errbuf, errlen);
+                     ld->params, &ld->budget, ld->max_rows, &r, ld->errbuf, ld->errlen);
     if (rc < 0) {
-        goto fail;
+        return rc;
     }
     if (PQntuples(r) == 1) {
         a->prof_start = kp_pg_i64(r, 0, 0, 0);
         a->prof_end = kp_pg_i64(r, 0, 1, 0);
     }
     PQclear(r);
+    return 0;
+}
+
+int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out,
+                 char *errbuf, size_t errlen)
+{
+    char runs[24], ranks[16];
+    const char *params[2] = { runs, ranks };
+    struct an_load ld = { .c = c,
+                          .params = params,
+                          .run = run,
+                          .rank = rank,
+                          .max_rows = max_rows,
+                          .errbuf = errbuf,
+                          .errlen = errlen };
+    struct kp_an *a;
+    int rc;
+
+    *out = NULL;
+    snprintf(runs, sizeof(runs), "%" PRId64, run);
+    snprintf(ranks, sizeof(ranks), "%d", rank);
+    rc = kp_an_check_rank(c, params, run, rank, errbuf, errlen);
+    if (rc < 0) {
+        return rc;
+    }
+    a = calloc(1, sizeof(*a));
+    if (!a) {
+        return -ENOMEM;
+    }
+    rc = kp_an_dict_load(c,
+                         "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
+                         " UNION SELECT name FROM ops" WHERE_RR
+                         " UNION SELECT input_shapes FROM ops" WHERE_RR
+                         " UNION SELECT input_dtypes FROM ops" WHERE_RR ") ORDER BY id",
+                         params, &ld.budget, max_rows, &a->names, errbuf, errlen);
+    if (rc == -ENOMEM) {
+        rc = load_nomem(&ld);
+    }
+    if (rc < 0) {
+        goto fail;
+    }
+    rc = an_read_ops(a, &ld);
+    if (rc < 0) {
+        goto fail;
+    }
+    rc = an_read_rts(a, &ld);
+    if (rc < 0) {
+        goto fail;
+    }
+    rc = an_read_devs(a, &ld);
+    if (rc != 0) {
+        goto fail;
+    }
+    rc = an_read_rec_steps(a, &ld);
+    if (rc < 0) {
+        goto fail;
+    }
+    rc = an_read_prof_span(a, &ld);
+    if (rc < 0) {
+        goto fail;
+    }
     *out = a;
     return 0;
 
-nomem:
-    rc = -ENOMEM;
-    kp_errbuf_set(errbuf, errlen, "out of memory loading run %" PRId64 " rank %d", run, rank);
 fail:
-    PQclear(r);
     kp_an_destroy(a);
     return rc;
 }

@@ -260,39 +260,20 @@ static int gpu_utilization(struct kp_an *a, struct kp_range *tmp)
     return 0;
 }
 
-int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_breakdown **out)
+/* What kp_an_breakdown's phases share: each category's intervals, their shares after priority
+ * masking, and scratch. */
+struct bd_work {
+    size_t cap; /* intervals a category holds */
+    struct rlist cat[KP_AN_CAT_COUNT], share[KP_AN_CAT_COUNT];
+    struct kp_range *free_r, *all_steps, *tmp;
+    size_t n_free, n_all;
+    int64_t *comm_ext; /* the communication ops' external ids, sorted */
+    size_t n_comm, n_nccl, n_gloo;
+};
+
+/* The host ops' intervals: communication, data loading, CPU execution. */
+static void bd_collect_ops(struct kp_an *a, struct bd_work *w)
 {
-    size_t cap = a->n_ops + a->n_rts + a->n_devs + 1, n_comm = 0, n_steps, n_nccl = 0, n_gloo = 0;
-    struct rlist cat[KP_AN_CAT_COUNT] = { { 0 } }, share[KP_AN_CAT_COUNT] = { { 0 } };
-    struct kp_range *free_r = NULL, *all_steps = NULL, *tmp = NULL;
-    size_t n_free = 0, n_all = 0;
-    int64_t *comm_ext = NULL;
-    int rc = -ENOMEM;
-
-    if (!a->built && (rc = an_build_model(a)) < 0) {
-        return rc;
-    }
-    if ((rc = an_build_steps(a)) < 0) {
-        return rc;
-    }
-    rc = -ENOMEM;
-    n_steps = a->bd.n_steps;
-    for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
-        cat[c].r = calloc(cap, sizeof(struct kp_range));
-        share[c].r = calloc(2 * cap + n_steps + 1, sizeof(struct kp_range));
-        if (!cat[c].r || !share[c].r) {
-            goto out;
-        }
-    }
-    free_r = calloc(2 * cap + n_steps + 1, sizeof(*free_r));
-    all_steps = calloc(n_steps + 1, sizeof(*all_steps));
-    tmp = calloc(2 * cap + n_steps + 1, sizeof(*tmp));
-    comm_ext = calloc(a->n_ops + 1, sizeof(*comm_ext));
-    if (!free_r || !all_steps || !tmp || !comm_ext) {
-        goto out;
-    }
-
-    /* Each category's intervals, from all events. */
     a->bd.use_dp = a->bd.use_ddp = false;
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
@@ -306,23 +287,29 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
             a->bd.use_ddp = true;
         }
         if (an_is_comm_op(o, s)) {
-            rl_push(&cat[KP_AN_COMMUNICATION], cap, o->start, o->end);
-            n_nccl += s[0] == 'n';
-            n_gloo += s[0] == 'g';
+            rl_push(&w->cat[KP_AN_COMMUNICATION], w->cap, o->start, o->end);
+            w->n_nccl += s[0] == 'n';
+            w->n_gloo += s[0] == 'g';
             if (o->ext) {
-                comm_ext[n_comm++] = o->ext;
+                w->comm_ext[w->n_comm++] = o->ext;
             }
         }
         if (host && an_is_dataloader_name(s)) {
-            rl_push(&cat[KP_AN_DATALOADER], cap, o->start, o->end);
+            rl_push(&w->cat[KP_AN_DATALOADER], w->cap, o->start, o->end);
         }
         else if (host || o->kind == OPK_GPU_USER_ANNOTATION || o->kind == OPK_NVTX) {
-            rl_push(&cat[KP_AN_CPU_EXEC], cap, o->start, o->end);
+            rl_push(&w->cat[KP_AN_CPU_EXEC], w->cap, o->start, o->end);
         }
     }
-    qsort(comm_ext, n_comm, sizeof(*comm_ext), cmp_i64);
+    qsort(w->comm_ext, w->n_comm, sizeof(*w->comm_ext), cmp_i64);
+}
+
+/* The runtime calls' and device events' intervals; a kernel of a communication op (or, unless
+ * plugin_compat, named as one) is communication. */
+static void bd_collect_devs(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
+{
     for (size_t i = 0; i < a->n_rts; i++) {
-        rl_push(&cat[KP_AN_RUNTIME], cap, a->rts[i].start, a->rts[i].end);
+        rl_push(&w->cat[KP_AN_RUNTIME], w->cap, a->rts[i].start, a->rts[i].end);
     }
     for (size_t i = 0; i < a->n_devs; i++) {
         const struct an_dev *d = &a->devs[i];
@@ -333,50 +320,60 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
         if (c == KP_AN_KERNEL) {
             int64_t e = an_dev_ext(a, d);
 
-            if ((e && bsearch(&e, comm_ext, n_comm, sizeof(*comm_ext), cmp_i64)) ||
+            if ((e && bsearch(&e, w->comm_ext, w->n_comm, sizeof(*w->comm_ext), cmp_i64)) ||
                 (!plugin_compat && d->kind == DEV_KERNEL &&
                  an_is_comm_kernel_name(nm(a, d->name)))) {
                 c = KP_AN_COMMUNICATION;
             }
         }
-        rl_push(&cat[c], cap, d->start, d->end);
+        rl_push(&w->cat[c], w->cap, d->start, d->end);
     }
-    a->bd.has_runtime = a->n_rts > 0;
-    a->bd.has_kernel = a->n_kernels > 0;
-    a->bd.has_memcpy_or_memset = a->n_memcpy + a->n_memset > 0;
-    a->bd.has_communication = cat[KP_AN_COMMUNICATION].n > 0;
-    a->bd.comm_node_count = n_nccl && n_gloo ? 0 : n_nccl + n_gloo;
-    a->bd.comm_nccl = n_nccl > 0;
+}
+
+/* Each category's share: its merged intervals within the steps, less those of the categories
+ * before it; what is left is "other". */
+static void bd_mask(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
+{
+    size_t n_steps = a->bd.n_steps;
+
     for (int c = 0; c < KP_AN_OTHER; c++) {
-        cat[c].n = kp_ranges_merge(cat[c].r, cat[c].n);
+        w->cat[c].n = kp_ranges_merge(w->cat[c].r, w->cat[c].n);
     }
     for (size_t s = 0; s < n_steps; s++) {
-        all_steps[s] = (struct kp_range){ a->steps[s].start_ns, a->steps[s].end_ns };
+        w->all_steps[s] = (struct kp_range){ a->steps[s].start_ns, a->steps[s].end_ns };
     }
-    n_all = kp_ranges_merge(all_steps, n_steps);
+    w->n_all = kp_ranges_merge(w->all_steps, n_steps);
 
     /* Priority masking. The plugin starts with no free time and resets it to all steps
      * whenever it is empty, taking that category unmasked: a double count once a category
      * covers every step. kprof keeps it empty. */
     if (!plugin_compat) {
-        memcpy(free_r, all_steps, n_all * sizeof(*free_r));
-        n_free = n_all;
+        memcpy(w->free_r, w->all_steps, w->n_all * sizeof(*w->free_r));
+        w->n_free = w->n_all;
     }
     for (int c = 0; c < KP_AN_OTHER; c++) {
-        if (plugin_compat && n_free == 0) {
-            memcpy(share[c].r, cat[c].r, cat[c].n * sizeof(*free_r));
-            share[c].n = cat[c].n;
-            memcpy(free_r, all_steps, n_all * sizeof(*free_r));
-            n_free = n_all;
+        struct rlist *sh = &w->share[c];
+
+        if (plugin_compat && w->n_free == 0) {
+            memcpy(sh->r, w->cat[c].r, w->cat[c].n * sizeof(*w->free_r));
+            sh->n = w->cat[c].n;
+            memcpy(w->free_r, w->all_steps, w->n_all * sizeof(*w->free_r));
+            w->n_free = w->n_all;
         }
         else {
-            share[c].n = kp_ranges_intersect(cat[c].r, cat[c].n, free_r, n_free, share[c].r);
+            sh->n = kp_ranges_intersect(w->cat[c].r, w->cat[c].n, w->free_r, w->n_free, sh->r);
         }
-        n_free = kp_ranges_subtract(free_r, n_free, share[c].r, share[c].n, tmp);
-        memcpy(free_r, tmp, n_free * sizeof(*free_r));
+        w->n_free = kp_ranges_subtract(w->free_r, w->n_free, sh->r, sh->n, w->tmp);
+        memcpy(w->free_r, w->tmp, w->n_free * sizeof(*w->free_r));
     }
-    memcpy(share[KP_AN_OTHER].r, free_r, n_free * sizeof(*free_r));
-    share[KP_AN_OTHER].n = n_free;
+    memcpy(w->share[KP_AN_OTHER].r, w->free_r, w->n_free * sizeof(*w->free_r));
+    w->share[KP_AN_OTHER].n = w->n_free;
+}
+
+/* Each step's cost per category, and the averages over the steps. */
+static void bd_step_costs(struct kp_an *a, const struct bd_work *w)
+{
+    size_t n_steps = a->bd.n_steps;
 
     memset(a->bd.avg_ns, 0, sizeof(a->bd.avg_ns));
     a->bd.avg_total_ns = 0;
@@ -385,7 +382,7 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
 
         for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
             st->cost_ns[c] =
-                kp_ranges_clip_length(share[c].r, share[c].n, st->start_ns, st->end_ns);
+                kp_ranges_clip_length(w->share[c].r, w->share[c].n, st->start_ns, st->end_ns);
             a->bd.avg_ns[c] += (double) st->cost_ns[c];
         }
         a->bd.avg_total_ns += (double) (st->end_ns - st->start_ns);
@@ -396,21 +393,61 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
         }
         a->bd.avg_total_ns /= (double) n_steps;
     }
-    overlap(a, cat[KP_AN_KERNEL].n ? &cat[KP_AN_KERNEL] : &cat[KP_AN_CPU_EXEC],
-            &cat[KP_AN_COMMUNICATION], tmp);
-    rc = gpu_utilization(a, tmp);
+}
+
+int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_breakdown **out)
+{
+    struct bd_work w = { .cap = a->n_ops + a->n_rts + a->n_devs + 1 };
+    size_t n_steps;
+    int rc = -ENOMEM;
+
+    if (!a->built && (rc = an_build_model(a)) < 0) {
+        return rc;
+    }
+    if ((rc = an_build_steps(a)) < 0) {
+        return rc;
+    }
+    rc = -ENOMEM;
+    n_steps = a->bd.n_steps;
+    for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
+        w.cat[c].r = calloc(w.cap, sizeof(struct kp_range));
+        w.share[c].r = calloc(2 * w.cap + n_steps + 1, sizeof(struct kp_range));
+        if (!w.cat[c].r || !w.share[c].r) {
+            goto out;
+        }
+    }
+    w.free_r = calloc(2 * w.cap + n_steps + 1, sizeof(*w.free_r));
+    w.all_steps = calloc(n_steps + 1, sizeof(*w.all_steps));
+    w.tmp = calloc(2 * w.cap + n_steps + 1, sizeof(*w.tmp));
+    w.comm_ext = calloc(a->n_ops + 1, sizeof(*w.comm_ext));
+    if (!w.free_r || !w.all_steps || !w.tmp || !w.comm_ext) {
+        goto out;
+    }
+    bd_collect_ops(a, &w);
+    bd_collect_devs(a, &w, plugin_compat);
+    a->bd.has_runtime = a->n_rts > 0;
+    a->bd.has_kernel = a->n_kernels > 0;
+    a->bd.has_memcpy_or_memset = a->n_memcpy + a->n_memset > 0;
+    a->bd.has_communication = w.cat[KP_AN_COMMUNICATION].n > 0;
+    a->bd.comm_node_count = w.n_nccl && w.n_gloo ? 0 : w.n_nccl + w.n_gloo;
+    a->bd.comm_nccl = w.n_nccl > 0;
+    bd_mask(a, &w, plugin_compat);
+    bd_step_costs(a, &w);
+    overlap(a, w.cat[KP_AN_KERNEL].n ? &w.cat[KP_AN_KERNEL] : &w.cat[KP_AN_CPU_EXEC],
+            &w.cat[KP_AN_COMMUNICATION], w.tmp);
+    rc = gpu_utilization(a, w.tmp);
     if (rc < 0) {
         goto out;
     }
     *out = &a->bd;
 out:
     for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
-        free(cat[c].r);
-        free(share[c].r);
+        free(w.cat[c].r);
+        free(w.share[c].r);
     }
-    free(free_r);
-    free(all_steps);
-    free(tmp);
-    free(comm_ext);
+    free(w.free_r);
+    free(w.all_steps);
+    free(w.tmp);
+    free(w.comm_ext);
     return rc;
 }

@@ -44,22 +44,17 @@ static int cmp_range_start_end_desc(const void *pa, const void *pb)
     return (x->end < y->end) - (x->end > y->end);
 }
 
-int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
-{
-    struct comm_op *v = NULL;
-    struct key_idx *ext = NULL;
-    size_t n = 0, n_ext = 0, n_ranges = 0, s = 0;
-    int rc = -ENOMEM;
+/* What kp_an_comm_nodes' phases share. */
+struct comm_work {
+    struct comm_op *v; /* the nodes' ops, by start */
+    size_t n;
+    struct key_idx *ext; /* ops, then nodes, by external id */
+    size_t n_ext;
+};
 
-    memset(out, 0, sizeof(*out));
-    if (!a->steps) {
-        return -EINVAL;
-    }
-    v = calloc(a->n_ops + 1, sizeof(*v));
-    ext = calloc(a->n_ops + 1, sizeof(*ext));
-    if (!v || !ext) {
-        goto out;
-    }
+/* The communication ops: those without an external id as nodes, the others into w->ext. */
+static void comm_collect_ops(const struct kp_an *a, struct comm_work *w, struct kp_an_comm *out)
+{
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
         const char *nam = nm(a, o->name);
@@ -70,34 +65,35 @@ int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
         out->nccl |= nam[0] == 'n';
         out->gloo |= nam[0] == 'g';
         if (o->ext) {
-            ext[n_ext++] = (struct key_idx){ o->ext, (int32_t) i };
+            w->ext[w->n_ext++] = (struct key_idx){ o->ext, (int32_t) i };
         }
         else { /* no external id (an NVTX range): a node of its own */
-            v[n++] = (struct comm_op){ o->start, o->end, (int32_t) i };
+            w->v[w->n++] = (struct comm_op){ o->start, o->end, (int32_t) i };
         }
     }
-    rc = 0;
-    if (out->nccl && out->gloo) { /* the plugin empties the node list then */
-        goto out;
-    }
-    /* One node per external id, the last op with it (the plugin's dict keeps the last). */
-    qsort(ext, n_ext, sizeof(*ext), an_cmp_key_idx);
-    for (size_t k = 0; k < n_ext; k++) {
-        const struct an_op *o = &a->ops[ext[k].idx];
+}
 
-        if (k + 1 == n_ext || ext[k + 1].key != ext[k].key) {
-            v[n++] = (struct comm_op){ o->start, o->end, ext[k].idx };
+/* One node per external id, the last op with it (the plugin's dict keeps the last); then the
+ * nodes by start. */
+static void comm_pick_nodes(const struct kp_an *a, struct comm_work *w)
+{
+    qsort(w->ext, w->n_ext, sizeof(*w->ext), an_cmp_key_idx);
+    for (size_t k = 0; k < w->n_ext; k++) {
+        const struct an_op *o = &a->ops[w->ext[k].idx];
+
+        if (k + 1 == w->n_ext || w->ext[k + 1].key != w->ext[k].key) {
+            w->v[w->n++] = (struct comm_op){ o->start, o->end, w->ext[k].idx };
         }
     }
-    qsort(v, n, sizeof(*v), cmp_comm_op);
-    rc = -ENOMEM;
-    out->nodes = calloc(n + 1, sizeof(*out->nodes));
-    if (!out->nodes) {
-        goto out;
-    }
-    n_ext = 0;
-    for (size_t j = 0; j < n; j++) {
-        const struct an_op *o = &a->ops[v[j].op];
+    qsort(w->v, w->n, sizeof(*w->v), cmp_comm_op);
+}
+
+/* out's nodes from w->v; w->ext becomes the nodes by external id. */
+static void comm_fill_nodes(const struct kp_an *a, struct comm_work *w, struct kp_an_comm *out)
+{
+    w->n_ext = 0;
+    for (size_t j = 0; j < w->n; j++) {
+        const struct an_op *o = &a->ops[w->v[j].op];
         struct kp_an_comm_node *cn = &out->nodes[j];
 
         cn->name = nm(a, o->name);
@@ -109,30 +105,38 @@ int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
         cn->step = -1;
         cn->n = 1; /* its own span */
         if (o->ext) {
-            ext[n_ext++] = (struct key_idx){ o->ext, (int32_t) j };
+            w->ext[w->n_ext++] = (struct key_idx){ o->ext, (int32_t) j };
         }
     }
-    out->n_nodes = n;
-    /* NCCL: the kernels of a node's external id are its intervals too. */
-    qsort(ext, n_ext, sizeof(*ext), an_cmp_key_idx);
+    out->n_nodes = w->n;
+    qsort(w->ext, w->n_ext, sizeof(*w->ext), an_cmp_key_idx);
+}
+
+/* Each node's intervals: its own span and, for NCCL, the kernels of its external id;
+ * -ENOMEM. */
+static int comm_fill_ranges(const struct kp_an *a, const struct comm_work *w,
+                            struct kp_an_comm *out)
+{
+    size_t n_ranges = 0;
+
     for (size_t i = 0; out->nccl && i < a->n_devs; i++) {
         const struct key_idx *k;
 
         if (a->devs[i].kind == DEV_KERNEL &&
-            (k = an_find_key(ext, n_ext, an_dev_ext(a, &a->devs[i]))) != NULL) {
+            (k = an_find_key(w->ext, w->n_ext, an_dev_ext(a, &a->devs[i]))) != NULL) {
             out->nodes[k->idx].n++;
         }
     }
-    for (size_t j = 0; j < n; j++) {
+    for (size_t j = 0; j < w->n; j++) {
         out->nodes[j].first = n_ranges;
         n_ranges += out->nodes[j].n;
         out->nodes[j].n = 1;
     }
     out->ranges = calloc(n_ranges + 1, sizeof(*out->ranges));
     if (!out->ranges) {
-        goto out;
+        return -ENOMEM;
     }
-    for (size_t j = 0; j < n; j++) {
+    for (size_t j = 0; j < w->n; j++) {
         out->ranges[out->nodes[j].first] =
             (struct kp_range){ out->nodes[j].start_ns, out->nodes[j].end_ns };
     }
@@ -140,19 +144,27 @@ int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
         const struct an_dev *d = &a->devs[i];
         const struct key_idx *k;
 
-        if (d->kind == DEV_KERNEL && (k = an_find_key(ext, n_ext, an_dev_ext(a, d))) != NULL) {
+        if (d->kind == DEV_KERNEL &&
+            (k = an_find_key(w->ext, w->n_ext, an_dev_ext(a, d))) != NULL) {
             struct kp_an_comm_node *cn = &out->nodes[k->idx];
 
             out->ranges[cn->first + cn->n++] = (struct kp_range){ d->start, d->end };
         }
     }
-    for (size_t j = 0; j < n; j++) {
+    for (size_t j = 0; j < w->n; j++) {
         qsort(out->ranges + out->nodes[j].first, out->nodes[j].n, sizeof(*out->ranges),
               cmp_range_start_end_desc);
     }
-    /* Each node goes to the first step that contains it, walking both in time order; a node
-     * that straddles a step end gets none, and after the last step none do. */
-    for (size_t j = 0; j < n && s < a->bd.n_steps; j++) {
+    return 0;
+}
+
+/* Each node goes to the first step that contains it, walking both in time order; a node
+ * that straddles a step end gets none, and after the last step none do. */
+static void comm_assign_steps(const struct kp_an *a, struct kp_an_comm *out)
+{
+    size_t s = 0;
+
+    for (size_t j = 0; j < out->n_nodes && s < a->bd.n_steps; j++) {
         struct kp_an_comm_node *cn = &out->nodes[j];
 
         while (s < a->bd.n_steps) {
@@ -166,10 +178,42 @@ int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
             s++;
         }
     }
+}
+
+int kp_an_comm_nodes(struct kp_an *a, struct kp_an_comm *out)
+{
+    struct comm_work w = { 0 };
+    int rc = -ENOMEM;
+
+    memset(out, 0, sizeof(*out));
+    if (!a->steps) {
+        return -EINVAL;
+    }
+    w.v = calloc(a->n_ops + 1, sizeof(*w.v));
+    w.ext = calloc(a->n_ops + 1, sizeof(*w.ext));
+    if (!w.v || !w.ext) {
+        goto out;
+    }
+    comm_collect_ops(a, &w, out);
+    rc = 0;
+    if (out->nccl && out->gloo) { /* the plugin empties the node list then */
+        goto out;
+    }
+    comm_pick_nodes(a, &w);
+    rc = -ENOMEM;
+    out->nodes = calloc(w.n + 1, sizeof(*out->nodes));
+    if (!out->nodes) {
+        goto out;
+    }
+    comm_fill_nodes(a, &w, out);
+    if ((rc = comm_fill_ranges(a, &w, out)) < 0) {
+        goto out;
+    }
+    comm_assign_steps(a, out);
     rc = 0;
 out:
-    free(v);
-    free(ext);
+    free(w.v);
+    free(w.ext);
     if (rc < 0) {
         kp_an_comm_fini(out);
     }

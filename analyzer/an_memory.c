@@ -33,13 +33,135 @@ static void mem_inclusive(const struct kp_an *a, int64_t *st, int32_t x)
     }
 }
 
+/* The innermost live node under x with start <= ts < end (x itself if none). */
+static int32_t mem_innermost(const struct kp_an *a, int32_t x, int64_t ts)
+{
+    for (int32_t in = x; in >= 0;) {
+        x = in;
+        in = -1;
+        for (int32_t ch = a->nodes[x].first_child; ch >= 0; ch = a->nodes[ch].next_sib) {
+            if (!a->nodes[ch].dead && a->nodes[ch].start <= ts && ts < a->nodes[ch].end) {
+                in = ch;
+                break;
+            }
+        }
+    }
+    return x;
+}
+
+/* The memory events of r, each to the operator node it happened in: per (node, slot) the
+ * bytes, the bytes allocated and the allocations into self; the slots seen into seen. */
+static void mem_read_events(const struct kp_an *a, const PGresult *r, int64_t *self, bool *seen)
+{
+    size_t n = (size_t) PQntuples(r);
+
+    for (size_t i = 0; i < n; i++) {
+        int row = (int) i;
+        int64_t ts = kp_pg_i64(r, row, 0, 0), bytes = kp_pg_i64(r, row, 1, 0),
+                dtype = kp_pg_i64(r, row, 3, 0);
+        int64_t dev = kp_pg_i64(r, row, 4, 0);
+        int32_t x = an_root_of(a, kp_pg_i64(r, row, 2, 0));
+        int slot;
+        int64_t *v;
+
+        if (dtype == 0) {
+            slot = 0;
+        }
+        else if (dtype == 1 && dev >= 0 && dev < KP_AN_MAX_GPUS) {
+            slot = 1 + (int) dev;
+        }
+        else {
+            continue;
+        }
+        seen[slot] = true;
+        x = mem_innermost(a, x, ts);
+        if (x < 0 || a->nodes[x].type != NODE_OPERATOR) {
+            continue;
+        }
+        v = &self[((size_t) x * MEM_SLOTS + slot) * 3];
+        v[0] += bytes;
+        v[1] += bytes > 0 ? bytes : 0;
+        v[2] += bytes > 0;
+    }
+}
+
+/* The self and inclusive figures summed per operator name (and calls) into by_name. */
+static void mem_sum_by_name(const struct kp_an *a, const int64_t *self, int64_t *incl,
+                            int64_t *by_name)
+{
+    memcpy(incl, self, (a->n_nodes + 1) * MEM_SLOTS * 3 * sizeof(*incl));
+    for (size_t i = 0; i < a->n_roots; i++) {
+        mem_inclusive(a, incl, a->roots[i].node);
+    }
+    for (size_t i = 0; i < a->n_nodes; i++) {
+        const struct an_node *x = &a->nodes[i];
+        int32_t name;
+
+        if (x->dead || x->type != NODE_OPERATOR || a->ops[x->op].name < 0) {
+            continue;
+        }
+        name = a->ops[x->op].name;
+        for (int s = 0; s < MEM_SLOTS; s++) {
+            int64_t *v = &by_name[((size_t) name * MEM_SLOTS + s) * MEM_FIELDS];
+
+            for (int k = 0; k < 3; k++) {
+                v[k] += self[(i * MEM_SLOTS + s) * 3 + k];
+                v[3 + k] += incl[(i * MEM_SLOTS + s) * 3 + k];
+            }
+            v[6]++;
+        }
+    }
+}
+
+static bool mem_row_empty(const int64_t *v)
+{
+    return !v[0] && !v[1] && !v[2] && !v[3] && !v[4] && !v[5];
+}
+
+/* out's rows: per seen slot, the names with any figure; -ENOMEM. */
+static int mem_fill_rows(const struct kp_an *a, const int64_t *by_name, const bool *seen,
+                         struct kp_an_memory *out)
+{
+    for (int s = 0; s < MEM_SLOTS; s++) {
+        for (size_t m = 0; m < a->names.n; m++) {
+            const int64_t *v = &by_name[(m * MEM_SLOTS + (size_t) s) * MEM_FIELDS];
+
+            out->n_rows += seen[s] && !mem_row_empty(v);
+        }
+    }
+    out->rows = calloc(out->n_rows + 1, sizeof(*out->rows));
+    if (!out->rows) {
+        return -ENOMEM;
+    }
+    out->n_rows = 0;
+    for (int s = 0; s < MEM_SLOTS; s++) {
+        out->seen[s] = seen[s];
+        if (!seen[s]) {
+            continue;
+        }
+        for (size_t m = 0; m < a->names.n; m++) {
+            const int64_t *v = &by_name[(m * MEM_SLOTS + (size_t) s) * MEM_FIELDS];
+            struct kp_an_mem_row *o = &out->rows[out->n_rows];
+
+            if (mem_row_empty(v)) {
+                continue;
+            }
+            o->slot = s;
+            o->name = a->names.v[m].s;
+            memcpy(o->v, v, sizeof(o->v));
+            out->n_rows++;
+        }
+    }
+    return 0;
+}
+
 int kp_an_memory(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_rows,
                  struct kp_an_memory *out, char *errbuf, size_t errlen)
 {
     char runs[24], ranks[16];
     const char *params[2] = { runs, ranks };
     PGresult *r = NULL;
-    size_t budget = 0, n;
+    size_t budget = 0;
     int64_t *self = NULL, *incl = NULL, *by_name = NULL;
     bool seen[MEM_SLOTS] = { false };
     int rc;
@@ -64,99 +186,9 @@ int kp_an_memory(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_r
         rc = -ENOMEM;
         goto out;
     }
-    n = (size_t) PQntuples(r);
-    for (size_t i = 0; i < n; i++) {
-        int row = (int) i;
-        int64_t ts = kp_pg_i64(r, row, 0, 0), bytes = kp_pg_i64(r, row, 1, 0),
-                dtype = kp_pg_i64(r, row, 3, 0);
-        int64_t dev = kp_pg_i64(r, row, 4, 0);
-        int32_t x = an_root_of(a, kp_pg_i64(r, row, 2, 0)), in;
-        int slot;
-        int64_t *v;
-
-        if (dtype == 0) {
-            slot = 0;
-        }
-        else if (dtype == 1 && dev >= 0 && dev < KP_AN_MAX_GPUS) {
-            slot = 1 + (int) dev;
-        }
-        else {
-            continue;
-        }
-        seen[slot] = true;
-        /* the innermost node with start <= ts < end */
-        for (in = x; in >= 0;) {
-            x = in;
-            in = -1;
-            for (int32_t ch = a->nodes[x].first_child; ch >= 0; ch = a->nodes[ch].next_sib) {
-                if (!a->nodes[ch].dead && a->nodes[ch].start <= ts && ts < a->nodes[ch].end) {
-                    in = ch;
-                    break;
-                }
-            }
-        }
-        if (x < 0 || a->nodes[x].type != NODE_OPERATOR) {
-            continue;
-        }
-        v = &self[((size_t) x * MEM_SLOTS + slot) * 3];
-        v[0] += bytes;
-        v[1] += bytes > 0 ? bytes : 0;
-        v[2] += bytes > 0;
-    }
-    memcpy(incl, self, (a->n_nodes + 1) * MEM_SLOTS * 3 * sizeof(*incl));
-    for (size_t i = 0; i < a->n_roots; i++) {
-        mem_inclusive(a, incl, a->roots[i].node);
-    }
-    for (size_t i = 0; i < a->n_nodes; i++) {
-        const struct an_node *x = &a->nodes[i];
-        int32_t name;
-
-        if (x->dead || x->type != NODE_OPERATOR || a->ops[x->op].name < 0) {
-            continue;
-        }
-        name = a->ops[x->op].name;
-        for (int s = 0; s < MEM_SLOTS; s++) {
-            int64_t *v = &by_name[((size_t) name * MEM_SLOTS + s) * MEM_FIELDS];
-
-            for (int k = 0; k < 3; k++) {
-                v[k] += self[(i * MEM_SLOTS + s) * 3 + k];
-                v[3 + k] += incl[(i * MEM_SLOTS + s) * 3 + k];
-            }
-            v[6]++;
-        }
-    }
-    for (int s = 0; s < MEM_SLOTS; s++) {
-        for (size_t m = 0; m < a->names.n; m++) {
-            const int64_t *v = &by_name[(m * MEM_SLOTS + (size_t) s) * MEM_FIELDS];
-
-            out->n_rows += seen[s] && (v[0] || v[1] || v[2] || v[3] || v[4] || v[5]);
-        }
-    }
-    out->rows = calloc(out->n_rows + 1, sizeof(*out->rows));
-    if (!out->rows) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    out->n_rows = 0;
-    for (int s = 0; s < MEM_SLOTS; s++) {
-        out->seen[s] = seen[s];
-        if (!seen[s]) {
-            continue;
-        }
-        for (size_t m = 0; m < a->names.n; m++) {
-            const int64_t *v = &by_name[(m * MEM_SLOTS + (size_t) s) * MEM_FIELDS];
-            struct kp_an_mem_row *o = &out->rows[out->n_rows];
-
-            if (!v[0] && !v[1] && !v[2] && !v[3] && !v[4] && !v[5]) {
-                continue;
-            }
-            o->slot = s;
-            o->name = a->names.v[m].s;
-            memcpy(o->v, v, sizeof(o->v));
-            out->n_rows++;
-        }
-    }
-    rc = 0;
+    mem_read_events(a, r, self, seen);
+    mem_sum_by_name(a, self, incl, by_name);
+    rc = mem_fill_rows(a, by_name, seen, out);
 out:
     PQclear(r);
     free(self);

@@ -124,27 +124,22 @@ int64_t an_dev_ext(const struct kp_an *a, const struct an_dev *d)
     return d->rt >= 0 ? a->rts[d->rt].ext : 0;
 }
 
-/* Builds the trees and the per-node statistics (spec §2). */
-int an_build_model(struct kp_an *a)
+/* What an_build_model's phases share: the scratch indexes and the main thread. */
+struct model_build {
+    size_t cap;          /* a->nodes and a->roots hold this many */
+    int32_t *stack;      /* the open nodes of the thread being built */
+    struct key_idx *ext; /* host nodes by external id, in tree order */
+    size_t n_ext;
+    struct key_idx *corr; /* runtime calls by correlation */
+    int64_t main_tid;     /* the thread of the first ProfilerStep */
+    bool has_main;
+};
+
+/* 1. One tree per thread: ops come sorted by (tid, start, end descending). */
+static void model_build_trees(struct kp_an *a, struct model_build *mb)
 {
-    size_t cap = 2 * a->n_ops + a->n_rts + 2; /* nodes, and one root per thread */
-    int32_t *stack = NULL;
-    struct key_idx *ext = NULL, *corr = NULL;
-    size_t n_ext = 0, sp = 0;
-    int64_t main_tid = 0;
-    bool has_main = false;
-    int rc = -ENOMEM;
+    size_t sp = 0;
 
-    a->nodes = calloc(cap, sizeof(*a->nodes));
-    a->roots = calloc(cap, sizeof(*a->roots));
-    stack = calloc(a->n_ops + 2, sizeof(*stack));
-    ext = calloc(a->n_ops + 1, sizeof(*ext));
-    corr = calloc(a->n_rts + 1, sizeof(*corr));
-    if (!a->nodes || !a->roots || !stack || !ext || !corr) {
-        goto out;
-    }
-
-    /* 1. One tree per thread: ops come sorted by (tid, start, end descending). */
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
         int type = an_host_type(a, o);
@@ -153,27 +148,27 @@ int an_build_model(struct kp_an *a)
         if (type < 0) {
             continue;
         }
-        if (o->kind == OPK_PROFILER_STEP && !has_main) {
-            has_main = true;
-            main_tid = o->tid;
+        if (o->kind == OPK_PROFILER_STEP && !mb->has_main) {
+            mb->has_main = true;
+            mb->main_tid = o->tid;
         }
         if (sp == 0 || a->roots[a->n_roots - 1].tid != o->tid) {
             int32_t root = new_node(a, -1, INT64_MIN, INT64_MAX, NODE_ROOT);
 
             a->roots[a->n_roots++] = (struct an_tid_root){ o->tid, root };
-            stack[0] = root;
+            mb->stack[0] = root;
             sp = 1;
         }
         for (;;) {
-            const struct an_node *top = &a->nodes[stack[sp - 1]];
+            const struct an_node *top = &a->nodes[mb->stack[sp - 1]];
 
             if (o->start < top->end) {
                 if (o->end <= top->end) {
                     node = new_node(a, (int32_t) i, o->start, o->end, (uint8_t) type);
-                    add_child(a, stack[sp - 1], node);
-                    stack[sp++] = node;
+                    add_child(a, mb->stack[sp - 1], node);
+                    mb->stack[sp++] = node;
                     if (o->ext) {
-                        ext[n_ext++] = (struct key_idx){ o->ext, node };
+                        mb->ext[mb->n_ext++] = (struct key_idx){ o->ext, node };
                     }
                 }
                 break; /* a partial overlap is dropped (spec §2.4) */
@@ -188,16 +183,20 @@ int an_build_model(struct kp_an *a)
         for (size_t k = 0; k < a->n_roots && !found; k++) {
             found = a->roots[k].tid == a->rts[i].tid;
         }
-        if (!found && a->n_roots < cap) {
+        if (!found && a->n_roots < mb->cap) {
             int32_t root = new_node(a, -1, INT64_MIN, INT64_MAX, NODE_ROOT);
 
             a->roots[a->n_roots++] = (struct an_tid_root){ a->rts[i].tid, root };
         }
     }
     qsort(a->roots, a->n_roots, sizeof(*a->roots), cmp_tid_root);
+}
 
-    /* 2. Runtime calls to host nodes by external id (the first node in tree order). */
-    qsort(ext, n_ext, sizeof(*ext), an_cmp_key_idx);
+/* 2. Runtime calls to host nodes by external id (the first node in tree order); fills the
+ * correlation index. */
+static void model_link_rts(struct kp_an *a, struct model_build *mb)
+{
+    qsort(mb->ext, mb->n_ext, sizeof(*mb->ext), an_cmp_key_idx);
     for (size_t i = 0; i < a->n_rts; i++) {
         struct an_rt *t = &a->rts[i];
         const struct key_idx *k;
@@ -208,31 +207,34 @@ int an_build_model(struct kp_an *a)
         if (t->ext == 0) {
             add_rt(a, an_root_of(a, t->tid), (int32_t) i);
         }
-        else if ((k = an_find_key(ext, n_ext, t->ext)) != NULL) {
+        else if ((k = an_find_key(mb->ext, mb->n_ext, t->ext)) != NULL) {
             add_rt(a, k->idx, (int32_t) i);
         }
-        corr[i] = (struct key_idx){ t->corr, (int32_t) i };
+        mb->corr[i] = (struct key_idx){ t->corr, (int32_t) i };
     }
+}
 
-    /* 3. Device events to runtime calls by correlation; stale kernels to a dummy runtime
-     * under the main thread's root. */
-    qsort(corr, a->n_rts, sizeof(*corr), an_cmp_key_idx);
+/* 3. Device events to runtime calls by correlation; stale kernels to a dummy runtime
+ * under the main thread's root. */
+static void model_link_devs(struct kp_an *a, struct model_build *mb)
+{
+    qsort(mb->corr, a->n_rts, sizeof(*mb->corr), an_cmp_key_idx);
     for (size_t i = a->n_devs; i-- > 0;) {
         struct an_dev *d = &a->devs[i];
-        const struct key_idx *k = d->corr ? an_find_key(corr, a->n_rts, d->corr) : NULL;
+        const struct key_idx *k = d->corr ? an_find_key(mb->corr, a->n_rts, d->corr) : NULL;
         int32_t rt;
 
         if (k) {
             rt = k->idx;
         }
-        else if (d->kind == DEV_KERNEL && has_main) {
+        else if (d->kind == DEV_KERNEL && mb->has_main) {
             rt = (int32_t) a->n_rts;
             if (!a->rts[rt].dummy) {
                 a->rts[rt].dummy = true;
                 a->rts[rt].first_dev = -1;
                 a->rts[rt].step = -1;
-                a->rts[rt].tid = main_tid;
-                add_rt(a, an_root_of(a, main_tid), rt);
+                a->rts[rt].tid = mb->main_tid;
+                add_rt(a, an_root_of(a, mb->main_tid), rt);
             }
         }
         else {
@@ -249,8 +251,11 @@ int an_build_model(struct kp_an *a)
             a->rts[rt].tc_ns += d->end - d->start;
         }
     }
+}
 
-    /* 4. Duplicate merging (spec §2.5), parents before children. */
+/* 4. Duplicate merging (spec §2.5), parents before children. */
+static void model_merge_dups(struct kp_an *a)
+{
     for (size_t i = 0; i < a->n_nodes; i++) {
         struct an_node *n = &a->nodes[i];
 
@@ -281,8 +286,11 @@ int an_build_model(struct kp_an *a)
             c->dead = true;
         }
     }
+}
 
-    /* 5. Bottom-up statistics (spec §2.6, §7): children have higher indexes. */
+/* 5. Bottom-up statistics (spec §2.6, §7): children have higher indexes. */
+static void model_compute_stats(struct kp_an *a)
+{
     for (size_t i = a->n_nodes; i-- > 0;) {
         struct an_node *n = &a->nodes[i];
         bool host = n->op >= 0; /* roots have no host time */
@@ -321,12 +329,33 @@ int an_build_model(struct kp_an *a)
             }
         }
     }
+}
+
+/* Builds the trees and the per-node statistics (spec §2). */
+int an_build_model(struct kp_an *a)
+{
+    struct model_build mb = { .cap = 2 * a->n_ops + a->n_rts + 2 }; /* and one root per thread */
+    int rc = -ENOMEM;
+
+    a->nodes = calloc(mb.cap, sizeof(*a->nodes));
+    a->roots = calloc(mb.cap, sizeof(*a->roots));
+    mb.stack = calloc(a->n_ops + 2, sizeof(*mb.stack));
+    mb.ext = calloc(a->n_ops + 1, sizeof(*mb.ext));
+    mb.corr = calloc(a->n_rts + 1, sizeof(*mb.corr));
+    if (!a->nodes || !a->roots || !mb.stack || !mb.ext || !mb.corr) {
+        goto out;
+    }
+    model_build_trees(a, &mb);
+    model_link_rts(a, &mb);
+    model_link_devs(a, &mb);
+    model_merge_dups(a);
+    model_compute_stats(a);
     a->built = true;
     rc = 0;
 out:
-    free(stack);
-    free(ext);
-    free(corr);
+    free(mb.stack);
+    free(mb.ext);
+    free(mb.corr);
     return rc;
 }
 
@@ -344,18 +373,12 @@ static int cmp_step(const void *pa, const void *pb)
     return (a->start_ns > b->start_ns) - (a->start_ns < b->start_ns);
 }
 
-int an_build_steps(struct kp_an *a)
+/* The steps' ranges into a->steps, by start: the ProfilerStep ops, else the steps the capture
+ * recorded, else one step "0" over the CPU-side events. Returns how many. */
+static size_t steps_collect(struct kp_an *a)
 {
     size_t n = 0;
-    struct step_dev *sd = NULL;
-    bool launched = false;
 
-    free(a->steps);
-    a->steps =
-        calloc((a->n_ops > a->n_rec_steps ? a->n_ops : a->n_rec_steps) + 1, sizeof(*a->steps));
-    if (!a->steps) {
-        return -ENOMEM;
-    }
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
         const char *s = nm(a, o->name);
@@ -392,16 +415,12 @@ int an_build_steps(struct kp_an *a)
         }
     }
     qsort(a->steps, n, sizeof(*a->steps), cmp_step);
+    return n;
+}
 
-    sd = calloc(n + 1, sizeof(*sd));
-    if (!sd) {
-        return -ENOMEM;
-    }
-    for (size_t s = 0; s < n; s++) {
-        sd[s].min_start = INT64_MAX;
-        sd[s].max_end = INT64_MIN;
-    }
-    /* A runtime call belongs to the last step starting at or before it, if inside it. */
+/* A runtime call belongs to the last step starting at or before it, if inside it. */
+static void steps_assign_rts(struct kp_an *a, size_t n)
+{
     for (size_t i = 0; i <= a->n_rts; i++) {
         struct an_rt *t = &a->rts[i];
         size_t lo = 0, hi = n;
@@ -424,6 +443,13 @@ int an_build_steps(struct kp_an *a)
             t->step = (int32_t) (lo - 1);
         }
     }
+}
+
+/* Each step's device span and count into sd; false if no device event was launched in one. */
+static bool steps_count_devs(const struct kp_an *a, struct step_dev *sd)
+{
+    bool launched = false;
+
     for (size_t i = 0; i < a->n_devs; i++) {
         const struct an_dev *d = &a->devs[i];
         int32_t s = d->rt >= 0 ? a->rts[d->rt].step : -1;
@@ -436,50 +462,82 @@ int an_build_steps(struct kp_an *a)
         sd[s].max_end = d->end > sd[s].max_end ? d->end : sd[s].max_end;
         launched = true;
     }
-    if (launched) {
-        int64_t prev_end = a->steps[0].start_ns;
+    return launched;
+}
 
-        if (sd[0].count > 0) {
-            for (size_t i = 0; i < a->n_devs; i++) {
-                const struct an_dev *d = &a->devs[i];
+/* The steps stretched over their device events, back to back, and the tail trimmed.
+ * Returns how many steps are left. */
+static size_t steps_fit_devs(struct kp_an *a, const struct step_dev *sd, size_t n)
+{
+    int64_t prev_end = a->steps[0].start_ns;
 
-                if (d->rt >= 0 && a->rts[d->rt].step >= 0) {
-                    continue;
-                }
-                if (d->end < sd[0].min_start && d->end > prev_end) {
-                    prev_end = d->end;
-                }
+    if (sd[0].count > 0) {
+        for (size_t i = 0; i < a->n_devs; i++) {
+            const struct an_dev *d = &a->devs[i];
+
+            if (d->rt >= 0 && a->rts[d->rt].step >= 0) {
+                continue;
+            }
+            if (d->end < sd[0].min_start && d->end > prev_end) {
+                prev_end = d->end;
             }
         }
-        for (size_t s = 0; s < n; s++) {
-            struct kp_an_step *st = &a->steps[s];
-            int64_t start = prev_end > st->start_ns ? prev_end : st->start_ns;
-            int64_t end;
+    }
+    for (size_t s = 0; s < n; s++) {
+        struct kp_an_step *st = &a->steps[s];
+        int64_t start = prev_end > st->start_ns ? prev_end : st->start_ns;
+        int64_t end;
 
-            if (sd[s].count > 0) {
-                end = st->end_ns > sd[s].max_end ? st->end_ns : sd[s].max_end;
-            }
-            else {
-                end = st->end_ns > start ? st->end_ns : start;
-            }
-            if (end < start) {
-                end = start;
-            }
-            st->start_ns = start;
-            st->end_ns = end;
-            prev_end = end;
+        if (sd[s].count > 0) {
+            end = st->end_ns > sd[s].max_end ? st->end_ns : sd[s].max_end;
         }
-        if (n > 1) { /* tail trimming */
-            size_t last = n - 1;
+        else {
+            end = st->end_ns > start ? st->end_ns : start;
+        }
+        if (end < start) {
+            end = start;
+        }
+        st->start_ns = start;
+        st->end_ns = end;
+        prev_end = end;
+    }
+    if (n > 1) { /* tail trimming */
+        size_t last = n - 1;
 
-            while (sd[last].count == 0) {
-                last--;
-            }
-            n = last + 1;
-            if (last > 0 && (double) sd[last].count < 0.8 * (double) sd[last - 1].count) {
-                n = last;
-            }
+        while (sd[last].count == 0) {
+            last--;
         }
+        n = last + 1;
+        if (last > 0 && (double) sd[last].count < 0.8 * (double) sd[last - 1].count) {
+            n = last;
+        }
+    }
+    return n;
+}
+
+int an_build_steps(struct kp_an *a)
+{
+    size_t n;
+    struct step_dev *sd = NULL;
+
+    free(a->steps);
+    a->steps =
+        calloc((a->n_ops > a->n_rec_steps ? a->n_ops : a->n_rec_steps) + 1, sizeof(*a->steps));
+    if (!a->steps) {
+        return -ENOMEM;
+    }
+    n = steps_collect(a);
+    sd = calloc(n + 1, sizeof(*sd));
+    if (!sd) {
+        return -ENOMEM;
+    }
+    for (size_t s = 0; s < n; s++) {
+        sd[s].min_start = INT64_MAX;
+        sd[s].max_end = INT64_MIN;
+    }
+    steps_assign_rts(a, n);
+    if (steps_count_devs(a, sd)) {
+        n = steps_fit_devs(a, sd, n);
     }
     free(sd);
     a->bd.n_steps = n;

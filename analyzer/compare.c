@@ -559,15 +559,140 @@ static int straggler_evidence(struct kp_compare_result *res)
     return 0;
 }
 
+/* The step numbers of a run's ranks, as kp_compare_result_create's phases share them. */
+struct cmp_steps {
+    int64_t *nums; /* every step number read, sorted; then the compared steps first */
+    size_t n_nums; /* step numbers read */
+    size_t ns;     /* steps compared */
+    int64_t *all;  /* every distinct step number */
+    size_t n_all;
+    size_t *step_nr; /* by all's index: how many ranks have that step */
+};
+
+/* The steps: every step number any rank has (or the one asked for), and how many ranks have
+ * each. Returns 0, -ENOMEM, KP_ENOTFOUND (errbuf says which steps there are). */
+static int cmp_collect_steps(const struct cmp_load *L, const struct kp_compare_opts *o, int64_t run,
+                             struct cmp_steps *S, char *errbuf, size_t errlen)
+{
+    size_t *seen_by = NULL;
+
+    for (size_t i = 0; i < L->n_ranks; i++) {
+        S->n_nums += L->rs[i].n;
+    }
+    if ((S->nums = calloc(S->n_nums + 1, sizeof(*S->nums))) == NULL) {
+        return -ENOMEM;
+    }
+    S->n_nums = 0;
+    for (size_t i = 0; i < L->n_ranks; i++) {
+        for (size_t j = 0; j < L->rs[i].n; j++) {
+            S->nums[S->n_nums++] = L->rs[i].v[j].num;
+        }
+    }
+    qsort(S->nums, S->n_nums, sizeof(*S->nums), cmp_i64);
+    if ((S->all = calloc(S->n_nums + 1, sizeof(*S->all))) == NULL ||
+        (S->step_nr = calloc(S->n_nums + 1, sizeof(*S->step_nr))) == NULL ||
+        (seen_by = calloc(S->n_nums + 1, sizeof(*seen_by))) == NULL) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < S->n_nums; i++) {
+        if (i == 0 || S->nums[i] != S->nums[i - 1]) {
+            S->all[S->n_all++] = S->nums[i];
+        }
+    }
+    for (size_t i = 0; i < L->n_ranks; i++) { /* the ranks having each step */
+        for (size_t j = 0; j < L->rs[i].n; j++) {
+            long a = cmp_find_i64(S->all, S->n_all, L->rs[i].v[j].num);
+
+            if (seen_by[a] != i + 1) { /* a repeated step number counts once */
+                seen_by[a] = i + 1;
+                S->step_nr[a]++;
+            }
+        }
+    }
+    free(seen_by);
+    for (size_t i = 0; i < S->n_nums; i++) {
+        if ((i == 0 || S->nums[i] != S->nums[i - 1]) && (!o->has_step || S->nums[i] == o->step)) {
+            S->nums[S->ns++] = S->nums[i];
+        }
+    }
+    if (S->ns > 0) {
+        return 0;
+    }
+    if (o->has_step && S->n_nums > 0) {
+        kp_errbuf_set(errbuf, errlen,
+                      "run %" PRId64 " has no step %" PRId64 ": its steps are %" PRId64
+                      "..%" PRId64,
+                      run, o->step, S->nums[0], S->nums[S->n_nums - 1]);
+    }
+    else {
+        kp_errbuf_set(errbuf, errlen,
+                      "run %" PRId64 " has no steps with GPU work to compare: capture steps "
+                      "(kprofctl start --steps N) or import ProfilerStep ranges",
+                      run);
+    }
+    return KP_ENOTFOUND;
+}
+
+/* An empty result for L's ranks and S's compared steps; NULL on ENOMEM. */
+static struct kp_compare_result *cmp_result_new(const struct cmp_load *L, const struct cmp_steps *S,
+                                                int64_t run)
+{
+    struct kp_compare_result *res = calloc(1, sizeof(*res));
+    size_t nr = L->n_ranks, ns = S->ns;
+
+    if (res == NULL || (res->ranks = calloc(nr, sizeof(*res->ranks))) == NULL ||
+        (res->steps = calloc(ns, sizeof(*res->steps))) == NULL ||
+        (res->cells = calloc(nr * ns, sizeof(*res->cells))) == NULL) {
+        kp_compare_result_destroy(res);
+        return NULL;
+    }
+    res->run = run;
+    res->n_ranks = nr;
+    res->n_steps = ns;
+    for (size_t r = 0; r < nr; r++) {
+        res->ranks[r].rank = (int) L->ranks[r];
+        res->ranks[r].node = res->ranks[r].local_rank = -1;
+    }
+    res->waited_for = res->hta_rank = -1;
+    for (size_t j = 0; j < ns; j++) {
+        res->steps[j].step = S->nums[j];
+        res->steps[j].last_rank = -1;
+    }
+    return res;
+}
+
+/* From the filled cells and the collectives to the verdict; -ENOMEM. */
+static int cmp_compute(struct kp_compare_result *res, const struct kp_compare_opts *o,
+                       struct coll *colls, size_t n_colls, const size_t *step_nr, double *tmp)
+{
+    /* collectives of every step: order within (rank, step, kind), then matched across ranks;
+     * the clocks aligned over all of them, then only the compared steps' kept */
+    number_colls(colls, n_colls);
+    qsort(colls, n_colls, sizeof(*colls), cmp_coll_match);
+    if (align_clocks(res, colls, n_colls, step_nr) != 0) {
+        return -ENOMEM;
+    }
+    n_colls = keep_compared(res, colls, n_colls);
+    step_spreads(res, tmp);
+    lateness(res, colls, n_colls, tmp);
+    late_cells(res, o, tmp);
+    rank_medians(res, o, tmp);
+    if (straggler_evidence(res) != 0) {
+        return -ENOMEM;
+    }
+    cmp_who_waits(res, o);
+    cmp_make_verdict(res, o, n_colls);
+    return 0;
+}
+
 int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opts *o,
                              struct kp_compare_result **out, char *errbuf, size_t errlen)
 {
     char runs[24];
     const char *params[1] = { runs };
     struct cmp_load L;
-    size_t n_nums = 0, n_colls = 0, ns, nr, n_all = 0;
-    int64_t *nums = NULL, *all = NULL;
-    size_t *step_nr = NULL, *seen_by = NULL;
+    struct cmp_steps S = { 0 };
+    size_t n_colls = 0, nr;
     struct coll *colls = NULL;
     double *tmp = NULL;
     struct kp_compare_result *res = NULL;
@@ -586,106 +711,28 @@ int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opt
         (rc = cmp_load_run(c, runs, run, o->max_rows, &L, errbuf, errlen)) != 0) {
         goto fail;
     }
-    for (size_t i = 0; i < L.n_ranks; i++) {
-        n_nums += L.rs[i].n;
-    }
-    /* the steps: every step number any rank has (or the one asked for) */
-    if ((nums = calloc(n_nums + 1, sizeof(*nums))) == NULL) {
+    rc = cmp_collect_steps(&L, o, run, &S, errbuf, errlen);
+    if (rc == -ENOMEM) {
         goto nomem;
     }
-    n_nums = 0;
-    for (size_t i = 0; i < L.n_ranks; i++) {
-        for (size_t j = 0; j < L.rs[i].n; j++) {
-            nums[n_nums++] = L.rs[i].v[j].num;
-        }
-    }
-    qsort(nums, n_nums, sizeof(*nums), cmp_i64);
-    if ((all = calloc(n_nums + 1, sizeof(*all))) == NULL ||
-        (step_nr = calloc(n_nums + 1, sizeof(*step_nr))) == NULL ||
-        (seen_by = calloc(n_nums + 1, sizeof(*seen_by))) == NULL) {
-        goto nomem;
-    }
-    for (size_t i = 0; i < n_nums; i++) {
-        if (i == 0 || nums[i] != nums[i - 1]) {
-            all[n_all++] = nums[i];
-        }
-    }
-    for (size_t i = 0; i < L.n_ranks; i++) { /* the ranks having each step */
-        for (size_t j = 0; j < L.rs[i].n; j++) {
-            long a = cmp_find_i64(all, n_all, L.rs[i].v[j].num);
-
-            if (seen_by[a] != i + 1) { /* a repeated step number counts once */
-                seen_by[a] = i + 1;
-                step_nr[a]++;
-            }
-        }
-    }
-    ns = 0;
-    for (size_t i = 0; i < n_nums; i++) {
-        if ((i == 0 || nums[i] != nums[i - 1]) && (!o->has_step || nums[i] == o->step)) {
-            nums[ns++] = nums[i];
-        }
-    }
-    if (ns == 0) {
-        if (o->has_step && n_nums > 0) {
-            kp_errbuf_set(errbuf, errlen,
-                          "run %" PRId64 " has no step %" PRId64 ": its steps are %" PRId64
-                          "..%" PRId64,
-                          run, o->step, nums[0], nums[n_nums - 1]);
-        }
-        else {
-            kp_errbuf_set(errbuf, errlen,
-                          "run %" PRId64 " has no steps with GPU work to compare: capture steps "
-                          "(kprofctl start --steps N) or import ProfilerStep ranges",
-                          run);
-        }
-        rc = KP_ENOTFOUND;
+    if (rc != 0) {
         goto fail;
     }
     nr = L.n_ranks;
-    if ((res = calloc(1, sizeof(*res))) == NULL ||
-        (res->ranks = calloc(nr, sizeof(*res->ranks))) == NULL ||
-        (res->steps = calloc(ns, sizeof(*res->steps))) == NULL ||
-        (res->cells = calloc(nr * ns, sizeof(*res->cells))) == NULL ||
-        (tmp = calloc((nr > ns ? nr : ns) + 1, sizeof(*tmp))) == NULL) {
+    if ((res = cmp_result_new(&L, &S, run)) == NULL ||
+        (tmp = calloc((nr > S.ns ? nr : S.ns) + 1, sizeof(*tmp))) == NULL) {
         goto nomem;
     }
-    res->run = run;
-    res->n_ranks = nr;
-    res->n_steps = ns;
-    for (size_t r = 0; r < nr; r++) {
-        res->ranks[r].rank = (int) L.ranks[r];
-        res->ranks[r].node = res->ranks[r].local_rank = -1;
-    }
-    res->waited_for = res->hta_rank = -1;
     if ((rc = cmp_load_world(c, params, res, errbuf, errlen)) != 0) {
         goto fail;
     }
-    for (size_t j = 0; j < ns; j++) {
-        res->steps[j].step = nums[j];
-        res->steps[j].last_rank = -1;
-    }
-    if ((rc = cmp_fill_cells(c, runs, &L, res, nums, all, n_all, o->max_rows, &colls, &n_colls,
-                             errbuf, errlen)) != 0) {
+    if ((rc = cmp_fill_cells(c, runs, &L, res, S.nums, S.all, S.n_all, o->max_rows, &colls,
+                             &n_colls, errbuf, errlen)) != 0) {
         goto fail;
     }
-    /* collectives of every step: order within (rank, step, kind), then matched across ranks;
-     * the clocks aligned over all of them, then only the compared steps' kept */
-    number_colls(colls, n_colls);
-    qsort(colls, n_colls, sizeof(*colls), cmp_coll_match);
-    if ((rc = align_clocks(res, colls, n_colls, step_nr)) != 0) {
+    if (cmp_compute(res, o, colls, n_colls, S.step_nr, tmp) != 0) {
         goto nomem;
     }
-    n_colls = keep_compared(res, colls, n_colls);
-    step_spreads(res, tmp);
-    lateness(res, colls, n_colls, tmp);
-    late_cells(res, o, tmp);
-    rank_medians(res, o, tmp);
-    if (straggler_evidence(res) != 0) {
-        goto nomem;
-    }
-    cmp_who_waits(res, o);
-    cmp_make_verdict(res, o, n_colls);
     *out = res;
     res = NULL;
     rc = 0;
@@ -698,10 +745,9 @@ out:
     kp_compare_result_destroy(res);
     free(tmp);
     free(colls);
-    free(nums);
-    free(all);
-    free(step_nr);
-    free(seen_by);
+    free(S.nums);
+    free(S.all);
+    free(S.step_nr);
     cmp_load_fini(&L);
     return rc;
 }

@@ -269,126 +269,156 @@ static size_t keep_steps(struct hstep *st, size_t n_st, bool drop_last, bool has
     return k;
 }
 
-int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, int num_candidates,
-                          struct kp_compare_hta **out, char *errbuf, size_t errlen)
+/* What kp_compare_hta_create's phases share. */
+struct hta_cmp {
+    PGconn *c;
+    const char **params; /* run, then the four step arrays */
+    int64_t run;
+    bool has_step;
+    int64_t step;
+    struct hstep *st; /* the steps kept, by rank and start */
+    size_t n_st;
+    int64_t *nums;           /* scratch: step numbers */
+    size_t n_steps_all;      /* ProfilerStep ranges read */
+    size_t n_steps_distinct; /* step numbers among them */
+    int64_t t_min;           /* the first kept step's start */
+    char *errbuf;
+    size_t errlen;
+};
+
+static int hcmp_nomem(struct hta_cmp *x)
 {
-    char runs[24];
-    const char *params[5] = { runs, NULL, NULL, NULL, NULL };
-    struct kp_strbuf arrs[4];
+    kp_errbuf_set(x->errbuf, x->errlen, "out of memory");
+    return -ENOMEM;
+}
+
+/* The run's ProfilerStep ranges into x->st, the ones HTA keeps (keep_steps). */
+static int hcmp_read_steps(struct hta_cmp *x)
+{
     PGresult *r = NULL;
-    struct hstep *st = NULL;
-    struct hcand *cand = NULL;
-    struct kp_compare_hta *h = NULL;
-    size_t n_st = 0, n_cand = 0, n_steps_distinct = 0, nr, n_steps_all = 0;
-    int64_t t_min = INT64_MAX, t_max;
-    int64_t *nums = NULL;
-    double *sd = NULL;
-    size_t best_i = 0;
-    int *cnt_rank = NULL;
-    size_t *cnt = NULL;
+    size_t nr;
     int rc;
 
-    *out = NULL;
-    for (int f = 0; f < 4; f++) {
-        kp_strbuf_init(&arrs[f], 0);
-    }
-    snprintf(runs, sizeof(runs), "%" PRId64, run);
-    if ((rc = cmp_check_run(c, params, run, errbuf, errlen)) != 0) {
-        return rc;
-    }
     rc = kp_pg_query(
-        c,
+        x->c,
         "SELECT o.rank, o.start_ns, o.start_ns + o.dur_ns, substr(n.name, 14) FROM ops o "
         "JOIN names n ON n.id = o.name WHERE o.run_id = $1 AND n.name LIKE "
         "'ProfilerStep#%'",
-        1, params, &r, errbuf, errlen);
+        1, x->params, &r, x->errbuf, x->errlen);
     if (rc < 0) {
-        goto fail;
+        return rc;
     }
     nr = (size_t) PQntuples(r);
-    if ((st = calloc(nr + 1, sizeof(*st))) == NULL ||
-        (nums = calloc(nr + 1, sizeof(*nums))) == NULL) {
-        goto nomem;
+    if ((x->st = calloc(nr + 1, sizeof(*x->st))) == NULL ||
+        (x->nums = calloc(nr + 1, sizeof(*x->nums))) == NULL) {
+        PQclear(r);
+        return hcmp_nomem(x);
     }
     for (size_t i = 0; i < nr; i++) {
-        st[n_st].rank = (int) kp_pg_i64(r, (int) i, 0, 0);
-        st[n_st].start = kp_pg_i64(r, (int) i, 1, 0);
-        st[n_st].end = kp_pg_i64(r, (int) i, 2, 0);
-        if (cmp_parse_step(PQgetvalue(r, (int) i, 3), &st[n_st].num)) {
-            nums[n_st] = st[n_st].num;
-            n_st++;
+        struct hstep *t = &x->st[x->n_st];
+
+        t->rank = (int) kp_pg_i64(r, (int) i, 0, 0);
+        t->start = kp_pg_i64(r, (int) i, 1, 0);
+        t->end = kp_pg_i64(r, (int) i, 2, 0);
+        if (cmp_parse_step(PQgetvalue(r, (int) i, 3), &t->num)) {
+            x->nums[x->n_st] = t->num;
+            x->n_st++;
         }
     }
     PQclear(r);
-    r = NULL;
-    qsort(nums, n_st, sizeof(*nums), cmp_i64);
-    n_steps_all = n_st;
-    for (size_t i = 0; i < n_st; i++) {
-        n_steps_distinct += i == 0 || nums[i] != nums[i - 1];
+    qsort(x->nums, x->n_st, sizeof(*x->nums), cmp_i64);
+    x->n_steps_all = x->n_st;
+    for (size_t i = 0; i < x->n_st; i++) {
+        x->n_steps_distinct += i == 0 || x->nums[i] != x->nums[i - 1];
     }
-    qsort(st, n_st, sizeof(*st), cmp_hstep);
-    n_st = keep_steps(st, n_st, n_steps_distinct >= 2, has_step, step);
-    {
-        size_t n_r = 0;
-        bool step_seen = false;
+    qsort(x->st, x->n_st, sizeof(*x->st), cmp_hstep);
+    x->n_st = keep_steps(x->st, x->n_st, x->n_steps_distinct >= 2, x->has_step, x->step);
+    return 0;
+}
 
-        for (size_t i = 0; i < n_steps_all; i++) { /* (nums: every step number read) */
-            step_seen = step_seen || nums[i] == step;
-        }
-        for (size_t i = 0; i < n_st; i++) {
-            n_r += i == 0 || st[i].rank != st[i - 1].rank;
-            t_min = st[i].start < t_min ? st[i].start : t_min;
-        }
-        if (has_step && !step_seen) {
-            kp_errbuf_set(errbuf, errlen, "run %" PRId64 " has no step %" PRId64, run, step);
-            rc = KP_ENOTFOUND;
-            goto fail;
-        }
-        if (n_r < 2) { /* an answer, not an unknown run */
-            if ((h = calloc(1, sizeof(*h))) == NULL || (h->collective = strdup("")) == NULL) {
-                goto nomem;
-            }
-            snprintf(h->note, sizeof(h->note),
-                     "HTA's straggler metric needs 2 or more ranks with ProfilerStep ranges%s; "
-                     "run %" PRId64 " has %zu",
-                     n_steps_distinct >= 2 ? " (its last step dropped, as HTA does)" : "", run,
-                     n_r);
-            goto answer;
-        }
+/* The asked step exists and 2+ ranks have kept steps; sets x->t_min. Returns 0 to go on, 1
+ * with *out an answer that says why there is no metric, KP_ENOTFOUND, -ENOMEM. */
+static int hcmp_check_ranks(struct hta_cmp *x, struct kp_compare_hta **out)
+{
+    size_t n_r = 0;
+    bool step_seen = false;
+
+    for (size_t i = 0; i < x->n_steps_all; i++) { /* (nums: every step number read) */
+        step_seen = step_seen || x->nums[i] == x->step;
     }
+    for (size_t i = 0; i < x->n_st; i++) {
+        n_r += i == 0 || x->st[i].rank != x->st[i - 1].rank;
+        x->t_min = x->st[i].start < x->t_min ? x->st[i].start : x->t_min;
+    }
+    if (x->has_step && !step_seen) {
+        kp_errbuf_set(x->errbuf, x->errlen, "run %" PRId64 " has no step %" PRId64, x->run,
+                      x->step);
+        return KP_ENOTFOUND;
+    }
+    if (n_r >= 2) {
+        return 0;
+    }
+    /* an answer, not an unknown run */
+    if ((*out = calloc(1, sizeof(**out))) == NULL || ((*out)->collective = strdup("")) == NULL) {
+        return hcmp_nomem(x);
+    }
+    snprintf((*out)->note, sizeof((*out)->note),
+             "HTA's straggler metric needs 2 or more ranks with ProfilerStep ranges%s; "
+             "run %" PRId64 " has %zu",
+             x->n_steps_distinct >= 2 ? " (its last step dropped, as HTA does)" : "", x->run, n_r);
+    return 1;
+}
+
+/* The kept steps as query parameters (arrs: 4), and *out with its mean step time:
+ * (latest end of the steps' work - t_min) / steps. */
+static int hcmp_mean_step(struct hta_cmp *x, struct kp_strbuf *arrs, struct kp_compare_hta **out)
+{
+    PGresult *r = NULL;
+    int64_t t_max;
+    size_t n_num = 0;
+    int rc;
+
     for (int f = 0; f < 4; f++) {
-        if ((rc = steps_array(&arrs[f], n_st, st, f)) != 0) {
-            goto nomem;
+        if (steps_array(&arrs[f], x->n_st, x->st, f) != 0) {
+            return hcmp_nomem(x);
         }
-        params[f + 1] = arrs[f].data;
+        x->params[f + 1] = arrs[f].data;
     }
-    if ((rc = kp_pg_query(c, sql_end, 5, params, &r, errbuf, errlen)) < 0) {
-        goto fail;
+    if ((rc = kp_pg_query(x->c, sql_end, 5, x->params, &r, x->errbuf, x->errlen)) < 0) {
+        return rc;
     }
     t_max = kp_pg_i64(r, 0, 0, 0);
     PQclear(r);
-    r = NULL;
-    {
-        /* mean step time: (latest end - t_min) / steps */
-        size_t n_num = 0;
+    for (size_t i = 0; i < x->n_st; i++) {
+        x->nums[i] = x->st[i].num;
+    }
+    qsort(x->nums, x->n_st, sizeof(*x->nums), cmp_i64);
+    for (size_t i = 0; i < x->n_st; i++) {
+        n_num += i == 0 || x->nums[i] != x->nums[i - 1];
+    }
+    if ((*out = calloc(1, sizeof(**out))) == NULL) {
+        return hcmp_nomem(x);
+    }
+    (*out)->mean_step_ns = (double) (t_max - x->t_min) / (double) n_num;
+    return 0;
+}
 
-        for (size_t i = 0; i < n_st; i++) {
-            nums[i] = st[i].num;
-        }
-        qsort(nums, n_st, sizeof(*nums), cmp_i64);
-        for (size_t i = 0; i < n_st; i++) {
-            n_num += i == 0 || nums[i] != nums[i - 1];
-        }
-        if ((h = calloc(1, sizeof(*h))) == NULL) {
-            goto nomem;
-        }
-        h->mean_step_ns = (double) (t_max - t_min) / (double) n_num;
+/* The candidate collectives, the one HTA picks, its metric rows and the stragglers into h (a
+ * note instead when the run has no collective). */
+static int hcmp_stragglers(struct hta_cmp *x, struct kp_compare_hta *h, int num_candidates)
+{
+    PGresult *r = NULL;
+    struct hcand *cand = NULL;
+    double *sd = NULL;
+    size_t *cnt = NULL;
+    int *cnt_rank = NULL;
+    size_t n_cand, best_i;
+    int rc;
+
+    if ((rc = kp_pg_query(x->c, sql_cand, 5, x->params, &r, x->errbuf, x->errlen)) < 0) {
+        return rc;
     }
-    if ((rc = kp_pg_query(c, sql_cand, 5, params, &r, errbuf, errlen)) < 0) {
-        goto fail;
-    }
-    nr = (size_t) PQntuples(r);
-    if ((cand = calloc(nr + 1, sizeof(*cand))) == NULL) {
+    if ((cand = calloc((size_t) PQntuples(r) + 1, sizeof(*cand))) == NULL) {
         goto nomem;
     }
     n_cand = read_candidates(r, h->mean_step_ns, cand);
@@ -399,7 +429,7 @@ int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, i
         snprintf(h->note, sizeof(h->note),
                  "HTA's straggler metric needs collectives; this run has none (no ncclKernel* "
                  "kernel lasting 1%% of the mean step in a step it keeps)");
-        goto answer;
+        goto out;
     }
     /* per (stream, name): mean over steps of the std (ddof 1) across ranks of dur' */
     if ((sd = calloc(n_cand, sizeof(*sd))) == NULL ||
@@ -413,29 +443,69 @@ int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, i
         (h->stragglers = calloc(n_cand, sizeof(*h->stragglers))) == NULL) {
         goto nomem;
     }
-    metric_rows(h, cand, n_cand, best_i, t_min);
+    metric_rows(h, cand, n_cand, best_i, x->t_min);
     /* per step: flag ranks whose metric >= the k-th largest; count flags per rank */
     flag_stragglers(h, num_candidates, sd, cnt, cnt_rank, n_cand);
-answer:
-    *out = h;
-    h = NULL;
-    rc = 0;
     goto out;
 nomem:
-    rc = -ENOMEM;
-    kp_errbuf_set(errbuf, errlen, "out of memory");
-fail:
+    rc = hcmp_nomem(x);
 out:
     PQclear(r);
-    for (int f = 0; f < 4; f++) {
-        kp_strbuf_fini(&arrs[f]);
-    }
-    kp_compare_hta_destroy(h);
     free(cnt_rank);
     free(cnt);
     free(sd);
     free(cand);
-    free(nums);
-    free(st);
+    return rc;
+}
+
+int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, int num_candidates,
+                          struct kp_compare_hta **out, char *errbuf, size_t errlen)
+{
+    char runs[24];
+    const char *params[5] = { runs, NULL, NULL, NULL, NULL };
+    struct hta_cmp x = { .c = c,
+                         .params = params,
+                         .run = run,
+                         .has_step = has_step,
+                         .step = step,
+                         .t_min = INT64_MAX,
+                         .errbuf = errbuf,
+                         .errlen = errlen };
+    struct kp_strbuf arrs[4];
+    struct kp_compare_hta *h = NULL;
+    int rc;
+
+    *out = NULL;
+    for (int f = 0; f < 4; f++) {
+        kp_strbuf_init(&arrs[f], 0);
+    }
+    snprintf(runs, sizeof(runs), "%" PRId64, run);
+    if ((rc = cmp_check_run(c, params, run, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    if ((rc = hcmp_read_steps(&x)) < 0) {
+        goto out;
+    }
+    if ((rc = hcmp_check_ranks(&x, &h)) != 0) {
+        if (rc > 0) {
+            goto answer;
+        }
+        goto out;
+    }
+    if ((rc = hcmp_mean_step(&x, arrs, &h)) < 0 ||
+        (rc = hcmp_stragglers(&x, h, num_candidates)) < 0) {
+        goto out;
+    }
+answer:
+    *out = h;
+    h = NULL;
+    rc = 0;
+out:
+    for (int f = 0; f < 4; f++) {
+        kp_strbuf_fini(&arrs[f]);
+    }
+    kp_compare_hta_destroy(h);
+    free(x.nums);
+    free(x.st);
     return rc;
 }

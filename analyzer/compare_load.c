@@ -457,88 +457,109 @@ out:
     return rc;
 }
 
-int cmp_fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp_compare_result *res,
-                   const int64_t *nums, const int64_t *all, size_t n_all, size_t max_rows,
-                   struct coll **colls, size_t *n_colls, char *errbuf, size_t errlen)
-{
-    size_t ns = res->n_steps, nc = 0, cap = 0;
-    bool need[3] = { false, false, false };
-    struct coll *v;
-    PGresult *sums[2] = { L->api, L->mem };
+/* What cmp_fill_cells' phases share. */
+struct cell_fill {
+    struct cmp_load *L;
+    struct kp_compare_result *res;
+    const int64_t *nums; /* the compared steps */
+    size_t ns;
+    const int64_t *all; /* every step number */
+    size_t n_all;
+    struct coll *v; /* the collectives so far */
+    size_t nc, cap;
+    bool need[3]; /* kernels, API calls, copies/memsets with rows outside every step */
+};
 
-    for (size_t r = 0; r < L->n_ranks; r++) {
-        for (size_t j = 0; j < L->rs[r].n; j++) {
-            const struct rstep *s = &L->rs[r].v[j];
-            long si = cmp_find_i64(nums, ns, s->num);
+/* The cell of rank ri and compared step si. */
+static struct kp_compare_cell *fill_cell(const struct cell_fill *f, long ri, long si)
+{
+    return &f->res->cells[(size_t) ri * f->ns + (size_t) si];
+}
+
+/* The cells each rank has a step for, with the step's length. */
+static void fill_present(struct cell_fill *f)
+{
+    for (size_t r = 0; r < f->L->n_ranks; r++) {
+        for (size_t j = 0; j < f->L->rs[r].n; j++) {
+            const struct rstep *s = &f->L->rs[r].v[j];
+            long si = cmp_find_i64(f->nums, f->ns, s->num);
             struct kp_compare_cell *cl;
 
-            if (si < 0 || (cl = &res->cells[r * ns + (size_t) si])->present) {
+            if (si < 0 || (cl = fill_cell(f, (long) r, si))->present) {
                 continue; /* not compared, or a repeated step number: the first is kept */
             }
             cl->present = true;
             cl->step_ns = s->end - s->start;
         }
     }
-    cap = (size_t) PQntuples(L->coll);
-    for (int i = 0; i < PQntuples(L->ops); i++) {
-        const struct ncls *x = nameset_find(&L->names, kp_pg_i64(L->ops, i, 2, -1));
+}
 
-        cap += x != NULL && x->cls == NC_GLOO;
-    }
-    if ((v = calloc(cap + 1, sizeof(*v))) == NULL) {
-        kp_errbuf_set(errbuf, errlen, "out of memory");
-        return -ENOMEM;
-    }
-    *colls = v;
-    /* kernels: the sums per step, less the collective kernels, which come one by one */
-    for (int i = 0; i < PQntuples(L->kern); i++) {
-        long ri = cmp_find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->kern, i, 0, -1)), si;
+/* kernels: the sums per step, less the collective kernels, which come one by one */
+static void fill_kernels(struct cell_fill *f)
+{
+    const PGresult *k = f->L->kern;
+
+    for (int i = 0; i < PQntuples(k); i++) {
+        long ri = cmp_find_i64(f->L->ranks, f->L->n_ranks, kp_pg_i64(k, i, 0, -1)), si;
 
         if (ri < 0) {
             continue;
         }
-        if (PQgetisnull(L->kern, i, 1)) {
-            need[0] = true;
+        if (PQgetisnull(k, i, 1)) {
+            f->need[0] = true;
             continue;
         }
-        if ((si = cmp_find_i64(nums, ns, kp_pg_i64(L->kern, i, 1, 0))) >= 0) {
-            res->cells[(size_t) ri * ns + (size_t) si].compute_ns += kp_pg_i64(L->kern, i, 2, 0);
+        if ((si = cmp_find_i64(f->nums, f->ns, kp_pg_i64(k, i, 1, 0))) >= 0) {
+            fill_cell(f, ri, si)->compute_ns += kp_pg_i64(k, i, 2, 0);
         }
     }
-    for (int i = 0; i < PQntuples(L->coll); i++) {
-        long ri = cmp_find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->coll, i, 0, -1)), si, ai;
-        bool nostep = PQgetisnull(L->coll, i, 1);
-        int64_t start = kp_pg_i64(L->coll, i, 2, 0), dur = kp_pg_i64(L->coll, i, 3, 0), num;
-        const struct ncls *x = nameset_find(&L->names, kp_pg_i64(L->coll, i, 4, -1));
+}
+
+/* The collective kernels, one by one, out of the compute sums. */
+static void fill_collectives(struct cell_fill *f)
+{
+    const PGresult *cr = f->L->coll;
+
+    for (int i = 0; i < PQntuples(cr); i++) {
+        long ri = cmp_find_i64(f->L->ranks, f->L->n_ranks, kp_pg_i64(cr, i, 0, -1)), si, ai;
+        bool nostep = PQgetisnull(cr, i, 1);
+        int64_t start = kp_pg_i64(cr, i, 2, 0), dur = kp_pg_i64(cr, i, 3, 0), num;
+        const struct ncls *x = nameset_find(&f->L->names, kp_pg_i64(cr, i, 4, -1));
 
         if (ri < 0) {
             continue;
         }
-        num = nostep ? step_at(&L->rs[ri], start) : kp_pg_i64(L->coll, i, 1, 0);
-        if ((ai = cmp_find_i64(all, n_all, num)) < 0) {
+        num = nostep ? step_at(&f->L->rs[ri], start) : kp_pg_i64(cr, i, 1, 0);
+        if ((ai = cmp_find_i64(f->all, f->n_all, num)) < 0) {
             continue;
         }
-        si = cmp_find_i64(nums, ns, num);
+        si = cmp_find_i64(f->nums, f->ns, num);
         if (si >= 0 && !nostep) { /* in the sums above (the unstepped sums leave them out) */
-            res->cells[(size_t) ri * ns + (size_t) si].compute_ns -= dur;
+            fill_cell(f, ri, si)->compute_ns -= dur;
         }
-        if (si >= 0 && !res->cells[(size_t) ri * ns + (size_t) si].present) {
+        if (si >= 0 && !fill_cell(f, ri, si)->present) {
             si = -1;
         }
-        v[nc++] = (struct coll){ (uint32_t) ri,
-                                 (uint32_t) ai,
-                                 0,
-                                 0,
-                                 start,
-                                 start + dur,
-                                 si >= 0 ? (uint32_t) si : NOT_COMPARED,
-                                 x != NULL && x->p2p };
+        f->v[f->nc++] = (struct coll){ (uint32_t) ri,
+                                       (uint32_t) ai,
+                                       0,
+                                       0,
+                                       start,
+                                       start + dur,
+                                       si >= 0 ? (uint32_t) si : NOT_COMPARED,
+                                       x != NULL && x->p2p };
     }
-    /* ops: data loading sums, Gloo collectives */
-    for (int i = 0; i < PQntuples(L->ops); i++) {
-        const struct ncls *x = nameset_find(&L->names, kp_pg_i64(L->ops, i, 2, -1));
-        long ri = cmp_find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->ops, i, 0, -1)), si;
-        int64_t start = kp_pg_i64(L->ops, i, 3, 0), dur = kp_pg_i64(L->ops, i, 4, 0);
+}
+
+/* ops: data loading sums, Gloo collectives */
+static void fill_ops(struct cell_fill *f)
+{
+    const PGresult *o = f->L->ops;
+
+    for (int i = 0; i < PQntuples(o); i++) {
+        const struct ncls *x = nameset_find(&f->L->names, kp_pg_i64(o, i, 2, -1));
+        long ri = cmp_find_i64(f->L->ranks, f->L->n_ranks, kp_pg_i64(o, i, 0, -1)), si;
+        int64_t start = kp_pg_i64(o, i, 3, 0), dur = kp_pg_i64(o, i, 4, 0);
 
         int64_t num;
         long ai;
@@ -546,50 +567,85 @@ int cmp_fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp_co
         if (x == NULL || ri < 0 || (x->cls != NC_GLOO && x->cls != NC_DATA)) {
             continue;
         }
-        num = PQgetisnull(L->ops, i, 1) ? step_at(&L->rs[ri], start) : kp_pg_i64(L->ops, i, 1, 0);
-        si = cmp_find_i64(nums, ns, num);
-        if (si >= 0 && !res->cells[(size_t) ri * ns + (size_t) si].present) {
+        num = PQgetisnull(o, i, 1) ? step_at(&f->L->rs[ri], start) : kp_pg_i64(o, i, 1, 0);
+        si = cmp_find_i64(f->nums, f->ns, num);
+        if (si >= 0 && !fill_cell(f, ri, si)->present) {
             si = -1;
         }
         if (x->cls == NC_DATA) {
             if (si >= 0) {
-                res->cells[(size_t) ri * ns + (size_t) si].host_ns += dur;
+                fill_cell(f, ri, si)->host_ns += dur;
             }
         }
-        else if (nc < cap && (ai = cmp_find_i64(all, n_all, num)) >= 0) {
-            v[nc++] = (struct coll){ (uint32_t) ri,
-                                     (uint32_t) ai,
-                                     1,
-                                     0,
-                                     start,
-                                     start + dur,
-                                     si >= 0 ? (uint32_t) si : NOT_COMPARED,
-                                     x->p2p };
+        else if (f->nc < f->cap && (ai = cmp_find_i64(f->all, f->n_all, num)) >= 0) {
+            f->v[f->nc++] = (struct coll){ (uint32_t) ri,
+                                           (uint32_t) ai,
+                                           1,
+                                           0,
+                                           start,
+                                           start + dur,
+                                           si >= 0 ? (uint32_t) si : NOT_COMPARED,
+                                           x->p2p };
         }
     }
-    /* API calls (launch) and copies/memsets (other) */
+}
+
+/* API calls (launch) and copies/memsets (other) */
+static void fill_calls(struct cell_fill *f)
+{
+    PGresult *sums[2] = { f->L->api, f->L->mem };
+
     for (int t = 0; t < 2; t++) {
         for (int i = 0; i < PQntuples(sums[t]); i++) {
-            long ri = cmp_find_i64(L->ranks, L->n_ranks, kp_pg_i64(sums[t], i, 0, -1)), si;
+            long ri = cmp_find_i64(f->L->ranks, f->L->n_ranks, kp_pg_i64(sums[t], i, 0, -1)), si;
             struct kp_compare_cell *cl;
 
             if (ri < 0) {
                 continue;
             }
             if (PQgetisnull(sums[t], i, 1)) {
-                need[t + 1] = true;
+                f->need[t + 1] = true;
                 continue;
             }
-            if ((si = cmp_find_i64(nums, ns, kp_pg_i64(sums[t], i, 1, 0))) < 0 ||
-                !(cl = &res->cells[(size_t) ri * ns + (size_t) si])->present) {
+            if ((si = cmp_find_i64(f->nums, f->ns, kp_pg_i64(sums[t], i, 1, 0))) < 0 ||
+                !(cl = fill_cell(f, ri, si))->present) {
                 continue;
             }
             *(t == 0 ? &cl->launch_ns : &cl->other_ns) += kp_pg_i64(sums[t], i, 2, 0);
         }
     }
-    *n_colls = nc;
-    if (need[0] || need[1] || need[2]) {
-        return load_unstepped(c, runs, L, need, nums, ns, res->cells, max_rows, errbuf, errlen);
+}
+
+int cmp_fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp_compare_result *res,
+                   const int64_t *nums, const int64_t *all, size_t n_all, size_t max_rows,
+                   struct coll **colls, size_t *n_colls, char *errbuf, size_t errlen)
+{
+    struct cell_fill f = { .L = L,
+                           .res = res,
+                           .nums = nums,
+                           .ns = res->n_steps,
+                           .all = all,
+                           .n_all = n_all };
+
+    fill_present(&f);
+    f.cap = (size_t) PQntuples(L->coll);
+    for (int i = 0; i < PQntuples(L->ops); i++) {
+        const struct ncls *x = nameset_find(&L->names, kp_pg_i64(L->ops, i, 2, -1));
+
+        f.cap += x != NULL && x->cls == NC_GLOO;
+    }
+    if ((f.v = calloc(f.cap + 1, sizeof(*f.v))) == NULL) {
+        kp_errbuf_set(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    *colls = f.v;
+    fill_kernels(&f);
+    fill_collectives(&f);
+    fill_ops(&f);
+    fill_calls(&f);
+    *n_colls = f.nc;
+    if (f.need[0] || f.need[1] || f.need[2]) {
+        return load_unstepped(c, runs, L, f.need, nums, f.ns, res->cells, max_rows, errbuf, errlen);
     }
     return 0;
 }

@@ -119,17 +119,256 @@ static int cmp_ev(const void *pa, const void *pb)
 
 #define WHERE_RR " WHERE run_id = $1 AND rank = $2"
 
+/* What kp_hta_create's phases share while a rank loads. */
+struct hta_load {
+    PGconn *c;
+    const char *const *params; /* run, rank as text */
+    int64_t run;
+    int rank;
+    bool drop;           /* §0: rows from the last ProfilerStep on are left out */
+    int64_t cutoff;      /* that step's start, rounded */
+    struct corr_idx *ci; /* kept calls by (correlation, index) */
+    char *errbuf;
+    size_t errlen;
+};
+
+static int load_nomem(struct hta_load *ld)
+{
+    kp_errbuf_set(ld->errbuf, ld->errlen, "out of memory loading run %" PRId64 " rank %d", ld->run,
+                  ld->rank);
+    return -ENOMEM;
+}
+
+/* §0 last-step drop: only with two or more ProfilerStep names in the whole run; and the
+ * time base HTA's rounding works on (the imported trace's, NULL: absolute). */
+static int hta_query_cutoff(struct kp_hta *h, struct hta_load *ld)
+{
+    PGresult *r = NULL;
+    int rc;
+
+    rc = kp_pg_query(ld->c,
+                     "SELECT (SELECT count(DISTINCT name) FROM ops WHERE run_id = $1 AND kind = 6),"
+                     " (SELECT start_ns FROM ops" WHERE_RR
+                     " AND kind = 6 ORDER BY start_ns DESC LIMIT 1),"
+                     " (SELECT time_base_ns FROM ranks" WHERE_RR ")",
+                     2, ld->params, &r, ld->errbuf, ld->errlen);
+    if (rc < 0) {
+        return rc;
+    }
+    h->base_ns = kp_pg_i64(r, 0, 2, 0);
+    if (!h->opts.include_last_step && kp_pg_i64(r, 0, 0, 0) >= 2 && !PQgetisnull(r, 0, 1)) {
+        int64_t e;
+
+        ld->drop = true;
+        h->dropped = true;
+        hta_round(h->opts.exact_ns, h->base_ns, kp_pg_i64(r, 0, 1, 0), 0, &ld->cutoff, &e);
+    }
+    PQclear(r);
+    return 0;
+}
+
+/* CPU side: the runtime and driver calls (the only CPU rows with a correlation), kept ones
+ * indexed by correlation in ld->ci. */
+static int hta_read_calls(struct kp_hta *h, struct hta_load *ld)
+{
+    PGresult *r = NULL;
+    size_t n;
+    int rc;
+
+    rc = kp_pg_query(ld->c,
+                     "SELECT start_ns, dur_ns, correlation, name FROM api_calls" WHERE_RR
+                     " AND domain IN (1, 2) AND correlation IS NOT NULL ORDER BY ctid",
+                     2, ld->params, &r, ld->errbuf, ld->errlen);
+    if (rc < 0) {
+        return rc;
+    }
+    n = (size_t) PQntuples(r);
+    h->rts = calloc(n ? n : 1, sizeof(*h->rts));
+    if (!h->rts) {
+        PQclear(r);
+        return load_nomem(ld);
+    }
+    h->t_first = INT64_MAX;
+    h->t_last = INT64_MIN;
+    for (size_t i = 0; i < n; i++) {
+        struct hta_rt *t = &h->rts[h->n_rts];
+
+        hta_round(h->opts.exact_ns, h->base_ns, kp_pg_i64(r, (int) i, 0, 0),
+                  kp_pg_i64(r, (int) i, 1, 0), &t->ts, &t->end);
+        if (ld->drop && t->ts >= ld->cutoff) {
+            continue;
+        }
+        t->corr = kp_pg_i64(r, (int) i, 2, 0);
+        t->name = name_of(h, r, (int) i, 3);
+        h->n_rts++;
+    }
+    PQclear(r);
+    ld->ci = calloc(h->n_rts ? h->n_rts : 1, sizeof(*ld->ci));
+    if (!ld->ci) {
+        return load_nomem(ld);
+    }
+    for (size_t i = 0; i < h->n_rts; i++) {
+        ld->ci[i].corr = h->rts[i].corr;
+        ld->ci[i].idx = (int32_t) i;
+        if (h->rts[i].ts < h->t_first) {
+            h->t_first = h->rts[i].ts;
+        }
+        if (h->rts[i].ts > h->t_last) {
+            h->t_last = h->rts[i].ts;
+        }
+    }
+    qsort(ld->ci, h->n_rts, sizeof(*ld->ci), cmp_corr);
+    return 0;
+}
+
+/* The first kept call with this correlation: bsearch on the pair, then step back; NULL if
+ * none. */
+static const struct corr_idx *find_launch(const struct kp_hta *h, const struct hta_load *ld,
+                                          int64_t corr)
+{
+    struct corr_idx key = { .corr = corr, .idx = -1 };
+    size_t lo = 0, hi = h->n_rts;
+
+    if (!h->n_rts) {
+        return NULL;
+    }
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+
+        if (cmp_corr(&ld->ci[mid], &key) < 0) {
+            lo = mid + 1;
+        }
+        else {
+            hi = mid;
+        }
+    }
+    return lo < h->n_rts && ld->ci[lo].corr == corr ? &ld->ci[lo] : NULL;
+}
+
+/* The name and bandwidth of a memcpy (kind 1) or memset (kind 2) row; -ENOMEM. */
+static int fill_mem_ev(struct kp_hta *h, const PGresult *r, int row, int64_t kind, struct hta_ev *e)
+{
+    char buf[96];
+
+    if (kind == 1) {
+        snprintf(buf, sizeof(buf), "Memcpy %s (%s -> %s)",
+                 NAME_OF(memcpy_kinds, kp_pg_i64(r, row, 6, 0)),
+                 NAME_OF(memory_kinds, kp_pg_i64(r, row, 7, 0)),
+                 NAME_OF(memory_kinds, kp_pg_i64(r, row, 8, 0)));
+    }
+    else {
+        snprintf(buf, sizeof(buf), "Memset (%s)", NAME_OF(memory_kinds, kp_pg_i64(r, row, 6, 0)));
+    }
+    e->name = hta_intern(h, buf);
+    if (!e->name) {
+        return -ENOMEM;
+    }
+    /* §11: the trace's bandwidth; a capture has none: bytes / exact ns (= GB/s) */
+    if (PQgetisnull(r, row, 9)) {
+        int64_t dur = kp_pg_i64(r, row, 2, 0);
+
+        e->bw_computed = true;
+        e->bw = dur > 0 ? (double) kp_pg_i64(r, row, 10, 0) / (double) dur : 0.0;
+    }
+    else {
+        e->bw = strtod(PQgetvalue(r, row, 9), NULL);
+    }
+    return 0;
+}
+
+/* One GPU row into h->evs[h->n_evs]; 1 kept, 0 left out, -ENOMEM. */
+static int fill_ev(struct kp_hta *h, const struct hta_load *ld, const PGresult *r, int row)
+{
+    struct hta_ev *e = &h->evs[h->n_evs];
+    const struct corr_idx *hit;
+    int64_t kind = kp_pg_i64(r, row, 0, 0);
+
+    if (PQgetisnull(r, row, 4)) {
+        return 0; /* no stream: not a GPU event here */
+    }
+    e->corr = PQgetisnull(r, row, 3) ? -1 : kp_pg_i64(r, row, 3, 0);
+    hit = find_launch(h, ld, e->corr);
+    if (ld->drop && !hit) {
+        return 0; /* HTA keeps GPU rows whose launch it kept */
+    }
+    e->rt = hit ? hit->idx : -1;
+    hta_round(h->opts.exact_ns, h->base_ns, kp_pg_i64(r, row, 1, 0), kp_pg_i64(r, row, 2, 0),
+              &e->ts, &e->end);
+    e->stream = kp_pg_i64(r, row, 4, 0);
+    if (kind == 0) {
+        e->name = name_of(h, r, row, 5);
+    }
+    else if (fill_mem_ev(h, r, row, kind, e) < 0) {
+        return -ENOMEM;
+    }
+    e->type = (uint8_t) kp_hta_kernel_type(e->name);
+    e->order = (size_t) row;
+    if (e->ts < h->t_first) {
+        h->t_first = e->ts;
+    }
+    if (e->ts > h->t_last) {
+        h->t_last = e->ts;
+    }
+    return 1;
+}
+
+/* GPU side: kernels, memcpys and memsets, each linked to its launch, sorted by start. */
+static int hta_read_gpu(struct kp_hta *h, struct hta_load *ld)
+{
+    PGresult *r = NULL;
+    size_t n;
+    int rc;
+
+    rc = kp_pg_query(
+        ld->c,
+        "SELECT 0, start_ns, dur_ns, correlation, stream, name, 0, 0, 0, NULL::float8, 0 "
+        "FROM kernels" WHERE_RR " UNION ALL SELECT 1, start_ns, dur_ns, correlation, stream, "
+        "NULL, copy_kind, src_kind, dst_kind, bw.bandwidth_gbps, bytes "
+        "FROM memcpys" KP_SQL_BANDWIDTH_JOIN("memcpys", "memcpy_bandwidth", "$1", "$2") WHERE_RR
+        " UNION ALL SELECT 2, start_ns, dur_ns, correlation, stream, NULL, mem_kind, 0, 0, "
+        "bw.bandwidth_gbps, bytes FROM memsets" KP_SQL_BANDWIDTH_JOIN(
+            "memsets", "memset_bandwidth", "$1", "$2") WHERE_RR " ORDER BY 2, 1",
+        2, ld->params, &r, ld->errbuf, ld->errlen);
+    if (rc < 0) {
+        return rc;
+    }
+    n = (size_t) PQntuples(r);
+    h->evs = calloc(n ? n : 1, sizeof(*h->evs));
+    if (!h->evs) {
+        PQclear(r);
+        return load_nomem(ld);
+    }
+    for (size_t i = 0; i < n; i++) {
+        rc = fill_ev(h, ld, r, (int) i);
+        if (rc < 0) {
+            PQclear(r);
+            return load_nomem(ld);
+        }
+        h->n_evs += (size_t) rc;
+    }
+    PQclear(r);
+    if (h->n_evs == 0) {
+        kp_errbuf_set(ld->errbuf, ld->errlen, "run %" PRId64 " rank %d has no GPU events%s",
+                      ld->run, ld->rank, ld->drop ? " before its last ProfilerStep" : "");
+        return -ENODATA;
+    }
+    qsort(h->evs, h->n_evs, sizeof(*h->evs), cmp_ev);
+    return 0;
+}
+
 int kp_hta_create(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *opts,
                   struct kp_hta **out, char *errbuf, size_t errlen)
 {
     char runs[24], ranks[16];
     const char *params[2] = { runs, ranks };
+    struct hta_load ld = { .c = c,
+                           .params = params,
+                           .run = run,
+                           .rank = rank,
+                           .errbuf = errbuf,
+                           .errlen = errlen };
     struct kp_hta *h;
-    PGresult *r = NULL;
-    struct corr_idx *ci = NULL;
-    bool drop = false;
-    int64_t cutoff = 0;
-    size_t n, nk;
+    size_t unlimited = 0;
     int rc;
 
     *out = NULL;
@@ -144,210 +383,39 @@ int kp_hta_create(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *op
         return -ENOMEM;
     }
     h->opts = *opts;
-
-    /* §0 last-step drop: only with two or more ProfilerStep names in the whole run; and the
-     * time base HTA's rounding works on (the imported trace's, NULL: absolute). */
-    rc = kp_pg_query(c,
-                     "SELECT (SELECT count(DISTINCT name) FROM ops WHERE run_id = $1 AND kind = 6),"
-                     " (SELECT start_ns FROM ops" WHERE_RR
-                     " AND kind = 6 ORDER BY start_ns DESC LIMIT 1),"
-                     " (SELECT time_base_ns FROM ranks" WHERE_RR ")",
-                     2, params, &r, errbuf, errlen);
+    rc = hta_query_cutoff(h, &ld);
     if (rc < 0) {
         goto fail;
     }
-    h->base_ns = kp_pg_i64(r, 0, 2, 0);
-    if (!opts->include_last_step && kp_pg_i64(r, 0, 0, 0) >= 2 && !PQgetisnull(r, 0, 1)) {
-        int64_t e;
-
-        drop = true;
-        h->dropped = true;
-        hta_round(opts->exact_ns, h->base_ns, kp_pg_i64(r, 0, 1, 0), 0, &cutoff, &e);
-    }
-    PQclear(r);
-    r = NULL;
-
-    {
-        size_t unlimited = 0;
-
-        rc = kp_an_dict_load(
-            c,
-            "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
-            " UNION SELECT name FROM api_calls" WHERE_RR ") ORDER BY id",
-            params, &unlimited, 0, &h->names, errbuf, errlen);
-    }
+    rc = kp_an_dict_load(c,
+                         "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
+                         " UNION SELECT name FROM api_calls" WHERE_RR ") ORDER BY id",
+                         params, &unlimited, 0, &h->names, errbuf, errlen);
     if (rc == -ENOMEM) {
-        goto nomem;
+        rc = load_nomem(&ld);
     }
     if (rc < 0) {
         goto fail;
     }
-
-    /* CPU side: the runtime and driver calls (the only CPU rows with a correlation). */
-    rc = kp_pg_query(c,
-                     "SELECT start_ns, dur_ns, correlation, name FROM api_calls" WHERE_RR
-                     " AND domain IN (1, 2) AND correlation IS NOT NULL ORDER BY ctid",
-                     2, params, &r, errbuf, errlen);
+    rc = hta_read_calls(h, &ld);
     if (rc < 0) {
         goto fail;
     }
-    n = (size_t) PQntuples(r);
-    h->rts = calloc(n ? n : 1, sizeof(*h->rts));
-    if (!h->rts) {
-        goto nomem;
-    }
-    h->t_first = INT64_MAX;
-    h->t_last = INT64_MIN;
-    for (size_t i = 0; i < n; i++) {
-        struct hta_rt *t = &h->rts[h->n_rts];
-
-        hta_round(opts->exact_ns, h->base_ns, kp_pg_i64(r, (int) i, 0, 0),
-                  kp_pg_i64(r, (int) i, 1, 0), &t->ts, &t->end);
-        if (drop && t->ts >= cutoff) {
-            continue;
-        }
-        t->corr = kp_pg_i64(r, (int) i, 2, 0);
-        t->name = name_of(h, r, (int) i, 3);
-        h->n_rts++;
-    }
-    PQclear(r);
-    r = NULL;
-    ci = calloc(h->n_rts ? h->n_rts : 1, sizeof(*ci));
-    if (!ci) {
-        goto nomem;
-    }
-    for (size_t i = 0; i < h->n_rts; i++) {
-        ci[i].corr = h->rts[i].corr;
-        ci[i].idx = (int32_t) i;
-        if (h->rts[i].ts < h->t_first) {
-            h->t_first = h->rts[i].ts;
-        }
-        if (h->rts[i].ts > h->t_last) {
-            h->t_last = h->rts[i].ts;
-        }
-    }
-    qsort(ci, h->n_rts, sizeof(*ci), cmp_corr);
-
-    rc = kp_pg_query(
-        c,
-        "SELECT 0, start_ns, dur_ns, correlation, stream, name, 0, 0, 0, NULL::float8, 0 "
-        "FROM kernels" WHERE_RR " UNION ALL SELECT 1, start_ns, dur_ns, correlation, stream, "
-        "NULL, copy_kind, src_kind, dst_kind, bw.bandwidth_gbps, bytes "
-        "FROM memcpys" KP_SQL_BANDWIDTH_JOIN("memcpys", "memcpy_bandwidth", "$1", "$2") WHERE_RR
-        " UNION ALL SELECT 2, start_ns, dur_ns, correlation, stream, NULL, mem_kind, 0, 0, "
-        "bw.bandwidth_gbps, bytes FROM memsets" KP_SQL_BANDWIDTH_JOIN(
-            "memsets", "memset_bandwidth", "$1", "$2") WHERE_RR " ORDER BY 2, 1",
-        2, params, &r, errbuf, errlen);
+    rc = hta_read_gpu(h, &ld);
     if (rc < 0) {
         goto fail;
     }
-    n = (size_t) PQntuples(r);
-    h->evs = calloc(n ? n : 1, sizeof(*h->evs));
-    if (!h->evs) {
-        goto nomem;
-    }
-    for (size_t i = 0; i < n; i++) {
-        struct hta_ev *e = &h->evs[h->n_evs];
-        struct corr_idx key, *hit;
-        int row = (int) i;
-        int64_t kind = kp_pg_i64(r, row, 0, 0);
-        char buf[96];
-
-        if (PQgetisnull(r, row, 4)) {
-            continue; /* no stream: not a GPU event here */
-        }
-        e->corr = PQgetisnull(r, row, 3) ? -1 : kp_pg_i64(r, row, 3, 0);
-        key.corr = e->corr;
-        key.idx = -1;
-        hit = NULL;
-        if (h->n_rts) {
-            /* first entry with this correlation: bsearch on the pair, then step back */
-            size_t lo = 0, hi = h->n_rts;
-
-            while (lo < hi) {
-                size_t mid = (lo + hi) / 2;
-
-                if (cmp_corr(&ci[mid], &key) < 0) {
-                    lo = mid + 1;
-                }
-                else {
-                    hi = mid;
-                }
-            }
-            if (lo < h->n_rts && ci[lo].corr == e->corr) {
-                hit = &ci[lo];
-            }
-        }
-        if (drop && !hit) {
-            continue; /* HTA keeps GPU rows whose launch it kept */
-        }
-        e->rt = hit ? hit->idx : -1;
-        hta_round(opts->exact_ns, h->base_ns, kp_pg_i64(r, row, 1, 0), kp_pg_i64(r, row, 2, 0),
-                  &e->ts, &e->end);
-        e->stream = kp_pg_i64(r, row, 4, 0);
-        if (kind == 0) {
-            e->name = name_of(h, r, row, 5);
-        }
-        else {
-            if (kind == 1) {
-                snprintf(buf, sizeof(buf), "Memcpy %s (%s -> %s)",
-                         NAME_OF(memcpy_kinds, kp_pg_i64(r, row, 6, 0)),
-                         NAME_OF(memory_kinds, kp_pg_i64(r, row, 7, 0)),
-                         NAME_OF(memory_kinds, kp_pg_i64(r, row, 8, 0)));
-            }
-            else {
-                snprintf(buf, sizeof(buf), "Memset (%s)",
-                         NAME_OF(memory_kinds, kp_pg_i64(r, row, 6, 0)));
-            }
-            e->name = hta_intern(h, buf);
-            if (!e->name) {
-                goto nomem;
-            }
-            /* §11: the trace's bandwidth; a capture has none: bytes / exact ns (= GB/s) */
-            if (PQgetisnull(r, row, 9)) {
-                int64_t dur = kp_pg_i64(r, row, 2, 0);
-
-                e->bw_computed = true;
-                e->bw = dur > 0 ? (double) kp_pg_i64(r, row, 10, 0) / (double) dur : 0.0;
-            }
-            else {
-                e->bw = strtod(PQgetvalue(r, row, 9), NULL);
-            }
-        }
-        e->type = (uint8_t) kp_hta_kernel_type(e->name);
-        e->order = i;
-        if (e->ts < h->t_first) {
-            h->t_first = e->ts;
-        }
-        if (e->ts > h->t_last) {
-            h->t_last = e->ts;
-        }
-        h->n_evs++;
-    }
-    PQclear(r);
-    r = NULL;
-    nk = h->n_evs;
-    if (nk == 0) {
-        kp_errbuf_set(errbuf, errlen, "run %" PRId64 " rank %d has no GPU events%s", run, rank,
-                      drop ? " before its last ProfilerStep" : "");
-        rc = -ENODATA;
-        goto fail;
-    }
-    qsort(h->evs, h->n_evs, sizeof(*h->evs), cmp_ev);
     rc = hta_compute(h);
     if (rc < 0) {
-        goto nomem;
+        rc = load_nomem(&ld);
+        goto fail;
     }
-    free(ci);
+    free(ld.ci);
     *out = h;
     return 0;
 
-nomem:
-    rc = -ENOMEM;
-    kp_errbuf_set(errbuf, errlen, "out of memory loading run %" PRId64 " rank %d", run, rank);
 fail:
-    PQclear(r);
-    free(ci);
+    free(ld.ci);
     kp_hta_destroy(h);
     return rc;
 }

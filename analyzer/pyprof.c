@@ -339,18 +339,168 @@ struct pp_share {
     size_t row;
 };
 
-static void fill_row(struct kp_pyprof *p, struct kp_pyprof_row *r, int32_t oi, const char *kname,
-                     const struct pp_key *by_seq, size_t n_seq, int *sub_count, struct pp_share *sh)
+/* What kp_pyprof_create's phases share: the indexes over the ops and the API calls, and the
+ * per-kernel scratch. */
+struct pp_build {
+    struct pp_key *by_id, *by_seq, *by_corr; /* ops by op_id and seq, calls by correlation */
+    size_t n_id, n_seq, n_corr;
+    int64_t *corr_tid, *corr_ext; /* by_corr's thread and external id, by call row */
+    int32_t *stack;               /* pp_read_ops' open ops */
+    int *sub_count;               /* kernels so far of each op (sub) */
+    struct pp_share *share;       /* one per kernel row (share_work) */
+};
+
+/* The attribution of a kernel whose op stack is chain (innermost first). */
+struct pp_attr {
+    int32_t node; /* the innermost backward node, or -1 */
+    int32_t attr; /* the op its work is counted for, or -1 */
+    bool as_bwd;  /* attr is node's forward op, evaluated backward */
+};
+
+/* Picks the attributed op of a kernel under backward node node (-1: none); sets r's bwd and
+ * seq. */
+static struct pp_attr row_attribute(const struct kp_pyprof *p, const struct pp_build *b,
+                                    const int32_t *chain, int n, int32_t node,
+                                    struct kp_pyprof_row *r)
 {
-    int32_t chain[64], node = -1, attr = -1, fwd = -1;
-    int n = 0, group;
+    struct pp_attr at = { .node = node, .attr = -1 };
+
+    r->bwd = at.node >= 0;
+    if (at.node >= 0) {
+        int32_t fwd = find_forward(p, b->by_seq, b->n_seq, &p->ops[at.node]);
+
+        if (fwd >= 0) {
+            at.attr = fwd;
+            at.as_bwd = true;
+        }
+        else {
+            for (int i = 0; i < n && chain[i] != at.node; i++) {
+                if (op_kind(&p->ops[chain[i]]) && kp_flops_has_formula(p->ops[chain[i]].name)) {
+                    at.attr = chain[i];
+                    break;
+                }
+            }
+        }
+        r->seq = p->ops[at.node].seq;
+        return at;
+    }
+    for (int i = n - 1; i >= 0 && at.attr < 0; i--) {
+        if (op_kind(&p->ops[chain[i]]) && kp_flops_has_formula(p->ops[chain[i]].name) &&
+            strncmp(p->ops[chain[i]].name, "aten::", 6) == 0) {
+            at.attr = chain[i];
+        }
+    }
+    for (int i = 0; i < n && at.attr < 0; i++) {
+        if (op_kind(&p->ops[chain[i]]) && kp_flops_has_formula(p->ops[chain[i]].name)) {
+            at.attr = chain[i];
+        }
+    }
+    for (int i = 0; i < n && at.attr < 0; i++) {
+        if (op_kind(&p->ops[chain[i]])) {
+            at.attr = chain[i];
+        }
+    }
+    if (at.attr < 0) {
+        at.attr = chain[0];
+    }
+    /* the attributed op's seq, else its nearest enclosing op's */
+    for (int i = 0, seen = 0; i < n && r->seq < 0; i++) {
+        seen = seen || chain[i] == at.attr;
+        if (seen && p->ops[chain[i]].seq >= 0) {
+            r->seq = p->ops[chain[i]].seq;
+        }
+    }
+    return at;
+}
+
+/* altseq: the stack's other seqs; layer: enclosing layer:NAME annotations, outermost first. */
+static void row_fill_stack(const struct kp_pyprof *p, const int32_t *chain, int n,
+                           struct kp_pyprof_row *r)
+{
     int64_t seqs[64];
     int ns = 0;
+
+    for (int i = 0; i < n; i++) {
+        int64_t s = p->ops[chain[i]].seq;
+        bool dup = s < 0 || s == r->seq;
+
+        for (int j = 0; j < ns && !dup; j++) {
+            dup = seqs[j] == s;
+        }
+        if (!dup) {
+            seqs[ns++] = s;
+        }
+    }
+    if (ns) {
+        size_t len = 0;
+
+        qsort(seqs, (size_t) ns, sizeof(seqs[0]), cmp_i64);
+        r->altseq[0] = '\0';
+        for (int j = 0; j < ns && len + 24 < sizeof(r->altseq); j++) {
+            len += (size_t) snprintf(r->altseq + len, sizeof(r->altseq) - len, "%s%" PRId64,
+                                     j ? "," : "", seqs[j]);
+        }
+    }
+    for (int i = n - 1, len = 0; i >= 0; i--) {
+        const char *nm = p->ops[chain[i]].name;
+
+        if (strncmp(nm, "layer:", 6) == 0 && (size_t) len + 2 < sizeof(r->layer)) {
+            len += snprintf(r->layer + len, sizeof(r->layer) - (size_t) len, "%s%s", len ? ":" : "",
+                            nm + 6);
+        }
+    }
+}
+
+/* The attributed op's module, op, parameters, Tensor Core use and whole work (into sh). */
+static void row_compute_work(const struct kp_pyprof *p, const struct pp_build *b,
+                             const struct pp_attr *at, int group, const char *kname,
+                             struct kp_pyprof_row *r, struct pp_share *sh)
+{
+    const struct pp_op *ao = &p->ops[at->attr];
     struct kp_flops_args args;
     struct kp_flops_result res;
     struct kp_flops_tensor hint;
-    bool have_hint = false, as_bwd = false;
-    const struct pp_op *ao;
+    bool have_hint;
+
+    mod_op(ao->name, r);
+    if (kp_flops_parse(ao->shapes, ao->dtypes, &args) < 0) {
+        memset(&args, 0, sizeof(args));
+    }
+    if (at->as_bwd) {
+        have_hint = conv_hint(p, b->by_seq, b->n_seq, r->seq, &hint);
+    }
+    else {
+        have_hint = conv_hint(p, b->by_seq, b->n_seq, ao->seq, &hint);
+    }
+    kp_flops_compute(ao->name, &args, at->as_bwd ? KP_FLOPS_BWD : KP_FLOPS_FWD,
+                     have_hint ? &hint : NULL, &res);
+    snprintf(r->params, sizeof(r->params), "%s", res.params[0] ? res.params : "-");
+    r->flops_known = res.known;
+    r->bytes_known = res.known && res.bytes_known;
+    /* the whole op's work, shared among its kernels by share_work */
+    sh->key = ((int64_t) group << 32) | (uint32_t) at->attr;
+    for (int i = 0; res.known && i < res.n_parts; i++) {
+        sh->flops += kp_flops_part_flops(&res, i);
+        sh->bytes += r->bytes_known ? kp_flops_part_bytes(&res, i) : 0;
+    }
+    if (res.tc == KP_FLOPS_TC_GEMM) {
+        r->tc = kp_an_is_tc_kernel(kname) ? "1" : "0";
+    }
+    else if (res.tc == KP_FLOPS_TC_CONV) {
+        r->tc = kp_an_is_tc_kernel(kname) ? "1" : "-";
+    }
+    else {
+        r->tc = "-";
+    }
+}
+
+/* The op-side columns of kernel row r, whose innermost op is oi (-1: none). */
+static void fill_row(struct kp_pyprof *p, struct pp_build *b, struct kp_pyprof_row *r, int32_t oi,
+                     const char *kname, struct pp_share *sh)
+{
+    int32_t chain[64], node = -1;
+    int n = 0, group;
+    struct pp_attr at;
 
     for (int32_t i = oi; i >= 0 && n < 64; i = p->ops[i].parent) {
         chain[n++] = i; /* innermost first */
@@ -377,123 +527,19 @@ static void fill_row(struct kp_pyprof *p, struct kp_pyprof_row *r, int32_t oi, c
             r->trace = o->name;
         }
     }
-    r->bwd = node >= 0;
-    if (node >= 0) {
-        fwd = find_forward(p, by_seq, n_seq, &p->ops[node]);
-        if (fwd >= 0) {
-            attr = fwd;
-            as_bwd = true;
-        }
-        else {
-            for (int i = 0; i < n && chain[i] != node; i++) {
-                if (op_kind(&p->ops[chain[i]]) && kp_flops_has_formula(p->ops[chain[i]].name)) {
-                    attr = chain[i];
-                    break;
-                }
-            }
-        }
-        r->seq = p->ops[node].seq;
-    }
-    else {
-        for (int i = n - 1; i >= 0 && attr < 0; i--) {
-            if (op_kind(&p->ops[chain[i]]) && kp_flops_has_formula(p->ops[chain[i]].name) &&
-                strncmp(p->ops[chain[i]].name, "aten::", 6) == 0) {
-                attr = chain[i];
-            }
-        }
-        for (int i = 0; i < n && attr < 0; i++) {
-            if (op_kind(&p->ops[chain[i]]) && kp_flops_has_formula(p->ops[chain[i]].name)) {
-                attr = chain[i];
-            }
-        }
-        for (int i = 0; i < n && attr < 0; i++) {
-            if (op_kind(&p->ops[chain[i]])) {
-                attr = chain[i];
-            }
-        }
-        if (attr < 0) {
-            attr = chain[0];
-        }
-        /* the attributed op's seq, else its nearest enclosing op's */
-        for (int i = 0, at = 0; i < n && r->seq < 0; i++) {
-            at = at || chain[i] == attr;
-            if (at && p->ops[chain[i]].seq >= 0) {
-                r->seq = p->ops[chain[i]].seq;
-            }
-        }
-    }
-    /* altseq: the stack's other seqs */
-    for (int i = 0; i < n; i++) {
-        int64_t s = p->ops[chain[i]].seq;
-        bool dup = s < 0 || s == r->seq;
-
-        for (int j = 0; j < ns && !dup; j++) {
-            dup = seqs[j] == s;
-        }
-        if (!dup) {
-            seqs[ns++] = s;
-        }
-    }
-    if (ns) {
-        size_t len = 0;
-
-        qsort(seqs, (size_t) ns, sizeof(seqs[0]), cmp_i64);
-        r->altseq[0] = '\0';
-        for (int j = 0; j < ns && len + 24 < sizeof(r->altseq); j++) {
-            len += (size_t) snprintf(r->altseq + len, sizeof(r->altseq) - len, "%s%" PRId64,
-                                     j ? "," : "", seqs[j]);
-        }
-    }
-    /* layer: enclosing layer:NAME annotations, outermost first */
-    for (int i = n - 1, len = 0; i >= 0; i--) {
-        const char *nm = p->ops[chain[i]].name;
-
-        if (strncmp(nm, "layer:", 6) == 0 && (size_t) len + 2 < sizeof(r->layer)) {
-            len += snprintf(r->layer + len, sizeof(r->layer) - (size_t) len, "%s%s", len ? ":" : "",
-                            nm + 6);
-        }
-    }
+    at = row_attribute(p, b, chain, n, node, r);
+    row_fill_stack(p, chain, n, r);
     /* sub: ordinal within the backward node or the attributed op */
-    group = node >= 0 ? node : attr;
-    r->sub = group >= 0 ? sub_count[group]++ : 0;
-    if (attr < 0) {
-        if (node >= 0) {
-            bwd_base(p->ops[node].name, r->op, sizeof(r->op));
+    group = at.node >= 0 ? at.node : at.attr;
+    r->sub = group >= 0 ? b->sub_count[group]++ : 0;
+    if (at.attr < 0) {
+        if (at.node >= 0) {
+            bwd_base(p->ops[at.node].name, r->op, sizeof(r->op));
             snprintf(r->mod, sizeof(r->mod), "na");
         }
         return;
     }
-    ao = &p->ops[attr];
-    mod_op(ao->name, r);
-    if (kp_flops_parse(ao->shapes, ao->dtypes, &args) < 0) {
-        memset(&args, 0, sizeof(args));
-    }
-    if (as_bwd) {
-        have_hint = conv_hint(p, by_seq, n_seq, r->seq, &hint);
-    }
-    else {
-        have_hint = conv_hint(p, by_seq, n_seq, ao->seq, &hint);
-    }
-    kp_flops_compute(ao->name, &args, as_bwd ? KP_FLOPS_BWD : KP_FLOPS_FWD,
-                     have_hint ? &hint : NULL, &res);
-    snprintf(r->params, sizeof(r->params), "%s", res.params[0] ? res.params : "-");
-    r->flops_known = res.known;
-    r->bytes_known = res.known && res.bytes_known;
-    /* the whole op's work, shared among its kernels by share_work */
-    sh->key = ((int64_t) group << 32) | (uint32_t) attr;
-    for (int i = 0; res.known && i < res.n_parts; i++) {
-        sh->flops += kp_flops_part_flops(&res, i);
-        sh->bytes += r->bytes_known ? kp_flops_part_bytes(&res, i) : 0;
-    }
-    if (res.tc == KP_FLOPS_TC_GEMM) {
-        r->tc = kp_an_is_tc_kernel(kname) ? "1" : "0";
-    }
-    else if (res.tc == KP_FLOPS_TC_CONV) {
-        r->tc = kp_an_is_tc_kernel(kname) ? "1" : "-";
-    }
-    else {
-        r->tc = "-";
-    }
+    row_compute_work(p, b, &at, group, kname, r, sh);
 }
 
 static int cmp_share(const void *pa, const void *pb)
@@ -535,28 +581,12 @@ static void share_work(struct kp_pyprof_row *rows, struct pp_share *sh, size_t n
     }
 }
 
-int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_pyprof **out,
-                     char *errbuf, size_t errlen)
+/* The rank's kernels (p->kr), API calls (*ar) and host ops (p->or). */
+static int pp_query(PGconn *c, const char *const *params, size_t max_rows, struct kp_pyprof *p,
+                    PGresult **ar, char *errbuf, size_t errlen)
 {
-    char runs[24], ranks[16];
-    const char *params[2] = { runs, ranks };
-    struct kp_pyprof *p;
-    PGresult *ar = NULL;
-    struct pp_key *by_id = NULL, *by_seq = NULL, *by_corr = NULL;
-    size_t n_id = 0, n_seq = 0, n_corr = 0, budget = 0, n;
-    int32_t *stack = NULL;
-    int *sub_count = NULL;
-    struct pp_share *share = NULL;
-    int64_t *corr_tid = NULL, *corr_ext = NULL;
+    size_t budget = 0;
     int rc;
-
-    *out = NULL;
-    snprintf(runs, sizeof(runs), "%" PRId64, run);
-    snprintf(ranks, sizeof(ranks), "%d", rank);
-    p = calloc(1, sizeof(*p));
-    if (!p) {
-        return -ENOMEM;
-    }
 
     rc = kp_an_query(
         c, 2,
@@ -566,148 +596,186 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
         " ORDER BY x.correlation NULLS LAST, x.start_ns",
         params, &budget, max_rows, &p->kr, errbuf, errlen);
     if (rc < 0) {
-        goto fail;
+        return rc;
     }
     rc = kp_an_query(c, 2,
                      "SELECT x.correlation, x.tid, x.external_id FROM api_calls x" WHERE_RR
                      " AND x.correlation IS NOT NULL ORDER BY x.correlation, x.domain",
-                     params, &budget, max_rows, &ar, errbuf, errlen);
+                     params, &budget, max_rows, ar, errbuf, errlen);
     if (rc < 0) {
-        goto fail;
+        return rc;
     }
-    rc =
-        kp_an_query(c, 2,
-                    "SELECT x.start_ns, x.dur_ns, x.tid, x.op_id, x.seq, x.fwd_tid, x.external_id, "
-                    "coalesce(n.name, ''), coalesce(s.name, ''), coalesce(d.name, ''), x.kind "
-                    "FROM ops x LEFT JOIN names n ON n.id = x.name LEFT JOIN names s ON s.id = "
-                    "x.input_shapes LEFT JOIN names d ON d.id = x.input_dtypes" WHERE_RR
-                    " AND x.kind IN (1, 2, 4, 5, 6) ORDER BY x.tid, x.start_ns, x.dur_ns DESC",
-                    params, &budget, max_rows, &p->or, errbuf, errlen);
-    if (rc < 0) {
-        goto fail;
-    }
+    return kp_an_query(c, 2,
+                       "SELECT x.start_ns, x.dur_ns, x.tid, x.op_id, x.seq, x.fwd_tid, "
+                       "x.external_id, coalesce(n.name, ''), coalesce(s.name, ''), "
+                       "coalesce(d.name, ''), x.kind FROM ops x LEFT JOIN names n ON n.id = "
+                       "x.name LEFT JOIN names s ON s.id = x.input_shapes LEFT JOIN names d ON "
+                       "d.id = x.input_dtypes" WHERE_RR
+                       " AND x.kind IN (1, 2, 4, 5, 6) ORDER BY x.tid, x.start_ns, x.dur_ns DESC",
+                       params, &budget, max_rows, &p->or, errbuf, errlen);
+}
 
-    n = (size_t) PQntuples(p->or);
+/* The host ops, each with its enclosing op, indexed by op_id and seq; -ENOMEM. */
+static int pp_read_ops(struct kp_pyprof *p, struct pp_build *b)
+{
+    size_t n = (size_t) PQntuples(p->or), depth = 0;
+
     p->ops = calloc(n ? n : 1, sizeof(*p->ops));
-    by_id = calloc(n ? n : 1, sizeof(*by_id));
-    by_seq = calloc(n ? n : 1, sizeof(*by_seq));
-    stack = calloc(n ? n : 1, sizeof(*stack));
-    sub_count = calloc(n ? n : 1, sizeof(*sub_count));
-    if (!p->ops || !by_id || !by_seq || !stack || !sub_count) {
-        goto nomem;
+    b->by_id = calloc(n ? n : 1, sizeof(*b->by_id));
+    b->by_seq = calloc(n ? n : 1, sizeof(*b->by_seq));
+    b->stack = calloc(n ? n : 1, sizeof(*b->stack));
+    b->sub_count = calloc(n ? n : 1, sizeof(*b->sub_count));
+    if (!p->ops || !b->by_id || !b->by_seq || !b->stack || !b->sub_count) {
+        return -ENOMEM;
     }
     p->n_ops = n;
-    {
-        size_t depth = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct pp_op *o = &p->ops[i];
+        int row = (int) i;
+        int64_t ext;
 
-        for (size_t i = 0; i < n; i++) {
-            struct pp_op *o = &p->ops[i];
-            int row = (int) i;
-            int64_t ext;
+        o->start = kp_pg_i64(p->or, row, 0, -1);
+        o->end = o->start + (kp_pg_i64(p->or, row, 1, -1) > 0 ? kp_pg_i64(p->or, row, 1, -1) : 0);
+        o->tid = kp_pg_i64(p->or, row, 2, -1);
+        o->op_id = kp_pg_i64(p->or, row, 3, -1);
+        o->seq = kp_pg_i64(p->or, row, 4, -1);
+        o->fwd_tid = kp_pg_i64(p->or, row, 5, -1);
+        ext = kp_pg_i64(p->or, row, 6, -1);
+        o->name = PQgetvalue(p->or, row, 7);
+        o->shapes = PQgetvalue(p->or, row, 8);
+        o->dtypes = PQgetvalue(p->or, row, 9);
+        o->kind = (uint8_t) kp_pg_i64(p->or, row, 10, -1);
+        if (o->op_id < 0) {
+            o->op_id = ext;
+        }
+        /* the enclosing op: the nearest earlier op of the thread that contains it */
+        while (depth > 0) {
+            const struct pp_op *t = &p->ops[b->stack[depth - 1]];
 
-            o->start = kp_pg_i64(p->or, row, 0, -1);
-            o->end =
-                o->start + (kp_pg_i64(p->or, row, 1, -1) > 0 ? kp_pg_i64(p->or, row, 1, -1) : 0);
-            o->tid = kp_pg_i64(p->or, row, 2, -1);
-            o->op_id = kp_pg_i64(p->or, row, 3, -1);
-            o->seq = kp_pg_i64(p->or, row, 4, -1);
-            o->fwd_tid = kp_pg_i64(p->or, row, 5, -1);
-            ext = kp_pg_i64(p->or, row, 6, -1);
-            o->name = PQgetvalue(p->or, row, 7);
-            o->shapes = PQgetvalue(p->or, row, 8);
-            o->dtypes = PQgetvalue(p->or, row, 9);
-            o->kind = (uint8_t) kp_pg_i64(p->or, row, 10, -1);
-            if (o->op_id < 0) {
-                o->op_id = ext;
+            if (t->tid == o->tid && t->start <= o->start && t->end >= o->end) {
+                break;
             }
-            /* the enclosing op: the nearest earlier op of the thread that contains it */
-            while (depth > 0) {
-                const struct pp_op *t = &p->ops[stack[depth - 1]];
-
-                if (t->tid == o->tid && t->start <= o->start && t->end >= o->end) {
-                    break;
-                }
-                depth--;
-            }
-            o->parent = depth ? stack[depth - 1] : -1;
-            stack[depth++] = (int32_t) i;
-            if (o->op_id >= 0) {
-                by_id[n_id++] = (struct pp_key){ o->op_id, (int32_t) i };
-            }
-            if (o->seq >= 0) {
-                by_seq[n_seq++] = (struct pp_key){ o->seq, (int32_t) i };
-            }
+            depth--;
+        }
+        o->parent = depth ? b->stack[depth - 1] : -1;
+        b->stack[depth++] = (int32_t) i;
+        if (o->op_id >= 0) {
+            b->by_id[b->n_id++] = (struct pp_key){ o->op_id, (int32_t) i };
+        }
+        if (o->seq >= 0) {
+            b->by_seq[b->n_seq++] = (struct pp_key){ o->seq, (int32_t) i };
         }
     }
-    qsort(by_id, n_id, sizeof(*by_id), cmp_key);
-    qsort(by_seq, n_seq, sizeof(*by_seq), cmp_key);
+    qsort(b->by_id, b->n_id, sizeof(*b->by_id), cmp_key);
+    qsort(b->by_seq, b->n_seq, sizeof(*b->by_seq), cmp_key);
+    return 0;
+}
 
-    n_corr = (size_t) PQntuples(ar);
-    by_corr = calloc(n_corr ? n_corr : 1, sizeof(*by_corr));
-    corr_tid = calloc(n_corr ? n_corr : 1, sizeof(*corr_tid));
-    corr_ext = calloc(n_corr ? n_corr : 1, sizeof(*corr_ext));
-    if (!by_corr || !corr_tid || !corr_ext) {
+/* The API calls by correlation, with their thread and external id; -ENOMEM. */
+static int pp_read_calls(struct pp_build *b, const PGresult *ar)
+{
+    size_t n = (size_t) PQntuples(ar);
+
+    b->n_corr = n;
+    b->by_corr = calloc(n ? n : 1, sizeof(*b->by_corr));
+    b->corr_tid = calloc(n ? n : 1, sizeof(*b->corr_tid));
+    b->corr_ext = calloc(n ? n : 1, sizeof(*b->corr_ext));
+    if (!b->by_corr || !b->corr_tid || !b->corr_ext) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        b->by_corr[i] = (struct pp_key){ kp_pg_i64(ar, (int) i, 0, -1), (int32_t) i };
+        b->corr_tid[i] = kp_pg_i64(ar, (int) i, 1, -1);
+        b->corr_ext[i] = kp_pg_i64(ar, (int) i, 2, -1);
+    }
+    return 0;
+}
+
+/* Kernel row i: its own columns, its op (through the correlation's external id), then the
+ * op-side columns. */
+static void pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
+{
+    struct kp_pyprof_row *r = &p->rows[i];
+    int row = (int) i;
+    int64_t corr = kp_pg_i64(p->kr, row, 2, -1), ext = kp_pg_i64(p->kr, row, 3, -1);
+    const struct pp_key *ck = corr >= 0 ? lower(b->by_corr, b->n_corr, corr) : NULL, *ok;
+    const char *kname = PQgetvalue(p->kr, row, 4);
+    int32_t oi = -1;
+
+    r->idx = i + 1;
+    r->sil_ns = kp_pg_i64(p->kr, row, 1, -1);
+    r->stream = (int) kp_pg_i64(p->kr, row, 5, -1);
+    r->device = (int) kp_pg_i64(p->kr, row, 6, -1);
+    if (PQgetisnull(p->kr, row, 7)) {
+        snprintf(r->grid, sizeof(r->grid), "-");
+    }
+    else {
+        snprintf(r->grid, sizeof(r->grid), "%" PRId64 ",%" PRId64 ",%" PRId64,
+                 kp_pg_i64(p->kr, row, 7, -1), kp_pg_i64(p->kr, row, 8, -1),
+                 kp_pg_i64(p->kr, row, 9, -1));
+    }
+    if (PQgetisnull(p->kr, row, 10)) {
+        snprintf(r->block, sizeof(r->block), "-");
+    }
+    else {
+        snprintf(r->block, sizeof(r->block), "%" PRId64 ",%" PRId64 ",%" PRId64,
+                 kp_pg_i64(p->kr, row, 10, -1), kp_pg_i64(p->kr, row, 11, -1),
+                 kp_pg_i64(p->kr, row, 12, -1));
+    }
+    short_kernel(kname, r->kernel, sizeof(r->kernel));
+    r->kernel_full = kname;
+    if (ext <= 0 && ck) {
+        ext = b->corr_ext[ck->idx];
+    }
+    /* the innermost op of that id: the last one in (tid, start) order */
+    ok = ext > 0 ? lower(b->by_id, b->n_id, ext) : NULL;
+    for (; ok && ok < b->by_id + b->n_id && ok->key == ext; ok++) {
+        if (oi < 0 || p->ops[ok->idx].start >= p->ops[oi].start) {
+            oi = ok->idx;
+        }
+    }
+    r->tid = ck ? b->corr_tid[ck->idx] : 0;
+    b->share[i].key = -1;
+    b->share[i].row = i;
+    fill_row(p, b, r, oi, kname, &b->share[i]);
+}
+
+int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_pyprof **out,
+                     char *errbuf, size_t errlen)
+{
+    char runs[24], ranks[16];
+    const char *params[2] = { runs, ranks };
+    struct kp_pyprof *p;
+    PGresult *ar = NULL;
+    struct pp_build b = { 0 };
+    size_t n;
+    int rc;
+
+    *out = NULL;
+    snprintf(runs, sizeof(runs), "%" PRId64, run);
+    snprintf(ranks, sizeof(ranks), "%d", rank);
+    p = calloc(1, sizeof(*p));
+    if (!p) {
+        return -ENOMEM;
+    }
+    rc = pp_query(c, params, max_rows, p, &ar, errbuf, errlen);
+    if (rc < 0) {
+        goto fail;
+    }
+    if (pp_read_ops(p, &b) < 0 || pp_read_calls(&b, ar) < 0) {
         goto nomem;
     }
-    for (size_t i = 0; i < n_corr; i++) {
-        by_corr[i] = (struct pp_key){ kp_pg_i64(ar, (int) i, 0, -1), (int32_t) i };
-        corr_tid[i] = kp_pg_i64(ar, (int) i, 1, -1);
-        corr_ext[i] = kp_pg_i64(ar, (int) i, 2, -1);
-    }
-
     n = (size_t) PQntuples(p->kr);
     p->rows = calloc(n ? n : 1, sizeof(*p->rows));
-    share = calloc(n ? n : 1, sizeof(*share));
-    if (!p->rows || !share) {
+    b.share = calloc(n ? n : 1, sizeof(*b.share));
+    if (!p->rows || !b.share) {
         goto nomem;
     }
     p->n_rows = n;
     for (size_t i = 0; i < n; i++) {
-        struct kp_pyprof_row *r = &p->rows[i];
-        int row = (int) i;
-        int64_t corr = kp_pg_i64(p->kr, row, 2, -1), ext = kp_pg_i64(p->kr, row, 3, -1);
-        const struct pp_key *ck = corr >= 0 ? lower(by_corr, n_corr, corr) : NULL, *ok;
-        const char *kname = PQgetvalue(p->kr, row, 4);
-        int32_t oi = -1;
-
-        r->idx = i + 1;
-        r->sil_ns = kp_pg_i64(p->kr, row, 1, -1);
-        r->stream = (int) kp_pg_i64(p->kr, row, 5, -1);
-        r->device = (int) kp_pg_i64(p->kr, row, 6, -1);
-        if (PQgetisnull(p->kr, row, 7)) {
-            snprintf(r->grid, sizeof(r->grid), "-");
-        }
-        else {
-            snprintf(r->grid, sizeof(r->grid), "%" PRId64 ",%" PRId64 ",%" PRId64,
-                     kp_pg_i64(p->kr, row, 7, -1), kp_pg_i64(p->kr, row, 8, -1),
-                     kp_pg_i64(p->kr, row, 9, -1));
-        }
-        if (PQgetisnull(p->kr, row, 10)) {
-            snprintf(r->block, sizeof(r->block), "-");
-        }
-        else {
-            snprintf(r->block, sizeof(r->block), "%" PRId64 ",%" PRId64 ",%" PRId64,
-                     kp_pg_i64(p->kr, row, 10, -1), kp_pg_i64(p->kr, row, 11, -1),
-                     kp_pg_i64(p->kr, row, 12, -1));
-        }
-        short_kernel(kname, r->kernel, sizeof(r->kernel));
-        r->kernel_full = kname;
-        if (ext <= 0 && ck) {
-            ext = corr_ext[ck->idx];
-        }
-        /* the innermost op of that id: the last one in (tid, start) order */
-        ok = ext > 0 ? lower(by_id, n_id, ext) : NULL;
-        for (; ok && ok < by_id + n_id && ok->key == ext; ok++) {
-            if (oi < 0 || p->ops[ok->idx].start >= p->ops[oi].start) {
-                oi = ok->idx;
-            }
-        }
-        r->tid = ck ? corr_tid[ck->idx] : 0;
-        share[i].key = -1;
-        share[i].row = i;
-        fill_row(p, r, oi, kname, by_seq, n_seq, sub_count, &share[i]);
+        pp_fill_kernel(p, &b, i);
     }
-    share_work(p->rows, share, n);
+    share_work(p->rows, b.share, n);
     rc = 0;
     *out = p;
     p = NULL;
@@ -720,14 +788,14 @@ fail:
     kp_pyprof_destroy(p);
 out:
     PQclear(ar);
-    free(by_id);
-    free(by_seq);
-    free(by_corr);
-    free(corr_tid);
-    free(corr_ext);
-    free(stack);
-    free(sub_count);
-    free(share);
+    free(b.by_id);
+    free(b.by_seq);
+    free(b.by_corr);
+    free(b.corr_tid);
+    free(b.corr_ext);
+    free(b.stack);
+    free(b.sub_count);
+    free(b.share);
     return rc;
 }
 
