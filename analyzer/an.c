@@ -15,9 +15,9 @@
  *
  * The files: an.c loads and frees; an_names.c classifies names; an_model.c builds the model and
  * the steps; an_breakdown.c, an_comm.c, an_memory.c and an_tables.c compute the views;
- * an_json.c writes them. an_impl.h is what they share.
+ * an_json.c writes them. an_int.h is what they share.
  */
-#include "an_impl.h"
+#include "an_int.h"
 
 #include <errno.h>
 #include <inttypes.h>

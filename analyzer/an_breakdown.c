@@ -1,7 +1,7 @@
 /* kp_an: the step-time breakdown (spec §4): categories per step, GPU utilization, SM efficiency,
  * occupancy. */
 #define _GNU_SOURCE /* qsort_r */
-#include "an_impl.h"
+#include "an_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -277,7 +277,7 @@ static void bd_collect_ops(struct kp_an *a, struct bd_work *w)
     a->bd.use_dp = a->bd.use_ddp = false;
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
-        const char *s = nm(a, o->name);
+        const char *s = kp__an_nm(a, o->name);
         bool host = o->kind == OPK_CPU_OP || o->kind == OPK_USER_ANNOTATION;
 
         if (strcmp(s, "DataParallel.forward") == 0) {
@@ -286,7 +286,7 @@ static void bd_collect_ops(struct kp_an *a, struct bd_work *w)
         else if (strcmp(s, "DistributedDataParallel.forward") == 0) {
             a->bd.use_ddp = true;
         }
-        if (an_is_comm_op(o, s)) {
+        if (kp__an_is_comm_op(o, s)) {
             rl_push(&w->cat[KP_AN_COMMUNICATION], w->cap, o->start, o->end);
             w->n_nccl += s[0] == 'n';
             w->n_gloo += s[0] == 'g';
@@ -294,7 +294,7 @@ static void bd_collect_ops(struct kp_an *a, struct bd_work *w)
                 w->comm_ext[w->n_comm++] = o->ext;
             }
         }
-        if (host && an_is_dataloader_name(s)) {
+        if (host && kp__an_is_dataloader_name(s)) {
             rl_push(&w->cat[KP_AN_DATALOADER], w->cap, o->start, o->end);
         }
         else if (host || o->kind == OPK_GPU_USER_ANNOTATION || o->kind == OPK_NVTX) {
@@ -318,11 +318,11 @@ static void bd_collect_devs(const struct kp_an *a, struct bd_work *w, bool plugi
                                         : KP_AN_KERNEL;
 
         if (c == KP_AN_KERNEL) {
-            int64_t e = an_dev_ext(a, d);
+            int64_t e = kp__an_dev_ext(a, d);
 
             if ((e && bsearch(&e, w->comm_ext, w->n_comm, sizeof(*w->comm_ext), cmp_i64)) ||
                 (!plugin_compat && d->kind == DEV_KERNEL &&
-                 an_is_comm_kernel_name(nm(a, d->name)))) {
+                 kp__an_is_comm_kernel_name(kp__an_nm(a, d->name)))) {
                 c = KP_AN_COMMUNICATION;
             }
         }
@@ -401,10 +401,10 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
     size_t n_steps;
     int rc = -ENOMEM;
 
-    if (!a->built && (rc = an_build_model(a)) < 0) {
+    if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;
     }
-    if ((rc = an_build_steps(a)) < 0) {
+    if ((rc = kp__an_build_steps(a)) < 0) {
         return rc;
     }
     rc = -ENOMEM;

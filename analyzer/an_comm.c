@@ -1,6 +1,6 @@
 /* kp_an: the communication nodes (spec §9). */
 #define _GNU_SOURCE /* qsort_r */
-#include "an_impl.h"
+#include "an_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -57,9 +57,9 @@ static void comm_collect_ops(const struct kp_an *a, struct comm_work *w, struct 
 {
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
-        const char *nam = nm(a, o->name);
+        const char *nam = kp__an_nm(a, o->name);
 
-        if (!an_is_comm_op(o, nam)) {
+        if (!kp__an_is_comm_op(o, nam)) {
             continue;
         }
         out->nccl |= nam[0] == 'n';
@@ -77,7 +77,7 @@ static void comm_collect_ops(const struct kp_an *a, struct comm_work *w, struct 
  * nodes by start. */
 static void comm_pick_nodes(const struct kp_an *a, struct comm_work *w)
 {
-    qsort(w->ext, w->n_ext, sizeof(*w->ext), an_cmp_key_idx);
+    qsort(w->ext, w->n_ext, sizeof(*w->ext), kp__an_cmp_key_idx);
     for (size_t k = 0; k < w->n_ext; k++) {
         const struct an_op *o = &a->ops[w->ext[k].idx];
 
@@ -96,9 +96,9 @@ static void comm_fill_nodes(const struct kp_an *a, struct comm_work *w, struct k
         const struct an_op *o = &a->ops[w->v[j].op];
         struct kp_an_comm_node *cn = &out->nodes[j];
 
-        cn->name = nm(a, o->name);
-        cn->input_shapes = o->shapes >= 0 ? nm(a, o->shapes) : NULL;
-        cn->input_dtypes = o->dtypes >= 0 ? nm(a, o->dtypes) : NULL;
+        cn->name = kp__an_nm(a, o->name);
+        cn->input_shapes = o->shapes >= 0 ? kp__an_nm(a, o->shapes) : NULL;
+        cn->input_dtypes = o->dtypes >= 0 ? kp__an_nm(a, o->dtypes) : NULL;
         cn->ext = o->ext;
         cn->start_ns = o->start;
         cn->end_ns = o->end;
@@ -109,7 +109,7 @@ static void comm_fill_nodes(const struct kp_an *a, struct comm_work *w, struct k
         }
     }
     out->n_nodes = w->n;
-    qsort(w->ext, w->n_ext, sizeof(*w->ext), an_cmp_key_idx);
+    qsort(w->ext, w->n_ext, sizeof(*w->ext), kp__an_cmp_key_idx);
 }
 
 /* Each node's intervals: its own span and, for NCCL, the kernels of its external id;
@@ -123,7 +123,7 @@ static int comm_fill_ranges(const struct kp_an *a, const struct comm_work *w,
         const struct key_idx *k;
 
         if (a->devs[i].kind == DEV_KERNEL &&
-            (k = an_find_key(w->ext, w->n_ext, an_dev_ext(a, &a->devs[i]))) != NULL) {
+            (k = kp__an_find_key(w->ext, w->n_ext, kp__an_dev_ext(a, &a->devs[i]))) != NULL) {
             out->nodes[k->idx].n++;
         }
     }
@@ -145,7 +145,7 @@ static int comm_fill_ranges(const struct kp_an *a, const struct comm_work *w,
         const struct key_idx *k;
 
         if (d->kind == DEV_KERNEL &&
-            (k = an_find_key(w->ext, w->n_ext, an_dev_ext(a, d))) != NULL) {
+            (k = kp__an_find_key(w->ext, w->n_ext, kp__an_dev_ext(a, d))) != NULL) {
             struct kp_an_comm_node *cn = &out->nodes[k->idx];
 
             out->ranges[cn->first + cn->n++] = (struct kp_range){ d->start, d->end };

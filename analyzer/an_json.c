@@ -1,6 +1,6 @@
 /* kp_an: the views as JSON (the plugin's field names). */
 #define _GNU_SOURCE /* qsort_r */
-#include "an_impl.h"
+#include "an_int.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -1,6 +1,6 @@
 /* kp_an: the memory view (spec §10). It reads the memory events from PostgreSQL itself. */
 #define _GNU_SOURCE /* qsort_r */
-#include "an_impl.h"
+#include "an_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -60,7 +60,7 @@ static void mem_read_events(const struct kp_an *a, const PGresult *r, int64_t *s
         int64_t ts = kp_pg_i64(r, row, 0, 0), bytes = kp_pg_i64(r, row, 1, 0),
                 dtype = kp_pg_i64(r, row, 3, 0);
         int64_t dev = kp_pg_i64(r, row, 4, 0);
-        int32_t x = an_root_of(a, kp_pg_i64(r, row, 2, 0));
+        int32_t x = kp__an_root_of(a, kp_pg_i64(r, row, 2, 0));
         int slot;
         int64_t *v;
 
@@ -167,7 +167,7 @@ int kp_an_memory(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_r
     int rc;
 
     memset(out, 0, sizeof(*out));
-    if (!a->built && (rc = an_build_model(a)) < 0) {
+    if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;
     }
     snprintf(runs, sizeof(runs), "%" PRId64, run);

@@ -1,7 +1,7 @@
 /* kp_an: the model (spec §2-§3): device events linked to runtime calls and host nodes, the host
  * trees and their statistics, the steps. */
 #define _GNU_SOURCE /* qsort_r */
-#include "an_impl.h"
+#include "an_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -17,7 +17,7 @@
 
 /* ---- the model ------------------------------------------------------------------------ */
 
-int an_cmp_key_idx(const void *pa, const void *pb)
+int kp__an_cmp_key_idx(const void *pa, const void *pb)
 {
     const struct key_idx *a = pa, *b = pb;
 
@@ -27,7 +27,7 @@ int an_cmp_key_idx(const void *pa, const void *pb)
     return (a->idx > b->idx) - (a->idx < b->idx);
 }
 
-const struct key_idx *an_find_key(const struct key_idx *v, size_t n, int64_t key)
+const struct key_idx *kp__an_find_key(const struct key_idx *v, size_t n, int64_t key)
 {
     size_t lo = 0, hi = n;
 
@@ -44,7 +44,7 @@ const struct key_idx *an_find_key(const struct key_idx *v, size_t n, int64_t key
     return lo < n && v[lo].key == key ? &v[lo] : NULL;
 }
 
-int32_t an_root_of(const struct kp_an *a, int64_t tid)
+int32_t kp__an_root_of(const struct kp_an *a, int64_t tid)
 {
     size_t lo = 0, hi = a->n_roots;
 
@@ -116,7 +116,7 @@ static int cmp_tid_root(const void *pa, const void *pb)
 }
 
 /* The runtime's external id if the device event has none. */
-int64_t an_dev_ext(const struct kp_an *a, const struct an_dev *d)
+int64_t kp__an_dev_ext(const struct kp_an *a, const struct an_dev *d)
 {
     if (d->ext) {
         return d->ext;
@@ -124,7 +124,7 @@ int64_t an_dev_ext(const struct kp_an *a, const struct an_dev *d)
     return d->rt >= 0 ? a->rts[d->rt].ext : 0;
 }
 
-/* What an_build_model's phases share: the scratch indexes and the main thread. */
+/* What kp__an_build_model's phases share: the scratch indexes and the main thread. */
 struct model_build {
     size_t cap;          /* a->nodes and a->roots hold this many */
     int32_t *stack;      /* the open nodes of the thread being built */
@@ -142,7 +142,7 @@ static void model_build_trees(struct kp_an *a, struct model_build *mb)
 
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
-        int type = an_host_type(a, o);
+        int type = kp__an_host_type(a, o);
         int32_t node;
 
         if (type < 0) {
@@ -196,7 +196,7 @@ static void model_build_trees(struct kp_an *a, struct model_build *mb)
  * correlation index. */
 static void model_link_rts(struct kp_an *a, struct model_build *mb)
 {
-    qsort(mb->ext, mb->n_ext, sizeof(*mb->ext), an_cmp_key_idx);
+    qsort(mb->ext, mb->n_ext, sizeof(*mb->ext), kp__an_cmp_key_idx);
     for (size_t i = 0; i < a->n_rts; i++) {
         struct an_rt *t = &a->rts[i];
         const struct key_idx *k;
@@ -205,9 +205,9 @@ static void model_link_rts(struct kp_an *a, struct model_build *mb)
         t->first_dev = -1;
         t->next = -1;
         if (t->ext == 0) {
-            add_rt(a, an_root_of(a, t->tid), (int32_t) i);
+            add_rt(a, kp__an_root_of(a, t->tid), (int32_t) i);
         }
-        else if ((k = an_find_key(mb->ext, mb->n_ext, t->ext)) != NULL) {
+        else if ((k = kp__an_find_key(mb->ext, mb->n_ext, t->ext)) != NULL) {
             add_rt(a, k->idx, (int32_t) i);
         }
         mb->corr[i] = (struct key_idx){ t->corr, (int32_t) i };
@@ -218,10 +218,10 @@ static void model_link_rts(struct kp_an *a, struct model_build *mb)
  * under the main thread's root. */
 static void model_link_devs(struct kp_an *a, struct model_build *mb)
 {
-    qsort(mb->corr, a->n_rts, sizeof(*mb->corr), an_cmp_key_idx);
+    qsort(mb->corr, a->n_rts, sizeof(*mb->corr), kp__an_cmp_key_idx);
     for (size_t i = a->n_devs; i-- > 0;) {
         struct an_dev *d = &a->devs[i];
-        const struct key_idx *k = d->corr ? an_find_key(mb->corr, a->n_rts, d->corr) : NULL;
+        const struct key_idx *k = d->corr ? kp__an_find_key(mb->corr, a->n_rts, d->corr) : NULL;
         int32_t rt;
 
         if (k) {
@@ -234,7 +234,7 @@ static void model_link_devs(struct kp_an *a, struct model_build *mb)
                 a->rts[rt].first_dev = -1;
                 a->rts[rt].step = -1;
                 a->rts[rt].tid = mb->main_tid;
-                add_rt(a, an_root_of(a, mb->main_tid), rt);
+                add_rt(a, kp__an_root_of(a, mb->main_tid), rt);
             }
         }
         else {
@@ -247,7 +247,7 @@ static void model_link_devs(struct kp_an *a, struct model_build *mb)
         if (d->kind == DEV_KERNEL) {
             a->rts[rt].kern_ns += d->end - d->start;
         }
-        if (d->kind == DEV_KERNEL && kp_an_is_tc_kernel(nm(a, d->name))) {
+        if (d->kind == DEV_KERNEL && kp_an_is_tc_kernel(kp__an_nm(a, d->name))) {
             a->rts[rt].tc_ns += d->end - d->start;
         }
     }
@@ -299,7 +299,7 @@ static void model_compute_stats(struct kp_an *a)
             continue;
         }
         n->host_self = host ? n->end - n->start : 0;
-        n->eligible = n->op >= 0 && an_is_tc_eligible_op(nm(a, a->ops[n->op].name));
+        n->eligible = n->op >= 0 && kp__an_is_tc_eligible_op(kp__an_nm(a, a->ops[n->op].name));
         for (int32_t r = n->first_rt; r >= 0; r = a->rts[r].next) {
             if (host) {
                 n->host_self -= a->rts[r].end - a->rts[r].start;
@@ -332,7 +332,7 @@ static void model_compute_stats(struct kp_an *a)
 }
 
 /* Builds the trees and the per-node statistics (spec §2). */
-int an_build_model(struct kp_an *a)
+int kp__an_build_model(struct kp_an *a)
 {
     struct model_build mb = { .cap = 2 * a->n_ops + a->n_rts + 2 }; /* and one root per thread */
     int rc = -ENOMEM;
@@ -381,7 +381,7 @@ static size_t steps_collect(struct kp_an *a)
 
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
-        const char *s = nm(a, o->name);
+        const char *s = kp__an_nm(a, o->name);
 
         if (o->kind != OPK_PROFILER_STEP) {
             continue;
@@ -515,7 +515,7 @@ static size_t steps_fit_devs(struct kp_an *a, const struct step_dev *sd, size_t 
     return n;
 }
 
-int an_build_steps(struct kp_an *a)
+int kp__an_build_steps(struct kp_an *a)
 {
     size_t n;
     struct step_dev *sd = NULL;

@@ -1,7 +1,7 @@
 /* kp_an: what a name says (spec §2.4, §2.7): communication, data loading, Tensor Core eligibility,
  * a host node's type. */
 #define _GNU_SOURCE /* qsort_r */
-#include "an_impl.h"
+#include "an_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -39,7 +39,7 @@ static bool is_comm_name(const char *s)
 
 /* Whether op o (named s) is a communication op: a host op named as one, or in a capture
  * NCCL's own NVTX range (nccl:all_reduce, ...). */
-bool an_is_comm_op(const struct an_op *o, const char *s)
+bool kp__an_is_comm_op(const struct an_op *o, const char *s)
 {
     return (o->kind == OPK_CPU_OP || o->kind == OPK_USER_ANNOTATION || o->kind == OPK_NVTX) &&
            is_comm_name(s);
@@ -48,13 +48,13 @@ bool an_is_comm_op(const struct an_op *o, const char *s)
 /* A collective's kernel by its name alone: NCCL's ncclKernel_* and ncclDevKernel_* (the rule
  * compare uses, 'nccl%Kernel%'), and Gloo's. kprof's breakdown counts them as Communication
  * whether or not an nccl:* op launched them; the plugin (plugin_compat) does not. */
-bool an_is_comm_kernel_name(const char *s)
+bool kp__an_is_comm_kernel_name(const char *s)
 {
     return (strncmp(s, "nccl", 4) == 0 && strstr(s + 4, "Kernel") != NULL) ||
            strncmp(s, "gloo", 4) == 0;
 }
 
-bool an_is_dataloader_name(const char *s)
+bool kp__an_is_dataloader_name(const char *s)
 {
     size_t n = strlen(s);
 
@@ -65,7 +65,7 @@ bool an_is_dataloader_name(const char *s)
            strcmp(s + n - 9, ".__next__") == 0;
 }
 
-bool an_is_tc_eligible_op(const char *s)
+bool kp__an_is_tc_eligible_op(const char *s)
 {
     static const char *const ops[] = { "aten::_convolution",
                                        "aten::conv1d",
@@ -189,9 +189,9 @@ bool kp_an_is_tc_kernel(const char *name)
 }
 
 /* The node type of an op, or -1 if it is not a host node (spec §2.4). */
-int an_host_type(const struct kp_an *a, const struct an_op *o)
+int kp__an_host_type(const struct kp_an *a, const struct an_op *o)
 {
-    const char *s = nm(a, o->name);
+    const char *s = kp__an_nm(a, o->name);
 
     if (o->kind == OPK_PROFILER_STEP) {
         return NODE_STEP;
@@ -202,7 +202,7 @@ int an_host_type(const struct kp_an *a, const struct an_op *o)
     if (o->kind != OPK_CPU_OP) {
         return -1;
     }
-    if (an_is_dataloader_name(s)) {
+    if (kp__an_is_dataloader_name(s)) {
         return NODE_DATALOADER;
     }
     if (strncmp(s, "Optimizer.", 10) == 0) {

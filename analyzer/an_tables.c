@@ -1,7 +1,7 @@
 /* kp_an: the operator view (spec §5), the kernel view (spec §6) and the Tensor Core statistics
  * (spec §7). */
 #define _GNU_SOURCE /* qsort_r */
-#include "an_impl.h"
+#include "an_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -26,7 +26,7 @@ struct op_sort {
  * so that every op of a name without shapes falls into one group, as the plugin's do. */
 static const char *op_shapes(const struct kp_an *a, const struct an_op *o)
 {
-    return o->shapes >= 0 ? nm(a, o->shapes) : "[]";
+    return o->shapes >= 0 ? kp__an_nm(a, o->shapes) : "[]";
 }
 
 static int cmp_op_nodes(const void *pa, const void *pb, void *ctx)
@@ -36,7 +36,7 @@ static int cmp_op_nodes(const void *pa, const void *pb, void *ctx)
     const struct an_node *x = &sort_an->nodes[*(const int32_t *) pa];
     const struct an_node *y = &sort_an->nodes[*(const int32_t *) pb];
     const struct an_op *ox = &sort_an->ops[x->op], *oy = &sort_an->ops[y->op];
-    int c = strcmp(nm(sort_an, ox->name), nm(sort_an, oy->name));
+    int c = strcmp(kp__an_nm(sort_an, ox->name), kp__an_nm(sort_an, oy->name));
 
     if (c == 0 && sort_by_shape) {
         c = strcmp(op_shapes(sort_an, ox), op_shapes(sort_an, oy));
@@ -72,7 +72,7 @@ int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
     bool by_device;
     int rc;
 
-    if (!a->built && (rc = an_build_model(a)) < 0) {
+    if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;
     }
     idx = calloc(a->n_nodes + 1, sizeof(*idx));
@@ -94,10 +94,10 @@ int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
         const struct an_op *o = &a->ops[x->op];
         struct kp_an_op_row *r = nr ? &rows[nr - 1] : NULL;
 
-        if (!r || strcmp(r->name, nm(a, o->name)) != 0 ||
+        if (!r || strcmp(r->name, kp__an_nm(a, o->name)) != 0 ||
             (by_shape && strcmp(r->input_shape, op_shapes(a, o)) != 0)) {
             r = &rows[nr++];
-            r->name = nm(a, o->name);
+            r->name = kp__an_nm(a, o->name);
             r->input_shape = op_shapes(a, o);
         }
         r->calls++;
@@ -171,7 +171,7 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
     size_t n = 0, nr = 0;
     int rc;
 
-    if (!a->built && (rc = an_build_model(a)) < 0) {
+    if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;
     }
     rows = calloc(a->n_kernels + 1, sizeof(*rows));
@@ -186,7 +186,7 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
         if (d->kind != DEV_KERNEL) {
             continue;
         }
-        r->name = nm(a, d->name);
+        r->name = kp__an_nm(a, d->name);
         r->op_name = "";
         if (by_op) {
             int32_t owner = d->rt >= 0 ? a->rts[d->rt].owner : -1;
@@ -196,7 +196,7 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
                 continue; /* not reached through the tree */
             }
             node = &a->nodes[owner];
-            r->op_name = node->op >= 0 ? nm(a, a->ops[node->op].name) : "CallTreeRoot";
+            r->op_name = node->op >= 0 ? kp__an_nm(a, a->ops[node->op].name) : "CallTreeRoot";
             r->op_tc_eligible = node->eligible;
             fmt_dim(r->grid, sizeof(r->grid), d->has_grid, d->grid);
             fmt_dim(r->block, sizeof(r->block), d->has_block, d->block);
@@ -249,7 +249,7 @@ int kp_an_tensor_cores(struct kp_an *a, struct kp_an_tc *out)
     bool seen[KP_AN_MAX_GPUS] = { false }, any = false;
     int rc;
 
-    if (!a->built && (rc = an_build_model(a)) < 0) {
+    if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;
     }
     memset(out, 0, sizeof(*out));
@@ -267,7 +267,7 @@ int kp_an_tensor_cores(struct kp_an *a, struct kp_an_tc *out)
         }
         any = true;
         kern[d->device] += d->end - d->start;
-        if (kp_an_is_tc_kernel(nm(a, d->name))) {
+        if (kp_an_is_tc_kernel(kp__an_nm(a, d->name))) {
             tc[d->device] += d->end - d->start;
         }
     }

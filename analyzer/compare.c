@@ -5,7 +5,7 @@
  * clocks from their end times and applies the straggler rule. kp_compare_hta_create is HTA's
  * metric, apart.
  */
-#include "compare_impl.h"
+#include "compare_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -29,14 +29,14 @@ void kp_compare_opts_init(struct kp_compare_opts *o)
 
 /* ---- helpers -------------------------------------------------------------------------- */
 
-int cmp_double(const void *pa, const void *pb)
+int kp__compare_double(const void *pa, const void *pb)
 {
     double a = *(const double *) pa, b = *(const double *) pb;
 
     return (a > b) - (a < b);
 }
 
-int cmp_i64(const void *pa, const void *pb)
+int kp__compare_i64(const void *pa, const void *pb)
 {
     int64_t a = *(const int64_t *) pa, b = *(const int64_t *) pb;
 
@@ -44,12 +44,12 @@ int cmp_i64(const void *pa, const void *pb)
 }
 
 /* The median of v[0..n) (reordered); 0 when n == 0. */
-double cmp_median(double *v, size_t n)
+double kp__compare_median(double *v, size_t n)
 {
     if (n == 0) {
         return 0.0;
     }
-    qsort(v, n, sizeof(*v), cmp_double);
+    qsort(v, n, sizeof(*v), kp__compare_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
 }
 
@@ -81,12 +81,12 @@ static int64_t median_i64(int64_t *v, size_t n)
     if (n == 0) {
         return 0;
     }
-    qsort(v, n, sizeof(*v), cmp_i64);
+    qsort(v, n, sizeof(*v), kp__compare_i64);
     return n % 2 ? v[n / 2] : v[n / 2 - 1] + (v[n / 2] - v[n / 2 - 1]) / 2;
 }
 
 /* Index of x in sorted v[0..n), or -1. */
-long cmp_find_i64(const int64_t *v, size_t n, int64_t x)
+long kp__compare_find_i64(const int64_t *v, size_t n, int64_t x)
 {
     size_t lo = 0, hi = n;
 
@@ -103,7 +103,7 @@ long cmp_find_i64(const int64_t *v, size_t n, int64_t x)
     return lo < n && v[lo] == x ? (long) lo : -1;
 }
 
-bool cmp_parse_step(const char *s, int64_t *out)
+bool kp__compare_parse_step(const char *s, int64_t *out)
 {
     char *end;
     long long v;
@@ -118,7 +118,8 @@ bool cmp_parse_step(const char *s, int64_t *out)
 }
 
 /* Checks that run exists; returns 0, KP_ENOTFOUND or KP_EPG. */
-int cmp_check_run(PGconn *c, const char *const *params, int64_t run, char *errbuf, size_t errlen)
+int kp__compare_check_run(PGconn *c, const char *const *params, int64_t run, char *errbuf,
+                          size_t errlen)
 {
     PGresult *r = NULL;
     int rc =
@@ -284,7 +285,7 @@ static void lateness(struct kp_compare_result *res, const struct coll *v, size_t
                 n_max++;
             }
         }
-        med = cmp_median(tmp, j - i);
+        med = kp__compare_median(tmp, j - i);
         for (size_t k = i; k < j; k++) {
             double late = (double) (v[k].start - res->ranks[v[k].ri].clock_offset_ns) - med;
             struct kp_compare_cell *cl = &res->cells[(size_t) v[k].ri * ns + v[k].si];
@@ -371,14 +372,14 @@ static void step_spreads(struct kp_compare_result *res, double *tmp)
             }
         }
         st->n_ranks = k;
-        st->step_median_ns = cmp_median(tmp, k);
+        st->step_median_ns = kp__compare_median(tmp, k);
         k = 0;
         for (size_t r = 0; r < nr; r++) {
             if (res->cells[r * ns + j].present) {
                 tmp[k++] = (double) res->cells[r * ns + j].coll_ns;
             }
         }
-        st->coll_median_ns = cmp_median(tmp, k);
+        st->coll_median_ns = kp__compare_median(tmp, k);
         st->step_ratio = st->step_median_ns > 0 ? st->step_max_ns / st->step_median_ns : 0.0;
         st->coll_ratio = st->coll_median_ns > 0 ? st->coll_max_ns / st->coll_median_ns : 0.0;
         for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
@@ -387,14 +388,15 @@ static void step_spreads(struct kp_compare_result *res, double *tmp)
             k = 0;
             for (size_t r = 0; r < nr; r++) {
                 if (res->cells[r * ns + j].present) {
-                    tmp[k++] = (double) cmp_cell_cause(&res->cells[r * ns + j], cause);
+                    tmp[k++] = (double) kp__compare_cell_cause(&res->cells[r * ns + j], cause);
                 }
             }
-            m = cmp_median(tmp, k);
+            m = kp__compare_median(tmp, k);
             for (size_t r = 0; r < nr; r++) {
                 struct kp_compare_cell *cl = &res->cells[r * ns + j];
 
-                cl->excess_ns[cause] = cl->present ? (double) cmp_cell_cause(cl, cause) - m : 0.0;
+                cl->excess_ns[cause] =
+                    cl->present ? (double) kp__compare_cell_cause(cl, cause) - m : 0.0;
             }
         }
     }
@@ -416,7 +418,7 @@ static void late_cells(struct kp_compare_result *res, const struct kp_compare_op
                 tmp[k++] = (double) res->cells[q * ns + j].coll_ns;
             }
         }
-        qsort(tmp, k, sizeof(*tmp), cmp_double);
+        qsort(tmp, k, sizeof(*tmp), kp__compare_double);
         for (size_t r = 0; r < nr; r++) {
             struct kp_compare_cell *cl = &res->cells[r * ns + j];
             double excess = 0.0;
@@ -465,7 +467,7 @@ static void rank_medians(struct kp_compare_result *res, const struct kp_compare_
                     tmp[k++] = (double) *fields[f];
                 }
             }
-            *dst[f] = cmp_median(tmp, k);
+            *dst[f] = kp__compare_median(tmp, k);
         }
         for (size_t j = 0; j < ns; j++) {
             const struct kp_compare_cell *cl = &res->cells[r * ns + j];
@@ -484,7 +486,7 @@ static void rank_medians(struct kp_compare_result *res, const struct kp_compare_
     for (size_t r = 0; r < nr; r++) {
         tmp[r] = res->ranks[r].step_ns;
     }
-    res->step_median_ns = cmp_median(tmp, nr);
+    res->step_median_ns = kp__compare_median(tmp, nr);
     for (size_t r = 0; r < nr; r++) {
         res->ranks[r].vs_median =
             res->step_median_ns > 0 ? res->ranks[r].step_ns / res->step_median_ns - 1.0 : 0.0;
@@ -526,7 +528,7 @@ static int straggler_evidence(struct kp_compare_result *res)
                 s->max_late_ns = fmax(s->max_late_ns, cl->max_late_ns);
                 for (int cause = 0; cause < KP_COMPARE_CAUSE_COUNT; cause++) {
                     s->excess_ns[cause] += cl->excess_ns[cause];
-                    s->own_ns[cause] += (double) cmp_cell_cause(cl, cause);
+                    s->own_ns[cause] += (double) kp__compare_cell_cause(cl, cause);
                 }
             }
             s->late_ns /= (double) s->n_steps;
@@ -548,7 +550,7 @@ static int straggler_evidence(struct kp_compare_result *res)
                 res->stragglers[b - 1] = t;
             }
         }
-        const struct kp_compare_rank *s0 = cmp_rank_of(res, res->stragglers[0].rank);
+        const struct kp_compare_rank *s0 = kp__compare_rank_of(res, res->stragglers[0].rank);
 
         for (size_t r = 0; r < nr; r++) {
             res->ranks[r].waits =
@@ -588,7 +590,7 @@ static int cmp_collect_steps(const struct cmp_load *L, const struct kp_compare_o
             S->nums[S->n_nums++] = L->rs[i].v[j].num;
         }
     }
-    qsort(S->nums, S->n_nums, sizeof(*S->nums), cmp_i64);
+    qsort(S->nums, S->n_nums, sizeof(*S->nums), kp__compare_i64);
     if ((S->all = calloc(S->n_nums + 1, sizeof(*S->all))) == NULL ||
         (S->step_nr = calloc(S->n_nums + 1, sizeof(*S->step_nr))) == NULL ||
         (seen_by = calloc(S->n_nums + 1, sizeof(*seen_by))) == NULL) {
@@ -601,7 +603,7 @@ static int cmp_collect_steps(const struct cmp_load *L, const struct kp_compare_o
     }
     for (size_t i = 0; i < L->n_ranks; i++) { /* the ranks having each step */
         for (size_t j = 0; j < L->rs[i].n; j++) {
-            long a = cmp_find_i64(S->all, S->n_all, L->rs[i].v[j].num);
+            long a = kp__compare_find_i64(S->all, S->n_all, L->rs[i].v[j].num);
 
             if (seen_by[a] != i + 1) { /* a repeated step number counts once */
                 seen_by[a] = i + 1;
@@ -680,8 +682,8 @@ static int cmp_compute(struct kp_compare_result *res, const struct kp_compare_op
     if (straggler_evidence(res) != 0) {
         return -ENOMEM;
     }
-    cmp_who_waits(res, o);
-    cmp_make_verdict(res, o, n_colls);
+    kp__compare_who_waits(res, o);
+    kp__compare_make_verdict(res, o, n_colls);
     return 0;
 }
 
@@ -706,9 +708,9 @@ int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opt
         return -EINVAL;
     }
     snprintf(runs, sizeof(runs), "%" PRId64, run);
-    if ((rc = cmp_check_run(c, params, run, errbuf, errlen)) != 0 ||
-        (rc = cmp_load_ranks(c, params, run, &L.ranks, &L.n_ranks, errbuf, errlen)) != 0 ||
-        (rc = cmp_load_run(c, runs, run, o->max_rows, &L, errbuf, errlen)) != 0) {
+    if ((rc = kp__compare_check_run(c, params, run, errbuf, errlen)) != 0 ||
+        (rc = kp__compare_load_ranks(c, params, run, &L.ranks, &L.n_ranks, errbuf, errlen)) != 0 ||
+        (rc = kp__compare_load_run(c, runs, run, o->max_rows, &L, errbuf, errlen)) != 0) {
         goto fail;
     }
     rc = cmp_collect_steps(&L, o, run, &S, errbuf, errlen);
@@ -723,11 +725,11 @@ int kp_compare_result_create(PGconn *c, int64_t run, const struct kp_compare_opt
         (tmp = calloc((nr > S.ns ? nr : S.ns) + 1, sizeof(*tmp))) == NULL) {
         goto nomem;
     }
-    if ((rc = cmp_load_world(c, params, res, errbuf, errlen)) != 0) {
+    if ((rc = kp__compare_load_world(c, params, res, errbuf, errlen)) != 0) {
         goto fail;
     }
-    if ((rc = cmp_fill_cells(c, runs, &L, res, S.nums, S.all, S.n_all, o->max_rows, &colls,
-                             &n_colls, errbuf, errlen)) != 0) {
+    if ((rc = kp__compare_fill_cells(c, runs, &L, res, S.nums, S.all, S.n_all, o->max_rows, &colls,
+                                     &n_colls, errbuf, errlen)) != 0) {
         goto fail;
     }
     if (cmp_compute(res, o, colls, n_colls, S.step_nr, tmp) != 0) {
@@ -748,7 +750,7 @@ out:
     free(S.nums);
     free(S.all);
     free(S.step_nr);
-    cmp_load_fini(&L);
+    kp__compare_load_fini(&L);
     return rc;
 }
 

@@ -1,6 +1,6 @@
 /* kp_compare_hta_create: HTA's straggler metric on HTA's own terms (docs/specs/compare.md §9,
  * docs/specs/hta-analyses.md §9). */
-#include "compare_impl.h"
+#include "compare_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -189,7 +189,7 @@ static void flag_stragglers(struct kp_compare_hta *h, int num_candidates, double
                 vals[m++] = h->rows[b].norm_start;
                 b++;
             }
-            qsort(vals, m, sizeof(*vals), cmp_double);
+            qsort(vals, m, sizeof(*vals), kp__compare_double);
             kth = vals[m >= (size_t) num_candidates ? m - (size_t) num_candidates : 0];
             for (size_t k = a; k < b; k++) {
                 size_t q;
@@ -320,13 +320,13 @@ static int hcmp_read_steps(struct hta_cmp *x)
         t->rank = (int) kp_pg_i64(r, (int) i, 0, 0);
         t->start = kp_pg_i64(r, (int) i, 1, 0);
         t->end = kp_pg_i64(r, (int) i, 2, 0);
-        if (cmp_parse_step(PQgetvalue(r, (int) i, 3), &t->num)) {
+        if (kp__compare_parse_step(PQgetvalue(r, (int) i, 3), &t->num)) {
             x->nums[x->n_st] = t->num;
             x->n_st++;
         }
     }
     PQclear(r);
-    qsort(x->nums, x->n_st, sizeof(*x->nums), cmp_i64);
+    qsort(x->nums, x->n_st, sizeof(*x->nums), kp__compare_i64);
     x->n_steps_all = x->n_st;
     for (size_t i = 0; i < x->n_st; i++) {
         x->n_steps_distinct += i == 0 || x->nums[i] != x->nums[i - 1];
@@ -392,7 +392,7 @@ static int hcmp_mean_step(struct hta_cmp *x, struct kp_strbuf *arrs, struct kp_c
     for (size_t i = 0; i < x->n_st; i++) {
         x->nums[i] = x->st[i].num;
     }
-    qsort(x->nums, x->n_st, sizeof(*x->nums), cmp_i64);
+    qsort(x->nums, x->n_st, sizeof(*x->nums), kp__compare_i64);
     for (size_t i = 0; i < x->n_st; i++) {
         n_num += i == 0 || x->nums[i] != x->nums[i - 1];
     }
@@ -480,7 +480,7 @@ int kp_compare_hta_create(PGconn *c, int64_t run, bool has_step, int64_t step, i
         kp_strbuf_init(&arrs[f], 0);
     }
     snprintf(runs, sizeof(runs), "%" PRId64, run);
-    if ((rc = cmp_check_run(c, params, run, errbuf, errlen)) != 0) {
+    if ((rc = kp__compare_check_run(c, params, run, errbuf, errlen)) != 0) {
         return rc;
     }
     if ((rc = hcmp_read_steps(&x)) < 0) {

@@ -1,6 +1,6 @@
 /* kp_compare_result_create's reading: the run's ranks, steps, names and per-(rank, step) sums,
  * and its collectives (docs/specs/compare.md §1). */
-#include "compare_impl.h"
+#include "compare_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -14,8 +14,8 @@
 #include "kp_strbuf.h"
 
 /* The run's ranks, sorted. Returns 0 and *ranks (free) / *n, KP_ENOTFOUND, KP_EPG, -ENOMEM. */
-int cmp_load_ranks(PGconn *c, const char *const *params, int64_t run, int64_t **ranks, size_t *n,
-                   char *errbuf, size_t errlen)
+int kp__compare_load_ranks(PGconn *c, const char *const *params, int64_t run, int64_t **ranks,
+                           size_t *n, char *errbuf, size_t errlen)
 {
     PGresult *r = NULL;
     int rc = kp_pg_query(c, "SELECT rank FROM ranks WHERE run_id = $1 ORDER BY rank", 1, params, &r,
@@ -48,8 +48,8 @@ int cmp_load_ranks(PGconn *c, const char *const *params, int64_t run, int64_t **
 
 /* The world around res's ranks: each rank's host, node and local rank, runs.world_size and the
  * ranks of the world missing from the run. Returns 0, KP_EPG or -ENOMEM. */
-int cmp_load_world(PGconn *c, const char *const *params, struct kp_compare_result *res,
-                   char *errbuf, size_t errlen)
+int kp__compare_load_world(PGconn *c, const char *const *params, struct kp_compare_result *res,
+                           char *errbuf, size_t errlen)
 {
     PGresult *r = NULL;
     int rc = kp_pg_query(
@@ -173,7 +173,7 @@ static int nameset_load(PGconn *c, struct nameset *ns, size_t *budget, size_t ma
             ns->n--;
             continue;
         }
-        if (k == NC_STEP && !cmp_parse_step(PQgetvalue(r, (int) i, 2), &x->num)) {
+        if (k == NC_STEP && !kp__compare_parse_step(PQgetvalue(r, (int) i, 2), &x->num)) {
             x->num = -1;
         }
         x->p2p = k != NC_STEP && strcmp(PQgetvalue(r, (int) i, 2), "p2p") == 0;
@@ -245,7 +245,7 @@ static int64_t step_at(const struct rsteps *rs, int64_t start)
     return -1;
 }
 
-void cmp_load_fini(struct cmp_load *L)
+void kp__compare_load_fini(struct cmp_load *L)
 {
     if (L->rs != NULL) {
         for (size_t i = 0; i < L->n_ranks; i++) {
@@ -303,8 +303,8 @@ static const char *const range_sql[3] = {
 #undef RANGE_SQL
 
 /* Runs the first queries and builds every rank's steps. */
-int cmp_load_run(PGconn *c, const char *runs, int64_t run, size_t max_rows, struct cmp_load *L,
-                 char *errbuf, size_t errlen)
+int kp__compare_load_run(PGconn *c, const char *runs, int64_t run, size_t max_rows,
+                         struct cmp_load *L, char *errbuf, size_t errlen)
 {
     const char *p2[2] = { runs, NULL };
     int rc;
@@ -337,7 +337,7 @@ int cmp_load_run(PGconn *c, const char *runs, int64_t run, size_t max_rows, stru
     /* steps: ProfilerStep ops, else the steps table, else step 0 over the kernels */
     for (int i = 0; i < PQntuples(L->ops); i++) {
         const struct ncls *nc = nameset_find(&L->names, kp_pg_i64(L->ops, i, 2, -1));
-        long ri = cmp_find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->ops, i, 0, -1));
+        long ri = kp__compare_find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->ops, i, 0, -1));
         int64_t st = kp_pg_i64(L->ops, i, 3, 0);
 
         if (nc == NULL || nc->cls != NC_STEP || nc->num < 0 || ri < 0) {
@@ -349,7 +349,7 @@ int cmp_load_run(PGconn *c, const char *runs, int64_t run, size_t max_rows, stru
         L->rs[ri].from_ops = true;
     }
     for (int i = 0; i < PQntuples(L->steps); i++) {
-        long ri = cmp_find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->steps, i, 0, -1));
+        long ri = kp__compare_find_i64(L->ranks, L->n_ranks, kp_pg_i64(L->steps, i, 0, -1));
         int64_t st = kp_pg_i64(L->steps, i, 2, 0);
 
         if (ri >= 0 && !L->rs[ri].from_ops &&
@@ -368,7 +368,7 @@ int cmp_load_run(PGconn *c, const char *runs, int64_t run, size_t max_rows, stru
             return rc;
         }
         for (int i = 0; i < PQntuples(r); i++) {
-            long q = cmp_find_i64(L->ranks, L->n_ranks, kp_pg_i64(r, i, 0, -1));
+            long q = kp__compare_find_i64(L->ranks, L->n_ranks, kp_pg_i64(r, i, 0, -1));
 
             if (q >= 0 && !PQgetisnull(r, i, 1)) {
                 L->rs[q].kany = true;
@@ -437,8 +437,8 @@ static int load_unstepped(PGconn *c, const char *runs, struct cmp_load *L, const
             break;
         }
         for (int i = 0; i < PQntuples(r); i++) {
-            long ri = cmp_find_i64(L->ranks, L->n_ranks, kp_pg_i64(r, i, 0, -1));
-            long si = cmp_find_i64(nums, ns, kp_pg_i64(r, i, 1, 0));
+            long ri = kp__compare_find_i64(L->ranks, L->n_ranks, kp_pg_i64(r, i, 0, -1));
+            long si = kp__compare_find_i64(nums, ns, kp_pg_i64(r, i, 1, 0));
             struct kp_compare_cell *cl;
 
             if (ri < 0 || si < 0 || !(cl = &cells[(size_t) ri * ns + (size_t) si])->present) {
@@ -457,7 +457,7 @@ out:
     return rc;
 }
 
-/* What cmp_fill_cells' phases share. */
+/* What kp__compare_fill_cells' phases share. */
 struct cell_fill {
     struct cmp_load *L;
     struct kp_compare_result *res;
@@ -482,7 +482,7 @@ static void fill_present(struct cell_fill *f)
     for (size_t r = 0; r < f->L->n_ranks; r++) {
         for (size_t j = 0; j < f->L->rs[r].n; j++) {
             const struct rstep *s = &f->L->rs[r].v[j];
-            long si = cmp_find_i64(f->nums, f->ns, s->num);
+            long si = kp__compare_find_i64(f->nums, f->ns, s->num);
             struct kp_compare_cell *cl;
 
             if (si < 0 || (cl = fill_cell(f, (long) r, si))->present) {
@@ -500,7 +500,7 @@ static void fill_kernels(struct cell_fill *f)
     const PGresult *k = f->L->kern;
 
     for (int i = 0; i < PQntuples(k); i++) {
-        long ri = cmp_find_i64(f->L->ranks, f->L->n_ranks, kp_pg_i64(k, i, 0, -1)), si;
+        long ri = kp__compare_find_i64(f->L->ranks, f->L->n_ranks, kp_pg_i64(k, i, 0, -1)), si;
 
         if (ri < 0) {
             continue;
@@ -509,7 +509,7 @@ static void fill_kernels(struct cell_fill *f)
             f->need[0] = true;
             continue;
         }
-        if ((si = cmp_find_i64(f->nums, f->ns, kp_pg_i64(k, i, 1, 0))) >= 0) {
+        if ((si = kp__compare_find_i64(f->nums, f->ns, kp_pg_i64(k, i, 1, 0))) >= 0) {
             fill_cell(f, ri, si)->compute_ns += kp_pg_i64(k, i, 2, 0);
         }
     }
@@ -521,7 +521,7 @@ static void fill_collectives(struct cell_fill *f)
     const PGresult *cr = f->L->coll;
 
     for (int i = 0; i < PQntuples(cr); i++) {
-        long ri = cmp_find_i64(f->L->ranks, f->L->n_ranks, kp_pg_i64(cr, i, 0, -1)), si, ai;
+        long ri = kp__compare_find_i64(f->L->ranks, f->L->n_ranks, kp_pg_i64(cr, i, 0, -1)), si, ai;
         bool nostep = PQgetisnull(cr, i, 1);
         int64_t start = kp_pg_i64(cr, i, 2, 0), dur = kp_pg_i64(cr, i, 3, 0), num;
         const struct ncls *x = nameset_find(&f->L->names, kp_pg_i64(cr, i, 4, -1));
@@ -530,10 +530,10 @@ static void fill_collectives(struct cell_fill *f)
             continue;
         }
         num = nostep ? step_at(&f->L->rs[ri], start) : kp_pg_i64(cr, i, 1, 0);
-        if ((ai = cmp_find_i64(f->all, f->n_all, num)) < 0) {
+        if ((ai = kp__compare_find_i64(f->all, f->n_all, num)) < 0) {
             continue;
         }
-        si = cmp_find_i64(f->nums, f->ns, num);
+        si = kp__compare_find_i64(f->nums, f->ns, num);
         if (si >= 0 && !nostep) { /* in the sums above (the unstepped sums leave them out) */
             fill_cell(f, ri, si)->compute_ns -= dur;
         }
@@ -558,7 +558,7 @@ static void fill_ops(struct cell_fill *f)
 
     for (int i = 0; i < PQntuples(o); i++) {
         const struct ncls *x = nameset_find(&f->L->names, kp_pg_i64(o, i, 2, -1));
-        long ri = cmp_find_i64(f->L->ranks, f->L->n_ranks, kp_pg_i64(o, i, 0, -1)), si;
+        long ri = kp__compare_find_i64(f->L->ranks, f->L->n_ranks, kp_pg_i64(o, i, 0, -1)), si;
         int64_t start = kp_pg_i64(o, i, 3, 0), dur = kp_pg_i64(o, i, 4, 0);
 
         int64_t num;
@@ -568,7 +568,7 @@ static void fill_ops(struct cell_fill *f)
             continue;
         }
         num = PQgetisnull(o, i, 1) ? step_at(&f->L->rs[ri], start) : kp_pg_i64(o, i, 1, 0);
-        si = cmp_find_i64(f->nums, f->ns, num);
+        si = kp__compare_find_i64(f->nums, f->ns, num);
         if (si >= 0 && !fill_cell(f, ri, si)->present) {
             si = -1;
         }
@@ -577,7 +577,7 @@ static void fill_ops(struct cell_fill *f)
                 fill_cell(f, ri, si)->host_ns += dur;
             }
         }
-        else if (f->nc < f->cap && (ai = cmp_find_i64(f->all, f->n_all, num)) >= 0) {
+        else if (f->nc < f->cap && (ai = kp__compare_find_i64(f->all, f->n_all, num)) >= 0) {
             f->v[f->nc++] = (struct coll){ (uint32_t) ri,
                                            (uint32_t) ai,
                                            1,
@@ -597,7 +597,9 @@ static void fill_calls(struct cell_fill *f)
 
     for (int t = 0; t < 2; t++) {
         for (int i = 0; i < PQntuples(sums[t]); i++) {
-            long ri = cmp_find_i64(f->L->ranks, f->L->n_ranks, kp_pg_i64(sums[t], i, 0, -1)), si;
+            long ri =
+                     kp__compare_find_i64(f->L->ranks, f->L->n_ranks, kp_pg_i64(sums[t], i, 0, -1)),
+                 si;
             struct kp_compare_cell *cl;
 
             if (ri < 0) {
@@ -607,7 +609,7 @@ static void fill_calls(struct cell_fill *f)
                 f->need[t + 1] = true;
                 continue;
             }
-            if ((si = cmp_find_i64(f->nums, f->ns, kp_pg_i64(sums[t], i, 1, 0))) < 0 ||
+            if ((si = kp__compare_find_i64(f->nums, f->ns, kp_pg_i64(sums[t], i, 1, 0))) < 0 ||
                 !(cl = fill_cell(f, ri, si))->present) {
                 continue;
             }
@@ -616,9 +618,10 @@ static void fill_calls(struct cell_fill *f)
     }
 }
 
-int cmp_fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp_compare_result *res,
-                   const int64_t *nums, const int64_t *all, size_t n_all, size_t max_rows,
-                   struct coll **colls, size_t *n_colls, char *errbuf, size_t errlen)
+int kp__compare_fill_cells(PGconn *c, const char *runs, struct cmp_load *L,
+                           struct kp_compare_result *res, const int64_t *nums, const int64_t *all,
+                           size_t n_all, size_t max_rows, struct coll **colls, size_t *n_colls,
+                           char *errbuf, size_t errlen)
 {
     struct cell_fill f = { .L = L,
                            .res = res,

@@ -1,5 +1,5 @@
 /* kp_compare: who waits for whom and the verdict, in words (docs/specs/compare.md §6-§8). */
-#include "compare_impl.h"
+#include "compare_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -13,7 +13,7 @@
 #include "kp_pg.h"
 #include "kp_strbuf.h"
 
-int64_t cmp_cell_cause(const struct kp_compare_cell *cl, int cause)
+int64_t kp__compare_cell_cause(const struct kp_compare_cell *cl, int cause)
 {
     return cause == KP_COMPARE_COMPUTE ? cl->compute_ns
            : cause == KP_COMPARE_HOST  ? cl->host_ns
@@ -34,7 +34,7 @@ static const char *cause_phrase(enum kp_compare_cause c)
 
 /* The rank the others wait for (docs/specs/compare.md §7), flagged "late" when it is no straggler,
  * and HTA's pick per step and over the steps. */
-void cmp_who_waits(struct kp_compare_result *res, const struct kp_compare_opts *o)
+void kp__compare_who_waits(struct kp_compare_result *res, const struct kp_compare_opts *o)
 {
     size_t nr = res->n_ranks, ns = res->n_steps, best_n = 0;
     long best = -1;
@@ -141,7 +141,7 @@ int kp_compare_ranges(char *buf, size_t cap, const int *v, size_t n)
     return 0;
 }
 
-const struct kp_compare_rank *cmp_rank_of(const struct kp_compare_result *res, int rank)
+const struct kp_compare_rank *kp__compare_rank_of(const struct kp_compare_result *res, int rank)
 {
     for (size_t r = 0; r < res->n_ranks; r++) {
         if (res->ranks[r].rank == rank) {
@@ -159,7 +159,7 @@ static void verdict_caveats(struct kp_compare_result *res, const struct kp_compa
     int named = res->n_stragglers > 0 ? res->stragglers[0].rank : res->waited_for;
 
     if (res->hta_rank >= 0 && named >= 0) {
-        const struct kp_compare_rank *h = cmp_rank_of(res, res->hta_rank);
+        const struct kp_compare_rank *h = kp__compare_rank_of(res, res->hta_rank);
 
         if (res->hta_rank == named) {
             put(v, cap, len,
@@ -215,8 +215,8 @@ static void verdict_caveats(struct kp_compare_result *res, const struct kp_compa
     }
 }
 
-void cmp_make_verdict(struct kp_compare_result *res, const struct kp_compare_opts *o,
-                      size_t n_coll_total)
+void kp__compare_make_verdict(struct kp_compare_result *res, const struct kp_compare_opts *o,
+                              size_t n_coll_total)
 {
     char *v = res->verdict;
     size_t cap = sizeof(res->verdict), len = 0;
@@ -265,7 +265,7 @@ void cmp_make_verdict(struct kp_compare_result *res, const struct kp_compare_opt
             n_coll_total == 0 ? " (no collectives to compare arrivals at)" : "");
     }
     if (res->waited_for >= 0) {
-        const struct kp_compare_rank *w = cmp_rank_of(res, res->waited_for);
+        const struct kp_compare_rank *w = kp__compare_rank_of(res, res->waited_for);
         double ex = 0.0;
         size_t n_last = 0;
 

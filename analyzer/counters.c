@@ -10,7 +10,7 @@
  * Strings point into the kept PGresults.
  */
 #include "counters.h"
-#include "counters_impl.h"
+#include "counters_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -152,7 +152,7 @@ static int group_rows(struct kp_counters *t)
             nr++;
         }
     }
-    qsort(t->metrics, nm, sizeof(*t->metrics), cmp_str);
+    qsort(t->metrics, nm, sizeof(*t->metrics), kp__counters_cmp_str);
     t->n_metrics = 0;
     for (size_t i = 0; i < nm; i++) {
         if (t->n_metrics == 0 || strcmp(t->metrics[t->n_metrics - 1], t->metrics[i]) != 0) {
@@ -194,7 +194,7 @@ static int group_rows(struct kp_counters *t)
             r->range = (int64_t) v;
         }
         else {
-            long k = metric_index(t, m);
+            long k = kp__counters_metric_index(t, m);
 
             if (k >= 0 && isnan(r->values[k])) { /* a repeated metric: the first one counts */
                 r->values[k] = v;
@@ -503,7 +503,7 @@ static void compute_flops(struct kp_counters *t)
     static const char *const pfx[2] = { "smsp", "sm" };
     long idx[KP_COUNTERS_PREC_COUNT][3];
     bool recorded[KP_COUNTERS_PREC_COUNT], any = false;
-    long dur = metric_index(t, CT_DURATION_METRIC);
+    long dur = kp__counters_metric_index(t, CT_DURATION_METRIC);
 
     for (int p = 0; p < KP_COUNTERS_PREC_COUNT; p++) {
         recorded[p] = false;
@@ -514,7 +514,7 @@ static void compute_flops(struct kp_counters *t)
 
                 snprintf(name, sizeof(name), "%s__sass_thread_inst_executed_op_%c%s_pred_on.sum",
                          pfx[x], precs[p], ops[o]);
-                idx[p][o] = metric_index(t, name);
+                idx[p][o] = kp__counters_metric_index(t, name);
             }
             recorded[p] = recorded[p] || idx[p][o] >= 0;
         }

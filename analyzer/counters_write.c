@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "counters_impl.h"
+#include "counters_int.h"
 #include "kp_err.h"
 #include "kp_json.h"
 #include "kp_str.h"
@@ -88,8 +88,8 @@ static long parse_cols(const struct kp_counters *t, const char *list, long *cols
                     col = c; /* JSON's name for it */
                 }
             }
-            if (col < 0 && metric_index(t, name) >= 0) {
-                col = C_FIXED + metric_index(t, name);
+            if (col < 0 && kp__counters_metric_index(t, name) >= 0) {
+                col = C_FIXED + kp__counters_metric_index(t, name);
             }
             if (col < 0) {
                 kp_errbuf_set(errbuf, errlen,

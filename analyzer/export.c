@@ -3,7 +3,7 @@
  * out. It lives in the analyzer so that kprofctl links no libpq.
  */
 #define KP_LOG_MODULE "export"
-#include "export_impl.h"
+#include "export_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -37,7 +37,7 @@ static uint64_t track_hash(int64_t pid, int64_t tid)
     return h ^ (h >> 29);
 }
 
-void xp_track_seen(struct xp *x, int64_t pid, int64_t tid, bool gpu)
+void kp__export_track_seen(struct xp *x, int64_t pid, int64_t tid, bool gpu)
 {
     size_t cap = 2 * EXPORT_MAX_TRACKS, i = track_hash(pid, tid) & (cap - 1);
 
@@ -62,26 +62,26 @@ void xp_track_seen(struct xp *x, int64_t pid, int64_t tid, bool gpu)
 }
 
 /* {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ..., "dur": ..., "args": { */
-void xp_ev_x(struct xp *x, const char *cat, const char *name, int64_t pid, int64_t tid,
-             int64_t start_ns, int64_t dur_ns, bool gpu)
+void kp__export_ev_x(struct xp *x, const char *cat, const char *name, int64_t pid, int64_t tid,
+                     int64_t start_ns, int64_t dur_ns, bool gpu)
 {
     struct xout *o = &x->out;
 
-    ev_begin(x);
+    kp__export_ev_begin(x);
     XO_LIT(o, "{\"ph\": \"X\", \"cat\": \"");
-    xo_put(o, cat, strlen(cat));
+    kp__export_out_put(o, cat, strlen(cat));
     XO_LIT(o, "\", \"name\": ");
-    xo_jstr(o, name);
+    kp__export_out_jstr(o, name);
     XO_LIT(o, ", \"pid\": ");
-    xo_i64(o, pid);
+    kp__export_out_i64(o, pid);
     XO_LIT(o, ", \"tid\": ");
-    xo_i64(o, tid);
+    kp__export_out_i64(o, tid);
     XO_LIT(o, ", \"ts\": ");
-    xo_us(o, start_ns - x->base_ns);
+    kp__export_out_us(o, start_ns - x->base_ns);
     XO_LIT(o, ", \"dur\": ");
-    xo_us(o, dur_ns < 0 ? 0 : dur_ns);
+    kp__export_out_us(o, dur_ns < 0 ? 0 : dur_ns);
     XO_LIT(o, ", \"args\": {");
-    xp_track_seen(x, pid, tid, gpu);
+    kp__export_track_seen(x, pid, tid, gpu);
 }
 
 static size_t nc_slot(const struct xp *x, uint32_t id)
@@ -114,7 +114,7 @@ static const char *nc_get(const struct xp *x, uint32_t id)
 }
 
 /* The name in column c of a row (its names.id), NULL when the column is NULL. */
-const char *xp_nm(const struct xp *x, const PGresult *r, int row, int c)
+const char *kp__export_nm(const struct xp *x, const PGresult *r, int row, int c)
 {
     if (PQgetisnull(r, row, c)) {
         return NULL;
@@ -122,9 +122,9 @@ const char *xp_nm(const struct xp *x, const PGresult *r, int row, int c)
     return nc_get(x, (uint32_t) strtoul(PQgetvalue(r, row, c), NULL, 10));
 }
 
-const char *xp_nm0(const struct xp *x, const PGresult *r, int row, int c)
+const char *kp__export_nm0(const struct xp *x, const PGresult *r, int row, int c)
 {
-    const char *s = xp_nm(x, r, row, c);
+    const char *s = kp__export_nm(x, r, row, c);
 
     return s != NULL ? s : "";
 }
@@ -208,8 +208,8 @@ oom:
 }
 
 /* Runs sql through a cursor, calling cb for every row, with the names.id columns ncols (-1
- * terminated) resolved for xp_nm(). Returns 0 or KP_EPG (x->err). */
-int xp_cursor_each(struct xp *x, const char *sql, const int *ncols, export_row_cb *cb)
+ * terminated) resolved for kp__export_nm(). Returns 0 or KP_EPG (x->err). */
+int kp__export_cursor_each(struct xp *x, const char *sql, const int *ncols, kp__export_row_cb *cb)
 {
     struct kp_strbuf q;
     char fetch[64];
@@ -261,21 +261,21 @@ static void meta_ev(struct xp *x, const char *what, int64_t pid, int64_t tid, co
 {
     struct xout *o = &x->out;
 
-    ev_begin(x);
+    kp__export_ev_begin(x);
     XO_LIT(o, "{\"name\": \"");
-    xo_put(o, what, strlen(what));
+    kp__export_out_put(o, what, strlen(what));
     XO_LIT(o, "\", \"ph\": \"M\", \"ts\": 0.000, \"pid\": ");
-    xo_i64(o, pid);
+    kp__export_out_i64(o, pid);
     XO_LIT(o, ", \"tid\": ");
-    xo_i64(o, tid);
+    kp__export_out_i64(o, tid);
     XO_LIT(o, ", \"args\": {\"");
-    xo_put(o, key, strlen(key));
+    kp__export_out_put(o, key, strlen(key));
     XO_LIT(o, "\": ");
     if (sval != NULL) {
-        xo_jstr(o, sval);
+        kp__export_out_jstr(o, sval);
     }
     else {
-        xo_i64(o, ival);
+        kp__export_out_i64(o, ival);
     }
     XO_LIT(o, "}}");
 }
@@ -354,19 +354,19 @@ static int write_devices(struct xp *x)
         int64_t id = I(res, i, 0);
 
         if (i > 0) {
-            xo_putc(o, ',');
+            kp__export_out_putc(o, ',');
         }
         XO_LIT(o, "\n  {\"id\": ");
-        xo_i64(o, id);
+        kp__export_out_i64(o, id);
         XO_LIT(o, ", \"name\": ");
-        xo_jstr(o, S(res, i, 1));
+        kp__export_out_jstr(o, S(res, i, 1));
         for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
             XO_LIT(o, ", \"");
-            xo_put(o, keys[k], strlen(keys[k]));
+            kp__export_out_put(o, keys[k], strlen(keys[k]));
             XO_LIT(o, "\": ");
-            xo_i64(o, I(res, i, (int) k + 2));
+            kp__export_out_i64(o, I(res, i, (int) k + 2));
         }
-        xo_putc(o, '}');
+        kp__export_out_putc(o, '}');
         if (id >= 0 && id < EXPORT_MAX_DEVICES) {
             snprintf(x->dev_name[id], sizeof(x->dev_name[id]), "%s", S(res, i, 1));
         }
@@ -393,7 +393,7 @@ static int write_head(struct xp *x)
      * gets none (import then takes rank 0, world size 1) */
     if (x->dist.len > 0) {
         XO_LIT(o, "\"distributedInfo\": ");
-        xo_put(o, x->dist.data, x->dist.len);
+        kp__export_out_put(o, x->dist.data, x->dist.len);
         XO_LIT(o, ",\n");
     }
     else if (!x->imported && (x->world_size > 1 || rank != 0)) {
@@ -401,19 +401,19 @@ static int write_head(struct xp *x)
         XO_LIT(o, "\"nccl\", \"rank\": "); /* Kineto writes the process group's backend;
                                             * kprof does not store it and NCCL is what GPU
                                             * jobs use */
-        xo_i64(o, rank);
+        kp__export_out_i64(o, rank);
         XO_LIT(o, ", \"world_size\": ");
-        xo_i64(o, x->world_size);
+        kp__export_out_i64(o, x->world_size);
         XO_LIT(o, "},\n");
     }
     XO_LIT(o, "\"host_name\": ");
-    xo_jstr(o, x->host);
+    kp__export_out_jstr(o, x->host);
     XO_LIT(o, ",\n\"kprof\": {\"run\": ");
-    xo_i64(o, run);
+    kp__export_out_i64(o, run);
     XO_LIT(o, ", \"job\": ");
-    xo_jstr(o, x->job);
+    kp__export_out_jstr(o, x->job);
     XO_LIT(o, "},\n\"displayTimeUnit\": \"ns\",\n\"baseTimeNanoseconds\": ");
-    xo_i64(o, x->base_ns);
+    kp__export_out_i64(o, x->base_ns);
     XO_LIT(o, ",\n\"traceEvents\": [");
     return 0;
 }
@@ -432,8 +432,9 @@ static int write_rank(struct xp *x)
     }
     x->n_tracks = 0;
     x->tracks_full = false;
-    if ((rc = write_head(x)) != 0 || (rc = xp_write_gpu_events(x)) != 0 ||
-        (rc = xp_write_host_events(x)) != 0 || (rc = xp_write_ranges_and_flows(x)) != 0) {
+    if ((rc = write_head(x)) != 0 || (rc = kp__export_write_gpu_events(x)) != 0 ||
+        (rc = kp__export_write_host_events(x)) != 0 ||
+        (rc = kp__export_write_ranges_and_flows(x)) != 0) {
         return rc;
     }
     write_metadata(x);
@@ -442,7 +443,7 @@ static int write_rank(struct xp *x)
         char tn[128];
 
         snprintf(tn, sizeof(tn), "kprof run %ld rank %ld", run, rank);
-        xo_jstr(o, tn);
+        kp__export_out_jstr(o, tn);
     }
     XO_LIT(o, "}\n");
     if (x->tracks_full) {
@@ -690,10 +691,10 @@ int kp_export_rank(struct kp_export *xe, int32_t rank, int gzip_level, kp_export
         rc = write_rank(x);
     }
     if (rc == 0) {
-        xo_flush(o);
+        kp__export_out_flush(o);
         if (o->gz && o->err == 0) {
             o->len = 0;
-            xo_deflate(o, true);
+            kp__export_out_deflate(o, true);
         }
         rc = o->err;
         if (rc != 0) {

@@ -1,6 +1,6 @@
 /* kp_export's writer: JSON into a buffer flushed (gzipped with zlib when asked) to the sink, and
- * Python literals back to JSON (export_impl.h). */
-#include "export_impl.h"
+ * Python literals back to JSON (export_int.h). */
+#include "export_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -19,7 +19,7 @@
 
 /* Compresses (gz) what the buffer holds and hands the result on; with finish, ends the gzip
  * stream. */
-void xo_deflate(struct xout *o, bool finish)
+void kp__export_out_deflate(struct xout *o, bool finish)
 {
     o->z.next_in = (Bytef *) o->buf;
     o->z.avail_in = (uInt) o->len;
@@ -47,14 +47,14 @@ void xo_deflate(struct xout *o, bool finish)
     }
 }
 
-void xo_flush(struct xout *o)
+void kp__export_out_flush(struct xout *o)
 {
     if (o->err != 0 || o->len == 0) {
         o->len = 0;
         return;
     }
     if (o->gz) {
-        xo_deflate(o, false);
+        kp__export_out_deflate(o, false);
     }
     else {
         int rc = o->sink(o->ud, o->buf, o->len);
@@ -67,10 +67,11 @@ void xo_flush(struct xout *o)
     o->len = 0;
 }
 
-/* Slow path of xo_put: flushes, then copies p (in pieces when it is bigger than the buffer). */
-__attribute__((noinline)) void xo_put_slow(struct xout *o, const char *p, size_t n)
+/* Slow path of kp__export_out_put: flushes, then copies p (in pieces when it is bigger than the
+ * buffer). */
+__attribute__((noinline)) void kp__export_out_put_slow(struct xout *o, const char *p, size_t n)
 {
-    xo_flush(o);
+    kp__export_out_flush(o);
     while (n > 0) {
         size_t k = n < EXPORT_OUT_BUF ? n : EXPORT_OUT_BUF;
 
@@ -79,34 +80,34 @@ __attribute__((noinline)) void xo_put_slow(struct xout *o, const char *p, size_t
         p += k;
         n -= k;
         if (n > 0) {
-            xo_flush(o);
+            kp__export_out_flush(o);
         }
     }
 }
 
 /* A JSON string of s[0..n) (kp_json.h), straight into the output buffer. */
-void xo_jstrn(struct xout *o, const char *s, size_t n)
+void kp__export_out_jstrn(struct xout *o, const char *s, size_t n)
 {
     char esc[KP_JSON_ESCAPE_MAX];
 
-    xo_putc(o, '"');
+    kp__export_out_putc(o, '"');
     while (n > 0) {
         size_t k = kp_json_plain_len(s, n);
 
-        xo_put(o, s, k);
+        kp__export_out_put(o, s, k);
         if (k == n) {
             break;
         }
-        xo_put(o, esc, kp_json_escape((unsigned char) s[k], esc));
+        kp__export_out_put(o, esc, kp_json_escape((unsigned char) s[k], esc));
         s += k + 1;
         n -= k + 1;
     }
-    xo_putc(o, '"');
+    kp__export_out_putc(o, '"');
 }
 
-void xo_jstr(struct xout *o, const char *s)
+void kp__export_out_jstr(struct xout *o, const char *s)
 {
-    xo_jstrn(o, s, strlen(s));
+    kp__export_out_jstrn(o, s, strlen(s));
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -275,14 +276,14 @@ static int py_value(struct pylit *y)
 
 /* Writes the stored Python literal s as its JSON value; text that is not one (from another
  * producer) is written as a JSON string. */
-void xo_pylit(struct xout *o, struct kp_strbuf *tmp, const char *s)
+void kp__export_out_pylit(struct xout *o, struct kp_strbuf *tmp, const char *s)
 {
     struct pylit y = { s, s + strlen(s), tmp, 0 };
 
     kp_strbuf_reset(tmp);
     if (py_value(&y) == 0 && (py_ws(&y), y.p == y.end)) {
-        xo_put(o, tmp->data, tmp->len);
+        kp__export_out_put(o, tmp->data, tmp->len);
         return;
     }
-    xo_jstr(o, s);
+    kp__export_out_jstr(o, s);
 }

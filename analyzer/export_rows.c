@@ -1,6 +1,6 @@
 /* kp_export: each table's rows as Kineto's events (docs/specs/export.md §2). */
 #define KP_LOG_MODULE "export"
-#include "export_impl.h"
+#include "export_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -40,12 +40,12 @@ static void gpu_args(struct xout *o, bool *first, int64_t dev, int64_t ctx, int6
                      int64_t corr, int64_t ext)
 {
     if (ext != 0) {
-        arg_i(o, first, "External id", ext);
+        kp__export_arg_i(o, first, "External id", ext);
     }
-    arg_i(o, first, "device", dev);
-    arg_i(o, first, "context", ctx);
-    arg_i(o, first, "stream", stream);
-    arg_i(o, first, "correlation", corr);
+    kp__export_arg_i(o, first, "device", dev);
+    kp__export_arg_i(o, first, "context", ctx);
+    kp__export_arg_i(o, first, "stream", stream);
+    kp__export_arg_i(o, first, "correlation", corr);
 }
 
 #define GPU_ORDER "ORDER BY (coalesce(t.device, 0) <> %d), t.start_ns"
@@ -56,29 +56,30 @@ static void row_kernel(struct xp *x, const PGresult *r, int i)
     int64_t dev = I(r, i, 3), stream = I(r, i, 4);
     bool first = true;
 
-    xp_ev_x(x, "kernel", xp_nm0(x, r, i, 2), dev, stream, I(r, i, 0), I(r, i, 1), true);
+    kp__export_ev_x(x, "kernel", kp__export_nm0(x, r, i, 2), dev, stream, I(r, i, 0), I(r, i, 1),
+                    true);
     gpu_args(o, &first, dev, I(r, i, 5), stream, I(r, i, 6), I(r, i, 7));
-    arg_i(o, &first, "registers per thread", I(r, i, 14));
-    arg_i(o, &first, "shared memory", I(r, i, 15));
-    arg_key(o, &first, "grid");
-    xo_putc(o, '[');
-    xo_i64(o, I(r, i, 8));
+    kp__export_arg_i(o, &first, "registers per thread", I(r, i, 14));
+    kp__export_arg_i(o, &first, "shared memory", I(r, i, 15));
+    kp__export_arg_key(o, &first, "grid");
+    kp__export_out_putc(o, '[');
+    kp__export_out_i64(o, I(r, i, 8));
     XO_LIT(o, ", ");
-    xo_i64(o, I(r, i, 9));
+    kp__export_out_i64(o, I(r, i, 9));
     XO_LIT(o, ", ");
-    xo_i64(o, I(r, i, 10));
+    kp__export_out_i64(o, I(r, i, 10));
     XO_LIT(o, "], \"block\": [");
-    xo_i64(o, I(r, i, 11));
+    kp__export_out_i64(o, I(r, i, 11));
     XO_LIT(o, ", ");
-    xo_i64(o, I(r, i, 12));
+    kp__export_out_i64(o, I(r, i, 12));
     XO_LIT(o, ", ");
-    xo_i64(o, I(r, i, 13));
-    xo_putc(o, ']');
+    kp__export_out_i64(o, I(r, i, 13));
+    kp__export_out_putc(o, ']');
     if (I(r, i, 16) != 0) {
-        arg_i(o, &first, "graph id", I(r, i, 16));
+        kp__export_arg_i(o, &first, "graph id", I(r, i, 16));
     }
     if (I(r, i, 17) != 0) {
-        arg_i(o, &first, "graph node id", I(r, i, 17));
+        kp__export_arg_i(o, &first, "graph node id", I(r, i, 17));
     }
     /* float8 text is the shortest form that reads back to the same double */
     for (int c = 18; c <= 19; c++) {
@@ -89,10 +90,10 @@ static void row_kernel(struct xp *x, const PGresult *r, int i)
             {
                 const char *key = c == 18 ? "blocks per SM" : "est. achieved occupancy %";
 
-                xo_put(o, key, strlen(key));
+                kp__export_out_put(o, key, strlen(key));
             }
             XO_LIT(o, "\": ");
-            xo_put(o, v, strlen(v));
+            kp__export_out_put(o, v, strlen(v));
         }
     }
     XO_LIT(o, "}}");
@@ -117,7 +118,7 @@ static void arg_bandwidth(struct xout *o, const PGresult *r, int i, int col, int
     else {
         return;
     }
-    xo_put(o, bw, strlen(bw));
+    kp__export_out_put(o, bw, strlen(bw));
 }
 
 /* The event and GPU args of a memcpy, memset or sync row: its columns 0 start, 1 duration,
@@ -127,7 +128,7 @@ static void gpu_row(struct xp *x, const PGresult *r, int i, const char *cat, con
 {
     int64_t dev = I(r, i, 2), stream = I(r, i, 3);
 
-    xp_ev_x(x, cat, name, dev, stream, I(r, i, 0), I(r, i, 1), true);
+    kp__export_ev_x(x, cat, name, dev, stream, I(r, i, 0), I(r, i, 1), true);
     gpu_args(&x->out, first, dev, I(r, i, 4), stream, I(r, i, 5), ext);
 }
 
@@ -142,11 +143,11 @@ static void row_memcpy(struct xp *x, const PGresult *r, int i)
     snprintf(name, sizeof(name), "Memcpy %s (%s -> %s)", NAME_OF(memcpy_kinds, I(r, i, 8)),
              NAME_OF(memory_kinds, I(r, i, 9)), NAME_OF(memory_kinds, I(r, i, 10)));
     gpu_row(x, r, i, "gpu_memcpy", name, I(r, i, 6), &first);
-    arg_i(o, &first, "bytes", bytes);
+    kp__export_arg_i(o, &first, "bytes", bytes);
     arg_bandwidth(o, r, i, 13, bytes, dur);
     if (src_dev != 0 || dst_dev != 0) {
-        arg_i(o, &first, "fromDevice", src_dev);
-        arg_i(o, &first, "toDevice", dst_dev);
+        kp__export_arg_i(o, &first, "fromDevice", src_dev);
+        kp__export_arg_i(o, &first, "toDevice", dst_dev);
     }
     XO_LIT(o, "}}");
     x->rows[KP_EV_MEMCPY]++;
@@ -161,7 +162,7 @@ static void row_memset(struct xp *x, const PGresult *r, int i)
 
     snprintf(name, sizeof(name), "Memset (%s)", NAME_OF(memory_kinds, I(r, i, 8)));
     gpu_row(x, r, i, "gpu_memset", name, I(r, i, 6), &first);
-    arg_i(o, &first, "bytes", bytes);
+    kp__export_arg_i(o, &first, "bytes", bytes);
     arg_bandwidth(o, r, i, 9, bytes, dur);
     XO_LIT(o, "}}");
     x->rows[KP_EV_MEMSET]++;
@@ -175,7 +176,7 @@ static void row_sync(struct xp *x, const PGresult *r, int i)
 
     gpu_row(x, r, i, "cuda_sync", NAME_OF(sync_types, I(r, i, 6)), 0, &first);
     if (ev != 0) {
-        arg_i(o, &first, "wait_on_cuda_event_id", ev);
+        kp__export_arg_i(o, &first, "wait_on_cuda_event_id", ev);
     }
     XO_LIT(o, "}}");
     x->rows[KP_EV_SYNC]++;
@@ -187,16 +188,16 @@ static void row_api(struct xp *x, const PGresult *r, int i)
     int64_t dom = I(r, i, 4), corr = I(r, i, 6), ext = I(r, i, 7);
     bool first = true;
 
-    xp_ev_x(x,
-            dom == 1   ? "cuda_runtime"
-            : dom == 2 ? "cuda_driver"
-                       : "overhead",
-            xp_nm0(x, r, i, 2), x->pid, I(r, i, 3), I(r, i, 0), I(r, i, 1), false);
+    kp__export_ev_x(x,
+                    dom == 1   ? "cuda_runtime"
+                    : dom == 2 ? "cuda_driver"
+                               : "overhead",
+                    kp__export_nm0(x, r, i, 2), x->pid, I(r, i, 3), I(r, i, 0), I(r, i, 1), false);
     if (ext != 0) {
-        arg_i(o, &first, "External id", ext);
+        kp__export_arg_i(o, &first, "External id", ext);
     }
-    arg_i(o, &first, "cbid", I(r, i, 5));
-    arg_i(o, &first, "correlation", corr);
+    kp__export_arg_i(o, &first, "cbid", I(r, i, 5));
+    kp__export_arg_i(o, &first, "correlation", corr);
     XO_LIT(o, "}}");
     x->rows[KP_EV_API]++;
 }
@@ -206,17 +207,17 @@ static void coll_args(struct xp *x, bool *first, const PGresult *r, int i, int c
 {
     struct xout *o = &x->out;
 
-    arg_s(o, first, "Collective name", xp_nm0(x, r, i, c));
-    if (xp_nm(x, r, i, c + 1) != NULL) {
-        arg_s(o, first, "dtype", xp_nm(x, r, i, c + 1));
+    kp__export_arg_s(o, first, "Collective name", kp__export_nm0(x, r, i, c));
+    if (kp__export_nm(x, r, i, c + 1) != NULL) {
+        kp__export_arg_s(o, first, "dtype", kp__export_nm(x, r, i, c + 1));
     }
-    arg_i(o, first, "In msg nelems", I(r, i, c + 2));
-    arg_i(o, first, "Out msg nelems", I(r, i, c + 3));
-    arg_i(o, first, "Group size", I(r, i, c + 4));
-    if (xp_nm(x, r, i, c + 5) != NULL) {
-        arg_s(o, first, "Process Group Name", xp_nm(x, r, i, c + 5));
+    kp__export_arg_i(o, first, "In msg nelems", I(r, i, c + 2));
+    kp__export_arg_i(o, first, "Out msg nelems", I(r, i, c + 3));
+    kp__export_arg_i(o, first, "Group size", I(r, i, c + 4));
+    if (kp__export_nm(x, r, i, c + 5) != NULL) {
+        kp__export_arg_s(o, first, "Process Group Name", kp__export_nm(x, r, i, c + 5));
     }
-    arg_i(o, first, "Seq", I(r, i, c + 6));
+    kp__export_arg_i(o, first, "Seq", I(r, i, c + 6));
 }
 
 enum {
@@ -237,71 +238,73 @@ static void row_op(struct xp *x, const PGresult *r, int i)
     struct xout *o = &x->out;
     int64_t kind = I(r, i, 3), tid = I(r, i, 4), op_id = I(r, i, 5), parent = I(r, i, 6);
     int64_t seq = I(r, i, 7), fwd = I(r, i, 8), ext = I(r, i, 9);
-    const char *name = xp_nm0(x, r, i, 2);
+    const char *name = kp__export_nm0(x, r, i, 2);
     bool first = true;
 
     x->rows[KP_EV_OP]++;
     if (kind == OP_UNSPEC) { /* a [memory] instant (kp_kineto.h) */
-        ev_begin(x);
+        kp__export_ev_begin(x);
         XO_LIT(o, "{\"ph\": \"i\", \"s\": \"t\", \"cat\": \"cpu_instant_event\", \"name\": ");
-        xo_jstr(o, name);
+        kp__export_out_jstr(o, name);
         XO_LIT(o, ", \"pid\": ");
-        xo_i64(o, x->pid);
+        kp__export_out_i64(o, x->pid);
         XO_LIT(o, ", \"tid\": ");
-        xo_i64(o, tid);
+        kp__export_out_i64(o, tid);
         XO_LIT(o, ", \"ts\": ");
-        xo_us(o, I(r, i, 0) - x->base_ns);
+        kp__export_out_us(o, I(r, i, 0) - x->base_ns);
         XO_LIT(o, ", \"args\": {");
-        xp_track_seen(x, x->pid, tid, false);
-        arg_i(o, &first, "Total Reserved", parent);
-        arg_i(o, &first, "Total Allocated", op_id);
-        arg_i(o, &first, "Bytes", seq);
-        arg_i(o, &first, "Addr", ext);
-        arg_i(o, &first, "Device Id", I(r, i, 12));
-        arg_i(o, &first, "Device Type", I(r, i, 13));
+        kp__export_track_seen(x, x->pid, tid, false);
+        kp__export_arg_i(o, &first, "Total Reserved", parent);
+        kp__export_arg_i(o, &first, "Total Allocated", op_id);
+        kp__export_arg_i(o, &first, "Bytes", seq);
+        kp__export_arg_i(o, &first, "Addr", ext);
+        kp__export_arg_i(o, &first, "Device Id", I(r, i, 12));
+        kp__export_arg_i(o, &first, "Device Type", I(r, i, 13));
         XO_LIT(o, "}}");
         return;
     }
     if (kind == OP_GPU_USER) {
         int64_t dev = I(r, i, 12) < 0 ? 0 : I(r, i, 12);
 
-        xp_ev_x(x, "gpu_user_annotation", name, dev, I(r, i, 13), I(r, i, 0), I(r, i, 1), true);
+        kp__export_ev_x(x, "gpu_user_annotation", name, dev, I(r, i, 13), I(r, i, 0), I(r, i, 1),
+                        true);
         if (ext != 0) {
-            arg_i(o, &first, "External id", ext);
+            kp__export_arg_i(o, &first, "External id", ext);
         }
         XO_LIT(o, "}}");
         return;
     }
     if (kind == OP_PY) {
-        xp_ev_x(x, "python_function", name, x->pid, tid, I(r, i, 0), I(r, i, 1), false);
+        kp__export_ev_x(x, "python_function", name, x->pid, tid, I(r, i, 0), I(r, i, 1), false);
         if ((uint64_t) op_id >= KP_KINETO_PY_ID_BASE) {
-            arg_i(o, &first, "Python id", (int64_t) ((uint64_t) op_id - KP_KINETO_PY_ID_BASE));
+            kp__export_arg_i(o, &first, "Python id",
+                             (int64_t) ((uint64_t) op_id - KP_KINETO_PY_ID_BASE));
         }
         if ((uint64_t) parent >= KP_KINETO_PY_ID_BASE) {
-            arg_i(o, &first, "Python parent id",
-                  (int64_t) ((uint64_t) parent - KP_KINETO_PY_ID_BASE));
+            kp__export_arg_i(o, &first, "Python parent id",
+                             (int64_t) ((uint64_t) parent - KP_KINETO_PY_ID_BASE));
         }
         XO_LIT(o, "}}");
         return;
     }
-    xp_ev_x(x, kind == OP_CPU ? "cpu_op" : "user_annotation", name, x->pid, tid, I(r, i, 0),
-            I(r, i, 1), false);
+    kp__export_ev_x(x, kind == OP_CPU ? "cpu_op" : "user_annotation", name, x->pid, tid, I(r, i, 0),
+                    I(r, i, 1), false);
     if (op_id != 0 || ext != 0) {
-        arg_i(o, &first, "External id", op_id != 0 ? op_id : ext);
+        kp__export_arg_i(o, &first, "External id", op_id != 0 ? op_id : ext);
     }
-    if (xp_nm(x, r, i, 10) != NULL) {
-        arg_key(o, &first, "Input Dims");
-        xo_pylit(o, &x->tmp, xp_nm(x, r, i, 10));
+    if (kp__export_nm(x, r, i, 10) != NULL) {
+        kp__export_arg_key(o, &first, "Input Dims");
+        kp__export_out_pylit(o, &x->tmp, kp__export_nm(x, r, i, 10));
     }
-    if (xp_nm(x, r, i, 11) != NULL) {
-        arg_key(o, &first, "Input type");
-        xo_pylit(o, &x->tmp, xp_nm(x, r, i, 11));
+    if (kp__export_nm(x, r, i, 11) != NULL) {
+        kp__export_arg_key(o, &first, "Input type");
+        kp__export_out_pylit(o, &x->tmp, kp__export_nm(x, r, i, 11));
     }
     if (seq != -1) {
-        arg_i(o, &first, "Sequence number", seq);
+        kp__export_arg_i(o, &first, "Sequence number", seq);
     }
     if (fwd != 0) {
-        arg_i(o, &first, "Fwd thread id", fwd);
+        kp__export_arg_i(o, &first, "Fwd thread id", fwd);
     }
     if (kind == OP_CPU && S(r, i, 14)[0] == 't') {
         coll_args(x, &first, r, i, 15);
@@ -320,9 +323,10 @@ static void row_lone_coll(struct xp *x, const PGresult *r, int i)
     struct xout *o = &x->out;
     bool first = true;
 
-    xp_ev_x(x, "cpu_op", "record_param_comms", x->pid, I(r, i, 2), I(r, i, 0), I(r, i, 1), false);
+    kp__export_ev_x(x, "cpu_op", "record_param_comms", x->pid, I(r, i, 2), I(r, i, 0), I(r, i, 1),
+                    false);
     if (I(r, i, 3) != 0) {
-        arg_i(o, &first, "External id", I(r, i, 3));
+        kp__export_arg_i(o, &first, "External id", I(r, i, 3));
     }
     coll_args(x, &first, r, i, 4);
     XO_LIT(o, "}}");
@@ -337,23 +341,24 @@ static void row_memory(struct xp *x, const PGresult *r, int i)
     int64_t tid = I(r, i, 2);
     bool first = true;
 
-    ev_begin(x);
+    kp__export_ev_begin(x);
     XO_LIT(o, "{\"ph\": \"i\", \"s\": \"t\", \"cat\": \"cpu_instant_event\", \"name\": ");
-    xo_jstr(o, xp_nm(x, r, i, 1) != NULL ? xp_nm(x, r, i, 1) : "[memory]");
+    kp__export_out_jstr(o,
+                        kp__export_nm(x, r, i, 1) != NULL ? kp__export_nm(x, r, i, 1) : "[memory]");
     XO_LIT(o, ", \"pid\": ");
-    xo_i64(o, x->pid);
+    kp__export_out_i64(o, x->pid);
     XO_LIT(o, ", \"tid\": ");
-    xo_i64(o, tid);
+    kp__export_out_i64(o, tid);
     XO_LIT(o, ", \"ts\": ");
-    xo_us(o, I(r, i, 0) - x->base_ns);
+    kp__export_out_us(o, I(r, i, 0) - x->base_ns);
     XO_LIT(o, ", \"args\": {");
-    xp_track_seen(x, x->pid, tid, false);
-    arg_i(o, &first, "Total Reserved", I(r, i, 3));
-    arg_i(o, &first, "Total Allocated", I(r, i, 4));
-    arg_i(o, &first, "Bytes", I(r, i, 5));
-    arg_i(o, &first, "Addr", I(r, i, 6));
-    arg_i(o, &first, "Device Id", I(r, i, 7));
-    arg_i(o, &first, "Device Type", I(r, i, 8));
+    kp__export_track_seen(x, x->pid, tid, false);
+    kp__export_arg_i(o, &first, "Total Reserved", I(r, i, 3));
+    kp__export_arg_i(o, &first, "Total Allocated", I(r, i, 4));
+    kp__export_arg_i(o, &first, "Bytes", I(r, i, 5));
+    kp__export_arg_i(o, &first, "Addr", I(r, i, 6));
+    kp__export_arg_i(o, &first, "Device Id", I(r, i, 7));
+    kp__export_arg_i(o, &first, "Device Type", I(r, i, 8));
     XO_LIT(o, "}}");
     if (x->memory_kind >= 0) {
         x->rows[x->memory_kind]++;
@@ -366,7 +371,7 @@ static void row_lone_step(struct xp *x, const PGresult *r, int i)
     char name[48];
 
     snprintf(name, sizeof(name), "ProfilerStep#%s", S(r, i, 2));
-    xp_ev_x(x, "user_annotation", name, x->pid, x->pid, I(r, i, 0), I(r, i, 1), false);
+    kp__export_ev_x(x, "user_annotation", name, x->pid, x->pid, I(r, i, 0), I(r, i, 1), false);
     XO_LIT(&x->out, "}}");
     x->rows[KP_EV_STEP]++;
 }
@@ -395,13 +400,13 @@ static void row_counter(struct xp *x, const PGresult *r, int i)
         bool first = true;
 
         range_close(x);
-        if (is_name && strncmp(xp_nm0(x, r, i, 2), pfx, sizeof(pfx) - 1) == 0) {
-            name = xp_nm0(x, r, i, 2) + sizeof(pfx) - 1;
+        if (is_name && strncmp(kp__export_nm0(x, r, i, 2), pfx, sizeof(pfx) - 1) == 0) {
+            name = kp__export_nm0(x, r, i, 2) + sizeof(pfx) - 1;
         }
-        xp_ev_x(x, "cuda_profiler_range", name, dev, 0, x->base_ns, 0, true);
-        arg_i(o, &first, "device", dev);
+        kp__export_ev_x(x, "cuda_profiler_range", name, dev, 0, x->base_ns, 0, true);
+        kp__export_arg_i(o, &first, "device", dev);
         if (corr > 0 && (uint64_t) corr < KP_KINETO_RANGE_ID_BASE) {
-            arg_i(o, &first, "correlation", corr);
+            kp__export_arg_i(o, &first, "correlation", corr);
         }
         x->rng_open = true;
         x->rng_corr = corr;
@@ -413,9 +418,9 @@ static void row_counter(struct xp *x, const PGresult *r, int i)
         return;
     }
     XO_LIT(o, ", ");
-    xo_jstr(o, xp_nm0(x, r, i, 2));
+    kp__export_out_jstr(o, kp__export_nm0(x, r, i, 2));
     XO_LIT(o, ": ");
-    xo_put(o, v, strlen(v));
+    kp__export_out_put(o, v, strlen(v));
 }
 
 /* 0 api start, 1 api tid, 2 gpu start, 3 device, 4 stream, 5 correlation, 6 the API call's
@@ -429,34 +434,34 @@ static void row_flow(struct xp *x, const PGresult *r, int i)
     if (S(r, i, 6)[0] != 't') {
         goto end_only;
     }
-    ev_begin(x);
+    kp__export_ev_begin(x);
     XO_LIT(o, "{\"ph\": \"s\", \"id\": ");
-    xo_put(o, corr, strlen(corr));
+    kp__export_out_put(o, corr, strlen(corr));
     XO_LIT(o, ", \"pid\": ");
-    xo_i64(o, x->pid);
+    kp__export_out_i64(o, x->pid);
     XO_LIT(o, ", \"tid\": ");
-    xo_i64(o, I(r, i, 1));
+    kp__export_out_i64(o, I(r, i, 1));
     XO_LIT(o, ", \"ts\": ");
-    xo_us(o, I(r, i, 0) - x->base_ns);
+    kp__export_out_us(o, I(r, i, 0) - x->base_ns);
     XO_LIT(o, ", \"cat\": \"ac2g\", \"name\": \"ac2g\"}");
 end_only:
-    ev_begin(x);
+    kp__export_ev_begin(x);
     XO_LIT(o, "{\"ph\": \"f\", \"id\": ");
-    xo_put(o, corr, strlen(corr));
+    kp__export_out_put(o, corr, strlen(corr));
     XO_LIT(o, ", \"pid\": ");
-    xo_i64(o, I(r, i, 3));
+    kp__export_out_i64(o, I(r, i, 3));
     XO_LIT(o, ", \"tid\": ");
-    xo_i64(o, I(r, i, 4));
+    kp__export_out_i64(o, I(r, i, 4));
     XO_LIT(o, ", \"ts\": ");
-    xo_us(o, I(r, i, 2) - x->base_ns);
+    kp__export_out_us(o, I(r, i, 2) - x->base_ns);
     XO_LIT(o, ", \"cat\": \"ac2g\", \"name\": \"ac2g\", \"bp\": \"e\"}");
     x->flows++;
 }
 
 /* Runs sql (printf-style, built from fmt) through a cursor, cb on each row (cursor_each). */
-static int each(struct xp *x, export_row_cb *cb, const int *ncols, const char *fmt, ...)
+static int each(struct xp *x, kp__export_row_cb *cb, const int *ncols, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-static int each(struct xp *x, export_row_cb *cb, const int *ncols, const char *fmt, ...)
+static int each(struct xp *x, kp__export_row_cb *cb, const int *ncols, const char *fmt, ...)
 {
     char sql[EXPORT_SQL_MAX];
     va_list ap;
@@ -464,14 +469,14 @@ static int each(struct xp *x, export_row_cb *cb, const int *ncols, const char *f
     va_start(ap, fmt);
     vsnprintf(sql, sizeof(sql), fmt, ap);
     va_end(ap);
-    return xp_cursor_each(x, sql, ncols, cb);
+    return kp__export_cursor_each(x, sql, ncols, cb);
 }
 
 static const int nc_none[] = { -1 }, nc_2[] = { 2, -1 };
 
 /* The GPU tables' events, the rank's own device first: import takes ranks.device from the
  * first GPU event. Returns 0, or an error with x->err set. */
-int xp_write_gpu_events(struct xp *x)
+int kp__export_write_gpu_events(struct xp *x)
 {
     const long run = x->run, rank = x->rank;
     int rc;
@@ -526,7 +531,7 @@ int xp_write_gpu_events(struct xp *x)
 /* The host's events: API calls, ops (each record_param_comms cpu_op with its collective),
  * collectives and steps without their op, memory events. Returns 0, or an error with x->err
  * set. */
-int xp_write_host_events(struct xp *x)
+int kp__export_write_host_events(struct xp *x)
 {
     static const int nc_op[] = { 2, 10, 11, 15, 16, 20, -1 }, nc_coll[] = { 4, 5, 9, -1 };
     const long run = x->run, rank = x->rank;
@@ -597,7 +602,7 @@ int xp_write_host_events(struct xp *x)
 }
 
 /* The counters' ranges and the ac2g flows. Returns 0, or an error with x->err set. */
-int xp_write_ranges_and_flows(struct xp *x)
+int kp__export_write_ranges_and_flows(struct xp *x)
 {
     const long run = x->run, rank = x->rank;
     int rc;

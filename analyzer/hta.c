@@ -22,7 +22,7 @@
  * (unions, sweeps) or are broken by file order, as HTA's own sort left them on the peer traces.
  */
 #define _GNU_SOURCE /* qsort_r */
-#include "hta_impl.h"
+#include "hta_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -626,7 +626,7 @@ static int queue(struct kp_hta *h, double *v)
     for (size_t i = 0; i < np; i++) {
         srt[i] = i;
     }
-    hta_np_argsort(key, srt, np);
+    kp__hta_np_argsort(key, srt, np);
     for (size_t s = 0; s < h->n_idle; s++) {
         struct kp_hta_queue_stream *q = &h->queue[h->n_queue];
         size_t m = 0;
@@ -670,13 +670,13 @@ static const char *membw_kind(struct kp_hta *h, const char *name)
     char buf[12];
 
     if (starts(name, "Memset")) {
-        return hta_intern(h, "Memset");
+        return kp__hta_intern(h, "Memset");
     }
     if (!starts(name, "Memcpy")) {
-        return hta_intern(h, "Memcpy Unknown");
+        return kp__hta_intern(h, "Memcpy Unknown");
     }
     snprintf(buf, sizeof(buf), "%s", name);
-    return hta_intern(h, buf);
+    return kp__hta_intern(h, buf);
 }
 
 static int cmp_membw_name(const void *pa, const void *pb)
@@ -747,7 +747,7 @@ static int membw(struct kp_hta *h, double *v)
         grp[i] = g;
         srt[i] = i;
     }
-    hta_np_argsort(key, srt, np);
+    kp__hta_np_argsort(key, srt, np);
     for (size_t g = 0; g < h->n_membw; g++) {
         size_t c = 0;
         double sum = 0;
@@ -782,7 +782,7 @@ out:
     return rc;
 }
 
-int hta_compute(struct kp_hta *h)
+int kp__hta_compute(struct kp_hta *h)
 {
     size_t n = h->n_evs;
     struct kp_range *g = calloc(3 * n + 1, sizeof(*g));

@@ -1,7 +1,7 @@
 /* kp_hta_create and kp_hta_destroy: a rank's calls and GPU rows read, rounded and linked as HTA
- * holds them (hta.c's DESIGN), then every analysis computed (hta_compute). */
+ * holds them (hta.c's DESIGN), then every analysis computed (kp__hta_compute). */
 #define _GNU_SOURCE /* qsort_r */
-#include "hta_impl.h"
+#include "hta_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -71,7 +71,7 @@ static const char *name_of(const struct kp_hta *h, const PGresult *r, int row, i
 }
 
 /* Interns a name made here (memcpy/memset); NULL on ENOMEM. */
-const char *hta_intern(struct kp_hta *h, const char *s)
+const char *kp__hta_intern(struct kp_hta *h, const char *s)
 {
     char **v;
 
@@ -259,7 +259,7 @@ static int fill_mem_ev(struct kp_hta *h, const PGresult *r, int row, int64_t kin
     else {
         snprintf(buf, sizeof(buf), "Memset (%s)", NAME_OF(memory_kinds, kp_pg_i64(r, row, 6, 0)));
     }
-    e->name = hta_intern(h, buf);
+    e->name = kp__hta_intern(h, buf);
     if (!e->name) {
         return -ENOMEM;
     }
@@ -405,7 +405,7 @@ int kp_hta_create(PGconn *c, int64_t run, int rank, const struct kp_hta_opts *op
     if (rc < 0) {
         goto fail;
     }
-    rc = hta_compute(h);
+    rc = kp__hta_compute(h);
     if (rc < 0) {
         rc = load_nomem(&ld);
         goto fail;

@@ -1,6 +1,6 @@
 /* HTA's queue lengths depend on the order numpy's sort leaves equal keys in: numpy's argsort,
- * reproduced exactly (see hta_np_argsort below). */
-#include "hta_impl.h"
+ * reproduced exactly (see kp__hta_np_argsort below). */
+#include "hta_int.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -53,7 +53,7 @@ static void np_aheapsort(const int64_t *v, size_t *tosort, size_t n)
         (b) = t_;        \
     } while (0)
 
-void hta_np_argsort(const int64_t *v, size_t *tosort, size_t num)
+void kp__hta_np_argsort(const int64_t *v, size_t *tosort, size_t num)
 {
     size_t *pl = tosort, *pr = tosort + num - 1, *stack[NP_QS_STACK], **sptr = stack;
     size_t *pm, *pi, *pj, *pk, vi;

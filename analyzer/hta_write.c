@@ -1,5 +1,5 @@
 /* kp_hta_write_json: HTA's analyses as JSON (hta.h), what kprof-analyze hta prints. */
-#include "hta_impl.h"
+#include "hta_int.h"
 
 #include <errno.h>
 #include <inttypes.h>

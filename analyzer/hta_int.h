@@ -1,9 +1,9 @@
 /*
- * hta_impl.h: what hta_load.c (loading), hta.c (the analyses), hta_npsort.c (numpy's sort) and
+ * hta_int.h: what hta_load.c (loading), hta.c (the analyses), hta_npsort.c (numpy's sort) and
  * hta_write.c (the JSON) share. Private to those files.
  */
-#ifndef KP_HTA_IMPL_H
-#define KP_HTA_IMPL_H
+#ifndef KP_HTA_INT_H
+#define KP_HTA_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -57,11 +57,11 @@ struct kp_hta {
 };
 
 /* hta.c: every analysis of h (its rows loaded) into h. Returns 0 or -ENOMEM. */
-int hta_compute(struct kp_hta *h);
+int kp__hta_compute(struct kp_hta *h);
 /* s as a string h owns (a name made while loading or computing); NULL when out of memory. */
-const char *hta_intern(struct kp_hta *h, const char *s);
+const char *kp__hta_intern(struct kp_hta *h, const char *s);
 
 /* numpy's argsort(kind="quicksort") of v[0..num) into tosort (hta_npsort.c). */
-void hta_np_argsort(const int64_t *v, size_t *tosort, size_t num);
+void kp__hta_np_argsort(const int64_t *v, size_t *tosort, size_t num);
 
 #endif

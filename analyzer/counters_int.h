@@ -1,9 +1,9 @@
 /*
- * counters_impl.h: what counters.c (building the table) and counters_write.c (writing it, in
+ * counters_int.h: what counters.c (building the table) and counters_write.c (writing it, in
  * the printing library that kprofctl links without libpq) share. Private to those two.
  */
-#ifndef KP_COUNTERS_IMPL_H
-#define KP_COUNTERS_IMPL_H
+#ifndef KP_COUNTERS_INT_H
+#define KP_COUNTERS_INT_H
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,14 +24,15 @@ struct kp_counters {
     char message[512];
 };
 
-static inline int cmp_str(const void *a, const void *b)
+static inline int kp__counters_cmp_str(const void *a, const void *b)
 {
     return strcmp(*(const char *const *) a, *(const char *const *) b);
 }
 
-static inline long metric_index(const struct kp_counters *t, const char *name)
+static inline long kp__counters_metric_index(const struct kp_counters *t, const char *name)
 {
-    const char **p = bsearch(&name, t->metrics, t->n_metrics, sizeof(*t->metrics), cmp_str);
+    const char **p =
+        bsearch(&name, t->metrics, t->n_metrics, sizeof(*t->metrics), kp__counters_cmp_str);
 
     return p ? (long) (p - t->metrics) : -1;
 }

@@ -1,10 +1,10 @@
 /*
- * export_impl.h: what export.c (the snapshot, the ranks, the file's head and metadata),
+ * export_int.h: what export.c (the snapshot, the ranks, the file's head and metadata),
  * export_out.c (the buffered, optionally gzipped JSON writer) and export_rows.c (each table's
  * rows as events) share. Private to those files.
  */
-#ifndef KP_EXPORT_IMPL_H
-#define KP_EXPORT_IMPL_H
+#ifndef KP_EXPORT_INT_H
+#define KP_EXPORT_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -39,36 +39,36 @@ struct xout {
 };
 
 /* export_out.c: the writer. Errors stick in o->err; every call after one does nothing. */
-void xo_deflate(struct xout *o, bool finish);
-void xo_flush(struct xout *o);
-void xo_put_slow(struct xout *o, const char *p, size_t n);
+void kp__export_out_deflate(struct xout *o, bool finish);
+void kp__export_out_flush(struct xout *o);
+void kp__export_out_put_slow(struct xout *o, const char *p, size_t n);
 /* s[0..n) as a JSON string, quoted */
-void xo_jstrn(struct xout *o, const char *s, size_t n);
-void xo_jstr(struct xout *o, const char *s);
+void kp__export_out_jstrn(struct xout *o, const char *s, size_t n);
+void kp__export_out_jstr(struct xout *o, const char *s);
 /* A Python literal (as import stores Input Dims / Input type) as JSON; tmp is scratch. */
-void xo_pylit(struct xout *o, struct kp_strbuf *tmp, const char *s);
+void kp__export_out_pylit(struct xout *o, struct kp_strbuf *tmp, const char *s);
 
-static inline void xo_put(struct xout *o, const char *p, size_t n)
+static inline void kp__export_out_put(struct xout *o, const char *p, size_t n)
 {
     if (o->len + n > EXPORT_OUT_BUF) {
-        xo_put_slow(o, p, n);
+        kp__export_out_put_slow(o, p, n);
         return;
     }
     memcpy(o->buf + o->len, p, n);
     o->len += n;
 }
 
-#define XO_LIT(o, s) xo_put((o), (s), sizeof(s) - 1)
+#define XO_LIT(o, s) kp__export_out_put((o), (s), sizeof(s) - 1)
 
-static inline void xo_putc(struct xout *o, char c)
+static inline void kp__export_out_putc(struct xout *o, char c)
 {
     if (o->len + 1 > EXPORT_OUT_BUF) {
-        xo_flush(o);
+        kp__export_out_flush(o);
     }
     o->buf[o->len++] = c;
 }
 
-static inline void xo_u64(struct xout *o, uint64_t v)
+static inline void kp__export_out_u64(struct xout *o, uint64_t v)
 {
     char tmp[24];
     int n = 0;
@@ -77,38 +77,38 @@ static inline void xo_u64(struct xout *o, uint64_t v)
         tmp[sizeof(tmp) - 1 - n++] = (char) ('0' + v % 10);
         v /= 10;
     } while (v != 0);
-    xo_put(o, tmp + sizeof(tmp) - n, (size_t) n);
+    kp__export_out_put(o, tmp + sizeof(tmp) - n, (size_t) n);
 }
 
-static inline void xo_i64(struct xout *o, int64_t v)
+static inline void kp__export_out_i64(struct xout *o, int64_t v)
 {
     if (v < 0) {
-        xo_putc(o, '-');
-        xo_u64(o, v == INT64_MIN ? (uint64_t) INT64_MAX + 1 : (uint64_t) -v);
+        kp__export_out_putc(o, '-');
+        kp__export_out_u64(o, v == INT64_MIN ? (uint64_t) INT64_MAX + 1 : (uint64_t) -v);
         return;
     }
-    xo_u64(o, (uint64_t) v);
+    kp__export_out_u64(o, (uint64_t) v);
 }
 
 /* ns as µs with exactly 3 decimals ("1234.567"): exact, and import reads it back exactly. */
-static inline void xo_us(struct xout *o, int64_t ns)
+static inline void kp__export_out_us(struct xout *o, int64_t ns)
 {
     uint64_t a;
     char frac[4];
 
     if (ns < 0) {
-        xo_putc(o, '-');
+        kp__export_out_putc(o, '-');
         a = ns == INT64_MIN ? (uint64_t) INT64_MAX + 1 : (uint64_t) -ns;
     }
     else {
         a = (uint64_t) ns;
     }
-    xo_u64(o, a / 1000);
+    kp__export_out_u64(o, a / 1000);
     frac[0] = '.';
     frac[1] = (char) ('0' + a % 1000 / 100);
     frac[2] = (char) ('0' + a % 100 / 10);
     frac[3] = (char) ('0' + a % 10);
-    xo_put(o, frac, 4);
+    kp__export_out_put(o, frac, 4);
 }
 
 struct track {
@@ -158,7 +158,7 @@ struct xp {
     int64_t rng_corr, rng_dev;
 };
 
-static inline void ev_begin(struct xp *x)
+static inline void kp__export_ev_begin(struct xp *x)
 {
     if (x->events++ == 0) {
         XO_LIT(&x->out, "\n");
@@ -169,38 +169,38 @@ static inline void ev_begin(struct xp *x)
 }
 
 /* An int arg: `, "key": v` (first: without the comma). */
-static inline void arg_i(struct xout *o, bool *first, const char *key, int64_t v)
+static inline void kp__export_arg_i(struct xout *o, bool *first, const char *key, int64_t v)
 {
     if (!*first) {
         XO_LIT(o, ", ");
     }
     *first = false;
-    xo_putc(o, '"');
-    xo_put(o, key, strlen(key));
+    kp__export_out_putc(o, '"');
+    kp__export_out_put(o, key, strlen(key));
     XO_LIT(o, "\": ");
-    xo_i64(o, v);
+    kp__export_out_i64(o, v);
 }
 
-static inline void arg_s(struct xout *o, bool *first, const char *key, const char *v)
+static inline void kp__export_arg_s(struct xout *o, bool *first, const char *key, const char *v)
 {
     if (!*first) {
         XO_LIT(o, ", ");
     }
     *first = false;
-    xo_putc(o, '"');
-    xo_put(o, key, strlen(key));
+    kp__export_out_putc(o, '"');
+    kp__export_out_put(o, key, strlen(key));
     XO_LIT(o, "\": ");
-    xo_jstr(o, v);
+    kp__export_out_jstr(o, v);
 }
 
-static inline void arg_key(struct xout *o, bool *first, const char *key)
+static inline void kp__export_arg_key(struct xout *o, bool *first, const char *key)
 {
     if (!*first) {
         XO_LIT(o, ", ");
     }
     *first = false;
-    xo_putc(o, '"');
-    xo_put(o, key, strlen(key));
+    kp__export_out_putc(o, '"');
+    kp__export_out_put(o, key, strlen(key));
     XO_LIT(o, "\": ");
 }
 
@@ -214,26 +214,26 @@ static inline const char *S(const PGresult *r, int row, int col)
     return PQgetvalue(r, row, col);
 }
 
-typedef void export_row_cb(struct xp *x, const PGresult *r, int row);
+typedef void kp__export_row_cb(struct xp *x, const PGresult *r, int row);
 
 /* export.c */
-void xp_track_seen(struct xp *x, int64_t pid, int64_t tid, bool gpu);
+void kp__export_track_seen(struct xp *x, int64_t pid, int64_t tid, bool gpu);
 /* {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ..., "dur": ...,
  * "args": { — the caller writes the args and closes with "}}". */
-void xp_ev_x(struct xp *x, const char *cat, const char *name, int64_t pid, int64_t tid,
-             int64_t start_ns, int64_t dur_ns, bool gpu);
-/* The name in column c of a row (its names.id, one of the cursor's ncols): xp_nm gives NULL
- * when the column is NULL, xp_nm0 "". */
-const char *xp_nm(const struct xp *x, const PGresult *r, int row, int c);
-const char *xp_nm0(const struct xp *x, const PGresult *r, int row, int c);
+void kp__export_ev_x(struct xp *x, const char *cat, const char *name, int64_t pid, int64_t tid,
+                     int64_t start_ns, int64_t dur_ns, bool gpu);
+/* The name in column c of a row (its names.id, one of the cursor's ncols): kp__export_nm gives NULL
+ * when the column is NULL, kp__export_nm0 "". */
+const char *kp__export_nm(const struct xp *x, const PGresult *r, int row, int c);
+const char *kp__export_nm0(const struct xp *x, const PGresult *r, int row, int c);
 /* Runs sql through a cursor, cb on every row, with the names.id columns ncols (-1
  * terminated) resolved first. Returns 0, or an error with x->err set. */
-int xp_cursor_each(struct xp *x, const char *sql, const int *ncols, export_row_cb *cb);
+int kp__export_cursor_each(struct xp *x, const char *sql, const int *ncols, kp__export_row_cb *cb);
 
 /* export_rows.c: the rank's events, table by table. Each returns 0, or an error with x->err
  * set. */
-int xp_write_gpu_events(struct xp *x);
-int xp_write_host_events(struct xp *x);
-int xp_write_ranges_and_flows(struct xp *x);
+int kp__export_write_gpu_events(struct xp *x);
+int kp__export_write_host_events(struct xp *x);
+int kp__export_write_ranges_and_flows(struct xp *x);
 
 #endif

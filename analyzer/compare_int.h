@@ -1,10 +1,10 @@
 /*
- * compare_impl.h: what compare.c (matching, clocks, the figures), compare_load.c (reading the
+ * compare_int.h: what compare.c (matching, clocks, the figures), compare_load.c (reading the
  * run), compare_verdict.c (who waits, the verdict) and compare_hta.c (HTA's metric) share. Private
  * to those files.
  */
-#ifndef KP_COMPARE_IMPL_H
-#define KP_COMPARE_IMPL_H
+#ifndef KP_COMPARE_INT_H
+#define KP_COMPARE_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -76,52 +76,54 @@ struct cmp_load {
 };
 
 /* Index of x in sorted v[0..n), or -1. */
-long cmp_find_i64(const int64_t *v, size_t n, int64_t x);
+long kp__compare_find_i64(const int64_t *v, size_t n, int64_t x);
 
 /* compare_load.c. Each returns 0, or KP_ENOTFOUND, KP_ETOOBIG, KP_EPG, -ENOMEM with a message
  * in errbuf; each blocks on PostgreSQL. */
 /* The run's ranks, ascending, into *ranks (owned: free) and *n. */
-int cmp_load_ranks(PGconn *c, const char *const *params, int64_t run, int64_t **ranks, size_t *n,
-                   char *errbuf, size_t errlen);
+int kp__compare_load_ranks(PGconn *c, const char *const *params, int64_t run, int64_t **ranks,
+                           size_t *n, char *errbuf, size_t errlen);
 /* res's world: its size, the missing ranks, each rank's host, node and local rank. */
-int cmp_load_world(PGconn *c, const char *const *params, struct kp_compare_result *res,
-                   char *errbuf, size_t errlen);
+int kp__compare_load_world(PGconn *c, const char *const *params, struct kp_compare_result *res,
+                           char *errbuf, size_t errlen);
 /* The first queries into L (its ranks set) and every rank's steps. */
-int cmp_load_run(PGconn *c, const char *runs, int64_t run, size_t max_rows, struct cmp_load *L,
-                 char *errbuf, size_t errlen);
-void cmp_load_fini(struct cmp_load *L);
+int kp__compare_load_run(PGconn *c, const char *runs, int64_t run, size_t max_rows,
+                         struct cmp_load *L, char *errbuf, size_t errlen);
+void kp__compare_load_fini(struct cmp_load *L);
 /* res's cells (rank x compared step) from the sums, and the run's collectives into *colls
  * (owned: free) and *n_colls. */
-int cmp_fill_cells(PGconn *c, const char *runs, struct cmp_load *L, struct kp_compare_result *res,
-                   const int64_t *nums, const int64_t *all, size_t n_all, size_t max_rows,
-                   struct coll **colls, size_t *n_colls, char *errbuf, size_t errlen);
+int kp__compare_fill_cells(PGconn *c, const char *runs, struct cmp_load *L,
+                           struct kp_compare_result *res, const int64_t *nums, const int64_t *all,
+                           size_t n_all, size_t max_rows, struct coll **colls, size_t *n_colls,
+                           char *errbuf, size_t errlen);
 
 /* qsort comparators of doubles and of int64s, ascending. */
-int cmp_double(const void *pa, const void *pb);
-int cmp_i64(const void *pa, const void *pb);
+int kp__compare_double(const void *pa, const void *pb);
+int kp__compare_i64(const void *pa, const void *pb);
 
 /* The median of v[0..n) (reordered); 0 when n == 0. */
-double cmp_median(double *v, size_t n);
+double kp__compare_median(double *v, size_t n);
 
 /* The N of ProfilerStep#N's text N into *out; false when it is not a whole number. */
-bool cmp_parse_step(const char *s, int64_t *out);
+bool kp__compare_parse_step(const char *s, int64_t *out);
 
 /* Checks that run (its id the text params[0]) exists; returns 0, KP_ENOTFOUND or KP_EPG with a
  * message in errbuf. Blocks. */
-int cmp_check_run(PGconn *c, const char *const *params, int64_t run, char *errbuf, size_t errlen);
+int kp__compare_check_run(PGconn *c, const char *const *params, int64_t run, char *errbuf,
+                          size_t errlen);
 
 /* A cell's time for cause (KP_COMPARE_COMPUTE, _HOST, _LAUNCH). */
-int64_t cmp_cell_cause(const struct kp_compare_cell *cl, int cause);
+int64_t kp__compare_cell_cause(const struct kp_compare_cell *cl, int cause);
 
 /* The rank the others wait for (docs/specs/compare.md §7), flagged "late" when it is no
  * straggler, and HTA's pick per step and over the steps. */
-void cmp_who_waits(struct kp_compare_result *res, const struct kp_compare_opts *o);
+void kp__compare_who_waits(struct kp_compare_result *res, const struct kp_compare_opts *o);
 
 /* The rank entry of rank in res, or NULL. */
-const struct kp_compare_rank *cmp_rank_of(const struct kp_compare_result *res, int rank);
+const struct kp_compare_rank *kp__compare_rank_of(const struct kp_compare_result *res, int rank);
 
 /* res->verdict: the answer in words, with its caveats; n_coll_total the collectives read. */
-void cmp_make_verdict(struct kp_compare_result *res, const struct kp_compare_opts *o,
-                      size_t n_coll_total);
+void kp__compare_make_verdict(struct kp_compare_result *res, const struct kp_compare_opts *o,
+                              size_t n_coll_total);
 
 #endif

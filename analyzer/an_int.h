@@ -1,9 +1,9 @@
 /*
- * an_impl.h: what the analyzer core's files (an.c and an_*.c) share: the model's structs and
+ * an_int.h: what the analyzer core's files (an.c and an_*.c) share: the model's structs and
  * the helpers more than one of them uses. Private to those files.
  */
-#ifndef KP_AN_IMPL_H
-#define KP_AN_IMPL_H
+#ifndef KP_AN_INT_H
+#define KP_AN_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -112,30 +112,30 @@ struct key_idx {
 };
 
 /* The name at index idx of a->names ("" for -1). */
-static inline const char *nm(const struct kp_an *a, int32_t idx)
+static inline const char *kp__an_nm(const struct kp_an *a, int32_t idx)
 {
     return idx >= 0 ? a->names.v[idx].s : "";
 }
 
 /* an_names.c */
-bool an_is_comm_op(const struct an_op *o, const char *s);
-bool an_is_comm_kernel_name(const char *s);
-bool an_is_dataloader_name(const char *s);
+bool kp__an_is_comm_op(const struct an_op *o, const char *s);
+bool kp__an_is_comm_kernel_name(const char *s);
+bool kp__an_is_dataloader_name(const char *s);
 /* Whether an op of this name is eligible for Tensor Cores (spec §7). */
-bool an_is_tc_eligible_op(const char *s);
+bool kp__an_is_tc_eligible_op(const char *s);
 /* The node type of an op, or -1 if it is not a host node (spec §2.4). */
-int an_host_type(const struct kp_an *a, const struct an_op *o);
+int kp__an_host_type(const struct kp_an *a, const struct an_op *o);
 
 /* an_model.c */
-int an_cmp_key_idx(const void *pa, const void *pb);
+int kp__an_cmp_key_idx(const void *pa, const void *pb);
 /* The first entry of v[0..n) (sorted by key) with this key, or NULL. */
-const struct key_idx *an_find_key(const struct key_idx *v, size_t n, int64_t key);
+const struct key_idx *kp__an_find_key(const struct key_idx *v, size_t n, int64_t key);
 /* The root node of thread tid, or -1. */
-int32_t an_root_of(const struct kp_an *a, int64_t tid);
-int64_t an_dev_ext(const struct kp_an *a, const struct an_dev *d);
+int32_t kp__an_root_of(const struct kp_an *a, int64_t tid);
+int64_t kp__an_dev_ext(const struct kp_an *a, const struct an_dev *d);
 /* Builds the trees and the per-node statistics (spec §2); then a->built. 0 or -ENOMEM. */
-int an_build_model(struct kp_an *a);
+int kp__an_build_model(struct kp_an *a);
 /* The steps (spec §3) into a->steps and the breakdown's step list. 0 or -ENOMEM. */
-int an_build_steps(struct kp_an *a);
+int kp__an_build_steps(struct kp_an *a);
 
 #endif
