@@ -387,7 +387,23 @@ bool kp_utf8_valid(const char *s, size_t len)
     size_t i = 0;
 
     while (i < len) {
-        size_t k = (unsigned char) s[i] < 0x80 ? s[i] != '\0' : kp_utf8_seq_len(s + i, len - i);
+        size_t k;
+
+        /* Names are mostly ASCII: eight bytes at a time while none has its high bit set or
+         * is NUL (the classic has-zero-byte test), then byte by byte. */
+        while (len - i >= 8) {
+            uint64_t w;
+
+            memcpy(&w, s + i, 8);
+            if (((w | ((w - 0x0101010101010101ULL) & ~w)) & 0x8080808080808080ULL) != 0) {
+                break;
+            }
+            i += 8;
+        }
+        if (i == len) {
+            break;
+        }
+        k = (unsigned char) s[i] < 0x80 ? s[i] != '\0' : kp_utf8_seq_len(s + i, len - i);
 
         if (k == 0) {
             return false;

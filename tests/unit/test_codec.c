@@ -255,6 +255,25 @@ static void test_utf8(void **state)
     assert_false(kp_utf8_valid("\xed\xa0\x80", 3));                        /* surrogate */
     assert_false(kp_utf8_valid("\xf4\x90\x80\x80", 4));                    /* > U+10FFFF */
     assert_false(kp_utf8_valid("\xe2\x82", 2));                            /* truncated */
+    /* Every position of a 24-byte name, so that the eight-byte ASCII stride meets a NUL, a
+     * stray continuation byte, a valid sequence and a truncated one wherever they fall. */
+    for (size_t at = 0; at < 24; at++) {
+        char b[32];
+
+        memset(b, 'a', sizeof(b));
+        b[at] = '\0';
+        assert_false(kp_utf8_valid(b, 24));
+        b[at] = (char) 0x80;
+        assert_false(kp_utf8_valid(b, 24));
+        if (at + 2 <= 24) {
+            memcpy(b + at, "\xc3\xbc", 2);
+            assert_true(kp_utf8_valid(b, 24));
+        }
+        memcpy(b, "aaaaaaaaaaaaaaaaaaaaaaaa", 24);
+        b[23] = (char) 0xe2;
+        assert_false(kp_utf8_valid(b + (at < 23 ? at : 0), 24 - (at < 23 ? at : 0)));
+        assert_true(kp_utf8_valid(b, at < 23 ? at : 23));
+    }
 }
 
 static void test_copy_text(void **state)
