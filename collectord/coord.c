@@ -614,9 +614,10 @@ static int pick_procs(struct kp_rpc_call *call, const Kprof__V1__StartCaptureReq
         if (sel[r] && by_rank[r]->p->run_id != 0) {
             snprintf(err, sizeof(err),
                      "rank %u of job %s (pid %u on %s) is capturing for run %" PRIu64
-                     " already (a capture started on its agent with kprof-agent capture?): wait "
-                     "for it to end",
-                     r, req->job, by_rank[r]->p->pid, by_rank[r]->a->host, by_rank[r]->p->run_id);
+                     " already: wait for it to end (kprofctl status --run %" PRIu64
+                     " --watch) or end it (kprofctl stop --run %" PRIu64 ")",
+                     r, req->job, by_rank[r]->p->pid, by_rank[r]->a->host, by_rank[r]->p->run_id,
+                     by_rank[r]->p->run_id, by_rank[r]->p->run_id);
             finish_err(call, GRPC_STATUS_ALREADY_EXISTS, err);
             return -1;
         }
