@@ -98,7 +98,8 @@ struct kp_batcher {
     struct row *rows;
     size_t n_rows, cap_rows;
     long long first_row_ms;
-    bool rank_info_sent;
+    bool rank_info_sent; /* a batch carrying the RankInfo was emitted */
+    bool steps_lost;     /* the last batch (with the steps rows) was refused */
     uint64_t lib_dropped, lib_cupti, lib_overhead;
     uint64_t inc_dropped, inc_cupti, inc_overhead;
     long long mal_next_ms;       /* next malformed log line allowed (mono ms); 0: none logged yet */
@@ -1009,15 +1010,16 @@ static void cut(struct kp_batcher *b, bool last)
     Kprof__V1__CaptureStats cs = KPROF__V1__CAPTURE_STATS__INIT;
     size_t n[N_REC] = { 0 }, at[N_REC] = { 0 }, n_steps = 0;
     int64_t base;
-    bool oom = false;
+    bool oom = false, retry_last = false;
     uint8_t *buf = NULL;
     size_t len, rows = b->n_rows;
     char err[512];
     int rc;
 
     map_clear(&b->str_ids);
-    /* steps rows go into the last batch */
-    if (last) {
+    /* steps rows go into the last batch (not into the count-only one that follows a refused
+     * last batch) */
+    if (last && !b->steps_lost) {
         for (size_t i = 0; i < b->n_steps; i++) {
             if (b->steps[i].start >= b->ws && b->steps[i].start < b->we) {
                 n_steps++;
@@ -1103,14 +1105,20 @@ static void cut(struct kp_batcher *b, bool last)
     }
     kprof__v1__batch__pack(batch, buf);
     if (b->o.emit(b->o.ud, buf, len, rows, last) != 0) {
+        /* Refused (spool full): its rows are lost, and its counts must not be. They ride on
+         * the next batch; a refused last batch is followed by one with no rows, which the
+         * emit callback admits from the spool's tail reserve, so the final count arrives. */
         b->st.emit_failed++;
+        b->inc_dropped = sat_add(b->inc_dropped, rows);
+        retry_last = last && rows > 0;
+        b->steps_lost |= last;
     }
     else {
         b->st.batches++;
         b->st.bytes += len;
+        b->rank_info_sent = true;
+        b->inc_dropped = b->inc_cupti = b->inc_overhead = 0;
     }
-    b->rank_info_sent = true; /* once handed over, even if the spool refused it */
-    b->inc_dropped = b->inc_cupti = b->inc_overhead = 0;
 out:
     if (oom) {
         kp_log_error("out of memory building a batch run=%" PRIu64 " rank=%u rows=%zu", b->o.run_id,
@@ -1120,6 +1128,9 @@ out:
     free(buf);
     kp_batch_builder_next(b->bb);
     b->n_rows = 0;
+    if (retry_last) {
+        cut(b, true); /* no rows now: the count-only last batch, tried once */
+    }
 }
 
 /* --- public --- */

@@ -28,7 +28,10 @@ struct kp_batcher;
 /* Returns the NUL-terminated text of a wire string id (NULL if unknown) and its length. */
 typedef const char *kp_batcher_string_cb(void *ud, uint32_t id, size_t *len);
 /* Takes an encoded Batch (without stream and seq; buf borrowed). last is true for the final
- * batch of the capture. Returns 0 or a negative code (counted as emit_failed). */
+ * batch of the capture. Returns 0 or a negative code (counted as emit_failed): a refused
+ * batch's rows are counted as dropped, and they and its counters (and the RankInfo) go with
+ * the next batch; a refused last batch is followed by one last batch without rows (rows 0),
+ * which the callback should admit whenever it can, so the final counts arrive. */
 typedef int kp_batcher_emit_cb(void *ud, const uint8_t *buf, size_t len, size_t rows, bool last);
 
 #define KP_BATCHER_DEFAULT_ROWS     4000
@@ -104,7 +107,8 @@ void kp_batcher_tick(struct kp_batcher *b, long long now_ms);
 /*
  * The window ended (WINDOW_END, or w NULL: the process is gone, end at the last time seen):
  * decides every pending record, adds the steps rows and emits the last batch. Returns 0, or
- * the emit callback's error for the last batch. Later calls do nothing.
+ * -ENOSPC when the callback refused the last batch (its rows are lost; the count-only batch
+ * that followed may have got in). Later calls do nothing.
  */
 int kp_batcher_window_end(struct kp_batcher *b, const struct kp_wire_window *w);
 

@@ -160,14 +160,18 @@ static const char *proc_string(void *ud, uint32_t id, size_t *len)
     return p->set->cfg.ops.string(p->set->cfg.ops.ud, p, id, len);
 }
 
-/* The batcher's emit callback (ud: the process): appends to the spool. */
+/* The batcher's emit callback (ud: the process): appends to the spool. A last batch without
+ * rows (the batcher's count-only one after a refused last batch, or a window with nothing in
+ * it) may use the spool's tail reserve: it carries the rank's final drop count into
+ * ranks.records_dropped and marks the rank's data complete for collectord. */
 static int emit_batch(void *ud, const uint8_t *buf, size_t len, size_t rows, bool last)
 {
     struct kp_proc *p = ud;
     struct kp_agent_metrics *m = p->set->cfg.metrics;
     struct kp_capture *c = p->cap;
     uint64_t seq = 0;
-    int rc = kp_spool_append(p->set->cfg.spool, buf, len, &seq);
+    int rc = last && rows == 0 ? kp_spool_append_tail(p->set->cfg.spool, buf, len, &seq)
+                               : kp_spool_append(p->set->cfg.spool, buf, len, &seq);
 
     if (rc != 0) {
         kp_metric_add(m->spool_full, 1);

@@ -425,20 +425,28 @@ static int new_segment(struct kp_spool *sp)
     return 0;
 }
 
-int kp_spool_append(struct kp_spool *sp, const void *buf, size_t len, uint64_t *seq)
+/* Appends under a limit of max_bytes less the tail reserve, or (tail) max_bytes itself. */
+static int append(struct kp_spool *sp, const void *buf, size_t len, uint64_t *seq, bool tail)
 {
     struct kp_spool_rec_hdr h;
     struct iovec iov[2];
     struct seg *s;
     size_t want = sizeof(h) + len;
+    uint64_t reserve, limit;
     ssize_t n;
     int rc = 0;
 
     if (len > KP_SPOOL_MAX_RECORD) {
         return -EMSGSIZE;
     }
+    if (tail && len > KP_SPOOL_TAIL_MAX) {
+        return -EMSGSIZE;
+    }
+    reserve = sp->max_bytes / 16 < KP_SPOOL_TAIL_RESERVE_MAX ? sp->max_bytes / 16
+                                                             : KP_SPOOL_TAIL_RESERVE_MAX;
+    limit = tail ? sp->max_bytes : sp->max_bytes - reserve;
     pthread_mutex_lock(&sp->mu);
-    if (total_bytes(sp) + want > sp->max_bytes) {
+    if (total_bytes(sp) + want > limit) {
         sp->st.dropped_full++;
         rc = -ENOSPC;
         goto out;
@@ -482,6 +490,16 @@ int kp_spool_append(struct kp_spool *sp, const void *buf, size_t len, uint64_t *
 out:
     pthread_mutex_unlock(&sp->mu);
     return rc;
+}
+
+int kp_spool_append(struct kp_spool *sp, const void *buf, size_t len, uint64_t *seq)
+{
+    return append(sp, buf, len, seq, false);
+}
+
+int kp_spool_append_tail(struct kp_spool *sp, const void *buf, size_t len, uint64_t *seq)
+{
+    return append(sp, buf, len, seq, true);
 }
 
 /* Index of the segment whose first_seq is first, or of the first segment after it. */

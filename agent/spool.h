@@ -15,7 +15,10 @@
  * is truncated there. Records not acknowledged are replayed after a restart.
  *
  * Limits: the sum of the segment files is kept under max_bytes; an append that would pass it
- * is refused (-ENOSPC) and counted as dropped. A segment is closed once it reaches
+ * is refused (-ENOSPC) and counted as dropped. The last 1/16 of max_bytes (at most
+ * KP_SPOOL_TAIL_RESERVE_MAX) is kept for kp_spool_append_tail: a capture's small closing
+ * batch, which carries its rank's final drop count, still gets in when the spool is full for
+ * data (otherwise those counts would never reach collectord). A segment is closed once it reaches
  * segment_bytes; ack_through deletes the segments whose records are all acknowledged.
  *
  * Threads: every function takes the spool's mutex, so one thread may append while another
@@ -75,6 +78,17 @@ uint64_t kp_spool_stream_id(const struct kp_spool *sp);
  * a failed write (the segment is cut back; counted as dropped). Wakes kp_spool_wait.
  */
 int kp_spool_append(struct kp_spool *sp, const void *buf, size_t len, uint64_t *seq);
+
+/* The largest record kp_spool_append_tail takes, and the most bytes kept for such records. */
+#define KP_SPOOL_TAIL_MAX         4096u
+#define KP_SPOOL_TAIL_RESERVE_MAX (1u << 20)
+
+/*
+ * kp_spool_append for a record of at most KP_SPOOL_TAIL_MAX bytes that may also use the
+ * reserve kept at the end of max_bytes (see Limits). Returns as kp_spool_append; -EMSGSIZE
+ * for a larger record; -ENOSPC once the reserve is used up too (max_bytes is never passed).
+ */
+int kp_spool_append_tail(struct kp_spool *sp, const void *buf, size_t len, uint64_t *seq);
 
 /*
  * Reads the next record in seq order after the previous read (or, after open or

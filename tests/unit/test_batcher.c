@@ -29,6 +29,7 @@ struct sink {
     bool last[16];
     size_t rows[16];
     int n;
+    int refuse; /* refuse this many more batches that have rows (a full spool) */
 };
 
 static const char *lookup(void *ud, uint32_t id, size_t *len)
@@ -63,6 +64,10 @@ static int emit(void *ud, const uint8_t *buf, size_t len, size_t rows, bool last
 {
     struct sink *s = ud;
 
+    if (s->refuse > 0 && rows > 0) {
+        s->refuse--;
+        return -ENOSPC;
+    }
     assert_true(s->n < 16);
     s->b[s->n] = kprof__v1__batch__unpack(NULL, len, buf);
     assert_non_null(s->b[s->n]);
@@ -720,6 +725,53 @@ static void test_counters_saturate(void **state)
     sink_free(&s);
 }
 
+/* Batches the emit callback refuses (spool full) lose their rows, never their counts: those
+ * and the rows ride on the next batch, with the RankInfo; a refused last batch is followed by
+ * a last batch without rows that carries them. */
+static void test_refused_counts(void **state)
+{
+    struct sink s = { 0 };
+    struct kp_batcher *b = make(&s, 3, 0);
+    struct kp_wire_window w = { .start_ns = T0,
+                                .end_ns = T0 + 20000,
+                                .first_step = 10,
+                                .last_step = 11,
+                                .dropped = 3,
+                                .cupti_dropped = 1 };
+
+    (void) state;
+    step(b, 10, 0);
+    window(b, false, 0, 0);
+    step(b, 11, 10000);
+    s.refuse = 1;
+    for (int i = 0; i < 4; i++) {
+        api(b, 100 + (uint64_t) i, 100 + i * 100, 0);
+    }
+    /* the first batch (3 rows) refused, the second taken: it carries the first's loss */
+    assert_int_equal(s.n, 0);
+    for (int i = 4; i < 7; i++) {
+        api(b, 100 + (uint64_t) i, 100 + i * 100, 0);
+    }
+    assert_int_equal(s.n, 1);
+    assert_non_null(s.b[0]->rank_info);
+    assert_non_null(s.b[0]->stats);
+    assert_int_equal(s.b[0]->stats->records_dropped, 3);
+    s.refuse = 1;
+    /* the last batch (1 API row and 2 steps rows) refused: a count-only last batch follows */
+    assert_int_equal(kp_batcher_window_end(b, &w), -ENOSPC);
+    assert_int_equal(s.n, 2);
+    assert_true(s.last[1]);
+    assert_int_equal(s.rows[1], 0);
+    assert_null(s.b[1]->api_calls);
+    assert_null(s.b[1]->steps);
+    assert_null(s.b[1]->rank_info);
+    assert_non_null(s.b[1]->stats);
+    assert_int_equal(s.b[1]->stats->records_dropped, 3 + 3); /* 3 rows, 3 by the library */
+    assert_int_equal(s.b[1]->stats->cupti_dropped, 1);
+    kp_batcher_destroy(b);
+    sink_free(&s);
+}
+
 /* Identity from HELLO (job, host, device) is cleaned; impossible run ids are refused. */
 static void test_rank_info_cleaned(void **state)
 {
@@ -920,15 +972,11 @@ static void test_random_hostile(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_window),
-        cmocka_unit_test(test_cuts),
-        cmocka_unit_test(test_bounded_pending),
-        cmocka_unit_test(test_malformed_records),
-        cmocka_unit_test(test_malformed_steps),
-        cmocka_unit_test(test_step_after_its_records),
-        cmocka_unit_test(test_time_limits),
-        cmocka_unit_test(test_counters_saturate),
-        cmocka_unit_test(test_rank_info_cleaned),
+        cmocka_unit_test(test_window),          cmocka_unit_test(test_cuts),
+        cmocka_unit_test(test_bounded_pending), cmocka_unit_test(test_malformed_records),
+        cmocka_unit_test(test_malformed_steps), cmocka_unit_test(test_step_after_its_records),
+        cmocka_unit_test(test_time_limits),     cmocka_unit_test(test_counters_saturate),
+        cmocka_unit_test(test_refused_counts),  cmocka_unit_test(test_rank_info_cleaned),
         cmocka_unit_test(test_random_hostile),
     };
 
