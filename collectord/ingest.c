@@ -1,6 +1,7 @@
 #define KP_LOG_MODULE "ingest"
 #include "ingest.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -145,6 +146,14 @@ static enum kp_rpc_next on_message(struct kp_rpc_call *call, ProtobufCMessage *m
         return KP_RPC_STOP;
     }
     ing = st->ing;
+    pthread_mutex_lock(&st->mu);
+    if (st->finished) {
+        /* a batch was refused and the call has ended: the producer resends what follows */
+        pthread_mutex_unlock(&st->mu);
+        protobuf_c_message_free_unpacked(msg, NULL);
+        return KP_RPC_STOP;
+    }
+    pthread_mutex_unlock(&st->mu);
     pthread_mutex_lock(&ing->live_mu);
     st->run_id = b->run_id;
     pthread_mutex_unlock(&ing->live_mu);
@@ -281,6 +290,8 @@ static grpc_status_code status_of(int err)
         return GRPC_STATUS_NOT_FOUND;
     case KP_EPROTO:
         return GRPC_STATUS_INVALID_ARGUMENT;
+    case -EBUSY:
+        return GRPC_STATUS_FAILED_PRECONDITION; /* the run has ended */
     case KP_ESHUTDOWN:
         return GRPC_STATUS_UNAVAILABLE;
     default:
@@ -340,6 +351,9 @@ static void settle_call(struct ingest_call *st, struct kp_sink_item **items, siz
     free(ptrs);
     pthread_mutex_lock(&st->mu);
     st->outstanding -= settled;
+    if (reject != 0 && st->finished) {
+        reject = 0; /* the call has ended already: said and logged once per stream */
+    }
     if (reject != 0) {
         st->finished = true;
     }

@@ -6,8 +6,10 @@
  * INVALID_ARGUMENT (or RESOURCE_EXHAUSTED over a size limit) and a reason naming the column;
  * batches already queued from that call are still stored. When the sink settles batches
  * (after COMMIT), the call gets one Ack listing them, each marked duplicate or not; a batch
- * the sink rejects ends the call with NOT_FOUND (unknown run) or INVALID_ARGUMENT (rank
- * outside the world size). Once the client half-closes and every batch it sent is settled,
+ * the sink rejects ends the call with NOT_FOUND (unknown run), INVALID_ARGUMENT (rank
+ * outside the world size) or FAILED_PRECONDITION (a new batch into a run that has ended; see
+ * sink_pg.h), logged once per call; batches the producer sent after it on that call are
+ * dropped unread (it resends them). Once the client half-closes and every batch it sent is settled,
  * the call ends OK. While the sink's queue is over its byte limit, the stream stops reading
  * (gRPC flow control back to the producer) and resumes when a flush makes room.
  */

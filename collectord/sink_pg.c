@@ -14,7 +14,9 @@
  *   2. names: every string of every batch maps to a names.id. A text -> id hash map answers;
  *      misses are de-duplicated, sorted (so that concurrent collectords lock names rows in the
  *      same order) and inserted in one INSERT ... ON CONFLICT ... RETURNING, autocommitted.
- *   3. BEGIN; LOCK the event tables' parents in name order, the order that
+ *   3. BEGIN; lock the pending batches' runs FOR SHARE (check_open: a run that has ended
+ *      refuses new sequences, see sink_pg.h; before the tables, in kp_store_drop_run's order);
+ *      LOCK the event tables' parents in name order, the order that
  *      kp_create_run_partitions and kp_drop_run take them in (their CREATE/DROP TABLE ...
  *      PARTITION lock the parents ACCESS EXCLUSIVE, so any other order can deadlock); insert
  *      the batch keys into ingest_batches ON CONFLICT DO NOTHING RETURNING: the keys that come
@@ -369,6 +371,145 @@ static int check_runs(struct kp_sink *s, size_t lo, size_t hi)
                          b->run_id, b->rank, b->stream, b->seq, ws);
         }
     }
+    return 0;
+}
+
+/* The row of run in res (id, state, ended_at, source, ended_ns), or -1. */
+static int run_row(const PGresult *res, uint64_t run)
+{
+    for (int r = 0; r < PQntuples(res); r++) {
+        if (strtoull(PQgetvalue(res, r, 0), NULL, 10) == run) {
+            return r;
+        }
+    }
+    return -1;
+}
+
+/* Into *last (run_id, stream, the highest seq stored or NULL), for each (run, stream) of the
+ * pending items whose run in res (check_open's rows) is no longer open. */
+static int last_seqs(struct kp_sink *s, size_t lo, size_t hi, const PGresult *res, PGresult **last)
+{
+    struct kp_strbuf *ids = &s->arr[0], *streams = &s->arr[1];
+    const char *params[2];
+    char err[384];
+    int rc = arr_open(ids) | arr_open(streams);
+
+    for (size_t i = lo; i < hi; i++) {
+        const Kprof__V1__Batch *b = s->items[i]->batch;
+        int r = s->state[i] == ST_PENDING ? run_row(res, b->run_id) : -1;
+
+        if (r >= 0 &&
+            strtol(PQgetvalue(res, r, 1), NULL, 10) != KPROF__V1__RUN_STATE__RUN_STATE_OPEN) {
+            rc |= kp_pg_array_i64(ids, (int64_t) b->run_id);
+            rc |= kp_pg_array_i64(streams, (int64_t) b->stream);
+        }
+    }
+    if ((rc |= kp_pg_array_close(ids) | kp_pg_array_close(streams)) != 0) {
+        return -ENOMEM;
+    }
+    params[0] = ids->data;
+    params[1] = streams->data;
+    if ((rc = kp_pg_query(s->conn,
+                          "SELECT u.run_id, u.stream, (SELECT max(k.seq) FROM ingest_batches k "
+                          "WHERE k.run_id = u.run_id AND k.stream = u.stream) "
+                          "FROM (SELECT DISTINCT * FROM unnest($1::int[], $2::bigint[])) "
+                          "AS u(run_id, stream)",
+                          2, params, last, err, sizeof(err))) != 0) {
+        return attempt_failed(s, rc, "last batches of ended runs", err);
+    }
+    return 0;
+}
+
+/*
+ * Step 3a, first in the transaction: locks the runs of the pending items FOR SHARE and settles
+ * those that a run no longer open refuses. The lock conflicts with the UPDATE that ends a run
+ * (EndRun, the open-run timeout, the coordinator), so a run's state cannot change until this
+ * flush commits: a batch is stored only if its flush commits before the end does, and the
+ * keys an ended run holds grow only by batches made before the end. Into an ended (or failed)
+ * run a batch goes on when its producer made it before the end, told by what the batch and
+ * the run hold, never by when it arrives: its seq is at most the highest seq its (run, stream)
+ * stored (a resend, which the keys then mark duplicate, or an older batch late to arrive), or
+ * the run is a capture and the batch's events start (base_ns, the agent's real-time clock) no
+ * later than the end (what an agent spooled while collectord was away, which a restarted
+ * collectord ends as FAILED before the agent is back). Any other batch is refused with -EBUSY.
+ * Taken before the event tables, in the order kp_store_drop_run takes the run row and then the
+ * tables, so that the two cannot deadlock.
+ */
+static int check_open(struct kp_sink *s, size_t lo, size_t hi)
+{
+    struct kp_strbuf *ids = &s->arr[0];
+    const char *params[1];
+    PGresult *res = NULL, *last = NULL;
+    char err[384];
+    bool closed = false;
+    int rc = 0;
+
+    if ((rc = arr_open(ids)) != 0) {
+        return rc;
+    }
+    for (size_t i = lo; i < hi; i++) {
+        if (s->state[i] == ST_PENDING) {
+            rc |= kp_pg_array_i64(ids, (int64_t) s->items[i]->batch->run_id);
+        }
+    }
+    if ((rc |= kp_pg_array_close(ids)) != 0) {
+        return -ENOMEM;
+    }
+    params[0] = ids->data;
+    if ((rc = kp_pg_query(s->conn,
+                          "SELECT id, state, to_char(ended_at AT TIME ZONE 'UTC', "
+                          "'YYYY-MM-DD HH24:MI:SS'), source, "
+                          "(extract(epoch FROM ended_at) * 1000000)::bigint * 1000 "
+                          "FROM runs WHERE id = ANY($1::int[]) ORDER BY id FOR SHARE",
+                          1, params, &res, err, sizeof(err))) != 0) {
+        return attempt_failed(s, rc, "lock runs", err);
+    }
+    for (int r = 0; r < PQntuples(res); r++) {
+        closed |= strtol(PQgetvalue(res, r, 1), NULL, 10) != KPROF__V1__RUN_STATE__RUN_STATE_OPEN;
+    }
+    if (closed && (rc = last_seqs(s, lo, hi, res, &last)) != 0) {
+        PQclear(res);
+        return rc;
+    }
+    for (size_t i = lo; i < hi; i++) {
+        const Kprof__V1__Batch *b = s->items[i]->batch;
+        int r = s->state[i] == ST_PENDING ? run_row(res, b->run_id) : -1;
+        long state = r >= 0 ? strtol(PQgetvalue(res, r, 1), NULL, 10) : 0;
+        bool admit = false;
+
+        if (s->state[i] != ST_PENDING || state == KPROF__V1__RUN_STATE__RUN_STATE_OPEN) {
+            continue;
+        }
+        if (r < 0) {
+            reject(s, i, KP_ENOTFOUND, "run %" PRIu64 " does not exist (it was dropped)",
+                   b->run_id);
+            continue;
+        }
+        if (strtol(PQgetvalue(res, r, 3), NULL, 10) == KPROF__V1__RUN_SOURCE__RUN_SOURCE_CAPTURE &&
+            !PQgetisnull(res, r, 4) && b->base_ns <= strtoll(PQgetvalue(res, r, 4), NULL, 10)) {
+            continue; /* made before the end */
+        }
+        for (int l = 0; last != NULL && l < PQntuples(last); l++) {
+            if (strtoull(PQgetvalue(last, l, 0), NULL, 10) == b->run_id &&
+                strtoll(PQgetvalue(last, l, 1), NULL, 10) == (int64_t) b->stream) {
+                admit = !PQgetisnull(last, l, 2) &&
+                        (int64_t) b->seq <= strtoll(PQgetvalue(last, l, 2), NULL, 10);
+                break;
+            }
+        }
+        if (!admit) {
+            reject(s, i, -EBUSY,
+                   "run %" PRIu64 " %s at %s UTC and takes no new batches (stream %" PRIu64
+                   " seq %" PRIu64 "); start a new run",
+                   b->run_id, state == KPROF__V1__RUN_STATE__RUN_STATE_FAILED ? "failed" : "ended",
+                   PQgetvalue(res, r, 2), b->stream, b->seq);
+            kp_log_debug("batch refused run=%" PRIu64 " rank=%u stream=%" PRIu64 " seq=%" PRIu64
+                         " err=\"run not open\"",
+                         b->run_id, b->rank, b->stream, b->seq);
+        }
+    }
+    PQclear(last);
+    PQclear(res);
     return 0;
 }
 
@@ -942,7 +1083,7 @@ static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
 {
     uint64_t rows = 0, n_new = 0, n_dup = 0;
     long long t0 = kp_mono_ns(), t_names, t_copy, t_end;
-    size_t pending = 0;
+    size_t pending = 0, settled_here = 0;
     char err[384];
     long r;
     int rc;
@@ -962,8 +1103,23 @@ static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
     if (pending == 0) {
         return 0;
     }
-    if ((rc = kp_pg_exec(s->conn, s->lock_sql, err, sizeof(err))) != 0) {
+    if ((rc = kp_pg_exec(s->conn, "BEGIN", err, sizeof(err))) != 0) {
         rc = attempt_failed(s, rc, "begin", err);
+        goto fail;
+    }
+    if ((rc = check_open(s, lo, hi)) != 0) {
+        goto fail;
+    }
+    for (size_t i = lo; i < hi; i++) {
+        settled_here += s->state[i] != ST_PENDING;
+    }
+    if (settled_here == hi - lo) {
+        /* every batch was refused: nothing to store */
+        kp_pg_rollback(s->conn);
+        return 0;
+    }
+    if ((rc = kp_pg_exec(s->conn, s->lock_sql, err, sizeof(err))) != 0) {
+        rc = attempt_failed(s, rc, "lock tables", err);
         goto fail;
     }
     if ((r = insert_keys(s, lo, hi)) < 0) {

@@ -11,8 +11,17 @@
  *      inserts the batch keys into ingest_batches ON CONFLICT DO NOTHING, COPYs the rows of
  *      the batches whose keys were new, adds their counts to `ranks`, and commits.
  *   3. Only after COMMIT are the items handed back through done_cb, marked committed or
- *      duplicate; a batch for an unknown run (KP_ENOTFOUND) or a rank outside the run's world
- *      size (KP_EPROTO) is handed back rejected, with the reason, and stores nothing.
+ *      duplicate; a batch for an unknown run (KP_ENOTFOUND), a rank outside the run's world
+ *      size (KP_EPROTO) or a run that has ended (-EBUSY) is handed back rejected, with the
+ *      reason, and stores nothing. The transaction first locks the batches' runs FOR SHARE,
+ *      which the UPDATE ending a run waits for, so a flush commits wholly before an end or
+ *      after it. Into a run no longer OPEN, a batch its producer made before the end is
+ *      stored: its seq is at most the highest seq its (run, stream) stored (a resend, which
+ *      comes back duplicate, or an older batch late to arrive), or the run is a capture and
+ *      the batch's base_ns is no later than ended_at (an agent's spool, sent once collectord is
+ *      back). Any other batch is rejected with -EBUSY. Neither test depends on when the batch
+ *      arrives (the highest seq of an ended run's stream no longer grows), so a resend always
+ *      gets the answer its first copy got.
  *   4. If PostgreSQL fails, the transaction is rolled back, the connection is re-made with
  *      capped full-jitter backoff, and the same items are flushed again: nothing queued is
  *      lost and nothing is stored twice. Meanwhile the queue fills and ingest stops reading

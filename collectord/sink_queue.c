@@ -281,7 +281,7 @@ static int cmp_cstr(const void *a, const void *b)
     return strcmp(*(const char *const *) a, *(const char *const *) b);
 }
 
-/* Builds "BEGIN; LOCK TABLE ONLY a, ONLY b, ... IN ROW EXCLUSIVE MODE" over ingest_batches,
+/* Builds "LOCK TABLE ONLY a, ONLY b, ... IN ROW EXCLUSIVE MODE" over ingest_batches,
  * the event tables and their side tables, in name order (see the top of this file). */
 static void build_lock_sql(struct kp_sink *s)
 {
@@ -296,7 +296,7 @@ static void build_lock_sql(struct kp_sink *s)
         }
     }
     qsort(tables, n, sizeof(tables[0]), cmp_cstr);
-    o = (size_t) snprintf(s->lock_sql, sizeof(s->lock_sql), "BEGIN; LOCK TABLE ");
+    o = (size_t) snprintf(s->lock_sql, sizeof(s->lock_sql), "LOCK TABLE ");
     for (size_t i = 0; i < n && o < sizeof(s->lock_sql); i++) {
         o += (size_t) snprintf(s->lock_sql + o, sizeof(s->lock_sql) - o, "%sONLY %s",
                                i > 0 ? ", " : "", tables[i]);

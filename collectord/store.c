@@ -201,9 +201,9 @@ int kp_store_drop_run(PGconn *c, uint64_t run_id, Kprof__V1__Run *out, char *err
     }
     snprintf(id, sizeof(id), "%" PRIu64, run_id);
     /* FOR NO KEY UPDATE holds off a concurrent EndRun (and another DropRun) until COMMIT,
-     * but not the sink, whose ranks upsert takes FOR KEY SHARE on the run: the sink locks
-     * the event tables first and the run row last, kp_drop_run the other way round, so a
-     * stronger lock here could deadlock with it. */
+     * and waits for a flush of the run's batches, which holds the row FOR SHARE (sink_pg.h).
+     * Both take the run row first and the event tables after it, so they cannot deadlock; a
+     * stronger lock here would also wait for the FOR KEY SHARE of other writers. */
     if ((rc = kp_pg_exec(c, "BEGIN", err, sizeof(err))) != 0 ||
         (rc = kp_pg_query(c, "SELECT " RUN_COLS " FROM runs r WHERE r.id = $1 FOR NO KEY UPDATE", 1,
                           params, &res, err, sizeof(err))) != 0) {

@@ -38,8 +38,9 @@ int kp_store_create_run(PGconn *c, const char *job, const char *name, uint32_t w
 
 /*
  * Ends run run_id: state ENDED, or FAILED if failed, and ended_at now. Ending an ended run
- * changes nothing and is not an error. KP_ENOTFOUND if there is no such run. Fills *out like
- * kp_store_create_run.
+ * changes nothing and is not an error. Waits for a flush of the run's batches in progress
+ * (the sink holds the run FOR SHARE); from then on the sink refuses the run new batches.
+ * KP_ENOTFOUND if there is no such run. Fills *out like kp_store_create_run.
  */
 int kp_store_end_run(PGconn *c, uint64_t run_id, bool failed, Kprof__V1__Run *out, char *errbuf,
                      size_t errlen);
