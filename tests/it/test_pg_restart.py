@@ -68,8 +68,7 @@ def ctl(args):
 
 
 def ok(p, what):
-    assert p.returncode == 0, "%s exited %d after the restart:\n%s" % (what, p.returncode,
-                                                                       p.stderr)
+    assert p.returncode == 0, "%s exited %d:\n%s" % (what, p.returncode, p.stderr)
     return p
 
 
@@ -82,42 +81,60 @@ def import_run(cd_addr, tmp):
     return json.loads(p.stdout)["run_id"]
 
 
-def first_calls(mode, cd, an, stubs, run_id, ci, tmp):
+def step(failures, what, f):
+    """Runs one first call; a failure is noted, so that one run of the test names every call
+    that does not survive the restart."""
+    try:
+        f()
+    except (AssertionError, grpc.RpcError) as e:
+        failures.append("%s: %s" % (what, e))
+
+
+def first_calls(mode, cd, an, stubs, run_id, ci, tmp, failures):
     """Each call is the first one after its own restart."""
-    restart(mode)
-    p = ok(ctl(["runs", "--collector", cd.grpc, "--json"]), "kprofctl runs (%s)" % mode)
-    assert any(r["id"] == run_id for r in json.loads(p.stdout)), p.stdout
+    def runs():
+        p = ok(ctl(["runs", "--collector", cd.grpc, "--json"]), "kprofctl runs")
+        assert any(r["id"] == run_id for r in json.loads(p.stdout)), p.stdout
 
-    restart(mode)
-    run = stubs.create(pb.CreateRunRequest(job="pgrestart-" + mode, world_size=1), timeout=60)
-    assert run.id > 0 and run.state == pb.RUN_STATE_OPEN, run
-
-    restart(mode)
-    ended = stubs.end(pb.EndRunRequest(run_id=run.id), timeout=60)
-    assert ended.state == pb.RUN_STATE_ENDED, ended
-    got = subprocess.run([kpfix.PSQL, ci, "-qtAX", "-c", "SELECT state, ended_at IS NOT NULL "
-                          "FROM runs WHERE id = %d" % run.id], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    assert got == "%d|t" % pb.RUN_STATE_ENDED, got
-
-    restart(mode)
-    p = ctl(["start", "--collector", cd.grpc, "--job", "pgrestart-nobody", "--duration", "1s"])
-    # No agent serves that job: the coordinator answers (exit 6 or 3), it does not fail on
-    # PostgreSQL (5).
-    assert p.returncode in (3, 6), "kprofctl start after a %s restart: %d %s" % (mode, p.returncode,
-                                                                                p.stderr)
-
-    for verb in ("breakdown", "ops"):
+    def create_end():
         restart(mode)
+        run = stubs.create(pb.CreateRunRequest(job="pgrestart-" + mode, world_size=1), timeout=60)
+        assert run.id > 0 and run.state == pb.RUN_STATE_OPEN, run
+        restart(mode)
+        ended = stubs.end(pb.EndRunRequest(run_id=run.id), timeout=60)
+        assert ended.state == pb.RUN_STATE_ENDED, ended
+        got = subprocess.run([kpfix.PSQL, ci, "-qtAX", "-c", "SELECT state, ended_at IS NOT NULL "
+                              "FROM runs WHERE id = %d" % run.id], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        assert got == "%d|t" % pb.RUN_STATE_ENDED, got
+
+    def start():
+        p = ctl(["start", "--collector", cd.grpc, "--job", "pgrestart-nobody", "--duration", "1s"])
+        # No agent serves that job: the coordinator answers (3 or 6), not PostgreSQL's 5.
+        assert p.returncode in (3, 6), (p.returncode, p.stderr)
+
+    def view(verb):
         p = ok(ctl([verb, "--analyzer", an.grpc, "--run", str(run_id), "--rank", "0", "--json"]),
-               "kprofctl %s (%s)" % (verb, mode))
+               "kprofctl " + verb)
         assert json.loads(p.stdout), p.stdout
 
+    def export():
+        out = os.path.join(tmp, "export-%s.json" % mode)
+        ok(ctl(["export", "--run", str(run_id), "-o", out, "--analyzer", an.grpc]),
+           "kprofctl export")
+        assert os.path.getsize(out) > 0
+
     restart(mode)
-    out = os.path.join(tmp, "export-%s.json" % mode)
-    ok(ctl(["export", "--run", str(run_id), "-o", out, "--analyzer", an.grpc]),
-       "kprofctl export (%s)" % mode)
-    assert os.path.getsize(out) > 0
+    step(failures, "kprofctl runs after restart -m " + mode, runs)
+    # create_end restarts before each of its two calls.
+    step(failures, "CreateRun/EndRun after restart -m " + mode, create_end)
+    restart(mode)
+    step(failures, "kprofctl start after restart -m " + mode, start)
+    for verb in ("breakdown", "ops"):
+        restart(mode)
+        step(failures, "kprofctl %s after restart -m %s" % (verb, mode), lambda: view(verb))
+    restart(mode)
+    step(failures, "kprofctl export after restart -m " + mode, export)
 
 
 def pg_down(cd, an, run_id):
@@ -152,10 +169,12 @@ def main():
         stubs = kpfix.Stubs(cd.grpc)
         with tempfile.TemporaryDirectory(dir=kpfix.TEST_DIR) as tmp:
             run_id = import_run(cd.grpc, tmp)
+            failures = []
             for mode in ("fast", "immediate"):
-                first_calls(mode, cd, an, stubs, run_id, ci, tmp)
-                print("first calls after pg_ctl restart -m %s: ok" % mode)
-            pg_down(cd, an, run_id)
+                first_calls(mode, cd, an, stubs, run_id, ci, tmp, failures)
+            step(failures, "kprofctl with PostgreSQL down", lambda: pg_down(cd, an, run_id))
+            assert not failures, "\n".join(failures)
+            print("first calls after pg_ctl restart -m fast and -m immediate: ok")
             print("PostgreSQL down: kprofctl exits 5 naming PostgreSQL")
     finally:
         if stubs is not None:
