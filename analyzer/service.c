@@ -258,6 +258,20 @@ static void set_cached(ProtobufCMessage *m)
     }
 }
 
+/* kp_view_run_version as kp_pg_retry's work. */
+struct run_version {
+    uint64_t run;
+    int state;
+    int64_t batches;
+};
+
+static int run_version(PGconn *pg, void *ud, char *err, size_t len)
+{
+    struct run_version *v = ud;
+
+    return kp_view_run_version(pg, v->run, &v->state, &v->batches, err, len);
+}
+
 static void run_job(struct worker *w, struct job *j)
 {
     struct kp_analyzer *a = w->a;
@@ -269,6 +283,7 @@ static void run_job(struct worker *w, struct job *j)
     ProtobufCMessage *hit;
     bool writes = v->writes != NULL && v->writes(j->req);
     int64_t batches = 0;
+    struct run_version ver = { 0 };
     int state = 0, rc;
     PGconn *pg;
 
@@ -283,14 +298,24 @@ static void run_job(struct worker *w, struct job *j)
         finish_error(a, j->call, GRPC_STATUS_UNAVAILABLE, details);
         return;
     }
-    rc = kp_view_run_version(pg, k.k.run, &state, &batches, err, sizeof(err));
+    /* The first statement of every request: a read, so it runs again on a new connection when
+     * PostgreSQL dropped this idle one (restarted). The computation that follows then runs on
+     * a connection that just worked; it is not repeated (Compare may save offsets). */
+    ver.run = k.k.run;
+    rc = kp_pg_retry(pg, true, run_version, &ver, err, sizeof(err));
+    state = ver.state;
+    batches = ver.batches;
     if (rc == KP_ENOTFOUND) {
         finish_error(a, j->call, GRPC_STATUS_NOT_FOUND, err);
         return;
     }
     if (rc != 0) {
         kp_log_warn("run check failed run=%" PRIu64 " err=\"%s\"", k.k.run, err);
-        snprintf(details, sizeof(details), "PostgreSQL failed (%s); retry later", err);
+        if (kp_pg_conn_lost(pg)) {
+            __atomic_store_n(&a->st.pg_ok, 0, __ATOMIC_RELAXED);
+        }
+        snprintf(details, sizeof(details), "%s%s; retry later",
+                 strncmp(err, "PostgreSQL", 10) == 0 ? "" : "PostgreSQL failed: ", err);
         finish_error(a, j->call, GRPC_STATUS_UNAVAILABLE, details);
         return;
     }

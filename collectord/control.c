@@ -141,8 +141,9 @@ static bool create_ok(const Kprof__V1__CreateRunRequest *r, char *err, size_t le
 
 /* The run requests (CreateRun, EndRun, DropRun) over the store: replies on success, else
  * returns the store's code with the reason in err. */
-static int run_request(PGconn *pg, struct job *j, char *err, size_t len)
+static int run_request(PGconn *pg, void *ud, char *err, size_t len)
 {
+    struct job *j = ud;
     Kprof__V1__Run run = KPROF__V1__RUN__INIT;
     int rc;
 
@@ -181,8 +182,9 @@ static int run_request(PGconn *pg, struct job *j, char *err, size_t len)
 }
 
 /* ListRuns: replies on success, else returns the store's code with the reason in err. */
-static int list_request(PGconn *pg, struct job *j, char *err, size_t len)
+static int list_request(PGconn *pg, void *ud, char *err, size_t len)
 {
+    struct job *j = ud;
     Kprof__V1__ListRunsRequest *r = (Kprof__V1__ListRunsRequest *) j->req;
     Kprof__V1__ListRunsResponse resp = KPROF__V1__LIST_RUNS_RESPONSE__INIT;
     int rc = kp_store_list_runs(pg, r->job, r->limit, &resp, err, len);
@@ -192,6 +194,30 @@ static int list_request(PGconn *pg, struct job *j, char *err, size_t len)
     }
     kp_store_list_fini(&resp);
     return rc;
+}
+
+/*
+ * Whether a request may run again on a new connection when PostgreSQL dropped the pooled one
+ * under it (kp_pg_retry). ListRuns reads. EndRun is one UPDATE that moves only an OPEN run and
+ * keeps the first ended_at, so a second one leaves the run as the first left it. DropRun is one
+ * transaction: broken before its COMMIT it rolled back, and a repeat after a COMMIT that took
+ * effect finds no run (NOT_FOUND) and changes nothing. CreateRun is not repeated: a COMMIT
+ * whose answer was lost may have created the run, and a repeat would create a second one;
+ * kp_pg_ping checks its connection first instead.
+ */
+static bool repeatable(enum job_type t)
+{
+    return t == JOB_LIST || t == JOB_END || t == JOB_DROP;
+}
+
+/* Answers UNAVAILABLE for a request that found PostgreSQL unreachable (err: why). */
+static void finish_pg_unreachable(struct job *j, const char *err)
+{
+    char details[640];
+
+    snprintf(details, sizeof(details), "%s%s; retry when PostgreSQL is back",
+             strncmp(err, "PostgreSQL", 10) == 0 ? "" : "PostgreSQL is unreachable: ", err);
+    kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, details);
 }
 
 static void run_job(struct kp_control *c, struct job *j)
@@ -206,7 +232,11 @@ static void run_job(struct kp_control *c, struct job *j)
         return;
     }
     if (j->type == JOB_START || j->type == JOB_STATUS) {
-        pg = pg_get(c, err, sizeof(err)); /* NULL: the coordinator says what it can */
+        /* NULL: the coordinator says what it can. Checked first: a capture's writes are not
+         * repeated. */
+        if ((pg = pg_get(c, err, sizeof(err))) != NULL && kp_pg_ping(pg, err, sizeof(err)) != 0) {
+            pg = NULL;
+        }
         if (j->type == JOB_START) {
             kp_coord_start(c->coord, pg, j->call, (Kprof__V1__StartCaptureRequest *) j->req);
         }
@@ -216,10 +246,7 @@ static void run_job(struct kp_control *c, struct job *j)
         return;
     }
     if ((pg = pg_get(c, err, sizeof(err))) == NULL) {
-        char details[600];
-
-        snprintf(details, sizeof(details), "PostgreSQL is unreachable (%s); retry later", err);
-        kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, details);
+        finish_pg_unreachable(j, err);
         return;
     }
     if (j->type == JOB_LIST &&
@@ -227,9 +254,18 @@ static void run_job(struct kp_control *c, struct job *j)
         kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
         return;
     }
-    rc = j->type == JOB_LIST ? list_request(pg, j, err, sizeof(err))
-                             : run_request(pg, j, err, sizeof(err));
-    if (rc != 0) {
+    if (!repeatable(j->type) && kp_pg_ping(pg, err, sizeof(err)) != 0) {
+        finish_pg_unreachable(j, err);
+        return;
+    }
+    rc = kp_pg_retry(pg, repeatable(j->type), j->type == JOB_LIST ? list_request : run_request, j,
+                     err, sizeof(err));
+    if (rc == KP_EPG && kp_pg_conn_lost(pg)) {
+        kp_log_warn("control request failed method=%s err=\"%s\"", kp_rpc_call_method(j->call),
+                    err);
+        finish_pg_unreachable(j, err);
+    }
+    else if (rc != 0) {
         if (rc != KP_ENOTFOUND && rc != KP_EPROTO && rc != -EINVAL && rc != -EBUSY) {
             kp_log_warn("control request failed method=%s err=\"%s\"", kp_rpc_call_method(j->call),
                         err);

@@ -240,6 +240,65 @@ int kp_pg_query(PGconn *c, const char *sql, int n_params, const char *const *par
     return check_result(c, res, out, errbuf, errlen);
 }
 
+int kp_pg_reopen(PGconn *c, char *errbuf, size_t errlen)
+{
+    PQreset(c);
+    if (PQstatus(c) != CONNECTION_OK) {
+        put_line(errbuf, errlen, "PostgreSQL is unreachable: ", PQerrorMessage(c));
+        fault_set("08006");
+        return KP_EPG;
+    }
+    fault_clear();
+    return 0;
+}
+
+/* Whether fn's failure (rc) lost the connection: kp_pg_conn_lost, or a failure that libpq saw
+ * without an answer from the server (no SQLSTATE), such as "server closed the connection
+ * unexpectedly" after a crash, which can leave PQstatus OK until the next call. */
+static bool work_lost(PGconn *c, int rc)
+{
+    return rc != 0 &&
+           (kp_pg_conn_lost(c) || (rc == KP_EPG && last_failed && last_state[0] == '\0'));
+}
+
+int kp_pg_retry(PGconn *c, bool repeat, kp_pg_work_fn *fn, void *ud, char *errbuf, size_t errlen)
+{
+    char first[384];
+    int rc = fn(c, ud, errbuf, errlen);
+
+    if (!work_lost(c, rc)) {
+        return rc;
+    }
+    snprintf(first, sizeof(first), "%s", errbuf != NULL && errlen > 0 ? errbuf : "");
+    if (repeat) {
+        kp_log_info("connection to PostgreSQL lost; reconnecting to repeat the work err=\"%s\"",
+                    first);
+        if ((rc = kp_pg_reopen(c, errbuf, errlen)) != 0) {
+            return rc;
+        }
+        if (!work_lost(c, (rc = fn(c, ud, errbuf, errlen)))) {
+            return rc;
+        }
+        snprintf(first, sizeof(first), "%s", errbuf != NULL && errlen > 0 ? errbuf : "");
+    }
+    if (errbuf != NULL && errlen > 0) {
+        snprintf(errbuf, errlen, "PostgreSQL is unreachable: the connection broke (%s)", first);
+    }
+    fault_set("08006");
+    return KP_EPG;
+}
+
+static int ping_work(PGconn *c, void *ud, char *errbuf, size_t errlen)
+{
+    (void) ud;
+    return kp_pg_exec(c, "", errbuf, errlen);
+}
+
+int kp_pg_ping(PGconn *c, char *errbuf, size_t errlen)
+{
+    return kp_pg_retry(c, true, ping_work, NULL, errbuf, errlen);
+}
+
 int kp_pg_copy_begin(PGconn *c, const char *table, const char *columns, char *errbuf, size_t errlen)
 {
     size_t len = strlen(table) + strlen(columns) + 32;

@@ -44,6 +44,38 @@ enum kp_pg_fault {
 int kp_pg_connect(const char *conninfo, const char *application_name, PGconn **out, char *errbuf,
                   size_t errlen);
 
+/*
+ * Reopens c after its connection was lost (PostgreSQL restarted, or shut the session down):
+ * PQreset, which connects again with the parameters c was opened with (conninfo, application
+ * name, timeouts), on the same PGconn. Returns 0; or KP_EPG with "PostgreSQL is unreachable: "
+ * and libpq's message in errbuf, leaving c CONNECTION_BAD (kp_pg_last_fault: CONN). Blocks up to
+ * connect_timeout.
+ */
+int kp_pg_reopen(PGconn *c, char *errbuf, size_t errlen);
+
+/* Work on a connection for kp_pg_retry: returns 0, or a code with the reason in errbuf. */
+typedef int kp_pg_work_fn(PGconn *c, void *ud, char *errbuf, size_t errlen);
+
+/*
+ * The one place where kprof repeats work after PostgreSQL went away under an idle pooled
+ * connection: runs fn(c, ud); when that fails with the connection lost (kp_pg_conn_lost right
+ * after fn) and repeat is true, reopens c (kp_pg_reopen) and runs fn once more. Only work that
+ * is safe to run twice may be repeated: reads, idempotent writes, and a transaction that cannot
+ * have committed when the connection broke. With repeat false, fn is not run again and c stays
+ * broken (the caller's next connect replaces it). Returns fn's last code; when the connection is
+ * lost at the end, KP_EPG with errbuf starting "PostgreSQL is unreachable" and
+ * kp_pg_conn_lost(c) true, so the caller can answer UNAVAILABLE. Blocks.
+ */
+int kp_pg_retry(PGconn *c, bool repeat, kp_pg_work_fn *fn, void *ud, char *errbuf, size_t errlen);
+
+/*
+ * Checks that c still reaches PostgreSQL (an empty statement), reopening it once if not: for a
+ * caller about to send work that must not be repeated (a transaction whose COMMIT may have
+ * taken effect when the connection broke), so that a restart while c sat idle is found before
+ * that work goes out. Returns 0, or KP_EPG as kp_pg_retry. Blocks.
+ */
+int kp_pg_ping(PGconn *c, char *errbuf, size_t errlen);
+
 /* Cell (row, col) of r as an integer, or null_value where it is NULL. */
 static inline int64_t kp_pg_i64(const PGresult *r, int row, int col, int64_t null_value)
 {

@@ -206,7 +206,7 @@ static void print_exits(const struct kp_rpcverb_spec *spec, FILE *out)
             "  2    usage: bad flags, or collectord found the request invalid (INVALID_ARGUMENT)\n"
             "  3    not found: an unknown job or run (NOT_FOUND)\n"
             "  4    busy: a selected rank is capturing already (ALREADY_EXISTS)\n"
-            "  5    collectord unreachable (UNAVAILABLE, DEADLINE_EXCEEDED)\n"
+            "  5    collectord unreachable, or its PostgreSQL (UNAVAILABLE, DEADLINE_EXCEEDED)\n"
             "  6    no agent: a selected rank has no kprof-agent attached (FAILED_PRECONDITION)\n",
             spec->exit_ok != NULL ? spec->exit_ok : "ok",
             spec->exit_failed != NULL
@@ -442,6 +442,18 @@ void kp_rpcverb_set_local(kp_rpcverb_local_fn *fn, const char *name)
     local_name = name;
 }
 
+/*
+ * Whether an UNAVAILABLE came from the daemon itself rather than from gRPC failing to reach it:
+ * the daemons say UNAVAILABLE when their PostgreSQL is unreachable, and name it in the details;
+ * gRPC's own connect failures and deadlines (before any answer) never do. The daemon's answer is
+ * printed as it is (it says what to do); "is kprof-collectord running?" would send the user to
+ * the wrong server.
+ */
+static bool daemon_answered(const struct kp_rpc_status *st)
+{
+    return st->code == GRPC_STATUS_UNAVAILABLE && strstr(st->details, "PostgreSQL") != NULL;
+}
+
 int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMessage *req,
                     const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp)
 {
@@ -470,7 +482,12 @@ int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMes
     if (rc == KPROFCTL_EXIT_OK) {
         rc = KPROFCTL_EXIT_FAILED; /* OK with no usable reply */
     }
-    if (rc == KPROFCTL_EXIT_UNREACHABLE && v->spec->analyzer) {
+    if (rc == KPROFCTL_EXIT_UNREACHABLE && daemon_answered(&st)) {
+        kp_rpcverb_error(v, "%s at %s answered %s: %s",
+                         v->spec->analyzer ? "kprof-analyzer" : "collectord", v->common->collector,
+                         kp_rpc_status_name(st.code), st.details);
+    }
+    else if (rc == KPROFCTL_EXIT_UNREACHABLE && v->spec->analyzer) {
         kp_rpcverb_error(v,
                          "cannot reach kprof-analyzer: %s: %s; is kprof-analyzer running at %s? "
                          "(set --analyzer or KPROF_ANALYZER)",
