@@ -52,6 +52,7 @@
 #include "kp_push.h"
 #include "kp_rpc.h"
 #include "kprofctl.h"
+#include "rpcverb.h"
 
 #define IMPORT_MAX_ARGS    4096
 #define IMPORT_MAX_FILES   65536
@@ -375,7 +376,11 @@ static bool control_call(struct kp_rpc_channel *ch, const char *cfg_collector, c
     if (is_unreachable(st.code) && quiet) {
         return false;
     }
-    if (is_unreachable(st.code)) {
+    if (kp_rpcverb_daemon_answered(&st)) {
+        fprintf(stderr, "kprofctl import: collectord at %s answered %s: %s\n", cfg_collector,
+                kp_rpc_status_name(st.code), st.details);
+    }
+    else if (is_unreachable(st.code)) {
         fprintf(stderr,
                 "kprofctl import: cannot reach collectord at %s: %s; start it (deploy/local/"
                 "kprof-stack up) or pass --collector / KPROF_COLLECTOR\n",

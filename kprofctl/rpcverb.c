@@ -442,14 +442,7 @@ void kp_rpcverb_set_local(kp_rpcverb_local_fn *fn, const char *name)
     local_name = name;
 }
 
-/*
- * Whether an UNAVAILABLE came from the daemon itself rather than from gRPC failing to reach it:
- * the daemons say UNAVAILABLE when their PostgreSQL is unreachable, and name it in the details;
- * gRPC's own connect failures and deadlines (before any answer) never do. The daemon's answer is
- * printed as it is (it says what to do); "is kprof-collectord running?" would send the user to
- * the wrong server.
- */
-static bool daemon_answered(const struct kp_rpc_status *st)
+bool kp_rpcverb_daemon_answered(const struct kp_rpc_status *st)
 {
     return st->code == GRPC_STATUS_UNAVAILABLE && strstr(st->details, "PostgreSQL") != NULL;
 }
@@ -482,7 +475,7 @@ int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMes
     if (rc == KPROFCTL_EXIT_OK) {
         rc = KPROFCTL_EXIT_FAILED; /* OK with no usable reply */
     }
-    if (rc == KPROFCTL_EXIT_UNREACHABLE && daemon_answered(&st)) {
+    if (rc == KPROFCTL_EXIT_UNREACHABLE && kp_rpcverb_daemon_answered(&st)) {
         kp_rpcverb_error(v, "%s at %s answered %s: %s",
                          v->spec->analyzer ? "kprof-analyzer" : "collectord", v->common->collector,
                          kp_rpc_status_name(st.code), st.details);

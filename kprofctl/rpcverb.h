@@ -199,6 +199,12 @@ void kp_rpcverb_set_local(kp_rpcverb_local_fn *fn, const char *name);
  * anything else 1. */
 int kp_rpcverb_exit_code(grpc_status_code code);
 
+/* Whether an UNAVAILABLE came from the daemon itself rather than from gRPC failing to reach it:
+ * the daemons answer UNAVAILABLE when their PostgreSQL is unreachable and name it in the
+ * details; gRPC's own connect failures and deadlines never do. Print such details as they are
+ * (they say what to do) instead of asking whether the daemon runs. */
+bool kp_rpcverb_daemon_answered(const struct kp_rpc_status *st);
+
 /* Creates the verb's table with the -c selection applied. Returns 0 and *out
  * (kp_table_destroy), or 1 after printing why. */
 int kp_rpcverb_table(const struct kp_rpcverb *v, struct kp_table **out);

@@ -10,8 +10,8 @@ EndRun and DropRun over grpcio, kprofctl start (StartCapture, which finds no age
 call after its restart, on a connection that worked just before it, and must succeed. (Export
 opens a connection per export, and StartCapture for a job with no agent is refused before
 PostgreSQL, so those two guard against a regression rather than show this bug.) With
-PostgreSQL stopped, kprofctl runs and breakdown exit 5 (docs/cli.md) and say that PostgreSQL
-is unreachable, not "is kprof-collectord running?".
+PostgreSQL stopped, kprofctl runs, breakdown and import exit 5 (docs/cli.md) and say that
+PostgreSQL is unreachable, not "is kprof-collectord running?".
 
 The test runs its own PostgreSQL (tests/it/pgfix.sh) in KPROF_TEST_DIR, so restarting it
 disturbs no other test."""
@@ -200,6 +200,15 @@ def pg_down(cd, an, run_id):
             assert "is %s running" % who not in p.stderr and "is kprof-collectord running" \
                 not in p.stderr and "(set --" not in p.stderr, p.stderr
             assert who in p.stderr, p.stderr
+        # import asks collectord to open the run first: the same answer, not "start it"
+        path = os.path.join(os.environ.get("KPROF_TEST_DIR", "/tmp"), "pgdown_trace.json")
+        with open(path, "w") as f:
+            json.dump(tas.no_shapes_trace(), f)
+        p = ctl(["import", "--collector", cd.grpc, "--job", "pgdown", "--rank", "0",
+                 "--progress", "off", "--give-up", "1s", path])
+        assert p.returncode == 5, ("import", p.returncode, p.stderr)
+        assert "PostgreSQL" in p.stderr and "collectord" in p.stderr, p.stderr
+        assert "start it" not in p.stderr and "kprof-stack up" not in p.stderr, p.stderr
     finally:
         restart_cmd = ["-l", os.path.join(PG_DIR, "postgres.log"),
                        "-o", "-c listen_addresses= -k '%s' -p %s" % (PG_DIR, PG_PORT), "start"]
