@@ -348,6 +348,21 @@ static void conn_read(struct kp_http *s, struct conn *c, long long now)
     }
 }
 
+/* The slot of the connection that has waited longest for its request (the earliest read
+ * deadline), or -1 when every connection is writing or draining a response. */
+static int oldest_incomplete(const struct kp_http *s)
+{
+    int best = -1;
+
+    for (int i = 0; i < s->max_conns; i++) {
+        if (s->conns[i].state == CONN_READ &&
+            (best < 0 || s->conns[i].deadline_ms < s->conns[best].deadline_ms)) {
+            best = i;
+        }
+    }
+    return best;
+}
+
 static void accept_all(struct kp_http *s, long long now)
 {
     struct conn *c;
@@ -372,6 +387,19 @@ static void accept_all(struct kp_http *s, long long now)
         for (i = 0; i < s->max_conns && s->conns[i].state != CONN_FREE; i++) {
         }
         if (i == s->max_conns) {
+            i = oldest_incomplete(s);
+        }
+        if (i >= 0 && s->conns[i].state == CONN_READ) {
+            /* Slow clients must not hold every slot: a probe sends its whole request at once,
+             * so it is never the oldest incomplete one and /healthz keeps answering. */
+            count(&s->n_timeouts);
+            kp_complain(&s->reject_complain, KP_LOG_WARN, KP_LOG_MODULE,
+                        "closed the oldest incomplete request: max_conns=%d open", s->max_conns);
+            reject_fd(s->conns[i].fd, 408);
+            s->conns[i].fd = -1;
+            conn_close(&s->conns[i]);
+        }
+        if (i < 0) {
             count(&s->n_rejected);
             kp_complain(&s->reject_complain, KP_LOG_WARN, KP_LOG_MODULE,
                         "connection rejected: max_conns=%d open", s->max_conns);

@@ -64,8 +64,9 @@ struct kp_http_limits {
 /* Counters, for the daemon's /metrics and for tests. */
 struct kp_http_stats {
     uint64_t requests;       /* answered, any status, except the two below */
-    uint64_t rejected_conns; /* answered 503 because max_conns were open */
-    uint64_t timeouts;       /* closed by the timeout */
+    uint64_t rejected_conns; /* answered 503: max_conns open, none still reading its request */
+    uint64_t timeouts;       /* closed by the timeout, or answered 408 to free a slot for a
+                              * new connection (the oldest that had not sent its request) */
     uint64_t oversized;      /* answered 431 */
     uint64_t bad_requests;   /* answered 400, 404 or 405 */
 };
