@@ -7,6 +7,7 @@
 #include "kp_config.h"
 #include "kp_daemon.h"
 #include "kp_log.h"
+#include "kp_pg.h"
 #include "service.h"
 
 #define OFF(f) offsetof(struct kp_analyzer_config, f)
@@ -17,7 +18,12 @@ static const struct kp_config_def analyzer_config[] = {
     { "http-listen", KP_CONFIG_STRING, "127.0.0.1:7073", 0, 0, OFF(base.http_listen),
       "address of /healthz, /readyz and /metrics; empty disables", NULL, false },
     { "pg-conninfo", KP_CONFIG_STRING, "dbname=kprof", 0, 0, OFF(base.pg_conninfo),
-      "libpq connection string of the kprof database", NULL, true },
+      "libpq connection string of the kprof database; keep the password out of it (the command "
+      "line is public): use --pg-password-file, or libpq's PGPASSWORD or PGPASSFILE (~/.pgpass)",
+      NULL, true },
+    { "pg-password-file", KP_CONFIG_STRING, "", 0, 0, OFF(base.pg_password_file),
+      "file whose first line is the PostgreSQL password (mode 0600, read once at start)", NULL,
+      false },
     { "tls-cert", KP_CONFIG_STRING, "", 0, 0, OFF(base.tls_cert),
       "PEM certificate chain: serve gRPC over TLS (with --tls-key)", NULL, false },
     { "tls-key", KP_CONFIG_STRING, "", 0, 0, OFF(base.tls_key), "PEM private key of --tls-cert",
@@ -43,8 +49,15 @@ static const struct kp_config_def analyzer_config[] = {
 static int create(const void *cfg, void **obj, char *errbuf, size_t errlen)
 {
     struct kp_analyzer *a = NULL;
-    int rc = kp_analyzer_create(cfg, &a, errbuf, errlen);
+    const struct kp_daemon_config *base = cfg; /* the first member */
+    int rc;
 
+    /* Once, before any connection: the password stays off the command line and out of logs. */
+    if ((rc = kp_pg_password_file_load(base->pg_password_file, errbuf, errlen)) != 0) {
+        *obj = NULL;
+        return rc;
+    }
+    rc = kp_analyzer_create(cfg, &a, errbuf, errlen);
     *obj = a;
     return rc;
 }

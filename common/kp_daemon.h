@@ -27,8 +27,9 @@ struct kp_daemon_config {
     char *pg_conninfo; /* libpq conninfo */
     char *tls_cert;    /* PEM files; empty: plaintext */
     char *tls_key;
-    int log_level;    /* index into kp_daemon_log_levels */
-    char *ready_file; /* written with the bound addresses once serving */
+    int log_level;          /* index into kp_daemon_log_levels */
+    char *ready_file;       /* written with the bound addresses once serving */
+    char *pg_password_file; /* PostgreSQL password, read once at start; "": none */
 };
 
 /* "error", "warn", "info", "debug", NULL: the log-level enum of every daemon's config. */

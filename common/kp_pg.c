@@ -2,10 +2,13 @@
 #include "kp_pg.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "kp_err.h"
 #include "kp_log.h"
@@ -21,6 +24,10 @@
 /* The last failure of a kp_pg_* call on this thread, for kp_pg_last_fault. */
 static _Thread_local bool last_failed;
 static _Thread_local char last_state[6];
+
+/* The password of --pg-password-file, set once at start (kp_pg_password_file_load) before any
+ * connection; NULL: none. Never logged. */
+static char *pg_password;
 
 static void fault_clear(void)
 {
@@ -171,6 +178,11 @@ int kp_pg_connect(const char *conninfo, const char *application_name, PGconn **o
         keys[n] = "keepalives_count";
         vals[n++] = "3";
     }
+    if (pg_password != NULL) {
+        /* After dbname: overrides a password in conninfo, PGPASSWORD and PGPASSFILE. */
+        keys[n] = "password";
+        vals[n++] = pg_password;
+    }
     keys[n] = NULL;
     vals[n] = NULL;
 
@@ -192,6 +204,84 @@ fail:
         PQfinish(c);
     }
     return rc;
+}
+
+int kp_pg_password_file_load(const char *path, char *errbuf, size_t errlen)
+{
+    char buf[1024];
+    struct stat st;
+    ssize_t got;
+    size_t len = 0;
+    int fd, rc = 0;
+
+    if (path == NULL || path[0] == '\0') {
+        return 0;
+    }
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+        rc = -errno;
+        snprintf(errbuf, errlen, "cannot read the PostgreSQL password file %s: %s", path,
+                 strerror(-rc));
+        return rc;
+    }
+    if (fstat(fd, &st) != 0) {
+        rc = -errno;
+        snprintf(errbuf, errlen, "cannot read the PostgreSQL password file %s: %s", path,
+                 strerror(-rc));
+        close(fd);
+        return rc;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(errbuf, errlen, "the PostgreSQL password file %s is not a regular file", path);
+        close(fd);
+        return KP_ECONFIG;
+    }
+    if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+        snprintf(errbuf, errlen,
+                 "the PostgreSQL password file %s is readable by others (mode %04o): run "
+                 "chmod 600 %s",
+                 path, (unsigned) (st.st_mode & 07777), path);
+        close(fd);
+        return KP_ECONFIG;
+    }
+    while (len < sizeof(buf) - 1) {
+        got = read(fd, buf + len, sizeof(buf) - 1 - len);
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got < 0) {
+            rc = -errno;
+            snprintf(errbuf, errlen, "cannot read the PostgreSQL password file %s: %s", path,
+                     strerror(-rc));
+            close(fd);
+            explicit_bzero(buf, sizeof(buf));
+            return rc;
+        }
+        if (got == 0) {
+            break;
+        }
+        len += (size_t) got;
+    }
+    close(fd);
+    buf[len] = '\0';
+    /* The first line is the password; a trailing newline (echo, editors) is not part of it. */
+    len = strcspn(buf, "\r\n");
+    buf[len] = '\0';
+    if (len == 0) {
+        snprintf(errbuf, errlen, "the PostgreSQL password file %s is empty", path);
+        explicit_bzero(buf, sizeof(buf));
+        return KP_ECONFIG;
+    }
+    if (pg_password != NULL) {
+        explicit_bzero(pg_password, strlen(pg_password));
+        free(pg_password);
+    }
+    pg_password = strdup(buf);
+    explicit_bzero(buf, sizeof(buf));
+    if (pg_password == NULL) {
+        snprintf(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    return 0;
 }
 
 /* Checks a result: OK for commands and queries, an error otherwise. Takes res unless the

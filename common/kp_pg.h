@@ -45,6 +45,16 @@ int kp_pg_connect(const char *conninfo, const char *application_name, PGconn **o
                   size_t errlen);
 
 /*
+ * Reads the PostgreSQL password from path (its first line; "" or NULL: nothing to do) once at
+ * start, before any thread connects; every later kp_pg_connect passes it to libpq as the
+ * password keyword (over one in conninfo, PGPASSWORD or PGPASSFILE). The password is never
+ * logged. Refuses a file that the group or others may access (KP_ECONFIG, "... run chmod 600
+ * PATH"), one that is not a regular file or is empty (KP_ECONFIG); -errno when it cannot be
+ * read. The message in errbuf names the file, never its contents. Not thread-safe.
+ */
+int kp_pg_password_file_load(const char *path, char *errbuf, size_t errlen);
+
+/*
  * Reopens c after its connection was lost (PostgreSQL restarted, or shut the session down):
  * PQreset, which connects again with the parameters c was opened with (conninfo, application
  * name, timeouts), on the same PGconn. Returns 0; or KP_EPG with "PostgreSQL is unreachable: "

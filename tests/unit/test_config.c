@@ -740,6 +740,23 @@ static void test_print_config(void **state)
     assert_non_null(strstr(out, "\ningest.max-name-bytes = 1MiB\n"));
     free(out);
     kp_config_fini(defs, NDEFS, &c);
+
+    /* A password in a postgresql:// URI (user:pw@ or ?password=) is masked like key=value. */
+    capture_begin(&cap);
+    assert_int_equal(LOAD(&c, &action, "--print-config", "--pg.conninfo=postgresql://k:s3cr3t@h/d"),
+                     0);
+    out = capture_end(&cap);
+    assert_non_null(strstr(out, "\npg.conninfo = ***\n"));
+    assert_null(strstr(out, "s3cr3t"));
+    free(out);
+    kp_config_fini(defs, NDEFS, &c);
+    capture_begin(&cap);
+    assert_int_equal(
+        LOAD(&c, &action, "--print-config", "--pg.conninfo=postgres:///d?password=s3cr3t"), 0);
+    out = capture_end(&cap);
+    assert_null(strstr(out, "s3cr3t"));
+    free(out);
+    kp_config_fini(defs, NDEFS, &c);
 }
 
 static void test_dry_run(void **state)
