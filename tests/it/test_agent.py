@@ -16,7 +16,9 @@ kprofctl binary through collectord's coordinator, the agent's only control plane
   4. the agent restarted while records are spooled and unacknowledged: replayed after the
      restart, no duplicates;
   5. collectord frozen (SIGSTOP, not killed) under the uplink: the agent still stops promptly,
-     and once collectord is thawed its records are stored exactly once."""
+     and once collectord is thawed its records are stored exactly once;
+  6. the same (job, rank) live on two agents: `kprofctl start` refuses (exit 6) naming both
+     hosts, rather than capturing one of them."""
 import json
 import os
 import shutil
@@ -47,9 +49,9 @@ def free_port():
 
 
 class Agent:
-    def __init__(self, name, collector, extra=()):
-        self.sock = os.path.join(DIR, "agent.sock")
-        self.spool = os.path.join(DIR, "spool")
+    def __init__(self, name, collector, extra=(), sock="agent.sock", spool="spool"):
+        self.sock = os.path.join(DIR, sock)
+        self.spool = os.path.join(DIR, spool)
         self.ready = os.path.join(DIR, name + ".ready")
         self.log_path = os.path.join(DIR, name + ".log")
         if os.path.exists(self.ready):
@@ -286,6 +288,32 @@ def test_bad_peers(agent, lib):
                                                                      p.stderr)
 
 
+def test_rank_two_hosts(port):
+    """The same (job, rank) live on two agents: StartCapture refuses, naming both hosts."""
+    other = Agent("agent-nodeb", "127.0.0.1:%d" % port, ["--host", "nodeb"], sock="nodeb.sock",
+                  spool="spool-nodeb")
+    try:
+        libs = []
+        for agent_sock, rank in ((os.path.join(DIR, "agent.sock"), 0),
+                                 (other.sock, 0), (other.sock, 1)):
+            c = kw.Conn(agent_sock)
+            c.send(kw.hello("dupjob", rank, local_rank=rank, world_size=2))
+            accepted, reason = kw.parse_welcome(c.recv()[1])
+            assert accepted == 1, reason
+            libs.append(c)
+        kpfix.wait_for(lambda: len(Ctl.jobs("dupjob")) == 3, 30, "dupjob's 3 processes listed")
+        rc, out, err = Ctl.run("start", "--job", "dupjob")
+        assert rc == 6 and "rank 0 of job dupjob is registered on two hosts" in err, (rc, err)
+        assert "nodeb" in err, err
+        for c in libs:
+            c.close()
+    except BaseException:
+        print("--- nodeb agent log ---\n" + other.text()[-5000:], file=sys.stderr)
+        raise
+    finally:
+        assert other.stop() == 0
+
+
 def send_window(lib, arm, first, n_api, start_step):
     """A window of two steps with n_api API records + kernels; returns the expected rows."""
     cid, run = arm["capture_id"], arm["run_id"]
@@ -444,6 +472,8 @@ def main():
         print("ok capture rows")
         test_bad_peers(agent, lib)
         print("ok bad peers")
+        test_rank_two_hosts(port)
+        print("ok rank on two hosts")
         coll = test_collectord_down(agent, coll, conninfo, port, lib)
         print("ok collectord down")
         lib.close()
