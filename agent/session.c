@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <pwd.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -66,6 +67,9 @@ struct kp_sessions {
     size_t n_allow;
     uint32_t refused_logged[KP_SESSION_MAX_ALLOW];
     size_t n_refused_logged;
+    /* pids whose HELLO was refused, logged once each (a refused library retries every 10 s) */
+    uint32_t hello_refused_logged[KP_SESSION_MAX_ALLOW];
+    size_t n_hello_refused;
     struct kp_agent_metrics *m;
     struct kp_captures *caps;
     struct session *list;
@@ -367,14 +371,96 @@ static bool malformed(struct session *s, const char *why)
     return false;
 }
 
-static void on_hello(struct session *s, const uint8_t *p)
+/* True if the session o (a live one by the agent's books) has in fact gone: its process exited
+ * (kill(pid, 0) fails with ESRCH) or its connection's EOF is waiting unread. A restarted worker
+ * may then take its identity even if the agent has not yet read that EOF. */
+static bool session_gone(const struct session *o)
+{
+    char c;
+    ssize_t r = recv(o->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        return true;
+    }
+    return o->proc.pid != 0 && kill((pid_t) o->proc.pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Why the identity in h is refused (written to why), or NULL if it is acceptable: a rank,
+ * local rank or world size out of range (-1 is "unknown", as the library sends without the
+ * variables), a job name with control characters, or a (job, rank) a live session of another
+ * process already holds. An empty job or an unknown rank is not checked for duplicates: such
+ * processes are not one identity each. */
+static const char *hello_refusal(const struct session *s, const struct kp_wire_hello *h, char *why,
+                                 size_t n)
+{
+    if (h->world_size == 0 || h->world_size < -1 || h->world_size >= KP_SESSION_REPORT_MAX_RANK) {
+        snprintf(why, n, "world size %d is out of range (1 to %d, or -1 if unknown)", h->world_size,
+                 KP_SESSION_REPORT_MAX_RANK - 1);
+        return why;
+    }
+    if (h->rank < -1 || h->rank >= KP_SESSION_REPORT_MAX_RANK ||
+        (h->world_size > 0 && h->rank >= h->world_size)) {
+        snprintf(why, n, "rank %d is out of range (0 to world size %d - 1, or -1 if unknown)",
+                 h->rank, h->world_size);
+        return why;
+    }
+    if (h->local_rank < -1 || h->local_rank >= KP_SESSION_REPORT_MAX_RANK) {
+        snprintf(why, n, "local rank %d is out of range (0 or more, or -1 if unknown)",
+                 h->local_rank);
+        return why;
+    }
+    for (const char *c = h->job; *c != '\0'; c++) {
+        if ((unsigned char) *c < 0x20 || *c == 0x7f) {
+            snprintf(why, n, "job name has a control character (byte 0x%02x)", (unsigned char) *c);
+            return why;
+        }
+    }
+    if (h->job[0] == '\0' || h->rank < 0) {
+        return NULL;
+    }
+    for (struct session *o = s->ss->list; o != NULL; o = o->next) {
+        if (o == s || !o->hello || o->proc.h.rank != h->rank ||
+            strcmp(o->proc.h.job, h->job) != 0 || session_gone(o)) {
+            continue;
+        }
+        snprintf(why, n,
+                 "job %.64s rank %d is already registered by pid %u on this agent (two "
+                 "processes may not share a rank; check RANK and the job id)",
+                 h->job, h->rank, o->proc.pid);
+        return why;
+    }
+    return NULL;
+}
+
+/* Handles a HELLO; returns false if the identity was refused and the session closed. */
+static bool on_hello(struct session *s, const uint8_t *p)
 {
     struct kp_wire_hello *h = &s->proc.h;
+    struct kp_sessions *ss = s->ss;
+    char why[256];
+    const char *refused;
+    bool logged = false;
 
     memcpy(h, p, sizeof(*h));
     h->job[sizeof(h->job) - 1] = '\0';
     h->host[sizeof(h->host) - 1] = '\0';
     h->cupti_error[sizeof(h->cupti_error) - 1] = '\0';
+    refused = hello_refusal(s, h, why, sizeof(why));
+    if (refused != NULL) {
+        send_welcome(ss, s->fd, false, refused);
+        kp_metric_add(ss->m->refused, 1);
+        kp_proc_clean_text(h->job);
+        for (size_t i = 0; i < KP_SESSION_MAX_ALLOW && i < ss->n_hello_refused; i++) {
+            logged |= ss->hello_refused_logged[i] == s->proc.pid;
+        }
+        if (!logged) {
+            ss->hello_refused_logged[ss->n_hello_refused++ % KP_SESSION_MAX_ALLOW] = s->proc.pid;
+            kp_log_warn("process refused pid=%u uid=%u job=%.64s rank=%d world=%d reason=\"%s\"",
+                        s->proc.pid, s->uid, h->job, h->rank, h->world_size, refused);
+        }
+        session_close(s);
+        return false;
+    }
     kp_proc_clean_text(h->job);
     kp_proc_clean_text(h->host);
     s->hello = true;
@@ -384,6 +470,7 @@ static void on_hello(struct session *s, const uint8_t *p)
                 "device=%d cupti=%u%s%s",
                 s->proc.pid, s->uid, h->job, h->rank, h->local_rank, h->world_size, h->device,
                 h->cupti_version, h->cupti_error[0] ? " cupti_error=" : "", h->cupti_error);
+    return true;
 }
 
 static void on_status(struct session *s, const uint8_t *p)
@@ -426,8 +513,7 @@ static bool on_message(struct session *s, size_t n)
         if (s->hello) {
             return malformed(s, "second HELLO");
         }
-        on_hello(s, p);
-        return true;
+        return on_hello(s, p);
     case KP_W_STATUS:
         on_status(s, p);
         return true;

@@ -577,7 +577,8 @@ static int select_ranks(struct kp_rpc_call *call, const Kprof__V1__StartCaptureR
 
 /* Each selected rank's process into by_rank (world entries; missing: world bytes of room) and
  * their count into *nsel. 0, or -1 after answering the call when a selected rank has no
- * process or one that is capturing already. */
+ * process, one that is capturing already, or processes on two agents (two live workers claim
+ * that rank: which one is the job's is not ours to guess). */
 static int pick_procs(struct kp_rpc_call *call, const Kprof__V1__StartCaptureRequest *req,
                       const struct procref *v, long n, uint32_t world, const uint8_t *sel,
                       const struct procref **by_rank, uint8_t *missing, size_t *nsel)
@@ -589,8 +590,20 @@ static int pick_procs(struct kp_rpc_call *call, const Kprof__V1__StartCaptureReq
     for (long i = 0; i < n; i++) {
         int32_t r = v[i].p->rank;
 
-        if (r >= 0 && (uint32_t) r < world &&
-            (by_rank[r] == NULL || by_rank[r]->a->report_ms < v[i].a->report_ms)) {
+        if (r < 0 || (uint32_t) r >= world) {
+            continue;
+        }
+        if (by_rank[r] != NULL && by_rank[r]->a != v[i].a && sel[r]) {
+            snprintf(err, sizeof(err),
+                     "rank %d of job %s is registered on two hosts, %s (pid %u) and %s (pid "
+                     "%u): two live workers claim it; stop the stray one (check RANK and the "
+                     "job id) and retry",
+                     r, req->job, by_rank[r]->a->host, by_rank[r]->p->pid, v[i].a->host,
+                     v[i].p->pid);
+            finish_err(call, GRPC_STATUS_FAILED_PRECONDITION, err);
+            return -1;
+        }
+        if (by_rank[r] == NULL || by_rank[r]->a->report_ms < v[i].a->report_ms) {
             by_rank[r] = &v[i];
         }
     }

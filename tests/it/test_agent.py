@@ -7,13 +7,18 @@ kprofctl binary through collectord's coordinator, the agent's only control plane
      ended;
   2. a malformed message and a refused uid only close that connection; the good one is still
      listed by `kprofctl jobs`; start errors (no such job, a rank outside the world size) have
-     their exit codes; `kprof-agent capture` (removed) exits 2 naming kprofctl;
+     their exit codes; `kprof-agent capture` (removed) exits 2 naming kprofctl; a HELLO with
+     an impossible identity (rank -7, rank >= world size, world size 0, a control character
+     in the job) or a (job, rank) a live session holds is refused with its reason, logged once,
+     and only that connection closed; once the holder closes, the same (job, rank) is accepted;
   3. collectord stopped during the capture: the agent spools, collectord comes back, every
      row is stored exactly once, and only then is the agent's capture complete;
   4. the agent restarted while records are spooled and unacknowledged: replayed after the
      restart, no duplicates;
   5. collectord frozen (SIGSTOP, not killed) under the uplink: the agent still stops promptly,
-     and once collectord is thawed its records are stored exactly once."""
+     and once collectord is thawed its records are stored exactly once;
+  6. the same (job, rank) live on two agents: `kprofctl start` refuses (exit 6) naming both
+     hosts, rather than capturing one of them."""
 import json
 import os
 import shutil
@@ -44,9 +49,9 @@ def free_port():
 
 
 class Agent:
-    def __init__(self, name, collector, extra=()):
-        self.sock = os.path.join(DIR, "agent.sock")
-        self.spool = os.path.join(DIR, "spool")
+    def __init__(self, name, collector, extra=(), sock="agent.sock", spool="spool"):
+        self.sock = os.path.join(DIR, sock)
+        self.spool = os.path.join(DIR, spool)
         self.ready = os.path.join(DIR, name + ".ready")
         self.log_path = os.path.join(DIR, name + ".log")
         if os.path.exists(self.ready):
@@ -239,6 +244,32 @@ def test_bad_peers(agent, lib):
         assert "connection refused" in agent.text()
     else:
         print("skip: refused-uid check needs root")
+    # an impossible identity or a taken (job, rank) is refused, that connection closed
+    for job, rank, world, want in (("rankjob", -7, 4, "rank -7 is out of range"),
+                                   ("rankjob", 4, 4, "rank 4 is out of range"),
+                                   ("rankjob", 0, 0, "world size 0 is out of range"),
+                                   ("rank\njob", 0, 1, "control character"),
+                                   ("itjob", 0, 1, "itjob rank 0 is already registered by pid")):
+        bad = kw.Conn(agent.sock)
+        bad.send(kw.hello(job, rank, local_rank=0, world_size=world))
+        mtype, payload = bad.recv()
+        assert mtype == kw.WELCOME, mtype
+        accepted, reason = kw.parse_welcome(payload)
+        assert accepted == 0 and want in reason, (job, rank, world, accepted, reason)
+        assert bad.closed(), "a refused HELLO must close the connection"
+        bad.close()
+    # the pid's refusals are logged once, not once per connection
+    kpfix.wait_for(lambda: "process refused" in agent.text(), 10, "refusal logged")
+    assert agent.text().count("process refused") == 1, agent.text()[-3000:]
+    # a valid rank of the same job is accepted; after its holder closes, the rank is free again
+    first = library(agent, "rankjob", rank=3, world=4)
+    again = kw.Conn(agent.sock)
+    again.send(kw.hello("rankjob", 3, local_rank=0, world_size=4))
+    accepted, reason = kw.parse_welcome(again.recv()[1])
+    assert accepted == 0 and "already registered" in reason, reason
+    again.close()
+    first.close()
+    library(agent, "rankjob", rank=3, world=4).close()
     # the good connection is still registered and reported, the closed one no longer
     Ctl.wait_job("itjob", os.getpid())
     kpfix.wait_for(lambda: not Ctl.jobs("otherjob"), 30, "otherjob gone from kprofctl jobs")
@@ -255,6 +286,32 @@ def test_bad_peers(agent, lib):
                            text=True, timeout=30)
         assert p.returncode == 2 and "kprofctl start" in p.stderr, (verb, p.returncode,
                                                                      p.stderr)
+
+
+def test_rank_two_hosts(port):
+    """The same (job, rank) live on two agents: StartCapture refuses, naming both hosts."""
+    other = Agent("agent-nodeb", "127.0.0.1:%d" % port, ["--host", "nodeb"], sock="nodeb.sock",
+                  spool="spool-nodeb")
+    try:
+        libs = []
+        for agent_sock, rank in ((os.path.join(DIR, "agent.sock"), 0),
+                                 (other.sock, 0), (other.sock, 1)):
+            c = kw.Conn(agent_sock)
+            c.send(kw.hello("dupjob", rank, local_rank=rank, world_size=2))
+            accepted, reason = kw.parse_welcome(c.recv()[1])
+            assert accepted == 1, reason
+            libs.append(c)
+        kpfix.wait_for(lambda: len(Ctl.jobs("dupjob")) == 3, 30, "dupjob's 3 processes listed")
+        rc, out, err = Ctl.run("start", "--job", "dupjob")
+        assert rc == 6 and "rank 0 of job dupjob is registered on two hosts" in err, (rc, err)
+        assert "nodeb" in err, err
+        for c in libs:
+            c.close()
+    except BaseException:
+        print("--- nodeb agent log ---\n" + other.text()[-5000:], file=sys.stderr)
+        raise
+    finally:
+        assert other.stop() == 0
 
 
 def send_window(lib, arm, first, n_api, start_step):
@@ -415,6 +472,8 @@ def main():
         print("ok capture rows")
         test_bad_peers(agent, lib)
         print("ok bad peers")
+        test_rank_two_hosts(port)
+        print("ok rank on two hosts")
         coll = test_collectord_down(agent, coll, conninfo, port, lib)
         print("ok collectord down")
         lib.close()
