@@ -15,7 +15,8 @@
  *   3    not found: an unknown job or run (NOT_FOUND)
  *   4    busy: a selected rank is capturing already (ALREADY_EXISTS)
  *   5    collectord unreachable (UNAVAILABLE, DEADLINE_EXCEEDED)
- *   6    no agent: a selected rank has no kprof-agent attached (FAILED_PRECONDITION)
+ *   6    no agent: a selected rank has no kprof-agent attached, or is live on two hosts
+ *        (FAILED_PRECONDITION)
  *   130  interrupted (SIGINT) while waiting (start --wait, status --watch)
  * import and export keep their own (import.c, export.c): 0, 1, 2 and, for export, 3.
  */

@@ -207,7 +207,8 @@ static void print_exits(const struct kp_rpcverb_spec *spec, FILE *out)
             "  3    not found: an unknown job or run (NOT_FOUND)\n"
             "  4    busy: a selected rank is capturing already (ALREADY_EXISTS)\n"
             "  5    collectord unreachable, or its PostgreSQL (UNAVAILABLE, DEADLINE_EXCEEDED)\n"
-            "  6    no agent: a selected rank has no kprof-agent attached (FAILED_PRECONDITION)\n",
+            "  6    no agent: a selected rank has no kprof-agent attached, or is live on two hosts "
+            "(FAILED_PRECONDITION)\n",
             spec->exit_ok != NULL ? spec->exit_ok : "ok",
             spec->exit_failed != NULL
                 ? spec->exit_failed
