@@ -64,6 +64,19 @@ def test_refused(conninfo, d_dir):
                          "--pg-password-file", missing])
         out = p.stdout + p.stderr
         assert p.returncode == 1 and missing in out, (daemon, p.returncode, out)
+        # garbage in the file's place: an empty file and a directory, each named in the error
+        empty = os.path.join(d_dir, "pw-empty")
+        write_file(empty, "", 0o600)
+        for bad in (empty, d_dir):
+            p = run(daemon, ["--listen", "127.0.0.1:0", "--http-listen", "", "--pg-conninfo",
+                             conninfo, "--pg-password-file", bad])
+            out = p.stdout + p.stderr
+            assert p.returncode == 1 and bad in out, (daemon, bad, p.returncode, out)
+        # a flag the daemon does not know, and one without its value: usage, exit 2
+        for args in (["--no-such-flag"], ["--pg-password-file"]):
+            p = run(daemon, args)
+            out = p.stdout + p.stderr
+            assert p.returncode == 2 and args[0] in out, (daemon, args, p.returncode, out)
 
 
 def test_print_config(pwfile, d_dir):
