@@ -296,6 +296,7 @@ int kp_export_svc_create(const char *pg_conninfo, int max_active, struct kp_expo
         .on_half_close = on_half_close,
         .on_close = on_close,
         .ud = svc,
+        .roles = KP_ROLE_VIEWER,
     };
     *out = svc;
     return 0;

@@ -15,6 +15,7 @@
 #include "an.h"
 #include "export_rpc.h"
 #include "kp_clock.h"
+#include "kp_auth.h"
 #include "kp_daemon.h"
 #include "kp_err.h"
 #include "kp_http.h"
@@ -82,6 +83,7 @@ struct kp_analyzer {
     struct kp_export_svc *export_svc; /* Analyzer.Export (export_rpc.h) */
     struct kp_rpc_server *server;
     struct kp_http *http;
+    struct kp_auth *auth; /* NULL: --allow-anonymous */
     struct kp_workq *q; /* the workers, each with a struct worker */
 
     pthread_mutex_t mu; /* last_reject_log_ns */
@@ -547,6 +549,11 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
     a->cfg = *cfg;
     pthread_mutex_init(&a->mu, NULL);
     pthread_mutex_init(&a->cache_mu, NULL);
+    if ((rc = kp_daemon_security(&cfg->base, &a->auth, errbuf, errlen)) != 0) {
+        goto fail;
+    }
+    sopts.auth = a->auth;
+    sopts.tls_client_ca_file = cfg->base.tls_client_ca;
     if (cfg->workers < 1 || cfg->workers > KP_ANALYZER_MAX_WORKERS || cfg->queue_max < 1) {
         snprintf(errbuf, errlen, "--workers must be 1..%d and --queue-max at least 1",
                  KP_ANALYZER_MAX_WORKERS);
@@ -570,6 +577,7 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
             .request = kp_views[i]->request,
             .on_request = on_view,
             .ud = &a->slots[i],
+            .roles = KP_ROLE_VIEWER,
         };
     }
     /* Methods that are not views go here, after the views: Export streams its reply. */
@@ -628,5 +636,6 @@ void kp_analyzer_destroy(struct kp_analyzer *a)
     }
     pthread_mutex_destroy(&a->cache_mu);
     pthread_mutex_destroy(&a->mu);
+    kp_auth_destroy(a->auth);
     free(a);
 }

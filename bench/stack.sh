@@ -44,7 +44,7 @@ bench_stack_up() {
     "$root/tests/it/pgfix.sh" start "$pgdir" "$pgport" >"$work/pgfix.log" 2>&1 ||
         { cat "$work/pgfix.log" >&2; die "PostgreSQL did not start"; }
     pg="host=$pgdir port=$pgport user=kprof dbname=kprof"
-    "$collectord" --listen 127.0.0.1:0 --http-listen "" --pg-conninfo "$pg" \
+    "$collectord" --listen 127.0.0.1:0 --http-listen "" --pg-conninfo "$pg" --plaintext --allow-anonymous \
         --ready-file "$work/ready" --log-level warn >"$work/collectord.log" 2>&1 &
     cpid=$!
     for _ in $(seq 1 300); do
@@ -58,7 +58,7 @@ bench_stack_up() {
 
 bench_analyzer_up() {
     [ -x "$analyzer" ] || die "$analyzer is missing; build it"
-    "$analyzer" --listen 127.0.0.1:0 --http-listen "" --pg-conninfo "$pg" --cache-bytes 0 \
+    "$analyzer" --listen 127.0.0.1:0 --http-listen "" --pg-conninfo "$pg" --cache-bytes 0 --plaintext --allow-anonymous \
         --max-rows 0 --workers 1 --ready-file "$work/analyzer.ready" --log-level warn \
         >"$work/analyzer.log" 2>&1 &
     apid=$!

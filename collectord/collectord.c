@@ -11,6 +11,7 @@
 #include "coord.h"
 #include "ingest.h"
 #include "kp_codec.h"
+#include "kp_auth.h"
 #include "kp_daemon.h"
 #include "kp_err.h"
 #include "kp_http.h"
@@ -28,6 +29,7 @@ struct kp_collectord {
     struct kp_rpc_method methods[1 + KP_CONTROL_N_METHODS];
     struct kp_rpc_server *server;
     struct kp_http *http;
+    struct kp_auth *auth; /* NULL: --allow-anonymous */
 };
 
 static bool healthz(void *ud)
@@ -117,6 +119,11 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
         return -ENOMEM;
     }
     d->cfg = *cfg;
+    if ((rc = kp_daemon_security(&cfg->base, &d->auth, errbuf, errlen)) != 0) {
+        goto fail;
+    }
+    sopts.auth = d->auth;
+    sopts.tls_client_ca_file = cfg->base.tls_client_ca;
     if ((rc = kp_codec_selfcheck(errbuf, errlen)) != 0) {
         goto fail;
     }
@@ -195,5 +202,6 @@ void kp_collectord_destroy(struct kp_collectord *d)
     kp_rpc_server_destroy(d->server);
     kp_coord_destroy(d->coord);
     kp_ingest_destroy(d->ingest);
+    kp_auth_destroy(d->auth);
     free(d);
 }

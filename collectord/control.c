@@ -456,43 +456,51 @@ void kp_control_methods(struct kp_control *c, struct kp_rpc_method *out)
                                      .kind = KP_RPC_UNARY,
                                      .request = &kprof__v1__create_run_request__descriptor,
                                      .on_request = on_create,
-                                     .ud = c };
+                                     .ud = c,
+                                     .roles = KP_ROLE_AGENT | KP_ROLE_OPERATOR };
     out[1] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/EndRun",
                                      .kind = KP_RPC_UNARY,
                                      .request = &kprof__v1__end_run_request__descriptor,
                                      .on_request = on_end,
-                                     .ud = c };
+                                     .ud = c,
+                                     .roles = KP_ROLE_AGENT | KP_ROLE_OPERATOR };
     out[2] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/ListRuns",
                                      .kind = KP_RPC_UNARY,
                                      .request = &kprof__v1__list_runs_request__descriptor,
                                      .on_request = on_list,
-                                     .ud = c };
+                                     .ud = c,
+                                     .roles = KP_ROLE_VIEWER };
     out[3] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/DropRun",
                                      .kind = KP_RPC_UNARY,
                                      .request = &kprof__v1__drop_run_request__descriptor,
                                      .on_request = on_drop,
-                                     .ud = c };
+                                     .ud = c,
+                                     .roles = KP_ROLE_OPERATOR };
     out[4] = kp_coord_attach_method(c->coord);
     out[5] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/ListJobs",
                                      .kind = KP_RPC_UNARY,
                                      .request = &kprof__v1__list_jobs_request__descriptor,
                                      .on_request = on_jobs,
-                                     .ud = c };
+                                     .ud = c,
+                                     .roles = KP_ROLE_VIEWER };
     out[6] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/StartCapture",
                                      .kind = KP_RPC_UNARY,
                                      .request = &kprof__v1__start_capture_request__descriptor,
                                      .on_request = on_start,
-                                     .ud = c };
+                                     .ud = c,
+                                     .roles = KP_ROLE_OPERATOR };
     out[7] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/StopCapture",
                                      .kind = KP_RPC_UNARY,
                                      .request = &kprof__v1__stop_capture_request__descriptor,
                                      .on_request = on_stop,
-                                     .ud = c };
+                                     .ud = c,
+                                     .roles = KP_ROLE_OPERATOR };
     out[8] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/CaptureStatus",
                                      .kind = KP_RPC_UNARY,
                                      .request = &kprof__v1__capture_status_request__descriptor,
                                      .on_request = on_status,
-                                     .ud = c };
+                                     .ud = c,
+                                     .roles = KP_ROLE_VIEWER };
 }
 
 int kp_control_create(const char *conninfo, struct kp_coord *coord, struct kp_control **out,

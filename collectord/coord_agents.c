@@ -252,7 +252,8 @@ struct kp_rpc_method kp_coord_attach_method(struct kp_coord *c)
                                    .on_message = att_message,
                                    .on_half_close = att_half_close,
                                    .on_close = att_close,
-                                   .ud = c };
+                                   .ud = c,
+                                   .roles = KP_ROLE_AGENT };
 }
 
 int kp_coord_feed_report(struct kp_coord *c, uint32_t slot, const uint8_t *buf, size_t len,

@@ -278,6 +278,7 @@ struct kp_rpc_method kp_ingest_method(struct kp_ingest *ing)
         .on_half_close = on_half_close,
         .on_close = on_close,
         .ud = ing,
+        .roles = KP_ROLE_AGENT | KP_ROLE_OPERATOR, /* agents' captures, operators' imports */
     };
 
     return m;

@@ -5,8 +5,11 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "kp_auth.h"
 #include "kp_config.h"
+#include "kp_err.h"
 #include "kp_http.h"
 #include "kp_log.h"
 #include "kp_ready.h"
@@ -151,4 +154,83 @@ int kp_daemon_ready_write(const char *ready_file, const char *key, const char *v
         e[1].value = addr;
     }
     return kp_ready_file_write(ready_file, e, 2, errbuf, errlen);
+}
+
+bool kp_daemon_listen_is_local(const char *listen)
+{
+    static const char *const local[] = { "unix:", "unix-abstract:", "127.", "[::1]:",
+                                         "localhost:", "ipv4:127.", "ipv6:[::1]:" };
+
+    if (listen == NULL) {
+        return false;
+    }
+    for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++) {
+        if (strncmp(listen, local[i], strlen(local[i])) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+int kp_daemon_security(const struct kp_daemon_config *cfg, struct kp_auth **auth, char *errbuf,
+                       size_t errlen)
+{
+    bool tls = cfg->tls_cert != NULL && cfg->tls_cert[0] != '\0';
+    bool tokens = cfg->token_file != NULL && cfg->token_file[0] != '\0';
+    bool certs = cfg->tls_client_ca != NULL && cfg->tls_client_ca[0] != '\0';
+    bool local = kp_daemon_listen_is_local(cfg->listen);
+
+    *auth = NULL;
+    if (tls && cfg->plaintext) {
+        snprintf(errbuf, errlen, "--plaintext and --tls-cert contradict each other: drop one");
+        return KP_ECONFIG;
+    }
+    if (tls && (cfg->tls_key == NULL || cfg->tls_key[0] == '\0')) {
+        snprintf(errbuf, errlen, "--tls-cert needs --tls-key (the certificate's private key)");
+        return KP_ECONFIG;
+    }
+    if (!tls && !cfg->plaintext) {
+        snprintf(errbuf, errlen,
+                 "no TLS: give --tls-cert and --tls-key (kprof-stack makes a CA and certificates "
+                 "for a local stack), or --plaintext to serve without TLS on a loopback address");
+        return KP_ECONFIG;
+    }
+    if (!tls && !local) {
+        snprintf(errbuf, errlen,
+                 "--plaintext is refused on %s: plaintext is served only on a loopback address or "
+                 "a unix socket; give --tls-cert and --tls-key",
+                 cfg->listen);
+        return KP_ECONFIG;
+    }
+    if (certs && !tls) {
+        snprintf(errbuf, errlen, "--tls-client-ca needs TLS: give --tls-cert and --tls-key");
+        return KP_ECONFIG;
+    }
+    if (cfg->allow_anonymous) {
+        if (tokens || certs) {
+            snprintf(errbuf, errlen,
+                     "--allow-anonymous with --token-file or --tls-client-ca: drop one (with a "
+                     "credential configured, every caller must bring one)");
+            return KP_ECONFIG;
+        }
+        if (!local) {
+            snprintf(errbuf, errlen,
+                     "--allow-anonymous is refused on %s: it is allowed only on a loopback address "
+                     "or a unix socket; give --token-file or --tls-client-ca",
+                     cfg->listen);
+            return KP_ECONFIG;
+        }
+        kp_log_write(KP_LOG_WARN, "auth",
+                     "serving %s without authentication (--allow-anonymous): every local user "
+                     "may call every method",
+                     cfg->listen);
+        return 0;
+    }
+    if (!tokens && !certs) {
+        snprintf(errbuf, errlen,
+                 "no authentication: give --token-file (bearer tokens) or --tls-client-ca (client "
+                 "certificates), or --allow-anonymous on a loopback address");
+        return KP_ECONFIG;
+    }
+    return kp_auth_create(cfg->token_file, certs, auth, errbuf, errlen);
 }

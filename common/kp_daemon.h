@@ -30,7 +30,50 @@ struct kp_daemon_config {
     int log_level;          /* index into kp_daemon_log_levels */
     char *ready_file;       /* written with the bound addresses once serving */
     char *pg_password_file; /* PostgreSQL password, read once at start; "": none */
+    char *token_file;       /* bearer tokens and their roles (kp_auth.h); "": none */
+    char *tls_client_ca;    /* PEM CA of the client certificates that carry roles; "": none */
+    bool plaintext;         /* serve without TLS: refused unless listen is loopback or unix */
+    bool allow_anonymous;   /* no authentication: refused unless listen is loopback or unix */
 };
+
+/* The config rows (struct kp_config_def) of the settings above that secure a daemon, for a
+ * config struct TYPE whose member base is its struct kp_daemon_config. */
+#define KP_DAEMON_SECURITY_CONFIG(TYPE)                                                          \
+    { "tls-cert", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.tls_cert),                     \
+      "PEM certificate chain: serve gRPC over TLS (with --tls-key)", NULL, false },              \
+        { "tls-key", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.tls_key),                   \
+          "PEM private key of --tls-cert (mode 0600)", NULL, true },                             \
+        { "tls-client-ca", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.tls_client_ca),       \
+          "PEM CA whose client certificates carry a role (SAN URI urn:kprof:ROLE:NAME)", NULL,   \
+          false },                                                                               \
+        { "token-file", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.token_file),             \
+          "bearer tokens, \"ROLE NAME TOKEN\" a line (mode 0600; re-read when it changes)",      \
+          NULL, false },                                                                         \
+        { "plaintext", KP_CONFIG_BOOL, "false", 0, 0, offsetof(TYPE, base.plaintext),            \
+          "serve gRPC without TLS: only on a loopback address or a unix socket", NULL, false },  \
+    {                                                                                            \
+        "allow-anonymous", KP_CONFIG_BOOL, "false", 0, 0, offsetof(TYPE, base.allow_anonymous),  \
+            "take calls without a credential, in every role: only on a loopback address or a "   \
+            "unix socket (every local user gets in)",                                            \
+            NULL, false                                                                          \
+    }
+
+struct kp_auth;
+
+/*
+ * Checks how the daemon is secured and creates its authentication (kp_auth.h). A daemon
+ * serves TLS (tls_cert and tls_key) or, only when listen is a loopback address or a unix
+ * socket, plaintext when asked for (plaintext); it authenticates its callers (a token file,
+ * client certificates, or both) or, only on loopback and when asked (allow_anonymous), takes
+ * every caller with every role. Returns 0 and *auth (NULL when anonymous; kp_auth_destroy),
+ * or KP_ECONFIG with what to set in errbuf.
+ */
+int kp_daemon_security(const struct kp_daemon_config *cfg, struct kp_auth **auth, char *errbuf,
+                       size_t errlen);
+
+/* Whether a listen address is loopback or a unix socket ("127.0.0.1:7070", "[::1]:0",
+ * "localhost:7070", "unix:/run/x"). */
+bool kp_daemon_listen_is_local(const char *listen);
 
 /* "error", "warn", "info", "debug", NULL: the log-level enum of every daemon's config. */
 extern const char *const kp_daemon_log_levels[];

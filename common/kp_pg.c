@@ -13,6 +13,7 @@
 #include "kp_err.h"
 #include "kp_log.h"
 #include "kp_migrations.h"
+#include "kp_secret.h"
 #include "kp_strbuf.h"
 
 /* Largest buffer handed to PQputCopyData at once (its length is an int). */
@@ -209,67 +210,14 @@ fail:
 int kp_pg_password_file_load(const char *path, char *errbuf, size_t errlen)
 {
     char buf[1024];
-    struct stat st;
-    ssize_t got;
-    size_t len = 0;
-    int fd, rc = 0;
+    long n;
 
     if (path == NULL || path[0] == '\0') {
         return 0;
     }
-    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
-        rc = -errno;
-        snprintf(errbuf, errlen, "cannot read the PostgreSQL password file %s: %s", path,
-                 strerror(-rc));
-        return rc;
-    }
-    if (fstat(fd, &st) != 0) {
-        rc = -errno;
-        snprintf(errbuf, errlen, "cannot read the PostgreSQL password file %s: %s", path,
-                 strerror(-rc));
-        close(fd);
-        return rc;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(errbuf, errlen, "the PostgreSQL password file %s is not a regular file", path);
-        close(fd);
-        return KP_ECONFIG;
-    }
-    if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
-        snprintf(errbuf, errlen,
-                 "the PostgreSQL password file %s is readable by others (mode %04o): run "
-                 "chmod 600 %s",
-                 path, (unsigned) (st.st_mode & 07777), path);
-        close(fd);
-        return KP_ECONFIG;
-    }
-    while (len < sizeof(buf) - 1) {
-        got = read(fd, buf + len, sizeof(buf) - 1 - len);
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got < 0) {
-            rc = -errno;
-            snprintf(errbuf, errlen, "cannot read the PostgreSQL password file %s: %s", path,
-                     strerror(-rc));
-            close(fd);
-            explicit_bzero(buf, sizeof(buf));
-            return rc;
-        }
-        if (got == 0) {
-            break;
-        }
-        len += (size_t) got;
-    }
-    close(fd);
-    buf[len] = '\0';
-    /* The first line is the password; a trailing newline (echo, editors) is not part of it. */
-    len = strcspn(buf, "\r\n");
-    buf[len] = '\0';
-    if (len == 0) {
-        snprintf(errbuf, errlen, "the PostgreSQL password file %s is empty", path);
-        explicit_bzero(buf, sizeof(buf));
-        return KP_ECONFIG;
+    if ((n = kp_secret_file_line(path, "the PostgreSQL password file", false, buf, sizeof(buf),
+                                 errbuf, errlen)) < 0) {
+        return (int) n;
     }
     if (pg_password != NULL) {
         explicit_bzero(pg_password, strlen(pg_password));

@@ -31,6 +31,7 @@
 #include "kp_clock.h"
 #include "kp_err.h"
 #include "kp_log.h"
+#include "kp_secret.h"
 
 #define KP_RPC_DEFAULT_MAX_MSG (64u << 20)
 
@@ -74,6 +75,7 @@ struct kp_rpc_call {
     grpc_status_code code;
     char *status_details;
     char *peer;
+    struct kp_identity id; /* set before any callback (call_admit) */
     bool md_sent, recv_busy, paused, resume_pending, in_message_cb, stop_reading;
     bool send_busy, finish_requested, status_started, status_done, close_done;
     bool closed_notified, cancelled, live;
@@ -89,6 +91,11 @@ struct kp_rpc_server {
     void **registered;
     int port;
     char name[64];
+    struct kp_auth *auth; /* borrowed; NULL: no authentication */
+    /* Refusals logged in the current second, and those left out of the log (a client that
+     * retries a bad token in a loop must not fill the disk). */
+    long long refused_sec;
+    unsigned refused_logged, refused_quiet;
     pthread_mutex_t mu;
     pthread_cond_t cond;
     bool shutdown_started, shutdown_done, destroyed_server;
@@ -516,6 +523,124 @@ static void maybe_closed(struct kp_rpc_call *c)
     kp_rpc_call_unref(c); /* the live reference */
 }
 
+const struct kp_identity *kp_rpc_call_identity(const struct kp_rpc_call *c)
+{
+    return &c->id;
+}
+
+/* Logs a refused call with its peer and reason (never the credential), at most 10 lines a
+ * second; the lines left out are counted in the next one. */
+static void refused_log(struct kp_rpc_server *s, struct kp_rpc_call *c, const char *path,
+                        grpc_status_code code, const char *why)
+{
+    long long sec = kp_mono_ms() / 1000;
+    unsigned quiet = 0;
+    bool log;
+
+    pthread_mutex_lock(&s->mu);
+    if (sec != s->refused_sec) {
+        s->refused_sec = sec;
+        s->refused_logged = 0;
+    }
+    log = s->refused_logged < 10;
+    if (log) {
+        s->refused_logged++;
+        quiet = s->refused_quiet;
+        s->refused_quiet = 0;
+    }
+    else {
+        s->refused_quiet++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (log) {
+        kp_log_warn("refused status=%s method=%s peer=%s reason=\"%s\" not_logged_before=%u",
+                    kp_rpc_status_name(code), path, kp_rpc_call_peer(c), why, quiet);
+    }
+}
+
+/* The URIs of the client certificate the TLS layer verified (none without mutual TLS), into
+ * buf; returns how many. */
+static size_t peer_uris(grpc_call *call, char buf[][256], const char **uris, size_t max)
+{
+    static const char *const props[] = { GRPC_PEER_URI_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME };
+    grpc_auth_context *ctx = grpc_call_auth_context(call);
+    size_t n = 0;
+
+    if (ctx == NULL) {
+        return 0;
+    }
+    if (grpc_auth_context_peer_is_authenticated(ctx)) {
+        for (size_t k = 0; k < 2; k++) {
+            grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ctx, props[k]);
+            const grpc_auth_property *p;
+
+            while ((p = grpc_auth_property_iterator_next(&it)) != NULL && n < max) {
+                if (p->value_length < 256) {
+                    memcpy(buf[n], p->value, p->value_length);
+                    buf[n][p->value_length] = '\0';
+                    uris[n] = buf[n];
+                    n++;
+                }
+            }
+        }
+    }
+    grpc_auth_context_release(ctx);
+    return n;
+}
+
+/* Authenticates the call and checks its role against the method's; on refusal finishes it
+ * (UNAUTHENTICATED or PERMISSION_DENIED) and returns false. */
+static bool call_admit(struct kp_rpc_server *s, struct kp_rpc_call *c, const char *path)
+{
+    char ubuf[8][256], details[256];
+    const char *uris[8], *authz = NULL;
+    size_t authz_len = 0, n;
+    enum kp_auth_result r;
+
+    if (s->auth == NULL) {
+        c->id.role = KP_ROLES_ALL;
+        snprintf(c->id.name, sizeof(c->id.name), "anonymous");
+        c->id.via = "none";
+        return true;
+    }
+    for (size_t i = 0; i < c->req_md.count; i++) {
+        if (grpc_slice_str_cmp(c->req_md.metadata[i].key, "authorization") == 0) {
+            authz = (const char *) GRPC_SLICE_START_PTR(c->req_md.metadata[i].value);
+            authz_len = GRPC_SLICE_LENGTH(c->req_md.metadata[i].value);
+            break;
+        }
+    }
+    n = peer_uris(c->call, ubuf, uris, 8);
+    r = kp_auth_check(s->auth, authz, authz_len, uris, n, &c->id);
+    if (r != KP_AUTH_OK) {
+        refused_log(s, c, path, GRPC_STATUS_UNAUTHENTICATED, kp_auth_result_text(r));
+        snprintf(details, sizeof(details),
+                 "%s: %s refuses the call (%s); send a token of the daemon's token file "
+                 "(kprofctl --token-file, KPROF_TOKEN_FILE) or a client certificate its "
+                 "--tls-client-ca signed",
+                 kp_auth_result_text(r), s->name, path);
+        kp_rpc_call_finish(c, GRPC_STATUS_UNAUTHENTICATED, details);
+        return false;
+    }
+    if (c->m != NULL && !kp_auth_allows(c->m->roles, c->id.role)) {
+        char why[160];
+
+        snprintf(why, sizeof(why), "role %s (%s) may not call it", kp_auth_role_name(c->id.role),
+                 c->id.name);
+        refused_log(s, c, path, GRPC_STATUS_PERMISSION_DENIED, why);
+        snprintf(details, sizeof(details),
+                 "%s may not call %s as %s; ask for a token with the %s role",
+                 c->id.name, path, kp_auth_role_name(c->id.role),
+                 (c->m->roles & KP_ROLE_VIEWER) != 0 ? "viewer"
+                 : (c->m->roles & KP_ROLE_OPERATOR) != 0 ? "operator"
+                 : (c->m->roles & KP_ROLE_AGENT) != 0    ? "agent"
+                                                        : "(none)");
+        kp_rpc_call_finish(c, GRPC_STATUS_PERMISSION_DENIED, details);
+        return false;
+    }
+    return true;
+}
+
 static void on_new_call(struct kp_rpc_server *s, struct kp_rpc_call *c, bool ok)
 {
     const struct kp_rpc_method *m = c->m;
@@ -539,10 +664,21 @@ static void on_new_call(struct kp_rpc_server *s, struct kp_rpc_call *c, bool ok)
     if (m == NULL) {
         char *method = grpc_slice_to_c_string(c->details.method);
 
+        if (!call_admit(s, c, method)) {
+            gpr_free(method);
+            return;
+        }
         kp_log_warn("unknown method=%s peer=%s", method, kp_rpc_call_peer(c));
         snprintf(details, sizeof(details), "method %s is not implemented by %s", method, s->name);
         gpr_free(method);
         kp_rpc_call_finish(c, GRPC_STATUS_UNIMPLEMENTED, details);
+        return;
+    }
+    if (!call_admit(s, c, m->path)) {
+        if (c->payload != NULL) {
+            grpc_byte_buffer_destroy(c->payload);
+            c->payload = NULL;
+        }
         return;
     }
     if (m->kind == KP_RPC_UNARY) {
@@ -745,26 +881,42 @@ static grpc_server_credentials *server_creds(const struct kp_rpc_server_opts *o,
 {
     grpc_ssl_pem_key_cert_pair pair;
     grpc_server_credentials *creds = NULL;
-    char *cert = NULL, *key = NULL;
+    char *cert = NULL, *key = NULL, *client_ca = NULL;
+    bool mtls = o->tls_client_ca_file != NULL && o->tls_client_ca_file[0] != '\0';
 
     if (o->tls_cert_file == NULL || o->tls_cert_file[0] == '\0') {
+        if (mtls) {
+            snprintf(errbuf, errlen, "client certificates (%s) need TLS: give the server's "
+                     "certificate and key too", o->tls_client_ca_file);
+            return NULL;
+        }
         return grpc_insecure_server_credentials_create();
     }
     if ((cert = read_file(o->tls_cert_file, errbuf, errlen)) == NULL ||
-        (key = read_file(o->tls_key_file ? o->tls_key_file : "", errbuf, errlen)) == NULL) {
+        (key = read_file(o->tls_key_file ? o->tls_key_file : "", errbuf, errlen)) == NULL ||
+        (mtls && (client_ca = read_file(o->tls_client_ca_file, errbuf, errlen)) == NULL)) {
         goto out;
     }
     pair.cert_chain = cert;
     pair.private_key = key;
-    creds = grpc_ssl_server_credentials_create_ex(NULL, &pair, 1,
-                                                  GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE, NULL);
+    /* With a client CA, a client certificate is verified when one is offered; a client without
+     * one still connects and must then bring a token (kp_auth). */
+    creds = grpc_ssl_server_credentials_create_ex(
+        client_ca, &pair, 1,
+        mtls ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
+             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+        NULL);
     if (creds == NULL) {
         snprintf(errbuf, errlen, "TLS credentials from %s and %s are not usable", o->tls_cert_file,
                  o->tls_key_file);
     }
 out:
     free(cert);
+    if (key != NULL) {
+        explicit_bzero(key, strlen(key));
+    }
     free(key);
+    free(client_ca);
     return creds;
 }
 
@@ -786,6 +938,7 @@ int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_
     pthread_cond_init(&s->cond, NULL);
     s->methods = methods;
     s->n_methods = n_methods;
+    s->auth = opts->auth;
     snprintf(s->name, sizeof(s->name), "%s", opts->name ? opts->name : "kprof");
     s->shutdown_tag = (struct tag){ TAG_SHUTDOWN, NULL };
     if ((s->registered = calloc(n_methods + 1, sizeof(void *))) == NULL) {
@@ -934,7 +1087,42 @@ void kp_rpc_server_destroy(struct kp_rpc_server *s)
 
 struct kp_rpc_channel {
     grpc_channel *ch;
+    grpc_metadata authz; /* "authorization: Bearer TOKEN"; empty value: no token */
+    bool has_authz;
 };
+
+/* The initial metadata every call of ch sends: its token, if any. */
+static void md_op(const struct kp_rpc_channel *ch, grpc_op *op)
+{
+    op->op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (ch->has_authz) {
+        op->data.send_initial_metadata.count = 1;
+        op->data.send_initial_metadata.metadata = (grpc_metadata *) &ch->authz;
+    }
+}
+
+/* Reads opts->token_file into c->authz. */
+static int channel_token(struct kp_rpc_channel *c, const struct kp_rpc_channel_opts *opts,
+                         char *errbuf, size_t errlen)
+{
+    char buf[300], hdr[320];
+    long n;
+
+    if (opts == NULL || opts->token_file == NULL || opts->token_file[0] == '\0') {
+        return 0;
+    }
+    if ((n = kp_secret_file_line(opts->token_file, "the token file", true, buf, sizeof(buf),
+                                 errbuf, errlen)) < 0) {
+        return (int) n;
+    }
+    snprintf(hdr, sizeof(hdr), "Bearer %s", buf);
+    explicit_bzero(buf, sizeof(buf));
+    c->authz.key = grpc_slice_from_static_string("authorization");
+    c->authz.value = grpc_slice_from_copied_string(hdr);
+    explicit_bzero(hdr, sizeof(hdr));
+    c->has_authz = true;
+    return 0;
+}
 
 struct kp_rpc_stream {
     grpc_call *call;
@@ -957,20 +1145,41 @@ int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *
     grpc_channel_credentials *creds;
     grpc_arg args[4];
     grpc_channel_args cargs;
-    char *ca = NULL;
+    char *ca = NULL, *cert = NULL, *key = NULL;
+    int rc;
 
     if (c == NULL) {
         snprintf(errbuf, errlen, "out of memory");
         return -ENOMEM;
     }
     grpc_init();
+    if ((rc = channel_token(c, opts, errbuf, errlen)) != 0) {
+        free(c);
+        grpc_shutdown();
+        return rc;
+    }
     if (opts != NULL && opts->tls_ca_file != NULL && opts->tls_ca_file[0] != '\0') {
-        if ((ca = read_file(opts->tls_ca_file, errbuf, errlen)) == NULL) {
-            free(c);
-            grpc_shutdown();
+        grpc_ssl_pem_key_cert_pair pair;
+        bool mtls = opts->tls_cert_file != NULL && opts->tls_cert_file[0] != '\0';
+
+        if ((ca = read_file(opts->tls_ca_file, errbuf, errlen)) == NULL ||
+            (mtls && ((cert = read_file(opts->tls_cert_file, errbuf, errlen)) == NULL ||
+                      (key = read_file(opts->tls_key_file != NULL ? opts->tls_key_file : "",
+                                       errbuf, errlen)) == NULL))) {
+            free(ca);
+            free(cert);
+            free(key);
+            kp_rpc_channel_destroy(c);
             return KP_ECONFIG;
         }
-        creds = grpc_ssl_credentials_create(ca, NULL, NULL, NULL);
+        pair.cert_chain = cert;
+        pair.private_key = key;
+        creds = grpc_ssl_credentials_create(ca, mtls ? &pair : NULL, NULL, NULL);
+    }
+    else if (opts != NULL && opts->tls_cert_file != NULL && opts->tls_cert_file[0] != '\0') {
+        snprintf(errbuf, errlen, "a client certificate needs TLS: give the CA (--tls-ca) too");
+        kp_rpc_channel_destroy(c);
+        return KP_ECONFIG;
     }
     else {
         creds = grpc_insecure_credentials_create();
@@ -1001,6 +1210,11 @@ int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *
     c->ch = grpc_channel_create(target, creds, &cargs);
     grpc_channel_credentials_release(creds);
     free(ca);
+    free(cert);
+    if (key != NULL) {
+        explicit_bzero(key, strlen(key));
+    }
+    free(key);
     *out = c;
     return 0;
 }
@@ -1010,7 +1224,12 @@ void kp_rpc_channel_destroy(struct kp_rpc_channel *c)
     if (c == NULL) {
         return;
     }
-    grpc_channel_destroy(c->ch);
+    if (c->ch != NULL) {
+        grpc_channel_destroy(c->ch);
+    }
+    if (c->has_authz) {
+        grpc_slice_unref(c->authz.value);
+    }
     free(c);
     grpc_shutdown();
 }
@@ -1063,7 +1282,7 @@ int kp_rpc_unary(struct kp_rpc_channel *ch, const char *path, const ProtobufCMes
     call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
                                     deadline_ms(timeout_ms > 0 ? timeout_ms : -1), NULL);
     memset(ops, 0, sizeof(ops));
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    md_op(ch, &ops[0]);
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send_bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -1127,7 +1346,7 @@ int kp_rpc_stream_open(struct kp_rpc_channel *ch, const char *path,
                                        grpc_slice_from_static_string(path), NULL,
                                        deadline_ms(timeout_ms > 0 ? timeout_ms : -1), NULL);
     memset(ops, 0, sizeof(ops));
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    md_op(ch, &ops[0]);
     if (grpc_call_start_batch(s->call, ops, 1, &s->t_md, NULL) != GRPC_CALL_OK) {
         goto fail;
     }

@@ -26,6 +26,8 @@
 #include <grpc/status.h>
 #include <protobuf-c/protobuf-c.h>
 
+#include "kp_auth.h"
+
 struct kp_rpc_server;
 struct kp_rpc_call;
 struct kp_rpc_channel;
@@ -67,6 +69,9 @@ struct kp_rpc_method {
     kp_rpc_half_close_cb *on_half_close;
     kp_rpc_close_cb *on_close;
     void *ud;
+    /* The KP_ROLE_* bits that may call it where the server authenticates (opts.auth); a
+     * caller with another role gets PERMISSION_DENIED. 0: nobody. */
+    unsigned roles;
 };
 
 struct kp_rpc_server_opts {
@@ -74,6 +79,15 @@ struct kp_rpc_server_opts {
     size_t max_message_bytes;  /* larger requests get RESOURCE_EXHAUSTED; 0: 64 MiB */
     const char *tls_cert_file; /* PEM; with tls_key_file, serve TLS; NULL: plaintext */
     const char *tls_key_file;
+    /* PEM of the CA whose client certificates are accepted (mutual TLS, optional for the
+     * client: one without a certificate must bring a token); NULL: no client certificates. */
+    const char *tls_client_ca_file;
+    /* Authentication (borrowed; outlives the server): every call is checked before its
+     * method sees it, a missing or wrong credential gets UNAUTHENTICATED and a role the method
+     * does not take PERMISSION_DENIED, each logged with the peer (never the secret). NULL:
+     * no authentication, every caller is "anonymous" with every role (loopback only: the
+     * daemons refuse it elsewhere). */
+    struct kp_auth *auth;
     const char *name; /* for logs and UNIMPLEMENTED details, e.g. "kprof-collectord" */
 };
 
@@ -126,6 +140,9 @@ void kp_rpc_call_resume(struct kp_rpc_call *call);
 const char *kp_rpc_call_peer(const struct kp_rpc_call *call);
 const char *kp_rpc_call_method(const struct kp_rpc_call *call);
 
+/* Who made the call (valid for the call's life; borrowed). */
+const struct kp_identity *kp_rpc_call_identity(const struct kp_rpc_call *call);
+
 /* Returns GRPC_STATUS_INVALID_ARGUMENT etc. as text ("INVALID_ARGUMENT"). */
 const char *kp_rpc_status_name(grpc_status_code code);
 
@@ -139,10 +156,17 @@ struct kp_rpc_status {
 struct kp_rpc_channel_opts {
     size_t max_message_bytes; /* largest reply accepted; 0: 64 MiB */
     const char *tls_ca_file;  /* PEM of the CA that signed the server's cert; NULL: plaintext */
+    /* Mutual TLS: the client's certificate chain and key (PEM), with tls_ca_file. */
+    const char *tls_cert_file;
+    const char *tls_key_file;
+    /* A file whose first line is the bearer token sent with every call (mode 0600 or 0640;
+     * read once at create). NULL or "": none. */
+    const char *token_file;
 };
 
 /* Creates a channel to target ("127.0.0.1:7070", "unix:/path"). Connects lazily. opts may be
- * NULL. Returns 0 and *out (kp_rpc_channel_destroy), or a negative code with errbuf. */
+ * NULL. Returns 0 and *out (kp_rpc_channel_destroy), or a negative code with errbuf (a file
+ * that cannot be read, a token file others may read). */
 int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *opts,
                           struct kp_rpc_channel **out, char *errbuf, size_t errlen);
 void kp_rpc_channel_destroy(struct kp_rpc_channel *ch);
