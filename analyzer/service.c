@@ -14,8 +14,8 @@
 
 #include "an.h"
 #include "export_rpc.h"
-#include "kp_clock.h"
 #include "kp_auth.h"
+#include "kp_clock.h"
 #include "kp_daemon.h"
 #include "kp_err.h"
 #include "kp_http.h"
@@ -84,7 +84,7 @@ struct kp_analyzer {
     struct kp_rpc_server *server;
     struct kp_http *http;
     struct kp_auth *auth; /* NULL: --allow-anonymous */
-    struct kp_workq *q; /* the workers, each with a struct worker */
+    struct kp_workq *q;   /* the workers, each with a struct worker */
 
     pthread_mutex_t mu; /* last_reject_log_ns */
     long long last_reject_log_ns;
@@ -467,6 +467,9 @@ static bool readyz(void *ud, char *why, size_t len)
 {
     struct kp_analyzer *a = ud;
 
+    if (a->server != NULL && !kp_rpc_server_accepting(a->server, why, len)) {
+        return false;
+    }
     if (!GET(a->st.pg_ok)) {
         snprintf(why, len, "PostgreSQL is not reachable");
         return false;
@@ -507,6 +510,9 @@ static int metrics(void *ud, struct kp_strbuf *out)
     METRIC("gauge", "cache_bytes", "Bytes held by the cache.", used);
     METRIC("gauge", "cache_entries", "Results held by the cache.", entries);
     METRIC("gauge", "queued_requests", "Requests waiting for a worker.", queued);
+    METRIC("counter", "grpc_listener_restarts_total",
+           "gRPC listeners restarted after they stopped accepting (out of file descriptors).",
+           a->server != NULL ? kp_rpc_server_restarts(a->server) : 0);
 #undef METRIC
     return 0;
 }
@@ -590,7 +596,8 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
         0) {
         goto fail;
     }
-    if ((rc = kp_daemon_http_start(cfg->base.http_listen, &hh, a, &a->http, errbuf, errlen)) != 0) {
+    if ((rc = kp_daemon_http_start(cfg->base.http_listen, cfg->base.metrics_token, &hh, a, &a->http,
+                                   errbuf, errlen)) != 0) {
         goto fail;
     }
     snprintf(grpc, sizeof(grpc), "127.0.0.1:%d", kp_analyzer_port(a));

@@ -10,8 +10,8 @@
 #include "control.h"
 #include "coord.h"
 #include "ingest.h"
-#include "kp_codec.h"
 #include "kp_auth.h"
+#include "kp_codec.h"
 #include "kp_daemon.h"
 #include "kp_err.h"
 #include "kp_http.h"
@@ -41,6 +41,9 @@ static bool readyz(void *ud, char *why, size_t len)
 {
     struct kp_collectord *d = ud;
 
+    if (d->server != NULL && !kp_rpc_server_accepting(d->server, why, len)) {
+        return false;
+    }
     if (!kp_sink_ready(d->sink)) {
         snprintf(why, len, "PostgreSQL is not reachable or the schema is not applied\n");
         return false;
@@ -82,6 +85,9 @@ static int metrics(void *ud, struct kp_strbuf *out)
             ss.flush_failures);
     GAUGE("queued_bytes", "Encoded bytes waiting for PostgreSQL.", ss.queued_bytes);
     GAUGE("queued_batches", "Batches waiting for PostgreSQL.", ss.queued_items);
+    COUNTER("grpc_listener_restarts_total",
+            "gRPC listeners restarted after they stopped accepting (out of file descriptors).",
+            d->server != NULL ? kp_rpc_server_restarts(d->server) : 0);
 #undef COUNTER
 #undef GAUGE
     return 0;
@@ -153,7 +159,8 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
                                    errlen)) != 0) {
         goto fail;
     }
-    if ((rc = kp_daemon_http_start(cfg->base.http_listen, &hh, d, &d->http, errbuf, errlen)) != 0) {
+    if ((rc = kp_daemon_http_start(cfg->base.http_listen, cfg->base.metrics_token, &hh, d, &d->http,
+                                   errbuf, errlen)) != 0) {
         goto fail;
     }
     snprintf(grpc, sizeof(grpc), "127.0.0.1:%d", kp_collectord_port(d));

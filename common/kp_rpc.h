@@ -103,6 +103,20 @@ int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_
 int kp_rpc_server_port(const struct kp_rpc_server *s);
 
 /*
+ * Whether the server accepts connections. gRPC 1.51 stops accepting for good after one
+ * accept fails (EMFILE: the process ran out of file descriptors); a watchdog thread of the
+ * server (TCP listeners) sees connections stay queued on the listening socket for about 1.5 s,
+ * gives that grpc_server up (its live calls go on) and binds a new one on the same address,
+ * retrying every 0.5 s until it can. Meanwhile this returns false with the reason in why
+ * (NUL-terminated, at most len bytes), for /readyz. Connections that have not finished their
+ * handshake within 10 s are closed. Thread-safe.
+ */
+bool kp_rpc_server_accepting(struct kp_rpc_server *s, char *why, size_t len);
+
+/* How many times the watchdog restarted the listener (for /metrics). Thread-safe. */
+unsigned long long kp_rpc_server_restarts(struct kp_rpc_server *s);
+
+/*
  * Stops accepting calls, waits up to grace_ms for live calls to finish, then cancels the rest.
  * Callbacks may still run (on_close of cancelled calls) and sends from other threads stay safe
  * until kp_rpc_server_destroy. Blocks. Not from a callback.
