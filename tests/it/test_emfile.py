@@ -34,7 +34,10 @@ def low_nofile():
 
 
 class Daemon:
-    def __init__(self, name, argv):
+    """A daemon child (collectord, the analyzer with grpc=True; the agent without) on
+    127.0.0.1:0, ready once its ready file exists."""
+
+    def __init__(self, name, argv, preexec=low_nofile, grpc=True):
         self.dir = os.path.join(kpfix.TEST_DIR, name)
         os.makedirs(self.dir, exist_ok=True)
         ready = os.path.join(self.dir, "ready")
@@ -42,21 +45,27 @@ class Daemon:
             os.unlink(ready)
         self.log_path = os.path.join(self.dir, "daemon.log")
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(argv + ["--listen", "127.0.0.1:0", "--http-listen",
-                                             "127.0.0.1:0", "--ready-file", ready],
+        listen = ["--listen", "127.0.0.1:0"] if grpc else []
+        self.proc = subprocess.Popen(argv + listen + ["--http-listen", "127.0.0.1:0",
+                                                      "--ready-file", ready],
                                      stdout=self.log, stderr=subprocess.STDOUT,
-                                     preexec_fn=low_nofile)
+                                     preexec_fn=preexec)
         kpfix.wait_for(lambda: os.path.exists(ready) or self.proc.poll() is not None, 30,
                        name + " ready")
         assert self.proc.poll() is None, self.log_text()
         addrs = dict(l.strip().split("=", 1) for l in open(ready) if "=" in l)
-        self.grpc, self.http = addrs["grpc"], addrs["http"]
+        self.grpc, self.http = addrs.get("grpc"), addrs["http"]
 
-    def get(self, path):
+    def get(self, path, headers=None):
+        """(status, body), or (None, why) when the request got no answer; the answer's
+        headers in self.last_headers."""
+        req = urllib.request.Request("http://%s%s" % (self.http, path), headers=headers or {})
         try:
-            with urllib.request.urlopen("http://%s%s" % (self.http, path), timeout=5) as r:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                self.last_headers = r.headers
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
+            self.last_headers = e.headers
             return e.code, e.read().decode()
         except (urllib.error.URLError, OSError) as e:
             return None, str(e)
