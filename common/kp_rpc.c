@@ -41,6 +41,11 @@
 
 #define KP_RPC_DEFAULT_MAX_MSG      (64u << 20)
 #define KP_RPC_HANDSHAKE_TIMEOUT_MS 10000
+/* A stream stops reading while more than this waits to go to its client (one that does not
+ * read its replies would otherwise grow the server by everything it sends), and reads again
+ * once half of it is gone. Each message counts its bytes plus SEND_MSG_OVERHEAD. */
+#define KP_RPC_SEND_BACKLOG_MAX (1u << 20)
+#define SEND_MSG_OVERHEAD       128
 
 enum tag_type {
     TAG_NEW,     /* a registered method's call arrived */
@@ -98,6 +103,8 @@ struct kp_rpc_call {
     bool md_sent, recv_busy, paused, resume_pending, in_message_cb, stop_reading;
     bool send_busy, finish_requested, status_started, status_done, close_done;
     bool closed_notified, cancelled, live;
+    size_t send_backlog; /* bytes queued or in flight to the client (KP_RPC_SEND_BACKLOG_MAX) */
+    bool recv_held;      /* not reading until the backlog drains */
 };
 
 #define LISTEN_FDS_MAX 4
@@ -353,6 +360,10 @@ static void recv_arm_locked(struct kp_rpc_call *c)
     if (c->recv_busy || c->stop_reading || c->finish_requested || c->cancelled) {
         return;
     }
+    if (c->send_backlog > KP_RPC_SEND_BACKLOG_MAX) {
+        c->recv_held = true; /* on_send reads again once the client takes its replies */
+        return;
+    }
     memset(ops, 0, sizeof(ops));
     if (!c->md_sent) {
         ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
@@ -402,6 +413,7 @@ static void pump_locked(struct kp_rpc_call *c)
             c->md_sent = true;
         }
         else {
+            c->send_backlog -= grpc_byte_buffer_length(c->send_bb) + SEND_MSG_OVERHEAD;
             grpc_byte_buffer_destroy(c->send_bb);
             c->send_bb = NULL;
         }
@@ -438,6 +450,7 @@ int kp_rpc_call_send(struct kp_rpc_call *c, const ProtobufCMessage *msg)
         goto out;
     }
     q->bb = pack_msg(msg);
+    c->send_backlog += grpc_byte_buffer_length(q->bb) + SEND_MSG_OVERHEAD;
     if (c->q_tail != NULL) {
         c->q_tail->next = q;
     }
@@ -833,11 +846,17 @@ static void on_send(struct kp_rpc_call *c, bool ok)
 {
     pthread_mutex_lock(&c->mu);
     c->send_busy = false;
+    c->send_backlog -= grpc_byte_buffer_length(c->send_bb) + SEND_MSG_OVERHEAD;
     grpc_byte_buffer_destroy(c->send_bb);
     c->send_bb = NULL;
     if (!ok) {
         /* The client is gone: drop what is queued; the close tag will say cancelled. */
         c->cancelled = true;
+    }
+    if (c->recv_held && c->send_backlog <= KP_RPC_SEND_BACKLOG_MAX / 2 && !c->paused &&
+        !c->in_message_cb) {
+        c->recv_held = false;
+        recv_arm_locked(c);
     }
     pump_locked(c);
     pthread_cond_broadcast(&c->sent);

@@ -132,7 +132,10 @@ void kp_rpc_call_ref(struct kp_rpc_call *call);
 void kp_rpc_call_unref(struct kp_rpc_call *call);
 
 /* Queues a message to the client (borrowed: packed before return). Returns 0, -ENOMEM, or
- * -ECANCELED if the call is finished or gone. */
+ * -ECANCELED if the call is finished or gone. A stream whose client does not take what is
+ * sent stops reading while more than 1 MiB waits for it (HTTP/2 flow control then holds the
+ * client's sends), and reads again once half of it has gone: a client that never reads its
+ * acks cannot grow the server by all it sends. */
 int kp_rpc_call_send(struct kp_rpc_call *call, const ProtobufCMessage *msg);
 
 /* Blocks until every queued send has gone to the transport (back-pressure for a server
