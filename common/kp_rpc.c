@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <dirent.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/resource.h>
@@ -1050,59 +1051,79 @@ fail:
     return NULL;
 }
 
+/* Adds fd to s->listen_fds when it is a socket listening on s->port. */
+static void check_listen_fd(struct kp_rpc_server *s, int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    int acc = 0;
+    socklen_t al = sizeof(acc);
+    int port = 0;
+
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &al) != 0 || acc == 0) {
+        return;
+    }
+    if (getsockname(fd, (struct sockaddr *) &ss, &sl) != 0) {
+        return;
+    }
+    if (ss.ss_family == AF_INET) {
+        port = ntohs(((struct sockaddr_in *) &ss)->sin_port);
+    }
+    else if (ss.ss_family == AF_INET6) {
+        port = ntohs(((struct sockaddr_in6 *) &ss)->sin6_port);
+    }
+    if (port == s->port && s->n_listen_fds < LISTEN_FDS_MAX) {
+        s->listen_fds[s->n_listen_fds++] = fd;
+    }
+}
+
 /* Finds the sockets listening on s->port (the ones gRPC opened; there is no API for them):
- * every descriptor below the limit that accepts connections and is bound to the port. Needs
- * no new descriptor, so it works when the process has none left. */
+ * the descriptors in /proc/self/fd, or, when that cannot be opened (no descriptor left),
+ * every number below the limit. */
 static void find_listen_fds(struct kp_rpc_server *s)
 {
+    DIR *d = opendir("/proc/self/fd");
     struct rlimit rl;
     int max_fd = 65536;
 
     s->n_listen_fds = 0;
+    if (d != NULL) {
+        struct dirent *e;
+
+        while ((e = readdir(d)) != NULL) {
+            if (e->d_name[0] >= '0' && e->d_name[0] <= '9') {
+                check_listen_fd(s, atoi(e->d_name));
+            }
+        }
+        closedir(d);
+        return;
+    }
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
         rl.rlim_cur < (rlim_t) (1 << 22)) {
         max_fd = (int) rl.rlim_cur;
     }
-    for (int fd = 0; fd < max_fd && s->n_listen_fds < LISTEN_FDS_MAX; fd++) {
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof(ss);
-        int acc = 0;
-        socklen_t al = sizeof(acc);
-        int port = 0;
-
-        if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &al) != 0 || acc == 0) {
-            continue;
-        }
-        if (getsockname(fd, (struct sockaddr *) &ss, &sl) != 0) {
-            continue;
-        }
-        if (ss.ss_family == AF_INET) {
-            port = ntohs(((struct sockaddr_in *) &ss)->sin_port);
-        }
-        else if (ss.ss_family == AF_INET6) {
-            port = ntohs(((struct sockaddr_in6 *) &ss)->sin6_port);
-        }
-        if (port == s->port) {
-            s->listen_fds[s->n_listen_fds++] = fd;
-        }
+    for (int fd = 0; fd < max_fd; fd++) {
+        check_listen_fd(s, fd);
     }
 }
 
-/* Whether connections wait in a listening socket's accept queue (TCP_INFO of a listening
+/* The connections waiting in the listening sockets' accept queues (TCP_INFO of a listening
  * socket gives the queue's length in tcpi_unacked). */
-static bool accept_queue_waiting(const struct kp_rpc_server *s)
+static unsigned accept_queue_len(const struct kp_rpc_server *s)
 {
+    unsigned n = 0;
+
     for (int i = 0; i < s->n_listen_fds; i++) {
         struct tcp_info ti;
         socklen_t len = sizeof(ti);
 
         memset(&ti, 0, sizeof(ti));
         if (getsockopt(s->listen_fds[i], IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
-            ti.tcpi_state == TCP_LISTEN && ti.tcpi_unacked > 0) {
-            return true;
+            ti.tcpi_state == TCP_LISTEN) {
+            n += ti.tcpi_unacked;
         }
     }
-    return false;
+    return n;
 }
 
 /* Gives up the current grpc_server (its listener closes, its live calls go on) and binds a
@@ -1173,6 +1194,7 @@ static void *watch_thread(void *arg)
 {
     struct kp_rpc_server *s = arg;
     int stalled = 0;
+    unsigned last = 0;
 
     pthread_mutex_lock(&s->mu);
     while (!s->watch_stop) {
@@ -1186,7 +1208,11 @@ static void *watch_thread(void *arg)
         listening = s->server != NULL;
         pthread_mutex_unlock(&s->mu);
         if (listening) {
-            stalled = accept_queue_waiting(s) ? stalled + 1 : 0;
+            /* A dead listener's queue only grows; a live one's empties within milliseconds. */
+            unsigned q = accept_queue_len(s);
+
+            stalled = q > 0 && q >= last ? stalled + 1 : 0;
+            last = q;
         }
         if (!listening || stalled >= WATCH_STALL_SAMPLES) {
             if (listening) {
@@ -1205,6 +1231,7 @@ static void *watch_thread(void *arg)
                 __atomic_store_n(&s->accepting, true, __ATOMIC_RELEASE);
             }
             stalled = 0;
+            last = 0;
         }
         pthread_mutex_lock(&s->mu);
     }
