@@ -38,7 +38,8 @@ struct kp_daemon_config {
 
 /* The config rows (struct kp_config_def) of the settings above that secure a daemon, for a
  * config struct TYPE whose member base is its struct kp_daemon_config. */
-/* clang-format off: one row a line reads better than the formatter's one field a line */
+/* One row a line reads better than the formatter's one field a line. */
+/* clang-format off */
 #define KP_DAEMON_SECURITY_CONFIG(TYPE)                                                          \
     { "tls-cert", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.tls_cert),                     \
       "PEM certificate chain: serve gRPC over TLS (with --tls-key)", NULL, false },              \
