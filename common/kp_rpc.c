@@ -33,6 +33,7 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
+#include <grpc/support/log.h>
 #include <grpc/support/time.h>
 
 #include "kp_clock.h"
@@ -573,6 +574,31 @@ static void maybe_closed(struct kp_rpc_call *c)
         c->m->on_close(c, cancelled, c->state);
     }
     kp_rpc_call_unref(c); /* the live reference */
+}
+
+/* gRPC's own messages (a failed TLS handshake, a refused connection) go to kprof's log, in its
+ * format and under its level, instead of gRPC's "E1126 ..." lines on stderr. */
+static void grpc_log_cb(gpr_log_func_args *a)
+{
+    enum kp_log_level level = a->severity == GPR_LOG_SEVERITY_ERROR  ? KP_LOG_WARN
+                              : a->severity == GPR_LOG_SEVERITY_INFO ? KP_LOG_INFO
+                                                                     : KP_LOG_DEBUG;
+
+    kp_log_write(level, "grpc", "%s", a->message);
+}
+
+static void grpc_log_route(void)
+{
+    gpr_set_log_function(grpc_log_cb);
+}
+
+static pthread_once_t grpc_log_once = PTHREAD_ONCE_INIT;
+
+/* grpc_init, with gRPC's log routed into kprof's on the first call. */
+static void rpc_init(void)
+{
+    pthread_once(&grpc_log_once, grpc_log_route);
+    grpc_init();
 }
 
 const struct kp_identity *kp_rpc_call_identity(const struct kp_rpc_call *c)
@@ -1263,7 +1289,7 @@ int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_
         snprintf(errbuf, errlen, "out of memory");
         return -ENOMEM;
     }
-    grpc_init();
+    rpc_init();
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cond, NULL);
     s->methods = methods;
@@ -1561,7 +1587,7 @@ int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *
         snprintf(errbuf, errlen, "out of memory");
         return -ENOMEM;
     }
-    grpc_init();
+    rpc_init();
     if ((rc = channel_token(c, opts, errbuf, errlen)) != 0) {
         free(c);
         grpc_shutdown();
