@@ -142,6 +142,8 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
         goto fail;
     }
     kp_ingest_set_sink(d->ingest, d->sink);
+    /* One client may hold a quarter of the queue: the others still get in. */
+    kp_ingest_set_stream_max(d->ingest, (size_t) cfg->queue_max_bytes / 4);
     struct kp_coord_opts copts = { .agent_grace_ms = cfg->agent_grace_ms };
 
     if ((rc = kp_coord_create(&copts, &d->coord)) != 0) {

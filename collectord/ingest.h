@@ -30,6 +30,11 @@ struct kp_ingest *kp_ingest_create(const struct kp_batch_limits *limits);
 /* Sets the sink (borrowed; set once, before the server starts). */
 void kp_ingest_set_sink(struct kp_ingest *ing, struct kp_sink *sink);
 
+/* Caps the encoded bytes one stream may have in the sink, not yet acknowledged (set once,
+ * before the server starts; 0: no cap): past it the stream stops reading, and reads again
+ * once half of it is acknowledged, so one client cannot hold the whole queue. */
+void kp_ingest_set_stream_max(struct kp_ingest *ing, size_t bytes);
+
 /* The method table entry of Ingest.Push, bound to ing. */
 struct kp_rpc_method kp_ingest_method(struct kp_ingest *ing);
 
