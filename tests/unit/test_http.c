@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -593,6 +594,48 @@ static void test_metrics_token(void **state)
     fixture_stop(f);
 }
 
+/* The process is out of descriptors (EMFILE): the server gives back its spare one to accept
+ * a probe, which gets its answer, and serves as before once descriptors are free. */
+static void test_out_of_fds(void **state)
+{
+    struct fixture *f = fixture_start(NULL);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t) f->port) };
+    const char *req = "GET /healthz HTTP/1.1\r\n\r\n";
+    struct rlimit old, low;
+    struct resp r;
+    int probe, n = 0, fds[4096];
+
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); /* made before the limit is hit */
+    assert_true(probe >= 0);
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = (rlim_t) probe + 64;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    while (n < (int) (sizeof(fds) / sizeof(fds[0])) && (fds[n] = dup(0)) >= 0) {
+        n++;
+    }
+    assert_int_equal(errno, EMFILE);
+    assert_int_equal(connect(probe, (struct sockaddr *) &sa, sizeof(sa)), 0);
+    memset(&r, 0, sizeof(r));
+    kp_strbuf_init(&r.raw, 0);
+    send_all(probe, req, strlen(req));
+    read_to_eof(probe, &r.raw);
+    close(probe);
+    parse_resp(&r);
+    assert_int_equal(r.status, 200);
+    resp_fini(&r);
+    while (n > 0) {
+        close(fds[--n]);
+    }
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(get(f->port, "/healthz", &r), 200);
+        resp_fini(&r);
+    }
+    fixture_stop(f);
+}
+
 static int count_fds(void)
 {
     DIR *d = opendir("/proc/self/fd");
@@ -657,6 +700,7 @@ int main(void)
         cmocka_unit_test(test_connection_cap), cmocka_unit_test(test_slow_clients),
         cmocka_unit_test(test_no_fd_leak),     cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_slow_readers),   cmocka_unit_test(test_metrics_token),
+        cmocka_unit_test(test_out_of_fds),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
