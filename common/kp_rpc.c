@@ -43,6 +43,7 @@
 
 #define KP_RPC_DEFAULT_MAX_MSG      (64u << 20)
 #define KP_RPC_HANDSHAKE_TIMEOUT_MS 10000
+#define KP_RPC_MAX_STREAMS_PER_CONN 256
 /* A stream stops reading while more than this waits to go to its client (one that does not
  * read its replies would otherwise grow the server by everything it sends), and reads again
  * once half of it is gone. Each message counts its bytes plus SEND_MSG_OVERHEAD. */
@@ -1299,7 +1300,7 @@ int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_
     snprintf(s->name, sizeof(s->name), "%s", opts->name ? opts->name : "kprof");
     s->shutdown_tag = (struct tag){ TAG_SHUTDOWN, NULL, NULL };
     if ((s->cargs = calloc(1, sizeof(*s->cargs))) == NULL ||
-        (args = calloc(3, sizeof(*args))) == NULL) {
+        (args = calloc(4, sizeof(*args))) == NULL) {
         snprintf(errbuf, errlen, "out of memory");
         goto fail;
     }
@@ -1315,7 +1316,11 @@ int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_
     args[2].type = GRPC_ARG_INTEGER;
     args[2].key = GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS;
     args[2].value.integer = KP_RPC_HANDSHAKE_TIMEOUT_MS;
-    s->cargs->num_args = 3;
+    /* Calls open at once on one connection; a client's further calls wait for a free one. */
+    args[3].type = GRPC_ARG_INTEGER;
+    args[3].key = GRPC_ARG_MAX_CONCURRENT_STREAMS;
+    args[3].value.integer = KP_RPC_MAX_STREAMS_PER_CONN;
+    s->cargs->num_args = 4;
     s->cargs->args = args;
     s->cq = grpc_completion_queue_create_for_next(NULL);
     if ((s->creds = server_creds(opts, errbuf, errlen)) == NULL) {

@@ -109,7 +109,8 @@ int kp_rpc_server_port(const struct kp_rpc_server *s);
  * gives that grpc_server up (its live calls go on) and binds a new one on the same address,
  * retrying every 0.5 s until it can. Meanwhile this returns false with the reason in why
  * (NUL-terminated, at most len bytes), for /readyz. Connections that have not finished their
- * handshake within 10 s are closed. Thread-safe.
+ * handshake within 10 s are closed, and one connection carries at most 256 calls at once
+ * (more wait in the client). Thread-safe.
  */
 bool kp_rpc_server_accepting(struct kp_rpc_server *s, char *why, size_t len);
 
