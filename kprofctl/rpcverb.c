@@ -444,6 +444,14 @@ static bool given(const char *s)
     return s != NULL && s[0] != '\0';
 }
 
+/* TLS_HINT when the server may have closed a plaintext call: no --tls-ca, and something
+ * listened (a refused connection says nothing about TLS). */
+static const char *tls_hint(const struct kp_rpcverb *v, const struct kp_rpc_status *st)
+{
+    return given(v->common->tls_ca) || strstr(st->details, "Connection refused") != NULL ? ""
+                                                                                         : TLS_HINT;
+}
+
 void kp_rpcverb_creds_of(const struct kp_rpcverb_common *c, struct kp_rpcverb_creds *out)
 {
     out->tls_ca = c->tls_ca;
@@ -597,16 +605,16 @@ int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMes
     else if (rc == KPROFCTL_EXIT_UNREACHABLE && v->spec->analyzer) {
         kp_rpcverb_error(v,
                          "cannot reach kprof-analyzer: %s: %s; is kprof-analyzer running at %s? "
-                         "(set --analyzer or KPROF_ANALYZER%s)",
+                         "(set --analyzer or KPROF_ANALYZER)%s",
                          kp_rpc_status_name(st.code), st.details, v->common->collector,
-                         given(v->common->tls_ca) ? "" : TLS_HINT);
+                         tls_hint(v, &st));
     }
     else if (rc == KPROFCTL_EXIT_UNREACHABLE) {
         kp_rpcverb_error(v,
                          "cannot reach collectord: %s: %s; is kprof-collectord running at %s? "
-                         "(set --collector or KPROF_COLLECTOR%s)",
+                         "(set --collector or KPROF_COLLECTOR)%s",
                          kp_rpc_status_name(st.code), st.details, v->common->collector,
-                         given(v->common->tls_ca) ? "" : TLS_HINT);
+                         tls_hint(v, &st));
     }
     else {
         struct kp_rpcverb_creds creds;
