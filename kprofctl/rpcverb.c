@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "kp_daemon.h"
@@ -464,6 +465,7 @@ int kp_rpcverb_channel(const char *verb, const char *flag, const char *target,
                        const struct kp_rpcverb_creds *creds, struct kp_rpc_channel **out)
 {
     struct kp_rpc_channel_opts co;
+    struct stat st;
     char err[1024];
 
     *out = NULL;
@@ -488,6 +490,14 @@ int kp_rpcverb_channel(const char *verb, const char *flag, const char *target,
                 "kprofctl %s: --token-file without --tls-ca would send the token in clear text "
                 "to %s: give --tls-ca (KPROF_TLS_CA), the CA that signed its certificate\n",
                 verb, target);
+        return KPROFCTL_EXIT_USAGE;
+    }
+    /* kp_rpc refuses it too (it allows 0640, for a group); a user's own token is 0600. */
+    if (given(creds->token_file) && stat(creds->token_file, &st) == 0 && (st.st_mode & 0007) != 0) {
+        fprintf(stderr,
+                "kprofctl %s: the token file %s is readable by others (mode %04o): run chmod 600 "
+                "%s\n",
+                verb, creds->token_file, (unsigned) (st.st_mode & 07777), creds->token_file);
         return KPROFCTL_EXIT_USAGE;
     }
     memset(&co, 0, sizeof(co));

@@ -81,7 +81,7 @@ def bad_input(tmp):
     ca = os.path.join(tmp, "pki", "ca.pem")
     cases = [
         (["--token-file", missing], [missing]),
-        (["--token-file", loose], [loose, "chmod"]),
+        (["--token-file", loose], [loose, "chmod 600"]),
         (["--tls-cert", cert, "--tls-key", key], ["--tls-cert needs --tls-ca"]),
         (["--tls-ca", ca, "--tls-cert", cert], ["--tls-cert and --tls-key go together"]),
         (["--collector", "10.255.0.1:7070", "--token-file", ok], ["clear text", "--tls-ca"]),
@@ -102,7 +102,7 @@ def bad_input(tmp):
         f.write('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, '
                 '"tid": 1, "ts": 10, "dur": 5, "args": {}}]}')
     p = ctl(["import", "--job", "creds", tr], {"KPROF_TOKEN_FILE": loose})
-    assert p.returncode == 2 and loose in p.stderr and "chmod" in p.stderr, (p.returncode,
+    assert p.returncode == 2 and loose in p.stderr and "chmod 600" in p.stderr, (p.returncode,
                                                                            p.stderr)
     # kprof-agent: exit 1 (failed to start), naming what is wrong.
     for flags, word in ((["--token-file", missing], missing),
