@@ -537,9 +537,9 @@ const char *kp_rpcverb_refused_hint(grpc_status_code code, bool analyzer, const 
 
     if (code == GRPC_STATUS_PERMISSION_DENIED) {
         snprintf(hint, sizeof(hint),
-                 "; kprofctl: %s needs the %s role: give --token-file (KPROF_TOKEN_FILE) an %s's "
-                 "token",
-                 method, method_role(analyzer, method), method_role(analyzer, method));
+                 "; kprofctl: %s needs the %s role: give --token-file (KPROF_TOKEN_FILE) a token "
+                 "of that role",
+                 method, method_role(analyzer, method));
     }
     else if (code != GRPC_STATUS_UNAUTHENTICATED) {
         hint[0] = '\0';
@@ -559,7 +559,7 @@ const char *kp_rpcverb_refused_hint(grpc_status_code code, bool analyzer, const 
     else {
         snprintf(hint, sizeof(hint),
                  "; kprofctl sent none: give --token-file (KPROF_TOKEN_FILE), a file (mode 0600) "
-                 "holding a %s's token",
+                 "holding a token of the %s role",
                  method_role(analyzer, method));
     }
     return hint;
