@@ -40,6 +40,9 @@ static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL
 struct loadgen_config {
     char *collector;
     char *tls_ca;
+    char *tls_cert;
+    char *tls_key;
+    char *token_file;
     char *job;
     char *name;
     struct kp_synth_flags synth;
@@ -63,6 +66,15 @@ static const struct kp_config_def loadgen_defs[] = {
       "kprof-collectord's gRPC address (host:port or unix:/path)", NULL, false },
     { "tls-ca", KP_CONFIG_STRING, "", 0, 0, OFF(tls_ca),
       "PEM of the CA that signed collectord's certificate: use TLS", NULL, false },
+    { "tls-cert", KP_CONFIG_STRING, "", 0, 0, OFF(tls_cert),
+      "mutual TLS: PEM of this client's certificate (SAN URI urn:kprof:ROLE:NAME), with --tls-key",
+      NULL, false },
+    { "tls-key", KP_CONFIG_STRING, "", 0, 0, OFF(tls_key),
+      "mutual TLS: PEM of the private key of --tls-cert", NULL, true },
+    { "token-file", KP_CONFIG_STRING, "", 0, 0, OFF(token_file),
+      "bearer token sent with every call: the first line of this file (mode 0600 or 0640); role "
+      "agent or operator (--run-id: operator)",
+      NULL, false },
     { "ranks", KP_CONFIG_INT, "4", 1, LOADGEN_MAX_RANKS, OFF(synth.ranks),
       "ranks (world size) to simulate, one producer stream each", NULL, false },
     { "threads", KP_CONFIG_INT, "0", 0, LOADGEN_MAX_THREADS, OFF(threads),
@@ -523,9 +535,17 @@ int main(int argc, char **argv)
     }
     rc = 1;
     memset(&co, 0, sizeof(co));
+    if ((cfg.tls_cert[0] != '\0') != (cfg.tls_key[0] != '\0')) {
+        fprintf(stderr, "kprof-loadgen: --tls-cert and --tls-key go together (see --help)\n");
+        rc = 2;
+        goto out;
+    }
     co.tls_ca_file = cfg.tls_ca;
+    co.tls_cert_file = cfg.tls_cert;
+    co.tls_key_file = cfg.tls_key;
+    co.token_file = cfg.token_file;
     if (kp_rpc_channel_create(cfg.collector, &co, &lg.ch, err, sizeof(err)) != 0) {
-        fprintf(stderr, "kprof-loadgen: --collector=%s: %s\n", cfg.collector, err);
+        fprintf(stderr, "kprof-loadgen: cannot set up the channel to %s: %s\n", cfg.collector, err);
         rc = 2;
         goto out;
     }
