@@ -20,9 +20,11 @@
 # none always runs first), --reps times each, after one untimed warm-up push per variant
 # (it fills the names table). Reported: each one's median and spread (min..max), the ratio
 # e2e/raw of plain (target >= 0.5), the ratios token/plain and mtls/plain (of the medians, and
-# the median of each rep's own ratio, which drift of a shared machine affects less), and the
-# stored bytes per kernel row (pg_total_relation_size of the run's kernels partition / its
-# rows). Output: a human summary on stderr, one JSON line on stdout.
+# the median of each rep's own ratio, which drift of a shared machine affects less), the CPU
+# seconds per million events of collectord (its /proc/PID/stat, throwaway stack only) and of
+# kprof-loadgen (getrusage) in each variant, which a busy machine disturbs less than events/s,
+# and the stored bytes per kernel row (pg_total_relation_size of the run's kernels partition /
+# its rows). Output: a human summary on stderr, one JSON line on stdout.
 #
 # usage: bench/ingest/run.sh [--quick] [--build DIR] [--ranks N] [--steps S]
 #                            [--kernels-per-step K] [--reps R] [--no-secure] [--keep]
@@ -63,7 +65,7 @@ while [ $# -gt 0 ]; do
     --reps) reps=$2; shift ;;
     --no-secure) secure=0 ;;
     --keep) keep=1 ;;
-    -h | --help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
     shift
@@ -170,12 +172,29 @@ if [ "$secure" = 1 ]; then
     echo "bench/ingest: the secured collectord refuses a push without a credential and a plaintext one" >&2
 fi
 
+# CPU ticks (user + system) process $1 has used so far; 0 when it is not ours to read.
+cpu_ticks() {
+    if [ -n "$1" ] && [ -r "/proc/$1/stat" ]; then
+        sed 's/.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'
+    else
+        echo 0
+    fi
+}
+hz=$(getconf CLK_TCK)
+declare -A dpid
+dpid[plain]=$cpid
+dpid[token]=$spid
+dpid[mtls]=$spid
+
 # Pushes variant $1's traffic (job bench-$1) with its loadgen JSON into $2, checks the rows
-# it stored and sets events and last_run.
+# it stored and sets events, last_run and dcpu (the collectord's CPU seconds for the push).
 push() {
+    local t0
+    t0=$(cpu_ticks "${dpid[$1]}")
     # shellcheck disable=SC2086 # flags[] holds bench_secure_up's paths (no spaces: mktemp)
     "$loadgen" --collector "${target[$1]}" ${flags[$1]} "${common[@]}" --json --job "bench-$1" \
         >"$2" || die "kprof-loadgen failed ($1)"
+    dcpu=$(awk -v a="$t0" -v b="$(cpu_ticks "${dpid[$1]}")" -v hz="$hz" 'BEGIN { print (b - a) / hz }')
     last_run=$(field "$2" run_id)
     check_totals "$2" "$last_run" || die "$1: stored rows differ from the sent ones"
     events=$(field "$2" events)
@@ -189,7 +208,7 @@ for v in "${variants[@]}"; do
     [ "$keep" = 1 ] || sql "SELECT kp_drop_run($(field "$work/warm-$v.json" run_id))" >/dev/null
 done
 
-declare -A got
+declare -A got dcpus lcpus
 e2e_bpk=
 raw_bpk=
 events=
@@ -208,6 +227,8 @@ for i in $(seq 1 "$reps"); do
                 die "the baseline generated $(field "$work/raw$i.json" events) events, loadgen $events"
         else
             push "$v" "$work/$v$i.json"
+            dcpus[$v]+="$dcpu "
+            lcpus[$v]+="$(field "$work/$v$i.json" cpu_seconds) "
             [ "$v" = plain ] && e2e_bpk=$(bytes_per_kernel "$last_run")
             [ "$keep" = 1 ] || sql "SELECT kp_drop_run($last_run)" >/dev/null
         fi
@@ -218,12 +239,17 @@ for i in $(seq 1 "$reps"); do
 done
 
 "$py" - "$ranks" "$steps" "$kernels" "$reps" "$events" "$e2e_bpk" "$raw_bpk" "$quick" \
-    "${got[plain]}" "${got[raw]}" "${got[token]:-}" "${got[mtls]:-}" <<'EOF'
+    "${got[plain]}" "${got[raw]}" "${got[token]:-}" "${got[mtls]:-}" \
+    "${dcpus[plain]}" "${dcpus[token]:-}" "${dcpus[mtls]:-}" \
+    "${lcpus[plain]}" "${lcpus[token]:-}" "${lcpus[mtls]:-}" "$([ -n "$cpid" ] && echo 1)" <<'EOF'
 import json, statistics, sys
 ranks, steps, kernels, reps, events = (int(x) for x in sys.argv[1:6])
 e2e_bpk, raw_bpk = float(sys.argv[6]), float(sys.argv[7])
 quick = sys.argv[8] == "1"
 e2e, raw, token, mtls = ([float(x) for x in a.split()] for a in sys.argv[9:13])
+dcpu = dict(zip(("plain", "tls_token", "mtls"), ([float(x) for x in a.split()] for a in sys.argv[13:16])))
+lcpu = dict(zip(("plain", "tls_token", "mtls"), ([float(x) for x in a.split()] for a in sys.argv[16:19])))
+have_dcpu = sys.argv[19] == "1"  # a throwaway collectord whose /proc we read
 me, mr = statistics.median(e2e), statistics.median(raw)
 ratio = me / mr if mr > 0 else 0.0
 note = "  [quick: not a measurement]" if quick else ""
@@ -255,6 +281,17 @@ for name, xs, label in (("tls_token", token, "end-to-end TLS + agent token"),
           file=sys.stderr)
     out.update({f"{name}_events_per_s": xs, f"{name}_median": m,
                 f"ratio_{name}_plain": round(r, 3), f"ratio_{name}_plain_paired": round(paired, 3)})
+print("  CPU per million events (median; collectord's from /proc, loadgen's from getrusage):",
+      file=sys.stderr)
+for name in ("plain", "tls_token", "mtls"):
+    if not lcpu[name]:
+        continue
+    d = statistics.median(dcpu[name]) * 1e6 / events if have_dcpu else None
+    g = statistics.median(lcpu[name]) * 1e6 / events
+    dtxt = f"{d:.3f} s" if d is not None else "n/a"
+    print(f"    {name:<10} collectord {dtxt:>9}  loadgen {g:.3f} s", file=sys.stderr)
+    out.update({f"{name}_collectord_cpu_s_per_mevent": None if d is None else round(d, 4),
+                f"{name}_loadgen_cpu_s_per_mevent": round(g, 4)})
 print(f"  stored bytes per kernel row: e2e {e2e_bpk}, raw {raw_bpk}", file=sys.stderr)
 out.update({"kernel_bytes_per_row_e2e": e2e_bpk, "kernel_bytes_per_row_raw": raw_bpk})
 print(json.dumps(out))
