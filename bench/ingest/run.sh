@@ -12,7 +12,8 @@
 #         mtls   TLS, an agent's client certificate (--tls-client-ca) and no token.
 #       The CA, the certificates (EC P-256) and the token are made with the openssl CLI in
 #       the run's temp dir (bench/stack.sh bench_secure_up). Before measuring, the second
-#       collectord is checked to refuse a push without a credential and a plaintext push.
+#       collectord is checked to refuse a push without a credential and a plaintext push;
+#       after, the token is checked to appear in no log.
 #   (b) baseline: kprof-bench-copy generates the same rows (same seed and start), encodes
 #       them with kp_codec_copy_text (names already in the database) and COPYs them into a
 #       fresh run's tables on one connection (encoding overlaps the COPY); events/s.
@@ -36,7 +37,7 @@
 # use a running PostgreSQL and the collectord that writes to it (then the plain variant
 # only); without KPROF_BENCH_PG, throwaway ones are started (tests/it/pgfix.sh and
 # <build>/collectord/kprof-collectord) and stopped at exit. Runtime with the defaults: about
-# 60 s on 2 cores.
+# 75 s on 2 cores.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -65,7 +66,7 @@ while [ $# -gt 0 ]; do
     --reps) reps=$2; shift ;;
     --no-secure) secure=0 ;;
     --keep) keep=1 ;;
-    -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,40p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
     shift
@@ -237,6 +238,11 @@ for i in $(seq 1 "$reps"); do
         echo "bench/ingest: rep $i $v $(printf %.0f "$rate") events/s" >&2
     done
 done
+
+# Neither collectord's log nor loadgen's refusals may hold the token.
+if [ "$secure" = 1 ] && grep -sqF -- "$(cat "$work/tls/agent.token")" "$work"/*.log "$work"/*.err; then
+    die "the agent token appears in a log or an error message"
+fi
 
 "$py" - "$ranks" "$steps" "$kernels" "$reps" "$events" "$e2e_bpk" "$raw_bpk" "$quick" \
     "${got[plain]}" "${got[raw]}" "${got[token]:-}" "${got[mtls]:-}" \
