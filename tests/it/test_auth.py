@@ -12,7 +12,8 @@ real TLS (a throwaway CA made with openssl), a token file and a client CA, drive
               seconds (polled), the new one works, without a restart
   logs        every refusal is logged with the peer; no log holds any token
   agents      (grpcio playing kprof-agent) an agent identity claiming another node's host, or an
-              agent id another identity attached, is refused PERMISSION_DENIED; rank states it
+              agent id another identity attached, is refused PERMISSION_DENIED (a shared token,
+              NAME "*", speaks for any host but not with another's agent id); rank states it
               reports for ranks it does not host are ignored (counted on /metrics); a push into
               a capture rank of another agent, into another agent's run or (as operator) into
               a capture's run is refused PERMISSION_DENIED naming the run, what was acked
@@ -44,6 +45,7 @@ DENIED = (SC.UNAUTHENTICATED, SC.PERMISSION_DENIED)
 TOK = {
     "agent": "agent-node-a-token-0123456789abcdef",
     "agent_b": "agent-node-b-token-0123456789abcdef",
+    "shared": "agent-shared-token-any-node-012345",
     "viewer": "viewer-token-0123456789abcdef",
     "operator": "operator-token-0123456789abcdef",
     "expired": "expired-operator-token-0123456789",
@@ -214,6 +216,7 @@ def token_lines(now, rotated):
              "agent node-a " + TOK["agent"],
              "",
              "agent node-b " + TOK["agent_b"],
+             "agent * " + TOK["shared"],
              "viewer dash " + TOK["viewer"],
              "operator alice " + TOK["operator"],
              "operator late %s expires=%s" % (TOK["expired"], past)]
@@ -349,7 +352,17 @@ def test_agents(cd, pki):
     code, details = thief.wait_end()
     assert code == SC.PERMISSION_DENIED and "agent_id" in details, details
     assert not legit.done, "the legit agent's call ended"
-    assert metric(cd, "kprof_collectord_attach_refused_total") >= 2
+
+    # a shared token (NAME "*") speaks for any host, but not with node-a's agent id
+    shared = Agent(ch, kpfix.bearer(TOK["shared"]), "node-z", 0xC1)
+    kpfix.wait_for(lambda: "agent attached host=node-z" in cd.log_text(), 10, "node-z attached")
+    assert not shared.done
+    shared.close()
+    thief2 = Agent(ch, kpfix.bearer(TOK["shared"]), "node-a", 0xA1)
+    code, details = thief2.wait_end()
+    assert code == SC.PERMISSION_DENIED and "agent_id" in details, details
+
+    assert metric(cd, "kprof_collectord_attach_refused_total") == 3
 
     # node-b attaches honestly (no process of the job)
     other = Agent(ch, b_md, "node-b", 0xB2)
