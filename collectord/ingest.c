@@ -318,11 +318,18 @@ void kp_ingest_run_owner(struct kp_ingest *ing, uint64_t run_id, int rc,
                          const struct kp_store_run_owner *o, const char *why)
 {
     struct ingest_call *mine = NULL;
-    struct owner *w = NULL;
+    struct owner *w = NULL, stale = { 0 };
 
     pthread_mutex_lock(&ing->auth_mu);
-    if (rc == 0 && (w = owner_find_locked(ing, run_id)) == NULL &&
-        (w = calloc(1, sizeof(*w))) != NULL) {
+    if (rc == 0 && o->unsettled) {
+        /* maybe a capture whose rows are not written yet (StartCapture writes them after the
+         * run, and only then arms its agents): decided on what it is now, not kept, so that a
+         * push that came too early does not decide for the capture's ranks */
+        stale.o = *o;
+        w = &stale;
+    }
+    else if (rc == 0 && (w = owner_find_locked(ing, run_id)) == NULL &&
+             (w = calloc(1, sizeof(*w))) != NULL) {
         w->run = run_id;
         w->o = *o;
         w->o.ranks = NULL;

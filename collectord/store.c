@@ -330,8 +330,8 @@ void kp_store_run_owner_fini(struct kp_store_run_owner *o)
 int kp_store_run_owner(PGconn *c, uint64_t run_id, struct kp_store_run_owner *out, char *errbuf,
                        size_t errlen)
 {
-    char id[24], err[384];
-    const char *params[1] = { id };
+    char id[24], src[16], err[384];
+    const char *params[2] = { id, src };
     PGresult *res = NULL;
     int rc, n;
 
@@ -340,11 +340,12 @@ int kp_store_run_owner(PGconn *c, uint64_t run_id, struct kp_store_run_owner *ou
         return KP_ENOTFOUND;
     }
     snprintf(id, sizeof(id), "%" PRIu64, run_id);
+    snprintf(src, sizeof(src), "%d", KPROF__V1__RUN_SOURCE__RUN_SOURCE_CAPTURE);
     if ((rc = kp_pg_query(c,
                           "SELECT coalesce(r.created_by, ''), "
-                          "EXISTS (SELECT 1 FROM captures k WHERE k.run_id = r.id) "
-                          "FROM runs r WHERE r.id = $1",
-                          1, params, &res, err, sizeof(err))) != 0) {
+                          "EXISTS (SELECT 1 FROM captures k WHERE k.run_id = r.id), "
+                          "r.source = $2::smallint FROM runs r WHERE r.id = $1",
+                          2, params, &res, err, sizeof(err))) != 0) {
         snprintf(errbuf, errlen, "look up the run's creator: %s", err);
         return rc;
     }
@@ -355,6 +356,7 @@ int kp_store_run_owner(PGconn *c, uint64_t run_id, struct kp_store_run_owner *ou
     }
     snprintf(out->created_by, sizeof(out->created_by), "%s", PQgetvalue(res, 0, 0));
     out->capture = PQgetvalue(res, 0, 1)[0] == 't';
+    out->unsettled = !out->capture && PQgetvalue(res, 0, 2)[0] == 't';
     PQclear(res);
     res = NULL;
     if (!out->capture) {

@@ -53,8 +53,11 @@ void kp_store_principal(const struct kp_identity *id, char *buf, size_t len);
 /* Who may push into a run (docs/design.md "Authorization"). */
 struct kp_store_run_owner {
     char created_by[KP_STORE_PRINCIPAL_MAX]; /* "" where none was recorded */
-    bool capture;                            /* a capture (a `captures` row) */
-    size_t n;                                /* its capture ranks, sorted by rank */
+    bool capture;                            /* a capture (its `captures` row) */
+    /* source CAPTURE without a `captures` row: StartCapture writes it (and the ranks) after
+     * the run, so this may become a capture; not an answer to keep */
+    bool unsettled;
+    size_t n; /* its capture ranks, sorted by rank */
     int32_t *ranks;
     char (*agent_by)[KP_STORE_PRINCIPAL_MAX]; /* each rank's agent ("" none recorded) */
 };

@@ -416,12 +416,32 @@ def test_agents(cd, pki):
     kpfix.wait_for(lambda: kpfix.psql("SELECT created_by FROM runs WHERE id = %d" % op_run,
                                       db=DB) == "operator:alice", 5, "import run's creator")
 
+    # a run of source CAPTURE whose capture rows are not written yet (StartCapture writes them
+    # after the run): decided as it is then, not remembered, so the capture's agent is taken
+    # once its rows are there
+    early = unary(ch, "CreateRun", pb.CreateRunRequest, pb.Run, op_md)(
+        pb.CreateRunRequest(job=JOB, world_size=1, source=pb.RUN_SOURCE_CAPTURE),
+        metadata=op_md, timeout=30).id
+    acked, code, _ = push(ch, op_md, [batch(early, 0, 1)])
+    assert code == SC.OK and acked == [(early, 0, 1)], (code, acked)
+    kpfix.psql("INSERT INTO captures (run_id, start_step, steps, duration_ms, activities, "
+               "deadline_at) VALUES (%d, 1, 1, 0, 'all', now() + interval '1 hour'); "
+               "INSERT INTO capture_ranks (run_id, rank, state, host, agent_by) VALUES "
+               "(%d, 0, 1, 'node-a', 'agent:node-a')" % (early, early), db=DB)
+    acked, code, details = push(ch, a_md, [batch(early, 0, 2)])
+    assert code == SC.OK and acked == [(early, 0, 2)], (code, details, acked)
+    _, code, _ = push(ch, op_md, [batch(early, 0, 3)])
+    assert code == SC.PERMISSION_DENIED, code
+
     # EndRun: node-a may not end node-b's run, nor the capture's; node-b ends its own
     end_a = unary(ch, "EndRun", pb.EndRunRequest, pb.Run, a_md)
     for r in (b_run, run):
         _, code, details = code_of(lambda: end_a(pb.EndRunRequest(run_id=r), metadata=a_md,
                                                  timeout=30))
         assert code == SC.PERMISSION_DENIED and str(r) in details, (r, code, details)
+    ended_b = unary(ch, "EndRun", pb.EndRunRequest, pb.Run, b_md)(
+        pb.EndRunRequest(run_id=b_run), metadata=b_md, timeout=30)
+    assert ended_b.state == pb.RUN_STATE_ENDED, ended_b
 
     # the legit capture: node-a pushes its ranks and reports them done
     acked, code, details = push(ch, a_md, [batch(run, 0, 1), batch(run, 1, 1)])
