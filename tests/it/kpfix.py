@@ -1,12 +1,15 @@
 """Fixtures for kprof's script tests: a fresh database on the test PostgreSQL, kprof-collectord
 and kprof-analyzer child processes (stopped by pid), and for the security tests a throwaway PKI
-(make_pki), token files (write_tokens) and grpcio channels with credentials (channel). Used by
+(make_pki), token files (write_tokens), grpcio channels with credentials (channel) and an agent
+played over Control.Attach (AttachAgent). Used by
 tests/it/test_*.py."""
 import os
+import queue
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 PG = os.environ.get("KPROF_TEST_PG", "")
@@ -182,31 +185,34 @@ class Collectord:
     """kprof-collectord as a child process on 127.0.0.1:0, ready when its ready file exists.
     secure=(pki, token_file): serve TLS with tokens and client certificates (Pki.daemon_flags)."""
 
+    BINARY = ("collectord", "kprof-collectord")
+    WHAT = "collectord"
+
     def __init__(self, name, conninfo_, extra=(), secure=None):
         if secure is not None:
             extra = list(secure[0].daemon_flags(secure[1])) + list(extra)
         self.dir = os.path.join(TEST_DIR, name)
         os.makedirs(self.dir, exist_ok=True)
         self.ready = os.path.join(self.dir, "ready")
-        self.log_path = os.path.join(self.dir, "collectord.log")
+        self.log_path = os.path.join(self.dir, self.BINARY[0] + ".log")
         if os.path.exists(self.ready):
             os.unlink(self.ready)
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [os.path.join(BIN, "collectord", "kprof-collectord"), "--listen", "127.0.0.1:0",
+            [os.path.join(BIN, *self.BINARY), "--listen", "127.0.0.1:0",
              "--http-listen", "127.0.0.1:0", "--pg-conninfo", conninfo_,
              "--ready-file", self.ready] + list(extra),
             stdout=self.log, stderr=subprocess.STDOUT)
         try:
             wait_for(lambda: os.path.exists(self.ready) or self.proc.poll() is not None, 30,
-                     "collectord ready")
+                     self.WHAT + " ready")
         except AssertionError:
             self.proc.kill()  # not ready in time: do not leave it running
             self.proc.wait()
             self.log.close()
-            raise AssertionError("collectord not ready in 30 s:\n" + self.log_text())
+            raise AssertionError(self.WHAT + " not ready in 30 s:\n" + self.log_text())
         if self.proc.poll() is not None:
-            raise AssertionError("collectord exited: " + open(self.log_path).read())
+            raise AssertionError(self.WHAT + " exited: " + open(self.log_path).read())
         addrs = dict(l.strip().split("=", 1) for l in open(self.ready) if "=" in l)
         self.grpc = addrs["grpc"]
         self.http = addrs.get("http")
@@ -235,34 +241,80 @@ class Collectord:
 class Analyzer(Collectord):
     """kprof-analyzer as a child process on 127.0.0.1:0 (like Collectord; secure= alike)."""
 
-    def __init__(self, name, conninfo_, extra=(), secure=None):
-        if secure is not None:
-            extra = list(secure[0].daemon_flags(secure[1])) + list(extra)
-        self.dir = os.path.join(TEST_DIR, name)
-        os.makedirs(self.dir, exist_ok=True)
-        self.ready = os.path.join(self.dir, "ready")
-        self.log_path = os.path.join(self.dir, "analyzer.log")
-        if os.path.exists(self.ready):
-            os.unlink(self.ready)
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [os.path.join(BIN, "analyzer", "kprof-analyzer"), "--listen", "127.0.0.1:0",
-             "--http-listen", "127.0.0.1:0", "--pg-conninfo", conninfo_,
-             "--ready-file", self.ready] + list(extra),
-            stdout=self.log, stderr=subprocess.STDOUT)
+    BINARY = ("analyzer", "kprof-analyzer")
+    WHAT = "kprof-analyzer"
+
+
+class AttachAgent:
+    """kprof-agent played with grpcio: one Control.Attach call on channel ch with metadata md
+    (kpfix.bearer(token), or [] with a client certificate), reporting host, agent_id and the
+    processes of job's ranks (world size world); set_state reports a capture rank's state,
+    commands from collectord are collected (wait_arm), wait_end gives the call's status."""
+
+    def __init__(self, ch, md, host, agent_id, job, ranks=(), world=2):
+        import grpc
+        import kprof_pb2 as pb
+        self.pb, self.grpc = pb, grpc
+        self.host, self.agent_id, self.procs, self.world = host, agent_id, list(ranks), world
+        self.job = job
+        self.states = {}
+        self.commands, self.error, self.done = [], None, False
+        self.cv = threading.Condition()
+        self.q = queue.Queue()
+        stub = ch.stream_stream("/kprof.v1.Control/Attach", request_serializer=lambda m: m,
+                                response_deserializer=self.pb.CaptureCommand.FromString)
+        self.call = stub(self._gen(), metadata=md)
+        threading.Thread(target=self._recv, daemon=True).start()
+        self.report()
+
+    def _gen(self):
+        while True:
+            m = self.q.get()
+            if m is None:
+                return
+            yield m
+
+    def _recv(self):
         try:
-            wait_for(lambda: os.path.exists(self.ready) or self.proc.poll() is not None, 30,
-                     "kprof-analyzer ready")
-        except AssertionError:
-            self.proc.kill()
-            self.proc.wait()
-            self.log.close()
-            raise AssertionError("kprof-analyzer not ready in 30 s:\n" + self.log_text())
-        if self.proc.poll() is not None:
-            raise AssertionError("kprof-analyzer exited: " + open(self.log_path).read())
-        addrs = dict(l.strip().split("=", 1) for l in open(self.ready) if "=" in l)
-        self.grpc = addrs["grpc"]
-        self.http = addrs.get("http")
+            for c in self.call:
+                with self.cv:
+                    self.commands.append(c)
+                    self.cv.notify_all()
+        except self.grpc.RpcError as e:
+            self.error = e
+        with self.cv:
+            self.done = True
+            self.cv.notify_all()
+
+    def report(self):
+        r = self.pb.AgentReport(host=self.host, agent_id=self.agent_id, version="test")
+        for rank in self.procs:
+            r.processes.add(job=self.job, rank=rank, local_rank=rank, world_size=self.world,
+                            pid=4000 + rank, device=rank, step=10, step_ms=50, step_age_ms=0)
+        for (run, rank), st in sorted(self.states.items()):
+            r.ranks.add(run_id=run, rank=rank, state=st, pid=4000 + rank, records=3,
+                        first_step=1, last_step=2)
+        self.q.put(r.SerializeToString())
+
+    def set_state(self, run, rank, st):
+        self.states[(run, rank)] = st
+        self.report()
+
+    def wait_end(self, timeout=15):
+        wait_for(lambda: self.done, timeout, "the Attach call of %s to end" % self.host)
+        return self.error.code() if self.error else self.grpc.StatusCode.OK, \
+            self.error.details() if self.error else ""
+
+    def wait_arm(self, run, timeout=15):
+        def found():
+            with self.cv:
+                return [c for c in self.commands if c.kind == self.pb.CaptureCommand.KIND_ARM
+                        and c.run_id == run]
+        return wait_for(found, timeout, "ARM of run %d on %s" % (run, self.host))[0]
+
+    def close(self):
+        self.q.put(None)
+        self.call.cancel()
 
 
 class Stubs:

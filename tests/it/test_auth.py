@@ -23,9 +23,7 @@ real TLS (a throwaway CA made with openssl), a token file and a client CA, drive
 """
 import json
 import os
-import queue
 import re
-import threading
 import time
 import urllib.request
 
@@ -137,69 +135,8 @@ def code_of(fn):
         return None, e.code(), e.details()
 
 
-class Agent:
-    """One Attach call played with grpcio: reports go out from a queue, commands come in."""
-
-    def __init__(self, ch, md, host, agent_id, ranks=(), world=2):
-        self.host, self.agent_id, self.procs, self.world = host, agent_id, list(ranks), world
-        self.states = {}
-        self.commands, self.error, self.done = [], None, False
-        self.cv = threading.Condition()
-        self.q = queue.Queue()
-        stub = ch.stream_stream("/kprof.v1.Control/Attach", request_serializer=lambda m: m,
-                                response_deserializer=pb.CaptureCommand.FromString)
-        self.call = stub(self._gen(), metadata=md)
-        threading.Thread(target=self._recv, daemon=True).start()
-        self.report()
-
-    def _gen(self):
-        while True:
-            m = self.q.get()
-            if m is None:
-                return
-            yield m
-
-    def _recv(self):
-        try:
-            for c in self.call:
-                with self.cv:
-                    self.commands.append(c)
-                    self.cv.notify_all()
-        except grpc.RpcError as e:
-            self.error = e
-        with self.cv:
-            self.done = True
-            self.cv.notify_all()
-
-    def report(self):
-        r = pb.AgentReport(host=self.host, agent_id=self.agent_id, version="test")
-        for rank in self.procs:
-            r.processes.add(job=JOB, rank=rank, local_rank=rank, world_size=self.world,
-                            pid=4000 + rank, device=rank, step=10, step_ms=50, step_age_ms=0)
-        for (run, rank), st in sorted(self.states.items()):
-            r.ranks.add(run_id=run, rank=rank, state=st, pid=4000 + rank, records=3,
-                        first_step=1, last_step=2)
-        self.q.put(r.SerializeToString())
-
-    def set_state(self, run, rank, st):
-        self.states[(run, rank)] = st
-        self.report()
-
-    def wait_end(self, timeout=15):
-        kpfix.wait_for(lambda: self.done, timeout, "the Attach call of %s to end" % self.host)
-        return self.error.code() if self.error else SC.OK, \
-            self.error.details() if self.error else ""
-
-    def wait_arm(self, run, timeout=15):
-        def found():
-            with self.cv:
-                return [c for c in self.commands if c.kind == pb.CaptureCommand.KIND_ARM
-                        and c.run_id == run]
-        return kpfix.wait_for(found, timeout, "ARM of run %d on %s" % (run, self.host))[0]
-
-    def close(self):
-        self.q.put(None)
-        self.call.cancel()
+def Agent(ch, md, host, agent_id, ranks=()):
+    return kpfix.AttachAgent(ch, md, host, agent_id, JOB, ranks=ranks, world=2)
 
 
 def metric(cd, name):
