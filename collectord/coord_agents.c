@@ -181,11 +181,12 @@ static void *att_open(struct kp_rpc_call *call, void *ud)
 static bool report_allowed(struct kp_coord *c, const struct agent *a,
                            const Kprof__V1__AgentReport *rep, char *why, size_t len)
 {
-    const char *name = strchr(a->principal, ':') + 1;
+    const char *name;
 
     if (!a->authenticated) {
         return true;
     }
+    name = strchr(a->principal, ':') + 1; /* "agent:NAME" (kp_store_principal) */
     if (strcmp(name, "*") != 0 && strcmp(rep->host, name) != 0) {
         snprintf(why, len,
                  "the agent identity %s speaks for host %s only, not for host %s; give each node "
