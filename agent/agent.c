@@ -31,6 +31,7 @@
 #include "capture.h"
 #include "kp_clock.h"
 #include "kp_daemon.h"
+#include "kp_err.h"
 #include "kp_http.h"
 #include "kp_log.h"
 #include "kp_rpc.h"
@@ -203,6 +204,16 @@ int kp_agent_create(const struct kp_agent_config *cfg, struct kp_agent **out, ch
         goto fail;
     }
     co.tls_ca_file = cfg->tls_ca != NULL && cfg->tls_ca[0] != '\0' ? cfg->tls_ca : NULL;
+    co.tls_cert_file = cfg->tls_cert != NULL && cfg->tls_cert[0] != '\0' ? cfg->tls_cert : NULL;
+    co.tls_key_file = cfg->tls_key != NULL && cfg->tls_key[0] != '\0' ? cfg->tls_key : NULL;
+    co.token_file = cfg->token_file;
+    if ((co.tls_cert_file == NULL) != (co.tls_key_file == NULL)) {
+        snprintf(errbuf, errlen,
+                 "--tls-cert and --tls-key go together: give this agent's "
+                 "certificate and its private key");
+        rc = KP_ECONFIG;
+        goto fail;
+    }
     if ((rc = kp_rpc_channel_create(cfg->collector, &co, &a->ch, errbuf, errlen)) != 0 ||
         (rc = loop_fds(a, errbuf, errlen)) != 0 || (rc = local_side(a, errbuf, errlen)) != 0) {
         goto fail;

@@ -24,6 +24,9 @@ struct kp_agent_config {
     char *allow_uid;   /* comma list of uids or user names; own uid and root always allowed */
     char *collector;   /* host:port of kprof-collectord */
     char *tls_ca;      /* PEM of the collector's CA; empty: plaintext */
+    char *tls_cert;    /* mutual TLS: this agent's certificate (urn:kprof:agent:HOST); "" none */
+    char *tls_key;     /* its private key */
+    char *token_file;  /* first line: the agent's bearer token (role agent, NAME its host) */
     char *spool_dir;
     long long spool_max_bytes;
     long long batch_rows;

@@ -33,6 +33,16 @@ static const struct kp_config_def agent_config[] = {
       "kprof-collectord gRPC address, host:port", NULL, false },
     { "tls-ca", KP_CONFIG_STRING, "", 0, 0, OFF(tls_ca),
       "PEM of the CA that signed collectord's certificate; empty: plaintext", NULL, false },
+    { "token-file", KP_CONFIG_STRING, "", 0, 0, OFF(token_file),
+      "file (mode 0600 or 0640) whose first line is this agent's token: in collectord's token "
+      "file as \"agent NAME TOKEN\", NAME this node (--host)",
+      NULL, false },
+    { "tls-cert", KP_CONFIG_STRING, "", 0, 0, OFF(tls_cert),
+      "mutual TLS, instead of a token: PEM of this agent's certificate, its subjectAltName "
+      "URI urn:kprof:agent:NAME with NAME this node (--host); needs --tls-key and --tls-ca",
+      NULL, false },
+    { "tls-key", KP_CONFIG_STRING, "", 0, 0, OFF(tls_key), "PEM of --tls-cert's private key", NULL,
+      false },
     { "spool-dir", KP_CONFIG_STRING, "/var/lib/kprof/spool", 1, 3000, OFF(spool_dir),
       "directory of the on-disk queue of batches not yet acknowledged by collectord", NULL, false },
     { "spool-max-bytes", KP_CONFIG_SIZE, "1GiB", 1LL << 16, 1LL << 42, OFF(spool_max_bytes),
@@ -58,7 +68,9 @@ static const struct kp_config_def agent_config[] = {
       "file to write \"socket=<path>\" to once listening", NULL, false },
     { "log-level", KP_CONFIG_ENUM, "info", 0, 0, OFF(log_level), "error, warn, info or debug",
       log_levels, false },
-    { "host", KP_CONFIG_STRING, "", 0, 255, OFF(host), "this node's name; empty: gethostname()",
+    { "host", KP_CONFIG_STRING, "", 0, 255, OFF(host),
+      "this node's name, and the agent's identity NAME for collectord (its token's or "
+      "certificate's NAME); empty: gethostname()",
       NULL, false },
     { "attach", KP_CONFIG_BOOL, "true", 0, 0, OFF(attach),
       "attach to collectord (Control.Attach): report the registered processes and obey "

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "attach.h"
 #include "capture.h"
@@ -24,7 +25,8 @@
 #include "session.h"
 #include "spool.h"
 
-#define KP_UPLINK_PUSH_WINDOW 32
+#define KP_UPLINK_PUSH_WINDOW   32
+#define KP_UPLINK_CRED_RETRY_MS 5000 /* a refused credential is tried again this much later */
 /* A rank's reason in a report: its own text and the notes the report adds. */
 #define KP_UPLINK_REASON_BYTES 500
 
@@ -76,6 +78,29 @@ static void drop_refused(struct kp_uplink *up, struct kp_push *push, bool *logge
     atomic_store(&up->acked_through, first);
 }
 
+/* Whether the push failed because collectord refused this agent's credential
+ * (UNAUTHENTICATED, PERMISSION_DENIED): a wrong, expired or rotated-out token or certificate,
+ * which says nothing about the batches. Logged once per run of refusals. */
+static bool credential_refused(struct kp_uplink *up, struct kp_push *push, bool *logged)
+{
+    struct kp_rpc_status st;
+
+    kp_push_error(push, &st);
+    if (st.code != GRPC_STATUS_UNAUTHENTICATED && st.code != GRPC_STATUS_PERMISSION_DENIED) {
+        *logged = false;
+        return false;
+    }
+    if (!*logged) {
+        kp_log_error("collectord at %s refuses this agent's credential status=%s details=\"%s\"; "
+                     "the batches stay in the spool: give --token-file an agent token whose "
+                     "NAME is this node (or --tls-cert with urn:kprof:agent:NODE) and restart "
+                     "the agent",
+                     up->cfg.collector, kp_rpc_status_name(st.code), st.details);
+        *logged = true;
+    }
+    return true;
+}
+
 static void *uplink_main(void *arg)
 {
     struct kp_uplink *up = arg;
@@ -83,7 +108,7 @@ static void *uplink_main(void *arg)
     struct kp_push *push = NULL;
     struct kp_push_opts po;
     uint64_t push_next = 0;
-    bool terminal_logged = false;
+    bool terminal_logged = false, cred_logged = false;
 
     memset(&po, 0, sizeof(po));
     po.give_up_after_ms = 0; /* retry forever; the spool absorbs the rest */
@@ -107,6 +132,17 @@ static void *uplink_main(void *arg)
             kp_spool_rewind(sp);
         }
         note_acked(up, push);
+        if (kp_push_error(push, NULL) != 0 && credential_refused(up, push, &cred_logged)) {
+            /* not the batch's fault: it stays spooled for when the credential is fixed */
+            kp_push_destroy(push);
+            push = NULL;
+            for (int i = 0; i < KP_UPLINK_CRED_RETRY_MS / 100 && !atomic_load(&up->stopping); i++) {
+                struct timespec ts = { 0, 100 * 1000000L };
+
+                nanosleep(&ts, NULL);
+            }
+            continue;
+        }
         if (kp_push_error(push, NULL) != 0) {
             drop_refused(up, push, &terminal_logged);
             kp_push_destroy(push);

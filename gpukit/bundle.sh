@@ -16,6 +16,8 @@
 # deploy/local/kprof-stack looks for them; build/agent/inject/libkprof_inject.so;
 # build/tests/fakecupti/ the dry run's worker and fake libcupti; lib/ every shared library they
 # load except glibc's own (the GPU image's glibc must be at least GLIBC_MAX in MANIFEST);
+# bin/openssl and etc/openssl.cnf: the openssl command kprof-stack makes the stack's CA,
+# certificates and tokens with (an image may have none, or one that does not match lib/);
 # pg/lib/postgresql/N/{bin,lib} and pg/share/postgresql/N/ PostgreSQL's server (relocatable:
 # it finds share/ relative to bin/), pg/zoneinfo/ the UTC time zone files; deploy/local/kprof-stack, agent/kprof-run, agent/python/
 # and gpukit/ the scripts; src/ the injection library's sources, to rebuild it against another
@@ -85,6 +87,7 @@ build_bundle() {
     tests/fakecupti/libkprof_fakecupti.so; do
     [ -f "$build/$b" ] || die "$build/$b is missing: build kprof first (cmake --build $build)" 2
   done
+  command -v openssl >/dev/null || die "openssl is not installed here (deploy/local/install-deps.sh)" 2
   rm -rf "$root"
   mkdir -p "$root/lib" "$root/build/tests/fakecupti" "$root/pg/lib/postgresql/$pgver/lib" \
     "$root/pg/share/postgresql" "$root/deploy/local" "$root/agent" "$root/src"
@@ -93,6 +96,14 @@ build_bundle() {
     mkdir -p "$root/build/$(dirname "$b")"
     cp "$build/$b" "$root/build/$b"
   done
+  # The openssl command, for kprof-stack's credentials; its libraries come with the rest.
+  mkdir -p "$root/bin" "$root/etc"
+  cp -L "$(command -v openssl)" "$root/bin/openssl"
+  if [ -f /usr/lib/ssl/openssl.cnf ]; then
+    cp -L /usr/lib/ssl/openssl.cnf "$root/etc/openssl.cnf"
+  else
+    printf '[req]\ndistinguished_name = dn\n[dn]\n' >"$root/etc/openssl.cnf"
+  fi
   # The worker finds its fake through the loader: one copy, in lib/.
   cp "$build/tests/fakecupti/libkprof_fakecupti.so" "$root/lib/"
   # PostgreSQL: what kprof-stack runs, and the server's modules (JIT left out: its provider
@@ -162,6 +173,10 @@ check_bundle() {
       bad=1
     fi
   done
+  if ! LD_LIBRARY_PATH=$libpath OPENSSL_CONF=$root/etc/openssl.cnf "$root/bin/openssl" rand -hex 4 >/dev/null 2>&1; then
+    echo "gpukit/bundle.sh: the bundled openssl does not run" >&2
+    bad=1
+  fi
   if ! LD_LIBRARY_PATH=$libpath "$(ls -d "$root"/pg/lib/postgresql/*/bin)/postgres" --version >/dev/null 2>&1; then
     echo "gpukit/bundle.sh: the bundled postgres does not run" >&2
     bad=1

@@ -10,7 +10,8 @@
 #              script runs from inside an unpacked one), check glibc, load or rebuild
 #              libkprof_inject.so against the CUDA here, find the libcupti torch uses
 #              (KPROF_CUPTI_PATH), make a user for PostgreSQL when running as root
-#   stack      deploy/local/kprof-stack up from the bundle, on free ports
+#   stack      deploy/local/kprof-stack up from the bundle, on free ports: TLS and tokens, as
+#              the local stack always is (kprofctl uses its CA and operator token)
 #   baseline   the job (gpukit/job_torch.py: 2 ranks, 30 steps) without kprof
 #   dormant    the same under kprof-run, no capture
 #   capture    the same under kprof-run; `kprofctl start --ranks all --steps 5` once both ranks
@@ -108,8 +109,10 @@ phase_rc() { # name rc t0 detail
 
 stack_dir=$work/stack
 mkdir -p "$res/stack"
+# The bundle's openssl (it matches lib/) makes the stack's CA, certificates and tokens.
 stack() { LD_LIBRARY_PATH=$root/lib KPROF_STACK_DIR=$stack_dir KPROF_BUILD_DIR=$root/build \
-  KPROF_PG_BIN=$pgbin timeout 120 bash "$root/deploy/local/kprof-stack" "$@"; }
+  KPROF_PG_BIN=$pgbin PATH=$root/bin:$PATH OPENSSL_CONF=$root/etc/openssl.cnf \
+  timeout 120 bash "$root/deploy/local/kprof-stack" "$@"; }
 kctl() { LD_LIBRARY_PATH=$root/lib timeout 30 "$root/build/kprofctl/kprofctl" "$@"; }
 cleanup() {
   [ -n "${job_pid:-}" ] && kill "$job_pid" 2>/dev/null
@@ -225,6 +228,13 @@ export KPROF_PG_PORT=$p1 KPROF_COLLECTOR_PORT=$p2 KPROF_COLLECTOR_HTTP_PORT=$p3 
 stack up >"$res/stack/up.txt" 2>&1
 rc=$?
 cat "$res/stack/up.txt"
+# The stack serves TLS and takes only callers with a token: kprofctl gets its CA and the
+# operator token, as `kprof-stack up` prints them.
+eval "$(sed -n 's/^ *export \(KPROF_TLS_CA\|KPROF_TOKEN_FILE\)=/export \1=/p' "$res/stack/up.txt")"
+if [ $rc = 0 ] && { [ -z "${KPROF_TLS_CA:-}" ] || [ -z "${KPROF_TOKEN_FILE:-}" ]; }; then
+  echo "kprof-stack up printed no KPROF_TLS_CA or KPROF_TOKEN_FILE (not found)" >>"$res/stack/up.txt"
+  rc=1
+fi
 phase_rc stack $rc "$t0" "$(grep -m1 -i 'fail\|error\|not' "$res/stack/up.txt")"
 [ $rc = 0 ] || exit 1
 export KPROF_COLLECTOR=127.0.0.1:$p2 KPROF_ANALYZER=127.0.0.1:$p4

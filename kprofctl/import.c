@@ -22,7 +22,7 @@
  *     is asked again until --give-up; a run it could not end stays open until collectord's
  *     --open-run-timeout ends it as failed (no producer stream, no batch). Exit status: 0
  *     imported (with --partial also when files were cut short: stderr says so), 1 failed, 2
- *     usage, 5 collectord unreachable or gone (see --help).
+ *     usage, 5 collectord unreachable or gone, 7 refused for the credential (see --help).
  * A progress bar goes to stderr when it is a terminal; the run id goes to stdout, as JSON
  * with --json.
  */
@@ -65,6 +65,9 @@ static const char *const progress_modes[] = { "auto", "on", "off", NULL };
 struct import_config {
     char *collector;
     char *tls_ca;
+    char *tls_cert;
+    char *tls_key;
+    char *token_file;
     char *job;
     char *name;
     long long rank;
@@ -83,8 +86,7 @@ struct import_config {
 static const struct kp_config_def import_defs[] = {
     { "collector", KP_CONFIG_STRING, "127.0.0.1:7070", 1, 0, OFF(collector),
       "kprof-collectord's gRPC address (host:port or unix:/path)", NULL, false },
-    { "tls-ca", KP_CONFIG_STRING, "", 0, 0, OFF(tls_ca),
-      "PEM of the CA that signed collectord's certificate: use TLS", NULL, false },
+    KP_RPCVERB_CRED_DEFS(struct import_config, "collectord"),
     { "job", KP_CONFIG_STRING, "", 1, 256, OFF(job), "job name of the new run (required)", NULL,
       false },
     { "name", KP_CONFIG_STRING, "", 0, 256, OFF(name), "run name", NULL, false },
@@ -148,6 +150,7 @@ struct import {
     bool any_partial; /* --partial kept the part of a file before its error */
     bool ended;       /* EndRun answered */
     bool unreachable; /* collectord was unreachable or went away */
+    bool refused;     /* CreateRun was refused for the credential (exit 7) */
 };
 
 static volatile sig_atomic_t g_interrupted;
@@ -354,12 +357,16 @@ static bool is_unreachable(grpc_status_code code)
     return code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_DEADLINE_EXCEEDED;
 }
 
-/* One Control call; *unreachable (may be NULL) is set when collectord could not be reached.
- * quiet: print nothing when it could not (the caller retries). */
-static bool control_call(struct kp_rpc_channel *ch, const char *cfg_collector, const char *method,
-                         const ProtobufCMessage *req, Kprof__V1__Run **run, bool *unreachable,
-                         bool quiet, long long timeout_ms)
+/* One Control call; *unreachable (may be NULL) is set when collectord could not be reached,
+ * *code (may be NULL) to the failed call's status. quiet: print nothing when it could not (the
+ * caller retries). */
+static bool control_call(const struct import_config *cfg, struct kp_rpc_channel *ch,
+                         const char *method, const ProtobufCMessage *req, Kprof__V1__Run **run,
+                         bool *unreachable, grpc_status_code *code, bool quiet,
+                         long long timeout_ms)
 {
+    const char *cfg_collector = cfg->collector;
+    struct kp_rpcverb_creds creds = { cfg->tls_ca, cfg->tls_cert, cfg->tls_key, cfg->token_file };
     struct kp_rpc_status st;
     ProtobufCMessage *resp = NULL;
     char path[64];
@@ -372,6 +379,9 @@ static bool control_call(struct kp_rpc_channel *ch, const char *cfg_collector, c
     }
     if (unreachable != NULL) {
         *unreachable = is_unreachable(st.code);
+    }
+    if (code != NULL) {
+        *code = st.code;
     }
     if (is_unreachable(st.code) && quiet) {
         return false;
@@ -387,8 +397,9 @@ static bool control_call(struct kp_rpc_channel *ch, const char *cfg_collector, c
                 cfg_collector, st.details);
     }
     else {
-        fprintf(stderr, "kprofctl import: collectord at %s refused %s: %s: %s\n", cfg_collector,
-                method, kp_rpc_status_name(st.code), st.details);
+        fprintf(stderr, "kprofctl import: collectord at %s refused %s: %s: %s%s\n", cfg_collector,
+                method, kp_rpc_status_name(st.code), st.details,
+                kp_rpcverb_refused_hint(st.code, false, method, &creds));
     }
     return false;
 }
@@ -632,7 +643,8 @@ static int import_flags(struct import_config *cfg, int argc, char **argv, struct
                    "  2    usage: bad flags\n"
                    "  5    collectord unreachable, or gone before the import ended (a run it\n"
                    "       could not end is ended FAILED by collectord at its\n"
-                   "       --open-run-timeout)\n");
+                   "       --open-run-timeout)\n"
+                   "  7    " KPROFCTL_EXIT_REFUSED_HELP "\n");
         }
         kp_config_fini(import_defs, N_DEFS, cfg);
         return 0;
@@ -705,23 +717,23 @@ static int import_open_run(struct import *im)
 {
     const struct import_config *cfg = im->cfg;
     Kprof__V1__CreateRunRequest req = KPROF__V1__CREATE_RUN_REQUEST__INIT;
-    struct kp_rpc_channel_opts co;
+    struct kp_rpcverb_creds creds = { cfg->tls_ca, cfg->tls_cert, cfg->tls_key, cfg->token_file };
     Kprof__V1__Run *run = NULL;
-    char err[1024];
+    grpc_status_code code = GRPC_STATUS_OK;
 
-    memset(&co, 0, sizeof(co));
-    co.tls_ca_file = cfg->tls_ca != NULL && cfg->tls_ca[0] != '\0' ? cfg->tls_ca : NULL;
-    if (kp_rpc_channel_create(cfg->collector, &co, &im->ch, err, sizeof(err)) != 0) {
-        fprintf(stderr, "kprofctl import: --collector=%s: %s\n", cfg->collector, err);
-        return 2;
+    if (kp_rpcverb_channel("import", "collector", cfg->collector, &creds, &im->ch) != 0) {
+        return KPROFCTL_EXIT_USAGE;
     }
     req.job = cfg->job;
     req.name = cfg->name;
     req.world_size = im->world_size;
     req.source = KPROF__V1__RUN_SOURCE__RUN_SOURCE_IMPORT;
-    if (!control_call(im->ch, cfg->collector, "CreateRun", &req.base, &run, &im->unreachable, false,
+    if (!control_call(cfg, im->ch, "CreateRun", &req.base, &run, &im->unreachable, &code, false,
                       CONTROL_TIMEOUT_MS)) {
-        return im->unreachable ? KPROFCTL_EXIT_UNREACHABLE : KPROFCTL_EXIT_FAILED;
+        im->refused = kp_rpcverb_exit_code(code) == KPROFCTL_EXIT_REFUSED;
+        return im->unreachable ? KPROFCTL_EXIT_UNREACHABLE
+               : im->refused   ? KPROFCTL_EXIT_REFUSED
+                               : KPROFCTL_EXIT_FAILED;
     }
     im->run_id = run->id;
     protobuf_c_message_free_unpacked(&run->base, NULL);
@@ -818,7 +830,7 @@ static int import_end(struct import *im, int rc)
      * (once only when the push already gave up on it). Quiet while it may ask again, and
      * once the push gave up (that was said; the line below says what it means for the
      * run). */
-    while (!(im->ended = control_call(im->ch, cfg->collector, "EndRun", &req.base, &run, &gone,
+    while (!(im->ended = control_call(cfg, im->ch, "EndRun", &req.base, &run, &gone, NULL,
                                       push_gone || kp_mono_ns() < until, end_timeout_ms)) &&
            gone && kp_mono_ns() < until && !g_interrupted) {
         struct timespec ts = { 0, pause_ms * 1000000L };
@@ -852,7 +864,7 @@ static void import_report(struct import *im)
         im->push = NULL;
         req.run_id = im->run_id;
         /* DropRun refuses a run that is still open, so only an ended one is worth asking */
-        if (im->ended && control_call(im->ch, im->cfg->collector, "DropRun", &req.base, &run, NULL,
+        if (im->ended && control_call(im->cfg, im->ch, "DropRun", &req.base, &run, NULL, NULL,
                                       false, CONTROL_TIMEOUT_MS)) {
             protobuf_c_message_free_unpacked(&run->base, NULL);
             fprintf(stderr,

@@ -8,9 +8,11 @@
  *   pid (number), local_rank (number; null when unknown), device (number; null when
  *   negative), step (number: the last step the rank reported; null before the first),
  *   step_us (number: observed µs per step, to the agent's ms resolution; null when unknown), run
- * (number: the capture the rank is in now; null when idle) as aligned text, CSV, or (--json) an
- * array of objects keyed by those names. With no job, the text output is the header alone and a
- * hint goes to stderr; CSV is the header, JSON
+ * (number: the capture the rank is in now; null when idle), conflict (text: "live on N hosts"
+ * when the job's rank is registered on more than one host, which collectord refuses to
+ * capture; null otherwise) as aligned text, CSV, or (--json) an array of objects keyed by
+ * those names; each conflict is also said on stderr in text output. With no job, the text output is
+ * the header alone and a hint goes to stderr; CSV is the header, JSON
  * "[]".
  *
  * Exit status (kprofctl.h): 0 listed (also when none is registered), 2 bad usage, 5
@@ -56,6 +58,7 @@ enum jobs_col {
     COL_STEP,
     COL_STEP_US,
     COL_RUN,
+    COL_CONFLICT,
     N_COLS,
 };
 
@@ -70,11 +73,13 @@ static const struct kp_table_col jobs_cols[N_COLS] = {
     [COL_STEP] = { "step", KP_TABLE_NUMERIC },
     [COL_STEP_US] = { "step_us", KP_TABLE_NUMERIC },
     [COL_RUN] = { "run", KP_TABLE_NUMERIC },
+    [COL_CONFLICT] = { "conflict", KP_TABLE_TEXT },
 };
 
 struct job_row {
     const Kprof__V1__Job *job;
     const Kprof__V1__JobRank *rank;
+    unsigned hosts; /* distinct hosts the job's rank is live on (0: rank unknown) */
 };
 
 static int cmp_row(const void *a, const void *b)
@@ -127,7 +132,35 @@ static int add_row(struct kp_table *t, const struct job_row *row)
     if (r->run_id > 0) {
         rc = rc != 0 ? rc : kp_table_set_u64(t, COL_RUN, r->run_id);
     }
+    if (row->hosts > 1) {
+        char buf[64];
+
+        snprintf(buf, sizeof(buf), "live on %u hosts", row->hosts);
+        rc = rc != 0 ? rc : kp_table_set_str(t, COL_CONFLICT, buf);
+    }
     return rc;
+}
+
+/* Whether a and b are the same rank of the same job (a known rank). */
+static bool same_rank(const struct job_row *a, const struct job_row *b)
+{
+    return a->rank->rank >= 0 && a->rank->rank == b->rank->rank &&
+           strcmp(a->job->name, b->job->name) == 0;
+}
+
+/* Sets each row's hosts: rows sorted by job, rank, then host. */
+static void count_hosts(struct job_row *rows, size_t n)
+{
+    for (size_t i = 0, j; i < n; i = j) {
+        unsigned hosts = 1;
+
+        for (j = i + 1; j < n && same_rank(&rows[i], &rows[j]); j++) {
+            hosts += strcmp(rows[j - 1].rank->host, rows[j].rank->host) != 0;
+        }
+        for (size_t k = i; k < j; k++) {
+            rows[k].hosts = rows[i].rank->rank >= 0 ? hosts : 0;
+        }
+    }
 }
 
 /* The rows of resp sorted, into *out (owned: free). Returns 0 or -ENOMEM. */
@@ -151,6 +184,7 @@ static int collect(const Kprof__V1__ListJobsResponse *resp, struct job_row **out
         }
     }
     qsort(rows, n, sizeof(*rows), cmp_row);
+    count_hosts(rows, n);
     *out = rows;
     *n_out = n;
     return 0;
@@ -167,18 +201,44 @@ static int jobs_request(struct kp_rpcverb *v, ProtobufCMessage *msg)
 static int jobs_rows(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *msg)
 {
     struct job_row *rows = NULL;
-    size_t n_rows = 0;
+    size_t n_rows = 0, conflicts = 0;
     int r;
 
-    (void) v;
     if ((r = collect((const Kprof__V1__ListJobsResponse *) msg, &rows, &n_rows)) != 0) {
         return r;
     }
     for (size_t i = 0; i < n_rows && r == 0; i++) {
         r = add_row(t, &rows[i]);
+        conflicts += rows[i].hosts > 1;
     }
     free(rows);
+    /* The text table shows the conflict column only when there is one (JSON and CSV keep it). */
+    if (conflicts == 0 && v->format == KP_TABLE_FORMAT_TEXT) {
+        kp_rpcverb_default_columns(v, t,
+                                   "job,world_size,rank,host,pid,local_rank,device,step,"
+                                   "step_us,run");
+    }
     return r;
+}
+
+/* Says on stderr, once per rank, which ranks are live on several hosts. */
+static void warn_conflicts(const Kprof__V1__ListJobsResponse *resp)
+{
+    struct job_row *rows = NULL;
+    size_t n = 0;
+
+    if (collect(resp, &rows, &n) != 0) {
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (rows[i].hosts > 1 && (i == 0 || !same_rank(&rows[i - 1], &rows[i]))) {
+            fprintf(stderr,
+                    "kprofctl jobs: job \"%s\" rank %d is live on %u hosts (first %s): "
+                    "collectord will not capture it until the stale worker exits\n",
+                    rows[i].job->name, rows[i].rank->rank, rows[i].hosts, rows[i].rank->host);
+        }
+    }
+    free(rows);
 }
 
 /* The table; text says on stderr what to do when no job is registered. */
@@ -187,8 +247,11 @@ static int jobs_print(struct kp_rpcverb *v, const struct kp_table *t, const Prot
     const struct jobs_config *cfg = v->cfg;
     int rc = kp_rpcverb_print(v, t, stdout);
 
-    (void) msg;
-    if (rc != 0 || kp_table_rows(t) > 0 || v->format != KP_TABLE_FORMAT_TEXT) {
+    if (rc != 0 || v->format != KP_TABLE_FORMAT_TEXT) {
+        return rc;
+    }
+    if (kp_table_rows(t) > 0) {
+        warn_conflicts((const Kprof__V1__ListJobsResponse *) msg);
         return rc;
     }
     if (cfg->job[0] != '\0') {
@@ -210,7 +273,9 @@ static const struct kp_rpcverb_spec jobs_spec = {
         "kprofctl jobs [--job J] [--json|--csv] [-c COLS] [-w WIDTH]\n"
         "  The ranks registered with attached kprof-agents (Control.ListJobs), one row\n"
         "  each, by job then rank: job, world_size, rank, host, pid, local_rank, device,\n"
-        "  step (the last one reported), step_us, run (the capture it is in; - when idle).\n",
+        "  step (the last one reported), step_us, run (the capture it is in; - when idle),\n"
+        "  conflict (\"live on N hosts\": the rank is registered on several hosts, and\n"
+        "  collectord refuses to capture it; in text only when some rank is).\n",
     .exit_ok = "listed (also when no job is registered)",
     .defs = jobs_defs,
     .n_defs = N_DEFS,

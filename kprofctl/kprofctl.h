@@ -17,8 +17,10 @@
  *   5    collectord unreachable (UNAVAILABLE, DEADLINE_EXCEEDED)
  *   6    no agent: a selected rank has no kprof-agent attached, or is live on two hosts
  *        (FAILED_PRECONDITION)
+ *   7    refused: no or wrong credential, or a role that may not do this (UNAUTHENTICATED,
+ *        PERMISSION_DENIED): the message names --token-file / KPROF_TOKEN_FILE and the role
  *   130  interrupted (SIGINT) while waiting (start --wait, status --watch)
- * import and export keep their own (import.c, export.c): 0, 1, 2 and, for export, 3.
+ * import and export keep their own (import.c, export.c): 0, 1, 2, 5, 7 and, for export, 3.
  */
 #ifndef KPROFCTL_H
 #define KPROFCTL_H
@@ -31,8 +33,15 @@ enum kprofctl_exit {
     KPROFCTL_EXIT_BUSY = 4,
     KPROFCTL_EXIT_UNREACHABLE = 5,
     KPROFCTL_EXIT_NO_AGENT = 6,
+    KPROFCTL_EXIT_REFUSED = 7,
     KPROFCTL_EXIT_INTERRUPTED = 130,
 };
+
+/* --help's line for exit 7, the same in every verb. */
+#define KPROFCTL_EXIT_REFUSED_HELP                                                       \
+    "refused: no or wrong credential, or a role that may not do this (UNAUTHENTICATED, " \
+    "PERMISSION_DENIED): give --token-file (KPROF_TOKEN_FILE) with a token of the role " \
+    "the message names"
 
 /* A verb's entry point: argv[0] is the verb's name. Returns the process exit status
  * (enum kprofctl_exit). */

@@ -8,8 +8,10 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
+#include "kp_daemon.h"
 #include "kp_err.h"
 #include "kp_log.h"
 #include "kprofctl.h"
@@ -25,8 +27,7 @@ static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL
 static const struct kp_config_def head_defs[] = {
     { "collector", KP_CONFIG_STRING, "127.0.0.1:7070", 1, 0, OFF(collector),
       "kprof-collectord's gRPC address (host:port or unix:/path)", NULL, false },
-    { "tls-ca", KP_CONFIG_STRING, "", 0, 0, OFF(tls_ca),
-      "PEM of the CA that signed collectord's certificate: use TLS", NULL, false },
+    KP_RPCVERB_CRED_DEFS(struct kp_rpcverb_common, "collectord"),
 };
 /* After them; "columns" gets the verb's column list as its help. */
 static const struct kp_config_def tail_defs[] = {
@@ -46,11 +47,11 @@ static const struct kp_config_def tail_defs[] = {
 static const struct kp_config_def analyzer_head_defs[] = {
     { "analyzer", KP_CONFIG_STRING, "127.0.0.1:7072", 1, 0, OFF(collector),
       "kprof-analyzer's gRPC address (host:port or unix:/path)", NULL, false },
-    { "tls-ca", KP_CONFIG_STRING, "", 0, 0, OFF(tls_ca),
-      "PEM of the CA that signed kprof-analyzer's certificate: use TLS", NULL, false },
+    KP_RPCVERB_CRED_DEFS(struct kp_rpcverb_common, "kprof-analyzer"),
 };
 #undef OFF
 #define N_HEAD (sizeof(head_defs) / sizeof(head_defs[0]))
+_Static_assert(sizeof(head_defs) == sizeof(analyzer_head_defs), "one head for either server");
 #define N_TAIL (sizeof(tail_defs) / sizeof(tail_defs[0]))
 
 static void vreport(const struct kp_rpcverb *v, const char *suffix, const char *fmt, va_list ap)
@@ -195,8 +196,9 @@ static void print_exits(const struct kp_rpcverb_spec *spec, FILE *out)
                 "  2    usage: bad flags, or kprof-analyzer found the request invalid\n"
                 "  3    not found: an unknown run or rank (NOT_FOUND)\n"
                 "  5    kprof-analyzer unreachable, or its PostgreSQL (UNAVAILABLE, "
-                "DEADLINE_EXCEEDED)\n",
-                spec->exit_ok != NULL ? spec->exit_ok : "ok");
+                "DEADLINE_EXCEEDED)\n"
+                "  7    %s\n",
+                spec->exit_ok != NULL ? spec->exit_ok : "ok", KPROFCTL_EXIT_REFUSED_HELP);
         return;
     }
     fprintf(out,
@@ -208,11 +210,13 @@ static void print_exits(const struct kp_rpcverb_spec *spec, FILE *out)
             "  4    busy: a selected rank is capturing already (ALREADY_EXISTS)\n"
             "  5    collectord unreachable, or its PostgreSQL (UNAVAILABLE, DEADLINE_EXCEEDED)\n"
             "  6    no agent: a selected rank has no kprof-agent attached, or is live on two hosts "
-            "(FAILED_PRECONDITION)\n",
+            "(FAILED_PRECONDITION)\n"
+            "  7    %s\n",
             spec->exit_ok != NULL ? spec->exit_ok : "ok",
             spec->exit_failed != NULL
                 ? spec->exit_failed
-                : "failed: collectord refused for another reason, or the output failed");
+                : "failed: collectord refused for another reason, or the output failed",
+            KPROFCTL_EXIT_REFUSED_HELP);
     if (spec->interruptible) {
         fprintf(out, "  130  interrupted (ctrl-c) while waiting\n");
     }
@@ -221,7 +225,7 @@ static void print_exits(const struct kp_rpcverb_spec *spec, FILE *out)
 int kp_rpcverb_init(struct kp_rpcverb *v, const struct kp_rpcverb_spec *spec, void *cfg, int argc,
                     char **argv)
 {
-    struct kp_rpc_channel_opts co;
+    struct kp_rpcverb_creds creds;
     struct kp_config_pos pos;
     struct kp_table *t = NULL;
     char *args[RPCVERB_MAX_ARGS];
@@ -285,15 +289,11 @@ int kp_rpcverb_init(struct kp_rpcverb *v, const struct kp_rpcverb_spec *spec, vo
         kp_rpcverb_error(v, "-c %s: %s", v->common->columns, err);
         return KPROFCTL_EXIT_USAGE;
     }
-    memset(&co, 0, sizeof(co));
-    co.tls_ca_file =
-        v->common->tls_ca != NULL && v->common->tls_ca[0] != '\0' ? v->common->tls_ca : NULL;
-    if (kp_rpc_channel_create(v->common->collector, &co, &v->ch, err, sizeof(err)) != 0) {
-        kp_rpcverb_error(v, "--%s=%s: %s", v->spec->analyzer ? "analyzer" : "collector",
-                         v->common->collector, err);
-        return KPROFCTL_EXIT_USAGE;
-    }
-    return KP_RPCVERB_RUN;
+    kp_rpcverb_creds_of(v->common, &creds);
+    return kp_rpcverb_channel(spec->name, spec->analyzer ? "analyzer" : "collector",
+                              v->common->collector, &creds, &v->ch) == 0
+               ? KP_RPCVERB_RUN
+               : KPROFCTL_EXIT_USAGE;
 }
 
 /* Sets req's field name (a plain scalar of type) to x. Returns 0, or -EINVAL when req has no
@@ -429,9 +429,140 @@ int kp_rpcverb_exit_code(grpc_status_code code)
         return KPROFCTL_EXIT_UNREACHABLE;
     case GRPC_STATUS_FAILED_PRECONDITION:
         return KPROFCTL_EXIT_NO_AGENT;
+    case GRPC_STATUS_UNAUTHENTICATED:
+    case GRPC_STATUS_PERMISSION_DENIED:
+        return KPROFCTL_EXIT_REFUSED;
     default:
         return KPROFCTL_EXIT_FAILED;
     }
+}
+
+/* After "cannot reach" without --tls-ca: a daemon that serves TLS closes a plaintext call. */
+#define TLS_HINT "; if it serves TLS, give --tls-ca or KPROF_TLS_CA"
+
+static bool given(const char *s)
+{
+    return s != NULL && s[0] != '\0';
+}
+
+/* TLS_HINT when the server may have closed a plaintext call: no --tls-ca, and something
+ * listened (a refused connection says nothing about TLS). */
+static const char *tls_hint(const struct kp_rpcverb *v, const struct kp_rpc_status *st)
+{
+    return given(v->common->tls_ca) || strstr(st->details, "Connection refused") != NULL ? ""
+                                                                                         : TLS_HINT;
+}
+
+void kp_rpcverb_creds_of(const struct kp_rpcverb_common *c, struct kp_rpcverb_creds *out)
+{
+    out->tls_ca = c->tls_ca;
+    out->tls_cert = c->tls_cert;
+    out->tls_key = c->tls_key;
+    out->token_file = c->token_file;
+}
+
+int kp_rpcverb_channel(const char *verb, const char *flag, const char *target,
+                       const struct kp_rpcverb_creds *creds, struct kp_rpc_channel **out)
+{
+    struct kp_rpc_channel_opts co;
+    struct stat st;
+    char err[1024];
+
+    *out = NULL;
+    if (given(creds->tls_cert) != given(creds->tls_key)) {
+        fprintf(stderr,
+                "kprofctl %s: --tls-cert and --tls-key go together: give the client "
+                "certificate and its private key (see kprofctl %s --help)\n",
+                verb, verb);
+        return KPROFCTL_EXIT_USAGE;
+    }
+    if (given(creds->tls_cert) && !given(creds->tls_ca)) {
+        fprintf(stderr,
+                "kprofctl %s: --tls-cert needs --tls-ca (KPROF_TLS_CA): a client certificate "
+                "is shown only over TLS, which needs the CA that signed the server's "
+                "certificate\n",
+                verb);
+        return KPROFCTL_EXIT_USAGE;
+    }
+    /* A bearer token in clear text is anyone's who sees the traffic; loopback stays local. */
+    if (given(creds->token_file) && !given(creds->tls_ca) && !kp_daemon_listen_is_local(target)) {
+        fprintf(stderr,
+                "kprofctl %s: --token-file without --tls-ca would send the token in clear text "
+                "to %s: give --tls-ca (KPROF_TLS_CA), the CA that signed its certificate\n",
+                verb, target);
+        return KPROFCTL_EXIT_USAGE;
+    }
+    /* kp_rpc refuses it too (it allows 0640, for a group); a user's own token is 0600. */
+    if (given(creds->token_file) && stat(creds->token_file, &st) == 0 && (st.st_mode & 0007) != 0) {
+        fprintf(stderr,
+                "kprofctl %s: the token file %s is readable by others (mode %04o): run chmod 600 "
+                "%s\n",
+                verb, creds->token_file, (unsigned) (st.st_mode & 07777), creds->token_file);
+        return KPROFCTL_EXIT_USAGE;
+    }
+    memset(&co, 0, sizeof(co));
+    co.tls_ca_file = given(creds->tls_ca) ? creds->tls_ca : NULL;
+    co.tls_cert_file = given(creds->tls_cert) ? creds->tls_cert : NULL;
+    co.tls_key_file = given(creds->tls_key) ? creds->tls_key : NULL;
+    co.token_file = given(creds->token_file) ? creds->token_file : NULL;
+    if (kp_rpc_channel_create(target, &co, out, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kprofctl %s: --%s=%s: %s\n", verb, flag, target, err);
+        return KPROFCTL_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* The role a kprofctl call needs (the daemons' method tables, kp_auth.h): what changes
+ * captures or runs is an operator's, the rest a viewer's. */
+static const char *method_role(bool analyzer, const char *method)
+{
+    static const char *const operator_methods[] = { "StartCapture", "StopCapture", "DropRun",
+                                                    "CreateRun", "EndRun" };
+
+    if (analyzer) {
+        return "viewer";
+    }
+    for (size_t i = 0; i < sizeof(operator_methods) / sizeof(operator_methods[0]); i++) {
+        if (strcmp(method, operator_methods[i]) == 0) {
+            return "operator";
+        }
+    }
+    return "viewer";
+}
+
+const char *kp_rpcverb_refused_hint(grpc_status_code code, bool analyzer, const char *method,
+                                    const struct kp_rpcverb_creds *creds)
+{
+    static char hint[512];
+
+    if (code == GRPC_STATUS_PERMISSION_DENIED) {
+        snprintf(hint, sizeof(hint),
+                 "; kprofctl: %s needs the %s role: give --token-file (KPROF_TOKEN_FILE) a token "
+                 "of that role",
+                 method, method_role(analyzer, method));
+    }
+    else if (code != GRPC_STATUS_UNAUTHENTICATED) {
+        hint[0] = '\0';
+    }
+    else if (given(creds->token_file)) {
+        snprintf(hint, sizeof(hint),
+                 "; kprofctl: the token in %s is not (or no longer) the server's: ask for a "
+                 "current one",
+                 creds->token_file);
+    }
+    else if (given(creds->tls_cert)) {
+        snprintf(hint, sizeof(hint),
+                 "; kprofctl: the certificate %s was not accepted (it needs the server's client "
+                 "CA and a subjectAltName URI urn:kprof:ROLE:NAME)",
+                 creds->tls_cert);
+    }
+    else {
+        snprintf(hint, sizeof(hint),
+                 "; kprofctl sent none: give --token-file (KPROF_TOKEN_FILE), a file (mode 0600) "
+                 "holding a token of the %s role",
+                 method_role(analyzer, method));
+    }
+    return hint;
 }
 
 static kp_rpcverb_local_fn *local_fn;
@@ -484,20 +615,26 @@ int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMes
     else if (rc == KPROFCTL_EXIT_UNREACHABLE && v->spec->analyzer) {
         kp_rpcverb_error(v,
                          "cannot reach kprof-analyzer: %s: %s; is kprof-analyzer running at %s? "
-                         "(set --analyzer or KPROF_ANALYZER)",
-                         kp_rpc_status_name(st.code), st.details, v->common->collector);
+                         "(set --analyzer or KPROF_ANALYZER)%s",
+                         kp_rpc_status_name(st.code), st.details, v->common->collector,
+                         tls_hint(v, &st));
     }
     else if (rc == KPROFCTL_EXIT_UNREACHABLE) {
         kp_rpcverb_error(v,
                          "cannot reach collectord: %s: %s; is kprof-collectord running at %s? "
-                         "(set --collector or KPROF_COLLECTOR)",
-                         kp_rpc_status_name(st.code), st.details, v->common->collector);
+                         "(set --collector or KPROF_COLLECTOR)%s",
+                         kp_rpc_status_name(st.code), st.details, v->common->collector,
+                         tls_hint(v, &st));
     }
     else {
-        kp_rpcverb_error(v, "%s at %s refused %s%s%s%s: %s: %s",
+        struct kp_rpcverb_creds creds;
+
+        kp_rpcverb_creds_of(v->common, &creds);
+        kp_rpcverb_error(v, "%s at %s refused %s%s%s%s: %s: %s%s",
                          v->spec->analyzer ? "kprof-analyzer" : "collectord", v->common->collector,
                          method, v->subject[0] != '\0' ? " (" : "", v->subject,
-                         v->subject[0] != '\0' ? ")" : "", kp_rpc_status_name(st.code), st.details);
+                         v->subject[0] != '\0' ? ")" : "", kp_rpc_status_name(st.code), st.details,
+                         kp_rpcverb_refused_hint(st.code, v->spec->analyzer, method, &creds));
     }
     return rc;
 }

@@ -5,7 +5,8 @@
  * service, spec.analyzer) describes itself in one struct kp_rpcverb_spec and parses, calls and
  * prints alike:
  *
- *   flags   --collector, --tls-ca (before the verb's own flags in --help), then --json,
+ *   flags   --collector, --tls-ca, --tls-cert, --tls-key, --token-file (before the verb's own
+ *           flags in --help: the credentials, KP_RPCVERB_CRED_DEFS), then --json,
  *           --csv, --columns (-c), --width (-w), --timeout and --log-level (after them), in
  *           one kp_config table built from the common rows and the verb's; --help adds the
  *           verb's synopsis above the flags and the exit statuses (kprofctl.h) below them.
@@ -36,7 +37,7 @@
 #include "kprof.pb-c.h"
 #include "table.h"
 
-#define KP_RPCVERB_MAX_DEFS 48   /* common rows plus the verb's */
+#define KP_RPCVERB_MAX_DEFS 56   /* common rows plus the verb's */
 #define KP_RPCVERB_RUN      (-1) /* kp_rpcverb_init's and a check hook's "go on" */
 
 /* The --run row of an analysis verb, into kp_rpcverb_common.run (so at the same offset in
@@ -45,6 +46,46 @@
     {                                                                                     \
         "run", KP_CONFIG_INT, "0", 0, INT32_MAX, offsetof(struct kp_rpcverb_common, run), \
             "the run (required; kprofctl runs)", NULL, false                              \
+    }
+
+/* The credential rows of a client of SERVER ("collectord"), into TYPE's char * fields tls_ca,
+ * tls_cert, tls_key and token_file; kp_rpcverb_channel checks and uses them. Every kprofctl
+ * verb has them (also from KPROF_TLS_CA, KPROF_TLS_CERT, KPROF_TLS_KEY, KPROF_TOKEN_FILE and
+ * /etc/kprof/kprofctl.conf, as every flag). */
+#define KP_RPCVERB_CRED_DEFS(TYPE, SERVER)                                                     \
+    { "tls-ca",                                                                                \
+      KP_CONFIG_STRING,                                                                        \
+      "",                                                                                      \
+      0,                                                                                       \
+      0,                                                                                       \
+      offsetof(TYPE, tls_ca),                                                                  \
+      "PEM of the CA that signed " SERVER "'s certificate: use TLS",                           \
+      NULL,                                                                                    \
+      false },                                                                                 \
+        { "tls-cert",                                                                          \
+          KP_CONFIG_STRING,                                                                    \
+          "",                                                                                  \
+          0,                                                                                   \
+          0,                                                                                   \
+          offsetof(TYPE, tls_cert),                                                            \
+          "mutual TLS: PEM of this client's certificate (subjectAltName URI "                  \
+          "urn:kprof:ROLE:NAME), with --tls-key and --tls-ca",                                 \
+          NULL,                                                                                \
+          false },                                                                             \
+        { "tls-key",                                                                           \
+          KP_CONFIG_STRING,                                                                    \
+          "",                                                                                  \
+          0,                                                                                   \
+          0,                                                                                   \
+          offsetof(TYPE, tls_key),                                                             \
+          "mutual TLS: PEM of --tls-cert's private key",                                       \
+          NULL,                                                                                \
+          false },                                                                             \
+    {                                                                                          \
+        "token-file", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, token_file),                  \
+            "file (mode 0600) whose first line is the bearer token sent with every call: a "   \
+            "viewer's token lists and analyses, an operator's also starts, stops and imports", \
+            NULL, false                                                                        \
     }
 
 /* The --rank row of a per-rank analysis verb, into kp_rpcverb_common.rank: by default -1,
@@ -69,6 +110,9 @@
 struct kp_rpcverb_common {
     char *collector; /* the server's address: --collector, or --analyzer for analyzer verbs */
     char *tls_ca;
+    char *tls_cert;
+    char *tls_key;
+    char *token_file;
     bool json;
     bool csv;
     char *columns;
@@ -149,6 +193,37 @@ int kp_rpcverb_main(const struct kp_rpcverb_spec *spec, void *cfg, int argc, cha
 int kp_rpcverb_init(struct kp_rpcverb *v, const struct kp_rpcverb_spec *spec, void *cfg, int argc,
                     char **argv);
 
+/* A client's credentials (the KP_RPCVERB_CRED_DEFS flags; "" or NULL: not given). */
+struct kp_rpcverb_creds {
+    const char *tls_ca;
+    const char *tls_cert;
+    const char *tls_key;
+    const char *token_file;
+};
+
+/* The credentials of the common flags (borrowed from c). */
+void kp_rpcverb_creds_of(const struct kp_rpcverb_common *c, struct kp_rpcverb_creds *out);
+
+/*
+ * Creates the channel to target (the value of --FLAG, "collector" or "analyzer") with creds,
+ * after checking them: --tls-cert and --tls-key go together and need --tls-ca; a token is not
+ * sent in clear text to an address that is not loopback (--token-file needs --tls-ca there).
+ * A token file that is missing, empty or readable by others is refused naming its path.
+ * Returns 0 and *out (kp_rpc_channel_destroy), or KPROFCTL_EXIT_USAGE after printing
+ * "kprofctl VERB: ..." with what to do.
+ */
+int kp_rpcverb_channel(const char *verb, const char *flag, const char *target,
+                       const struct kp_rpcverb_creds *creds, struct kp_rpc_channel **out);
+
+/*
+ * What to do about a call refused for its credential (UNAUTHENTICATED, PERMISSION_DENIED:
+ * exit 7): "; ..." naming the flag and environment variable and, for PERMISSION_DENIED, the
+ * role method needs (Control's or, with analyzer, Analyzer's). "" for any other code.
+ * Static storage; not thread-safe.
+ */
+const char *kp_rpcverb_refused_hint(grpc_status_code code, bool analyzer, const char *method,
+                                    const struct kp_rpcverb_creds *creds);
+
 /* Frees the channel and cfg's strings. Safe on a zeroed or failed v. */
 void kp_rpcverb_fini(struct kp_rpcverb *v);
 
@@ -175,7 +250,8 @@ void kp_rpcverb_error(const struct kp_rpcverb *v, const char *fmt, ...)
  * Returns 0 and *resp (owned: protobuf_c_message_free_unpacked), or the exit status for the
  * failed call (kp_rpcverb_exit_code) after printing collectord's status and details (and
  * v->subject, when set); for an unreachable collectord the message asks whether
- * kprof-collectord runs at --collector.
+ * kprof-collectord runs at --collector; for a refused credential it says which flag to give
+ * (kp_rpcverb_refused_hint).
  * Blocks.
  */
 int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMessage *req,
@@ -196,7 +272,7 @@ void kp_rpcverb_set_local(kp_rpcverb_local_fn *fn, const char *name);
 
 /* The exit status for a gRPC status (kprofctl.h): OK 0; INVALID_ARGUMENT, OUT_OF_RANGE 2;
  * NOT_FOUND 3; ALREADY_EXISTS 4; UNAVAILABLE, DEADLINE_EXCEEDED 5; FAILED_PRECONDITION 6;
- * anything else 1. */
+ * UNAUTHENTICATED, PERMISSION_DENIED 7; anything else 1. */
 int kp_rpcverb_exit_code(grpc_status_code code);
 
 /* Whether an UNAVAILABLE came from the daemon itself rather than from gRPC failing to reach it:

@@ -302,6 +302,12 @@ def test_rank_two_hosts(port):
             assert accepted == 1, reason
             libs.append(c)
         kpfix.wait_for(lambda: len(Ctl.jobs("dupjob")) == 3, 30, "dupjob's 3 processes listed")
+        # kprofctl jobs flags the conflict for on-call: rank 0's two rows, not rank 1's.
+        flagged = {(r["rank"], r["host"]): r["conflict"] for r in Ctl.jobs("dupjob")}
+        assert flagged[(1, "nodeb")] is None, flagged
+        assert [v for k, v in flagged.items() if k[0] == 0] == ["live on 2 hosts"] * 2, flagged
+        rc, out, err = Ctl.run("jobs")
+        assert rc == 0 and "CONFLICT" in out and "rank 0 is live on 2 hosts" in err, (out, err)
         rc, out, err = Ctl.run("start", "--job", "dupjob")
         assert rc == 6 and "rank 0 of job dupjob is registered on two hosts" in err, (rc, err)
         assert "nodeb" in err, err

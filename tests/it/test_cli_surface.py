@@ -4,7 +4,8 @@ For every verb that `kprofctl --help` lists (so a new verb is covered without to
 file):
   1. `--help` exits 0 and ends with an "Exit status:" block whose codes are the table's and
      whose lines start with the table's words for them (docs/cli.md "Exit statuses");
-  2. text table columns that carry a time say µs (`_us`), never ms, ns or s;
+  2. text table columns that carry a time say µs (`_us`), never ms, ns or s; the credential
+     flags (--tls-ca, --tls-cert, --tls-key, --token-file) are there, and exit 7 (refused);
   3. an unknown flag exits 2 with a message that starts "kprofctl VERB:";
   4. with its server not listening, the verb exits 5 and says which address it tried;
   5. against a real collectord and kprof-analyzer over an empty database, a verb about a run
@@ -32,6 +33,7 @@ EXIT_WORDS = {
     4: "busy:",
     5: None,  # "<server> unreachable"
     6: "no agent:",
+    7: "refused:",
     130: "interrupted",
 }
 
@@ -99,7 +101,10 @@ def check_help(verb, text):
         m = re.match(r"^  (\d+)\s+(.*)$", line)
         if m:
             codes[int(m.group(1))] = m.group(2)
-    expect(0 in codes and 2 in codes, "%s --help: exit block lacks 0 or 2: %s" % (verb, codes))
+    expect(0 in codes and 2 in codes and 7 in codes,
+           "%s --help: exit block lacks 0, 2 or 7: %s" % (verb, codes))
+    for flag in ("--tls-ca", "--tls-cert", "--tls-key", "--token-file"):
+        expect(flag in text, "%s --help lacks %s" % (verb, flag))
     for code, words in codes.items():
         if not expect(code in EXIT_WORDS, "%s --help lists exit %d, not in docs/cli.md"
                       % (verb, code)):

@@ -150,7 +150,8 @@ static void test_exit_codes(void **state)
         { GRPC_STATUS_FAILED_PRECONDITION, KPROFCTL_EXIT_NO_AGENT },
         { GRPC_STATUS_UNIMPLEMENTED, KPROFCTL_EXIT_FAILED },
         { GRPC_STATUS_INTERNAL, KPROFCTL_EXIT_FAILED },
-        { GRPC_STATUS_PERMISSION_DENIED, KPROFCTL_EXIT_FAILED },
+        { GRPC_STATUS_PERMISSION_DENIED, KPROFCTL_EXIT_REFUSED },
+        { GRPC_STATUS_UNAUTHENTICATED, KPROFCTL_EXIT_REFUSED },
         { GRPC_STATUS_RESOURCE_EXHAUSTED, KPROFCTL_EXIT_FAILED },
         { GRPC_STATUS_UNKNOWN, KPROFCTL_EXIT_FAILED },
     };
@@ -161,6 +162,31 @@ static void test_exit_codes(void **state)
     }
     assert_int_equal(KPROFCTL_EXIT_UNREACHABLE, 5);
     assert_int_equal(KPROFCTL_EXIT_NO_AGENT, 6);
+    assert_int_equal(KPROFCTL_EXIT_REFUSED, 7);
+}
+
+/* Exit 7's message: the role a refused call needs, and the flag or file to look at. */
+static void test_refused_hint(void **state)
+{
+    struct kp_rpcverb_creds none = { NULL, NULL, NULL, NULL };
+    struct kp_rpcverb_creds tok = { "ca.pem", NULL, NULL, "/home/u/.kprof/token" };
+    const char *h;
+
+    (void) state;
+    h = kp_rpcverb_refused_hint(GRPC_STATUS_PERMISSION_DENIED, false, "StopCapture", &tok);
+    assert_non_null(strstr(h, "StopCapture needs the operator role"));
+    assert_non_null(strstr(h, "--token-file (KPROF_TOKEN_FILE)"));
+    h = kp_rpcverb_refused_hint(GRPC_STATUS_PERMISSION_DENIED, false, "ListRuns", &tok);
+    assert_non_null(strstr(h, "ListRuns needs the viewer role"));
+    h = kp_rpcverb_refused_hint(GRPC_STATUS_PERMISSION_DENIED, true, "Export", &tok);
+    assert_non_null(strstr(h, "Export needs the viewer role"));
+    h = kp_rpcverb_refused_hint(GRPC_STATUS_UNAUTHENTICATED, false, "ListRuns", &tok);
+    assert_non_null(strstr(h, "the token in /home/u/.kprof/token"));
+    h = kp_rpcverb_refused_hint(GRPC_STATUS_UNAUTHENTICATED, false, "StartCapture", &none);
+    assert_non_null(strstr(h, "sent none: give --token-file (KPROF_TOKEN_FILE)"));
+    assert_non_null(strstr(h, "a token of the operator role"));
+    assert_string_equal(kp_rpcverb_refused_hint(GRPC_STATUS_NOT_FOUND, false, "ListRuns", &tok),
+                        "");
 }
 
 static void test_short_flags(void **state)
@@ -820,10 +846,11 @@ static void test_jobs(void **state)
 
     r = run_verb(kprofctl_jobs, "jobs", "--collector", f->addr, "--csv", NULL);
     assert_int_equal(r.rc, 0);
-    assert_string_equal(r.out, "job,world_size,rank,host,pid,local_rank,device,step,step_us,run\n"
-                               "a,1,0,n2,20,,,1000,90000,17\n"
-                               "b,2,0,n1,10,0,0,42,250000,\n"
-                               "b,2,1,n1,11,1,1,,,\n");
+    assert_string_equal(r.out,
+                        "job,world_size,rank,host,pid,local_rank,device,step,step_us,run,conflict\n"
+                        "a,1,0,n2,20,,,1000,90000,17,\n"
+                        "b,2,0,n1,10,0,0,42,250000,,\n"
+                        "b,2,1,n1,11,1,1,,,,\n");
     assert_string_equal(r.err, "");
     result_free(&r);
 
@@ -831,7 +858,8 @@ static void test_jobs(void **state)
     assert_int_equal(r.rc, 0);
     assert_string_equal(r.out, "[\n  {\"job\": \"a\", \"world_size\": 1, \"rank\": 0, \"host\": "
                                "\"n2\", \"pid\": 20, \"local_rank\": null, \"device\": null, "
-                               "\"step\": 1000, \"step_us\": 90000, \"run\": 17}\n]\n");
+                               "\"step\": 1000, \"step_us\": 90000, \"run\": 17, \"conflict\": "
+                               "null}\n]\n");
     result_free(&r);
 
     /* None: the header only, and the hint. */
@@ -1293,6 +1321,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exit_codes),
+        cmocka_unit_test(test_refused_hint),
         cmocka_unit_test(test_short_flags),
         cmocka_unit_test(test_ranks_check),
         cmocka_unit_test(test_ranks_format),
