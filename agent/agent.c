@@ -232,7 +232,8 @@ int kp_agent_create(const struct kp_agent_config *cfg, struct kp_agent **out, ch
     if ((rc = kp_uplink_create(&uc, &a->uplink, errbuf, errlen)) != 0) {
         goto fail;
     }
-    if ((rc = kp_daemon_http_start(cfg->http_listen, &hh, a, &a->http, errbuf, errlen)) != 0) {
+    if ((rc = kp_daemon_http_start(cfg->http_listen, cfg->metrics_token_file, &hh, a, &a->http,
+                                   errbuf, errlen)) != 0) {
         goto fail;
     }
     if ((rc = kp_daemon_ready_write(cfg->ready_file, "socket", cfg->socket, a->http, errbuf,

@@ -34,6 +34,7 @@ struct kp_agent_config {
     long long max_sessions;
     long long window_timeout_ms; /* a begun window must end within this; 0: from the step rate */
     char *http_listen;           /* "" disables */
+    char *metrics_token_file;    /* bearer token /metrics requires; "": open */
     char *ready_file;            /* written with "socket=<path>" (and "http=...") once listening */
     int log_level;               /* index into error, warn, info, debug */
     char *host;                  /* this node's name for logs; "" : gethostname() */

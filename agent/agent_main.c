@@ -60,6 +60,10 @@ static const struct kp_config_def agent_config[] = {
     { "http-listen", KP_CONFIG_STRING, "", 0, 0, OFF(http_listen),
       "address of /healthz, /readyz and /metrics (e.g. 127.0.0.1:7072); empty disables", NULL,
       false },
+    { "metrics-token-file", KP_CONFIG_STRING, "", 0, 0, OFF(metrics_token_file),
+      "file whose first line is the bearer token /metrics requires (mode 0600); /healthz and "
+      "/readyz stay open",
+      NULL, false },
     { "ready-file", KP_CONFIG_STRING, "", 0, 0, OFF(ready_file),
       "file to write \"socket=<path>\" to once listening", NULL, false },
     { "log-level", KP_CONFIG_ENUM, "info", 0, 0, OFF(log_level), "error, warn, info or debug",
@@ -95,6 +99,7 @@ static int run_daemon(int argc, char **argv)
     }
     kp_log_set_level((enum kp_log_level) cfg.log_level);
     kp_daemon_signals_block();
+    kp_daemon_raise_nofile(KP_LOG_MODULE);
     if ((rc = kp_agent_create(&cfg, &a, err, sizeof(err))) != 0) {
         kp_log_error("cannot start: %s", err);
         kp_config_fini(agent_config, n, &cfg);

@@ -25,6 +25,7 @@ static const struct kp_config_def analyzer_config[] = {
       "file whose first line is the PostgreSQL password (mode 0600, read once at start)", NULL,
       false },
     KP_DAEMON_SECURITY_CONFIG(struct kp_analyzer_config),
+    KP_DAEMON_METRICS_CONFIG(struct kp_analyzer_config),
     { "log-level", KP_CONFIG_ENUM, "info", 0, 0, OFF(base.log_level), "error, warn, info or debug",
       kp_daemon_log_levels, false },
     { "ready-file", KP_CONFIG_STRING, "", 0, 0, OFF(base.ready_file),

@@ -411,9 +411,27 @@ static void worker_cancel(void *ud, void *item)
     job_free(j);
 }
 
+/* Whom a request counts against in the queue (kp_workq Fairness): the authenticated caller's
+ * name, else the peer's address without its port (a client's connections share it). */
+static void client_key(struct kp_rpc_call *call, char *key, size_t len)
+{
+    const struct kp_identity *id = kp_rpc_call_identity(call);
+    const char *peer = kp_rpc_call_peer(call);
+    const char *colon;
+
+    if (id != NULL && strcmp(id->via, "none") != 0) {
+        snprintf(key, len, "id:%s", id->name);
+        return;
+    }
+    colon = peer != NULL ? strrchr(peer, ':') : NULL;
+    snprintf(key, len, "peer:%.*s", colon != NULL ? (int) (colon - peer) : 0, peer);
+}
+
 static void enqueue(struct kp_analyzer *a, size_t v, struct kp_rpc_call *call,
                     ProtobufCMessage *req)
 {
+    char key[KP_WORKQ_KEY_MAX];
+
     struct job *j = calloc(1, sizeof(*j));
     bool log_it = false;
     long long now;
@@ -428,7 +446,8 @@ static void enqueue(struct kp_analyzer *a, size_t v, struct kp_rpc_call *call,
     j->call = call;
     j->req = req;
     kp_rpc_call_ref(call);
-    if (kp_workq_submit(a->q, j) == 0) {
+    client_key(call, key, sizeof(key));
+    if (kp_workq_submit_keyed(a->q, j, key) == 0) {
         return;
     }
     /* Full, or stopping. */
@@ -441,10 +460,12 @@ static void enqueue(struct kp_analyzer *a, size_t v, struct kp_rpc_call *call,
     pthread_mutex_unlock(&a->mu);
     INC(a->st.rejected);
     if (log_it) {
-        kp_log_warn("analysis queue full; rejecting method=%s peer=%s queue_max=%lld",
-                    kp_rpc_call_method(call), kp_rpc_call_peer(call), a->cfg.queue_max);
+        kp_log_warn("analysis queue full (or this client's share of it); rejecting method=%s "
+                    "peer=%s client=%s queue_max=%lld",
+                    kp_rpc_call_method(call), kp_rpc_call_peer(call), key, a->cfg.queue_max);
     }
-    finish_error(a, call, GRPC_STATUS_RESOURCE_EXHAUSTED, "too many analyses queued; retry later");
+    finish_error(a, call, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                 "too many analyses queued (for this client); retry later");
     job_free(j);
 }
 
@@ -467,6 +488,9 @@ static bool readyz(void *ud, char *why, size_t len)
 {
     struct kp_analyzer *a = ud;
 
+    if (a->server != NULL && !kp_rpc_server_accepting(a->server, why, len)) {
+        return false;
+    }
     if (!GET(a->st.pg_ok)) {
         snprintf(why, len, "PostgreSQL is not reachable");
         return false;
@@ -507,6 +531,9 @@ static int metrics(void *ud, struct kp_strbuf *out)
     METRIC("gauge", "cache_bytes", "Bytes held by the cache.", used);
     METRIC("gauge", "cache_entries", "Results held by the cache.", entries);
     METRIC("gauge", "queued_requests", "Requests waiting for a worker.", queued);
+    METRIC("counter", "grpc_listener_restarts_total",
+           "gRPC listeners restarted after they stopped accepting (out of file descriptors).",
+           a->server != NULL ? kp_rpc_server_restarts(a->server) : 0);
 #undef METRIC
     return 0;
 }
@@ -590,7 +617,8 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
         0) {
         goto fail;
     }
-    if ((rc = kp_daemon_http_start(cfg->base.http_listen, &hh, a, &a->http, errbuf, errlen)) != 0) {
+    if ((rc = kp_daemon_http_start(cfg->base.http_listen, cfg->base.metrics_token, &hh, a, &a->http,
+                                   errbuf, errlen)) != 0) {
         goto fail;
     }
     snprintf(grpc, sizeof(grpc), "127.0.0.1:%d", kp_analyzer_port(a));

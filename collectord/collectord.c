@@ -41,6 +41,9 @@ static bool readyz(void *ud, char *why, size_t len)
 {
     struct kp_collectord *d = ud;
 
+    if (d->server != NULL && !kp_rpc_server_accepting(d->server, why, len)) {
+        return false;
+    }
     if (!kp_sink_ready(d->sink)) {
         snprintf(why, len, "PostgreSQL is not reachable or the schema is not applied\n");
         return false;
@@ -93,6 +96,9 @@ static int metrics(void *ud, struct kp_strbuf *out)
             ss.flush_failures);
     GAUGE("queued_bytes", "Encoded bytes waiting for PostgreSQL.", ss.queued_bytes);
     GAUGE("queued_batches", "Batches waiting for PostgreSQL.", ss.queued_items);
+    COUNTER("grpc_listener_restarts_total",
+            "gRPC listeners restarted after they stopped accepting (out of file descriptors).",
+            d->server != NULL ? kp_rpc_server_restarts(d->server) : 0);
 #undef COUNTER
 #undef GAUGE
     return 0;
@@ -147,6 +153,8 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
         goto fail;
     }
     kp_ingest_set_sink(d->ingest, d->sink);
+    /* One client may hold a quarter of the queue: the others still get in. */
+    kp_ingest_set_stream_max(d->ingest, (size_t) cfg->queue_max_bytes / 4);
     struct kp_coord_opts copts = { .agent_grace_ms = cfg->agent_grace_ms };
 
     if ((rc = kp_coord_create(&copts, &d->coord)) != 0) {
@@ -164,7 +172,8 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
                                    errlen)) != 0) {
         goto fail;
     }
-    if ((rc = kp_daemon_http_start(cfg->base.http_listen, &hh, d, &d->http, errbuf, errlen)) != 0) {
+    if ((rc = kp_daemon_http_start(cfg->base.http_listen, cfg->base.metrics_token, &hh, d, &d->http,
+                                   errbuf, errlen)) != 0) {
         goto fail;
     }
     snprintf(grpc, sizeof(grpc), "127.0.0.1:%d", kp_collectord_port(d));

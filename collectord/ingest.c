@@ -19,8 +19,9 @@ struct ingest_call {
     struct kp_ingest *ing;
     struct kp_rpc_call *call; /* a reference, dropped when the state is freed */
     pthread_mutex_t mu;
-    int refs;           /* the call's, plus one per batch in the sink */
-    size_t outstanding; /* batches in the sink */
+    int refs;                 /* the call's, plus one per batch in the sink */
+    size_t outstanding;       /* batches in the sink */
+    size_t outstanding_bytes; /* their encoded bytes (kp_ingest_set_stream_max) */
     bool half_closed, finished, closed, paused;
     struct ingest_call *paused_next;
     /* the list of open streams (kp_ingest_live_runs), under ing->live_mu */
@@ -55,6 +56,7 @@ struct owner {
 
 struct kp_ingest {
     struct kp_batch_limits limits;
+    size_t stream_max_bytes; /* 0: no cap */
     struct kp_sink *sink;
     pthread_mutex_t mu; /* guards paused */
     struct ingest_call *paused;
@@ -117,6 +119,23 @@ static struct owner *owner_find_locked(struct kp_ingest *ing, uint64_t run)
 void kp_ingest_set_sink(struct kp_ingest *ing, struct kp_sink *sink)
 {
     ing->sink = sink;
+}
+
+void kp_ingest_set_stream_max(struct kp_ingest *ing, size_t bytes)
+{
+    ing->stream_max_bytes = bytes;
+}
+
+/* Whether st is over its cap (reading must stop), or, with resume, still over half of it. */
+static bool over_cap(struct ingest_call *st, bool resume)
+{
+    size_t max = st->ing->stream_max_bytes;
+    bool over;
+
+    pthread_mutex_lock(&st->mu);
+    over = max > 0 && st->outstanding_bytes > (resume ? max / 2 : max);
+    pthread_mutex_unlock(&st->mu);
+    return over;
 }
 
 void kp_ingest_destroy(struct kp_ingest *ing)
@@ -500,11 +519,13 @@ static enum kp_rpc_next enqueue_batch(struct ingest_call *st, Kprof__V1__Batch *
     pthread_mutex_lock(&st->mu);
     st->refs++;
     st->outstanding++;
+    st->outstanding_bytes += wire_bytes;
     pthread_mutex_unlock(&st->mu);
-    if (kp_sink_submit(ing->sink, item)) {
+    if (kp_sink_submit(ing->sink, item) && !over_cap(st, false)) {
         return KP_RPC_CONTINUE;
     }
-    /* The queue is full: stop reading this stream until a flush makes room. */
+    /* The queue is full, or this stream has its share of it: stop reading this stream until
+     * a flush makes room. */
     pthread_mutex_lock(&ing->mu);
     pthread_mutex_lock(&st->mu);
     if (!st->paused) {
@@ -517,7 +538,7 @@ static enum kp_rpc_next enqueue_batch(struct ingest_call *st, Kprof__V1__Batch *
     pthread_mutex_unlock(&ing->mu);
     atomic_fetch_add(&ing->pauses, 1);
     /* A flush may have made room before we were on the list: check once more. */
-    if (kp_sink_has_room(ing->sink)) {
+    if (kp_sink_has_room(ing->sink) && !over_cap(st, true)) {
         return KP_RPC_CONTINUE; /* the next done_cb unlinks us; resume is then a no-op */
     }
     return KP_RPC_PAUSE;
@@ -619,7 +640,7 @@ static void settle_call(struct ingest_call *st, struct kp_sink_item **items, siz
     Kprof__V1__Ack ack = KPROF__V1__ACK__INIT;
     Kprof__V1__BatchRef *refs;
     Kprof__V1__BatchRef **ptrs;
-    size_t count = 0, settled = 0;
+    size_t count = 0, settled = 0, settled_bytes = 0;
     int reject = 0;
     char reason[sizeof(items[0]->err)] = "";
 
@@ -637,6 +658,7 @@ static void settle_call(struct ingest_call *st, struct kp_sink_item **items, siz
         }
         done[i] = true;
         settled++;
+        settled_bytes += it->wire_bytes;
         if (it->status != 0) {
             if (reject == 0) {
                 reject = it->status;
@@ -664,6 +686,7 @@ static void settle_call(struct ingest_call *st, struct kp_sink_item **items, siz
     free(ptrs);
     pthread_mutex_lock(&st->mu);
     st->outstanding -= settled;
+    st->outstanding_bytes -= settled_bytes;
     if (reject != 0 && st->finished) {
         reject = 0; /* the call has ended already: said and logged once per stream */
     }
@@ -711,6 +734,15 @@ void kp_ingest_done_cb(struct kp_sink_item **items, size_t n, void *ud)
     while (resume != NULL) {
         struct ingest_call *next = resume->paused_next;
 
+        if (over_cap(resume, true)) {
+            /* Still holding its share: it waits for its own acknowledgements. */
+            pthread_mutex_lock(&ing->mu);
+            resume->paused_next = ing->paused;
+            ing->paused = resume;
+            pthread_mutex_unlock(&ing->mu);
+            resume = next;
+            continue;
+        }
         pthread_mutex_lock(&resume->mu);
         resume->paused = false;
         pthread_mutex_unlock(&resume->mu);

@@ -39,6 +39,11 @@ struct kp_ingest *kp_ingest_create(const struct kp_batch_limits *limits);
 /* Sets the sink (borrowed; set once, before the server starts). */
 void kp_ingest_set_sink(struct kp_ingest *ing, struct kp_sink *sink);
 
+/* Caps the encoded bytes one stream may have in the sink, not yet acknowledged (set once,
+ * before the server starts; 0: no cap): past it the stream stops reading, and reads again
+ * once half of it is acknowledged, so one client cannot hold the whole queue. */
+void kp_ingest_set_stream_max(struct kp_ingest *ing, size_t bytes);
+
 /* Starts reading who may push into run_id (any thread; must not block): it answers later with
  * kp_ingest_run_owner. Returns false when it cannot (the waiting batch is then refused
  * UNAVAILABLE and resent by its producer). */

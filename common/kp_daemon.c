@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "kp_auth.h"
 #include "kp_config.h"
@@ -13,6 +14,7 @@
 #include "kp_http.h"
 #include "kp_log.h"
 #include "kp_ready.h"
+#include "kp_secret.h"
 
 const char *const kp_daemon_log_levels[] = { "error", "warn", "info", "debug", NULL };
 
@@ -42,6 +44,25 @@ void kp_daemon_signals_block(void)
     signal(SIGPIPE, SIG_IGN);
 }
 
+void kp_daemon_raise_nofile(const char *module)
+{
+    struct rlimit rl;
+    rlim_t was;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) {
+        return;
+    }
+    was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        kp_log_write(KP_LOG_WARN, module, "cannot raise the open-file limit from %llu to %llu: %s",
+                     (unsigned long long) was, (unsigned long long) rl.rlim_max, strerror(errno));
+        return;
+    }
+    kp_log_write(KP_LOG_INFO, module, "open-file limit raised from %llu to %llu",
+                 (unsigned long long) was, (unsigned long long) rl.rlim_max);
+}
+
 int kp_daemon_signals_wait(const char *module)
 {
     sigset_t set;
@@ -67,6 +88,7 @@ int kp_daemon_main(const char *module, const char *prog, const struct kp_config_
     }
     kp_log_set_level((enum kp_log_level) base->log_level);
     kp_daemon_signals_block();
+    kp_daemon_raise_nofile(module);
     if (create(cfg, &obj, err, sizeof(err)) != 0) {
         kp_log_write(KP_LOG_ERROR, module, "cannot start: %s", err);
         kp_config_fini(defs, n, cfg);
@@ -133,14 +155,30 @@ void kp_daemon_sigwatch_destroy(struct kp_daemon_sigwatch *w)
     free(w);
 }
 
-int kp_daemon_http_start(const char *listen, const struct kp_http_handlers *h, void *ud,
-                         struct kp_http **out, char *errbuf, size_t errlen)
+int kp_daemon_http_start(const char *listen, const char *metrics_token_file,
+                         const struct kp_http_handlers *h, void *ud, struct kp_http **out,
+                         char *errbuf, size_t errlen)
 {
+    struct kp_http_limits lim = { 0 };
+    char token[KP_DAEMON_METRICS_TOKEN_MAX];
+    long n;
+    int rc;
+
     *out = NULL;
     if (listen == NULL || listen[0] == '\0') {
         return 0;
     }
-    return kp_http_create(listen, h, ud, out, errbuf, errlen);
+    if (metrics_token_file != NULL && metrics_token_file[0] != '\0') {
+        n = kp_secret_file_line(metrics_token_file, "the metrics token file", true, token,
+                                sizeof(token), errbuf, errlen);
+        if (n < 0) {
+            return (int) n;
+        }
+        lim.metrics_token = token;
+    }
+    rc = kp_http_create_with_limits(listen, h, &lim, ud, out, errbuf, errlen);
+    explicit_bzero(token, sizeof(token));
+    return rc;
 }
 
 int kp_daemon_ready_write(const char *ready_file, const char *key, const char *value,

@@ -34,6 +34,7 @@ struct kp_daemon_config {
     char *tls_client_ca;    /* PEM CA of the client certificates that carry roles; "": none */
     bool plaintext;         /* serve without TLS: refused unless listen is loopback or unix */
     bool allow_anonymous;   /* no authentication: refused unless listen is loopback or unix */
+    char *metrics_token;    /* file of the bearer token /metrics requires; "": open */
 };
 
 /* The config rows (struct kp_config_def) of the settings above that secure a daemon, for a
@@ -57,6 +58,15 @@ struct kp_daemon_config {
       "take calls without a credential, in every role: only on a loopback address or a unix "    \
       "socket (every local user gets in)", NULL, false }
 /* clang-format on */
+
+/* The config row of --metrics-token-file, for a config struct TYPE as above. */
+#define KP_DAEMON_METRICS_CONFIG(TYPE)                                                           \
+    {                                                                                            \
+        "metrics-token-file", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.metrics_token),    \
+            "file whose first line is the bearer token /metrics requires (mode 0600); /healthz " \
+            "and /readyz stay open",                                                             \
+            NULL, false                                                                          \
+    }
 
 struct kp_auth;
 
@@ -82,6 +92,11 @@ extern const char *const kp_daemon_log_levels[];
  * it in main before any thread starts. */
 void kp_daemon_signals_block(void);
 
+/* Raises the soft limit of open files (RLIMIT_NOFILE) to the hard one, logging both under
+ * module: a daemon holds a descriptor per client connection, and one failed accept stops
+ * gRPC 1.51's listener (kp_rpc_server_accepting). kp_daemon_main calls it; the agent too. */
+void kp_daemon_raise_nofile(const char *module);
+
 /* Waits for SIGTERM or SIGINT (blocked by kp_daemon_signals_block), logs "stopping signal=TERM"
  * (or INT) under module and returns the signal. */
 int kp_daemon_signals_wait(const char *module);
@@ -97,10 +112,10 @@ struct kp_config_def;
 /*
  * A server daemon's whole main: parses argv into cfg by defs (kp_config_main: --help,
  * --print-config and bad usage end here with its status), sets the log level, blocks the
- * signals, creates the daemon, serves until SIGTERM or SIGINT, destroys it and frees cfg's
- * strings. cfg is the caller's zeroed config struct, whose first member is a struct
- * kp_daemon_config. Returns main's exit status: 0; 2 bad usage; 1 when create failed (logged
- * as "cannot start: <why>" under module).
+ * signals, raises the open-file limit (kp_daemon_raise_nofile), creates the daemon, serves until
+ * SIGTERM or SIGINT, destroys it and frees cfg's strings. cfg is the caller's zeroed config struct,
+ * whose first member is a struct kp_daemon_config. Returns main's exit status: 0; 2 bad usage; 1
+ * when create failed (logged as "cannot start: <why>" under module).
  */
 int kp_daemon_main(const char *module, const char *prog, const struct kp_config_def *defs, size_t n,
                    void *cfg, kp_daemon_create_cb *create, kp_daemon_destroy_cb *destroy, int argc,
@@ -121,13 +136,18 @@ int kp_daemon_sigwatch_create(const char *module, kp_daemon_stop_cb *stop, void 
  * joins it and frees w. Accepts NULL. */
 void kp_daemon_sigwatch_destroy(struct kp_daemon_sigwatch *w);
 
+#define KP_DAEMON_METRICS_TOKEN_MAX 4096
+
 /*
  * Starts the HTTP server of /healthz, /readyz and /metrics on listen (kp_http_create), unless
- * listen is NULL or "": then *out is NULL. h and ud as kp_http_create. Returns 0, or
- * kp_http_create's code and message.
+ * listen is NULL or "": then *out is NULL. With metrics_token_file (not NULL or ""), /metrics
+ * needs "Authorization: Bearer <its first line>" (kp_http.h); the file is read once, here,
+ * with kp_secret_file_line (mode 0600 or 0640). h and ud as kp_http_create. Returns 0, or
+ * kp_secret_file_line's or kp_http_create's code and message.
  */
-int kp_daemon_http_start(const char *listen, const struct kp_http_handlers *h, void *ud,
-                         struct kp_http **out, char *errbuf, size_t errlen);
+int kp_daemon_http_start(const char *listen, const char *metrics_token_file,
+                         const struct kp_http_handlers *h, void *ud, struct kp_http **out,
+                         char *errbuf, size_t errlen);
 
 /* Writes ready_file (kp_ready_file_write; NULL or "": nothing) with key=value and, when http
  * is not NULL, http=127.0.0.1:<its port>. Returns 0 or kp_ready_file_write's code and message. */

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +30,9 @@
                                   */
 #define HTTP_ACCEPT_PAUSE_MS 100 /* after EMFILE and friends */
 #define HTTP_HEADER_MAX      512 /* our response headers */
+/* Slots past max_conns kept for /healthz and /readyz: a probe is served there when every
+ * shared slot is sending or draining a response (clients that do not read theirs). */
+#define HTTP_PROBE_CONNS 4
 
 enum conn_state {
     CONN_FREE,
@@ -39,6 +43,7 @@ enum conn_state {
 
 struct conn {
     int fd;
+    bool probe; /* one of the HTTP_PROBE_CONNS slots: /healthz and /readyz only, no drain */
     enum conn_state state;
     long long deadline_ms; /* CLOCK_MONOTONIC ms at which the current state times out */
     size_t in_len;
@@ -57,11 +62,14 @@ struct kp_http {
     struct kp_http_handlers h;
     void *ud;
     int max_conns;
+    int n_slots; /* max_conns + HTTP_PROBE_CONNS */
     int timeout_ms;
     size_t max_response_bytes;
+    char *metrics_token; /* NULL: /metrics is open */
     /* Server thread only: */
-    struct conn *conns;    /* max_conns slots */
-    struct pollfd *pfds;   /* 2 + max_conns */
+    struct conn *conns;    /* n_slots slots, the probe ones last */
+    struct pollfd *pfds;   /* 2 + n_slots */
+    int spare_fd;          /* closed to accept one connection when out of descriptors */
     int *pfd_conn;         /* pfds index -> conns index */
     struct kp_strbuf body; /* scratch for response bodies */
     long long accept_paused_until_ms;
@@ -74,6 +82,7 @@ struct kp_http {
     _Atomic uint64_t n_timeouts;
     _Atomic uint64_t n_oversized;
     _Atomic uint64_t n_bad;
+    _Atomic uint64_t n_unauthorized;
 };
 
 static void count(_Atomic uint64_t *c)
@@ -88,6 +97,8 @@ static const char *status_text(int status)
         return "OK";
     case 400:
         return "Bad Request";
+    case 401:
+        return "Unauthorized";
     case 404:
         return "Not Found";
     case 405:
@@ -170,6 +181,11 @@ static void conn_write(struct kp_http *s, struct conn *c, long long now)
         c->out_off += (size_t) r;
     }
     kp_strbuf_fini(&c->out);
+    if (c->probe) {
+        /* The probe sent its request whole; a lingering close would hold the slot. */
+        conn_close(c);
+        return;
+    }
     shutdown(c->fd, SHUT_WR);
     c->state = CONN_DRAIN;
     c->drained = 0;
@@ -225,6 +241,51 @@ static void serve_metrics(struct kp_http *s, struct conn *c, long long now)
             s->body.data != NULL ? s->body.data : "", s->body.len);
 }
 
+/* Whether the headers in [p, end) carry "Authorization: Bearer <s->metrics_token>". The
+ * comparison takes the same time whatever the token's first wrong byte. */
+static bool bearer_ok(const struct kp_http *s, const char *p, const char *end)
+{
+    static const char name[] = "authorization:";
+    size_t want = strlen(s->metrics_token);
+
+    while (p < end) {
+        const char *eol = memchr(p, '\n', (size_t) (end - p));
+        const char *line_end = eol != NULL ? eol : end;
+        size_t n = (size_t) (line_end - p);
+
+        if (n > 0 && p[n - 1] == '\r') {
+            n--;
+        }
+        if (n > sizeof(name) - 1 && strncasecmp(p, name, sizeof(name) - 1) == 0) {
+            const char *v = p + sizeof(name) - 1, *ve = p + n;
+            unsigned diff = 0;
+
+            while (v < ve && (*v == ' ' || *v == '\t')) {
+                v++;
+            }
+            while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t')) {
+                ve--;
+            }
+            if (ve - v < 7 || strncasecmp(v, "bearer ", 7) != 0) {
+                return false;
+            }
+            v += 7;
+            while (v < ve && *v == ' ') {
+                v++;
+            }
+            if ((size_t) (ve - v) != want) {
+                return false;
+            }
+            for (size_t i = 0; i < want; i++) {
+                diff |= (unsigned) (unsigned char) (v[i] ^ s->metrics_token[i]);
+            }
+            return diff == 0;
+        }
+        p = line_end + 1;
+    }
+    return false;
+}
+
 /* Parses the request line in c->in (complete headers are there) and answers it. */
 static void serve(struct kp_http *s, struct conn *c, long long now)
 {
@@ -257,6 +318,12 @@ static void serve(struct kp_http *s, struct conn *c, long long now)
     }
     q = strchr(sp1 + 1, '?');
     path_len = q != NULL ? (size_t) (q - (sp1 + 1)) : strlen(sp1 + 1);
+    if (c->probe && !(path_len == 8 && memcmp(sp1 + 1, "/healthz", 8) == 0) &&
+        !(path_len == 7 && memcmp(sp1 + 1, "/readyz", 7) == 0)) {
+        count(&s->n_rejected);
+        respond_text(s, c, now, 503, "too many connections\n");
+        return;
+    }
     if (path_len == 8 && memcmp(sp1 + 1, "/healthz", 8) == 0) {
         if (s->h.healthz == NULL || s->h.healthz(s->ud)) {
             respond_text(s, c, now, 200, "ok\n");
@@ -281,6 +348,14 @@ static void serve(struct kp_http *s, struct conn *c, long long now)
         }
     }
     else if (path_len == 8 && memcmp(sp1 + 1, "/metrics", 8) == 0) {
+        if (s->metrics_token != NULL && !bearer_ok(s, eol + 1, c->in + c->in_len)) {
+            count(&s->n_unauthorized);
+            respond(s, c, now, 401, "text/plain; charset=utf-8",
+                    "WWW-Authenticate: Bearer realm=\"kprof-metrics\"\r\n",
+                    "a bearer token is required for /metrics\n",
+                    strlen("a bearer token is required for /metrics\n"));
+            return;
+        }
         serve_metrics(s, c, now);
     }
     else {
@@ -350,11 +425,11 @@ static void conn_read(struct kp_http *s, struct conn *c, long long now)
 
 /* The slot of the connection that has waited longest for its request (the earliest read
  * deadline), or -1 when every connection is writing or draining a response. */
-static int oldest_incomplete(const struct kp_http *s)
+static int oldest_incomplete(const struct kp_http *s, int from, int to)
 {
     int best = -1;
 
-    for (int i = 0; i < s->max_conns; i++) {
+    for (int i = from; i < to; i++) {
         if (s->conns[i].state == CONN_READ &&
             (best < 0 || s->conns[i].deadline_ms < s->conns[best].deadline_ms)) {
             best = i;
@@ -370,6 +445,13 @@ static void accept_all(struct kp_http *s, long long now)
 
     for (;;) {
         fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE) && s->spare_fd >= 0) {
+            /* Out of descriptors: give the spare back so that a probe still learns that the
+             * daemon is alive and why it is not ready (it is opened again once free). */
+            close(s->spare_fd);
+            s->spare_fd = -1;
+            fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        }
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) {
                 continue;
@@ -387,7 +469,15 @@ static void accept_all(struct kp_http *s, long long now)
         for (i = 0; i < s->max_conns && s->conns[i].state != CONN_FREE; i++) {
         }
         if (i == s->max_conns) {
-            i = oldest_incomplete(s);
+            i = oldest_incomplete(s, 0, s->max_conns);
+        }
+        if (i < 0) {
+            /* Every shared slot is sending or draining a response: the probe slots. */
+            for (i = s->max_conns; i < s->n_slots && s->conns[i].state != CONN_FREE; i++) {
+            }
+            if (i == s->n_slots) {
+                i = oldest_incomplete(s, s->max_conns, s->n_slots);
+            }
         }
         if (i >= 0 && s->conns[i].state == CONN_READ) {
             /* Slow clients must not hold every slot: a probe sends its whole request at once,
@@ -418,7 +508,7 @@ static void expire(struct kp_http *s, long long now)
 {
     struct conn *c;
 
-    for (int i = 0; i < s->max_conns; i++) {
+    for (int i = 0; i < s->n_slots; i++) {
         c = &s->conns[i];
         if (c->state == CONN_FREE || now < c->deadline_ms) {
             continue;
@@ -445,6 +535,9 @@ static void *http_main(void *arg)
     int n, nfds, listen_idx;
 
     for (;;) {
+        if (s->spare_fd < 0) {
+            s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        }
         now = kp_mono_ms();
         wait_ms = -1;
         nfds = 0;
@@ -457,7 +550,7 @@ static void *http_main(void *arg)
         else {
             wait_ms = s->accept_paused_until_ms - now;
         }
-        for (int i = 0; i < s->max_conns; i++) {
+        for (int i = 0; i < s->n_slots; i++) {
             c = &s->conns[i];
             if (c->state == CONN_FREE) {
                 continue;
@@ -610,6 +703,7 @@ int kp_http_create_with_limits(const char *listen_addr, const struct kp_http_han
         return -ENOMEM;
     }
     s->listen_fd = -1;
+    s->spare_fd = -1;
     s->wake_fd[0] = s->wake_fd[1] = -1;
     if (h != NULL) {
         s->h = *h;
@@ -627,18 +721,27 @@ int kp_http_create_with_limits(const char *listen_addr, const struct kp_http_han
     if (limits != NULL && limits->max_response_bytes > 0) {
         s->max_response_bytes = limits->max_response_bytes;
     }
+    s->n_slots = s->max_conns + HTTP_PROBE_CONNS;
     kp_strbuf_init(&s->body, s->max_response_bytes);
-    s->conns = calloc((size_t) s->max_conns, sizeof(*s->conns));
-    s->pfds = calloc((size_t) s->max_conns + 2, sizeof(*s->pfds));
-    s->pfd_conn = calloc((size_t) s->max_conns + 2, sizeof(*s->pfd_conn));
+    s->conns = calloc((size_t) s->n_slots, sizeof(*s->conns));
+    s->pfds = calloc((size_t) s->n_slots + 2, sizeof(*s->pfds));
+    s->pfd_conn = calloc((size_t) s->n_slots + 2, sizeof(*s->pfd_conn));
     if (s->conns == NULL || s->pfds == NULL || s->pfd_conn == NULL) {
         kp_errbuf_set(errbuf, errlen, "out of memory");
         rc = -ENOMEM;
         goto fail;
     }
-    for (int i = 0; i < s->max_conns; i++) {
+    for (int i = 0; i < s->n_slots; i++) {
         s->conns[i].fd = -1;
+        s->conns[i].probe = i >= s->max_conns;
     }
+    if (limits != NULL && limits->metrics_token != NULL && limits->metrics_token[0] != '\0' &&
+        (s->metrics_token = strdup(limits->metrics_token)) == NULL) {
+        kp_errbuf_set(errbuf, errlen, "out of memory");
+        rc = -ENOMEM;
+        goto fail;
+    }
+    s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (pipe2(s->wake_fd, O_CLOEXEC | O_NONBLOCK) != 0) {
         rc = -errno;
         kp_errbuf_set(errbuf, errlen, "pipe2: %s", strerror(errno));
@@ -685,6 +788,7 @@ void kp_http_get_stats(const struct kp_http *s, struct kp_http_stats *out)
     out->timeouts = atomic_load_explicit(&s->n_timeouts, memory_order_relaxed);
     out->oversized = atomic_load_explicit(&s->n_oversized, memory_order_relaxed);
     out->bad_requests = atomic_load_explicit(&s->n_bad, memory_order_relaxed);
+    out->unauthorized = atomic_load_explicit(&s->n_unauthorized, memory_order_relaxed);
 }
 
 void kp_http_destroy(struct kp_http *s)
@@ -697,13 +801,20 @@ void kp_http_destroy(struct kp_http *s)
         }
         pthread_join(s->thread, NULL);
     }
-    for (int i = 0; s->conns != NULL && i < s->max_conns; i++) {
+    for (int i = 0; s->conns != NULL && i < s->n_slots; i++) {
         if (s->conns[i].state != CONN_FREE) {
             conn_close(&s->conns[i]);
         }
     }
     if (s->listen_fd >= 0) {
         close(s->listen_fd);
+    }
+    if (s->spare_fd >= 0) {
+        close(s->spare_fd);
+    }
+    if (s->metrics_token != NULL) {
+        explicit_bzero(s->metrics_token, strlen(s->metrics_token));
+        free(s->metrics_token);
     }
     for (int i = 0; i < 2; i++) {
         if (s->wake_fd[i] >= 0) {

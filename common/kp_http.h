@@ -6,9 +6,20 @@
  * headers, else 431), answers, sends "Connection: close" and closes. Only GET is served
  * (other methods get 405); paths other than the three get 404; a malformed request line gets
  * 400. A connection that has not sent a whole request within the read timeout gets 408 and is
- * closed, and so does one that does not take its response within the same time. Connections
- * past the cap are accepted, answered 503 and closed, so the server never stalls its other
- * clients. The query string is ignored.
+ * closed, and so does one that does not take its response within the same time. At the cap, a
+ * new connection takes the slot of the oldest one still sending its request (answered 408).
+ * When every slot is sending or draining a response (clients that do not read theirs), a new
+ * connection gets one of 4 probe slots kept apart for /healthz and /readyz (anything else
+ * there is answered 503 "too many connections"; a probe slot closes as soon as its answer is
+ * sent), so a liveness probe is never refused by other clients. Past those, connections are
+ * accepted, answered 503 and closed, so the server never stalls its other clients. When the
+ * process is out of file descriptors (EMFILE), a spare descriptor held for the purpose is
+ * given back to accept one connection at a time, so probes still get their answer. The query
+ * string is ignored.
+ *
+ * With a metrics token (kp_http_limits.metrics_token), /metrics answers 401 with
+ * "WWW-Authenticate: Bearer" unless the request carries "Authorization: Bearer <token>";
+ * /healthz and /readyz stay open.
  *
  *   /healthz  200 "ok\n", or 503 "unhealthy\n" when healthz_cb returns false.
  *   /readyz   200 "ok\n", or 503 with the reason readyz_cb wrote, plus "\n".
@@ -59,16 +70,19 @@ struct kp_http_limits {
     int max_conns;             /* open connections (default KP_HTTP_DEFAULT_MAX_CONNS) */
     int timeout_ms;            /* to receive a request, and again to send the response */
     size_t max_response_bytes; /* body cap; a bigger /metrics answers 500 */
+    const char *metrics_token; /* copied; NULL or "": /metrics needs no token */
 };
 
 /* Counters, for the daemon's /metrics and for tests. */
 struct kp_http_stats {
     uint64_t requests;       /* answered, any status, except the two below */
-    uint64_t rejected_conns; /* answered 503: max_conns open, none still reading its request */
+    uint64_t rejected_conns; /* answered 503: every slot busy, none still reading its request,
+                              * or a probe slot asked for another path */
     uint64_t timeouts;       /* closed by the timeout, or answered 408 to free a slot for a
                               * new connection (the oldest that had not sent its request) */
     uint64_t oversized;      /* answered 431 */
     uint64_t bad_requests;   /* answered 400, 404 or 405 */
+    uint64_t unauthorized;   /* /metrics answered 401 */
 };
 
 /*

@@ -22,6 +22,13 @@
 #include <string.h>
 #include <time.h>
 
+#include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
@@ -34,7 +41,14 @@
 #include "kp_log.h"
 #include "kp_secret.h"
 
-#define KP_RPC_DEFAULT_MAX_MSG (64u << 20)
+#define KP_RPC_DEFAULT_MAX_MSG      (64u << 20)
+#define KP_RPC_HANDSHAKE_TIMEOUT_MS 10000
+#define KP_RPC_MAX_STREAMS_PER_CONN 256
+/* A stream stops reading while more than this waits to go to its client (one that does not
+ * read its replies would otherwise grow the server by everything it sends), and reads again
+ * once half of it is gone. Each message counts its bytes plus SEND_MSG_OVERHEAD. */
+#define KP_RPC_SEND_BACKLOG_MAX (1u << 20)
+#define SEND_MSG_OVERHEAD       128
 
 enum tag_type {
     TAG_NEW,     /* a registered method's call arrived */
@@ -49,6 +63,17 @@ enum tag_type {
 struct tag {
     enum tag_type type;
     struct kp_rpc_call *call;
+    struct retired *retired; /* TAG_SHUTDOWN of a listener given up by a restart */
+};
+
+/* A grpc_server given up when its listener stopped accepting (restart_listener): its live
+ * calls go on until they end or the server shuts down. */
+struct retired {
+    grpc_server *server;
+    void **registered;
+    struct tag tag;
+    bool done; /* its shutdown tag came back */
+    struct retired *next;
 };
 
 struct sendq {
@@ -61,6 +86,7 @@ struct kp_rpc_call {
     const struct kp_rpc_method *m; /* NULL for the catch-all */
     size_t method_index;
     grpc_call *call;
+    grpc_server *armed_on; /* the grpc_server the request was armed on */
     pthread_mutex_t mu;
     pthread_cond_t sent; /* a send completed (kp_rpc_call_wait_sent) */
     int refs;
@@ -80,10 +106,14 @@ struct kp_rpc_call {
     bool md_sent, recv_busy, paused, resume_pending, in_message_cb, stop_reading;
     bool send_busy, finish_requested, status_started, status_done, close_done;
     bool closed_notified, cancelled, live;
+    size_t send_backlog; /* bytes queued or in flight to the client (KP_RPC_SEND_BACKLOG_MAX) */
+    bool recv_held;      /* not reading until the backlog drains */
 };
 
+#define LISTEN_FDS_MAX 4
+
 struct kp_rpc_server {
-    grpc_server *server;
+    grpc_server *server; /* the current one; changes only under mu (restart_listener) */
     grpc_completion_queue *cq;
     pthread_t thread;
     bool thread_started;
@@ -101,6 +131,20 @@ struct kp_rpc_server {
     pthread_cond_t cond;
     bool shutdown_started, shutdown_done, destroyed_server;
     struct tag shutdown_tag;
+    /* The accept watchdog (watch_thread, TCP listeners only): gRPC 1.51 stops accepting for
+     * good after one failed accept4 (EMFILE), while the kernel keeps queueing connections on
+     * the listening socket; the watchdog sees the queue stay full and rebinds a new server on
+     * the same port. */
+    char *listen_fixed; /* opts->listen with the bound port instead of 0 */
+    grpc_channel_args *cargs;
+    grpc_server_credentials *creds;
+    int listen_fds[LISTEN_FDS_MAX];
+    int n_listen_fds;
+    pthread_t watch;
+    bool watch_started, watch_stop, accepting;
+    char not_accepting_why[320];
+    unsigned long long restarts;
+    struct retired *retired;
 };
 
 static const char *const status_names[] = {
@@ -258,16 +302,18 @@ static struct kp_rpc_call *call_new(struct kp_rpc_server *s, const struct kp_rpc
     if (m == NULL) {
         grpc_call_details_init(&c->details);
     }
-    c->t_new = (struct tag){ m == NULL ? TAG_NEW_ANY : TAG_NEW, c };
-    c->t_recv = (struct tag){ TAG_RECV, c };
-    c->t_send = (struct tag){ TAG_SEND, c };
-    c->t_close = (struct tag){ TAG_CLOSE, c };
-    c->t_status = (struct tag){ TAG_STATUS, c };
+    c->t_new = (struct tag){ m == NULL ? TAG_NEW_ANY : TAG_NEW, c, NULL };
+    c->t_recv = (struct tag){ TAG_RECV, c, NULL };
+    c->t_send = (struct tag){ TAG_SEND, c, NULL };
+    c->t_close = (struct tag){ TAG_CLOSE, c, NULL };
+    c->t_status = (struct tag){ TAG_STATUS, c, NULL };
     return c;
 }
 
-/* Arms the request for method index (or the catch-all when index == n_methods). */
-static void request_arm(struct kp_rpc_server *s, size_t index)
+/* Arms the request for method index (or the catch-all when index == n_methods) on server,
+ * whose registered methods are registered. */
+static void request_arm_on(struct kp_rpc_server *s, grpc_server *server, void **registered,
+                           size_t index)
 {
     const struct kp_rpc_method *m = index < s->n_methods ? &s->methods[index] : NULL;
     struct kp_rpc_call *c = call_new(s, m, index);
@@ -277,13 +323,14 @@ static void request_arm(struct kp_rpc_server *s, size_t index)
         kp_log_error("out of memory arming a request; method=%s", m ? m->path : "*");
         return;
     }
+    c->armed_on = server;
     if (m == NULL) {
-        e = grpc_server_request_call(s->server, &c->call, &c->details, &c->req_md, s->cq, s->cq,
+        e = grpc_server_request_call(server, &c->call, &c->details, &c->req_md, s->cq, s->cq,
                                      &c->t_new);
     }
     else {
         e = grpc_server_request_registered_call(
-            s->server, s->registered[index], &c->call, &c->deadline, &c->req_md,
+            server, registered[index], &c->call, &c->deadline, &c->req_md,
             m->kind == KP_RPC_UNARY ? &c->payload : NULL, s->cq, s->cq, &c->t_new);
     }
     if (e != GRPC_CALL_OK) {
@@ -314,6 +361,10 @@ static void recv_arm_locked(struct kp_rpc_call *c)
     size_t n = 0;
 
     if (c->recv_busy || c->stop_reading || c->finish_requested || c->cancelled) {
+        return;
+    }
+    if (c->send_backlog > KP_RPC_SEND_BACKLOG_MAX) {
+        c->recv_held = true; /* on_send reads again once the client takes its replies */
         return;
     }
     memset(ops, 0, sizeof(ops));
@@ -365,6 +416,7 @@ static void pump_locked(struct kp_rpc_call *c)
             c->md_sent = true;
         }
         else {
+            c->send_backlog -= grpc_byte_buffer_length(c->send_bb) + SEND_MSG_OVERHEAD;
             grpc_byte_buffer_destroy(c->send_bb);
             c->send_bb = NULL;
         }
@@ -401,6 +453,7 @@ int kp_rpc_call_send(struct kp_rpc_call *c, const ProtobufCMessage *msg)
         goto out;
     }
     q->bb = pack_msg(msg);
+    c->send_backlog += grpc_byte_buffer_length(q->bb) + SEND_MSG_OVERHEAD;
     if (c->q_tail != NULL) {
         c->q_tail->next = q;
     }
@@ -668,6 +721,22 @@ static bool call_admit(struct kp_rpc_server *s, struct kp_rpc_call *c, const cha
     return true;
 }
 
+/* Arms the request again on the current server, unless the call came from a server given
+ * up since (its requests are not renewed) or a restart is under way (it arms them all). */
+static void request_rearm(struct kp_rpc_server *s, const struct kp_rpc_call *c)
+{
+    grpc_server *server;
+    void **registered;
+
+    pthread_mutex_lock(&s->mu);
+    server = s->server;
+    registered = s->registered;
+    pthread_mutex_unlock(&s->mu);
+    if (server != NULL && server == c->armed_on) {
+        request_arm_on(s, server, registered, c->method_index);
+    }
+}
+
 static void on_new_call(struct kp_rpc_server *s, struct kp_rpc_call *c, bool ok)
 {
     const struct kp_rpc_method *m = c->m;
@@ -676,7 +745,7 @@ static void on_new_call(struct kp_rpc_server *s, struct kp_rpc_call *c, bool ok)
     size_t wire;
     char details[256];
 
-    request_arm(s, c->method_index);
+    request_rearm(s, c);
     c->live = true;
     c->peer = grpc_call_get_peer(c->call);
     memset(&op, 0, sizeof(op));
@@ -805,11 +874,17 @@ static void on_send(struct kp_rpc_call *c, bool ok)
 {
     pthread_mutex_lock(&c->mu);
     c->send_busy = false;
+    c->send_backlog -= grpc_byte_buffer_length(c->send_bb) + SEND_MSG_OVERHEAD;
     grpc_byte_buffer_destroy(c->send_bb);
     c->send_bb = NULL;
     if (!ok) {
         /* The client is gone: drop what is queued; the close tag will say cancelled. */
         c->cancelled = true;
+    }
+    if (c->recv_held && c->send_backlog <= KP_RPC_SEND_BACKLOG_MAX / 2 && !c->paused &&
+        !c->in_message_cb) {
+        c->recv_held = false;
+        recv_arm_locked(c);
     }
     pump_locked(c);
     pthread_cond_broadcast(&c->sent);
@@ -825,6 +900,12 @@ static void dispatch(struct kp_rpc_server *s, grpc_event *ev)
     switch (t->type) {
     case TAG_SHUTDOWN:
         pthread_mutex_lock(&s->mu);
+        if (t->retired != NULL) {
+            t->retired->done = true;
+            pthread_cond_broadcast(&s->cond);
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
         s->shutdown_done = true;
         pthread_cond_broadcast(&s->cond);
         pthread_mutex_unlock(&s->mu);
@@ -949,13 +1030,260 @@ out:
     return creds;
 }
 
+#define WATCH_INTERVAL_MS 500
+/* Samples in a row with connections waiting in the accept queue before the listener is
+ * taken as dead: gRPC accepts until EAGAIN on every wakeup, so a live listener empties the
+ * queue within milliseconds. */
+#define WATCH_STALL_SAMPLES 3
+
+/* Creates a grpc_server on listen with s's args, completion queue, methods and credentials,
+ * and starts it. Returns the server and its registered methods (*reg, owned), or NULL with
+ * the reason in errbuf; *port is the bound port. */
+static grpc_server *server_build(struct kp_rpc_server *s, const char *listen, void ***reg,
+                                 int *port, char *errbuf, size_t errlen)
+{
+    grpc_server *server = grpc_server_create(s->cargs, NULL);
+    void **registered = calloc(s->n_methods + 1, sizeof(void *));
+
+    *port = 0;
+    if (registered == NULL) {
+        snprintf(errbuf, errlen, "out of memory");
+        goto fail;
+    }
+    grpc_server_register_completion_queue(server, s->cq, NULL);
+    for (size_t i = 0; i < s->n_methods; i++) {
+        registered[i] = grpc_server_register_method(server, s->methods[i].path, NULL,
+                                                    s->methods[i].kind == KP_RPC_UNARY
+                                                        ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER
+                                                        : GRPC_SRM_PAYLOAD_NONE,
+                                                    0);
+        if (registered[i] == NULL) {
+            snprintf(errbuf, errlen, "cannot register method %s", s->methods[i].path);
+            goto fail;
+        }
+    }
+    *port = grpc_server_add_http2_port(server, listen, s->creds);
+    if (*port == 0) {
+        snprintf(errbuf, errlen,
+                 "cannot listen on %s (address in use or invalid); pick another --listen", listen);
+        goto fail;
+    }
+    grpc_server_start(server);
+    *reg = registered;
+    return server;
+fail:
+    /* Never started and without listeners: destroyed as it is. */
+    grpc_server_destroy(server);
+    free(registered);
+    return NULL;
+}
+
+/* Adds fd to s->listen_fds when it is a socket listening on s->port. */
+static void check_listen_fd(struct kp_rpc_server *s, int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    int acc = 0;
+    socklen_t al = sizeof(acc);
+    int port = 0;
+
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &al) != 0 || acc == 0) {
+        return;
+    }
+    if (getsockname(fd, (struct sockaddr *) &ss, &sl) != 0) {
+        return;
+    }
+    if (ss.ss_family == AF_INET) {
+        port = ntohs(((struct sockaddr_in *) &ss)->sin_port);
+    }
+    else if (ss.ss_family == AF_INET6) {
+        port = ntohs(((struct sockaddr_in6 *) &ss)->sin6_port);
+    }
+    if (port == s->port && s->n_listen_fds < LISTEN_FDS_MAX) {
+        s->listen_fds[s->n_listen_fds++] = fd;
+    }
+}
+
+/* Finds the sockets listening on s->port (the ones gRPC opened; there is no API for them):
+ * the descriptors in /proc/self/fd, or, when that cannot be opened (no descriptor left),
+ * every number below the limit. */
+static void find_listen_fds(struct kp_rpc_server *s)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct rlimit rl;
+    int max_fd = 65536;
+
+    s->n_listen_fds = 0;
+    if (d != NULL) {
+        struct dirent *e;
+
+        while ((e = readdir(d)) != NULL) {
+            if (e->d_name[0] >= '0' && e->d_name[0] <= '9') {
+                check_listen_fd(s, atoi(e->d_name));
+            }
+        }
+        closedir(d);
+        return;
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur < (rlim_t) (1 << 22)) {
+        max_fd = (int) rl.rlim_cur;
+    }
+    for (int fd = 0; fd < max_fd; fd++) {
+        check_listen_fd(s, fd);
+    }
+}
+
+/* The connections waiting in the listening sockets' accept queues (TCP_INFO of a listening
+ * socket gives the queue's length in tcpi_unacked). */
+static unsigned accept_queue_len(const struct kp_rpc_server *s)
+{
+    unsigned n = 0;
+
+    for (int i = 0; i < s->n_listen_fds; i++) {
+        struct tcp_info ti;
+        socklen_t len = sizeof(ti);
+
+        memset(&ti, 0, sizeof(ti));
+        if (getsockopt(s->listen_fds[i], IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+            ti.tcpi_state == TCP_LISTEN) {
+            n += ti.tcpi_unacked;
+        }
+    }
+    return n;
+}
+
+/* Gives up the current grpc_server (its listener closes, its live calls go on) and binds a
+ * new one on the same address. Runs on the watchdog thread. Returns true when serving. */
+static bool restart_listener(struct kp_rpc_server *s)
+{
+    char err[256];
+    void **registered = NULL;
+    grpc_server *server;
+    int port = 0;
+
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    /* No descriptor for the new listener yet: keep the old one (and gRPC's log) until then. */
+    if (fd < 0) {
+        pthread_mutex_lock(&s->mu);
+        snprintf(s->not_accepting_why, sizeof(s->not_accepting_why),
+                 "gRPC stopped accepting connections: %s; restarting the listener",
+                 strerror(errno));
+        pthread_mutex_unlock(&s->mu);
+        return false;
+    }
+    close(fd);
+    pthread_mutex_lock(&s->mu);
+    if (s->server != NULL) {
+        struct retired *r = calloc(1, sizeof(*r));
+
+        if (r == NULL) {
+            pthread_mutex_unlock(&s->mu);
+            return false;
+        }
+        r->server = s->server;
+        r->registered = s->registered;
+        r->tag = (struct tag){ TAG_SHUTDOWN, NULL, r };
+        r->next = s->retired;
+        s->retired = r;
+        s->server = NULL; /* no request is armed on it any more */
+        s->registered = NULL;
+        pthread_mutex_unlock(&s->mu);
+        /* Closes its listening sockets (connections still queued there are reset). */
+        grpc_server_shutdown_and_notify(r->server, s->cq, &r->tag);
+        s->n_listen_fds = 0;
+    }
+    else {
+        pthread_mutex_unlock(&s->mu);
+    }
+    server = server_build(s, s->listen_fixed, &registered, &port, err, sizeof(err));
+    if (server == NULL) {
+        pthread_mutex_lock(&s->mu);
+        snprintf(s->not_accepting_why, sizeof(s->not_accepting_why),
+                 "gRPC is not listening: %s (retrying)", err);
+        pthread_mutex_unlock(&s->mu);
+        return false;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->server = server;
+    s->registered = registered;
+    s->restarts++;
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i <= s->n_methods; i++) {
+        request_arm_on(s, server, registered, i);
+    }
+    find_listen_fds(s);
+    return true;
+}
+
+static void *watch_thread(void *arg)
+{
+    struct kp_rpc_server *s = arg;
+    int stalled = 0;
+    unsigned last = 0;
+
+    pthread_mutex_lock(&s->mu);
+    while (!s->watch_stop) {
+        struct timespec ts = kp_real_deadline(WATCH_INTERVAL_MS);
+        bool listening;
+
+        pthread_cond_timedwait(&s->cond, &s->mu, &ts);
+        if (s->watch_stop) {
+            break;
+        }
+        listening = s->server != NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (listening) {
+            /* A dead listener's queue only grows; a live one's empties within milliseconds. */
+            unsigned q = accept_queue_len(s);
+
+            stalled = q > 0 && q >= last ? stalled + 1 : 0;
+            last = q;
+        }
+        if (!listening || stalled >= WATCH_STALL_SAMPLES) {
+            if (listening) {
+                kp_log_error("%s: gRPC stopped accepting connections (the process ran out of file "
+                             "descriptors); restarting the listener on %s",
+                             s->name, s->listen_fixed);
+                pthread_mutex_lock(&s->mu);
+                snprintf(s->not_accepting_why, sizeof(s->not_accepting_why),
+                         "gRPC stopped accepting connections (out of file descriptors); "
+                         "restarting the listener");
+                pthread_mutex_unlock(&s->mu);
+            }
+            __atomic_store_n(&s->accepting, false, __ATOMIC_RELEASE);
+            if (restart_listener(s)) {
+                kp_log_info("%s: gRPC listener restarted on %s", s->name, s->listen_fixed);
+                __atomic_store_n(&s->accepting, true, __ATOMIC_RELEASE);
+            }
+            stalled = 0;
+            last = 0;
+        }
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* "host:0" with the bound port ("127.0.0.1:0" becomes "127.0.0.1:43121"). */
+static char *listen_with_port(const char *listen, int port)
+{
+    const char *colon = strrchr(listen, ':');
+    size_t n = colon != NULL ? (size_t) (colon - listen) : strlen(listen);
+    char *out = malloc(n + 16);
+
+    if (out != NULL) {
+        snprintf(out, n + 16, "%.*s:%d", (int) n, listen, port);
+    }
+    return out;
+}
+
 int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_rpc_method *methods,
                          size_t n_methods, struct kp_rpc_server **out, char *errbuf, size_t errlen)
 {
     struct kp_rpc_server *s = calloc(1, sizeof(*s));
-    grpc_server_credentials *creds = NULL;
-    grpc_arg args[2];
-    grpc_channel_args cargs;
+    grpc_arg *args;
     int rc = -ENOMEM;
 
     if (s == NULL) {
@@ -968,9 +1296,12 @@ int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_
     s->methods = methods;
     s->n_methods = n_methods;
     s->auth = opts->auth;
+    s->accepting = true;
     snprintf(s->name, sizeof(s->name), "%s", opts->name ? opts->name : "kprof");
-    s->shutdown_tag = (struct tag){ TAG_SHUTDOWN, NULL };
-    if ((s->registered = calloc(n_methods + 1, sizeof(void *))) == NULL) {
+    s->shutdown_tag = (struct tag){ TAG_SHUTDOWN, NULL, NULL };
+    if ((s->cargs = calloc(1, sizeof(*s->cargs))) == NULL ||
+        (args = calloc(4, sizeof(*args))) == NULL) {
+        snprintf(errbuf, errlen, "out of memory");
         goto fail;
     }
     args[0].type = GRPC_ARG_INTEGER;
@@ -980,42 +1311,32 @@ int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_
     args[1].type = GRPC_ARG_INTEGER;
     args[1].key = GRPC_ARG_ALLOW_REUSEPORT;
     args[1].value.integer = 0;
-    cargs.num_args = 2;
-    cargs.args = args;
-    s->server = grpc_server_create(&cargs, NULL);
+    /* A connection that has not finished its handshake (TLS, HTTP/2 preface) in this time
+     * is closed: idle sockets cannot hold descriptors for gRPC's default two minutes. */
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS;
+    args[2].value.integer = KP_RPC_HANDSHAKE_TIMEOUT_MS;
+    /* Calls open at once on one connection; a client's further calls wait for a free one. */
+    args[3].type = GRPC_ARG_INTEGER;
+    args[3].key = GRPC_ARG_MAX_CONCURRENT_STREAMS;
+    args[3].value.integer = KP_RPC_MAX_STREAMS_PER_CONN;
+    s->cargs->num_args = 4;
+    s->cargs->args = args;
     s->cq = grpc_completion_queue_create_for_next(NULL);
-    grpc_server_register_completion_queue(s->server, s->cq, NULL);
-    for (size_t i = 0; i < n_methods; i++) {
-        s->registered[i] = grpc_server_register_method(
-            s->server, methods[i].path, NULL,
-            methods[i].kind == KP_RPC_UNARY ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER
-                                            : GRPC_SRM_PAYLOAD_NONE,
-            0);
-        if (s->registered[i] == NULL) {
-            snprintf(errbuf, errlen, "cannot register method %s", methods[i].path);
-            rc = -EINVAL;
-            goto fail;
-        }
-    }
-    if ((creds = server_creds(opts, errbuf, errlen)) == NULL) {
+    if ((s->creds = server_creds(opts, errbuf, errlen)) == NULL) {
         rc = KP_ECONFIG;
         goto fail;
     }
-    s->port = grpc_server_add_http2_port(s->server, opts->listen, creds);
-    grpc_server_credentials_release(creds);
-    if (s->port == 0) {
-        snprintf(errbuf, errlen,
-                 "cannot listen on %s (address in use or invalid); pick another --listen",
-                 opts->listen);
+    if ((s->server = server_build(s, opts->listen, &s->registered, &s->port, errbuf, errlen)) ==
+        NULL) {
         rc = -EADDRINUSE;
         goto fail;
     }
     if (strncmp(opts->listen, "unix:", 5) == 0) {
         s->port = 0;
     }
-    grpc_server_start(s->server);
     for (size_t i = 0; i <= n_methods; i++) {
-        request_arm(s, i);
+        request_arm_on(s, s->server, s->registered, i);
     }
     if (pthread_create(&s->thread, NULL, server_thread, s) != 0) {
         snprintf(errbuf, errlen, "cannot start the server thread");
@@ -1023,6 +1344,19 @@ int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_
         goto fail;
     }
     s->thread_started = true;
+    if (s->port != 0) {
+        if ((s->listen_fixed = listen_with_port(opts->listen, s->port)) == NULL) {
+            snprintf(errbuf, errlen, "out of memory");
+            goto fail;
+        }
+        find_listen_fds(s);
+        if (pthread_create(&s->watch, NULL, watch_thread, s) != 0) {
+            snprintf(errbuf, errlen, "cannot start the server's watchdog thread");
+            rc = -EAGAIN;
+            goto fail;
+        }
+        s->watch_started = true;
+    }
     *out = s;
     return 0;
 fail:
@@ -1035,27 +1369,80 @@ int kp_rpc_server_port(const struct kp_rpc_server *s)
     return s->port;
 }
 
+bool kp_rpc_server_accepting(struct kp_rpc_server *s, char *why, size_t len)
+{
+    if (__atomic_load_n(&s->accepting, __ATOMIC_ACQUIRE)) {
+        return true;
+    }
+    pthread_mutex_lock(&s->mu);
+    snprintf(why, len, "%s", s->not_accepting_why);
+    pthread_mutex_unlock(&s->mu);
+    return false;
+}
+
+unsigned long long kp_rpc_server_restarts(struct kp_rpc_server *s)
+{
+    unsigned long long n;
+
+    pthread_mutex_lock(&s->mu);
+    n = s->restarts;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+static void watch_stop(struct kp_rpc_server *s)
+{
+    if (!s->watch_started) {
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->watch_stop = true;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->watch, NULL);
+    s->watch_started = false;
+}
+
 static bool wait_shutdown(struct kp_rpc_server *s, long long ms)
 {
     struct timespec ts = kp_real_deadline(ms);
     bool done;
 
     pthread_mutex_lock(&s->mu);
-    while (!s->shutdown_done) {
-        if (pthread_cond_timedwait(&s->cond, &s->mu, &ts) != 0) {
+    for (;;) {
+        bool all = s->shutdown_done;
+
+        for (struct retired *r = s->retired; r != NULL; r = r->next) {
+            all = all && r->done;
+        }
+        if (all || pthread_cond_timedwait(&s->cond, &s->mu, &ts) != 0) {
             break;
         }
     }
     done = s->shutdown_done;
+    for (struct retired *r = s->retired; r != NULL; r = r->next) {
+        done = done && r->done;
+    }
     pthread_mutex_unlock(&s->mu);
     return done;
 }
 
+static void cancel_all(struct kp_rpc_server *s)
+{
+    if (s->server != NULL) {
+        grpc_server_cancel_all_calls(s->server);
+    }
+    for (struct retired *r = s->retired; r != NULL; r = r->next) {
+        grpc_server_cancel_all_calls(r->server);
+    }
+}
+
 void kp_rpc_server_shutdown(struct kp_rpc_server *s, long long grace_ms)
 {
-    if (s == NULL || s->server == NULL || !s->thread_started) {
+    if (s == NULL || !s->thread_started) {
         return;
     }
+    watch_stop(s);
     pthread_mutex_lock(&s->mu);
     if (s->shutdown_started) {
         pthread_mutex_unlock(&s->mu);
@@ -1063,11 +1450,16 @@ void kp_rpc_server_shutdown(struct kp_rpc_server *s, long long grace_ms)
         return;
     }
     s->shutdown_started = true;
+    if (s->server == NULL) {
+        s->shutdown_done = true; /* a restart left nothing listening */
+    }
     pthread_mutex_unlock(&s->mu);
-    grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+    if (s->server != NULL) {
+        grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+    }
     if (!wait_shutdown(s, grace_ms)) {
         kp_log_info("cancelling calls still open after the grace period grace_ms=%lld", grace_ms);
-        grpc_server_cancel_all_calls(s->server);
+        cancel_all(s);
         wait_shutdown(s, 10000);
     }
 }
@@ -1077,15 +1469,19 @@ void kp_rpc_server_destroy(struct kp_rpc_server *s)
     if (s == NULL) {
         return;
     }
+    watch_stop(s);
+    if (s->thread_started) {
+        kp_rpc_server_shutdown(s, 0);
+    }
+    else if (s->server != NULL) {
+        grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
+        grpc_server_cancel_all_calls(s->server);
+    }
     if (s->server != NULL) {
-        if (s->thread_started) {
-            kp_rpc_server_shutdown(s, 0);
-        }
-        else {
-            grpc_server_shutdown_and_notify(s->server, s->cq, &s->shutdown_tag);
-            grpc_server_cancel_all_calls(s->server);
-        }
         grpc_server_destroy(s->server);
+    }
+    for (struct retired *r = s->retired; r != NULL; r = r->next) {
+        grpc_server_destroy(r->server);
     }
     if (s->cq != NULL) {
         grpc_completion_queue_shutdown(s->cq);
@@ -1105,6 +1501,21 @@ void kp_rpc_server_destroy(struct kp_rpc_server *s)
         }
         grpc_completion_queue_destroy(s->cq);
     }
+    while (s->retired != NULL) {
+        struct retired *r = s->retired;
+
+        s->retired = r->next;
+        free(r->registered);
+        free(r);
+    }
+    if (s->creds != NULL) {
+        grpc_server_credentials_release(s->creds);
+    }
+    if (s->cargs != NULL) {
+        free(s->cargs->args);
+        free(s->cargs);
+    }
+    free(s->listen_fixed);
     free(s->registered);
     pthread_cond_destroy(&s->cond);
     pthread_mutex_destroy(&s->mu);

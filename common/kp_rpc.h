@@ -103,6 +103,21 @@ int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_
 int kp_rpc_server_port(const struct kp_rpc_server *s);
 
 /*
+ * Whether the server accepts connections. gRPC 1.51 stops accepting for good after one
+ * accept fails (EMFILE: the process ran out of file descriptors); a watchdog thread of the
+ * server (TCP listeners) sees connections stay queued on the listening socket for about 1.5 s,
+ * gives that grpc_server up (its live calls go on) and binds a new one on the same address,
+ * retrying every 0.5 s until it can. Meanwhile this returns false with the reason in why
+ * (NUL-terminated, at most len bytes), for /readyz. Connections that have not finished their
+ * handshake within 10 s are closed, and one connection carries at most 256 calls at once
+ * (more wait in the client). Thread-safe.
+ */
+bool kp_rpc_server_accepting(struct kp_rpc_server *s, char *why, size_t len);
+
+/* How many times the watchdog restarted the listener (for /metrics). Thread-safe. */
+unsigned long long kp_rpc_server_restarts(struct kp_rpc_server *s);
+
+/*
  * Stops accepting calls, waits up to grace_ms for live calls to finish, then cancels the rest.
  * Callbacks may still run (on_close of cancelled calls) and sends from other threads stay safe
  * until kp_rpc_server_destroy. Blocks. Not from a callback.
@@ -118,7 +133,10 @@ void kp_rpc_call_ref(struct kp_rpc_call *call);
 void kp_rpc_call_unref(struct kp_rpc_call *call);
 
 /* Queues a message to the client (borrowed: packed before return). Returns 0, -ENOMEM, or
- * -ECANCELED if the call is finished or gone. */
+ * -ECANCELED if the call is finished or gone. A stream whose client does not take what is
+ * sent stops reading while more than 1 MiB waits for it (HTTP/2 flow control then holds the
+ * client's sends), and reads again once half of it has gone: a client that never reads its
+ * acks cannot grow the server by all it sends. */
 int kp_rpc_call_send(struct kp_rpc_call *call, const ProtobufCMessage *msg);
 
 /* Blocks until every queued send has gone to the transport (back-pressure for a server

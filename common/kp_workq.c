@@ -11,7 +11,18 @@
 
 struct node {
     void *item;
+    struct client *client;
     struct node *next;
+};
+
+/* The items of one key (kp_workq_submit_keyed; kp_workq_submit's items share the key ""). */
+struct client {
+    char key[KP_WORKQ_KEY_MAX];
+    struct node *head, *tail; /* queued */
+    size_t in_flight;         /* queued + running */
+    bool in_ring;             /* has queued items: in the round-robin ring */
+    struct client *ring_next; /* the ring of clients with queued items */
+    struct client *next;      /* every client with items in flight */
 };
 
 struct worker {
@@ -30,7 +41,9 @@ struct kp_workq {
 
     pthread_mutex_t mu; /* everything below */
     pthread_cond_t cond;
-    struct node *head, *tail;
+    struct client *clients;               /* with items in flight */
+    struct client *ring_head, *ring_tail; /* with queued items, served in turn */
+    size_t n_clients;
     size_t queued;
     size_t in_flight; /* accepted and not finished: queued + running */
     size_t n_inited;  /* workers whose init returned */
@@ -40,31 +53,68 @@ struct kp_workq {
     bool stopping;
 };
 
-/* Pops the head item. mu held, head not NULL. */
-static void *pop(struct kp_workq *q)
+static void ring_push(struct kp_workq *q, struct client *c)
 {
-    struct node *n = q->head;
-    void *item = n->item;
+    c->in_ring = true;
+    c->ring_next = NULL;
+    if (q->ring_tail != NULL) {
+        q->ring_tail->ring_next = c;
+    }
+    else {
+        q->ring_head = c;
+    }
+    q->ring_tail = c;
+}
 
-    q->head = n->next;
-    if (q->head == NULL) {
-        q->tail = NULL;
+/* Pops the oldest item of the client whose turn it is; that client goes to the back of the
+ * ring if it has more. mu held, ring not empty. */
+static struct node *pop(struct kp_workq *q)
+{
+    struct client *c = q->ring_head;
+    struct node *n = c->head;
+
+    q->ring_head = c->ring_next;
+    if (q->ring_head == NULL) {
+        q->ring_tail = NULL;
+    }
+    c->in_ring = false;
+    c->head = n->next;
+    if (c->head == NULL) {
+        c->tail = NULL;
+    }
+    else {
+        ring_push(q, c);
     }
     q->queued--;
-    free(n);
-    return item;
+    return n;
+}
+
+/* One item of c finished (ran or cancelled): frees c once it has none. mu held. */
+static void client_done(struct kp_workq *q, struct client *c)
+{
+    struct client **pp;
+
+    q->in_flight--;
+    if (--c->in_flight > 0) {
+        return;
+    }
+    for (pp = &q->clients; *pp != c; pp = &(*pp)->next) {
+    }
+    *pp = c->next;
+    q->n_clients--;
+    free(c);
 }
 
 /* Waits for an item; returns it, or NULL once stopping with nothing queued. Ticks on the way
  * when idle for tick_ms. mu held (dropped around tick). */
-static void *wait_item(struct kp_workq *q, void *state)
+static struct node *wait_item(struct kp_workq *q, void *state)
 {
-    while (q->head == NULL && !q->stopping) {
+    while (q->ring_head == NULL && !q->stopping) {
         if (q->ops.tick != NULL && q->opts.tick_ms > 0) {
             struct timespec ts = kp_real_deadline(q->opts.tick_ms);
 
-            if (pthread_cond_timedwait(&q->cond, &q->mu, &ts) == ETIMEDOUT && q->head == NULL &&
-                !q->stopping) {
+            if (pthread_cond_timedwait(&q->cond, &q->mu, &ts) == ETIMEDOUT &&
+                q->ring_head == NULL && !q->stopping) {
                 pthread_mutex_unlock(&q->mu);
                 q->ops.tick(q->ud, state);
                 pthread_mutex_lock(&q->mu);
@@ -74,20 +124,23 @@ static void *wait_item(struct kp_workq *q, void *state)
             pthread_cond_wait(&q->cond, &q->mu);
         }
     }
-    return q->head != NULL ? pop(q) : NULL;
+    return q->ring_head != NULL ? pop(q) : NULL;
 }
 
 static void serve(struct kp_workq *q, void *state)
 {
-    void *item;
+    struct node *n;
 
     if (q->ops.tick != NULL) {
         q->ops.tick(q->ud, state);
     }
     pthread_mutex_lock(&q->mu);
-    while ((item = wait_item(q, state)) != NULL) {
+    while ((n = wait_item(q, state)) != NULL) {
         bool stop = q->stopping;
+        void *item = n->item;
+        struct client *c = n->client;
 
+        free(n);
         pthread_mutex_unlock(&q->mu);
         if (stop) {
             q->ops.cancel(q->ud, item);
@@ -99,7 +152,7 @@ static void serve(struct kp_workq *q, void *state)
             }
         }
         pthread_mutex_lock(&q->mu);
-        q->in_flight--;
+        client_done(q, c);
     }
     pthread_mutex_unlock(&q->mu);
 }
@@ -189,9 +242,31 @@ int kp_workq_create(const struct kp_workq_opts *opts, const struct kp_workq_ops 
     return 0;
 }
 
+static int submit(struct kp_workq *q, void *item, const char *key, bool fair);
+
 int kp_workq_submit(struct kp_workq *q, void *item)
 {
+    return submit(q, item, "", false);
+}
+
+int kp_workq_submit_keyed(struct kp_workq *q, void *item, const char *key)
+{
+    return submit(q, item, key, true);
+}
+
+/* The most items one key may have in flight while others keys have some (see Fairness). */
+static size_t fair_share(const struct kp_workq *q, const struct client *c)
+{
+    size_t others = q->n_clients - (c != NULL ? 1 : 0);
+    size_t share = (q->opts.workers + q->opts.queue_max) / (others + 2);
+
+    return share > 0 ? share : 1;
+}
+
+static int submit(struct kp_workq *q, void *item, const char *key, bool fair)
+{
     struct node *n = malloc(sizeof(*n));
+    struct client *c;
     int rc = 0;
 
     if (n == NULL) {
@@ -200,20 +275,37 @@ int kp_workq_submit(struct kp_workq *q, void *item)
     n->item = item;
     n->next = NULL;
     pthread_mutex_lock(&q->mu);
+    for (c = q->clients; c != NULL && strncmp(c->key, key, sizeof(c->key) - 1) != 0; c = c->next) {
+    }
     if (q->stopping) {
         rc = -ESHUTDOWN;
     }
-    else if (q->in_flight >= q->opts.workers + q->opts.queue_max) {
+    else if (q->in_flight >= q->opts.workers + q->opts.queue_max ||
+             (fair && c != NULL && c->in_flight >= fair_share(q, c))) {
         rc = -EBUSY;
     }
+    else if (c == NULL && (c = calloc(1, sizeof(*c))) == NULL) {
+        rc = -ENOMEM;
+    }
     else {
-        if (q->tail != NULL) {
-            q->tail->next = n;
+        if (c->in_flight == 0) {
+            snprintf(c->key, sizeof(c->key), "%s", key);
+            c->next = q->clients;
+            q->clients = c;
+            q->n_clients++;
+        }
+        n->client = c;
+        if (c->tail != NULL) {
+            c->tail->next = n;
         }
         else {
-            q->head = n;
+            c->head = n;
         }
-        q->tail = n;
+        c->tail = n;
+        if (!c->in_ring) {
+            ring_push(q, c);
+        }
+        c->in_flight++;
         q->queued++;
         q->in_flight++;
         n = NULL;

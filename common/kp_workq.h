@@ -4,12 +4,22 @@
  * for the blocking work that must not run on a gRPC or HTTP thread (docs/style.md §8).
  *
  * Items: opaque pointers. kp_workq_submit() takes one and returns at once: 0 (the queue owns it
- * now and hands it to run or cancel exactly once), -EBUSY when the queue is full, -ESHUTDOWN once
- * kp_workq_destroy() began (in both the caller keeps it). Items run in submission order, each on
- * one worker; with several workers, items run concurrently.
+ * now and hands it to run or cancel exactly once), -EBUSY when the queue is full (or the key's
+ * share is, see Fairness), -ESHUTDOWN once kp_workq_destroy() began (in both the caller keeps
+ * it). Each runs on one worker; with several workers, items run concurrently.
  *
  * Bound: at most workers + queue_max items are accepted and not yet finished, so queue_max items
  * wait while every worker is busy; queue_max 0 accepts an item only when a worker is free.
+ *
+ * Fairness: items carry a key (kp_workq_submit_keyed: the client that asked, so that one client
+ * cannot refuse everyone else; kp_workq_submit's items share the key "" and no share limits
+ * them). Keys are served in
+ * turn: a free worker takes the oldest item of the next key that has one, so a key's first item
+ * waits for at most one item of every other key, however many they queued. And a key that
+ * already has items in flight gets -EBUSY past its share, (workers + queue_max) / (k + 2)
+ * (at least 1) where k is the number of other keys with items in flight: a client alone may
+ * fill half the capacity, the other half is left for the next ones. Items of one key run in
+ * submission order (with one worker; with several they run concurrently).
  *
  * Worker state: each worker calls init on its own thread before anything else, and fini on it
  * before it ends. kp_workq_create() waits for every init: one that fails makes create fail (with
@@ -34,6 +44,7 @@
 struct kp_workq;
 
 #define KP_WORKQ_MAX_WORKERS 256
+#define KP_WORKQ_KEY_MAX     128 /* a key's bytes that count, NUL included */
 
 /* Sets *state (owned by the worker until fini; may stay NULL) for worker index 0..workers-1.
  * Returns 0, or a negative code with a message in err (at most len bytes). */
@@ -73,8 +84,12 @@ struct kp_workq_opts {
 int kp_workq_create(const struct kp_workq_opts *opts, const struct kp_workq_ops *ops, void *ud,
                     struct kp_workq **out, char *err, size_t len);
 
-/* Queues item (see Items above). Never blocks on the workers. */
+/* Queues item (see Items above) under the key "". Never blocks on the workers. */
 int kp_workq_submit(struct kp_workq *q, void *item);
+
+/* Queues item for the client key (borrowed; the first KP_WORKQ_KEY_MAX - 1 bytes count): see
+ * Fairness above. Also -ENOMEM. Never blocks on the workers. */
+int kp_workq_submit_keyed(struct kp_workq *q, void *item, const char *key);
 
 /* Items waiting for a worker now (not those running). */
 size_t kp_workq_queued(struct kp_workq *q);

@@ -92,21 +92,22 @@ static void test_http_and_ready_file(void **state)
     (void) state;
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof(path), "%s/ready", dir);
-    assert_int_equal(kp_daemon_http_start("", &h, NULL, &http, err, sizeof(err)), 0);
+    assert_int_equal(kp_daemon_http_start("", NULL, &h, NULL, &http, err, sizeof(err)), 0);
     assert_null(http);
-    assert_int_equal(kp_daemon_http_start(NULL, &h, NULL, &http, err, sizeof(err)), 0);
+    assert_int_equal(kp_daemon_http_start(NULL, NULL, &h, NULL, &http, err, sizeof(err)), 0);
     assert_null(http);
     assert_int_equal(kp_daemon_ready_write(path, "grpc", "127.0.0.1:7", NULL, err, sizeof(err)), 0);
     assert_string_equal(slurp(path), "grpc=127.0.0.1:7\n");
-    assert_int_equal(kp_daemon_http_start("127.0.0.1:0", &h, NULL, &http, err, sizeof(err)), 0);
+    assert_int_equal(kp_daemon_http_start("127.0.0.1:0", NULL, &h, NULL, &http, err, sizeof(err)),
+                     0);
     assert_non_null(http);
     assert_true(kp_http_port(http) > 0);
     assert_int_equal(kp_daemon_ready_write(path, "grpc", "127.0.0.1:7", http, err, sizeof(err)), 0);
     snprintf(want, sizeof(want), "grpc=127.0.0.1:7\nhttp=127.0.0.1:%d\n", kp_http_port(http));
     assert_string_equal(slurp(path), want);
     kp_http_destroy(http);
-    assert_int_not_equal(kp_daemon_http_start("not an address", &h, NULL, &http, err, sizeof(err)),
-                         0);
+    assert_int_not_equal(
+        kp_daemon_http_start("not an address", NULL, &h, NULL, &http, err, sizeof(err)), 0);
     assert_true(err[0] != '\0');
     unlink(path);
     rmdir(dir);

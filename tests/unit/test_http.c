@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -511,6 +512,130 @@ static void test_slow_clients(void **state)
     fixture_stop(f);
 }
 
+/* Clients that send their request and never read the answer hold every shared slot (their
+ * /metrics answers are bigger than the socket buffers). /healthz and /readyz still answer on
+ * the probe slots, right away; another /metrics is refused 503 until a slot frees. */
+static void test_slow_readers(void **state)
+{
+    struct kp_http_limits lim = { .timeout_ms = 30000 };
+    struct fixture *f = fixture_start(&lim);
+    int slow[KP_HTTP_DEFAULT_MAX_CONNS];
+    const char *req = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    struct kp_http_stats st;
+    struct resp r;
+    long long t0;
+    int rcvbuf = 4096;
+
+    atomic_store(&f->app.metrics_pad, (size_t) 8 << 20);
+    for (int i = 0; i < KP_HTTP_DEFAULT_MAX_CONNS; i++) {
+        slow[i] = connect_to(f->port);
+        setsockopt(slow[i], SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+        send_all(slow[i], req, strlen(req));
+    }
+    /* Every shared slot is writing: wait until the server has taken all 16 requests. */
+    t0 = kp_mono_ms();
+    do {
+        kp_http_get_stats(f->http, &st);
+    } while (st.requests < KP_HTTP_DEFAULT_MAX_CONNS && kp_mono_ms() - t0 < IO_TIMEOUT_MS);
+    assert_int_equal(st.requests, KP_HTTP_DEFAULT_MAX_CONNS);
+    t0 = kp_mono_ms();
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(get(f->port, i % 2 ? "/healthz" : "/readyz", &r), 200);
+        resp_fini(&r);
+    }
+    assert_true(kp_mono_ms() - t0 < 5000); /* not waiting for the 30 s timeout */
+    assert_int_equal(get(f->port, "/metrics", &r), 503);
+    resp_fini(&r);
+    for (int i = 0; i < KP_HTTP_DEFAULT_MAX_CONNS; i++) {
+        close(slow[i]);
+    }
+    fixture_stop(f);
+}
+
+/* With a metrics token, /metrics answers 401 and asks for a bearer token unless the request
+ * carries the right one; /healthz and /readyz stay open. */
+static void test_metrics_token(void **state)
+{
+    struct kp_http_limits lim = { .metrics_token = "s3cret-token" };
+    struct fixture *f = fixture_start(&lim);
+    const char *bad[] = {
+        "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+        "GET /metrics HTTP/1.1\r\nAuthorization: Bearer s3cret-tokeN\r\n\r\n",
+        "GET /metrics HTTP/1.1\r\nAuthorization: Bearer s3cret-token2\r\n\r\n",
+        "GET /metrics HTTP/1.1\r\nAuthorization: Basic s3cret-token\r\n\r\n",
+        "GET /metrics HTTP/1.1\r\nAuthorization: Bearer \r\n\r\n",
+    };
+    const char *good[] = {
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret-token\r\n\r\n",
+        "GET /metrics?x=1 HTTP/1.0\r\nauthorization:   bearer s3cret-token  \r\n\r\n",
+    };
+    struct kp_http_stats st;
+    struct resp r;
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        request(f->port, bad[i], strlen(bad[i]), &r);
+        assert_int_equal(r.status, 401);
+        assert_non_null(strstr(r.head, "\r\nWWW-Authenticate: Bearer"));
+        assert_null(strstr(r.body, "kprof_test_scrapes_total"));
+        resp_fini(&r);
+    }
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        request(f->port, good[i], strlen(good[i]), &r);
+        assert_int_equal(r.status, 200);
+        assert_non_null(strstr(r.body, "kprof_test_scrapes_total"));
+        resp_fini(&r);
+    }
+    assert_int_equal(get(f->port, "/healthz", &r), 200);
+    resp_fini(&r);
+    assert_int_equal(get(f->port, "/readyz", &r), 200);
+    resp_fini(&r);
+    kp_http_get_stats(f->http, &st);
+    assert_int_equal(st.unauthorized, sizeof(bad) / sizeof(bad[0]));
+    fixture_stop(f);
+}
+
+/* The process is out of descriptors (EMFILE): the server gives back its spare one to accept
+ * a probe, which gets its answer, and serves as before once descriptors are free. */
+static void test_out_of_fds(void **state)
+{
+    struct fixture *f = fixture_start(NULL);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t) f->port) };
+    const char *req = "GET /healthz HTTP/1.1\r\n\r\n";
+    struct rlimit old, low;
+    struct resp r;
+    int probe, n = 0, fds[4096];
+
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); /* made before the limit is hit */
+    assert_true(probe >= 0);
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = (rlim_t) probe + 64;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    while (n < (int) (sizeof(fds) / sizeof(fds[0])) && (fds[n] = dup(0)) >= 0) {
+        n++;
+    }
+    assert_int_equal(errno, EMFILE);
+    assert_int_equal(connect(probe, (struct sockaddr *) &sa, sizeof(sa)), 0);
+    memset(&r, 0, sizeof(r));
+    kp_strbuf_init(&r.raw, 0);
+    send_all(probe, req, strlen(req));
+    read_to_eof(probe, &r.raw);
+    close(probe);
+    parse_resp(&r);
+    assert_int_equal(r.status, 200);
+    resp_fini(&r);
+    while (n > 0) {
+        close(fds[--n]);
+    }
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(get(f->port, "/healthz", &r), 200);
+        resp_fini(&r);
+    }
+    fixture_stop(f);
+}
+
 static int count_fds(void)
 {
     DIR *d = opendir("/proc/self/fd");
@@ -574,6 +699,8 @@ int main(void)
         cmocka_unit_test(test_oversized),      cmocka_unit_test(test_idle_client),
         cmocka_unit_test(test_connection_cap), cmocka_unit_test(test_slow_clients),
         cmocka_unit_test(test_no_fd_leak),     cmocka_unit_test(test_create_errors),
+        cmocka_unit_test(test_slow_readers),   cmocka_unit_test(test_metrics_token),
+        cmocka_unit_test(test_out_of_fds),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

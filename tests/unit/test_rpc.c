@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kp_clock.h"
 #include "kp_err.h"
@@ -279,6 +280,66 @@ static void test_stream(void **state)
     kp_rpc_channel_destroy(ch);
 }
 
+struct flood {
+    struct kp_rpc_stream *s;
+    int sent;
+};
+
+static void *flood_send(void *arg)
+{
+    struct flood *fl = arg;
+    static char host[8192];
+    Kprof__V1__AgentReport r = KPROF__V1__AGENT_REPORT__INIT;
+
+    memset(host, 'h', sizeof(host) - 1);
+    r.host = host;
+    for (int i = 0; i < 4000; i++) {
+        r.agent_id = (uint64_t) i;
+        if (kp_rpc_stream_send(fl->s, &r.base) != 0) {
+            break;
+        }
+        __atomic_add_fetch(&fl->sent, 1, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+/* A client that sends and never reads its replies (each as big as its message, 8 KiB): the
+ * server stops reading once about 1 MiB of replies waits, so it takes a bounded part of the
+ * 32 MiB the client tries to send, and the client's sends block. Cancelling ends the call. */
+static void test_unread_replies(void **state)
+{
+    struct fake *f = *state;
+    struct kp_rpc_channel *ch = channel(f->target);
+    struct flood fl = { 0 };
+    struct kp_rpc_status st;
+    pthread_t t;
+    int seen, before;
+
+    assert_int_equal(
+        kp_rpc_stream_open(ch, STREAM_PATH, &kprof__v1__capture_command__descriptor, 0, &fl.s, &st),
+        0);
+    assert_int_equal(pthread_create(&t, NULL, flood_send, &fl), 0);
+    /* Wait until the server's intake stops moving (or everything went through). */
+    seen = -1;
+    for (int i = 0; i < 100; i++) {
+        usleep(100 * 1000);
+        pthread_mutex_lock(&f->mu);
+        before = seen;
+        seen = f->messages;
+        pthread_mutex_unlock(&f->mu);
+        if (seen == before || seen == 4000) {
+            break;
+        }
+    }
+    assert_true(seen > 0);
+    assert_true(seen < 1000);
+    assert_true(__atomic_load_n(&fl.sent, __ATOMIC_RELAXED) < 4000);
+    kp_rpc_stream_cancel(fl.s);
+    pthread_join(t, NULL);
+    kp_rpc_stream_destroy(fl.s);
+    kp_rpc_channel_destroy(ch);
+}
+
 /* Bytes that are not a message: INVALID_ARGUMENT from the wrapper, the callee sees nothing. */
 static void test_bad_input(void **state)
 {
@@ -352,6 +413,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_method, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stream, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unread_replies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_start_stop, setup, teardown),
     };

@@ -358,12 +358,62 @@ static void test_tick(void **unused)
     rec_fini(&r);
 }
 
+/* One worker, queue_max 7 (capacity 8): client "a" floods. Alone it gets half the capacity
+ * (4 in flight), then busy; "b" and "c" still get in, and a free worker takes the clients in
+ * turn: b's and c's items run right after the one running, before a's other three. */
+static void test_fair_keys(void **unused)
+{
+    struct kp_workq_opts o = { .workers = 1, .queue_max = 7 };
+    struct kp_workq *q = NULL;
+    struct rec r;
+    char err[256] = "";
+    int *extra = item(60);
+    int accepted_a = 0;
+
+    (void) unused;
+    rec_init(&r);
+    r.gate_open = false;
+    assert_int_equal(kp_workq_create(&o, &ops, &r, &q, err, sizeof(err)), 0);
+    assert_int_equal(kp_workq_submit_keyed(q, item(10), "a"), 0);
+    wait_running(&r, 1);
+    accepted_a = 1;
+    for (int i = 1; i < 8; i++) {
+        int *it = item(10 + i);
+
+        if (kp_workq_submit_keyed(q, it, "a") == 0) {
+            accepted_a++;
+        }
+        else {
+            free(it);
+        }
+    }
+    assert_int_equal(accepted_a, 4);
+    assert_int_equal(kp_workq_submit_keyed(q, item(20), "b"), 0);
+    assert_int_equal(kp_workq_submit_keyed(q, item(30), "c"), 0);
+    /* With b and c in, a's share is 8 / 4 = 2: a stays refused. */
+    assert_int_equal(kp_workq_submit_keyed(q, extra, "a"), -EBUSY);
+    open_gate(&r);
+    wait_ran(&r, 6);
+    kp_workq_destroy(q);
+    assert_int_equal(r.n_ran, 6);
+    assert_int_equal(r.ran[0], 10);
+    /* The ring was a (3 queued), b, c when the first item ended: a, then b, then c. */
+    assert_int_equal(r.ran[1], 11);
+    assert_int_equal(r.ran[2], 20);
+    assert_int_equal(r.ran[3], 30);
+    assert_int_equal(r.ran[4], 12);
+    assert_int_equal(r.ran[5], 13);
+    free(extra);
+    rec_fini(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_queue_busy), cmocka_unit_test(test_no_queue),
         cmocka_unit_test(test_stop_while_busy), cmocka_unit_test(test_init_failure),
         cmocka_unit_test(test_bad_opts),        cmocka_unit_test(test_tick),
+        cmocka_unit_test(test_fair_keys),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
