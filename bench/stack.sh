@@ -104,7 +104,7 @@ bench_secure_up() {
     chmod 600 "$t"/*.key
     "$collectord" --listen 127.0.0.1:0 --http-listen "" --pg-conninfo "$pg" --no-plaintext \
         --no-allow-anonymous --tls-cert "$t/server.pem" --tls-key "$t/server.key" \
-        --token-file "$t/tokens" --tls-client-ca "$t/ca.pem" \
+        --auth-tokens "$t/tokens" --tls-client-ca "$t/ca.pem" \
         --ready-file "$work/secure.ready" --log-level warn >"$work/collectord-secure.log" 2>&1 &
     spid=$!
     saddr=$(bench_wait_ready "$spid" "$work/secure.ready" "$work/collectord-secure.log" \

@@ -247,14 +247,14 @@ int kp_daemon_security(const struct kp_daemon_config *cfg, struct kp_auth **auth
     if (cfg->allow_anonymous) {
         if (tokens || certs) {
             snprintf(errbuf, errlen,
-                     "--allow-anonymous with --token-file or --tls-client-ca: drop one (with a "
+                     "--allow-anonymous with --auth-tokens or --tls-client-ca: drop one (with a "
                      "credential configured, every caller must bring one)");
             return KP_ECONFIG;
         }
         if (!local) {
             snprintf(errbuf, errlen,
                      "--allow-anonymous is refused on %s: it is allowed only on a loopback address "
-                     "or a unix socket; give --token-file or --tls-client-ca",
+                     "or a unix socket; give --auth-tokens or --tls-client-ca",
                      cfg->listen);
             return KP_ECONFIG;
         }
@@ -266,7 +266,7 @@ int kp_daemon_security(const struct kp_daemon_config *cfg, struct kp_auth **auth
     }
     if (!tokens && !certs) {
         snprintf(errbuf, errlen,
-                 "no authentication: give --token-file (bearer tokens) or --tls-client-ca (client "
+                 "no authentication: give --auth-tokens (bearer tokens) or --tls-client-ca (client "
                  "certificates), or --allow-anonymous on a loopback address");
         return KP_ECONFIG;
     }

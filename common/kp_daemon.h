@@ -49,7 +49,7 @@ struct kp_daemon_config {
     { "tls-client-ca", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.tls_client_ca),           \
       "PEM CA whose client certificates carry a role (SAN URI urn:kprof:ROLE:NAME)", NULL,       \
       false },                                                                                   \
-    { "token-file", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.token_file),                 \
+    { "auth-tokens", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.token_file),                \
       "bearer tokens, \"ROLE NAME TOKEN\" a line (mode 0600; re-read when it changes)", NULL,    \
       false },                                                                                   \
     { "plaintext", KP_CONFIG_BOOL, "false", 0, 0, offsetof(TYPE, base.plaintext),                \

@@ -136,7 +136,7 @@ class Pki:
         flags = ["--no-plaintext", "--no-allow-anonymous", "--tls-cert", self.server,
                  "--tls-key", self.server_key]
         if token_file:
-            flags += ["--token-file", token_file]
+            flags += ["--auth-tokens", token_file]
         if client_ca:
             flags += ["--tls-client-ca", self.ca]
         return flags

@@ -63,7 +63,7 @@ def main():
     env = dict(os.environ, KPROF_TOKEN_FILE=op_token)
     conninfo = kpfix.fresh_db(DB)
     coll = kpfix.Collectord("agent-credential-coll", conninfo,
-                            ["--no-allow-anonymous", "--token-file", tokens])
+                            ["--no-allow-anonymous", "--auth-tokens", tokens])
     addr = coll.grpc
     sock = os.path.join(DIR, "agent.sock")
     ready = os.path.join(DIR, "agent.ready")

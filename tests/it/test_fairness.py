@@ -40,7 +40,7 @@ def main():
     cd = kpfix.Collectord("it_fairness_cd", ci)  # creates the schema
     assert cd.stop() == 0, cd.log_text()
     an = Daemon("it_fairness_an", [ANALYZER, "--pg-conninfo", ci, "--workers", "1",
-                                   "--queue-max", "16", "--token-file", tokens,
+                                   "--queue-max", "16", "--auth-tokens", tokens,
                                    "--no-allow-anonymous"], preexec=None)
     lock = subprocess.Popen([kpfix.PSQL, ci, "-qtAX", "-v", "ON_ERROR_STOP=1"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -126,7 +126,7 @@ def against_tls_collectord(tmp):
     cd = kpfix.Collectord("it_kprofctl_creds", ci, [
         "--no-plaintext", "--no-allow-anonymous", "--tls-cert", os.path.join(pki, "server.pem"),
         "--tls-key", os.path.join(pki, "server.key"), "--tls-client-ca",
-        os.path.join(pki, "ca.pem"), "--token-file", tokens])
+        os.path.join(pki, "ca.pem"), "--auth-tokens", tokens])
     try:
         base = {"KPROF_COLLECTOR": cd.grpc, "KPROF_TLS_CA": os.path.join(pki, "ca.pem")}
         mtls = ["--tls-cert", os.path.join(pki, "viewer.pem"), "--tls-key",
