@@ -37,7 +37,8 @@ struct table {
 };
 
 struct kp_auth {
-    char *path; /* NULL: no token file */
+    char *path;     /* NULL: no token file */
+    bool text_only; /* the table came from kp_auth_create_text: never re-read */
     bool certs;
     pthread_mutex_t mu;
     struct table tab;
@@ -205,25 +206,14 @@ static void table_free(struct table *tab)
     tab->n = 0;
 }
 
-/* Reads and parses the file into *out. */
-static int table_load(const char *path, struct table *out, char *errbuf, size_t errlen)
+/* Parses buf (NUL-terminated, modified) into *out; path names it in messages. */
+static int table_parse(char *buf, const char *path, struct table *out, char *errbuf, size_t errlen)
 {
-    char *buf = malloc(FILE_MAX);
     struct table tab = { 0 };
     char *line, *next;
     size_t lineno = 0, cap = 0;
-    long n;
     int rc = 0;
 
-    if (buf == NULL) {
-        snprintf(errbuf, errlen, "out of memory");
-        return -ENOMEM;
-    }
-    if ((n = kp_secret_file_read(path, "the token file", true, buf, FILE_MAX, errbuf, errlen)) <
-        0) {
-        free(buf);
-        return (int) n;
-    }
     /* line by line, blank ones counted, so that an error names the line an editor shows */
     for (line = buf; line != NULL; line = next) {
         struct token t;
@@ -278,8 +268,6 @@ static int table_load(const char *path, struct table *out, char *errbuf, size_t 
         tab.t[tab.n++] = t;
         explicit_bzero(&t, sizeof(t));
     }
-    explicit_bzero(buf, FILE_MAX);
-    free(buf);
     if (rc == 0 && tab.n == 0) {
         snprintf(errbuf, errlen, "the token file %s holds no token (ROLE NAME TOKEN a line)", path);
         rc = KP_ECONFIG;
@@ -289,6 +277,56 @@ static int table_load(const char *path, struct table *out, char *errbuf, size_t 
         return rc;
     }
     *out = tab;
+    return 0;
+}
+
+/* Reads and parses the file into *out. */
+static int table_load(const char *path, struct table *out, char *errbuf, size_t errlen)
+{
+    char *buf = malloc(FILE_MAX);
+    long n;
+    int rc;
+
+    if (buf == NULL) {
+        snprintf(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    if ((n = kp_secret_file_read(path, "the token file", true, buf, FILE_MAX, errbuf, errlen)) <
+        0) {
+        free(buf);
+        return (int) n;
+    }
+    rc = table_parse(buf, path, out, errbuf, errlen);
+    explicit_bzero(buf, FILE_MAX);
+    free(buf);
+    return rc;
+}
+
+int kp_auth_create_text(const char *text, size_t len, bool certs, struct kp_auth **out,
+                        char *errbuf, size_t errlen)
+{
+    struct kp_auth *a;
+    char *buf;
+    int rc;
+
+    if ((a = calloc(1, sizeof(*a))) == NULL || (buf = malloc(len + 1)) == NULL) {
+        free(a);
+        snprintf(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    memcpy(buf, text, len);
+    buf[len] = '\0';
+    pthread_mutex_init(&a->mu, NULL);
+    a->certs = certs;
+    a->text_only = true;
+    rc = table_parse(buf, "(text)", &a->tab, errbuf, errlen);
+    explicit_bzero(buf, len + 1);
+    free(buf);
+    if (rc != 0) {
+        kp_auth_destroy(a);
+        return rc;
+    }
+    *out = a;
     return 0;
 }
 
@@ -451,7 +489,7 @@ enum kp_auth_result kp_auth_check(struct kp_auth *a, const char *authz, size_t l
     enum kp_auth_result best = KP_AUTH_MISSING;
 
     if (authz != NULL) {
-        if (a->path == NULL) {
+        if (a->path == NULL && !a->text_only) {
             return KP_AUTH_UNKNOWN; /* this daemon takes certificates only */
         }
         return check_token(a, authz, len, id);

@@ -66,6 +66,11 @@ struct kp_auth;
 int kp_auth_create(const char *token_file, bool certs, struct kp_auth **out, char *errbuf,
                    size_t errlen);
 
+/* A checker over a token table given as text (len bytes, copied; never re-read), for tests
+ * and the fuzz target. Returns as kp_auth_create, with "(text)" for the file's path. */
+int kp_auth_create_text(const char *text, size_t len, bool certs, struct kp_auth **out,
+                        char *errbuf, size_t errlen);
+
 /* Frees a. Accepts NULL. */
 void kp_auth_destroy(struct kp_auth *a);
 
