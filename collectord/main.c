@@ -114,7 +114,8 @@ static int applied_versions(PGconn *c, bool *have, char *errbuf, size_t errlen)
 
 /*
  * --migrate: connects with the configured conninfo (and password file), applies the pending
- * migrations (kp_pg_migrate), prints each one applied and the schema version to stdout.
+ * migrations (kp_pg_migrate_if_owner: a user that may not gets its message), prints each one
+ * applied and the schema version to stdout.
  * Returns main's exit status: 0, or 1 with the reason on stderr.
  */
 static int migrate(const struct kp_collectord_config *cfg)
@@ -139,7 +140,7 @@ static int migrate(const struct kp_collectord_config *cfg)
         free(before);
         return 1;
     }
-    if ((rc = kp_pg_migrate(c, err, sizeof(err))) < 0) {
+    if ((rc = kp_pg_migrate_if_owner(c, err, sizeof(err))) < 0) {
         bool denied = strcmp(kp_pg_last_sqlstate(), "42501") == 0;
 
         fprintf(stderr, "kprof-collectord: --migrate as user %s: %s%s\n", PQuser(c), err,
