@@ -14,8 +14,8 @@
 
 #include "an.h"
 #include "export_rpc.h"
-#include "kp_clock.h"
 #include "kp_auth.h"
+#include "kp_clock.h"
 #include "kp_daemon.h"
 #include "kp_err.h"
 #include "kp_http.h"
@@ -84,7 +84,7 @@ struct kp_analyzer {
     struct kp_rpc_server *server;
     struct kp_http *http;
     struct kp_auth *auth; /* NULL: --allow-anonymous */
-    struct kp_workq *q; /* the workers, each with a struct worker */
+    struct kp_workq *q;   /* the workers, each with a struct worker */
 
     pthread_mutex_t mu; /* last_reject_log_ns */
     long long last_reject_log_ns;

@@ -1,5 +1,5 @@
 /* kp_auth: bearer tokens and certificate roles (see kp_auth.h). */
-#define _GNU_SOURCE /* timegm */
+#define _GNU_SOURCE   /* timegm */
 #define KP_LOG_MODULE "auth"
 #include "kp_auth.h"
 
@@ -16,12 +16,12 @@
 #include "kp_log.h"
 #include "kp_secret.h"
 
-#define TOKEN_MIN      16
-#define TOKEN_MAX      256
-#define FILE_MAX       (256u << 10)
-#define RECHECK_NS     1000000000LL
-#define URI_PREFIX     "urn:kprof:"
-#define BEARER         "Bearer "
+#define TOKEN_MIN  16
+#define TOKEN_MAX  256
+#define FILE_MAX   (256u << 10)
+#define RECHECK_NS 1000000000LL
+#define URI_PREFIX "urn:kprof:"
+#define BEARER     "Bearer "
 
 struct token {
     unsigned role;

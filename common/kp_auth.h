@@ -41,17 +41,17 @@ enum kp_role {
 
 /* An authenticated caller. */
 struct kp_identity {
-    unsigned role;                /* one KP_ROLE_*, or KP_ROLES_ALL where authentication is off */
-    char name[KP_AUTH_NAME_MAX];  /* the token's or the certificate's NAME; "anonymous" */
-    const char *via;              /* "token", "certificate" or "none" (static) */
+    unsigned role;               /* one KP_ROLE_*, or KP_ROLES_ALL where authentication is off */
+    char name[KP_AUTH_NAME_MAX]; /* the token's or the certificate's NAME; "anonymous" */
+    const char *via;             /* "token", "certificate" or "none" (static) */
 };
 
 /* Why a credential was refused (the caller's status is UNAUTHENTICATED either way). */
 enum kp_auth_result {
     KP_AUTH_OK = 0,
-    KP_AUTH_MISSING, /* no token and no certificate with a kprof role */
-    KP_AUTH_UNKNOWN, /* a token that is not in the file (wrong, or rotated out) */
-    KP_AUTH_EXPIRED, /* a token past its expires= */
+    KP_AUTH_MISSING,   /* no token and no certificate with a kprof role */
+    KP_AUTH_UNKNOWN,   /* a token that is not in the file (wrong, or rotated out) */
+    KP_AUTH_EXPIRED,   /* a token past its expires= */
     KP_AUTH_MALFORMED, /* an authorization header that is not "Bearer TOKEN", or a bad URI */
 };
 

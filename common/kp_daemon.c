@@ -158,8 +158,8 @@ int kp_daemon_ready_write(const char *ready_file, const char *key, const char *v
 
 bool kp_daemon_listen_is_local(const char *listen)
 {
-    static const char *const local[] = { "unix:", "unix-abstract:", "127.", "[::1]:",
-                                         "localhost:", "ipv4:127.", "ipv6:[::1]:" };
+    static const char *const local[] = { "unix:",      "unix-abstract:", "127.",       "[::1]:",
+                                         "localhost:", "ipv4:127.",      "ipv6:[::1]:" };
 
     if (listen == NULL) {
         return false;

@@ -38,25 +38,25 @@ struct kp_daemon_config {
 
 /* The config rows (struct kp_config_def) of the settings above that secure a daemon, for a
  * config struct TYPE whose member base is its struct kp_daemon_config. */
+/* One row a line reads better than the formatter's one field a line. */
+/* clang-format off */
 #define KP_DAEMON_SECURITY_CONFIG(TYPE)                                                          \
     { "tls-cert", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.tls_cert),                     \
       "PEM certificate chain: serve gRPC over TLS (with --tls-key)", NULL, false },              \
-        { "tls-key", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.tls_key),                   \
-          "PEM private key of --tls-cert (mode 0600)", NULL, true },                             \
-        { "tls-client-ca", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.tls_client_ca),       \
-          "PEM CA whose client certificates carry a role (SAN URI urn:kprof:ROLE:NAME)", NULL,   \
-          false },                                                                               \
-        { "token-file", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.token_file),             \
-          "bearer tokens, \"ROLE NAME TOKEN\" a line (mode 0600; re-read when it changes)",      \
-          NULL, false },                                                                         \
-        { "plaintext", KP_CONFIG_BOOL, "false", 0, 0, offsetof(TYPE, base.plaintext),            \
-          "serve gRPC without TLS: only on a loopback address or a unix socket", NULL, false },  \
-    {                                                                                            \
-        "allow-anonymous", KP_CONFIG_BOOL, "false", 0, 0, offsetof(TYPE, base.allow_anonymous),  \
-            "take calls without a credential, in every role: only on a loopback address or a "   \
-            "unix socket (every local user gets in)",                                            \
-            NULL, false                                                                          \
-    }
+    { "tls-key", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.tls_key),                       \
+      "PEM private key of --tls-cert (mode 0600)", NULL, true },                                 \
+    { "tls-client-ca", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.tls_client_ca),           \
+      "PEM CA whose client certificates carry a role (SAN URI urn:kprof:ROLE:NAME)", NULL,       \
+      false },                                                                                   \
+    { "token-file", KP_CONFIG_STRING, "", 0, 0, offsetof(TYPE, base.token_file),                 \
+      "bearer tokens, \"ROLE NAME TOKEN\" a line (mode 0600; re-read when it changes)", NULL,    \
+      false },                                                                                   \
+    { "plaintext", KP_CONFIG_BOOL, "false", 0, 0, offsetof(TYPE, base.plaintext),                \
+      "serve gRPC without TLS: only on a loopback address or a unix socket", NULL, false },      \
+    { "allow-anonymous", KP_CONFIG_BOOL, "false", 0, 0, offsetof(TYPE, base.allow_anonymous),    \
+      "take calls without a credential, in every role: only on a loopback address or a unix "    \
+      "socket (every local user gets in)", NULL, false }
+/* clang-format on */
 
 struct kp_auth;
 

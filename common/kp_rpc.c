@@ -26,6 +26,7 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
+#include <grpc/support/log.h>
 #include <grpc/support/time.h>
 
 #include "kp_clock.h"
@@ -523,6 +524,31 @@ static void maybe_closed(struct kp_rpc_call *c)
     kp_rpc_call_unref(c); /* the live reference */
 }
 
+/* gRPC's own messages (a failed TLS handshake, a refused connection) go to kprof's log, in its
+ * format and under its level, instead of gRPC's "E1126 ..." lines on stderr. */
+static void grpc_log_cb(gpr_log_func_args *a)
+{
+    enum kp_log_level level = a->severity == GPR_LOG_SEVERITY_ERROR  ? KP_LOG_WARN
+                              : a->severity == GPR_LOG_SEVERITY_INFO ? KP_LOG_INFO
+                                                                     : KP_LOG_DEBUG;
+
+    kp_log_write(level, "grpc", "%s", a->message);
+}
+
+static void grpc_log_route(void)
+{
+    gpr_set_log_function(grpc_log_cb);
+}
+
+static pthread_once_t grpc_log_once = PTHREAD_ONCE_INIT;
+
+/* grpc_init, with gRPC's log routed into kprof's on the first call. */
+static void rpc_init(void)
+{
+    pthread_once(&grpc_log_once, grpc_log_route);
+    grpc_init();
+}
+
 const struct kp_identity *kp_rpc_call_identity(const struct kp_rpc_call *c)
 {
     return &c->id;
@@ -571,7 +597,8 @@ static size_t peer_uris(grpc_call *call, char buf[][256], const char **uris, siz
     }
     if (grpc_auth_context_peer_is_authenticated(ctx)) {
         for (size_t k = 0; k < 2; k++) {
-            grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ctx, props[k]);
+            grpc_auth_property_iterator it =
+                grpc_auth_context_find_properties_by_name(ctx, props[k]);
             const grpc_auth_property *p;
 
             while ((p = grpc_auth_property_iterator_next(&it)) != NULL && n < max) {
@@ -629,12 +656,12 @@ static bool call_admit(struct kp_rpc_server *s, struct kp_rpc_call *c, const cha
                  c->id.name);
         refused_log(s, c, path, GRPC_STATUS_PERMISSION_DENIED, why);
         snprintf(details, sizeof(details),
-                 "%s may not call %s as %s; ask for a token with the %s role",
-                 c->id.name, path, kp_auth_role_name(c->id.role),
-                 (c->m->roles & KP_ROLE_VIEWER) != 0 ? "viewer"
+                 "%s may not call %s as %s; ask for a token with the %s role", c->id.name, path,
+                 kp_auth_role_name(c->id.role),
+                 (c->m->roles & KP_ROLE_VIEWER) != 0     ? "viewer"
                  : (c->m->roles & KP_ROLE_OPERATOR) != 0 ? "operator"
                  : (c->m->roles & KP_ROLE_AGENT) != 0    ? "agent"
-                                                        : "(none)");
+                                                         : "(none)");
         kp_rpc_call_finish(c, GRPC_STATUS_PERMISSION_DENIED, details);
         return false;
     }
@@ -886,8 +913,10 @@ static grpc_server_credentials *server_creds(const struct kp_rpc_server_opts *o,
 
     if (o->tls_cert_file == NULL || o->tls_cert_file[0] == '\0') {
         if (mtls) {
-            snprintf(errbuf, errlen, "client certificates (%s) need TLS: give the server's "
-                     "certificate and key too", o->tls_client_ca_file);
+            snprintf(errbuf, errlen,
+                     "client certificates (%s) need TLS: give the server's "
+                     "certificate and key too",
+                     o->tls_client_ca_file);
             return NULL;
         }
         return grpc_insecure_server_credentials_create();
@@ -901,11 +930,11 @@ static grpc_server_credentials *server_creds(const struct kp_rpc_server_opts *o,
     pair.private_key = key;
     /* With a client CA, a client certificate is verified when one is offered; a client without
      * one still connects and must then bring a token (kp_auth). */
-    creds = grpc_ssl_server_credentials_create_ex(
-        client_ca, &pair, 1,
-        mtls ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
-             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-        NULL);
+    creds =
+        grpc_ssl_server_credentials_create_ex(client_ca, &pair, 1,
+                                              mtls ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY
+                                                   : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+                                              NULL);
     if (creds == NULL) {
         snprintf(errbuf, errlen, "TLS credentials from %s and %s are not usable", o->tls_cert_file,
                  o->tls_key_file);
@@ -933,7 +962,7 @@ int kp_rpc_server_create(const struct kp_rpc_server_opts *opts, const struct kp_
         snprintf(errbuf, errlen, "out of memory");
         return -ENOMEM;
     }
-    grpc_init();
+    rpc_init();
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cond, NULL);
     s->methods = methods;
@@ -1111,8 +1140,8 @@ static int channel_token(struct kp_rpc_channel *c, const struct kp_rpc_channel_o
     if (opts == NULL || opts->token_file == NULL || opts->token_file[0] == '\0') {
         return 0;
     }
-    if ((n = kp_secret_file_line(opts->token_file, "the token file", true, buf, sizeof(buf),
-                                 errbuf, errlen)) < 0) {
+    if ((n = kp_secret_file_line(opts->token_file, "the token file", true, buf, sizeof(buf), errbuf,
+                                 errlen)) < 0) {
         return (int) n;
     }
     snprintf(hdr, sizeof(hdr), "Bearer %s", buf);
@@ -1152,7 +1181,7 @@ int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *
         snprintf(errbuf, errlen, "out of memory");
         return -ENOMEM;
     }
-    grpc_init();
+    rpc_init();
     if ((rc = channel_token(c, opts, errbuf, errlen)) != 0) {
         free(c);
         grpc_shutdown();
@@ -1164,8 +1193,8 @@ int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *
 
         if ((ca = read_file(opts->tls_ca_file, errbuf, errlen)) == NULL ||
             (mtls && ((cert = read_file(opts->tls_cert_file, errbuf, errlen)) == NULL ||
-                      (key = read_file(opts->tls_key_file != NULL ? opts->tls_key_file : "",
-                                       errbuf, errlen)) == NULL))) {
+                      (key = read_file(opts->tls_key_file != NULL ? opts->tls_key_file : "", errbuf,
+                                       errlen)) == NULL))) {
             free(ca);
             free(cert);
             free(key);

@@ -7,7 +7,7 @@ pkgs=(
   build-essential cmake pkg-config git
   clang libclang-rt-14-dev clang-format clang-tidy
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
-  python3 python3-grpcio python3-protobuf
+  python3 python3-grpcio python3-protobuf openssl
   libpq-dev postgresql postgresql-client
   libcmocka-dev librdkafka-dev zlib1g-dev
 )
