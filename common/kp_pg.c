@@ -580,11 +580,12 @@ int kp_pg_migrate_if_owner(PGconn *c, char *errbuf, size_t errlen)
         "coalesce(CASE WHEN to_regclass('kp_schema_migrations') IS NULL "
         "THEN has_schema_privilege(current_schema(), 'CREATE') "
         "ELSE pg_has_role((SELECT relowner FROM pg_class "
-        "WHERE oid = to_regclass('kp_schema_migrations')), 'USAGE') END, false)";
+        "WHERE oid = to_regclass('kp_schema_migrations')), 'USAGE') END, false), "
+        "coalesce(has_table_privilege(to_regclass('kp_schema_migrations'), 'SELECT'), false)";
     int known = kp_pg_schema_version();
     long long current = 0, have = 0;
     PGresult *res = NULL;
-    bool exists, may;
+    bool exists, may, readable;
     char versions[1024];
     const char *params[1] = { versions };
     size_t o = 0;
@@ -598,7 +599,16 @@ int kp_pg_migrate_if_owner(PGconn *c, char *errbuf, size_t errlen)
     }
     exists = PQgetvalue(res, 0, 0)[0] == 't';
     may = PQgetvalue(res, 0, 1)[0] == 't';
+    readable = PQgetvalue(res, 0, 2)[0] == 't';
     PQclear(res);
+    if (exists && !readable) {
+        /* A user in none of kprof's roles, or a database from before them (migration 0012). */
+        snprintf(errbuf, errlen,
+                 "user %s may not read kp_schema_migrations: run kprof-collectord --migrate as the "
+                 "database owner, and connect as a member of kprof_writer",
+                 PQuser(c));
+        return KP_ESCHEMA;
+    }
     if (exists) {
         /* The embedded versions as an array literal: pending means one of them is missing
          * (versions may have gaps, and one may come later than a higher one). */

@@ -11,7 +11,8 @@ real login users that authenticate with scram-sha-256 passwords:
      go through the owner's functions), and kprof-analyzer as the reader answers a breakdown;
   6. with a migration pending, kprof-collectord as the writer refuses to start, saying the
      schema's version, the one it needs and to run --migrate as the owner; --migrate as the
-     writer fails the same way; --migrate as the owner applies it, and the writer starts;
+     writer fails the same way; --migrate as the owner applies it, and the writer starts; a
+     login in none of the roles is told to run --migrate and to join kprof_writer;
   7. no trust: the test cluster's and kprof-stack's pg_hba.conf have no trust line, their
      sockets are not reachable by others (0770), a login without its password is refused, and
      kprof-stack's daemons connect over TCP with the generated 0600 password files."""
@@ -37,7 +38,7 @@ PG_ARGS = dict(p.split("=", 1) for p in kpfix.PG.split())
 PG_DIR, PG_PORT = PG_ARGS["host"], PG_ARGS["port"]
 # Login users of this test (cluster-wide: dropped at the start and the end).
 USERS = {"owner": "kprof_t_owner", "writer": "kprof_t_writer", "reader": "kprof_t_reader",
-         "dash": "kprof_t_dash"}
+         "dash": "kprof_t_dash", "nobody": "kprof_t_nobody"}
 GROUPS = {"writer": "kprof_writer", "reader": "kprof_reader", "dash": "kprof_dashboard"}
 DENIED = ("permission denied", "must be owner")
 
@@ -203,6 +204,14 @@ def test_pending(pwfiles):
                           ["--pg-password-file", pwfiles["writer"]])
     rc = cd.stop()
     assert rc == 0, cd.log_text()
+    # a login in none of the roles: told what to do, not just "permission denied"
+    p = subprocess.run([COLLECTORD, "--listen", "127.0.0.1:0", "--http-listen", "",
+                        "--pg-conninfo", conninfo("nobody"), "--pg-password-file",
+                        pwfiles["nobody"]], capture_output=True, text=True,
+                       timeout=60 * kpfix.SCALE)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert "may not read kp_schema_migrations: run kprof-collectord --migrate as the database " \
+        "owner, and connect as a member of kprof_writer" in p.stderr, p.stderr
     print("pending migration: the writer refuses (%r), --migrate as the owner applies %s" %
           (want, name))
 
@@ -281,6 +290,8 @@ def main():
             for who, group in GROUPS.items():
                 kpfix.psql("CREATE ROLE %s LOGIN PASSWORD '%s' IN ROLE %s" %
                            (USERS[who], pw[who], group), db="postgres")
+            kpfix.psql("CREATE ROLE %s LOGIN PASSWORD '%s'" % (USERS["nobody"], pw["nobody"]),
+                       db="postgres")
             # a login without its password is refused (scram-sha-256, not trust)
             empty = os.path.join(tmp, "empty")
             open(empty, "w").close()
