@@ -583,7 +583,8 @@ int kp_pg_migrate_if_owner(PGconn *c, char *errbuf, size_t errlen)
         "WHERE oid = to_regclass('kp_schema_migrations')), 'USAGE') END, false), "
         "coalesce(has_table_privilege(to_regclass('kp_schema_migrations'), 'SELECT'), false)";
     int known = kp_pg_schema_version();
-    long long current = 0, have = 0;
+    long long current = 0, have = 0, missing = 0;
+    const char *missing_name = "all of them";
     PGresult *res = NULL;
     bool exists, may, readable;
     char versions[1024];
@@ -624,7 +625,9 @@ int kp_pg_migrate_if_owner(PGconn *c, char *errbuf, size_t errlen)
         snprintf(versions + o, sizeof(versions) - o, "}");
         if ((rc = kp_pg_query(c,
                               "SELECT coalesce(max(version), 0), "
-                              "count(*) FILTER (WHERE version = ANY($1::integer[])) "
+                              "count(*) FILTER (WHERE version = ANY($1::integer[])), "
+                              "(SELECT min(v) FROM unnest($1::integer[]) v WHERE NOT EXISTS "
+                              "(SELECT FROM kp_schema_migrations m WHERE m.version = v)) "
                               "FROM kp_schema_migrations",
                               1, params, &res, err, sizeof(err))) != 0) {
             snprintf(errbuf, errlen, "schema migrations table: %s", err);
@@ -632,6 +635,7 @@ int kp_pg_migrate_if_owner(PGconn *c, char *errbuf, size_t errlen)
         }
         current = kp_pg_i64(res, 0, 0, 0);
         have = kp_pg_i64(res, 0, 1, 0);
+        missing = kp_pg_i64(res, 0, 2, 0);
         PQclear(res);
         if (current > known) {
             snprintf(errbuf, errlen,
@@ -647,10 +651,17 @@ int kp_pg_migrate_if_owner(PGconn *c, char *errbuf, size_t errlen)
     if (may) {
         return kp_pg_migrate(c, errbuf, errlen);
     }
+    /* The first one missing: with versions out of order (a lower one merged later), the
+     * schema can be "at" the binary's version and still lack one. */
+    for (size_t i = 0; i < kp_migrations_count; i++) {
+        if (kp_migrations[i].version == missing) {
+            missing_name = kp_migrations[i].name;
+        }
+    }
     snprintf(errbuf, errlen,
              "the schema is at version %lld, this binary needs %d: run kprof-collectord --migrate "
-             "as the database owner (user %s may not change the schema)",
-             current, known, PQuser(c));
+             "as the database owner (user %s may not change the schema; missing: %s)",
+             current, known, PQuser(c), missing_name);
     return KP_ESCHEMA;
 }
 

@@ -193,7 +193,7 @@ def test_pending(pwfiles):
                         pwfiles["writer"]], capture_output=True, text=True,
                        timeout=60 * kpfix.SCALE)
     assert p.returncode == 1, (p.returncode, p.stderr)
-    assert want in p.stderr, p.stderr
+    assert want in p.stderr and "missing: %s)" % name in p.stderr, p.stderr
     p = migrate("writer", pwfiles)
     assert p.returncode == 1 and want in p.stderr, (p.returncode, p.stderr)
     p = migrate("owner", pwfiles)
