@@ -8,9 +8,16 @@
 # bench_analyzer_up (after it; needs analyzer, the kprof-analyzer binary) starts a throwaway
 # kprof-analyzer on pg, stopped by pid at exit, and sets an_addr and an_pid. Its cache is off
 # (--cache-bytes 0) and it has no row limit (--max-rows 0), so that every timed call computes.
+# bench_secure_up (after bench_stack_up, on a throwaway stack only) makes a CA, a server
+# certificate for 127.0.0.1, an agent's client certificate (urn:kprof:agent:bench-node) and an
+# agent token with the openssl CLI in $work/tls, starts a second kprof-collectord on pg that
+# serves TLS and takes only those credentials (--no-plaintext --no-allow-anonymous), stopped by
+# pid at exit, and sets saddr (its address) and the arrays sec_token and sec_mtls (the
+# kprof-loadgen flags of the token over TLS, and of the client certificate).
 
 cpid=
 apid=
+spid=
 started_pg=0
 bench_stack_cleanup() {
     if [ -n "$apid" ]; then
@@ -20,6 +27,10 @@ bench_stack_cleanup() {
     if [ -n "$cpid" ]; then
         kill -TERM "$cpid" 2>/dev/null || true
         wait "$cpid" 2>/dev/null || true
+    fi
+    if [ -n "$spid" ]; then
+        kill -TERM "$spid" 2>/dev/null || true
+        wait "$spid" 2>/dev/null || true
     fi
     if [ "$started_pg" = 1 ]; then
         "$root/tests/it/pgfix.sh" stop "$pgdir" "$pgport" >/dev/null 2>&1 || true
@@ -47,13 +58,7 @@ bench_stack_up() {
     "$collectord" --listen 127.0.0.1:0 --http-listen "" --pg-conninfo "$pg" --plaintext --allow-anonymous \
         --ready-file "$work/ready" --log-level warn >"$work/collectord.log" 2>&1 &
     cpid=$!
-    for _ in $(seq 1 300); do
-        [ -s "$work/ready" ] && grep -q '^grpc=' "$work/ready" && break
-        kill -0 "$cpid" 2>/dev/null || { cat "$work/collectord.log" >&2; die "collectord exited"; }
-        sleep 0.1
-    done
-    grep -q '^grpc=' "$work/ready" 2>/dev/null || die "collectord did not get ready in 30 s"
-    addr=$(sed -n 's/^grpc=//p' "$work/ready")
+    addr=$(bench_wait_ready "$cpid" "$work/ready" "$work/collectord.log" collectord)
 }
 
 bench_analyzer_up() {
@@ -62,14 +67,48 @@ bench_analyzer_up() {
         --max-rows 0 --workers 1 --ready-file "$work/analyzer.ready" --log-level warn \
         >"$work/analyzer.log" 2>&1 &
     apid=$!
+    an_addr=$(bench_wait_ready "$apid" "$work/analyzer.ready" "$work/analyzer.log" kprof-analyzer)
+    an_pid=$apid
+}
+
+# Waits for a daemon's ready file (pid, ready file, log, name) and prints its gRPC address.
+bench_wait_ready() {
     for _ in $(seq 1 300); do
-        [ -s "$work/analyzer.ready" ] && grep -q '^grpc=' "$work/analyzer.ready" && break
-        kill -0 "$apid" 2>/dev/null ||
-            { cat "$work/analyzer.log" >&2; die "kprof-analyzer exited"; }
+        [ -s "$2" ] && grep -q '^grpc=' "$2" && break
+        kill -0 "$1" 2>/dev/null || { cat "$3" >&2; die "$4 exited"; }
         sleep 0.1
     done
-    grep -q '^grpc=' "$work/analyzer.ready" 2>/dev/null ||
-        die "kprof-analyzer did not get ready in 30 s"
-    an_addr=$(sed -n 's/^grpc=//p' "$work/analyzer.ready")
-    an_pid=$apid
+    grep -q '^grpc=' "$2" 2>/dev/null || die "$4 did not get ready in 30 s"
+    sed -n 's/^grpc=//p' "$2"
+}
+
+bench_secure_up() {
+    local t=$work/tls ec=(-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes)
+    [ "$started_pg" = 1 ] || die "the secured variant needs the throwaway stack (unset KPROF_BENCH_PG)"
+    command -v openssl >/dev/null || die "openssl (the CLI) is needed for the secured variant"
+    mkdir -m 700 "$t"
+    {
+        openssl req -x509 "${ec[@]}" -keyout "$t/ca.key" -out "$t/ca.pem" -days 2 \
+            -subj /CN=kprof-bench-ca &&
+            openssl req "${ec[@]}" -keyout "$t/server.key" -out "$t/server.csr" -subj /CN=localhost &&
+            printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >"$t/server.ext" &&
+            openssl x509 -req -in "$t/server.csr" -CA "$t/ca.pem" -CAkey "$t/ca.key" \
+                -CAcreateserial -out "$t/server.pem" -days 2 -extfile "$t/server.ext" &&
+            openssl req "${ec[@]}" -keyout "$t/agent.key" -out "$t/agent.csr" -subj /CN=bench-node &&
+            printf 'subjectAltName=URI:urn:kprof:agent:bench-node\n' >"$t/agent.ext" &&
+            openssl x509 -req -in "$t/agent.csr" -CA "$t/ca.pem" -CAkey "$t/ca.key" \
+                -CAcreateserial -out "$t/agent.pem" -days 2 -extfile "$t/agent.ext" &&
+            (umask 077 && openssl rand -hex 24 >"$t/agent.token") &&
+            (umask 077 && printf 'agent bench-node %s\n' "$(cat "$t/agent.token")" >"$t/tokens")
+    } >"$t/openssl.log" 2>&1 || { cat "$t/openssl.log" >&2; die "openssl could not make the certificates"; }
+    chmod 600 "$t"/*.key
+    "$collectord" --listen 127.0.0.1:0 --http-listen "" --pg-conninfo "$pg" --no-plaintext \
+        --no-allow-anonymous --tls-cert "$t/server.pem" --tls-key "$t/server.key" \
+        --token-file "$t/tokens" --tls-client-ca "$t/ca.pem" \
+        --ready-file "$work/secure.ready" --log-level warn >"$work/collectord-secure.log" 2>&1 &
+    spid=$!
+    saddr=$(bench_wait_ready "$spid" "$work/secure.ready" "$work/collectord-secure.log" \
+        "the secured collectord")
+    sec_token=(--tls-ca "$t/ca.pem" --token-file "$t/agent.token")
+    sec_mtls=(--tls-ca "$t/ca.pem" --tls-cert "$t/agent.pem" --tls-key "$t/agent.key")
 }

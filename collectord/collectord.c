@@ -53,7 +53,9 @@ static int metrics(void *ud, struct kp_strbuf *out)
     struct kp_collectord *d = ud;
     struct kp_sink_stats ss;
     struct kp_ingest_stats is;
+    struct kp_coord_stats cs;
 
+    kp_coord_get_stats(d->coord, &cs);
     kp_sink_get_stats(d->sink, &ss);
     kp_ingest_get_stats(d->ingest, &is);
 #define COUNTER(name, help, v)                                                                   \
@@ -72,6 +74,15 @@ static int metrics(void *ud, struct kp_strbuf *out)
     COUNTER("bytes_received_total", "Encoded batch bytes received.", is.bytes_received);
     COUNTER("stream_pauses_total", "Times a stream stopped reading because the queue was full.",
             is.pauses);
+    COUNTER("batches_refused_total",
+            "Batches refused PERMISSION_DENIED: a run or rank the caller may not push to.",
+            is.batches_refused);
+    COUNTER("attach_refused_total",
+            "Agent reports refused: a host or agent id that is not the caller's.",
+            cs.attach_refused);
+    COUNTER("foreign_rank_reports_total",
+            "Rank states an agent reported for ranks it does not host (ignored).",
+            cs.foreign_reports);
     COUNTER("batches_committed_total", "Batches committed to PostgreSQL.", ss.batches_committed);
     COUNTER("batches_duplicate_total", "Repeated batches recognised and skipped.",
             ss.batches_duplicate);

@@ -29,6 +29,7 @@
 #define KP_CONTROL_TICK_MS   100
 #define KP_CONTROL_REAP_MS   5000 /* how often open runs are checked against their deadline */
 #define KP_CONTROL_MAX_LIVE  4096 /* live runs named in the check; more: no check that time */
+#define KP_CONTROL_LOOKUPS   64   /* run owner lookups queued for ingest at most */
 
 enum job_type {
     JOB_CREATE,
@@ -37,12 +38,14 @@ enum job_type {
     JOB_DROP,
     JOB_START,
     JOB_STATUS,
+    JOB_LOOKUP, /* who may push into a run, for ingest (kp_ingest_set_lookup) */
 };
 
 struct job {
     enum job_type type;
-    struct kp_rpc_call *call; /* a reference */
-    ProtobufCMessage *req;    /* owned */
+    struct kp_rpc_call *call; /* a reference; NULL for JOB_LOOKUP */
+    ProtobufCMessage *req;    /* owned; NULL for JOB_LOOKUP */
+    uint64_t run_id;          /* JOB_LOOKUP's */
 };
 
 struct kp_control {
@@ -57,12 +60,17 @@ struct kp_control {
     struct kp_ingest *ingest;
     long long open_run_timeout_ms;
     long long last_reap_ms;
+    int lookups; /* JOB_LOOKUPs queued, under mu */
 };
 
 static void job_free(struct job *j)
 {
-    protobuf_c_message_free_unpacked(j->req, NULL);
-    kp_rpc_call_unref(j->call);
+    if (j->req != NULL) {
+        protobuf_c_message_free_unpacked(j->req, NULL);
+    }
+    if (j->call != NULL) {
+        kp_rpc_call_unref(j->call);
+    }
     free(j);
 }
 
@@ -120,9 +128,38 @@ static grpc_status_code status_of(int rc)
         return GRPC_STATUS_INVALID_ARGUMENT;
     case -EBUSY:
         return GRPC_STATUS_FAILED_PRECONDITION;
+    case -EPERM:
+        return GRPC_STATUS_PERMISSION_DENIED;
     default:
         return GRPC_STATUS_UNAVAILABLE;
     }
+}
+
+/* EndRun by an agent: only a run it created (docs/design.md "Authorization"). Returns 0, or
+ * -EPERM, KP_ENOTFOUND or the store's code with the reason in err. */
+static int end_allowed(PGconn *pg, struct kp_rpc_call *call, uint64_t run_id, char *err, size_t len)
+{
+    const struct kp_identity *id = kp_rpc_call_identity(call);
+    struct kp_store_run_owner o = { 0 };
+    char me[KP_STORE_PRINCIPAL_MAX];
+    int rc;
+
+    if (id->role != KP_ROLE_AGENT) {
+        return 0; /* an operator ends any run; without authentication every caller may */
+    }
+    kp_store_principal(id, me, sizeof(me));
+    rc = kp_store_run_owner(pg, run_id, &o, err, len);
+    if (rc == 0 && (o.capture || strcmp(o.created_by, me) != 0)) {
+        snprintf(err, len,
+                 "%s may not end run %" PRIu64 ": an agent ends only the runs it created "
+                 "(a capture ends when its ranks are done, or with kprofctl stop)",
+                 me, run_id);
+        kp_log_warn("EndRun refused status=PERMISSION_DENIED identity=%s peer=%s run=%" PRIu64, me,
+                    kp_rpc_call_peer(call), run_id);
+        rc = -EPERM;
+    }
+    kp_store_run_owner_fini(&o);
+    return rc;
 }
 
 /* CreateRun's checks before PostgreSQL. Returns true, or false with the reason in err. */
@@ -149,17 +186,22 @@ static int run_request(PGconn *pg, void *ud, char *err, size_t len)
 
     if (j->type == JOB_CREATE) {
         Kprof__V1__CreateRunRequest *r = (Kprof__V1__CreateRunRequest *) j->req;
+        char by[KP_STORE_PRINCIPAL_MAX];
 
-        rc = kp_store_create_run(pg, r->job, r->name, r->world_size, (int) r->source, &run, err,
-                                 len);
+        kp_store_principal(kp_rpc_call_identity(j->call), by, sizeof(by));
+        rc = kp_store_create_run_by(pg, r->job, r->name, r->world_size, (int) r->source, by, &run,
+                                    err, len);
         if (rc == 0) {
-            kp_log_info("run created run=%" PRIu64 " job=%s world_size=%u", run.id, r->job,
-                        r->world_size);
+            kp_log_info("run created run=%" PRIu64 " job=%s world_size=%u by=%s", run.id, r->job,
+                        r->world_size, by);
         }
     }
     else if (j->type == JOB_END) {
         Kprof__V1__EndRunRequest *r = (Kprof__V1__EndRunRequest *) j->req;
 
+        if ((rc = end_allowed(pg, j->call, r->run_id, err, len)) != 0) {
+            return rc;
+        }
         rc = kp_store_end_run(pg, r->run_id, r->failed, &run, err, len);
         if (rc == 0) {
             kp_log_info("run ended run=%" PRIu64 " failed=%d", run.id, (int) r->failed);
@@ -220,12 +262,91 @@ static void finish_pg_unreachable(struct job *j, const char *err)
     kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, details);
 }
 
+/* JOB_LOOKUP's work: reads the run's owners and hands them to ingest. */
+static int lookup_request(PGconn *pg, void *ud, char *err, size_t len)
+{
+    struct job *j = ud;
+    struct kp_store_run_owner *o = (struct kp_store_run_owner *) j->req;
+
+    kp_store_run_owner_fini(o);
+    memset(o, 0, sizeof(*o));
+    return kp_store_run_owner(pg, j->run_id, o, err, len);
+}
+
+static void lookup_done(struct kp_control *c, uint64_t run_id, int rc,
+                        const struct kp_store_run_owner *o, const char *why)
+{
+    pthread_mutex_lock(&c->mu);
+    c->lookups--;
+    pthread_mutex_unlock(&c->mu);
+    kp_ingest_run_owner(c->ingest, run_id, rc, o, why);
+}
+
+static void run_lookup(struct kp_control *c, struct job *j)
+{
+    struct kp_store_run_owner o = { 0 };
+    char err[512] = "", why[600];
+    PGconn *pg;
+    int rc;
+
+    if ((pg = pg_get(c, err, sizeof(err))) == NULL) {
+        snprintf(why, sizeof(why),
+                 "PostgreSQL is unreachable (%s), so who may push into run %" PRIu64
+                 " is not known; retry when it is back",
+                 err, j->run_id);
+        lookup_done(c, j->run_id, KP_EPG, NULL, why);
+        return;
+    }
+    j->req = (ProtobufCMessage *) &o;
+    rc = kp_pg_retry(pg, true, lookup_request, j, err, sizeof(err));
+    j->req = NULL;
+    if (rc != 0 && rc != KP_ENOTFOUND) {
+        kp_log_warn("cannot look up who may push into run=%" PRIu64 " err=\"%s\"", j->run_id, err);
+    }
+    snprintf(why, sizeof(why), "cannot look up who may push into run %" PRIu64 " (%s); retry",
+             j->run_id, err);
+    lookup_done(c, j->run_id, rc, &o, why);
+    kp_store_run_owner_fini(&o);
+}
+
+/* kp_ingest_lookup_fn: queues a JOB_LOOKUP (never blocks). */
+static bool lookup_submit(void *ud, uint64_t run_id)
+{
+    struct kp_control *c = ud;
+    struct job *j;
+    bool room;
+
+    pthread_mutex_lock(&c->mu);
+    room = c->lookups < KP_CONTROL_LOOKUPS;
+    c->lookups += room;
+    pthread_mutex_unlock(&c->mu);
+    if (!room) {
+        return false;
+    }
+    if ((j = calloc(1, sizeof(*j))) != NULL) {
+        j->type = JOB_LOOKUP;
+        j->run_id = run_id;
+        if (kp_workq_submit(c->q, j) == 0) {
+            return true;
+        }
+        free(j);
+    }
+    pthread_mutex_lock(&c->mu);
+    c->lookups--;
+    pthread_mutex_unlock(&c->mu);
+    return false;
+}
+
 static void run_job(struct kp_control *c, struct job *j)
 {
     char err[512] = "";
     PGconn *pg;
     int rc;
 
+    if (j->type == JOB_LOOKUP) {
+        run_lookup(c, j);
+        return;
+    }
     if (j->type == JOB_CREATE &&
         !create_ok((Kprof__V1__CreateRunRequest *) j->req, err, sizeof(err))) {
         kp_rpc_call_finish(j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
@@ -266,7 +387,8 @@ static void run_job(struct kp_control *c, struct job *j)
         finish_pg_unreachable(j, err);
     }
     else if (rc != 0) {
-        if (rc != KP_ENOTFOUND && rc != KP_EPROTO && rc != -EINVAL && rc != -EBUSY) {
+        if (rc != KP_ENOTFOUND && rc != KP_EPROTO && rc != -EINVAL && rc != -EBUSY &&
+            rc != -EPERM) {
             kp_log_warn("control request failed method=%s err=\"%s\"", kp_rpc_call_method(j->call),
                         err);
         }
@@ -340,6 +462,7 @@ void kp_control_set_open_run_timeout(struct kp_control *c, struct kp_ingest *ing
     c->ingest = ingest;
     c->open_run_timeout_ms = timeout_ms;
     pthread_mutex_unlock(&c->mu);
+    kp_ingest_set_lookup(ingest, lookup_submit, c);
 }
 
 /* The coordinator's periodic work, with the connection if PostgreSQL is reachable. */
@@ -371,6 +494,11 @@ static void cancel_cb(void *ud, void *item)
 {
     struct job *j = item;
 
+    if (j->type == JOB_LOOKUP) {
+        lookup_done(ud, j->run_id, KP_ESHUTDOWN, NULL, "collectord is shutting down");
+        job_free(j);
+        return;
+    }
     kp_rpc_call_finish(j->call, GRPC_STATUS_UNAVAILABLE, "collectord is shutting down");
     job_free(j);
 }

@@ -29,7 +29,8 @@ struct kp_ingest;
 
 /* Ends as FAILED, with the reason in runs.end_reason, every OPEN run (other than a capture's)
  * that no live Push stream of ingest feeds and that has had no batch for timeout_ms (0: never):
- * a run whose producer died. Checked on the worker's tick, at most every 5 s. */
+ * a run whose producer died. Checked on the worker's tick, at most every 5 s. Also makes the
+ * worker answer ingest's lookups of who may push into a run (kp_ingest_set_lookup). */
 void kp_control_set_open_run_timeout(struct kp_control *c, struct kp_ingest *ingest,
                                      long long timeout_ms);
 

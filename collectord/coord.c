@@ -657,6 +657,7 @@ static struct step_span plan_ranks(struct cap *k, const struct procref *const *b
         q->rank = (int32_t) r;
         q->state = ST_PENDING;
         q->agent_id = pr->a->id;
+        kp__coord_copy_text(q->agent_by, sizeof(q->agent_by), pr->a->principal);
         kp__coord_copy_text(q->host, sizeof(q->host), pr->a->host);
         q->pid = pr->p->pid;
         q->first_step = -1;
@@ -777,7 +778,7 @@ static int persist(PGconn *pg, const struct cap *k, bool first, char *err, size_
     }
     for (size_t i = 0; rc == 0 && i < k->n; i++) {
         const struct crank *q = &k->ranks[i];
-        const char *p[10] = { run, a, b, q->host, d, e, f, g, h, q->reason };
+        const char *p[11] = { run, a, b, q->host, d, e, f, g, h, q->reason, q->agent_by };
 
         snprintf(a, sizeof(a), "%d", q->rank);
         snprintf(b, sizeof(b), "%d", q->state);
@@ -786,15 +787,16 @@ static int persist(PGconn *pg, const struct cap *k, bool first, char *err, size_
         snprintf(f, sizeof(f), "%" PRIu64, q->dropped);
         snprintf(g, sizeof(g), "%" PRId64, q->first_step);
         snprintf(h, sizeof(h), "%" PRId64, q->last_step);
-        rc = kp_pg_query(pg,
-                         "INSERT INTO capture_ranks (run_id, rank, state, host, pid, records, "
-                         "dropped, first_step, last_step, reason) VALUES ($1, $2, $3, $4, $5, "
-                         "$6, $7, $8, $9, $10) ON CONFLICT (run_id, rank) DO UPDATE SET "
-                         "state = EXCLUDED.state, host = EXCLUDED.host, pid = EXCLUDED.pid, "
-                         "records = EXCLUDED.records, dropped = EXCLUDED.dropped, "
-                         "first_step = EXCLUDED.first_step, last_step = EXCLUDED.last_step, "
-                         "reason = EXCLUDED.reason, updated_at = now()",
-                         10, p, NULL, err, len);
+        rc = kp_pg_query(
+            pg,
+            "INSERT INTO capture_ranks (run_id, rank, state, host, pid, records, "
+            "dropped, first_step, last_step, reason, agent_by) VALUES ($1, $2, $3, "
+            "$4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (run_id, rank) DO UPDATE SET "
+            "state = EXCLUDED.state, host = EXCLUDED.host, pid = EXCLUDED.pid, "
+            "records = EXCLUDED.records, dropped = EXCLUDED.dropped, "
+            "first_step = EXCLUDED.first_step, last_step = EXCLUDED.last_step, "
+            "reason = EXCLUDED.reason, updated_at = now()",
+            11, p, NULL, err, len);
     }
     if (rc != 0) {
         char ignore[64];
@@ -826,7 +828,7 @@ void kp_coord_start(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
                     const Kprof__V1__StartCaptureRequest *req)
 {
     Kprof__V1__Run run = KPROF__V1__RUN__INIT;
-    char err[1200], pgerr[600];
+    char err[1200], pgerr[600], by[KP_STORE_PRINCIPAL_MAX];
     const char *bad = NULL;
     uint32_t activities = KP_ACT_DEFAULT;
     struct cap *k, *snap;
@@ -885,8 +887,10 @@ void kp_coord_start(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
         snprintf(pgerr, sizeof(pgerr), "out of memory");
         goto undo;
     }
-    rc = kp_store_create_run(pg, snap->job, snap->name, snap->world_size,
-                             KPROF__V1__RUN_SOURCE__RUN_SOURCE_CAPTURE, &run, pgerr, sizeof(pgerr));
+    kp_store_principal(kp_rpc_call_identity(call), by, sizeof(by));
+    rc = kp_store_create_run_by(pg, snap->job, snap->name, snap->world_size,
+                                KPROF__V1__RUN_SOURCE__RUN_SOURCE_CAPTURE, by, &run, pgerr,
+                                sizeof(pgerr));
     if (rc != 0) {
         goto undo;
     }
@@ -1270,6 +1274,13 @@ int kp_coord_create(const struct kp_coord_opts *o, struct kp_coord **out)
     pthread_mutex_init(&c->mu, NULL);
     *out = c;
     return 0;
+}
+
+void kp_coord_get_stats(struct kp_coord *c, struct kp_coord_stats *out)
+{
+    pthread_mutex_lock(&c->mu);
+    *out = c->stats;
+    pthread_mutex_unlock(&c->mu);
 }
 
 void kp_coord_shutdown(struct kp_coord *c)

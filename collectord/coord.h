@@ -40,6 +40,13 @@ struct kp_coord_opts {
 
 int kp_coord_create(const struct kp_coord_opts *o, struct kp_coord **out);
 
+/* Counters for /metrics (docs/design.md "Authorization"). */
+struct kp_coord_stats {
+    uint64_t attach_refused;  /* Attach calls refused: a host or agent id not the caller's */
+    uint64_t foreign_reports; /* rank states an agent reported for ranks it does not host */
+};
+void kp_coord_get_stats(struct kp_coord *c, struct kp_coord_stats *out);
+
 /* Test and fuzz entry: takes an encoded AgentReport as if the agent in `slot` had sent it on
  * an Attach call (one with no call: commands to it are dropped), and lists the processes
  * it leaves. Returns 0, KP_EPROTO (why says what was wrong) or -ENOMEM. */

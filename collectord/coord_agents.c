@@ -73,10 +73,12 @@ static void apply_report(struct kp_coord *c, struct agent *a)
 {
     const Kprof__V1__AgentReport *rep = a->report;
     long long now = kp_mono_ms();
+    size_t foreign = 0;
 
     for (size_t i = 0; i < rep->n_ranks; i++) {
         const Kprof__V1__AgentCaptureRank *q = rep->ranks[i];
         struct cap *k = kp__coord_cap_by_run(c, q->run_id);
+        bool hosts = false;
 
         if (k == NULL || k->ended) {
             continue;
@@ -84,9 +86,12 @@ static void apply_report(struct kp_coord *c, struct agent *a)
         for (size_t j = 0; j < k->n; j++) {
             struct crank *r = &k->ranks[j];
 
-            if (r->rank != q->rank || r->agent_id != a->id) {
+            /* only the agent the rank was armed on, attached by the same identity */
+            if (r->rank != q->rank || r->agent_id != a->id ||
+                (a->authenticated && strcmp(r->agent_by, a->principal) != 0)) {
                 continue;
             }
+            hosts = true;
             if (kp__coord_terminal(r->state) || (int) q->state < r->state) {
                 break; /* final already, or an older picture */
             }
@@ -105,6 +110,17 @@ static void apply_report(struct kp_coord *c, struct agent *a)
             r->last_step = q->last_step;
             kp__coord_copy_text(r->reason, sizeof(r->reason), q->reason);
             break;
+        }
+        foreign += !hosts;
+    }
+    if (foreign > 0) {
+        /* ignored: the capture's result comes only from the agents its ranks were armed on */
+        c->stats.foreign_reports += foreign;
+        if (!a->foreign_logged) {
+            kp_log_warn("agent reported the state of %zu rank(s) it does not host; ignored host=%s "
+                        "agent_id=%016" PRIx64 " identity=%s peer=%s",
+                        foreign, a->host, a->id, a->principal, a->peer);
+            a->foreign_logged = true;
         }
     }
     /* ARMs that may not have arrived (the call broke before they went out): again */
@@ -148,6 +164,8 @@ static void *att_open(struct kp_rpc_call *call, void *ud)
     a->coord = c;
     a->call = call;
     kp__coord_copy_text(a->peer, sizeof(a->peer), kp_rpc_call_peer(call));
+    kp_store_principal(kp_rpc_call_identity(call), a->principal, sizeof(a->principal));
+    a->authenticated = kp_rpc_call_identity(call)->role != KP_ROLES_ALL;
     pthread_mutex_lock(&c->mu);
     a->next = c->agents;
     c->agents = a;
@@ -156,13 +174,61 @@ static void *att_open(struct kp_rpc_call *call, void *ud)
     return a;
 }
 
+/* Whether a (attached by an authenticated identity) may send rep: its host must be the
+ * identity's NAME (unless NAME is "*", a token shared by every node), and its agent_id not one
+ * that another identity attached first or holds ranks of an open capture under. Returns true,
+ * or false with the reason in why. mu held. */
+static bool report_allowed(struct kp_coord *c, const struct agent *a,
+                           const Kprof__V1__AgentReport *rep, char *why, size_t len)
+{
+    const char *name;
+
+    if (!a->authenticated) {
+        return true;
+    }
+    name = strchr(a->principal, ':') + 1; /* "agent:NAME" (kp_store_principal) */
+    if (strcmp(name, "*") != 0 && strcmp(rep->host, name) != 0) {
+        snprintf(why, len,
+                 "the agent identity %s speaks for host %s only, not for host %s; give each node "
+                 "a token or certificate of its own name (docs/design.md, Authorization)",
+                 name, name, rep->host);
+        return false;
+    }
+    if (a->id != 0) {
+        return true; /* checked at the first report; a change of id is refused below */
+    }
+    for (const struct agent *o = c->agents; o != NULL; o = o->next) {
+        if (o != a && !o->local && o->id == rep->agent_id &&
+            strcmp(o->principal, a->principal) != 0) {
+            snprintf(why, len,
+                     "agent_id %016" PRIx64 " is attached by another identity; an agent id "
+                     "belongs to the identity that attached it first",
+                     rep->agent_id);
+            return false;
+        }
+    }
+    for (const struct cap *k = c->caps; k != NULL; k = k->next) {
+        for (size_t j = 0; j < k->n && !k->ended; j++) {
+            if (k->ranks[j].agent_id == rep->agent_id &&
+                strcmp(k->ranks[j].agent_by, a->principal) != 0) {
+                snprintf(why, len,
+                         "agent_id %016" PRIx64 " hosts ranks of capture run %" PRIu64
+                         " for another identity",
+                         rep->agent_id, k->run_id);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 static enum kp_rpc_next att_message(struct kp_rpc_call *call, ProtobufCMessage *msg,
                                     size_t wire_bytes, void *state)
 {
     struct agent *a = state;
     struct kp_coord *c;
     Kprof__V1__AgentReport *rep = (Kprof__V1__AgentReport *) msg;
-    char why[300];
+    char why[800];
 
     (void) wire_bytes;
     if (a == NULL) {
@@ -180,6 +246,16 @@ static enum kp_rpc_next att_message(struct kp_rpc_call *call, ProtobufCMessage *
         return KP_RPC_STOP;
     }
     pthread_mutex_lock(&c->mu);
+    if (!report_allowed(c, a, rep, why, sizeof(why))) {
+        c->stats.attach_refused++;
+        pthread_mutex_unlock(&c->mu);
+        kp_log_warn("agent report refused status=PERMISSION_DENIED identity=%s peer=%s host=%s "
+                    "agent_id=%016" PRIx64 " err=\"%s\"",
+                    a->principal, a->peer, rep->host, rep->agent_id, why);
+        protobuf_c_message_free_unpacked(msg, NULL);
+        kp_rpc_call_finish(call, GRPC_STATUS_PERMISSION_DENIED, why);
+        return KP_RPC_STOP;
+    }
     if (a->id == 0) {
         /* first report: a reconnecting agent takes over its earlier entry's ranks (by id) */
         a->id = rep->agent_id;
@@ -189,7 +265,8 @@ static enum kp_rpc_next att_message(struct kp_rpc_call *call, ProtobufCMessage *
         for (struct agent **pp = &c->agents; *pp != NULL;) {
             struct agent *o = *pp;
 
-            if (o != a && o->id == a->id && o->call == NULL) {
+            if (o != a && o->id == a->id && o->call == NULL &&
+                (!a->authenticated || strcmp(o->principal, a->principal) == 0)) {
                 *pp = o->next;
                 if (o->report != NULL) {
                     protobuf_c_message_free_unpacked(&o->report->base, NULL);

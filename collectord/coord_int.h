@@ -16,6 +16,7 @@
 #include "kp_codec.h"
 #include "kp_str.h"
 #include "kprof.pb-c.h"
+#include "store.h"
 
 #define KP_COORD_MAX_TEXT      256
 #define KP_COORD_MAX_REASON    2048
@@ -40,12 +41,17 @@ struct agent {
     uint64_t id;              /* the agent_id of its reports; 0 before the first */
     char host[KP_COORD_MAX_TEXT + 1];
     char peer[128];
+    /* who attached it (kp_store_principal; "" for kp_coord_feed_report's), and whether that
+     * identity is bound to one node (authentication on, NAME not "*") */
+    char principal[KP_STORE_PRINCIPAL_MAX];
+    bool authenticated;
     Kprof__V1__AgentReport *report; /* the newest, owned */
     long long report_ms;            /* CLOCK_MONOTONIC of its arrival */
     long long gone_ms;              /* when the call ended; 0 while attached */
     bool local;                     /* kp_coord_feed_report's: attached without a call */
     uint32_t slot;                  /* ... and which one */
     bool invalid_logged;
+    bool foreign_logged; /* a report of ranks it does not host was logged */
     struct agent *next;
 };
 
@@ -53,6 +59,7 @@ struct crank {
     int32_t rank;
     int state; /* Kprof__V1__RankState */
     uint64_t agent_id;
+    char agent_by[KP_STORE_PRINCIPAL_MAX]; /* the principal of that agent */
     char host[KP_COORD_MAX_TEXT + 1];
     uint32_t pid;
     uint64_t records, dropped;
@@ -90,6 +97,7 @@ struct kp_coord {
     pthread_mutex_t mu;
     struct agent *agents;
     struct cap *caps;
+    struct kp_coord_stats stats;
 };
 
 struct procref {

@@ -12,6 +12,14 @@
  * dropped unread (it resends them). Once the client half-closes and every batch it sent is settled,
  * the call ends OK. While the sink's queue is over its byte limit, the stream stops reading
  * (gRPC flow control back to the producer) and resumes when a flush makes room.
+ *
+ * Authorization (docs/design.md "Authorization"), with authentication on: a batch is taken
+ * only if its caller may push into its run and rank (push_allowed in ingest.c: an agent into
+ * the runs it created and the ranks it hosts of the captures armed on it, an operator into
+ * runs an operator created). Who may is read from PostgreSQL (kp_store_run_owner) once per run
+ * and kept: the first batch of a stream into a run not known yet waits, its stream paused,
+ * until the lookup (kp_ingest_set_lookup) answers through kp_ingest_run_owner. A refused batch
+ * ends the call with PERMISSION_DENIED naming the run; batches queued before it are stored.
  */
 #ifndef KP_INGEST_H
 #define KP_INGEST_H
@@ -21,6 +29,7 @@
 #include "kp_codec.h"
 #include "kp_rpc.h"
 #include "sink_pg.h"
+#include "store.h"
 
 struct kp_ingest;
 
@@ -29,6 +38,21 @@ struct kp_ingest *kp_ingest_create(const struct kp_batch_limits *limits);
 
 /* Sets the sink (borrowed; set once, before the server starts). */
 void kp_ingest_set_sink(struct kp_ingest *ing, struct kp_sink *sink);
+
+/* Starts reading who may push into run_id (any thread; must not block): it answers later with
+ * kp_ingest_run_owner. Returns false when it cannot (the waiting batch is then refused
+ * UNAVAILABLE and resent by its producer). */
+typedef bool kp_ingest_lookup_fn(void *ud, uint64_t run_id);
+
+/* Sets the lookup (once, before the server starts). Without one, an authenticated push into a
+ * run not known yet is refused UNAVAILABLE. */
+void kp_ingest_set_lookup(struct kp_ingest *ing, kp_ingest_lookup_fn *fn, void *ud);
+
+/* The answer to a lookup of run_id: rc 0 and *o (copied), KP_ENOTFOUND (no such run: its
+ * batches go on to the sink, which answers NOT_FOUND), or another code with why (the waiting
+ * streams end UNAVAILABLE). Any thread. */
+void kp_ingest_run_owner(struct kp_ingest *ing, uint64_t run_id, int rc,
+                         const struct kp_store_run_owner *o, const char *why);
 
 /* The method table entry of Ingest.Push, bound to ing. */
 struct kp_rpc_method kp_ingest_method(struct kp_ingest *ing);
@@ -47,6 +71,7 @@ struct kp_ingest_stats {
     uint64_t batches_invalid;
     uint64_t bytes_received;
     uint64_t pauses;
+    uint64_t batches_refused; /* PERMISSION_DENIED: a run or rank the caller may not push to */
 };
 void kp_ingest_get_stats(struct kp_ingest *ing, struct kp_ingest_stats *out);
 

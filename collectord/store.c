@@ -100,8 +100,20 @@ static int check_text(const char *what, const char *s, bool required, char *errb
 int kp_store_create_run(PGconn *c, const char *job, const char *name, uint32_t world_size,
                         int source, Kprof__V1__Run *out, char *errbuf, size_t errlen)
 {
+    return kp_store_create_run_by(c, job, name, world_size, source, NULL, out, errbuf, errlen);
+}
+
+void kp_store_principal(const struct kp_identity *id, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s:%s", kp_auth_role_name(id->role), id->name);
+}
+
+int kp_store_create_run_by(PGconn *c, const char *job, const char *name, uint32_t world_size,
+                           int source, const char *created_by, Kprof__V1__Run *out, char *errbuf,
+                           size_t errlen)
+{
     char ws[16], src[16], id[24], err[384];
-    const char *params[4] = { job, name != NULL ? name : "", src, ws };
+    const char *params[5] = { job, name != NULL ? name : "", src, ws, created_by };
     PGresult *res = NULL;
     int rc;
 
@@ -123,9 +135,9 @@ int kp_store_create_run(PGconn *c, const char *job, const char *name, uint32_t w
     snprintf(src, sizeof(src), "%d", source);
     if ((rc = kp_pg_exec(c, "BEGIN", err, sizeof(err))) != 0 ||
         (rc = kp_pg_query(c,
-                          "INSERT INTO runs AS r (job, name, source, world_size) "
-                          "VALUES ($1, $2, $3, $4) RETURNING " RUN_COLS,
-                          4, params, &res, err, sizeof(err))) != 0) {
+                          "INSERT INTO runs AS r (job, name, source, world_size, created_by) "
+                          "VALUES ($1, $2, $3, $4, $5) RETURNING " RUN_COLS,
+                          5, params, &res, err, sizeof(err))) != 0) {
         snprintf(errbuf, errlen, "create run: %s", err);
         goto out;
     }
@@ -301,4 +313,75 @@ int kp_store_list_runs(PGconn *c, const char *job, uint32_t limit, Kprof__V1__Li
 out:
     PQclear(res);
     return rc;
+}
+
+void kp_store_run_owner_fini(struct kp_store_run_owner *o)
+{
+    if (o == NULL) {
+        return;
+    }
+    free(o->ranks);
+    free(o->agent_by);
+    o->ranks = NULL;
+    o->agent_by = NULL;
+    o->n = 0;
+}
+
+int kp_store_run_owner(PGconn *c, uint64_t run_id, struct kp_store_run_owner *out, char *errbuf,
+                       size_t errlen)
+{
+    char id[24], src[16], err[384];
+    const char *params[2] = { id, src };
+    PGresult *res = NULL;
+    int rc, n;
+
+    if (run_id == 0 || run_id > INT32_MAX) {
+        snprintf(errbuf, errlen, "run %" PRIu64 " does not exist", run_id);
+        return KP_ENOTFOUND;
+    }
+    snprintf(id, sizeof(id), "%" PRIu64, run_id);
+    snprintf(src, sizeof(src), "%d", KPROF__V1__RUN_SOURCE__RUN_SOURCE_CAPTURE);
+    if ((rc = kp_pg_query(c,
+                          "SELECT coalesce(r.created_by, ''), "
+                          "EXISTS (SELECT 1 FROM captures k WHERE k.run_id = r.id), "
+                          "r.source = $2::smallint FROM runs r WHERE r.id = $1",
+                          2, params, &res, err, sizeof(err))) != 0) {
+        snprintf(errbuf, errlen, "look up the run's creator: %s", err);
+        return rc;
+    }
+    if (PQntuples(res) == 0) {
+        PQclear(res);
+        snprintf(errbuf, errlen, "run %" PRIu64 " does not exist", run_id);
+        return KP_ENOTFOUND;
+    }
+    snprintf(out->created_by, sizeof(out->created_by), "%s", PQgetvalue(res, 0, 0));
+    out->capture = PQgetvalue(res, 0, 1)[0] == 't';
+    out->unsettled = !out->capture && PQgetvalue(res, 0, 2)[0] == 't';
+    PQclear(res);
+    res = NULL;
+    if (!out->capture) {
+        return 0;
+    }
+    if ((rc = kp_pg_query(c,
+                          "SELECT rank, coalesce(agent_by, '') FROM capture_ranks "
+                          "WHERE run_id = $1 ORDER BY rank",
+                          1, params, &res, err, sizeof(err))) != 0) {
+        snprintf(errbuf, errlen, "look up the capture's agents: %s", err);
+        return rc;
+    }
+    n = PQntuples(res);
+    out->ranks = calloc((size_t) n + 1, sizeof(*out->ranks));
+    out->agent_by = calloc((size_t) n + 1, sizeof(*out->agent_by));
+    if (out->ranks == NULL || out->agent_by == NULL) {
+        PQclear(res);
+        snprintf(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        out->ranks[i] = (int32_t) strtol(PQgetvalue(res, i, 0), NULL, 10);
+        snprintf(out->agent_by[i], sizeof(out->agent_by[i]), "%s", PQgetvalue(res, i, 1));
+    }
+    out->n = (size_t) n;
+    PQclear(res);
+    return 0;
 }

@@ -20,6 +20,7 @@
 
 #include <libpq-fe.h>
 
+#include "kp_auth.h"
 #include "kprof.pb-c.h"
 
 #define KP_STORE_MAX_WORLD_SIZE (1 << 20)
@@ -35,6 +36,40 @@
  */
 int kp_store_create_run(PGconn *c, const char *job, const char *name, uint32_t world_size,
                         int source, Kprof__V1__Run *out, char *errbuf, size_t errlen);
+
+/* kp_store_create_run that also records who created the run (runs.created_by, migration
+ * 0011: "ROLE:NAME", kp_store_principal; NULL: nobody recorded). */
+int kp_store_create_run_by(PGconn *c, const char *job, const char *name, uint32_t world_size,
+                           int source, const char *created_by, Kprof__V1__Run *out, char *errbuf,
+                           size_t errlen);
+
+/* "ROLE:NAME" (KP_STORE_PRINCIPAL_MAX bytes at most) */
+#define KP_STORE_PRINCIPAL_MAX (16 + KP_AUTH_NAME_MAX)
+
+/* The principal of id: "agent:node7", "operator:alice", "any:anonymous" (no authentication),
+ * as runs.created_by and capture_ranks.agent_by store it. */
+void kp_store_principal(const struct kp_identity *id, char *buf, size_t len);
+
+/* Who may push into a run (docs/design.md "Authorization"). */
+struct kp_store_run_owner {
+    char created_by[KP_STORE_PRINCIPAL_MAX]; /* "" where none was recorded */
+    bool capture;                            /* a capture (its `captures` row) */
+    /* source CAPTURE without a `captures` row: StartCapture writes it (and the ranks) after
+     * the run, so this may become a capture; not an answer to keep */
+    bool unsettled;
+    size_t n; /* its capture ranks, sorted by rank */
+    int32_t *ranks;
+    char (*agent_by)[KP_STORE_PRINCIPAL_MAX]; /* each rank's agent ("" none recorded) */
+};
+
+/* Reads who created run_id and, for a capture, the agent of each rank, into *out (zeroed by
+ * the caller; kp_store_run_owner_fini, also after a failure). KP_ENOTFOUND if there is no such
+ * run. */
+int kp_store_run_owner(PGconn *c, uint64_t run_id, struct kp_store_run_owner *out, char *errbuf,
+                       size_t errlen);
+
+/* Frees what kp_store_run_owner put into o. Accepts NULL. */
+void kp_store_run_owner_fini(struct kp_store_run_owner *o);
 
 /*
  * Ends run run_id: state ENDED, or FAILED if failed, and ended_at now. Ending an ended run

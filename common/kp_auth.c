@@ -125,7 +125,7 @@ static bool token_chars_ok(const char *s, size_t len)
 /* "2026-12-01T00:00:00Z" or unix seconds. */
 static int parse_expires(const char *s, long long *out)
 {
-    struct tm tm;
+    struct tm tm, asked;
     const char *end;
     char *e;
 
@@ -139,7 +139,12 @@ static int parse_expires(const char *s, long long *out)
     if (end == NULL || *end != '\0') {
         return KP_ECONFIG;
     }
-    *out = (long long) timegm(&tm);
+    asked = tm;
+    *out = (long long) timegm(&tm); /* normalises tm: 2026-02-30 becomes March 2nd */
+    if (tm.tm_mday != asked.tm_mday || tm.tm_mon != asked.tm_mon || tm.tm_hour != asked.tm_hour ||
+        tm.tm_min != asked.tm_min || tm.tm_sec != asked.tm_sec) {
+        return KP_ECONFIG; /* not a date: refused rather than moved */
+    }
     return 0;
 }
 
@@ -150,15 +155,16 @@ static int parse_line(char *line, struct token *t, const char **why)
     size_t n = 0;
     char *save = NULL, *w;
 
+    line += strspn(line, " \t");
+    if (line[0] == '\0' || line[0] == '#') {
+        return 1; /* a comment may have any number of words */
+    }
     for (w = strtok_r(line, " \t", &save); w != NULL; w = strtok_r(NULL, " \t", &save)) {
         if (n == 5) {
             *why = "too many fields (ROLE NAME TOKEN [expires=...])";
             return KP_ECONFIG;
         }
         f[n++] = w;
-    }
-    if (n == 0 || f[0][0] == '#') {
-        return 1;
     }
     if (n < 3 || n > 4) {
         *why = "expected ROLE NAME TOKEN [expires=YYYY-MM-DDTHH:MM:SSZ]";
@@ -204,7 +210,7 @@ static int table_load(const char *path, struct table *out, char *errbuf, size_t 
 {
     char *buf = malloc(FILE_MAX);
     struct table tab = { 0 };
-    char *line, *save = NULL;
+    char *line, *next;
     size_t lineno = 0, cap = 0;
     long n;
     int rc = 0;
@@ -218,11 +224,16 @@ static int table_load(const char *path, struct table *out, char *errbuf, size_t 
         free(buf);
         return (int) n;
     }
-    for (line = strtok_r(buf, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+    /* line by line, blank ones counted, so that an error names the line an editor shows */
+    for (line = buf; line != NULL; line = next) {
         struct token t;
         const char *why = NULL;
-        size_t ll = strlen(line);
+        size_t ll;
 
+        if ((next = strchr(line, '\n')) != NULL) {
+            *next++ = '\0';
+        }
+        ll = strlen(line);
         lineno++;
         if (ll > 0 && line[ll - 1] == '\r') {
             line[ll - 1] = '\0';
@@ -234,6 +245,22 @@ static int table_load(const char *path, struct table *out, char *errbuf, size_t 
         }
         if (rc != 0) {
             snprintf(errbuf, errlen, "the token file %s, line %zu: %s", path, lineno, why);
+            explicit_bzero(&t, sizeof(t));
+            break;
+        }
+        for (size_t i = 0; i < tab.n; i++) {
+            if (tab.t[i].len == t.len && memcmp(tab.t[i].secret, t.secret, t.len) == 0) {
+                /* one token, two identities: which one a caller is would be a guess */
+                snprintf(errbuf, errlen,
+                         "the token file %s, line %zu: the same token as the line of %s %s; "
+                         "give every identity a token of its own",
+                         path, lineno, kp_auth_role_name(tab.t[i].role), tab.t[i].name);
+                rc = KP_ECONFIG;
+                break;
+            }
+        }
+        if (rc != 0) {
+            explicit_bzero(&t, sizeof(t));
             break;
         }
         if (tab.n == cap) {

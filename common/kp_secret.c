@@ -19,7 +19,8 @@ long kp_secret_file_read(const char *path, const char *what, bool allow_group, c
     size_t len = 0;
     int fd, rc;
 
-    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+    /* O_NONBLOCK: a FIFO in the file's place must not hang the daemon before fstat refuses it */
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)) < 0) {
         rc = -errno;
         snprintf(errbuf, errlen, "cannot read %s %s: %s", what, path, strerror(-rc));
         return rc;

@@ -1,10 +1,15 @@
-"""Fixtures for kprof's script tests: a fresh database on the test PostgreSQL and a
-kprof-collectord child process, stopped by pid. Used by tests/it/test_*.py."""
+"""Fixtures for kprof's script tests: a fresh database on the test PostgreSQL, kprof-collectord
+and kprof-analyzer child processes (stopped by pid), and for the security tests a throwaway PKI
+(make_pki), token files (write_tokens), grpcio channels with credentials (channel) and an agent
+played over Control.Attach (AttachAgent). Used by
+tests/it/test_*.py."""
 import os
+import queue
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 PG = os.environ.get("KPROF_TEST_PG", "")
@@ -67,32 +72,147 @@ def wait_for(cond, timeout_s, what):
     raise AssertionError("timed out waiting for " + what)
 
 
-class Collectord:
-    """kprof-collectord as a child process on 127.0.0.1:0, ready when its ready file exists."""
+OPENSSL = "/usr/bin/openssl"
 
-    def __init__(self, name, conninfo_, extra=()):
+
+class Pki:
+    """A throwaway PKI in a directory: a CA, a server certificate for localhost/127.0.0.1, client
+    certificates whose SAN URI is urn:kprof:ROLE:NAME (client()), and a second CA that the
+    daemons do not trust (other_client()). Paths are attributes; every key has mode 0600."""
+
+    def __init__(self, d):
+        self.dir = d
+        os.makedirs(d, exist_ok=True)
+        self.ca, self.ca_key = self._ca("ca", "kprof test CA")
+        self.other_ca, self.other_ca_key = self._ca("other-ca", "another CA")
+        self.server, self.server_key = self._leaf("server", self.ca, self.ca_key, "localhost",
+                                                  "DNS:localhost,IP:127.0.0.1", "serverAuth")
+
+    def _run(self, *args):
+        subprocess.run([OPENSSL] + list(args), check=True, capture_output=True)
+
+    def _key(self, name):
+        path = os.path.join(self.dir, name + ".key")
+        self._run("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out",
+                  path)
+        os.chmod(path, 0o600)
+        return path
+
+    def _ca(self, name, cn):
+        key = self._key(name)
+        cert = os.path.join(self.dir, name + ".pem")
+        self._run("req", "-x509", "-new", "-key", key, "-subj", "/CN=" + cn, "-days", "2",
+                  "-addext", "basicConstraints=critical,CA:TRUE",
+                  "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", cert)
+        return cert, key
+
+    def _leaf(self, name, ca, ca_key, cn, san, usage):
+        key = self._key(name)
+        csr = os.path.join(self.dir, name + ".csr")
+        cert = os.path.join(self.dir, name + ".pem")
+        ext = os.path.join(self.dir, name + ".ext")
+        with open(ext, "w") as f:
+            f.write("subjectAltName=%s\nextendedKeyUsage=%s\nbasicConstraints=CA:FALSE\n"
+                    % (san, usage))
+        self._run("req", "-new", "-key", key, "-subj", "/CN=" + cn, "-out", csr)
+        self._run("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+                  "-days", "2", "-extfile", ext, "-out", cert)
+        return cert, key
+
+    def client(self, role, name, uri=None):
+        """A client certificate of this CA for urn:kprof:ROLE:NAME (or uri): (cert, key)."""
+        tag = "client-%s-%s" % (role, name.replace("*", "any"))
+        return self._leaf(tag, self.ca, self.ca_key, name,
+                          "URI:" + (uri or "urn:kprof:%s:%s" % (role, name)), "clientAuth")
+
+    def other_client(self, role, name):
+        """A client certificate for urn:kprof:ROLE:NAME signed by the CA nobody trusts."""
+        return self._leaf("other-%s-%s" % (role, name), self.other_ca, self.other_ca_key, name,
+                          "URI:urn:kprof:%s:%s" % (role, name), "clientAuth")
+
+    def daemon_flags(self, token_file=None, client_ca=True):
+        """The flags that make a daemon serve TLS with authentication (no plaintext, no
+        anonymous callers, whatever KPROF_PLAINTEXT / KPROF_ALLOW_ANONYMOUS say)."""
+        flags = ["--no-plaintext", "--no-allow-anonymous", "--tls-cert", self.server,
+                 "--tls-key", self.server_key]
+        if token_file:
+            flags += ["--token-file", token_file]
+        if client_ca:
+            flags += ["--tls-client-ca", self.ca]
+        return flags
+
+
+def make_pki(d):
+    """A Pki in directory d (made with Debian's openssl CLI)."""
+    return Pki(d)
+
+
+def write_tokens(path, lines, mode=0o600):
+    """Writes a token file (each line "ROLE NAME TOKEN [expires=...]") atomically (a rename, as
+    an operator rotating tokens would), with mode."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("".join(l + "\n" for l in lines))
+    os.chmod(tmp, mode)
+    os.rename(tmp, path)
+    return path
+
+
+def channel(addr, pki=None, cert=None, root=None):
+    """A grpcio channel to addr: plaintext without pki, else TLS trusting pki's CA (or root),
+    offering the client certificate cert=(cert, key) if given. Tokens go per call:
+    metadata=bearer(token)."""
+    import grpc
+    if pki is None:
+        return grpc.insecure_channel(addr)
+
+    def read(p):
+        with open(p, "rb") as f:
+            return f.read()
+    creds = grpc.ssl_channel_credentials(read(root or pki.ca),
+                                         read(cert[1]) if cert else None,
+                                         read(cert[0]) if cert else None)
+    return grpc.secure_channel(addr, creds, options=[("grpc.ssl_target_name_override",
+                                                      "localhost")])
+
+
+def bearer(token):
+    """The metadata of a call that brings token."""
+    return [("authorization", "Bearer " + token)] if token else []
+
+
+class Collectord:
+    """kprof-collectord as a child process on 127.0.0.1:0, ready when its ready file exists.
+    secure=(pki, token_file): serve TLS with tokens and client certificates (Pki.daemon_flags)."""
+
+    BINARY = ("collectord", "kprof-collectord")
+    WHAT = "collectord"
+
+    def __init__(self, name, conninfo_, extra=(), secure=None):
+        if secure is not None:
+            extra = list(secure[0].daemon_flags(secure[1])) + list(extra)
         self.dir = os.path.join(TEST_DIR, name)
         os.makedirs(self.dir, exist_ok=True)
         self.ready = os.path.join(self.dir, "ready")
-        self.log_path = os.path.join(self.dir, "collectord.log")
+        self.log_path = os.path.join(self.dir, self.BINARY[0] + ".log")
         if os.path.exists(self.ready):
             os.unlink(self.ready)
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [os.path.join(BIN, "collectord", "kprof-collectord"), "--listen", "127.0.0.1:0",
+            [os.path.join(BIN, *self.BINARY), "--listen", "127.0.0.1:0",
              "--http-listen", "127.0.0.1:0", "--pg-conninfo", conninfo_,
              "--ready-file", self.ready] + list(extra),
             stdout=self.log, stderr=subprocess.STDOUT)
         try:
             wait_for(lambda: os.path.exists(self.ready) or self.proc.poll() is not None, 30,
-                     "collectord ready")
+                     self.WHAT + " ready")
         except AssertionError:
             self.proc.kill()  # not ready in time: do not leave it running
             self.proc.wait()
             self.log.close()
-            raise AssertionError("collectord not ready in 30 s:\n" + self.log_text())
+            raise AssertionError(self.WHAT + " not ready in 30 s:\n" + self.log_text())
         if self.proc.poll() is not None:
-            raise AssertionError("collectord exited: " + open(self.log_path).read())
+            raise AssertionError(self.WHAT + " exited: " + open(self.log_path).read())
         addrs = dict(l.strip().split("=", 1) for l in open(self.ready) if "=" in l)
         self.grpc = addrs["grpc"]
         self.http = addrs.get("http")
@@ -116,6 +236,85 @@ class Collectord:
         text = self.log_text()
         for bad in ("Sanitizer", "runtime error:", "LeakSanitizer"):
             assert bad not in text, "sanitizer report in collectord log:\n" + text
+
+
+class Analyzer(Collectord):
+    """kprof-analyzer as a child process on 127.0.0.1:0 (like Collectord; secure= alike)."""
+
+    BINARY = ("analyzer", "kprof-analyzer")
+    WHAT = "kprof-analyzer"
+
+
+class AttachAgent:
+    """kprof-agent played with grpcio: one Control.Attach call on channel ch with metadata md
+    (kpfix.bearer(token), or [] with a client certificate), reporting host, agent_id and the
+    processes of job's ranks (world size world); set_state reports a capture rank's state,
+    commands from collectord are collected (wait_arm), wait_end gives the call's status."""
+
+    def __init__(self, ch, md, host, agent_id, job, ranks=(), world=2):
+        import grpc
+        import kprof_pb2 as pb
+        self.pb, self.grpc = pb, grpc
+        self.host, self.agent_id, self.procs, self.world = host, agent_id, list(ranks), world
+        self.job = job
+        self.states = {}
+        self.commands, self.error, self.done = [], None, False
+        self.cv = threading.Condition()
+        self.q = queue.Queue()
+        stub = ch.stream_stream("/kprof.v1.Control/Attach", request_serializer=lambda m: m,
+                                response_deserializer=self.pb.CaptureCommand.FromString)
+        self.call = stub(self._gen(), metadata=md)
+        threading.Thread(target=self._recv, daemon=True).start()
+        self.report()
+
+    def _gen(self):
+        while True:
+            m = self.q.get()
+            if m is None:
+                return
+            yield m
+
+    def _recv(self):
+        try:
+            for c in self.call:
+                with self.cv:
+                    self.commands.append(c)
+                    self.cv.notify_all()
+        except self.grpc.RpcError as e:
+            self.error = e
+        with self.cv:
+            self.done = True
+            self.cv.notify_all()
+
+    def report(self):
+        r = self.pb.AgentReport(host=self.host, agent_id=self.agent_id, version="test")
+        for rank in self.procs:
+            r.processes.add(job=self.job, rank=rank, local_rank=rank, world_size=self.world,
+                            pid=4000 + rank, device=rank, step=10, step_ms=50, step_age_ms=0)
+        for (run, rank), st in sorted(self.states.items()):
+            r.ranks.add(run_id=run, rank=rank, state=st, pid=4000 + rank, records=3,
+                        first_step=1, last_step=2)
+        self.q.put(r.SerializeToString())
+
+    def set_state(self, run, rank, st):
+        self.states[(run, rank)] = st
+        self.report()
+
+    def wait_end(self, timeout=15):
+        wait_for(lambda: self.done, timeout, "the Attach call of %s to end" % self.host)
+        return self.error.code() if self.error else self.grpc.StatusCode.OK, \
+            self.error.details() if self.error else ""
+
+    def wait_arm(self, run, timeout=15):
+        def found():
+            with self.cv:
+                return [c for c in self.commands if c.kind == self.pb.CaptureCommand.KIND_ARM
+                        and c.run_id == run]
+        return wait_for(found, timeout, "ARM of run %d on %s" % (run, self.host))[0]
+
+    def close(self):
+        self.q.put(None)
+        self.call.cancel()
 
 
 class Stubs:
