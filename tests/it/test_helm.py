@@ -376,6 +376,87 @@ def check_generated_cert(docs):
     print("the generated certificate names both Services")
 
 
+# What the image holds, from the build tree: an init container's script runs against it.
+IMAGE = os.path.join(WORK, "image")
+
+
+def make_image():
+    lib = os.path.join(IMAGE, "usr", "lib", "x86_64-linux-gnu", "kprof")
+    os.makedirs(os.path.join(lib, "python"))
+    os.makedirs(os.path.join(IMAGE, "usr", "bin"))
+    shutil.copy(os.path.join(SRC, "agent", "kprof-run"), os.path.join(IMAGE, "usr", "bin"))
+    shutil.copy(os.path.join(kpfix.BIN, "agent", "inject", "libkprof_inject.so"), lib)
+    for f in ("sitecustomize.py", "kprof_hook.py"):
+        shutil.copy(os.path.join(SRC, "agent", "python", f), os.path.join(lib, "python"))
+
+
+def make_node(name):
+    """A GPU node's directories the agent's DaemonSet mounts (dist, socket, spool)."""
+    node = os.path.join(WORK, name)
+    for d in ("dist", "socket", "spool"):
+        os.makedirs(os.path.join(node, d))
+    return node
+
+
+def run_init(script, sec_in, sec, node=None):
+    """Runs an init container's script with its paths moved: the image under IMAGE, the node's
+    directories under node, the mounted Secrets at sec_in, the memory volume at sec. As
+    root, as in the pod; otherwise its chown lines are left out. Checks the files it leaves in
+    sec are the daemon's alone."""
+    s = script.replace("/usr/bin/", IMAGE + "/usr/bin/").replace("/usr/lib/", IMAGE + "/usr/lib/")
+    if node:
+        s = s.replace("/host/", node + "/")
+    s = s.replace("/etc/kprof/secrets-in", sec_in).replace("/run/kprof-secrets", sec)
+    if os.getuid() != 0:
+        s = re.sub(r"(?m)^\s*chown .*$", ":", s)
+    p = subprocess.run(["/bin/sh", "-ec", s], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, NODE_NAME="gpu-node-1"))
+    assert p.returncode == 0, "init script failed:\n%s\n%s" % (s, p.stderr)
+    for f in os.listdir(sec):
+        mode = os.stat(os.path.join(sec, f)).st_mode
+        assert mode & 0o077 == 0, "%s is mode %o" % (f, mode & 0o777)
+
+
+def rendered_secrets(docs):
+    out = {}
+    for d in docs:
+        if d["kind"] == "Secret":
+            m = {k: base64.b64decode(v).decode() for k, v in d.get("data", {}).items()}
+            m.update(d.get("stringData", {}))
+            out[d["metadata"]["name"]] = m
+    return out
+
+
+def pod_secrets(docs, spec, init_name, name):
+    """The pod's /run/kprof-secrets as its init container init_name fills it: its projected
+    volume secrets-in laid out as kubelet does (the files under ..data, links beside them, the
+    volume's defaultMode) from the rendered Secrets, each item's key checked to be there."""
+    secrets = rendered_secrets(docs)
+    vin = os.path.join(WORK, name + "-in")
+    os.makedirs(os.path.join(vin, "..data"))
+    out = os.path.join(WORK, name + "-secrets")
+    os.makedirs(out)
+    vol = [v for v in spec["volumes"] if v["name"] == "secrets-in"][0]["projected"]
+    n = 0
+    for src in vol["sources"]:
+        sname = src["secret"]["name"]
+        assert sname in secrets, "%s: Secret %s is not rendered" % (name, sname)
+        for it in src["secret"]["items"]:
+            assert it["key"] in secrets[sname], "%s: Secret %s has no key %s" % (
+                name, sname, it["key"])
+            path = os.path.join(vin, "..data", it["path"])
+            with open(path, "w") as f:
+                f.write(secrets[sname][it["key"]])
+            os.chmod(path, vol["defaultMode"])
+            os.symlink(os.path.join("..data", it["path"]), os.path.join(vin, it["path"]))
+            n += 1
+    init = [c for c in spec["initContainers"] if c["name"] == init_name][0]
+    run_init(init["args"][0], vin, out, make_node(name + "-node") if init_name == "install"
+             else None)
+    assert len(os.listdir(out)) >= 2, os.listdir(out)
+    return out
+
+
 # ---- the hostPath contract -----------------------------------------------------------------
 
 def check_hostpath_contract(docs):
@@ -384,18 +465,7 @@ def check_hostpath_contract(docs):
     vols = {v["name"]: v for v in ds["volumes"]}
     assert vols["dist"]["hostPath"]["path"] == DEFAULTS["agent"]["distDir"]
     assert vols["socket"]["hostPath"]["path"] == DEFAULTS["agent"]["socketDir"]
-    # A root that holds what the image holds, from the build tree, and the node's directories.
-    root = os.path.join(WORK, "image")
-    lib = os.path.join(root, "usr", "lib", "x86_64-linux-gnu", "kprof")
-    os.makedirs(os.path.join(lib, "python"))
-    os.makedirs(os.path.join(root, "usr", "bin"))
-    shutil.copy(os.path.join(SRC, "agent", "kprof-run"), os.path.join(root, "usr", "bin"))
-    shutil.copy(os.path.join(kpfix.BIN, "agent", "inject", "libkprof_inject.so"), lib)
-    for f in ("sitecustomize.py", "kprof_hook.py"):
-        shutil.copy(os.path.join(SRC, "agent", "python", f), os.path.join(lib, "python"))
-    node = os.path.join(WORK, "node")
-    for d in ("dist", "socket", "spool"):
-        os.makedirs(os.path.join(node, d))
+    node = make_node("node")
     sec_in = os.path.join(WORK, "secrets-in")
     sec = os.path.join(WORK, "secrets-agent")
     os.makedirs(sec_in)
@@ -403,14 +473,7 @@ def check_hostpath_contract(docs):
     for f in ("ca.crt", "agent.token"):
         with open(os.path.join(sec_in, f), "w") as fh:
             fh.write("x\n")
-    s = script.replace("/usr/bin/", root + "/usr/bin/").replace("/usr/lib/", root + "/usr/lib/")
-    s = s.replace("/host/", node + "/").replace("/etc/kprof/secrets-in", sec_in)
-    s = s.replace("/run/kprof-secrets", sec)
-    if os.getuid() != 0:
-        s = re.sub(r"(?m)^\s*chown .*$", ":", s)
-    p = subprocess.run(["/bin/sh", "-ec", s], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, NODE_NAME="gpu-node-1"))
-    assert p.returncode == 0, "the agent's install script failed:\n" + p.stderr
+    run_init(script, sec_in, sec, node)
     for f in os.listdir(sec):
         assert os.stat(os.path.join(sec, f)).st_mode & 0o077 == 0, f
     sock_mode = os.stat(os.path.join(node, "socket")).st_mode & 0o7777
@@ -479,24 +542,19 @@ def check_daemons_start():
     db = "it_helm_" + tag
     docs = render_docs(sets=["postgresql.users.%s=%s" % kv for kv in users.items()] +
                        ["postgresql.database=" + db])
-    secrets = {}
-    for d in docs:
-        if d["kind"] == "Secret":
-            for k, v in d.get("data", {}).items():
-                secrets[k] = base64.b64decode(v).decode()
-            secrets.update(d.get("stringData", {}))
-    sec = os.path.join(WORK, "secrets")
-    os.makedirs(sec)
-    for k, v in secrets.items():
-        with open(os.path.join(sec, k), "w") as f:
-            f.write(v)
-        os.chmod(os.path.join(sec, k), 0o600)
+    secrets = rendered_secrets(docs)[FULL + "-pg"]
+    specs = {c: by(docs, "Deployment", FULL + "-" + c)["spec"]["template"]["spec"]
+             for c in ("collectord", "analyzer")}
+    specs["agent"] = by(docs, "DaemonSet", FULL + "-agent")["spec"]["template"]["spec"]
+    sec = {c: pod_secrets(docs, specs[c], "install" if c == "agent" else "secrets", c)
+           for c in specs}
     ports = {n: kpfix.free_port() for n in ("cg", "ch", "ag", "ah", "h")}
     etc = os.path.join(WORK, "etc")
     os.makedirs(etc)
 
-    def local(text):
-        text = text.replace("/run/kprof-secrets/", sec + "/").replace("/etc/kprof/", etc + "/")
+    def local(text, comp):
+        text = text.replace("/run/kprof-secrets/", sec[comp] + "/")
+        text = text.replace("/etc/kprof/", etc + "/")
         text = text.replace("host=%s-postgresql port=5432" % FULL,
                             "host=%s port=%s" % (pg["host"], pg["port"]))
         for old, new in (("0.0.0.0:7070", ports["cg"]), ("0.0.0.0:7071", ports["ch"]),
@@ -509,7 +567,7 @@ def check_daemons_start():
     cm = by(docs, "ConfigMap", FULL + "-config")["data"]
     for k, v in cm.items():
         with open(os.path.join(etc, k), "w") as f:
-            f.write(local(v))
+            f.write(local(v, k.split("-", 1)[1].split(".")[0]))
     # The database as the bundled PostgreSQL's first start leaves it: the owner (its
     # POSTGRES_USER), its database, then the init script's roles and users.
     for u in users.values():
@@ -524,7 +582,8 @@ def check_daemons_start():
         pgsec = os.path.join(WORK, "pg-secrets")
         os.makedirs(pgsec)
         for k in ("collectord-password", "analyzer-password"):
-            shutil.copy(os.path.join(sec, k), pgsec)
+            with open(os.path.join(pgsec, k), "w") as f:
+                f.write(secrets[k])
         init = init.replace("/etc/kprof/pg-secrets", pgsec)
         superuser = pg.get("user", os.environ.get("USER", "kprof"))
         p = subprocess.run(["/bin/sh", "-c", init], capture_output=True, text=True, timeout=60,
@@ -532,30 +591,27 @@ def check_daemons_start():
                                     PGHOST=pg["host"], PGPORT=pg["port"]))
         assert p.returncode == 0, "the bundled PostgreSQL's init script failed:\n" + p.stderr
         # The migrate init container, then the daemons, as the chart runs them.
-        col = by(docs, "Deployment", FULL + "-collectord")["spec"]["template"]["spec"]
-        mig = [c for c in col["initContainers"] if c["name"] == "migrate"][0]
+        mig = [c for c in specs["collectord"]["initContainers"] if c["name"] == "migrate"][0]
         p = subprocess.run([os.path.join(kpfix.BIN, "collectord", "kprof-collectord")] +
-                           [local(a) for a in mig["args"]], capture_output=True, text=True,
+                           [local(a, "collectord") for a in mig["args"]], capture_output=True, text=True,
                            timeout=120 * kpfix.SCALE, env=POD_ENV)
         assert p.returncode == 0, "the migrate init container failed:\n" + p.stdout + p.stderr
         assert "migrations applied" in p.stdout, p.stdout
         for comp, rel, hport in (("collectord", "collectord", "ch"),
                                  ("analyzer", "analyzer", "ah")):
-            c = by(docs, "Deployment", FULL + "-" + comp)["spec"]["template"]["spec"]
-            ctr = c["containers"][0]
+            ctr = specs[comp]["containers"][0]
             argv = [os.path.join(kpfix.BIN, rel, os.path.basename(ctr["command"][0]))]
-            procs.append(start(comp, argv + [local(a) for a in ctr["args"]]))
+            procs.append(start(comp, argv + [local(a, comp) for a in ctr["args"]]))
             kpfix.wait_for(lambda: http_ok(ports[hport], "/readyz") or
                            procs[-1][0].poll() is not None, 30, comp + " /readyz")
             assert procs[-1][0].poll() is None, comp + " exited:\n" + open(
                 os.path.join(WORK, comp + ".log")).read()
             print("%s ready with the chart's configuration, as %s" % (comp, users[comp]))
-        ds = by(docs, "DaemonSet", FULL + "-agent")["spec"]["template"]["spec"]
-        ctr = ds["containers"][0]
+        ctr = specs["agent"]["containers"][0]
         sock = os.path.join(WORK, "sock")
         os.makedirs(sock)
         spool = os.path.join(WORK, "spool")
-        args = [local(a).replace("$(NODE_NAME)", "gpu-node-1") for a in ctr["args"]]
+        args = [local(a, "agent").replace("$(NODE_NAME)", "gpu-node-1") for a in ctr["args"]]
         args += ["--socket=" + os.path.join(sock, "agent.sock"), "--spool-dir=" + spool]
         procs.append(start("agent", [os.path.join(kpfix.BIN, "agent", "kprof-agent")] + args))
 
@@ -569,12 +625,19 @@ def check_daemons_start():
         assert http_ok(ports["h"], "/readyz") and http_ok(ports["h"], "/healthz")
         print("agent attached over TLS with the generated agent token, --host from the node")
         kprofctl = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
+        # The client tokens, as NOTES.txt tells a user to fetch them.
+        toks = os.path.join(WORK, "client")
+        os.makedirs(toks)
+        for k in ("operator.token", "viewer.token"):
+            with open(os.path.join(toks, k), "w") as f:
+                f.write(rendered_secrets(docs)[FULL + "-auth"][k])
+            os.chmod(os.path.join(toks, k), 0o600)
 
         def ctl(verb, token, *args):
             env = dict(POD_ENV, KPROF_COLLECTOR="127.0.0.1:%d" % ports["cg"],
                        KPROF_ANALYZER="127.0.0.1:%d" % ports["ag"])
-            return subprocess.run([kprofctl, verb, "--tls-ca", os.path.join(sec, "ca.crt"),
-                                   "--token-file", os.path.join(sec, token)] + list(args),
+            return subprocess.run([kprofctl, verb, "--tls-ca", os.path.join(sec["agent"], "ca.crt"),
+                                   "--token-file", os.path.join(toks, token)] + list(args),
                                   capture_output=True, text=True, timeout=60, env=env)
         for verb in ("runs", "jobs"):
             p = ctl(verb, "operator.token")
@@ -601,6 +664,7 @@ def check_daemons_start():
 
 def main():
     build_renderer()
+    make_image()
     check_values_documented()
     check_schema()
     check_refusals()
