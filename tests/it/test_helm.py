@@ -634,11 +634,13 @@ def check_daemons_start():
             os.chmod(os.path.join(toks, k), 0o600)
 
         def ctl(verb, token, *args):
+            # As NOTES.txt sets it up (there through port-forwards to the default ports).
             env = dict(POD_ENV, KPROF_COLLECTOR="127.0.0.1:%d" % ports["cg"],
-                       KPROF_ANALYZER="127.0.0.1:%d" % ports["ag"])
-            return subprocess.run([kprofctl, verb, "--tls-ca", os.path.join(sec["agent"], "ca.crt"),
-                                   "--token-file", os.path.join(toks, token)] + list(args),
-                                  capture_output=True, text=True, timeout=60, env=env)
+                       KPROF_ANALYZER="127.0.0.1:%d" % ports["ag"],
+                       KPROF_TLS_CA=os.path.join(sec["agent"], "ca.crt"),
+                       KPROF_TOKEN_FILE=os.path.join(toks, token))
+            return subprocess.run([kprofctl, verb] + list(args), capture_output=True, text=True,
+                                  timeout=60, env=env)
         for verb in ("runs", "jobs"):
             p = ctl(verb, "operator.token")
             assert p.returncode == 0, "kprofctl %s: %s" % (verb, p.stderr)
@@ -703,6 +705,7 @@ def main():
             assert "tls-cert" in a and "token-file" not in a, a
     p = render(notes=True)
     assert p.returncode == 0 and "kprof-run" in p.stdout and "WARNING" in p.stdout, p.stderr
+    assert "export KPROF_TLS_CA=" in p.stdout and "KPROF_TOKEN_FILE=" in p.stdout, p.stdout
     check_daemons_start()
     shutil.rmtree(WORK, ignore_errors=True)
     print("ok")
