@@ -252,7 +252,8 @@ def check_security(docs, what):
                 assert seccomp == {"type": "RuntimeDefault"}, name
             assert "resources" in c and c["resources"].get("limits"), name + ": no limits"
             if d["kind"] == "DaemonSet" and c["name"] == "install":
-                assert sorted(sc["capabilities"]["add"]) == ["CHOWN", "DAC_OVERRIDE", "FOWNER"], sc
+                assert sorted(sc["capabilities"]["add"]) == ["CHOWN", "DAC_OVERRIDE",
+                                                             "FOWNER"], sc
                 continue
             assert sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True, name
             assert sc.get("runAsUser", pod_sc.get("runAsUser")) not in (None, 0), name
@@ -593,8 +594,8 @@ def check_daemons_start():
         # The migrate init container, then the daemons, as the chart runs them.
         mig = [c for c in specs["collectord"]["initContainers"] if c["name"] == "migrate"][0]
         p = subprocess.run([os.path.join(kpfix.BIN, "collectord", "kprof-collectord")] +
-                           [local(a, "collectord") for a in mig["args"]], capture_output=True, text=True,
-                           timeout=120 * kpfix.SCALE, env=POD_ENV)
+                           [local(a, "collectord") for a in mig["args"]], capture_output=True,
+                           text=True, timeout=120 * kpfix.SCALE, env=POD_ENV)
         assert p.returncode == 0, "the migrate init container failed:\n" + p.stdout + p.stderr
         assert "migrations applied" in p.stdout, p.stdout
         for comp, rel, hport in (("collectord", "collectord", "ch"),
@@ -682,6 +683,11 @@ def main():
             check_generated_cert(docs)
             check_hostpath_contract(docs)
             assert "StatefulSet" in kinds and "ServiceMonitor" not in kinds, kinds
+            # The postgres entrypoint executes an executable init script; one it would source
+            # instead runs inside its shell, under the script's set -eu.
+            pg = by(docs, "StatefulSet", FULL + "-postgresql")["spec"]["template"]["spec"]
+            init = [v for v in pg["volumes"] if v["name"] == "init"][0]["configMap"]
+            assert init.get("defaultMode", 0o644) & 0o111 == 0o111, init
         if name == "external":
             assert "StatefulSet" not in kinds and not [d for d in docs if d["kind"] == "Secret"]
             c = conf(docs, "kprof-collectord")["pg-conninfo"]
