@@ -391,33 +391,6 @@ def make_image():
         shutil.copy(os.path.join(SRC, "agent", "python", f), os.path.join(lib, "python"))
 
 
-def make_node(name):
-    """A GPU node's directories the agent's DaemonSet mounts (dist, socket, spool)."""
-    node = os.path.join(WORK, name)
-    for d in ("dist", "socket", "spool"):
-        os.makedirs(os.path.join(node, d))
-    return node
-
-
-def run_init(script, sec_in, sec, node=None):
-    """Runs an init container's script with its paths moved: the image under IMAGE, the node's
-    directories under node, the mounted Secrets at sec_in, the memory volume at sec. As
-    root, as in the pod; otherwise its chown lines are left out. Checks the files it leaves in
-    sec are the daemon's alone."""
-    s = script.replace("/usr/bin/", IMAGE + "/usr/bin/").replace("/usr/lib/", IMAGE + "/usr/lib/")
-    if node:
-        s = s.replace("/host/", node + "/")
-    s = s.replace("/etc/kprof/secrets-in", sec_in).replace("/run/kprof-secrets", sec)
-    if os.getuid() != 0:
-        s = re.sub(r"(?m)^\s*chown .*$", ":", s)
-    p = subprocess.run(["/bin/sh", "-ec", s], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, NODE_NAME="gpu-node-1"))
-    assert p.returncode == 0, "init script failed:\n%s\n%s" % (s, p.stderr)
-    for f in os.listdir(sec):
-        mode = os.stat(os.path.join(sec, f)).st_mode
-        assert mode & 0o077 == 0, "%s is mode %o" % (f, mode & 0o777)
-
-
 def rendered_secrets(docs):
     out = {}
     for d in docs:
@@ -428,60 +401,85 @@ def rendered_secrets(docs):
     return out
 
 
-def pod_secrets(docs, spec, init_name, name):
-    """The pod's /run/kprof-secrets as its init container init_name fills it: its projected
-    volume secrets-in laid out as kubelet does (the files under ..data, links beside them, the
-    volume's defaultMode) from the rendered Secrets, each item's key checked to be there."""
-    secrets = rendered_secrets(docs)
-    vin = os.path.join(WORK, name + "-in")
-    os.makedirs(os.path.join(vin, "..data"))
-    out = os.path.join(WORK, name + "-secrets")
-    os.makedirs(out)
-    vol = [v for v in spec["volumes"] if v["name"] == "secrets-in"][0]["projected"]
-    n = 0
-    for src in vol["sources"]:
-        sname = src["secret"]["name"]
-        assert sname in secrets, "%s: Secret %s is not rendered" % (name, sname)
-        for it in src["secret"]["items"]:
-            assert it["key"] in secrets[sname], "%s: Secret %s has no key %s" % (
-                name, sname, it["key"])
-            path = os.path.join(vin, "..data", it["path"])
+def layout_secret_volume(vol, d, secrets, what):
+    """A secret or projected volume as kubelet lays it out in d: the files under ..data with
+    the volume's mode, a link beside each; every Secret and key it names must exist."""
+    os.makedirs(os.path.join(d, "..data"))
+    if "secret" in vol:
+        srcs, mode = [vol["secret"] | {"name": vol["secret"]["secretName"]}], \
+            vol["secret"].get("defaultMode", 0o644)
+    else:
+        srcs, mode = [x["secret"] for x in vol["projected"]["sources"]], \
+            vol["projected"].get("defaultMode", 0o644)
+    for src in srcs:
+        assert src["name"] in secrets, "%s: Secret %s is neither rendered nor provided" % (
+            what, src["name"])
+        sec = secrets[src["name"]]
+        items = src.get("items") or [{"key": k, "path": k} for k in sec]
+        for it in items:
+            assert it["key"] in sec, "%s: Secret %s has no key %s" % (what, src["name"],
+                                                                      it["key"])
+            path = os.path.join(d, "..data", it["path"])
             with open(path, "w") as f:
-                f.write(secrets[sname][it["key"]])
-            os.chmod(path, vol["defaultMode"])
-            os.symlink(os.path.join("..data", it["path"]), os.path.join(vin, it["path"]))
-            n += 1
+                f.write(sec[it["key"]])
+            os.chmod(path, mode)
+            os.symlink(os.path.join("..data", it["path"]), os.path.join(d, it["path"]))
+
+
+def run_pod_init(docs, spec, init_name, name, provided=None, node="gpu-node-1", check=True):
+    """Runs the pod's init container init_name as its pod would: each volume it mounts made in
+    a directory of its own (Secret volumes from the rendered Secrets and the provided ones, a
+    hostPath or emptyDir empty), its script's paths moved there and the image's under IMAGE,
+    NODE_NAME node. As root, as in the pod; otherwise its chown lines are left out. Returns
+    ({mountPath: directory}, the finished process); with check, it must succeed and leave the
+    files of /run/kprof-secrets to their owner alone."""
+    secrets = rendered_secrets(docs)
+    secrets.update(provided or {})
+    base = os.path.join(WORK, name)
+    vols = {v["name"]: v for v in spec["volumes"]}
     init = [c for c in spec["initContainers"] if c["name"] == init_name][0]
-    run_init(init["args"][0], vin, out, make_node(name + "-node") if init_name == "install"
-             else None)
-    assert len(os.listdir(out)) >= 2, os.listdir(out)
-    return out
+    paths = {}
+    for m in init["volumeMounts"]:
+        d = os.path.join(base, m["name"])
+        vol = vols[m["name"]]
+        if "secret" in vol or "projected" in vol:
+            layout_secret_volume(vol, d, secrets, name)
+        else:
+            os.makedirs(d)
+        paths[m["mountPath"]] = d
+    s = init["args"][0].replace("/usr/bin/", IMAGE + "/usr/bin/")
+    s = s.replace("/usr/lib/", IMAGE + "/usr/lib/")
+    for mp in sorted(paths, key=len, reverse=True):
+        s = s.replace(mp, paths[mp])
+    if os.getuid() != 0:
+        s = re.sub(r"(?m)^\s*chown .*$", ":", s)
+    p = subprocess.run(["/bin/sh", "-ec", s], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, NODE_NAME=node))
+    if check:
+        assert p.returncode == 0, "%s: init container %s failed:\n%s" % (name, init_name,
+                                                                         p.stderr)
+        out = paths["/run/kprof-secrets"]
+        assert len(os.listdir(out)) >= 2, os.listdir(out)
+        for f in os.listdir(out):
+            mode = os.stat(os.path.join(out, f)).st_mode
+            assert mode & 0o077 == 0, "%s: %s is mode %o" % (name, f, mode & 0o777)
+    return paths, p
 
 
 # ---- the hostPath contract -----------------------------------------------------------------
 
 def check_hostpath_contract(docs):
     ds = by(docs, "DaemonSet", FULL + "-agent")["spec"]["template"]["spec"]
-    script = [c for c in ds["initContainers"] if c["name"] == "install"][0]["args"][0]
     vols = {v["name"]: v for v in ds["volumes"]}
     assert vols["dist"]["hostPath"]["path"] == DEFAULTS["agent"]["distDir"]
     assert vols["socket"]["hostPath"]["path"] == DEFAULTS["agent"]["socketDir"]
-    node = make_node("node")
-    sec_in = os.path.join(WORK, "secrets-in")
-    sec = os.path.join(WORK, "secrets-agent")
-    os.makedirs(sec_in)
-    os.makedirs(sec)
-    for f in ("ca.crt", "agent.token"):
-        with open(os.path.join(sec_in, f), "w") as fh:
-            fh.write("x\n")
-    run_init(script, sec_in, sec, node)
-    for f in os.listdir(sec):
-        assert os.stat(os.path.join(sec, f)).st_mode & 0o077 == 0, f
-    sock_mode = os.stat(os.path.join(node, "socket")).st_mode & 0o7777
+    paths, _ = run_pod_init(docs, ds, "install", "hostpath")
+    node = {k: paths["/host/" + k] for k in ("dist", "socket", "spool")}
+    sock_mode = os.stat(node["socket"]).st_mode & 0o7777
     assert sock_mode == 0o2750, oct(sock_mode)
     # A training container mounts the node's dist directory at /opt/kprof (README.md); here
     # it runs kprof-run from where the install put it.
-    dist = os.path.join(node, "dist")
+    dist = node["dist"]
     p = subprocess.run([os.path.join(dist, "bin", "kprof-run"), "--print-env", "true"],
                        capture_output=True, text=True, timeout=30,
                        env={k: v for k, v in os.environ.items()
@@ -535,22 +533,28 @@ def http_ok(port, path):
         return False
 
 
-def check_daemons_start():
+def check_daemons_start(name, values, provided):
+    """Starts the daemons with what the chart renders for values, the Secrets it names as
+    existing taken from provided ({name: {key: content}})."""
     pg = dict(p.split("=", 1) for p in kpfix.PG.split())
-    tag = "%d" % os.getpid()
+    tag = "%d_%s" % (os.getpid(), name.replace("-", "_"))
     users = {"owner": "kprof_h_owner_" + tag, "collectord": "kprof_h_c_" + tag,
              "analyzer": "kprof_h_a_" + tag}
     db = "it_helm_" + tag
-    docs = render_docs(sets=["postgresql.users.%s=%s" % kv for kv in users.items()] +
+    docs = render_docs(values, sets=["postgresql.users.%s=%s" % kv for kv in users.items()] +
                        ["postgresql.database=" + db])
-    secrets = rendered_secrets(docs)[FULL + "-pg"]
+    secrets = rendered_secrets(docs)
+    secrets.update(provided)
+    secrets = secrets[FULL + "-pg"]
     specs = {c: by(docs, "Deployment", FULL + "-" + c)["spec"]["template"]["spec"]
              for c in ("collectord", "analyzer")}
     specs["agent"] = by(docs, "DaemonSet", FULL + "-agent")["spec"]["template"]["spec"]
-    sec = {c: pod_secrets(docs, specs[c], "install" if c == "agent" else "secrets", c)
+    sec = {c: run_pod_init(docs, specs[c], "install" if c == "agent" else "secrets",
+                           "%s-%s" % (name, c), provided)[0]["/run/kprof-secrets"]
            for c in specs}
     ports = {n: kpfix.free_port() for n in ("cg", "ch", "ag", "ah", "h")}
-    etc = os.path.join(WORK, "etc")
+    base = os.path.join(WORK, name)
+    etc = os.path.join(base, "etc")
     os.makedirs(etc)
 
     def local(text, comp):
@@ -580,7 +584,7 @@ def check_daemons_start():
     procs = []
     try:
         init = by(docs, "ConfigMap", FULL + "-postgresql-init")["data"]["10-kprof-roles.sh"]
-        pgsec = os.path.join(WORK, "pg-secrets")
+        pgsec = os.path.join(base, "pg-secrets")
         os.makedirs(pgsec)
         for k in ("collectord-password", "analyzer-password"):
             with open(os.path.join(pgsec, k), "w") as f:
@@ -602,19 +606,21 @@ def check_daemons_start():
                                  ("analyzer", "analyzer", "ah")):
             ctr = specs[comp]["containers"][0]
             argv = [os.path.join(kpfix.BIN, rel, os.path.basename(ctr["command"][0]))]
-            procs.append(start(comp, argv + [local(a, comp) for a in ctr["args"]]))
+            procs.append(start(name + "-" + comp, argv + [local(a, comp) for a in ctr["args"]]))
             kpfix.wait_for(lambda: http_ok(ports[hport], "/readyz") or
                            procs[-1][0].poll() is not None, 30, comp + " /readyz")
             assert procs[-1][0].poll() is None, comp + " exited:\n" + open(
-                os.path.join(WORK, comp + ".log")).read()
-            print("%s ready with the chart's configuration, as %s" % (comp, users[comp]))
+                os.path.join(WORK, name + "-" + comp + ".log")).read()
+            print("%s: %s ready with the chart's configuration, as %s" % (name, comp,
+                                                                          users[comp]))
         ctr = specs["agent"]["containers"][0]
-        sock = os.path.join(WORK, "sock")
+        sock = os.path.join(base, "sock")
         os.makedirs(sock)
-        spool = os.path.join(WORK, "spool")
+        spool = os.path.join(base, "spool")
         args = [local(a, "agent").replace("$(NODE_NAME)", "gpu-node-1") for a in ctr["args"]]
         args += ["--socket=" + os.path.join(sock, "agent.sock"), "--spool-dir=" + spool]
-        procs.append(start("agent", [os.path.join(kpfix.BIN, "agent", "kprof-agent")] + args))
+        procs.append(start(name + "-agent", [os.path.join(kpfix.BIN, "agent", "kprof-agent")] +
+                           args))
 
         def attached():
             m = http_ok(ports["h"], "/metrics")
@@ -622,16 +628,18 @@ def check_daemons_start():
                 procs[-1][0].poll() is not None
         kpfix.wait_for(attached, 30, "the agent attached to collectord")
         assert procs[-1][0].poll() is None, "agent exited:\n" + open(
-            os.path.join(WORK, "agent.log")).read()
+            os.path.join(WORK, name + "-agent.log")).read()
         assert http_ok(ports["h"], "/readyz") and http_ok(ports["h"], "/healthz")
-        print("agent attached over TLS with the generated agent token, --host from the node")
+        print("%s: agent attached over TLS with its %s, --host from the node" % (
+            name, "certificate" if "tls-cert" in conf(docs, "kprof-agent") else "token"))
         kprofctl = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
         # The client tokens, as NOTES.txt tells a user to fetch them.
-        toks = os.path.join(WORK, "client")
+        toks = os.path.join(base, "client")
         os.makedirs(toks)
         for k in ("operator.token", "viewer.token"):
             with open(os.path.join(toks, k), "w") as f:
-                f.write(rendered_secrets(docs)[FULL + "-auth"][k])
+                f.write(dict(rendered_secrets(docs), **provided)[
+                    values.get("auth", {}).get("existingSecret") or FULL + "-auth"][k])
             os.chmod(os.path.join(toks, k), 0o600)
 
         def ctl(verb, token, *args):
@@ -648,8 +656,8 @@ def check_daemons_start():
         # The analyzer answers the viewer: no such run (3), not unreachable (5) or refused (1).
         p = ctl("breakdown", "viewer.token", "--run", "999999", "--rank", "0")
         assert p.returncode == 3, "kprofctl breakdown: %d %s" % (p.returncode, p.stderr)
-        print("kprofctl reads collectord with the generated operator token, the analyzer with the "
-              "viewer token")
+        print("%s: kprofctl reads collectord with the operator token, the analyzer with the "
+              "viewer token" % name)
     finally:
         for proc, log in reversed(procs):
             if proc.poll() is None:
@@ -712,7 +720,35 @@ def main():
     p = render(notes=True)
     assert p.returncode == 0 and "kprof-run" in p.stdout and "WARNING" in p.stdout, p.stderr
     assert "export KPROF_TLS_CA=" in p.stdout and "KPROF_TOKEN_FILE=" in p.stdout, p.stdout
-    check_daemons_start()
+    check_daemons_start("start-default", {}, {})
+    # One token per node, from existing Secrets.
+    tok = {k: os.urandom(24).hex() for k in ("op", "view", "n1", "n2")}
+    per_node = {
+        "kprof-auth": {"tokens": "operator admin %(op)s\nviewer v %(view)s\n"
+                                 "agent gpu-node-1 %(n1)s\nagent gpu-node-2 %(n2)s\n" % tok,
+                       "operator.token": tok["op"], "viewer.token": tok["view"]},
+        "kprof-agent-tokens": {"gpu-node-1.token": tok["n1"], "gpu-node-2.token": tok["n2"]}}
+    pv = {"auth": {"existingSecret": "kprof-auth"},
+          "agent": {"credentials": {"perNodeSecret": "kprof-agent-tokens"}}}
+    check_daemons_start("start-pernode", pv, per_node)
+    docs = render_docs(pv)
+    ds = by(docs, "DaemonSet", FULL + "-agent")["spec"]["template"]["spec"]
+    _, p = run_pod_init(docs, ds, "install", "pernode-missing", per_node, node="gpu-node-9",
+                        check=False)
+    assert p.returncode != 0 and "kprof-agent-tokens has no key gpu-node-9.token" in p.stderr, \
+        p.stderr
+    print("a node without its key in agent.credentials.perNodeSecret: the agent's init says so")
+    # Mutual TLS: the daemons' certificate and the agents' from existing Secrets.
+    pki = kpfix.make_pki(os.path.join(WORK, "pki"))
+    acrt, akey = pki.client("agent", "gpu-node-1")
+    rd = lambda f: open(f).read()  # noqa: E731
+    mtls = {"kprof-tls": {"ca.crt": rd(pki.ca), "tls.crt": rd(pki.server),
+                          "tls.key": rd(pki.server_key)},
+            "kprof-agent-certs": {"gpu-node-1.crt": rd(acrt), "gpu-node-1.key": rd(akey)}}
+    check_daemons_start("start-mtls", {"tls": {"existingSecret": "kprof-tls", "clientCA": True},
+                                       "agent": {"credentials": {
+                                           "mode": "certificate",
+                                           "perNodeSecret": "kprof-agent-certs"}}}, mtls)
     shutil.rmtree(WORK, ignore_errors=True)
     print("ok")
 
