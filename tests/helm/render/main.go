@@ -20,7 +20,10 @@
 // and dependencies, hooks ordering (hook annotations are passed through as text), -set's list
 // syntax, values.schema.json validation (the test does that separately), .Files.Glob/AsConfig/
 // AsSecrets, toToml, and helm's post-render checks (the test deserializes every object
-// with the Kubernetes models instead).
+// with the Kubernetes models instead). Values are decoded with yaml.v3 (integers stay int)
+// where helm goes through JSON (numbers become float64): the same text for the chart's
+// values, but a template that tests a number's type would differ. toYaml is yaml.v3's with an
+// indent of 2, not sigs.k8s.io/yaml's: the same objects, perhaps quoted differently.
 package main
 
 import (
