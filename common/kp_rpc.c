@@ -579,12 +579,19 @@ static void maybe_closed(struct kp_rpc_call *c)
 
 /* gRPC's own messages (a failed TLS handshake, a refused connection) go to kprof's log, in its
  * format and under its level, instead of gRPC's "E1126 ..." lines on stderr. */
+/* gRPC's "Failed accept4: ..." lines so far: the sign that a listener may have stopped (the
+ * watchdog's evidence, beside a queue that does not drain). */
+static unsigned accept_failures;
+
 static void grpc_log_cb(gpr_log_func_args *a)
 {
     enum kp_log_level level = a->severity == GPR_LOG_SEVERITY_ERROR  ? KP_LOG_WARN
                               : a->severity == GPR_LOG_SEVERITY_INFO ? KP_LOG_INFO
                                                                      : KP_LOG_DEBUG;
 
+    if (strncmp(a->message, "Failed accept", 13) == 0) {
+        __atomic_add_fetch(&accept_failures, 1, __ATOMIC_RELAXED);
+    }
     kp_log_write(level, "grpc", "%s", a->message);
 }
 
@@ -1035,6 +1042,11 @@ out:
  * taken as dead: gRPC accepts until EAGAIN on every wakeup, so a live listener empties the
  * queue within milliseconds. */
 #define WATCH_STALL_SAMPLES 3
+/* Without a failed accept in gRPC's log since the last look (a burst of connections that a
+ * busy server thread has not taken yet also waits in the queue), only a queue that has not
+ * drained for this many samples (10 s) counts as a dead listener: a restart resets the
+ * connections that wait, so it must not happen to a live one. */
+#define WATCH_STALL_SAMPLES_BLIND 20
 
 /* Creates a grpc_server on listen with s's args, completion queue, methods and credentials,
  * and starts it. Returns the server and its registered methods (*reg, owned), or NULL with
@@ -1221,7 +1233,7 @@ static void *watch_thread(void *arg)
 {
     struct kp_rpc_server *s = arg;
     int stalled = 0;
-    unsigned last = 0;
+    unsigned last = 0, failures_seen = __atomic_load_n(&accept_failures, __ATOMIC_RELAXED);
 
     pthread_mutex_lock(&s->mu);
     while (!s->watch_stop) {
@@ -1241,7 +1253,13 @@ static void *watch_thread(void *arg)
             stalled = q > 0 && q >= last ? stalled + 1 : 0;
             last = q;
         }
-        if (!listening || stalled >= WATCH_STALL_SAMPLES) {
+        if (stalled == 0) {
+            failures_seen = __atomic_load_n(&accept_failures, __ATOMIC_RELAXED);
+        }
+        if (!listening ||
+            (stalled >= WATCH_STALL_SAMPLES &&
+             __atomic_load_n(&accept_failures, __ATOMIC_RELAXED) != failures_seen) ||
+            stalled >= WATCH_STALL_SAMPLES_BLIND) {
             if (listening) {
                 kp_log_error("%s: gRPC stopped accepting connections (the process ran out of file "
                              "descriptors); restarting the listener on %s",
@@ -1259,6 +1277,7 @@ static void *watch_thread(void *arg)
             }
             stalled = 0;
             last = 0;
+            failures_seen = __atomic_load_n(&accept_failures, __ATOMIC_RELAXED);
         }
         pthread_mutex_lock(&s->mu);
     }
