@@ -23,7 +23,9 @@
      the bundled PostgreSQL's init script run against the test PostgreSQL), on loopback: the
      migration applies as the owner, collectord and the analyzer become ready as the writer
      and reader users, the agent attaches with the generated agent token over TLS, and
-     kprofctl reads collectord and the analyzer with the generated operator token.
+     kprofctl reads collectord and the analyzer with the generated operator token; again with
+     one token per node and with mutual TLS from existing Secrets, where a new version of the
+     token Secret (swapped in as kubelet does) reaches the daemons without a restart.
 Skips (77) when go, sprig or python3-kubernetes is missing (CI installs them)."""
 import base64
 import copy
@@ -401,16 +403,20 @@ def rendered_secrets(docs):
     return out
 
 
-def layout_secret_volume(vol, d, secrets, what):
-    """A secret or projected volume as kubelet lays it out in d: the files under ..data with
-    the volume's mode, a link beside each; every Secret and key it names must exist."""
-    os.makedirs(os.path.join(d, "..data"))
+def layout_secret_volume(vol, d, secrets, what, version=1):
+    """A secret or projected volume as kubelet lays it out in d: the files in a directory of
+    this version, with the volume's mode, ..data a link to it, and a link ..data/PATH for each
+    file; a later version swaps ..data in one rename, as kubelet updates a Secret. Every Secret
+    and key the volume names must exist."""
+    ver = "..v%d" % version
+    os.makedirs(os.path.join(d, ver))
     if "secret" in vol:
         srcs, mode = [vol["secret"] | {"name": vol["secret"]["secretName"]}], \
             vol["secret"].get("defaultMode", 0o644)
     else:
         srcs, mode = [x["secret"] for x in vol["projected"]["sources"]], \
             vol["projected"].get("defaultMode", 0o644)
+    links = []
     for src in srcs:
         assert src["name"] in secrets, "%s: Secret %s is neither rendered nor provided" % (
             what, src["name"])
@@ -419,11 +425,16 @@ def layout_secret_volume(vol, d, secrets, what):
         for it in items:
             assert it["key"] in sec, "%s: Secret %s has no key %s" % (what, src["name"],
                                                                       it["key"])
-            path = os.path.join(d, "..data", it["path"])
+            path = os.path.join(d, ver, it["path"])
             with open(path, "w") as f:
                 f.write(sec[it["key"]])
             os.chmod(path, mode)
-            os.symlink(os.path.join("..data", it["path"]), os.path.join(d, it["path"]))
+            links.append(it["path"])
+    os.symlink(ver, os.path.join(d, "..data_tmp"))
+    os.replace(os.path.join(d, "..data_tmp"), os.path.join(d, "..data"))
+    for path in links:
+        if not os.path.lexists(os.path.join(d, path)):
+            os.symlink(os.path.join("..data", path), os.path.join(d, path))
 
 
 def run_pod_init(docs, spec, init_name, name, provided=None, node="gpu-node-1", check=True):
@@ -443,6 +454,7 @@ def run_pod_init(docs, spec, init_name, name, provided=None, node="gpu-node-1", 
         d = os.path.join(base, m["name"])
         vol = vols[m["name"]]
         if "secret" in vol or "projected" in vol:
+            os.makedirs(d)
             layout_secret_volume(vol, d, secrets, name)
         else:
             os.makedirs(d)
@@ -459,7 +471,6 @@ def run_pod_init(docs, spec, init_name, name, provided=None, node="gpu-node-1", 
         assert p.returncode == 0, "%s: init container %s failed:\n%s" % (name, init_name,
                                                                          p.stderr)
         out = paths["/run/kprof-secrets"]
-        assert len(os.listdir(out)) >= 2, os.listdir(out)
         for f in os.listdir(out):
             mode = os.stat(os.path.join(out, f)).st_mode
             assert mode & 0o077 == 0, "%s: %s is mode %o" % (name, f, mode & 0o777)
@@ -549,16 +560,17 @@ def check_daemons_start(name, values, provided):
     specs = {c: by(docs, "Deployment", FULL + "-" + c)["spec"]["template"]["spec"]
              for c in ("collectord", "analyzer")}
     specs["agent"] = by(docs, "DaemonSet", FULL + "-agent")["spec"]["template"]["spec"]
-    sec = {c: run_pod_init(docs, specs[c], "install" if c == "agent" else "secrets",
-                           "%s-%s" % (name, c), provided)[0]["/run/kprof-secrets"]
-           for c in specs}
+    mounts = {c: run_pod_init(docs, specs[c], "install" if c == "agent" else "secrets",
+                              "%s-%s" % (name, c), provided)[0] for c in specs}
+    sec = {c: mounts[c]["/run/kprof-secrets"] for c in specs}
     ports = {n: kpfix.free_port() for n in ("cg", "ch", "ag", "ah", "h")}
     base = os.path.join(WORK, name)
     etc = os.path.join(base, "etc")
     os.makedirs(etc)
 
     def local(text, comp):
-        text = text.replace("/run/kprof-secrets/", sec[comp] + "/")
+        for mp in sorted(mounts[comp], key=len, reverse=True):
+            text = text.replace(mp + "/", mounts[comp][mp] + "/")
         text = text.replace("/etc/kprof/", etc + "/")
         text = text.replace("host=%s-postgresql port=5432" % FULL,
                             "host=%s port=%s" % (pg["host"], pg["port"]))
@@ -646,7 +658,8 @@ def check_daemons_start(name, values, provided):
             # As NOTES.txt sets it up (there through port-forwards to the default ports).
             env = dict(POD_ENV, KPROF_COLLECTOR="127.0.0.1:%d" % ports["cg"],
                        KPROF_ANALYZER="127.0.0.1:%d" % ports["ag"],
-                       KPROF_TLS_CA=os.path.join(sec["agent"], "ca.crt"),
+                       KPROF_TLS_CA=os.path.join(mounts["agent"]["/etc/kprof/secrets-in"],
+                                                 "ca.crt"),
                        KPROF_TOKEN_FILE=os.path.join(toks, token))
             return subprocess.run([kprofctl, verb] + list(args), capture_output=True, text=True,
                                   timeout=60, env=env)
@@ -658,6 +671,28 @@ def check_daemons_start(name, values, provided):
         assert p.returncode == 3, "kprofctl breakdown: %d %s" % (p.returncode, p.stderr)
         print("%s: kprofctl reads collectord with the operator token, the analyzer with the "
               "viewer token" % name)
+        auth = values.get("auth", {}).get("existingSecret")
+        if auth:
+            # A new version of the Secret: the daemons take the new operator token and refuse
+            # the old one, without a restart.
+            new_tok = os.urandom(24).hex()
+            old_tok = provided[auth]["operator.token"]
+            rotated = dict(provided, **{auth: dict(
+                provided[auth], tokens=provided[auth]["tokens"].replace(old_tok, new_tok))})
+            for c in ("collectord", "analyzer"):
+                vol = [v for v in specs[c]["volumes"] if v["name"] == "secrets-in"][0]
+                layout_secret_volume(vol, mounts[c]["/etc/kprof/secrets-in"],
+                                     dict(rendered_secrets(docs), **rotated), name, version=2)
+            with open(os.path.join(toks, "operator.token"), "w") as f:
+                f.write(new_tok)
+            kpfix.wait_for(lambda: ctl("runs", "operator.token").returncode == 0, 10,
+                           "collectord taking the rotated operator token")
+            with open(os.path.join(toks, "operator.token"), "w") as f:
+                f.write(old_tok)
+            p = ctl("runs", "operator.token")
+            assert p.returncode == 7, "the old token: %d %s" % (p.returncode, p.stderr)
+            assert all(proc.poll() is None for proc, _ in procs)
+            print("%s: a rotated token table reaches the daemons without a restart" % name)
     finally:
         for proc, log in reversed(procs):
             if proc.poll() is None:

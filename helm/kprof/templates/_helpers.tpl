@@ -113,11 +113,15 @@ cannot give a non-root user a 0600 file of its own.
     - {name: secrets, mountPath: /run/kprof-secrets}
 {{- end -}}
 
-{{/* The daemons' security settings (collectord, analyzer). */}}
+{{/*
+The daemons' security settings (collectord, analyzer). The token table is read where the
+Secret is mounted (mode 0440 through fsGroup, which a token table may have): a new version of
+the Secret reaches the files, and the daemons re-read the table, without a restart.
+*/}}
 {{- define "kprof.serverSecurityConf" -}}
 tls-cert = /run/kprof-secrets/tls.crt
 tls-key = /run/kprof-secrets/tls.key
-auth-tokens = /run/kprof-secrets/tokens
+auth-tokens = /etc/kprof/secrets-in/tokens
 {{- if .Values.tls.clientCA }}
 tls-client-ca = /run/kprof-secrets/ca.crt
 {{- end }}
