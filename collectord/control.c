@@ -285,7 +285,7 @@ static void lookup_done(struct kp_control *c, uint64_t run_id, int rc,
 static void run_lookup(struct kp_control *c, struct job *j)
 {
     struct kp_store_run_owner o = { 0 };
-    char err[512] = "", why[600];
+    char err[512] = "", why[768];
     PGconn *pg;
     int rc;
 
