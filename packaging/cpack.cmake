@@ -8,7 +8,9 @@
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME kprof)
 set(CPACK_PACKAGE_VENDOR "kprof")
-set(CPACK_PACKAGE_CONTACT "kprof maintainers <kprof@localhost>")
+set(KPROF_DEB_MAINTAINER "kprof maintainers <kprof-maintainers@example.org>" CACHE STRING
+    "Maintainer field of the Debian packages")
+set(CPACK_PACKAGE_CONTACT "${KPROF_DEB_MAINTAINER}")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_DIRECTORY ${CMAKE_BINARY_DIR}/packages)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
@@ -46,7 +48,26 @@ set(KP_DEB_kprofctl_NAME kprofctl)
 set(KP_DEB_kprofctl_UNIT "")
 set(KP_DEB_kprofctl_SUMMARY "kprof command line: captures and analyses")
 set(KP_DEB_kprofctl_TEXT
-    "Starts and follows captures of training jobs and shows their analyses. kprof-analyze\nanalyses trace files offline.")
+    "Starts and follows captures of training jobs and shows their analyses.\nkprof-analyze analyses trace files offline.")
+
+# Debian's changelog of a native package (/usr/share/doc/<package>/changelog.gz), one entry
+# for this version, dated by the last commit when there is one (reproducible builds).
+set(KP_DEB_CHANGELOG ${CMAKE_BINARY_DIR}/packaging/debian/changelog.gz)
+set(kp_date "")
+find_package(Git QUIET)
+if(GIT_FOUND)
+  execute_process(COMMAND ${GIT_EXECUTABLE} log -1 --format=%cD WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}
+                  OUTPUT_VARIABLE kp_date OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+endif()
+if(kp_date STREQUAL "")
+  set(kp_date "Thu, 01 Jan 2026 00:00:00 +0000")
+endif()
+file(WRITE ${CMAKE_BINARY_DIR}/packaging/debian/changelog
+     "kprof (${PROJECT_VERSION}) unstable; urgency=medium\n\n  * Release ${PROJECT_VERSION}.\n\n -- ${KPROF_DEB_MAINTAINER}  ${kp_date}\n")
+execute_process(COMMAND gzip -9nf ${CMAKE_BINARY_DIR}/packaging/debian/changelog RESULT_VARIABLE kp_rc)
+if(NOT kp_rc EQUAL 0)
+  message(FATAL_ERROR "gzip failed on packaging/debian/changelog")
+endif()
 
 foreach(c ${CPACK_COMPONENTS_ALL})
   string(TOUPPER ${c} C)
@@ -57,6 +78,8 @@ foreach(c ${CPACK_COMPONENTS_ALL})
   set(CPACK_DEBIAN_${C}_DESCRIPTION "${KP_DEB_${c}_SUMMARY}\n${KP_DEB_${c}_TEXT}")
   file(WRITE ${CMAKE_BINARY_DIR}/packaging/debian/${c}/conffiles "/etc/kprof/${pkg}.conf\n")
   set(extra ${CMAKE_BINARY_DIR}/packaging/debian/${c}/conffiles)
+  install(FILES ${CMAKE_CURRENT_SOURCE_DIR}/packaging/debian/copyright ${KP_DEB_CHANGELOG}
+          DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/${pkg} COMPONENT ${c})
   if(NOT KP_DEB_${c}_UNIT STREQUAL "")
     set(KP_PACKAGE ${pkg})
     set(KP_UNIT ${KP_DEB_${c}_UNIT})
