@@ -38,6 +38,7 @@
 #include "kp_str.h"
 #include "kp_strbuf.h"
 #include "metrics.h"
+#include "preflight.h"
 #include "session.h"
 #include "spool.h"
 #include "uplink.h"
@@ -199,6 +200,10 @@ int kp_agent_create(const struct kp_agent_config *cfg, struct kp_agent **out, ch
         snprintf(errbuf, errlen, "cannot register metrics");
         goto fail;
     }
+    kp_metric_set(a->m.profiling_admin_only,
+                  cfg->nvidia_params != NULL && cfg->nvidia_params[0] != '\0'
+                      ? kp_preflight_profiling_log(cfg->nvidia_params)
+                      : -1);
     if ((rc = kp_spool_open(cfg->spool_dir, (uint64_t) cfg->spool_max_bytes, 0, &a->spool, errbuf,
                             errlen)) != 0) {
         goto fail;

@@ -38,8 +38,9 @@ struct kp_agent_config {
     char *ready_file;            /* written with "socket=<path>" (and "http=...") once listening */
     int log_level;               /* index into error, warn, info, debug */
     char *host;                  /* this node's name for logs; "" : gethostname() */
-    bool attach; /* Control.Attach to collectord: reports, capture commands (without it the
-                  * agent only uploads what is spooled: nothing can start a capture) */
+    bool attach;         /* Control.Attach to collectord: reports, capture commands (without it the
+                          * agent only uploads what is spooled: nothing can start a capture) */
+    char *nvidia_params; /* the NVIDIA driver's parameters file (preflight.h); "": not read */
 };
 
 /*
