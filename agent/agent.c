@@ -139,10 +139,14 @@ static int loop_fds(struct kp_agent *a, char *errbuf, size_t errlen)
 static int local_side(struct kp_agent *a, char *errbuf, size_t errlen)
 {
     const struct kp_agent_config *cfg = &a->cfg;
-    struct kp_sessions_config sc = { cfg->socket,    cfg->socket_mode,
-                                     cfg->allow_uid, cfg->max_sessions,
-                                     a->agent_id,    a->epfd,
-                                     &a->m };
+    struct kp_sessions_config sc = { .socket = cfg->socket,
+                                     .socket_mode = cfg->socket_mode,
+                                     .allow_uid = cfg->allow_uid,
+                                     .allow_group = cfg->allow_group,
+                                     .max_sessions = cfg->max_sessions,
+                                     .agent_id = a->agent_id,
+                                     .epfd = a->epfd,
+                                     .metrics = &a->m };
     struct kp_captures_config cc;
     struct epoll_event ev;
     int rc;

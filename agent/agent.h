@@ -22,6 +22,7 @@ struct kp_agent_config {
     char *socket;      /* AF_UNIX SOCK_SEQPACKET path */
     char *socket_mode; /* octal, e.g. "0660" */
     char *allow_uid;   /* comma list of uids or user names; own uid and root always allowed */
+    char *allow_group; /* comma list of gids or group names whose members are allowed */
     char *collector;   /* host:port of kprof-collectord */
     char *tls_ca;      /* PEM of the collector's CA; empty: plaintext */
     char *tls_cert;    /* mutual TLS: this agent's certificate (urn:kprof:agent:HOST); "" none */

@@ -30,6 +30,10 @@ static const struct kp_config_def agent_config[] = {
       "comma list of uids or user names allowed to connect (the agent's own uid and root "
       "always are)",
       NULL, false },
+    { "allow-group", KP_CONFIG_STRING, "", 0, 1000, OFF(allow_group),
+      "comma list of gids or group names whose members (primary or supplementary group) are "
+      "allowed to connect",
+      NULL, false },
     { "collector", KP_CONFIG_STRING, "127.0.0.1:7070", 1, 512, OFF(collector),
       "kprof-collectord gRPC address, host:port", NULL, false },
     { "tls-ca", KP_CONFIG_STRING, "", 0, 0, OFF(tls_ca),

@@ -57,6 +57,8 @@ rd=$(sed -n 's|^RuntimeDirectory=||p' "$agent")
 [ "$(dirname "$sock")" = "/run/$rd" ] || bad "agent socket $sock is not in RuntimeDirectory=$rd"
 grep -qx "RuntimeDirectoryMode=0750" "$agent" || bad "agent: RuntimeDirectoryMode is not 0750"
 grep -qx "Group=kprof-users" "$agent" || bad "agent: socket group is not kprof-users"
+# The group that reaches the socket is the group the agent lets in.
+grep -q "^ExecStart=.* --allow-group=kprof-users" "$agent" || bad "agent: no --allow-group=kprof-users"
 spool=$(sed -n 's|^ExecStart=.* --spool-dir=\([^ ]*\).*|\1|p' "$agent")
 sd=$(sed -n 's|^StateDirectory=||p' "$agent")
 case $spool in "/var/lib/$sd"/*) ;; *) bad "agent spool $spool is not in StateDirectory=$sd" ;; esac
@@ -64,7 +66,7 @@ for want in MemoryMax= CPUQuota=; do
     grep -q "^$want" "$agent" || bad "agent: no $want (the node's jobs come first)"
 done
 # The flags the unit passes exist in the agent (it would refuse to start otherwise).
-"$bin/agent/kprof-agent" --socket="$sock" --socket-mode=0660 --spool-dir="$spool" --dry-run \
+"$bin/agent/kprof-agent" $(sed -n 's|^ExecStart=[^ ]*||p' "$agent") --nvidia-params= --dry-run \
     >/dev/null || bad "kprof-agent does not take the unit's flags"
 
 [ "$fail" = 0 ] && echo "units OK"
