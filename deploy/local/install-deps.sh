@@ -10,8 +10,8 @@ pkgs=(
   python3 python3-grpcio python3-protobuf openssl
   libpq-dev postgresql postgresql-client
   libcmocka-dev librdkafka-dev zlib1g-dev
-  # packaging/: the .debs' checks (dpkg-shlibdeps, lintian) and the units' (systemd-analyze)
-  dpkg-dev lintian systemd
+  # packaging/: the packages' checks (dpkg-shlibdeps, lintian, mmdebstrap) and the units' (systemd-analyze)
+  dpkg-dev lintian systemd mmdebstrap
 )
 
 sudo_cmd=()
