@@ -11,7 +11,6 @@ import os
 import kpfix
 
 kpfix.require_env()
-from test_emfile import Daemon  # noqa: E402
 
 AGENT = os.path.join(kpfix.BIN, "agent", "kprof-agent")
 DIR = os.path.join(kpfix.TEST_DIR, "it_agent_preflight")
@@ -20,10 +19,11 @@ PARAMS = ("ResmanDebugLevel: 4294967295\nRmLogonRC: 1\nModifyDeviceFiles: 1\n"
 
 
 def agent_with(name, params_arg):
-    d = Daemon("it_agent_preflight_" + name,
-               [AGENT, "--socket", os.path.join(DIR, name + ".sock"), "--collector", "127.0.0.1:1",
-                "--spool-dir", os.path.join(DIR, "spool-" + name), "--nvidia-params", params_arg],
-               preexec=None, grpc=False)
+    d = kpfix.Daemon("it_agent_preflight_" + name,
+                     [AGENT, "--socket", os.path.join(DIR, name + ".sock"), "--collector",
+                      "127.0.0.1:1", "--spool-dir", os.path.join(DIR, "spool-" + name),
+                      "--nvidia-params", params_arg],
+                     preexec=None, grpc=False)
     try:
         status, body = d.get("/metrics")
         assert status == 200, (status, body)
