@@ -10,6 +10,8 @@ pkgs=(
   python3 python3-grpcio python3-protobuf openssl
   libpq-dev postgresql postgresql-client
   libcmocka-dev librdkafka-dev zlib1g-dev
+  # packaging/: the packages' checks (dpkg-shlibdeps, lintian, mmdebstrap) and the units' (systemd-analyze)
+  dpkg-dev lintian systemd mmdebstrap
   # it.test_helm: renders helm/kprof (Go text/template + sprig), checks it with Kubernetes' models
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev python3-kubernetes python3-jsonschema python3-yaml
 )
