@@ -10,6 +10,7 @@ pkgs=(
   python3 python3-grpcio python3-protobuf openssl
   libpq-dev postgresql postgresql-client
   libcmocka-dev librdkafka-dev zlib1g-dev
+  mmdebstrap umoci # deploy/image/build.sh and it.test_image: the OCI image from the .debs
 )
 
 sudo_cmd=()
