@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "kp_auth.h"
 #include "kp_config.h"
@@ -71,6 +74,7 @@ int kp_daemon_signals_wait(const char *module)
     stop_set(&set);
     sigwait(&set, &sig);
     kp_log_write(KP_LOG_INFO, module, "stopping signal=%s", sig == SIGTERM ? "TERM" : "INT");
+    kp_daemon_notify("STOPPING=1");
     return sig;
 }
 
@@ -115,6 +119,7 @@ static void *sigwatch_main(void *arg)
     pthread_mutex_unlock(&w->mu);
     if (!done) {
         kp_log_write(KP_LOG_INFO, w->module, "stopping signal=%s", sig == SIGTERM ? "TERM" : "INT");
+        kp_daemon_notify("STOPPING=1");
         w->stop(w->ud);
     }
     return NULL;
@@ -186,12 +191,52 @@ int kp_daemon_ready_write(const char *ready_file, const char *key, const char *v
 {
     char addr[32];
     struct kp_ready_entry e[] = { { key, value }, { "http", NULL } };
+    int rc;
 
     if (http != NULL) {
         snprintf(addr, sizeof(addr), "127.0.0.1:%d", kp_http_port(http));
         e[1].value = addr;
     }
-    return kp_ready_file_write(ready_file, e, 2, errbuf, errlen);
+    if ((rc = kp_ready_file_write(ready_file, e, 2, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    if ((rc = kp_daemon_notify("READY=1\nSTATUS=serving")) != 0) {
+        kp_log_write(KP_LOG_WARN, "daemon",
+                     "cannot tell systemd the daemon is ready (NOTIFY_SOCKET) err=\"%s\"",
+                     strerror(-rc));
+    }
+    return 0;
+}
+
+int kp_daemon_notify(const char *state)
+{
+    const char *path = getenv("NOTIFY_SOCKET");
+    struct sockaddr_un sa;
+    size_t len;
+    int fd, rc = 0;
+
+    if (path == NULL || path[0] == '\0') {
+        return 0;
+    }
+    len = strlen(path);
+    if ((path[0] != '/' && path[0] != '@') || len >= sizeof(sa.sun_path)) {
+        return -EINVAL;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, path, len);
+    if (path[0] == '@') {
+        sa.sun_path[0] = '\0'; /* abstract namespace */
+    }
+    if ((fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0) {
+        return -errno;
+    }
+    if (sendto(fd, state, strlen(state), MSG_NOSIGNAL, (const struct sockaddr *) &sa,
+               (socklen_t) (offsetof(struct sockaddr_un, sun_path) + len)) < 0) {
+        rc = -errno;
+    }
+    close(fd);
+    return rc;
 }
 
 bool kp_daemon_listen_is_local(const char *listen)

@@ -150,8 +150,21 @@ int kp_daemon_http_start(const char *listen, const char *metrics_token_file,
                          char *errbuf, size_t errlen);
 
 /* Writes ready_file (kp_ready_file_write; NULL or "": nothing) with key=value and, when http
- * is not NULL, http=127.0.0.1:<its port>. Returns 0 or kp_ready_file_write's code and message. */
+ * is not NULL, http=127.0.0.1:<its port>, then tells systemd the daemon is serving
+ * (kp_daemon_notify "READY=1"; a failure there is logged, not returned). Every daemon calls it
+ * once, when it serves. Returns 0 or kp_ready_file_write's code and message. */
 int kp_daemon_ready_write(const char *ready_file, const char *key, const char *value,
                           const struct kp_http *http, char *errbuf, size_t errlen);
+
+/*
+ * Sends state ("READY=1", "STOPPING=1", "STATUS=...", newline-separated) to the service manager
+ * over $NOTIFY_SOCKET, the sd_notify(3) protocol (a datagram to a unix socket path, or to an
+ * abstract one when the variable starts with '@'), so that a Type=notify systemd unit knows
+ * when the daemon serves and when it stops. Written here rather than linked from libsystemd so
+ * that readiness never depends on how the binary was built. Returns 0 (also when
+ * NOTIFY_SOCKET is unset or empty: not under systemd), -EINVAL for an address it cannot use,
+ * or -errno from socket or sendto.
+ */
+int kp_daemon_notify(const char *state);
 
 #endif

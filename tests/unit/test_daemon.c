@@ -6,12 +6,15 @@
 
 #include <cmocka.h>
 
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "kp_daemon.h"
@@ -113,12 +116,81 @@ static void test_http_and_ready_file(void **state)
     rmdir(dir);
 }
 
+/* A unix datagram socket bound at path (a leading '@': the abstract namespace), as systemd's
+ * NOTIFY_SOCKET; returns its fd. */
+static int notify_listener(const char *path)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    size_t len = strlen(path);
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+    assert_true(fd >= 0);
+    memcpy(sa.sun_path, path, len);
+    if (path[0] == '@') {
+        sa.sun_path[0] = '\0';
+    }
+    assert_int_equal(bind(fd, (struct sockaddr *) &sa,
+                          (socklen_t) (offsetof(struct sockaddr_un, sun_path) + len)),
+                     0);
+    return fd;
+}
+
+/* The datagram waiting on fd, as a string (empty if none came). */
+static const char *notify_got(int fd)
+{
+    static char buf[256];
+    ssize_t n = recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT);
+
+    buf[n > 0 ? n : 0] = '\0';
+    return buf;
+}
+
+/* Readiness reaches systemd's NOTIFY_SOCKET when a daemon writes its ready file (a path or an
+ * abstract socket); stopping is told as STOPPING=1; outside systemd nothing is sent. */
+static void test_notify(void **state)
+{
+    char dir[] = "/tmp/kp_daemon.XXXXXX", path[256], abs[64], err[256] = "";
+    int fd;
+
+    (void) state;
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/notify", dir);
+    fd = notify_listener(path);
+    unsetenv("NOTIFY_SOCKET");
+    assert_int_equal(kp_daemon_notify("READY=1"), 0);
+    assert_string_equal(notify_got(fd), "");
+    setenv("NOTIFY_SOCKET", path, 1);
+    assert_int_equal(kp_daemon_ready_write(NULL, "grpc", "127.0.0.1:7", NULL, err, sizeof(err)), 0);
+    assert_string_equal(notify_got(fd), "READY=1\nSTATUS=serving");
+    assert_int_equal(kp_daemon_notify("STOPPING=1"), 0);
+    assert_string_equal(notify_got(fd), "STOPPING=1");
+    close(fd);
+    unlink(path);
+
+    snprintf(abs, sizeof(abs), "@kp_daemon_test_%ld", (long) getpid());
+    fd = notify_listener(abs);
+    setenv("NOTIFY_SOCKET", abs, 1);
+    assert_int_equal(kp_daemon_notify("READY=1"), 0);
+    assert_string_equal(notify_got(fd), "READY=1");
+    close(fd);
+
+    setenv("NOTIFY_SOCKET", "relative/path", 1);
+    assert_int_equal(kp_daemon_notify("READY=1"), -EINVAL);
+    /* A socket that is gone: the ready file is still written and the call succeeds. */
+    setenv("NOTIFY_SOCKET", path, 1);
+    assert_true(kp_daemon_notify("READY=1") < 0);
+    assert_int_equal(kp_daemon_ready_write(NULL, "grpc", "127.0.0.1:7", NULL, err, sizeof(err)), 0);
+    unsetenv("NOTIFY_SOCKET");
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_signals_wait),
         cmocka_unit_test(test_sigwatch),
         cmocka_unit_test(test_http_and_ready_file),
+        cmocka_unit_test(test_notify),
     };
 
     kp_daemon_signals_block(); /* before any thread, as a daemon's main does */
