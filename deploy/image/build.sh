@@ -7,7 +7,8 @@
 #
 #   deploy/image/build.sh [--debs DIR] [--out DIR] [--tag TAG] [--force]
 #
-#   --debs DIR   the kprof .debs (default: build/packages, what `cpack` writes there)
+#   --debs DIR   the kprof .debs (default: build/packages, which
+#                `cmake --build build --target debs` writes)
 #   --out DIR    where the image goes (default: build/image):
 #                  DIR/kprof-oci/      the OCI image layout, tagged TAG and latest
 #                  DIR/kprof-oci.tar   the same as an oci-archive (podman load, skopeo copy)
@@ -52,7 +53,7 @@ done
 for tool in mmdebstrap umoci dpkg-deb sha256sum; do
   command -v "$tool" >/dev/null || die "$tool is not installed; run deploy/local/install-deps.sh"
 done
-[ -d "$debs" ] || die "no directory $debs: build the packages first (cpack in the build directory)"
+[ -d "$debs" ] || die "no directory $debs: build the packages first: cmake --build build --target debs"
 debs=$(cd "$debs" && pwd)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -62,7 +63,7 @@ want=(kprof-collectord kprof-analyzer kprof-agent kprofctl)
 files=()
 for p in "${want[@]}"; do
   mapfile -t found < <(ls -1 "$debs/${p}"_*.deb 2>/dev/null | sort -V)
-  [ "${#found[@]}" -gt 0 ] || die "no ${p}_*.deb in $debs: build the packages first (cpack in the build directory)"
+  [ "${#found[@]}" -gt 0 ] || die "no ${p}_*.deb in $debs: build the packages first: cmake --build build --target debs"
   [ "${#found[@]}" -eq 1 ] || die "several ${p}_*.deb in $debs (${found[*]}); remove the old ones"
   files+=("${found[0]}")
 done

@@ -13,7 +13,7 @@ which must hold every step of the trace. Each daemon must run as the image's use
 machine's container), each process is chroot into the root filesystem in a mount namespace of
 its own (unshare), where the PostgreSQL socket directory and /proc are mounted: nothing is
 mounted on the host, and the mounts go with the process. Needs root, mmdebstrap, umoci and the
-.debs (cpack in the build tree, or KPROF_IMAGE_DEBS); exits 77 (skipped) without root or the
+.debs (the build's target debs, or a directory in KPROF_IMAGE_DEBS); exits 77 (skipped) without root or the
 tools. Stops every process by pid and removes the bundle.
 """
 import glob
@@ -47,22 +47,15 @@ def skip(why):
 
 def debs_dir():
     """The directory of the kprof .debs: KPROF_IMAGE_DEBS, else the build tree's packages/,
-    made there with cpack when a package is missing."""
+    made from the binaries as they are (the build's "debs" target: cpack)."""
     d = os.environ.get("KPROF_IMAGE_DEBS")
     if d:
         return d
-    d = os.path.join(kpfix.BIN, "packages")
-    names = ("kprof-collectord", "kprof-analyzer", "kprof-agent", "kprofctl")
-    if all(glob.glob(os.path.join(d, n + "_*.deb")) for n in names):
-        return d
-    cfg = os.path.join(kpfix.BIN, "CPackConfig.cmake")
-    assert os.path.exists(cfg), "no %s: the build tree has no packaging (CPack)" % cfg
-    p = subprocess.run(["cpack", "--config", cfg, "-G", "DEB"], cwd=kpfix.BIN,
-                       capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    assert p.returncode == 0, "cpack failed:\n%s\n%s" % (p.stdout, p.stderr)
-    missing = [n for n in names if not glob.glob(os.path.join(d, n + "_*.deb"))]
-    assert not missing, "cpack made no %s in %s" % (missing, d)
-    return d
+    p = subprocess.run(["cmake", "--build", kpfix.BIN, "--target", "debs"], capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL, timeout=600)
+    assert p.returncode == 0, "cmake --build --target debs failed:\n%s\n%s" % (p.stdout,
+                                                                               p.stderr)
+    return os.path.join(kpfix.BIN, "packages")
 
 
 def blob(layout, digest):
@@ -116,6 +109,17 @@ class Image:
         os.chown(dst, self.uid, self.gid)
         os.chmod(dst, mode)
         return inside
+
+    def conf(self, daemon):
+        """The image's /etc/kprof/DAEMON.conf as a dict ("key = value" lines)."""
+        out = {}
+        with open(self.path("/etc/kprof/%s.conf" % daemon)) as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith("#") and "=" in line:
+                    k, v = line.split("=", 1)
+                    out[k.strip()] = v.strip()
+        return out
 
     def argv(self, args, env=()):
         """The host command that runs args in the image as its user, with its Env (plus env) and
@@ -235,36 +239,47 @@ def main():
         if os.environ.get("PGPASSFILE"):
             pgenv = ["PGPASSFILE=" + img.put(os.environ["PGPASSFILE"], "/etc/kprof/test/pgpass")]
 
-        # TLS material and tokens, made on the host and copied in (owned by the image's user).
+        # TLS material and tokens, made on the host and put where the image's own configuration
+        # (the packages' /etc/kprof/<daemon>.conf) expects them, as a deployment mounts its
+        # Secrets, owned by the image's user. The environment sets what a deployment sets:
+        # addresses (port 0 here), the database, the agent's collector and node.
         pki = kpfix.make_pki(os.path.join(tmp, "pki"))
         toks = {r: subprocess.run(["openssl", "rand", "-hex", "24"], capture_output=True,
                                   text=True, check=True).stdout.strip()
                 for r in ("agent", "operator")}
         table = kpfix.write_tokens(os.path.join(tmp, "tokens"), [
             "agent %s %s" % (NODE, toks["agent"]), "operator operator %s" % toks["operator"]])
-        sec = "/etc/kprof/test"
-        files = {}
-        for key, src in (("ca", pki.ca), ("cert", pki.server), ("key", pki.server_key),
-                         ("tokens", table)):
-            files[key] = img.put(src, "%s/%s" % (sec, os.path.basename(src)))
         for role in toks:
-            path = os.path.join(tmp, role + ".token")
-            with open(path, "w") as f:
+            with open(os.path.join(tmp, role + ".token"), "w") as f:
                 f.write(toks[role] + "\n")
-            files[role] = img.put(path, "%s/%s.token" % (sec, role))
-        trace_in = img.put(TRACE, "/var/lib/kprof/" + os.path.basename(TRACE), 0o644)
-        serve = ["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
-                 "--tls-cert", files["cert"], "--tls-key", files["key"],
-                 "--auth-tokens", files["tokens"], "--pg-conninfo", conninfo]
+        conf = {d: img.conf(d) for d in ("kprof-collectord", "kprof-analyzer", "kprof-agent")}
+        for d in ("kprof-collectord", "kprof-analyzer"):
+            for key, src in (("tls-cert", pki.server), ("tls-key", pki.server_key),
+                             ("auth-tokens", table)):
+                assert conf[d].get(key), "the image's %s.conf sets no %s" % (d, key)
+                img.put(src, conf[d][key])
+        for key, src in (("tls-ca", pki.ca), ("token-file", os.path.join(tmp, "agent.token"))):
+            assert conf["kprof-agent"].get(key), "the image's kprof-agent.conf sets no " + key
+            img.put(src, conf["kprof-agent"][key])
+        ca = img.put(pki.ca, "/var/lib/kprof/user/ca.pem")
+        operator = img.put(os.path.join(tmp, "operator.token"), "/var/lib/kprof/user/token")
+        trace_in = img.put(TRACE, "/var/lib/kprof/user/" + os.path.basename(TRACE), 0o644)
+        # The test database's conninfo; no password file (the packages' configuration names
+        # one for a production database), libpq's PGPASSFILE when the test cluster needs it.
+        db = ["KPROF_PG_CONNINFO=" + conninfo, "KPROF_PG_PASSWORD_FILE="] + pgenv
+
+        def serve(name):
+            return db + ["KPROF_LISTEN=127.0.0.1:0", "KPROF_HTTP_LISTEN=127.0.0.1:0",
+                         "KPROF_READY_FILE=/run/kprof/%s.ready" % name]
 
         helptext = img.run(["kprof-collectord", "--help"]).stdout
         if "--migrate" in helptext:
-            q = img.run(["kprof-collectord", "--migrate", "--pg-conninfo", conninfo], pgenv)
+            q = img.run(["kprof-collectord", "--migrate"], db)
             assert q.returncode == 0, "kprof-collectord --migrate: %s" % q.stderr
 
-        def launch(name, args):
+        def launch(name, args, env):
             logs[name] = os.path.join(tmp, name + ".log")
-            p = img.start(args, open(logs[name], "w"), pgenv)
+            p = img.start(args, open(logs[name], "w"), env)
             procs.append((name, p))
             return p
 
@@ -276,23 +291,22 @@ def main():
             return kpfix.wait_for(check, 60, "%s to be ready:\n%s" % (
                 name, open(logs[name]).read()))
 
-        # collectord: the image's default command, with the flags a deployment adds.
-        cd = launch("collectord", img.args + serve + [
-            "--ready-file", "/run/kprof/collectord.ready"])
+        # collectord is the image's default command; the analyzer and the agent are its
+        # documented overrides (the command names the daemon).
+        cd = launch("collectord", img.args, serve("collectord"))
         cd_addr = wait_ready("collectord", cd)["grpc"]
-        an = launch("analyzer", ["kprof-analyzer"] + serve + [
-            "--ready-file", "/run/kprof/analyzer.ready"])
+        an = launch("analyzer", ["kprof-analyzer"], serve("analyzer"))
         an_addr = wait_ready("analyzer", an)["grpc"]
-        ag = launch("agent", [
-            "kprof-agent", "--socket", "/run/kprof/agent.sock",
-            "--spool-dir", "/var/lib/kprof/spool", "--collector", cd_addr,
-            "--tls-ca", files["ca"], "--token-file", files["agent"], "--host", NODE,
-            "--ready-file", "/run/kprof/agent.ready"])
+        ag = launch("agent", ["kprof-agent"], [
+            "KPROF_COLLECTOR=" + cd_addr, "KPROF_HOST=" + NODE,
+            "KPROF_READY_FILE=/run/kprof/agent.ready"])
         kpfix.wait_for(lambda: ag.poll() is None and os.path.exists(
             img.path("/run/kprof/agent.ready")), 60, "the agent to be ready:\n" +
             open(logs["agent"]).read())
         kpfix.wait_for(lambda: "agent attached host=%s " % NODE in open(logs["collectord"]).read(),
                        30, "the agent to attach:\n" + open(logs["collectord"]).read())
+        # The agent's socket (its default path, in the image's /run/kprof).
+        assert os.path.exists(img.path("/run/kprof/agent.sock")), "the agent made no socket"
 
         # Every daemon runs as the image's user, not root.
         for name, p in procs:
@@ -308,7 +322,7 @@ def main():
         # kprofctl from the image, with the operator token: import a real trace, read its
         # breakdown.
         user = ["KPROF_COLLECTOR=" + cd_addr, "KPROF_ANALYZER=" + an_addr,
-                "KPROF_TLS_CA=" + files["ca"], "KPROF_TOKEN_FILE=" + files["operator"]]
+                "KPROF_TLS_CA=" + ca, "KPROF_TOKEN_FILE=" + operator]
         q = img.run(["kprofctl", "import", "--job", "image", "--json", trace_in], user)
         assert q.returncode == 0, "kprofctl import exited %d: %s" % (q.returncode, q.stderr)
         run_id = json.loads(q.stdout)["run_id"]
