@@ -100,11 +100,16 @@ trap 'rm -rf "$work"' EXIT
 
 # The root filesystem as one tar: minbase (Debian's required packages and apt) plus the kprof
 # packages with what they depend on; no documentation, manuals or locales; apt's lists and
-# caches removed (mmdebstrap's cleanup). The packages' postinst creates the kprof user; the
-# hooks below make the directories a daemon writes to in a container (/run/kprof for the
+# caches removed (mmdebstrap's cleanup). The hooks below make the directories a daemon writes to in a container (/run/kprof for the
 # agent's socket and the ready files, kept while the rest of /run is emptied as mmdebstrap's
 # own cleanup would) and record the user's ids.
-# The .debs are reached in the chroot through mmdebstrap's file-mirror-automount hook.
+# The kprof user and group get fixed ids (10001, outside Debian's system range, what the helm
+# chart runs its pods as) before the packages come: their postinst keeps a kprof user that is
+# there, so the image's numeric User is the same on every build and for securityContext.
+# The .debs are reached in the chroot through mmdebstrap's file-mirror-automount hook; the
+# merged-usr hook makes /usr merged the way debootstrap does, without the usrmerge package and
+# the perl it would pull in; no Recommends.
+kp_id=10001
 incl=()
 for f in "${files[@]}"; do
   incl+=(--include="$f")
@@ -116,7 +121,9 @@ fi
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$root" log -1 --format=%ct 2>/dev/null || date +%s)}
 echo "kprof-image: mmdebstrap bookworm with ${want[*]} $version"
 mmdebstrap --mode=root --variant=minbase --format=tar \
+  --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
   --hook-dir=/usr/share/mmdebstrap/hooks/file-mirror-automount \
+  --aptopt='APT::Install-Recommends "false"' \
   "${incl[@]}" \
   --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' \
@@ -124,7 +131,7 @@ mmdebstrap --mode=root --variant=minbase --format=tar \
   --dpkgopt='path-exclude=/usr/share/doc/*' \
   --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   --dpkgopt='path-exclude=/usr/share/info/*' \
-  --customize-hook='chroot "$1" getent passwd kprof >/dev/null || { echo "kprof-image: the packages created no kprof user" >&2; exit 1; }' \
+  --essential-hook='echo "kprof:x:'"$kp_id"':" >>"$1/etc/group" && echo "kprof:x:'"$kp_id:$kp_id"':kprof daemons:/var/lib/kprof:/usr/sbin/nologin" >>"$1/etc/passwd"' \
   --customize-hook='chroot "$1" sh -c "install -d -o kprof -g kprof -m 0750 /var/lib/kprof /var/lib/kprof/spool && install -d -o kprof -g kprof -m 0755 /run/kprof"' \
   --customize-hook='chroot "$1" id -u kprof >"'"$work"'/uid" && chroot "$1" id -g kprof >"'"$work"'/gid"' \
   --customize-hook='rm -rf "$1"/var/cache/debconf/*-old "$1"/var/lib/dpkg/*-old' \
@@ -137,7 +144,7 @@ mmdebstrap --mode=root --variant=minbase --format=tar \
   }
 uid=$(cat "$work/uid")
 gid=$(cat "$work/gid")
-[ "$uid" != 0 ] || die "the kprof user has uid 0"
+[ "$uid:$gid" = "$kp_id:$kp_id" ] || die "the kprof user is $uid:$gid in the image, not $kp_id:$kp_id"
 
 # The OCI layout: one layer (the root filesystem), and the configuration every daemon shares.
 # No ENTRYPOINT: the command picks the daemon (CMD kprof-collectord by default).
