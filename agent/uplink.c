@@ -92,9 +92,9 @@ static bool credential_refused(struct kp_uplink *up, struct kp_push *push, bool 
     }
     if (!*logged) {
         kp_log_error("collectord at %s refuses this agent's credential status=%s details=\"%s\"; "
-                     "the batches stay in the spool: give --token-file an agent token whose "
-                     "NAME is this node (or --tls-cert with urn:kprof:agent:NODE) and restart "
-                     "the agent",
+                     "the batches stay in the spool: put an agent token whose NAME is this node "
+                     "in the --token-file (read again when it changes, no restart needed), or "
+                     "give --tls-cert with urn:kprof:agent:NODE and restart the agent",
                      up->cfg.collector, kp_rpc_status_name(st.code), st.details);
         *logged = true;
     }

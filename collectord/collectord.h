@@ -26,6 +26,7 @@ struct kp_collectord_config {
     long long agent_grace_ms;      /* an attached agent away this long fails its capture ranks */
     long long open_run_timeout_ms; /* an OPEN run with no producer stream and no batch for this
                                       long is ended FAILED (0: never) */
+    bool migrate; /* apply the pending migrations as the schema owner and exit (main.c) */
 };
 
 /*

@@ -1,12 +1,16 @@
 /* kprof-collectord: parses the configuration, runs the daemon until SIGTERM or SIGINT. */
 #define KP_LOG_MODULE "collectord"
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "collectord.h"
 #include "kp_config.h"
 #include "kp_daemon.h"
 #include "kp_log.h"
+#include "kp_migrations.h"
 #include "kp_pg.h"
 
 #define OFF(f) offsetof(struct kp_collectord_config, f)
@@ -50,6 +54,12 @@ static const struct kp_config_def collectord_config[] = {
       "end as failed an open run (not a capture's) that no producer stream feeds and that has had "
       "no batch for this long: its producer died (0: never)",
       NULL, false },
+    { "migrate", KP_CONFIG_BOOL, "false", 0, 0, OFF(migrate),
+      "apply the pending schema migrations, print them and exit, connected as the schema owner; "
+      "collectord then runs as a login in role kprof_writer (CREATE ROLE kprof_collectord LOGIN "
+      "PASSWORD '...' IN ROLE kprof_writer), which ingests but may not migrate: see "
+      "docs/postgres-roles.md",
+      NULL, false },
 };
 #undef OFF
 
@@ -74,13 +84,107 @@ static void destroy(void *obj)
     kp_collectord_destroy(obj);
 }
 
+/* Marks in have[i] whether kp_migrations[i] is recorded in the database (none when the
+ * migrations table does not exist yet). Returns 0 or KP_EPG. */
+static int applied_versions(PGconn *c, bool *have, char *errbuf, size_t errlen)
+{
+    PGresult *res = NULL;
+    int rc;
+
+    memset(have, 0, kp_migrations_count * sizeof(*have));
+    if ((rc = kp_pg_query(c, "SELECT version FROM kp_schema_migrations", 0, NULL, &res, errbuf,
+                          errlen)) != 0) {
+        /* undefined_table: a database never migrated */
+        if (strcmp(kp_pg_last_sqlstate(), "42P01") == 0) {
+            return 0;
+        }
+        return rc;
+    }
+    for (int r = 0; r < PQntuples(res); r++) {
+        long long v = kp_pg_i64(res, r, 0, -1);
+
+        for (size_t i = 0; i < kp_migrations_count; i++) {
+            if (kp_migrations[i].version == v) {
+                have[i] = true;
+            }
+        }
+    }
+    PQclear(res);
+    return 0;
+}
+
+/*
+ * --migrate: connects with the configured conninfo (and password file), applies the pending
+ * migrations (kp_pg_migrate_if_owner: a user that may not gets its message), prints each one
+ * applied and the schema version to stdout.
+ * Returns main's exit status: 0, or 1 with the reason on stderr.
+ */
+static int migrate(const struct kp_collectord_config *cfg)
+{
+    const struct kp_daemon_config *base = &cfg->base;
+    bool *before = calloc(kp_migrations_count + 1, sizeof(*before));
+    char err[1024] = "";
+    PGconn *c = NULL;
+    int rc;
+
+    kp_log_set_level((enum kp_log_level) base->log_level);
+    if (before == NULL) {
+        fprintf(stderr, "kprof-collectord: --migrate: out of memory\n");
+        return 1;
+    }
+    if ((rc = kp_pg_password_file_load(base->pg_password_file, err, sizeof(err))) != 0 ||
+        (rc = kp_pg_connect(base->pg_conninfo, "kprof-collectord-migrate", &c, err, sizeof(err))) !=
+            0 ||
+        (rc = applied_versions(c, before, err, sizeof(err))) != 0) {
+        fprintf(stderr, "kprof-collectord: --migrate: %s\n", err);
+        PQfinish(c);
+        free(before);
+        return 1;
+    }
+    if ((rc = kp_pg_migrate_if_owner(c, err, sizeof(err))) < 0) {
+        bool denied = strcmp(kp_pg_last_sqlstate(), "42501") == 0;
+
+        fprintf(stderr, "kprof-collectord: --migrate as user %s: %s%s\n", PQuser(c), err,
+                denied ? "; connect as the owner of the kprof schema (the user that created "
+                         "its tables) or a superuser"
+                       : "");
+        PQfinish(c);
+        free(before);
+        return 1;
+    }
+    for (size_t i = 0; i < kp_migrations_count; i++) {
+        if (!before[i]) {
+            printf("applied %s (version %d)\n", kp_migrations[i].name, kp_migrations[i].version);
+        }
+    }
+    printf("schema at version %d: %d migration%s applied\n", kp_pg_schema_version(), rc,
+           rc == 1 ? "" : "s");
+    PQfinish(c);
+    free(before);
+    return 0;
+}
+
 /* kp_daemon_main reads the shared settings at the start of the config. */
 _Static_assert(offsetof(struct kp_collectord_config, base) == 0, "base first");
 
 int main(int argc, char **argv)
 {
+    const size_t n = sizeof(collectord_config) / sizeof(collectord_config[0]);
     struct kp_collectord_config cfg;
+    int rc;
 
+    /* --migrate is a one-shot job, not the daemon: the settings are read here first, and
+     * kp_daemon_main reads the same argv again when it is not set. */
+    memset(&cfg, 0, sizeof(cfg));
+    if ((rc = kp_config_main(collectord_config, n, &cfg, "kprof-collectord", argc, argv)) >= 0) {
+        return rc;
+    }
+    if (cfg.migrate) {
+        rc = migrate(&cfg);
+        kp_config_fini(collectord_config, n, &cfg);
+        return rc;
+    }
+    kp_config_fini(collectord_config, n, &cfg);
     memset(&cfg, 0, sizeof(cfg));
     return kp_daemon_main(KP_LOG_MODULE, "kprof-collectord", collectord_config,
                           sizeof(collectord_config) / sizeof(collectord_config[0]), &cfg, create,

@@ -67,7 +67,7 @@ static int connect_pg(struct kp_sink *s, char *errbuf, size_t errlen)
     if ((rc = kp_pg_connect(s->conninfo, KP_SINK_APPLICATION_NAME, &conn, errbuf, errlen)) != 0) {
         return rc;
     }
-    if ((rc = kp_pg_migrate(conn, errbuf, errlen)) < 0) {
+    if ((rc = kp_pg_migrate_if_owner(conn, errbuf, errlen)) < 0) {
         PQfinish(conn);
         return rc;
     }

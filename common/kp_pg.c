@@ -570,6 +570,101 @@ fail:
     return rc;
 }
 
+int kp_pg_migrate_if_owner(PGconn *c, char *errbuf, size_t errlen)
+{
+    /* Whether kp_schema_migrations exists, and whether this user may migrate: a member of the
+     * table's owner (the owner itself and superusers are), or, in a database without it, a user
+     * who may CREATE in the schema the migrations would create their tables in. */
+    static const char may_sql[] =
+        "SELECT to_regclass('kp_schema_migrations') IS NOT NULL, "
+        "coalesce(CASE WHEN to_regclass('kp_schema_migrations') IS NULL "
+        "THEN has_schema_privilege(current_schema(), 'CREATE') "
+        "ELSE pg_has_role((SELECT relowner FROM pg_class "
+        "WHERE oid = to_regclass('kp_schema_migrations')), 'USAGE') END, false), "
+        "coalesce(has_table_privilege(to_regclass('kp_schema_migrations'), 'SELECT'), false)";
+    int known = kp_pg_schema_version();
+    long long current = 0, have = 0, missing = 0;
+    const char *missing_name = "all of them";
+    PGresult *res = NULL;
+    bool exists, may, readable;
+    char versions[1024];
+    const char *params[1] = { versions };
+    size_t o = 0;
+    char err[384] = "";
+    int rc;
+
+    fault_clear();
+    if ((rc = kp_pg_query(c, may_sql, 0, NULL, &res, err, sizeof(err))) != 0) {
+        snprintf(errbuf, errlen, "schema migrations table: %s", err);
+        return rc;
+    }
+    exists = PQgetvalue(res, 0, 0)[0] == 't';
+    may = PQgetvalue(res, 0, 1)[0] == 't';
+    readable = PQgetvalue(res, 0, 2)[0] == 't';
+    PQclear(res);
+    if (exists && !readable) {
+        /* A user in none of kprof's roles, or a database from before them (migration 0012). */
+        snprintf(errbuf, errlen,
+                 "user %s may not read kp_schema_migrations: run kprof-collectord --migrate as the "
+                 "database owner, and connect as a member of kprof_writer",
+                 PQuser(c));
+        return KP_ESCHEMA;
+    }
+    if (exists) {
+        /* The embedded versions as an array literal: pending means one of them is missing
+         * (versions may have gaps, and one may come later than a higher one). */
+        o = (size_t) snprintf(versions, sizeof(versions), "{");
+        for (size_t i = 0; i < kp_migrations_count && o < sizeof(versions); i++) {
+            o += (size_t) snprintf(versions + o, sizeof(versions) - o, "%s%d", i > 0 ? "," : "",
+                                   kp_migrations[i].version);
+        }
+        if (o + 2 > sizeof(versions)) {
+            snprintf(errbuf, errlen, "too many embedded migrations for the version check");
+            return KP_ESCHEMA;
+        }
+        snprintf(versions + o, sizeof(versions) - o, "}");
+        if ((rc = kp_pg_query(c,
+                              "SELECT coalesce(max(version), 0), "
+                              "count(*) FILTER (WHERE version = ANY($1::integer[])), "
+                              "(SELECT min(v) FROM unnest($1::integer[]) v WHERE NOT EXISTS "
+                              "(SELECT FROM kp_schema_migrations m WHERE m.version = v)) "
+                              "FROM kp_schema_migrations",
+                              1, params, &res, err, sizeof(err))) != 0) {
+            snprintf(errbuf, errlen, "schema migrations table: %s", err);
+            return rc;
+        }
+        current = kp_pg_i64(res, 0, 0, 0);
+        have = kp_pg_i64(res, 0, 1, 0);
+        missing = kp_pg_i64(res, 0, 2, 0);
+        PQclear(res);
+        if (current > known) {
+            snprintf(errbuf, errlen,
+                     "the database schema is version %lld but this binary knows versions up to "
+                     "%d; upgrade kprof",
+                     current, known);
+            return KP_ESCHEMA;
+        }
+        if (have == (long long) kp_migrations_count) {
+            return 0;
+        }
+    }
+    if (may) {
+        return kp_pg_migrate(c, errbuf, errlen);
+    }
+    /* The first one missing: with versions out of order (a lower one merged later), the
+     * schema can be "at" the binary's version and still lack one. */
+    for (size_t i = 0; i < kp_migrations_count; i++) {
+        if (kp_migrations[i].version == missing) {
+            missing_name = kp_migrations[i].name;
+        }
+    }
+    snprintf(errbuf, errlen,
+             "the schema is at version %lld, this binary needs %d: run kprof-collectord --migrate "
+             "as the database owner (user %s may not change the schema; missing: %s)",
+             current, known, PQuser(c), missing_name);
+    return KP_ESCHEMA;
+}
+
 enum kp_pg_fault kp_pg_classify_sqlstate(const char *s)
 {
     if (s == NULL || strlen(s) != 5) {

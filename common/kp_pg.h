@@ -129,6 +129,19 @@ long kp_pg_copy_in(PGconn *c, const char *table, const char *columns, const char
  */
 int kp_pg_migrate(PGconn *c, char *errbuf, size_t errlen);
 
+/*
+ * What a daemon runs on each new connection: checks the schema against the embedded
+ * migrations and applies the pending ones (kp_pg_migrate) only when the connected user may
+ * change the schema: a member of the owner of kp_schema_migrations (the owner and superusers
+ * are), or, in a database without that table, a user who may CREATE in the current schema. A
+ * user in role kprof_writer (docs/postgres-roles.md) may not. Returns the number applied (0 when
+ * the schema was current: then nothing is locked or created); KP_ESCHEMA with "the schema is at
+ * version N, this binary needs M: run kprof-collectord --migrate as the database owner" when
+ * migrations are pending and the user may not apply them, or when the database is newer than
+ * this binary; or KP_EPG. Blocks.
+ */
+int kp_pg_migrate_if_owner(PGconn *c, char *errbuf, size_t errlen);
+
 /* Rolls back c's open transaction, if any, keeping this thread's last fault for
  * kp_pg_last_fault (the rollback's own failure is ignored: a lost connection rolls back on
  * its own). Blocks. */

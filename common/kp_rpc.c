@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <dirent.h>
@@ -579,12 +580,19 @@ static void maybe_closed(struct kp_rpc_call *c)
 
 /* gRPC's own messages (a failed TLS handshake, a refused connection) go to kprof's log, in its
  * format and under its level, instead of gRPC's "E1126 ..." lines on stderr. */
+/* gRPC's "Failed accept4: ..." lines so far: the sign that a listener may have stopped (the
+ * watchdog's evidence, beside a queue that does not drain). */
+static unsigned accept_failures;
+
 static void grpc_log_cb(gpr_log_func_args *a)
 {
     enum kp_log_level level = a->severity == GPR_LOG_SEVERITY_ERROR  ? KP_LOG_WARN
                               : a->severity == GPR_LOG_SEVERITY_INFO ? KP_LOG_INFO
                                                                      : KP_LOG_DEBUG;
 
+    if (strncmp(a->message, "Failed accept", 13) == 0) {
+        __atomic_add_fetch(&accept_failures, 1, __ATOMIC_RELAXED);
+    }
     kp_log_write(level, "grpc", "%s", a->message);
 }
 
@@ -1035,6 +1043,11 @@ out:
  * taken as dead: gRPC accepts until EAGAIN on every wakeup, so a live listener empties the
  * queue within milliseconds. */
 #define WATCH_STALL_SAMPLES 3
+/* Without a failed accept in gRPC's log since the last look (a burst of connections that a
+ * busy server thread has not taken yet also waits in the queue), only a queue that has not
+ * drained for this many samples (10 s) counts as a dead listener: a restart resets the
+ * connections that wait, so it must not happen to a live one. */
+#define WATCH_STALL_SAMPLES_BLIND 20
 
 /* Creates a grpc_server on listen with s's args, completion queue, methods and credentials,
  * and starts it. Returns the server and its registered methods (*reg, owned), or NULL with
@@ -1221,7 +1234,7 @@ static void *watch_thread(void *arg)
 {
     struct kp_rpc_server *s = arg;
     int stalled = 0;
-    unsigned last = 0;
+    unsigned last = 0, failures_seen = __atomic_load_n(&accept_failures, __ATOMIC_RELAXED);
 
     pthread_mutex_lock(&s->mu);
     while (!s->watch_stop) {
@@ -1241,7 +1254,13 @@ static void *watch_thread(void *arg)
             stalled = q > 0 && q >= last ? stalled + 1 : 0;
             last = q;
         }
-        if (!listening || stalled >= WATCH_STALL_SAMPLES) {
+        if (stalled == 0) {
+            failures_seen = __atomic_load_n(&accept_failures, __ATOMIC_RELAXED);
+        }
+        if (!listening ||
+            (stalled >= WATCH_STALL_SAMPLES &&
+             __atomic_load_n(&accept_failures, __ATOMIC_RELAXED) != failures_seen) ||
+            stalled >= WATCH_STALL_SAMPLES_BLIND) {
             if (listening) {
                 kp_log_error("%s: gRPC stopped accepting connections (the process ran out of file "
                              "descriptors); restarting the listener on %s",
@@ -1259,6 +1278,7 @@ static void *watch_thread(void *arg)
             }
             stalled = 0;
             last = 0;
+            failures_seen = __atomic_load_n(&accept_failures, __ATOMIC_RELAXED);
         }
         pthread_mutex_lock(&s->mu);
     }
@@ -1527,39 +1547,107 @@ void kp_rpc_server_destroy(struct kp_rpc_server *s)
 
 struct kp_rpc_channel {
     grpc_channel *ch;
-    grpc_metadata authz; /* "authorization: Bearer TOKEN"; empty value: no token */
+    /* The token file, read again when it changes (at most once a second, at a call): a
+     * long-lived client (the agent) takes a rotated token without a restart. */
+    char *token_path;
+    pthread_mutex_t mu;
+    grpc_slice authz; /* "Bearer TOKEN"; meaningful when has_authz */
     bool has_authz;
+    struct stat token_seen;
+    long long token_checked_ns;
 };
 
-/* The initial metadata every call of ch sends: its token, if any. */
-static void md_op(const struct kp_rpc_channel *ch, grpc_op *op)
+#define TOKEN_RECHECK_NS 1000000000LL
+
+/* Reads path's first line as "Bearer TOKEN" into *out (owned). */
+static int token_read(const char *path, grpc_slice *out, char *errbuf, size_t errlen)
+{
+    char buf[300], hdr[320];
+    long n;
+
+    if ((n = kp_secret_file_line(path, "the token file", true, buf, sizeof(buf), errbuf, errlen)) <
+        0) {
+        return (int) n;
+    }
+    snprintf(hdr, sizeof(hdr), "Bearer %s", buf);
+    explicit_bzero(buf, sizeof(buf));
+    *out = grpc_slice_from_copied_string(hdr);
+    explicit_bzero(hdr, sizeof(hdr));
+    return 0;
+}
+
+/* Re-reads the token file if it changed; keeps the last good token otherwise. Locked. */
+static void token_maybe_reload_locked(struct kp_rpc_channel *c)
+{
+    long long now = kp_mono_ns();
+    struct stat st;
+    grpc_slice fresh;
+    char err[512];
+
+    if (c->token_path == NULL || now - c->token_checked_ns < TOKEN_RECHECK_NS) {
+        return;
+    }
+    c->token_checked_ns = now;
+    if (stat(c->token_path, &st) != 0 ||
+        (st.st_ino == c->token_seen.st_ino && st.st_size == c->token_seen.st_size &&
+         st.st_mtim.tv_sec == c->token_seen.st_mtim.tv_sec &&
+         st.st_mtim.tv_nsec == c->token_seen.st_mtim.tv_nsec)) {
+        return;
+    }
+    c->token_seen = st;
+    if (token_read(c->token_path, &fresh, err, sizeof(err)) != 0) {
+        kp_log_warn("token file not reloaded, keeping the token read before: %s", err);
+        return;
+    }
+    grpc_slice_unref(c->authz);
+    c->authz = fresh;
+    kp_log_info("token file reloaded path=%s", c->token_path);
+}
+
+/* The initial metadata a call of ch sends: its token, if any, into md (whose value the caller
+ * releases with md_release once the call is over). */
+static void md_op(struct kp_rpc_channel *ch, grpc_op *op, grpc_metadata *md)
 {
     op->op = GRPC_OP_SEND_INITIAL_METADATA;
-    if (ch->has_authz) {
-        op->data.send_initial_metadata.count = 1;
-        op->data.send_initial_metadata.metadata = (grpc_metadata *) &ch->authz;
+    memset(md, 0, sizeof(*md));
+    if (!ch->has_authz) {
+        return;
     }
+    pthread_mutex_lock(&ch->mu);
+    token_maybe_reload_locked(ch);
+    md->key = grpc_slice_from_static_string("authorization");
+    md->value = grpc_slice_ref(ch->authz);
+    pthread_mutex_unlock(&ch->mu);
+    op->data.send_initial_metadata.count = 1;
+    op->data.send_initial_metadata.metadata = md;
+}
+
+static void md_release(grpc_metadata *md)
+{
+    grpc_slice_unref(md->value); /* an empty slice when no token was sent */
 }
 
 /* Reads opts->token_file into c->authz. */
 static int channel_token(struct kp_rpc_channel *c, const struct kp_rpc_channel_opts *opts,
                          char *errbuf, size_t errlen)
 {
-    char buf[300], hdr[320];
-    long n;
+    int rc;
 
     if (opts == NULL || opts->token_file == NULL || opts->token_file[0] == '\0') {
         return 0;
     }
-    if ((n = kp_secret_file_line(opts->token_file, "the token file", true, buf, sizeof(buf), errbuf,
-                                 errlen)) < 0) {
-        return (int) n;
+    if (stat(opts->token_file, &c->token_seen) != 0) {
+        memset(&c->token_seen, 0, sizeof(c->token_seen));
     }
-    snprintf(hdr, sizeof(hdr), "Bearer %s", buf);
-    explicit_bzero(buf, sizeof(buf));
-    c->authz.key = grpc_slice_from_static_string("authorization");
-    c->authz.value = grpc_slice_from_copied_string(hdr);
-    explicit_bzero(hdr, sizeof(hdr));
+    if ((rc = token_read(opts->token_file, &c->authz, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    if ((c->token_path = strdup(opts->token_file)) == NULL) {
+        grpc_slice_unref(c->authz);
+        snprintf(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    c->token_checked_ns = kp_mono_ns();
     c->has_authz = true;
     return 0;
 }
@@ -1575,6 +1663,7 @@ struct kp_rpc_stream {
     grpc_byte_buffer *recv_bb;
     bool recv_armed, status_done, broken;
     bool md_pending, md_failed; /* the initial metadata's send (see kp_rpc_stream_open) */
+    grpc_metadata md;           /* the token sent, released at destroy */
     char t_md, t_send, t_recv, t_status, t_close; /* addresses serve as tags */
 };
 
@@ -1592,10 +1681,10 @@ int kp_rpc_channel_create(const char *target, const struct kp_rpc_channel_opts *
         snprintf(errbuf, errlen, "out of memory");
         return -ENOMEM;
     }
+    pthread_mutex_init(&c->mu, NULL);
     rpc_init();
     if ((rc = channel_token(c, opts, errbuf, errlen)) != 0) {
-        free(c);
-        grpc_shutdown();
+        kp_rpc_channel_destroy(c);
         return rc;
     }
     if (opts != NULL && opts->tls_ca_file != NULL && opts->tls_ca_file[0] != '\0') {
@@ -1668,8 +1757,10 @@ void kp_rpc_channel_destroy(struct kp_rpc_channel *c)
         grpc_channel_destroy(c->ch);
     }
     if (c->has_authz) {
-        grpc_slice_unref(c->authz.value);
+        grpc_slice_unref(c->authz);
     }
+    free(c->token_path);
+    pthread_mutex_destroy(&c->mu);
     free(c);
     grpc_shutdown();
 }
@@ -1705,6 +1796,7 @@ int kp_rpc_unary(struct kp_rpc_channel *ch, const char *path, const ProtobufCMes
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
     grpc_slice method = grpc_slice_from_static_string(path);
     grpc_metadata_array init_md, trail_md;
+    grpc_metadata md;
     grpc_byte_buffer *send_bb = pack_msg(req), *recv_bb = NULL;
     grpc_status_code code = GRPC_STATUS_UNKNOWN;
     grpc_slice details = grpc_empty_slice();
@@ -1722,7 +1814,7 @@ int kp_rpc_unary(struct kp_rpc_channel *ch, const char *path, const ProtobufCMes
     call = grpc_channel_create_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
                                     deadline_ms(timeout_ms > 0 ? timeout_ms : -1), NULL);
     memset(ops, 0, sizeof(ops));
-    md_op(ch, &ops[0]);
+    md_op(ch, &ops[0], &md);
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send_bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -1763,6 +1855,7 @@ int kp_rpc_unary(struct kp_rpc_channel *ch, const char *path, const ProtobufCMes
     grpc_metadata_array_destroy(&init_md);
     grpc_metadata_array_destroy(&trail_md);
     grpc_call_unref(call);
+    md_release(&md);
     cq_drain_destroy(cq);
     return rc;
 }
@@ -1786,7 +1879,7 @@ int kp_rpc_stream_open(struct kp_rpc_channel *ch, const char *path,
                                        grpc_slice_from_static_string(path), NULL,
                                        deadline_ms(timeout_ms > 0 ? timeout_ms : -1), NULL);
     memset(ops, 0, sizeof(ops));
-    md_op(ch, &ops[0]);
+    md_op(ch, &ops[0], &s->md);
     if (grpc_call_start_batch(s->call, ops, 1, &s->t_md, NULL) != GRPC_CALL_OK) {
         goto fail;
     }
@@ -1971,6 +2064,7 @@ void kp_rpc_stream_destroy(struct kp_rpc_stream *s)
         }
         grpc_call_unref(s->call);
     }
+    md_release(&s->md);
     grpc_slice_unref(s->status_details);
     gpr_free((void *) s->error_string);
     grpc_metadata_array_destroy(&s->init_md);

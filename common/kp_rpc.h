@@ -177,8 +177,10 @@ struct kp_rpc_channel_opts {
     /* Mutual TLS: the client's certificate chain and key (PEM), with tls_ca_file. */
     const char *tls_cert_file;
     const char *tls_key_file;
-    /* A file whose first line is the bearer token sent with every call (mode 0600 or 0640;
-     * read once at create). NULL or "": none. */
+    /* A file whose first line is the bearer token sent with every call (mode 0600 or 0640).
+     * Read at create (an unreadable one fails it) and again at a call when it has changed
+     * (looked at once a second at most; a version that cannot be read keeps the last token,
+     * logged): a long-lived client takes a rotated token without a restart. NULL or "": none. */
     const char *token_file;
 };
 

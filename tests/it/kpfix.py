@@ -11,6 +11,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 
 PG = os.environ.get("KPROF_TEST_PG", "")
 BIN = os.environ.get("KPROF_BIN_DIR", "")
@@ -179,6 +181,61 @@ def channel(addr, pki=None, cert=None, root=None):
 def bearer(token):
     """The metadata of a call that brings token."""
     return [("authorization", "Bearer " + token)] if token else []
+
+
+class Daemon:
+    """A daemon child (collectord, the analyzer with grpc=True; the agent without) on
+    127.0.0.1:0, ready once its ready file exists; preexec runs in the child before exec
+    (e.g. a lower open-file limit). get() asks its HTTP server."""
+
+    def __init__(self, name, argv, preexec=None, grpc=True):
+        self.dir = os.path.join(TEST_DIR, name)
+        os.makedirs(self.dir, exist_ok=True)
+        ready = os.path.join(self.dir, "ready")
+        if os.path.exists(ready):
+            os.unlink(ready)
+        self.log_path = os.path.join(self.dir, "daemon.log")
+        self.log = open(self.log_path, "w")
+        listen = ["--listen", "127.0.0.1:0"] if grpc else []
+        self.proc = subprocess.Popen(argv + listen + ["--http-listen", "127.0.0.1:0",
+                                                      "--ready-file", ready],
+                                     stdout=self.log, stderr=subprocess.STDOUT,
+                                     preexec_fn=preexec)
+        wait_for(lambda: os.path.exists(ready) or self.proc.poll() is not None, 30,
+                       name + " ready")
+        assert self.proc.poll() is None, self.log_text()
+        addrs = dict(l.strip().split("=", 1) for l in open(ready) if "=" in l)
+        self.grpc, self.http = addrs.get("grpc"), addrs["http"]
+
+    def get(self, path, headers=None):
+        """(status, body), or (None, why) when the request got no answer; the answer's
+        headers in self.last_headers."""
+        req = urllib.request.Request("http://%s%s" % (self.http, path), headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                self.last_headers = r.headers
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            self.last_headers = e.headers
+            return e.code, e.read().decode()
+        except (urllib.error.URLError, OSError) as e:
+            return None, str(e)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30 * SCALE)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+    def log_text(self):
+        with open(self.log_path) as f:
+            return f.read()
+
 
 
 class Collectord:

@@ -6,8 +6,13 @@
 #                             Starting a running cluster is fine.
 #   pgfix.sh stop DIR PORT    stop it (pg_ctl -m fast, by its pid file) and remove DIR.
 #
-# Tests connect with "host=DIR port=PORT user=kprof dbname=kprof" (trust auth). As root,
-# initdb and pg_ctl run as the postgres user (initdb refuses root). fsync stays on:
+# Tests connect with "host=DIR port=PORT user=kprof dbname=kprof". No trust anywhere: kprof
+# (the superuser that owns the test databases) authenticates by peer, and only the OS user
+# that runs the tests (and postgres, when that is root) maps to it; every other user, such as
+# the login users of tests/it/test_pg_roles.py, needs its password (scram-sha-256). The socket
+# is mode 0770, not world-writable. pg_hba.conf, pg_ident.conf and the socket mode are
+# written on every start. As root, initdb and pg_ctl run as the postgres user (initdb refuses
+# root). fsync stays on:
 # what the tests measure should behave like a real server; --no-sync only skips initdb's
 # own flush of the template files, which a crash of the throwaway cluster cannot hurt.
 set -euo pipefail
@@ -59,6 +64,28 @@ as_owner() {
     fi
 }
 
+# The cluster's authentication: see the header. Written as the cluster's owner.
+write_auth() {
+    local me
+    me=$(id -un)
+    {
+        echo "# written by pgfix.sh on every start: no trust"
+        echo "local all kprof peer map=kprof"
+        echo "local all all scram-sha-256"
+    } | as_owner tee "$dir/db/pg_hba.conf" >/dev/null
+    {
+        echo "kprof $me kprof"
+        if [ "$(id -u)" = 0 ]; then
+            echo "kprof postgres kprof"
+        fi
+    } | as_owner tee "$dir/db/pg_ident.conf" >/dev/null
+    printf "unix_socket_permissions = 0770\npassword_encryption = 'scram-sha-256'\n" |
+        as_owner tee "$dir/db/conf.d-pgfix.conf" >/dev/null
+    if ! as_owner grep -q "^include_if_exists = 'conf.d-pgfix.conf'" "$dir/db/postgresql.conf"; then
+        echo "include_if_exists = 'conf.d-pgfix.conf'" | as_owner tee -a "$dir/db/postgresql.conf" >/dev/null
+    fi
+}
+
 start() {
     mkdir -p "$dir"
     if [ "$(id -u)" = 0 ]; then
@@ -69,14 +96,17 @@ start() {
         exit 1
     fi
     if [ ! -s "$dir/db/PG_VERSION" ]; then
-        if ! as_owner "$bindir/initdb" -D "$dir/db" -A trust -U kprof -E UTF8 --locale=C \
+        if ! as_owner "$bindir/initdb" -D "$dir/db" --auth-local=peer \
+            --auth-host=scram-sha-256 -U kprof -E UTF8 --locale=C \
             --no-sync >"$dir/initdb.log" 2>&1; then
             cat "$dir/initdb.log" >&2
             exit 1
         fi
     fi
+    write_auth
     if as_owner "$bindir/pg_ctl" -D "$dir/db" status >/dev/null 2>&1; then
         echo "pgfix: already running in $dir"
+        as_owner "$bindir/pg_ctl" -D "$dir/db" reload >/dev/null
     else
         if ! as_owner "$bindir/pg_ctl" -D "$dir/db" -w -t 120 -l "$dir/postgres.log" \
             -o "-c listen_addresses= -k '$dir' -p $port" start >/dev/null; then

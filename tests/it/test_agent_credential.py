@@ -7,8 +7,9 @@ that agent token. Once the agent is attached and its worker (a Python stand-in f
 libkprof_inject.so, tests/it/kpwire.py) registered, the agent's token is taken out of the
 token file (rotated out by mistake), and kprofctl (the operator token) starts a capture: the
 agent's pushes are refused (UNAUTHENTICATED). The agent must say so in its log naming
---token-file, store nothing, drop nothing; once the token is back in the file, every record
-of the window reaches PostgreSQL.
+--token-file, store nothing, drop nothing; once a new agent token is in the daemon's table
+and in the agent's token file (read again by the running agent: rotation without a restart),
+every record of the window reaches PostgreSQL.
 """
 import os
 import shutil
@@ -130,15 +131,20 @@ def main():
         kernels = int(q("SELECT count(*) FROM kernels WHERE run_id = %d" % run))
         assert kernels == 0, "%d kernels stored with a refused token" % kernels
 
-        # The token is back: the spooled batches go in, every one of them.
-        secret(tokens, AGENT_LINE + OPERATOR_LINE)
+        # A new agent token is issued (rotation): into the daemon's table and the agent's token
+        # file, which the running agent reads again (no restart). The spooled batches go in,
+        # every one of them.
+        new_line = "agent nodeq " + "n" * 40 + "\n"
+        secret(tokens, new_line + OPERATOR_LINE)
+        secret(agent_token, new_line.split()[2] + "\n")
         kpfix.wait_for(lambda: int(q("SELECT count(*) FROM kernels WHERE run_id = %d" % run))
                        == N_API, 60, "every kernel of run %d stored" % run)
         api = int(q("SELECT count(*) FROM api_calls WHERE run_id = %d" % run))
         assert api == N_API, (api, N_API)
         assert "refused a batch; it is dropped" not in text(), text()[-5000:]
+        assert "token file reloaded" in text(), text()[-5000:]
         print("run %d: refused while the token was out, %d kernels and %d API records stored "
-              "after it came back" % (run, N_API, api))
+              "after a new token was put in the agent's token file" % (run, N_API, api))
         lib.close()
         print("ok")
     except BaseException:

@@ -12,12 +12,8 @@ its gRPC port, which take every descriptor the daemon has. Then:
   - SIGTERM: the daemon exits 0."""
 import os
 import resource
-import signal
 import socket
-import subprocess
 import time
-import urllib.error
-import urllib.request
 
 import kpfix
 
@@ -31,59 +27,6 @@ IDLE = 300
 
 def low_nofile():
     resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
-
-
-class Daemon:
-    """A daemon child (collectord, the analyzer with grpc=True; the agent without) on
-    127.0.0.1:0, ready once its ready file exists."""
-
-    def __init__(self, name, argv, preexec=low_nofile, grpc=True):
-        self.dir = os.path.join(kpfix.TEST_DIR, name)
-        os.makedirs(self.dir, exist_ok=True)
-        ready = os.path.join(self.dir, "ready")
-        if os.path.exists(ready):
-            os.unlink(ready)
-        self.log_path = os.path.join(self.dir, "daemon.log")
-        self.log = open(self.log_path, "w")
-        listen = ["--listen", "127.0.0.1:0"] if grpc else []
-        self.proc = subprocess.Popen(argv + listen + ["--http-listen", "127.0.0.1:0",
-                                                      "--ready-file", ready],
-                                     stdout=self.log, stderr=subprocess.STDOUT,
-                                     preexec_fn=preexec)
-        kpfix.wait_for(lambda: os.path.exists(ready) or self.proc.poll() is not None, 30,
-                       name + " ready")
-        assert self.proc.poll() is None, self.log_text()
-        addrs = dict(l.strip().split("=", 1) for l in open(ready) if "=" in l)
-        self.grpc, self.http = addrs.get("grpc"), addrs["http"]
-
-    def get(self, path, headers=None):
-        """(status, body), or (None, why) when the request got no answer; the answer's
-        headers in self.last_headers."""
-        req = urllib.request.Request("http://%s%s" % (self.http, path), headers=headers or {})
-        try:
-            with urllib.request.urlopen(req, timeout=5) as r:
-                self.last_headers = r.headers
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            self.last_headers = e.headers
-            return e.code, e.read().decode()
-        except (urllib.error.URLError, OSError) as e:
-            return None, str(e)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30 * kpfix.SCALE)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        return self.proc.returncode
-
-    def log_text(self):
-        with open(self.log_path) as f:
-            return f.read()
 
 
 def exhaust_and_recover(d, call):
@@ -156,15 +99,15 @@ def breakdown(d):
 
 def main():
     ci = kpfix.fresh_db("kp_it_emfile")
-    cd = Daemon("it_emfile_cd", [os.path.join(kpfix.BIN, "collectord", "kprof-collectord"),
-                                 "--pg-conninfo", ci])
+    cd = kpfix.Daemon("it_emfile_cd", [os.path.join(kpfix.BIN, "collectord", "kprof-collectord"),
+                                       "--pg-conninfo", ci], preexec=low_nofile)
     try:
         took_cd = exhaust_and_recover(cd, list_runs(cd))
     finally:
         rc = cd.stop()
     assert rc == 0, cd.log_text()
-    an = Daemon("it_emfile_an", [os.path.join(kpfix.BIN, "analyzer", "kprof-analyzer"),
-                                 "--pg-conninfo", ci])
+    an = kpfix.Daemon("it_emfile_an", [os.path.join(kpfix.BIN, "analyzer", "kprof-analyzer"),
+                                       "--pg-conninfo", ci], preexec=low_nofile)
     try:
         took_an = exhaust_and_recover(an, breakdown(an))
     finally:

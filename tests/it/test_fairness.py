@@ -22,7 +22,6 @@ import kpfix
 kpfix.require_env()
 import grpc  # noqa: E402
 import kprof_pb2 as pb  # noqa: E402
-from test_emfile import Daemon  # noqa: E402
 
 DIR = os.path.join(kpfix.TEST_DIR, "it_fairness")
 ANALYZER = os.path.join(kpfix.BIN, "analyzer", "kprof-analyzer")
@@ -39,7 +38,7 @@ def main():
     ci = kpfix.fresh_db("kp_it_fairness")
     cd = kpfix.Collectord("it_fairness_cd", ci)  # creates the schema
     assert cd.stop() == 0, cd.log_text()
-    an = Daemon("it_fairness_an", [ANALYZER, "--pg-conninfo", ci, "--workers", "1",
+    an = kpfix.Daemon("it_fairness_an", [ANALYZER, "--pg-conninfo", ci, "--workers", "1",
                                    "--queue-max", "16", "--auth-tokens", tokens,
                                    "--no-allow-anonymous"], preexec=None)
     lock = subprocess.Popen([kpfix.PSQL, ci, "-qtAX", "-v", "ON_ERROR_STOP=1"],

@@ -18,7 +18,6 @@ import kpfix
 kpfix.require_env()
 import grpc  # noqa: E402
 import kprof_pb2 as pb  # noqa: E402
-from test_emfile import Daemon  # noqa: E402
 
 COLLECTORD = os.path.join(kpfix.BIN, "collectord", "kprof-collectord")
 ANALYZER = os.path.join(kpfix.BIN, "analyzer", "kprof-analyzer")
@@ -57,7 +56,7 @@ def main():
     job, name = "job-" + secrets.token_hex(6), "run-" + secrets.token_hex(6)
     leaks = [ci, job, name, "kp_it_metrics_auth"]
 
-    cd = Daemon("it_metrics_auth_cd", [COLLECTORD, "--pg-conninfo", ci,
+    cd = kpfix.Daemon("it_metrics_auth_cd", [COLLECTORD, "--pg-conninfo", ci,
                                        "--metrics-token-file", token_file], preexec=None)
     an = ag = None
     try:
@@ -68,7 +67,7 @@ def main():
             pb.CreateRunRequest(job=job, name=name, world_size=1), timeout=30)
         ch.close()
         check(cd, token, token_file, leaks)
-        an = Daemon("it_metrics_auth_an", [ANALYZER, "--pg-conninfo", ci,
+        an = kpfix.Daemon("it_metrics_auth_an", [ANALYZER, "--pg-conninfo", ci,
                                            "--metrics-token-file", token_file], preexec=None)
         ch = grpc.insecure_channel(an.grpc)
         try:
@@ -80,7 +79,7 @@ def main():
             pass  # an empty run: only the counters it moves matter here
         ch.close()
         check(an, token, token_file, leaks)
-        ag = Daemon("it_metrics_auth_ag", [AGENT, "--socket", os.path.join(DIR, "agent.sock"),
+        ag = kpfix.Daemon("it_metrics_auth_ag", [AGENT, "--socket", os.path.join(DIR, "agent.sock"),
                                            "--collector", cd.grpc, "--spool-dir",
                                            os.path.join(DIR, "spool"),
                                            "--metrics-token-file", token_file],

@@ -1,6 +1,7 @@
 """The PostgreSQL password stays off the command line and out of what the daemons print, against
-the real kprof-collectord and kprof-analyzer and the test PostgreSQL (trust auth, so the password
-itself is not checked by the server; what is checked is how the daemons handle it):
+the real kprof-collectord and kprof-analyzer and the test PostgreSQL (where kprof authenticates
+by peer, so the password itself is not checked by the server; what is checked is how the daemons
+handle it; tests/it/test_pg_roles.py logs in with real passwords):
   1. --pg-password-file with a 0600 file: collectord starts, serves, and its log never holds the
      password (nor one written into --pg-conninfo);
   2. a file the group or others may read is refused: exit 1, the message names the file and

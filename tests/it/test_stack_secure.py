@@ -196,6 +196,28 @@ def main():
         assert q.returncode == 0, (q.returncode, q.stderr)
         assert json.loads(q.stdout), q.stdout
 
+        # The daemons hold their PostgreSQL sessions as their own logins, in the least role
+        # that does their work (collectord kprof_writer, the analyzer kprof_reader), never as
+        # the schema owner.
+        pgport = ports["KPROF_PG_PORT"]
+        conn = "host=127.0.0.1 port=%s user=kprof dbname=kprof passfile=%s" % (
+            pgport, os.path.join(sdir, "pgpass"))
+        q = subprocess.run(["psql", conn, "-qtAXc",
+                            "SELECT DISTINCT usename || ':' || application_name FROM "
+                            "pg_stat_activity WHERE datname = 'kprof' AND usename <> 'kprof'"],
+                           capture_output=True, text=True, timeout=30)
+        assert q.returncode == 0, q.stderr
+        sessions = set(q.stdout.split())
+        assert any(x.startswith("kprof_collectord:") for x in sessions), sessions
+        assert any(x.startswith("kprof_analyzer:") for x in sessions), sessions
+        q = subprocess.run(["psql", conn, "-qtAXc",
+                            "SELECT r.rolname || '>' || g.rolname FROM pg_auth_members m "
+                            "JOIN pg_roles r ON r.oid = m.member JOIN pg_roles g ON g.oid = m.roleid "
+                            "WHERE r.rolname IN ('kprof_collectord', 'kprof_analyzer')"],
+                           capture_output=True, text=True, timeout=30)
+        assert set(q.stdout.split()) == {"kprof_collectord>kprof_writer",
+                                         "kprof_analyzer>kprof_reader"}, q.stdout
+
         # The viewer token reads, but may not stop, drop (over grpcio above) or import.
         as_viewer = dict(user, KPROF_TOKEN_FILE=viewer)
         q = ctl(as_viewer, "runs", "--json")
