@@ -4,9 +4,12 @@ Debian 12, unpacked with umoci, and its daemons started from its root filesystem
 Builds the image (or reuses it: the build stamps the .debs' contents), checks the configuration
 it declares (a non-root User by uid, CMD kprof-collectord and no ENTRYPOINT, ports 7070-7073,
 the OCI labels), unpacks it with umoci into a bundle and, from that root filesystem, as the
-image's User with its Env (the runtime configuration umoci writes), starts kprof-collectord and
-kprof-analyzer (TLS and a token table, nothing plaintext or anonymous: the daemons' defaults)
-against the test PostgreSQL and a kprof-agent with an agent token. kprofctl from the image then
+image's User with its Env (the runtime configuration umoci writes) and its own /etc/kprof
+configuration (the packages'; TLS files, token table and database passwords put at the paths it
+names, the rest from KPROF_ variables): `kprof-collectord --migrate` as the database's owner,
+then kprof-collectord as a kprof_writer login and kprof-analyzer as a kprof_reader login (TLS
+and a token table, nothing plaintext or anonymous: the daemons' defaults) against the test
+PostgreSQL, and a kprof-agent with an agent token. kprofctl from the image then
 imports a real trace (tests/data/peers) with the operator token and reads its step breakdown,
 which must hold every step of the trace. Each daemon must run as the image's user
 (/proc/PID/status). Without podman that runs here (its runtime cannot set its rlimits in this
@@ -20,6 +23,7 @@ import glob
 import gzip
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -37,7 +41,17 @@ BUILD_SH = os.path.join(SRC, "deploy", "image", "build.sh")
 TRACE = os.path.join(SRC, "tests", "data", "peers", "hta", "trace_filter_2rank",
                      "sampled_rank-0.json.gz")
 DB = "kp_it_image"
+# Login users of this test, as docs/postgres-roles.md sets them up (cluster-wide: dropped at the
+# start and the end): the owner runs --migrate, collectord logs in as a kprof_writer, the
+# analyzer as a kprof_reader, each with its password (scram-sha-256 on the test cluster).
+USERS = {"owner": "kprof_i_owner", "writer": "kprof_i_writer", "reader": "kprof_i_reader"}
 NODE = "image-node"
+
+
+def drop_users():
+    kpfix.psql("DROP DATABASE IF EXISTS %s WITH (FORCE)" % DB, db="postgres")
+    for u in USERS.values():
+        kpfix.psql("DROP ROLE IF EXISTS %s" % u, db="postgres")
 
 
 def skip(why):
@@ -87,7 +101,7 @@ def trace_steps(path):
 class Image:
     """The unpacked bundle: its root filesystem and the process the runtime config declares."""
 
-    def __init__(self, bundle, pg_dir):
+    def __init__(self, bundle, pg_dir, pg_gid):
         self.root = os.path.join(bundle, "rootfs")
         with open(os.path.join(bundle, "config.json")) as f:
             self.spec = json.load(f)
@@ -97,6 +111,9 @@ class Image:
         self.cwd = proc.get("cwd", "/")
         self.args = proc["args"]
         self.pg_dir = pg_dir
+        # The group of the PostgreSQL socket (mode 0770): the test's stand-in for a network
+        # path to the database, added to the image user's groups.
+        self.groups = [self.gid] + ([pg_gid] if pg_gid is not None else [])
 
     def path(self, inside):
         return os.path.join(self.root, inside.lstrip("/"))
@@ -130,8 +147,9 @@ class Image:
         if self.pg_dir:
             mounts.append("mount --bind %s %s" % (shlex.quote(self.pg_dir),
                                                  shlex.quote(self.path(self.pg_dir))))
-        script = " && ".join(mounts) + ' && exec chroot --userspec=%d:%d --groups=%d %s ' \
-            '/usr/bin/env -i -C %s "$@"' % (self.uid, self.gid, self.gid,
+        script = " && ".join(mounts) + ' && exec chroot --userspec=%d:%d --groups=%s %s ' \
+            '/usr/bin/env -i -C %s "$@"' % (self.uid, self.gid,
+                                            ",".join(str(g) for g in self.groups),
                                             shlex.quote(self.root), shlex.quote(self.cwd))
         return ["unshare", "--mount", "--propagation", "private", "sh", "-ec", script, "sh"] + \
             list(self.env) + list(env) + list(args)
@@ -222,10 +240,17 @@ def main():
 
         # The test PostgreSQL: a unix socket directory (bind-mounted at the same path) or TCP
         # on loopback (the namespaces share the network).
-        conninfo = kpfix.fresh_db(DB)
-        kv = dict(x.split("=", 1) for x in conninfo.split() if "=" in x)
+        kv = dict(x.split("=", 1) for x in kpfix.PG.split() if "=" in x)
         host = kv.get("host", "")
-        img = Image(bundle, host if host.startswith("/") else None)
+        pg_gid = None
+        if host.startswith("/"):
+            pg_gid = os.stat(os.path.join(host, ".s.PGSQL.%s" % kv.get("port", "5432"))).st_gid
+        img = Image(bundle, host if host.startswith("/") else None, pg_gid)
+        pw = {who: secrets.token_hex(16) for who in USERS}
+        drop_users()
+        kpfix.psql("CREATE ROLE %s LOGIN CREATEROLE PASSWORD '%s'" % (USERS["owner"],
+                                                                      pw["owner"]), db="postgres")
+        kpfix.psql("CREATE DATABASE %s OWNER %s" % (DB, USERS["owner"]), db="postgres")
         assert (img.uid, img.gid) == (uid, gid), (img.spec["process"]["user"], c["User"])
         assert img.args == ["kprof-collectord"], img.args
         for inside in ("/proc",) + ((img.pg_dir,) if img.pg_dir else ()):
@@ -235,9 +260,6 @@ def main():
                 owners = [l.split(":") for l in f]
             assert [o for o in owners if o[0] == "kprof" and int(o[2]) == entry], \
                 "the image's User %s is not kprof in its /etc/%s" % (c["User"], name)
-        pgenv = []
-        if os.environ.get("PGPASSFILE"):
-            pgenv = ["PGPASSFILE=" + img.put(os.environ["PGPASSFILE"], "/etc/kprof/test/pgpass")]
 
         # TLS material and tokens, made on the host and put where the image's own configuration
         # (the packages' /etc/kprof/<daemon>.conf) expects them, as a deployment mounts its
@@ -264,18 +286,36 @@ def main():
         ca = img.put(pki.ca, "/var/lib/kprof/user/ca.pem")
         operator = img.put(os.path.join(tmp, "operator.token"), "/var/lib/kprof/user/token")
         trace_in = img.put(TRACE, "/var/lib/kprof/user/" + os.path.basename(TRACE), 0o644)
-        # The test database's conninfo; no password file (the packages' configuration names
-        # one for a production database), libpq's PGPASSFILE when the test cluster needs it.
-        db = ["KPROF_PG_CONNINFO=" + conninfo, "KPROF_PG_PASSWORD_FILE="] + pgenv
+        # The passwords where the image's configuration reads them (pg-password-file); the
+        # owner's only for --migrate.
+        for who in USERS:
+            with open(os.path.join(tmp, who + ".password"), "w") as f:
+                f.write(pw[who] + "\n")
+        pwfile = {"owner": img.put(os.path.join(tmp, "owner.password"),
+                                   "/var/lib/kprof/user/owner.password")}
+        for who, d in (("writer", "kprof-collectord"), ("reader", "kprof-analyzer")):
+            assert conf[d].get("pg-password-file"), "the image's %s.conf sets no " \
+                "pg-password-file" % d
+            pwfile[who] = img.put(os.path.join(tmp, who + ".password"),
+                                  conf[d]["pg-password-file"])
 
-        def serve(name):
-            return db + ["KPROF_LISTEN=127.0.0.1:0", "KPROF_HTTP_LISTEN=127.0.0.1:0",
-                         "KPROF_READY_FILE=/run/kprof/%s.ready" % name]
+        def db(who):
+            return ["KPROF_PG_CONNINFO=%s user=%s dbname=%s" % (
+                " ".join("%s=%s" % x for x in kv.items() if x[0] not in ("user", "dbname")),
+                USERS[who], DB), "KPROF_PG_PASSWORD_FILE=" + pwfile[who]]
 
-        helptext = img.run(["kprof-collectord", "--help"]).stdout
-        if "--migrate" in helptext:
-            q = img.run(["kprof-collectord", "--migrate"], db)
-            assert q.returncode == 0, "kprof-collectord --migrate: %s" % q.stderr
+        def serve(name, who):
+            return db(who) + ["KPROF_LISTEN=127.0.0.1:0", "KPROF_HTTP_LISTEN=127.0.0.1:0",
+                              "KPROF_READY_FILE=/run/kprof/%s.ready" % name]
+
+        # The schema, by kprof-collectord --migrate from the image as the database's owner;
+        # then the daemons' login users.
+        q = img.run(["kprof-collectord", "--migrate"], db("owner"))
+        assert q.returncode == 0, "kprof-collectord --migrate exited %d: %s" % (q.returncode,
+                                                                              q.stderr)
+        for who, group in (("writer", "kprof_writer"), ("reader", "kprof_reader")):
+            kpfix.psql("CREATE ROLE %s LOGIN PASSWORD '%s' IN ROLE %s" % (USERS[who], pw[who],
+                                                                           group), db="postgres")
 
         def launch(name, args, env):
             logs[name] = os.path.join(tmp, name + ".log")
@@ -293,9 +333,9 @@ def main():
 
         # collectord is the image's default command; the analyzer and the agent are its
         # documented overrides (the command names the daemon).
-        cd = launch("collectord", img.args, serve("collectord"))
+        cd = launch("collectord", img.args, serve("collectord", "writer"))
         cd_addr = wait_ready("collectord", cd)["grpc"]
-        an = launch("analyzer", ["kprof-analyzer"], serve("analyzer"))
+        an = launch("analyzer", ["kprof-analyzer"], serve("analyzer", "reader"))
         an_addr = wait_ready("analyzer", an)["grpc"]
         ag = launch("agent", ["kprof-agent"], [
             "KPROF_COLLECTOR=" + cd_addr, "KPROF_HOST=" + NODE,
@@ -352,10 +392,7 @@ def main():
             left = [l for l in f if tmp in l]
         assert not left, "mounts left under %s: %s" % (tmp, left)
         shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            kpfix.psql("DROP DATABASE IF EXISTS %s WITH (FORCE)" % DB, db="postgres")
-        except subprocess.CalledProcessError:
-            pass
+        drop_users()
 
 
 if __name__ == "__main__":
