@@ -38,6 +38,7 @@
 #include "kp_str.h"
 #include "kp_strbuf.h"
 #include "metrics.h"
+#include "preflight.h"
 #include "session.h"
 #include "spool.h"
 #include "uplink.h"
@@ -138,10 +139,14 @@ static int loop_fds(struct kp_agent *a, char *errbuf, size_t errlen)
 static int local_side(struct kp_agent *a, char *errbuf, size_t errlen)
 {
     const struct kp_agent_config *cfg = &a->cfg;
-    struct kp_sessions_config sc = { cfg->socket,    cfg->socket_mode,
-                                     cfg->allow_uid, cfg->max_sessions,
-                                     a->agent_id,    a->epfd,
-                                     &a->m };
+    struct kp_sessions_config sc = { .socket = cfg->socket,
+                                     .socket_mode = cfg->socket_mode,
+                                     .allow_uid = cfg->allow_uid,
+                                     .allow_group = cfg->allow_group,
+                                     .max_sessions = cfg->max_sessions,
+                                     .agent_id = a->agent_id,
+                                     .epfd = a->epfd,
+                                     .metrics = &a->m };
     struct kp_captures_config cc;
     struct epoll_event ev;
     int rc;
@@ -199,6 +204,10 @@ int kp_agent_create(const struct kp_agent_config *cfg, struct kp_agent **out, ch
         snprintf(errbuf, errlen, "cannot register metrics");
         goto fail;
     }
+    kp_metric_set(a->m.profiling_admin_only,
+                  cfg->nvidia_params != NULL && cfg->nvidia_params[0] != '\0'
+                      ? kp_preflight_profiling_log(cfg->nvidia_params)
+                      : -1);
     if ((rc = kp_spool_open(cfg->spool_dir, (uint64_t) cfg->spool_max_bytes, 0, &a->spool, errbuf,
                             errlen)) != 0) {
         goto fail;

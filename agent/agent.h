@@ -22,6 +22,7 @@ struct kp_agent_config {
     char *socket;      /* AF_UNIX SOCK_SEQPACKET path */
     char *socket_mode; /* octal, e.g. "0660" */
     char *allow_uid;   /* comma list of uids or user names; own uid and root always allowed */
+    char *allow_group; /* comma list of gids or group names whose members are allowed */
     char *collector;   /* host:port of kprof-collectord */
     char *tls_ca;      /* PEM of the collector's CA; empty: plaintext */
     char *tls_cert;    /* mutual TLS: this agent's certificate (urn:kprof:agent:HOST); "" none */
@@ -38,8 +39,9 @@ struct kp_agent_config {
     char *ready_file;            /* written with "socket=<path>" (and "http=...") once listening */
     int log_level;               /* index into error, warn, info, debug */
     char *host;                  /* this node's name for logs; "" : gethostname() */
-    bool attach; /* Control.Attach to collectord: reports, capture commands (without it the
-                  * agent only uploads what is spooled: nothing can start a capture) */
+    bool attach;         /* Control.Attach to collectord: reports, capture commands (without it the
+                          * agent only uploads what is spooled: nothing can start a capture) */
+    char *nvidia_params; /* the NVIDIA driver's parameters file (preflight.h); "": not read */
 };
 
 /*

@@ -16,6 +16,7 @@
 #include "kp_daemon.h"
 #include "kp_log.h"
 #include "kp_wire.h"
+#include "preflight.h"
 
 static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
 
@@ -28,6 +29,10 @@ static const struct kp_config_def agent_config[] = {
     { "allow-uid", KP_CONFIG_STRING, "", 0, 1000, OFF(allow_uid),
       "comma list of uids or user names allowed to connect (the agent's own uid and root "
       "always are)",
+      NULL, false },
+    { "allow-group", KP_CONFIG_STRING, "", 0, 1000, OFF(allow_group),
+      "comma list of gids or group names whose members (primary or supplementary group) are "
+      "allowed to connect",
       NULL, false },
     { "collector", KP_CONFIG_STRING, "127.0.0.1:7070", 1, 512, OFF(collector),
       "kprof-collectord gRPC address, host:port", NULL, false },
@@ -75,6 +80,10 @@ static const struct kp_config_def agent_config[] = {
     { "attach", KP_CONFIG_BOOL, "true", 0, 0, OFF(attach),
       "attach to collectord (Control.Attach): report the registered processes and obey "
       "kprofctl's capture commands",
+      NULL, false },
+    { "nvidia-params", KP_CONFIG_STRING, KP_NVIDIA_PARAMS_PATH, 0, 4096, OFF(nvidia_params),
+      "the NVIDIA driver's parameters file, read at start to warn when GPU performance counters "
+      "are admin-only (RmProfilingAdminOnly); empty: not read",
       NULL, false },
 };
 #undef OFF

@@ -55,6 +55,10 @@ int kp_agent_metrics_init(struct kp_agent_metrics *m)
                  "Capture commands dropped (queue full or not unpackable).", C, NULL, NULL);
     rc |= metric(m, &m->reports, "kprof_agent_reports_sent_total",
                  "Reports sent to collectord (heartbeats included).", C, NULL, NULL);
+    rc |= metric(m, &m->profiling_admin_only, "kprof_agent_gpu_profiling_admin_only",
+                 "The NVIDIA driver's RmProfilingAdminOnly at start: 1 GPU performance counters "
+                 "are admin-only, 0 open to every user, -1 unknown (no driver).",
+                 G, NULL, NULL);
     return rc != 0 ? -EINVAL : 0;
 }
 

@@ -14,7 +14,8 @@ struct kp_agent_metrics {
     struct kp_metrics *reg;
     struct kp_metric *sessions, *records, *dropped_agent, *dropped_lib, *spooled, *acked,
         *spool_full, *spool_bytes, *invalid, *captures, *refused, *malformed, *rec_malformed,
-        *terminal, *warmup, *attached, *commands, *commands_dropped, *reports;
+        *terminal, *warmup, *attached, *commands, *commands_dropped, *reports,
+        *profiling_admin_only;
 };
 
 /* Creates the registry and registers every metric. Returns 0, or a negative errno (then

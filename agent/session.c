@@ -6,6 +6,7 @@
 #include "session.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -65,6 +66,8 @@ struct kp_sessions {
     uint32_t own_uid;
     uint32_t allow[KP_SESSION_MAX_ALLOW];
     size_t n_allow;
+    uint32_t allow_gid[KP_SESSION_MAX_ALLOW]; /* --allow-group */
+    size_t n_allow_gid;
     uint32_t refused_logged[KP_SESSION_MAX_ALLOW];
     size_t n_refused_logged;
     /* pids whose HELLO was refused, logged once each (a refused library retries every 10 s) */
@@ -274,13 +277,60 @@ static bool uid_allowed(const struct kp_sessions *ss, uint32_t uid)
     return false;
 }
 
+static bool gid_listed(const struct kp_sessions *ss, uint32_t gid)
+{
+    for (size_t i = 0; i < ss->n_allow_gid; i++) {
+        if (ss->allow_gid[i] == gid) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Whether the peer on fd is in a group of --allow-group: its primary group (cr) or one of its
+ * supplementary groups as the kernel recorded them at connect (SO_PEERGROUPS), never what the
+ * peer claims. */
+static bool group_allowed(const struct kp_sessions *ss, int fd, const struct ucred *cr)
+{
+    gid_t small[64], *gids = small;
+    socklen_t len = sizeof(small);
+    bool ok = false;
+
+    if (ss->n_allow_gid == 0) {
+        return false;
+    }
+    if (gid_listed(ss, cr->gid)) {
+        return true;
+    }
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, gids, &len) != 0) {
+        /* A peer in more groups than small holds: the kernel said how many bytes it needs. */
+        bool more = errno == ERANGE && (gids = malloc(len)) != NULL;
+
+        if (!more || getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, gids, &len) != 0) {
+            len = 0;
+        }
+        if (gids == NULL) {
+            gids = small;
+        }
+    }
+    for (size_t i = 0; i < len / sizeof(gids[0]) && !ok; i++) {
+        ok = gid_listed(ss, (uint32_t) gids[i]);
+    }
+    if (gids != small) {
+        free(gids);
+    }
+    return ok;
+}
+
 /* Answers a connection of a uid not in --allow-uid (logged once per uid) and closes it. */
 static void refuse_uid(struct kp_sessions *ss, int fd, const struct ucred *cr)
 {
     char why[256];
     bool logged = false;
 
-    snprintf(why, sizeof(why), "uid %u is not allowed by this kprof-agent (add it to --allow-uid)",
+    snprintf(why, sizeof(why),
+             "uid %u is not allowed by this kprof-agent (add it to --allow-uid, or the user to a "
+             "group of --allow-group)",
              cr->uid);
     send_welcome(ss, fd, false, why);
     close(fd);
@@ -289,8 +339,9 @@ static void refuse_uid(struct kp_sessions *ss, int fd, const struct ucred *cr)
         logged |= ss->refused_logged[i] == cr->uid;
     }
     if (!logged) {
-        kp_log_warn("connection refused pid=%d uid=%u reason=\"not in --allow-uid\"", (int) cr->pid,
-                    cr->uid);
+        kp_log_warn(
+            "connection refused pid=%d uid=%u reason=\"not in --allow-uid or --allow-group\"",
+            (int) cr->pid, cr->uid);
         if (ss->n_refused_logged < KP_SESSION_MAX_ALLOW) {
             ss->refused_logged[ss->n_refused_logged++] = cr->uid;
         }
@@ -346,7 +397,7 @@ void kp_sessions_accept(struct kp_sessions *ss)
             close(fd);
             continue;
         }
-        if (!uid_allowed(ss, cr.uid)) {
+        if (!uid_allowed(ss, cr.uid) && !group_allowed(ss, fd, &cr)) {
             refuse_uid(ss, fd, &cr);
             continue;
         }
@@ -678,6 +729,33 @@ static int parse_allow(struct kp_sessions *ss, const char *list, char *errbuf, s
     return 0;
 }
 
+static int parse_allow_group(struct kp_sessions *ss, const char *list, char *errbuf, size_t errlen)
+{
+    char tmp[1024], *save = NULL;
+
+    kp_strlcpy(tmp, sizeof(tmp), list != NULL ? list : "");
+    for (char *t = strtok_r(tmp, ", ", &save); t != NULL; t = strtok_r(NULL, ", ", &save)) {
+        char *end;
+        unsigned long v = strtoul(t, &end, 10);
+
+        if (*end != '\0') {
+            struct group *gr = getgrnam(t);
+
+            if (gr == NULL) {
+                snprintf(errbuf, errlen, "--allow-group: no group named %s", t);
+                return -EINVAL;
+            }
+            v = gr->gr_gid;
+        }
+        if (ss->n_allow_gid == KP_SESSION_MAX_ALLOW) {
+            snprintf(errbuf, errlen, "--allow-group: at most %d entries", KP_SESSION_MAX_ALLOW);
+            return -EINVAL;
+        }
+        ss->allow_gid[ss->n_allow_gid++] = (uint32_t) v;
+    }
+    return 0;
+}
+
 static int mkdir_parents(const char *path)
 {
     char tmp[sizeof(((struct sockaddr_un *) 0)->sun_path)];
@@ -791,6 +869,7 @@ int kp_sessions_create(const struct kp_sessions_config *cfg, struct kp_sessions 
         goto fail;
     }
     if ((rc = parse_allow(ss, cfg->allow_uid, errbuf, errlen)) != 0 ||
+        (rc = parse_allow_group(ss, cfg->allow_group, errbuf, errlen)) != 0 ||
         (rc = listen_socket(ss, cfg->socket, errbuf, errlen)) != 0) {
         goto fail;
     }

@@ -32,6 +32,7 @@ struct kp_sessions_config {
     const char *socket;      /* the socket's path (copied) */
     const char *socket_mode; /* octal, e.g. "0660"; NULL: 0660 */
     const char *allow_uid;   /* comma list of uids or user names; own uid and root always */
+    const char *allow_group; /* comma list of gids or group names: their members may connect */
     long long max_sessions;
     uint64_t agent_id;                /* sent in WELCOME */
     int epfd;                         /* the loop's epoll: sessions add their fds with

@@ -11,6 +11,8 @@ pkgs=(
   libpq-dev postgresql postgresql-client
   libcmocka-dev librdkafka-dev zlib1g-dev
   mmdebstrap umoci # deploy/image/build.sh and it.test_image: the OCI image from the .debs
+  # packaging/: the .debs' checks (dpkg-shlibdeps, lintian) and the units' (systemd-analyze)
+  dpkg-dev lintian systemd
 )
 
 sudo_cmd=()
