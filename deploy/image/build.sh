@@ -62,8 +62,8 @@ out=$(cd "$out" && pwd)
 want=(kprof-collectord kprof-analyzer kprof-agent kprofctl)
 files=()
 for p in "${want[@]}"; do
-  mapfile -t found < <(ls -1 "$debs/${p}"_*.deb 2>/dev/null | sort -V)
-  [ "${#found[@]}" -gt 0 ] || die "no ${p}_*.deb in $debs: build the packages first: cmake --build build --target debs"
+  found=("$debs/${p}"_*.deb)
+  [ -e "${found[0]}" ] || die "no ${p}_*.deb in $debs: build the packages first: cmake --build build --target debs"
   [ "${#found[@]}" -eq 1 ] || die "several ${p}_*.deb in $debs (${found[*]}); remove the old ones"
   files+=("${found[0]}")
 done
