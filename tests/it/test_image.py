@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kpfix  # noqa: E402
@@ -255,6 +256,18 @@ def main():
         assert img.args == ["kprof-collectord"], img.args
         for inside in ("/proc",) + ((img.pg_dir,) if img.pg_dir else ()):
             os.makedirs(img.path(inside), exist_ok=True)
+        # The packages are installed (dpkg's database in the image), apt left no lists or
+        # downloaded packages behind.
+        q = subprocess.run(["dpkg-query", "--admindir", img.path("/var/lib/dpkg"), "-W",
+                            "-f", "${Package} ${Version} ${db:Status-Abbrev}\n",
+                            "kprof-collectord", "kprof-analyzer", "kprof-agent", "kprofctl"],
+                           capture_output=True, text=True)
+        rows = sorted(l.split() for l in q.stdout.splitlines())
+        assert q.returncode == 0 and len(rows) == 4 and all(
+            r[1] == version and r[2] == "ii" for r in rows), (q.stdout, q.stderr)
+        left = [os.path.join(d, f) for sub in ("/var/lib/apt/lists", "/var/cache/apt")
+                for d, _, fs in os.walk(img.path(sub)) for f in fs if f != "lock"]
+        assert not left, "apt left files in the image: %s" % left[:10]
         for name, entry in (("passwd", uid), ("group", gid)):
             with open(img.path("/etc/" + name)) as f:
                 owners = [l.split(":") for l in f]
@@ -334,9 +347,17 @@ def main():
         # collectord is the image's default command; the analyzer and the agent are its
         # documented overrides (the command names the daemon).
         cd = launch("collectord", img.args, serve("collectord", "writer"))
-        cd_addr = wait_ready("collectord", cd)["grpc"]
+        cd_ready = wait_ready("collectord", cd)
+        cd_addr = cd_ready["grpc"]
         an = launch("analyzer", ["kprof-analyzer"], serve("analyzer", "reader"))
-        an_addr = wait_ready("analyzer", an)["grpc"]
+        an_ready = wait_ready("analyzer", an)
+        an_addr = an_ready["grpc"]
+        # The probes a deployment points at the daemons' HTTP port.
+        for name, r in (("collectord", cd_ready), ("analyzer", an_ready)):
+            for path in ("/healthz", "/readyz"):
+                with urllib.request.urlopen("http://%s%s" % (r["http"], path),
+                                            timeout=10 * kpfix.SCALE) as resp:
+                    assert resp.status == 200, (name, path, resp.status)
         ag = launch("agent", ["kprof-agent"], [
             "KPROF_COLLECTOR=" + cd_addr, "KPROF_HOST=" + NODE,
             "KPROF_READY_FILE=/run/kprof/agent.ready"])
