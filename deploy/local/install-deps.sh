@@ -13,6 +13,8 @@ pkgs=(
   mmdebstrap umoci # deploy/image/build.sh and it.test_image: the OCI image from the .debs
   # packaging/: the .debs' checks (dpkg-shlibdeps, lintian) and the units' (systemd-analyze)
   dpkg-dev lintian systemd
+  # it.test_helm: renders helm/kprof (Go text/template + sprig), checks it with Kubernetes' models
+  golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev python3-kubernetes python3-jsonschema python3-yaml
 )
 
 sudo_cmd=()
