@@ -12,6 +12,7 @@ pkgs=(
   libcmocka-dev librdkafka-dev zlib1g-dev
   # packaging/: the packages' checks (dpkg-shlibdeps, lintian, mmdebstrap) and the units' (systemd-analyze)
   dpkg-dev lintian systemd mmdebstrap
+  umoci # deploy/image/build.sh and it.test_image: the OCI image from the .debs (mmdebstrap above)
   # it.test_helm: renders helm/kprof (Go text/template + sprig), checks it with Kubernetes' models
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev python3-kubernetes python3-jsonschema python3-yaml
 )
