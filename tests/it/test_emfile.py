@@ -31,7 +31,8 @@ def low_nofile():
 
 def exhaust_and_recover(d, call):
     """call(timeout) makes one real gRPC call on a new channel and raises if it fails."""
-    assert d.get("/readyz")[0] == 200, d.get("/readyz")
+    # Ready first (the analyzer answers 503 until its first PostgreSQL check has passed).
+    kpfix.wait_for(lambda: d.get("/readyz")[0] == 200, 15, "/readyz ok before the test")
     call(10)
     host, port = d.grpc.rsplit(":", 1)
     idle = []
