@@ -13,10 +13,11 @@
 #       kernels, copies and memsets, text and binary, to /dev/null; and a plain
 #       `SELECT count(*), sum(dur_ns)` scan of each of those tables for the rank.
 #       Each view is reported in seconds and as a ratio to the text COPY baseline.
-#   (b) compare at each of --compare-ranks (default 64,256) ranks x 10 steps x
-#       --compare-kernels (default 200; the goal's size is 2000: 1024 x 10 x 2000 is 20 M
-#       kernel rows, several GB and far more than an hour of generation on 2 cores, so it
-#       is opt-in: --compare-ranks 64,256,1024 --compare-kernels 2000): kprofctl compare
+#   (b) compare at each of --compare-ranks (default 64,256,1024) ranks x 10 steps x
+#       --compare-kernels (default 200; the goal's size is 2000: 1024 x 10 x 2000 is 20.6 M
+#       kernel rows, 98 M events, about 15 GB of disk at its peak and 5 minutes of generation
+#       on 2 cores, so it is opt-in: --compare-kernels 2000, about 8 minutes in all):
+#       kprofctl compare
 #       through a fresh analyzer (cache off) vs the baseline `SELECT count(*), sum(dur_ns)
 #       FROM kernels WHERE run_id = R`, with the analyzer's VmHWM.
 #   For every run: bytes on disk per row (pg_total_relation_size of the run's partition,
@@ -35,13 +36,13 @@
 #             removed anyway)
 # Environment: KPROF_BUILD_DIR; KPROF_BENCH_PG with KPROF_COLLECTOR to use a running
 # PostgreSQL and its collectord, else throwaway ones (bench/stack.sh). The default run takes
-# about 6 minutes on 2 shared cores and about 1 GB of disk.
+# about 1.5 minutes on 2 shared cores (--reps 3: about 3) and about 2 GB of disk.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${KPROF_BUILD_DIR:-}
-steps=500 kernels=400 cranks=64,256 ckernels=200 csteps=10 reps=1 quick=0 ingest=0 keep=0
+steps=500 kernels=400 cranks=64,256,1024 ckernels=200 csteps=10 reps=1 quick=0 ingest=0 keep=0
 
 die() {
     echo "bench/scale: $*" >&2
