@@ -1,0 +1,258 @@
+/*
+ * kp_diff's arithmetic (analyzer/diff.h) on rows whose figures are chosen by hand: matching by
+ * name (both, new, vanished; a name twice on one side summed), deltas, the ratio with a zero
+ * base (undefined, never a division by zero), the totals over every row before the cuts, the
+ * order (|delta| first, then size, then name), --top and the minimum delta as prefix cuts, the
+ * step breakdown per category from two breakdowns, and the verdict's words and figures.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "diff.h"
+
+#define FIG(c, t)                     \
+    {                                 \
+        .calls = (c), .total_ns = (t) \
+    }
+
+static const struct kp_diff_row *find(const struct kp_diff_table *t, const char *name)
+{
+    for (size_t i = 0; i < t->n_all; i++) {
+        if (strcmp(t->rows[i].name, name) == 0) {
+            return &t->rows[i];
+        }
+    }
+    fail_msg("no row %s", name);
+    return NULL;
+}
+
+static void test_match(void **state)
+{
+    const struct kp_diff_item base[] = {
+        { "gemm", FIG(10, 1000) }, { "relu", FIG(4, 400) }, { "gone", FIG(2, 300) },
+        { "same", FIG(5, 500) },   { "zero", FIG(1, 0) },
+    };
+    const struct kp_diff_item other[] = {
+        { "relu", FIG(4, 100) }, { "gemm", FIG(10, 2000) }, { "fresh", FIG(3, 250) },
+        { "same", FIG(5, 500) }, { "zero", FIG(2, 70) },
+    };
+    struct kp_diff_table t;
+    const struct kp_diff_row *r;
+
+    (void) state;
+    assert_int_equal(kp_diff_match(base, 5, other, 5, 0, 0, &t), 0);
+    assert_int_equal(t.n_all, 6);
+    assert_int_equal(t.n, 6);
+    assert_int_equal(t.n_both, 4);
+    assert_int_equal(t.n_new, 1);
+    assert_int_equal(t.n_vanished, 1);
+    /* totals: every row of each side */
+    assert_int_equal(t.base.calls, 22);
+    assert_int_equal(t.base.total_ns, 2200);
+    assert_int_equal(t.other.calls, 24);
+    assert_int_equal(t.other.total_ns, 2920);
+    assert_int_equal(t.delta_ns, 720);
+
+    r = find(&t, "gemm");
+    assert_int_equal(r->status, KP_DIFF_BOTH);
+    assert_int_equal(r->delta_ns, 1000);
+    assert_int_equal(r->delta_calls, 0);
+    assert_true(r->ratio_defined);
+    assert_true(r->ratio == 2.0);
+    r = find(&t, "gone");
+    assert_int_equal(r->status, KP_DIFF_VANISHED);
+    assert_int_equal(r->other.calls, 0);
+    assert_int_equal(r->other.total_ns, 0);
+    assert_int_equal(r->delta_ns, -300);
+    assert_int_equal(r->delta_calls, -2);
+    assert_true(r->ratio_defined && r->ratio == 0.0);
+    r = find(&t, "fresh");
+    assert_int_equal(r->status, KP_DIFF_NEW);
+    assert_int_equal(r->base.total_ns, 0);
+    assert_int_equal(r->delta_ns, 250);
+    assert_false(r->ratio_defined); /* nothing to divide by */
+    assert_true(r->ratio == 0.0);
+    r = find(&t, "zero"); /* on both sides, but its base took no time */
+    assert_int_equal(r->status, KP_DIFF_BOTH);
+    assert_false(r->ratio_defined);
+    r = find(&t, "relu");
+    assert_true(r->ratio_defined && r->ratio == 0.25);
+
+    /* |delta| first: gemm +1000; relu and gone both -300, a tie that the larger base + other
+     * breaks (relu 500, gone 300); fresh +250, zero +70, same 0 */
+    assert_string_equal(t.rows[0].name, "gemm");
+    assert_string_equal(t.rows[1].name, "relu");
+    assert_string_equal(t.rows[2].name, "gone");
+    assert_string_equal(t.rows[3].name, "fresh");
+    assert_string_equal(t.rows[4].name, "zero");
+    assert_string_equal(t.rows[5].name, "same");
+    kp_diff_table_fini(&t);
+}
+
+static void test_cuts_and_duplicates(void **state)
+{
+    const struct kp_diff_item base[] = { { "a", FIG(1, 100) },
+                                         { "b", FIG(1, 100) },
+                                         { "a", FIG(2, 50) },
+                                         { "c", FIG(1, 10) } };
+    const struct kp_diff_item other[] = { { "a", FIG(1, 600) },
+                                          { "b", FIG(1, 130) },
+                                          { "c", FIG(1, 12) } };
+    struct kp_diff_table t;
+    const struct kp_diff_row *r;
+
+    (void) state;
+    /* a name twice on a side: summed (3 calls, 150 ns) */
+    assert_int_equal(kp_diff_match(base, 4, other, 3, 0, 0, &t), 0);
+    assert_int_equal(t.n_all, 3);
+    r = find(&t, "a");
+    assert_int_equal(r->base.calls, 3);
+    assert_int_equal(r->base.total_ns, 150);
+    assert_int_equal(r->delta_ns, 450);
+    assert_int_equal(r->delta_calls, -2);
+    kp_diff_table_fini(&t);
+
+    /* min delta 30: a (450) and b (30) stay, c (2) goes; the totals still count c */
+    assert_int_equal(kp_diff_match(base, 4, other, 3, 0, 30, &t), 0);
+    assert_int_equal(t.n, 2);
+    assert_int_equal(t.n_all, 3);
+    assert_string_equal(t.rows[0].name, "a");
+    assert_string_equal(t.rows[1].name, "b");
+    assert_int_equal(t.base.total_ns, 260);
+    assert_int_equal(t.other.total_ns, 742);
+    kp_diff_table_fini(&t);
+
+    /* top 1 with it */
+    assert_int_equal(kp_diff_match(base, 4, other, 3, 1, 30, &t), 0);
+    assert_int_equal(t.n, 1);
+    assert_string_equal(t.rows[0].name, "a");
+    kp_diff_table_fini(&t);
+
+    /* nothing on either side */
+    assert_int_equal(kp_diff_match(NULL, 0, NULL, 0, 5, 0, &t), 0);
+    assert_int_equal(t.n_all, 0);
+    assert_int_equal(t.n, 0);
+    assert_int_equal(t.delta_ns, 0);
+    kp_diff_table_fini(&t);
+}
+
+static void test_ratio(void **state)
+{
+    bool d;
+
+    (void) state;
+    assert_true(kp_diff_ratio(0.0, 5.0, &d) == 0.0);
+    assert_false(d);
+    assert_true(kp_diff_ratio(0.0, 0.0, &d) == 0.0);
+    assert_false(d);
+    assert_true(kp_diff_ratio(4.0, 5.0, &d) == 1.25);
+    assert_true(d);
+    assert_true(kp_diff_ratio(4.0, 0.0, &d) == 0.0);
+    assert_true(d);
+}
+
+static void test_steps(void **state)
+{
+    struct kp_an_step bs[2], os[1];
+    struct kp_an_breakdown b, o;
+    struct kp_diff_cat c[KP_DIFF_N_CATS];
+
+    (void) state;
+    memset(bs, 0, sizeof(bs));
+    memset(os, 0, sizeof(os));
+    memset(&b, 0, sizeof(b));
+    memset(&o, 0, sizeof(o));
+    /* base: two steps of 100 and 140 ns, kernel 60 + 80, other 40 + 60 */
+    bs[0] = (struct kp_an_step){ .start_ns = 0, .end_ns = 100 };
+    bs[0].cost_ns[KP_AN_KERNEL] = 60;
+    bs[0].cost_ns[KP_AN_OTHER] = 40;
+    bs[1] = (struct kp_an_step){ .start_ns = 100, .end_ns = 240 };
+    bs[1].cost_ns[KP_AN_KERNEL] = 80;
+    bs[1].cost_ns[KP_AN_OTHER] = 60;
+    b.steps = bs;
+    b.n_steps = 2;
+    b.avg_ns[KP_AN_KERNEL] = 70;
+    b.avg_ns[KP_AN_OTHER] = 50;
+    b.avg_total_ns = 120;
+    /* other: one step of 180 ns, kernel 150 and memcpy 30 */
+    os[0] = (struct kp_an_step){ .start_ns = 0, .end_ns = 180 };
+    os[0].cost_ns[KP_AN_KERNEL] = 150;
+    os[0].cost_ns[KP_AN_MEMCPY] = 30;
+    o.steps = os;
+    o.n_steps = 1;
+    o.avg_ns[KP_AN_KERNEL] = 150;
+    o.avg_ns[KP_AN_MEMCPY] = 30;
+    o.avg_total_ns = 180;
+    kp_diff_steps(&b, &o, c);
+    assert_string_equal(c[KP_AN_KERNEL].name, "kernel");
+    assert_true(c[KP_AN_KERNEL].base_avg_ns == 70 && c[KP_AN_KERNEL].other_avg_ns == 150);
+    assert_true(c[KP_AN_KERNEL].delta_avg_ns == 80);
+    assert_true(c[KP_AN_KERNEL].ratio_defined && c[KP_AN_KERNEL].ratio == 150.0 / 70.0);
+    assert_int_equal(c[KP_AN_KERNEL].base_total_ns, 140);
+    assert_int_equal(c[KP_AN_KERNEL].other_total_ns, 150);
+    assert_false(c[KP_AN_MEMCPY].ratio_defined); /* a zero base */
+    assert_true(c[KP_AN_MEMCPY].delta_avg_ns == 30);
+    assert_true(c[KP_AN_OTHER].delta_avg_ns == -50 && c[KP_AN_OTHER].ratio == 0.0);
+    assert_string_equal(c[KP_AN_CAT_COUNT].name, "total");
+    assert_true(c[KP_AN_CAT_COUNT].base_avg_ns == 120 && c[KP_AN_CAT_COUNT].other_avg_ns == 180);
+    assert_true(c[KP_AN_CAT_COUNT].ratio == 1.5);
+    assert_int_equal(c[KP_AN_CAT_COUNT].base_total_ns, 240);
+    assert_int_equal(c[KP_AN_CAT_COUNT].other_total_ns, 180);
+}
+
+static void test_verdict(void **state)
+{
+    const struct kp_diff_item base[] = { { "sgemm", FIG(2, 4000000) }, { "old", FIG(1, 1000) } };
+    const struct kp_diff_item other[] = { { "sgemm", FIG(2, 9200000) }, { "new_k", FIG(1, 100) } };
+    struct kp_diff d;
+
+    (void) state;
+    memset(&d, 0, sizeof(d));
+    d.has_steps = d.has_kernels = true;
+    d.base_steps = d.other_steps = 2;
+    d.base_step_ns = 40e6;
+    d.other_step_ns = 45e6;
+    d.cats[KP_AN_KERNEL] = (struct kp_diff_cat){ .name = "kernel", .delta_avg_ns = 2.6e6 };
+    d.cats[KP_AN_OTHER] = (struct kp_diff_cat){ .name = "other", .delta_avg_ns = 2.4e6 };
+    assert_int_equal(kp_diff_match(base, 2, other, 2, 0, 0, &d.kernels), 0);
+    kp_diff_verdict(&d, "run 1 rank 0", "run 2 rank 0");
+    assert_string_equal(d.verdict,
+                        "run 2 rank 0 is 12.5% slower per step than run 1 rank 0 (45.000 ms vs "
+                        "40.000 ms, +5.000 ms), most in kernel (+2.600 ms per step); kernels (1 "
+                        "new, 1 vanished): kernel time +5.199 ms in all (4.001 ms vs 9.200 ms), "
+                        "mostly sgemm (+5.200 ms)");
+    kp_diff_fini(&d);
+
+    /* one side without steps: said, not divided by */
+    memset(&d, 0, sizeof(d));
+    d.has_steps = true;
+    d.base_steps = 3;
+    d.base_step_ns = 10.0;
+    kp_diff_verdict(&d, "run 1 rank 0", "run 1 rank 1");
+    assert_string_equal(d.verdict,
+                        "no step times to compare: run 1 rank 0 has 3 steps, run 1 rank 1 0");
+
+    /* kernels asked for, none on either side */
+    memset(&d, 0, sizeof(d));
+    d.has_kernels = true;
+    kp_diff_verdict(&d, "run 1 rank 0", "run 2 rank 0");
+    assert_string_equal(d.verdict, "run 2 rank 0 against run 1 rank 0; neither side has kernels");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_match),   cmocka_unit_test(test_cuts_and_duplicates),
+        cmocka_unit_test(test_ratio),   cmocka_unit_test(test_steps),
+        cmocka_unit_test(test_verdict),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
