@@ -1,6 +1,8 @@
 /* kp_diff: one loaded rank against another (diff.h). */
 #include "diff.h"
 
+#include "kp_strbuf.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -238,19 +240,23 @@ int kp_diff_compute(struct kp_an *base, struct kp_an *other, const struct kp_dif
         }
         out->has_kernels = true;
     }
-    kp_diff_verdict(out, base_label, other_label);
-    return 0;
+    if ((rc = kp_diff_verdict(out, base_label, other_label)) != 0) {
+        kp_diff_fini(out);
+    }
+    return rc;
 }
 
 void kp_diff_fini(struct kp_diff *d)
 {
     kp_diff_table_fini(&d->ops);
     kp_diff_table_fini(&d->kernels);
+    free(d->verdict);
+    d->verdict = NULL;
 }
 
 /* ---- the verdict ----------------------------------------------------------------------- */
 
-/* ns as "1.234 ms" or "56.7 µs", signed with plus (+/-) when asked. */
+/* ns as "1.234 ms", "56.7 µs" or "800 ns", signed with plus (+/-) when asked. */
 static const char *dur(char *buf, size_t len, double ns, bool plus)
 {
     const char *sign = ns < 0 ? "-" : plus ? "+" : "";
@@ -259,8 +265,11 @@ static const char *dur(char *buf, size_t len, double ns, bool plus)
     if (a >= 1e6) {
         snprintf(buf, len, "%s%.3f ms", sign, a / 1e6);
     }
-    else {
+    else if (a >= 1e3) {
         snprintf(buf, len, "%s%.1f µs", sign, a / 1e3);
+    }
+    else {
+        snprintf(buf, len, "%s%.0f ns", sign, a);
     }
     return buf;
 }
@@ -278,98 +287,111 @@ static const struct kp_diff_row *main_row(const struct kp_diff_table *t)
     return NULL;
 }
 
-/* "; kernels (2 new, 1 vanished): kernel time +1.234 ms in all (10.000 ms vs 11.234 ms),
- * mostly NAME (+1.000 ms)" for a table. Ops' host totals nest (an op's total holds its
- * children's), so their sum is no time spent: for ops (summed false) only the largest change
- * is named. */
-static void table_clause(char *out, size_t len, const struct kp_diff_table *t, const char *what,
-                         const char *time, bool summed)
+static const char *status_note(const struct kp_diff_row *r)
 {
-    char a[32], b[32], c[32], d[32], tail[96] = "";
+    return r->status == KP_DIFF_NEW ? ", new" : r->status == KP_DIFF_VANISHED ? ", vanished" : "";
+}
+
+/* "; kernels (2 new, 1 vanished): kernel time +1.234 ms in all (10.000 ms vs 11.234 ms),
+ * mostly NAME (+1.000 ms)" for a table, names in full. Ops' host totals nest (an op's total
+ * holds its children's), so their sum is no time spent: for ops (summed false) only the
+ * largest change is named. */
+static int table_clause(struct kp_strbuf *sb, const struct kp_diff_table *t, const char *what,
+                        const char *time, bool summed)
+{
+    char a[32], b[32], c[32], tail[96] = "";
     const struct kp_diff_row *r = summed ? main_row(t) : (t->n_all > 0 ? &t->rows[0] : NULL);
-    int n;
 
     if (t->n_all == 0) {
-        snprintf(out, len, "; neither side has %s", what);
-        return;
+        return kp_strbuf_appendf(sb, "; neither side has %s", what);
     }
     if (t->n_new > 0 || t->n_vanished > 0) {
         snprintf(tail, sizeof(tail), " (%zu new, %zu vanished)", t->n_new, t->n_vanished);
     }
     if (!summed) {
         if (r == NULL || r->delta_ns == 0) {
-            snprintf(out, len, "; %s%s: no %s changed", what, tail, time);
+            return kp_strbuf_appendf(sb, "; %s%s: no %s changed", what, tail, time);
         }
-        else {
-            snprintf(out, len, "; %s%s: largest change %.200s (%s %s%s)", what, tail, r->name,
-                     dur(d, sizeof(d), (double) r->delta_ns, true), time,
-                     r->status == KP_DIFF_NEW        ? ", new"
-                     : r->status == KP_DIFF_VANISHED ? ", vanished"
-                                                     : "");
-        }
-        return;
+        return kp_strbuf_appendf(sb, "; %s%s: largest change %s (%s %s%s)", what, tail, r->name,
+                                 dur(a, sizeof(a), (double) r->delta_ns, true), time,
+                                 status_note(r));
     }
     if (t->delta_ns == 0) {
-        snprintf(out, len, "; %s%s: the same %s in all (%s)", what, tail, time,
-                 dur(a, sizeof(a), (double) t->base.total_ns, false));
-        return;
+        return kp_strbuf_appendf(sb, "; %s%s: the same %s in all (%s)", what, tail, time,
+                                 dur(a, sizeof(a), (double) t->base.total_ns, false));
     }
-    n = snprintf(out, len, "; %s%s: %s %s in all (%s vs %s)", what, tail, time,
-                 dur(a, sizeof(a), (double) t->delta_ns, true),
-                 dur(b, sizeof(b), (double) t->base.total_ns, false),
-                 dur(c, sizeof(c), (double) t->other.total_ns, false));
-    if (r != NULL && n > 0 && (size_t) n < len) {
-        snprintf(out + n, len - (size_t) n, ", mostly %.200s (%s%s)", r->name,
-                 dur(d, sizeof(d), (double) r->delta_ns, true),
-                 r->status == KP_DIFF_NEW        ? ", new"
-                 : r->status == KP_DIFF_VANISHED ? ", vanished"
-                                                 : "");
+    if (kp_strbuf_appendf(sb, "; %s%s: %s %s in all (%s vs %s)", what, tail, time,
+                          dur(a, sizeof(a), (double) t->delta_ns, true),
+                          dur(b, sizeof(b), (double) t->base.total_ns, false),
+                          dur(c, sizeof(c), (double) t->other.total_ns, false)) != 0) {
+        return -ENOMEM;
     }
+    return r == NULL
+               ? 0
+               : kp_strbuf_appendf(sb, ", mostly %s (%s%s)", r->name,
+                                   dur(a, sizeof(a), (double) r->delta_ns, true), status_note(r));
 }
 
-void kp_diff_verdict(struct kp_diff *d, const char *base_label, const char *other_label)
+/* The step-time sentence. */
+static int steps_clause(struct kp_strbuf *sb, const struct kp_diff *d, const char *base_label,
+                        const char *other_label)
 {
-    char head[256], k[512] = "", o[512] = "", a[32], b[32], c[32];
+    double pct = 100.0 * (d->other_step_ns / d->base_step_ns - 1.0);
+    const struct kp_diff_cat *top = NULL;
+    char a[32], b[32], c[32];
+    int rc;
 
-    if (d->has_steps && (d->base_steps == 0 || d->other_steps == 0)) {
-        snprintf(head, sizeof(head), "no step times to compare: %s has %zu steps, %s %zu",
-                 base_label, d->base_steps, other_label, d->other_steps);
+    for (int i = 0; i < KP_AN_CAT_COUNT; i++) {
+        if (d->cats[i].delta_avg_ns != 0.0 &&
+            (top == NULL || fabs(d->cats[i].delta_avg_ns) > fabs(top->delta_avg_ns))) {
+            top = &d->cats[i];
+        }
     }
-    else if (d->has_steps && d->base_step_ns > 0) {
-        double pct = 100.0 * (d->other_step_ns / d->base_step_ns - 1.0);
-        const struct kp_diff_cat *top = NULL;
-        int n;
-
-        for (int i = 0; i < KP_AN_CAT_COUNT; i++) {
-            if (d->cats[i].delta_avg_ns != 0.0 &&
-                (top == NULL || fabs(d->cats[i].delta_avg_ns) > fabs(top->delta_avg_ns))) {
-                top = &d->cats[i];
-            }
-        }
-        if (fabs(pct) < 0.05) {
-            n = snprintf(head, sizeof(head), "%s takes the same time per step as %s (%s)",
-                         other_label, base_label, dur(a, sizeof(a), d->base_step_ns, false));
-        }
-        else {
-            n = snprintf(head, sizeof(head), "%s is %.1f%% %s per step than %s (%s vs %s, %s)",
-                         other_label, fabs(pct), pct > 0 ? "slower" : "faster", base_label,
-                         dur(a, sizeof(a), d->other_step_ns, false),
-                         dur(b, sizeof(b), d->base_step_ns, false),
-                         dur(c, sizeof(c), d->other_step_ns - d->base_step_ns, true));
-        }
-        if (top != NULL && n > 0 && (size_t) n < sizeof(head)) {
-            snprintf(head + n, sizeof(head) - (size_t) n, ", most in %s (%s per step)", top->name,
-                     dur(a, sizeof(a), top->delta_avg_ns, true));
-        }
+    if (d->other_step_ns == d->base_step_ns) {
+        rc = kp_strbuf_appendf(sb, "%s takes the same time per step as %s (%s)", other_label,
+                               base_label, dur(a, sizeof(a), d->base_step_ns, false));
     }
     else {
-        snprintf(head, sizeof(head), "%s against %s", other_label, base_label);
+        rc = kp_strbuf_appendf(sb, "%s is %.*f%% %s per step than %s (%s vs %s, %s)", other_label,
+                               fabs(pct) < 0.1 ? 3 : 1, fabs(pct), pct > 0 ? "slower" : "faster",
+                               base_label, dur(a, sizeof(a), d->other_step_ns, false),
+                               dur(b, sizeof(b), d->base_step_ns, false),
+                               dur(c, sizeof(c), d->other_step_ns - d->base_step_ns, true));
     }
-    if (d->has_kernels) {
-        table_clause(k, sizeof(k), &d->kernels, "kernels", "kernel time", true);
+    if (rc != 0 || top == NULL) {
+        return rc;
     }
-    if (d->has_ops) {
-        table_clause(o, sizeof(o), &d->ops, "ops", "host total", false);
+    return kp_strbuf_appendf(sb, "; the largest change per step: %s %s", top->name,
+                             dur(a, sizeof(a), top->delta_avg_ns, true));
+}
+
+int kp_diff_verdict(struct kp_diff *d, const char *base_label, const char *other_label)
+{
+    struct kp_strbuf sb;
+    int rc;
+
+    kp_strbuf_init(&sb, 0);
+    if (d->has_steps && (d->base_steps == 0 || d->other_steps == 0)) {
+        rc = kp_strbuf_appendf(&sb, "no step times to compare: %s has %zu steps, %s %zu",
+                               base_label, d->base_steps, other_label, d->other_steps);
     }
-    snprintf(d->verdict, sizeof(d->verdict), "%s%s%s", head, k, o);
+    else if (d->has_steps && d->base_step_ns > 0) {
+        rc = steps_clause(&sb, d, base_label, other_label);
+    }
+    else {
+        rc = kp_strbuf_appendf(&sb, "%s against %s", other_label, base_label);
+    }
+    if (rc == 0 && d->has_kernels) {
+        rc = table_clause(&sb, &d->kernels, "kernels", "kernel time", true);
+    }
+    if (rc == 0 && d->has_ops) {
+        rc = table_clause(&sb, &d->ops, "ops", "host total", false);
+    }
+    if (rc != 0) {
+        kp_strbuf_fini(&sb);
+        return -ENOMEM;
+    }
+    free(d->verdict);
+    d->verdict = sb.data;
+    return 0;
 }

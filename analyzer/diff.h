@@ -108,7 +108,7 @@ struct kp_diff {
     double base_step_ns, other_step_ns; /* the average step time of each side */
     struct kp_diff_cat cats[KP_DIFF_N_CATS];
     struct kp_diff_table ops, kernels;
-    char verdict[1024];
+    char *verdict; /* owned; one line, names in full */
 };
 
 /* The diff of two loaded ranks (borrowed; other may be base's run). base_label and
@@ -117,8 +117,9 @@ struct kp_diff {
 int kp_diff_compute(struct kp_an *base, struct kp_an *other, const struct kp_diff_opts *o,
                     const char *base_label, const char *other_label, struct kp_diff *out);
 
-/* The verdict of d into d->verdict (kp_diff_compute calls it). */
-void kp_diff_verdict(struct kp_diff *d, const char *base_label, const char *other_label);
+/* The verdict of d into d->verdict (kp_diff_compute calls it; kp_diff_fini frees it). Returns
+ * 0 or -ENOMEM (d->verdict then unchanged). */
+int kp_diff_verdict(struct kp_diff *d, const char *base_label, const char *other_label);
 
 void kp_diff_fini(struct kp_diff *d);
 

@@ -211,6 +211,8 @@ static void test_verdict(void **state)
 {
     const struct kp_diff_item base[] = { { "sgemm", FIG(2, 4000000) }, { "old", FIG(1, 1000) } };
     const struct kp_diff_item other[] = { { "sgemm", FIG(2, 9200000) }, { "new_k", FIG(1, 100) } };
+    struct kp_diff_item ops_b[2], ops_o[1];
+    char *longname = malloc(3001);
     struct kp_diff d;
 
     (void) state;
@@ -222,28 +224,59 @@ static void test_verdict(void **state)
     d.cats[KP_AN_KERNEL] = (struct kp_diff_cat){ .name = "kernel", .delta_avg_ns = 2.6e6 };
     d.cats[KP_AN_OTHER] = (struct kp_diff_cat){ .name = "other", .delta_avg_ns = 2.4e6 };
     assert_int_equal(kp_diff_match(base, 2, other, 2, 0, 0, &d.kernels), 0);
-    kp_diff_verdict(&d, "run 1 rank 0", "run 2 rank 0");
+    assert_int_equal(kp_diff_verdict(&d, "run 1 rank 0", "run 2 rank 0"), 0);
     assert_string_equal(d.verdict,
                         "run 2 rank 0 is 12.5% slower per step than run 1 rank 0 (45.000 ms vs "
-                        "40.000 ms, +5.000 ms), most in kernel (+2.600 ms per step); kernels (1 "
-                        "new, 1 vanished): kernel time +5.199 ms in all (4.001 ms vs 9.200 ms), "
-                        "mostly sgemm (+5.200 ms)");
+                        "40.000 ms, +5.000 ms); the largest change per step: kernel +2.600 ms; "
+                        "kernels (1 new, 1 vanished): kernel time +5.199 ms in all (4.001 ms vs "
+                        "9.200 ms), mostly sgemm (+5.200 ms)");
     kp_diff_fini(&d);
+
+    /* the same step time, shifted between categories; a name of 3000 bytes in full; ops name
+     * their largest change only (their totals nest) */
+    assert_non_null(longname);
+    memset(longname, 'k', 3000);
+    longname[3000] = '\0';
+    ops_b[0] = (struct kp_diff_item){ "aten::mm", FIG(4, 9000) };
+    ops_b[1] = (struct kp_diff_item){ "aten::conj", FIG(2, 500) };
+    ops_o[0] = (struct kp_diff_item){ "aten::mm", FIG(4, 9000) };
+    memset(&d, 0, sizeof(d));
+    d.has_steps = d.has_kernels = d.has_ops = true;
+    d.base_steps = d.other_steps = 6;
+    d.base_step_ns = d.other_step_ns = 177592000.0;
+    d.cats[KP_AN_KERNEL] = (struct kp_diff_cat){ .name = "kernel", .delta_avg_ns = 305500 };
+    d.cats[KP_AN_OTHER] = (struct kp_diff_cat){ .name = "other", .delta_avg_ns = -305500 };
+    assert_int_equal(kp_diff_match(&(struct kp_diff_item){ longname, FIG(1, 10) }, 1,
+                                   &(struct kp_diff_item){ longname, FIG(1, 30) }, 1, 0, 0,
+                                   &d.kernels),
+                     0);
+    assert_int_equal(kp_diff_match(ops_b, 2, ops_o, 1, 0, 0, &d.ops), 0);
+    assert_int_equal(kp_diff_verdict(&d, "run 1 rank 0", "run 2 rank 0"), 0);
+    assert_non_null(strstr(d.verdict, "run 2 rank 0 takes the same time per step as run 1 rank 0 "
+                                      "(177.592 ms); the largest change per step: kernel "
+                                      "+305.5 µs; kernels: kernel time +20 ns in all"));
+    assert_non_null(strstr(d.verdict, longname));
+    assert_non_null(strstr(d.verdict, "; ops (0 new, 1 vanished): largest change aten::conj "
+                                      "(-500 ns host total, vanished)"));
+    kp_diff_fini(&d);
+    free(longname);
 
     /* one side without steps: said, not divided by */
     memset(&d, 0, sizeof(d));
     d.has_steps = true;
     d.base_steps = 3;
     d.base_step_ns = 10.0;
-    kp_diff_verdict(&d, "run 1 rank 0", "run 1 rank 1");
+    assert_int_equal(kp_diff_verdict(&d, "run 1 rank 0", "run 1 rank 1"), 0);
     assert_string_equal(d.verdict,
                         "no step times to compare: run 1 rank 0 has 3 steps, run 1 rank 1 0");
+    kp_diff_fini(&d);
 
     /* kernels asked for, none on either side */
     memset(&d, 0, sizeof(d));
     d.has_kernels = true;
-    kp_diff_verdict(&d, "run 1 rank 0", "run 2 rank 0");
+    assert_int_equal(kp_diff_verdict(&d, "run 1 rank 0", "run 2 rank 0"), 0);
     assert_string_equal(d.verdict, "run 2 rank 0 against run 1 rank 0; neither side has kernels");
+    kp_diff_fini(&d);
 }
 
 int main(void)
