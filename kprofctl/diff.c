@@ -17,14 +17,15 @@
  *   part (steps|kernels|ops), name, status, base_calls, other_calls, delta_calls, base_us,
  *   other_us, delta_us, ratio ("-" where the base is 0), base_mean_us, other_mean_us
  * (text shows each table's own; -c picks for all). --csv prints one table of every row with
- * its part; --json one object {"base": {run, rank, steps, step_avg_ns}, "other": {...},
- * "plugin_compat", "steps": [{category, base_avg_ns, other_avg_ns, delta_avg_ns, ratio,
+ * its part; --json one object {"base": {run, rank, steps, step_avg_us}, "other": {...},
+ * "plugin_compat", "steps": [{category, base_avg_us, other_avg_us, delta_avg_us, ratio,
  * base_total_ns, other_total_ns}], "kernels": [{name, status, base_calls, other_calls,
- * delta_calls, base_total_ns, other_total_ns, delta_ns, ratio, base_mean_ns, other_mean_ns}],
+ * delta_calls, base_total_ns, other_total_ns, delta_ns, ratio, base_mean_us, other_mean_us}],
  * "kernels_totals": {rows, shown, both, new, vanished, base_calls, other_calls, base_total_ns,
  * other_total_ns, delta_ns}, "ops" and "ops_totals" (the same, plus base_/other_ self_ns,
  * device_total_ns and device_self_ns), "verdict"}, a part not asked for null, ratio null
- * where undefined.
+ * where undefined; sums are exact integer ns (_ns), averages and means µs with every digit
+ * (_us), as docs/cli.md "Units and names" has it.
  *
  * Exit status: 0 shown, 2 bad usage (also: both sides the same, a side's run with several
  * ranks and no rank for it), 3 unknown run or rank (either side), 5 kprof-analyzer (or its
@@ -431,8 +432,8 @@ static void json_side(const char *key, const Kprof__V1__DiffSide *s)
         fputs("null", stdout);
         return;
     }
-    printf("{\"run\": %" PRIu64 ", \"rank\": %d, \"steps\": %" PRIu64 ", \"step_avg_ns\": %.17g}",
-           s->run_id, (int) s->rank, s->n_steps, s->step_avg_ns);
+    printf("{\"run\": %" PRIu64 ", \"rank\": %d, \"steps\": %" PRIu64 ", \"step_avg_us\": %.17g}",
+           s->run_id, (int) s->rank, s->n_steps, s->step_avg_ns / 1e3);
 }
 
 /* The two sides' figures of a row or totals, "base_calls": ..., each key once per side. */
@@ -447,7 +448,8 @@ static void json_figs(const Kprof__V1__DiffFigures *b, const Kprof__V1__DiffFigu
            ", \"other_total_ns\": %" PRId64,
            b->calls, o->calls, b->total_ns, o->total_ns);
     if (mean) {
-        printf(", \"base_mean_ns\": %.17g, \"other_mean_ns\": %.17g", b->mean_ns, o->mean_ns);
+        printf(", \"base_mean_us\": %.17g, \"other_mean_us\": %.17g", b->mean_ns / 1e3,
+               o->mean_ns / 1e3);
     }
     if (ops) {
         printf(", \"base_self_ns\": %" PRId64 ", \"other_self_ns\": %" PRId64
@@ -509,9 +511,9 @@ static void print_json(const Kprof__V1__DiffResponse *m)
 
             printf("%s{\"category\": ", i ? ", " : "");
             kp_json_fputs(stdout, c->category);
-            printf(", \"base_avg_ns\": %.17g, \"other_avg_ns\": %.17g, \"delta_avg_ns\": %.17g, "
+            printf(", \"base_avg_us\": %.17g, \"other_avg_us\": %.17g, \"delta_avg_us\": %.17g, "
                    "\"ratio\": ",
-                   c->base_avg_ns, c->other_avg_ns, c->delta_avg_ns);
+                   c->base_avg_ns / 1e3, c->other_avg_ns / 1e3, c->delta_avg_ns / 1e3);
             json_ratio(c->ratio_defined, c->ratio);
             printf(", \"base_total_ns\": %" PRId64 ", \"other_total_ns\": %" PRId64 "}",
                    c->base_total_ns, c->other_total_ns);
@@ -561,7 +563,8 @@ static const struct kp_rpcverb_spec diff_spec = {
         "  Each side's figures are those of kprofctl breakdown, kernels and ops.\n",
     .exit_ok = "shown",
     .json_help = "print one JSON object {base, other, plugin_compat, steps, kernels, "
-                 "kernels_totals, ops, ops_totals, verdict}, times in exact ns",
+                 "kernels_totals, ops, ops_totals, verdict}: sums in exact ns (_ns), averages and "
+                 "means in µs (_us) with every digit",
     .defs = diff_defs,
     .n_defs = N_DEFS,
     .cols = diff_cols,
