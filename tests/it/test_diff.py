@@ -223,6 +223,9 @@ def check_known(an, a, b, doubled, dropped):
         assert ("slower" if d["other"]["step_avg_us"] > d["base"]["step_avg_us"] else "faster") \
             + " per step than run %d rank 0" % a in d["verdict"], d["verdict"]
 
+    # the same diff, the runs given as --run=A --run=B and as --run A --other-run B
+    assert ctl_json(an, "diff", "--run=%d" % a, "--run=%d" % b) == d
+    assert ctl_json(an, "diff", "--run", a, "--other-run", b, "--other-rank", 0) == d
     # --top and --min-delta-us: prefixes of the sorted rows; the totals stay whole
     t = ctl_json(an, "diff", "--run", a, "--run", b, "--top", 1)
     assert [r["name"] for r in t["kernels"]] == [doubled], t["kernels"]

@@ -16,6 +16,8 @@
 #include <cmocka.h>
 
 #include "diff.h"
+#include "kprof.pb-c.h"
+#include "view.h"
 
 #define FIG(c, t)                     \
     {                                 \
@@ -279,12 +281,115 @@ static void test_verdict(void **state)
     kp_diff_fini(&d);
 }
 
+/* A DiffRequest's key (view.h: the cache compares keys byte for byte), or NULL with err set
+ * when the view refuses the request. */
+static bool key_of(const Kprof__V1__DiffRequest *r, struct kp_view_key *k, char *err, size_t len)
+{
+    memset(k, 0xa5, sizeof(*k)); /* garbage: the key function sets every byte */
+    err[0] = '\0';
+    return kp_view_diff.key(&r->base, 0, k, err, len);
+}
+
+static void test_key(void **state)
+{
+    Kprof__V1__DiffPart all[] = { KPROF__V1__DIFF_PART__DIFF_PART_ALL };
+    Kprof__V1__DiffPart three[] = { KPROF__V1__DIFF_PART__DIFF_PART_KERNELS,
+                                    KPROF__V1__DIFF_PART__DIFF_PART_STEPS,
+                                    KPROF__V1__DIFF_PART__DIFF_PART_OPS };
+    Kprof__V1__DiffPart bad[] = { (Kprof__V1__DiffPart) 7 };
+    Kprof__V1__DiffRequest base = KPROF__V1__DIFF_REQUEST__INIT, r;
+    struct kp_view_key k0, k;
+    char err[512];
+
+    (void) state;
+    assert_true(kp_view_diff.writes != NULL && kp_view_diff.writes(&base.base));
+    base.run_id = 3;
+    base.rank = 0;
+    base.other_run_id = 4;
+    assert_true(key_of(&base, &k0, err, sizeof(err)));
+    assert_int_equal(k0.run, 3);
+    assert_int_equal(k0.rank, 0);
+
+    /* the same request, said otherwise: the same key */
+    r = base;
+    r.n_parts = 1;
+    r.parts = all;
+    assert_true(key_of(&r, &k, err, sizeof(err)));
+    assert_memory_equal(&k, &k0, sizeof(k));
+    r.n_parts = 3;
+    r.parts = three;
+    assert_true(key_of(&r, &k, err, sizeof(err)));
+    assert_memory_equal(&k, &k0, sizeof(k));
+
+    /* the other side and every option are in the key */
+    r = base;
+    r.other_run_id = 5;
+    assert_true(key_of(&r, &k, err, sizeof(err)));
+    assert_memory_not_equal(&k, &k0, sizeof(k));
+    r = base;
+    r.other_rank = 1;
+    assert_true(key_of(&r, &k, err, sizeof(err)));
+    assert_memory_not_equal(&k, &k0, sizeof(k));
+    r = base;
+    r.n_parts = 1;
+    r.parts = three; /* kernels only */
+    assert_true(key_of(&r, &k, err, sizeof(err)));
+    assert_memory_not_equal(&k, &k0, sizeof(k));
+    r = base;
+    r.top = 10;
+    assert_true(key_of(&r, &k, err, sizeof(err)));
+    assert_memory_not_equal(&k, &k0, sizeof(k));
+    r = base;
+    r.min_delta_ns = 1000;
+    assert_true(key_of(&r, &k, err, sizeof(err)));
+    assert_memory_not_equal(&k, &k0, sizeof(k));
+    r = base;
+    r.plugin_compat = 1;
+    assert_true(key_of(&r, &k, err, sizeof(err)));
+    assert_memory_not_equal(&k, &k0, sizeof(k));
+
+    /* other_run_id 0 is the base run: a rank diff, the same key as naming it */
+    r = base;
+    r.other_run_id = 0;
+    r.other_rank = 2;
+    assert_true(key_of(&r, &k0, err, sizeof(err)));
+    r.other_run_id = 3;
+    assert_true(key_of(&r, &k, err, sizeof(err)));
+    assert_memory_equal(&k, &k0, sizeof(k));
+
+    /* refusals */
+    r = base;
+    r.other_run_id = 0;
+    assert_false(key_of(&r, &k, err, sizeof(err))); /* run 3 rank 0 twice */
+    assert_non_null(strstr(err, "both sides are run 3 rank 0: nothing to compare"));
+    r.rank = r.other_rank = -1;
+    assert_false(key_of(&r, &k, err, sizeof(err)));
+    assert_non_null(strstr(err, "both sides are run 3's only rank"));
+    r = base;
+    r.other_rank = -2;
+    assert_false(key_of(&r, &k, err, sizeof(err)));
+    assert_non_null(strstr(err, "other_rank -2 is negative"));
+    r = base;
+    r.other_run_id = (uint64_t) INT32_MAX + 1;
+    assert_false(key_of(&r, &k, err, sizeof(err)));
+    assert_non_null(strstr(err, "is not a run id"));
+    r = base;
+    r.min_delta_ns = -1;
+    assert_false(key_of(&r, &k, err, sizeof(err)));
+    assert_non_null(strstr(err, "min_delta_ns -1 is negative"));
+    r = base;
+    r.n_parts = 1;
+    r.parts = bad;
+    assert_false(key_of(&r, &k, err, sizeof(err)));
+    assert_non_null(strstr(err, "part 7 is not a known part"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_match),   cmocka_unit_test(test_cuts_and_duplicates),
         cmocka_unit_test(test_ratio),   cmocka_unit_test(test_steps),
-        cmocka_unit_test(test_verdict),
+        cmocka_unit_test(test_verdict), cmocka_unit_test(test_key),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
