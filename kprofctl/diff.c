@@ -68,7 +68,9 @@ static const struct kp_config_def diff_defs[] = {
       "the base run (required; kprofctl runs); a second --run is the other run", NULL, false },
     { "other-run", KP_CONFIG_INT, "0", 0, INT32_MAX, OFF(other_run),
       "the other run (the second --run; default: --run's, a diff of two ranks)", NULL, false },
-    KP_RPCVERB_RANK_DEF,
+    { "rank", KP_CONFIG_INT, "-1", -1, INT32_MAX, offsetof(struct kp_rpcverb_common, rank),
+      "the base's rank (default -1: its run's only rank; a run with several needs --rank)", NULL,
+      false },
     { "other-rank", KP_CONFIG_INT, "-2", -2, INT32_MAX, OFF(other_rank),
       "the other side's rank (default -2: --rank's; -1: the other run's only rank)", NULL, false },
     { "what", KP_CONFIG_STRING, "steps,ops,kernels", 0, 0, OFF(what),
@@ -557,8 +559,8 @@ static const struct kp_rpcverb_spec diff_spec = {
         "                     [--plugin-compat] [--json|--csv] [-c COLS] [-w WIDTH]\n"
         "       kprofctl diff --run A --rank N --other-rank M   (two ranks of one run)\n"
         "  One rank of run A (base) against run B's (other; --other-rank M, default --rank's),\n"
-        "  or against another rank of run A: the step breakdown per category (us per step),\n"
-        "  kernels and ops by name (calls, total and mean us, delta = other - base, ratio\n"
+        "  or against another rank of run A: the step breakdown per category (µs per step),\n"
+        "  kernels and ops by name (calls, total and mean µs, delta = other - base, ratio\n"
         "  other/base, new or vanished), largest |delta| first, and a verdict in one line.\n"
         "  Each side's figures are those of kprofctl breakdown, kernels and ops.\n",
     .exit_ok = "shown",
