@@ -399,7 +399,16 @@ static int parse_value(struct qctx *c, const ProtobufCFieldDescriptor *f, const 
         }
     }
     case PROTOBUF_C_TYPE_STRING: {
-        char *s = strdup(v);
+        char *s;
+
+        /* proto3 strings are UTF-8 (a peer's decoder may refuse anything else) */
+        for (size_t i = 0, n = strlen(v), l; i < n; i += l) {
+            l = (unsigned char) v[i] < 0x80 ? 1 : kp_utf8_seq_len(v + i, n - i);
+            if (l == 0) {
+                return bad(c, v, "is not UTF-8");
+            }
+        }
+        s = strdup(v);
 
         if (s == NULL) {
             return -ENOMEM;
@@ -451,8 +460,8 @@ static int set_param(ProtobufCMessage *msg, const char *name, const char *value,
         f = field_named(m->descriptor, seg);
         if (f == NULL) {
             field_list(m->descriptor, fields, sizeof(fields));
-            snprintf(err, errlen, "unknown parameter %s: %s takes %s", name, m->descriptor->name,
-                     fields);
+            snprintf(err, errlen, "unknown parameter %s: %s takes %s", name,
+                     m->descriptor->short_name, fields);
             return -EINVAL;
         }
         if (dot == NULL) {
@@ -521,9 +530,11 @@ static int set_param(ProtobufCMessage *msg, const char *name, const char *value,
             free(*s);
         }
         *s = NULL;
-        if (parse_value(&c, f, value, s) != 0) {
+        int rc = parse_value(&c, f, value, s);
+
+        if (rc != 0) {
             *s = (char *) f->default_value;
-            return -ENOMEM;
+            return rc;
         }
     }
     else {

@@ -27,9 +27,9 @@
  * values are percent-decoded ('+' is a space). Values: integers in decimal (or 0x hex),
  * refused when out of the field's range; doubles and floats by strtod (finite only); bools as
  * true/false/1/0; enums by name or number (a number the enum does not have is refused);
- * strings as they are; bytes are not accepted. A repeated field takes a comma-separated list
- * ("ranks=0,1,3"); a scalar given twice is refused. An empty query sets nothing. Every failure
- * names the parameter and says what it takes.
+ * strings as they are (UTF-8 only); bytes are not accepted. A repeated field takes a
+ * comma-separated list ("ranks=0,1,3"); a scalar given twice is refused. An empty query sets
+ * nothing. Every failure names the parameter and says what it takes.
  *
  * Errors: -ENOMEM, KP_ETOOBIG (the writer's strbuf limit), -EINVAL (a query the message
  * refuses, with the reason in err). Thread-safe: no state of their own.
