@@ -1155,11 +1155,19 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
 }
 
+/* libmicrohttpd's messages (a client's bad request among them: at most one a second, so that a
+ * client cannot flood the log). */
 __attribute__((format(printf, 2, 0))) static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
+    static long long last_s;
+    long long now = (long long) time(NULL), was = __atomic_load_n(&last_s, __ATOMIC_RELAXED);
     char msg[512];
 
     (void) cls;
+    if (now == was || !__atomic_compare_exchange_n(&last_s, &was, now, false, __ATOMIC_RELAXED,
+                                                   __ATOMIC_RELAXED)) {
+        return;
+    }
     vsnprintf(msg, sizeof(msg), fmt, ap);
     msg[strcspn(msg, "\n")] = '\0';
     kp_log_warn("libmicrohttpd: %s", msg);
@@ -1314,14 +1322,14 @@ int kp_web_create(struct kp_analyzer *a, const char *listen, struct kp_web **out
     if (w->tls) {
         flags |= MHD_USE_TLS;
     }
-    w->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, w, MHD_OPTION_LISTEN_SOCKET, fd,
+    w->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, w, MHD_OPTION_EXTERNAL_LOGGER,
+                            on_mhd_log, w, MHD_OPTION_LISTEN_SOCKET, fd,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned) KP_WEB_MAX_CONNECTIONS,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned) KP_WEB_TIMEOUT_S,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t) KP_WEB_MEMORY_LIMIT,
                             MHD_OPTION_URI_LOG_CALLBACK, on_uri, w, MHD_OPTION_NOTIFY_COMPLETED,
-                            on_completed, w, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, w,
-                            w->tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, w->cert,
-                            MHD_OPTION_HTTPS_MEM_KEY, w->key, MHD_OPTION_END);
+                            on_completed, w, w->tls ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END,
+                            w->cert, MHD_OPTION_HTTPS_MEM_KEY, w->key, MHD_OPTION_END);
     if (w->d == NULL) {
         close(fd);
         snprintf(errbuf, errlen, "--web-listen %s: libmicrohttpd would not start (see the log)",
