@@ -206,6 +206,18 @@ static bool session_id_new(char out[SESSION_ID_BYTES * 2 + 1])
     return true;
 }
 
+/* Whether two session ids (SESSION_ID_BYTES * 2 characters each) are equal, in a time that does
+ * not depend on where they differ (an id is a credential). */
+static bool id_eq(const char *x, const char *y)
+{
+    unsigned char d = 0;
+
+    for (size_t i = 0; i < SESSION_ID_BYTES * 2; i++) {
+        d |= (unsigned char) (x[i] ^ y[i]);
+    }
+    return d == 0;
+}
+
 /* The token of the live session id (copied to token), or false. Drops it when expired. */
 static bool session_token(struct kp_web *w, const char *id, char *token, size_t len)
 {
@@ -219,7 +231,7 @@ static bool session_token(struct kp_web *w, const char *id, char *token, size_t 
     for (size_t i = 0; i < KP_WEB_SESSIONS; i++) {
         struct session *s = &w->sessions[i];
 
-        if (s->id[0] != '\0' && strcmp(s->id, id) == 0) {
+        if (s->id[0] != '\0' && id_eq(s->id, id)) {
             if (now - s->created >= KP_WEB_SESSION_TTL_S) {
                 explicit_bzero(s, sizeof(*s));
             }
@@ -264,9 +276,12 @@ static bool session_add(struct kp_web *w, const char *token, char id[SESSION_ID_
 
 static void session_end(struct kp_web *w, const char *id)
 {
+    if (strlen(id) != SESSION_ID_BYTES * 2) {
+        return;
+    }
     pthread_mutex_lock(&w->mu);
     for (size_t i = 0; i < KP_WEB_SESSIONS; i++) {
-        if (w->sessions[i].id[0] != '\0' && strcmp(w->sessions[i].id, id) == 0) {
+        if (w->sessions[i].id[0] != '\0' && id_eq(w->sessions[i].id, id)) {
             explicit_bzero(&w->sessions[i], sizeof(w->sessions[i]));
         }
     }
@@ -812,11 +827,14 @@ static enum MHD_Result serve_export(struct kp_web *w, struct MHD_Connection *c, 
             rank = ranks[0];
             found = true;
         }
+        if (!found && rank < 0) {
+            snprintf(err, sizeof(err), "run %" PRIu64 " has %zu ranks: pick one with rank=N", run,
+                     n);
+        }
+        else if (!found) {
+            snprintf(err, sizeof(err), "run %" PRIu64 " has no rank %ld (%zu ranks)", run, rank, n);
+        }
         if (!found) {
-            snprintf(err, sizeof(err),
-                     rank < 0 ? "run %" PRIu64 " has %zu ranks: pick one with rank=N"
-                              : "run %" PRIu64 " has no rank %ld (%zu ranks)",
-                     run, rank < 0 ? n : (size_t) rank, n);
             rc = rank < 0 ? -EINVAL : KP_ENOTFOUND;
         }
     }
@@ -1024,7 +1042,7 @@ static uint64_t parse_run(const char **p, char *err, size_t len)
     uint64_t v = 0;
     size_t n = 0;
 
-    while (s[n] >= '0' && s[n] <= '9' && n < 20) {
+    while (s[n] >= '0' && s[n] <= '9' && n < 11) { /* 11 digits: past INT32_MAX, no wrap */
         v = v * 10 + (uint64_t) (s[n] - '0');
         n++;
     }

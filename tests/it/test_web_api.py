@@ -280,6 +280,7 @@ def check_errors(web, mem_run, dist_run):
     web.error(v + "ops?rank=abc", 400, "rank")
     web.error(v + "ops?rank=99999999999", 400, "int32")
     web.error("/api/v1/runs/99999999999/views/ops", 400, "not a run id")
+    web.error("/api/v1/runs/18446744073709551617/views/ops", 400, "not a run id")  # 2^64 + 1
     web.error("/api/v1/runs/%d/views/compare?hta_candidates=4294967296" % dist_run, 400,
               "uint32")
     web.error("/api/v1/runs/%d/views/compare?step=1e999" % dist_run, 400, "int64")
