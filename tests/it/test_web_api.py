@@ -16,6 +16,8 @@ rank; test_distributed_nccl: two ranks). Then:
   - bad input: unknown run 404, unknown view 404 listing the views, rank -5 and rank=abc 400,
     huge numbers 400, malformed queries (%zz, no '=') 400, an unknown parameter 400 naming
     it, a too long URL 414/431, POST on a view 405; the server keeps serving after each;
+  - a full queue (PostgreSQL's runs table locked, one worker, --queue-max 4): the requests past
+    the capacity are 429 with Retry-After: 1 at once, the others answered once it drains;
   - with --no-allow-anonymous and a token table: no credential or a wrong token 401, an agent
     token 403, a viewer token 200; a session (POST /api/v1/session) gives an HttpOnly,
     SameSite=Strict cookie that reads, DELETE ends it (then 401);
@@ -31,6 +33,7 @@ import os
 import ssl
 import subprocess
 import tempfile
+import threading
 
 import kpfix
 
@@ -376,6 +379,53 @@ def check_tls(ci, tmp):
         (p.returncode, p.stderr)
 
 
+def check_busy(ci, mem_run):
+    """A full queue is 429 with Retry-After, for views and runs alike; the accepted requests are
+    answered once the queue drains. PostgreSQL's runs table is locked by an open transaction,
+    so every request blocks on its first query (as in test_fairness)."""
+    port = kpfix.free_port()
+    an = kpfix.Analyzer("it_web_busy", ci, extra=["--workers", "1", "--queue-max", "4",
+                                                  "--web-listen", "127.0.0.1:%d" % port])
+    lock = subprocess.Popen([kpfix.PSQL, ci, "-qtAX", "-v", "ON_ERROR_STOP=1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    web, n = Web(port), 12
+    results = {}
+    try:
+        lock.stdin.write("BEGIN; LOCK TABLE runs IN ACCESS EXCLUSIVE MODE; SELECT 'locked';\n")
+        lock.stdin.flush()
+        assert lock.stdout.readline().strip() == "locked"
+
+        def ask(i):
+            path = "/api/v1/runs" if i % 3 == 0 else "/api/v1/runs/%d/views/ops" % mem_run
+            st, h, body = web.get(path)
+            results[i] = (st, h.get("Retry-After"), body)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        kpfix.wait_for(lambda: sum(1 for v in list(results.values()) if v[0] == 429) >= n // 2,
+                       30, "the requests past the queue's capacity to be refused")
+        refused = {i: v for i, v in list(results.items())}
+        for st, retry, body in refused.values():
+            assert st == 429 and retry == "1", (st, retry, body)
+            assert json.loads(body)["error"]["status"] == "RESOURCE_EXHAUSTED", body
+        lock.stdin.write("COMMIT;\n")
+        lock.stdin.close()
+        for t in threads:
+            t.join(120)
+        answered = [v[0] for i, v in results.items() if i not in refused]
+        assert answered and set(answered) == {200}, results
+        assert web.json("/api/v1/runs/%d/views/ops" % mem_run)["rows"]
+        print("busy: %d of %d refused at once with 429 and Retry-After: 1, %d answered after" % (
+            len(refused), n, len(answered)))
+    finally:
+        if lock.poll() is None:
+            lock.kill()
+            lock.wait()
+        rc = an.stop()
+    assert rc == 0, rc
+
+
 def main():
     ci = kpfix.fresh_db(DB)
     cd = kpfix.Collectord("it_web_cd", ci)
@@ -400,6 +450,7 @@ def main():
         check_export(web, an, dist_run, tmp)
         check_errors(web, mem_run, dist_run)
         ch.close()
+        check_busy(ci, mem_run)
         check_auth(ci, tmp)
         check_tls(ci, tmp)
     finally:
