@@ -7,7 +7,9 @@
  *
  * Threads: the gRPC completion-queue thread only queues requests; a pool of workers, each
  * with its own PostgreSQL connection, checks the run, answers from the cache or loads the
- * rank and computes; the HTTP thread serves /healthz, /readyz and /metrics.
+ * rank and computes; the HTTP thread serves /healthz, /readyz and /metrics. With web_listen,
+ * the JSON HTTP API (web.h) hands its requests to the same queue through kp_analyzer_submit,
+ * the one entry point of a view's request whichever front end it came in by.
  *
  * Queue: at most queue_max requests wait; past that a request is answered RESOURCE_EXHAUSTED
  * (counted, logged at most once a second).
