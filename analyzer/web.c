@@ -1,9 +1,9 @@
 #define KP_LOG_MODULE "web"
 #include "web.h"
+#include "web_int.h"
 
 #include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -14,14 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <microhttpd.h>
 
-#include "export.h"
 #include "kp_auth.h"
 #include "kp_daemon.h"
 #include "kp_err.h"
@@ -35,40 +33,8 @@
 #include "service.h"
 #include "view.h"
 
-#define COOKIE_NAME      "kprof_session"
-#define SESSION_ID_BYTES 32 /* random bytes, hex in the cookie */
-#define TOKEN_MAX        300
-#define REPLY_MAX        (256u << 20) /* the largest JSON reply built */
-#define TLS_FILE_MAX     (1u << 20)
-#define PREFIX           "/api/v1"
-#define JSON_TYPE        "application/json"
-
-struct session {
-    char id[SESSION_ID_BYTES * 2 + 1]; /* "" when free */
-    char token[TOKEN_MAX + 8];         /* checked again on each request (rotation) */
-    time_t created;
-};
-
-struct kp_web {
-    struct kp_analyzer *a;
-    struct kp_auth *auth; /* borrowed; NULL: anonymous */
-    struct MHD_Daemon *d;
-    int port;
-    bool tls;
-    char *cert, *key; /* PEM, for libmicrohttpd */
-
-    pthread_mutex_t mu; /* sessions, exports */
-    pthread_cond_t exports_done;
-    struct session *sessions; /* KP_WEB_SESSIONS */
-    int exports, max_exports;
-};
-
-/* One request's state (libmicrohttpd's con_cls), made by the URI callback. */
-struct req {
-    char *uri; /* the raw request target, query included */
-    struct kp_strbuf body;
-    bool started, body_too_big;
-};
+#define REPLY_MAX    (256u << 20) /* the largest JSON reply built */
+#define TLS_FILE_MAX (1u << 20)
 
 /* ---- answers ------------------------------------------------------------------------------- */
 
@@ -102,8 +68,7 @@ static const char *status_name(unsigned http)
     }
 }
 
-/* The HTTP status of a gRPC one (docs/web-api.md "Errors"). */
-static unsigned http_of_grpc(grpc_status_code c)
+unsigned kp_web_http_of_grpc(grpc_status_code c)
 {
     switch (c) {
     case GRPC_STATUS_OK:
@@ -131,8 +96,7 @@ static unsigned http_of_grpc(grpc_status_code c)
     }
 }
 
-/* Queues body (copied) with status and the headers every answer has. */
-static enum MHD_Result send_body(struct MHD_Connection *c, unsigned status, const char *type,
+enum MHD_Result kp_web_send_body(struct MHD_Connection *c, unsigned status, const char *type,
                                  const char *body, size_t len, const char *retry_after,
                                  const char *cookie)
 {
@@ -163,8 +127,7 @@ static enum MHD_Result send_body(struct MHD_Connection *c, unsigned status, cons
     return ok;
 }
 
-/* {"error": {"code": status, "status": "NOT_FOUND", "message": msg}} */
-static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *msg)
+enum MHD_Result kp_web_send_error(struct MHD_Connection *c, unsigned status, const char *msg)
 {
     struct kp_strbuf sb;
     enum MHD_Result ok;
@@ -174,158 +137,21 @@ static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, con
                       status_name(status));
     kp_json_append(&sb, msg, strlen(msg));
     kp_strbuf_append_str(&sb, "}}\n");
-    ok = send_body(c, status, JSON_TYPE, sb.data != NULL ? sb.data : "", sb.len,
-                   status == 429   ? "1"
-                   : status == 503 ? "5"
-                                   : NULL,
-                   NULL);
+    ok = kp_web_send_body(c, status, JSON_TYPE, sb.data != NULL ? sb.data : "", sb.len,
+                          status == 429   ? "1"
+                          : status == 503 ? "5"
+                                          : NULL,
+                          NULL);
     kp_strbuf_fini(&sb);
     return ok;
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *c, struct kp_strbuf *sb)
+enum MHD_Result kp_web_send_json(struct MHD_Connection *c, struct kp_strbuf *sb)
 {
     if (kp_strbuf_putc(sb, '\n') != 0) {
-        return send_error(c, 500, "the reply is too large to write as JSON");
+        return kp_web_send_error(c, 500, "the reply is too large to write as JSON");
     }
-    return send_body(c, 200, JSON_TYPE, sb->data, sb->len, NULL, NULL);
-}
-
-/* ---- sessions ---------------------------------------------------------------------------- */
-
-static bool session_id_new(char out[SESSION_ID_BYTES * 2 + 1])
-{
-    unsigned char r[SESSION_ID_BYTES];
-
-    if (getrandom(r, sizeof(r), 0) != (ssize_t) sizeof(r)) {
-        return false;
-    }
-    for (size_t i = 0; i < sizeof(r); i++) {
-        snprintf(out + 2 * i, 3, "%02x", r[i]);
-    }
-    return true;
-}
-
-/* Whether two session ids (SESSION_ID_BYTES * 2 characters each) are equal, in a time that does
- * not depend on where they differ (an id is a credential). */
-static bool id_eq(const char *x, const char *y)
-{
-    unsigned char d = 0;
-
-    for (size_t i = 0; i < SESSION_ID_BYTES * 2; i++) {
-        d |= (unsigned char) (x[i] ^ y[i]);
-    }
-    return d == 0;
-}
-
-/* The token of the live session id (copied to token), or false. Drops it when expired. */
-static bool session_token(struct kp_web *w, const char *id, char *token, size_t len)
-{
-    time_t now = time(NULL);
-    bool found = false;
-
-    if (strlen(id) != SESSION_ID_BYTES * 2) {
-        return false;
-    }
-    pthread_mutex_lock(&w->mu);
-    for (size_t i = 0; i < KP_WEB_SESSIONS; i++) {
-        struct session *s = &w->sessions[i];
-
-        if (s->id[0] != '\0' && id_eq(s->id, id)) {
-            if (now - s->created >= KP_WEB_SESSION_TTL_S) {
-                explicit_bzero(s, sizeof(*s));
-            }
-            else {
-                snprintf(token, len, "%s", s->token);
-                found = true;
-            }
-            break;
-        }
-    }
-    pthread_mutex_unlock(&w->mu);
-    return found;
-}
-
-/* Keeps a session for token in a free (or expired, or else the oldest) slot; its id in id. */
-static bool session_add(struct kp_web *w, const char *token, char id[SESSION_ID_BYTES * 2 + 1])
-{
-    time_t now = time(NULL);
-    size_t pick = 0;
-
-    if (!session_id_new(id)) {
-        return false;
-    }
-    pthread_mutex_lock(&w->mu);
-    for (size_t i = 0; i < KP_WEB_SESSIONS; i++) {
-        struct session *s = &w->sessions[i];
-
-        if (s->id[0] == '\0' || now - s->created >= KP_WEB_SESSION_TTL_S) {
-            pick = i;
-            break;
-        }
-        if (s->created < w->sessions[pick].created) {
-            pick = i;
-        }
-    }
-    snprintf(w->sessions[pick].id, sizeof(w->sessions[pick].id), "%s", id);
-    snprintf(w->sessions[pick].token, sizeof(w->sessions[pick].token), "%s", token);
-    w->sessions[pick].created = now;
-    pthread_mutex_unlock(&w->mu);
-    return true;
-}
-
-static void session_end(struct kp_web *w, const char *id)
-{
-    if (strlen(id) != SESSION_ID_BYTES * 2) {
-        return;
-    }
-    pthread_mutex_lock(&w->mu);
-    for (size_t i = 0; i < KP_WEB_SESSIONS; i++) {
-        if (w->sessions[i].id[0] != '\0' && id_eq(w->sessions[i].id, id)) {
-            explicit_bzero(&w->sessions[i], sizeof(w->sessions[i]));
-        }
-    }
-    pthread_mutex_unlock(&w->mu);
-}
-
-/* ---- authentication ---------------------------------------------------------------------- */
-
-/* Authenticates the request into *id: its bearer token, else its session cookie. Returns 0,
- * or the HTTP status (401) with the reason in why. */
-static unsigned authenticate(struct kp_web *w, struct MHD_Connection *c, struct kp_identity *id,
-                             char *why, size_t len)
-{
-    const char *authz = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    const char *sid = MHD_lookup_connection_value(c, MHD_COOKIE_KIND, COOKIE_NAME);
-    char token[TOKEN_MAX + 16];
-    enum kp_auth_result r;
-
-    if (w->auth == NULL) {
-        id->role = KP_ROLES_ALL;
-        snprintf(id->name, sizeof(id->name), "anonymous");
-        id->via = "none";
-        return 0;
-    }
-    if (authz == NULL && sid != NULL) {
-        if (!session_token(w, sid, token + 7, sizeof(token) - 7)) {
-            snprintf(why, len,
-                     "the session is unknown or expired: sign in again (POST " PREFIX
-                     "/session with the token) or send Authorization: Bearer TOKEN");
-            return 401;
-        }
-        memcpy(token, "Bearer ", 7);
-        authz = token;
-    }
-    r = kp_auth_check(w->auth, authz, authz != NULL ? strlen(authz) : 0, NULL, 0, id);
-    explicit_bzero(token, sizeof(token));
-    if (r != KP_AUTH_OK) {
-        snprintf(why, len,
-                 "%s: send Authorization: Bearer TOKEN with a viewer token of the analyzer's "
-                 "--auth-tokens file, or sign in with POST " PREFIX "/session",
-                 kp_auth_result_text(r));
-        return 401;
-    }
-    return 0;
+    return kp_web_send_body(c, 200, JSON_TYPE, sb->data, sb->len, NULL, NULL);
 }
 
 /* ---- views ------------------------------------------------------------------------------- */
@@ -384,7 +210,7 @@ static void view_error(void *ud, grpc_status_code code, const char *details)
 
     kp_strbuf_reset(&p->body);
     kp_strbuf_append_str(&p->body, details != NULL ? details : "");
-    pending_finish(p, http_of_grpc(code));
+    pending_finish(p, kp_web_http_of_grpc(code));
 }
 
 static void view_release(void *ud)
@@ -490,29 +316,30 @@ static enum MHD_Result serve_view(struct kp_web *w, struct MHD_Connection *c,
         kp_strbuf_init(&sb, 4096);
         kp_strbuf_appendf(&sb, "no view %.64s: the views are ", name);
         view_list(&sb);
-        ok = send_error(c, 404, sb.data != NULL ? sb.data : "no such view");
+        ok = kp_web_send_error(c, 404, sb.data != NULL ? sb.data : "no such view");
         kp_strbuf_fini(&sb);
         return ok;
     }
     if ((m = malloc(v->request->sizeof_message)) == NULL) {
-        return send_error(c, 503, "kprof-analyzer is out of memory; retry later");
+        return kp_web_send_error(c, 503, "kprof-analyzer is out of memory; retry later");
     }
     protobuf_c_message_init(v->request, m);
     set_run_and_rank(m, run, query_has(q, "rank"));
     if ((rc = kp_pbjson_query(m, q, strlen(q), reserved, err, sizeof(err))) != 0) {
         protobuf_c_message_free_unpacked(m, NULL);
-        return send_error(c, rc == -ENOMEM ? 503 : 400,
-                          rc == -ENOMEM ? "kprof-analyzer is out of memory; retry later" : err);
+        return kp_web_send_error(c, rc == -ENOMEM ? 503 : 400,
+                                 rc == -ENOMEM ? "kprof-analyzer is out of memory; retry later"
+                                               : err);
     }
     if (v->writes != NULL && v->writes(m)) {
         protobuf_c_message_free_unpacked(m, NULL);
-        return send_error(c, 400,
-                          "this request writes to the database, which a GET never does: use "
-                          "kprofctl (gRPC) for it");
+        return kp_web_send_error(c, 400,
+                                 "this request writes to the database, which a GET never does: use "
+                                 "kprofctl (gRPC) for it");
     }
     if ((p = calloc(1, sizeof(*p))) == NULL) {
         protobuf_c_message_free_unpacked(m, NULL);
-        return send_error(c, 503, "kprof-analyzer is out of memory; retry later");
+        return kp_web_send_error(c, 503, "kprof-analyzer is out of memory; retry later");
     }
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
@@ -529,10 +356,10 @@ static enum MHD_Result serve_view(struct kp_web *w, struct MHD_Connection *c,
     status = p->status;
     pthread_mutex_unlock(&p->mu);
     if (status == 200) {
-        ok = send_json(c, &p->body);
+        ok = kp_web_send_json(c, &p->body);
     }
     else {
-        ok = send_error(c, status, p->body.data != NULL ? p->body.data : "");
+        ok = kp_web_send_error(c, status, p->body.data != NULL ? p->body.data : "");
     }
     pending_unref(p);
     return ok;
@@ -662,7 +489,7 @@ static enum MHD_Result serve_runs(struct kp_web *w, struct MHD_Connection *c,
 
             if (eq == NULL || eq > p + l ||
                 kp_pbjson_url_decode(eq + 1, l - (size_t) (eq + 1 - p), v, sizeof(v)) < 0) {
-                return send_error(c, 400, "malformed query: give job=NAME&limit=N");
+                return kp_web_send_error(c, 400, "malformed query: give job=NAME&limit=N");
             }
             if (run == 0 && (size_t) (eq - p) == 3 && strncmp(p, "job", 3) == 0) {
                 snprintf(j.job, sizeof(j.job), "%s", v);
@@ -672,14 +499,14 @@ static enum MHD_Result serve_runs(struct kp_web *w, struct MHD_Connection *c,
                 n = strtol(v, &end, 10);
                 if (v[0] < '0' || v[0] > '9' || *end != '\0' || errno != 0 || n < 1 ||
                     n > KP_WEB_RUNS_LIMIT) {
-                    return send_error(c, 400, "limit must be a number from 1 to 1000");
+                    return kp_web_send_error(c, 400, "limit must be a number from 1 to 1000");
                 }
                 j.limit = n;
             }
             else {
                 snprintf(v, sizeof(v), "unknown parameter %.*s: %s", (int) (eq - p), p,
                          run == 0 ? "runs take job and limit" : "a run takes none");
-                return send_error(c, 400, v);
+                return kp_web_send_error(c, 400, v);
             }
         }
         p = amp != NULL ? amp + 1 : NULL;
@@ -689,7 +516,7 @@ static enum MHD_Result serve_runs(struct kp_web *w, struct MHD_Connection *c,
     kp_strbuf_init(&j.body, 64u << 20);
     client_key(c, id, key, sizeof(key));
     if (kp_analyzer_submit_pg(w->a, key, runs_pg, &j) != 0) {
-        ok = send_error(c, 429, "too many analyses queued (for this client); retry later");
+        ok = kp_web_send_error(c, 429, "too many analyses queued (for this client); retry later");
     }
     else {
         pthread_mutex_lock(&j.mu);
@@ -697,315 +524,14 @@ static enum MHD_Result serve_runs(struct kp_web *w, struct MHD_Connection *c,
             pthread_cond_wait(&j.cv, &j.mu);
         }
         pthread_mutex_unlock(&j.mu);
-        ok = j.status == 200 ? send_json(c, &j.body)
-                             : send_error(c, j.status, j.body.data != NULL ? j.body.data : "");
+        ok = j.status == 200
+                 ? kp_web_send_json(c, &j.body)
+                 : kp_web_send_error(c, j.status, j.body.data != NULL ? j.body.data : "");
     }
     kp_strbuf_fini(&j.body);
     pthread_cond_destroy(&j.cv);
     pthread_mutex_destroy(&j.mu);
     return ok;
-}
-
-/* ---- export ------------------------------------------------------------------------------ */
-
-struct export_job {
-    struct kp_web *w;
-    PGconn *pg;
-    struct kp_export *x;
-    int32_t rank;
-    int gzip_level;
-    int fd; /* the pipe's write end */
-};
-
-static int export_sink(void *ud, const void *data, size_t len)
-{
-    struct export_job *e = ud;
-    const char *p = data;
-
-    while (len > 0) {
-        ssize_t n = write(e->fd, p, len);
-
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n <= 0) {
-            return -errno; /* the client went away (EPIPE): stop */
-        }
-        p += n;
-        len -= (size_t) n;
-    }
-    return 0;
-}
-
-static void *export_main(void *arg)
-{
-    struct export_job *e = arg;
-    struct kp_export_stats st;
-    char err[512];
-    int rc = kp_export_rank(e->x, e->rank, e->gzip_level, export_sink, e, &st, err, sizeof(err));
-
-    if (rc != 0 && rc != -EPIPE) {
-        kp_log_warn("export failed rank=%d err=\"%s\": the client gets a short file", e->rank, err);
-    }
-    close(e->fd);
-    kp_export_close(e->x);
-    PQfinish(e->pg);
-    pthread_mutex_lock(&e->w->mu);
-    e->w->exports--;
-    pthread_cond_broadcast(&e->w->exports_done);
-    pthread_mutex_unlock(&e->w->mu);
-    free(e);
-    return NULL;
-}
-
-static enum MHD_Result serve_export(struct kp_web *w, struct MHD_Connection *c, uint64_t run,
-                                    const char *q)
-{
-    const char *format = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "format");
-    const char *rank_s = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "rank");
-    struct export_job *e;
-    char err[700], name[128];
-    const int32_t *ranks;
-    size_t n = 0;
-    bool gz, found = false;
-    long rank = -1;
-    int pfd[2], rc;
-    pthread_t t;
-    struct MHD_Response *r;
-    enum MHD_Result ok;
-
-    for (const char *p = q; p != NULL && *p != '\0';) {
-        if (strncmp(p, "rank=", 5) != 0 && strncmp(p, "format=", 7) != 0 && *p != '&') {
-            return send_error(c, 400, "unknown parameter: an export takes rank and format");
-        }
-        p = strchr(p, '&');
-        p = p != NULL ? p + 1 : NULL;
-    }
-    if (format == NULL || strcmp(format, "json") == 0) {
-        gz = false;
-    }
-    else if (strcmp(format, "json.gz") == 0) {
-        gz = true;
-    }
-    else {
-        return send_error(c, 400, "format must be json or json.gz");
-    }
-    if (rank_s != NULL) {
-        char *end;
-
-        errno = 0;
-        rank = strtol(rank_s, &end, 10);
-        if (rank_s[0] < '0' || rank_s[0] > '9' || *end != '\0' || errno != 0 || rank > INT32_MAX) {
-            return send_error(c, 400, "rank must be a rank of the run (0..2147483647)");
-        }
-    }
-    if ((e = calloc(1, sizeof(*e))) == NULL) {
-        return send_error(c, 503, "kprof-analyzer is out of memory; retry later");
-    }
-    e->w = w;
-    e->gzip_level = gz ? 6 : 0;
-    e->fd = -1;
-    pthread_mutex_lock(&w->mu);
-    if (w->exports >= w->max_exports) {
-        pthread_mutex_unlock(&w->mu);
-        free(e);
-        return send_error(c, 429, "too many exports at once; retry later");
-    }
-    w->exports++;
-    pthread_mutex_unlock(&w->mu);
-    rc = kp_pg_connect(kp_analyzer_config(w->a)->base.pg_conninfo, "kprof-analyzer", &e->pg, err,
-                       sizeof(err));
-    if (rc == 0) {
-        rc = kp_export_open(e->pg, (int64_t) run, 0, &e->x, err, sizeof(err));
-    }
-    if (rc == 0) {
-        ranks = kp_export_ranks(e->x, &n);
-        for (size_t i = 0; i < n; i++) {
-            found = found || ranks[i] == rank;
-        }
-        if (rank < 0 && n == 1) {
-            rank = ranks[0];
-            found = true;
-        }
-        if (!found && rank < 0) {
-            snprintf(err, sizeof(err), "run %" PRIu64 " has %zu ranks: pick one with rank=N", run,
-                     n);
-        }
-        else if (!found) {
-            snprintf(err, sizeof(err), "run %" PRIu64 " has no rank %ld (%zu ranks)", run, rank, n);
-        }
-        if (!found) {
-            rc = rank < 0 ? -EINVAL : KP_ENOTFOUND;
-        }
-    }
-    if (rc == 0 && (pipe(pfd) != 0 || fcntl(pfd[0], F_SETFD, FD_CLOEXEC) != 0 ||
-                    fcntl(pfd[1], F_SETFD, FD_CLOEXEC) != 0)) {
-        snprintf(err, sizeof(err), "cannot make a pipe: %s", strerror(errno));
-        rc = -errno;
-    }
-    if (rc != 0) {
-        kp_export_close(e->x);
-        PQfinish(e->pg);
-        pthread_mutex_lock(&w->mu);
-        w->exports--;
-        pthread_cond_broadcast(&w->exports_done);
-        pthread_mutex_unlock(&w->mu);
-        free(e);
-        return send_error(c, rc == KP_ENOTFOUND ? 404 : rc == -EINVAL ? 400 : 503, err);
-    }
-    e->rank = (int32_t) rank;
-    e->fd = pfd[1];
-    if ((r = MHD_create_response_from_pipe(pfd[0])) == NULL ||
-        pthread_create(&t, NULL, export_main, e) != 0) {
-        if (r != NULL) {
-            MHD_destroy_response(r); /* closes pfd[0] */
-        }
-        else {
-            close(pfd[0]);
-        }
-        close(pfd[1]);
-        kp_export_close(e->x);
-        PQfinish(e->pg);
-        pthread_mutex_lock(&w->mu);
-        w->exports--;
-        pthread_cond_broadcast(&w->exports_done);
-        pthread_mutex_unlock(&w->mu);
-        free(e);
-        return send_error(c, 503, "cannot start the export; retry later");
-    }
-    pthread_detach(t);
-    snprintf(name, sizeof(name), "attachment; filename=\"kprof-run%" PRIu64 "-rank%ld.json%s\"",
-             run, rank, gz ? ".gz" : "");
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, gz ? "application/gzip" : JSON_TYPE);
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_DISPOSITION, name);
-    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
-    ok = MHD_queue_response(c, 200, r);
-    MHD_destroy_response(r);
-    return ok;
-}
-
-/* ---- session routes ---------------------------------------------------------------------- */
-
-/* The token of a body {"token": "..."} (no escapes: a token is printable ASCII), or false. */
-static bool body_token(const char *b, size_t n, char *token, size_t len)
-{
-    size_t i = 0, start;
-
-#define SKIP_WS()                                                                    \
-    while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n')) { \
-        i++;                                                                         \
-    }
-    SKIP_WS();
-    if (i >= n || b[i++] != '{') {
-        return false;
-    }
-    SKIP_WS();
-    if (n - i < 7 || memcmp(b + i, "\"token\"", 7) != 0) {
-        return false;
-    }
-    i += 7;
-    SKIP_WS();
-    if (i >= n || b[i++] != ':') {
-        return false;
-    }
-    SKIP_WS();
-    if (i >= n || b[i++] != '"') {
-        return false;
-    }
-    start = i;
-    while (i < n && b[i] != '"' && b[i] != '\\' && b[i] >= 0x20 && b[i] < 0x7f) {
-        i++;
-    }
-    if (i >= n || b[i] != '"' || i - start == 0 || i - start >= len) {
-        return false;
-    }
-    memcpy(token, b + start, i - start);
-    token[i - start] = '\0';
-    i++;
-    SKIP_WS();
-    if (i >= n || b[i++] != '}') {
-        return false;
-    }
-    SKIP_WS();
-#undef SKIP_WS
-    return i == n;
-}
-
-static enum MHD_Result serve_session(struct kp_web *w, struct MHD_Connection *c, const char *method,
-                                     struct req *rq)
-{
-    const char *sid = MHD_lookup_connection_value(c, MHD_COOKIE_KIND, COOKIE_NAME);
-    const char *type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
-    char token[TOKEN_MAX + 8], id[SESSION_ID_BYTES * 2 + 1], cookie[256], body[256];
-    struct kp_identity who;
-    enum kp_auth_result r;
-
-    if (strcmp(method, "DELETE") == 0) {
-        if (sid != NULL) {
-            session_end(w, sid);
-        }
-        snprintf(cookie, sizeof(cookie),
-                 COOKIE_NAME "=; Path=/; Max-Age=0; HttpOnly; "
-                             "SameSite=Strict%s",
-                 w->tls ? "; Secure" : "");
-        return send_body(c, 200, JSON_TYPE, "{\"ended\":true}\n", 15, NULL, cookie);
-    }
-    if (strcmp(method, "POST") != 0) {
-        return send_error(c, 405, "use POST to sign in, DELETE to sign out");
-    }
-    /* A JSON body only: a cross-site form cannot send one without the browser's preflight. */
-    if (type == NULL || strncasecmp(type, JSON_TYPE, strlen(JSON_TYPE)) != 0) {
-        return send_error(c, 415, "send Content-Type: application/json with {\"token\": \"...\"}");
-    }
-    if (rq->body_too_big) {
-        return send_error(c, 413, "the body is too large: send {\"token\": \"...\"}");
-    }
-    if (!body_token(rq->body.data != NULL ? rq->body.data : "", rq->body.len, token + 7,
-                    sizeof(token) - 7)) {
-        return send_error(c, 400, "the body must be {\"token\": \"...\"}");
-    }
-    if (w->auth == NULL) {
-        who.role = KP_ROLES_ALL;
-        snprintf(who.name, sizeof(who.name), "anonymous");
-        r = KP_AUTH_OK;
-    }
-    else {
-        memcpy(token, "Bearer ", 7);
-        r = kp_auth_check(w->auth, token, strlen(token), NULL, 0, &who);
-    }
-    if (r != KP_AUTH_OK) {
-        explicit_bzero(token, sizeof(token));
-        snprintf(body, sizeof(body), "%s: give a token of the analyzer's --auth-tokens file",
-                 kp_auth_result_text(r));
-        return send_error(c, 401, body);
-    }
-    if (!kp_auth_allows(KP_ROLE_VIEWER, who.role)) {
-        explicit_bzero(token, sizeof(token));
-        return send_error(c, 403,
-                          "this token's role may not view analyses: give a viewer or "
-                          "operator token");
-    }
-    if (!session_add(w, token + 7, id)) {
-        explicit_bzero(token, sizeof(token));
-        return send_error(c, 503, "cannot make a session id; retry later");
-    }
-    explicit_bzero(token, sizeof(token));
-    snprintf(cookie, sizeof(cookie),
-             COOKIE_NAME "=%s; Path=/; Max-Age=%d; HttpOnly; SameSite=Strict%s", id,
-             KP_WEB_SESSION_TTL_S, w->tls ? "; Secure" : "");
-    {
-        struct kp_strbuf sb;
-        enum MHD_Result ok;
-
-        kp_strbuf_init(&sb, 4096);
-        kp_strbuf_appendf(&sb, "{\"name\":");
-        kp_json_append(&sb, who.name, strlen(who.name));
-        kp_strbuf_appendf(&sb, ",\"role\":\"%s\",\"expires_in_s\":%d}\n",
-                          kp_auth_role_name(who.role), KP_WEB_SESSION_TTL_S);
-        ok = send_body(c, 200, JSON_TYPE, sb.data, sb.len, NULL, cookie);
-        kp_strbuf_fini(&sb);
-        return ok;
-    }
 }
 
 /* ---- routing ----------------------------------------------------------------------------- */
@@ -1030,7 +556,7 @@ static enum MHD_Result serve_views_list(struct MHD_Connection *c)
         kp_strbuf_append_str(&sb, "]}");
     }
     kp_strbuf_append_str(&sb, "]}");
-    ok = send_json(c, &sb);
+    ok = kp_web_send_json(c, &sb);
     kp_strbuf_fini(&sb);
     return ok;
 }
@@ -1070,25 +596,27 @@ static enum MHD_Result route(struct kp_web *w, struct MHD_Connection *c, const c
     plen = q != NULL ? (size_t) (q - rq->uri) : strlen(rq->uri);
     q = q != NULL ? q + 1 : "";
     if (kp_pbjson_url_decode(rq->uri, plen, path, sizeof(path)) < 0) {
-        return send_error(c, 400, "malformed path (a bad %-escape, or too long)");
+        return kp_web_send_error(c, 400, "malformed path (a bad %-escape, or too long)");
     }
     if (strcmp(path, PREFIX "/session") == 0) {
-        return serve_session(w, c, method, rq);
+        return kp_web_serve_session(w, c, method, rq);
     }
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
-        return send_error(c, 405, "only GET is served here (POST and DELETE: " PREFIX "/session)");
+        return kp_web_send_error(c, 405,
+                                 "only GET is served here (POST and DELETE: " PREFIX "/session)");
     }
     if (strncmp(path, PREFIX "/", strlen(PREFIX "/")) != 0) {
-        return send_error(c, 404, "no such route: the API is under " PREFIX "/ (docs/web-api.md)");
+        return kp_web_send_error(c, 404,
+                                 "no such route: the API is under " PREFIX "/ (docs/web-api.md)");
     }
-    if ((st = authenticate(w, c, &id, err, sizeof(err))) != 0) {
-        return send_error(c, st, err);
+    if ((st = kp_web_authenticate(w, c, &id, err, sizeof(err))) != 0) {
+        return kp_web_send_error(c, st, err);
     }
     if (!kp_auth_allows(KP_ROLE_VIEWER, id.role)) {
         snprintf(err, sizeof(err),
                  "%s (role %s) may not view analyses: the viewer or operator role is needed",
                  id.name, kp_auth_role_name(id.role));
-        return send_error(c, 403, err);
+        return kp_web_send_error(c, 403, err);
     }
     p = path + strlen(PREFIX "/");
     if (strcmp(p, "views") == 0) {
@@ -1098,23 +626,23 @@ static enum MHD_Result route(struct kp_web *w, struct MHD_Connection *c, const c
         return serve_runs(w, c, &id, 0, q);
     }
     if (strncmp(p, "runs/", 5) != 0) {
-        return send_error(c, 404, "no such route: see docs/web-api.md for the routes");
+        return kp_web_send_error(c, 404, "no such route: see docs/web-api.md for the routes");
     }
     p += 5;
     if ((run = parse_run(&p, err, sizeof(err))) == 0) {
-        return send_error(c, strncmp(p, "0", 1) == 0 || isdigit((unsigned char) p[0]) ? 400 : 404,
-                          err);
+        return kp_web_send_error(
+            c, strncmp(p, "0", 1) == 0 || isdigit((unsigned char) p[0]) ? 400 : 404, err);
     }
     if (*p == '\0') {
         return serve_runs(w, c, &id, run, q);
     }
     if (strcmp(p, "/export") == 0) {
-        return serve_export(w, c, run, q);
+        return kp_web_serve_export(w, c, run, q);
     }
     if (strncmp(p, "/views/", 7) == 0 && p[7] != '\0' && strchr(p + 7, '/') == NULL) {
         return serve_view(w, c, &id, run, p + 7, q);
     }
-    return send_error(c, 404, "no such route: see docs/web-api.md for the routes");
+    return kp_web_send_error(c, 404, "no such route: see docs/web-api.md for the routes");
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,

@@ -34,6 +34,7 @@ import ssl
 import subprocess
 import tempfile
 import threading
+import time
 
 import kpfix
 
@@ -405,7 +406,9 @@ def check_busy(ci, mem_run):
             t.start()
         kpfix.wait_for(lambda: sum(1 for v in list(results.values()) if v[0] == 429) >= n // 2,
                        30, "the requests past the queue's capacity to be refused")
+        time.sleep(1.0)  # the last refusals on their way back (the accepted ones stay blocked)
         refused = {i: v for i, v in list(results.items())}
+        assert len(refused) < n, "every request refused: none was queued"
         for st, retry, body in refused.values():
             assert st == 429 and retry == "1", (st, retry, body)
             assert json.loads(body)["error"]["status"] == "RESOURCE_EXHAUSTED", body
