@@ -14,6 +14,12 @@
 
 struct kp_collectord;
 
+/* --role: ingest (gRPC, the direct path) or sink (Kafka to PostgreSQL, consumer.h) */
+enum {
+    KP_COLLECTORD_ROLE_INGEST = 0,
+    KP_COLLECTORD_ROLE_SINK = 1
+};
+
 struct kp_collectord_config {
     struct kp_daemon_config base; /* listen, http_listen, pg_conninfo, TLS, log_level, ready_file */
     long long max_message_bytes;  /* largest Batch accepted on the wire */
@@ -26,7 +32,13 @@ struct kp_collectord_config {
     long long agent_grace_ms;      /* an attached agent away this long fails its capture ranks */
     long long open_run_timeout_ms; /* an OPEN run with no producer stream and no batch for this
                                       long is ended FAILED (0: never) */
-    bool migrate; /* apply the pending migrations as the schema owner and exit (main.c) */
+    bool migrate;         /* apply the pending migrations as the schema owner and exit (main.c) */
+    int role;             /* KP_COLLECTORD_ROLE_*: which daemon main.c starts */
+    char *kafka_brokers;  /* bootstrap servers, host:port,... */
+    char *kafka_topic;    /* the batches' topic */
+    char *kafka_property; /* KEY=VALUE pairs for librdkafka, ',' or ';' separated */
+    char *kafka_group;    /* --role sink: the consumer group */
+    long long kafka_revoke_wait_ms; /* --role sink: how long a revoke waits for PostgreSQL */
 };
 
 /*

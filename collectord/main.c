@@ -7,11 +7,14 @@
 #include <string.h>
 
 #include "collectord.h"
+#include "consumer.h"
 #include "kp_config.h"
 #include "kp_daemon.h"
 #include "kp_log.h"
 #include "kp_migrations.h"
 #include "kp_pg.h"
+
+static const char *const roles[] = { "ingest", "sink", NULL };
 
 #define OFF(f) offsetof(struct kp_collectord_config, f)
 static const struct kp_config_def collectord_config[] = {
@@ -60,8 +63,33 @@ static const struct kp_config_def collectord_config[] = {
       "PASSWORD '...' IN ROLE kprof_writer), which ingests but may not migrate: see "
       "docs/postgres-roles.md",
       NULL, false },
+    { "role", KP_CONFIG_ENUM, "ingest", 0, 0, OFF(role),
+      "ingest: serve gRPC Ingest and Control; sink: consume --kafka-topic in group "
+      "--kafka-group and store the batches in PostgreSQL (no gRPC listener; /healthz, /readyz "
+      "and /metrics stay)",
+      roles, false },
+    { "kafka-brokers", KP_CONFIG_STRING, "", 0, 0, OFF(kafka_brokers),
+      "Kafka bootstrap servers, HOST:PORT,HOST:PORT (required by --role sink)", NULL, false },
+    { "kafka-topic", KP_CONFIG_STRING, "kprof.batches", 1, 249, OFF(kafka_topic),
+      "Kafka topic of the batches (key \"RUN/RANK\", value a kprof.v1.Batch)", NULL, false },
+    { "kafka-property", KP_CONFIG_STRING, "", 0, 0, OFF(kafka_property),
+      "librdkafka settings passed as they are, KEY=VALUE separated by ',' or ';' (one flag: "
+      "it does not repeat), e.g. security.protocol=ssl;ssl.ca.location=/etc/kprof/ca.pem; "
+      "masked by --print-config (it may hold sasl.password)",
+      NULL, true },
+    { "kafka-group", KP_CONFIG_STRING, "kprof-sink", 1, 255, OFF(kafka_group),
+      "--role sink: Kafka consumer group; the sinks of one group share the topic's partitions",
+      NULL, false },
+    { "kafka-revoke-wait", KP_CONFIG_DURATION, "10s", 0, 600000, OFF(kafka_revoke_wait_ms),
+      "--role sink: on a rebalance, how long to wait for PostgreSQL to store what was read "
+      "from the revoked partitions before letting them go (the rest is read again by the next "
+      "owner and recognised as duplicate)",
+      NULL, false },
 };
 #undef OFF
+
+/* Which object create() made: destroy() frees it. */
+static bool sink_role;
 
 static int create(const void *cfg, void **obj, char *errbuf, size_t errlen)
 {
@@ -74,6 +102,14 @@ static int create(const void *cfg, void **obj, char *errbuf, size_t errlen)
         *obj = NULL;
         return rc;
     }
+    if (((const struct kp_collectord_config *) cfg)->role == KP_COLLECTORD_ROLE_SINK) {
+        struct kp_sinkd *s = NULL;
+
+        rc = kp_sinkd_create(cfg, &s, errbuf, errlen);
+        *obj = s;
+        sink_role = true;
+        return rc;
+    }
     rc = kp_collectord_create(cfg, &d, errbuf, errlen);
     *obj = d;
     return rc;
@@ -81,7 +117,12 @@ static int create(const void *cfg, void **obj, char *errbuf, size_t errlen)
 
 static void destroy(void *obj)
 {
-    kp_collectord_destroy(obj);
+    if (sink_role) {
+        kp_sinkd_destroy(obj);
+    }
+    else {
+        kp_collectord_destroy(obj);
+    }
 }
 
 /* Marks in have[i] whether kp_migrations[i] is recorded in the database (none when the
