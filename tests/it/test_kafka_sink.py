@@ -1,0 +1,364 @@
+"""kprof-collectord --role sink: Kafka (librdkafka's mock cluster, 3 brokers) into PostgreSQL.
+
+Batches (kprof.v1.Batch, keyed "RUN/RANK" as --sink kafka produces them) are produced with an
+idempotent producer (python3-confluent-kafka, acks=all) into a topic of 4 partitions; sink
+consumers in one group store them through the PostgreSQL sink. Each case ends with the batch
+keys in ingest_batches equal to the keys produced, per (run, rank, stream, seq), and the rows
+of every kind and rank equal, in count and in sum of durations, to what was produced: nothing
+lost, nothing stored twice. And the consumer lag on /metrics comes back to 0. Cases:
+  1. steady state, plus a record that is not a Batch and one for an unknown run (skipped and
+     counted, never retried);
+  2. a sink SIGKILLed while it flushes, restarted;
+  3. PostgreSQL restarted (pg_ctl -m immediate) while the sink consumes, then stopped while
+     records keep coming: the sink stays up, pauses its partitions (its queue is small), the
+     lag grows; PostgreSQL back, everything is stored;
+  4. a rebalance from 1 to 2 sinks and back to 1 while records keep coming;
+  5. a broker taken down mid-stream (and a partition's leader moved), then back.
+The test runs its own PostgreSQL (tests/it/pgfix.sh) so that it can restart it."""
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import kpfix
+import test_ingest_durability as tid
+import test_pg_restart as tpr
+
+kpfix.require_env()
+import kprof_pb2 as pb  # noqa: E402
+
+try:
+    import confluent_kafka as ck
+except ImportError:
+    print("python3-confluent-kafka is missing: run deploy/local/install-deps.sh", file=sys.stderr)
+    sys.exit(1)
+
+PG_DIR = os.path.join(kpfix.TEST_DIR, "kafka_sink_cluster")
+PG_PORT = "5451"
+CI = "host=%s port=%s user=kprof dbname=kprof" % (PG_DIR, PG_PORT)
+TOPIC = "kprof.batches"
+BIN = os.path.join(kpfix.BIN, "collectord", "kprof-collectord")
+# A dead member leaves the group in seconds, not the default 45 s.
+GROUP_PROPS = "session.timeout.ms=6000;heartbeat.interval.ms=500"
+
+
+def psql(sql):
+    out = subprocess.run([kpfix.PSQL, CI, "-qtAX", "-v", "ON_ERROR_STOP=1", "-c", sql],
+                         check=True, capture_output=True, text=True, timeout=60 * kpfix.SCALE)
+    return out.stdout.strip()
+
+
+def pg_ctl(*args):
+    """pg_ctl on this test's cluster, as its owner."""
+    cmd = [os.path.join(tpr.pg_bindir(), "pg_ctl"), "-D", os.path.join(PG_DIR, "db"), "-w",
+           "-t", "120"] + list(args)
+    if os.getuid() == 0:
+        cmd = ["runuser", "-u", "postgres", "--"] + cmd
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180 * kpfix.SCALE)
+    assert p.returncode == 0, ("pg_ctl", args, p.stdout, p.stderr)
+
+
+def pg_opts():
+    return ["-l", os.path.join(PG_DIR, "postgres.log"),
+            "-o", "-c listen_addresses= -k '%s' -p %s" % (PG_DIR, PG_PORT)]
+
+
+class Producer:
+    """An idempotent producer (acks=all) of Batches keyed "RUN/RANK"; remembers what it
+    produced: the keys and the rows per (rank, kind)."""
+
+    def __init__(self, bootstrap, run_id, seed):
+        self.p = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                              "acks": "all", "linger.ms": 5, "message.timeout.ms": 300000})
+        self.run_id = run_id
+        self.rng = random.Random(seed)
+        self.keys = set()
+        self.rows = {}
+        self.errors = []
+
+    def _cb(self, err, msg):
+        if err is not None:
+            self.errors.append(str(err))
+
+    def send(self, rank, stream, seq):
+        b, kinds = tid.make_batch(self.run_id, rank, stream, seq, self.rng)
+        self.send_raw("%d/%d" % (self.run_id, rank), b.SerializeToString())
+        self.keys.add((rank, stream, seq))
+        tid.add(self.rows, rank, kinds)
+
+    def send_raw(self, key, value):
+        while True:
+            try:
+                self.p.produce(TOPIC, key=key, value=value, on_delivery=self._cb)
+                break
+            except BufferError:
+                self.p.poll(0.05)
+        self.p.poll(0)
+
+    def send_many(self, ranks, streams, seqs, pause_s=0.0):
+        for seq in seqs:
+            for rank in range(ranks):
+                for stream in streams:
+                    self.send(rank, stream, seq)
+            if pause_s:
+                time.sleep(pause_s)
+
+    def close(self):
+        """Drops the client (before the mock cluster goes, or it logs its reconnects)."""
+        self.p = None
+
+    def flush(self):
+        left = self.p.flush(120 * kpfix.SCALE)
+        assert left == 0, "%d records not acknowledged by Kafka" % left
+        assert not self.errors, self.errors
+
+
+class Sink(kpfix.Daemon):
+    """kprof-collectord --role sink on the mock cluster."""
+
+    def __init__(self, name, bootstrap, extra=()):
+        super().__init__(name, [BIN, "--role", "sink", "--pg-conninfo", CI,
+                                "--kafka-brokers", bootstrap, "--kafka-property", GROUP_PROPS,
+                                "--flush-interval", "20ms", "--retry-max", "500ms",
+                                "--shutdown-grace", "5s", "--kafka-revoke-wait", "5s"]
+                         + list(extra), grpc=False)
+
+    def metrics(self):
+        code, body = self.get("/metrics")
+        if code != 200:
+            return None
+        out = {}
+        for line in body.splitlines():
+            m = re.match(r'^kprof_collectord_(\w+)(\{partition="(\d+)"\}|\{[^}]*partition="(\d+)"\})?'
+                         r' (\d+)$', line)
+            if m:
+                part = m.group(3) or m.group(4)
+                out[m.group(1) if part is None else "%s/%s" % (m.group(1), part)] = int(m.group(5))
+        return out
+
+    def lag_partitions(self):
+        m = self.metrics() or {}
+        return sorted(int(k.split("/")[1]) for k in m if k.startswith("kafka_consumer_lag/"))
+
+
+def stored_keys(run_id):
+    rows = psql("SELECT rank, stream, seq FROM ingest_batches WHERE run_id = %d" % run_id)
+    return [tuple(map(int, l.split("|"))) for l in rows.splitlines() if l]
+
+
+def stored_rows(run_id):
+    out = {}
+    for kind in ("kernels", "ops", "api_calls"):
+        rows = psql("SELECT rank, count(*), sum(dur_ns) FROM %s WHERE run_id = %d "
+                    "GROUP BY rank ORDER BY rank" % (kind, run_id))
+        for line in rows.splitlines():
+            rank, n, d = map(int, line.split("|"))
+            out[(rank, kind)] = (n, d)
+    return out
+
+
+def settle(prod, sinks, what):
+    """Waits until PostgreSQL holds every key produced, then checks it holds them exactly once
+    and the rows exactly, and that the lag on the sinks' /metrics is 0 everywhere."""
+    prod.flush()
+    want = len(prod.keys)
+    kpfix.wait_for(lambda: len(stored_keys(prod.run_id)) >= want, 120,
+                   "%s: %d batches in PostgreSQL" % (what, want))
+    keys = stored_keys(prod.run_id)
+    assert len(keys) == len(set(keys)), what + ": a key stored twice"
+    assert set(keys) == prod.keys, "%s: lost %s, unexpected %s" % (
+        what, sorted(prod.keys - set(keys))[:5], sorted(set(keys) - prod.keys)[:5])
+    assert stored_rows(prod.run_id) == prod.rows, what + ": rows differ from what was produced"
+
+    def lag_zero():
+        ms = [s.metrics() for s in sinks]
+        if any(m is None for m in ms):
+            return False
+        parts = [k for m in ms for k in m if k.startswith("kafka_consumer_lag/")]
+        return len(parts) == 4 and all(m["kafka_consumer_lag_sum"] == 0 for m in ms)
+    kpfix.wait_for(lag_zero, 60, what + ": consumer lag 0 on /metrics for all 4 partitions")
+    print("%s: %d batches, %d rows, stored once each; lag 0" % (
+        what, want, sum(n for n, _ in prod.rows.values())))
+
+
+def new_run(stubs, job, world):
+    return stubs.create(pb.CreateRunRequest(job=job, world_size=world), timeout=30).id
+
+
+def case_steady(stubs, n):
+    mock = kpfix.KafkaMock("kafka_sink_steady_mock", brokers=3, partitions=4, topic=TOPIC)
+    sink = prod = None
+    try:
+        prod = Producer(mock.bootstrap, new_run(stubs, "kafka-steady", 4), 1)
+        prod.send_many(4, (1, 2), range(1, n + 1))
+        prod.send_raw("%d/0" % prod.run_id, b"\xff\xfe not a batch")
+        bad = pb.Batch(run_id=999999, rank=0, stream=1, seq=1, base_ns=1)
+        prod.send_raw("999999/0", bad.SerializeToString())
+        sink = Sink("it_kafka_sink_steady", mock.bootstrap)
+        settle(prod, [sink], "steady state")
+        m = sink.metrics()
+        assert m["kafka_records_malformed_total"] == 1, m
+        assert m["kafka_records_rejected_total"] == 1, m
+        assert m["kafka_records_stored_total"] == len(prod.keys), m
+        assert m["kafka_records_consumed_total"] == len(prod.keys) + 2, m
+    finally:
+        if sink is not None:
+            sink.stop()
+        if prod is not None:
+            prod.close()
+        mock.stop()
+
+
+def case_sigkill(stubs, n):
+    mock = kpfix.KafkaMock("kafka_sink_kill_mock", brokers=3, partitions=4, topic=TOPIC)
+    sink = prod = None
+    try:
+        prod = Producer(mock.bootstrap, new_run(stubs, "kafka-kill", 4), 2)
+        prod.send_many(4, (1, 2), range(1, n + 1))
+        prod.flush()
+        # Small flushes: the kill lands between and during transactions.
+        sink = Sink("it_kafka_sink_kill", mock.bootstrap, ["--flush-max-rows", "500"])
+        kpfix.wait_for(lambda: len(stored_keys(prod.run_id)) > len(prod.keys) // 4, 60,
+                       "a quarter stored before the kill")
+        sink.proc.send_signal(signal.SIGKILL)
+        sink.proc.wait(timeout=30)
+        sink.log.close()
+        before = len(stored_keys(prod.run_id))
+        assert before < len(prod.keys), "all stored before the kill: the case shows nothing"
+        sink = Sink("it_kafka_sink_kill2", mock.bootstrap)
+        settle(prod, [sink], "sink SIGKILLed at %d of %d and restarted" % (before, len(prod.keys)))
+        assert sink.metrics()["kafka_records_duplicate_total"] >= 0
+    finally:
+        if sink is not None:
+            sink.stop()
+        if prod is not None:
+            prod.close()
+        mock.stop()
+
+
+def case_pg_restart(stubs, n):
+    mock = kpfix.KafkaMock("kafka_sink_pg_mock", brokers=3, partitions=4, topic=TOPIC)
+    sink = prod = None
+    try:
+        prod = Producer(mock.bootstrap, new_run(stubs, "kafka-pg", 4), 3)
+        sink = Sink("it_kafka_sink_pg", mock.bootstrap, ["--queue-max-bytes", "1MiB"])
+        prod.send_many(4, (1, 2), range(1, n + 1))
+        prod.flush()
+        kpfix.wait_for(lambda: len(stored_keys(prod.run_id)) > 0, 60, "a first batch stored")
+        pg_ctl("-m", "immediate", *pg_opts(), "restart")
+        prod.send_many(4, (1, 2), range(n + 1, 2 * n + 1))
+        settle(prod, [sink], "PostgreSQL restarted (-m immediate) while consuming")
+        # Down for a while: Kafka holds what comes, the partitions pause, the lag grows.
+        pg_ctl("-m", "fast", "stop")
+        try:
+            prod.send_many(4, (1, 2), range(2 * n + 1, 6 * n + 1))
+            prod.flush()
+            kpfix.wait_for(lambda: (sink.metrics() or {}).get("kafka_consumer_lag_sum", 0) > 0,
+                           30, "lag on /metrics while PostgreSQL is down")
+            kpfix.wait_for(lambda: (sink.metrics() or {}).get("kafka_pauses_total", 0) > 0, 30,
+                           "partitions paused while PostgreSQL is down")
+            time.sleep(2)
+            assert sink.proc.poll() is None, sink.log_text()
+            m = sink.metrics()
+            assert m["queued_bytes"] < 4 * 1024 * 1024, m  # bounded: the rest waits in Kafka
+        finally:
+            pg_ctl(*pg_opts(), "start")
+        settle(prod, [sink], "PostgreSQL down with records coming, then back")
+    finally:
+        if sink is not None:
+            sink.stop()
+        if prod is not None:
+            prod.close()
+        mock.stop()
+
+
+def case_rebalance(stubs, n):
+    mock = kpfix.KafkaMock("kafka_sink_rebalance_mock", brokers=3, partitions=4, topic=TOPIC)
+    a = b = prod = None
+    try:
+        prod = Producer(mock.bootstrap, new_run(stubs, "kafka-rebalance", 8), 4)
+        a = Sink("it_kafka_sink_a", mock.bootstrap)
+        kpfix.wait_for(lambda: len(a.lag_partitions()) == 4, 60, "sink a holds 4 partitions")
+        done = threading.Event()
+        errors = []
+
+        def produce():
+            try:
+                prod.send_many(8, (1,), range(1, n + 1), pause_s=0.02)
+            except Exception as e:  # noqa: BLE001 -- reported by the main thread
+                errors.append(e)
+            done.set()
+        t = threading.Thread(target=produce)
+        t.start()
+        b = Sink("it_kafka_sink_b", mock.bootstrap)
+        kpfix.wait_for(lambda: len(a.lag_partitions()) == 2 and len(b.lag_partitions()) == 2,
+                       60, "partitions shared 2 and 2")
+        time.sleep(0.5)
+        assert b.stop() == 0, b.log_text()
+        kpfix.wait_for(lambda: len(a.lag_partitions()) == 4, 60, "sink a holds 4 partitions again")
+        t.join(timeout=120 * kpfix.SCALE)
+        assert done.is_set() and not errors, errors
+        settle(prod, [a], "rebalance 1 -> 2 -> 1 sinks")
+        sb = b.log_text()
+        assert "assigned 2 partitions" in sb and "revoked 2 partitions" in sb, sb
+    finally:
+        for s in (b, a):
+            if s is not None:
+                s.stop()
+        if prod is not None:
+            prod.close()
+        mock.stop()
+
+
+def case_broker_down(stubs, n):
+    mock = kpfix.KafkaMock("kafka_sink_broker_mock", brokers=3, partitions=4, topic=TOPIC)
+    sink = prod = None
+    try:
+        prod = Producer(mock.bootstrap, new_run(stubs, "kafka-broker", 4), 5)
+        sink = Sink("it_kafka_sink_broker", mock.bootstrap)
+        prod.send_many(4, (1,), range(1, n + 1), pause_s=0.01)
+        assert mock.command("down 2") == "ok"
+        prod.send_many(4, (1,), range(n + 1, 2 * n + 1), pause_s=0.01)
+        time.sleep(2)
+        assert mock.command("up 2") == "ok"
+        assert mock.command("leader %s 0 3" % TOPIC) == "ok"
+        prod.send_many(4, (1,), range(2 * n + 1, 3 * n + 1), pause_s=0.01)
+        settle(prod, [sink], "broker 2 down mid-stream and back, partition 0's leader moved")
+    finally:
+        if sink is not None:
+            sink.stop()
+        if prod is not None:
+            prod.close()
+        mock.stop()
+
+
+def main():
+    subprocess.run([tpr.PGFIX, "stop", PG_DIR, PG_PORT], capture_output=True)
+    p = subprocess.run([tpr.PGFIX, "start", PG_DIR, PG_PORT], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    cd = stubs = None
+    only = sys.argv[1:]
+    try:
+        # The direct path, for CreateRun (and the schema).
+        cd = kpfix.Collectord("it_kafka_sink_cd", CI, extra=["--open-run-timeout", "0"])
+        stubs = kpfix.Stubs(cd.grpc)
+        for name, f, n in (("steady", case_steady, 30), ("sigkill", case_sigkill, 60),
+                           ("pg_restart", case_pg_restart, 20), ("rebalance", case_rebalance, 40),
+                           ("broker_down", case_broker_down, 20)):
+            if not only or name in only:
+                f(stubs, n)
+    finally:
+        if stubs is not None:
+            stubs.close()
+        if cd is not None:
+            cd.stop()
+        subprocess.run([tpr.PGFIX, "stop", PG_DIR, PG_PORT], capture_output=True)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
