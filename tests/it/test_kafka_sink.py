@@ -185,6 +185,16 @@ def settle(prod, sinks, what):
         what, want, sum(n for n, _ in prod.rows.values())))
 
 
+def committed_sum(bootstrap):
+    """The group's committed offsets, summed over the 4 partitions (none: 0)."""
+    c = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": "kprof-sink"})
+    try:
+        tps = c.committed([ck.TopicPartition(TOPIC, i) for i in range(4)], timeout=10)
+    finally:
+        c.close()
+    return sum(max(tp.offset, 0) for tp in tps)
+
+
 def new_run(stubs, job, world):
     return stubs.create(pb.CreateRunRequest(job=job, world_size=world), timeout=30).id
 
@@ -222,12 +232,17 @@ def case_sigkill(stubs, n):
         prod.flush()
         # Small flushes: the kill lands between and during transactions.
         sink = Sink("it_kafka_sink_kill", mock.bootstrap, ["--flush-max-rows", "500"])
-        kpfix.wait_for(lambda: len(stored_keys(prod.run_id)) > len(prod.keys) // 4, 60,
-                       "a quarter stored before the kill")
+        kpfix.wait_for(lambda: len(stored_keys(prod.run_id)) > len(prod.keys) // 4 and
+                       committed_sum(mock.bootstrap) > 0, 60,
+                       "a quarter stored and offsets committed before the kill")
         sink.proc.send_signal(signal.SIGKILL)
         sink.proc.wait(timeout=30)
         sink.log.close()
         before = len(stored_keys(prod.run_id))
+        # Offsets never run ahead of PostgreSQL: at most as many records committed in Kafka as
+        # batches stored (each record here is one batch).
+        done = committed_sum(mock.bootstrap)
+        assert done <= before, "offsets of %d records committed, %d stored" % (done, before)
         assert before < len(prod.keys), "all stored before the kill: the case shows nothing"
         sink = Sink("it_kafka_sink_kill2", mock.bootstrap)
         settle(prod, [sink], "sink SIGKILLed at %d of %d and restarted" % (before, len(prod.keys)))
