@@ -78,6 +78,7 @@ static struct cpart *part_get(struct kp_sinkd *d, int32_t id)
         memset(np + d->nparts, 0, (size_t) (n - d->nparts) * sizeof(*np));
         for (int32_t i = d->nparts; i < n; i++) {
             np[i].last_read = np[i].want = np[i].committed = -1;
+            np[i].low = np[i].high = -1;
         }
         d->parts = np;
         d->nparts = n;
@@ -161,8 +162,11 @@ static void done_cb(struct kp_sink_item **items, size_t n, void *ud)
         struct origin *o = it->origin;
         const Kprof__V1__Batch *b = it->batch;
 
-        if (it->status == KP_ESHUTDOWN) {
-            /* Never stored: left uncommitted, so the group reads it again. */
+        if (it->status == KP_ESHUTDOWN || it->status == -ENOMEM) {
+            /* Never stored: left uncommitted (its partition's offset stops there), so the
+             * group reads it again after a restart or a rebalance. */
+            kp_log_error("batch not stored partition=%" PRId32 " offset=%" PRId64 ": %s",
+                         o->partition, o->offset, it->err);
         }
         else {
             if (it->status == 0) {
@@ -289,6 +293,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         kp_log_info("assigned %d partition%s of %s", parts->cnt, parts->cnt == 1 ? "" : "s",
                     d->cfg.kafka_topic);
         rd_kafka_assign(rk, parts);
+        rd_kafka_resume_partitions(rk, parts); /* whatever was paused before a revoke */
         d->paused = false;
         return;
     }
@@ -355,7 +360,6 @@ static void on_record(struct kp_sinkd *d, rd_kafka_message_t *m)
     uint64_t gen;
     bool ok;
 
-    atomic_fetch_add(&d->consumed, 1);
     pthread_mutex_lock(&d->mu);
     p = part_get(d, m->partition);
     if (p == NULL || !p->assigned || m->offset <= p->last_read) {
@@ -366,6 +370,7 @@ static void on_record(struct kp_sinkd *d, rd_kafka_message_t *m)
     p->last_read = m->offset;
     gen = p->gen;
     pthread_mutex_unlock(&d->mu);
+    atomic_fetch_add(&d->consumed, 1);
     if (m->len > (size_t) d->cfg.max_message_bytes) {
         snprintf(err, sizeof(err), "%zu bytes, over --max-message-bytes", m->len);
     }
@@ -426,7 +431,7 @@ static void query_watermarks(struct kp_sinkd *d)
         assigned = d->parts[i].assigned;
         pthread_mutex_unlock(&d->mu);
         if (!assigned || (rd_kafka_query_watermark_offsets(d->rk, d->cfg.kafka_topic, i, &lo, &hi,
-                                                           1000) != RD_KAFKA_RESP_ERR_NO_ERROR &&
+                                                           200) != RD_KAFKA_RESP_ERR_NO_ERROR &&
                           rd_kafka_get_watermark_offsets(d->rk, d->cfg.kafka_topic, i, &lo, &hi) !=
                               RD_KAFKA_RESP_ERR_NO_ERROR)) {
             continue;
