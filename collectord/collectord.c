@@ -18,12 +18,14 @@
 #include "kp_log.h"
 #include "kp_rpc.h"
 #include "kp_strbuf.h"
+#include "sink_kafka.h"
 #include "sink_pg.h"
 
 struct kp_collectord {
     struct kp_collectord_config cfg; /* borrowed strings: the caller's config outlives us */
     struct kp_ingest *ingest;
-    struct kp_sink *sink;
+    struct kp_sink *sink;        /* --sink postgres */
+    struct kp_sink_kafka *kafka; /* --sink kafka */
     struct kp_control *control;
     struct kp_coord *coord;
     struct kp_rpc_method methods[1 + KP_CONTROL_N_METHODS];
@@ -31,6 +33,8 @@ struct kp_collectord {
     struct kp_http *http;
     struct kp_auth *auth; /* NULL: --allow-anonymous */
 };
+
+const char *const kp_collectord_sinks[] = { "postgres", "kafka", NULL };
 
 static bool healthz(void *ud)
 {
@@ -44,7 +48,13 @@ static bool readyz(void *ud, char *why, size_t len)
     if (d->server != NULL && !kp_rpc_server_accepting(d->server, why, len)) {
         return false;
     }
-    if (!kp_sink_ready(d->sink)) {
+    if (d->kafka != NULL) {
+        if (!kp_sink_kafka_ready(d->kafka)) {
+            snprintf(why, len, "Kafka has not answered with the topic's metadata yet\n");
+            return false;
+        }
+    }
+    else if (!kp_sink_ready(d->sink)) {
         snprintf(why, len, "PostgreSQL is not reachable or the schema is not applied\n");
         return false;
     }
@@ -54,12 +64,19 @@ static bool readyz(void *ud, char *why, size_t len)
 static int metrics(void *ud, struct kp_strbuf *out)
 {
     struct kp_collectord *d = ud;
-    struct kp_sink_stats ss;
+    struct kp_sink_stats ss = { 0 };
+    struct kp_sink_kafka_stats ks = { 0 };
     struct kp_ingest_stats is;
     struct kp_coord_stats cs;
 
     kp_coord_get_stats(d->coord, &cs);
-    kp_sink_get_stats(d->sink, &ss);
+    if (d->kafka != NULL) {
+        kp_sink_kafka_get_stats(d->kafka, &ks);
+        ss.queued_bytes = ks.queued_bytes;
+    }
+    else {
+        kp_sink_get_stats(d->sink, &ss);
+    }
     kp_ingest_get_stats(d->ingest, &is);
 #define COUNTER(name, help, v)                                                                   \
     kp_strbuf_appendf(out,                                                                       \
@@ -94,8 +111,26 @@ static int metrics(void *ud, struct kp_strbuf *out)
     COUNTER("flushes_total", "Flush transactions committed.", ss.flushes);
     COUNTER("flush_failures_total", "Flush transactions rolled back and retried.",
             ss.flush_failures);
-    GAUGE("queued_bytes", "Encoded bytes waiting for PostgreSQL.", ss.queued_bytes);
+    GAUGE("queued_bytes", "Encoded bytes waiting for PostgreSQL (or Kafka, with --sink kafka).",
+          ss.queued_bytes);
     GAUGE("queued_batches", "Batches waiting for PostgreSQL.", ss.queued_items);
+    if (d->kafka != NULL) {
+        COUNTER("kafka_records_produced_total", "Batches produced and acknowledged by Kafka.",
+                ks.records_produced);
+        COUNTER("kafka_bytes_produced_total", "Encoded batch bytes acknowledged by Kafka.",
+                ks.bytes_produced);
+        COUNTER("kafka_delivery_failures_total",
+                "Batches Kafka did not acknowledge in time (answered UNAVAILABLE; resent).",
+                ks.delivery_failures);
+        COUNTER("kafka_batches_rejected_total",
+                "Batches refused before Kafka: unknown run or rank outside its world size.",
+                ks.batches_rejected);
+        GAUGE("kafka_inflight_bytes",
+              "Encoded bytes submitted to the Kafka sink and not yet acknowledged.",
+              ks.queued_bytes);
+        GAUGE("kafka_inflight_records", "Records produced and not yet acknowledged by Kafka.",
+              ks.inflight_records);
+    }
     COUNTER("grpc_listener_restarts_total",
             "gRPC listeners restarted after they stopped accepting (out of file descriptors).",
             d->server != NULL ? kp_rpc_server_restarts(d->server) : 0);
@@ -149,10 +184,33 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
         snprintf(errbuf, errlen, "out of memory");
         goto fail;
     }
-    if ((rc = kp_sink_create(&scfg, kp_ingest_done_cb, d->ingest, &d->sink, errbuf, errlen)) != 0) {
-        goto fail;
+    if (cfg->sink == KP_COLLECTORD_SINK_KAFKA) {
+        struct kp_sink_kafka_config kcfg = {
+            .brokers = cfg->kafka_brokers,
+            .topic = cfg->kafka_topic,
+            .properties = cfg->kafka_properties,
+            .conninfo = cfg->base.pg_conninfo,
+            .queue_max_bytes = (size_t) cfg->queue_max_bytes,
+        };
+
+        if (cfg->kafka_brokers == NULL || cfg->kafka_brokers[0] == '\0') {
+            snprintf(errbuf, errlen, "--sink kafka needs --kafka-brokers HOST:PORT,...");
+            rc = KP_ECONFIG;
+            goto fail;
+        }
+        if ((rc = kp_sink_kafka_create(&kcfg, kp_ingest_done_cb, d->ingest, &d->kafka, errbuf,
+                                       errlen)) != 0) {
+            goto fail;
+        }
+        kp_ingest_set_sink(d->ingest, &kp_sink_kafka_ops, d->kafka);
     }
-    kp_ingest_set_sink(d->ingest, d->sink);
+    else {
+        if ((rc = kp_sink_create(&scfg, kp_ingest_done_cb, d->ingest, &d->sink, errbuf, errlen)) !=
+            0) {
+            goto fail;
+        }
+        kp_ingest_set_sink(d->ingest, &kp_sink_pg_ops, d->sink);
+    }
     /* One client may hold a quarter of the queue: the others still get in. */
     kp_ingest_set_stream_max(d->ingest, (size_t) cfg->queue_max_bytes / 4);
     struct kp_coord_opts copts = { .agent_grace_ms = cfg->agent_grace_ms };
@@ -218,6 +276,7 @@ void kp_collectord_destroy(struct kp_collectord *d)
         kp_rpc_server_shutdown(d->server, d->cfg.shutdown_grace_ms);
     }
     kp_sink_destroy(d->sink, d->cfg.shutdown_grace_ms);
+    kp_sink_kafka_destroy(d->kafka, d->cfg.shutdown_grace_ms);
     kp_control_destroy(d->control);
     kp_rpc_server_destroy(d->server);
     kp_coord_destroy(d->coord);

@@ -655,6 +655,12 @@ int kp_sinkd_create(const struct kp_collectord_config *cfg, struct kp_sinkd **ou
         .max_rows = KP_CODEC_DEFAULT_MAX_ROWS,
     };
     pthread_mutex_init(&d->mu, NULL);
+    if (cfg->sink == KP_COLLECTORD_SINK_KAFKA) {
+        snprintf(errbuf, errlen,
+                 "--role sink stores into PostgreSQL: --sink kafka is for --role ingest");
+        rc = KP_ECONFIG;
+        goto fail;
+    }
     if (cfg->kafka_brokers == NULL || cfg->kafka_brokers[0] == '\0') {
         snprintf(errbuf, errlen, "--role sink needs --kafka-brokers HOST:PORT,...");
         rc = KP_ECONFIG;
@@ -667,7 +673,7 @@ int kp_sinkd_create(const struct kp_collectord_config *cfg, struct kp_sinkd **ou
     if ((rc = conf_set(conf, "bootstrap.servers", cfg->kafka_brokers, errbuf, errlen)) != 0 ||
         (rc = conf_set(conf, "group.id", cfg->kafka_group, errbuf, errlen)) != 0 ||
         (rc = conf_set(conf, "auto.offset.reset", "earliest", errbuf, errlen)) != 0 ||
-        (rc = set_properties(conf, cfg->kafka_property, errbuf, errlen)) != 0 ||
+        (rc = set_properties(conf, cfg->kafka_properties, errbuf, errlen)) != 0 ||
         /* after the user's: these make the delivery guarantee and may not be overridden */
         (rc = conf_set(conf, "enable.auto.commit", "false", errbuf, errlen)) != 0 ||
         (rc = conf_set(conf, "enable.auto.offset.store", "false", errbuf, errlen)) != 0) {

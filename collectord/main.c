@@ -41,8 +41,25 @@ static const struct kp_config_def collectord_config[] = {
     { "max-name-bytes", KP_CONFIG_SIZE, "16KiB", 64, 1LL << 20, OFF(max_name_bytes),
       "longest name (kernel, op, shapes string) accepted in a batch", NULL, false },
     { "queue-max-bytes", KP_CONFIG_SIZE, "256MiB", 1LL << 20, 1LL << 36, OFF(queue_max_bytes),
-      "batches waiting for PostgreSQL; over this, streams stop reading (flow control)", NULL,
+      "batches waiting for PostgreSQL (or for Kafka's acknowledgement with --sink kafka); over "
+      "this, streams stop reading (flow control)",
+      NULL, false },
+    { "sink", KP_CONFIG_ENUM, "postgres", 0, 0, OFF(sink),
+      "where validated batches go: postgres (stored here) or kafka (produced into "
+      "--kafka-topic, acknowledged to the producer once Kafka has them; sink consumers store "
+      "them)",
+      kp_collectord_sinks, false },
+    { "kafka-brokers", KP_CONFIG_STRING, "", 0, 0, OFF(kafka_brokers),
+      "Kafka bootstrap servers, HOST:PORT,... (needed with --sink kafka and --role sink)", NULL,
       false },
+    { "kafka-topic", KP_CONFIG_STRING, "kprof.batches", 1, 249, OFF(kafka_topic),
+      "Kafka topic of the batches (key \"<run_id>/<rank>\", value the encoded kprof.v1.Batch)",
+      NULL, false },
+    { "kafka-property", KP_CONFIG_STRING, "", 0, 0, OFF(kafka_properties),
+      "librdkafka properties passed as they are, KEY=VALUE separated by ',' or ';' in one flag "
+      "(security.protocol, ssl.ca.location, sasl.*, message.timeout.ms: default 300000); masked "
+      "by --print-config",
+      NULL, true },
     { "flush-max-rows", KP_CONFIG_INT, "65536", 1, 1LL << 24, OFF(flush_max_rows),
       "event rows per PostgreSQL transaction", NULL, false },
     { "flush-interval", KP_CONFIG_DURATION, "50ms", 1, 60000, OFF(flush_interval_ms),
@@ -68,15 +85,6 @@ static const struct kp_config_def collectord_config[] = {
       "--kafka-group and store the batches in PostgreSQL (no gRPC listener; /healthz, /readyz "
       "and /metrics stay)",
       roles, false },
-    { "kafka-brokers", KP_CONFIG_STRING, "", 0, 0, OFF(kafka_brokers),
-      "Kafka bootstrap servers, HOST:PORT,HOST:PORT (required by --role sink)", NULL, false },
-    { "kafka-topic", KP_CONFIG_STRING, "kprof.batches", 1, 249, OFF(kafka_topic),
-      "Kafka topic of the batches (key \"RUN/RANK\", value a kprof.v1.Batch)", NULL, false },
-    { "kafka-property", KP_CONFIG_STRING, "", 0, 0, OFF(kafka_property),
-      "librdkafka settings passed as they are, KEY=VALUE separated by ',' or ';' (one flag: "
-      "it does not repeat), e.g. security.protocol=ssl;ssl.ca.location=/etc/kprof/ca.pem; "
-      "masked by --print-config (it may hold sasl.password)",
-      NULL, true },
     { "kafka-group", KP_CONFIG_STRING, "kprof-sink", 1, 255, OFF(kafka_group),
       "--role sink: Kafka consumer group; the sinks of one group share the topic's partitions",
       NULL, false },
