@@ -6,6 +6,7 @@ consumers in one group store them through the PostgreSQL sink. Each case ends wi
 keys in ingest_batches equal to the keys produced, per (run, rank, stream, seq), and the rows
 of every kind and rank equal, in count and in sum of durations, to what was produced: nothing
 lost, nothing stored twice. And the consumer lag on /metrics comes back to 0. Cases:
+  0. end to end: kprof-loadgen pushes to collectord --sink kafka, which produces the topic;
   1. steady state, plus a record that is not a Batch and one for an unknown run (skipped and
      counted, never retried);
   2. a sink SIGKILLed while it flushes, restarted;
@@ -15,6 +16,7 @@ lost, nothing stored twice. And the consumer lag on /metrics comes back to 0. Ca
   4. a rebalance from 1 to 2 sinks and back to 1 while records keep coming;
   5. a broker taken down mid-stream (and a partition's leader moved), then back.
 The test runs its own PostgreSQL (tests/it/pgfix.sh) so that it can restart it."""
+import json
 import os
 import random
 import re
@@ -42,6 +44,7 @@ PG_PORT = "5451"
 CI = "host=%s port=%s user=kprof dbname=kprof" % (PG_DIR, PG_PORT)
 TOPIC = "kprof.batches"
 BIN = os.path.join(kpfix.BIN, "collectord", "kprof-collectord")
+LOADGEN = os.path.join(kpfix.BIN, "tools", "kprof-loadgen")
 # A dead member leaves the group in seconds, not the default 45 s.
 GROUP_PROPS = "session.timeout.ms=6000;heartbeat.interval.ms=500"
 
@@ -161,6 +164,16 @@ def stored_rows(run_id):
     return out
 
 
+def wait_lag_zero(sinks, what):
+    def lag_zero():
+        ms = [s.metrics() for s in sinks]
+        if any(m is None for m in ms):
+            return False
+        parts = [k for m in ms for k in m if k.startswith("kafka_consumer_lag/")]
+        return len(parts) == 4 and all(m["kafka_consumer_lag_sum"] == 0 for m in ms)
+    kpfix.wait_for(lag_zero, 60, what + ": consumer lag 0 on /metrics for all 4 partitions")
+
+
 def settle(prod, sinks, what):
     """Waits until PostgreSQL holds every key produced, then checks it holds them exactly once
     and the rows exactly, and that the lag on the sinks' /metrics is 0 everywhere."""
@@ -173,14 +186,7 @@ def settle(prod, sinks, what):
     assert set(keys) == prod.keys, "%s: lost %s, unexpected %s" % (
         what, sorted(prod.keys - set(keys))[:5], sorted(set(keys) - prod.keys)[:5])
     assert stored_rows(prod.run_id) == prod.rows, what + ": rows differ from what was produced"
-
-    def lag_zero():
-        ms = [s.metrics() for s in sinks]
-        if any(m is None for m in ms):
-            return False
-        parts = [k for m in ms for k in m if k.startswith("kafka_consumer_lag/")]
-        return len(parts) == 4 and all(m["kafka_consumer_lag_sum"] == 0 for m in ms)
-    kpfix.wait_for(lag_zero, 60, what + ": consumer lag 0 on /metrics for all 4 partitions")
+    wait_lag_zero(sinks, what)
     print("%s: %d batches, %d rows, stored once each; lag 0" % (
         what, want, sum(n for n, _ in prod.rows.values())))
 
@@ -363,6 +369,49 @@ def case_broker_down(stubs, n):
         mock.stop()
 
 
+def case_end_to_end(stubs, n):
+    """kprof-loadgen -> collectord --sink kafka -> the mock cluster -> collectord --role sink."""
+    mock = kpfix.KafkaMock("kafka_sink_e2e_mock", brokers=3, partitions=4, topic=TOPIC)
+    ing = sink = None
+    try:
+        ing = kpfix.Collectord("it_kafka_sink_ingest", CI, extra=[
+            "--sink", "kafka", "--kafka-brokers", mock.bootstrap, "--open-run-timeout", "0"])
+        kpfix.wait_for(lambda: kpfix.Daemon.get(ing, "/readyz")[0] == 200, 30, "ingest ready")
+        sink = Sink("it_kafka_sink_e2e", mock.bootstrap)
+        # --no-end-run: the run stays open until the sinks have stored it (ending it while
+        # its batches wait in Kafka would make them batches into an ended run).
+        p = subprocess.run([LOADGEN, "--collector", ing.grpc, "--json", "--ranks", "4",
+                            "--steps", str(n), "--kernels-per-step", "20", "--batch-rows", "300",
+                            "--no-end-run", "--give-up", "120s"],
+                           capture_output=True, text=True, timeout=300 * kpfix.SCALE)
+        assert p.returncode == 0, p.stderr
+        s = json.loads(p.stdout)
+        run = s["run_id"]
+        kpfix.wait_for(lambda: len(stored_keys(run)) >= s["batches"], 120,
+                       "loadgen's %d batches in PostgreSQL" % s["batches"])
+        keys = stored_keys(run)
+        assert len(keys) == s["batches"] == len(set(keys)), (len(keys), s["batches"])
+        got = {int(r): (int(b), int(e)) for r, b, e in (
+            l.split("|") for l in psql("SELECT rank, count(*), sum(rows) FROM ingest_batches "
+                                       "WHERE run_id = %d GROUP BY rank" % run).splitlines())}
+        want = {e["rank"]: (e["batches"], e["events"]) for e in s["expected"]}
+        assert got == want, (got, want)
+        rows = stored_rows(run)
+        for e in s["expected"]:
+            for kind, label in (("kernels", "kernel"), ("ops", "op"), ("api_calls", "api")):
+                k = e["kinds"][label]
+                assert rows.get((e["rank"], kind), (0, 0)) == (k["rows"], k["dur_ns"]), (
+                    e["rank"], kind, rows.get((e["rank"], kind)), k)
+        wait_lag_zero([sink], "end to end")
+        print("end to end (loadgen -> collectord --sink kafka -> sink): %d batches, %d events, "
+              "stored once each; lag 0" % (s["batches"], s["events"]))
+    finally:
+        for d in (sink, ing):
+            if d is not None:
+                d.stop()
+        mock.stop()
+
+
 def main():
     subprocess.run([tpr.PGFIX, "stop", PG_DIR, PG_PORT], capture_output=True)
     p = subprocess.run([tpr.PGFIX, "start", PG_DIR, PG_PORT], capture_output=True, text=True)
@@ -373,7 +422,7 @@ def main():
         # The direct path, for CreateRun (and the schema).
         cd = kpfix.Collectord("it_kafka_sink_cd", CI, extra=["--open-run-timeout", "0"])
         stubs = kpfix.Stubs(cd.grpc)
-        for name, f, n in (("steady", case_steady, 30), ("sigkill", case_sigkill, 60),
+        for name, f, n in (("end_to_end", case_end_to_end, 60), ("steady", case_steady, 30), ("sigkill", case_sigkill, 60),
                            ("pg_restart", case_pg_restart, 20), ("rebalance", case_rebalance, 400),
                            ("broker_down", case_broker_down, 20)):
             if not only or name in only:
