@@ -673,6 +673,9 @@ int kp_sinkd_create(const struct kp_collectord_config *cfg, struct kp_sinkd **ou
     if ((rc = conf_set(conf, "bootstrap.servers", cfg->kafka_brokers, errbuf, errlen)) != 0 ||
         (rc = conf_set(conf, "group.id", cfg->kafka_group, errbuf, errlen)) != 0 ||
         (rc = conf_set(conf, "auto.offset.reset", "earliest", errbuf, errlen)) != 0 ||
+        /* librdkafka prefetches up to this per partition on top of --queue-max-bytes (its
+         * default, 64 MiB, times many partitions is gigabytes); --kafka-property may change it */
+        (rc = conf_set(conf, "queued.max.messages.kbytes", "8192", errbuf, errlen)) != 0 ||
         (rc = set_properties(conf, cfg->kafka_properties, errbuf, errlen)) != 0 ||
         /* after the user's: these make the delivery guarantee and may not be overridden */
         (rc = conf_set(conf, "enable.auto.commit", "false", errbuf, errlen)) != 0 ||

@@ -284,6 +284,10 @@ def case_pg_restart(stubs, n):
             kpfix.wait_for(lambda: (sink.metrics() or {}).get("kafka_pauses_total", 0) > 0, 30,
                            "partitions paused while PostgreSQL is down")
             time.sleep(2)
+            held = committed_sum(mock.bootstrap)
+            time.sleep(1)
+            assert committed_sum(mock.bootstrap) == held, "offsets moved with PostgreSQL down"
+            assert held < len(prod.keys), "every offset committed with PostgreSQL down"
             assert sink.proc.poll() is None, sink.log_text()
             m = sink.metrics()
             assert m["queued_bytes"] < 4 * 1024 * 1024, m  # bounded: the rest waits in Kafka
