@@ -702,58 +702,60 @@ size_t kp_sessions_report(struct kp_sessions *ss, long long now, Kprof__V1__Agen
 
 /* --- lifecycle --- */
 
-static int parse_allow(struct kp_sessions *ss, const char *list, char *errbuf, size_t errlen)
+static bool user_id(const char *name, uint32_t *id)
+{
+    struct passwd *pw = getpwnam(name);
+
+    if (pw != NULL) {
+        *id = pw->pw_uid;
+    }
+    return pw != NULL;
+}
+
+static bool group_id(const char *name, uint32_t *id)
+{
+    struct group *gr = getgrnam(name);
+
+    if (gr != NULL) {
+        *id = gr->gr_gid;
+    }
+    return gr != NULL;
+}
+
+/* Parses flag's list of ids or names (lookup: a name to its id; what: "user" or "group")
+ * into ids (at most KP_SESSION_MAX_ALLOW, *n of them). */
+static int parse_ids(const char *flag, const char *what, bool (*lookup)(const char *, uint32_t *),
+                     const char *list, uint32_t *ids, size_t *n, char *errbuf, size_t errlen)
 {
     char tmp[1024], *save = NULL;
 
     kp_strlcpy(tmp, sizeof(tmp), list != NULL ? list : "");
     for (char *t = strtok_r(tmp, ", ", &save); t != NULL; t = strtok_r(NULL, ", ", &save)) {
         char *end;
-        unsigned long v = strtoul(t, &end, 10);
+        uint32_t v = (uint32_t) strtoul(t, &end, 10);
 
-        if (*end != '\0') {
-            struct passwd *pw = getpwnam(t);
-
-            if (pw == NULL) {
-                snprintf(errbuf, errlen, "--allow-uid: no user named %s", t);
-                return -EINVAL;
-            }
-            v = pw->pw_uid;
-        }
-        if (ss->n_allow == KP_SESSION_MAX_ALLOW) {
-            snprintf(errbuf, errlen, "--allow-uid: at most %d entries", KP_SESSION_MAX_ALLOW);
+        if (*end != '\0' && !lookup(t, &v)) {
+            snprintf(errbuf, errlen, "%s: no %s named %s", flag, what, t);
             return -EINVAL;
         }
-        ss->allow[ss->n_allow++] = (uint32_t) v;
+        if (*n == KP_SESSION_MAX_ALLOW) {
+            snprintf(errbuf, errlen, "%s: at most %d entries", flag, KP_SESSION_MAX_ALLOW);
+            return -EINVAL;
+        }
+        ids[(*n)++] = v;
     }
     return 0;
 }
 
+static int parse_allow(struct kp_sessions *ss, const char *list, char *errbuf, size_t errlen)
+{
+    return parse_ids("--allow-uid", "user", user_id, list, ss->allow, &ss->n_allow, errbuf, errlen);
+}
+
 static int parse_allow_group(struct kp_sessions *ss, const char *list, char *errbuf, size_t errlen)
 {
-    char tmp[1024], *save = NULL;
-
-    kp_strlcpy(tmp, sizeof(tmp), list != NULL ? list : "");
-    for (char *t = strtok_r(tmp, ", ", &save); t != NULL; t = strtok_r(NULL, ", ", &save)) {
-        char *end;
-        unsigned long v = strtoul(t, &end, 10);
-
-        if (*end != '\0') {
-            struct group *gr = getgrnam(t);
-
-            if (gr == NULL) {
-                snprintf(errbuf, errlen, "--allow-group: no group named %s", t);
-                return -EINVAL;
-            }
-            v = gr->gr_gid;
-        }
-        if (ss->n_allow_gid == KP_SESSION_MAX_ALLOW) {
-            snprintf(errbuf, errlen, "--allow-group: at most %d entries", KP_SESSION_MAX_ALLOW);
-            return -EINVAL;
-        }
-        ss->allow_gid[ss->n_allow_gid++] = (uint32_t) v;
-    }
-    return 0;
+    return parse_ids("--allow-group", "group", group_id, list, ss->allow_gid, &ss->n_allow_gid,
+                     errbuf, errlen);
 }
 
 static int mkdir_parents(const char *path)

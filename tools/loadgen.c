@@ -6,8 +6,8 @@
  * It creates a run (Control.CreateRun, world size = --ranks) unless --run-id names one, runs
  * the ranks on a bounded pool of threads, waits until every batch is acknowledged (that is,
  * committed), ends the run it created, and prints a summary; --json prints one JSON object
- * with the figures (its own CPU seconds among them) and, per rank and event kind, the rows and dur_ns sums that were sent, so
- * tests can compare the database with them.
+ * with the figures (its own CPU seconds among them) and, per rank and event kind, the rows and
+ * dur_ns sums that were sent, so tests can compare the database with them.
  */
 #define KP_LOG_MODULE "loadgen"
 #include <errno.h>
