@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kafka_conf.h"
 #include "kp_clock.h"
 #include "kp_codec.h"
 #include "kp_daemon.h"
@@ -60,7 +61,7 @@ struct kp_sinkd {
     pthread_mutex_t mu;  /* parts */
     struct cpart *parts; /* indexed by partition id */
     int32_t nparts;
-    atomic_uint_fast64_t consumed, stored, duplicate, rejected, malformed, pauses, rebalances;
+    atomic_uint_fast64_t consumed, stored, duplicate, rejected, malformed, lost, pauses, rebalances;
 };
 
 static struct cpart *part_get(struct kp_sinkd *d, int32_t id)
@@ -350,6 +351,32 @@ static void pause_all(struct kp_sinkd *d, bool pause)
 }
 
 /* One record: unpack, validate, submit (or settle at once when it can never be stored). */
+/*
+ * A record read past where the partition should have gone on (expect): the offsets between
+ * are gone when the log now starts after expect, i.e. the topic's retention deleted records
+ * this group had not stored (offset out of range, reset to the earliest). Their batches are
+ * lost: said once per gap, and counted for the user (kafka_records_lost_total), since
+ * producers had their Acks. A gap with the log still holding expect (a transaction's control
+ * records, which kprof's producers never write) is not a loss.
+ */
+static void note_gap(struct kp_sinkd *d, int32_t partition, int64_t expect, int64_t got)
+{
+    int64_t lo = -1, hi = -1;
+
+    if (rd_kafka_query_watermark_offsets(d->rk, d->cfg.kafka_topic, partition, &lo, &hi, 1000) !=
+            RD_KAFKA_RESP_ERR_NO_ERROR ||
+        lo <= expect) {
+        return;
+    }
+    lo = lo < got ? lo : got;
+    atomic_fetch_add(&d->lost, (uint64_t) (lo - expect));
+    kp_log_error("%" PRId64 " records of partition %" PRId32 " (offsets %" PRId64 "..%" PRId64
+                 ") were deleted by the topic's retention before this consumer group stored "
+                 "them: their batches are lost (raise the topic's retention.ms and "
+                 "retention.bytes, or add sink replicas; see docs/kafka.md)",
+                 lo - expect, partition, expect, lo - 1);
+}
+
 static void on_record(struct kp_sinkd *d, rd_kafka_message_t *m)
 {
     Kprof__V1__Batch *b = NULL;
@@ -358,6 +385,7 @@ static void on_record(struct kp_sinkd *d, rd_kafka_message_t *m)
     struct cpart *p;
     char err[512] = "";
     uint64_t gen;
+    int64_t expect;
     bool ok;
 
     pthread_mutex_lock(&d->mu);
@@ -367,9 +395,14 @@ static void on_record(struct kp_sinkd *d, rd_kafka_message_t *m)
         pthread_mutex_unlock(&d->mu);
         return;
     }
+    /* where this record should have been: after the last one read, or at the group's offset */
+    expect = p->last_read >= 0 ? p->last_read + 1 : p->committed;
     p->last_read = m->offset;
     gen = p->gen;
     pthread_mutex_unlock(&d->mu);
+    if (expect >= 0 && m->offset > expect) {
+        note_gap(d, m->partition, expect, m->offset);
+    }
     atomic_fetch_add(&d->consumed, 1);
     if (m->len > (size_t) d->cfg.max_message_bytes) {
         snprintf(err, sizeof(err), "%zu bytes, over --max-message-bytes", m->len);
@@ -477,54 +510,6 @@ static void *poll_thread(void *arg)
     return NULL;
 }
 
-static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
-{
-    if (level <= 3) {
-        kp_log_error("kafka %s: %s", fac, buf);
-    }
-    else if (level <= 5) {
-        kp_log_warn("kafka %s: %s", fac, buf);
-    }
-    else {
-        kp_log_debug("kafka %s: %s", fac, buf);
-    }
-}
-
-/* Sets KEY=VALUE pairs from list (separated by ',' or ';') on conf. */
-static int set_properties(rd_kafka_conf_t *conf, const char *list, char *errbuf, size_t errlen)
-{
-    char *copy = strdup(list != NULL ? list : ""), *save = NULL;
-    int rc = 0;
-
-    if (copy == NULL) {
-        snprintf(errbuf, errlen, "out of memory");
-        return -ENOMEM;
-    }
-    for (char *kv = strtok_r(copy, ",;", &save); kv != NULL; kv = strtok_r(NULL, ",;", &save)) {
-        char *eq = strchr(kv, '='), why[256];
-
-        while (*kv == ' ') {
-            kv++;
-        }
-        if (*kv == '\0') {
-            continue;
-        }
-        if (eq == NULL) {
-            snprintf(errbuf, errlen, "--kafka-property: \"%s\" is not KEY=VALUE", kv);
-            rc = KP_ECONFIG;
-            break;
-        }
-        *eq = '\0';
-        if (rd_kafka_conf_set(conf, kv, eq + 1, why, sizeof(why)) != RD_KAFKA_CONF_OK) {
-            snprintf(errbuf, errlen, "--kafka-property %s: %s", kv, why);
-            rc = KP_ECONFIG;
-            break;
-        }
-    }
-    free(copy);
-    return rc;
-}
-
 static bool healthz(void *ud)
 {
     return true;
@@ -566,6 +551,8 @@ static int metrics(void *ud, struct kp_strbuf *out)
             st.duplicate);
     COUNTER("kafka_records_rejected_total",
             "Records for an unknown or ended run or a rank outside it (skipped).", st.rejected);
+    COUNTER("kafka_records_lost_total",
+            "Records the topic's retention deleted before the group stored them (lost).", st.lost);
     COUNTER("kafka_records_malformed_total",
             "Records that are not a valid kprof.v1.Batch (skipped).", st.malformed);
     COUNTER("kafka_pauses_total", "Times the partitions were paused because the queue was full.",
@@ -610,20 +597,9 @@ void kp_sinkd_get_stats(struct kp_sinkd *d, struct kp_sinkd_stats *out)
     out->duplicate = atomic_load(&d->duplicate);
     out->rejected = atomic_load(&d->rejected);
     out->malformed = atomic_load(&d->malformed);
+    out->lost = atomic_load(&d->lost);
     out->pauses = atomic_load(&d->pauses);
     out->rebalances = atomic_load(&d->rebalances);
-}
-
-static int conf_set(rd_kafka_conf_t *conf, const char *k, const char *v, char *errbuf,
-                    size_t errlen)
-{
-    char why[256];
-
-    if (rd_kafka_conf_set(conf, k, v, why, sizeof(why)) != RD_KAFKA_CONF_OK) {
-        snprintf(errbuf, errlen, "kafka %s=%s: %s", k, v, why);
-        return KP_ECONFIG;
-    }
-    return 0;
 }
 
 int kp_sinkd_create(const struct kp_collectord_config *cfg, struct kp_sinkd **out, char *errbuf,
@@ -670,22 +646,23 @@ int kp_sinkd_create(const struct kp_collectord_config *cfg, struct kp_sinkd **ou
         goto fail;
     }
     conf = rd_kafka_conf_new();
-    if ((rc = conf_set(conf, "bootstrap.servers", cfg->kafka_brokers, errbuf, errlen)) != 0 ||
-        (rc = conf_set(conf, "group.id", cfg->kafka_group, errbuf, errlen)) != 0 ||
-        (rc = conf_set(conf, "auto.offset.reset", "earliest", errbuf, errlen)) != 0 ||
+    if ((rc = kp_kafka_conf_set(conf, "bootstrap.servers", cfg->kafka_brokers, errbuf, errlen)) !=
+            0 ||
+        (rc = kp_kafka_conf_set(conf, "group.id", cfg->kafka_group, errbuf, errlen)) != 0 ||
+        (rc = kp_kafka_conf_set(conf, "auto.offset.reset", "earliest", errbuf, errlen)) != 0 ||
         /* librdkafka prefetches up to this per partition on top of --queue-max-bytes (its
          * default, 64 MiB, times many partitions is gigabytes); --kafka-property may change it */
-        (rc = conf_set(conf, "queued.max.messages.kbytes", "8192", errbuf, errlen)) != 0 ||
-        (rc = set_properties(conf, cfg->kafka_properties, errbuf, errlen)) != 0 ||
+        (rc = kp_kafka_conf_set(conf, "queued.max.messages.kbytes", "8192", errbuf, errlen)) != 0 ||
+        (rc = kp_kafka_conf_properties(conf, cfg->kafka_properties, errbuf, errlen)) != 0 ||
         /* after the user's: these make the delivery guarantee and may not be overridden */
-        (rc = conf_set(conf, "enable.auto.commit", "false", errbuf, errlen)) != 0 ||
-        (rc = conf_set(conf, "enable.auto.offset.store", "false", errbuf, errlen)) != 0) {
+        (rc = kp_kafka_conf_set(conf, "enable.auto.commit", "false", errbuf, errlen)) != 0 ||
+        (rc = kp_kafka_conf_set(conf, "enable.auto.offset.store", "false", errbuf, errlen)) != 0) {
         goto fail;
     }
     rd_kafka_conf_set_opaque(conf, d);
     rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
     rd_kafka_conf_set_offset_commit_cb(conf, commit_cb);
-    rd_kafka_conf_set_log_cb(conf, log_cb);
+    rd_kafka_conf_set_log_cb(conf, kp_kafka_log_cb);
     if ((rc = kp_sink_create(&scfg, done_cb, d, &d->sink, errbuf, errlen)) != 0) {
         goto fail;
     }

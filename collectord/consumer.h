@@ -55,6 +55,7 @@ struct kp_sinkd_stats {
     uint64_t duplicate; /* batches PostgreSQL already held */
     uint64_t rejected;  /* batches for an unknown or ended run, or a rank outside it */
     uint64_t malformed; /* records that are not a valid kprof.v1.Batch */
+    uint64_t lost;      /* records deleted by retention before they were stored */
     uint64_t pauses;    /* times the partitions were paused for a full queue */
     uint64_t rebalances;
 };

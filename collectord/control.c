@@ -176,6 +176,46 @@ static bool create_ok(const Kprof__V1__CreateRunRequest *r, char *err, size_t le
     return true;
 }
 
+/* EndRun with marks: 0 once every marked batch is stored in PostgreSQL, else -EAGAIN
+ * (UNAVAILABLE: the producer asks again) with how many are not, or the store's code. Behind
+ * --sink kafka a producer's Ack means durable in Kafka; the sink consumers store the batches a
+ * little later, and a run ended before that would refuse them. */
+static int marks_stored(PGconn *pg, const Kprof__V1__EndRunRequest *r, char *err, size_t len)
+{
+    uint64_t *missing, sum = 0;
+    size_t short_marks = 0;
+    int rc;
+
+    if (r->n_marks == 0) {
+        return 0;
+    }
+    if (r->n_marks > KP_STORE_MAX_MARKS) {
+        snprintf(err, len, "%zu marks (at most %d): give one per producer stream", r->n_marks,
+                 KP_STORE_MAX_MARKS);
+        return KP_EPROTO;
+    }
+    if ((missing = calloc(r->n_marks, sizeof(*missing))) == NULL) {
+        snprintf(err, len, "out of memory");
+        return -ENOMEM;
+    }
+    rc = kp_store_marks_missing(pg, r->run_id, r->marks, r->n_marks, missing, err, len);
+    for (size_t i = 0; rc == 0 && i < r->n_marks; i++) {
+        sum += missing[i];
+        short_marks += missing[i] > 0;
+    }
+    free(missing);
+    if (rc == 0 && sum > 0) {
+        snprintf(err, len,
+                 "%" PRIu64 " batches of %zu producer streams of run %" PRIu64
+                 " are acknowledged but not stored in PostgreSQL yet (on their way through "
+                 "Kafka to the sink consumers); retry EndRun shortly",
+                 sum, short_marks, r->run_id);
+        kp_log_debug("EndRun waits run=%" PRIu64 " batches_missing=%" PRIu64, r->run_id, sum);
+        rc = -EAGAIN;
+    }
+    return rc;
+}
+
 /* The run requests (CreateRun, EndRun, DropRun) over the store: replies on success, else
  * returns the store's code with the reason in err. */
 static int run_request(PGconn *pg, void *ud, char *err, size_t len)
@@ -199,7 +239,8 @@ static int run_request(PGconn *pg, void *ud, char *err, size_t len)
     else if (j->type == JOB_END) {
         Kprof__V1__EndRunRequest *r = (Kprof__V1__EndRunRequest *) j->req;
 
-        if ((rc = end_allowed(pg, j->call, r->run_id, err, len)) != 0) {
+        if ((rc = end_allowed(pg, j->call, r->run_id, err, len)) != 0 ||
+            (rc = marks_stored(pg, r, err, len)) != 0) {
             return rc;
         }
         rc = kp_store_end_run(pg, r->run_id, r->failed, &run, err, len);
@@ -388,7 +429,7 @@ static void run_job(struct kp_control *c, struct job *j)
     }
     else if (rc != 0) {
         if (rc != KP_ENOTFOUND && rc != KP_EPROTO && rc != -EINVAL && rc != -EBUSY &&
-            rc != -EPERM) {
+            rc != -EPERM && rc != -EAGAIN) {
             kp_log_warn("control request failed method=%s err=\"%s\"", kp_rpc_call_method(j->call),
                         err);
         }

@@ -1116,7 +1116,19 @@ static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
                 continue;
             }
             a = agent_by_id(c, r->agent_id);
-            if (a == NULL || (a->call == NULL && now - a->gone_ms >= c->o.agent_grace_ms)) {
+            if (r->awaiting && expired) {
+                rank_set_failed(k, r,
+                                "the capture's deadline passed while %" PRIu64
+                                " batches of the rank, acknowledged by collectord, were not all "
+                                "stored in PostgreSQL (on their way through Kafka: are the sink "
+                                "consumers, kprof-collectord --role sink, running, and "
+                                "PostgreSQL reachable?); they are stored when they arrive",
+                                r->mark_count);
+            }
+            else if (r->awaiting) {
+                /* the agent's part is over: its going away changes nothing */
+            }
+            else if (a == NULL || (a->call == NULL && now - a->gone_ms >= c->o.agent_grace_ms)) {
                 rank_set_failed(k, r,
                                 "lost contact with the kprof-agent on host %s for over %lld s "
                                 "while the rank was %s (the agent stopped, or its connection to "
@@ -1176,11 +1188,125 @@ static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
     return nt;
 }
 
+/* One capture's ranks waiting to be stored (check_stored). */
+struct waiting {
+    uint64_t run_id;
+    size_t n;
+    Kprof__V1__StreamMark *marks; /* n */
+    Kprof__V1__StreamMark **ptrs; /* n, into marks */
+    uint64_t *missing;            /* n */
+};
+
+/* Copies the marks of the ranks of up to max captures waiting to be stored (mu held). */
+static size_t waiting_collect(struct kp_coord *c, struct waiting *w, size_t max)
+{
+    size_t nw = 0;
+
+    for (struct cap *k = c->caps; k != NULL && nw < max; k = k->next) {
+        size_t n = 0;
+
+        if (k->run_id == 0 || k->ended || k->ending) {
+            continue;
+        }
+        for (size_t i = 0; i < k->n; i++) {
+            n += k->ranks[i].awaiting && k->ranks[i].state == ST_FLUSHING;
+        }
+        if (n == 0) {
+            continue;
+        }
+        w[nw].marks = calloc(n, sizeof(*w[nw].marks));
+        w[nw].ptrs = calloc(n, sizeof(*w[nw].ptrs));
+        w[nw].missing = calloc(n, sizeof(*w[nw].missing));
+        if (w[nw].marks == NULL || w[nw].ptrs == NULL || w[nw].missing == NULL) {
+            free(w[nw].marks);
+            free(w[nw].ptrs);
+            free(w[nw].missing);
+            break; /* the next tick asks again */
+        }
+        w[nw].run_id = k->run_id;
+        w[nw].n = 0;
+        for (size_t i = 0; i < k->n; i++) {
+            const struct crank *r = &k->ranks[i];
+            Kprof__V1__StreamMark *m = &w[nw].marks[w[nw].n];
+
+            if (!r->awaiting || r->state != ST_FLUSHING) {
+                continue;
+            }
+            kprof__v1__stream_mark__init(m);
+            m->rank = r->rank;
+            m->stream = r->mark_stream;
+            m->first_seq = r->mark_first;
+            m->last_seq = r->mark_last;
+            m->count = r->mark_count;
+            w[nw].ptrs[w[nw].n++] = m;
+        }
+        nw++;
+    }
+    return nw;
+}
+
+/*
+ * Ranks an agent called DONE with a StreamMark become DONE once their batches are in
+ * ingest_batches: behind --sink kafka an agent's Ack means durable in Kafka, and "DONE: every
+ * row committed in PostgreSQL" waits for the sink consumers. Asked at most every
+ * KP_COORD_STORED_CHECK_MS, one query per capture.
+ */
+static void check_stored(struct kp_coord *c, PGconn *pg)
+{
+    struct waiting w[16];
+    size_t nw;
+    long long now = kp_mono_ms();
+
+    pthread_mutex_lock(&c->mu);
+    if (now - c->stored_check_ms < KP_COORD_STORED_CHECK_MS) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    c->stored_check_ms = now;
+    nw = waiting_collect(c, w, sizeof(w) / sizeof(w[0]));
+    pthread_mutex_unlock(&c->mu);
+    for (size_t i = 0; i < nw; i++) {
+        char err[512] = "";
+        int rc = kp_store_marks_missing(pg, w[i].run_id, w[i].ptrs, w[i].n, w[i].missing, err,
+                                        sizeof(err));
+        struct cap *k;
+
+        if (rc != 0) {
+            kp_log_warn("cannot check the stored batches of run=%" PRIu64 " err=\"%s\" (retrying)",
+                        w[i].run_id, err);
+        }
+        pthread_mutex_lock(&c->mu);
+        k = kp__coord_cap_by_run(c, w[i].run_id);
+        for (size_t j = 0; rc == 0 && k != NULL && !k->ended && j < w[i].n; j++) {
+            for (size_t l = 0; w[i].missing[j] == 0 && l < k->n; l++) {
+                struct crank *r = &k->ranks[l];
+
+                if (r->rank == w[i].marks[j].rank && r->awaiting && r->state == ST_FLUSHING &&
+                    r->mark_stream == w[i].marks[j].stream &&
+                    r->mark_last == w[i].marks[j].last_seq) {
+                    r->stored = true;
+                    r->state = ST_DONE;
+                    kp_log_info("capture rank run=%" PRIu64 " rank=%d host=%s state=done "
+                                "(its %" PRIu64 " batches are stored)",
+                                k->run_id, r->rank, r->host, r->mark_count);
+                }
+            }
+        }
+        pthread_mutex_unlock(&c->mu);
+        free(w[i].marks);
+        free(w[i].ptrs);
+        free(w[i].missing);
+    }
+}
+
 void kp_coord_tick(struct kp_coord *c, PGconn *pg)
 {
     struct cap *todo[16];
     size_t nt;
 
+    if (pg != NULL) {
+        check_stored(c, pg);
+    }
     pthread_mutex_lock(&c->mu);
     nt = tick_locked(c, todo, sizeof(todo) / sizeof(todo[0]));
     pthread_mutex_unlock(&c->mu);

@@ -64,6 +64,16 @@ static bool report_valid(const Kprof__V1__AgentReport *r, char *why, size_t len)
             snprintf(why, len, "ranks[%zu].state %d is not a RankState", i, (int) q->state);
             return false;
         }
+        if (q->mark != NULL &&
+            (q->mark->rank != q->rank || q->mark->stream == 0 || q->mark->stream > INT64_MAX ||
+             q->mark->last_seq > INT64_MAX || q->mark->first_seq > q->mark->last_seq ||
+             q->mark->count == 0 || q->mark->count > q->mark->last_seq - q->mark->first_seq + 1)) {
+            snprintf(why, len,
+                     "ranks[%zu].mark is not the rank's (rank %d, stream 1..2^63-1, first_seq <= "
+                     "last_seq < 2^63, 0 < count <= last_seq - first_seq + 1)",
+                     i, q->rank);
+            return false;
+        }
     }
     return true;
 }
@@ -79,6 +89,7 @@ static void apply_report(struct kp_coord *c, struct agent *a)
         const Kprof__V1__AgentCaptureRank *q = rep->ranks[i];
         struct cap *k = kp__coord_cap_by_run(c, q->run_id);
         bool hosts = false;
+        int st;
 
         if (k == NULL || k->ended) {
             continue;
@@ -95,12 +106,24 @@ static void apply_report(struct kp_coord *c, struct agent *a)
             if (kp__coord_terminal(r->state) || (int) q->state < r->state) {
                 break; /* final already, or an older picture */
             }
-            if ((int) q->state != r->state) {
-                kp_log_info("capture rank run=%" PRIu64 " rank=%d host=%s state=%s%s%s", k->run_id,
-                            r->rank, r->host, kp__coord_state_name((int) q->state),
+            st = (int) q->state;
+            if (st == ST_DONE && q->mark != NULL && !r->stored) {
+                /* acknowledged is not stored behind Kafka: FLUSHING until the tick finds the
+                 * marked batches in ingest_batches (kp_coord_tick) */
+                r->awaiting = true;
+                r->mark_stream = q->mark->stream;
+                r->mark_first = q->mark->first_seq;
+                r->mark_last = q->mark->last_seq;
+                r->mark_count = q->mark->count;
+                st = ST_FLUSHING;
+            }
+            if (st != r->state) {
+                kp_log_info("capture rank run=%" PRIu64 " rank=%d host=%s state=%s%s%s%s",
+                            k->run_id, r->rank, r->host, kp__coord_state_name(st),
+                            st != (int) q->state ? " (acknowledged; waiting to be stored)" : "",
                             q->reason[0] ? " reason=" : "", q->reason);
             }
-            r->state = (int) q->state;
+            r->state = st;
             r->records = q->records;
             r->dropped = q->dropped;
             if (q->pid != 0) {

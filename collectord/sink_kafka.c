@@ -20,6 +20,7 @@
 #include <libpq-fe.h>
 #include <librdkafka/rdkafka.h>
 
+#include "kafka_conf.h"
 #include "kp_clock.h"
 #include "kp_err.h"
 #include "kp_log.h"
@@ -356,54 +357,6 @@ static void *sink_thread(void *arg)
     return NULL;
 }
 
-/* Sets one librdkafka property; KP_ECONFIG with its name on failure. */
-static int conf_set(rd_kafka_conf_t *conf, const char *key, const char *value, char *errbuf,
-                    size_t errlen)
-{
-    char why[256];
-
-    if (rd_kafka_conf_set(conf, key, value, why, sizeof(why)) != RD_KAFKA_CONF_OK) {
-        snprintf(errbuf, errlen, "--kafka-property %s: %s", key, why);
-        return KP_ECONFIG;
-    }
-    return 0;
-}
-
-/* Applies "k=v,k=v;k=v" (cfg->properties) to conf. */
-static int conf_properties(rd_kafka_conf_t *conf, const char *list, char *errbuf, size_t errlen)
-{
-    char *copy, *save = NULL;
-    int rc = 0;
-
-    if (list == NULL || list[0] == '\0') {
-        return 0;
-    }
-    if ((copy = strdup(list)) == NULL) {
-        snprintf(errbuf, errlen, "out of memory");
-        return -ENOMEM;
-    }
-    for (char *kv = strtok_r(copy, ",;", &save); kv != NULL && rc == 0;
-         kv = strtok_r(NULL, ",;", &save)) {
-        char *eq = strchr(kv, '=');
-
-        while (*kv == ' ') {
-            kv++;
-        }
-        if (*kv == '\0') {
-            continue;
-        }
-        if (eq == NULL || eq == kv) {
-            snprintf(errbuf, errlen, "--kafka-property: '%.64s' is not KEY=VALUE", kv);
-            rc = KP_ECONFIG;
-            break;
-        }
-        *eq = '\0';
-        rc = conf_set(conf, kv, eq + 1, errbuf, errlen);
-    }
-    free(copy);
-    return rc;
-}
-
 int kp_sink_kafka_create(const struct kp_sink_kafka_config *cfg, kp_sink_done_cb *done, void *ud,
                          struct kp_sink_kafka **out, char *errbuf, size_t errlen)
 {
@@ -444,16 +397,17 @@ int kp_sink_kafka_create(const struct kp_sink_kafka_config *cfg, kp_sink_done_cb
     conf = rd_kafka_conf_new();
     /* Ours first, then the user's properties, which may override the timeout (not the
      * guarantees: idempotence and acks=all are set again after them). */
-    if ((rc = conf_set(conf, "bootstrap.servers", cfg->brokers, errbuf, errlen)) != 0 ||
-        (rc = conf_set(conf, "message.timeout.ms", KAFKA_DEFAULT_MSG_TIMEOUT, errbuf, errlen)) !=
-            0 ||
-        (rc = conf_set(conf, "linger.ms", "5", errbuf, errlen)) != 0 ||
-        (rc = conf_properties(conf, cfg->properties, errbuf, errlen)) != 0 ||
-        (rc = conf_set(conf, "enable.idempotence", "true", errbuf, errlen)) != 0 ||
-        (rc = conf_set(conf, "acks", "all", errbuf, errlen)) != 0) {
+    if ((rc = kp_kafka_conf_set(conf, "bootstrap.servers", cfg->brokers, errbuf, errlen)) != 0 ||
+        (rc = kp_kafka_conf_set(conf, "message.timeout.ms", KAFKA_DEFAULT_MSG_TIMEOUT, errbuf,
+                                errlen)) != 0 ||
+        (rc = kp_kafka_conf_set(conf, "linger.ms", "5", errbuf, errlen)) != 0 ||
+        (rc = kp_kafka_conf_properties(conf, cfg->properties, errbuf, errlen)) != 0 ||
+        (rc = kp_kafka_conf_set(conf, "enable.idempotence", "true", errbuf, errlen)) != 0 ||
+        (rc = kp_kafka_conf_set(conf, "acks", "all", errbuf, errlen)) != 0) {
         goto fail;
     }
     rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
+    rd_kafka_conf_set_log_cb(conf, kp_kafka_log_cb);
     rd_kafka_conf_set_opaque(conf, s);
     if ((s->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, why, sizeof(why))) == NULL) {
         snprintf(errbuf, errlen, "cannot create the Kafka producer: %s", why);

@@ -122,6 +122,7 @@ static const struct kp_config_def loadgen_defs[] = {
 struct rank_result {
     struct kp_synth_totals totals;
     struct kp_push_stats push;
+    Kprof__V1__StreamMark mark;  /* what its push sent, for EndRun (count 0: nothing) */
     int rc;                      /* 0, or the failure */
     struct kp_rpc_status status; /* when rc is KP_ERPC */
     char err[640];
@@ -268,6 +269,8 @@ out:
     }
     if (push != NULL) {
         kp_push_get_stats(push, &res->push);
+        kprof__v1__stream_mark__init(&res->mark);
+        kp_push_mark(push, &res->mark);
     }
     kp_push_destroy(push);
     kp_synth_destroy(syn);
@@ -347,21 +350,47 @@ static int control(struct loadgen *lg)
     return 1;
 }
 
-static void end_run(struct loadgen *lg, bool failed)
+/* EndRun with every rank's mark, asked again while collectord answers UNAVAILABLE (its
+ * restart, or batches acknowledged by Kafka and not stored yet) for up to --give-up. Returns 0
+ * or 1 (said). */
+static int end_run(struct loadgen *lg, bool failed)
 {
     Kprof__V1__EndRunRequest req = KPROF__V1__END_RUN_REQUEST__INIT;
+    Kprof__V1__StreamMark **marks;
     ProtobufCMessage *resp = NULL;
     struct kp_rpc_status st;
+    long long until = kp_mono_ms() + lg->cfg->give_up_ms, pause_ms = 50;
+    int rc;
 
+    if ((marks = calloc((size_t) lg->cfg->synth.ranks + 1, sizeof(*marks))) == NULL) {
+        fprintf(stderr, "kprof-loadgen: out of memory\n");
+        return 1;
+    }
+    for (long long r = 0; r < lg->cfg->synth.ranks && !failed; r++) {
+        if (lg->res[r].mark.count > 0) {
+            marks[req.n_marks++] = &lg->res[r].mark;
+        }
+    }
+    req.marks = marks;
     req.run_id = lg->run_id;
     req.failed = failed;
-    if (kp_rpc_unary(lg->ch, "/kprof.v1.Control/EndRun", &req.base, &kprof__v1__run__descriptor,
-                     &resp, 15000, &st) != 0) {
-        kp_log_warn("EndRun failed run=%" PRIu64 " status=%s details=\"%s\"", lg->run_id,
-                    kp_rpc_status_name(st.code), st.details);
-        return;
+    while ((rc = kp_rpc_unary(lg->ch, "/kprof.v1.Control/EndRun", &req.base,
+                              &kprof__v1__run__descriptor, &resp, 15000, &st)) != 0 &&
+           st.code == GRPC_STATUS_UNAVAILABLE && kp_mono_ms() < until) {
+        struct timespec ts = { 0, pause_ms * 1000000L };
+
+        kp_log_debug("EndRun again run=%" PRIu64 " details=\"%s\"", lg->run_id, st.details);
+        nanosleep(&ts, NULL);
+        pause_ms = pause_ms < 1000 ? 2 * pause_ms : 1000;
+    }
+    free(marks);
+    if (rc != 0) {
+        fprintf(stderr, "kprof-loadgen: cannot end run %" PRIu64 ": %s: %s\n", lg->run_id,
+                kp_rpc_status_name(st.code), st.details);
+        return 1;
     }
     protobuf_c_message_free_unpacked(resp, NULL);
+    return 0;
 }
 
 static void print_json(const struct loadgen *lg, uint64_t events, uint64_t batches, uint64_t bytes,
@@ -572,8 +601,8 @@ int main(int argc, char **argv)
         goto out;
     }
     failed = sum_results(&lg, &sum, &events);
-    if (created && cfg.end_run) {
-        end_run(&lg, failed);
+    if (created && cfg.end_run && end_run(&lg, failed) != 0) {
+        goto out;
     }
     if (failed) {
         goto out;

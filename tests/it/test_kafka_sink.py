@@ -382,17 +382,17 @@ def case_end_to_end(stubs, n):
             "--sink", "kafka", "--kafka-brokers", mock.bootstrap, "--open-run-timeout", "0"])
         kpfix.wait_for(lambda: kpfix.Daemon.get(ing, "/readyz")[0] == 200, 30, "ingest ready")
         sink = Sink("it_kafka_sink_e2e", mock.bootstrap)
-        # --no-end-run: the run stays open until the sinks have stored it (ending it while
-        # its batches wait in Kafka would make them batches into an ended run).
+        # loadgen ends the run with its streams' marks: collectord ends it only once every
+        # batch is stored (an Ack means durable in Kafka; ended earlier, the run would refuse
+        # what the sinks store after the end), so when loadgen returns, all of it is there.
         p = subprocess.run([LOADGEN, "--collector", ing.grpc, "--json", "--ranks", "4",
                             "--steps", str(n), "--kernels-per-step", "20", "--batch-rows", "300",
-                            "--no-end-run", "--give-up", "120s"],
+                            "--give-up", "120s"],
                            capture_output=True, text=True, timeout=300 * kpfix.SCALE)
         assert p.returncode == 0, p.stderr
         s = json.loads(p.stdout)
         run = s["run_id"]
-        kpfix.wait_for(lambda: len(stored_keys(run)) >= s["batches"], 120,
-                       "loadgen's %d batches in PostgreSQL" % s["batches"])
+        assert psql("SELECT state FROM runs WHERE id = %d" % run) == "2", "run not ENDED"
         keys = stored_keys(run)
         assert len(keys) == s["batches"] == len(set(keys)), (len(keys), s["batches"])
         got = {int(r): (int(b), int(e)) for r, b, e in (
@@ -416,6 +416,107 @@ def case_end_to_end(stubs, n):
         mock.stop()
 
 
+def case_retention_loss(stubs, n):
+    """Records deleted by the topic's retention before the group stored them (the mock cluster
+    keeps about 5 MB a partition) are reported: an error naming the offsets and
+    kafka_records_lost_total, never a silent skip; what is left is read on."""
+    mock = kpfix.KafkaMock("kafka_sink_loss_mock", brokers=3, partitions=4, topic=TOPIC)
+    sink = prod = None
+    try:
+        prod = Producer(mock.bootstrap, new_run(stubs, "kafka-loss", 1), 7)
+        sink = Sink("it_kafka_sink_loss", mock.bootstrap)
+        prod.send_many(1, (1,), range(1, 21))
+        prod.flush()
+        kpfix.wait_for(lambda: len(stored_keys(prod.run_id)) == 20 and
+                       committed_sum(mock.bootstrap) >= 20, 60, "20 batches stored and committed")
+        sink.stop()
+        # n records of 100 KB into rank 0's partition while no sink reads: more than the
+        # partition keeps, so the oldest go before anyone stored them
+        for i in range(n):
+            prod.send_raw("%d/0" % prod.run_id, bytes([i % 251]) * 100000)
+        prod.flush()
+        sink = Sink("it_kafka_sink_loss2", mock.bootstrap)
+        kpfix.wait_for(lambda: (sink.metrics() or {}).get("kafka_records_lost_total", 0) > 0 and
+                       sink.metrics()["kafka_records_lost_total"] +
+                       sink.metrics()["kafka_records_malformed_total"] == n, 60,
+                       "every record either read (malformed: not a Batch) or counted lost")
+        m = sink.metrics()
+        assert 0 < m["kafka_records_lost_total"] < n, m
+        assert "deleted by the topic's retention" in sink.log_text(), sink.log_text()
+        print("retention: %d of %d records deleted before the sink read them, counted lost and "
+              "logged" % (m["kafka_records_lost_total"], n))
+    finally:
+        if sink is not None:
+            sink.stop()
+        if prod is not None:
+            prod.close()
+        mock.stop()
+
+
+def case_replica_killed(stubs, n):
+    """Two ingest replicas behind one target (gRPC's pick_first over both addresses); the one
+    loadgen pushes through is SIGKILLed mid-stream: loadgen resends what it had not been
+    acknowledged through the other, and every batch is stored once."""
+    mock = kpfix.KafkaMock("kafka_sink_replica_mock", brokers=3, partitions=4, topic=TOPIC)
+    reps, sink, lg = [], None, None
+    try:
+        for i in range(2):
+            reps.append(kpfix.Collectord("it_kafka_sink_rep%d" % i, CI, extra=[
+                "--sink", "kafka", "--kafka-brokers", mock.bootstrap, "--open-run-timeout", "0"]))
+        for r in reps:
+            kpfix.wait_for(lambda: kpfix.Daemon.get(r, "/readyz")[0] == 200, 30, "replica ready")
+        sink = Sink("it_kafka_sink_rep_sink", mock.bootstrap)
+        # in the group before the first record: the mock cluster keeps only about 5 MB a
+        # partition, and what it drops before the sink reads it is lost (case_retention_loss)
+        kpfix.wait_for(lambda: "assigned 4 partitions" in sink.log_text(), 30, "sink assigned")
+        target = "ipv4:" + ",".join(r.grpc for r in reps)
+        lg = subprocess.Popen([LOADGEN, "--collector", target, "--json", "--ranks", "4",
+                               "--steps", str(n), "--kernels-per-step", "20",
+                               "--batch-rows", "300", "--give-up", "120s"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def produced(r):
+            code, body = kpfix.Daemon.get(r, "/metrics")
+            m = re.search(r"^kprof_collectord_kafka_records_produced_total (\d+)$", body or "",
+                          re.M)
+            return int(m.group(1)) if code == 200 and m else 0
+        kpfix.wait_for(lambda: any(produced(r) >= 50 for r in reps) or lg.poll() is not None,
+                       60, "a replica producing")
+        assert lg.poll() is None, "loadgen ended before a replica could be killed"
+        victim = max(reps, key=produced)
+        before = produced(victim)
+        victim.proc.kill()
+        victim.proc.wait()
+        out, err = lg.communicate(timeout=300 * kpfix.SCALE)
+        assert lg.returncode == 0, err
+        s = json.loads(out)
+        run = s["run_id"]
+        survivor = [r for r in reps if r is not victim][0]
+        assert produced(survivor) > 0, "nothing went through the surviving replica"
+        assert psql("SELECT state FROM runs WHERE id = %d" % run) == "2", "run not ENDED"
+        keys = stored_keys(run)
+        assert len(keys) == s["batches"] == len(set(keys)), (len(keys), s["batches"])
+        rows = stored_rows(run)
+        for e in s["expected"]:
+            for kind, label in (("kernels", "kernel"), ("ops", "op"), ("api_calls", "api")):
+                k = e["kinds"][label]
+                assert rows.get((e["rank"], kind), (0, 0)) == (k["rows"], k["dur_ns"]), (
+                    e["rank"], kind, rows.get((e["rank"], kind)), k)
+        wait_lag_zero([sink], "replica killed")
+        m = sink.metrics()
+        print("replica killed after %d records: loadgen resent %d batches through the other; "
+              "%d batches stored once each, %d duplicates recognised" % (
+                  before, s.get("resent", -1), s["batches"], m.get("kafka_records_duplicate_total", -1)))
+    finally:
+        if lg is not None and lg.poll() is None:
+            lg.kill()
+            lg.wait()
+        for d in [sink] + reps:
+            if d is not None:
+                d.stop()
+        mock.stop()
+
+
 def main():
     subprocess.run([tpr.PGFIX, "stop", PG_DIR, PG_PORT], capture_output=True)
     p = subprocess.run([tpr.PGFIX, "start", PG_DIR, PG_PORT], capture_output=True, text=True)
@@ -428,7 +529,9 @@ def main():
         stubs = kpfix.Stubs(cd.grpc)
         for name, f, n in (("end_to_end", case_end_to_end, 60), ("steady", case_steady, 30), ("sigkill", case_sigkill, 60),
                            ("pg_restart", case_pg_restart, 20), ("rebalance", case_rebalance, 400),
-                           ("broker_down", case_broker_down, 20)):
+                           ("broker_down", case_broker_down, 20),
+                           ("retention_loss", case_retention_loss, 100),
+                           ("replica_killed", case_replica_killed, 300)):
             if not only or name in only:
                 f(stubs, n)
     finally:
