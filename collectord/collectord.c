@@ -189,6 +189,7 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
             .brokers = cfg->kafka_brokers,
             .topic = cfg->kafka_topic,
             .properties = cfg->kafka_properties,
+            .properties_file = cfg->kafka_properties_file,
             .conninfo = cfg->base.pg_conninfo,
             .queue_max_bytes = (size_t) cfg->queue_max_bytes,
         };

@@ -42,6 +42,7 @@ struct kp_collectord_config {
     const char *kafka_brokers;     /* --sink kafka: bootstrap.servers */
     const char *kafka_topic;       /* --sink kafka: the topic (sink_kafka.h: key and value) */
     const char *kafka_properties;  /* librdkafka properties, "k=v" separated by ',' or ';' */
+    const char *kafka_properties_file; /* more, KEY=VALUE a line, from a private file */
     bool migrate; /* apply the pending migrations as the schema owner and exit (main.c) */
     int role;     /* KP_COLLECTORD_ROLE_*: which daemon main.c starts */
     const char *kafka_group;        /* --role sink: the consumer group */

@@ -654,6 +654,7 @@ int kp_sinkd_create(const struct kp_collectord_config *cfg, struct kp_sinkd **ou
          * default, 64 MiB, times many partitions is gigabytes); --kafka-property may change it */
         (rc = kp_kafka_conf_set(conf, "queued.max.messages.kbytes", "8192", errbuf, errlen)) != 0 ||
         (rc = kp_kafka_conf_properties(conf, cfg->kafka_properties, errbuf, errlen)) != 0 ||
+        (rc = kp_kafka_conf_file(conf, cfg->kafka_properties_file, errbuf, errlen)) != 0 ||
         /* after the user's: these make the delivery guarantee and may not be overridden */
         (rc = kp_kafka_conf_set(conf, "enable.auto.commit", "false", errbuf, errlen)) != 0 ||
         (rc = kp_kafka_conf_set(conf, "enable.auto.offset.store", "false", errbuf, errlen)) != 0) {

@@ -20,6 +20,21 @@ int kp_kafka_conf_set(rd_kafka_conf_t *conf, const char *key, const char *value,
  * pair that is not KEY=VALUE or that librdkafka refused, or -ENOMEM. */
 int kp_kafka_conf_properties(rd_kafka_conf_t *conf, const char *list, char *errbuf, size_t errlen);
 
+/* KP_KAFKA_CONF_FILE_MAX: the largest properties file */
+#define KP_KAFKA_CONF_FILE_MAX (64 * 1024)
+
+/* Applies the properties of --kafka-properties-file path (NULL or "": none): KEY=VALUE a line,
+ * blank lines and lines starting with '#' skipped, spaces around KEY and VALUE trimmed. The
+ * file holds secrets: kp_secret_file_read refuses it unless only its owner (and group) may
+ * read it. Returns 0, KP_ECONFIG naming the file and line (never a value), or what
+ * kp_secret_file_read returns. */
+int kp_kafka_conf_file(rd_kafka_conf_t *conf, const char *path, char *errbuf, size_t errlen);
+
+/* The parser of kp_kafka_conf_file over text (NUL-terminated, modified in place); what names
+ * it in messages. For the fuzz target. */
+int kp_kafka_conf_text(rd_kafka_conf_t *conf, char *text, const char *what, char *errbuf,
+                       size_t errlen);
+
 /* librdkafka's log callback (rd_kafka_conf_set_log_cb): its lines in kprof's log, syslog
  * levels 0-3 as errors, 4-5 as warnings, the rest debug. */
 void kp_kafka_log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf);

@@ -60,6 +60,12 @@ static const struct kp_config_def collectord_config[] = {
       "(security.protocol, ssl.ca.location, sasl.*, message.timeout.ms: default 300000); masked "
       "by --print-config",
       NULL, true },
+    { "kafka-properties-file", KP_CONFIG_STRING, "", 0, 0, OFF(kafka_properties_file),
+      "librdkafka properties from a file only its owner may read (mode 0600, or 0640 for the "
+      "daemon's group), KEY=VALUE a line, # comments: for sasl.password, ssl.key.password and "
+      "other secrets, which the command line would show to every local user; applied after "
+      "--kafka-property",
+      NULL, false },
     { "flush-max-rows", KP_CONFIG_INT, "65536", 1, 1LL << 24, OFF(flush_max_rows),
       "event rows per PostgreSQL transaction", NULL, false },
     { "flush-interval", KP_CONFIG_DURATION, "50ms", 1, 60000, OFF(flush_interval_ms),

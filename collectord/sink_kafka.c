@@ -402,6 +402,7 @@ int kp_sink_kafka_create(const struct kp_sink_kafka_config *cfg, kp_sink_done_cb
                                 errlen)) != 0 ||
         (rc = kp_kafka_conf_set(conf, "linger.ms", "5", errbuf, errlen)) != 0 ||
         (rc = kp_kafka_conf_properties(conf, cfg->properties, errbuf, errlen)) != 0 ||
+        (rc = kp_kafka_conf_file(conf, cfg->properties_file, errbuf, errlen)) != 0 ||
         (rc = kp_kafka_conf_set(conf, "enable.idempotence", "true", errbuf, errlen)) != 0 ||
         (rc = kp_kafka_conf_set(conf, "acks", "all", errbuf, errlen)) != 0) {
         goto fail;

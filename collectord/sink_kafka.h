@@ -33,12 +33,14 @@
 struct kp_sink_kafka;
 
 struct kp_sink_kafka_config {
-    const char *brokers;    /* bootstrap.servers; borrowed for create's duration */
-    const char *topic;      /* copied */
-    const char *properties; /* "key=value" pairs separated by ',' or ';' given to librdkafka
-                               as they are (TLS, SASL, message.timeout.ms); NULL: none */
-    const char *conninfo;   /* PostgreSQL, for the runs' cache */
-    size_t queue_max_bytes; /* over this, kp_sink_kafka_submit says pause */
+    const char *brokers;         /* bootstrap.servers; borrowed for create's duration */
+    const char *topic;           /* copied */
+    const char *properties;      /* "key=value" pairs separated by ',' or ';' given to librdkafka
+                                    as they are (TLS, SASL, message.timeout.ms); NULL: none */
+    const char *properties_file; /* more, from a private file (kp_kafka_conf_file); NULL:
+                                    none */
+    const char *conninfo;        /* PostgreSQL, for the runs' cache */
+    size_t queue_max_bytes;      /* over this, kp_sink_kafka_submit says pause */
 };
 
 /*

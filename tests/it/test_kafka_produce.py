@@ -89,11 +89,30 @@ def main():
     mock = kpfix.KafkaMock("kafkaproduce", brokers=3, partitions=4)
     cd = None
     try:
+        # 0. --kafka-properties-file: refused unless private, a bad line named by number
+        props = os.path.join(kpfix.TEST_DIR, "kafkaproduce-props")
+        base = [os.path.join(kpfix.BIN, "collectord", "kprof-collectord"), "--listen",
+                "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--pg-conninfo", conninfo,
+                "--sink", "kafka", "--kafka-brokers", mock.bootstrap,
+                "--kafka-properties-file", props]
+        for mode, text, want in ((0o644, "linger.ms=2\n", "readable by others"),
+                                 (0o600, "# ok\n\nlinger.ms=2\nno-equals-sign\n", "line 4"),
+                                 (0o600, "no.such.property=1\n", "line 1")):
+            with open(props, "w") as f:
+                f.write(text)
+            os.chmod(props, mode)
+            p = subprocess.run(base, capture_output=True, text=True, timeout=60)
+            assert p.returncode != 0 and want in p.stderr, (mode, text, p.returncode, p.stderr)
+        with open(props, "w") as f:
+            f.write("# secrets live here, not on the command line\n  linger.ms = 2  \n"
+                    "sasl.password=s3cr3t-never-logged\n")
+        os.chmod(props, 0o600)
         cd = kpfix.Collectord("kafkaproduce-cd", conninfo, extra=[
             "--sink", "kafka", "--kafka-brokers", mock.bootstrap,
-            "--queue-max-bytes", str(QUEUE_MAX)])
+            "--queue-max-bytes", str(QUEUE_MAX), "--kafka-properties-file", props])
         kpfix.wait_for(lambda: kpfix.Daemon.get(cd, "/readyz")[0] == 200, 30, "readyz")
 
+        assert "s3cr3t" not in cd.log_text()
         # 1. Plain: 3 ranks, every batch once.
         s1 = finish(loadgen(cd, "--ranks", "3", "--steps", "10"))
         n1, _ = check_topic(mock, [s1])
