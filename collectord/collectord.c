@@ -18,6 +18,7 @@
 #include "kp_log.h"
 #include "kp_rpc.h"
 #include "kp_strbuf.h"
+#include "metrics_text.h"
 #include "sink_kafka.h"
 #include "sink_pg.h"
 
@@ -78,16 +79,8 @@ static int metrics(void *ud, struct kp_strbuf *out)
         kp_sink_get_stats(d->sink, &ss);
     }
     kp_ingest_get_stats(d->ingest, &is);
-#define COUNTER(name, help, v)                                                                   \
-    kp_strbuf_appendf(out,                                                                       \
-                      "# HELP kprof_collectord_" name " " help "\n# TYPE kprof_collectord_" name \
-                      " counter\nkprof_collectord_" name " %" PRIu64 "\n",                       \
-                      (uint64_t) (v))
-#define GAUGE(name, help, v)                                                                     \
-    kp_strbuf_appendf(out,                                                                       \
-                      "# HELP kprof_collectord_" name " " help "\n# TYPE kprof_collectord_" name \
-                      " gauge\nkprof_collectord_" name " %" PRIu64 "\n",                         \
-                      (uint64_t) (v))
+#define COUNTER(name, help, v) KP_CD_COUNTER(out, name, help, v)
+#define GAUGE(name, help, v)   KP_CD_GAUGE(out, name, help, v)
     COUNTER("streams_opened_total", "Ingest streams opened.", is.streams_opened);
     COUNTER("batches_received_total", "Batches received on Ingest.Push.", is.batches_received);
     COUNTER("batches_invalid_total", "Batches rejected by validation.", is.batches_invalid);

@@ -19,6 +19,7 @@
 #include "kp_http.h"
 #include "kp_log.h"
 #include "kp_strbuf.h"
+#include "metrics_text.h"
 #include "sink_pg.h"
 
 /* One record on its way through the sink, in its partition's order. */
@@ -535,16 +536,8 @@ static int metrics(void *ud, struct kp_strbuf *out)
 
     kp_sinkd_get_stats(d, &st);
     kp_sink_get_stats(d->sink, &ss);
-#define COUNTER(name, help, v)                                                                   \
-    kp_strbuf_appendf(out,                                                                       \
-                      "# HELP kprof_collectord_" name " " help "\n# TYPE kprof_collectord_" name \
-                      " counter\nkprof_collectord_" name " %" PRIu64 "\n",                       \
-                      (uint64_t) (v))
-#define GAUGE(name, help, v)                                                                     \
-    kp_strbuf_appendf(out,                                                                       \
-                      "# HELP kprof_collectord_" name " " help "\n# TYPE kprof_collectord_" name \
-                      " gauge\nkprof_collectord_" name " %" PRIu64 "\n",                         \
-                      (uint64_t) (v))
+#define COUNTER(name, help, v) KP_CD_COUNTER(out, name, help, v)
+#define GAUGE(name, help, v)   KP_CD_GAUGE(out, name, help, v)
     COUNTER("kafka_records_consumed_total", "Records read from Kafka.", st.consumed);
     COUNTER("kafka_records_stored_total", "Records committed to PostgreSQL.", st.stored);
     COUNTER("kafka_records_duplicate_total", "Records PostgreSQL already held (redelivered).",
