@@ -10,6 +10,7 @@ Checks that `up --kafka`
     batch is stored once, the sinks' consumed and stored counters move by as many records as
     collectord produced, and kprofctl reads the run's breakdown from the analyzer (the run is
     left open: kprof-loadgen --no-end-run, see docs/kafka.md on ending a run);
+  - the mock cluster takes failure commands on the FIFO kafka-mock.in (answers in its log);
   - a second `up` keeps the Kafka mode (same cluster, same pids);
 and that `down` stops every process the stack started (by the pids in its files), leaving none
 that runs from the stack directory.
@@ -130,6 +131,12 @@ def main():
             assert "kprof-collectord (2): running" in st.stdout, st.stdout
         brokers = open(os.path.join(sdir, "kafka.brokers")).read().strip()
         assert len(brokers.split(",")) == 3, brokers
+        # The mock cluster takes failure commands on its FIFO and answers in its log.
+        mlog = os.path.join(sdir, "kafka-mock.log")
+        with open(os.path.join(sdir, "kafka-mock.in"), "w") as f:
+            f.write("rtt 1 0\nrtt 9 0\n")
+        kpfix.wait_for(lambda: "ok" in open(mlog).read() and "error" in open(mlog).read(), 20,
+                       "the mock's answers in %s" % mlog)
 
         exports = dict(l.strip()[len("export "):].split("=", 1)
                        for l in stack(env, "env").stdout.splitlines()
