@@ -76,12 +76,13 @@ def build_renderer():
     assert p.returncode == 0, "go build of the renderer failed:\n" + p.stderr
 
 
-def render(values):
+def render(values, notes=False):
     path = os.path.join(WORK, "values-%d.yaml" % len(os.listdir(WORK)))
     with open(path, "w") as f:
         yaml.safe_dump(values, f)
     return subprocess.run([RENDER, "-chart", CHART, "-name", "kp", "-namespace", NS, "-f", path,
-                           "-api", "monitoring.coreos.com/v1"], capture_output=True, text=True, timeout=60)
+                           "-api", "monitoring.coreos.com/v1"] + (["-notes"] if notes else []),
+                          capture_output=True, text=True, timeout=60)
 
 
 def docs_of(values):
@@ -168,6 +169,8 @@ def case_off():
     # Kafka values without kafka.enabled change nothing (Secrets are generated anew each time).
     off = docs_of({"kafka": dict(KAFKA["kafka"], enabled=False), "sink": KAFKA["sink"]})
     assert without_secrets(off) == without_secrets(base), "kafka.enabled false changed the render"
+    n = render({}, notes=True)
+    assert n.returncode == 0 and "collectord" in n.stdout and "Kafka" not in n.stdout, n
     print("kafka off: %d objects, no Kafka in them" % len(base))
 
 
@@ -250,6 +253,10 @@ def case_on():
     for want in ("DNS:*.%s.%s.svc" % (pods, NS), "DNS:*.%s.%s.svc.cluster.local" % (pods, NS),
                  "DNS:%s-collectord.%s.svc" % (FULL, NS)):
         assert want in san, (want, san)
+
+    notes = render(KAFKA, notes=True).stdout
+    assert "Kafka       %s topic kprof.batches.prod" % KAFKA["kafka"]["brokers"] in notes, notes
+    assert "POD.%s.%s.svc" % (pods, NS) in notes, notes
 
     # The daemon takes what the chart renders, with the environment the pod would have.
     penv = dict((k, v) for k, v in os.environ.items() if not k.startswith("KPROF_"))
