@@ -40,9 +40,11 @@
 # both.
 #
 # usage: bench/kafka/run.sh [--quick] [--build DIR] [--producers P] [--ranks R] [--steps S]
-#                           [--kernels-per-step K] [--scale X]
+#                           [--kernels-per-step K] [--partitions N] [--scale X]
+#                           [--sink-property K=V]...
 #   --quick    a smoke run (2 producers x 2 ranks, 10 steps): checks the pipeline, not speed
 #   --scale X  multiplies --ranks and the partitions (default KPROF_BENCH_SCALE, else 1)
+#   --sink-property K=V  a librdkafka property for the sinks (--kafka-property), repeatable
 # Environment: KPROF_BUILD_DIR as in bench/ingest; always a throwaway PostgreSQL (the Kafka
 # path needs track_commit_timestamp and its own daemons). Output: a human summary on stderr,
 # one JSON line on stdout. Runtime with the defaults: about 60 s on 2 shared cores.
@@ -59,6 +61,7 @@ scale=${KPROF_BENCH_SCALE:-1}
 quick=0
 partitions=32
 topic=kprof.batches
+sink_props=
 
 die() {
     echo "bench/kafka: $*" >&2
@@ -67,26 +70,27 @@ die() {
 
 while [ $# -gt 0 ]; do
     case "$1" in
-    --quick) quick=1 producers=2 ranks=2 steps=10 kernels=50 ;;
+    --quick) quick=1 producers=2 ranks=2 steps=10 kernels=50 partitions=4 ;;
     --build) build=$2; shift ;;
     --producers) producers=$2; shift ;;
     --ranks) ranks=$2; shift ;;
     --steps) steps=$2; shift ;;
     --kernels-per-step) kernels=$2; shift ;;
     --scale) scale=$2; shift ;;
+    --partitions) partitions=$2; shift ;;
+    --sink-property) sink_props=${sink_props:+$sink_props;}$2; shift ;;
     -h | --help) sed -n '2,44p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
     shift
 done
-for v in producers ranks steps kernels scale; do
+for v in producers ranks steps kernels scale partitions; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "--$v must be a positive integer"
 done
 # More keys (run/rank) and partitions, not longer streams: the mock keeps about 5 MiB a
 # partition (see the header), and the producers outrun the sinks.
 ranks=$((ranks * scale))
 partitions=$((partitions * scale))
-[ "$quick" = 0 ] || partitions=4
 if [ -z "$build" ]; then
     for d in "$root/build" "$root/build-c" /tmp/build-c; do
         if [ -x "$d/tools/kprof-loadgen" ]; then
@@ -181,7 +185,7 @@ sink_pid=()
 for i in 0 1; do
     # A dead member leaves the group in seconds (as in tests/it/test_kafka_sink.py).
     "$collectord" --role sink --kafka-brokers "$bootstrap" --kafka-topic "$topic" \
-        --kafka-group kprof-bench --kafka-property "session.timeout.ms=6000;heartbeat.interval.ms=500" \
+        --kafka-group kprof-bench --kafka-property "session.timeout.ms=6000;heartbeat.interval.ms=500${sink_props:+;$sink_props}" \
         --http-listen 127.0.0.1:0 --pg-conninfo "$pg" --ready-file "$work/sink$i.ready" \
         --log-level warn >"$work/sink$i.log" 2>&1 &
     kpids+=($!)
@@ -189,23 +193,27 @@ for i in 0 1; do
     sink_http+=("$(wait_key "$!" "$work/sink$i.ready" http "$work/sink$i.log" "sink $i")")
 done
 
-# The sinks' counters, summed: "stored duplicate rejected malformed assigned_partitions".
+# The sinks' counters, summed: "stored duplicate rejected malformed assigned_partitions pauses
+# rebalances fewest_partitions_of_one_sink".
 sink_counters() {
     "$py" - "${sink_http[@]}" <<'EOF'
 import re, sys, urllib.request
-tot = {"stored": 0, "duplicate": 0, "rejected": 0, "malformed": 0}
-parts = 0
+tot = {"stored": 0, "duplicate": 0, "rejected": 0, "malformed": 0, "pauses": 0, "rebalances": 0}
+parts, fewest = 0, 1 << 30
 for a in sys.argv[1:]:
     try:
         body = urllib.request.urlopen("http://%s/metrics" % a, timeout=5).read().decode()
     except OSError:
-        print("-1 0 0 0 0")
+        print("-1 0 0 0 0 0 0 0")
         sys.exit(0)
     for k in tot:
         m = re.search(r"^kprof_collectord_kafka_records_%s_total (\d+)$" % k, body, re.M)
         tot[k] += int(m.group(1)) if m else 0
-    parts += len(re.findall(r"^kprof_collectord_kafka_consumer_lag\{", body, re.M))
-print(tot["stored"], tot["duplicate"], tot["rejected"], tot["malformed"], parts)
+    mine = len(re.findall(r"^kprof_collectord_kafka_consumer_lag\{", body, re.M))
+    parts += mine
+    fewest = min(fewest, mine)
+print(tot["stored"], tot["duplicate"], tot["rejected"], tot["malformed"], parts, tot["pauses"],
+      tot["rebalances"], fewest)
 EOF
 }
 
@@ -346,12 +354,13 @@ for a in "$direct_addr" "${rep_addr[@]}"; do
     wait_batches "${wruns[-1]}" "$wb" >/dev/null
 done
 for _ in $(seq 1 300); do
-    read -r _ _ _ _ assigned < <(sink_counters)
-    [ "$assigned" -ge "$partitions" ] && break
+    # every partition assigned, and to both sinks (not all to the first while the second joins)
+    read -r _ _ _ _ assigned _ _ fewest < <(sink_counters)
+    [ "$assigned" -ge "$partitions" ] && [ "$fewest" -gt 0 ] && break
     sleep 0.1
 done
 [ "$assigned" -ge "$partitions" ] || die "the two sinks hold $assigned of $partitions partitions after 30 s"
-read -r base_stored base_dup base_rej base_mal _ < <(sink_counters)
+read -r base_stored base_dup base_rej base_mal _ base_pauses base_reb _ < <(sink_counters)
 for r in "${wruns[@]}"; do
     sql "SELECT kp_drop_run($r)" >/dev/null
 done
@@ -359,7 +368,7 @@ done
 # --- the three paths -------------------------------------------------------------------------
 echo "bench/kafka: kafka path (${#rep_addr[@]} replicas, $partitions partitions, 2 sinks)" >&2
 push_path kafka "${rep_addr[@]}"
-read -r k_stored k_dup k_rej k_mal _ < <(sink_counters)
+read -r k_stored k_dup k_rej k_mal _ k_pauses k_reb _ < <(sink_counters)
 [ $((k_dup - base_dup)) = 0 ] && [ $((k_rej - base_rej)) = 0 ] && [ $((k_mal - base_mal)) = 0 ] ||
     die "the sinks counted $((k_dup - base_dup)) duplicate, $((k_rej - base_rej)) rejected, $((k_mal - base_mal)) malformed records"
 declare -A hwm
@@ -389,14 +398,15 @@ done
 
 "$py" - "$work" "$producers" "$ranks" "$steps" "$kernels" "$quick" \
     "${hwm[replica0]}" "${hwm[replica1]}" "${hwm[sink0]}" "${hwm[sink1]}" "${hwm[mock]}" \
-    "${hwm[direct]}" "$((k_stored - base_stored))" <<'EOF'
+    "${hwm[direct]}" "$((k_stored - base_stored))" "$((k_pauses - base_pauses))" "$partitions" "$((k_reb - base_reb))" "$sink_props" <<'EOF'
 import glob, json, os, sys
 work = sys.argv[1]
 producers, ranks, steps, kernels = (int(x) for x in sys.argv[2:6])
 quick = sys.argv[6] == "1"
 hwm = dict(zip(("replica0", "replica1", "sink0", "sink1", "mock", "direct"),
                (int(x) for x in sys.argv[7:13])))
-stored = int(sys.argv[13])
+stored, pauses, partitions, rebalances = (int(x) for x in sys.argv[13:17])
+sink_props = sys.argv[17]
 note = "  [quick: not a measurement]" if quick else ""
 
 
@@ -421,11 +431,14 @@ def path(label):
     t0 = min(sends.values())
     t_end = int(open(os.path.join(work, label + ".t_end")).read())
     secs = (t_end - t0) / 1e9
+    # when the batches landed: seconds after the first push by which 10/50/90/100 % committed
+    cs = sorted(commits[k] for k in sends)
+    landed = [round((pct(cs, q) - t0) / 1e9, 2) for q in (10, 50, 90, 100)]
     return {"events": events, "batches": len(sends), "seconds": round(secs, 3),
             "events_per_s": round(events / secs, 1),
             "loadgen_seconds_max": max(j["seconds"] for j in js),
             "latency_ms_p50": round(pct(lat, 50), 2), "latency_ms_p99": round(pct(lat, 99), 2),
-            "latency_ms_max": round(max(lat), 2)}
+            "latency_ms_max": round(max(lat), 2), "committed_10_50_90_100_pct_at_s": landed}
 
 
 k, d = path("kafka"), path("direct")
@@ -444,18 +457,21 @@ out = {"bench": "kafka", "quick": quick, "producers": producers, "ranks_per_prod
        "ratio_kafka_direct": r(k["events_per_s"], d["events_per_s"]),
        "ratio_kafka_copy": r(k["events_per_s"], c["events_per_s"]),
        "ratio_direct_copy": r(d["events_per_s"], c["events_per_s"]),
-       "vmhwm_kib": hwm,
+       "partitions": partitions, "sink_pauses": pauses, "sink_rebalances": rebalances, "sink_properties": sink_props, "vmhwm_kib": hwm,
        "mock": "librdkafka mock cluster: one process, loopback, records in memory, no disk, "
                "no fsync, replication by bookkeeping only"}
 e = sys.stderr
 print(f"bench/kafka: {producers} producers x {ranks} ranks x {steps} steps x {kernels} kernels/step "
-      f"= {k['events']} events, {k['batches']} batches per path", file=e)
+      f"= {k['events']} events, {k['batches']} batches per path; {partitions} partitions, the sinks "
+      f"paused {pauses} times (queue full), rebalanced {rebalances} times; sink properties: "
+      f"{sink_props or 'the defaults'}", file=e)
 for name, p, what in (("kafka", k, "loadgen -> 2 replicas -> mock Kafka -> 2 sinks -> PG"),
                       ("direct", d, "loadgen -> 1 collectord -> PG")):
     print(f"  {name:<7} {p['events_per_s']:>11,.0f} events/s  {p['seconds']:7.2f} s first push to last "
           f"commit ({what}); loadgen done after {p['loadgen_seconds_max']:.2f} s", file=e)
     print(f"          latency push -> commit  p50 {p['latency_ms_p50']:.1f} ms  p99 "
-          f"{p['latency_ms_p99']:.1f} ms  max {p['latency_ms_max']:.1f} ms", file=e)
+          f"{p['latency_ms_p99']:.1f} ms  max {p['latency_ms_max']:.1f} ms; 10/50/90/100 % of the "
+          f"batches committed {p['committed_10_50_90_100_pct_at_s']} s after the first push", file=e)
 print(f"  copy    {c['events_per_s']:>11,.0f} events/s  {c['seconds']:7.2f} s ({producers} raw COPYs "
       f"of one producer's rows each, one connection, one after the other)", file=e)
 print(f"  ratios  kafka/direct {out['ratio_kafka_direct']:.2f}  kafka/copy {out['ratio_kafka_copy']:.2f}  "
