@@ -31,13 +31,17 @@
 # bookkeeping only (acks=all costs no second broker's write), and its three brokers share that
 # process's threads and this machine's cores with everything else. A real cluster adds disk
 # and network round trips to (k)'s latency, and takes the brokers' CPU off this machine. The
-# mock keeps only the newest ~5 MiB of each partition (librdkafka's mock partition size):
+# mock keeps only the newest few MiB of each partition (seen here: 4 MiB a partition kept, 20
+# MiB not; librdkafka's mock sizes it, kprof-kafka-mock sets nothing):
 # what the producers push faster than the sinks read must fit that, or the mock drops records
 # before they are read (the sinks log "Offset out of range" and reset to the oldest offset:
 # those batches are lost, and the bench fails at once). A partition holds the batches of the
 # run/rank keys that hash to it (each key about 12 KiB a step with 100 kernels a step), so
 # the defaults keep each key under 1 MiB and have as many partitions as keys; --scale grows
-# both.
+# both. The sinks run with collectord's librdkafka settings unless --sink-property says
+# otherwise; with many partitions a part of them is read seconds late (README.md: "The
+# consumer's fetch wait"). The runs are created one after the other before the timed push
+# (CreateRuns at once on two collectords can deadlock in PostgreSQL: README.md).
 #
 # usage: bench/kafka/run.sh [--quick] [--build DIR] [--producers P] [--ranks R] [--steps S]
 #                           [--kernels-per-step K] [--partitions N] [--scale X]
@@ -79,7 +83,7 @@ while [ $# -gt 0 ]; do
     --scale) scale=$2; shift ;;
     --partitions) partitions=$2; shift ;;
     --sink-property) sink_props=${sink_props:+$sink_props;}$2; shift ;;
-    -h | --help) sed -n '2,44p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,54p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
     shift
