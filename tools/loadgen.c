@@ -56,6 +56,7 @@ struct loadgen_config {
     char *straggler;
     char *compute_straggler;
     char *dataload_straggler;
+    char *send_log;
     bool json;
     bool end_run;
     int log_level;
@@ -109,6 +110,10 @@ static const struct kp_config_def loadgen_defs[] = {
       "cap of the backoff between attempts to reopen a broken Push call", NULL, false },
     { "give-up", KP_CONFIG_DURATION, "30s", 100, 86400000, OFF(give_up_ms),
       "fail when collectord makes no progress for this long", NULL, false },
+    { "send-log", KP_CONFIG_STRING, "", 0, 0, OFF(send_log),
+      "write a line \"RUN RANK STREAM SEQ NS\" per batch to this file, NS the CLOCK_REALTIME "
+      "when the push took it (for latency measurements: bench/kafka)",
+      NULL, false },
     { "json", KP_CONFIG_BOOL, "false", 0, 0, OFF(json),
       "print the summary as one JSON object on stdout", NULL, false },
     { "end-run", KP_CONFIG_BOOL, "true", 0, 0, OFF(end_run),
@@ -139,6 +144,7 @@ struct loadgen {
     atomic_llong first_send_ns; /* CLOCK_MONOTONIC; LLONG_MAX until the first send */
     atomic_llong last_ack_ns;
     atomic_bool abort;
+    FILE *send_log; /* --send-log, or NULL; one fprintf a line (stdio locks the FILE) */
 };
 
 static void atomic_min(atomic_llong *a, long long v)
@@ -243,6 +249,10 @@ static void run_rank(struct loadgen *lg, uint32_t rank)
         }
         if ((rc = kp_push_send(push, b)) != 0) {
             break;
+        }
+        if (lg->send_log != NULL) {
+            fprintf(lg->send_log, "%" PRIu64 " %u %" PRIu64 " %" PRIu64 " %" PRId64 "\n",
+                    lg->run_id, rank, b->stream, b->seq, kp_real_ns());
         }
     }
     if (rc == 0 && !atomic_load(&lg->abort)) {
@@ -590,6 +600,11 @@ int main(int argc, char **argv)
     if (control(&lg) != 0) {
         goto out;
     }
+    if (cfg.send_log[0] != '\0' && (lg.send_log = fopen(cfg.send_log, "w")) == NULL) {
+        fprintf(stderr, "kprof-loadgen: cannot create --send-log %s: %s\n", cfg.send_log,
+                strerror(errno));
+        goto out;
+    }
     created = cfg.run_id == 0;
     if (cfg.start_ns != 0) {
         lg.start_ns = cfg.start_ns;
@@ -610,6 +625,11 @@ int main(int argc, char **argv)
     report(&lg, events, &sum);
     rc = 0;
 out:
+    if (lg.send_log != NULL && fclose(lg.send_log) != 0 && rc == 0) {
+        fprintf(stderr, "kprof-loadgen: cannot write --send-log %s: %s\n", cfg.send_log,
+                strerror(errno));
+        rc = 1;
+    }
     free(th);
     free(lg.slow);
     free(lg.dlslow);
