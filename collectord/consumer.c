@@ -646,6 +646,9 @@ int kp_sinkd_create(const struct kp_collectord_config *cfg, struct kp_sinkd **ou
         /* librdkafka prefetches up to this per partition on top of --queue-max-bytes (its
          * default, 64 MiB, times many partitions is gigabytes); --kafka-property may change it */
         (rc = kp_kafka_conf_set(conf, "queued.max.messages.kbytes", "8192", errbuf, errlen)) != 0 ||
+        /* a fetch that found little waits at most this long (librdkafka's 500 ms left a
+         * seconds-long tail of partitions with few records behind the others: bench/kafka) */
+        (rc = kp_kafka_conf_set(conf, "fetch.wait.max.ms", "50", errbuf, errlen)) != 0 ||
         (rc = kp_kafka_conf_properties(conf, cfg->kafka_properties, errbuf, errlen)) != 0 ||
         (rc = kp_kafka_conf_file(conf, cfg->kafka_properties_file, errbuf, errlen)) != 0 ||
         /* after the user's: these make the delivery guarantee and may not be overridden */

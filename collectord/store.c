@@ -14,6 +14,9 @@
 #include "kp_strbuf.h"
 
 /* The columns of a Run, in fill_run's order; `r` is the runs row. */
+/* pg_advisory_xact_lock key that serialises run creations across collectords ("kprofrun"). */
+#define KP_STORE_CREATE_LOCK "7741813582235596142"
+
 #define RUN_COLS                                                           \
     "r.id, r.job, r.name, r.state, r.source, r.world_size, "               \
     "(extract(epoch FROM r.created_at) * 1000000000)::bigint, "            \
@@ -134,7 +137,12 @@ int kp_store_create_run_by(PGconn *c, const char *job, const char *name, uint32_
     }
     snprintf(ws, sizeof(ws), "%" PRIu32, world_size);
     snprintf(src, sizeof(src), "%d", source);
-    if ((rc = kp_pg_exec(c, "BEGIN", err, sizeof(err))) != 0 ||
+    /* Run creations take turns: each creates a partition of every event table (ACCESS
+     * EXCLUSIVE on the parent) with foreign keys to `runs` (SHARE ROW EXCLUSIVE on it, which
+     * another creation's INSERT holds off), so two at once, on two collectord replicas,
+     * deadlock. The lock is the transaction's, gone at COMMIT or ROLLBACK. */
+    if ((rc = kp_pg_exec(c, "BEGIN; SELECT pg_advisory_xact_lock(" KP_STORE_CREATE_LOCK ")", err,
+                         sizeof(err))) != 0 ||
         (rc = kp_pg_query(c,
                           "INSERT INTO runs AS r (job, name, source, world_size, created_by) "
                           "VALUES ($1, $2, $3, $4, $5) RETURNING " RUN_COLS,

@@ -34,14 +34,13 @@
 # mock keeps only the newest few MiB of each partition (seen here: 4 MiB a partition kept, 20
 # MiB not; librdkafka's mock sizes it, kprof-kafka-mock sets nothing):
 # what the producers push faster than the sinks read must fit that, or the mock drops records
-# before they are read (the sinks log "Offset out of range" and reset to the oldest offset:
-# those batches are lost, and the bench fails at once). A partition holds the batches of the
+# before they are read (the sinks log them as deleted by the topic's retention and count
+# them in kafka_records_lost_total: those batches are lost, and the bench fails at once). A partition holds the batches of the
 # run/rank keys that hash to it (each key about 12 KiB a step with 100 kernels a step), so
 # the defaults keep each key under 1 MiB and have as many partitions as keys; --scale grows
 # both. The sinks run with collectord's librdkafka settings unless --sink-property says
-# otherwise; with many partitions a part of them is read seconds late (README.md: "The
-# consumer's fetch wait"). The runs are created one after the other before the timed push
-# (CreateRuns at once on two collectords can deadlock in PostgreSQL: README.md).
+# otherwise (README.md: "The consumer's fetch wait"). The runs are created before the timed
+# push, so that creating them is not timed.
 #
 # usage: bench/kafka/run.sh [--quick] [--build DIR] [--producers P] [--ranks R] [--steps S]
 #                           [--kernels-per-step K] [--partitions N] [--scale X]
@@ -232,8 +231,8 @@ wait_batches() {
     since=$(date +%s)
     while :; do
         n=$(sql "SELECT count(*) FROM ingest_batches WHERE run_id IN ($1)")
-        if grep -qs "Offset out of range" "$work"/sink*.log; then
-            grep -hs "Offset out of range" "$work"/sink*.log | head -3 >&2
+        if grep -qs "deleted by the topic's retention" "$work"/sink*.log; then
+            grep -hs "deleted by the topic's retention" "$work"/sink*.log | head -3 >&2
             die "the mock cluster dropped records before the sinks read them (it keeps ~5 MiB a partition): lower --steps or --kernels-per-step"
         fi
         if [ "$n" -ge "$2" ]; then
@@ -310,8 +309,7 @@ push_path() {
     local label=$1 i a pids=() runs=() batches=0
     shift
     local addrs=("$@") rid=()
-    # The runs first, one after the other (a loadgen of 0 steps creates one and sends nothing):
-    # CreateRuns at once on two collectords can deadlock in PostgreSQL (see README).
+    # The runs first, untimed (a loadgen of 0 steps creates one and sends nothing).
     for i in $(seq 0 $((producers - 1))); do
         "$loadgen" --collector "${addrs[$((i % ${#addrs[@]}))]}" "${common[@]}" --steps 0 --json \
             --no-end-run --job "bench-kafka-$label" >"$work/$label.c$i.json" ||
