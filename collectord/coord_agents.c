@@ -86,6 +86,14 @@ static void apply_report(struct kp_coord *c, struct agent *a)
         for (size_t j = 0; j < k->n; j++) {
             struct crank *r = &k->ranks[j];
 
+            /* an adopted capture's rank goes to the agent of its host that reports it first */
+            if (k->adopted && r->agent_id == 0 && r->rank == q->rank &&
+                strcmp(r->host, a->host) == 0) {
+                r->agent_id = a->id;
+                kp__coord_copy_text(r->agent_by, sizeof(r->agent_by), a->principal);
+                kp_log_info("capture rank reattached run=%" PRIu64 " rank=%d host=%s", k->run_id,
+                            r->rank, r->host);
+            }
             /* only the agent the rank was armed on, attached by the same identity */
             if (r->rank != q->rank || r->agent_id != a->id ||
                 (a->authenticated && strcmp(r->agent_by, a->principal) != 0)) {
@@ -158,6 +166,10 @@ static void *att_open(struct kp_rpc_call *call, void *ud)
 
     if (a == NULL) {
         kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
+        return NULL;
+    }
+    if (kp_coord_refuse(c, call)) {
+        free(a);
         return NULL;
     }
     kp_rpc_call_ref(call);
