@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "kp_coordinator.h"
 #include "kp_daemon.h"
 #include "kp_err.h"
 #include "kp_log.h"
@@ -579,6 +580,20 @@ bool kp_rpcverb_daemon_answered(const struct kp_rpc_status *st)
     return st->code == GRPC_STATUS_UNAVAILABLE && strstr(st->details, "PostgreSQL") != NULL;
 }
 
+/* The Control methods only the capture coordinator answers. */
+static bool capture_method(const char *method)
+{
+    static const char *const m[] = { "StartCapture", "StopCapture", "CaptureStatus", "ListJobs",
+                                     NULL };
+
+    for (size_t i = 0; m[i] != NULL; i++) {
+        if (strcmp(method, m[i]) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMessage *req,
                     const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp)
 {
@@ -600,6 +615,26 @@ int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMes
                          v->subject[0] != '\0' ? ")" : "", kp_rpc_status_name(st.code), st.details);
         return rc == KPROFCTL_EXIT_OK ? KPROFCTL_EXIT_FAILED : rc;
     }
+    if (!v->spec->analyzer && !v->resolved && capture_method(method)) {
+        struct kp_rpcverb_creds creds;
+        struct kp_rpc_channel *ch = NULL;
+
+        /* Only the elected replica coordinates captures: follow it (same credentials). */
+        v->resolved = true;
+        kp_coordinator_resolve(v->ch, v->common->collector, v->common->timeout_ms, v->coordinator,
+                               sizeof(v->coordinator));
+        kp_rpcverb_creds_of(v->common, &creds);
+        if (v->coordinator[0] != '\0') {
+            if ((rc = kp_rpcverb_channel(v->spec->name, "collector", v->coordinator, &creds,
+                                         &ch)) != 0) {
+                return rc;
+            }
+            kp_log_debug("following the capture coordinator at %s (asked %s)", v->coordinator,
+                         v->common->collector);
+            kp_rpc_channel_destroy(v->ch);
+            v->ch = ch;
+        }
+    }
     if (kp_rpc_unary(v->ch, path, req, resp_desc, resp, v->common->timeout_ms, &st) == 0) {
         return 0;
     }
@@ -609,7 +644,8 @@ int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMes
     }
     if (rc == KPROFCTL_EXIT_UNREACHABLE && kp_rpcverb_daemon_answered(&st)) {
         kp_rpcverb_error(v, "%s at %s answered %s: %s",
-                         v->spec->analyzer ? "kprof-analyzer" : "collectord", v->common->collector,
+                         v->spec->analyzer ? "kprof-analyzer" : "collectord",
+                         v->coordinator[0] != '\0' ? v->coordinator : v->common->collector,
                          kp_rpc_status_name(st.code), st.details);
     }
     else if (rc == KPROFCTL_EXIT_UNREACHABLE && v->spec->analyzer) {

@@ -171,6 +171,10 @@ struct kp_rpcverb {
     char columns_help[1024];
     enum kp_table_format format;
     struct kp_rpc_channel *ch;
+    /* the capture coordinator's address when it is not --collector's replica (a capture call
+     * asked Control.Coordinator first: kp_coordinator.h); ch then leads there */
+    char coordinator[256];
+    bool resolved;
     char subject[256]; /* what the call is about ("job ddp-42", "run 17"), named when refused */
 };
 
