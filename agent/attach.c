@@ -223,6 +223,8 @@ static void *attach_main(void *arg)
     long long last_send_ms = 0, retry_at_ms = 0, up_since_ms = 0;
     bool attached = false, sent = false;
     unsigned attempt = 0;
+    struct kp_rpc_channel *used;
+    const char *via = att->target; /* where the call went: target or the coordinator */
 
     pthread_mutex_lock(&att->mu);
     while (!att->stop) {
@@ -239,8 +241,10 @@ static void *attach_main(void *arg)
             att->stats.attempts++;
             pthread_mutex_unlock(&att->mu);
             memset(&rs, 0, sizeof(rs));
-            rc = kp_rpc_stream_open(coordinator_channel(att), KP_ATTACH_PATH,
-                                    &kprof__v1__capture_command__descriptor, 0, &st, &rs);
+            used = coordinator_channel(att);
+            via = used == att->coord_ch ? att->coord_target : att->target;
+            rc = kp_rpc_stream_open(used, KP_ATTACH_PATH, &kprof__v1__capture_command__descriptor,
+                                    0, &st, &rs);
             pthread_mutex_lock(&att->mu);
             if (rc != 0) {
                 st = NULL;
@@ -312,11 +316,10 @@ static void *attach_main(void *arg)
             att->stats.attaches++;
             pthread_mutex_unlock(&att->mu);
             if (att->complain.interval_ns != 0) {
-                kp_release(&att->complain, KP_LOG_MODULE, "attached to collectord at %s",
-                           att->target);
+                kp_release(&att->complain, KP_LOG_MODULE, "attached to collectord at %s", via);
             }
             else {
-                kp_log_info("attached to collectord at %s", att->target);
+                kp_log_info("attached to collectord at %s", via);
             }
         }
         if (rc != 1 && rc != -ETIMEDOUT) {

@@ -26,7 +26,8 @@ PostgreSQL:
   deadline     a capture whose ranks never finish fails them at its deadline
   bad_report   a malformed report ends only that agent's call (INVALID_ARGUMENT); the daemon
                keeps serving
-  restart      a capture left open when collectord is killed is marked FAILED by the next one
+  restart      a capture left open when collectord is killed is adopted by the next one, and
+               fails once its agent has not reattached within the agent grace
 """
 import os
 import queue
