@@ -577,7 +577,9 @@ void kp_rpcverb_set_local(kp_rpcverb_local_fn *fn, const char *name)
 
 bool kp_rpcverb_daemon_answered(const struct kp_rpc_status *st)
 {
-    return st->code == GRPC_STATUS_UNAVAILABLE && strstr(st->details, "PostgreSQL") != NULL;
+    return st->code == GRPC_STATUS_UNAVAILABLE &&
+           (strstr(st->details, "PostgreSQL") != NULL ||
+            strstr(st->details, "capture coordinator") != NULL);
 }
 
 /* The Control methods only the capture coordinator answers. */

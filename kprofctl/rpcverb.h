@@ -281,7 +281,8 @@ int kp_rpcverb_exit_code(grpc_status_code code);
 
 /* Whether an UNAVAILABLE came from the daemon itself rather than from gRPC failing to reach it:
  * the daemons answer UNAVAILABLE when their PostgreSQL is unreachable and name it in the
- * details; gRPC's own connect failures and deadlines never do. Print such details as they are
+ * details, and a collectord replica that is not the capture coordinator says so; gRPC's own
+ * connect failures and deadlines never do. Print such details as they are
  * (they say what to do) instead of asking whether the daemon runs. */
 bool kp_rpcverb_daemon_answered(const struct kp_rpc_status *st);
 

@@ -272,10 +272,21 @@ def test_lock_lost(colls):
         if metric(coord, "coordinator_step_downs_total") > before and len(act) == 1:
             elected_again = True
         time.sleep(0.05)
-    assert not seen_two, "two coordinators at once: %s" % seen_two
+    assert not seen_two, "two coordinators at once (%d samples): %s" % (len(seen_two), seen_two[:3])
     assert metric(coord, "coordinator_step_downs_total") == before + 1
     assert elected_again and len(actives(colls)) == 1, "no coordinator elected again"
-    assert "stepped down as capture coordinator" in coord.log_text()
+    # the exact order, from the logs (one clock): the next coordinator began after the old one
+    # stepped down
+    down = re.findall(r"^(\S+) warn leader: stepped down as capture coordinator epoch=(\d+)",
+                      coord.log_text(), re.M)
+    assert down, coord.log_text()[-3000:]
+    t_down, epoch = down[-1]
+    up = [m for c in colls for m in re.findall(
+        r"^(\S+) info leader: became capture coordinator epoch=%d " % (int(epoch) + 1),
+        c.log_text(), re.M)]
+    assert len(up) == 1 and up[0] > t_down, (
+        "coordinator epoch %d began at %s, before epoch %s stepped down at %s" % (
+            int(epoch) + 1, up, epoch, t_down))
     print("ok lock_lost now=%s" % actives(colls)[0].grpc, flush=True)
 
 
@@ -295,6 +306,10 @@ def test_ingest_only(ingest_only, colls):
         (code, details)
     rc, out, err = kprofctl("runs", "--collector", ingest_only.grpc, "--json")
     assert rc == 0, (rc, out, err)
+    # kprofctl quotes the answer (exit 5, unreachable), not "is collectord running?"
+    rc, out, err = kprofctl("jobs", "--collector", ingest_only.grpc)
+    assert rc == 5 and "answered UNAVAILABLE" in err and "no coordinator is elected yet" in err, \
+        (rc, out, err)
     print("ok ingest_only", flush=True)
 
 
