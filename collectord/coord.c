@@ -875,6 +875,9 @@ void kp_coord_start(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
                    "PostgreSQL is unreachable, so no run can be created; retry later");
         return;
     }
+    if (kp_coord_refuse(c, call)) {
+        return; /* stepped down while the request was queued */
+    }
     pthread_mutex_lock(&c->mu);
     k = plan(c, call, req, activities);
     snap = k != NULL ? cap_copy(k) : NULL;

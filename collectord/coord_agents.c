@@ -168,10 +168,6 @@ static void *att_open(struct kp_rpc_call *call, void *ud)
         kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "collectord is out of memory");
         return NULL;
     }
-    if (kp_coord_refuse(c, call)) {
-        free(a);
-        return NULL;
-    }
     kp_rpc_call_ref(call);
     a->coord = c;
     a->call = call;
@@ -179,6 +175,16 @@ static void *att_open(struct kp_rpc_call *call, void *ud)
     kp_store_principal(kp_rpc_call_identity(call), a->principal, sizeof(a->principal));
     a->authenticated = kp_rpc_call_identity(call)->role != KP_ROLES_ALL;
     pthread_mutex_lock(&c->mu);
+    /* checked with the agent going in under one lock: a step-down ends every call it lists */
+    while (!c->active) {
+        pthread_mutex_unlock(&c->mu);
+        if (kp_coord_refuse(c, call)) {
+            kp_rpc_call_unref(call);
+            free(a);
+            return NULL;
+        }
+        pthread_mutex_lock(&c->mu);
+    }
     a->next = c->agents;
     c->agents = a;
     pthread_mutex_unlock(&c->mu);

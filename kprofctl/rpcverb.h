@@ -172,8 +172,10 @@ struct kp_rpcverb {
     enum kp_table_format format;
     struct kp_rpc_channel *ch;
     /* the capture coordinator's address when it is not --collector's replica (a capture call
-     * asked Control.Coordinator first: kp_coordinator.h); ch then leads there */
+     * asked Control.Coordinator first: kp_coordinator.h); ch then leads there, and origin is
+     * the channel to --collector, asked again when the coordinator changes */
     char coordinator[256];
+    struct kp_rpc_channel *origin;
     bool resolved;
     char subject[256]; /* what the call is about ("job ddp-42", "run 17"), named when refused */
 };

@@ -224,6 +224,13 @@ def test_failover(coord, standby, agent):
         wait_cap(coord.grpc, run, lambda c: all(r.state == RS.RANK_STATE_CAPTURING
                                                 for r in c.ranks), 10, "both ranks capturing")
         epoch = coordinator_info(coord.grpc).epoch
+        # a kprofctl watch through the standby rides the failover out
+        watch = subprocess.Popen([KPROFCTL, "status", "--collector", standby.grpc, "--run",
+                                  str(run), "--watch", "--interval", "200ms", "--log-level",
+                                  "debug"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        time.sleep(0.5)
+        assert watch.poll() is None, watch.communicate()
         coord.proc.kill()  # SIGKILL, by pid
         coord.proc.wait()
         t0 = time.monotonic()
@@ -248,6 +255,8 @@ def test_failover(coord, standby, agent):
         assert r1.state == RS.RANK_STATE_FAILED and "coordinator changed" in r1.reason and \
             "node-b did not reattach" in r1.reason, r1
         assert "capture adopted run=%d" % run in standby.log_text()
+        out, err = watch.communicate(timeout=30 * kpfix.SCALE)
+        assert watch.returncode == 1 and "did not reattach" in out, (watch.returncode, out, err)
         # the real agent is attached again (to the new coordinator)
         kpfix.wait_for(agent.attached, 15, "the kprof-agent attached again")
     finally:
