@@ -19,12 +19,14 @@
 #include "kp_str.h"
 
 #define KP_LEADER_APP       "kprof-collectord-coordinator"
-#define KP_LEADER_MARGIN_MS 1000 /* the fence's slack over two polls */
+#define KP_LEADER_MARGIN_MS 1000 /* the fence's slack */
+#define KP_LEADER_CHECK_MIN 1000 /* the least time a heartbeat is given to answer */
 
 struct kp_leader {
     char *conninfo;
     bool take_part;
     long long poll_ms;
+    long long check_ms; /* a heartbeat's limit: a poll, at least KP_LEADER_CHECK_MIN */
     char advertise[256];
     char host[256];
     struct kp_coord *coord;
@@ -128,7 +130,9 @@ static void take_over(struct kp_leader *l)
 {
     char err[512], pid[16], fence[32];
     const char *p[4] = { l->advertise, l->host, pid, fence };
-    long long fence_ms = 2 * l->poll_ms + KP_LEADER_MARGIN_MS, wait_ms;
+    /* the old holder's next heartbeat starts within a poll of its last and fails within
+     * check_ms: by then it has stepped down */
+    long long fence_ms = l->poll_ms + l->check_ms + KP_LEADER_MARGIN_MS, wait_ms;
     PGresult *res;
     int n;
 
@@ -366,6 +370,7 @@ int kp_leader_create(const struct kp_leader_opts *o, struct kp_leader **out, cha
     }
     l->take_part = o->take_part;
     l->poll_ms = o->poll_ms > 0 ? o->poll_ms : 1000;
+    l->check_ms = l->poll_ms > KP_LEADER_CHECK_MIN ? l->poll_ms : KP_LEADER_CHECK_MIN;
     l->coord = o->coord;
     kp_strlcpy(l->advertise, sizeof(l->advertise), o->advertise);
     if (gethostname(l->host, sizeof(l->host) - 1) != 0) {

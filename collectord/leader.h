@@ -6,10 +6,12 @@
  * "kprof-collectord-coordinator"). A replica that takes part (--coordinator) tries the
  * session-level advisory lock KP_LEADER_LOCK_KEY every poll; the session holding it is the
  * coordinator. On taking the lock it waits out the fence (until the previous holder's last
- * heartbeat is 2 polls and 1 s old: by then that holder has stepped down), bumps the epoch in
+ * heartbeat is a poll, a heartbeat's limit and 1 s old: by then that holder has stepped
+ * down), bumps the epoch in
  * the one row of kp_coordinator (address, host, pid, since), adopts the open captures
  * (kp_coord_recover) and activates the capture coordinator (kp_coord_set_role). Each poll the
- * holder heartbeats that row over the lock connection, within one poll: when the heartbeat
+ * holder heartbeats that row over the lock connection, within one poll (at least 1 s): when
+ * the heartbeat
  * fails, times out, or finds a newer epoch, it steps down at once (every Attach call ends
  * UNAVAILABLE) and closes the connection, which releases the lock if it still held it.
  *

@@ -86,7 +86,8 @@ static const struct kp_config_def collectord_config[] = {
       NULL, false },
     { "coordinator-poll-ms", KP_CONFIG_INT, "1000", 50, 60000, OFF(coordinator_poll_ms),
       "how often (ms) the election lock is tried, and its holder checks its PostgreSQL "
-      "connection; a standby takes over about 2 polls and 1 s after the coordinator is gone",
+      "connection; a standby takes over about a poll, plus the greater of a poll and 1 s, plus "
+      "1 s after the coordinator is gone (3 s by default)",
       NULL, false },
     { "advertise-address", KP_CONFIG_STRING, "", 0, 255, OFF(advertise_address),
       "HOST:PORT other replicas send clients to when this one is the capture coordinator "
