@@ -4,7 +4,8 @@
 -- of this table, so that any replica can tell clients where to go (Control.Coordinator).
 -- The row is a notice board, not the lock: a row left by a coordinator that died stays until
 -- the next one takes over; readers trust it only while some session holds the lock.
-CREATE TABLE kp_coordinator (
+-- Idempotent, as every migration: it may be applied again.
+CREATE TABLE IF NOT EXISTS kp_coordinator (
     id smallint PRIMARY KEY DEFAULT 1 CHECK (id = 1),
     address text NOT NULL,      -- HOST:PORT where it serves (--advertise-address)
     host text NOT NULL,
