@@ -1098,6 +1098,17 @@ void kp_coord_status(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
 
 /* ---- the tick ---- */
 
+/* An agent attached on host that has reported (its whole picture), or NULL. mu held. */
+static struct agent *attached_on_host(struct kp_coord *c, const char *host)
+{
+    for (struct agent *a = c->agents; a != NULL; a = a->next) {
+        if (a->call != NULL && a->id != 0 && a->report != NULL && strcmp(a->host, host) == 0) {
+            return a;
+        }
+    }
+    return NULL;
+}
+
 /* Fails what must fail now and returns (copies of) the captures to end. mu held. */
 static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
 {
@@ -1120,7 +1131,23 @@ static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
             }
             a = agent_by_id(c, r->agent_id);
             if (k->adopted && r->agent_id == 0 && !expired) {
-                if (now - k->adopted_ms >= c->o.agent_grace_ms) {
+                struct agent *h = attached_on_host(c, r->host);
+
+                if (h != NULL && r->state == ST_PENDING) {
+                    /* armed before the takeover, maybe never delivered: arm it again */
+                    r->agent_id = h->id;
+                    kp__coord_copy_text(r->agent_by, sizeof(r->agent_by), h->principal);
+                    kp__coord_send_arm(c, k, h, false);
+                }
+                else if (h != NULL) {
+                    /* its agent is back and reported its whole picture without the rank */
+                    rank_set_failed(k, r,
+                                    "the capture coordinator changed during the capture and the "
+                                    "kprof-agent on host %s came back without the rank's "
+                                    "capture (it restarted); the rows it stored before are kept",
+                                    r->host);
+                }
+                else if (now - k->adopted_ms >= c->o.agent_grace_ms) {
                     rank_set_failed(k, r,
                                     "the capture coordinator changed during the capture and the "
                                     "kprof-agent on host %s did not reattach and report the rank "
