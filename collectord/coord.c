@@ -1133,14 +1133,9 @@ static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
             if (k->adopted && r->agent_id == 0 && !expired) {
                 struct agent *h = attached_on_host(c, r->host);
 
-                if (h != NULL && r->state == ST_PENDING) {
-                    /* armed before the takeover, maybe never delivered: arm it again */
-                    r->agent_id = h->id;
-                    kp__coord_copy_text(r->agent_by, sizeof(r->agent_by), h->principal);
-                    kp__coord_send_arm(c, k, h, false);
-                }
-                else if (h != NULL) {
-                    /* its agent is back and reported its whole picture without the rank */
+                if (h != NULL) {
+                    /* its agent is back and reported its whole picture without the rank: it
+                     * restarted (or its ARM never went out before the takeover) */
                     rank_set_failed(k, r,
                                     "the capture coordinator changed during the capture and the "
                                     "kprof-agent on host %s came back without the rank's "

@@ -395,6 +395,12 @@ def test_agent_restart(agent, coll, conninfo, port):
     kpfix.wait_for(lambda: counts(run)[0] >= 700 and counts(run)[2] >= 700, 60, "replay stored")
     kpfix.wait_for(lambda: not segments(agent), 30, "spool acknowledged and deleted")
     assert counts(run) == (700, 700, 700), counts(run)
+    # the restarted collectord adopted the capture; the agent came back without it (it was
+    # restarted too), so the rank fails at once, saying so
+    kpfix.wait_for(lambda: q("SELECT state FROM runs WHERE id = %d" % run) == "3", 10,
+                   "the adopted capture failed")
+    reason = q("SELECT reason FROM capture_ranks WHERE run_id = %d" % run)
+    assert "came back without the rank's capture" in reason, reason
     dup = q("SELECT count(*) FROM (SELECT seq FROM ingest_batches WHERE run_id = %d "
             "GROUP BY stream, seq HAVING count(*) > 1) d" % run)
     assert dup == "0"
