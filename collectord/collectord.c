@@ -18,6 +18,7 @@
 #include "kp_log.h"
 #include "kp_rpc.h"
 #include "kp_strbuf.h"
+#include "leader.h"
 #include "metrics_text.h"
 #include "sink_kafka.h"
 #include "sink_pg.h"
@@ -29,6 +30,7 @@ struct kp_collectord {
     struct kp_sink_kafka *kafka; /* --sink kafka */
     struct kp_control *control;
     struct kp_coord *coord;
+    struct kp_leader *leader;
     struct kp_rpc_method methods[1 + KP_CONTROL_N_METHODS];
     struct kp_rpc_server *server;
     struct kp_http *http;
@@ -69,8 +71,12 @@ static int metrics(void *ud, struct kp_strbuf *out)
     struct kp_sink_kafka_stats ks = { 0 };
     struct kp_ingest_stats is;
     struct kp_coord_stats cs;
+    struct kp_leader_stats ls = { 0 };
 
     kp_coord_get_stats(d->coord, &cs);
+    if (d->leader != NULL) {
+        kp_leader_get_stats(d->leader, &ls);
+    }
     if (d->kafka != NULL) {
         kp_sink_kafka_get_stats(d->kafka, &ks);
         ss.queued_bytes = ks.queued_bytes;
@@ -124,6 +130,12 @@ static int metrics(void *ud, struct kp_strbuf *out)
         GAUGE("kafka_inflight_records", "Records produced and not yet acknowledged by Kafka.",
               ks.inflight_records);
     }
+    GAUGE("coordinator", "1 when this replica is the active capture coordinator.",
+          kp_coord_active(d->coord) ? 1 : 0);
+    COUNTER("coordinator_takeovers_total", "Times this replica became the capture coordinator.",
+            ls.takeovers);
+    COUNTER("coordinator_step_downs_total",
+            "Times this replica stopped coordinating (its lock connection failed).", ls.step_downs);
     COUNTER("grpc_listener_restarts_total",
             "gRPC listeners restarted after they stopped accepting (out of file descriptors).",
             d->server != NULL ? kp_rpc_server_restarts(d->server) : 0);
@@ -213,6 +225,8 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
         snprintf(errbuf, errlen, "out of memory");
         goto fail;
     }
+    /* No captures until the election says this replica coordinates (leader.h). */
+    kp_coord_set_role(d->coord, false, "");
     if ((rc = kp_control_create(cfg->base.pg_conninfo, d->coord, &d->control, errbuf, errlen)) !=
         0) {
         goto fail;
@@ -223,6 +237,25 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
     if ((rc = kp_rpc_server_create(&sopts, d->methods, 1 + KP_CONTROL_N_METHODS, &d->server, errbuf,
                                    errlen)) != 0) {
         goto fail;
+    }
+    {
+        char adv[256];
+        struct kp_leader_opts lo = { .conninfo = cfg->base.pg_conninfo,
+                                     .take_part = cfg->coordinator,
+                                     .poll_ms = cfg->coordinator_poll_ms,
+                                     .advertise = adv,
+                                     .coord = d->coord };
+
+        if (cfg->advertise_address != NULL && cfg->advertise_address[0] != '\0') {
+            snprintf(adv, sizeof(adv), "%s", cfg->advertise_address);
+        }
+        else {
+            kp_leader_default_advertise(cfg->base.listen, kp_collectord_port(d), adv, sizeof(adv));
+        }
+        if ((rc = kp_leader_create(&lo, &d->leader, errbuf, errlen)) != 0) {
+            goto fail;
+        }
+        kp_control_set_leader(d->control, d->leader);
     }
     if ((rc = kp_daemon_http_start(cfg->base.http_listen, cfg->base.metrics_token, &hh, d, &d->http,
                                    errbuf, errlen)) != 0) {
@@ -263,6 +296,10 @@ void kp_collectord_destroy(struct kp_collectord *d)
      * until the server is destroyed), then the server, whose queue drains the last tags.
      */
     kp_http_destroy(d->http);
+    if (d->control != NULL) {
+        kp_control_set_leader(d->control, NULL);
+    }
+    kp_leader_destroy(d->leader); /* steps down first: a standby takes over at once */
     if (d->coord != NULL) {
         kp_coord_shutdown(d->coord); /* agents' Attach calls never end by themselves */
     }

@@ -47,6 +47,9 @@ struct kp_collectord_config {
     int role;     /* KP_COLLECTORD_ROLE_*: which daemon main.c starts */
     const char *kafka_group;        /* --role sink: the consumer group */
     long long kafka_revoke_wait_ms; /* --role sink: how long a revoke waits for PostgreSQL */
+    bool coordinator;               /* take part in the capture coordinator election */
+    long long coordinator_poll_ms;  /* how often the election lock is tried and held */
+    const char *advertise_address;  /* HOST:PORT others reach this replica at ("": derived) */
 };
 
 /*

@@ -97,6 +97,14 @@ static void apply_report(struct kp_coord *c, struct agent *a)
         for (size_t j = 0; j < k->n; j++) {
             struct crank *r = &k->ranks[j];
 
+            /* an adopted capture's rank goes to the agent of its host that reports it first */
+            if (k->adopted && r->agent_id == 0 && r->rank == q->rank &&
+                strcmp(r->host, a->host) == 0) {
+                r->agent_id = a->id;
+                kp__coord_copy_text(r->agent_by, sizeof(r->agent_by), a->principal);
+                kp_log_info("capture rank reattached run=%" PRIu64 " rank=%d host=%s", k->run_id,
+                            r->rank, r->host);
+            }
             /* only the agent the rank was armed on, attached by the same identity */
             if (r->rank != q->rank || r->agent_id != a->id ||
                 (a->authenticated && strcmp(r->agent_by, a->principal) != 0)) {
@@ -190,6 +198,16 @@ static void *att_open(struct kp_rpc_call *call, void *ud)
     kp_store_principal(kp_rpc_call_identity(call), a->principal, sizeof(a->principal));
     a->authenticated = kp_rpc_call_identity(call)->role != KP_ROLES_ALL;
     pthread_mutex_lock(&c->mu);
+    /* checked with the agent going in under one lock: a step-down ends every call it lists */
+    while (!c->active) {
+        pthread_mutex_unlock(&c->mu);
+        if (kp_coord_refuse(c, call)) {
+            kp_rpc_call_unref(call);
+            free(a);
+            return NULL;
+        }
+        pthread_mutex_lock(&c->mu);
+    }
     a->next = c->agents;
     c->agents = a;
     pthread_mutex_unlock(&c->mu);

@@ -89,6 +89,10 @@ struct cap {
     bool deadline_stop_sent; /* STOP sent to its agents when the deadline passed */
     bool ending;             /* its end is being written to PostgreSQL */
     bool ended;
+    /* taken over from PostgreSQL by kp_coord_recover: its ranks' agents (agent_id 0 until
+     * one reports the rank) have the agent grace from adopted_ms to reattach */
+    bool adopted;
+    long long adopted_ms;
     int run_state; /* Kprof__V1__RunState */
     int64_t created_ns, ended_ns;
     long long ended_ms;
@@ -103,7 +107,9 @@ struct kp_coord {
     struct agent *agents;
     struct cap *caps;
     struct kp_coord_stats stats;
-    long long stored_check_ms; /* when check_stored last asked PostgreSQL */
+    long long stored_check_ms;  /* when check_stored last asked PostgreSQL */
+    bool active;                /* this replica coordinates captures (kp_coord_set_role) */
+    char coordinator_addr[256]; /* when not: where the coordinator is ("": none elected) */
 };
 
 struct procref {

@@ -86,6 +86,20 @@ static const struct kp_config_def collectord_config[] = {
       "PASSWORD '...' IN ROLE kprof_writer), which ingests but may not migrate: see "
       "docs/postgres-roles.md",
       NULL, false },
+    { "coordinator", KP_CONFIG_BOOL, "true", 0, 0, OFF(coordinator),
+      "take part in the election of the one capture coordinator among the replicas sharing the "
+      "database (--no-coordinator: an ingest-only replica that never coordinates captures)",
+      NULL, false },
+    { "coordinator-poll-ms", KP_CONFIG_INT, "1000", 50, 60000, OFF(coordinator_poll_ms),
+      "how often (ms) the election lock is tried, and its holder checks its PostgreSQL "
+      "connection; a standby takes over about a poll, plus the greater of a poll and 1 s, plus "
+      "1 s after the coordinator is gone (3 s by default)",
+      NULL, false },
+    { "advertise-address", KP_CONFIG_STRING, "", 0, 255, OFF(advertise_address),
+      "HOST:PORT other replicas send clients to when this one is the capture coordinator "
+      "(default: --listen, or this machine's host name and the bound port when --listen is a "
+      "wildcard address)",
+      NULL, false },
     { "role", KP_CONFIG_ENUM, "ingest", 0, 0, OFF(role),
       "ingest: serve gRPC Ingest and Control; sink: consume --kafka-topic in group "
       "--kafka-group and store the batches in PostgreSQL (no gRPC listener; /healthz, /readyz "

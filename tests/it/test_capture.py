@@ -771,8 +771,8 @@ def test_collectord_down(st):
             "the agent completed run %d while collectord was down: it must wait for the "
             "acknowledgement" % run)
         st.start_collectord()
-        # (the restarted collectord marks the capture whose end it did not see failed: what
-        # counts here is the rows, and the agent completing it once they are acknowledged)
+        # (the restarted collectord adopts the capture and the reattached agent reports it on:
+        # what counts here is the rows, and the agent completing it once they are acknowledged)
         kpfix.wait_for(lambda: done in st.agent.text(), 120,
                        "the agent's capture complete, every batch acknowledged")
         steps = range(first, first + n)

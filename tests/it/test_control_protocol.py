@@ -29,7 +29,8 @@ PostgreSQL:
   deadline     a capture whose ranks never finish fails them at its deadline
   bad_report   a malformed report ends only that agent's call (INVALID_ARGUMENT); the daemon
                keeps serving
-  restart      a capture left open when collectord is killed is marked FAILED by the next one
+  restart      a capture left open when collectord is killed is adopted by the next one, and
+               fails once its agent has not reattached within the agent grace
 """
 import os
 import queue
@@ -414,7 +415,8 @@ def main():
         assert ctl.jobs(pb.ListJobsRequest(), timeout=10).jobs
         print("ok bad_report", flush=True)
 
-        # restart: a capture left open is marked failed by the next collectord
+        # restart: a capture left open is adopted by the next collectord; its agent does not
+        # come back, so it fails once the agent grace has passed, saying why
         cap = ctl.start(pb.StartCaptureRequest(job=JOB, ranks="0", steps=2), timeout=10)
         run6 = cap.run.id
         for ag in agents:
@@ -428,7 +430,8 @@ def main():
         kpfix.wait_for(lambda: ctl.cap(run6).run.state == pb.RUN_STATE_FAILED, 20,
                        "the orphaned capture marked failed")
         r0 = ctl.cap(run6).ranks[0]
-        assert r0.state == RS.RANK_STATE_FAILED and "restarted" in r0.reason, r0
+        assert r0.state == RS.RANK_STATE_FAILED and "coordinator changed" in r0.reason and \
+            "node-a did not reattach" in r0.reason, r0
         # an ended capture's status from PostgreSQL
         c1 = ctl.cap(run)
         assert c1.run.state == pb.RUN_STATE_ENDED and [r.records for r in c1.ranks] == [500, 700]

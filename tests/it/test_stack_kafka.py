@@ -2,7 +2,7 @@
 
 Checks that `up --kafka`
   - starts kprof-kafka-mock (librdkafka's mock cluster, 3 brokers), collectord with --sink kafka
-    (and a second ingest replica when collectord has the coordinator election), two
+    (and a second ingest replica; the two elect one capture coordinator), two
     `kprof-collectord --role sink` consumers, the analyzer and the agent; `status` names each,
     and `env` prints the same client addresses as without Kafka, plus the cluster's;
   - lands a job in PostgreSQL through Kafka: kprof-loadgen (with the operator token, over TLS,
@@ -99,8 +99,6 @@ def main():
     sdir = os.path.join(tmp, "stack")
     ports = {k: str(kpfix.free_port()) for k in PORTS}
     env = clean_env(dict(ports, KPROF_STACK_DIR=sdir, KPROF_BUILD_DIR=kpfix.BIN))
-    election = "--advertise-address" in subprocess.run(
-        [COLLECTORD, "--help"], capture_output=True, text=True, timeout=30).stdout
     started = {}
     try:
         # Bad options are a usage error (2), before anything starts.
@@ -115,9 +113,7 @@ def main():
             p.returncode, p.stdout, p.stderr)
         assert "Kafka" in p.stdout and "kprof-kafka-mock" in p.stdout, p.stdout
         started = pids_of(sdir)
-        want = {"kafka-mock", "collectord", "sink", "sink2", "analyzer", "agent"}
-        if election:
-            want.add("collectord2")
+        want = {"kafka-mock", "collectord", "collectord2", "sink", "sink2", "analyzer", "agent"}
         assert want <= set(started), (sorted(started), sorted(want))
         for name, pid in started.items():
             assert running(pid), "%s (pid %d) is not running" % (name, pid)
@@ -127,8 +123,12 @@ def main():
         for name in ("kprof-kafka-mock: running", "(sink): running", "(sink2): running",
                      "kprof-collectord: running", "kprof-analyzer: running"):
             assert name in st.stdout, "status does not say %r:\n%s" % (name, st.stdout)
-        if election:
-            assert "kprof-collectord (2): running" in st.stdout, st.stdout
+        assert "kprof-collectord (2): running" in st.stdout, st.stdout
+        # the two ingest replicas elect one capture coordinator
+        kpfix.wait_for(lambda: sum(metrics(ports[k]).get("kprof_collectord_coordinator", 0)
+                                   for k in ("KPROF_COLLECTOR_HTTP_PORT",
+                                             "KPROF_COLLECTOR2_HTTP_PORT")) == 1, 30,
+                       "exactly one coordinator among the two replicas")
         brokers = open(os.path.join(sdir, "kafka.brokers")).read().strip()
         assert len(brokers.split(",")) == 3, brokers
         # The mock cluster takes failure commands on its FIFO and answers in its log.
@@ -211,7 +211,7 @@ def main():
         st = stack(env, "status")
         assert st.returncode == 3 and "kafka" not in st.stdout.lower(), (st.returncode, st.stdout)
         print("ok: %d batches through Kafka (%d ingest replica(s), 2 sinks), down left nothing"
-              % (s["batches"], 2 if election else 1))
+              % (s["batches"], 2))
     finally:
         stack(env, "down", timeout=120)
         for name, pid in started.items():
