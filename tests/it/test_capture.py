@@ -885,7 +885,11 @@ def test_many(st):
 
 def test_kafka(st):
     """Through Kafka: collectord --sink kafka, librdkafka's mock cluster, a sink consumer."""
-    # the agent's socket and spool are the stack's: this scenario runs its own agent instead
+    # The stack's collectord (direct path) stays up and, holding the election, coordinates:
+    # the agent pushes to the Kafka replica given to it and attaches to the coordinator it
+    # names, as agents of a scaled-out deployment do. The agent's socket and spool are the
+    # stack's: this scenario runs its own agent instead.
+    st.ensure()
     if st.agent is not None and st.agent.alive():
         st.agent.stop()
     st.agent = None
@@ -912,7 +916,7 @@ def test_kafka(st):
         # the rows are there now, not eventually
         check_capture_data(run, workers, range(first, first + 3))
         check_run_ended(run, job, 2)
-        text = read(ing.log_path)
+        text = read(ing.log_path) + read(st.coll.log_path)
         assert len(re.findall(r"capture rank run=%d rank=\d+ host=\S+ state=done \(its \d+ "
                               r"batches are stored\)" % run, text)) == 2, (
             "the coordinator did not hold the ranks until stored:\n" + text[-3000:])
