@@ -736,7 +736,7 @@ static int listen_on(const char *addr, int *port, char *errbuf, size_t errlen)
     size_t hl;
 
     if (colon == NULL || colon == addr || colon[1] == '\0') {
-        snprintf(errbuf, errlen, "--web-listen %s: give HOST:PORT (127.0.0.1:7074)", addr);
+        snprintf(errbuf, errlen, "--web-listen %s: give HOST:PORT (127.0.0.1:7080)", addr);
         return KP_ECONFIG;
     }
     hl = (size_t) (colon - addr);
