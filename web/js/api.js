@@ -52,15 +52,23 @@ async function call(method, path, params, body) {
   return json;
 }
 
-// GET an API path; resolves to the JSON answer, rejects with an ApiError.
-export function get(path, params) {
+// What the page on screen read, alias -> URL: figures and tables name their value as
+// "alias:path" (ui.fig, ui.table), so the browser test fetches the same URL and checks that
+// the page shows what the API answered. main.js empties it before each page.
+export const sources = {};
+
+// GET an API path; resolves to the JSON answer, rejects with an ApiError. alias: the name
+// the page's figures use for this answer (recorded in sources).
+export function get(path, params, alias) {
+  if (alias) sources[alias] = url(path, params);
   return call('GET', path, params);
 }
 
 // A view of a run (breakdown, ops, kernels, prof, roofline, counters, compare, hta, memory,
-// distributed, diff): params are the request's fields, as in docs/web-api.md.
-export function view(run, name, params) {
-  return get('/runs/' + encodeURIComponent(run) + '/views/' + name, params);
+// distributed, diff): params are the request's fields, as in docs/web-api.md; alias as for
+// get, the view's name by default.
+export function view(run, name, params, alias = name) {
+  return get('/runs/' + encodeURIComponent(run) + '/views/' + name, params, alias);
 }
 
 // Opens a browser session with a token (the cookie is HttpOnly: the page never holds it).

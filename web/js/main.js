@@ -6,8 +6,15 @@
 // parameters (run and rank as numbers) and the fragment's query (strings). It throws an
 // ApiError or Error to show an error; body[data-kp-state] is then "error", else "ready" once
 // render resolves (the browser test waits for it), "loading" before.
+//
+// Figures the browser test checks (tests/browser): every number a page takes from the API is
+// shown through ui.fig(name, value) with name "ALIAS:PATH" (ALIAS a key of api.sources, the
+// answer it came from; PATH a JSON path in it, "average.kernel_ns", "ranks[3].step_ns"), and
+// every table of API rows through ui.table({id: "ALIAS:PATH"}) (PATH the array; a row's
+// data-kp-row its index there, a cell's data-kp-key its field). Figures a page computes
+// itself (a sum, a ratio) are named "calc:NAME" and not looked up.
 
-import { ApiError, logout } from './api.js';
+import { ApiError, logout, sources } from './api.js';
 import { crumbs, errorBox, h, loading } from './ui.js';
 
 const ROUTES = [
@@ -42,6 +49,8 @@ async function show() {
   const main = document.getElementById('kp-main');
   const route = parse(location.hash);
   document.body.dataset.kpState = 'loading';
+  for (const k of Object.keys(sources)) delete sources[k];
+  window.kpSources = sources;
   crumbs([]);
   document.getElementById('kp-logout').hidden = route.name === 'login';
   if (route.name === null) {
