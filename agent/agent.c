@@ -54,6 +54,7 @@ struct kp_agent {
     struct kp_agent_metrics m;
     struct kp_spool *spool;
     struct kp_rpc_channel *ch;
+    struct kp_rpc_channel_opts co; /* ch's, for the attach's channel to the coordinator */
     struct kp_sessions *sessions;
     struct kp_captures *captures;
     struct kp_uplink *uplink;
@@ -230,6 +231,8 @@ int kp_agent_create(const struct kp_agent_config *cfg, struct kp_agent **out, ch
     memset(&uc, 0, sizeof(uc));
     uc.ch = a->ch;
     uc.collector = cfg->collector;
+    a->co = co; /* the strings are cfg's, which outlives the agent */
+    uc.chopts = &a->co;
     uc.spool = a->spool;
     uc.sessions = a->sessions;
     uc.captures = a->captures;

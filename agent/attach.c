@@ -29,14 +29,21 @@
 #include <unistd.h>
 
 #include "kp_clock.h"
+#include "kp_coordinator.h"
 #include "kp_err.h"
 #include "kp_log.h"
+#include "kp_str.h"
 
 /* The receive's slice while no report has been sent on the call yet. */
 #define KP_ATTACH_FIRST_POLL_MS 20
+/* How long the Coordinator question may take before the call opens on the given channel. */
+#define KP_ATTACH_RESOLVE_MS 1000
 
 struct kp_attach {
     struct kp_rpc_channel *ch;
+    const struct kp_rpc_channel_opts *chopts;
+    struct kp_rpc_channel *coord_ch; /* owned: to coord_target (attach thread only) */
+    char coord_target[256];
     char target[512];
     int wake_fd;
     size_t max_queue;
@@ -177,6 +184,35 @@ static void call_broken(struct kp_attach *att, struct kp_rpc_stream *st, bool at
     }
 }
 
+/* The channel to open Attach on: ch, or one to the capture coordinator when ch's replica
+ * names another (asked again at every open, so a failover is followed). Attach thread. */
+static struct kp_rpc_channel *coordinator_channel(struct kp_attach *att)
+{
+    char addr[256], err[512];
+    struct kp_rpc_channel *ch = NULL;
+
+    if (att->chopts == NULL) {
+        return att->ch;
+    }
+    /* short: a stop waits for it */
+    kp_coordinator_resolve(att->ch, att->target, KP_ATTACH_RESOLVE_MS, addr, sizeof(addr));
+    if (addr[0] == '\0') {
+        return att->ch;
+    }
+    if (att->coord_ch != NULL && strcmp(addr, att->coord_target) == 0) {
+        return att->coord_ch;
+    }
+    if (kp_rpc_channel_create(addr, att->chopts, &ch, err, sizeof(err)) != 0) {
+        kp_log_warn("cannot open a channel to the capture coordinator at %s err=\"%s\"", addr, err);
+        return att->ch;
+    }
+    kp_log_info("capture coordinator is at %s (asked %s)", addr, att->target);
+    kp_rpc_channel_destroy(att->coord_ch);
+    att->coord_ch = ch;
+    kp_strlcpy(att->coord_target, sizeof(att->coord_target), addr);
+    return ch;
+}
+
 static void *attach_main(void *arg)
 {
     struct kp_attach *att = arg;
@@ -187,6 +223,8 @@ static void *attach_main(void *arg)
     long long last_send_ms = 0, retry_at_ms = 0, up_since_ms = 0;
     bool attached = false, sent = false;
     unsigned attempt = 0;
+    struct kp_rpc_channel *used;
+    const char *via = att->target; /* where the call went: target or the coordinator */
 
     pthread_mutex_lock(&att->mu);
     while (!att->stop) {
@@ -203,8 +241,10 @@ static void *attach_main(void *arg)
             att->stats.attempts++;
             pthread_mutex_unlock(&att->mu);
             memset(&rs, 0, sizeof(rs));
-            rc = kp_rpc_stream_open(att->ch, KP_ATTACH_PATH,
-                                    &kprof__v1__capture_command__descriptor, 0, &st, &rs);
+            used = coordinator_channel(att);
+            via = used == att->coord_ch ? att->coord_target : att->target;
+            rc = kp_rpc_stream_open(used, KP_ATTACH_PATH, &kprof__v1__capture_command__descriptor,
+                                    0, &st, &rs);
             pthread_mutex_lock(&att->mu);
             if (rc != 0) {
                 st = NULL;
@@ -276,11 +316,10 @@ static void *attach_main(void *arg)
             att->stats.attaches++;
             pthread_mutex_unlock(&att->mu);
             if (att->complain.interval_ns != 0) {
-                kp_release(&att->complain, KP_LOG_MODULE, "attached to collectord at %s",
-                           att->target);
+                kp_release(&att->complain, KP_LOG_MODULE, "attached to collectord at %s", via);
             }
             else {
-                kp_log_info("attached to collectord at %s", att->target);
+                kp_log_info("attached to collectord at %s", via);
             }
         }
         if (rc != 1 && rc != -ETIMEDOUT) {
@@ -325,6 +364,7 @@ int kp_attach_create(const struct kp_attach_opts *o, struct kp_attach **out)
         return -ENOMEM;
     }
     att->ch = o->ch;
+    att->chopts = o->chopts;
     snprintf(att->target, sizeof(att->target), "%s", o->target != NULL ? o->target : "?");
     att->wake_fd = o->wake_fd;
     att->max_queue = o->max_queue > 0 ? o->max_queue : KP_ATTACH_DEFAULT_QUEUE;
@@ -381,6 +421,7 @@ void kp_attach_destroy(struct kp_attach *att)
         free(att->q);
     }
     free(att->pending);
+    kp_rpc_channel_destroy(att->coord_ch);
     pthread_cond_destroy(&att->cond);
     pthread_mutex_destroy(&att->mu);
     free(att);

@@ -13,6 +13,11 @@
  * a command is dropped, counted and logged once per overflow) and the loop is woken by one
  * write to wake_fd (an eventfd; coalesced); the loop drains the queue with kp_attach_take.
  *
+ * The coordinator: only the elected collectord replica answers Attach (docs/design.md
+ * "Coordinator election"). Before each (re)open the thread asks Control.Coordinator on ch
+ * (kp_coordinator.h) and opens the call on a channel of its own to the address named there
+ * (chopts: the same TLS settings and token), or on ch when that is the coordinator.
+ *
  * Reconnects: when the call cannot be opened or breaks (collectord down, restarted, or ending
  * the call), the thread waits a capped full-jitter backoff (reconnect_base_ms doubling to
  * reconnect_max_ms) and opens a new call. One warn line per outage (kp_complain), and
@@ -41,7 +46,10 @@
 struct kp_attach;
 
 struct kp_attach_opts {
-    struct kp_rpc_channel *ch;   /* borrowed: must outlive the attach */
+    struct kp_rpc_channel *ch; /* borrowed: must outlive the attach */
+    /* how to open a channel to the coordinator when it is another replica (borrowed, with
+     * its strings, for the attach's life); NULL: always use ch */
+    const struct kp_rpc_channel_opts *chopts;
     const char *target;          /* collectord's address, for logs (copied) */
     int wake_fd;                 /* eventfd written when commands are queued; -1: none */
     size_t max_queue;            /* 0: KP_ATTACH_DEFAULT_QUEUE */

@@ -32,8 +32,11 @@ struct cap_rank {
     int32_t rank;
     uint32_t pid;
     enum rank_state state;
-    bool last_emitted; /* the capture's last batch of this rank is in the spool */
-    uint64_t last_seq; /* its seq */
+    bool last_emitted;  /* the capture's last batch of this rank is in the spool */
+    uint64_t last_seq;  /* its seq */
+    uint64_t first_seq; /* the seq of the rank's first batch in the spool */
+    uint64_t spooled;   /* the rank's batches in the spool, between first_seq and last_seq */
+    Kprof__V1__StreamMark mark; /* reported with DONE (kp_captures_report) */
     uint64_t spool_dropped;
     long long deadline_ms; /* CLOCK_MONOTONIC: FAILED if the window has not begun by then, or
                             * (once begun) has not ended by then */
@@ -192,6 +195,9 @@ static int emit_batch(void *ud, const uint8_t *buf, size_t len, size_t rows, boo
         return rc;
     }
     kp_metric_add(m->spooled, 1);
+    if (c != NULL && c->ranks[p->cap_idx].spooled++ == 0) {
+        c->ranks[p->cap_idx].first_seq = seq;
+    }
     if (last && c != NULL) {
         c->ranks[p->cap_idx].last_emitted = true;
         c->ranks[p->cap_idx].last_seq = seq;
@@ -899,6 +905,17 @@ size_t kp_captures_report(struct kp_captures *set, uint64_t acked,
             q->dropped = r->lib_dropped + r->malformed + r->spool_rows;
             q->first_step = r->first_step;
             q->last_step = r->last_step;
+            if (q->state == KPROF__V1__RANK_STATE__RANK_STATE_DONE && r->last_emitted &&
+                r->spooled > 0) {
+                /* collectord calls the rank DONE once these are stored in PostgreSQL */
+                kprof__v1__stream_mark__init(&r->mark);
+                r->mark.rank = r->rank;
+                r->mark.stream = kp_spool_stream_id(set->cfg.spool);
+                r->mark.first_seq = r->first_seq;
+                r->mark.last_seq = r->last_seq;
+                r->mark.count = r->spooled;
+                q->mark = &r->mark;
+            }
             if ((int) q->state != r->reported) {
                 r->reported = (int) q->state;
                 kp_log_info("capture rank state run=%" PRIu64 " rank=%d pid=%u state=%s "

@@ -425,6 +425,7 @@ int kp_uplink_create(const struct kp_uplink_config *cfg, struct kp_uplink **out,
 
         memset(&ao, 0, sizeof(ao));
         ao.ch = cfg->ch;
+        ao.chopts = cfg->chopts;
         ao.target = cfg->collector;
         ao.wake_fd = cfg->wake_fd;
         if ((rc = kp_attach_create(&ao, &up->att)) != 0) {

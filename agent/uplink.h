@@ -39,6 +39,9 @@ struct kp_uplink;
 struct kp_uplink_config {
     struct kp_rpc_channel *ch;
     const char *collector; /* collectord's address, for logs */
+    /* ch's options, to reach the capture coordinator when it is another replica (attach.h;
+     * borrowed for the uplink's life) */
+    const struct kp_rpc_channel_opts *chopts;
     struct kp_spool *spool;
     struct kp_sessions *sessions;
     struct kp_captures *captures;

@@ -29,6 +29,7 @@ static const struct kprofctl_verb verbs[] = {
     { "roofline", "", kprofctl_roofline },   { "counters", "", kprofctl_counters },
     { "compare", "", kprofctl_compare },     { "hta", "", kprofctl_hta },
     { "memory", "", kprofctl_memory },       { "distributed", "", kprofctl_distributed },
+    { "diff", "", kprofctl_diff },
 };
 
 /* kp_rpcverb_local_fn: the service's answer, computed here. */

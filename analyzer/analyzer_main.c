@@ -24,6 +24,10 @@ static const struct kp_config_def analyzer_config[] = {
     { "pg-password-file", KP_CONFIG_STRING, "", 0, 0, OFF(base.pg_password_file),
       "file whose first line is the PostgreSQL password (mode 0600, read once at start)", NULL,
       false },
+    { "web-listen", KP_CONFIG_STRING, "", 0, 0, OFF(web_listen),
+      "address (host:port) of the JSON HTTP API of the web UI (docs/web-api.md), with the same TLS "
+      "and tokens as gRPC; empty disables",
+      NULL, false },
     KP_DAEMON_SECURITY_CONFIG(struct kp_analyzer_config),
     KP_DAEMON_METRICS_CONFIG(struct kp_analyzer_config),
     { "log-level", KP_CONFIG_ENUM, "info", 0, 0, OFF(base.log_level), "error, warn, info or debug",

@@ -26,16 +26,21 @@
 #include "kp_workq.h"
 #include "kprof.pb-c.h"
 #include "view.h"
+#include "web.h"
 
 #define KP_ANALYZER_MAX_WORKERS 64
 #define KP_ANALYZER_MAX_VIEWS   32
 /* Methods outside the view table (a streaming one has no cached unary reply). */
 #define KP_ANALYZER_EXTRA_METHODS 4
 
+/* A queued request: a view's (the gRPC method's or the web API's, answered through sink), or
+ * work of another front end on a worker's connection (pg_fn). */
 struct job {
-    size_t view;              /* index into kp_views */
-    struct kp_rpc_call *call; /* a reference */
-    ProtobufCMessage *req;    /* owned */
+    size_t view;                         /* index into kp_views */
+    const struct kp_analyzer_sink *sink; /* how the answer goes back (static) */
+    void *ud;                            /* sink's */
+    ProtobufCMessage *req;               /* owned */
+    kp_analyzer_pg_fn *pg_fn;            /* not NULL: this, not a view */
 };
 
 /* What a cached reply was computed from: the view and its key (view.h). */
@@ -83,6 +88,7 @@ struct kp_analyzer {
     struct kp_export_svc *export_svc; /* Analyzer.Export (export_rpc.h) */
     struct kp_rpc_server *server;
     struct kp_http *http;
+    struct kp_web *web;   /* --web-listen: the JSON HTTP API (web.h); NULL: off */
     struct kp_auth *auth; /* NULL: --allow-anonymous */
     struct kp_workq *q;   /* the workers, each with a struct worker */
 
@@ -101,17 +107,41 @@ struct kp_analyzer {
 
 static void job_free(struct job *j)
 {
-    protobuf_c_message_free_unpacked(j->req, NULL);
-    kp_rpc_call_unref(j->call);
+    if (j->req != NULL) {
+        protobuf_c_message_free_unpacked(j->req, NULL);
+    }
+    if (j->sink != NULL && j->sink->release != NULL) {
+        j->sink->release(j->ud);
+    }
     free(j);
 }
 
-static void finish_error(struct kp_analyzer *a, struct kp_rpc_call *call, grpc_status_code code,
+static void finish_error(struct kp_analyzer *a, struct job *j, grpc_status_code code,
                          const char *details)
 {
     INC(a->st.errors);
-    kp_rpc_call_finish(call, code, details);
+    j->sink->error(j->ud, code, details);
 }
+
+/* The gRPC method's sink: ud is the call (a reference). */
+static void grpc_reply(void *ud, const ProtobufCMessage *msg)
+{
+    kp_rpc_call_reply(ud, msg);
+}
+
+static void grpc_error(void *ud, grpc_status_code code, const char *details)
+{
+    kp_rpc_call_finish(ud, code, details);
+}
+
+static void grpc_release(void *ud)
+{
+    kp_rpc_call_unref(ud);
+}
+
+static const struct kp_analyzer_sink grpc_sink = { .reply = grpc_reply,
+                                                   .error = grpc_error,
+                                                   .release = grpc_release };
 
 /* ---- cache ------------------------------------------------------------------------------ */
 
@@ -292,12 +322,12 @@ static void run_job(struct worker *w, struct job *j)
     memset(&k, 0, sizeof(k));
     k.view = j->view;
     if (!v->key(j->req, (size_t) a->cfg.max_rows, &k.k, err, sizeof(err))) {
-        finish_error(a, j->call, GRPC_STATUS_INVALID_ARGUMENT, err);
+        finish_error(a, j, GRPC_STATUS_INVALID_ARGUMENT, err);
         return;
     }
     if ((pg = pg_get(w, err, sizeof(err))) == NULL) {
         snprintf(details, sizeof(details), "PostgreSQL is unreachable (%s); retry later", err);
-        finish_error(a, j->call, GRPC_STATUS_UNAVAILABLE, details);
+        finish_error(a, j, GRPC_STATUS_UNAVAILABLE, details);
         return;
     }
     /* The first statement of every request: a read, so it runs again on a new connection when
@@ -308,7 +338,7 @@ static void run_job(struct worker *w, struct job *j)
     state = ver.state;
     batches = ver.batches;
     if (rc == KP_ENOTFOUND) {
-        finish_error(a, j->call, GRPC_STATUS_NOT_FOUND, err);
+        finish_error(a, j, GRPC_STATUS_NOT_FOUND, err);
         return;
     }
     if (rc != 0) {
@@ -318,12 +348,12 @@ static void run_job(struct worker *w, struct job *j)
         }
         snprintf(details, sizeof(details), "%s%s; retry later",
                  strncmp(err, "PostgreSQL", 10) == 0 ? "" : "PostgreSQL failed: ", err);
-        finish_error(a, j->call, GRPC_STATUS_UNAVAILABLE, details);
+        finish_error(a, j, GRPC_STATUS_UNAVAILABLE, details);
         return;
     }
     if (!v->whole_run && k.k.rank == KP_VIEW_ONLY_RANK &&
         (rc = kp_view_resolve_rank(pg, k.k.run, &k.k.rank, err, sizeof(err))) != 0) {
-        finish_error(a, j->call, kp_view_status(v, &k.k, rc, err, sizeof(err)), err);
+        finish_error(a, j, kp_view_status(v, &k.k, rc, err, sizeof(err)), err);
         return;
     }
     /* A request that writes (Compare's save_offsets) is never answered from the cache. */
@@ -333,7 +363,7 @@ static void run_job(struct worker *w, struct job *j)
         set_cached(hit);
         kp_log_debug("cache hit method=%s run=%" PRIu64 " rank=%d", v->name, k.k.run,
                      (int) k.k.rank);
-        kp_rpc_call_reply(j->call, hit);
+        j->sink->reply(j->ud, hit);
         protobuf_c_message_free_unpacked(hit, NULL);
         return;
     }
@@ -347,7 +377,7 @@ static void run_job(struct worker *w, struct job *j)
         kp_log_debug("computed method=%s run=%" PRIu64 " rank=%d ms=%lld rc=%d", v->name, k.k.run,
                      (int) k.k.rank, (kp_mono_ns() - t0) / 1000000, rc);
         if (rc != 0) {
-            finish_error(a, j->call, code, err);
+            finish_error(a, j, code, err);
             kp_an_destroy(an);
             return;
         }
@@ -355,7 +385,7 @@ static void run_job(struct worker *w, struct job *j)
     if (a->cfg.cache_bytes > 0 && !writes) {
         cache_put(a, &k, state, batches, out.msg);
     }
-    kp_rpc_call_reply(j->call, out.msg);
+    j->sink->reply(j->ud, out.msg);
     out.free_fn(out.state);
     kp_an_destroy(an); /* last: a reply may point into the loaded rank */
 }
@@ -399,15 +429,31 @@ static void worker_tick(void *ud, void *state)
 
 static void worker_run(void *ud, void *state, void *item)
 {
-    run_job(state, item);
-    job_free(item);
+    struct job *j = item;
+    struct worker *w = state;
+    char err[512];
+
+    if (j->pg_fn != NULL) {
+        PGconn *pg = pg_get(w, err, sizeof(err));
+
+        j->pg_fn(pg, pg != NULL ? NULL : err, j->ud);
+    }
+    else {
+        run_job(w, j);
+    }
+    job_free(j);
 }
 
 static void worker_cancel(void *ud, void *item)
 {
     struct job *j = item;
 
-    finish_error(ud, j->call, GRPC_STATUS_UNAVAILABLE, "kprof-analyzer is shutting down");
+    if (j->pg_fn != NULL) {
+        j->pg_fn(NULL, "kprof-analyzer is shutting down", j->ud);
+    }
+    else {
+        finish_error(ud, j, GRPC_STATUS_UNAVAILABLE, "kprof-analyzer is shutting down");
+    }
     job_free(j);
 }
 
@@ -427,28 +473,16 @@ static void client_key(struct kp_rpc_call *call, char *key, size_t len)
     snprintf(key, len, "peer:%.*s", colon != NULL ? (int) (colon - peer) : 0, peer);
 }
 
-static void enqueue(struct kp_analyzer *a, size_t v, struct kp_rpc_call *call,
-                    ProtobufCMessage *req)
+/* Queues j for a worker under the client key; on a full queue logs (at most once a second),
+ * counts and returns nonzero (j still the caller's). */
+static int enqueue(struct kp_analyzer *a, struct job *j, const char *key, const char *what,
+                   const char *peer)
 {
-    char key[KP_WORKQ_KEY_MAX];
-
-    struct job *j = calloc(1, sizeof(*j));
     bool log_it = false;
     long long now;
 
-    INC(a->st.requests[v]);
-    if (j == NULL) {
-        protobuf_c_message_free_unpacked(req, NULL);
-        finish_error(a, call, GRPC_STATUS_RESOURCE_EXHAUSTED, "kprof-analyzer is out of memory");
-        return;
-    }
-    j->view = v;
-    j->call = call;
-    j->req = req;
-    kp_rpc_call_ref(call);
-    client_key(call, key, sizeof(key));
     if (kp_workq_submit_keyed(a->q, j, key) == 0) {
-        return;
+        return 0;
     }
     /* Full, or stopping. */
     now = kp_mono_ns();
@@ -462,19 +496,75 @@ static void enqueue(struct kp_analyzer *a, size_t v, struct kp_rpc_call *call,
     if (log_it) {
         kp_log_warn("analysis queue full (or this client's share of it); rejecting method=%s "
                     "peer=%s client=%s queue_max=%lld",
-                    kp_rpc_call_method(call), kp_rpc_call_peer(call), key, a->cfg.queue_max);
+                    what, peer, key, a->cfg.queue_max);
     }
-    finish_error(a, call, GRPC_STATUS_RESOURCE_EXHAUSTED,
+    return -EBUSY;
+}
+
+int kp_analyzer_submit(struct kp_analyzer *a, const struct kp_view *view, ProtobufCMessage *req,
+                       const char *client, const char *peer, const struct kp_analyzer_sink *sink,
+                       void *ud)
+{
+    struct job tmp = { .sink = sink, .ud = ud, .req = req };
+    struct job *j;
+    size_t v = 0;
+
+    while (v < kp_n_views && kp_views[v] != view) {
+        v++;
+    }
+    if (v == kp_n_views) {
+        tmp.req = NULL;
+        protobuf_c_message_free_unpacked(req, NULL);
+        finish_error(a, &tmp, GRPC_STATUS_INTERNAL, "not a view of this analyzer");
+        return -EINVAL;
+    }
+    INC(a->st.requests[v]);
+    if ((j = calloc(1, sizeof(*j))) == NULL) {
+        finish_error(a, &tmp, GRPC_STATUS_RESOURCE_EXHAUSTED, "kprof-analyzer is out of memory");
+        protobuf_c_message_free_unpacked(req, NULL);
+        return -ENOMEM;
+    }
+    *j = tmp;
+    j->view = v;
+    if (enqueue(a, j, client, view->name, peer) == 0) {
+        return 0;
+    }
+    finish_error(a, j, GRPC_STATUS_RESOURCE_EXHAUSTED,
                  "too many analyses queued (for this client); retry later");
-    job_free(j);
+    protobuf_c_message_free_unpacked(j->req, NULL); /* not job_free: no release on failure */
+    free(j);
+    return -EBUSY;
+}
+
+int kp_analyzer_submit_pg(struct kp_analyzer *a, const char *client, kp_analyzer_pg_fn *fn,
+                          void *ud)
+{
+    struct job *j = calloc(1, sizeof(*j));
+
+    if (j == NULL) {
+        return -ENOMEM;
+    }
+    j->pg_fn = fn;
+    j->ud = ud;
+    if (enqueue(a, j, client, "web", "-") != 0) {
+        free(j);
+        return -EBUSY;
+    }
+    return 0;
 }
 
 /* Every view's method: ud is the view's slot. */
 static void on_view(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
 {
     struct view_slot *slot = ud;
+    char key[KP_WORKQ_KEY_MAX];
 
-    enqueue(slot->a, slot->view, call, req);
+    client_key(call, key, sizeof(key));
+    kp_rpc_call_ref(call);
+    if (kp_analyzer_submit(slot->a, kp_views[slot->view], req, key, kp_rpc_call_peer(call),
+                           &grpc_sink, call) != 0) {
+        kp_rpc_call_unref(call);
+    }
 }
 
 /* ---- HTTP ------------------------------------------------------------------------------- */
@@ -621,6 +711,10 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
                                    errbuf, errlen)) != 0) {
         goto fail;
     }
+    if (cfg->web_listen != NULL && cfg->web_listen[0] != '\0' &&
+        (rc = kp_web_create(a, cfg->web_listen, &a->web, errbuf, errlen)) != 0) {
+        goto fail;
+    }
     snprintf(grpc, sizeof(grpc), "127.0.0.1:%d", kp_analyzer_port(a));
     if ((rc = kp_daemon_ready_write(cfg->base.ready_file, "grpc", grpc, a->http, errbuf, errlen)) !=
         0) {
@@ -646,12 +740,28 @@ int kp_analyzer_http_port(const struct kp_analyzer *a)
     return a->http != NULL ? kp_http_port(a->http) : 0;
 }
 
+int kp_analyzer_web_port(const struct kp_analyzer *a)
+{
+    return a->web != NULL ? kp_web_port(a->web) : 0;
+}
+
+struct kp_auth *kp_analyzer_auth(struct kp_analyzer *a)
+{
+    return a->auth;
+}
+
+const struct kp_analyzer_config *kp_analyzer_config(const struct kp_analyzer *a)
+{
+    return &a->cfg;
+}
+
 void kp_analyzer_destroy(struct kp_analyzer *a)
 {
     if (a == NULL) {
         return;
     }
     kp_http_destroy(a->http);
+    kp_web_destroy(a->web); /* first: its requests wait on the workers, which still run */
     /* Live calls get the grace period; the workers keep answering meanwhile. */
     if (a->server != NULL) {
         kp_rpc_server_shutdown(a->server, a->cfg.shutdown_grace_ms);

@@ -7,7 +7,9 @@
  *
  * Threads: the gRPC completion-queue thread only queues requests; a pool of workers, each
  * with its own PostgreSQL connection, checks the run, answers from the cache or loads the
- * rank and computes; the HTTP thread serves /healthz, /readyz and /metrics.
+ * rank and computes; the HTTP thread serves /healthz, /readyz and /metrics. With web_listen,
+ * the JSON HTTP API (web.h) hands its requests to the same queue through kp_analyzer_submit,
+ * the one entry point of a view's request whichever front end it came in by.
  *
  * Queue: at most queue_max requests wait; past that a request is answered RESOURCE_EXHAUSTED
  * (counted, logged at most once a second).
@@ -25,9 +27,15 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <grpc/status.h>
+#include <libpq-fe.h>
+#include <protobuf-c/protobuf-c.h>
+
 #include "kp_daemon.h"
 
 struct kp_analyzer;
+struct kp_auth;
+struct kp_view;
 
 #define KP_ANALYZER_DEFAULT_LISTEN "127.0.0.1:7072"
 
@@ -38,6 +46,7 @@ struct kp_analyzer_config {
     long long cache_bytes;        /* packed replies kept; 0 disables the cache */
     long long max_rows; /* a rank with more rows is refused (RESOURCE_EXHAUSTED); 0: none */
     long long shutdown_grace_ms;
+    char *web_listen; /* the JSON HTTP API (web.h, docs/web-api.md); "" or NULL: off */
 };
 
 /*
@@ -49,9 +58,45 @@ struct kp_analyzer_config {
 int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer **out, char *errbuf,
                        size_t errlen);
 
-/* The bound gRPC and HTTP ports (0 when not serving that). */
+/* The bound gRPC, HTTP (/healthz...) and web API ports (0 when not serving that). */
 int kp_analyzer_port(const struct kp_analyzer *a);
 int kp_analyzer_http_port(const struct kp_analyzer *a);
+int kp_analyzer_web_port(const struct kp_analyzer *a);
+
+/* ---- for the front ends other than gRPC (the web API, web.c) ---- */
+
+/* How a view's answer goes back: exactly one of reply (msg borrowed for the call) or error is
+ * called, on a worker thread (or on the caller's, for a request refused at once); then
+ * release (may be NULL), unless kp_analyzer_submit returned nonzero. */
+struct kp_analyzer_sink {
+    void (*reply)(void *ud, const ProtobufCMessage *msg);
+    void (*error)(void *ud, grpc_status_code code, const char *details);
+    void (*release)(void *ud);
+};
+
+/*
+ * The one entry point of a view's request, whichever front end it came in by: queues req
+ * (owned from here on) for view under the fairness key client (peer: for the log), and a
+ * worker checks the run, answers from the cache or computes, as for the gRPC method. Returns
+ * 0 (answered later, then released), or nonzero after answering through sink->error at once
+ * (RESOURCE_EXHAUSTED: the queue is full; no release).
+ */
+int kp_analyzer_submit(struct kp_analyzer *a, const struct kp_view *view, ProtobufCMessage *req,
+                       const char *client, const char *peer, const struct kp_analyzer_sink *sink,
+                       void *ud);
+
+/* Work on a worker's PostgreSQL connection: pg, or NULL with why in pg_err (unreachable, or
+ * the analyzer stopping). Called once. */
+typedef void kp_analyzer_pg_fn(PGconn *pg, const char *pg_err, void *ud);
+
+/* Queues fn(ud) for a worker under the fairness key client. Returns 0 (fn will be called), or
+ * -EBUSY (queue full) or -ENOMEM (fn is not called). */
+int kp_analyzer_submit_pg(struct kp_analyzer *a, const char *client, kp_analyzer_pg_fn *fn,
+                          void *ud);
+
+/* The caller authentication (NULL: --allow-anonymous) and the settings. */
+struct kp_auth *kp_analyzer_auth(struct kp_analyzer *a);
+const struct kp_analyzer_config *kp_analyzer_config(const struct kp_analyzer *a);
 
 /* Refuses new calls, lets live ones finish within the grace period (queued requests are
  * answered UNAVAILABLE), joins the workers and frees everything. Accepts NULL. */

@@ -81,6 +81,7 @@ struct kp_view {
 extern const struct kp_view kp_view_breakdown, kp_view_ops, kp_view_kernels, kp_view_prof,
     kp_view_roofline, kp_view_counters, kp_view_compare, kp_view_hta, kp_view_memory,
     kp_view_distributed;
+extern const struct kp_view kp_view_diff; /* two sides: the other one in its key's opts */
 
 /* Every view, in the order of the Analyzer service in proto/kprof.proto. */
 extern const struct kp_view *const kp_views[];

@@ -15,8 +15,9 @@
 #include "kp_pg.h"
 
 const struct kp_view *const kp_views[] = {
-    &kp_view_breakdown, &kp_view_ops,     &kp_view_kernels, &kp_view_prof,   &kp_view_roofline,
-    &kp_view_counters,  &kp_view_compare, &kp_view_hta,     &kp_view_memory, &kp_view_distributed,
+    &kp_view_breakdown, &kp_view_ops,         &kp_view_kernels, &kp_view_prof,
+    &kp_view_roofline,  &kp_view_counters,    &kp_view_compare, &kp_view_hta,
+    &kp_view_memory,    &kp_view_distributed, &kp_view_diff,
 };
 const size_t kp_n_views = sizeof(kp_views) / sizeof(kp_views[0]);
 

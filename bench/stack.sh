@@ -14,6 +14,10 @@
 # serves TLS and takes only those credentials (--no-plaintext --no-allow-anonymous), stopped by
 # pid at exit, and sets saddr (its address) and the arrays sec_token and sec_mtls (the
 # kprof-loadgen flags of the token over TLS, and of the client certificate).
+# bench_pg_settings (an array the caller may set before bench_stack_up; throwaway stack only):
+# "NAME = VALUE" settings made with ALTER SYSTEM, PostgreSQL then restarted (pg_ctl restart
+# keeps pgfix.sh's options) before collectord starts, for settings that need a restart, such as
+# track_commit_timestamp.
 
 cpid=
 apid=
@@ -55,10 +59,27 @@ bench_stack_up() {
     "$root/tests/it/pgfix.sh" start "$pgdir" "$pgport" >"$work/pgfix.log" 2>&1 ||
         { cat "$work/pgfix.log" >&2; die "PostgreSQL did not start"; }
     pg="host=$pgdir port=$pgport user=kprof dbname=kprof"
+    if [ "${#bench_pg_settings[@]}" -gt 0 ]; then
+        bench_pg_restart_with
+    fi
     "$collectord" --listen 127.0.0.1:0 --http-listen "" --pg-conninfo "$pg" --plaintext --allow-anonymous \
         --ready-file "$work/ready" --log-level warn >"$work/collectord.log" 2>&1 &
     cpid=$!
     addr=$(bench_wait_ready "$cpid" "$work/ready" "$work/collectord.log" collectord)
+}
+
+bench_pg_settings=()
+bench_pg_restart_with() {
+    local kv bin owner=()
+    for kv in "${bench_pg_settings[@]}"; do
+        psql "$pg" -qtAX -v ON_ERROR_STOP=1 -c "ALTER SYSTEM SET $kv" >/dev/null ||
+            die "PostgreSQL refused ALTER SYSTEM SET $kv"
+    done
+    # the running postmaster's own pg_ctl (the first line of postmaster.pid is its pid)
+    bin=$(dirname "$(readlink "/proc/$(head -1 "$pgdir/db/postmaster.pid")/exe")")
+    [ "$(id -u)" = 0 ] && owner=(runuser -u postgres --)
+    "${owner[@]}" "$bin/pg_ctl" -D "$pgdir/db" -w -t 120 -m fast restart >>"$work/pgfix.log" 2>&1 ||
+        { cat "$work/pgfix.log" >&2; die "PostgreSQL did not restart"; }
 }
 
 bench_analyzer_up() {

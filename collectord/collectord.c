@@ -18,19 +18,26 @@
 #include "kp_log.h"
 #include "kp_rpc.h"
 #include "kp_strbuf.h"
+#include "leader.h"
+#include "metrics_text.h"
+#include "sink_kafka.h"
 #include "sink_pg.h"
 
 struct kp_collectord {
     struct kp_collectord_config cfg; /* borrowed strings: the caller's config outlives us */
     struct kp_ingest *ingest;
-    struct kp_sink *sink;
+    struct kp_sink *sink;        /* --sink postgres */
+    struct kp_sink_kafka *kafka; /* --sink kafka */
     struct kp_control *control;
     struct kp_coord *coord;
+    struct kp_leader *leader;
     struct kp_rpc_method methods[1 + KP_CONTROL_N_METHODS];
     struct kp_rpc_server *server;
     struct kp_http *http;
     struct kp_auth *auth; /* NULL: --allow-anonymous */
 };
+
+const char *const kp_collectord_sinks[] = { "postgres", "kafka", NULL };
 
 static bool healthz(void *ud)
 {
@@ -44,7 +51,13 @@ static bool readyz(void *ud, char *why, size_t len)
     if (d->server != NULL && !kp_rpc_server_accepting(d->server, why, len)) {
         return false;
     }
-    if (!kp_sink_ready(d->sink)) {
+    if (d->kafka != NULL) {
+        if (!kp_sink_kafka_ready(d->kafka)) {
+            snprintf(why, len, "Kafka has not answered with the topic's metadata yet\n");
+            return false;
+        }
+    }
+    else if (!kp_sink_ready(d->sink)) {
         snprintf(why, len, "PostgreSQL is not reachable or the schema is not applied\n");
         return false;
     }
@@ -54,23 +67,26 @@ static bool readyz(void *ud, char *why, size_t len)
 static int metrics(void *ud, struct kp_strbuf *out)
 {
     struct kp_collectord *d = ud;
-    struct kp_sink_stats ss;
+    struct kp_sink_stats ss = { 0 };
+    struct kp_sink_kafka_stats ks = { 0 };
     struct kp_ingest_stats is;
     struct kp_coord_stats cs;
+    struct kp_leader_stats ls = { 0 };
 
     kp_coord_get_stats(d->coord, &cs);
-    kp_sink_get_stats(d->sink, &ss);
+    if (d->leader != NULL) {
+        kp_leader_get_stats(d->leader, &ls);
+    }
+    if (d->kafka != NULL) {
+        kp_sink_kafka_get_stats(d->kafka, &ks);
+        ss.queued_bytes = ks.queued_bytes;
+    }
+    else {
+        kp_sink_get_stats(d->sink, &ss);
+    }
     kp_ingest_get_stats(d->ingest, &is);
-#define COUNTER(name, help, v)                                                                   \
-    kp_strbuf_appendf(out,                                                                       \
-                      "# HELP kprof_collectord_" name " " help "\n# TYPE kprof_collectord_" name \
-                      " counter\nkprof_collectord_" name " %" PRIu64 "\n",                       \
-                      (uint64_t) (v))
-#define GAUGE(name, help, v)                                                                     \
-    kp_strbuf_appendf(out,                                                                       \
-                      "# HELP kprof_collectord_" name " " help "\n# TYPE kprof_collectord_" name \
-                      " gauge\nkprof_collectord_" name " %" PRIu64 "\n",                         \
-                      (uint64_t) (v))
+#define COUNTER(name, help, v) KP_CD_COUNTER(out, name, help, v)
+#define GAUGE(name, help, v)   KP_CD_GAUGE(out, name, help, v)
     COUNTER("streams_opened_total", "Ingest streams opened.", is.streams_opened);
     COUNTER("batches_received_total", "Batches received on Ingest.Push.", is.batches_received);
     COUNTER("batches_invalid_total", "Batches rejected by validation.", is.batches_invalid);
@@ -94,8 +110,32 @@ static int metrics(void *ud, struct kp_strbuf *out)
     COUNTER("flushes_total", "Flush transactions committed.", ss.flushes);
     COUNTER("flush_failures_total", "Flush transactions rolled back and retried.",
             ss.flush_failures);
-    GAUGE("queued_bytes", "Encoded bytes waiting for PostgreSQL.", ss.queued_bytes);
+    GAUGE("queued_bytes", "Encoded bytes waiting for PostgreSQL (or Kafka, with --sink kafka).",
+          ss.queued_bytes);
     GAUGE("queued_batches", "Batches waiting for PostgreSQL.", ss.queued_items);
+    if (d->kafka != NULL) {
+        COUNTER("kafka_records_produced_total", "Batches produced and acknowledged by Kafka.",
+                ks.records_produced);
+        COUNTER("kafka_bytes_produced_total", "Encoded batch bytes acknowledged by Kafka.",
+                ks.bytes_produced);
+        COUNTER("kafka_delivery_failures_total",
+                "Batches Kafka did not acknowledge in time (answered UNAVAILABLE; resent).",
+                ks.delivery_failures);
+        COUNTER("kafka_batches_rejected_total",
+                "Batches refused before Kafka: unknown run or rank outside its world size.",
+                ks.batches_rejected);
+        GAUGE("kafka_inflight_bytes",
+              "Encoded bytes submitted to the Kafka sink and not yet acknowledged.",
+              ks.queued_bytes);
+        GAUGE("kafka_inflight_records", "Records produced and not yet acknowledged by Kafka.",
+              ks.inflight_records);
+    }
+    GAUGE("coordinator", "1 when this replica is the active capture coordinator.",
+          kp_coord_active(d->coord) ? 1 : 0);
+    COUNTER("coordinator_takeovers_total", "Times this replica became the capture coordinator.",
+            ls.takeovers);
+    COUNTER("coordinator_step_downs_total",
+            "Times this replica stopped coordinating (its lock connection failed).", ls.step_downs);
     COUNTER("grpc_listener_restarts_total",
             "gRPC listeners restarted after they stopped accepting (out of file descriptors).",
             d->server != NULL ? kp_rpc_server_restarts(d->server) : 0);
@@ -149,10 +189,34 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
         snprintf(errbuf, errlen, "out of memory");
         goto fail;
     }
-    if ((rc = kp_sink_create(&scfg, kp_ingest_done_cb, d->ingest, &d->sink, errbuf, errlen)) != 0) {
-        goto fail;
+    if (cfg->sink == KP_COLLECTORD_SINK_KAFKA) {
+        struct kp_sink_kafka_config kcfg = {
+            .brokers = cfg->kafka_brokers,
+            .topic = cfg->kafka_topic,
+            .properties = cfg->kafka_properties,
+            .properties_file = cfg->kafka_properties_file,
+            .conninfo = cfg->base.pg_conninfo,
+            .queue_max_bytes = (size_t) cfg->queue_max_bytes,
+        };
+
+        if (cfg->kafka_brokers == NULL || cfg->kafka_brokers[0] == '\0') {
+            snprintf(errbuf, errlen, "--sink kafka needs --kafka-brokers HOST:PORT,...");
+            rc = KP_ECONFIG;
+            goto fail;
+        }
+        if ((rc = kp_sink_kafka_create(&kcfg, kp_ingest_done_cb, d->ingest, &d->kafka, errbuf,
+                                       errlen)) != 0) {
+            goto fail;
+        }
+        kp_ingest_set_sink(d->ingest, &kp_sink_kafka_ops, d->kafka);
     }
-    kp_ingest_set_sink(d->ingest, d->sink);
+    else {
+        if ((rc = kp_sink_create(&scfg, kp_ingest_done_cb, d->ingest, &d->sink, errbuf, errlen)) !=
+            0) {
+            goto fail;
+        }
+        kp_ingest_set_sink(d->ingest, &kp_sink_pg_ops, d->sink);
+    }
     /* One client may hold a quarter of the queue: the others still get in. */
     kp_ingest_set_stream_max(d->ingest, (size_t) cfg->queue_max_bytes / 4);
     struct kp_coord_opts copts = { .agent_grace_ms = cfg->agent_grace_ms };
@@ -161,6 +225,8 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
         snprintf(errbuf, errlen, "out of memory");
         goto fail;
     }
+    /* No captures until the election says this replica coordinates (leader.h). */
+    kp_coord_set_role(d->coord, false, "");
     if ((rc = kp_control_create(cfg->base.pg_conninfo, d->coord, &d->control, errbuf, errlen)) !=
         0) {
         goto fail;
@@ -171,6 +237,25 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
     if ((rc = kp_rpc_server_create(&sopts, d->methods, 1 + KP_CONTROL_N_METHODS, &d->server, errbuf,
                                    errlen)) != 0) {
         goto fail;
+    }
+    {
+        char adv[256];
+        struct kp_leader_opts lo = { .conninfo = cfg->base.pg_conninfo,
+                                     .take_part = cfg->coordinator,
+                                     .poll_ms = cfg->coordinator_poll_ms,
+                                     .advertise = adv,
+                                     .coord = d->coord };
+
+        if (cfg->advertise_address != NULL && cfg->advertise_address[0] != '\0') {
+            snprintf(adv, sizeof(adv), "%s", cfg->advertise_address);
+        }
+        else {
+            kp_leader_default_advertise(cfg->base.listen, kp_collectord_port(d), adv, sizeof(adv));
+        }
+        if ((rc = kp_leader_create(&lo, &d->leader, errbuf, errlen)) != 0) {
+            goto fail;
+        }
+        kp_control_set_leader(d->control, d->leader);
     }
     if ((rc = kp_daemon_http_start(cfg->base.http_listen, cfg->base.metrics_token, &hh, d, &d->http,
                                    errbuf, errlen)) != 0) {
@@ -211,6 +296,10 @@ void kp_collectord_destroy(struct kp_collectord *d)
      * until the server is destroyed), then the server, whose queue drains the last tags.
      */
     kp_http_destroy(d->http);
+    if (d->control != NULL) {
+        kp_control_set_leader(d->control, NULL);
+    }
+    kp_leader_destroy(d->leader); /* steps down first: a standby takes over at once */
     if (d->coord != NULL) {
         kp_coord_shutdown(d->coord); /* agents' Attach calls never end by themselves */
     }
@@ -218,6 +307,7 @@ void kp_collectord_destroy(struct kp_collectord *d)
         kp_rpc_server_shutdown(d->server, d->cfg.shutdown_grace_ms);
     }
     kp_sink_destroy(d->sink, d->cfg.shutdown_grace_ms);
+    kp_sink_kafka_destroy(d->kafka, d->cfg.shutdown_grace_ms);
     kp_control_destroy(d->control);
     kp_rpc_server_destroy(d->server);
     kp_coord_destroy(d->coord);

@@ -14,6 +14,18 @@
 
 struct kp_collectord;
 
+/* --role: ingest (gRPC, the direct path) or sink (Kafka to PostgreSQL, consumer.h) */
+enum {
+    KP_COLLECTORD_ROLE_INGEST = 0,
+    KP_COLLECTORD_ROLE_SINK = 1
+};
+/* --sink: postgres stores batches itself (sink_pg.h), kafka produces them (sink_kafka.h). */
+enum {
+    KP_COLLECTORD_SINK_POSTGRES = 0,
+    KP_COLLECTORD_SINK_KAFKA = 1
+};
+extern const char *const kp_collectord_sinks[]; /* "postgres", "kafka", NULL */
+
 struct kp_collectord_config {
     struct kp_daemon_config base; /* listen, http_listen, pg_conninfo, TLS, log_level, ready_file */
     long long max_message_bytes;  /* largest Batch accepted on the wire */
@@ -26,7 +38,18 @@ struct kp_collectord_config {
     long long agent_grace_ms;      /* an attached agent away this long fails its capture ranks */
     long long open_run_timeout_ms; /* an OPEN run with no producer stream and no batch for this
                                       long is ended FAILED (0: never) */
+    int sink;                      /* KP_COLLECTORD_SINK_*: where validated batches go */
+    const char *kafka_brokers;     /* --sink kafka: bootstrap.servers */
+    const char *kafka_topic;       /* --sink kafka: the topic (sink_kafka.h: key and value) */
+    const char *kafka_properties;  /* librdkafka properties, "k=v" separated by ',' or ';' */
+    const char *kafka_properties_file; /* more, KEY=VALUE a line, from a private file */
     bool migrate; /* apply the pending migrations as the schema owner and exit (main.c) */
+    int role;     /* KP_COLLECTORD_ROLE_*: which daemon main.c starts */
+    const char *kafka_group;        /* --role sink: the consumer group */
+    long long kafka_revoke_wait_ms; /* --role sink: how long a revoke waits for PostgreSQL */
+    bool coordinator;               /* take part in the capture coordinator election */
+    long long coordinator_poll_ms;  /* how often the election lock is tried and held */
+    const char *advertise_address;  /* HOST:PORT others reach this replica at ("": derived) */
 };
 
 /*

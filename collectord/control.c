@@ -22,6 +22,7 @@
 #include "kp_strbuf.h"
 #include "kp_workq.h"
 #include "kprof.pb-c.h"
+#include "leader.h"
 #include "store.h"
 
 #define KP_CONTROL_QUEUE_MAX 256
@@ -50,7 +51,6 @@ struct job {
 
 struct kp_control {
     struct kp_coord *coord; /* borrowed */
-    bool recovered;         /* kp_coord_recover ran */
     char *conninfo;
     PGconn *pg; /* the worker's */
     struct kp_workq *q;
@@ -60,7 +60,8 @@ struct kp_control {
     struct kp_ingest *ingest;
     long long open_run_timeout_ms;
     long long last_reap_ms;
-    int lookups; /* JOB_LOOKUPs queued, under mu */
+    int lookups;              /* JOB_LOOKUPs queued, under mu */
+    struct kp_leader *leader; /* under mu (kp_control_set_leader) */
 };
 
 static void job_free(struct job *j)
@@ -109,12 +110,6 @@ static PGconn *pg_get(struct kp_control *c, char *err, size_t len)
         return NULL;
     }
     kp_release(&c->pg_complain, KP_LOG_MODULE, "PostgreSQL reachable again for control requests");
-    if (!c->recovered && c->coord != NULL) {
-        if (kp_coord_recover(c->coord, c->pg, err, len) != 0) {
-            kp_log_warn("cannot mark captures left open by an earlier collectord err=\"%s\"", err);
-        }
-        c->recovered = true;
-    }
     return c->pg;
 }
 
@@ -176,6 +171,46 @@ static bool create_ok(const Kprof__V1__CreateRunRequest *r, char *err, size_t le
     return true;
 }
 
+/* EndRun with marks: 0 once every marked batch is stored in PostgreSQL, else -EAGAIN
+ * (UNAVAILABLE: the producer asks again) with how many are not, or the store's code. Behind
+ * --sink kafka a producer's Ack means durable in Kafka; the sink consumers store the batches a
+ * little later, and a run ended before that would refuse them. */
+static int marks_stored(PGconn *pg, const Kprof__V1__EndRunRequest *r, char *err, size_t len)
+{
+    uint64_t *missing, sum = 0;
+    size_t short_marks = 0;
+    int rc;
+
+    if (r->n_marks == 0) {
+        return 0;
+    }
+    if (r->n_marks > KP_STORE_MAX_MARKS) {
+        snprintf(err, len, "%zu marks (at most %d): give one per producer stream", r->n_marks,
+                 KP_STORE_MAX_MARKS);
+        return KP_EPROTO;
+    }
+    if ((missing = calloc(r->n_marks, sizeof(*missing))) == NULL) {
+        snprintf(err, len, "out of memory");
+        return -ENOMEM;
+    }
+    rc = kp_store_marks_missing(pg, r->run_id, r->marks, r->n_marks, missing, err, len);
+    for (size_t i = 0; rc == 0 && i < r->n_marks; i++) {
+        sum += missing[i];
+        short_marks += missing[i] > 0;
+    }
+    free(missing);
+    if (rc == 0 && sum > 0) {
+        snprintf(err, len,
+                 "%" PRIu64 " batches of %zu producer streams of run %" PRIu64
+                 " are acknowledged but not stored in PostgreSQL yet (on their way through "
+                 "Kafka to the sink consumers); retry EndRun shortly",
+                 sum, short_marks, r->run_id);
+        kp_log_debug("EndRun waits run=%" PRIu64 " batches_missing=%" PRIu64, r->run_id, sum);
+        rc = -EAGAIN;
+    }
+    return rc;
+}
+
 /* The run requests (CreateRun, EndRun, DropRun) over the store: replies on success, else
  * returns the store's code with the reason in err. */
 static int run_request(PGconn *pg, void *ud, char *err, size_t len)
@@ -199,7 +234,8 @@ static int run_request(PGconn *pg, void *ud, char *err, size_t len)
     else if (j->type == JOB_END) {
         Kprof__V1__EndRunRequest *r = (Kprof__V1__EndRunRequest *) j->req;
 
-        if ((rc = end_allowed(pg, j->call, r->run_id, err, len)) != 0) {
+        if ((rc = end_allowed(pg, j->call, r->run_id, err, len)) != 0 ||
+            (rc = marks_stored(pg, r, err, len)) != 0) {
             return rc;
         }
         rc = kp_store_end_run(pg, r->run_id, r->failed, &run, err, len);
@@ -388,7 +424,7 @@ static void run_job(struct kp_control *c, struct job *j)
     }
     else if (rc != 0) {
         if (rc != KP_ENOTFOUND && rc != KP_EPROTO && rc != -EINVAL && rc != -EBUSY &&
-            rc != -EPERM) {
+            rc != -EPERM && rc != -EAGAIN) {
             kp_log_warn("control request failed method=%s err=\"%s\"", kp_rpc_call_method(j->call),
                         err);
         }
@@ -553,18 +589,35 @@ static void on_drop(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
 
 static void on_start(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
 {
-    enqueue(ud, JOB_START, call, req);
+    struct kp_control *c = ud;
+
+    if (kp_coord_refuse(c->coord, call)) {
+        protobuf_c_message_free_unpacked(req, NULL);
+        return;
+    }
+    enqueue(c, JOB_START, call, req);
 }
 
 static void on_status(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
 {
-    enqueue(ud, JOB_STATUS, call, req);
+    struct kp_control *c = ud;
+
+    if (kp_coord_refuse(c->coord, call)) {
+        protobuf_c_message_free_unpacked(req, NULL);
+        return;
+    }
+    enqueue(c, JOB_STATUS, call, req);
 }
 
 /* ListJobs and StopCapture need no PostgreSQL: answered on the gRPC thread. */
 static void on_jobs(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
 {
     struct kp_control *c = ud;
+
+    if (kp_coord_refuse(c->coord, call)) {
+        protobuf_c_message_free_unpacked(req, NULL);
+        return;
+    }
 
     kp_coord_list_jobs(c->coord, call, (Kprof__V1__ListJobsRequest *) req);
     protobuf_c_message_free_unpacked(req, NULL);
@@ -574,8 +627,43 @@ static void on_stop(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
 {
     struct kp_control *c = ud;
 
+    if (kp_coord_refuse(c->coord, call)) {
+        protobuf_c_message_free_unpacked(req, NULL);
+        return;
+    }
+
     kp_coord_stop(c->coord, call, (Kprof__V1__StopCaptureRequest *) req);
     protobuf_c_message_free_unpacked(req, NULL);
+}
+
+/* Coordinator: who coordinates captures, as this replica's election thread last read it. */
+static void on_coordinator(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    struct kp_control *c = ud;
+    Kprof__V1__CoordinatorInfo resp = KPROF__V1__COORDINATOR_INFO__INIT;
+    struct kp_leader_info in = { 0 };
+
+    protobuf_c_message_free_unpacked(req, NULL);
+    pthread_mutex_lock(&c->mu);
+    if (c->leader != NULL) {
+        kp_leader_info(c->leader, &in);
+    }
+    pthread_mutex_unlock(&c->mu);
+    resp.elected = in.elected;
+    resp.address = in.address;
+    resp.host = in.host;
+    resp.pid = in.pid;
+    resp.since_ns = in.since_ns;
+    resp.epoch = in.epoch;
+    resp.is_self = in.is_self && kp_coord_active(c->coord);
+    kp_rpc_call_reply(call, &resp.base);
+}
+
+void kp_control_set_leader(struct kp_control *c, struct kp_leader *leader)
+{
+    pthread_mutex_lock(&c->mu);
+    c->leader = leader;
+    pthread_mutex_unlock(&c->mu);
 }
 
 void kp_control_methods(struct kp_control *c, struct kp_rpc_method *out)
@@ -629,6 +717,12 @@ void kp_control_methods(struct kp_control *c, struct kp_rpc_method *out)
                                      .on_request = on_status,
                                      .ud = c,
                                      .roles = KP_ROLE_VIEWER };
+    out[9] = (struct kp_rpc_method){ .path = "/kprof.v1.Control/Coordinator",
+                                     .kind = KP_RPC_UNARY,
+                                     .request = &kprof__v1__coordinator_request__descriptor,
+                                     .on_request = on_coordinator,
+                                     .ud = c,
+                                     .roles = KP_ROLE_AGENT | KP_ROLE_VIEWER | KP_ROLE_OPERATOR };
 }
 
 int kp_control_create(const char *conninfo, struct kp_coord *coord, struct kp_control **out,

@@ -15,7 +15,7 @@
 struct kp_control;
 struct kp_coord;
 
-#define KP_CONTROL_N_METHODS 9
+#define KP_CONTROL_N_METHODS 10
 
 /* Starts the worker. conninfo is copied; coord is borrowed (it must outlive c). Returns 0
  * and *out, or a negative code. */
@@ -33,6 +33,13 @@ struct kp_ingest;
  * worker answer ingest's lookups of who may push into a run (kp_ingest_set_lookup). */
 void kp_control_set_open_run_timeout(struct kp_control *c, struct kp_ingest *ingest,
                                      long long timeout_ms);
+
+struct kp_leader;
+
+/* Where Control.Coordinator reads who coordinates (leader.h; borrowed, NULL: none, answered
+ * "not elected"). The capture methods are refused by coord.h while this replica is not the
+ * coordinator. */
+void kp_control_set_leader(struct kp_control *c, struct kp_leader *leader);
 
 /* Answers what is queued with UNAVAILABLE, stops the worker and frees c. Accepts NULL. */
 void kp_control_destroy(struct kp_control *c);

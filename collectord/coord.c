@@ -875,6 +875,9 @@ void kp_coord_start(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
                    "PostgreSQL is unreachable, so no run can be created; retry later");
         return;
     }
+    if (kp_coord_refuse(c, call)) {
+        return; /* stepped down while the request was queued */
+    }
     pthread_mutex_lock(&c->mu);
     k = plan(c, call, req, activities);
     snap = k != NULL ? cap_copy(k) : NULL;
@@ -1095,6 +1098,17 @@ void kp_coord_status(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
 
 /* ---- the tick ---- */
 
+/* An agent attached on host that has reported (its whole picture), or NULL. mu held. */
+static struct agent *attached_on_host(struct kp_coord *c, const char *host)
+{
+    for (struct agent *a = c->agents; a != NULL; a = a->next) {
+        if (a->call != NULL && a->id != 0 && a->report != NULL && strcmp(a->host, host) == 0) {
+            return a;
+        }
+    }
+    return NULL;
+}
+
 /* Fails what must fail now and returns (copies of) the captures to end. mu held. */
 static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
 {
@@ -1116,7 +1130,39 @@ static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
                 continue;
             }
             a = agent_by_id(c, r->agent_id);
-            if (a == NULL || (a->call == NULL && now - a->gone_ms >= c->o.agent_grace_ms)) {
+            if (r->awaiting && expired) {
+                rank_set_failed(k, r,
+                                "the capture's deadline passed while %" PRIu64
+                                " batches of the rank, acknowledged by collectord, were not all "
+                                "stored in PostgreSQL (on their way through Kafka: are the sink "
+                                "consumers, kprof-collectord --role sink, running, and "
+                                "PostgreSQL reachable?); they are stored when they arrive",
+                                r->mark_count);
+            }
+            else if (r->awaiting) {
+                /* the agent's part is over: its going away changes nothing */
+            }
+            else if (k->adopted && r->agent_id == 0 && !expired) {
+                struct agent *h = attached_on_host(c, r->host);
+
+                if (h != NULL) {
+                    /* its agent is back and reported its whole picture without the rank: it
+                     * restarted (or its ARM never went out before the takeover) */
+                    rank_set_failed(k, r,
+                                    "the capture coordinator changed during the capture and the "
+                                    "kprof-agent on host %s came back without the rank's "
+                                    "capture (it restarted); the rows it stored before are kept",
+                                    r->host);
+                }
+                else if (now - k->adopted_ms >= c->o.agent_grace_ms) {
+                    rank_set_failed(k, r,
+                                    "the capture coordinator changed during the capture and the "
+                                    "kprof-agent on host %s did not reattach and report the rank "
+                                    "within %lld s; the rows it stored before are kept",
+                                    r->host, c->o.agent_grace_ms / 1000);
+                }
+            }
+            else if (a == NULL || (a->call == NULL && now - a->gone_ms >= c->o.agent_grace_ms)) {
                 rank_set_failed(k, r,
                                 "lost contact with the kprof-agent on host %s for over %lld s "
                                 "while the rank was %s (the agent stopped, or its connection to "
@@ -1176,13 +1222,127 @@ static size_t tick_locked(struct kp_coord *c, struct cap **todo, size_t max)
     return nt;
 }
 
+/* One capture's ranks waiting to be stored (check_stored). */
+struct waiting {
+    uint64_t run_id;
+    size_t n;
+    Kprof__V1__StreamMark *marks; /* n */
+    Kprof__V1__StreamMark **ptrs; /* n, into marks */
+    uint64_t *missing;            /* n */
+};
+
+/* Copies the marks of the ranks of up to max captures waiting to be stored (mu held). */
+static size_t waiting_collect(struct kp_coord *c, struct waiting *w, size_t max)
+{
+    size_t nw = 0;
+
+    for (struct cap *k = c->caps; k != NULL && nw < max; k = k->next) {
+        size_t n = 0;
+
+        if (k->run_id == 0 || k->ended || k->ending) {
+            continue;
+        }
+        for (size_t i = 0; i < k->n; i++) {
+            n += k->ranks[i].awaiting && k->ranks[i].state == ST_FLUSHING;
+        }
+        if (n == 0) {
+            continue;
+        }
+        w[nw].marks = calloc(n, sizeof(*w[nw].marks));
+        w[nw].ptrs = calloc(n, sizeof(*w[nw].ptrs));
+        w[nw].missing = calloc(n, sizeof(*w[nw].missing));
+        if (w[nw].marks == NULL || w[nw].ptrs == NULL || w[nw].missing == NULL) {
+            free(w[nw].marks);
+            free(w[nw].ptrs);
+            free(w[nw].missing);
+            break; /* the next tick asks again */
+        }
+        w[nw].run_id = k->run_id;
+        w[nw].n = 0;
+        for (size_t i = 0; i < k->n; i++) {
+            const struct crank *r = &k->ranks[i];
+            Kprof__V1__StreamMark *m = &w[nw].marks[w[nw].n];
+
+            if (!r->awaiting || r->state != ST_FLUSHING) {
+                continue;
+            }
+            kprof__v1__stream_mark__init(m);
+            m->rank = r->rank;
+            m->stream = r->mark_stream;
+            m->first_seq = r->mark_first;
+            m->last_seq = r->mark_last;
+            m->count = r->mark_count;
+            w[nw].ptrs[w[nw].n++] = m;
+        }
+        nw++;
+    }
+    return nw;
+}
+
+/*
+ * Ranks an agent called DONE with a StreamMark become DONE once their batches are in
+ * ingest_batches: behind --sink kafka an agent's Ack means durable in Kafka, and "DONE: every
+ * row committed in PostgreSQL" waits for the sink consumers. Asked at most every
+ * KP_COORD_STORED_CHECK_MS, one query per capture.
+ */
+static void check_stored(struct kp_coord *c, PGconn *pg)
+{
+    struct waiting w[16];
+    size_t nw;
+    long long now = kp_mono_ms();
+
+    pthread_mutex_lock(&c->mu);
+    if (now - c->stored_check_ms < KP_COORD_STORED_CHECK_MS) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    c->stored_check_ms = now;
+    nw = waiting_collect(c, w, sizeof(w) / sizeof(w[0]));
+    pthread_mutex_unlock(&c->mu);
+    for (size_t i = 0; i < nw; i++) {
+        char err[512] = "";
+        int rc = kp_store_marks_missing(pg, w[i].run_id, w[i].ptrs, w[i].n, w[i].missing, err,
+                                        sizeof(err));
+        struct cap *k;
+
+        if (rc != 0) {
+            kp_log_warn("cannot check the stored batches of run=%" PRIu64 " err=\"%s\" (retrying)",
+                        w[i].run_id, err);
+        }
+        pthread_mutex_lock(&c->mu);
+        k = kp__coord_cap_by_run(c, w[i].run_id);
+        for (size_t j = 0; rc == 0 && k != NULL && !k->ended && j < w[i].n; j++) {
+            for (size_t l = 0; w[i].missing[j] == 0 && l < k->n; l++) {
+                struct crank *r = &k->ranks[l];
+
+                if (r->rank == w[i].marks[j].rank && r->awaiting && r->state == ST_FLUSHING &&
+                    r->mark_stream == w[i].marks[j].stream &&
+                    r->mark_last == w[i].marks[j].last_seq) {
+                    r->stored = true;
+                    r->state = ST_DONE;
+                    kp_log_info("capture rank run=%" PRIu64 " rank=%d host=%s state=done "
+                                "(its %" PRIu64 " batches are stored)",
+                                k->run_id, r->rank, r->host, r->mark_count);
+                }
+            }
+        }
+        pthread_mutex_unlock(&c->mu);
+        free(w[i].marks);
+        free(w[i].ptrs);
+        free(w[i].missing);
+    }
+}
+
 void kp_coord_tick(struct kp_coord *c, PGconn *pg)
 {
     struct cap *todo[16];
     size_t nt;
 
+    if (pg != NULL) {
+        check_stored(c, pg);
+    }
     pthread_mutex_lock(&c->mu);
-    nt = tick_locked(c, todo, sizeof(todo) / sizeof(todo[0]));
+    nt = c->active ? tick_locked(c, todo, sizeof(todo) / sizeof(todo[0])) : 0;
     pthread_mutex_unlock(&c->mu);
     for (size_t i = 0; i < nt; i++) {
         struct cap *s = todo[i], *k;
@@ -1225,27 +1385,149 @@ void kp_coord_tick(struct kp_coord *c, PGconn *pg)
     }
 }
 
+/* Drops every capture in memory but those being created or ended (their threads hold them),
+ * and the agents whose call is over. mu held. */
+static void forget_all(struct kp_coord *c)
+{
+    for (struct cap **pp = &c->caps; *pp != NULL;) {
+        struct cap *k = *pp;
+
+        if (k->run_id != 0 && !k->ending) {
+            *pp = k->next;
+            cap_free(k);
+            continue;
+        }
+        pp = &k->next;
+    }
+    for (struct agent **pp = &c->agents; *pp != NULL;) {
+        struct agent *a = *pp;
+
+        if (a->call == NULL && !a->local) {
+            *pp = a->next;
+            if (a->report != NULL) {
+                protobuf_c_message_free_unpacked(&a->report->base, NULL);
+            }
+            free(a);
+            continue;
+        }
+        pp = &a->next;
+    }
+}
+
 int kp_coord_recover(struct kp_coord *c, PGconn *pg, char *errbuf, size_t errlen)
 {
+    PGresult *res = NULL;
+    struct cap **got = NULL;
+    size_t n = 0;
     int rc;
 
-    (void) c;
-    rc = kp_pg_exec(pg,
-                    "BEGIN;"
-                    "UPDATE capture_ranks SET state = 5, updated_at = now(), reason = "
-                    "'collectord restarted during the capture, so its end was not seen; the "
-                    "rows stored before are kept' WHERE state < 4 AND run_id IN (SELECT c.run_id "
-                    "FROM captures c JOIN runs r ON r.id = c.run_id WHERE r.state = 1);"
-                    "UPDATE runs SET state = 3, ended_at = now() WHERE state = 1 AND id IN "
-                    "(SELECT run_id FROM captures);"
-                    "COMMIT",
-                    errbuf, errlen);
-    if (rc != 0) {
-        char ignore[64];
-
-        kp_pg_exec(pg, "ROLLBACK", ignore, sizeof(ignore));
+    /* Open captures: their run is OPEN. A capture whose rows say it is over (every rank
+     * final) is adopted too: the tick ends it at once. */
+    if ((rc = kp_pg_query(pg,
+                          "SELECT c.run_id, (extract(epoch FROM c.deadline_at) * 1000)::bigint - "
+                          "(extract(epoch FROM now()) * 1000)::bigint FROM captures c JOIN runs r "
+                          "ON r.id = c.run_id WHERE r.state = 1 ORDER BY c.run_id",
+                          0, NULL, &res, errbuf, errlen)) != 0) {
+        return rc;
     }
+    if ((got = calloc((size_t) PQntuples(res) + 1, sizeof(*got))) == NULL) {
+        PQclear(res);
+        return -ENOMEM;
+    }
+    for (int i = 0; i < PQntuples(res); i++) {
+        uint64_t run_id = (uint64_t) kp_pg_i64(res, i, 0, 0);
+        long long left = kp_pg_i64(res, i, 1, 0);
+        struct cap *k = NULL;
+
+        if ((rc = load_capture(pg, run_id, &k, errbuf, errlen)) != 0) {
+            if (rc == KP_ENOTFOUND) {
+                continue; /* dropped meanwhile */
+            }
+            goto fail;
+        }
+        k->ended = false;
+        k->adopted = true;
+        k->adopted_ms = kp_mono_ms();
+        k->deadline_ms = k->adopted_ms + left;
+        k->run_state = KPROF__V1__RUN_STATE__RUN_STATE_OPEN;
+        got[n++] = k;
+    }
+    PQclear(res);
+    res = NULL;
+    pthread_mutex_lock(&c->mu);
+    forget_all(c);
+    for (size_t i = 0; i < n; i++) {
+        if (kp__coord_cap_by_run(c, got[i]->run_id) != NULL) {
+            cap_free(got[i]); /* being ended by this replica's worker right now */
+            continue;
+        }
+        got[i]->next = c->caps;
+        c->caps = got[i];
+        kp_log_info("capture adopted run=%" PRIu64 " job=%s ranks=%zu deadline_s=%lld",
+                    got[i]->run_id, got[i]->job, got[i]->n,
+                    (got[i]->deadline_ms - got[i]->adopted_ms) / 1000);
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(got);
+    return (int) n;
+fail:
+    PQclear(res);
+    for (size_t i = 0; i < n; i++) {
+        cap_free(got[i]);
+    }
+    free(got);
     return rc;
+}
+
+void kp_coord_set_role(struct kp_coord *c, bool active, const char *coordinator_addr)
+{
+    pthread_mutex_lock(&c->mu);
+    kp__coord_copy_text(c->coordinator_addr, sizeof(c->coordinator_addr), coordinator_addr);
+    if (c->active && !active) {
+        for (struct agent *a = c->agents; a != NULL; a = a->next) {
+            if (a->call != NULL) {
+                kp_rpc_call_finish(a->call, GRPC_STATUS_UNAVAILABLE,
+                                   "this collectord stepped down as the capture coordinator; "
+                                   "ask Control.Coordinator where the new one is");
+            }
+        }
+        forget_all(c);
+    }
+    c->active = active;
+    pthread_mutex_unlock(&c->mu);
+}
+
+bool kp_coord_active(struct kp_coord *c)
+{
+    bool on;
+
+    pthread_mutex_lock(&c->mu);
+    on = c->active;
+    pthread_mutex_unlock(&c->mu);
+    return on;
+}
+
+bool kp_coord_refuse(struct kp_coord *c, struct kp_rpc_call *call)
+{
+    char msg[400];
+
+    pthread_mutex_lock(&c->mu);
+    if (c->active) {
+        pthread_mutex_unlock(&c->mu);
+        return false;
+    }
+    if (c->coordinator_addr[0] != '\0') {
+        snprintf(msg, sizeof(msg), "this collectord is not the capture coordinator; it is at %s",
+                 c->coordinator_addr);
+    }
+    else {
+        snprintf(msg, sizeof(msg),
+                 "this collectord is not the capture coordinator and no "
+                 "coordinator is elected yet; retry");
+    }
+    pthread_mutex_unlock(&c->mu);
+    kp_rpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, msg);
+    return true;
 }
 
 int kp_coord_create(const struct kp_coord_opts *o, struct kp_coord **out)
@@ -1271,6 +1553,7 @@ int kp_coord_create(const struct kp_coord_opts *o, struct kp_coord **out)
     if (c->o.min_deadline_ms <= 0) {
         c->o.min_deadline_ms = 120000;
     }
+    c->active = true; /* until collectord's election says otherwise (leader.h) */
     pthread_mutex_init(&c->mu, NULL);
     *out = c;
     return 0;

@@ -13,8 +13,12 @@
  *
  * PostgreSQL: a capture's run (source CAPTURE) plus a `captures` row and one `capture_ranks`
  * row per rank, written when it starts and again when it ends (migration 0003), so status
- * outlives this process. kp_coord_recover marks the captures a previous collectord left open
- * as FAILED.
+ * outlives this process. kp_coord_recover adopts the captures a previous coordinator left
+ * open, and the agents that reattach drive them on.
+ *
+ * Only the elected coordinator (leader.h) is active: an inactive kp_coord answers Attach,
+ * ListJobs, StartCapture, StopCapture and CaptureStatus with UNAVAILABLE naming the
+ * coordinator's address, and its tick does nothing.
  */
 #ifndef KP_COORD_H
 #define KP_COORD_H
@@ -79,8 +83,25 @@ void kp_coord_status(struct kp_coord *c, PGconn *pg, struct kp_rpc_call *call,
  * worker calls it every ~100 ms; pg may be NULL while PostgreSQL is down (ending waits). */
 void kp_coord_tick(struct kp_coord *c, PGconn *pg);
 
-/* Once per new connection, before the first start: captures left open by an earlier
- * collectord are marked FAILED (their runs too). Returns 0 or KP_EPG. */
+/* On becoming the coordinator, before kp_coord_set_role(c, true, ...): the captures left open
+ * in PostgreSQL (by a coordinator that died or stepped down) are loaded into memory, each rank
+ * waiting up to the agent grace for its agent to reattach and report it; the captures this
+ * replica held in memory before are dropped first (PostgreSQL has their newest state). Returns
+ * the number adopted, or KP_EPG / -ENOMEM (then nothing is adopted). Any thread. */
 int kp_coord_recover(struct kp_coord *c, PGconn *pg, char *errbuf, size_t errlen);
+
+/* Makes c the active coordinator, or not. Stepping down ends every Attach call with
+ * UNAVAILABLE (the agents re-resolve the coordinator) and drops the captures in memory, which
+ * the next coordinator adopts from PostgreSQL. coordinator_addr (copied; NULL or "": none
+ * elected) is the address an inactive c names in its refusals. Any thread. */
+void kp_coord_set_role(struct kp_coord *c, bool active, const char *coordinator_addr);
+
+/* Whether c is the active coordinator. */
+bool kp_coord_active(struct kp_coord *c);
+
+/* If c is not the active coordinator: answers call UNAVAILABLE ("this collectord is not the
+ * capture coordinator; it is at ADDR", or "no coordinator elected yet; retry") and returns
+ * true. Any thread. */
+bool kp_coord_refuse(struct kp_coord *c, struct kp_rpc_call *call);
 
 #endif

@@ -64,6 +64,16 @@ static bool report_valid(const Kprof__V1__AgentReport *r, char *why, size_t len)
             snprintf(why, len, "ranks[%zu].state %d is not a RankState", i, (int) q->state);
             return false;
         }
+        if (q->mark != NULL &&
+            (q->mark->rank != q->rank || q->mark->stream == 0 || q->mark->stream > INT64_MAX ||
+             q->mark->last_seq > INT64_MAX || q->mark->first_seq > q->mark->last_seq ||
+             q->mark->count == 0 || q->mark->count > q->mark->last_seq - q->mark->first_seq + 1)) {
+            snprintf(why, len,
+                     "ranks[%zu].mark is not the rank's (rank %d, stream 1..2^63-1, first_seq <= "
+                     "last_seq < 2^63, 0 < count <= last_seq - first_seq + 1)",
+                     i, q->rank);
+            return false;
+        }
     }
     return true;
 }
@@ -79,6 +89,7 @@ static void apply_report(struct kp_coord *c, struct agent *a)
         const Kprof__V1__AgentCaptureRank *q = rep->ranks[i];
         struct cap *k = kp__coord_cap_by_run(c, q->run_id);
         bool hosts = false;
+        int st;
 
         if (k == NULL || k->ended) {
             continue;
@@ -86,6 +97,14 @@ static void apply_report(struct kp_coord *c, struct agent *a)
         for (size_t j = 0; j < k->n; j++) {
             struct crank *r = &k->ranks[j];
 
+            /* an adopted capture's rank goes to the agent of its host that reports it first */
+            if (k->adopted && r->agent_id == 0 && r->rank == q->rank &&
+                strcmp(r->host, a->host) == 0) {
+                r->agent_id = a->id;
+                kp__coord_copy_text(r->agent_by, sizeof(r->agent_by), a->principal);
+                kp_log_info("capture rank reattached run=%" PRIu64 " rank=%d host=%s", k->run_id,
+                            r->rank, r->host);
+            }
             /* only the agent the rank was armed on, attached by the same identity */
             if (r->rank != q->rank || r->agent_id != a->id ||
                 (a->authenticated && strcmp(r->agent_by, a->principal) != 0)) {
@@ -95,12 +114,24 @@ static void apply_report(struct kp_coord *c, struct agent *a)
             if (kp__coord_terminal(r->state) || (int) q->state < r->state) {
                 break; /* final already, or an older picture */
             }
-            if ((int) q->state != r->state) {
-                kp_log_info("capture rank run=%" PRIu64 " rank=%d host=%s state=%s%s%s", k->run_id,
-                            r->rank, r->host, kp__coord_state_name((int) q->state),
+            st = (int) q->state;
+            if (st == ST_DONE && q->mark != NULL && !r->stored) {
+                /* acknowledged is not stored behind Kafka: FLUSHING until the tick finds the
+                 * marked batches in ingest_batches (kp_coord_tick) */
+                r->awaiting = true;
+                r->mark_stream = q->mark->stream;
+                r->mark_first = q->mark->first_seq;
+                r->mark_last = q->mark->last_seq;
+                r->mark_count = q->mark->count;
+                st = ST_FLUSHING;
+            }
+            if (st != r->state) {
+                kp_log_info("capture rank run=%" PRIu64 " rank=%d host=%s state=%s%s%s%s",
+                            k->run_id, r->rank, r->host, kp__coord_state_name(st),
+                            st != (int) q->state ? " (acknowledged; waiting to be stored)" : "",
                             q->reason[0] ? " reason=" : "", q->reason);
             }
-            r->state = (int) q->state;
+            r->state = st;
             r->records = q->records;
             r->dropped = q->dropped;
             if (q->pid != 0) {
@@ -167,6 +198,16 @@ static void *att_open(struct kp_rpc_call *call, void *ud)
     kp_store_principal(kp_rpc_call_identity(call), a->principal, sizeof(a->principal));
     a->authenticated = kp_rpc_call_identity(call)->role != KP_ROLES_ALL;
     pthread_mutex_lock(&c->mu);
+    /* checked with the agent going in under one lock: a step-down ends every call it lists */
+    while (!c->active) {
+        pthread_mutex_unlock(&c->mu);
+        if (kp_coord_refuse(c, call)) {
+            kp_rpc_call_unref(call);
+            free(a);
+            return NULL;
+        }
+        pthread_mutex_lock(&c->mu);
+    }
     a->next = c->agents;
     c->agents = a;
     pthread_mutex_unlock(&c->mu);

@@ -18,16 +18,17 @@
 #include "kprof.pb-c.h"
 #include "store.h"
 
-#define KP_COORD_MAX_TEXT      256
-#define KP_COORD_MAX_REASON    2048
-#define KP_COORD_MAX_PROCESSES 65536
-#define KP_COORD_MAX_RANKS     (1u << 20)
-#define KP_COORD_MAX_STEPS     100000
-#define KP_COORD_MAX_DUR_MS    (24LL * 3600 * 1000)
-#define KP_COORD_MAX_DEADLINE  (7LL * 24 * 3600 * 1000)
-#define KP_COORD_REARM_MS      2000
-#define KP_COORD_UNKNOWN_RATE  8 /* steps of margin while no rank's step rate is known */
-#define KP_COORD_STATUS_LIMIT  20
+#define KP_COORD_MAX_TEXT        256
+#define KP_COORD_MAX_REASON      2048
+#define KP_COORD_MAX_PROCESSES   65536
+#define KP_COORD_MAX_RANKS       (1u << 20)
+#define KP_COORD_MAX_STEPS       100000
+#define KP_COORD_MAX_DUR_MS      (24LL * 3600 * 1000)
+#define KP_COORD_MAX_DEADLINE    (7LL * 24 * 3600 * 1000)
+#define KP_COORD_REARM_MS        2000
+#define KP_COORD_UNKNOWN_RATE    8 /* steps of margin while no rank's step rate is known */
+#define KP_COORD_STATUS_LIMIT    20
+#define KP_COORD_STORED_CHECK_MS 250 /* how often ranks waiting to be stored are checked */
 
 #define ST_PENDING   KPROF__V1__RANK_STATE__RANK_STATE_PENDING
 #define ST_CAPTURING KPROF__V1__RANK_STATE__RANK_STATE_CAPTURING
@@ -65,6 +66,10 @@ struct crank {
     uint64_t records, dropped;
     int64_t first_step, last_step;
     long long armed_ms; /* when ARM was last sent for it */
+    /* The agent said DONE with a StreamMark: FLUSHING until those batches are found in
+     * ingest_batches (stored), then DONE. */
+    bool awaiting, stored;
+    uint64_t mark_stream, mark_first, mark_last, mark_count;
     char reason[KP_COORD_MAX_REASON + 1];
 };
 
@@ -84,6 +89,10 @@ struct cap {
     bool deadline_stop_sent; /* STOP sent to its agents when the deadline passed */
     bool ending;             /* its end is being written to PostgreSQL */
     bool ended;
+    /* taken over from PostgreSQL by kp_coord_recover: its ranks' agents (agent_id 0 until
+     * one reports the rank) have the agent grace from adopted_ms to reattach */
+    bool adopted;
+    long long adopted_ms;
     int run_state; /* Kprof__V1__RunState */
     int64_t created_ns, ended_ns;
     long long ended_ms;
@@ -98,6 +107,9 @@ struct kp_coord {
     struct agent *agents;
     struct cap *caps;
     struct kp_coord_stats stats;
+    long long stored_check_ms;  /* when check_stored last asked PostgreSQL */
+    bool active;                /* this replica coordinates captures (kp_coord_set_role) */
+    char coordinator_addr[256]; /* when not: where the coordinator is ("": none elected) */
 };
 
 struct procref {

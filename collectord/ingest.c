@@ -57,7 +57,8 @@ struct owner {
 struct kp_ingest {
     struct kp_batch_limits limits;
     size_t stream_max_bytes; /* 0: no cap */
-    struct kp_sink *sink;
+    const struct kp_sink_ops *sink_ops;
+    void *sink;
     pthread_mutex_t mu; /* guards paused */
     struct ingest_call *paused;
     pthread_mutex_t live_mu; /* guards live and every stream's live links and run_id */
@@ -116,8 +117,9 @@ static struct owner *owner_find_locked(struct kp_ingest *ing, uint64_t run)
     return NULL;
 }
 
-void kp_ingest_set_sink(struct kp_ingest *ing, struct kp_sink *sink)
+void kp_ingest_set_sink(struct kp_ingest *ing, const struct kp_sink_ops *ops, void *sink)
 {
+    ing->sink_ops = ops;
     ing->sink = sink;
 }
 
@@ -521,7 +523,7 @@ static enum kp_rpc_next enqueue_batch(struct ingest_call *st, Kprof__V1__Batch *
     st->outstanding++;
     st->outstanding_bytes += wire_bytes;
     pthread_mutex_unlock(&st->mu);
-    if (kp_sink_submit(ing->sink, item) && !over_cap(st, false)) {
+    if (ing->sink_ops->submit(ing->sink, item) && !over_cap(st, false)) {
         return KP_RPC_CONTINUE;
     }
     /* The queue is full, or this stream has its share of it: stop reading this stream until
@@ -538,7 +540,7 @@ static enum kp_rpc_next enqueue_batch(struct ingest_call *st, Kprof__V1__Batch *
     pthread_mutex_unlock(&ing->mu);
     atomic_fetch_add(&ing->pauses, 1);
     /* A flush may have made room before we were on the list: check once more. */
-    if (kp_sink_has_room(ing->sink) && !over_cap(st, true)) {
+    if (ing->sink_ops->has_room(ing->sink) && !over_cap(st, true)) {
         return KP_RPC_CONTINUE; /* the next done_cb unlinks us; resume is then a no-op */
     }
     return KP_RPC_PAUSE;
@@ -627,6 +629,7 @@ static grpc_status_code status_of(int err)
     case -EBUSY:
         return GRPC_STATUS_FAILED_PRECONDITION; /* the run has ended */
     case KP_ESHUTDOWN:
+    case -EAGAIN: /* Kafka did not acknowledge it, or its run could not be checked */
         return GRPC_STATUS_UNAVAILABLE;
     default:
         return GRPC_STATUS_INTERNAL;
@@ -724,7 +727,7 @@ void kp_ingest_done_cb(struct kp_sink_item **items, size_t n, void *ud)
         kp_sink_item_free(items[i]);
     }
     free(done);
-    if (!kp_sink_has_room(ing->sink)) {
+    if (!ing->sink_ops->has_room(ing->sink)) {
         return;
     }
     pthread_mutex_lock(&ing->mu);

@@ -1,5 +1,6 @@
 /*
- * Ingest.Push, the gRPC half of ingestion (the durable half is sink_pg.h).
+ * Ingest.Push, the gRPC half of ingestion (the durable half is sink_pg.h, or sink_kafka.h with
+ * --sink kafka).
  *
  * Per stream: each Batch is unpacked by kp_rpc, validated here (kp_batch_validate with the
  * configured limits) and queued to the sink. A batch that fails validation ends the call with
@@ -8,10 +9,11 @@
  * (after COMMIT), the call gets one Ack listing them, each marked duplicate or not; a batch
  * the sink rejects ends the call with NOT_FOUND (unknown run), INVALID_ARGUMENT (rank
  * outside the world size) or FAILED_PRECONDITION (a new batch into a run that has ended; see
- * sink_pg.h), logged once per call; batches the producer sent after it on that call are
- * dropped unread (it resends them). Once the client half-closes and every batch it sent is settled,
- * the call ends OK. While the sink's queue is over its byte limit, the stream stops reading
- * (gRPC flow control back to the producer) and resumes when a flush makes room.
+ * sink_pg.h) or UNAVAILABLE (Kafka did not take it: the producer resends), logged once per call;
+ * batches the producer sent after it on that call are dropped unread (it resends them). Once the
+ * client half-closes and every batch it sent is settled, the call ends OK. While the sink's queue
+ * is over its byte limit, the stream stops reading (gRPC flow control back to the producer) and
+ * resumes when a flush makes room.
  *
  * Authorization (docs/design.md "Authorization"), with authentication on: a batch is taken
  * only if its caller may push into its run and rank (push_allowed in ingest.c: an agent into
@@ -36,8 +38,9 @@ struct kp_ingest;
 /* Creates the ingest state. limits is copied. Returns NULL on ENOMEM. */
 struct kp_ingest *kp_ingest_create(const struct kp_batch_limits *limits);
 
-/* Sets the sink (borrowed; set once, before the server starts). */
-void kp_ingest_set_sink(struct kp_ingest *ing, struct kp_sink *sink);
+/* Sets the sink, driven through ops (kp_sink_pg_ops or kp_sink_kafka_ops; sink borrowed; set
+ * once, before the server starts). The sink hands items back through kp_ingest_done_cb. */
+void kp_ingest_set_sink(struct kp_ingest *ing, const struct kp_sink_ops *ops, void *sink);
 
 /* Caps the encoded bytes one stream may have in the sink, not yet acknowledged (set once,
  * before the server starts; 0: no cap): past it the stream stops reading, and reads again

@@ -7,11 +7,14 @@
 #include <string.h>
 
 #include "collectord.h"
+#include "consumer.h"
 #include "kp_config.h"
 #include "kp_daemon.h"
 #include "kp_log.h"
 #include "kp_migrations.h"
 #include "kp_pg.h"
+
+static const char *const roles[] = { "ingest", "sink", NULL };
 
 #define OFF(f) offsetof(struct kp_collectord_config, f)
 static const struct kp_config_def collectord_config[] = {
@@ -38,8 +41,31 @@ static const struct kp_config_def collectord_config[] = {
     { "max-name-bytes", KP_CONFIG_SIZE, "16KiB", 64, 1LL << 20, OFF(max_name_bytes),
       "longest name (kernel, op, shapes string) accepted in a batch", NULL, false },
     { "queue-max-bytes", KP_CONFIG_SIZE, "256MiB", 1LL << 20, 1LL << 36, OFF(queue_max_bytes),
-      "batches waiting for PostgreSQL; over this, streams stop reading (flow control)", NULL,
+      "batches waiting for PostgreSQL (or for Kafka's acknowledgement with --sink kafka); over "
+      "this, streams stop reading (flow control)",
+      NULL, false },
+    { "sink", KP_CONFIG_ENUM, "postgres", 0, 0, OFF(sink),
+      "where validated batches go: postgres (stored here) or kafka (produced into "
+      "--kafka-topic, acknowledged to the producer once Kafka has them; sink consumers store "
+      "them)",
+      kp_collectord_sinks, false },
+    { "kafka-brokers", KP_CONFIG_STRING, "", 0, 0, OFF(kafka_brokers),
+      "Kafka bootstrap servers, HOST:PORT,... (needed with --sink kafka and --role sink)", NULL,
       false },
+    { "kafka-topic", KP_CONFIG_STRING, "kprof.batches", 1, 249, OFF(kafka_topic),
+      "Kafka topic of the batches (key \"<run_id>/<rank>\", value the encoded kprof.v1.Batch)",
+      NULL, false },
+    { "kafka-property", KP_CONFIG_STRING, "", 0, 0, OFF(kafka_properties),
+      "librdkafka properties passed as they are, KEY=VALUE separated by ',' or ';' in one flag "
+      "(security.protocol, ssl.ca.location, sasl.*, message.timeout.ms: default 300000); masked "
+      "by --print-config",
+      NULL, true },
+    { "kafka-properties-file", KP_CONFIG_STRING, "", 0, 0, OFF(kafka_properties_file),
+      "librdkafka properties from a file only its owner may read (mode 0600, or 0640 for the "
+      "daemon's group), KEY=VALUE a line, # comments: for sasl.password, ssl.key.password and "
+      "other secrets, which the command line would show to every local user; applied after "
+      "--kafka-property",
+      NULL, false },
     { "flush-max-rows", KP_CONFIG_INT, "65536", 1, 1LL << 24, OFF(flush_max_rows),
       "event rows per PostgreSQL transaction", NULL, false },
     { "flush-interval", KP_CONFIG_DURATION, "50ms", 1, 60000, OFF(flush_interval_ms),
@@ -60,8 +86,38 @@ static const struct kp_config_def collectord_config[] = {
       "PASSWORD '...' IN ROLE kprof_writer), which ingests but may not migrate: see "
       "docs/postgres-roles.md",
       NULL, false },
+    { "coordinator", KP_CONFIG_BOOL, "true", 0, 0, OFF(coordinator),
+      "take part in the election of the one capture coordinator among the replicas sharing the "
+      "database (--no-coordinator: an ingest-only replica that never coordinates captures)",
+      NULL, false },
+    { "coordinator-poll-ms", KP_CONFIG_INT, "1000", 50, 60000, OFF(coordinator_poll_ms),
+      "how often (ms) the election lock is tried, and its holder checks its PostgreSQL "
+      "connection; a standby takes over about a poll, plus the greater of a poll and 1 s, plus "
+      "1 s after the coordinator is gone (3 s by default)",
+      NULL, false },
+    { "advertise-address", KP_CONFIG_STRING, "", 0, 255, OFF(advertise_address),
+      "HOST:PORT other replicas send clients to when this one is the capture coordinator "
+      "(default: --listen, or this machine's host name and the bound port when --listen is a "
+      "wildcard address)",
+      NULL, false },
+    { "role", KP_CONFIG_ENUM, "ingest", 0, 0, OFF(role),
+      "ingest: serve gRPC Ingest and Control; sink: consume --kafka-topic in group "
+      "--kafka-group and store the batches in PostgreSQL (no gRPC listener; /healthz, /readyz "
+      "and /metrics stay)",
+      roles, false },
+    { "kafka-group", KP_CONFIG_STRING, "kprof-sink", 1, 255, OFF(kafka_group),
+      "--role sink: Kafka consumer group; the sinks of one group share the topic's partitions",
+      NULL, false },
+    { "kafka-revoke-wait", KP_CONFIG_DURATION, "10s", 0, 600000, OFF(kafka_revoke_wait_ms),
+      "--role sink: on a rebalance, how long to wait for PostgreSQL to store what was read "
+      "from the revoked partitions before letting them go (the rest is read again by the next "
+      "owner and recognised as duplicate)",
+      NULL, false },
 };
 #undef OFF
+
+/* Which object create() made: destroy() frees it. */
+static bool sink_role;
 
 static int create(const void *cfg, void **obj, char *errbuf, size_t errlen)
 {
@@ -74,6 +130,14 @@ static int create(const void *cfg, void **obj, char *errbuf, size_t errlen)
         *obj = NULL;
         return rc;
     }
+    if (((const struct kp_collectord_config *) cfg)->role == KP_COLLECTORD_ROLE_SINK) {
+        struct kp_sinkd *s = NULL;
+
+        rc = kp_sinkd_create(cfg, &s, errbuf, errlen);
+        *obj = s;
+        sink_role = true;
+        return rc;
+    }
     rc = kp_collectord_create(cfg, &d, errbuf, errlen);
     *obj = d;
     return rc;
@@ -81,7 +145,12 @@ static int create(const void *cfg, void **obj, char *errbuf, size_t errlen)
 
 static void destroy(void *obj)
 {
-    kp_collectord_destroy(obj);
+    if (sink_role) {
+        kp_sinkd_destroy(obj);
+    }
+    else {
+        kp_collectord_destroy(obj);
+    }
 }
 
 /* Marks in have[i] whether kp_migrations[i] is recorded in the database (none when the

@@ -96,6 +96,19 @@ void kp_sink_destroy(struct kp_sink *s, long long drain_timeout_ms);
 /* Frees an item and its batch. Accepts NULL. */
 void kp_sink_item_free(struct kp_sink_item *item);
 
+/*
+ * What ingest.c needs of a sink, so that it drives either this one or the Kafka sink
+ * (sink_kafka.h) the same way: submit (takes the item; false: pause the stream), has_room, and
+ * the items back through the done callback given at creation, in submission order.
+ */
+struct kp_sink_ops {
+    bool (*submit)(void *sink, struct kp_sink_item *item);
+    bool (*has_room)(void *sink);
+};
+
+/* kp_sink_submit and kp_sink_has_room, for kp_ingest_set_sink. */
+extern const struct kp_sink_ops kp_sink_pg_ops;
+
 /* Counters, for /metrics and tests. Thread-safe snapshots. */
 struct kp_sink_stats {
     uint64_t batches_committed;

@@ -513,3 +513,15 @@ void kp_sink_destroy(struct kp_sink *s, long long drain_timeout_ms)
     free(s->conninfo);
     free(s);
 }
+
+static bool ops_submit(void *s, struct kp_sink_item *item)
+{
+    return kp_sink_submit(s, item);
+}
+
+static bool ops_has_room(void *s)
+{
+    return kp_sink_has_room(s);
+}
+
+const struct kp_sink_ops kp_sink_pg_ops = { .submit = ops_submit, .has_room = ops_has_room };

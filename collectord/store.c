@@ -11,8 +11,12 @@
 #include "kp_err.h"
 #include "kp_log.h"
 #include "kp_pg.h"
+#include "kp_strbuf.h"
 
 /* The columns of a Run, in fill_run's order; `r` is the runs row. */
+/* pg_advisory_xact_lock key that serialises run creations across collectords ("kprofrun"). */
+#define KP_STORE_CREATE_LOCK "7741813582235596142"
+
 #define RUN_COLS                                                           \
     "r.id, r.job, r.name, r.state, r.source, r.world_size, "               \
     "(extract(epoch FROM r.created_at) * 1000000000)::bigint, "            \
@@ -133,7 +137,12 @@ int kp_store_create_run_by(PGconn *c, const char *job, const char *name, uint32_
     }
     snprintf(ws, sizeof(ws), "%" PRIu32, world_size);
     snprintf(src, sizeof(src), "%d", source);
-    if ((rc = kp_pg_exec(c, "BEGIN", err, sizeof(err))) != 0 ||
+    /* Run creations take turns: each creates a partition of every event table (ACCESS
+     * EXCLUSIVE on the parent) with foreign keys to `runs` (SHARE ROW EXCLUSIVE on it, which
+     * another creation's INSERT holds off), so two at once, on two collectord replicas,
+     * deadlock. The lock is the transaction's, gone at COMMIT or ROLLBACK. */
+    if ((rc = kp_pg_exec(c, "BEGIN; SELECT pg_advisory_xact_lock(" KP_STORE_CREATE_LOCK ")", err,
+                         sizeof(err))) != 0 ||
         (rc = kp_pg_query(c,
                           "INSERT INTO runs AS r (job, name, source, world_size, created_by) "
                           "VALUES ($1, $2, $3, $4, $5) RETURNING " RUN_COLS,
@@ -195,6 +204,89 @@ int kp_store_end_run(PGconn *c, uint64_t run_id, bool failed, Kprof__V1__Run *ou
         snprintf(errbuf, errlen, "out of memory");
     }
 out:
+    PQclear(res);
+    return rc;
+}
+
+int kp_store_marks_missing(PGconn *c, uint64_t run_id, Kprof__V1__StreamMark *const *marks,
+                           size_t n, uint64_t *missing, char *errbuf, size_t errlen)
+{
+    struct kp_strbuf arr[5];
+    char id[24], err[384];
+    const char *params[6];
+    PGresult *res = NULL;
+    int rc = 0;
+
+    if (run_id == 0 || run_id > INT32_MAX) {
+        snprintf(errbuf, errlen, "run %" PRIu64 " does not exist", run_id);
+        return KP_ENOTFOUND;
+    }
+    if (n > KP_STORE_MAX_MARKS) {
+        snprintf(errbuf, errlen, "%zu marks (at most %d)", n, KP_STORE_MAX_MARKS);
+        return KP_EPROTO;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const Kprof__V1__StreamMark *m = marks[i];
+
+        missing[i] = 0;
+        if (m == NULL || m->stream == 0 || m->stream > INT64_MAX || m->last_seq > INT64_MAX ||
+            m->first_seq > m->last_seq || m->count > m->last_seq - m->first_seq + 1 ||
+            m->rank < -1) {
+            snprintf(errbuf, errlen,
+                     "marks[%zu] is not a mark a producer makes (stream 1..2^63-1, first_seq <= "
+                     "last_seq < 2^63, count at most last_seq - first_seq + 1, rank -1 or more)",
+                     i);
+            return KP_EPROTO;
+        }
+    }
+    if (n == 0) {
+        return 0;
+    }
+    for (size_t k = 0; k < 5; k++) {
+        kp_strbuf_init(&arr[k], (size_t) 64 << 20);
+        rc |= kp_pg_array_open(&arr[k]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        rc |= kp_pg_array_i64(&arr[0], marks[i]->rank);
+        rc |= kp_pg_array_i64(&arr[1], (int64_t) marks[i]->stream);
+        rc |= kp_pg_array_i64(&arr[2], (int64_t) marks[i]->first_seq);
+        rc |= kp_pg_array_i64(&arr[3], (int64_t) marks[i]->last_seq);
+        rc |= kp_pg_array_i64(&arr[4], (int64_t) marks[i]->count);
+    }
+    for (size_t k = 0; k < 5; k++) {
+        rc |= kp_pg_array_close(&arr[k]);
+        params[k + 1] = arr[k].data;
+    }
+    if (rc != 0) {
+        snprintf(errbuf, errlen, "out of memory");
+        rc = -ENOMEM;
+        goto out;
+    }
+    snprintf(id, sizeof(id), "%" PRIu64, run_id);
+    params[0] = id;
+    /* One pass over the run's ingest_batches (its partition), joined to the marks by stream;
+     * a mark's stored batches are counted on their own, so overlapping marks stay right. */
+    if ((rc = kp_pg_query(c,
+                          "WITH m AS (SELECT * FROM unnest($2::int[], $3::bigint[], $4::bigint[], "
+                          "$5::bigint[], $6::bigint[]) WITH ORDINALITY "
+                          "AS m(rank, stream, f, l, count, i)), "
+                          "s AS (SELECT m.i, count(*) AS n FROM ingest_batches b JOIN m "
+                          "ON b.stream = m.stream AND b.seq BETWEEN m.f AND m.l "
+                          "AND (m.rank < 0 OR b.rank = m.rank) WHERE b.run_id = $1 "
+                          "GROUP BY m.i) "
+                          "SELECT greatest(m.count - coalesce(s.n, 0), 0) FROM m "
+                          "LEFT JOIN s USING (i) ORDER BY m.i",
+                          6, params, &res, err, sizeof(err))) != 0) {
+        snprintf(errbuf, errlen, "check the stored batches: %s", err);
+        goto out;
+    }
+    for (int r = 0; r < PQntuples(res) && (size_t) r < n; r++) {
+        missing[r] = strtoull(PQgetvalue(res, r, 0), NULL, 10);
+    }
+out:
+    for (size_t k = 0; k < 5; k++) {
+        kp_strbuf_fini(&arr[k]);
+    }
     PQclear(res);
     return rc;
 }

@@ -97,6 +97,20 @@ int kp_store_list_runs(PGconn *c, const char *job, uint32_t limit, Kprof__V1__Li
  * kp_store_create_run with the run as it was just before the drop. Waits for flushes of the
  * run's batches that are in progress (the sink's transaction locks the tables it drops).
  */
+/* The most marks one EndRun or one check may carry. */
+#define KP_STORE_MAX_MARKS 65536
+
+/*
+ * Checks StreamMarks (kprof.proto) of run_id against ingest_batches: missing[i] (n entries,
+ * the caller's) gets how many of marks[i]'s batches are not stored yet. Marks may overlap
+ * (each is counted on its own). KP_EPROTO names a mark that cannot be right (first_seq after
+ * last_seq, a count larger than its range, a stream or seq beyond INT64_MAX, more than
+ * KP_STORE_MAX_MARKS). With Kafka between the producers and PostgreSQL, this is how "stored"
+ * is told apart from "acknowledged".
+ */
+int kp_store_marks_missing(PGconn *c, uint64_t run_id, Kprof__V1__StreamMark *const *marks,
+                           size_t n, uint64_t *missing, char *errbuf, size_t errlen);
+
 int kp_store_drop_run(PGconn *c, uint64_t run_id, Kprof__V1__Run *out, char *errbuf, size_t errlen);
 
 /* Frees the strings the store put into r and resets them to empty. Accepts NULL. */

@@ -41,6 +41,7 @@ struct slot {
 struct kp_push {
     struct kp_rpc_channel *ch;
     uint64_t stream_id;
+    uint64_t first_seq; /* of the first batch */
     uint32_t cap;
     size_t window_bytes;
     long long base_ms, max_ms, give_up_ms;
@@ -556,6 +557,7 @@ int kp_push_create(struct kp_rpc_channel *ch, uint64_t stream_id, const struct k
     }
     p->give_up_ms = o.give_up_after_ms;
     p->head = p->next = p->send_next = o.first_seq ? o.first_seq : 1;
+    p->first_seq = p->head;
     p->rng = (stream_id * 0x9e3779b97f4a7c15ULL) ^ (uint64_t) kp_mono_ms() ^ 0x5deece66dULL;
     if (p->rng == 0) {
         p->rng = 1;
@@ -741,6 +743,18 @@ void kp_push_get_stats(struct kp_push *p, struct kp_push_stats *out)
     *out = p->st;
     out->inflight = (uint32_t) (p->next - p->head);
     pthread_mutex_unlock(&p->mu);
+}
+
+bool kp_push_mark(struct kp_push *p, Kprof__V1__StreamMark *out)
+{
+    pthread_mutex_lock(&p->mu);
+    out->rank = -1;
+    out->stream = p->stream_id;
+    out->first_seq = p->first_seq;
+    out->last_seq = p->next - 1;
+    out->count = p->next - p->first_seq;
+    pthread_mutex_unlock(&p->mu);
+    return out->count > 0;
 }
 
 uint64_t kp_push_acked_through(struct kp_push *p)

@@ -35,6 +35,7 @@
 #ifndef KP_PUSH_H
 #define KP_PUSH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -109,6 +110,14 @@ int kp_push_flush(struct kp_push *p, long long timeout_ms);
 int kp_push_error(struct kp_push *p, struct kp_rpc_status *st);
 
 void kp_push_get_stats(struct kp_push *p, struct kp_push_stats *out);
+
+/*
+ * Fills *out (initialised by the caller) with what this push has been given so far: rank -1,
+ * its stream, the seqs of its first and last batch and their count, for EndRunRequest.marks
+ * (kprof.proto StreamMark). Returns false when no batch has been sent (out->count 0: leave it
+ * out). Any thread.
+ */
+bool kp_push_mark(struct kp_push *p, Kprof__V1__StreamMark *out);
 
 /*
  * Returns how far acknowledgements have reached: every seq below the returned value is

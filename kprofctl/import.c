@@ -811,6 +811,7 @@ static int import_end(struct import *im, int rc)
 {
     const struct import_config *cfg = im->cfg;
     Kprof__V1__EndRunRequest req = KPROF__V1__END_RUN_REQUEST__INIT;
+    Kprof__V1__StreamMark mark = KPROF__V1__STREAM_MARK__INIT, *markp = &mark;
     Kprof__V1__Run *run = NULL;
     bool push_gone = im->unreachable, gone = false;
     /* once the push gave up on collectord, one more --give-up is all EndRun gets */
@@ -826,6 +827,13 @@ static int import_end(struct import *im, int rc)
     until = kp_mono_ns() + (im->unreachable ? 0 : cfg->give_up_ms * 1000000LL);
     req.run_id = im->run_id;
     req.failed = im->run_failed;
+    /* what the push sent (all acknowledged, when the import did not fail): collectord ends the
+     * run once all of it is stored in PostgreSQL (with Kafka in between, an Ack comes before
+     * that); a failed import is dropped, so it waits for nothing */
+    if (!im->run_failed && im->push != NULL && kp_push_mark(im->push, &mark)) {
+        req.n_marks = 1;
+        req.marks = &markp;
+    }
     /* A collectord that went away (a restart) may be back soon: ask again until --give-up
      * (once only when the push already gave up on it). Quiet while it may ask again, and
      * once the push gave up (that was said; the line below says what it means for the

@@ -122,4 +122,8 @@ int kprofctl_memory(int argc, char **argv);
 /* kprofctl distributed: the distributed view of a run (distributed.c). */
 int kprofctl_distributed(int argc, char **argv);
 
+/* kprofctl diff: one rank of a run against another run's rank, or two ranks of one run
+ * (Analyzer.Diff). */
+int kprofctl_diff(int argc, char **argv);
+
 #endif

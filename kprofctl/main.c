@@ -42,6 +42,8 @@ static const struct kprofctl_verb verbs[] = {
       kprofctl_memory },
     { "distributed", "a run's distributed view: wait time per rank and step, comm ops (--run R)",
       kprofctl_distributed },
+    { "diff", "two runs or two ranks side by side: steps, ops, kernels (--run A --run B)",
+      kprofctl_diff },
 };
 #define N_VERBS (sizeof(verbs) / sizeof(verbs[0]))
 

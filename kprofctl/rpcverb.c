@@ -11,14 +11,20 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "kp_clock.h"
+#include "kp_coordinator.h"
 #include "kp_daemon.h"
 #include "kp_err.h"
 #include "kp_log.h"
+#include "kp_str.h"
 #include "kprofctl.h"
 
 #define RPCVERB_MAX_ARGS 256
 #define RPCVERB_FLAGBUF  4096
 #define RPCVERB_PATH_MAX 128
+/* How long a capture call waits out a change of the capture coordinator, and its retry pace. */
+#define RPCVERB_FAILOVER_MS     10000
+#define RPCVERB_FAILOVER_NAP_MS 250
 
 static const char *const log_levels[] = { "error", "warn", "info", "debug", NULL };
 
@@ -407,6 +413,8 @@ void kp_rpcverb_fini(struct kp_rpcverb *v)
     }
     kp_rpc_channel_destroy(v->ch);
     v->ch = NULL;
+    kp_rpc_channel_destroy(v->origin);
+    v->origin = NULL;
     if (v->cfg != NULL && v->n_defs > 0) {
         kp_config_fini(v->defs, v->n_defs, v->cfg);
     }
@@ -576,7 +584,58 @@ void kp_rpcverb_set_local(kp_rpcverb_local_fn *fn, const char *name)
 
 bool kp_rpcverb_daemon_answered(const struct kp_rpc_status *st)
 {
-    return st->code == GRPC_STATUS_UNAVAILABLE && strstr(st->details, "PostgreSQL") != NULL;
+    return st->code == GRPC_STATUS_UNAVAILABLE &&
+           (strstr(st->details, "PostgreSQL") != NULL ||
+            strstr(st->details, "capture coordinator") != NULL);
+}
+
+/* The Control methods only the capture coordinator answers. */
+static bool capture_method(const char *method)
+{
+    static const char *const m[] = { "StartCapture", "StopCapture", "CaptureStatus", "ListJobs",
+                                     NULL };
+
+    for (size_t i = 0; m[i] != NULL; i++) {
+        if (strcmp(method, m[i]) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Asks --collector's replica where the capture coordinator is and points v->ch there (same
+ * credentials), or back at --collector. Returns 0 or the exit status (a channel refused). */
+static int follow(struct kp_rpcverb *v)
+{
+    struct kp_rpc_channel *base = v->origin != NULL ? v->origin : v->ch, *ch = NULL;
+    struct kp_rpcverb_creds creds;
+    char addr[sizeof(v->coordinator)];
+    int rc;
+
+    v->resolved = true;
+    kp_coordinator_resolve(base, v->common->collector, v->common->timeout_ms, addr, sizeof(addr));
+    if (strcmp(addr, v->coordinator) == 0) {
+        return 0;
+    }
+    if (addr[0] != '\0') {
+        kp_rpcverb_creds_of(v->common, &creds);
+        if ((rc = kp_rpcverb_channel(v->spec->name, "collector", addr, &creds, &ch)) != 0) {
+            return rc;
+        }
+        kp_log_debug("following the capture coordinator at %s (asked %s)", addr,
+                     v->common->collector);
+    }
+    if (v->origin != NULL) {
+        kp_rpc_channel_destroy(v->ch); /* the previous coordinator's */
+        v->ch = v->origin;
+        v->origin = NULL;
+    }
+    if (ch != NULL) {
+        v->origin = v->ch;
+        v->ch = ch;
+    }
+    kp_strlcpy(v->coordinator, sizeof(v->coordinator), addr);
+    return 0;
 }
 
 int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMessage *req,
@@ -584,6 +643,8 @@ int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMes
 {
     char path[RPCVERB_PATH_MAX];
     struct kp_rpc_status st;
+    long long until;
+    bool capture;
     int rc;
 
     *resp = NULL;
@@ -600,16 +661,41 @@ int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMes
                          v->subject[0] != '\0' ? ")" : "", kp_rpc_status_name(st.code), st.details);
         return rc == KPROFCTL_EXIT_OK ? KPROFCTL_EXIT_FAILED : rc;
     }
-    if (kp_rpc_unary(v->ch, path, req, resp_desc, resp, v->common->timeout_ms, &st) == 0) {
-        return 0;
+    capture = !v->spec->analyzer && capture_method(method);
+    if (capture && !v->resolved && (rc = follow(v)) != 0) {
+        return rc;
     }
+    /* A failover: a replica said it is not the coordinator (the call did nothing), or the
+     * coordinator followed is gone and the call only reads. Ask --collector's replica again,
+     * for a while: a standby takes over within seconds. */
+    for (until = kp_mono_ms() + RPCVERB_FAILOVER_MS;
+         kp_rpc_unary(v->ch, path, req, resp_desc, resp, v->common->timeout_ms, &st) != 0;) {
+        bool refused =
+            st.code == GRPC_STATUS_UNAVAILABLE && strstr(st.details, "capture coordinator") != NULL;
+        bool gone = st.code == GRPC_STATUS_UNAVAILABLE && v->coordinator[0] != '\0' &&
+                    !kp_rpcverb_daemon_answered(&st) &&
+                    (strcmp(method, "CaptureStatus") == 0 || strcmp(method, "ListJobs") == 0);
+        struct timespec ts = { .tv_sec = 0, .tv_nsec = RPCVERB_FAILOVER_NAP_MS * 1000000L };
+
+        if (!capture || !(refused || gone) || kp_mono_ms() >= until) {
+            goto failed;
+        }
+        nanosleep(&ts, NULL);
+        if ((rc = follow(v)) != 0) {
+            return rc;
+        }
+        memset(&st, 0, sizeof(st));
+    }
+    return 0;
+failed:
     rc = kp_rpcverb_exit_code(st.code);
     if (rc == KPROFCTL_EXIT_OK) {
         rc = KPROFCTL_EXIT_FAILED; /* OK with no usable reply */
     }
     if (rc == KPROFCTL_EXIT_UNREACHABLE && kp_rpcverb_daemon_answered(&st)) {
         kp_rpcverb_error(v, "%s at %s answered %s: %s",
-                         v->spec->analyzer ? "kprof-analyzer" : "collectord", v->common->collector,
+                         v->spec->analyzer ? "kprof-analyzer" : "collectord",
+                         v->coordinator[0] != '\0' ? v->coordinator : v->common->collector,
                          kp_rpc_status_name(st.code), st.details);
     }
     else if (rc == KPROFCTL_EXIT_UNREACHABLE && v->spec->analyzer) {

@@ -171,6 +171,12 @@ struct kp_rpcverb {
     char columns_help[1024];
     enum kp_table_format format;
     struct kp_rpc_channel *ch;
+    /* the capture coordinator's address when it is not --collector's replica (a capture call
+     * asked Control.Coordinator first: kp_coordinator.h); ch then leads there, and origin is
+     * the channel to --collector, asked again when the coordinator changes */
+    char coordinator[256];
+    struct kp_rpc_channel *origin;
+    bool resolved;
     char subject[256]; /* what the call is about ("job ddp-42", "run 17"), named when refused */
 };
 
@@ -277,7 +283,8 @@ int kp_rpcverb_exit_code(grpc_status_code code);
 
 /* Whether an UNAVAILABLE came from the daemon itself rather than from gRPC failing to reach it:
  * the daemons answer UNAVAILABLE when their PostgreSQL is unreachable and name it in the
- * details; gRPC's own connect failures and deadlines never do. Print such details as they are
+ * details, and a collectord replica that is not the capture coordinator says so; gRPC's own
+ * connect failures and deadlines never do. Print such details as they are
  * (they say what to do) instead of asking whether the daemon runs. */
 bool kp_rpcverb_daemon_answered(const struct kp_rpc_status *st);
 

@@ -56,6 +56,7 @@ struct loadgen_config {
     char *straggler;
     char *compute_straggler;
     char *dataload_straggler;
+    char *send_log;
     bool json;
     bool end_run;
     int log_level;
@@ -109,6 +110,10 @@ static const struct kp_config_def loadgen_defs[] = {
       "cap of the backoff between attempts to reopen a broken Push call", NULL, false },
     { "give-up", KP_CONFIG_DURATION, "30s", 100, 86400000, OFF(give_up_ms),
       "fail when collectord makes no progress for this long", NULL, false },
+    { "send-log", KP_CONFIG_STRING, "", 0, 0, OFF(send_log),
+      "write a line \"RUN RANK STREAM SEQ NS\" per batch to this file, NS the CLOCK_REALTIME "
+      "when the push took it (for latency measurements: bench/kafka)",
+      NULL, false },
     { "json", KP_CONFIG_BOOL, "false", 0, 0, OFF(json),
       "print the summary as one JSON object on stdout", NULL, false },
     { "end-run", KP_CONFIG_BOOL, "true", 0, 0, OFF(end_run),
@@ -122,6 +127,7 @@ static const struct kp_config_def loadgen_defs[] = {
 struct rank_result {
     struct kp_synth_totals totals;
     struct kp_push_stats push;
+    Kprof__V1__StreamMark mark;  /* what its push sent, for EndRun (count 0: nothing) */
     int rc;                      /* 0, or the failure */
     struct kp_rpc_status status; /* when rc is KP_ERPC */
     char err[640];
@@ -138,6 +144,7 @@ struct loadgen {
     atomic_llong first_send_ns; /* CLOCK_MONOTONIC; LLONG_MAX until the first send */
     atomic_llong last_ack_ns;
     atomic_bool abort;
+    FILE *send_log; /* --send-log, or NULL; one fprintf a line (stdio locks the FILE) */
 };
 
 static void atomic_min(atomic_llong *a, long long v)
@@ -243,6 +250,10 @@ static void run_rank(struct loadgen *lg, uint32_t rank)
         if ((rc = kp_push_send(push, b)) != 0) {
             break;
         }
+        if (lg->send_log != NULL) {
+            fprintf(lg->send_log, "%" PRIu64 " %u %" PRIu64 " %" PRIu64 " %" PRId64 "\n",
+                    lg->run_id, rank, b->stream, b->seq, kp_real_ns());
+        }
     }
     if (rc == 0 && !atomic_load(&lg->abort)) {
         rc = kp_push_flush(push, -1);
@@ -268,6 +279,8 @@ out:
     }
     if (push != NULL) {
         kp_push_get_stats(push, &res->push);
+        kprof__v1__stream_mark__init(&res->mark);
+        kp_push_mark(push, &res->mark);
     }
     kp_push_destroy(push);
     kp_synth_destroy(syn);
@@ -347,21 +360,47 @@ static int control(struct loadgen *lg)
     return 1;
 }
 
-static void end_run(struct loadgen *lg, bool failed)
+/* EndRun with every rank's mark, asked again while collectord answers UNAVAILABLE (its
+ * restart, or batches acknowledged by Kafka and not stored yet) for up to --give-up. Returns 0
+ * or 1 (said). */
+static int end_run(struct loadgen *lg, bool failed)
 {
     Kprof__V1__EndRunRequest req = KPROF__V1__END_RUN_REQUEST__INIT;
+    Kprof__V1__StreamMark **marks;
     ProtobufCMessage *resp = NULL;
     struct kp_rpc_status st;
+    long long until = kp_mono_ms() + lg->cfg->give_up_ms, pause_ms = 50;
+    int rc;
 
+    if ((marks = calloc((size_t) lg->cfg->synth.ranks + 1, sizeof(*marks))) == NULL) {
+        fprintf(stderr, "kprof-loadgen: out of memory\n");
+        return 1;
+    }
+    for (long long r = 0; r < lg->cfg->synth.ranks && !failed; r++) {
+        if (lg->res[r].mark.count > 0) {
+            marks[req.n_marks++] = &lg->res[r].mark;
+        }
+    }
+    req.marks = marks;
     req.run_id = lg->run_id;
     req.failed = failed;
-    if (kp_rpc_unary(lg->ch, "/kprof.v1.Control/EndRun", &req.base, &kprof__v1__run__descriptor,
-                     &resp, 15000, &st) != 0) {
-        kp_log_warn("EndRun failed run=%" PRIu64 " status=%s details=\"%s\"", lg->run_id,
-                    kp_rpc_status_name(st.code), st.details);
-        return;
+    while ((rc = kp_rpc_unary(lg->ch, "/kprof.v1.Control/EndRun", &req.base,
+                              &kprof__v1__run__descriptor, &resp, 15000, &st)) != 0 &&
+           st.code == GRPC_STATUS_UNAVAILABLE && kp_mono_ms() < until) {
+        struct timespec ts = { 0, pause_ms * 1000000L };
+
+        kp_log_debug("EndRun again run=%" PRIu64 " details=\"%s\"", lg->run_id, st.details);
+        nanosleep(&ts, NULL);
+        pause_ms = pause_ms < 1000 ? 2 * pause_ms : 1000;
+    }
+    free(marks);
+    if (rc != 0) {
+        fprintf(stderr, "kprof-loadgen: cannot end run %" PRIu64 ": %s: %s\n", lg->run_id,
+                kp_rpc_status_name(st.code), st.details);
+        return 1;
     }
     protobuf_c_message_free_unpacked(resp, NULL);
+    return 0;
 }
 
 static void print_json(const struct loadgen *lg, uint64_t events, uint64_t batches, uint64_t bytes,
@@ -561,6 +600,11 @@ int main(int argc, char **argv)
     if (control(&lg) != 0) {
         goto out;
     }
+    if (cfg.send_log[0] != '\0' && (lg.send_log = fopen(cfg.send_log, "w")) == NULL) {
+        fprintf(stderr, "kprof-loadgen: cannot create --send-log %s: %s\n", cfg.send_log,
+                strerror(errno));
+        goto out;
+    }
     created = cfg.run_id == 0;
     if (cfg.start_ns != 0) {
         lg.start_ns = cfg.start_ns;
@@ -572,8 +616,8 @@ int main(int argc, char **argv)
         goto out;
     }
     failed = sum_results(&lg, &sum, &events);
-    if (created && cfg.end_run) {
-        end_run(&lg, failed);
+    if (created && cfg.end_run && end_run(&lg, failed) != 0) {
+        goto out;
     }
     if (failed) {
         goto out;
@@ -581,6 +625,11 @@ int main(int argc, char **argv)
     report(&lg, events, &sum);
     rc = 0;
 out:
+    if (lg.send_log != NULL && fclose(lg.send_log) != 0 && rc == 0) {
+        fprintf(stderr, "kprof-loadgen: cannot write --send-log %s: %s\n", cfg.send_log,
+                strerror(errno));
+        rc = 1;
+    }
     free(th);
     free(lg.slow);
     free(lg.dlslow);

@@ -10,6 +10,8 @@ pkgs=(
   python3 python3-grpcio python3-protobuf openssl
   libpq-dev postgresql postgresql-client
   libcmocka-dev librdkafka-dev zlib1g-dev
+  libmicrohttpd-dev # kprof-analyzer --web-listen: the JSON HTTP API (docs/web-api.md)
+  python3-confluent-kafka # it.test_kafka_sink: the producer of the Kafka path's tests
   # packaging/: the packages' checks (dpkg-shlibdeps, lintian, mmdebstrap) and the units' (systemd-analyze)
   dpkg-dev lintian systemd mmdebstrap
   umoci # deploy/image/build.sh and it.test_image: the OCI image from the .debs (mmdebstrap above)

@@ -410,3 +410,63 @@ def expect_rpc_error(f, code, text):
         assert e.code() == code and text in e.details(), (e.code(), e.details())
         return
     raise AssertionError("expected " + str(code))
+
+
+class KafkaMock:
+    """build/tools/kprof-kafka-mock (librdkafka's mock cluster) as a child process on loopback,
+    stopped by pid; command() sends one stdin command ("down 2", "leader T 0 3", ...) and
+    returns its answer. self.bootstrap is the brokers' address list. cat() runs
+    kprof-kafka-cat against it."""
+
+    def __init__(self, name, brokers=3, partitions=4, topic="kprof.batches"):
+        self.dir = os.path.join(TEST_DIR, name)
+        os.makedirs(self.dir, exist_ok=True)
+        ready = os.path.join(self.dir, "ready")
+        if os.path.exists(ready):
+            os.unlink(ready)
+        self.log_path = os.path.join(self.dir, "kafka-mock.log")
+        self.log = open(self.log_path, "w")
+        self.topic = topic
+        self.proc = subprocess.Popen(
+            [os.path.join(BIN, "tools", "kprof-kafka-mock"), "--brokers", str(brokers),
+             "--partitions", str(partitions), "--topic", topic, "--ready-file", ready],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        wait_for(lambda: os.path.exists(ready) or self.proc.poll() is not None, 30,
+                 "kafka mock ready")
+        assert self.proc.poll() is None, open(self.log_path).read()
+        addrs = dict(l.strip().split("=", 1) for l in open(ready) if "=" in l)
+        self.bootstrap = addrs["bootstrap"]
+
+    def command(self, line):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def cat(self, *args, timeout_ms=30000):
+        """kprof-kafka-cat ARGS: (exit status, stdout, stderr)."""
+        p = subprocess.run([os.path.join(BIN, "tools", "kprof-kafka-cat"), "--brokers",
+                            self.bootstrap, "--topic", self.topic, "--timeout-ms",
+                            str(timeout_ms)] + list(args), capture_output=True, text=True,
+                           timeout=timeout_ms / 1000 + 60)
+        return p.returncode, p.stdout, p.stderr
+
+    def records(self, timeout_ms=30000):
+        """Every record of the topic: [(partition, offset, key, value bytes)]."""
+        rc, out, err = self.cat("consume", timeout_ms=timeout_ms)
+        assert rc == 0, "kprof-kafka-cat consume failed: " + err
+        recs = []
+        for line in out.splitlines():
+            part, off, key, val = line.split(" ")
+            recs.append((int(part), int(off), key, bytes.fromhex(val)))
+        return recs
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30 * SCALE)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode

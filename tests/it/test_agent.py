@@ -366,10 +366,13 @@ def test_collectord_down(agent, coll, conninfo, port, lib):
     done = "capture complete run=%d ranks=1 failed=0" % run
     assert done not in agent.text(), "the capture must wait for collectord's acknowledgement"
     coll = kpfix.Collectord("agent-coll2", conninfo, ["--listen", "127.0.0.1:%d" % port])
-    # (the restarted collectord marks the capture it did not see end as failed: its rows
-    # are what counts here, and the agent finishing it once they are acknowledged)
+    # (the restarted collectord adopts the capture it did not see end; the agent finishes it
+    # once its rows are acknowledged, and the run ends as ENDED, not FAILED)
     kpfix.wait_for(lambda: done in agent.text(), 60, "the agent's capture complete, acknowledged")
     assert counts(run) == (1000, 1000, 1000), counts(run)
+    kpfix.wait_for(lambda: q("SELECT state FROM runs WHERE id = %d" % run) != "1", 10,
+                   "the adopted capture's run ended")
+    assert q("SELECT state FROM runs WHERE id = %d" % run) == "2", "run %d did not end ENDED" % run
     return coll
 
 
@@ -392,6 +395,12 @@ def test_agent_restart(agent, coll, conninfo, port):
     kpfix.wait_for(lambda: counts(run)[0] >= 700 and counts(run)[2] >= 700, 60, "replay stored")
     kpfix.wait_for(lambda: not segments(agent), 30, "spool acknowledged and deleted")
     assert counts(run) == (700, 700, 700), counts(run)
+    # the restarted collectord adopted the capture; the agent came back without it (it was
+    # restarted too), so the rank fails at once, saying so
+    kpfix.wait_for(lambda: q("SELECT state FROM runs WHERE id = %d" % run) == "3", 10,
+                   "the adopted capture failed")
+    reason = q("SELECT reason FROM capture_ranks WHERE run_id = %d" % run)
+    assert "came back without the rank's capture" in reason, reason
     dup = q("SELECT count(*) FROM (SELECT seq FROM ingest_batches WHERE run_id = %d "
             "GROUP BY stream, seq HAVING count(*) > 1) d" % run)
     assert dup == "0"

@@ -71,7 +71,7 @@ INGEST = {"Push": ("stream", pb.Batch, pb.Ack, {AGENT, OPERATOR})}
 ANALYZER = {m: ("unary", getattr(pb, m + "Request"), getattr(pb, m + "Response"),
                 {VIEWER, OPERATOR})
             for m in ("Breakdown", "Ops", "Kernels", "Prof", "Roofline", "Counters", "Compare",
-                      "Hta", "Memory", "Distributed")}
+                      "Hta", "Memory", "Distributed", "Diff")}
 ANALYZER["Export"] = ("server_stream", pb.ExportRequest, pb.ExportChunk, {VIEWER, OPERATOR})
 
 

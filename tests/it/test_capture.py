@@ -21,6 +21,9 @@ that falls in the captured steps.
                  nothing from the child reaches the database
   many           64 ranks on one agent: all register, a 2-step capture has steps and kernels
                  for every rank
+  kafka          2 ranks through collectord --sink kafka, the mock cluster and a sink
+                 consumer: `kprofctl start --wait` returns once every row is in PostgreSQL
+                 (the coordinator holds a rank FLUSHING until its batches are stored)
 
 Env (tests/CMakeLists.txt): KPROF_TEST_PG, KPROF_TEST_DIR, KPROF_BIN_DIR, KPROF_SOURCE_DIR,
 KPROF_PROTO_PY. KPROF_TEST_TIMEOUT_MULTIPLIER scales every wait; KPROF_CAPTURE_ONLY=a,b runs
@@ -768,8 +771,8 @@ def test_collectord_down(st):
             "the agent completed run %d while collectord was down: it must wait for the "
             "acknowledgement" % run)
         st.start_collectord()
-        # (the restarted collectord marks the capture whose end it did not see failed: what
-        # counts here is the rows, and the agent completing it once they are acknowledged)
+        # (the restarted collectord adopts the capture and the reattached agent reports it on:
+        # what counts here is the rows, and the agent completing it once they are acknowledged)
         kpfix.wait_for(lambda: done in st.agent.text(), 120,
                        "the agent's capture complete, every batch acknowledged")
         steps = range(first, first + n)
@@ -880,9 +883,59 @@ def test_many(st):
         stop_workers(workers)
 
 
+def test_kafka(st):
+    """Through Kafka: collectord --sink kafka, librdkafka's mock cluster, a sink consumer."""
+    # The stack's collectord (direct path) stays up and, holding the election, coordinates:
+    # the agent pushes to the Kafka replica given to it and attaches to the coordinator it
+    # names, as agents of a scaled-out deployment do. The agent's socket and spool are the
+    # stack's: this scenario runs its own agent instead.
+    st.ensure()
+    if st.agent is not None and st.agent.alive():
+        st.agent.stop()
+    st.agent = None
+    mock = kpfix.KafkaMock(os.path.join("capture-it", "kafka-mock"), brokers=3, partitions=4)
+    PROCS.append(mock.proc)
+    ing = kpfix.Collectord(os.path.join("capture-it", "kafka-ingest"), st.conninfo,
+                           ["--sink", "kafka", "--kafka-brokers", mock.bootstrap,
+                            "--agent-grace", AGENT_GRACE])
+    PROCS.append(ing.proc)
+    sink = kpfix.Daemon(os.path.join("capture-it", "kafka-sink"), [
+        os.path.join(BIN, "collectord", "kprof-collectord"), "--role", "sink", "--pg-conninfo",
+        st.conninfo, "--kafka-brokers", mock.bootstrap, "--flush-interval", "20ms"], grpc=False)
+    PROCS.append(sink.proc)
+    agent = Agent(ing.grpc)
+    st.agents.append(agent)
+    job, ranks = "capkafka", range(2)
+    workers = start_workers("kafka", job, agent.sock, 2, ["--step-ms", "20"] + stepping_flags())
+    try:
+        wait_stepping(agent, job, ranks)
+        res = agent.capture(job, "--steps", "3", "--wait")
+        run, first = res["run"], res["start_step"]
+        check_reply(res, ranks)
+        # --wait returned: every rank DONE, which behind Kafka means stored in PostgreSQL, so
+        # the rows are there now, not eventually
+        check_capture_data(run, workers, range(first, first + 3))
+        check_run_ended(run, job, 2)
+        text = read(ing.log_path) + read(st.coll.log_path)
+        assert len(re.findall(r"capture rank run=%d rank=\d+ host=\S+ state=done \(its \d+ "
+                              r"batches are stored\)" % run, text)) == 2, (
+            "the coordinator did not hold the ranks until stored:\n" + text[-3000:])
+        for w in workers:
+            w.assert_exit0()
+        log("  run %d through Kafka: ranks held FLUSHING until stored, rows equal to --expect"
+            % run)
+    finally:
+        stop_workers(workers)
+        agent.stop()
+        st.agents.remove(agent)
+        sink.stop()
+        ing.stop()
+        mock.stop()
+
+
 SCENARIOS = [("main", test_main), ("no_agent", test_no_agent),
              ("agent_killed", test_agent_killed), ("collectord_down", test_collectord_down),
-             ("fork", test_fork), ("many", test_many)]
+             ("fork", test_fork), ("many", test_many), ("kafka", test_kafka)]
 
 
 def main():

@@ -50,6 +50,7 @@ ARGS = {
     "status": ["--run", "999999"],
     "compare": ["--run", "999999"],
     "distributed": ["--run", "999999"],
+    "diff": ["--run", "999999", "--run", "999998"],
     "hta": ["temporal", "--run", "999999", "--rank", "0"],
 }
 # Verbs that are about one run: an unknown run is exit 3 for each.

@@ -20,13 +20,17 @@ PostgreSQL:
                PostgreSQL
   failure      one rank reported FAILED with a reason: the other finishes, the run ends
                FAILED, the reason is kept
+  stored       a rank reported DONE with a StreamMark (its batches acknowledged, maybe only by
+               Kafka) stays FLUSHING until every marked batch is in ingest_batches; EndRun
+               with marks answers UNAVAILABLE until then, INVALID_ARGUMENT for a bad mark
   stop         StopCapture sends STOP to both agents; the run ends once they report done
   agent_lost   an agent's call breaks mid-capture and stays away past --agent-grace: its rank
                fails with a reason naming the host; the run ends FAILED
   deadline     a capture whose ranks never finish fails them at its deadline
   bad_report   a malformed report ends only that agent's call (INVALID_ARGUMENT); the daemon
                keeps serving
-  restart      a capture left open when collectord is killed is marked FAILED by the next one
+  restart      a capture left open when collectord is killed is adopted by the next one, and
+               fails once its agent has not reattached within the agent grace
 """
 import os
 import queue
@@ -119,6 +123,8 @@ class FakeAgent:
         st = dict(state=state, records=kw.get("records", 0), dropped=kw.get("dropped", 0),
                   reason=kw.get("reason", ""), pid=kw.get("pid", 100 + rank),
                   first_step=kw.get("first_step", -1), last_step=kw.get("last_step", -1))
+        if "mark" in kw:
+            st["mark"] = kw["mark"]
         self.ranks[(run_id, rank)] = st
         self.report()
 
@@ -301,6 +307,58 @@ def main():
         assert r3.reason == "process 103 exited during the window", r3
         print("ok failure run=%d" % run2, flush=True)
 
+        # stored: DONE with a StreamMark (an agent behind --sink kafka: acknowledged is not
+        # yet stored) stays FLUSHING until every marked batch is in ingest_batches
+        import random
+        import test_ingest_durability as tid
+        cap = ctl.start(pb.StartCaptureRequest(job=JOB, ranks="0,2", steps=2), timeout=10)
+        run7 = cap.run.id
+        a.wait_cmd(lambda c: c.kind == K.KIND_ARM and c.run_id == run7, "ARM")
+        b.wait_cmd(lambda c: c.kind == K.KIND_ARM and c.run_id == run7, "ARM")
+        # the agent's spool stream carries other ranks too: rank 0's batches are seqs 5, 7, 9
+        mark = pb.StreamMark(rank=0, stream=77, first_seq=5, last_seq=9, count=3)
+        a.set_rank(run7, 0, RS.RANK_STATE_DONE, records=30, mark=mark)
+        b.set_rank(run7, 2, RS.RANK_STATE_DONE, records=20)
+        kpfix.wait_for(lambda: ctl.states(run7) == {0: RS.RANK_STATE_FLUSHING,
+                                                    2: RS.RANK_STATE_DONE}, 10,
+                       "rank 0 flushing while its batches are not stored")
+        rng = random.Random(7)
+        stubs = kpfix.Stubs(coll.grpc)
+        try:
+            def push(*keys):
+                acks = list(stubs.push(iter([tid.make_batch(run7, r, 77, q, rng)[0]
+                                             for r, q in keys]), timeout=30))
+                assert sum(len(x.batches) for x in acks) == len(keys), acks
+            push((0, 5), (2, 6), (0, 7))  # rank 2's seq 6 on the same stream does not count
+            time.sleep(1.0)
+            assert ctl.states(run7)[0] == RS.RANK_STATE_FLUSHING, "DONE with a batch missing"
+            assert ctl.cap(run7).run.state == pb.RUN_STATE_OPEN
+            push((0, 9))
+        finally:
+            stubs.close()
+        ctl.wait_run_state(run7, pb.RUN_STATE_ENDED)
+        assert ctl.states(run7) == {0: RS.RANK_STATE_DONE, 2: RS.RANK_STATE_DONE}
+        # EndRun with marks waits the same way (UNAVAILABLE until stored)
+        stubs = kpfix.Stubs(coll.grpc)
+        try:
+            r8 = stubs.create(pb.CreateRunRequest(job="marks", world_size=1), timeout=10).id
+            list(stubs.push(iter([tid.make_batch(r8, 0, 5, 1, rng)[0]]), timeout=30))
+            m = pb.StreamMark(rank=-1, stream=5, first_seq=1, last_seq=2, count=2)
+            kpfix.expect_rpc_error(lambda: stubs.end(pb.EndRunRequest(run_id=r8, marks=[m]),
+                                                     timeout=10),
+                                   grpc.StatusCode.UNAVAILABLE, "1 batches of 1 producer streams")
+            bad = pb.StreamMark(rank=-1, stream=5, first_seq=3, last_seq=2, count=1)
+            kpfix.expect_rpc_error(lambda: stubs.end(pb.EndRunRequest(run_id=r8, marks=[bad]),
+                                                     timeout=10),
+                                   grpc.StatusCode.INVALID_ARGUMENT, "marks[0]")
+            assert kpfix.psql("SELECT state FROM runs WHERE id=%d" % r8, db=DB) == "1"
+            list(stubs.push(iter([tid.make_batch(r8, 0, 5, 2, rng)[0]]), timeout=30))
+            assert stubs.end(pb.EndRunRequest(run_id=r8, marks=[m]), timeout=10).state == \
+                pb.RUN_STATE_ENDED
+        finally:
+            stubs.close()
+        print("ok stored run=%d" % run7, flush=True)
+
         # stop
         cap = ctl.start(pb.StartCaptureRequest(job=JOB, steps=1000), timeout=10)
         run3 = cap.run.id
@@ -357,7 +415,8 @@ def main():
         assert ctl.jobs(pb.ListJobsRequest(), timeout=10).jobs
         print("ok bad_report", flush=True)
 
-        # restart: a capture left open is marked failed by the next collectord
+        # restart: a capture left open is adopted by the next collectord; its agent does not
+        # come back, so it fails once the agent grace has passed, saying why
         cap = ctl.start(pb.StartCaptureRequest(job=JOB, ranks="0", steps=2), timeout=10)
         run6 = cap.run.id
         for ag in agents:
@@ -371,7 +430,8 @@ def main():
         kpfix.wait_for(lambda: ctl.cap(run6).run.state == pb.RUN_STATE_FAILED, 20,
                        "the orphaned capture marked failed")
         r0 = ctl.cap(run6).ranks[0]
-        assert r0.state == RS.RANK_STATE_FAILED and "restarted" in r0.reason, r0
+        assert r0.state == RS.RANK_STATE_FAILED and "coordinator changed" in r0.reason and \
+            "node-a did not reattach" in r0.reason, r0
         # an ended capture's status from PostgreSQL
         c1 = ctl.cap(run)
         assert c1.run.state == pb.RUN_STATE_ENDED and [r.records for r in c1.ranks] == [500, 700]

@@ -64,10 +64,10 @@ class Agent:
         self.log.close()
 
 
-def connect_as(path, gid, groups):
+def connect_as(path, gid, groups, wait_s):
     """A child that becomes uid 65534 with primary gid and supplementary groups, connects to
     path and holds the connection until killed; returns the child and a pipe that says whether
-    the agent closed the connection within 2 s ("closed") or not ("open")."""
+    the agent closed the connection within wait_s ("closed") or not ("open")."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -78,7 +78,7 @@ def connect_as(path, gid, groups):
             os.setuid(NOBODY)
             s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             s.connect(path)
-            s.settimeout(2)
+            s.settimeout(wait_s)
             state = b"open"
             try:
                 while True:
@@ -99,10 +99,18 @@ def connect_as(path, gid, groups):
 def check(d, name, extra, gid, groups, want_taken):
     a = Agent(d, name, extra)
     try:
-        pid, r = connect_as(a.sock, gid, groups)
+        # a refusal closes at once, but a loaded machine may take seconds to get there: wait
+        # long for a close that must come, and until the agent has counted the connection
+        pid, r = connect_as(a.sock, gid, groups, 2 if want_taken else 20)
         try:
             state = os.read(r, 16).decode()
-            m = metrics(a.http)
+            deadline = time.time() + 20
+            while True:
+                m = metrics(a.http)
+                if (m.get("kprof_agent_connections_refused_total", 0) +
+                        m.get("kprof_agent_sessions", 0) >= 1 or time.time() > deadline):
+                    break
+                time.sleep(0.05)
             refused = m.get("kprof_agent_connections_refused_total", -1)
             sessions = m.get("kprof_agent_sessions", -1)
             if want_taken:

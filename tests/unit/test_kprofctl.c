@@ -507,7 +507,7 @@ static void test_summary(void **state)
 
 struct fake {
     struct kp_rpc_server *srv;
-    struct kp_rpc_method methods[4];
+    struct kp_rpc_method methods[5];
     char addr[64];
     pthread_mutex_t mu;
     /* CaptureStatus: how the capture goes */
@@ -683,6 +683,19 @@ static void on_status(struct kp_rpc_call *call, ProtobufCMessage *msg, void *ud)
     protobuf_c_message_free_unpacked(msg, NULL);
 }
 
+/* Coordinator: the fake is the capture coordinator itself. */
+static void on_coordinator(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
+{
+    Kprof__V1__CoordinatorInfo in = KPROF__V1__COORDINATOR_INFO__INIT;
+
+    (void) ud;
+    protobuf_c_message_free_unpacked(req, NULL);
+    in.elected = true;
+    in.is_self = true;
+    in.address = "fake";
+    kp_rpc_call_reply(call, &in.base);
+}
+
 static int fake_setup(void **state)
 {
     struct fake *f = calloc(1, sizeof(*f));
@@ -698,12 +711,14 @@ static int fake_setup(void **state)
         { "/kprof.v1.Control/StopCapture", &kprof__v1__stop_capture_request__descriptor, on_stop },
         { "/kprof.v1.Control/CaptureStatus", &kprof__v1__capture_status_request__descriptor,
           on_status },
+        { "/kprof.v1.Control/Coordinator", &kprof__v1__coordinator_request__descriptor,
+          on_coordinator },
     };
     char err[256];
 
     assert_non_null(f);
     pthread_mutex_init(&f->mu, NULL);
-    for (size_t i = 0; i < 4; i++) {
+    for (size_t i = 0; i < 5; i++) {
         f->methods[i].path = m[i].path;
         f->methods[i].kind = KP_RPC_UNARY;
         f->methods[i].request = m[i].req;
@@ -713,7 +728,7 @@ static int fake_setup(void **state)
     memset(&so, 0, sizeof(so));
     so.listen = "127.0.0.1:0";
     so.name = "fake-collectord";
-    if (kp_rpc_server_create(&so, f->methods, 4, &f->srv, err, sizeof(err)) != 0) {
+    if (kp_rpc_server_create(&so, f->methods, 5, &f->srv, err, sizeof(err)) != 0) {
         fail_msg("fake server: %s", err);
     }
     snprintf(f->addr, sizeof(f->addr), "127.0.0.1:%d", kp_rpc_server_port(f->srv));

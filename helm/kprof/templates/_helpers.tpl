@@ -184,3 +184,99 @@ readinessProbe:
   periodSeconds: 5
   failureThreshold: 3
 {{- end -}}
+
+{{/*
+Kafka (kafka.enabled): the librdkafka properties of collectord and the sinks, one string for
+--kafka-property (KPROF_KAFKA_PROPERTY in the environment: kprof reads KPROF_<KEY>): the user's
+kafka.properties, the files of the TLS Secrets, and SASL's user and password as references to
+the variables that come from kafka.sasl.existingSecret, which Kubernetes expands in the
+container, so that no password is in the ConfigMap or the pod's spec.
+*/}}
+{{- define "kprof.kafkaProperties" -}}
+{{- $k := .Values.kafka -}}
+{{- $props := list -}}
+{{- $secretKeys := list "sasl.password" "ssl.key.password" "sasl.oauthbearer.client.secret" "ssl.keystore.password" "ssl.key.pem" -}}
+{{- range $key := keys $k.properties | sortAlpha -}}
+{{- $v := toString (index $k.properties $key) -}}
+{{- if has $key $secretKeys -}}
+{{- fail (printf "kafka.properties.%s holds a secret, which would be in the pod's spec: put SASL's credentials in kafka.sasl.existingSecret (keys username and password) and key files in kafka.tls.clientSecret" $key) -}}
+{{- end -}}
+{{- if or (contains "," $v) (contains ";" $v) -}}
+{{- fail (printf "kafka.properties.%s: a value may not hold ',' or ';' (they separate --kafka-property's settings)" $key) -}}
+{{- end -}}
+{{- $props = append $props (printf "%s=%s" $key $v) -}}
+{{- end -}}
+{{- $ssl := or $k.tls.caSecret $k.tls.clientSecret -}}
+{{- if not (hasKey $k.properties "security.protocol") -}}
+{{- if and $ssl $k.sasl.existingSecret -}}
+{{- $props = append $props "security.protocol=SASL_SSL" -}}
+{{- else if $ssl -}}
+{{- $props = append $props "security.protocol=SSL" -}}
+{{- else if $k.sasl.existingSecret -}}
+{{- $props = append $props "security.protocol=SASL_SSL" -}}
+{{- end -}}
+{{- end -}}
+{{- if $k.tls.caSecret -}}
+{{- $props = append $props "ssl.ca.location=/etc/kprof/kafka-ca/ca.crt" -}}
+{{- end -}}
+{{- if $k.tls.clientSecret -}}
+{{- $props = append $props "ssl.certificate.location=/etc/kprof/kafka-client/tls.crt" -}}
+{{- $props = append $props "ssl.key.location=/etc/kprof/kafka-client/tls.key" -}}
+{{- end -}}
+{{- if $k.sasl.existingSecret -}}
+{{- $props = append $props "sasl.username=$(KAFKA_SASL_USERNAME)" -}}
+{{- $props = append $props "sasl.password=$(KAFKA_SASL_PASSWORD)" -}}
+{{- end -}}
+{{- join "," $props -}}
+{{- end -}}
+
+{{/* The environment of a Kafka client container (collectord with kafka.enabled, the sinks). */}}
+{{- define "kprof.kafkaEnv" -}}
+{{- $k := .Values.kafka -}}
+{{- if $k.sasl.existingSecret }}
+- name: KAFKA_SASL_USERNAME
+  valueFrom:
+    secretKeyRef: {name: {{ $k.sasl.existingSecret }}, key: username}
+- name: KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef: {name: {{ $k.sasl.existingSecret }}, key: password}
+{{- end }}
+{{- with include "kprof.kafkaProperties" . }}
+- name: KPROF_KAFKA_PROPERTY
+  value: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "kprof.kafkaMounts" -}}
+{{- if .Values.kafka.tls.caSecret }}
+- {name: kafka-ca, mountPath: /etc/kprof/kafka-ca, readOnly: true}
+{{- end }}
+{{- if .Values.kafka.tls.clientSecret }}
+- {name: kafka-client, mountPath: /etc/kprof/kafka-client, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "kprof.kafkaVolumes" -}}
+{{- if .Values.kafka.tls.caSecret }}
+- name: kafka-ca
+  secret:
+    secretName: {{ .Values.kafka.tls.caSecret }}
+    defaultMode: 0440
+    items:
+      - {key: ca.crt, path: ca.crt}
+{{- end }}
+{{- if .Values.kafka.tls.clientSecret }}
+- name: kafka-client
+  secret:
+    secretName: {{ .Values.kafka.tls.clientSecret }}
+    defaultMode: 0440
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+{{- end }}
+{{- end -}}
+
+{{/* The headless Service that gives each collectord replica a DNS name (kafka.enabled). */}}
+{{- define "kprof.collectordPods" -}}
+{{- printf "%s-collectord-pods" (include "kprof.fullname" .) -}}
+{{- end -}}
