@@ -1,0 +1,296 @@
+#!/usr/bin/env bash
+# bench/scale: where kprof stands at LLM scale, measured before anything is changed
+# (FINDINGS.md next to this script holds the figures and where the time goes).
+#
+#   (a) one big rank: kprof-loadgen makes a 1-rank run of --steps steps x --kernels-per-step
+#       kernels (kp_synth's mix: per kernel its launch API call and its op, plus copies,
+#       memsets, collectives, syncs and steps; 500 x 400 is about 1 M events). Then, per view
+#       (breakdown, ops, kernels, prof, roofline), a fresh kprof-analyzer (--cache-bytes 0,
+#       --max-rows 0: cold, every call computes) answers `kprofctl VIEW --run R --rank 0`;
+#       timed end to end, with the analyzer's peak RSS (VmHWM) after that one view.
+#       Baselines, in the same run on the same rows: "read the rank's rows once", i.e. psql
+#       `COPY (SELECT the columns the views load) TO STDOUT` of the rank's ops, API calls,
+#       kernels, copies and memsets, text and binary, to /dev/null; and a plain
+#       `SELECT count(*), sum(dur_ns)` scan of each of those tables for the rank.
+#       Each view is reported in seconds and as a ratio to the text COPY baseline.
+#   (b) compare at each of --compare-ranks (default 64,256,1024) ranks x 10 steps x
+#       --compare-kernels (default 200; the goal's size is 2000: 1024 x 10 x 2000 is 20.6 M
+#       kernel rows, 98 M events, about 15 GB of disk at its peak and 5 minutes of generation
+#       on 2 cores, so it is opt-in: --compare-kernels 2000, about 8 minutes in all):
+#       kprofctl compare
+#       through a fresh analyzer (cache off) vs the baseline `SELECT count(*), sum(dur_ns)
+#       FROM kernels WHERE run_id = R`, with the analyzer's VmHWM.
+#   For every run: bytes on disk per row (pg_total_relation_size of the run's partition,
+#   indexes and TOAST included, / its rows) of kernels, ops and api_calls, and the run's
+#   generation (ingest) rate. With --ingest, bench/ingest/run.sh --no-secure --reps 1 is run
+#   too (its own stack) and its end-to-end vs raw COPY ratio reported.
+# Output: a human summary on stderr, one JSON line on stdout.
+#
+# usage: bench/scale/run.sh [--quick] [--build DIR] [--steps S] [--kernels-per-step K]
+#                           [--compare-ranks LIST] [--compare-kernels K] [--reps R]
+#                           [--ingest] [--keep]
+#   --quick   a smoke run (20 steps x 50 kernels; compare at 8 ranks x 3 steps x 50 kernels)
+#   --reps R  timed repetitions of each baseline and view (medians; default 1: each view
+#             restarts the analyzer, cold)
+#   --keep    keep the generated runs (default: dropped at the end; a throwaway database is
+#             removed anyway)
+# Environment: KPROF_BUILD_DIR; KPROF_BENCH_PG with KPROF_COLLECTOR to use a running
+# PostgreSQL and its collectord, else throwaway ones (bench/stack.sh). The default run takes
+# about 1.5 minutes on 2 shared cores (--reps 3: about 3) and about 2 GB of disk.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=${KPROF_BUILD_DIR:-}
+steps=500 kernels=400 cranks=64,256,1024 ckernels=200 csteps=10 reps=1 quick=0 ingest=0 keep=0
+
+die() {
+    echo "bench/scale: $*" >&2
+    exit 1
+}
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --quick) quick=1 steps=20 kernels=50 cranks=8 csteps=3 ckernels=50 ;;
+    --build) build=$2; shift ;;
+    --steps) steps=$2; shift ;;
+    --kernels-per-step) kernels=$2; shift ;;
+    --compare-ranks) cranks=$2; shift ;;
+    --compare-kernels) ckernels=$2; shift ;;
+    --reps) reps=$2; shift ;;
+    --ingest) ingest=1 ;;
+    --keep) keep=1 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+    *) die "unknown argument $1 (see --help)" ;;
+    esac
+    shift
+done
+for v in steps kernels ckernels reps; do
+    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "--${v} must be a positive integer"
+done
+[[ $cranks =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--compare-ranks must be a list like 64,256"
+[ -n "$build" ] || build=$root/build
+kprofctl=$build/kprofctl/kprofctl
+loadgen=$build/tools/kprof-loadgen
+collectord=$build/collectord/kprof-collectord
+analyzer=$build/analyzer/kprof-analyzer
+[ -x "$kprofctl" ] && [ -x "$loadgen" ] && [ -x "$analyzer" ] ||
+    die "$build lacks kprofctl, kprof-loadgen or kprof-analyzer; build them"
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+
+work=$(mktemp -d /tmp/kprof-bench-scale.XXXXXX)
+pgdir=/tmp/kprof-bench-scale-pg.$$
+pgport=$((5500 + $$ % 400))
+bench=bench/scale
+# shellcheck source=../stack.sh
+. "$root/bench/stack.sh"
+bench_stack_up
+
+now() { date +%s.%N; }
+secs() { "$py" -c "print($2 - $1)"; }
+q() { psql "$pg" -qtAX -v ON_ERROR_STOP=1 -c "$1"; }
+runs=()
+drop_runs() {
+    [ "$keep" = 1 ] && return 0
+    for r in "${runs[@]}"; do
+        q "SELECT kp_drop_run($r)" >/dev/null 2>&1 || true
+    done
+}
+# A fresh analyzer for every timed call: cold, and its VmHWM is that call's.
+an_restart() {
+    if [ -n "$apid" ]; then
+        kill -TERM "$apid" 2>/dev/null || true
+        wait "$apid" 2>/dev/null || true
+        apid=
+    fi
+    rm -f "$work/analyzer.ready"
+    bench_analyzer_up
+}
+an_hwm() { sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$an_pid/status" 2>/dev/null || echo 0; }
+
+# Generates a run (ranks, steps, kernels, job) and prints "run_id events seconds".
+gen() {
+    local t0 t1 r
+    t0=$(now)
+    "$loadgen" --collector "$addr" --ranks "$1" --steps "$2" --kernels-per-step "$3" \
+        --straggler "$(($1 - 1)):1.3" --job "$4" --threads 2 --give-up 10m --json \
+        >"$work/gen.json" || die "kprof-loadgen failed"
+    t1=$(now)
+    r=$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['run_id'])" "$work/gen.json")
+    q "VACUUM ANALYZE kernels_r$r, ops_r$r, api_calls_r$r, memcpys_r$r, memsets_r$r, steps_r$r" \
+        >/dev/null || die "VACUUM ANALYZE failed"
+    echo "$r $("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['events'])" "$work/gen.json") $(secs "$t0" "$t1")"
+}
+
+# Bytes per row of a run's partitions: "kernels ops api_calls" (indexes and TOAST included).
+bytes_per_row() {
+    q "SELECT string_agg(round(pg_total_relation_size(format('%s_r%s', t, $1)::regclass)::numeric
+        / greatest((xpath('/row/c/text()', query_to_xml(format('SELECT count(*) AS c FROM %s_r%s',
+        t, $1), false, true, '')))[1]::text::numeric, 1), 1)::text, ' ' ORDER BY o)
+        FROM unnest(ARRAY['kernels', 'ops', 'api_calls']) WITH ORDINALITY AS u(t, o)"
+}
+
+timed() { # label command...: runs it, appends "label seconds" to $work/times
+    local t0 t1
+    t0=$(now)
+    "${@:2}" >"$work/out.$1" || die "$1 failed (see $work/analyzer.log)"
+    t1=$(now)
+    echo "$1 $(secs "$t0" "$t1")" >>"$work/times"
+}
+
+: >"$work/times"
+: >"$work/hwm"
+# ---- (a) one big rank ----------------------------------------------------------------------
+echo "bench/scale: generating 1 rank x $steps steps x $kernels kernels (not timed)" >&2
+read -r brun bevents bgen < <(gen 1 "$steps" "$kernels" bench-scale-rank)
+[ -n "$brun" ] || die "the big rank's run was not generated"
+runs+=("$brun")
+rr="run_id = $brun AND rank = 0"
+read -r nk no na < <(q "SELECT (SELECT count(*) FROM kernels WHERE $rr), (SELECT count(*) FROM ops
+    WHERE $rr), (SELECT count(*) FROM api_calls WHERE $rr)" | tr '|' ' ')
+echo "bench/scale: run $brun: $bevents events in $bgen s ($nk kernels, $no ops, $na API calls)" >&2
+# The columns the views load (analyzer/an.c: kp_an_load's queries), one COPY per table.
+copy_sql=(
+    "SELECT start_ns, dur_ns, tid, external_id, name, input_shapes, kind, input_dtypes FROM ops WHERE $rr"
+    "SELECT start_ns, dur_ns, tid, correlation, external_id FROM api_calls WHERE $rr"
+    "SELECT start_ns, dur_ns, correlation, external_id, name, grid_x, grid_y, grid_z, block_x, block_y, block_z, registers, static_smem, dynamic_smem, device FROM kernels WHERE $rr"
+    "SELECT start_ns, dur_ns, correlation, external_id FROM memcpys WHERE $rr"
+    "SELECT start_ns, dur_ns, correlation, external_id FROM memsets WHERE $rr")
+# One psql session (one connection) for the five statements, as the analyzer has one.
+copy_all() { # format
+    local s
+    for s in "${copy_sql[@]}"; do
+        echo "COPY ($s) TO STDOUT (FORMAT $1);"
+    done | psql "$pg" -qtAX -v ON_ERROR_STOP=1 -f - >/dev/null
+}
+scan_all() {
+    local t
+    for t in ops api_calls kernels memcpys memsets; do
+        echo "SELECT count(*), sum(dur_ns) FROM $t WHERE $rr;"
+    done | psql "$pg" -qtAX -v ON_ERROR_STOP=1 -f - >/dev/null
+}
+views=(breakdown ops kernels prof roofline)
+for i in $(seq 1 "$reps"); do
+    timed copy_text copy_all text
+    timed copy_binary copy_all binary
+    timed scan scan_all
+    for v in "${views[@]}"; do
+        an_restart
+        timed "$v" "$kprofctl" "$v" --analyzer "$an_addr" --timeout 3600s --run "$brun" --rank 0 --json
+        echo "$v $(an_hwm)" >>"$work/hwm"
+    done
+    echo "bench/scale: rep $i: $(tail -n 8 "$work/times" | tr '\n' ' ')" >&2
+done
+"$py" - "$work/out.breakdown" "$steps" <<'PYEOF' || die "the breakdown is wrong"
+import json, sys
+d = json.load(open(sys.argv[1]))
+n = len(d["breakdown"]["steps"]) if "breakdown" in d else len(d["steps"])
+if n < int(sys.argv[2]) - 2:
+    sys.exit(f"breakdown has {n} steps; {sys.argv[2]} were generated")
+PYEOF
+bpr_rank=$(bytes_per_row "$brun")
+
+# ---- (b) compare at each rank count ---------------------------------------------------------
+: >"$work/cmp"
+IFS=, read -r -a clist <<<"$cranks"
+for n in "${clist[@]}"; do
+    [ "$n" -ge 2 ] || die "--compare-ranks: $n: 2 ranks or more"
+    echo "bench/scale: generating $n ranks x $csteps steps x $ckernels kernels (not timed)" >&2
+    read -r crun cevents cgen < <(gen "$n" "$csteps" "$ckernels" "bench-scale-$n")
+    [ -n "$crun" ] || die "the $n-rank run was not generated"
+    runs+=("$crun")
+    ckn=$(q "SELECT count(*) FROM kernels WHERE run_id = $crun")
+    for i in $(seq 1 "$reps"); do
+        t0=$(now)
+        q "SELECT count(*), sum(dur_ns) FROM kernels WHERE run_id = $crun" >/dev/null
+        b=$(secs "$t0" "$(now)")
+        an_restart
+        t0=$(now)
+        "$kprofctl" compare --analyzer "$an_addr" --timeout 3600s --run "$crun" --json \
+            >"$work/cmp.json" || die "kprofctl compare failed (see $work/analyzer.log)"
+        c=$(secs "$t0" "$(now)")
+        "$py" - "$work/cmp.json" "$((n - 1))" <<'PYEOF' || die "compare gave a wrong answer"
+import json, sys
+d = json.load(open(sys.argv[1]))
+got = [(s["rank"], s["cause"]) for s in d["stragglers"]]
+if got != [(int(sys.argv[2]), "compute")]:
+    sys.exit("expected rank %s (compute), got %s: %s" % (sys.argv[2], got, d["verdict"]))
+PYEOF
+        echo "$n $ckn $cevents $cgen $b $c $(an_hwm) $(bytes_per_row "$crun" | tr ' ' ,)" >>"$work/cmp"
+        echo "bench/scale: $n ranks ($ckn kernels): scan $b s, compare $c s" >&2
+    done
+    drop_runs
+    runs=()
+done
+runs=("$brun")
+drop_runs
+
+ingest_json=
+if [ "$ingest" = 1 ]; then
+    echo "bench/scale: bench/ingest/run.sh --no-secure --reps 1" >&2
+    ingest_json=$(env -u KPROF_BENCH_PG -u KPROF_COLLECTOR bash "$root/bench/ingest/run.sh" \
+        --no-secure --reps 1 --build "$build" | tail -n 1) || die "bench/ingest failed"
+fi
+
+"$py" - "$quick" "$steps" "$kernels" "$bevents" "$bgen" "$nk" "$no" "$na" "$bpr_rank" \
+    "$work/times" "$work/hwm" "$work/cmp" "$ingest_json" <<'PYEOF'
+import json, statistics, sys
+quick = sys.argv[1] == "1"
+steps, kernels, events = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+gen_s = float(sys.argv[5])
+nk, no, na = (int(x) for x in sys.argv[6:9])
+bpr = dict(zip(("kernels", "ops", "api_calls"), (float(x) for x in sys.argv[9].split())))
+times = {}
+for line in open(sys.argv[10]):
+    k, v = line.split()
+    times.setdefault(k, []).append(float(v))
+hwm = {}
+for line in open(sys.argv[11]):
+    k, v = line.split()
+    hwm[k] = max(hwm.get(k, 0), int(v))
+med = {k: statistics.median(v) for k, v in times.items()}
+base = med["copy_text"]
+tag = "  [quick: not a measurement]" if quick else ""
+err = sys.stderr
+print(f"bench/scale: one rank, {steps} steps x {kernels} kernels: {events} events "
+      f"({nk} kernels, {no} ops, {na} API calls), generated at {events / gen_s:,.0f} events/s", file=err)
+print(f"  read the rank once, COPY text    {med['copy_text']:8.3f} s", file=err)
+print(f"  read the rank once, COPY binary  {med['copy_binary']:8.3f} s", file=err)
+print(f"  count/sum scan of the rank       {med['scan']:8.3f} s", file=err)
+views = {}
+for v in ("breakdown", "ops", "kernels", "prof", "roofline"):
+    views[v] = {"s": times[v], "ratio": round(med[v] / base, 2), "max_rss_kb": hwm.get(v)}
+    print(f"  {v:10s} cold {med[v]:8.3f} s  {med[v] / base:6.1f}x COPY  peak RSS "
+          f"{hwm.get(v, 0) / 1024:7.1f} MiB{tag}", file=err)
+print(f"  bytes per row on disk: kernels {bpr['kernels']:.0f}, ops {bpr['ops']:.0f}, "
+      f"API calls {bpr['api_calls']:.0f}", file=err)
+cmps = {}
+for line in open(sys.argv[12]):
+    n, ckn, cev, cgen, b, c, h, bp = line.split()
+    e = cmps.setdefault(n, {"kernel_rows": int(ckn), "events": int(cev),
+                            "generate_events_per_s": round(int(cev) / float(cgen)),
+                            "scan_s": [], "compare_s": [], "max_rss_kb": 0,
+                            "bytes_per_row": dict(zip(("kernels", "ops", "api_calls"),
+                                                      (float(x) for x in bp.split(","))))})
+    e["scan_s"].append(float(b))
+    e["compare_s"].append(float(c))
+    e["max_rss_kb"] = max(e["max_rss_kb"], int(h))
+for n, e in cmps.items():
+    mb, mc = statistics.median(e["scan_s"]), statistics.median(e["compare_s"])
+    e["ratio"] = round(mc / mb, 2)
+    print(f"  compare {n:>5s} ranks ({e['kernel_rows']} kernels): {mc:7.3f} s, scan {mb:6.3f} s, "
+          f"{mc / mb:5.1f}x, peak RSS {e['max_rss_kb'] / 1024:6.1f} MiB, "
+          f"{e['bytes_per_row']['kernels']:.0f} B/kernel{tag}", file=err)
+ing = json.loads(sys.argv[13]) if sys.argv[13] else None
+if ing:
+    print(f"  ingest (bench/ingest): {json.dumps({k: v for k, v in ing.items() if 'ratio' in k})}",
+          file=err)
+print(json.dumps({"bench": "scale", "quick": quick,
+                  "rank": {"steps": steps, "kernels_per_step": kernels, "events": events,
+                           "kernels": nk, "ops": no, "api_calls": na,
+                           "generate_events_per_s": round(events / gen_s),
+                           "copy_text_s": times["copy_text"], "copy_binary_s": times["copy_binary"],
+                           "scan_s": times["scan"], "views": views, "bytes_per_row": bpr},
+                  "compare": cmps, "ingest": ing}))
+PYEOF
