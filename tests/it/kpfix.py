@@ -274,6 +274,7 @@ class Collectord:
         addrs = dict(l.strip().split("=", 1) for l in open(self.ready) if "=" in l)
         self.grpc = addrs["grpc"]
         self.http = addrs.get("http")
+        self.web = addrs.get("web")  # the analyzer with --web-listen
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc.poll() is None:
