@@ -22,19 +22,28 @@ function runLabel(r) {
   return r.id + ' · ' + r.job + (r.name ? ' · ' + r.name : '') + ' (' + (r.ranks || []).length + ' ranks)';
 }
 
+// The two sides: as the query says, else the newest run against the one before it, or a run
+// against the newest other run of its job (then of any job), or against another of its ranks.
 function pick(params, runs) {
   const byId = new Map(runs.map((r) => [String(r.id), r]));
-  const a = params.a !== undefined ? String(params.a) : runs.length ? String(runs[runs.length > 1 ? 1 : 0].id) : '';
-  const b = params.b !== undefined ? String(params.b) : a;
+  let a = params.a !== undefined ? String(params.a) : runs.length > 1 ? String(runs[1].id) : runs.length ? String(runs[0].id) : '';
+  let b = params.b !== undefined ? String(params.b) : '';
+  if (b === '' && a !== '') {
+    const base = byId.get(a);
+    const other = runs.find((r) => String(r.id) !== a && base && r.job === base.job) ||
+      (params.a === undefined ? runs.find((r) => String(r.id) !== a) : null);
+    b = other ? String(other.id) : a;
+  }
   const ra = byId.get(a);
   const rb = byId.get(b);
-  const rankA = params.ra !== undefined ? params.ra : ra && ra.ranks && ra.ranks.length ? String(ra.ranks[0]) : '';
-  let rankB = params.rb;
+  const rankA = params.ra !== undefined ? String(params.ra) : ra && ra.ranks && ra.ranks.length ? String(ra.ranks[0]) : '';
+  let rankB = params.rb !== undefined ? String(params.rb) : undefined;
   if (rankB === undefined) {
     const ranks = rb ? (rb.ranks || []).map(String) : [];
-    rankB = ranks.includes(rankA) && b !== a ? rankA : ranks.find((x) => x !== rankA || b !== a) || rankA;
+    rankB = b !== a && ranks.includes(rankA) ? rankA : ranks.find((x) => x !== rankA || b !== a) || rankA;
   }
-  return { a, b, ra: String(rankA), rb: String(rankB), byId };
+  if (a === '') b = '';
+  return { a, b, ra: rankA, rb: rankB, byId, asked: params.a !== undefined };
 }
 
 function form(sel, runs) {
@@ -168,6 +177,11 @@ export async function render(root, params) {
   }
   if (sel.a === '' || sel.b === '' || sel.ra === '' || sel.rb === '') {
     root.append(h('p', { class: 'kp-muted' }, 'Pick the two runs and their ranks.'));
+    return;
+  }
+  if (!sel.asked) {
+    root.append(h('p', { class: 'kp-muted' }, 'Pick the base run (a) and the other run (b), a rank of each, and press diff: ' +
+      'b against a, per step, per kernel and per operator (as `kprofctl diff`). Two ranks of one run compare too.'));
     return;
   }
   if (sel.a === sel.b && sel.ra === sel.rb) {
