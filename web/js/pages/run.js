@@ -120,8 +120,8 @@ function facts(run, info, cmp) {
         fig('run:world_size', info.world_size, fmt.count(info.world_size)),
         present.length > 0 && present.length <= 64 ? [' (', fig('run:ranks', present, ranges(present)), ')'] : null)],
       ['missing ranks', missingFig],
-      ['hosts', h('span', {}, fig('calc:hosts', (info.hosts || []).length, String((info.hosts || []).length)), ': ',
-        fig('run:hosts', info.hosts, some(info.hosts, 8) || '–'))],
+      ['hosts', (info.hosts || []).length === 0 ? fig('run:hosts', info.hosts, 'unknown (not recorded)')
+        : h('span', {}, fig('calc:hosts', info.hosts.length, String(info.hosts.length)), ': ', fig('run:hosts', info.hosts, some(info.hosts, 8)))],
     ]),
     h('p', { class: 'kp-links' },
       link('#/runs/' + run + '/hta', 'HTA analyses'), ' · ',
@@ -171,7 +171,7 @@ function verdict(run, cmp) {
       fig('compare:hta_rank_steps', cmp.hta_rank_steps), ' steps (', link('#/runs/' + run + '/hta', 'HTA'), ').'));
   }
   return h('section', { class: 'kp-section kp-verdict' + (ok ? ' kp-ok' : ''), 'data-kp-verdict': ok ? 'ok' : 'flagged' },
-    h('h2', {}, ok ? 'No straggler' : str.length === 1 ? 'One straggler' : str.length ? str.length + ' stragglers' : 'A late rank'),
+    h('h2', {}, (cmp.ranks || []).length < 2 ? 'Verdict' : ok ? 'No straggler' : str.length === 1 ? 'One straggler' : str.length ? str.length + ' stragglers' : 'A late rank'),
     parts);
 }
 
@@ -209,13 +209,17 @@ function thresholdsForm(run, cmp, params) {
   return form;
 }
 
-function charts(run, cmp, body) {
+function charts(run, cmp, body, params) {
   const ranks = cmp.ranks || [];
   const steps = cmp.steps || [];
   const labels = ranks.map((r) => r.rank);
   const split = section('Average step per rank (click a bar for the rank)');
   body.append(split);
-  stackedBars(split, 'compare:ranks.split', {
+  // a few ranks: bars of a readable width, not the page's
+  const box = h('div');
+  box.style.maxWidth = Math.max(480, 110 + ranks.length * 56) + 'px';
+  split.append(box);
+  stackedBars(box, 'compare:ranks.split', {
     labels,
     xLabel: 'rank',
     fmt: (v) => fmt.nsAsMs(v, 2),
@@ -224,28 +228,55 @@ function charts(run, cmp, body) {
     onClick: (i) => { location.hash = rankHref(run, ranks[i].rank); },
   });
   if (steps.length === 0) return;
-  const stepLabel = (c) => 'step ' + steps[c].step;
-  const rankLabel = (r) => 'rank ' + ranks[r].rank;
   const maps = section('Ranks × steps');
   body.append(maps);
+  const order = h('select', { 'aria-label': 'order of the rows' },
+    h('option', { value: 'rank' }, 'by rank'),
+    h('option', { value: 'late' }, 'latest first (mean lateness)'),
+    h('option', { value: 'step' }, 'slowest first (step time)'));
+  const mode = h('select', { 'aria-label': 'step time colour' },
+    h('option', { value: 'abs' }, 'step time'),
+    h('option', { value: 'rel' }, 'against the step\'s median'));
+  const holder = h('div', { class: 'kp-maps' });
+  maps.append(h('div', { class: 'kp-toolbar' }, h('label', {}, 'rows ', order), h('label', {}, 'step-time colour ', mode),
+    h('span', { class: 'kp-muted' }, 'Grey: the rank has no such step. Click a row for the rank.')), holder);
   const time = ranks.map((r) => (r.step_time_ns || []).map(num));
-  if (time.some((row) => row.length > 0)) {
-    heatmap(maps, 'compare:ranks.step_time_ns', {
-      title: 'Step time', rows: ranks.length, cols: steps.length,
-      value: (r, c) => (c < time[r].length ? time[r][c] : NaN),
-      rowLabel: rankLabel, colLabel: stepLabel, fmt: (v) => fmt.nsAsMs(v, 2),
-      onClick: (r) => { location.hash = rankHref(run, ranks[r].rank); },
-    });
-  }
   const late = ranks.map((r) => (r.step_late_ns || []).map(num));
-  heatmap(maps, 'compare:ranks.step_late_ns', {
-    title: 'Lateness at the collectives (after the median rank, summed over a step\'s collectives)',
-    rows: ranks.length, cols: steps.length, lo: 0,
-    value: (r, c) => (c < late[r].length ? late[r][c] : NaN),
-    rowLabel: rankLabel, colLabel: stepLabel, fmt: (v) => fmt.nsAsMs(v, 3),
-    onClick: (r) => { location.hash = rankHref(run, ranks[r].rank); },
-  });
-  maps.append(h('p', { class: 'kp-muted' }, 'Grey: the rank has no such step. Click a row for the rank.'));
+  const median = steps.map((st) => num(st.step_median_ns));
+  const cell = (rows, r, c) => (c < rows[r].length ? rows[r][c] : NaN);
+  const draw = () => {
+    const idx = ranks.map((_, i) => i);
+    if (order.value === 'late') idx.sort((x, y) => num(ranks[y].late_ns) - num(ranks[x].late_ns) || x - y);
+    if (order.value === 'step') idx.sort((x, y) => num(ranks[y].step_ns) - num(ranks[x].step_ns) || x - y);
+    const rel = mode.value === 'rel';
+    const stepLabel = (c) => 'step ' + steps[c].step;
+    const rankLabel = (r) => 'rank ' + ranks[idx[r]].rank;
+    const go = (r) => { location.hash = rankHref(run, ranks[idx[r]].rank); };
+    holder.replaceChildren();
+    if (time.some((row) => row.length > 0)) {
+      heatmap(holder, 'compare:ranks.step_time_ns', {
+        title: rel ? 'Step time against the step\'s median rank' : 'Step time',
+        rows: ranks.length, cols: steps.length,
+        value: rel ? (r, c) => cell(time, idx[r], c) / median[c] - 1 : (r, c) => cell(time, idx[r], c),
+        rowLabel: rankLabel, colLabel: stepLabel,
+        fmt: rel ? (v) => (v > 0 ? '+' : '') + fmt.fracAsPct(v, 2) : (v) => fmt.nsAsMs(v, 2),
+        onClick: go,
+      });
+    }
+    heatmap(holder, 'compare:ranks.step_late_ns', {
+      title: 'Lateness at the collectives (after the median rank, summed over a step\'s collectives)',
+      rows: ranks.length, cols: steps.length, lo: 0,
+      value: (r, c) => cell(late, idx[r], c),
+      rowLabel: rankLabel, colLabel: stepLabel, fmt: (v) => fmt.nsAsMs(v, 3),
+      onClick: go,
+    });
+  };
+  // ?rows=late|step and ?colour=rel pick them in a link
+  if (['late', 'step'].includes(params.rows)) order.value = params.rows;
+  if (params.colour === 'rel') mode.value = 'rel';
+  order.addEventListener('change', draw);
+  mode.addEventListener('change', draw);
+  draw();
 }
 
 function stepsTable(cmp) {
@@ -327,11 +358,11 @@ export async function render(root, params) {
       only ? kv([
         ['step (median over its steps)', fig('compare:ranks[0].step_ns', only.step_ns, ms(only.step_ns))],
         ['steps', fig('calc:steps', (cmp.steps || []).length, String((cmp.steps || []).length))],
-      ]) : null));
+      ]) : null), stepsTable(cmp));
     return;
   }
   body.append(thresholdsForm(run, cmp, params));
-  charts(run, cmp, body);
+  charts(run, cmp, body, params);
   body.append(ranksTable(run, cmp), stepsTable(cmp));
   body.append(h('p', { class: 'kp-muted' }, 'Compared: ', fig('compare:collectives', cmp.collectives, fmt.count(cmp.collectives)),
     ' collectives (', fig('compare:p2p_collectives', cmp.p2p_collectives, fmt.count(cmp.p2p_collectives)), ' point-to-point); clock offsets from ',
