@@ -4,7 +4,7 @@
 // maps of step time and of lateness at the collectives, the steps and the ranks. One compare
 // call answers everything; charts are canvas and tables paged, so 1024 ranks stay fast.
 
-import { get, view } from '../api.js';
+import { ApiError, get, view } from '../api.js';
 import { stackedBars, heatmap } from '../charts.js';
 import { crumbs, fig, fmt, h, kv, link, section, table } from '../ui.js';
 import { enumWord, some } from './runs.js';
@@ -21,11 +21,12 @@ export function ms(v, digits = 2) {
   return Number.isFinite(x) ? fmt.nsAsMs(x, digits) : '–';
 }
 
-// A signed ns delta as ms.
+// A signed ns delta: in µs under a millisecond (no "-0.000 ms"), else in ms.
 export function dms(v, digits = 3) {
   const x = num(v);
   if (!Number.isFinite(x)) return '–';
-  return (x > 0 ? '+' : '') + fmt.nsAsMs(x, digits);
+  if (x === 0) return '0';
+  return (x > 0 ? '+' : '') + (Math.abs(x) < 1e6 ? fmt.nsAsUs(x, 1) : fmt.nsAsMs(x, digits));
 }
 
 // A fraction as a signed percentage.
@@ -345,7 +346,19 @@ export async function render(root, params) {
       section('Ranks', h('p', { class: 'kp-muted' }, 'No rank has sent anything to this run yet: nothing to compare.')));
     return;
   }
-  const cmp = await view(run, 'compare', compareParams(params));
+  let cmp;
+  try {
+    cmp = await view(run, 'compare', compareParams(params));
+  } catch (e) {
+    if (!(e instanceof ApiError) || e.status === 401) throw e;
+    // the run's facts still tell something (bad thresholds, a run without steps)
+    root.append(h('div', { class: 'kp-error kp-compare-error', role: 'alert', 'data-kp-error': e.status },
+      h('strong', {}, 'The ranks could not be compared'), h('div', {}, 'HTTP ' + e.status + ' ' + (e.code || '')), h('div', {}, e.message)),
+    facts(run, info, null),
+      h('p', {}, link('#/runs/' + run, 'Compare with the default thresholds'), ' · ',
+        link(rankHref(run, present[0]), 'rank ' + present[0] + '\'s page')));
+    return;
+  }
   root.append(verdict(run, cmp), facts(run, info, cmp));
   const body = h('div', { class: 'kp-compare' });
   root.append(body);
