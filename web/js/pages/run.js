@@ -69,7 +69,7 @@ const SPLIT = [
 const THRESHOLDS = [
   ['late_pct', 'late %', 'a rank is late in a step when it arrives this much of the step after the median rank'],
   ['excess_pct', 'excess %', 'a late rank is a straggler when one cause takes this much of a step more than the median rank\'s'],
-  ['step_pct', 'step %', 'a rank is a straggler only when late in at least this share of the steps'],
+  ['step_pct', 'late steps %', 'a rank is a straggler only when late in at least this share of the steps'],
 ];
 
 const rankHref = (run, rank) => '#/runs/' + run + '/ranks/' + rank;
@@ -169,7 +169,7 @@ function verdict(run, cmp) {
   if (num(cmp.hta_rank) >= 0) {
     parts.push(h('p', { class: 'kp-muted' }, 'HTA\'s straggler metric names ',
       link(rankHref(run, cmp.hta_rank), ['rank ', fig('compare:hta_rank', cmp.hta_rank)]), ' in ',
-      fig('compare:hta_rank_steps', cmp.hta_rank_steps), ' steps (', link('#/runs/' + run + '/hta', 'HTA'), ').'));
+      fig('compare:hta_rank_steps', cmp.hta_rank_steps), num(cmp.hta_rank_steps) === 1 ? ' step (' : ' steps (', link('#/runs/' + run + '/hta', 'HTA'), ').'));
   }
   return h('section', { class: 'kp-section kp-verdict' + (ok ? ' kp-ok' : ''), 'data-kp-verdict': ok ? 'ok' : 'flagged' },
     h('h2', {}, (cmp.ranks || []).length < 2 ? 'Verdict' : ok ? 'No straggler' : str.length === 1 ? 'One straggler' : str.length ? str.length + ' stragglers' : 'A late rank'),
@@ -195,7 +195,7 @@ function thresholdsForm(run, cmp, params) {
   });
   const step = h('input', { type: 'number', name: 'step', min: 0, step: 1, value: params.step || '', placeholder: 'all', class: 'kp-num-in' });
   const form = h('form', { class: 'kp-toolbar' }, h('strong', {}, 'Thresholds'), inputs.map((x) => x[0]),
-    h('label', { title: 'compare only this step (the N of ProfilerStep#N)' }, 'step ', step),
+    h('label', { title: 'compare only this step (the N of ProfilerStep#N)' }, 'only step ', step),
     h('button', { type: 'submit' }, 'compare'),
     link('#/runs/' + run, 'defaults'),
     h('span', { class: 'kp-muted' }, 'applied: late ', fig('compare:thresholds.late_pct', t.late_pct), ' %, excess ',
@@ -214,7 +214,7 @@ function charts(run, cmp, body, params) {
   const ranks = cmp.ranks || [];
   const steps = cmp.steps || [];
   const labels = ranks.map((r) => r.rank);
-  const split = section('Average step per rank (click a bar for the rank)');
+  const split = section((params.step !== undefined && params.step !== '' ? 'Step ' + params.step + ' per rank' : 'Average step per rank') + ' (click a bar for the rank)');
   body.append(split);
   // a few ranks: bars of a readable width, not the page's
   const box = h('div');

@@ -76,8 +76,8 @@ export async function render(root, params) {
         { key: 'world_size', label: 'world size', num: true, fmt: fmt.count },
         {
           key: 'ranks', label: 'ranks present',
-          fmt: (v, r) => (v || []).length + ' / ' + r.world_size +
-            ((v || []).length < r.world_size ? ' (missing ' + (r.world_size - v.length) + ')' : ''),
+          fmt: (v, r) => (v || []).length + ' / ' + (r.world_size || '?') +
+            ((v || []).length < r.world_size ? ' (missing ' + (r.world_size - (v || []).length) + ')' : ''),
         },
         { key: 'hosts', label: 'hosts', fmt: (v) => some(v) },
         { key: 'created_ns', label: 'created (UTC)', num: true, fmt: utc },
