@@ -253,9 +253,12 @@ function charts(run, cmp, body, params) {
     const stepLabel = (c) => 'step ' + steps[c].step;
     const rankLabel = (r) => 'rank ' + ranks[idx[r]].rank;
     const go = (r) => { location.hash = rankHref(run, ranks[idx[r]].rank); };
-    holder.replaceChildren();
+    // side by side where the page is wide enough (run.css .kp-maps)
+    const left = h('div', { class: 'kp-map' });
+    const right = h('div', { class: 'kp-map' });
+    holder.replaceChildren(left, right);
     if (time.some((row) => row.length > 0)) {
-      heatmap(holder, 'compare:ranks.step_time_ns', {
+      heatmap(left, 'compare:ranks.step_time_ns', {
         title: rel ? 'Step time against the step\'s median rank' : 'Step time',
         rows: ranks.length, cols: steps.length,
         value: rel ? (r, c) => cell(time, idx[r], c) / median[c] - 1 : (r, c) => cell(time, idx[r], c),
@@ -264,8 +267,8 @@ function charts(run, cmp, body, params) {
         onClick: go,
       });
     }
-    heatmap(holder, 'compare:ranks.step_late_ns', {
-      title: 'Lateness at the collectives (after the median rank, summed over a step\'s collectives)',
+    heatmap(right, 'compare:ranks.step_late_ns', {
+      title: 'Lateness at the collectives (after the median rank, a step\'s sum)',
       rows: ranks.length, cols: steps.length, lo: 0,
       value: (r, c) => cell(late, idx[r], c),
       rowLabel: rankLabel, colLabel: stepLabel, fmt: (v) => fmt.nsAsMs(v, 3),
