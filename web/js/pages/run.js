@@ -119,7 +119,7 @@ function facts(run, info, cmp) {
       ['batches', fig('run:batches', info.batches, fmt.count(info.batches))],
       ['ranks present', h('span', {}, fig('calc:ranks_present', present.length, fmt.count(present.length)), ' of world size ',
         fig('run:world_size', info.world_size, fmt.count(info.world_size)),
-        present.length > 0 && present.length <= 64 ? [' (', fig('run:ranks', present, ranges(present)), ')'] : null)],
+        present.length > 0 && ranges(present).length <= 200 ? [' (', fig('run:ranks', present, ranges(present)), ')'] : null)],
       ['missing ranks', missingFig],
       ['hosts', (info.hosts || []).length === 0 ? fig('run:hosts', info.hosts, 'unknown (not recorded)')
         : h('span', {}, fig('calc:hosts', info.hosts.length, String(info.hosts.length)), ': ', fig('run:hosts', info.hosts, some(info.hosts, 8)))],
