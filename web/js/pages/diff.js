@@ -2,7 +2,7 @@
 // (Analyzer.Diff, analyzer/view_diff.c, `kprofctl diff`). Side a is the base, b the other;
 // deltas are b - a. The form lists the runs of GET /api/v1/runs and their ranks.
 
-import { get, view } from '../api.js';
+import { ApiError, get, view } from '../api.js';
 import { CATEGORIES, stackedBars } from '../charts.js';
 import { crumbs, fig, fmt, h, kv, link, section, table } from '../ui.js';
 import { dms, ms, num } from './run.js';
@@ -190,7 +190,16 @@ export async function render(root, params) {
     return;
   }
   crumbs([['runs', '#/runs'], ['run ' + sel.a, '#/runs/' + sel.a], ['diff with run ' + sel.b, null]]);
-  const d = await view(sel.a, 'diff', { rank: sel.ra, other_run_id: sel.b, other_rank: sel.rb });
+  let d;
+  try {
+    d = await view(sel.a, 'diff', { rank: sel.ra, other_run_id: sel.b, other_rank: sel.rb });
+  } catch (e) {
+    if (!(e instanceof ApiError) || e.status === 401) throw e;
+    // keep the form: the reader picks other sides
+    root.append(h('div', { class: 'kp-error', role: 'alert', 'data-kp-error': e.status },
+      h('strong', {}, 'The diff could not be made'), h('div', {}, 'HTTP ' + e.status + ' ' + (e.code || '')), h('div', {}, e.message)));
+    return;
+  }
   root.append(
     h('section', { class: 'kp-section kp-verdict kp-diff-verdict' }, h('h2', {}, 'Verdict'),
       h('p', { class: 'kp-verdict-line' }, fig('diff:verdict', d.verdict)), sides(d)),
