@@ -313,7 +313,8 @@ static void run_job(struct worker *w, struct job *j)
     struct kp_an *an = NULL;
     struct kp_view_reply out = { 0 };
     ProtobufCMessage *hit;
-    bool writes = v->writes != NULL && v->writes(j->req);
+    /* not cached: a request that writes, or a view the cache cannot check (kp_view.uncached) */
+    bool writes = (v->writes != NULL && v->writes(j->req)) || v->uncached;
     int64_t batches = 0;
     struct run_version ver = { 0 };
     int state = 0, rc;

@@ -74,8 +74,11 @@ struct kp_view {
      * message in ctx->err and nothing to free. */
     int (*compute)(struct kp_view_ctx *ctx, struct kp_view_reply *out);
     /* NULL, or whether the request writes (it is then neither answered from nor kept in the
-     * cache). */
+     * cache, and the web API refuses it: a GET never writes). */
     bool (*writes)(const ProtobufCMessage *req);
+    /* Never answered from nor kept in the cache, though it only reads (Diff: the cache checks
+     * one run's version, and a diff reads two runs). */
+    bool uncached;
 };
 
 extern const struct kp_view kp_view_breakdown, kp_view_ops, kp_view_kernels, kp_view_prof,

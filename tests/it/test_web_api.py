@@ -204,6 +204,9 @@ def check_views(web, stub, an, mem_run, dist_run):
              late_pct=3, excess_pct=5, step_pct=50))),
         ("distributed", "Distributed", "", pb.DistributedRequest(run_id=dist_run)),
         ("kernels", "Kernels", "rank=1", pb.KernelsRequest(run_id=dist_run, rank=1)),
+        # Diff only reads (it is never cached, but a GET serves it)
+        ("diff", "Diff", "rank=0&other_run_id=%d&other_rank=1" % dist_run,
+         pb.DiffRequest(run_id=dist_run, rank=0, other_run_id=dist_run, other_rank=1)),
     ]
     for view, method, q, req in cases:
         got = web.json("/api/v1/runs/%d/views/%s%s" % (req.run_id, view, "?" + q if q else ""))
@@ -212,6 +215,9 @@ def check_views(web, stub, an, mem_run, dist_run):
         want.cached = False
         same(dict(got, cached=False), want, method)
         print("%s?%s: the API's JSON is the gRPC reply (%d fields)" % (view, q, len(got)))
+    # a diff is computed afresh each time (docs/cli.md): never a hit
+    again = web.json("/api/v1/runs/%d/views/diff?rank=0&other_rank=1" % dist_run)
+    assert again["cached"] is False and again["other_side"]["rank"] == 1, again
     # The cache is the gRPC method's: a repeated request is a hit, and says so.
     before = an.metrics()
     again = web.json("/api/v1/runs/%d/views/ops?rank=0" % mem_run)
