@@ -96,7 +96,6 @@ export async function render(root, ctx) {
     ['CUDA runtime calls', fig('breakdown:has_runtime', b.has_runtime, b.has_runtime ? 'yes' : 'no')],
     ['Communication', fig('breakdown:has_communication', b.has_communication, b.has_communication ? 'yes' : 'no')],
     ['Communication ops', fig('breakdown:comm_node_count', b.comm_node_count, fmt.count(b.comm_node_count))],
-    ['Answered from the cache', fig('breakdown:cached', b.cached, b.cached ? 'yes' : 'no')],
   ])));
 }
 
