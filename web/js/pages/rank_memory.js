@@ -39,9 +39,10 @@ export async function render(root, ctx) {
     const out = h('div', { class: 'kp-memory-curves' });
     curve.append(status, out);
     try {
-      const text = await fetchText(url('/runs/' + ctx.run + '/export', { rank: ctx.rank, format: 'json' }));
-      status.textContent = 'read ' + fmt.bytes(text.length) + ' of trace JSON';
-      drawCurves(out, JSON.parse(text));
+      const { events, bytes } = await memoryRecords(url('/runs/' + ctx.run + '/export', { rank: ctx.rank, format: 'json' }),
+        (n) => { status.textContent = 'reading the trace: ' + fmt.bytes(n) + '…'; });
+      status.textContent = 'read ' + fmt.bytes(bytes) + ' of trace JSON, ' + fmt.count(events.length) + ' memory records';
+      drawCurves(out, events);
     } catch (e) {
       status.classList.add('kp-bad');
       status.textContent = 'the curve could not be drawn: ' + e.message;
@@ -69,7 +70,10 @@ export async function render(root, ctx) {
       'Type a device (GPU0, CPU) in the filter to see one device.')));
 }
 
-async function fetchText(u) {
+// The [memory] records of the rank's export, read as a stream: kprof's export writes one
+// event a line (analyzer/export_int.h), so only those lines are parsed and a trace of 1 M
+// events never sits in memory whole. Resolves to {events, bytes}.
+async function memoryRecords(u, progress) {
   const r = await fetch(u, { credentials: 'same-origin' });
   if (!r.ok) {
     let msg = r.status + ' ' + r.statusText;
@@ -81,12 +85,40 @@ async function fetchText(u) {
     }
     throw new Error(msg);
   }
-  return r.text();
+  const reader = r.body.getReader();
+  const dec = new TextDecoder();
+  const events = [];
+  let rest = '';
+  let bytes = 0;
+  let last = 0;
+  const take = (line) => {
+    if (line.indexOf('"[memory]"') < 0) return;
+    const j = line.replace(/^[\s,]+/, '').replace(/[\s,]+$/, '');
+    try {
+      events.push(JSON.parse(j));
+    } catch (e) {
+      // not one whole event on this line: not kprof's export layout; skip it
+    }
+  };
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    bytes += value.byteLength;
+    if (bytes - last > (4 << 20)) {
+      last = bytes;
+      progress(bytes);
+    }
+    const text = rest + dec.decode(value, { stream: true });
+    const lines = text.split('\n');
+    rest = lines.pop();
+    for (const line of lines) take(line);
+  }
+  take(rest + dec.decode());
+  return { events, bytes };
 }
 
 // One chart per device: total allocated and reserved (MiB) over the trace's time (ms).
-function drawCurves(out, trace) {
-  const events = Array.isArray(trace) ? trace : trace.traceEvents || [];
+function drawCurves(out, events) {
   const byDev = new Map();
   for (const e of events) {
     if (e.name !== '[memory]' || !e.args) continue;
@@ -138,17 +170,24 @@ function drawCurves(out, trace) {
   }
 }
 
-// At most n points, keeping in each bucket its highest allocation (the peaks stay).
+// At most n points: each of n/2 buckets keeps its lowest and highest allocation, in time
+// order, so peaks and troughs survive the thinning.
 function thin(pts, n) {
   if (pts.length <= n) return pts;
   const out = [];
-  const per = pts.length / n;
-  for (let b = 0; b < n; b++) {
-    let best = null;
+  const buckets = Math.floor(n / 2);
+  const per = pts.length / buckets;
+  for (let b = 0; b < buckets; b++) {
+    let lo = null;
+    let hi = null;
     for (let i = Math.floor(b * per); i < Math.min(pts.length, Math.floor((b + 1) * per)); i++) {
-      if (!best || pts[i][1] > best[1]) best = pts[i];
+      if (!lo || pts[i][1] < lo[1]) lo = pts[i];
+      if (!hi || pts[i][1] > hi[1]) hi = pts[i];
     }
-    if (best) out.push(best);
+    if (!lo) continue;
+    if (lo === hi) out.push(lo);
+    else if (lo[0] <= hi[0]) out.push(lo, hi);
+    else out.push(hi, lo);
   }
   return out;
 }
