@@ -4,7 +4,7 @@
 
 import { view } from '../api.js';
 import { fig, fmt, h, kv, section, table } from '../ui.js';
-import { card, cards, note, picker, toolbar } from './rank_util.js';
+import { barList, card, cards, note, picker, toolbar, topIndexes } from './rank_util.js';
 
 const GROUPS = [['KERNELS_GROUP_BY_NAME', 'kernel'], ['KERNELS_GROUP_BY_NAME_AND_OP', 'kernel and operator']];
 
@@ -25,6 +25,13 @@ export async function render(root, ctx) {
       : note('No operator launched a kernel on this rank: there is no Tensor Core share to give.'),
     note('The share is of the kernel time of kernels launched by operators; a kernel uses Tensor Cores when its name ' +
       'is one of the plugin\'s Tensor Core kernel patterns.')));
+  if (rows.length) {
+    root.append(section('Top kernels', barList('kernels-top', 'Total time, top 10', topIndexes(rows, 10, (x) => x.total_ns).map((i) => ({
+      label: rows[i].name + (byOp ? ' (' + rows[i].op_name + ')' : ''),
+      value: Number(rows[i].total_ns),
+      figure: fig('kernels:rows[' + i + '].total_ns', rows[i].total_ns, fmt.nsAsUs(rows[i].total_ns)),
+    })))));
+  }
   root.append(section('Kernels (' + rows.length + ')',
     rows.length === 0 ? note('No kernel on this rank: the trace has no GPU kernels.') : null,
     table({

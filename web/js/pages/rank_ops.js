@@ -2,8 +2,8 @@
 // shape), its calls and host and device times, self and total, and its Tensor Core share.
 
 import { view } from '../api.js';
-import { fmt, section, table } from '../ui.js';
-import { note, picker, toolbar } from './rank_util.js';
+import { fig, fmt, h, section, table } from '../ui.js';
+import { barList, note, picker, toolbar, topIndexes } from './rank_util.js';
 
 const GROUPS = [['OPS_GROUP_BY_NAME', 'operator'], ['OPS_GROUP_BY_NAME_AND_SHAPES', 'operator and input shape']];
 
@@ -13,7 +13,14 @@ export async function render(root, ctx) {
   const shapes = groupBy === 'OPS_GROUP_BY_NAME_AND_SHAPES';
   const time = (key, label) => ({ key, label, num: true, fmt: (v) => fmt.nsAsUs(v) });
   const rows = r.rows || [];
+  const top = (key, title) => barList('ops-top-' + key, title, topIndexes(rows, 10, (x) => x[key]).map((i) => ({
+    label: rows[i].name + (shapes && rows[i].input_shape ? ' ' + rows[i].input_shape : ''),
+    value: Number(rows[i][key]),
+    figure: fig('ops:rows[' + i + '].' + key, rows[i][key], fmt.nsAsUs(rows[i][key])),
+  })));
   root.append(toolbar(picker('Group by', GROUPS, groupBy, (v) => ctx.href({ group_by: v }), { 'data-kp-option': 'group_by' })),
+    rows.length ? section('Top operators', h('div', { class: 'kp-barlists' },
+      top('device_self_ns', 'Device self time, top 10'), top('host_self_ns', 'Host self time, top 10'))) : null,
     section('Operators (' + rows.length + ')',
       rows.length === 0 ? note('No operator on this rank: the trace has no cpu_op events.') : null,
       table({

@@ -54,3 +54,22 @@ export function shareBar(name, parts) {
     return seg;
   }));
 }
+
+// The top rows of an answer as horizontal bars (the plugin's pie charts, readable with long
+// names): rows [{label, value, figure}], figure the ui.fig node of the value.
+export function barList(name, title, items) {
+  const max = Math.max(1e-9, ...items.map((x) => Number(x.value) || 0));
+  return h('figure', { class: 'kp-chart kp-barlist', 'data-kp-chart': name }, h('figcaption', {}, title),
+    items.map((x) => {
+      const bar = h('span', { class: 'kp-barlist-bar' });
+      bar.style.width = Math.max(0.5, (100 * (Number(x.value) || 0)) / max) + '%';
+      return h('div', { class: 'kp-barlist-row' }, h('span', { class: 'kp-barlist-label', title: x.label }, x.label),
+        h('span', { class: 'kp-barlist-track' }, bar), h('span', { class: 'kp-barlist-value' }, x.figure));
+    }));
+}
+
+// The indexes of the n rows with the largest value(row), largest first.
+export function topIndexes(rows, n, value) {
+  return rows.map((r, i) => i).filter((i) => Number(value(rows[i])) > 0)
+    .sort((a, b) => Number(value(rows[b])) - Number(value(rows[a])) || a - b).slice(0, n);
+}
