@@ -162,7 +162,8 @@ export function handOff(win, buffer, { title, fileName }) {
     window.addEventListener('message', onMessage);
     const timer = setInterval(() => {
       if (win.closed) {
-        finish(new Error('The Perfetto tab was closed before it got the trace.'));
+        finish(new Error('The Perfetto tab was closed (or this page cannot reach it) before it got the trace: ' +
+          'open it again, or download the trace.'));
       } else if (Date.now() - started > PONG_TIMEOUT_MS) {
         finish(new Error(PERFETTO_ORIGIN + ' did not answer in ' + PONG_TIMEOUT_MS / 1000 + ' s: can this browser reach it? ' +
           'Download the trace and open it there instead.'));
