@@ -5,8 +5,7 @@
 
 import { view } from '../api.js';
 import { fig, fmt, h, section, table } from '../ui.js';
-import { fmtSi } from './rank_pyprof.js';
-import { finite, note } from './rank_util.js';
+import { finite, fmtSi, note } from './rank_util.js';
 
 export async function render(root, ctx) {
   const c = await view(ctx.run, 'counters', { rank: ctx.rank });

@@ -6,7 +6,7 @@
 
 import { view } from '../api.js';
 import { fig, fmt, kv, section, table } from '../ui.js';
-import { note } from './rank_util.js';
+import { fmtSi, note } from './rank_util.js';
 
 export async function render(root, ctx) {
   const r = await view(ctx.run, 'prof', { rank: ctx.rank });
@@ -64,12 +64,4 @@ export async function render(root, ctx) {
       'sequence number, the silicon time (the kernel\'s duration), TC whether it used Tensor Cores ("-": not a ' +
       'Tensor Core op, "na": unknown), and the FLOPs and bytes of the op\'s formula (docs/specs/flops-bytes.md; "–" ' +
       'where the op has none). The filter matches kernel, op, module, layer, params, grid and block.')));
-}
-
-// 1.2 GFLOP style: SI prefixes with one decimal.
-export function fmtSi(v, unit) {
-  const x = Number(v);
-  if (!Number.isFinite(x)) return '–';
-  const p = [[1e15, 'P'], [1e12, 'T'], [1e9, 'G'], [1e6, 'M'], [1e3, 'k']].find(([s]) => Math.abs(x) >= s);
-  return p ? fmt.num(x / p[0], 1) + ' ' + p[1] + unit : fmt.num(x, 0) + (unit ? ' ' + unit : '');
 }

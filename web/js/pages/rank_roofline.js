@@ -6,8 +6,7 @@
 import { view } from '../api.js';
 import { PALETTE, legend } from '../charts.js';
 import { fig, fmt, h, section, table } from '../ui.js';
-import { fmtSi } from './rank_pyprof.js';
-import { note, picker, toolbar } from './rank_util.js';
+import { fmtSi, note, picker, toolbar } from './rank_util.js';
 
 const GROUPS = [['ROOFLINE_GROUP_BY_KERNEL', 'kernel'], ['ROOFLINE_GROUP_BY_OP', 'op and direction']];
 const PEAKS = [['fp32', 'peak_fp32_flop_per_s', '#4e79a7'], ['tf32', 'peak_tf32_flop_per_s', '#76b7b2'],

@@ -1,7 +1,7 @@
 // Small pieces shared by the rank, HTA and trace pages: option pickers that change the URL
 // (the router renders the page again), cards of figures, and the API's NaN strings.
 
-import { h } from '../ui.js';
+import { fmt, h } from '../ui.js';
 
 // A labelled <select> whose change goes to href(value): options [[value, text], ...].
 export function picker(label, options, current, href, attrs) {
@@ -72,4 +72,12 @@ export function barList(name, title, items) {
 export function topIndexes(rows, n, value) {
   return rows.map((r, i) => i).filter((i) => Number(value(rows[i])) > 0)
     .sort((a, b) => Number(value(rows[b])) - Number(value(rows[a])) || a - b).slice(0, n);
+}
+
+// 1.2 GFLOP style: SI prefixes with one decimal.
+export function fmtSi(v, unit) {
+  const x = Number(v);
+  if (!Number.isFinite(x)) return '–';
+  const p = [[1e15, 'P'], [1e12, 'T'], [1e9, 'G'], [1e6, 'M'], [1e3, 'k']].find(([s]) => Math.abs(x) >= s);
+  return p ? fmt.num(x / p[0], 1) + ' ' + p[1] + unit : fmt.num(x, 0) + (unit ? ' ' + unit : '');
 }
