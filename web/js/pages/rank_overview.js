@@ -90,7 +90,16 @@ export async function render(root, ctx) {
     recs.length === 0 ? note('None: no rule of the plugin\'s fires for this rank.')
       : h('ul', { class: 'kp-recs' }, recs.map((t, i) => h('li', {}, fig('breakdown:recommendations[' + i + ']', t, t))))));
 
-  root.append(section('What the trace holds', kv([
+  const run = ctx.info;
+  const state = String(run.state || '').replace(/^RUN_STATE_/, '').toLowerCase();
+  const source = String(run.source || '').replace(/^RUN_SOURCE_/, '').toLowerCase();
+  root.append(section('The run and the trace', kv([
+    ['Job', fig('run:job', run.job)],
+    ['Run state, source', [fig('run:state', run.state, state), ', ', fig('run:source', run.source, source)]],
+    ['World size', fig('run:world_size', run.world_size, fmt.count(run.world_size))],
+    ['Ranks with data', fig('run:ranks', run.ranks, String((run.ranks || []).length))],
+    ['Hosts', fig('run:hosts', run.hosts, hostList(run.hosts || []))],
+    ['Created', fig('run:created_ns', run.created_ns, fmt.time(run.created_ns))],
     ['Kernels', fig('breakdown:has_kernel', b.has_kernel, b.has_kernel ? 'yes' : 'no')],
     ['Memcpy or memset', fig('breakdown:has_memcpy_or_memset', b.has_memcpy_or_memset, b.has_memcpy_or_memset ? 'yes' : 'no')],
     ['CUDA runtime calls', fig('breakdown:has_runtime', b.has_runtime, b.has_runtime ? 'yes' : 'no')],
@@ -103,4 +112,10 @@ function swatch(color) {
   const s = h('span', { class: 'kp-swatch' });
   s.style.background = color;
   return s;
+}
+
+// The first hosts by name, and how many more (a 1024-rank run has hundreds).
+function hostList(hosts) {
+  if (hosts.length === 0) return '–';
+  return hosts.slice(0, 8).join(', ') + (hosts.length > 8 ? ' and ' + (hosts.length - 8) + ' more' : '');
 }
