@@ -5,7 +5,7 @@
 import { view } from '../api.js';
 import { CATEGORIES, stackedBars } from '../charts.js';
 import { fig, fmt, h, kv, section, table } from '../ui.js';
-import { card, cards, note, shareBar, toggle, toolbar } from './rank_util.js';
+import { card, cards, hostList, note, shareBar, toggle, toolbar } from './rank_util.js';
 
 export async function render(root, ctx) {
   const compat = ctx.params.compat === '1';
@@ -114,8 +114,3 @@ function swatch(color) {
   return s;
 }
 
-// The first hosts by name, and how many more (a 1024-rank run has hundreds).
-function hostList(hosts) {
-  if (hosts.length === 0) return '–';
-  return hosts.slice(0, 8).join(', ') + (hosts.length > 8 ? ' and ' + (hosts.length - 8) + ' more' : '');
-}

@@ -81,3 +81,9 @@ export function fmtSi(v, unit) {
   const p = [[1e15, 'P'], [1e12, 'T'], [1e9, 'G'], [1e6, 'M'], [1e3, 'k']].find(([s]) => Math.abs(x) >= s);
   return p ? fmt.num(x / p[0], 1) + ' ' + p[1] + unit : fmt.num(x, 0) + (unit ? ' ' + unit : '');
 }
+
+// The first hosts by name, and how many more (a 1024-rank run has hundreds).
+export function hostList(hosts) {
+  if (hosts.length === 0) return '–';
+  return hosts.slice(0, 8).join(', ') + (hosts.length > 8 ? ' and ' + (hosts.length - 8) + ' more' : '');
+}

@@ -13,7 +13,7 @@
 
 import { get, url } from '../api.js';
 import { crumbs, fig, fmt, h, kv, link, section } from '../ui.js';
-import { note, picker, toolbar } from './rank_util.js';
+import { hostList, note, picker, toolbar } from './rank_util.js';
 
 export const PERFETTO_ORIGIN = 'https://ui.perfetto.dev';
 const PING_MS = 50;
@@ -86,7 +86,7 @@ export async function render(root, params) {
       kv([
         ['Run', fig('run:id', info.id)],
         ['World size', fig('run:world_size', info.world_size, fmt.count(info.world_size))],
-        ['Hosts', fig('run:hosts', info.hosts, (info.hosts || []).join(', ') || '–')],
+        ['Hosts', fig('run:hosts', info.hosts, hostList(info.hosts || []))],
         ['Compressed size', size],
       ])),
     section('Open in Perfetto',
