@@ -47,6 +47,7 @@ export async function render(root, params) {
   const keep = Object.assign({}, params);
   delete keep.run;
   delete keep.rank;
+  delete keep.curve; // the memory curve reads a whole trace: only on its own link
   root.append(
     h('div', { class: 'kp-rank-head' },
       h('h1', {}, 'Run ' + run + (info.job ? ' (' + info.job + ')' : '') + ', rank ' + rank),
