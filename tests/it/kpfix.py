@@ -206,6 +206,7 @@ class Daemon:
         assert self.proc.poll() is None, self.log_text()
         addrs = dict(l.strip().split("=", 1) for l in open(ready) if "=" in l)
         self.grpc, self.http = addrs.get("grpc"), addrs["http"]
+        self.web = addrs.get("web")  # the analyzer with --web-listen
 
     def get(self, path, headers=None):
         """(status, body), or (None, why) when the request got no answer; the answer's
