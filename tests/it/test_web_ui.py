@@ -185,6 +185,11 @@ def main():
         avg = [r for r in bd["steps"] if r["step"] == "average"][0]
         assert abs(float(step_ns[0]) / 1000 - avg["total_us"]) < 1e-3, (step_ns, avg)
         print("rank page: average step %.3f µs, as kprofctl breakdown" % avg["total_us"])
+        d = ctl_json(an, viewer_file, "diff", "--run", span1, "--run", span2, "--rank", 0,
+                     "--other-rank", 0)
+        assert by["diff"]["figures"]["diff:verdict"] == d["verdict"], \
+            (by["diff"]["figures"]["diff:verdict"], d["verdict"])
+        print("diff page: the verdict is kprofctl diff's: " + d["verdict"])
         print("screenshots:\n  " + "\n  ".join(pg["screenshot"] for pg in report["pages"]))
     finally:
         rc = an.stop()
