@@ -183,6 +183,48 @@ async function checkPage(context, p) {
   return { name: p.name, hash: p.hash, state, ms, figures_checked: figuresChecked, cells_checked: cellsChecked, figures, screenshot: shot, problems };
 }
 
+// Perfetto's side of its postMessage handoff, played by a page served in place of
+// https://ui.perfetto.dev (the test has no network): it answers 'PING' with 'PONG' as the
+// Perfetto UI does, then reads the trace it is given (gunzipped if it is gzip) and puts what
+// it got in its title.
+const PERFETTO_STUB = `<!doctype html><title>waiting</title><script>
+window.addEventListener('message', async (e) => {
+  if (e.data === 'PING') { e.source.postMessage('PONG', e.origin); return; }
+  if (!e.data || !e.data.perfetto) return;
+  const p = e.data.perfetto;
+  let bytes = new Uint8Array(p.buffer);
+  if (bytes[0] === 0x1f && bytes[1] === 0x8b) {
+    bytes = new Uint8Array(await new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream('gzip'))).arrayBuffer());
+  }
+  const trace = JSON.parse(new TextDecoder().decode(bytes));
+  document.title = JSON.stringify({ events: trace.traceEvents.length, fileName: p.fileName, title: p.title, from: e.origin });
+});
+</script>`;
+
+// Clicks the trace page's "Open in Perfetto" and checks that the (stub) Perfetto tab got the
+// rank's whole trace: as many events as the export has.
+async function checkPerfetto(context, p) {
+  const problems = [];
+  await context.route('https://ui.perfetto.dev/**', (route) => route.fulfill({ status: 200, contentType: 'text/html', body: PERFETTO_STUB }));
+  const page = await context.newPage();
+  watch(page, problems, []);
+  await page.goto(spec.base + '/' + p.hash, { waitUntil: 'load' });
+  await page.waitForFunction(() => document.body.dataset.kpState !== 'loading', null, { timeout: TIMEOUT_MS });
+  const [tab] = await Promise.all([context.waitForEvent('page'), page.click('[data-kp-action=perfetto]')]);
+  await tab.waitForFunction(() => document.title.startsWith('{'), null, { timeout: TIMEOUT_MS });
+  const got = JSON.parse(await tab.title());
+  const state = await page.evaluate(() => document.querySelector('[data-kp-perfetto]').dataset.kpPerfetto);
+  const want = await page.evaluate(async (u) => (await (await fetch(u, { credentials: 'same-origin' })).json()).traceEvents.length, p.export_url);
+  if (state !== 'sent') problems.push('the Perfetto status is ' + state + ', not sent');
+  if (got.events !== want) problems.push('the Perfetto tab got ' + got.events + ' events, the export has ' + want);
+  if (got.from !== new URL(spec.base).origin) problems.push('the trace came from ' + got.from);
+  await page.screenshot({ path: path.join(spec.artifacts, p.name + '-perfetto.png'), fullPage: true });
+  await tab.close();
+  await page.close();
+  await context.unroute('https://ui.perfetto.dev/**');
+  return { name: p.name + '-perfetto', hash: p.hash, state, got, export_events: want, problems };
+}
+
 async function main() {
   fs.mkdirSync(spec.artifacts, { recursive: true });
   const userDir = fs.mkdtempSync(path.join(os.tmpdir(), 'kp-chromium-'));
@@ -195,13 +237,16 @@ async function main() {
     report.login_refused = await signIn(context, spec.bad_token, false);
     report.login = await signIn(context, spec.token, true);
     for (const p of spec.pages) report.pages.push(await checkPage(context, p));
+    report.perfetto = [];
+    for (const p of spec.perfetto || []) report.perfetto.push(await checkPerfetto(context, p));
   } finally {
     await context.close();
     fs.rmSync(userDir, { recursive: true, force: true });
   }
   process.stdout.write(JSON.stringify(report) + '\n');
   const bad = report.login.problems.length + report.login_refused.problems.length +
-    report.pages.reduce((n, p) => n + p.problems.length, 0);
+    report.pages.reduce((n, p) => n + p.problems.length, 0) +
+    report.perfetto.reduce((n, p) => n + p.problems.length, 0);
   process.exit(bad === 0 ? 0 : 1);
 }
 

@@ -14,6 +14,9 @@ computes 1.5x slower, rank 41 loads its data 3x slower). Then, in the browser:
   - the run page of the synthetic run names exactly the planted ranks as stragglers, which is
     what `kprofctl compare --json` says too; the rank page's average step time is kprofctl
     breakdown's; the diff page's verdict is kprofctl diff's;
+  - "Open in Perfetto" on the trace page hands the rank's whole trace to the Perfetto tab by
+    Perfetto's postMessage protocol (PING, PONG, the buffer), ui.perfetto.dev played by a stub
+    page the browser gets in its place (no network here);
   - without a session the API answers 401.
 Screenshots of every page: build/tests/artifacts/web/*.png (printed at the end).
 """
@@ -138,6 +141,9 @@ def main():
         ]
         spec = {"base": base, "token": VIEWER, "bad_token": "wrong-token-0123456789abc",
                 "artifacts": ARTIFACTS, "chromium": CHROMIUM, "pages": pages,
+                "perfetto": [{"name": "trace", "hash": "#/runs/%d/trace?rank=0" % span1,
+                              "export_url": "/api/v1/runs/%d/export?rank=0&format=json"
+                              % span1}],
                 "timeout_ms": int(120000 * kpfix.SCALE)}
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w") as f:
@@ -159,6 +165,10 @@ def main():
             print("%-28s %-7s %5d ms  %4d figures, %5d cells checked" % (
                 pg["name"], pg["state"], pg["ms"], pg["figures_checked"], pg["cells_checked"]))
             bad += ["%s (%s): %s" % (pg["name"], pg["hash"], x) for x in pg["problems"]]
+        for pf in report["perfetto"]:
+            bad += ["%s: %s" % (pf["name"], x) for x in pf["problems"]]
+            print("Perfetto handoff: the (stub) ui.perfetto.dev tab got %s, the export has %d "
+                  "events" % (pf.get("got"), pf["export_events"]))
         assert not bad, "the browser saw %d problems:\n  %s" % (len(bad), "\n  ".join(bad[:80]))
         assert p.returncode == 0, p.stderr[-4000:]
         by = {pg["name"]: pg for pg in report["pages"]}
