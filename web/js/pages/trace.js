@@ -39,7 +39,10 @@ export async function render(root, params) {
   const button = h('button', { type: 'button', 'data-kp-action': 'perfetto' }, 'Open in Perfetto');
   let cached = null; // the gzip export, once read: a second click sends it again
   button.addEventListener('click', () => {
+    let over = false; // sent or failed: the read's later progress must not overwrite that
     const say = (state, text) => {
+      if (over) return;
+      over = state === 'sent' || state === 'failed';
       status.dataset.kpPerfetto = state;
       status.classList.toggle('kp-bad', state === 'failed');
       status.textContent = text;
@@ -56,9 +59,7 @@ export async function render(root, params) {
     buffer.then((b) => {
       cached = b;
       size.textContent = fmt.bytes(b.byteLength) + ' (gzip)';
-      if (status.dataset.kpPerfetto !== 'sent' && status.dataset.kpPerfetto !== 'failed') {
-        say('waiting', 'Read ' + fmt.bytes(b.byteLength) + '; waiting for the Perfetto tab to be ready…');
-      }
+      say('waiting', 'Read ' + fmt.bytes(b.byteLength) + '; waiting for the Perfetto tab to be ready…');
     }, () => {});
     handOff(win, buffer, {
       title: 'kprof run ' + run + ' rank ' + rank + (info.job ? ' (' + info.job + ')' : ''),
