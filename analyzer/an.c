@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,10 +93,12 @@ void kp_an_dict_fini(struct kp_an_dict *d)
     d->n = 0;
 }
 
-/* The index of name id col in a->names, or -1 for NULL or an unknown id. */
-static int32_t name_idx(const struct kp_an *a, const PGresult *r, int row, int col)
+/* Name id col as read (-1 for NULL); an_resolve_names turns it into an index into a->names. */
+static int32_t name_id(const PGresult *r, int row, int col)
 {
-    return PQgetisnull(r, row, col) ? -1 : kp_an_dict_find(&a->names, kp_pg_i64(r, row, col, 0));
+    int64_t id = kp_pg_i64(r, row, col, -1);
+
+    return id > 0 && id <= INT32_MAX ? (int32_t) id : -1;
 }
 
 int kp_an_query(PGconn *c, int n_params, const char *sql, const char *const *params, size_t *budget,
@@ -204,10 +207,10 @@ static int an_read_ops(struct kp_an *a, struct an_load *ld)
         o->end = o->start + kp_pg_i64(r, row, 1, 0);
         o->tid = kp_pg_i64(r, row, 2, 0);
         o->ext = kp_pg_i64(r, row, 3, 0);
-        o->name = name_idx(a, r, row, 4);
-        o->shapes = name_idx(a, r, row, 5);
+        o->name = name_id(r, row, 4);
+        o->shapes = name_id(r, row, 5);
         o->kind = (uint8_t) kp_pg_i64(r, row, 6, 0);
-        o->dtypes = name_idx(a, r, row, 7);
+        o->dtypes = name_id(r, row, 7);
     }
     a->n_ops = n;
     PQclear(r);
@@ -260,7 +263,7 @@ static void fill_dev(struct kp_an *a, const PGresult *r, int row)
     d->end = d->start + kp_pg_i64(r, row, 2, 0);
     d->corr = kp_pg_i64(r, row, 3, 0);
     d->ext = kp_pg_i64(r, row, 4, 0);
-    d->name = name_idx(a, r, row, 5);
+    d->name = name_id(r, row, 5);
     d->has_grid = !PQgetisnull(r, row, 6);
     d->has_block = !PQgetisnull(r, row, 9);
     for (int k = 0; k < 3; k++) {
@@ -386,6 +389,337 @@ static int an_read_prof_span(struct kp_an *a, struct an_load *ld)
     return 0;
 }
 
+/* ---- the names cache ------------------------------------------------------------------ */
+
+/* names rows are only ever added: ids come from a serial and nothing in sql/ updates or
+ * deletes one (a run's drop leaves its names). So an id's text, once read, stays right for
+ * the life of the process (one database per process), and a rank's dictionary can come from
+ * here, reading only the ids never seen before (`id = ANY`), instead of the per-rank UNION
+ * over every name column of the rank (1.4 M ids for a 1 M-event rank, 0.35-0.7 s). An id is
+ * looked up only once a row that refers to it has been read, so a names row committed late
+ * (ids are not committed in order) is never missed. Shared by every worker under nc_mu;
+ * bounded by KP_AN_NAMES_CACHE_BYTES (text + 16 B a name): a batch that would pass it
+ * empties the cache first (the dictionaries handed out are copies). */
+#define KP_AN_NAMES_CACHE_BYTES ((size_t) 64 << 20)
+
+static pthread_mutex_t nc_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct kp_an_name *nc_v; /* sorted by id, strings owned */
+static size_t nc_n, nc_cap, nc_bytes;
+
+static size_t nc_cost(const char *s)
+{
+    return strlen(s) + 1 + sizeof(struct kp_an_name);
+}
+
+static void nc_clear_locked(void)
+{
+    for (size_t i = 0; i < nc_n; i++) {
+        free(nc_v[i].s);
+    }
+    nc_n = 0;
+    nc_bytes = 0;
+}
+
+/* Adds the names of add[0..n) (sorted by id, not in the cache) to it; best effort: out of
+ * memory or past the cap, the cache simply keeps less. */
+static void nc_add(const struct kp_an_name *add, size_t n)
+{
+    size_t bytes = 0, i, j, k;
+    struct kp_an_name *v;
+
+    for (i = 0; i < n; i++) {
+        bytes += nc_cost(add[i].s);
+    }
+    if (n == 0 || bytes > KP_AN_NAMES_CACHE_BYTES) {
+        return;
+    }
+    pthread_mutex_lock(&nc_mu);
+    if (nc_bytes + bytes > KP_AN_NAMES_CACHE_BYTES) {
+        nc_clear_locked();
+    }
+    if (nc_n + n > nc_cap) {
+        size_t cap = (nc_n + n) * 2;
+
+        v = realloc(nc_v, cap * sizeof(*v));
+        if (!v) {
+            pthread_mutex_unlock(&nc_mu);
+            return;
+        }
+        nc_v = v;
+        nc_cap = cap;
+    }
+    /* merge from the back: another worker may have added some of these meanwhile */
+    i = nc_n;
+    j = n;
+    k = nc_n + n;
+    while (j > 0) {
+        char *s;
+
+        if (i > 0 && nc_v[i - 1].id > add[j - 1].id) {
+            nc_v[--k] = nc_v[--i];
+            continue;
+        }
+        if (i > 0 && nc_v[i - 1].id == add[j - 1].id) {
+            j--;
+            continue;
+        }
+        s = strdup(add[j - 1].s);
+        if (!s) {
+            break;
+        }
+        nc_bytes += nc_cost(s);
+        nc_v[--k] = (struct kp_an_name){ add[j - 1].id, s };
+        j--;
+    }
+    if (j > 0 || k > i) {
+        /* out of memory or duplicates skipped: close the gap between the merged tail [k, end)
+         * and the untouched head [0, i) */
+        memmove(nc_v + i, nc_v + k, (nc_n + n - k) * sizeof(*nc_v));
+    }
+    nc_n = i + (nc_n + n - k);
+    pthread_mutex_unlock(&nc_mu);
+}
+
+/* Fills d with ids[0..n)'s names (sorted, distinct ids > 0): copies from the cache, the rest
+ * read with one query (then cached). Ids without a names row are left out of d. Returns 0,
+ * KP_EPG or -ENOMEM (d then empty). */
+static int names_lookup(PGconn *c, const int32_t *ids, size_t n, struct kp_an_dict *d, char *errbuf,
+                        size_t errlen)
+{
+    struct kp_an_name *got = NULL;
+    size_t n_miss = 0, n_got = 0, len = 3, o = 0;
+    int32_t *miss = NULL;
+    char *arr = NULL;
+    PGresult *r = NULL;
+    int rc = -ENOMEM;
+
+    d->v = calloc(n ? n : 1, sizeof(*d->v));
+    miss = calloc(n ? n : 1, sizeof(*miss));
+    if (!d->v || !miss) {
+        goto out;
+    }
+    pthread_mutex_lock(&nc_mu);
+    for (size_t i = 0, j = 0; i < n; i++) {
+        while (j < nc_n && nc_v[j].id < ids[i]) {
+            j++;
+        }
+        d->v[i].id = ids[i];
+        if (j < nc_n && nc_v[j].id == ids[i]) {
+            d->v[i].s = strdup(nc_v[j].s);
+            if (!d->v[i].s) {
+                pthread_mutex_unlock(&nc_mu);
+                goto out;
+            }
+        }
+        else {
+            miss[n_miss++] = ids[i];
+        }
+    }
+    pthread_mutex_unlock(&nc_mu);
+    if (n_miss > 0) {
+        len += n_miss * 12;
+        arr = malloc(len);
+        if (!arr) {
+            goto out;
+        }
+        arr[o++] = '{';
+        for (size_t i = 0; i < n_miss; i++) {
+            o += (size_t) snprintf(arr + o, len - o, "%s%" PRId32, i ? "," : "", miss[i]);
+        }
+        snprintf(arr + o, len - o, "}");
+        rc = kp_pg_query(c, "SELECT id, name FROM names WHERE id = ANY($1::int[]) ORDER BY id", 1,
+                         (const char *const *) &arr, &r, errbuf, errlen);
+        if (rc < 0) {
+            goto out;
+        }
+        rc = -ENOMEM;
+        n_got = (size_t) PQntuples(r);
+        got = calloc(n_got ? n_got : 1, sizeof(*got));
+        if (!got) {
+            goto out;
+        }
+        for (size_t i = 0, j = 0; i < n_got; i++) {
+            got[i] = (struct kp_an_name){ kp_pg_i64(r, (int) i, 0, 0), PQgetvalue(r, (int) i, 1) };
+            while (j < n && d->v[j].id < got[i].id) {
+                j++;
+            }
+            if (j < n && d->v[j].id == got[i].id && !(d->v[j].s = strdup(got[i].s))) {
+                goto out;
+            }
+        }
+        nc_add(got, n_got);
+    }
+    /* ids without a row (none in a consistent database): left out, as the UNION left them */
+    d->n = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (d->v[i].s) {
+            d->v[d->n++] = d->v[i];
+        }
+    }
+    rc = 0;
+out:
+    if (rc < 0) {
+        for (size_t i = 0; d->v && i < n; i++) {
+            free(d->v[i].s);
+        }
+        free(d->v);
+        d->v = NULL;
+        d->n = 0;
+    }
+    PQclear(r);
+    free(got);
+    free(arr);
+    free(miss);
+    return rc;
+}
+
+/* An open-addressing map from the name ids a rank's rows use to their index in a->names. */
+struct id_map {
+    int32_t *key; /* 0: empty */
+    int32_t *val;
+    size_t mask, n;
+};
+
+static int idm_grow(struct id_map *m)
+{
+    size_t cap = m->mask ? 2 * (m->mask + 1) : 1024;
+    struct id_map g = { calloc(cap, sizeof(int32_t)), calloc(cap, sizeof(int32_t)), cap - 1, 0 };
+
+    if (!g.key || !g.val) {
+        free(g.key);
+        free(g.val);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; m->mask && i <= m->mask; i++) {
+        if (m->key[i]) {
+            size_t h = ((uint32_t) m->key[i] * 2654435761u) & g.mask;
+
+            while (g.key[h]) {
+                h = (h + 1) & g.mask;
+            }
+            g.key[h] = m->key[i];
+            g.n++;
+        }
+    }
+    free(m->key);
+    free(m->val);
+    *m = g;
+    return 0;
+}
+
+/* The slot of id (> 0), added if absent; NULL when out of memory. */
+static int32_t *idm_slot(struct id_map *m, int32_t id, bool add)
+{
+    size_t h;
+
+    if (add && 2 * (m->n + 1) > m->mask + 1 && idm_grow(m) < 0) {
+        return NULL;
+    }
+    h = ((uint32_t) id * 2654435761u) & m->mask;
+    while (m->key[h] && m->key[h] != id) {
+        h = (h + 1) & m->mask;
+    }
+    if (!m->key[h] && add) {
+        m->key[h] = id;
+        m->n++;
+    }
+    return &m->val[h];
+}
+
+static int cmp_i32(const void *pa, const void *pb)
+{
+    int32_t a = *(const int32_t *) pa, b = *(const int32_t *) pb;
+
+    return (a > b) - (a < b);
+}
+
+static int32_t idm_get(const struct id_map *m, int32_t id)
+{
+    size_t h;
+
+    if (id <= 0) {
+        return -1;
+    }
+    h = ((uint32_t) id * 2654435761u) & m->mask;
+    while (m->key[h] && m->key[h] != id) {
+        h = (h + 1) & m->mask;
+    }
+    return m->key[h] ? m->val[h] : -1;
+}
+
+/* The rank's dictionary: the names its ops and kernels refer to (the same set the per-rank
+ * query read), sorted by id; then each name field of a->ops and a->devs, an id as read, becomes
+ * its index in a->names (-1: none or unknown). The names count against the row budget, as
+ * that query's rows did. */
+static int an_resolve_names(struct kp_an *a, struct an_load *ld)
+{
+    struct id_map m = { 0 };
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = -ENOMEM;
+
+    if (idm_grow(&m) < 0) {
+        return load_nomem(ld);
+    }
+    for (size_t i = 0; i < a->n_ops; i++) {
+        const int32_t f[3] = { a->ops[i].name, a->ops[i].shapes, a->ops[i].dtypes };
+
+        for (int k = 0; k < 3; k++) {
+            if (f[k] > 0 && !idm_slot(&m, f[k], true)) {
+                goto out;
+            }
+        }
+    }
+    for (size_t i = 0; i < a->n_devs; i++) {
+        if (a->devs[i].name > 0 && !idm_slot(&m, a->devs[i].name, true)) {
+            goto out;
+        }
+    }
+    ids = calloc(m.n ? m.n : 1, sizeof(*ids));
+    if (!ids) {
+        goto out;
+    }
+    for (size_t i = 0; i <= m.mask; i++) {
+        if (m.key[i]) {
+            ids[n++] = m.key[i];
+        }
+    }
+    qsort(ids, n, sizeof(*ids), cmp_i32);
+    rc = names_lookup(ld->c, ids, n, &a->names, ld->errbuf, ld->errlen);
+    if (rc < 0) {
+        goto out;
+    }
+    if (ld->max_rows && a->names.n > ld->max_rows - ld->budget) {
+        kp_errbuf_set(ld->errbuf, ld->errlen,
+                      "the rank has more than %zu rows: raise the row limit", ld->max_rows);
+        rc = KP_ETOOBIG;
+        goto out;
+    }
+    ld->budget += a->names.n;
+    for (size_t i = 0; i <= m.mask; i++) {
+        m.val[i] = -1;
+    }
+    for (size_t i = 0; i < a->names.n; i++) {
+        *idm_slot(&m, (int32_t) a->names.v[i].id, false) = (int32_t) i;
+    }
+    for (size_t i = 0; i < a->n_ops; i++) {
+        struct an_op *o = &a->ops[i];
+
+        o->name = idm_get(&m, o->name);
+        o->shapes = idm_get(&m, o->shapes);
+        o->dtypes = idm_get(&m, o->dtypes);
+    }
+    for (size_t i = 0; i < a->n_devs; i++) {
+        a->devs[i].name = idm_get(&m, a->devs[i].name);
+    }
+    rc = 0;
+out:
+    free(m.key);
+    free(m.val);
+    free(ids);
+    return rc == -ENOMEM ? load_nomem(ld) : rc;
+}
+
 int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out,
                  char *errbuf, size_t errlen)
 {
@@ -412,18 +746,6 @@ int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an
     if (!a) {
         return -ENOMEM;
     }
-    rc = kp_an_dict_load(c,
-                         "SELECT id, name FROM names WHERE id IN (SELECT name FROM kernels" WHERE_RR
-                         " UNION SELECT name FROM ops" WHERE_RR
-                         " UNION SELECT input_shapes FROM ops" WHERE_RR
-                         " UNION SELECT input_dtypes FROM ops" WHERE_RR ") ORDER BY id",
-                         params, &ld.budget, max_rows, &a->names, errbuf, errlen);
-    if (rc == -ENOMEM) {
-        rc = load_nomem(&ld);
-    }
-    if (rc < 0) {
-        goto fail;
-    }
     rc = an_read_ops(a, &ld);
     if (rc < 0) {
         goto fail;
@@ -434,6 +756,10 @@ int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an
     }
     rc = an_read_devs(a, &ld);
     if (rc != 0) {
+        goto fail;
+    }
+    rc = an_resolve_names(a, &ld);
+    if (rc < 0) {
         goto fail;
     }
     rc = an_read_rec_steps(a, &ld);
