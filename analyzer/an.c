@@ -647,6 +647,47 @@ static int32_t idm_get(const struct id_map *m, int32_t id)
     return m->key[h] ? m->val[h] : -1;
 }
 
+/* d from the ids in m (names_lookup). */
+static int idm_dict(PGconn *c, const struct id_map *m, struct kp_an_dict *d, char *errbuf,
+                    size_t errlen)
+{
+    int32_t *ids = calloc(m->n ? m->n : 1, sizeof(*ids));
+    size_t n = 0;
+    int rc;
+
+    if (!ids) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i <= m->mask; i++) {
+        if (m->key[i]) {
+            ids[n++] = m->key[i];
+        }
+    }
+    qsort(ids, n, sizeof(*ids), cmp_i32);
+    rc = names_lookup(c, ids, n, d, errbuf, errlen);
+    free(ids);
+    return rc;
+}
+
+int kp_an_names_for(PGconn *c, const int32_t *ids, size_t n, struct kp_an_dict *d, char *errbuf,
+                    size_t errlen)
+{
+    struct id_map m = { 0 };
+    int rc = idm_grow(&m);
+
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        if (ids[i] > 0 && !idm_slot(&m, ids[i], true)) {
+            rc = -ENOMEM;
+        }
+    }
+    if (rc == 0) {
+        rc = idm_dict(c, &m, d, errbuf, errlen);
+    }
+    free(m.key);
+    free(m.val);
+    return rc;
+}
+
 /* The rank's dictionary: the names its ops and kernels refer to (the same set the per-rank
  * query read), sorted by id; then each name field of a->ops and a->devs, an id as read, becomes
  * its index in a->names (-1: none or unknown). The names count against the row budget, as
@@ -654,8 +695,6 @@ static int32_t idm_get(const struct id_map *m, int32_t id)
 static int an_resolve_names(struct kp_an *a, struct an_load *ld)
 {
     struct id_map m = { 0 };
-    int32_t *ids = NULL;
-    size_t n = 0;
     int rc = -ENOMEM;
 
     if (idm_grow(&m) < 0) {
@@ -675,17 +714,7 @@ static int an_resolve_names(struct kp_an *a, struct an_load *ld)
             goto out;
         }
     }
-    ids = calloc(m.n ? m.n : 1, sizeof(*ids));
-    if (!ids) {
-        goto out;
-    }
-    for (size_t i = 0; i <= m.mask; i++) {
-        if (m.key[i]) {
-            ids[n++] = m.key[i];
-        }
-    }
-    qsort(ids, n, sizeof(*ids), cmp_i32);
-    rc = names_lookup(ld->c, ids, n, &a->names, ld->errbuf, ld->errlen);
+    rc = idm_dict(ld->c, &m, &a->names, ld->errbuf, ld->errlen);
     if (rc < 0) {
         goto out;
     }
@@ -716,7 +745,6 @@ static int an_resolve_names(struct kp_an *a, struct an_load *ld)
 out:
     free(m.key);
     free(m.val);
-    free(ids);
     return rc == -ENOMEM ? load_nomem(ld) : rc;
 }
 
