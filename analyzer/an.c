@@ -738,8 +738,18 @@ static int an_resolve_names(struct kp_an *a, struct an_load *ld)
         o->shapes = idm_get(&m, o->shapes);
         o->dtypes = idm_get(&m, o->dtypes);
     }
+    a->name_tc = calloc(a->names.n + 1, sizeof(*a->name_tc));
+    if (!a->name_tc) {
+        rc = -ENOMEM;
+        goto out;
+    }
     for (size_t i = 0; i < a->n_devs; i++) {
-        a->devs[i].name = idm_get(&m, a->devs[i].name);
+        struct an_dev *d = &a->devs[i];
+
+        d->name = idm_get(&m, d->name);
+        if (d->kind == DEV_KERNEL && d->name >= 0 && !a->name_tc[d->name]) {
+            a->name_tc[d->name] = kp_an_is_tc_kernel(a->names.v[d->name].s) ? 2 : 1;
+        }
     }
     rc = 0;
 out:
@@ -812,6 +822,7 @@ void kp_an_destroy(struct kp_an *a)
         return;
     }
     kp_an_dict_fini(&a->names);
+    free(a->name_tc);
     free(a->ops);
     free(a->rts);
     free(a->devs);

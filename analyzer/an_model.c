@@ -247,7 +247,7 @@ static void model_link_devs(struct kp_an *a, struct model_build *mb)
         if (d->kind == DEV_KERNEL) {
             a->rts[rt].kern_ns += d->end - d->start;
         }
-        if (d->kind == DEV_KERNEL && kp_an_is_tc_kernel(kp__an_nm(a, d->name))) {
+        if (kp__an_dev_tc(a, d)) {
             a->rts[rt].tc_ns += d->end - d->start;
         }
     }
