@@ -2,7 +2,9 @@
  * kp_an: the analyzer core's loader (see an.h).
  *
  * DESIGN. The loader reads each table of the (run, rank) with one ordered query into flat
- * arrays; names are resolved once to indexes into one id-sorted array. The model then links
+ * arrays, the big ones (ops, runtime calls, device events) streamed as COPY rows parsed as they
+ * arrive; names are resolved once to indexes into one id-sorted array, from a process-wide
+ * cache of the names dictionary (an id is read from PostgreSQL once). The model then links
  * the arrays by index: each device event to its runtime call (correlation, through a sorted
  * index), each runtime call to the host node that owns it (external id, through a sorted
  * index of the nodes in tree order), and every host node into its thread's tree (a stack
@@ -93,10 +95,27 @@ void kp_an_dict_fini(struct kp_an_dict *d)
     d->n = 0;
 }
 
-/* Name id col as read (-1 for NULL); an_resolve_names turns it into an index into a->names. */
-static int32_t name_id(const PGresult *r, int row, int col)
+/* A field as an integer (no spaces, optional '-'), or null_value for NULL. */
+static int64_t fld_i64(const char *s, int64_t null_value)
 {
-    int64_t id = kp_pg_i64(r, row, col, -1);
+    bool neg;
+    int64_t v = 0;
+
+    if (!s) {
+        return null_value;
+    }
+    neg = *s == '-';
+    for (s += neg; *s >= '0' && *s <= '9'; s++) {
+        v = v * 10 + (*s - '0');
+    }
+    return neg ? -v : v;
+}
+
+/* A name id field as read (-1 for NULL); an_resolve_names turns it into an index into
+ * a->names. */
+static int32_t name_id(const char *f)
+{
+    int64_t id = fld_i64(f, -1);
 
     return id > 0 && id <= INT32_MAX ? (int32_t) id : -1;
 }
@@ -179,102 +198,210 @@ static int load_nomem(struct an_load *ld)
     return -ENOMEM;
 }
 
-static int an_read_ops(struct kp_an *a, struct an_load *ld)
+/* ---- the rank's rows, streamed ------------------------------------------------------------ */
+
+/* The big tables (ops, runtime calls, device events) come as COPY (...) TO STDOUT rows parsed
+ * as they arrive into the growing arrays: no PGresult of the whole table (libpq keeps every
+ * value as a string and 16 B of pointers: ~70 MB for the ops of a 1 M-event rank), no strtoll
+ * of it. */
+struct an_copy {
+    struct kp_an *a;
+    struct an_load *ld;
+    size_t n, cap; /* rows in the array being filled, its slots */
+};
+
+/* Splits row into nf fields in place (NULL for \N); 0, or -EINVAL for another field count. */
+static int split_row(char *row, size_t len, char **f, int nf)
 {
-    PGresult *r = NULL;
-    size_t n;
+    int k = 0;
+
+    row[len] = '\0'; /* the newline's byte, or the terminator libpq adds */
+    f[k++] = row;
+    for (char *p = row; *p; p++) {
+        if (*p == '\t') {
+            *p = '\0';
+            if (k == nf) {
+                return -EINVAL;
+            }
+            f[k++] = p + 1;
+        }
+    }
+    for (int i = 0; i < k; i++) {
+        if (f[i][0] == '\\' && f[i][1] == 'N' && f[i][2] == '\0') {
+            f[i] = NULL;
+        }
+    }
+    return k == nf ? 0 : -EINVAL;
+}
+
+/* Makes room for one more row of size sz in *v, zeroed, and one spare slot after it (the
+ * runtimes' dummy); counts it against the budget. The room beyond is left untouched (realloc
+ * moves big blocks by remapping them): it costs address space, not memory. 0, KP_ETOOBIG or
+ * -ENOMEM. */
+static int copy_slot(struct an_copy *cp, void **v, size_t sz)
+{
+    struct an_load *ld = cp->ld;
+
+    if (ld->max_rows && ld->budget >= ld->max_rows) {
+        return KP_ETOOBIG;
+    }
+    if (cp->n + 1 >= cp->cap) {
+        size_t cap = cp->cap ? 2 * cp->cap : 4096;
+        void *g = realloc(*v, cap * sz);
+
+        if (!g) {
+            return -ENOMEM;
+        }
+        *v = g;
+        cp->cap = cap;
+    }
+    memset((char *) *v + cp->n * sz, 0, 2 * sz);
+    ld->budget++;
+    return 0;
+}
+
+/* COPY (query) TO STDOUT with query's $1 and $2 the run and rank, each row to fn. */
+static int an_copy(struct an_copy *cp, const char *query, kp_pg_row_fn *fn)
+{
+    struct an_load *ld = cp->ld;
+    size_t len = strlen(query) + 64, o;
+    char *sql = malloc(len);
     int rc;
 
-    rc = kp_an_query(
-        ld->c, 2,
-        "SELECT start_ns, dur_ns, tid, external_id, name, input_shapes, kind, input_dtypes "
-        "FROM ops" WHERE_RR " ORDER BY tid, start_ns, dur_ns DESC",
-        ld->params, &ld->budget, ld->max_rows, &r, ld->errbuf, ld->errlen);
-    if (rc < 0) {
-        return rc;
-    }
-    n = (size_t) PQntuples(r);
-    a->ops = calloc(n ? n : 1, sizeof(*a->ops));
-    if (!a->ops) {
-        PQclear(r);
+    if (!sql) {
         return load_nomem(ld);
     }
-    for (size_t i = 0; i < n; i++) {
-        struct an_op *o = &a->ops[i];
-        int row = (int) i;
-
-        o->start = kp_pg_i64(r, row, 0, 0);
-        o->end = o->start + kp_pg_i64(r, row, 1, 0);
-        o->tid = kp_pg_i64(r, row, 2, 0);
-        o->ext = kp_pg_i64(r, row, 3, 0);
-        o->name = name_id(r, row, 4);
-        o->shapes = name_id(r, row, 5);
-        o->kind = (uint8_t) kp_pg_i64(r, row, 6, 0);
-        o->dtypes = name_id(r, row, 7);
+    o = (size_t) snprintf(sql, len, "COPY (");
+    for (const char *q = query; *q; q++) {
+        if (q[0] == '$' && (q[1] == '1' || q[1] == '2')) {
+            o += (size_t) snprintf(sql + o, len - o, "%s", ld->params[q[1] - '1']);
+            q++;
+        }
+        else {
+            sql[o++] = *q;
+        }
     }
-    a->n_ops = n;
-    PQclear(r);
+    snprintf(sql + o, len - o, ") TO STDOUT");
+    rc = kp_pg_copy_out(ld->c, sql, fn, cp, ld->errbuf, ld->errlen);
+    free(sql);
+    if (rc == KP_ETOOBIG) {
+        kp_errbuf_set(ld->errbuf, ld->errlen,
+                      "the rank has more than %zu rows: raise the row limit", ld->max_rows);
+    }
+    else if (rc == -ENOMEM) {
+        rc = load_nomem(ld);
+    }
+    else if (rc == -EINVAL) {
+        kp_errbuf_set(ld->errbuf, ld->errlen, "PostgreSQL sent a row the analyzer cannot read");
+        rc = KP_EPG;
+    }
+    return rc;
+}
+
+static int op_row(void *ud, char *row, size_t len)
+{
+    struct an_copy *cp = ud;
+    struct kp_an *a = cp->a;
+    char *f[8];
+    int rc;
+
+    if ((rc = split_row(row, len, f, 8)) < 0 ||
+        (rc = copy_slot(cp, (void **) &a->ops, sizeof(*a->ops))) < 0) {
+        return rc;
+    }
+    a->ops[cp->n].start = fld_i64(f[0], 0);
+    a->ops[cp->n].end = a->ops[cp->n].start + fld_i64(f[1], 0);
+    a->ops[cp->n].tid = fld_i64(f[2], 0);
+    a->ops[cp->n].ext = fld_i64(f[3], 0);
+    a->ops[cp->n].name = name_id(f[4]);
+    a->ops[cp->n].shapes = name_id(f[5]);
+    a->ops[cp->n].kind = (uint8_t) fld_i64(f[6], 0);
+    a->ops[cp->n].dtypes = name_id(f[7]);
+    a->n_ops = ++cp->n;
+    return 0;
+}
+
+static int an_read_ops(struct kp_an *a, struct an_load *ld)
+{
+    struct an_copy cp = { a, ld, 0, 0 };
+    int rc = an_copy(&cp,
+                     "SELECT start_ns, dur_ns, tid, external_id, name, input_shapes, kind, "
+                     "input_dtypes FROM ops" WHERE_RR " ORDER BY tid, start_ns, dur_ns DESC",
+                     op_row);
+
+    if (rc == 0 && !a->ops && !(a->ops = calloc(1, sizeof(*a->ops)))) {
+        return load_nomem(ld);
+    }
+    return rc;
+}
+
+static int rt_row(void *ud, char *row, size_t len)
+{
+    struct an_copy *cp = ud;
+    struct kp_an *a = cp->a;
+    char *f[5];
+    int rc;
+
+    if ((rc = split_row(row, len, f, 5)) < 0 ||
+        (rc = copy_slot(cp, (void **) &a->rts, sizeof(*a->rts))) < 0) {
+        return rc;
+    }
+    a->rts[cp->n].start = fld_i64(f[0], 0);
+    a->rts[cp->n].end = a->rts[cp->n].start + fld_i64(f[1], 0);
+    a->rts[cp->n].tid = fld_i64(f[2], 0);
+    a->rts[cp->n].corr = fld_i64(f[3], 0);
+    a->rts[cp->n].ext = fld_i64(f[4], 0);
+    a->n_rts = ++cp->n;
     return 0;
 }
 
 /* Runtime calls only: the plugin drops cuda_driver (spec §1). */
 static int an_read_rts(struct kp_an *a, struct an_load *ld)
 {
-    PGresult *r = NULL;
-    size_t n;
-    int rc;
+    struct an_copy cp = { a, ld, 0, 0 };
+    int rc =
+        an_copy(&cp,
+                "SELECT start_ns, dur_ns, tid, correlation, external_id FROM api_calls" WHERE_RR
+                " AND domain = 1 ORDER BY start_ns, dur_ns DESC",
+                rt_row);
 
-    rc =
-        kp_an_query(ld->c, 2,
-                    "SELECT start_ns, dur_ns, tid, correlation, external_id FROM api_calls" WHERE_RR
-                    " AND domain = 1 ORDER BY start_ns, dur_ns DESC",
-                    ld->params, &ld->budget, ld->max_rows, &r, ld->errbuf, ld->errlen);
-    if (rc < 0) {
-        return rc;
+    if (rc == 0 && !a->rts && !(a->rts = calloc(1, sizeof(*a->rts)))) {
+        return load_nomem(ld); /* the dummy runtime's slot */
     }
-    n = (size_t) PQntuples(r);
-    a->rts = calloc(n + 1, sizeof(*a->rts));
-    if (!a->rts) {
-        PQclear(r);
-        return load_nomem(ld);
-    }
-    for (size_t i = 0; i < n; i++) {
-        struct an_rt *t = &a->rts[i];
-        int row = (int) i;
-
-        t->start = kp_pg_i64(r, row, 0, 0);
-        t->end = t->start + kp_pg_i64(r, row, 1, 0);
-        t->tid = kp_pg_i64(r, row, 2, 0);
-        t->corr = kp_pg_i64(r, row, 3, 0);
-        t->ext = kp_pg_i64(r, row, 4, 0);
-    }
-    a->n_rts = n;
-    PQclear(r);
-    return 0;
+    return rc;
 }
 
-/* One row of an_read_devs' query into a->devs[row]. */
-static void fill_dev(struct kp_an *a, const PGresult *r, int row)
+/* One row of an_read_devs' query into a->devs[cp->n]. */
+static int dev_row(void *ud, char *row, size_t len)
 {
-    struct an_dev *d = &a->devs[row];
+    struct an_copy *cp = ud;
+    struct kp_an *a = cp->a;
+    struct an_dev *d;
+    char *f[17];
+    int rc;
 
-    d->kind = (uint8_t) kp_pg_i64(r, row, 0, 0);
-    d->start = kp_pg_i64(r, row, 1, 0);
-    d->end = d->start + kp_pg_i64(r, row, 2, 0);
-    d->corr = kp_pg_i64(r, row, 3, 0);
-    d->ext = kp_pg_i64(r, row, 4, 0);
-    d->name = name_id(r, row, 5);
-    d->has_grid = !PQgetisnull(r, row, 6);
-    d->has_block = !PQgetisnull(r, row, 9);
-    for (int k = 0; k < 3; k++) {
-        d->grid[k] = (int32_t) kp_pg_i64(r, row, 6 + k, 0);
-        d->block[k] = (int32_t) kp_pg_i64(r, row, 9 + k, 0);
+    if ((rc = split_row(row, len, f, 17)) < 0 ||
+        (rc = copy_slot(cp, (void **) &a->devs, sizeof(*a->devs))) < 0) {
+        return rc;
     }
-    d->regs = (int32_t) kp_pg_i64(r, row, 12, 0);
-    d->smem = (int32_t) kp_pg_i64(r, row, 13, 0);
-    d->device = PQgetisnull(r, row, 14) ? -1 : (int16_t) kp_pg_i64(r, row, 14, 0);
-    d->bps = PQgetisnull(r, row, 15) ? NAN : strtod(PQgetvalue(r, row, 15), NULL);
-    d->occ = PQgetisnull(r, row, 16) ? NAN : strtod(PQgetvalue(r, row, 16), NULL);
+    d = &a->devs[cp->n];
+    d->kind = (uint8_t) fld_i64(f[0], 0);
+    d->start = fld_i64(f[1], 0);
+    d->end = d->start + fld_i64(f[2], 0);
+    d->corr = fld_i64(f[3], 0);
+    d->ext = fld_i64(f[4], 0);
+    d->name = name_id(f[5]);
+    d->has_grid = f[6] != NULL;
+    d->has_block = f[9] != NULL;
+    for (int k = 0; k < 3; k++) {
+        d->grid[k] = (int32_t) fld_i64(f[6 + k], 0);
+        d->block[k] = (int32_t) fld_i64(f[9 + k], 0);
+    }
+    d->regs = (int32_t) fld_i64(f[12], 0);
+    d->smem = (int32_t) fld_i64(f[13], 0);
+    d->device = f[14] ? (int16_t) fld_i64(f[14], 0) : -1;
+    d->bps = f[15] ? strtod(f[15], NULL) : NAN;
+    d->occ = f[16] ? strtod(f[16], NULL) : NAN;
     d->rt = -1;
     d->next = -1;
     if (d->kind == DEV_KERNEL) {
@@ -286,13 +413,14 @@ static void fill_dev(struct kp_an *a, const PGresult *r, int row)
     else {
         a->n_memset++;
     }
+    a->n_devs = ++cp->n;
+    return 0;
 }
 
 /* The device events: kernels with their launch and occupancy, memcpys, memsets. */
 static int an_read_devs(struct kp_an *a, struct an_load *ld)
 {
-    PGresult *r = NULL;
-    size_t n;
+    struct an_copy cp = { a, ld, 0, 0 };
     int rc;
 
     /* The occupancy side table is joined by key. Right after an import PostgreSQL has no
@@ -303,38 +431,26 @@ static int an_read_devs(struct kp_an *a, struct an_load *ld)
     if (rc != 0) {
         return rc;
     }
-    rc = kp_an_query(
-        ld->c, 2,
-        "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, grid_y, "
-        "grid_z, block_x, block_y, block_z, registers, "
-        "static_smem::bigint + coalesce(dynamic_smem, 0), device, o.blocks_per_sm, "
-        "o.est_occupancy FROM kernels" KP_SQL_KERNEL_OCCUPANCY_JOIN("$1", "$2") WHERE_RR
-        " UNION ALL SELECT 1, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
-        "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memcpys" WHERE_RR
-        " UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
-        "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR
-        " ORDER BY 2, 3 DESC",
-        ld->params, &ld->budget, ld->max_rows, &r, ld->errbuf, ld->errlen);
-    if (rc < 0) {
-        return rc;
-    }
-    {
+    rc = an_copy(&cp,
+                 "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, grid_y, "
+                 "grid_z, block_x, block_y, block_z, registers, "
+                 "static_smem::bigint + coalesce(dynamic_smem, 0), device, o.blocks_per_sm, "
+                 "o.est_occupancy FROM kernels" KP_SQL_KERNEL_OCCUPANCY_JOIN("$1", "$2") WHERE_RR
+                 " UNION ALL SELECT 1, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
+                 "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memcpys" WHERE_RR
+                 " UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
+                 "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR
+                 " ORDER BY 2, 3 DESC",
+                 dev_row);
+    if (rc != KP_EPG) {
         char ignored[128];
 
         (void) kp_pg_exec(ld->c, "RESET enable_nestloop", ignored, sizeof(ignored));
     }
-    n = (size_t) PQntuples(r);
-    a->devs = calloc(n ? n : 1, sizeof(*a->devs));
-    if (!a->devs) {
-        PQclear(r);
+    if (rc == 0 && !a->devs && !(a->devs = calloc(1, sizeof(*a->devs)))) {
         return load_nomem(ld);
     }
-    for (size_t i = 0; i < n; i++) {
-        fill_dev(a, r, (int) i);
-    }
-    a->n_devs = n;
-    PQclear(r);
-    return 0;
+    return rc;
 }
 
 /* Recorded steps: a capture has no ProfilerStep ops but reports its steps (the hook) */
