@@ -40,7 +40,7 @@ struct pp_key {
 };
 
 struct kp_pyprof {
-    PGresult *kr, * or ;
+    PGresult *kr, * or ;     /* while the table is built */
     struct kp_an_dict names; /* the names kr's and or's name ids refer to */
     struct pp_op *ops;
     size_t n_ops;
@@ -802,6 +802,13 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
     if (pp_read_ops(p, &b) < 0 || pp_read_calls(&b, ar) < 0) {
         goto nomem;
     }
+    /* the ops' and calls' results are in p->ops and b now (their names in p->names): freed
+     * before the table is built, so that the three results and the table are not all held at
+     * once */
+    PQclear(p->or);
+    p->or = NULL;
+    PQclear(ar);
+    ar = NULL;
     n = (size_t) PQntuples(p->kr);
     p->rows = calloc(n ? n : 1, sizeof(*p->rows));
     b.share = calloc(n ? n : 1, sizeof(*b.share));
@@ -812,6 +819,8 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
     for (size_t i = 0; i < n; i++) {
         pp_fill_kernel(p, &b, i);
     }
+    PQclear(p->kr);
+    p->kr = NULL;
     share_work(p->rows, b.share, n);
     rc = 0;
     *out = p;
