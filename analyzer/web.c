@@ -615,7 +615,8 @@ static enum MHD_Result serve_static(struct kp_web *w, struct MHD_Connection *c, 
         return kp_web_send_error(c, 404, "no such page or file: kprof's pages start at /");
     }
     inm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
-    not_modified = inm != NULL && strstr(inm, f->etag) != NULL;
+    /* A list of ETags, weak ones (W/"...") included, or "*" (RFC 9110 13.1.2). */
+    not_modified = inm != NULL && (strcmp(inm, "*") == 0 || strstr(inm, f->etag) != NULL);
     r = MHD_create_response_from_buffer(not_modified ? 0 : f->len, not_modified ? NULL : f->data,
                                         MHD_RESPMEM_PERSISTENT);
     if (r == NULL) {
