@@ -445,19 +445,20 @@ def check_static_start(ci, tmp):
         f.write("not for the web\n")
     os.symlink(secret, os.path.join(root, "secret.txt"))
     os.symlink(os.path.dirname(secret), os.path.join(root, "up"))
+    os.mkfifo(os.path.join(root, "pipe"))  # skipped: reading it would block the start
     port = kpfix.free_port()
     an = kpfix.Analyzer("it_web_root", ci, extra=["--web-listen", "127.0.0.1:%d" % port,
                                                   "--web-root", root])
     try:
         web = Web(port)
         assert web.get("/")[0] == 200 and web.get("/js/a.js")[0] == 200
-        for path in ("/secret.txt", "/up/secret.txt"):
+        for path in ("/secret.txt", "/up/secret.txt", "/pipe"):
             assert web.get(path)[0] == 404, path
     finally:
         rc = an.stop()
     assert rc == 0, rc
-    print("static start: --web-root alone, a missing root, no index.html refused; symlinks in "
-          "the root are not served")
+    print("static start: --web-root alone, a missing root, no index.html refused; symlinks and "
+          "a FIFO in the root are not served")
 
 
 def check_tls(ci, tmp):
