@@ -44,7 +44,7 @@ LOADGEN = os.path.join(kpfix.BIN, "tools", "kprof-loadgen")
 CHROMIUM = os.environ.get("KPROF_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = os.path.join(kpfix.BIN, "tests", "artifacts", "web")
 VIEWER = "viewer-token-web-ui-0123456789"
-PLANTED = {5: "COMPARE_CAUSE_COMPUTE", 41: "COMPARE_CAUSE_DATALOADER"}
+PLANTED = {5: "COMPARE_CAUSE_COMPUTE", 41: "COMPARE_CAUSE_HOST"}
 TABS = ("overview", "operators", "kernels", "memory", "distributed", "pyprof", "roofline",
         "counters")
 
