@@ -22,8 +22,8 @@ function runLabel(r) {
   return r.id + ' · ' + r.job + (r.name ? ' · ' + r.name : '') + ' (' + (r.ranks || []).length + ' ranks)';
 }
 
-// The two sides: as the query says, else the newest run against the one before it, or a run
-// against the newest other run of its job, else another of its ranks, else the newest other run.
+// The two sides: as the query says. Without a: the second newest run with data. Without b: the
+// newest other run of a's job, else another rank of a, else the newest other run.
 function pick(params, runs) {
   const byId = new Map(runs.map((r) => [String(r.id), r]));
   const some = runs.filter((r) => (r.ranks || []).length > 0); // defaults: runs with data
