@@ -179,6 +179,11 @@ async function checkPage(context, p) {
   if (figuresChecked + cellsChecked === 0) problems.push('no figure or table cell of the API was checked on this page');
   const shot = path.join(spec.artifacts, p.name + '.png');
   await page.screenshot({ path: shot, fullPage: true });
+  if (p.view) {
+    // the top of the page as a reader first sees it (docs/img's pictures come from these)
+    await page.setViewportSize({ width: 1440, height: p.view });
+    await page.screenshot({ path: path.join(spec.artifacts, p.name + '-top.png') });
+  }
   await page.close();
   return { name: p.name, hash: p.hash, state, ms, figures_checked: figuresChecked, cells_checked: cellsChecked, figures, screenshot: shot, problems };
 }

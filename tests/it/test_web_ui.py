@@ -127,9 +127,11 @@ def main():
         for name, r in (("run-synthetic", synth), ("run-hta-pair", pair),
                         ("run-resnet50", span1)):
             pages.append({"name": name, "hash": "#/runs/%d" % r})
+        pages[1]["view"] = 1900  # the README's pictures (docs/img), from these two
         for tab in TABS:
             pages.append({"name": "rank-resnet50-" + tab,
                           "hash": "#/runs/%d/ranks/0?tab=%s" % (span1, tab)})
+        pages[4]["view"] = 1500
         pages += [
             {"name": "rank-synthetic-5", "hash": "#/runs/%d/ranks/5" % synth},
             {"name": "rank-hta-pair-distributed", "hash": "#/runs/%d/ranks/1?tab=distributed" % pair},
