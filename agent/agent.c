@@ -248,8 +248,9 @@ int kp_agent_create(const struct kp_agent_config *cfg, struct kp_agent **out, ch
                                    errbuf, errlen)) != 0) {
         goto fail;
     }
-    if ((rc = kp_daemon_ready_write(cfg->ready_file, "socket", cfg->socket, a->http, errbuf,
-                                    errlen)) != 0) {
+    if ((rc = kp_daemon_ready_write(cfg->ready_file,
+                                    &(struct kp_ready_entry){ "socket", cfg->socket }, 1, a->http,
+                                    errbuf, errlen)) != 0) {
         goto fail;
     }
     kp_log_info("listening socket=%s collector=%s spool=%s stream=%" PRIu64

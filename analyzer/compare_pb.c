@@ -22,7 +22,8 @@ enum {
     ARR_PTRS,
     ARR_HTA_ROWS,
     ARR_HTA_PTRS,
-    ARR_LATE
+    ARR_LATE,
+    ARR_STEP_TIME
 };
 
 /* compare.h's cause c as the proto's enum, and back (-1: not a cause). */
@@ -52,7 +53,7 @@ int kp_compare_pb_init(struct kp_compare_pb *p, const struct kp_compare_result *
     Kprof__V1__CompareStraggler *str;
     Kprof__V1__CompareEvidence *ev;
     void **ptrs;
-    double *late;
+    double *late, *step_time;
     size_t n_ev = r->n_stragglers * KP_COMPARE_CAUSE_COUNT, used = 0;
 
     memset(p, 0, sizeof(*p));
@@ -68,8 +69,9 @@ int kp_compare_pb_init(struct kp_compare_pb *p, const struct kp_compare_result *
     ptrs = p->arr[ARR_PTRS] =
         alloc_n(r->n_ranks + r->n_steps + r->n_stragglers + n_ev, sizeof(*ptrs));
     late = p->arr[ARR_LATE] = alloc_n(r->n_ranks * r->n_steps, sizeof(*late));
+    step_time = p->arr[ARR_STEP_TIME] = alloc_n(r->n_ranks * r->n_steps, sizeof(*step_time));
     if (ranks == NULL || steps == NULL || str == NULL || ev == NULL || ptrs == NULL ||
-        late == NULL) {
+        late == NULL || step_time == NULL) {
         return -ENOMEM;
     }
     m->run_id = (uint64_t) r->run;
@@ -102,11 +104,15 @@ int kp_compare_pb_init(struct kp_compare_pb *p, const struct kp_compare_result *
         o->offset_collectives = k->offset_n;
         o->n_step_late_ns = r->n_steps;
         o->step_late_ns = late + i * r->n_steps;
+        o->n_step_time_ns = r->n_steps;
+        o->step_time_ns = step_time + i * r->n_steps;
         for (size_t j = 0; j < r->n_steps; j++) {
             const struct kp_compare_cell *cl =
                 r->cells != NULL ? &r->cells[i * r->n_steps + j] : NULL;
+            bool present = cl != NULL && cl->present;
 
-            o->step_late_ns[j] = cl != NULL && cl->present ? cl->late_ns : NAN;
+            o->step_late_ns[j] = present ? cl->late_ns : NAN;
+            o->step_time_ns[j] = present ? (double) cl->step_ns : NAN;
         }
         ptrs[used++] = o;
     }
@@ -279,6 +285,9 @@ int kp_compare_from_pb(const Kprof__V1__CompareResponse *m, struct kp_compare_re
 
             cl->present = !isnan(o->step_late_ns[j]);
             cl->late_ns = cl->present ? o->step_late_ns[j] : 0.0;
+            if (cl->present && j < o->n_step_time_ns && !isnan(o->step_time_ns[j])) {
+                cl->step_ns = (int64_t) o->step_time_ns[j];
+            }
         }
     }
     r->n_steps = m->n_steps;

@@ -6,8 +6,9 @@
  * writers (kp_compare_json, kp_compare_order, kp_compare_flag), so that its output is the same as
  * when the comparison ran in process. Every figure kprofctl prints goes through unchanged (doubles
  * as doubles, NaN included). Of the per-rank, per-step cells (kp_compare_result.cells) only the
- * lateness goes over (CompareRank.step_late_ns, NaN where the rank lacks the step: the
- * lateness map kprofctl prints); the rest stays on the server.
+ * lateness and the step time go over (CompareRank.step_late_ns: the lateness map kprofctl
+ * prints; CompareRank.step_time_ns: the web page's step-time map; NaN where the rank lacks the
+ * step); the rest stays on the server.
  */
 #ifndef KP_COMPARE_PB_H
 #define KP_COMPARE_PB_H
@@ -23,7 +24,7 @@ struct kp_compare_pb {
     Kprof__V1__CompareResponse msg;
     Kprof__V1__CompareThresholds thresholds;
     Kprof__V1__CompareHta hta;
-    void *arr[8];
+    void *arr[9];
 };
 
 /* p->msg as r's comparison: run_id, ranks (by rank number), steps, stragglers with their
@@ -41,7 +42,7 @@ void kp_compare_pb_fini(struct kp_compare_pb *p);
 
 /* The reply's comparison as a result (borrows m). Returns 0 and *out (kp_compare_result_destroy;
  * cells is NULL), -ENOMEM, or -EPROTO with errbuf saying what is malformed (an unknown cause,
- * a cause without its evidence); cells carry present and late_ns only. */
+ * a cause without its evidence); cells carry present, late_ns and step_ns only. */
 int kp_compare_from_pb(const Kprof__V1__CompareResponse *m, struct kp_compare_result **out,
                        char *errbuf, size_t errlen);
 

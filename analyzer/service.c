@@ -313,7 +313,8 @@ static void run_job(struct worker *w, struct job *j)
     struct kp_an *an = NULL;
     struct kp_view_reply out = { 0 };
     ProtobufCMessage *hit;
-    bool writes = v->writes != NULL && v->writes(j->req);
+    /* not cached: a request that writes, or a view the cache cannot check (kp_view.uncached) */
+    bool writes = (v->writes != NULL && v->writes(j->req)) || v->uncached;
     int64_t batches = 0;
     struct run_version ver = { 0 };
     int state = 0, rc;
@@ -654,7 +655,8 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
                                              .run = worker_run,
                                              .cancel = worker_cancel,
                                              .tick = worker_tick };
-    char grpc[32];
+    char grpc[32], web[32];
+    struct kp_ready_entry ready[2] = { { "grpc", grpc }, { "web", NULL } };
     struct kp_workq_opts qo = { .workers = (size_t) cfg->workers,
                                 .queue_max = (size_t) cfg->queue_max };
     int rc;
@@ -715,8 +717,17 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
         (rc = kp_web_create(a, cfg->web_listen, &a->web, errbuf, errlen)) != 0) {
         goto fail;
     }
+    if (a->web == NULL && cfg->web_root != NULL && cfg->web_root[0] != '\0') {
+        snprintf(errbuf, errlen, "--web-root is served on --web-listen: give both, or neither");
+        rc = KP_ECONFIG;
+        goto fail;
+    }
     snprintf(grpc, sizeof(grpc), "127.0.0.1:%d", kp_analyzer_port(a));
-    if ((rc = kp_daemon_ready_write(cfg->base.ready_file, "grpc", grpc, a->http, errbuf, errlen)) !=
+    if (a->web != NULL) {
+        snprintf(web, sizeof(web), "127.0.0.1:%d", kp_web_port(a->web));
+    }
+    ready[1].value = a->web != NULL ? web : NULL;
+    if ((rc = kp_daemon_ready_write(cfg->base.ready_file, ready, 2, a->http, errbuf, errlen)) !=
         0) {
         goto fail;
     }

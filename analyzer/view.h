@@ -74,14 +74,21 @@ struct kp_view {
      * message in ctx->err and nothing to free. */
     int (*compute)(struct kp_view_ctx *ctx, struct kp_view_reply *out);
     /* NULL, or whether the request writes (it is then neither answered from nor kept in the
-     * cache). */
+     * cache, and the web API refuses it: a GET never writes). */
     bool (*writes)(const ProtobufCMessage *req);
+    /* Never answered from nor kept in the cache, though it only reads (Diff: the cache checks
+     * one run's version, and a diff reads two runs). */
+    bool uncached;
 };
 
 extern const struct kp_view kp_view_breakdown, kp_view_ops, kp_view_kernels, kp_view_prof,
     kp_view_roofline, kp_view_counters, kp_view_compare, kp_view_hta, kp_view_memory,
     kp_view_distributed;
 extern const struct kp_view kp_view_diff; /* two sides: the other one in its key's opts */
+
+/* For a view without load_rank that reads the rank's rows itself: 0, or KP_ENOTFOUND (an
+ * unknown run or rank, the message in ctx->err, as kp_an_create says it) or KP_EPG. */
+int kp_view_check_rank(struct kp_view_ctx *ctx);
 
 /* Every view, in the order of the Analyzer service in proto/kprof.proto. */
 extern const struct kp_view *const kp_views[];

@@ -6,8 +6,8 @@
  * options in opts). The service checks only the base run's version (state, committed
  * batches) before answering from its cache, and the other run may still be taking batches,
  * so a cached diff could outlive the other side's data: until the service checks a second run,
- * Diff is answered fresh every time (.writes says so). The diff costs two loads, as two
- * Breakdown calls do. */
+ * Diff is answered fresh every time (.uncached says so; it only reads, so the web API serves
+ * it). The diff costs two loads, as two Breakdown calls do. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -96,13 +96,6 @@ static bool diff_key(const ProtobufCMessage *req, size_t max_rows, struct kp_vie
     o.min_delta_ns = r->min_delta_ns;
     o.plugin_compat = r->plugin_compat;
     memcpy(k->opts, &o, sizeof(o));
-    return true;
-}
-
-/* Diff is never answered from the cache (the file's comment says why). */
-static bool diff_uncached(const ProtobufCMessage *req)
-{
-    (void) req;
     return true;
 }
 
@@ -329,5 +322,5 @@ const struct kp_view kp_view_diff = {
     .load_rank = true,
     .key = diff_key,
     .compute = diff_compute,
-    .writes = diff_uncached,
+    .uncached = true,
 };

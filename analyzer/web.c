@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -32,6 +33,7 @@
 #include "kprof.pb-c.h"
 #include "service.h"
 #include "view.h"
+#include "web_static.h"
 
 #define REPLY_MAX    (256u << 20) /* the largest JSON reply built */
 #define TLS_FILE_MAX (1u << 20)
@@ -96,6 +98,14 @@ unsigned kp_web_http_of_grpc(grpc_status_code c)
     }
 }
 
+void kp_web_add_security_headers(struct MHD_Response *r)
+{
+    MHD_add_response_header(r, "Content-Security-Policy", KP_WEB_CSP);
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "X-Frame-Options", "DENY");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+}
+
 enum MHD_Result kp_web_send_body(struct MHD_Connection *c, unsigned status, const char *type,
                                  const char *body, size_t len, const char *retry_after,
                                  const char *cookie)
@@ -108,7 +118,7 @@ enum MHD_Result kp_web_send_body(struct MHD_Connection *c, unsigned status, cons
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    kp_web_add_security_headers(r);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     if (retry_after != NULL) {
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, retry_after);
@@ -397,11 +407,17 @@ static void append_run(struct kp_strbuf *sb, PGresult *r, int i)
     append_enum(sb, &kprof__v1__run_state__descriptor, atoi(PQgetvalue(r, i, 3)));
     kp_strbuf_append_str(sb, ",\"source\":");
     append_enum(sb, &kprof__v1__run_source__descriptor, atoi(PQgetvalue(r, i, 4)));
-    kp_strbuf_appendf(sb,
-                      ",\"world_size\":%s,\"created_ns\":%s,\"ended_ns\":%s,\"batches\":%s,"
-                      "\"ranks\":%s,\"hosts\":%s}",
-                      PQgetvalue(r, i, 5), PQgetvalue(r, i, 6),
-                      PQgetisnull(r, i, 7) ? "null" : PQgetvalue(r, i, 7), PQgetvalue(r, i, 8),
+    /* the times as every view's int64 (kp_pbjson): past 2^53, strings a browser reads exactly */
+    kp_strbuf_appendf(sb, ",\"world_size\":%s,\"created_ns\":", PQgetvalue(r, i, 5));
+    kp_pbjson_write_i64(sb, kp_pg_i64(r, i, 6, 0));
+    kp_strbuf_append_str(sb, ",\"ended_ns\":");
+    if (PQgetisnull(r, i, 7)) {
+        kp_strbuf_append_str(sb, "null");
+    }
+    else {
+        kp_pbjson_write_i64(sb, kp_pg_i64(r, i, 7, 0));
+    }
+    kp_strbuf_appendf(sb, ",\"batches\":%s,\"ranks\":%s,\"hosts\":%s}", PQgetvalue(r, i, 8),
                       PQgetvalue(r, i, 9), PQgetvalue(r, i, 10));
 }
 
@@ -582,6 +598,46 @@ static uint64_t parse_run(const char **p, char *err, size_t len)
     return v;
 }
 
+/* A file of the UI (web_static.h): no credential (the files hold no data, and the sign-in
+ * page must load), revalidated by ETag on each load (Cache-Control: no-cache), so an upgraded
+ * analyzer's pages are never mixed with a cached older module. */
+static enum MHD_Result serve_static(struct kp_web *w, struct MHD_Connection *c, const char *method,
+                                    const char *path)
+{
+    const struct kp_web_file *f;
+    const char *inm;
+    struct MHD_Response *r;
+    enum MHD_Result ok;
+    bool not_modified;
+
+    if (w->files == NULL) {
+        return kp_web_send_error(c, 404,
+                                 "this analyzer serves the API only (its web UI's files were not "
+                                 "found at start: give --web-root)");
+    }
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        return kp_web_send_error(c, 405, "only GET is served here");
+    }
+    if ((f = kp_web_static_find(w->files, path)) == NULL) {
+        return kp_web_send_error(c, 404, "no such page or file: kprof's pages start at /");
+    }
+    inm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
+    /* A list of ETags, weak ones (W/"...") included, or "*" (RFC 9110 13.1.2). */
+    not_modified = inm != NULL && (strcmp(inm, "*") == 0 || strstr(inm, f->etag) != NULL);
+    r = MHD_create_response_from_buffer(not_modified ? 0 : f->len, not_modified ? NULL : f->data,
+                                        MHD_RESPMEM_PERSISTENT);
+    if (r == NULL) {
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, f->type);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_ETAG, f->etag);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    kp_web_add_security_headers(r);
+    ok = MHD_queue_response(c, not_modified ? 304 : 200, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
 static enum MHD_Result route(struct kp_web *w, struct MHD_Connection *c, const char *method,
                              struct req *rq)
 {
@@ -600,6 +656,9 @@ static enum MHD_Result route(struct kp_web *w, struct MHD_Connection *c, const c
     }
     if (strcmp(path, PREFIX "/session") == 0) {
         return kp_web_serve_session(w, c, method, rq);
+    }
+    if (strcmp(path, PREFIX) != 0 && strncmp(path, PREFIX "/", strlen(PREFIX "/")) != 0) {
+        return serve_static(w, c, method, path);
     }
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
         return kp_web_send_error(c, 405,
@@ -804,6 +863,62 @@ static char *read_pem(const char *path, bool secret, char *errbuf, size_t errlen
     return buf;
 }
 
+/* The installed UI's directory, from where this executable is (KPROF_WEB_ROOT_FROM_BIN, as
+ * kprof-run finds its library): the packages are built from a tree of any prefix and install
+ * under /usr, so a path compiled in from the tree's prefix would miss them. joined gets the
+ * path before resolution, for messages. Returns 0 with the resolved path in out (PATH_MAX). */
+static int installed_root(char *out, char *joined, size_t jlen)
+{
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    char *slash;
+
+    snprintf(joined, jlen, "<this executable's directory>/%s", KPROF_WEB_ROOT_FROM_BIN);
+    if (n <= 0) {
+        return -1;
+    }
+    exe[n] = '\0';
+    if ((slash = strrchr(exe, '/')) == NULL) {
+        return -1;
+    }
+    *slash = '\0';
+    snprintf(joined, jlen, "%s/%s", exe, KPROF_WEB_ROOT_FROM_BIN);
+    return realpath(joined, out) != NULL ? 0 : -1;
+}
+
+/* The UI's files: --web-root's (which must hold them), else the installed ones if present (an
+ * analyzer built from source and run without --web-root serves the API only, and says so). */
+static int load_files(struct kp_web *w, const char *root, char *errbuf, size_t errlen)
+{
+    char installed[PATH_MAX], joined[PATH_MAX + 64], index[PATH_MAX + 16];
+    bool given = root != NULL && root[0] != '\0';
+    size_t n, bytes;
+    int rc;
+
+    if (!given) {
+        bool found = installed_root(installed, joined, sizeof(joined)) == 0;
+
+        if (found) {
+            snprintf(index, sizeof(index), "%s/index.html", installed);
+            found = access(index, R_OK) == 0;
+        }
+        if (!found) {
+            kp_log_warn("the web UI's files are not in %s (the kprof-analyzer package installs "
+                        "them in /usr/share/kprof/web): serving the API only; give --web-root "
+                        "DIR to serve the UI",
+                        joined);
+            return 0;
+        }
+        root = installed;
+    }
+    if ((rc = kp_web_static_load(root, &w->files, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    n = kp_web_static_count(w->files, &bytes);
+    kp_log_info("serving the web UI root=%s files=%zu bytes=%zu", root, n, bytes);
+    return 0;
+}
+
 int kp_web_create(struct kp_analyzer *a, const char *listen, struct kp_web **out, char *errbuf,
                   size_t errlen)
 {
@@ -814,7 +929,7 @@ int kp_web_create(struct kp_analyzer *a, const char *listen, struct kp_web **out
     struct kp_web *w;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_POLL | MHD_USE_ERROR_LOG;
-    int fd, port = 0;
+    int fd, port = 0, rc;
 
     *out = NULL;
     if (strncmp(listen, "unix:", 5) == 0) {
@@ -865,6 +980,11 @@ int kp_web_create(struct kp_analyzer *a, const char *listen, struct kp_web **out
         return fd;
     }
     w->port = port;
+    if ((rc = load_files(w, cfg->web_root, errbuf, errlen)) != 0) {
+        close(fd);
+        kp_web_destroy(w);
+        return rc;
+    }
     if (w->tls) {
         flags |= MHD_USE_TLS;
     }
@@ -916,6 +1036,7 @@ void kp_web_destroy(struct kp_web *w)
         explicit_bzero(w->sessions, KP_WEB_SESSIONS * sizeof(*w->sessions));
     }
     free(w->sessions);
+    kp_web_static_free(w->files);
     pthread_cond_destroy(&w->exports_done);
     pthread_mutex_destroy(&w->mu);
     free(w);

@@ -193,7 +193,7 @@ enum MHD_Result kp_web_serve_export(struct kp_web *w, struct MHD_Connection *c, 
              run, rank, gz ? ".gz" : "");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, gz ? "application/gzip" : JSON_TYPE);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_DISPOSITION, name);
-    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    kp_web_add_security_headers(r);
     ok = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r);
     return ok;

@@ -24,6 +24,12 @@
 #define TOKEN_MAX        300
 #define PREFIX           "/api/v1"
 #define JSON_TYPE        "application/json"
+/* Every answer's Content-Security-Policy: the pages are same-origin modules and stylesheets
+ * only (no inline script or style attribute, no eval, no frames), and reach only this origin. */
+#define KP_WEB_CSP                                                                          \
+    "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; script-src 'self'; " \
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "          \
+    "frame-ancestors 'none'"
 
 struct session {
     char id[SESSION_ID_BYTES * 2 + 1]; /* "" when free */
@@ -41,7 +47,8 @@ struct kp_web {
 
     pthread_mutex_t mu; /* sessions, exports */
     pthread_cond_t exports_done;
-    struct session *sessions; /* KP_WEB_SESSIONS */
+    struct session *sessions;    /* KP_WEB_SESSIONS */
+    struct kp_web_static *files; /* the UI's files (web_static.h); NULL: the API only */
     int exports, max_exports;
 };
 
@@ -57,6 +64,9 @@ struct req {
 enum MHD_Result kp_web_send_body(struct MHD_Connection *c, unsigned status, const char *type,
                                  const char *body, size_t len, const char *retry_after,
                                  const char *cookie);
+
+/* The headers every answer carries: KP_WEB_CSP, nosniff, no framing, no referrer. */
+void kp_web_add_security_headers(struct MHD_Response *r);
 
 /* {"error": {"code": status, "status": "NOT_FOUND", "message": msg}} with status (429 and 503
  * with Retry-After). */

@@ -262,8 +262,8 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
         goto fail;
     }
     snprintf(grpc, sizeof(grpc), "127.0.0.1:%d", kp_collectord_port(d));
-    if ((rc = kp_daemon_ready_write(cfg->base.ready_file, "grpc", grpc, d->http, errbuf, errlen)) !=
-        0) {
+    if ((rc = kp_daemon_ready_write(cfg->base.ready_file, &(struct kp_ready_entry){ "grpc", grpc },
+                                    1, d->http, errbuf, errlen)) != 0) {
         goto fail;
     }
     kp_log_info("serving grpc=%s port=%d http_port=%d", cfg->base.listen, kp_collectord_port(d),

@@ -690,8 +690,9 @@ int kp_sinkd_create(const struct kp_collectord_config *cfg, struct kp_sinkd **ou
                                    errbuf, errlen)) != 0) {
         goto fail;
     }
-    if ((rc = kp_daemon_ready_write(cfg->base.ready_file, "role", "sink", d->http, errbuf,
-                                    errlen)) != 0) {
+    if ((rc =
+             kp_daemon_ready_write(cfg->base.ready_file, &(struct kp_ready_entry){ "role", "sink" },
+                                   1, d->http, errbuf, errlen)) != 0) {
         goto fail;
     }
     kp_log_info("consuming topic=%s group=%s brokers=%s http_port=%d", cfg->kafka_topic,

@@ -186,18 +186,22 @@ int kp_daemon_http_start(const char *listen, const char *metrics_token_file,
     return rc;
 }
 
-int kp_daemon_ready_write(const char *ready_file, const char *key, const char *value,
+int kp_daemon_ready_write(const char *ready_file, const struct kp_ready_entry *e, size_t n,
                           const struct kp_http *http, char *errbuf, size_t errlen)
 {
     char addr[32];
-    struct kp_ready_entry e[] = { { key, value }, { "http", NULL } };
+    struct kp_ready_entry all[KP_DAEMON_READY_MAX + 1];
+    size_t k = 0;
     int rc;
 
+    for (size_t i = 0; i < n && i < KP_DAEMON_READY_MAX; i++) {
+        all[k++] = e[i];
+    }
     if (http != NULL) {
         snprintf(addr, sizeof(addr), "127.0.0.1:%d", kp_http_port(http));
-        e[1].value = addr;
+        all[k++] = (struct kp_ready_entry){ "http", addr };
     }
-    if ((rc = kp_ready_file_write(ready_file, e, 2, errbuf, errlen)) != 0) {
+    if ((rc = kp_ready_file_write(ready_file, all, k, errbuf, errlen)) != 0) {
         return rc;
     }
     if ((rc = kp_daemon_notify("READY=1\nSTATUS=serving")) != 0) {

@@ -16,6 +16,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "kp_ready.h"
+
 struct kp_http;
 struct kp_http_handlers;
 
@@ -149,11 +151,13 @@ int kp_daemon_http_start(const char *listen, const char *metrics_token_file,
                          const struct kp_http_handlers *h, void *ud, struct kp_http **out,
                          char *errbuf, size_t errlen);
 
-/* Writes ready_file (kp_ready_file_write; NULL or "": nothing) with key=value and, when http
- * is not NULL, http=127.0.0.1:<its port>, then tells systemd the daemon is serving
- * (kp_daemon_notify "READY=1"; a failure there is logged, not returned). Every daemon calls it
- * once, when it serves. Returns 0 or kp_ready_file_write's code and message. */
-int kp_daemon_ready_write(const char *ready_file, const char *key, const char *value,
+/* Writes ready_file (kp_ready_file_write; NULL or "": nothing) with the n entries of e (at most
+ * KP_DAEMON_READY_MAX; an entry with a NULL value is left out) and, when http is not NULL,
+ * http=127.0.0.1:<its port>, then tells systemd the daemon is serving (kp_daemon_notify
+ * "READY=1"; a failure there is logged, not returned). Every daemon calls it once, when it
+ * serves. Returns 0 or kp_ready_file_write's code and message. */
+#define KP_DAEMON_READY_MAX 4
+int kp_daemon_ready_write(const char *ready_file, const struct kp_ready_entry *e, size_t n,
                           const struct kp_http *http, char *errbuf, size_t errlen);
 
 /*

@@ -17,7 +17,15 @@ pkgs=(
   umoci # deploy/image/build.sh and it.test_image: the OCI image from the .debs (mmdebstrap above)
   # it.test_helm: renders helm/kprof (Go text/template + sprig), checks it with Kubernetes' models
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev python3-kubernetes python3-jsonschema python3-yaml
+  # it.test_web_ui: the web UI in Debian's headless Chromium (fonts for its screenshots),
+  # driven by playwright-core from npm (tests/browser, below)
+  chromium fonts-dejavu-core fonts-liberation
 )
+# Node.js 20 or later with npm runs the browser test's driver; the machine's own is used when
+# there is one (Debian 12's nodejs is 18, too old for playwright-core).
+if ! command -v npm >/dev/null; then
+  pkgs+=(nodejs npm)
+fi
 
 sudo_cmd=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -40,3 +48,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 # Debian's postgresql package may start a cluster of its own on 5432; kprof's stack and tests
 # use their own data directories and ports and leave it alone.
+# The browser test's driver: playwright-core at the version tests/browser/package-lock.json
+# pins, from the npm registry (no browser download: it drives /usr/bin/chromium).
+here=$(cd "$(dirname "$0")" && pwd)
+browser=$here/../../tests/browser
+if [ ! -f "$browser/node_modules/.package-lock.json" ] ||
+  [ "$browser/package-lock.json" -nt "$browser/node_modules/.package-lock.json" ]; then
+  echo "install-deps: npm ci in tests/browser"
+  (cd "$browser" && npm ci --no-audit --no-fund --loglevel=error)
+fi

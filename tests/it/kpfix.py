@@ -206,6 +206,7 @@ class Daemon:
         assert self.proc.poll() is None, self.log_text()
         addrs = dict(l.strip().split("=", 1) for l in open(ready) if "=" in l)
         self.grpc, self.http = addrs.get("grpc"), addrs["http"]
+        self.web = addrs.get("web")  # the analyzer with --web-listen
 
     def get(self, path, headers=None):
         """(status, body), or (None, why) when the request got no answer; the answer's
@@ -273,6 +274,7 @@ class Collectord:
         addrs = dict(l.strip().split("=", 1) for l in open(self.ready) if "=" in l)
         self.grpc = addrs["grpc"]
         self.http = addrs.get("http")
+        self.web = addrs.get("web")  # the analyzer with --web-listen
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc.poll() is None:

@@ -134,6 +134,7 @@ VARIANTS = {
                                 "limits": {"cpu": "500m", "memory": "256Mi"}}},
         "dashboard": {"namespace": "monitoring"},
         "collectord": {"extraConfig": {"queue-max-bytes": "512MiB"}},
+        "analyzer": {"web": {"enabled": False}},
     },
 }
 # Secrets a variant names as existing (not rendered).
@@ -283,6 +284,14 @@ def check_ports(docs, what, vals):
             grpc = port_of(c["listen"])
             assert ports["grpc"] == grpc == vals[comp]["grpcPort"], (comp, ports, grpc)
             assert sports["grpc"] == (grpc, "grpc"), (comp, sports)
+        if comp == "analyzer":
+            web = vals[comp].get("web", {"enabled": True, "port": 7080})
+            if web["enabled"]:
+                assert port_of(c["web-listen"]) == ports["web"] == web["port"], (what, c, ports)
+                assert sports["web"] == (web["port"], "web"), (what, sports)
+            else:
+                assert "web-listen" not in c and "web" not in ports and "web" not in sports, \
+                    (what, c, ports, sports)
         sel = svc["spec"]["selector"]
         labels = wl["spec"]["template"]["metadata"]["labels"]
         assert all(labels.get(k) == v for k, v in sel.items()), (comp, sel, labels)
@@ -563,7 +572,7 @@ def check_daemons_start(name, values, provided):
     mounts = {c: run_pod_init(docs, specs[c], "install" if c == "agent" else "secrets",
                               "%s-%s" % (name, c), provided)[0] for c in specs}
     sec = {c: mounts[c]["/run/kprof-secrets"] for c in specs}
-    ports = {n: kpfix.free_port() for n in ("cg", "ch", "ag", "ah", "h")}
+    ports = {n: kpfix.free_port() for n in ("cg", "ch", "ag", "ah", "aw", "h")}
     base = os.path.join(WORK, name)
     etc = os.path.join(base, "etc")
     os.makedirs(etc)
@@ -576,6 +585,7 @@ def check_daemons_start(name, values, provided):
                             "host=%s port=%s" % (pg["host"], pg["port"]))
         for old, new in (("0.0.0.0:7070", ports["cg"]), ("0.0.0.0:7071", ports["ch"]),
                          ("0.0.0.0:7072", ports["ag"]), ("0.0.0.0:7073", ports["ah"]),
+                         ("0.0.0.0:7080", ports["aw"]),
                          ("0.0.0.0:7074", ports["h"]),
                          ("%s-collectord.%s.svc:7070" % (FULL, NS), ports["cg"])):
             text = text.replace(old, "127.0.0.1:%d" % new)

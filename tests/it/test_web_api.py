@@ -23,6 +23,11 @@ rank; test_distributed_nccl: two ranks). Then:
     SameSite=Strict cookie that reads, DELETE ends it (then 401);
   - with TLS (--tls-cert/--tls-key): the API is served over https and the cookie is Secure;
     plaintext --web-listen on a non-loopback address is refused at start;
+  - the web UI's files (--web-root): served without a credential from memory (index.html at /,
+    modules as text/javascript, ETag and 304), every answer (files, API, errors) with the
+    Content-Security-Policy and no-framing headers; traversal (.., %2e%2e, %2f, a symlink in
+    the root) finds nothing; --web-root without --web-listen, a missing root or one without
+    index.html are refused at start with what to give;
   - SIGTERM: the daemons exit 0.
 """
 import gzip
@@ -199,6 +204,9 @@ def check_views(web, stub, an, mem_run, dist_run):
              late_pct=3, excess_pct=5, step_pct=50))),
         ("distributed", "Distributed", "", pb.DistributedRequest(run_id=dist_run)),
         ("kernels", "Kernels", "rank=1", pb.KernelsRequest(run_id=dist_run, rank=1)),
+        # Diff only reads (it is never cached, but a GET serves it)
+        ("diff", "Diff", "rank=0&other_run_id=%d&other_rank=1" % dist_run,
+         pb.DiffRequest(run_id=dist_run, rank=0, other_run_id=dist_run, other_rank=1)),
     ]
     for view, method, q, req in cases:
         got = web.json("/api/v1/runs/%d/views/%s%s" % (req.run_id, view, "?" + q if q else ""))
@@ -207,6 +215,9 @@ def check_views(web, stub, an, mem_run, dist_run):
         want.cached = False
         same(dict(got, cached=False), want, method)
         print("%s?%s: the API's JSON is the gRPC reply (%d fields)" % (view, q, len(got)))
+    # a diff is computed afresh each time (docs/cli.md): never a hit
+    again = web.json("/api/v1/runs/%d/views/diff?rank=0&other_rank=1" % dist_run)
+    assert again["cached"] is False and again["other_side"]["rank"] == 1, again
     # The cache is the gRPC method's: a repeated request is a hit, and says so.
     before = an.metrics()
     again = web.json("/api/v1/runs/%d/views/ops?rank=0" % mem_run)
@@ -241,7 +252,8 @@ def check_runs(web, mem_run, dist_run):
     d = byid[dist_run]
     assert d["ranks"] == [0, 1] and d["world_size"] == 2, d
     assert d["state"].startswith("RUN_STATE_") and d["source"] == "RUN_SOURCE_IMPORT", d
-    assert d["job"] == "web-test_distributed_nccl" and isinstance(d["created_ns"], int), d
+    assert d["job"] == "web-test_distributed_nccl" and isinstance(d["created_ns"], str), d
+    assert int(d["created_ns"]) > 2 ** 53, d  # past 2^53: a string, as every view's int64
     assert byid[mem_run]["ranks"] == [0], byid[mem_run]
     one = web.json("/api/v1/runs?job=web-test_memory_view")["runs"]
     assert [r["id"] for r in one] == [mem_run], one
@@ -312,9 +324,11 @@ def check_auth(ci, tmp):
     ])
     port = kpfix.free_port()
     an = kpfix.Analyzer("it_web_auth", ci, extra=[
-        "--no-allow-anonymous", "--auth-tokens", tokens, "--web-listen", "127.0.0.1:%d" % port])
+        "--no-allow-anonymous", "--auth-tokens", tokens, "--web-listen", "127.0.0.1:%d" % port,
+        "--web-root", WEB_ROOT])
     try:
         web = Web(port)
+        check_static(ci, tmp, web, "viewer-token-0123456789ab")
         e = web.error("/api/v1/runs", 401, "Bearer")
         assert "token" in e["message"], e
         web.error("/api/v1/runs", 401, headers={"Authorization": "Bearer wrong-token-0123456789"})
@@ -352,6 +366,106 @@ def check_auth(ci, tmp):
     finally:
         rc = an.stop()
     assert rc == 0, rc
+
+
+WEB_ROOT = os.path.join(os.environ.get("KPROF_SOURCE_DIR", "."), "web")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; "
+                               "style-src 'self'; script-src 'self'; connect-src 'self'; "
+                               "object-src 'none'; base-uri 'none'; form-action 'self'; "
+                               "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def secure_headers(h, what):
+    for k, v in SECURITY_HEADERS.items():
+        assert h[k] == v, (what, k, h[k])
+
+
+def check_static(ci, tmp, web, viewer):
+    """The UI's files on an analyzer with tokens (web: its client, viewer: a token)."""
+    with open(os.path.join(WEB_ROOT, "index.html"), "rb") as f:
+        index = f.read()
+    st, h, body = web.get("/")
+    assert st == 200 and body == index, (st, body[:200])
+    assert h["Content-Type"] == "text/html; charset=utf-8", h
+    assert h["Cache-Control"] == "no-cache" and h["ETag"].startswith('"'), h
+    secure_headers(h, "/")
+    for path, ctype in (("/js/main.js", "text/javascript; charset=utf-8"),
+                        ("/css/kprof.css", "text/css; charset=utf-8"),
+                        ("/vendor/uplot/uPlot.esm.js", "text/javascript; charset=utf-8"),
+                        ("/vendor/uplot/LICENSE", "text/plain; charset=utf-8")):
+        st, h, body = web.get(path)
+        with open(os.path.join(WEB_ROOT, path[1:]), "rb") as f:
+            assert st == 200 and body == f.read(), (path, st)
+        assert h["Content-Type"] == ctype, (path, h["Content-Type"])
+        for inm in (h["ETag"], "*", '"0000000000000000", W/' + h["ETag"]):
+            st2, h2, body2 = web.get(path, {"If-None-Match": inm})
+            assert st2 == 304 and body2 == b"" and h2["ETag"] == h["ETag"], (path, inm, st2)
+            secure_headers(h2, path + " 304")
+        st2, _, body2 = web.get(path, {"If-None-Match": '"0000000000000000"'})
+        assert st2 == 200 and len(body2) == len(body), (path, st2)
+        st3, h3, body3 = web.request("HEAD", path)
+        assert st3 == 200 and body3 == b"" and h3["ETag"] == h["ETag"], (path, st3)
+    # API answers and errors carry the same headers
+    for path, hdr, status in (("/api/v1/runs", {"Authorization": "Bearer " + viewer}, 200),
+                              ("/api/v1/runs", {}, 401), ("/nope.js", {}, 404)):
+        st, h, _ = web.get(path, hdr)
+        assert st == status, (path, st)
+        secure_headers(h, path)
+    # nothing outside the tree, however it is spelled
+    for path in ("/../index.html", "/js/../../etc/passwd", "/%2e%2e/etc/passwd",
+                 "/js%2f..%2f..%2fetc%2fpasswd", "/js/main.js%00.html", "/.hidden",
+                 "/js/", "/api/v1"):
+        st, _, body = web.get(path)
+        assert st in (400, 404), (path, st, body[:200])
+        if st != 400 or body:
+            assert json.loads(body)["error"]["code"] == st, (path, body)
+    web.error("/js/main.js", 405, method="POST", body=b"x")
+    print("static: the UI's files without a credential, types, ETag/304, HEAD; CSP and "
+          "no-framing on files, API and errors; traversal finds nothing")
+
+
+def check_static_start(ci, tmp):
+    """--web-root's refusals at start, and a symlink in the root is not followed."""
+    base = [ANALYZER, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--plaintext",
+            "--allow-anonymous", "--pg-conninfo", ci]
+    p = run(base + ["--web-root", WEB_ROOT], "--web-root alone", rc=1)
+    assert "--web-root is served on --web-listen: give both" in p.stderr, p.stderr
+    missing = os.path.join(tmp, "no-such-root")
+    p = run(base + ["--web-listen", "127.0.0.1:0", "--web-root", missing], "missing root", rc=1)
+    assert "--web-root %s: No such file or directory" % missing in p.stderr, p.stderr
+    assert "web/ in the source tree" in p.stderr, p.stderr
+    root = os.path.join(tmp, "root")
+    os.makedirs(os.path.join(root, "js"))
+    with open(os.path.join(root, "js", "a.js"), "w") as f:
+        f.write("export const a = 1;\n")
+    p = run(base + ["--web-listen", "127.0.0.1:0", "--web-root", root], "no index.html", rc=1)
+    assert "has no index.html" in p.stderr, p.stderr
+    with open(os.path.join(root, "index.html"), "w") as f:
+        f.write("<!doctype html><title>t</title>\n")
+    secret = os.path.join(tmp, "secret.txt")
+    with open(secret, "w") as f:
+        f.write("not for the web\n")
+    os.symlink(secret, os.path.join(root, "secret.txt"))
+    os.symlink(os.path.dirname(secret), os.path.join(root, "up"))
+    os.mkfifo(os.path.join(root, "pipe"))  # skipped: reading it would block the start
+    port = kpfix.free_port()
+    an = kpfix.Analyzer("it_web_root", ci, extra=["--web-listen", "127.0.0.1:%d" % port,
+                                                  "--web-root", root])
+    try:
+        web = Web(port)
+        assert web.get("/")[0] == 200 and web.get("/js/a.js")[0] == 200
+        for path in ("/secret.txt", "/up/secret.txt", "/pipe"):
+            assert web.get(path)[0] == 404, path
+    finally:
+        rc = an.stop()
+    assert rc == 0, rc
+    print("static start: --web-root alone, a missing root, no index.html refused; symlinks and "
+          "a FIFO in the root are not served")
 
 
 def check_tls(ci, tmp):
@@ -455,6 +569,7 @@ def main():
         ch.close()
         check_busy(ci, mem_run)
         check_auth(ci, tmp)
+        check_static_start(ci, tmp)
         check_tls(ci, tmp)
     finally:
         rc = an.stop()

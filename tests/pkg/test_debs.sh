@@ -42,7 +42,9 @@ declare -A files=(
         lib/systemd/system/kprof-collectord.service usr/share/kprof/migrations/0001_init.sql
         usr/share/doc/kprof-collectord/copyright"
     [kprof-analyzer]="usr/bin/kprof-analyzer etc/kprof/kprof-analyzer.conf
-        lib/systemd/system/kprof-analyzer.service usr/share/doc/kprof-analyzer/copyright"
+        lib/systemd/system/kprof-analyzer.service usr/share/doc/kprof-analyzer/copyright
+        usr/share/kprof/web/index.html usr/share/kprof/web/js/main.js
+        usr/share/kprof/web/vendor/uplot/uPlot.esm.js usr/share/kprof/web/vendor/uplot/LICENSE"
     [kprofctl]="usr/bin/kprofctl usr/bin/kprof-analyze etc/kprof/kprofctl.conf
         usr/share/doc/kprofctl/copyright"
 )

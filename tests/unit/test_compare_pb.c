@@ -1,7 +1,8 @@
 /*
  * kp_compare_pb (analyzer/compare_pb.h): a comparison and an HTA call go through Analyzer.Compare's
  * reply (packed and unpacked, as on the wire) and come back printing the very same JSON with
- * compare.h's writers, NaN (null) and "no last rank" included; a reply whose straggler
+ * compare.h's writers, NaN (null) and "no last rank" included, with the per-step step times
+ * (CompareRank.step_time_ns) of the cells; a reply whose straggler
  * evidence is malformed is refused with -EPROTO.
  */
 #include <errno.h>
@@ -63,6 +64,7 @@ static struct kp_compare_result *sample(void)
     for (int c = 0; c < 6; c++) {
         r->cells[c].present = c != 5;
         r->cells[c].late_ns = c == 4 ? 7.25e6 : 1000.0 / 3.0 * c;
+        r->cells[c].step_ns = 21500000 + 1000 * c;
     }
     for (int j = 0; j < 2; j++) {
         struct kp_compare_step *s = &r->steps[j];
@@ -160,7 +162,24 @@ static void test_round_trip(void **state)
     assert_int_equal(m->stragglers[0]->cause, KPROF__V1__COMPARE_CAUSE__COMPARE_CAUSE_HOST);
     assert_int_equal(m->stragglers[0]->n_evidence, KP_COMPARE_CAUSE_COUNT);
     assert_true(m->stragglers[0]->evidence[1]->median_ns == 4.773e6 + 1 - 3.17e6 / 2);
+    /* the step-time map: per rank, per step, NaN where the rank lacks the step */
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(m->ranks[i]->n_step_time_ns, 2);
+        for (size_t j = 0; j < 2; j++) {
+            size_t c = i * 2 + j;
+
+            if (c == 5) {
+                assert_true(isnan(m->ranks[i]->step_time_ns[j]));
+            }
+            else {
+                assert_true(m->ranks[i]->step_time_ns[j] == 21500000.0 + 1000.0 * (double) c);
+            }
+        }
+    }
     assert_int_equal(kp_compare_from_pb(m, &back, err, sizeof(err)), 0);
+    for (size_t c = 0; c < 5; c++) {
+        assert_int_equal(back->cells[c].step_ns, r->cells[c].step_ns);
+    }
     a = json_of(r);
     b = json_of(back);
     assert_string_equal(a, b);

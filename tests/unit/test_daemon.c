@@ -99,13 +99,17 @@ static void test_http_and_ready_file(void **state)
     assert_null(http);
     assert_int_equal(kp_daemon_http_start(NULL, NULL, &h, NULL, &http, err, sizeof(err)), 0);
     assert_null(http);
-    assert_int_equal(kp_daemon_ready_write(path, "grpc", "127.0.0.1:7", NULL, err, sizeof(err)), 0);
+    assert_int_equal(kp_daemon_ready_write(path, &(struct kp_ready_entry){ "grpc", "127.0.0.1:7" },
+                                           1, NULL, err, sizeof(err)),
+                     0);
     assert_string_equal(slurp(path), "grpc=127.0.0.1:7\n");
     assert_int_equal(kp_daemon_http_start("127.0.0.1:0", NULL, &h, NULL, &http, err, sizeof(err)),
                      0);
     assert_non_null(http);
     assert_true(kp_http_port(http) > 0);
-    assert_int_equal(kp_daemon_ready_write(path, "grpc", "127.0.0.1:7", http, err, sizeof(err)), 0);
+    assert_int_equal(kp_daemon_ready_write(path, &(struct kp_ready_entry){ "grpc", "127.0.0.1:7" },
+                                           1, http, err, sizeof(err)),
+                     0);
     snprintf(want, sizeof(want), "grpc=127.0.0.1:7\nhttp=127.0.0.1:%d\n", kp_http_port(http));
     assert_string_equal(slurp(path), want);
     kp_http_destroy(http);
@@ -160,7 +164,9 @@ static void test_notify(void **state)
     assert_int_equal(kp_daemon_notify("READY=1"), 0);
     assert_string_equal(notify_got(fd), "");
     setenv("NOTIFY_SOCKET", path, 1);
-    assert_int_equal(kp_daemon_ready_write(NULL, "grpc", "127.0.0.1:7", NULL, err, sizeof(err)), 0);
+    assert_int_equal(kp_daemon_ready_write(NULL, &(struct kp_ready_entry){ "grpc", "127.0.0.1:7" },
+                                           1, NULL, err, sizeof(err)),
+                     0);
     assert_string_equal(notify_got(fd), "READY=1\nSTATUS=serving");
     assert_int_equal(kp_daemon_notify("STOPPING=1"), 0);
     assert_string_equal(notify_got(fd), "STOPPING=1");
@@ -179,7 +185,9 @@ static void test_notify(void **state)
     /* A socket that is gone: the ready file is still written and the call succeeds. */
     setenv("NOTIFY_SOCKET", path, 1);
     assert_true(kp_daemon_notify("READY=1") < 0);
-    assert_int_equal(kp_daemon_ready_write(NULL, "grpc", "127.0.0.1:7", NULL, err, sizeof(err)), 0);
+    assert_int_equal(kp_daemon_ready_write(NULL, &(struct kp_ready_entry){ "grpc", "127.0.0.1:7" },
+                                           1, NULL, err, sizeof(err)),
+                     0);
     unsetenv("NOTIFY_SOCKET");
     rmdir(dir);
 }
