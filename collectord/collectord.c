@@ -22,6 +22,7 @@
 #include "metrics_text.h"
 #include "sink_kafka.h"
 #include "sink_pg.h"
+#include "summary.h"
 
 struct kp_collectord {
     struct kp_collectord_config cfg; /* borrowed strings: the caller's config outlives us */
@@ -72,6 +73,7 @@ static int metrics(void *ud, struct kp_strbuf *out)
     struct kp_ingest_stats is;
     struct kp_coord_stats cs;
     struct kp_leader_stats ls = { 0 };
+    struct kp_summary_stats sum;
 
     kp_coord_get_stats(d->coord, &cs);
     if (d->leader != NULL) {
@@ -136,6 +138,13 @@ static int metrics(void *ud, struct kp_strbuf *out)
             ls.takeovers);
     COUNTER("coordinator_step_downs_total",
             "Times this replica stopped coordinating (its lock connection failed).", ls.step_downs);
+    kp_summary_get_stats(&sum);
+    COUNTER("compare_summaries_total",
+            "Runs summarised for compare when they ended (collectord/summary.h).", sum.made);
+    COUNTER("compare_summary_failures_total",
+            "Compare summaries that failed (the run is compared from its events).", sum.failed);
+    COUNTER("compare_summary_milliseconds_total", "Time spent making compare summaries.",
+            (uint64_t) (sum.seconds * 1000.0));
     COUNTER("grpc_listener_restarts_total",
             "gRPC listeners restarted after they stopped accepting (out of file descriptors).",
             d->server != NULL ? kp_rpc_server_restarts(d->server) : 0);
