@@ -36,6 +36,7 @@ struct kp_collectord {
     struct kp_rpc_server *server;
     struct kp_http *http;
     struct kp_auth *auth; /* NULL: --allow-anonymous */
+    bool summary;         /* kp_summary_start succeeded: kp_summary_stop */
 };
 
 const char *const kp_collectord_sinks[] = { "postgres", "kafka", NULL };
@@ -236,6 +237,10 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
     }
     /* No captures until the election says this replica coordinates (leader.h). */
     kp_coord_set_role(d->coord, false, "");
+    if ((rc = kp_summary_start(cfg->base.pg_conninfo, errbuf, errlen)) != 0) {
+        goto fail;
+    }
+    d->summary = true;
     if ((rc = kp_control_create(cfg->base.pg_conninfo, d->coord, &d->control, errbuf, errlen)) !=
         0) {
         goto fail;
@@ -320,6 +325,9 @@ void kp_collectord_destroy(struct kp_collectord *d)
     kp_control_destroy(d->control);
     kp_rpc_server_destroy(d->server);
     kp_coord_destroy(d->coord);
+    if (d->summary) { /* after what ends runs: control, coord */
+        kp_summary_stop();
+    }
     kp_ingest_destroy(d->ingest);
     kp_auth_destroy(d->auth);
     free(d);

@@ -13,6 +13,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kp_clock.h"
@@ -20,6 +21,9 @@
 #include "kp_err.h"
 #include "kp_log.h"
 #include "kp_pg.h"
+#include "kp_workq.h"
+
+#define KP_SUMMARY_QUEUE_MAX 4096 /* runs waiting for their summary, at most */
 
 static pthread_mutex_t stats_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct kp_summary_stats stats;
@@ -30,6 +34,12 @@ static struct kp_summary_stats stats;
 static const char lock_sql[] =
     "SELECT r.state, EXISTS (SELECT 1 FROM compare_runs c WHERE c.run_id = r.id AND c.version = "
     "$2) FROM runs r WHERE r.id = $1 FOR NO KEY UPDATE OF r";
+
+/* The event tables' parents, in name order: the order kp_drop_run and kp_create_run_partitions
+ * (which lock them ACCESS EXCLUSIVE) and the sink take them in, so that a run dropped or
+ * created meanwhile waits for the summary instead of deadlocking with it. */
+static const char tables_sql[] = "LOCK TABLE ONLY api_calls, ONLY kernels, ONLY memcpys, ONLY "
+                                 "memsets, ONLY ops, ONLY steps IN ACCESS SHARE MODE";
 
 static const char *const clear_sql[] = {
     "DELETE FROM compare_runs WHERE run_id = $1",  "DELETE FROM compare_sums WHERE run_id = $1",
@@ -119,6 +129,9 @@ static int make_locked(PGconn *c, const char *id, double t0, char *errbuf, size_
     PGresult *r = NULL;
     int rc;
 
+    if ((rc = kp_pg_exec(c, tables_sql, errbuf, errlen)) != 0) {
+        return rc;
+    }
     for (size_t i = 0; i < sizeof(clear_sql) / sizeof(clear_sql[0]); i++) {
         if ((rc = kp_pg_query(c, clear_sql[i], 1, p4, NULL, errbuf, errlen)) != 0) {
             return rc;
@@ -201,7 +214,8 @@ fail:
     return rc;
 }
 
-void kp_summary_after_end(PGconn *c, uint64_t run_id)
+/* Makes run_id's summary on c and says how it went. */
+static void make_logged(PGconn *c, uint64_t run_id)
 {
     char err[512] = "";
     double secs;
@@ -214,6 +228,138 @@ void kp_summary_after_end(PGconn *c, uint64_t run_id)
     }
     else if (secs >= 0) {
         kp_log_info("compare summary made run=%" PRIu64 " seconds=%.3f", run_id, secs);
+    }
+}
+
+/* The summariser (kp_summary_start). */
+struct summariser {
+    char *conninfo;
+    PGconn *pg; /* the worker's */
+    struct kp_workq *q;
+    struct kp_complain pg_complain;
+};
+
+/* The summariser, shared by the collectords of the process (tests run several): started by
+ * the first kp_summary_start, stopped by the last kp_summary_stop. */
+static pthread_mutex_t the_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct summariser *the;
+static int the_users;
+
+static void failed_one(uint64_t run_id, const char *why)
+{
+    pthread_mutex_lock(&stats_mu);
+    stats.failed++;
+    pthread_mutex_unlock(&stats_mu);
+    kp_log_warn("compare summary failed run=%" PRIu64 " err=\"%s\" (compare reads the run's "
+                "events instead)",
+                run_id, why);
+}
+
+static void run_cb(void *ud, void *state, void *item)
+{
+    struct summariser *s = ud;
+    uint64_t run_id = *(uint64_t *) item;
+    char err[512] = "";
+
+    (void) state;
+    free(item);
+    if (s->pg != NULL && PQstatus(s->pg) != CONNECTION_OK) {
+        PQfinish(s->pg);
+        s->pg = NULL;
+    }
+    if (s->pg == NULL &&
+        kp_pg_connect(s->conninfo, "kprof-collectord-summary", &s->pg, err, sizeof(err)) != 0) {
+        kp_complain(&s->pg_complain, KP_LOG_ERROR, KP_LOG_MODULE,
+                    "PostgreSQL unreachable for compare summaries err=\"%s\"", err);
+        failed_one(run_id, err);
+        return;
+    }
+    kp_release(&s->pg_complain, KP_LOG_MODULE, "PostgreSQL reachable again for compare summaries");
+    make_logged(s->pg, run_id);
+}
+
+static void cancel_cb(void *ud, void *item)
+{
+    (void) ud;
+    failed_one(*(uint64_t *) item, "collectord stopped before it was made");
+    free(item);
+}
+
+int kp_summary_start(const char *conninfo, char *errbuf, size_t errlen)
+{
+    static const struct kp_workq_ops ops = { .run = run_cb, .cancel = cancel_cb };
+    struct kp_workq_opts qo = { .workers = 1, .queue_max = KP_SUMMARY_QUEUE_MAX };
+    struct summariser *s;
+    int rc = 0;
+
+    pthread_mutex_lock(&the_mu);
+    if (the != NULL) {
+        the_users++;
+        goto out;
+    }
+    if ((s = calloc(1, sizeof(*s))) == NULL || (s->conninfo = strdup(conninfo)) == NULL) {
+        free(s);
+        kp_errbuf_set(errbuf, errlen, "out of memory");
+        rc = -ENOMEM;
+        goto out;
+    }
+    if ((rc = kp_workq_create(&qo, &ops, s, &s->q, errbuf, errlen)) != 0) {
+        free(s->conninfo);
+        free(s);
+        goto out;
+    }
+    the = s;
+    the_users = 1;
+out:
+    pthread_mutex_unlock(&the_mu);
+    return rc;
+}
+
+void kp_summary_stop(void)
+{
+    struct summariser *s = NULL;
+
+    pthread_mutex_lock(&the_mu);
+    if (the != NULL && --the_users == 0) {
+        s = the;
+        the = NULL;
+    }
+    pthread_mutex_unlock(&the_mu);
+    if (s == NULL) {
+        return;
+    }
+    kp_workq_destroy(s->q);
+    if (s->pg != NULL) {
+        PQfinish(s->pg);
+    }
+    free(s->conninfo);
+    free(s);
+}
+
+void kp_summary_after_end(PGconn *c, uint64_t run_id)
+{
+    uint64_t *item;
+    int rc;
+
+    pthread_mutex_lock(&the_mu);
+    if (the == NULL) {
+        pthread_mutex_unlock(&the_mu);
+        make_logged(c, run_id);
+        return;
+    }
+    if ((item = malloc(sizeof(*item))) == NULL) {
+        rc = -ENOMEM;
+    }
+    else {
+        *item = run_id;
+        rc = kp_workq_submit(the->q, item); /* (returns at once) */
+    }
+    pthread_mutex_unlock(&the_mu);
+    if (rc != 0) {
+        free(item);
+        failed_one(run_id, rc == -ENOMEM  ? "out of memory"
+                           : rc == -EBUSY ? "too many summaries queued"
+                                          : "collectord is stopping");
     }
 }
 

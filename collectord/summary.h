@@ -10,6 +10,7 @@
 #ifndef KP_SUMMARY_H
 #define KP_SUMMARY_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <libpq-fe.h>
@@ -33,8 +34,26 @@ struct kp_summary_stats {
  */
 int kp_summary_make(PGconn *c, uint64_t run_id, double *secs, char *errbuf, size_t errlen);
 
-/* kp_summary_make for a run that was just ended, on the path that ended it: a failure is
- * logged (once, here) and counted, and never reaches the caller, whose end stands. */
+/*
+ * The summariser: one worker thread with its own PostgreSQL connection (conninfo, copied;
+ * reconnected on demand) that summarises the runs handed to kp_summary_after_end, one at a
+ * time, so that a long summary (seconds at a thousand ranks) holds up neither EndRun nor the
+ * control requests behind it. Process-wide: kp_summary_start once (kprof-collectord), then
+ * kp_summary_stop at shutdown, after whatever calls kp_summary_after_end has stopped.
+ * Returns 0, or a negative code with errbuf.
+ */
+int kp_summary_start(const char *conninfo, char *errbuf, size_t errlen);
+
+/* Stops the summariser: the summary running finishes, the queued ones are dropped (their runs
+ * are compared from the events until an EndRun makes them). Accepts no summariser. */
+void kp_summary_stop(void);
+
+/*
+ * Summarises run_id, which was just ended, on the path that ended it (after EndRun's answer,
+ * after a capture's end): handed to the summariser when one is started (returns at once),
+ * else made here on c (idle, borrowed). A failure (a full queue included) is logged once,
+ * here or on the summariser, and counted; it never reaches the caller, whose end stands.
+ */
 void kp_summary_after_end(PGconn *c, uint64_t run_id);
 
 void kp_summary_get_stats(struct kp_summary_stats *out);
