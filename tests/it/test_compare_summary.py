@@ -202,6 +202,8 @@ def check_stale(cd, rid, db):
 def check_late_batch(cd, rid, db):
     """A batch of the ended run's stream, older than the last one stored (a late one): stored,
     and the summary deleted in its transaction."""
+    end_run(cd, rid, db)  # (a hand-made INSERT above deleted every summary)
+    assert summary_version(rid, db) == VERSION
     # the stream's seq 9 stored (planted), so its seq 5 is one made before the end
     kpfix.psql("INSERT INTO ingest_batches (run_id, rank, stream, seq, rows) VALUES (%d, 0, "
                "987654321, 9, 1)" % rid, db=db)
