@@ -419,7 +419,7 @@ static void run_job(struct kp_control *c, struct job *j)
     rc = kp_pg_retry(pg, repeatable(j->type), j->type == JOB_LIST ? list_request : run_request, j,
                      err, sizeof(err));
     if (rc == 0 && j->type == JOB_END) {
-        /* answered already: the summary costs the next requests' wait, not this one's */
+        /* answered already; the summary is made on the summariser's thread (summary.h) */
         kp_summary_after_end(pg, ((Kprof__V1__EndRunRequest *) j->req)->run_id);
     }
     if (rc == KP_EPG && kp_pg_conn_lost(pg)) {

@@ -519,6 +519,7 @@ static int check_open(struct kp_sink *s, size_t lo, size_t hi)
         }
         if (strtol(PQgetvalue(res, r, 3), NULL, 10) == KPROF__V1__RUN_SOURCE__RUN_SOURCE_CAPTURE &&
             !PQgetisnull(res, r, 4) && b->base_ns <= strtoll(PQgetvalue(res, r, 4), NULL, 10)) {
+            stale = true;
             continue; /* made before the end */
         }
         for (int l = 0; last != NULL && l < PQntuples(last); l++) {

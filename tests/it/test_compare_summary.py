@@ -13,7 +13,8 @@ and PostgreSQL:
   2. A summary does not outlive a change of its events: a hand-made UPDATE, DELETE or INSERT
      of events deletes the summary (compare then reads the events and sees the change), and
      EndRun again makes it anew, equal to the events again. A batch stored into the ended run
-     (a late one of its stream) deletes it in the sink's transaction.
+     (a late one of its stream; a capture agent's spooled one, made before the run failed)
+     deletes it in the sink's transaction.
   3. collectord's /metrics counts the summaries made and failed.
   4. A database of the previous schema (0014's tables, functions and triggers dropped, its
      version row deleted) with ended runs: the analyzer answers compare from the events, the
@@ -226,6 +227,30 @@ def check_late_batch(cd, rid, db):
           "remakes it")
 
 
+def check_spooled_batch(cd, db):
+    """A capture's run ended FAILED while its agent was away, then the agent's spooled batch
+    (made before the end): stored, and the summary deleted in its transaction."""
+    st = kpfix.Stubs(cd.grpc)
+    try:
+        run = st.create(pb.CreateRunRequest(job="spooled", world_size=1,
+                                            source=pb.RUN_SOURCE_CAPTURE), timeout=30)
+        b = pb.Batch(run_id=run.id, rank=0, stream=77, seq=1)
+        b.strings.extend(["", "volta_sgemm_128x64_nn"])
+        b.kernels.start_ns.extend([1000, 2000])
+        b.kernels.dur_ns.extend([500, 600])
+        b.kernels.name.extend([1, 1])
+        b.base_ns = 1_760_000_000_000_000_000
+        assert [r.seq for a in st.push(iter([b]), timeout=30) for r in a.batches] == [1]
+        ended = st.end(pb.EndRunRequest(run_id=run.id, failed=True), timeout=30)
+        kpfix.wait_for(lambda: summary_version(run.id, db) == VERSION, 60, "the summary")
+        b.seq, b.stream, b.base_ns = 1, 78, ended.ended_ns - 5_000_000_000
+        assert [r.seq for a in st.push(iter([b]), timeout=30) for r in a.batches] == [1]
+    finally:
+        st.close()
+    assert summary_version(run.id, db) is None, "summary kept after a spooled batch"
+    print("a capture's spooled batch into its failed run: stored, the summary gone")
+
+
 def check_old_schema(cd_name):
     """A database of the previous schema with ended runs still answers compare."""
     kpfix.fresh_db(DB_OLD)
@@ -278,6 +303,7 @@ def main():
         check_read_from_summary(runs["compute 5"], DB)
         check_stale(cd, runs["both"], DB)
         check_late_batch(cd, runs["data loading 3"], DB)
+        check_spooled_batch(cd, DB)
         log = cd.log_text()
         assert "compare summary made run=%d" % runs["compute 5"] in log, log[-2000:]
         cd.stop()
