@@ -491,6 +491,7 @@ static void reap_open_runs(struct kp_control *c, PGconn *pg, long long now)
         kp_log_warn("run ended as failed run=%s job=\"%s\" reason=\"no live producer stream and "
                     "no batch for %s s\"",
                     PQgetvalue(res, i, 0), PQgetvalue(res, i, 1), secs);
+        kp_summary_after_end(pg, strtoull(PQgetvalue(res, i, 0), NULL, 10));
     }
     PQclear(res);
     kp_strbuf_fini(&q);
