@@ -3,8 +3,10 @@
  * exactly the rows of one of analyzer/compare_load.c's live queries (named at each), with the
  * same name classes (KP_COMPARE_NAME_CLASS_SQL): so the analyzer reads either and computes the
  * same answer. Two passes over the kernels (the sums with the spans, then the NCCL kernels),
- * one over the ops, the API calls, and the copies with the memsets; the rows without a step
- * (imports) take one more pass per table, only where there are such rows.
+ * one over the ops, the API calls, and the copies with the memsets, each a plain SELECT that
+ * PostgreSQL may run in parallel (an INSERT ... SELECT never is), whose rows (a few per rank
+ * and step, and the collectives) are copied back; the rows without a step (imports) take one
+ * more pass per table, server-side, only where there are such rows.
  */
 #define KP_LOG_MODULE "summary"
 #include "summary.h"
@@ -21,6 +23,7 @@
 #include "kp_err.h"
 #include "kp_log.h"
 #include "kp_pg.h"
+#include "kp_strbuf.h"
 #include "kp_workq.h"
 
 #define KP_SUMMARY_QUEUE_MAX 4096 /* runs waiting for their summary, at most */
@@ -47,35 +50,34 @@ static const char *const clear_sql[] = {
     "DELETE FROM compare_spans WHERE run_id = $1", "DELETE FROM compare_ranges WHERE run_id = $1",
 };
 
-/* kern_sql, api_sql and mem_sql in one table (NULL: no row of that table), and span_sql's
- * spans from the kernel sums' groups: one pass over each table. */
+/* The name classes' ids compare filters on: NCCL kernels, synchronising API calls, the ops. */
+static const char classes_sql[] =
+    "SELECT coalesce(array_agg(id) FILTER (WHERE c = 0), '{}'), coalesce(array_agg(id) FILTER "
+    "(WHERE c = 4), '{}'), coalesce(array_agg(id) FILTER (WHERE c IN (1, 2, 3)), '{}') FROM "
+    "(SELECT id, " KP_COMPARE_NAME_CLASS_SQL " AS c FROM names) x";
+
+/* kern_sql, api_sql and mem_sql as one row per (rank, step) (NULL: no row of that table), with
+ * the kernels' first start and last end for span_sql's spans. A plain SELECT, so that
+ * PostgreSQL scans in parallel (an INSERT ... SELECT never does); its few rows are copied
+ * back. */
 static const char sums_sql[] =
-    "WITH " NC ", k AS MATERIALIZED (SELECT rank, step, sum(dur_ns) AS v, min(start_ns) AS lo, "
-    "max(start_ns + dur_ns) AS hi FROM kernels WHERE run_id = $1 GROUP BY rank, step), "
-    "sp AS (INSERT INTO compare_spans (run_id, rank, kmin, kmax) SELECT $1, rank, min(lo), "
-    "max(hi) FROM k GROUP BY rank), "
-    "a AS (SELECT rank, step, coalesce(sum(dur_ns) FILTER (WHERE coalesce(domain, 1) = 1 AND "
-    "NOT coalesce(name IN (SELECT id FROM nc WHERE c = 4), false)), 0) AS v FROM api_calls "
-    "WHERE run_id = $1 GROUP BY rank, step), "
-    "m AS (SELECT rank, step, sum(dur_ns) AS v FROM (SELECT rank, step, dur_ns FROM memcpys "
-    "WHERE run_id = $1 UNION ALL SELECT rank, step, dur_ns FROM memsets WHERE run_id = $1) x "
-    "GROUP BY rank, step) "
-    "INSERT INTO compare_sums (run_id, rank, step, kernel_ns, api_ns, mem_ns) "
-    "SELECT $1, rank, step, sum(kv), sum(av), sum(mv) FROM (SELECT rank, step, v AS kv, "
-    "NULL::numeric AS av, NULL::numeric AS mv FROM k UNION ALL SELECT rank, step, NULL, v, NULL "
-    "FROM a UNION ALL SELECT rank, step, NULL, NULL, v FROM m) u GROUP BY rank, step";
+    "SELECT rank, step, sum(kv), sum(av), sum(mv), min(lo), max(hi) FROM (SELECT rank, step, "
+    "sum(dur_ns) AS kv, NULL::numeric AS av, NULL::numeric AS mv, min(start_ns) AS lo, "
+    "max(start_ns + dur_ns) AS hi FROM kernels WHERE run_id = $1 GROUP BY rank, step "
+    "UNION ALL SELECT rank, step, NULL, coalesce(sum(dur_ns) FILTER (WHERE coalesce(domain, 1) "
+    "= 1 AND NOT coalesce(name = ANY($2::int[]), false)), 0), NULL, NULL, NULL FROM api_calls "
+    "WHERE run_id = $1 GROUP BY rank, step "
+    "UNION ALL SELECT rank, step, NULL, NULL, sum(dur_ns), NULL, NULL FROM (SELECT rank, step, "
+    "dur_ns FROM memcpys WHERE run_id = $1 UNION ALL SELECT rank, step, dur_ns FROM memsets "
+    "WHERE run_id = $1) x GROUP BY rank, step) u GROUP BY rank, step";
 
-/* coll_sql */
-static const char colls_sql[] =
-    "WITH " NC " INSERT INTO compare_colls (run_id, rank, step, start_ns, dur_ns, name) "
-    "SELECT $1, rank, step, start_ns, dur_ns, name FROM kernels WHERE run_id = $1 AND name IN "
-    "(SELECT id FROM nc WHERE c = 0)";
-
-/* ops_sql */
-static const char ops_sql[] =
-    "WITH " NC " INSERT INTO compare_ops (run_id, rank, step, name, start_ns, dur_ns) "
-    "SELECT $1, rank, step, name, start_ns, dur_ns FROM ops WHERE run_id = $1 AND name IN "
-    "(SELECT id FROM nc WHERE c IN (1, 2, 3))";
+/* coll_sql and ops_sql: plain SELECTs too (parallel scans of the run's kernels and ops), their
+ * rows copied back: the NCCL kernels, and the ProfilerStep, data-loading and Gloo ops. As
+ * many rows as compare itself then reads. */
+static const char colls_sql[] = "SELECT rank, step, start_ns, dur_ns, name FROM kernels WHERE "
+                                "run_id = $1 AND name = ANY($2::int[])";
+static const char ops_sql[] = "SELECT rank, step, name, start_ns, dur_ns FROM ops WHERE run_id = "
+                              "$1 AND name = ANY($2::int[])";
 
 /* Which tables have rows without a step (compare_load.c's need[]). */
 static const char need_sql[] =
@@ -121,12 +123,102 @@ static const char ranges_sql[] =
 static const char done_sql[] =
     "INSERT INTO compare_runs (run_id, version, seconds) VALUES ($1, $2, $3)";
 
+static int cmp_span(const void *pa, const void *pb)
+{
+    const int64_t *a = pa, *b = pb;
+
+    return (a[0] > b[0]) - (a[0] < b[0]);
+}
+
+/* sums_sql's rows r into compare_sums and, per rank, compare_spans, by COPY. */
+static int copy_sums(PGconn *c, const char *id, const PGresult *r, char *errbuf, size_t errlen)
+{
+    struct kp_strbuf sb;
+    int n = PQntuples(r), ns = 0, rc = 0;
+    int64_t(*sp)[3] = calloc((size_t) n + 1, sizeof(*sp)); /* rank, first start, last end */
+
+    kp_strbuf_init(&sb, 0);
+    if (sp == NULL) {
+        rc = -ENOMEM;
+    }
+    for (int i = 0; i < n && rc == 0; i++) {
+        rc = kp_strbuf_append_str(&sb, id);
+        for (int f = 0; f < 5 && rc == 0; f++) {
+            rc = kp_strbuf_appendf(&sb, "\t%s", PQgetisnull(r, i, f) ? "\\N" : PQgetvalue(r, i, f));
+        }
+        rc = rc != 0 ? rc : kp_strbuf_putc(&sb, '\n');
+        if (!PQgetisnull(r, i, 5)) {
+            sp[ns][0] = kp_pg_i64(r, i, 0, 0);
+            sp[ns][1] = kp_pg_i64(r, i, 5, 0);
+            sp[ns++][2] = kp_pg_i64(r, i, 6, 0);
+        }
+    }
+    if (rc == 0 && kp_pg_copy_in(c, "compare_sums", "run_id, rank, step, kernel_ns, api_ns, mem_ns",
+                                 sb.data != NULL ? sb.data : "", sb.len, errbuf, errlen) < 0) {
+        rc = KP_EPG;
+    }
+    qsort(sp, (size_t) ns, sizeof(*sp), cmp_span);
+    kp_strbuf_reset(&sb);
+    for (int i = 0; i < ns && rc == 0; i++) {
+        if (i + 1 < ns && sp[i + 1][0] == sp[i][0]) { /* the rank's next group */
+            sp[i + 1][1] = sp[i][1] < sp[i + 1][1] ? sp[i][1] : sp[i + 1][1];
+            sp[i + 1][2] = sp[i][2] > sp[i + 1][2] ? sp[i][2] : sp[i + 1][2];
+            continue;
+        }
+        rc = kp_strbuf_appendf(&sb, "%s\t%" PRId64 "\t%" PRId64 "\t%" PRId64 "\n", id, sp[i][0],
+                               sp[i][1], sp[i][2]);
+    }
+    if (rc == 0 && ns > 0 &&
+        kp_pg_copy_in(c, "compare_spans", "run_id, rank, kmin, kmax", sb.data, sb.len, errbuf,
+                      errlen) < 0) {
+        rc = KP_EPG;
+    }
+    if (rc == -ENOMEM) {
+        kp_errbuf_set(errbuf, errlen, "out of memory");
+    }
+    kp_strbuf_fini(&sb);
+    free(sp);
+    return rc;
+}
+
+/* The rows of select (params: the run id, then one more) into table's columns, by COPY with
+ * the run id first. */
+static int copy_rows(PGconn *c, const char *select, const char *const *params, const char *table,
+                     const char *columns, char *errbuf, size_t errlen)
+{
+    struct kp_strbuf sb;
+    PGresult *r = NULL;
+    int rc;
+
+    if ((rc = kp_pg_query(c, select, 2, params, &r, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    kp_strbuf_init(&sb, 0);
+    for (int i = 0; i < PQntuples(r) && rc == 0; i++) {
+        rc = kp_strbuf_append_str(&sb, params[0]);
+        for (int f = 0; f < PQnfields(r) && rc == 0; f++) {
+            rc = kp_strbuf_appendf(&sb, "\t%s", PQgetisnull(r, i, f) ? "\\N" : PQgetvalue(r, i, f));
+        }
+        rc = rc != 0 ? rc : kp_strbuf_putc(&sb, '\n');
+    }
+    PQclear(r);
+    if (rc != 0) {
+        kp_errbuf_set(errbuf, errlen, "out of memory");
+        rc = -ENOMEM;
+    }
+    else if (sb.len > 0 && kp_pg_copy_in(c, table, columns, sb.data, sb.len, errbuf, errlen) < 0) {
+        rc = KP_EPG;
+    }
+    kp_strbuf_fini(&sb);
+    return rc;
+}
+
 /* The statements after the lock; returns 0, or the code of the statement that failed. */
 static int make_locked(PGconn *c, const char *id, double t0, char *errbuf, size_t errlen)
 {
     const char *p4[4] = { id, NULL, NULL, NULL };
     char version[16], secs[32];
-    PGresult *r = NULL;
+    PGresult *r = NULL, *sums = NULL;
     int rc;
 
     if ((rc = kp_pg_exec(c, tables_sql, errbuf, errlen)) != 0) {
@@ -137,10 +229,27 @@ static int make_locked(PGconn *c, const char *id, double t0, char *errbuf, size_
             return rc;
         }
     }
-    if ((rc = kp_pg_query(c, sums_sql, 1, p4, NULL, errbuf, errlen)) != 0 ||
-        (rc = kp_pg_query(c, colls_sql, 1, p4, NULL, errbuf, errlen)) != 0 ||
-        (rc = kp_pg_query(c, ops_sql, 1, p4, NULL, errbuf, errlen)) != 0 ||
-        (rc = kp_pg_query(c, need_sql, 1, p4, &r, errbuf, errlen)) != 0) {
+    if ((rc = kp_pg_query(c, classes_sql, 0, NULL, &r, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    p4[1] = PQgetvalue(r, 0, 1); /* the sync class */
+    if ((rc = kp_pg_query(c, sums_sql, 2, p4, &sums, errbuf, errlen)) != 0 ||
+        (rc = copy_sums(c, id, sums, errbuf, errlen)) != 0) {
+        PQclear(sums);
+        PQclear(r);
+        return rc;
+    }
+    PQclear(sums);
+    p4[1] = PQgetvalue(r, 0, 0); /* the NCCL kernels */
+    rc = copy_rows(c, colls_sql, p4, "compare_colls", "run_id, rank, step, start_ns, dur_ns, name",
+                   errbuf, errlen);
+    p4[1] = PQgetvalue(r, 0, 2); /* the ops' classes */
+    rc = rc != 0 ? rc
+                 : copy_rows(c, ops_sql, p4, "compare_ops",
+                             "run_id, rank, step, name, start_ns, dur_ns", errbuf, errlen);
+    PQclear(r);
+    r = NULL;
+    if (rc != 0 || (rc = kp_pg_query(c, need_sql, 1, p4, &r, errbuf, errlen)) != 0) {
         return rc;
     }
     for (int t = 0; t < 3; t++) {
