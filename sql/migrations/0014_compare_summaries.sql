@@ -81,6 +81,9 @@ CREATE INDEX IF NOT EXISTS compare_ranges_run ON compare_ranges (run_id);
 CREATE OR REPLACE FUNCTION kp_compare_stale_rows() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    -- FOR SHARE waits for a summary being made (it holds the run FOR NO KEY UPDATE), so that
+    -- one made from the rows before this change is deleted once it is committed
+    PERFORM 1 FROM runs WHERE id IN (SELECT DISTINCT run_id FROM changed) FOR SHARE;
     DELETE FROM compare_runs WHERE run_id IN (SELECT DISTINCT run_id FROM changed);
     RETURN NULL;
 END $$;
@@ -89,6 +92,7 @@ CREATE OR REPLACE FUNCTION kp_compare_stale_all() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF current_setting('kprof.sink', true) IS DISTINCT FROM 'on' THEN
+        PERFORM 1 FROM runs WHERE state <> 1 FOR SHARE;
         DELETE FROM compare_runs;
     END IF;
     RETURN NULL;
