@@ -73,6 +73,10 @@ struct cmp_load {
     struct nameset names;
     PGresult *ops, *steps, *kern, *coll, *api, *mem;
     size_t budget;
+    /* read from the run's summary (sql/migrations/0014_compare_summaries.sql), not its
+     * events; ranges: its compare_ranges rows, by rank, start, end, once read */
+    bool summary;
+    PGresult *ranges;
 };
 
 /* Index of x in sorted v[0..n), or -1. */

@@ -5,10 +5,12 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "an.h"
+#include "kp_compare_sql.h"
 #include "kp_err.h"
 #include "kp_pg.h"
 #include "kp_strbuf.h"
@@ -109,13 +111,8 @@ int kp__compare_load_world(PGconn *c, const char *const *params, struct kp_compa
 
 static const char names_sql[] =
     "SELECT id, c, CASE WHEN c = 2 THEN substr(name, 14) WHEN c < 2 AND (name ILIKE '%send%' OR "
-    "name ILIKE '%recv%') THEN 'p2p' END FROM (SELECT id, name, CASE "
-    "WHEN name LIKE 'nccl%Kernel%' THEN 0 WHEN name LIKE 'gloo:%' THEN 1 "
-    "WHEN name LIKE 'ProfilerStep#%' THEN 2 "
-    "WHEN name LIKE 'enumerate(DataPipe)#%' OR (name LIKE 'enumerate(DataLoader)#%' AND "
-    "right(name, 9) = '.__next__') THEN 3 "
-    "WHEN name LIKE 'cuda%Synchronize%' OR name LIKE 'cuda%WaitEvent%' OR name LIKE "
-    "'cuda%Query%' THEN 4 END AS c FROM names) x WHERE c IS NOT NULL ORDER BY id";
+    "name ILIKE '%recv%') THEN 'p2p' END FROM (SELECT id, name, " KP_COMPARE_NAME_CLASS_SQL
+    " AS c FROM names) x WHERE c IS NOT NULL ORDER BY id";
 
 static void nameset_fini(struct nameset *ns)
 {
@@ -261,6 +258,7 @@ void kp__compare_load_fini(struct cmp_load *L)
     PQclear(L->coll);
     PQclear(L->api);
     PQclear(L->mem);
+    PQclear(L->ranges);
 }
 
 /* The event queries, one pass over each table (two over kernels: the sums of every kernel per
@@ -302,6 +300,59 @@ static const char *const range_sql[3] = {
 };
 #undef RANGE_SQL
 
+/*
+ * The same rows from the run's summary, which collectord writes once the run has ended
+ * (collectord/summary.c, with KP_COMPARE_NAME_CLASS_SQL for the classes): each query gives the
+ * columns of its live twin above, so everything after the reading is the same code. The
+ * summary counts only when its compare_runs row has this build's format version.
+ */
+/* (two statements: PostgreSQL resolves a table when it parses, so a database from before
+ * migration 0014 would fail the second one) */
+static const char sum_table_sql[] = "SELECT to_regclass('compare_runs') IS NOT NULL";
+static const char sum_have_sql[] =
+    "SELECT EXISTS (SELECT 1 FROM compare_runs WHERE run_id = $1 AND version = $2)";
+static const char sum_ops_sql[] =
+    "SELECT rank, step, name, start_ns, dur_ns FROM compare_ops WHERE run_id = $1";
+static const char sum_kern_sql[] =
+    "SELECT rank, step, kernel_ns FROM compare_sums WHERE run_id = $1 AND kernel_ns IS NOT NULL";
+static const char sum_span_sql[] = "SELECT rank, kmin, kmax FROM compare_spans WHERE run_id = $1";
+static const char sum_coll_sql[] =
+    "SELECT rank, step, start_ns, dur_ns, name FROM compare_colls WHERE run_id = $1";
+static const char sum_api_sql[] =
+    "SELECT rank, step, api_ns FROM compare_sums WHERE run_id = $1 AND api_ns IS NOT NULL";
+static const char sum_mem_sql[] =
+    "SELECT rank, step, mem_ns FROM compare_sums WHERE run_id = $1 AND mem_ns IS NOT NULL";
+static const char sum_ranges_sql[] =
+    "SELECT rank, start_ns, end_ns, kernel_ns, api_ns, mem_ns FROM compare_ranges WHERE run_id = "
+    "$1 ORDER BY rank, start_ns, end_ns";
+
+/* Whether run has a summary this build reads (a database from before migration 0014 has none).
+ * Returns 0 and *yes, or KP_EPG. */
+static int summary_present(PGconn *c, const char *runs, bool *yes, char *errbuf, size_t errlen)
+{
+    char version[16];
+    const char *p2[2] = { runs, version };
+    PGresult *r = NULL;
+    int rc;
+
+    snprintf(version, sizeof(version), "%d", KP_COMPARE_SUMMARY_VERSION);
+    *yes = false;
+    if ((rc = kp_pg_query(c, sum_table_sql, 0, NULL, &r, errbuf, errlen)) < 0) {
+        return rc;
+    }
+    *yes = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    if (!*yes) {
+        return 0;
+    }
+    if ((rc = kp_pg_query(c, sum_have_sql, 2, p2, &r, errbuf, errlen)) < 0) {
+        return rc;
+    }
+    *yes = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    return 0;
+}
+
 /* Runs the first queries and builds every rank's steps. */
 int kp__compare_load_run(PGconn *c, const char *runs, int64_t run, size_t max_rows,
                          struct cmp_load *L, char *errbuf, size_t errlen)
@@ -313,25 +364,29 @@ int kp__compare_load_run(PGconn *c, const char *runs, int64_t run, size_t max_ro
         kp_errbuf_set(errbuf, errlen, "out of memory");
         return -ENOMEM;
     }
-    if ((rc = nameset_load(c, &L->names, &L->budget, max_rows, errbuf, errlen)) != 0) {
+    if ((rc = nameset_load(c, &L->names, &L->budget, max_rows, errbuf, errlen)) != 0 ||
+        (rc = summary_present(c, runs, &L->summary, errbuf, errlen)) != 0) {
         return rc;
     }
     p2[1] = L->names.arr[NC_COUNT].data;
-    if ((rc = kp_an_query(c, 2, ops_sql, p2, &L->budget, max_rows, &L->ops, errbuf, errlen)) != 0 ||
+    if ((rc = kp_an_query(c, L->summary ? 1 : 2, L->summary ? sum_ops_sql : ops_sql, p2, &L->budget,
+                          max_rows, &L->ops, errbuf, errlen)) != 0 ||
         (rc = kp_an_query(c, 1, steps_sql, p2, &L->budget, max_rows, &L->steps, errbuf, errlen)) !=
             0) {
         return rc;
     }
     p2[1] = L->names.arr[NC_NCCL].data;
-    if ((rc = kp_an_query(c, 1, kern_sql, p2, &L->budget, max_rows, &L->kern, errbuf, errlen)) !=
-            0 ||
-        (rc = kp_an_query(c, 2, coll_sql, p2, &L->budget, max_rows, &L->coll, errbuf, errlen)) !=
-            0) {
+    if ((rc = kp_an_query(c, 1, L->summary ? sum_kern_sql : kern_sql, p2, &L->budget, max_rows,
+                          &L->kern, errbuf, errlen)) != 0 ||
+        (rc = kp_an_query(c, L->summary ? 1 : 2, L->summary ? sum_coll_sql : coll_sql, p2,
+                          &L->budget, max_rows, &L->coll, errbuf, errlen)) != 0) {
         return rc;
     }
     p2[1] = L->names.arr[NC_SYNC].data;
-    if ((rc = kp_an_query(c, 2, api_sql, p2, &L->budget, max_rows, &L->api, errbuf, errlen)) != 0 ||
-        (rc = kp_an_query(c, 1, mem_sql, p2, &L->budget, max_rows, &L->mem, errbuf, errlen)) != 0) {
+    if ((rc = kp_an_query(c, L->summary ? 1 : 2, L->summary ? sum_api_sql : api_sql, p2, &L->budget,
+                          max_rows, &L->api, errbuf, errlen)) != 0 ||
+        (rc = kp_an_query(c, 1, L->summary ? sum_mem_sql : mem_sql, p2, &L->budget, max_rows,
+                          &L->mem, errbuf, errlen)) != 0) {
         return rc;
     }
     /* steps: ProfilerStep ops, else the steps table, else step 0 over the kernels */
@@ -364,7 +419,8 @@ int kp__compare_load_run(PGconn *c, const char *runs, int64_t run, size_t max_ro
         if (L->rs[ri].n > 0) {
             continue;
         }
-        if ((rc = kp_an_query(c, 1, span_sql, p2, &L->budget, max_rows, &r, errbuf, errlen)) != 0) {
+        if ((rc = kp_an_query(c, 1, L->summary ? sum_span_sql : span_sql, p2, &L->budget, max_rows,
+                              &r, errbuf, errlen)) != 0) {
             return rc;
         }
         for (int i = 0; i < PQntuples(r); i++) {
@@ -393,6 +449,80 @@ nomem:
     return -ENOMEM;
 }
 
+/* The compare_ranges row of rank's interval [start, end) in L->ranges (by rank, start, end), or
+ * -1. */
+static int range_row(const PGresult *r, int64_t rank, int64_t start, int64_t end)
+{
+    int lo = 0, hi = PQntuples(r);
+
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        int64_t k[3] = { kp_pg_i64(r, mid, 0, 0), kp_pg_i64(r, mid, 1, 0),
+                         kp_pg_i64(r, mid, 2, 0) };
+        int64_t x[3] = { rank, start, end };
+        int d = 0;
+
+        for (int f = 0; f < 3 && d == 0; f++) {
+            d = (k[f] > x[f]) - (k[f] < x[f]);
+        }
+        if (d == 0) {
+            return mid;
+        }
+        if (d < 0) {
+            lo = mid + 1;
+        }
+        else {
+            hi = mid;
+        }
+    }
+    return -1;
+}
+
+/* load_unstepped from the summary's sums per interval: each rank's step adds its interval's
+ * sums, as the live query's join does. Sets *done false, adding nothing, when some step's
+ * interval is not in the summary (the live query then answers). */
+static int unstepped_from_summary(PGconn *c, const char *runs, struct cmp_load *L,
+                                  const bool need[3], const int64_t *nums, size_t ns,
+                                  struct kp_compare_cell *cells, size_t max_rows, bool *done,
+                                  char *errbuf, size_t errlen)
+{
+    const char *p1[1] = { runs };
+    int rc;
+
+    *done = false;
+    if (L->ranges == NULL && (rc = kp_an_query(c, 1, sum_ranges_sql, p1, &L->budget, max_rows,
+                                               &L->ranges, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    for (int pass = 0; pass < 2; pass++) { /* check every interval, then add */
+        for (size_t i = 0; i < L->n_ranks; i++) {
+            for (size_t j = 0; j < L->rs[i].n; j++) {
+                const struct rstep *st = &L->rs[i].v[j];
+                int row = range_row(L->ranges, L->ranks[i], st->start, st->end);
+                long si;
+                struct kp_compare_cell *cl;
+
+                if (row < 0) {
+                    return 0;
+                }
+                if (pass == 0 || (si = kp__compare_find_i64(nums, ns, st->num)) < 0 ||
+                    !(cl = &cells[i * ns + (size_t) si])->present) {
+                    continue;
+                }
+                for (int t = 0; t < 3; t++) {
+                    if (need[t]) {
+                        *(t == 0   ? &cl->compute_ns
+                          : t == 1 ? &cl->launch_ns
+                                   : &cl->other_ns) += kp_pg_i64(L->ranges, row, 3 + t, 0);
+                    }
+                }
+            }
+        }
+    }
+    *done = true;
+    return 0;
+}
+
 /* Sums the rows without a step of the tables flagged in need (0 kernels, 1 API calls, 2
  * copies and memsets) by the ranks' steps, into the cells' compute, launch and other. */
 static int load_unstepped(PGconn *c, const char *runs, struct cmp_load *L, const bool need[3],
@@ -401,8 +531,14 @@ static int load_unstepped(PGconn *c, const char *runs, struct cmp_load *L, const
 {
     struct kp_strbuf arr[4];
     const char *params[6] = { runs, NULL, NULL, NULL, NULL, NULL };
+    bool done = false;
     int rc = 0;
 
+    if (L->summary && ((rc = unstepped_from_summary(c, runs, L, need, nums, ns, cells, max_rows,
+                                                    &done, errbuf, errlen)) != 0 ||
+                       done)) {
+        return rc;
+    }
     for (int f = 0; f < 4; f++) {
         kp_strbuf_init(&arr[f], 0);
         rc = rc != 0 ? rc : kp_pg_array_open(&arr[f]);

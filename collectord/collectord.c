@@ -22,6 +22,7 @@
 #include "metrics_text.h"
 #include "sink_kafka.h"
 #include "sink_pg.h"
+#include "summary.h"
 
 struct kp_collectord {
     struct kp_collectord_config cfg; /* borrowed strings: the caller's config outlives us */
@@ -35,6 +36,7 @@ struct kp_collectord {
     struct kp_rpc_server *server;
     struct kp_http *http;
     struct kp_auth *auth; /* NULL: --allow-anonymous */
+    bool summary;         /* kp_summary_start succeeded: kp_summary_stop */
 };
 
 const char *const kp_collectord_sinks[] = { "postgres", "kafka", NULL };
@@ -72,6 +74,7 @@ static int metrics(void *ud, struct kp_strbuf *out)
     struct kp_ingest_stats is;
     struct kp_coord_stats cs;
     struct kp_leader_stats ls = { 0 };
+    struct kp_summary_stats sum;
 
     kp_coord_get_stats(d->coord, &cs);
     if (d->leader != NULL) {
@@ -136,6 +139,13 @@ static int metrics(void *ud, struct kp_strbuf *out)
             ls.takeovers);
     COUNTER("coordinator_step_downs_total",
             "Times this replica stopped coordinating (its lock connection failed).", ls.step_downs);
+    kp_summary_get_stats(&sum);
+    COUNTER("compare_summaries_total",
+            "Runs summarised for compare when they ended (collectord/summary.h).", sum.made);
+    COUNTER("compare_summary_failures_total",
+            "Compare summaries that failed (the run is compared from its events).", sum.failed);
+    COUNTER("compare_summary_milliseconds_total", "Time spent making compare summaries.",
+            (uint64_t) (sum.seconds * 1000.0));
     COUNTER("grpc_listener_restarts_total",
             "gRPC listeners restarted after they stopped accepting (out of file descriptors).",
             d->server != NULL ? kp_rpc_server_restarts(d->server) : 0);
@@ -227,6 +237,10 @@ int kp_collectord_create(const struct kp_collectord_config *cfg, struct kp_colle
     }
     /* No captures until the election says this replica coordinates (leader.h). */
     kp_coord_set_role(d->coord, false, "");
+    if ((rc = kp_summary_start(cfg->base.pg_conninfo, errbuf, errlen)) != 0) {
+        goto fail;
+    }
+    d->summary = true;
     if ((rc = kp_control_create(cfg->base.pg_conninfo, d->coord, &d->control, errbuf, errlen)) !=
         0) {
         goto fail;
@@ -311,6 +325,9 @@ void kp_collectord_destroy(struct kp_collectord *d)
     kp_control_destroy(d->control);
     kp_rpc_server_destroy(d->server);
     kp_coord_destroy(d->coord);
+    if (d->summary) { /* after what ends runs: control, coord */
+        kp_summary_stop();
+    }
     kp_ingest_destroy(d->ingest);
     kp_auth_destroy(d->auth);
     free(d);

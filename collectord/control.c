@@ -24,6 +24,7 @@
 #include "kprof.pb-c.h"
 #include "leader.h"
 #include "store.h"
+#include "summary.h"
 
 #define KP_CONTROL_QUEUE_MAX 256
 #define KP_CONTROL_MAX_TEXT  256
@@ -417,6 +418,10 @@ static void run_job(struct kp_control *c, struct job *j)
     }
     rc = kp_pg_retry(pg, repeatable(j->type), j->type == JOB_LIST ? list_request : run_request, j,
                      err, sizeof(err));
+    if (rc == 0 && j->type == JOB_END) {
+        /* answered already; the summary is made on the summariser's thread (summary.h) */
+        kp_summary_after_end(pg, ((Kprof__V1__EndRunRequest *) j->req)->run_id);
+    }
     if (rc == KP_EPG && kp_pg_conn_lost(pg)) {
         kp_log_warn("control request failed method=%s err=\"%s\"", kp_rpc_call_method(j->call),
                     err);
@@ -486,6 +491,7 @@ static void reap_open_runs(struct kp_control *c, PGconn *pg, long long now)
         kp_log_warn("run ended as failed run=%s job=\"%s\" reason=\"no live producer stream and "
                     "no batch for %s s\"",
                     PQgetvalue(res, i, 0), PQgetvalue(res, i, 1), secs);
+        kp_summary_after_end(pg, strtoull(PQgetvalue(res, i, 0), NULL, 10));
     }
     PQclear(res);
     kp_strbuf_fini(&q);

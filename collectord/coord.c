@@ -22,6 +22,7 @@
 #include "kp_strbuf.h"
 #include "kp_wire.h"
 #include "store.h"
+#include "summary.h"
 
 /* ---- lookups (mu held) ---- */
 
@@ -1357,6 +1358,9 @@ void kp_coord_tick(struct kp_coord *c, PGconn *pg)
         }
         if (pg != NULL && (rc = persist(pg, s, false, err, sizeof(err))) == 0) {
             rc = kp_store_end_run(pg, s->run_id, failed > 0, &run, err, sizeof(err));
+        }
+        if (rc == 0) {
+            kp_summary_after_end(pg, s->run_id);
         }
         pthread_mutex_lock(&c->mu);
         if ((k = kp__coord_cap_by_run(c, s->run_id)) != NULL) {

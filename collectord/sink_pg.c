@@ -420,6 +420,38 @@ static int last_seqs(struct kp_sink *s, size_t lo, size_t hi, const PGresult *re
     return 0;
 }
 
+/* A batch goes into a run that has ended: its compare summary (collectord/summary.h), made
+ * when it ended, is deleted in this transaction, so that compare reads the events from now on
+ * (a later EndRun of the run makes it again). Of the pending items' runs, only those ended
+ * lose theirs. */
+static int drop_summaries(struct kp_sink *s, size_t lo, size_t hi)
+{
+    struct kp_strbuf *ids = &s->arr[0];
+    const char *params[1];
+    char err[384];
+    int rc;
+
+    if ((rc = arr_open(ids)) != 0) {
+        return rc;
+    }
+    for (size_t i = lo; i < hi; i++) {
+        if (s->state[i] == ST_PENDING) {
+            rc |= kp_pg_array_i64(ids, (int64_t) s->items[i]->batch->run_id);
+        }
+    }
+    if ((rc |= kp_pg_array_close(ids)) != 0) {
+        return -ENOMEM;
+    }
+    params[0] = ids->data;
+    if ((rc = kp_pg_query(s->conn,
+                          "DELETE FROM compare_runs c USING runs r WHERE c.run_id = r.id AND "
+                          "r.id = ANY($1::int[]) AND r.state <> 1",
+                          1, params, NULL, err, sizeof(err))) != 0) {
+        return attempt_failed(s, rc, "drop compare summaries", err);
+    }
+    return 0;
+}
+
 /*
  * Step 3a, first in the transaction: locks the runs of the pending items FOR SHARE and settles
  * those that a run no longer open refuses. The lock conflicts with the UPDATE that ends a run
@@ -441,7 +473,7 @@ static int check_open(struct kp_sink *s, size_t lo, size_t hi)
     const char *params[1];
     PGresult *res = NULL, *last = NULL;
     char err[384];
-    bool closed = false;
+    bool closed = false, stale = false;
     int rc = 0;
 
     if ((rc = arr_open(ids)) != 0) {
@@ -487,6 +519,7 @@ static int check_open(struct kp_sink *s, size_t lo, size_t hi)
         }
         if (strtol(PQgetvalue(res, r, 3), NULL, 10) == KPROF__V1__RUN_SOURCE__RUN_SOURCE_CAPTURE &&
             !PQgetisnull(res, r, 4) && b->base_ns <= strtoll(PQgetvalue(res, r, 4), NULL, 10)) {
+            stale = true;
             continue; /* made before the end */
         }
         for (int l = 0; last != NULL && l < PQntuples(last); l++) {
@@ -497,7 +530,10 @@ static int check_open(struct kp_sink *s, size_t lo, size_t hi)
                 break;
             }
         }
-        if (!admit) {
+        if (admit) {
+            stale = true;
+        }
+        else {
             reject(s, i, -EBUSY,
                    "run %" PRIu64 " %s at %s UTC and takes no new batches (stream %" PRIu64
                    " seq %" PRIu64 "); start a new run",
@@ -510,7 +546,7 @@ static int check_open(struct kp_sink *s, size_t lo, size_t hi)
     }
     PQclear(last);
     PQclear(res);
-    return 0;
+    return stale ? drop_summaries(s, lo, hi) : 0;
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -1103,7 +1139,8 @@ static int flush_once(struct kp_sink *s, size_t lo, size_t hi)
     if (pending == 0) {
         return 0;
     }
-    if ((rc = kp_pg_exec(s->conn, "BEGIN", err, sizeof(err))) != 0) {
+    /* kprof.sink: these inserts keep the compare summaries (migration 0014's triggers) */
+    if ((rc = kp_pg_exec(s->conn, "BEGIN; SET LOCAL kprof.sink = 'on'", err, sizeof(err))) != 0) {
         rc = attempt_failed(s, rc, "begin", err);
         goto fail;
     }

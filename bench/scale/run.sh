@@ -19,7 +19,10 @@
 #       on 2 cores, so it is opt-in: --compare-kernels 2000, about 8 minutes in all):
 #       kprofctl compare
 #       through a fresh analyzer (cache off) vs the baseline `SELECT count(*), sum(dur_ns)
-#       FROM kernels WHERE run_id = R`, with the analyzer's VmHWM.
+#       FROM kernels WHERE run_id = R`, with the analyzer's VmHWM. With a collectord that
+#       summarises ended runs for compare (migration 0014), compare waits for the run's
+#       summary and reads it; the summary's own time (compare_runs.seconds, on collectord's
+#       end path) is reported as "summary at the end".
 #   For every run: bytes on disk per row (pg_total_relation_size of the run's partition,
 #   indexes and TOAST included, / its rows) of kernels, ops and api_calls, and the run's
 #   generation (ingest) rate. With --ingest, bench/ingest/run.sh --no-secure --reps 1 is run
@@ -130,9 +133,20 @@ gen() {
         >"$work/gen.json" || die "kprof-loadgen failed"
     t1=$(now)
     r=$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['run_id'])" "$work/gen.json")
+    # collectord summarises the run for compare after EndRun's answer (migration 0014; a
+    # build without it has no compare_runs): wait for it, so that compare reads it, and keep
+    # the time it took (compare_runs.seconds; "-" without summaries)
+    local sum_s=- until_s=$(($(date +%s) + 1800))
+    if [ "$(q "SELECT to_regclass('compare_runs') IS NOT NULL")" = t ]; then
+        while [ -z "$(q "SELECT 1 FROM compare_runs WHERE run_id = $r")" ]; do
+            [ "$(date +%s)" -lt "$until_s" ] || die "run $r was not summarised in 30 min"
+            sleep 0.2
+        done
+        sum_s=$(q "SELECT round(seconds::numeric, 3) FROM compare_runs WHERE run_id = $r")
+    fi
     q "VACUUM ANALYZE kernels_r$r, ops_r$r, api_calls_r$r, memcpys_r$r, memsets_r$r, steps_r$r" \
         >/dev/null || die "VACUUM ANALYZE failed"
-    echo "$r $("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['events'])" "$work/gen.json") $(secs "$t0" "$t1")"
+    echo "$r $("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['events'])" "$work/gen.json") $(secs "$t0" "$t1") $sum_s"
 }
 
 # Bytes per row of a run's partitions: "kernels ops api_calls" (indexes and TOAST included).
@@ -155,7 +169,7 @@ timed() { # label command...: runs it, appends "label seconds" to $work/times
 : >"$work/hwm"
 # ---- (a) one big rank ----------------------------------------------------------------------
 echo "bench/scale: generating 1 rank x $steps steps x $kernels kernels (not timed)" >&2
-read -r brun bevents bgen < <(gen 1 "$steps" "$kernels" bench-scale-rank)
+read -r brun bevents bgen _ < <(gen 1 "$steps" "$kernels" bench-scale-rank)
 [ -n "$brun" ] || die "the big rank's run was not generated"
 runs+=("$brun")
 rr="run_id = $brun AND rank = 0"
@@ -217,7 +231,7 @@ IFS=, read -r -a clist <<<"$cranks"
 for n in "${clist[@]}"; do
     [ "$n" -ge 2 ] || die "--compare-ranks: $n: 2 ranks or more"
     echo "bench/scale: generating $n ranks x $csteps steps x $ckernels kernels (not timed)" >&2
-    read -r crun cevents cgen < <(gen "$n" "$csteps" "$ckernels" "bench-scale-$n")
+    read -r crun cevents cgen csum < <(gen "$n" "$csteps" "$ckernels" "bench-scale-$n")
     [ -n "$crun" ] || die "the $n-rank run was not generated"
     runs+=("$crun")
     ckn=$(q "SELECT count(*) FROM kernels WHERE run_id = $crun")
@@ -237,8 +251,8 @@ got = [(s["rank"], s["cause"]) for s in d["stragglers"]]
 if got != [(int(sys.argv[2]), "compute")]:
     sys.exit("expected rank %s (compute), got %s: %s" % (sys.argv[2], got, d["verdict"]))
 PYEOF
-        echo "$n $ckn $cevents $cgen $b $c $(an_hwm) $(bytes_per_row "$crun" | tr ' ' ,)" >>"$work/cmp"
-        echo "bench/scale: $n ranks ($ckn kernels): scan $b s, compare $c s" >&2
+        echo "$n $ckn $cevents $cgen $b $c $(an_hwm) $(bytes_per_row "$crun" | tr ' ' ,) $csum" >>"$work/cmp"
+        echo "bench/scale: $n ranks ($ckn kernels): scan $b s, compare $c s, summary $csum s" >&2
     done
     drop_runs
     runs=()
@@ -289,10 +303,11 @@ print(f"  bytes per row on disk: kernels {bpr['kernels']:.0f}, ops {bpr['ops']:.
       f"API calls {bpr['api_calls']:.0f}", file=err)
 cmps = {}
 for line in open(sys.argv[12]):
-    n, ckn, cev, cgen, b, c, h, bp = line.split()
+    n, ckn, cev, cgen, b, c, h, bp, sm = line.split()
     e = cmps.setdefault(n, {"kernel_rows": int(ckn), "events": int(cev),
                             "generate_events_per_s": round(int(cev) / float(cgen)),
                             "scan_s": [], "compare_s": [], "max_rss_kb": 0,
+                            "summary_s": None if sm == "-" else float(sm),
                             "bytes_per_row": dict(zip(("kernels", "ops", "api_calls"),
                                                       (float(x) for x in bp.split(","))))})
     e["scan_s"].append(float(b))
@@ -303,7 +318,8 @@ for n, e in cmps.items():
     e["ratio"] = round(mc / mb, 2)
     print(f"  compare {n:>5s} ranks ({e['kernel_rows']} kernels): {mc:7.3f} s, scan {mb:6.3f} s, "
           f"{mc / mb:5.1f}x, peak RSS {e['max_rss_kb'] / 1024:6.1f} MiB, "
-          f"{e['bytes_per_row']['kernels']:.0f} B/kernel{tag}", file=err)
+          f"{e['bytes_per_row']['kernels']:.0f} B/kernel, summary at the end "
+          f"{'-' if e['summary_s'] is None else '%.3f s' % e['summary_s']}{tag}", file=err)
 ing = json.loads(sys.argv[13]) if sys.argv[13] else None
 if ing:
     print(f"  ingest (bench/ingest): {json.dumps({k: v for k, v in ing.items() if 'ratio' in k})}",

@@ -2,7 +2,8 @@
 dropped with DropRun, so nothing is left behind. And an import cut short by collectord going
 away (frozen and killed right after the run is created): the import exits 5 (unreachable)
 and says the run stays open; a new collectord with --open-run-timeout ends that run as FAILED
-with the reason in runs.end_reason, and leaves ended runs and runs with data alone. And an
+with the reason in runs.end_reason (and summarises it for compare), and leaves ended runs
+and runs with data alone. And an
 import whose collectord is frozen (SIGSTOP, not killed) mid-stream: after --give-up without an
 acknowledgement the import cancels its stream and exits 5 naming the address, instead of
 waiting on the frozen collectord forever."""
@@ -57,6 +58,9 @@ def cut_short(conninfo):
         assert kpfix.psql("SELECT state, end_reason IS NULL FROM runs WHERE job = 'kept'",
                           db=DB) == "2|t"
         assert "run ended as failed run=%d" % run in cd.log_text()
+        # what it holds is summarised for compare, as at any end
+        kpfix.wait_for(lambda: kpfix.psql("SELECT count(*) FROM compare_runs WHERE run_id = %d"
+                                          % run, db=DB) == "1", 30, "the failed run's summary")
     finally:
         assert cd.stop() == 0
     print("import cut short: exit 5, run %d ended FAILED by the open-run deadline (%s)" % (

@@ -8,7 +8,8 @@ real login users that authenticate with scram-sha-256 passwords:
      kp_run_tables, or re-apply the grants;
   4. a login in kprof_dashboard cannot SELECT the raw tables, but reads the kprof_dash views;
   5. kprof-collectord as the writer ingests (kprofctl import, and a run dropped: its partitions
-     go through the owner's functions), and kprof-analyzer as the reader answers a breakdown;
+     go through the owner's functions) and summarises the ended run for compare, and
+     kprof-analyzer as the reader answers a breakdown and compare;
   6. with a migration pending, kprof-collectord as the writer refuses to start, saying the
      schema's version, the one it needs and to run --migrate as the owner; --migrate as the
      writer fails the same way; --migrate as the owner applies it, and the writer starts; a
@@ -155,6 +156,11 @@ def test_daemons(pwfiles, tmp):
                           ["--pg-password-file", pwfiles["reader"]])
         bd = tas.ctl(an, "breakdown", "--run", str(run_id), "--rank", "0")
         assert bd, "empty breakdown"
+        # the run's compare summary, made by collectord as the writer, read by the reader
+        kpfix.wait_for(lambda: kpfix.psql("SELECT count(*) FROM compare_runs WHERE run_id = %d"
+                                          % run_id, db=DB) == "1", 60, "the compare summary")
+        cmp = tas.ctl(an, "compare", "--run", str(run_id))
+        assert [r["rank"] for r in cmp["ranks"]] == [0], cmp
         # a second run, dropped: kp_drop_run drops its partitions as their owner
         out = tas.run([KPROFCTL, "import", "--collector", cd.grpc, "--job", "pgroles2", "--json",
                        "--rank", "0", "--progress", "off", path], "kprofctl import as writer")
