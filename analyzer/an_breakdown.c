@@ -365,6 +365,15 @@ static int bd_collect_devs(const struct kp_an *a, struct bd_work *w, bool plugin
 /* Each category's share: its merged intervals within the steps, less those of the categories
  * before it; what is left is "other". Each list is sized for what it can hold: a ∩ b and
  * a − b hold at most |a| + |b| ranges. 0 or -ENOMEM. */
+/* n ranges from src to dst; src may be NULL when n is 0 (a list that never grew), which
+ * memcpy does not allow. */
+static void ranges_copy(struct kp_range *dst, const struct kp_range *src, size_t n)
+{
+    if (n > 0) {
+        memcpy(dst, src, n * sizeof(*dst));
+    }
+}
+
 static int bd_mask(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
 {
     size_t n_steps = a->bd.n_steps;
@@ -384,7 +393,7 @@ static int bd_mask(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
      * whenever it is empty, taking that category unmasked: a double count once a category
      * covers every step. kprof keeps it empty. */
     if (!plugin_compat) {
-        memcpy(w->free_r.r, w->all_steps, w->n_all * sizeof(*w->free_r.r));
+        ranges_copy(w->free_r.r, w->all_steps, w->n_all);
         w->free_r.n = w->n_all;
     }
     for (int c = 0; c < KP_AN_OTHER; c++) {
@@ -394,9 +403,9 @@ static int bd_mask(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
             return -ENOMEM;
         }
         if (plugin_compat && w->free_r.n == 0) {
-            memcpy(sh->r, w->cat[c].r, w->cat[c].n * sizeof(*sh->r));
+            ranges_copy(sh->r, w->cat[c].r, w->cat[c].n);
             sh->n = w->cat[c].n;
-            memcpy(w->free_r.r, w->all_steps, w->n_all * sizeof(*w->free_r.r));
+            ranges_copy(w->free_r.r, w->all_steps, w->n_all);
             w->free_r.n = w->n_all;
         }
         else {
@@ -409,12 +418,12 @@ static int bd_mask(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
         if (rl_reserve(&w->free_r, w->free_r.n + 1) < 0) {
             return -ENOMEM;
         }
-        memcpy(w->free_r.r, w->tmp.r, w->free_r.n * sizeof(*w->free_r.r));
+        ranges_copy(w->free_r.r, w->tmp.r, w->free_r.n);
     }
     if (rl_reserve(&w->share[KP_AN_OTHER], w->free_r.n + 1) < 0) {
         return -ENOMEM;
     }
-    memcpy(w->share[KP_AN_OTHER].r, w->free_r.r, w->free_r.n * sizeof(*w->free_r.r));
+    ranges_copy(w->share[KP_AN_OTHER].r, w->free_r.r, w->free_r.n);
     w->share[KP_AN_OTHER].n = w->free_r.n;
     return 0;
 }
