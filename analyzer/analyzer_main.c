@@ -30,7 +30,8 @@ static const struct kp_config_def analyzer_config[] = {
       NULL, false },
     { "web-root", KP_CONFIG_STRING, "", 0, 0, OFF(web_root),
       "directory of the web UI's files, served on --web-listen (web/ in the source tree); empty: "
-      "the installed ones (" KPROF_WEB_ROOT "), if present",
+      "the installed ones (" KPROF_WEB_ROOT_FROM_BIN " from the executable's directory: "
+      "/usr/share/kprof/web in the package), if present",
       NULL, false },
     KP_DAEMON_SECURITY_CONFIG(struct kp_analyzer_config),
     KP_DAEMON_METRICS_CONFIG(struct kp_analyzer_config),

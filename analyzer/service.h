@@ -47,8 +47,8 @@ struct kp_analyzer_config {
     long long max_rows; /* a rank with more rows is refused (RESOURCE_EXHAUSTED); 0: none */
     long long shutdown_grace_ms;
     char *web_listen; /* the JSON HTTP API (web.h, docs/web-api.md); "" or NULL: off */
-    char *web_root;   /* the UI's files (web_static.h); "" or NULL: KPROF_WEB_ROOT, the
-                       * installed ones, served if they are there */
+    char *web_root;   /* the UI's files (web_static.h); "" or NULL: the installed ones
+                       * (KPROF_WEB_ROOT_FROM_BIN), served if they are there */
 };
 
 /*

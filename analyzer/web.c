@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -615,7 +616,8 @@ static enum MHD_Result serve_static(struct kp_web *w, struct MHD_Connection *c, 
         return kp_web_send_error(c, 404, "no such page or file: kprof's pages start at /");
     }
     inm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
-    not_modified = inm != NULL && strstr(inm, f->etag) != NULL;
+    /* A list of ETags, weak ones (W/"...") included, or "*" (RFC 9110 13.1.2). */
+    not_modified = inm != NULL && (strcmp(inm, "*") == 0 || strstr(inm, f->etag) != NULL);
     r = MHD_create_response_from_buffer(not_modified ? 0 : f->len, not_modified ? NULL : f->data,
                                         MHD_RESPMEM_PERSISTENT);
     if (r == NULL) {
@@ -855,26 +857,59 @@ static char *read_pem(const char *path, bool secret, char *errbuf, size_t errlen
     return buf;
 }
 
+/* The installed UI's directory, from where this executable is (KPROF_WEB_ROOT_FROM_BIN, as
+ * kprof-run finds its library): the packages are built from a tree of any prefix and install
+ * under /usr, so a path compiled in from the tree's prefix would miss them. joined gets the
+ * path before resolution, for messages. Returns 0 with the resolved path in out (PATH_MAX). */
+static int installed_root(char *out, char *joined, size_t jlen)
+{
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    char *slash;
+
+    snprintf(joined, jlen, "<this executable's directory>/%s", KPROF_WEB_ROOT_FROM_BIN);
+    if (n <= 0) {
+        return -1;
+    }
+    exe[n] = '\0';
+    if ((slash = strrchr(exe, '/')) == NULL) {
+        return -1;
+    }
+    *slash = '\0';
+    snprintf(joined, jlen, "%s/%s", exe, KPROF_WEB_ROOT_FROM_BIN);
+    return realpath(joined, out) != NULL ? 0 : -1;
+}
+
 /* The UI's files: --web-root's (which must hold them), else the installed ones if present (an
  * analyzer built from source and run without --web-root serves the API only, and says so). */
 static int load_files(struct kp_web *w, const char *root, char *errbuf, size_t errlen)
 {
+    char installed[PATH_MAX], joined[PATH_MAX + 64], index[PATH_MAX + 16];
     bool given = root != NULL && root[0] != '\0';
     size_t n, bytes;
     int rc;
 
-    if (!given && access(KPROF_WEB_ROOT "/index.html", R_OK) != 0) {
-        kp_log_warn("the web UI's files are not in %s (the kprof-analyzer package installs them): "
-                    "serving the API only; give --web-root DIR to serve the UI",
-                    KPROF_WEB_ROOT);
-        return 0;
+    if (!given) {
+        bool found = installed_root(installed, joined, sizeof(joined)) == 0;
+
+        if (found) {
+            snprintf(index, sizeof(index), "%s/index.html", installed);
+            found = access(index, R_OK) == 0;
+        }
+        if (!found) {
+            kp_log_warn("the web UI's files are not in %s (the kprof-analyzer package installs "
+                        "them in /usr/share/kprof/web): serving the API only; give --web-root "
+                        "DIR to serve the UI",
+                        joined);
+            return 0;
+        }
+        root = installed;
     }
-    if ((rc = kp_web_static_load(given ? root : KPROF_WEB_ROOT, &w->files, errbuf, errlen)) != 0) {
+    if ((rc = kp_web_static_load(root, &w->files, errbuf, errlen)) != 0) {
         return rc;
     }
     n = kp_web_static_count(w->files, &bytes);
-    kp_log_info("serving the web UI root=%s files=%zu bytes=%zu", given ? root : KPROF_WEB_ROOT, n,
-                bytes);
+    kp_log_info("serving the web UI root=%s files=%zu bytes=%zu", root, n, bytes);
     return 0;
 }
 

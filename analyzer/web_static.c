@@ -71,7 +71,8 @@ static uint64_t fnv1a(const unsigned char *p, size_t n)
 static int add_file(struct kp_web_static *s, int dirfd, const char *name, const char *rel,
                     char *errbuf, size_t errlen)
 {
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    /* O_NONBLOCK: a FIFO swapped in after the walk's fstatat must not block the start. */
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     struct stat st;
     struct kp_web_file *f;
     size_t got = 0;
@@ -81,6 +82,11 @@ static int add_file(struct kp_web_static *s, int dirfd, const char *name, const 
         if (fd >= 0) {
             close(fd);
         }
+        return KP_ECONFIG;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        snprintf(errbuf, errlen, "%s in --web-root changed while it was read: start again", rel);
         return KP_ECONFIG;
     }
     if (s->n == KP_WEB_STATIC_FILES || (size_t) st.st_size > KP_WEB_STATIC_BYTES - s->bytes) {

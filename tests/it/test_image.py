@@ -9,7 +9,8 @@ configuration (the packages'; TLS files, token table and database passwords put 
 names, the rest from KPROF_ variables): `kprof-collectord --migrate` as the database's owner,
 then kprof-collectord as a kprof_writer login and kprof-analyzer as a kprof_reader login (TLS
 and a token table, nothing plaintext or anonymous: the daemons' defaults) against the test
-PostgreSQL, and a kprof-agent with an agent token. kprofctl from the image then
+PostgreSQL, and a kprof-agent with an agent token. The analyzer, given KPROF_WEB_LISTEN only,
+serves the package's web UI (its default --web-root) over TLS. kprofctl from the image then
 imports a real trace (tests/data/peers) with the operator token and reads its step breakdown,
 which must hold every step of the trace. Each daemon must run as the image's user
 (/proc/PID/status). Without podman that runs here (its runtime cannot set its rlimits in this
@@ -27,6 +28,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -349,7 +351,8 @@ def main():
         cd = launch("collectord", img.args, serve("collectord", "writer"))
         cd_ready = wait_ready("collectord", cd)
         cd_addr = cd_ready["grpc"]
-        an = launch("analyzer", ["kprof-analyzer"], serve("analyzer", "reader"))
+        an = launch("analyzer", ["kprof-analyzer"],
+                    serve("analyzer", "reader") + ["KPROF_WEB_LISTEN=127.0.0.1:0"])
         an_ready = wait_ready("analyzer", an)
         an_addr = an_ready["grpc"]
         # The probes a deployment points at the daemons' HTTP port.
@@ -358,6 +361,16 @@ def main():
                 with urllib.request.urlopen("http://%s%s" % (r["http"], path),
                                             timeout=10 * kpfix.SCALE) as resp:
                     assert resp.status == 200, (name, path, resp.status)
+        # The web UI: the package's pages (the analyzer's default --web-root) over its TLS.
+        tls = ssl.create_default_context(cafile=pki.ca)
+        with urllib.request.urlopen("https://localhost:%s/" % an_ready["web"].rsplit(":", 1)[1],
+                                    context=tls, timeout=10 * kpfix.SCALE) as resp:
+            assert resp.status == 200, resp.status
+            assert "frame-ancestors 'none'" in resp.headers["Content-Security-Policy"], \
+                dict(resp.headers)
+            with open(img.path("/usr/share/kprof/web/index.html"), "rb") as f:
+                assert resp.read() == f.read(), "/ is not the package's index.html"
+        assert "serving the web UI root=/usr/share/kprof/web " in open(logs["analyzer"]).read()
         ag = launch("agent", ["kprof-agent"], [
             "KPROF_COLLECTOR=" + cd_addr, "KPROF_HOST=" + NODE,
             "KPROF_READY_FILE=/run/kprof/agent.ready"])

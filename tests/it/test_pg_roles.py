@@ -225,7 +225,8 @@ def test_stack(tmp):
                KPROF_PG_PORT=str(port), KPROF_COLLECTOR_PORT=str(kpfix.free_port()),
                KPROF_COLLECTOR_HTTP_PORT=str(kpfix.free_port()),
                KPROF_ANALYZER_PORT=str(kpfix.free_port()),
-               KPROF_ANALYZER_HTTP_PORT=str(kpfix.free_port()))
+               KPROF_ANALYZER_HTTP_PORT=str(kpfix.free_port()),
+               KPROF_ANALYZER_WEB_PORT=str(kpfix.free_port()))
     stack = os.path.join(SRC, "deploy", "local", "kprof-stack")
     try:
         p = subprocess.run([stack, "up"], capture_output=True, text=True, env=env,

@@ -33,8 +33,9 @@ CTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
 LOADGEN = os.path.join(kpfix.BIN, "tools", "kprof-loadgen")
 COLLECTORD = os.path.join(kpfix.BIN, "collectord", "kprof-collectord")
 PORTS = ("KPROF_PG_PORT", "KPROF_COLLECTOR_PORT", "KPROF_COLLECTOR_HTTP_PORT",
-         "KPROF_ANALYZER_PORT", "KPROF_ANALYZER_HTTP_PORT", "KPROF_COLLECTOR2_PORT",
-         "KPROF_COLLECTOR2_HTTP_PORT", "KPROF_SINK_HTTP_PORT", "KPROF_SINK2_HTTP_PORT")
+         "KPROF_ANALYZER_PORT", "KPROF_ANALYZER_HTTP_PORT", "KPROF_ANALYZER_WEB_PORT",
+         "KPROF_COLLECTOR2_PORT", "KPROF_COLLECTOR2_HTTP_PORT", "KPROF_SINK_HTTP_PORT",
+         "KPROF_SINK2_HTTP_PORT")
 
 
 def clean_env(extra):

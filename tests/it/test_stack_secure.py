@@ -9,17 +9,24 @@ Checks that `up`
 and that kprofctl with KPROF_TLS_CA and KPROF_TOKEN_FILE (the operator token, as `kprof-stack
 env` prints) imports a trace, lists the run and reads its breakdown, while the viewer token
 lists but may not drop or stop a run (PERMISSION_DENIED: exit 7, naming the operator role).
+The analyzer serves the web UI at the https address `up` and `status` print
+(KPROF_ANALYZER_WEB_PORT), with the stack's CA: its page without a credential, its API only with
+the viewer token (the token file `up` names), which lists the imported run.
 The stack is stopped by the pids in its pid files.
 """
 import json
 import os
+import re
 import shutil
 import signal
+import ssl
 import stat
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kpfix  # noqa: E402
@@ -125,6 +132,34 @@ def grpc_checks(cd_addr, an_addr, ca, viewer_token):
             grpc.StatusCode.PERMISSION_DENIED, "operator")
 
 
+def web_checks(up, status, port, ca, viewer, run):
+    """The web UI at the address up and status print, over TLS with the stack's CA."""
+    url = "https://localhost:%s/" % port
+    m = re.search(r"web UI\s+(\S+)\s+\(sign in with the viewer token: (\S+)\)", up)
+    assert m and m.group(1) == url and m.group(2) == viewer, "up does not print the web UI:\n" + up
+    assert url in status and viewer in status, "status does not print the web UI:\n" + status
+    tls = ssl.create_default_context(cafile=ca)
+
+    def get(path, token=None):
+        req = urllib.request.Request(url + path, headers={"Authorization": "Bearer " + token}
+                                     if token else {})
+        try:
+            with urllib.request.urlopen(req, context=tls, timeout=30 * kpfix.SCALE) as r:
+                return r.status, r.headers, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers, e.read()
+
+    st, h, body = get("")
+    with open(os.path.join(SRC, "web", "index.html"), "rb") as f:
+        assert st == 200 and body == f.read(), (st, body[:200])
+    assert "frame-ancestors 'none'" in h["Content-Security-Policy"], dict(h)
+    st, _, body = get("api/v1/runs")
+    assert st == 401, (st, body)
+    st, _, body = get("api/v1/runs", open(viewer).read().strip())
+    assert st == 200 and [r for r in json.loads(body)["runs"] if r["id"] == run], (st, body)
+    print("web UI: %s over the stack's TLS; the API with the viewer token" % url)
+
+
 def main():
     kpfix.require_env()
     tmp = tempfile.mkdtemp(prefix="kprof-stack-secure-", dir=kpfix.TEST_DIR)
@@ -132,7 +167,7 @@ def main():
     sdir = os.path.join(tmp, "stack")
     ports = {k: str(kpfix.free_port()) for k in (
         "KPROF_PG_PORT", "KPROF_COLLECTOR_PORT", "KPROF_COLLECTOR_HTTP_PORT",
-        "KPROF_ANALYZER_PORT", "KPROF_ANALYZER_HTTP_PORT")}
+        "KPROF_ANALYZER_PORT", "KPROF_ANALYZER_HTTP_PORT", "KPROF_ANALYZER_WEB_PORT")}
     env = clean_env(dict(ports, KPROF_STACK_DIR=sdir, KPROF_BUILD_DIR=kpfix.BIN))
     try:
         p = stack(env, "up")
@@ -227,6 +262,9 @@ def main():
         assert "PERMISSION_DENIED" in q.stderr and "operator role" in q.stderr, q.stderr
         q = ctl(as_viewer, "import", "--job", "secure-viewer", tr)
         assert q.returncode == 7 and "operator role" in q.stderr, (q.returncode, q.stderr)
+
+        web_checks(p.stdout, stack(env, "status").stdout, ports["KPROF_ANALYZER_WEB_PORT"],
+                   exports["KPROF_TLS_CA"], viewer, run)
 
         # A second up reuses every credential.
         p = stack(env, "up")

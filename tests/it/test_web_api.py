@@ -401,8 +401,12 @@ def check_static(ci, tmp, web, viewer):
         with open(os.path.join(WEB_ROOT, path[1:]), "rb") as f:
             assert st == 200 and body == f.read(), (path, st)
         assert h["Content-Type"] == ctype, (path, h["Content-Type"])
-        st2, h2, body2 = web.get(path, {"If-None-Match": h["ETag"]})
-        assert st2 == 304 and body2 == b"", (path, st2)
+        for inm in (h["ETag"], "*", '"0000000000000000", W/' + h["ETag"]):
+            st2, h2, body2 = web.get(path, {"If-None-Match": inm})
+            assert st2 == 304 and body2 == b"" and h2["ETag"] == h["ETag"], (path, inm, st2)
+            secure_headers(h2, path + " 304")
+        st2, _, body2 = web.get(path, {"If-None-Match": '"0000000000000000"'})
+        assert st2 == 200 and len(body2) == len(body), (path, st2)
         st3, h3, body3 = web.request("HEAD", path)
         assert st3 == 200 and body3 == b"" and h3["ETag"] == h["ETag"], (path, st3)
     # API answers and errors carry the same headers
@@ -447,19 +451,20 @@ def check_static_start(ci, tmp):
         f.write("not for the web\n")
     os.symlink(secret, os.path.join(root, "secret.txt"))
     os.symlink(os.path.dirname(secret), os.path.join(root, "up"))
+    os.mkfifo(os.path.join(root, "pipe"))  # skipped: reading it would block the start
     port = kpfix.free_port()
     an = kpfix.Analyzer("it_web_root", ci, extra=["--web-listen", "127.0.0.1:%d" % port,
                                                   "--web-root", root])
     try:
         web = Web(port)
         assert web.get("/")[0] == 200 and web.get("/js/a.js")[0] == 200
-        for path in ("/secret.txt", "/up/secret.txt"):
+        for path in ("/secret.txt", "/up/secret.txt", "/pipe"):
             assert web.get(path)[0] == 404, path
     finally:
         rc = an.stop()
     assert rc == 0, rc
-    print("static start: --web-root alone, a missing root, no index.html refused; symlinks in "
-          "the root are not served")
+    print("static start: --web-root alone, a missing root, no index.html refused; symlinks and "
+          "a FIFO in the root are not served")
 
 
 def check_tls(ci, tmp):
