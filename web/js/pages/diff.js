@@ -22,16 +22,18 @@ function runLabel(r) {
   return r.id + ' · ' + r.job + (r.name ? ' · ' + r.name : '') + ' (' + (r.ranks || []).length + ' ranks)';
 }
 
-// The two sides: as the query says, else the newest run against the one before it, or a run
-// against the newest other run of its job (then of any job), or against another of its ranks.
+// The two sides: as the query says. Without a: the second newest run with data. Without b: the
+// newest other run of a's job, else another rank of a, else the newest other run.
 function pick(params, runs) {
   const byId = new Map(runs.map((r) => [String(r.id), r]));
-  let a = params.a !== undefined ? String(params.a) : runs.length > 1 ? String(runs[1].id) : runs.length ? String(runs[0].id) : '';
+  const some = runs.filter((r) => (r.ranks || []).length > 0); // defaults: runs with data
+  let a = params.a !== undefined ? String(params.a) : some.length > 1 ? String(some[1].id) : some.length ? String(some[0].id) : '';
   let b = params.b !== undefined ? String(params.b) : '';
   if (b === '' && a !== '') {
     const base = byId.get(a);
-    const other = runs.find((r) => String(r.id) !== a && base && r.job === base.job) ||
-      (params.a === undefined ? runs.find((r) => String(r.id) !== a) : null);
+    // the newest other run of its job; else another rank of it; else the newest other run
+    const other = some.find((r) => String(r.id) !== a && base && r.job === base.job) ||
+      (base && (base.ranks || []).length > 1 ? base : some.find((r) => String(r.id) !== a));
     b = other ? String(other.id) : a;
   }
   const ra = byId.get(a);
@@ -181,7 +183,21 @@ export async function render(root, params) {
   }
   if (!sel.asked) {
     root.append(h('p', { class: 'kp-muted' }, 'Pick the base run (a) and the other run (b), a rank of each, and press diff: ' +
-      'b against a, per step, per kernel and per operator (as `kprofctl diff`). Two ranks of one run compare too.'));
+      'b against a, per step, per kernel and per operator (as kprofctl diff). Two ranks of one run compare too. ' +
+      'Or pick a base run below: it is put against the newest other run of its job.'),
+    section('Runs', table({
+      id: 'runs:runs',
+      rows: runs,
+      pageSize: 15,
+      rowHref: (r) => '#/diff?a=' + r.id,
+      columns: [
+        { key: 'id', label: 'base run', num: true },
+        { key: 'job', label: 'job' },
+        { key: 'name', label: 'name' },
+        { key: 'world_size', label: 'world size', num: true, fmt: fmt.count },
+        { key: 'created_ns', label: 'created (UTC)', num: true, fmt: (v) => fmt.time(v).replace(/ UTC$/, '') },
+      ],
+    })));
     return;
   }
   if (sel.a === sel.b && sel.ra === sel.rb) {
