@@ -36,6 +36,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.request
 
@@ -141,6 +142,7 @@ def check_toolchain():
 
 def main():
     node = check_toolchain()
+    t0 = time.monotonic()
     tmp = tempfile.mkdtemp(prefix="kp_web_ui_", dir=kpfix.TEST_DIR)
     shutil.rmtree(ARTIFACTS, ignore_errors=True)
     os.makedirs(ARTIFACTS)
@@ -231,9 +233,13 @@ def main():
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
+        t1 = time.monotonic()
         p = subprocess.run([node, os.path.join(BROWSER, "ui_test.mjs"), spec_path],
                            capture_output=True, text=True, timeout=1200 * kpfix.SCALE,
                            cwd=BROWSER)
+        t2 = time.monotonic()
+        print("time: services and runs %.1f s, the browser's %d pages %.1f s"
+              % (t1 - t0, len(pages), t2 - t1))
         if p.returncode == 2 or not p.stdout.strip():
             raise AssertionError("ui_test.mjs failed to run (%d):\n%s" % (p.returncode,
                                                                           p.stderr[-4000:]))
