@@ -133,6 +133,9 @@ def same_us(ctl, api_row, what):
 def check_toolchain():
     node = shutil.which("node")
     assert node, "node is not installed: deploy/local/install-deps.sh installs it"
+    ver = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
+    assert re.match(r"v(1[89]|[2-9]\d)\.", ver), \
+        "node %s is too old for playwright-core: Node.js 18 or later is needed" % ver
     assert os.path.exists(os.path.join(BROWSER, "node_modules", "playwright-core")), \
         "tests/browser/node_modules is missing: deploy/local/install-deps.sh runs npm ci there"
     assert os.access(CHROMIUM, os.X_OK), \
