@@ -216,6 +216,8 @@ def main():
             {"name": "trace-hta-pair", "hash": "#/runs/%d/trace?rank=1" % pair},
             {"name": "diff", "hash": "#/diff?a=%d&ra=0&b=%d&rb=0" % (span1, span2)},
             {"name": "diff-ranks", "hash": "#/diff?a=%d&ra=0&b=%d&rb=5" % (synth, synth)},
+            {"name": "diff-pick", "hash": "#/diff"},
+            {"name": "runs-of-job", "hash": "#/runs?job=resnet50"},
         ]
         # the harness's own trials, last (a planted page must not linger in the cache)
         fault_page = os.path.join(BROWSER, "fault_page.js")
