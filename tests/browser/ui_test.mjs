@@ -165,6 +165,10 @@ async function checkPage(context, p) {
     const err = await page.evaluate(() => (document.querySelector('.kp-error') || document.body).innerText.replace(/\s+/g, ' '));
     problems.push('state ' + state + ': ' + err.slice(0, 500));
   }
+  // the page's slowest API call while it loaded (before the checks below read the API again)
+  const slowest = await page.evaluate(() => performance.getEntriesByType('resource')
+    .filter((e) => e.name.includes('/api/v1/'))
+    .reduce((m, e) => (e.duration > m.ms ? { ms: Math.round(e.duration), url: e.name.replace(location.origin, '') } : m), { ms: 0, url: '' }));
   // what the page shows, and the API's answers it came from (fetched in the page: its session)
   const shown = await page.evaluate(async () => {
     const sources = Object.assign({}, window.kpSources || {});
@@ -258,7 +262,7 @@ async function checkPage(context, p) {
   const shot = path.join(spec.artifacts, p.name + '.png');
   await page.screenshot({ path: shot, fullPage: true });
   await page.close();
-  const res = { name: p.name, hash: p.hash, state, ms, figures_checked: figuresChecked, cells_checked: cellsChecked, cells_computed: cellsComputed, waived, figures, screenshot: shot, problems };
+  const res = { name: p.name, hash: p.hash, state, ms, slowest_api: slowest, figures_checked: figuresChecked, cells_checked: cellsChecked, cells_computed: cellsComputed, waived, figures, screenshot: shot, problems };
   if (p.expect) {
     // a planted fault: the problems it must cause, and nothing else counts against it
     res.expected = problems;

@@ -269,6 +269,9 @@ def main():
                 print("%-36s %-6s %5d ms %4d figures, %5d cells checked%s" % (
                     pg["name"], pg["state"], pg["ms"], pg["figures_checked"],
                     pg["cells_checked"], "  (WAIVED: %s)" % pg["waived"] if pg.get("waived") else ""))
+                if pg["ms"] > 1000:
+                    print("%-36s slow: its slowest API call took %d ms: %s" % (
+                        "", pg["slowest_api"]["ms"], pg["slowest_api"]["url"]))
                 total[0] += pg["figures_checked"]
                 total[1] += pg["cells_checked"]
             bad += ["%s (%s): %s" % (pg["name"], pg["hash"], x) for x in pg["problems"]]
