@@ -150,7 +150,8 @@ async function checkPage(context, p) {
   await recordCsp(page);
   for (const [file, local] of Object.entries(p.serve || {})) {
     const body = fs.readFileSync(local);
-    await page.route(spec.base + file, (route) => route.fulfill({ status: 200, contentType: 'text/javascript', body }));
+    const type = local.endsWith('.html') ? 'text/html' : 'text/javascript';
+    await page.route(spec.base + file, (route) => route.fulfill({ status: 200, contentType: type, body }));
   }
   const t0 = Date.now();
   checkPolicy(await page.goto(spec.base + '/' + p.hash, { waitUntil: 'load' }), problems);
