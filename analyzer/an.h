@@ -197,6 +197,13 @@ struct kp_an_dict {
 int kp_an_dict_load(PGconn *c, const char *sql, const char *const *params, size_t *budget,
                     size_t max_rows, struct kp_an_dict *d, char *errbuf, size_t errlen);
 
+/* Fills d with the names of ids[0..n) (any order, repeats; ids <= 0 skipped), sorted by id,
+ * from the process's names cache (an.c: names rows are only ever added), reading over c only
+ * the ids it has not seen yet. Ids without a names row are left out. Thread-safe. Returns 0,
+ * KP_EPG or -ENOMEM (d then empty); free d with kp_an_dict_fini. */
+int kp_an_names_for(PGconn *c, const int32_t *ids, size_t n, struct kp_an_dict *d, char *errbuf,
+                    size_t errlen);
+
 /* The index of id in d, or -1. */
 int32_t kp_an_dict_find(const struct kp_an_dict *d, int64_t id);
 

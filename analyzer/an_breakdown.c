@@ -17,14 +17,38 @@
 
 /* ---- breakdown (spec §4) ------------------------------------------------------------- */
 
+/* A list of ranges that grows as it is filled: each category holds a fraction of the rank's
+ * events, so sizing every list for all of them (8 x 830 k ranges, and twice that for each
+ * share, at 1 M events) made most of the breakdown's peak memory. */
 struct rlist {
     struct kp_range *r;
-    size_t n;
+    size_t n, cap;
 };
 
-static int rl_push(struct rlist *l, size_t cap, int64_t s, int64_t e)
+/* Makes room for at least n ranges in l (its ranges kept); 0 or -ENOMEM. */
+static int rl_reserve(struct rlist *l, size_t n)
 {
-    if (l->n >= cap) {
+    struct kp_range *r;
+    size_t cap = l->cap ? l->cap : 64;
+
+    if (n <= l->cap) {
+        return 0;
+    }
+    while (cap < n) {
+        cap *= 2;
+    }
+    r = realloc(l->r, cap * sizeof(*r));
+    if (!r) {
+        return -ENOMEM;
+    }
+    l->r = r;
+    l->cap = cap;
+    return 0;
+}
+
+static int rl_push(struct rlist *l, int64_t s, int64_t e)
+{
+    if (l->n >= l->cap && rl_reserve(l, l->n + 1) < 0) {
         return -ENOMEM;
     }
     l->r[l->n++] = (struct kp_range){ s, e };
@@ -263,17 +287,19 @@ static int gpu_utilization(struct kp_an *a, struct kp_range *tmp)
 /* What kp_an_breakdown's phases share: each category's intervals, their shares after priority
  * masking, and scratch. */
 struct bd_work {
-    size_t cap; /* intervals a category holds */
     struct rlist cat[KP_AN_CAT_COUNT], share[KP_AN_CAT_COUNT];
-    struct kp_range *free_r, *all_steps, *tmp;
-    size_t n_free, n_all;
+    struct rlist free_r, tmp; /* the time no category before has taken; scratch */
+    struct kp_range *all_steps;
+    size_t n_all;
     int64_t *comm_ext; /* the communication ops' external ids, sorted */
     size_t n_comm, n_nccl, n_gloo;
 };
 
-/* The host ops' intervals: communication, data loading, CPU execution. */
-static void bd_collect_ops(struct kp_an *a, struct bd_work *w)
+/* The host ops' intervals: communication, data loading, CPU execution. 0 or -ENOMEM. */
+static int bd_collect_ops(struct kp_an *a, struct bd_work *w)
 {
+    int rc = 0;
+
     a->bd.use_dp = a->bd.use_ddp = false;
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
@@ -287,7 +313,7 @@ static void bd_collect_ops(struct kp_an *a, struct bd_work *w)
             a->bd.use_ddp = true;
         }
         if (kp__an_is_comm_op(o, s)) {
-            rl_push(&w->cat[KP_AN_COMMUNICATION], w->cap, o->start, o->end);
+            rc |= rl_push(&w->cat[KP_AN_COMMUNICATION], o->start, o->end);
             w->n_nccl += s[0] == 'n';
             w->n_gloo += s[0] == 'g';
             if (o->ext) {
@@ -295,21 +321,24 @@ static void bd_collect_ops(struct kp_an *a, struct bd_work *w)
             }
         }
         if (host && kp__an_is_dataloader_name(s)) {
-            rl_push(&w->cat[KP_AN_DATALOADER], w->cap, o->start, o->end);
+            rc |= rl_push(&w->cat[KP_AN_DATALOADER], o->start, o->end);
         }
         else if (host || o->kind == OPK_GPU_USER_ANNOTATION || o->kind == OPK_NVTX) {
-            rl_push(&w->cat[KP_AN_CPU_EXEC], w->cap, o->start, o->end);
+            rc |= rl_push(&w->cat[KP_AN_CPU_EXEC], o->start, o->end);
         }
     }
     qsort(w->comm_ext, w->n_comm, sizeof(*w->comm_ext), cmp_i64);
+    return rc < 0 ? -ENOMEM : 0;
 }
 
 /* The runtime calls' and device events' intervals; a kernel of a communication op (or, unless
- * plugin_compat, named as one) is communication. */
-static void bd_collect_devs(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
+ * plugin_compat, named as one) is communication. 0 or -ENOMEM. */
+static int bd_collect_devs(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
 {
-    for (size_t i = 0; i < a->n_rts; i++) {
-        rl_push(&w->cat[KP_AN_RUNTIME], w->cap, a->rts[i].start, a->rts[i].end);
+    int rc = rl_reserve(&w->cat[KP_AN_RUNTIME], a->n_rts);
+
+    for (size_t i = 0; i < a->n_rts && rc == 0; i++) {
+        rc = rl_push(&w->cat[KP_AN_RUNTIME], a->rts[i].start, a->rts[i].end);
     }
     for (size_t i = 0; i < a->n_devs; i++) {
         const struct an_dev *d = &a->devs[i];
@@ -326,13 +355,17 @@ static void bd_collect_devs(const struct kp_an *a, struct bd_work *w, bool plugi
                 c = KP_AN_COMMUNICATION;
             }
         }
-        rl_push(&w->cat[c], w->cap, d->start, d->end);
+        if (rc == 0) {
+            rc = rl_push(&w->cat[c], d->start, d->end);
+        }
     }
+    return rc;
 }
 
 /* Each category's share: its merged intervals within the steps, less those of the categories
- * before it; what is left is "other". */
-static void bd_mask(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
+ * before it; what is left is "other". Each list is sized for what it can hold: a ∩ b and
+ * a − b hold at most |a| + |b| ranges. 0 or -ENOMEM. */
+static int bd_mask(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
 {
     size_t n_steps = a->bd.n_steps;
 
@@ -343,31 +376,47 @@ static void bd_mask(const struct kp_an *a, struct bd_work *w, bool plugin_compat
         w->all_steps[s] = (struct kp_range){ a->steps[s].start_ns, a->steps[s].end_ns };
     }
     w->n_all = kp_ranges_merge(w->all_steps, n_steps);
+    if (rl_reserve(&w->free_r, w->n_all + 1) < 0) {
+        return -ENOMEM;
+    }
 
     /* Priority masking. The plugin starts with no free time and resets it to all steps
      * whenever it is empty, taking that category unmasked: a double count once a category
      * covers every step. kprof keeps it empty. */
     if (!plugin_compat) {
-        memcpy(w->free_r, w->all_steps, w->n_all * sizeof(*w->free_r));
-        w->n_free = w->n_all;
+        memcpy(w->free_r.r, w->all_steps, w->n_all * sizeof(*w->free_r.r));
+        w->free_r.n = w->n_all;
     }
     for (int c = 0; c < KP_AN_OTHER; c++) {
         struct rlist *sh = &w->share[c];
 
-        if (plugin_compat && w->n_free == 0) {
-            memcpy(sh->r, w->cat[c].r, w->cat[c].n * sizeof(*w->free_r));
+        if (rl_reserve(sh, w->cat[c].n + w->free_r.n + 1) < 0) {
+            return -ENOMEM;
+        }
+        if (plugin_compat && w->free_r.n == 0) {
+            memcpy(sh->r, w->cat[c].r, w->cat[c].n * sizeof(*sh->r));
             sh->n = w->cat[c].n;
-            memcpy(w->free_r, w->all_steps, w->n_all * sizeof(*w->free_r));
-            w->n_free = w->n_all;
+            memcpy(w->free_r.r, w->all_steps, w->n_all * sizeof(*w->free_r.r));
+            w->free_r.n = w->n_all;
         }
         else {
-            sh->n = kp_ranges_intersect(w->cat[c].r, w->cat[c].n, w->free_r, w->n_free, sh->r);
+            sh->n = kp_ranges_intersect(w->cat[c].r, w->cat[c].n, w->free_r.r, w->free_r.n, sh->r);
         }
-        w->n_free = kp_ranges_subtract(w->free_r, w->n_free, sh->r, sh->n, w->tmp);
-        memcpy(w->free_r, w->tmp, w->n_free * sizeof(*w->free_r));
+        if (rl_reserve(&w->tmp, w->free_r.n + sh->n + 1) < 0) {
+            return -ENOMEM;
+        }
+        w->free_r.n = kp_ranges_subtract(w->free_r.r, w->free_r.n, sh->r, sh->n, w->tmp.r);
+        if (rl_reserve(&w->free_r, w->free_r.n + 1) < 0) {
+            return -ENOMEM;
+        }
+        memcpy(w->free_r.r, w->tmp.r, w->free_r.n * sizeof(*w->free_r.r));
     }
-    memcpy(w->share[KP_AN_OTHER].r, w->free_r, w->n_free * sizeof(*w->free_r));
-    w->share[KP_AN_OTHER].n = w->n_free;
+    if (rl_reserve(&w->share[KP_AN_OTHER], w->free_r.n + 1) < 0) {
+        return -ENOMEM;
+    }
+    memcpy(w->share[KP_AN_OTHER].r, w->free_r.r, w->free_r.n * sizeof(*w->free_r.r));
+    w->share[KP_AN_OTHER].n = w->free_r.n;
+    return 0;
 }
 
 /* Each step's cost per category, and the averages over the steps. */
@@ -397,7 +446,8 @@ static void bd_step_costs(struct kp_an *a, const struct bd_work *w)
 
 int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_breakdown **out)
 {
-    struct bd_work w = { .cap = a->n_ops + a->n_rts + a->n_devs + 1 };
+    struct bd_work w = { 0 };
+    const struct rlist *comp;
     size_t n_steps;
     int rc = -ENOMEM;
 
@@ -409,33 +459,30 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
     }
     rc = -ENOMEM;
     n_steps = a->bd.n_steps;
-    for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
-        w.cat[c].r = calloc(w.cap, sizeof(struct kp_range));
-        w.share[c].r = calloc(2 * w.cap + n_steps + 1, sizeof(struct kp_range));
-        if (!w.cat[c].r || !w.share[c].r) {
-            goto out;
-        }
-    }
-    w.free_r = calloc(2 * w.cap + n_steps + 1, sizeof(*w.free_r));
     w.all_steps = calloc(n_steps + 1, sizeof(*w.all_steps));
-    w.tmp = calloc(2 * w.cap + n_steps + 1, sizeof(*w.tmp));
     w.comm_ext = calloc(a->n_ops + 1, sizeof(*w.comm_ext));
-    if (!w.free_r || !w.all_steps || !w.tmp || !w.comm_ext) {
+    if (!w.all_steps || !w.comm_ext || bd_collect_ops(a, &w) < 0 ||
+        bd_collect_devs(a, &w, plugin_compat) < 0) {
         goto out;
     }
-    bd_collect_ops(a, &w);
-    bd_collect_devs(a, &w, plugin_compat);
     a->bd.has_runtime = a->n_rts > 0;
     a->bd.has_kernel = a->n_kernels > 0;
     a->bd.has_memcpy_or_memset = a->n_memcpy + a->n_memset > 0;
     a->bd.has_communication = w.cat[KP_AN_COMMUNICATION].n > 0;
     a->bd.comm_node_count = w.n_nccl && w.n_gloo ? 0 : w.n_nccl + w.n_gloo;
     a->bd.comm_nccl = w.n_nccl > 0;
-    bd_mask(a, &w, plugin_compat);
+    if (bd_mask(a, &w, plugin_compat) < 0) {
+        goto out;
+    }
     bd_step_costs(a, &w);
-    overlap(a, w.cat[KP_AN_KERNEL].n ? &w.cat[KP_AN_KERNEL] : &w.cat[KP_AN_CPU_EXEC],
-            &w.cat[KP_AN_COMMUNICATION], w.tmp);
-    rc = gpu_utilization(a, w.tmp);
+    comp = w.cat[KP_AN_KERNEL].n ? &w.cat[KP_AN_KERNEL] : &w.cat[KP_AN_CPU_EXEC];
+    /* overlap's intersection, then gpu_utilization's kernels of one GPU */
+    if (rl_reserve(&w.tmp, comp->n + w.cat[KP_AN_COMMUNICATION].n + 1) < 0 ||
+        rl_reserve(&w.tmp, a->n_devs + 1) < 0) {
+        goto out;
+    }
+    overlap(a, comp, &w.cat[KP_AN_COMMUNICATION], w.tmp.r);
+    rc = gpu_utilization(a, w.tmp.r);
     if (rc < 0) {
         goto out;
     }
@@ -445,9 +492,9 @@ out:
         free(w.cat[c].r);
         free(w.share[c].r);
     }
-    free(w.free_r);
+    free(w.free_r.r);
     free(w.all_steps);
-    free(w.tmp);
+    free(w.tmp.r);
     free(w.comm_ext);
     return rc;
 }

@@ -82,6 +82,9 @@ struct an_tid_root {
 
 struct kp_an {
     struct kp_an_dict names;
+    /* per entry of names, for the kernels' names: 2 if kp_an_is_tc_kernel, 1 if not (0: not a
+     * kernel's name), computed once a name instead of once a kernel (kp__an_dev_tc) */
+    uint8_t *name_tc;
     struct an_op *ops;
     size_t n_ops;
     struct an_rt *rts; /* n_rts + 1 slots: the last may be the dummy runtime */
@@ -115,6 +118,13 @@ struct key_idx {
 static inline const char *kp__an_nm(const struct kp_an *a, int32_t idx)
 {
     return idx >= 0 ? a->names.v[idx].s : "";
+}
+
+/* Whether device event d is a kernel that uses Tensor Cores by its name (spec §7). */
+static inline bool kp__an_dev_tc(const struct kp_an *a, const struct an_dev *d)
+{
+    return d->kind == DEV_KERNEL &&
+           (d->name >= 0 ? a->name_tc[d->name] == 2 : kp_an_is_tc_kernel(""));
 }
 
 /* an_names.c */

@@ -247,7 +247,7 @@ static void model_link_devs(struct kp_an *a, struct model_build *mb)
         if (d->kind == DEV_KERNEL) {
             a->rts[rt].kern_ns += d->end - d->start;
         }
-        if (d->kind == DEV_KERNEL && kp_an_is_tc_kernel(kp__an_nm(a, d->name))) {
+        if (kp__an_dev_tc(a, d)) {
             a->rts[rt].tc_ns += d->end - d->start;
         }
     }
@@ -519,10 +519,17 @@ int kp__an_build_steps(struct kp_an *a)
 {
     size_t n;
     struct step_dev *sd = NULL;
+    size_t cap = a->n_rec_steps;
+    size_t n_prof = 0;
 
+    /* sized for the steps there are (the ProfilerStep ops, else the recorded steps, else one),
+     * not for "every op is a step" */
+    for (size_t i = 0; i < a->n_ops; i++) {
+        n_prof += a->ops[i].kind == OPK_PROFILER_STEP;
+    }
+    cap = n_prof > cap ? n_prof : cap;
     free(a->steps);
-    a->steps =
-        calloc((a->n_ops > a->n_rec_steps ? a->n_ops : a->n_rec_steps) + 1, sizeof(*a->steps));
+    a->steps = calloc(cap + 1, sizeof(*a->steps));
     if (!a->steps) {
         return -ENOMEM;
     }

@@ -267,7 +267,7 @@ int kp_an_tensor_cores(struct kp_an *a, struct kp_an_tc *out)
         }
         any = true;
         kern[d->device] += d->end - d->start;
-        if (kp_an_is_tc_kernel(kp__an_nm(a, d->name))) {
+        if (kp__an_dev_tc(a, d)) {
             tc[d->device] += d->end - d->start;
         }
     }

@@ -581,7 +581,16 @@ int main(int argc, char **argv)
                                      : KP_COUNTERS_TEXT);
     }
     rc = kp_pg_connect(a.conninfo, "kprof-analyze", &c, err, sizeof(err));
-    if (rc == 0) {
+    if (rc == 0 && (strcmp(a.verb, "roofline") == 0 || strcmp(a.verb, "prof") == 0)) {
+        /* they read the rank's rows themselves (kp_pyprof_create): only check that it exists */
+        char runs[24], ranks[16];
+        const char *params[2] = { runs, ranks };
+
+        snprintf(runs, sizeof(runs), "%" PRId64, a.run);
+        snprintf(ranks, sizeof(ranks), "%d", a.rank);
+        rc = kp_an_check_rank(c, params, a.run, a.rank, err, sizeof(err));
+    }
+    else if (rc == 0) {
         rc = kp_an_create(c, a.run, a.rank, (size_t) a.max_rows, &an, err, sizeof(err));
     }
     if (rc < 0) {

@@ -40,7 +40,8 @@ struct pp_key {
 };
 
 struct kp_pyprof {
-    PGresult *kr, * or ;
+    PGresult *kr, * or ;     /* while the table is built */
+    struct kp_an_dict names; /* the names kr's and or's name ids refer to */
     struct pp_op *ops;
     size_t n_ops;
     struct kp_pyprof_row *rows;
@@ -588,13 +589,12 @@ static int pp_query(PGconn *c, const char *const *params, size_t max_rows, struc
     size_t budget = 0;
     int rc;
 
-    rc = kp_an_query(
-        c, 2,
-        "SELECT x.start_ns, x.dur_ns, x.correlation, x.external_id, coalesce(n.name, ''), "
-        "x.stream, x.device, x.grid_x, x.grid_y, x.grid_z, x.block_x, x.block_y, "
-        "x.block_z FROM kernels x LEFT JOIN names n ON n.id = x.name" WHERE_RR
-        " ORDER BY x.correlation NULLS LAST, x.start_ns",
-        params, &budget, max_rows, &p->kr, errbuf, errlen);
+    rc = kp_an_query(c, 2,
+                     "SELECT x.start_ns, x.dur_ns, x.correlation, x.external_id, x.name, "
+                     "x.stream, x.device, x.grid_x, x.grid_y, x.grid_z, x.block_x, x.block_y, "
+                     "x.block_z FROM kernels x" WHERE_RR
+                     " ORDER BY x.correlation NULLS LAST, x.start_ns",
+                     params, &budget, max_rows, &p->kr, errbuf, errlen);
     if (rc < 0) {
         return rc;
     }
@@ -607,12 +607,43 @@ static int pp_query(PGconn *c, const char *const *params, size_t max_rows, struc
     }
     return kp_an_query(c, 2,
                        "SELECT x.start_ns, x.dur_ns, x.tid, x.op_id, x.seq, x.fwd_tid, "
-                       "x.external_id, coalesce(n.name, ''), coalesce(s.name, ''), "
-                       "coalesce(d.name, ''), x.kind FROM ops x LEFT JOIN names n ON n.id = "
-                       "x.name LEFT JOIN names s ON s.id = x.input_shapes LEFT JOIN names d ON "
-                       "d.id = x.input_dtypes" WHERE_RR
+                       "x.external_id, x.name, x.input_shapes, x.input_dtypes, x.kind "
+                       "FROM ops x" WHERE_RR
                        " AND x.kind IN (1, 2, 4, 5, 6) ORDER BY x.tid, x.start_ns, x.dur_ns DESC",
                        params, &budget, max_rows, &p->or, errbuf, errlen);
+}
+
+/* The names the rows refer to, from the process's names cache (kp_an_names_for) rather than
+ * joined on the server: the joins (three for each op) cost more than reading the rows. */
+static int pp_read_names(PGconn *c, struct kp_pyprof *p, char *errbuf, size_t errlen)
+{
+    size_t nk = (size_t) PQntuples(p->kr), no = (size_t) PQntuples(p->or), n = 0;
+    int32_t *ids = calloc(nk + 3 * no + 1, sizeof(*ids));
+    int rc;
+
+    if (!ids) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < nk; i++) {
+        ids[n++] = (int32_t) kp_pg_i64(p->kr, (int) i, 4, 0);
+    }
+    for (size_t i = 0; i < no; i++) {
+        for (int col = 7; col <= 9; col++) {
+            ids[n++] = (int32_t) kp_pg_i64(p->or, (int) i, col, 0);
+        }
+    }
+    rc = kp_an_names_for(c, ids, n, &p->names, errbuf, errlen);
+    free(ids);
+    return rc;
+}
+
+/* The name of id col of row in r ("" for NULL or an unknown id), as the join's coalesce gave. */
+static const char *pp_name(const struct kp_pyprof *p, const PGresult *r, int row, int col)
+{
+    int32_t i =
+        PQgetisnull(r, row, col) ? -1 : kp_an_dict_find(&p->names, kp_pg_i64(r, row, col, 0));
+
+    return i >= 0 ? p->names.v[i].s : "";
 }
 
 /* The host ops, each with its enclosing op, indexed by op_id and seq; -ENOMEM. */
@@ -641,9 +672,9 @@ static int pp_read_ops(struct kp_pyprof *p, struct pp_build *b)
         o->seq = kp_pg_i64(p->or, row, 4, -1);
         o->fwd_tid = kp_pg_i64(p->or, row, 5, -1);
         ext = kp_pg_i64(p->or, row, 6, -1);
-        o->name = PQgetvalue(p->or, row, 7);
-        o->shapes = PQgetvalue(p->or, row, 8);
-        o->dtypes = PQgetvalue(p->or, row, 9);
+        o->name = pp_name(p, p->or, row, 7);
+        o->shapes = pp_name(p, p->or, row, 8);
+        o->dtypes = pp_name(p, p->or, row, 9);
         o->kind = (uint8_t) kp_pg_i64(p->or, row, 10, -1);
         if (o->op_id < 0) {
             o->op_id = ext;
@@ -699,7 +730,7 @@ static void pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
     int row = (int) i;
     int64_t corr = kp_pg_i64(p->kr, row, 2, -1), ext = kp_pg_i64(p->kr, row, 3, -1);
     const struct pp_key *ck = corr >= 0 ? lower(b->by_corr, b->n_corr, corr) : NULL, *ok;
-    const char *kname = PQgetvalue(p->kr, row, 4);
+    const char *kname = pp_name(p, p->kr, row, 4);
     int32_t oi = -1;
 
     r->idx = i + 1;
@@ -759,12 +790,25 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
         return -ENOMEM;
     }
     rc = pp_query(c, params, max_rows, p, &ar, errbuf, errlen);
+    if (rc == 0) {
+        rc = pp_read_names(c, p, errbuf, errlen);
+        if (rc == -ENOMEM) {
+            goto nomem;
+        }
+    }
     if (rc < 0) {
         goto fail;
     }
     if (pp_read_ops(p, &b) < 0 || pp_read_calls(&b, ar) < 0) {
         goto nomem;
     }
+    /* the ops' and calls' results are in p->ops and b now (their names in p->names): freed
+     * before the table is built, so that the three results and the table are not all held at
+     * once */
+    PQclear(p->or);
+    p->or = NULL;
+    PQclear(ar);
+    ar = NULL;
     n = (size_t) PQntuples(p->kr);
     p->rows = calloc(n ? n : 1, sizeof(*p->rows));
     b.share = calloc(n ? n : 1, sizeof(*b.share));
@@ -775,6 +819,8 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
     for (size_t i = 0; i < n; i++) {
         pp_fill_kernel(p, &b, i);
     }
+    PQclear(p->kr);
+    p->kr = NULL;
     share_work(p->rows, b.share, n);
     rc = 0;
     *out = p;
@@ -806,6 +852,7 @@ void kp_pyprof_destroy(struct kp_pyprof *p)
     }
     PQclear(p->kr);
     PQclear(p->or);
+    kp_an_dict_fini(&p->names);
     free(p->ops);
     free(p->rows);
     free(p);

@@ -103,9 +103,23 @@ int64_t kp_ranges_length(const struct kp_range *r, size_t n)
 
 int64_t kp_ranges_clip_length(const struct kp_range *r, size_t n, int64_t start, int64_t end)
 {
+    size_t lo = 0, hi = n;
     int64_t t = 0;
 
-    for (size_t i = 0; i < n; i++) {
+    /* A set's ends rise with its starts: find the first range ending after start, then walk
+     * until one starts at or after end. O(log n + ranges inside), so clipping every step of a
+     * rank costs the ranges once, not once per step. */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (r[mid].end <= start) {
+            lo = mid + 1;
+        }
+        else {
+            hi = mid;
+        }
+    }
+    for (size_t i = lo; i < n && r[i].start < end; i++) {
         int64_t s = r[i].start > start ? r[i].start : start;
         int64_t e = r[i].end < end ? r[i].end : end;
 

@@ -32,7 +32,8 @@ size_t kp_ranges_subtract(const struct kp_range *a, size_t na, const struct kp_r
 /* Returns the total length of a set. */
 int64_t kp_ranges_length(const struct kp_range *r, size_t n);
 
-/* Returns the length of the part of a set inside [start, end). */
+/* Returns the length of the part of a set (sorted, disjoint) inside [start, end), in
+ * O(log n + the ranges it meets). */
 int64_t kp_ranges_clip_length(const struct kp_range *r, size_t n, int64_t start, int64_t end);
 
 #endif

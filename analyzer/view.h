@@ -86,6 +86,10 @@ extern const struct kp_view kp_view_breakdown, kp_view_ops, kp_view_kernels, kp_
     kp_view_distributed;
 extern const struct kp_view kp_view_diff; /* two sides: the other one in its key's opts */
 
+/* For a view without load_rank that reads the rank's rows itself: 0, or KP_ENOTFOUND (an
+ * unknown run or rank, the message in ctx->err, as kp_an_create says it) or KP_EPG. */
+int kp_view_check_rank(struct kp_view_ctx *ctx);
+
 /* Every view, in the order of the Analyzer service in proto/kprof.proto. */
 extern const struct kp_view *const kp_views[];
 extern const size_t kp_n_views;

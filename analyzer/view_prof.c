@@ -88,8 +88,11 @@ static int prof_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
         return -ENOMEM;
     }
     kprof__v1__prof_response__init(&s->m);
-    rc = kp_pyprof_create(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows, &s->prof, c->err,
-                          c->errlen);
+    rc = kp_view_check_rank(c);
+    if (rc == 0) {
+        rc = kp_pyprof_create(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows, &s->prof, c->err,
+                              c->errlen);
+    }
     if (rc == 0) {
         rc = fill_prof(&s->m, s->prof, &s->rows, &s->ptrs);
     }
@@ -105,12 +108,14 @@ static int prof_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
     return 0;
 }
 
-/* The rank is loaded first only so that an unknown rank is NOT_FOUND as in the other views. */
+/* Not load_rank: the table reads its own rows (kp_pyprof_create), so loading the rank too
+ * would read it twice; kp_view_check_rank answers an unknown rank NOT_FOUND as the other views do.
+ */
 const struct kp_view kp_view_prof = {
     .name = "Prof",
     .request = &kprof__v1__prof_request__descriptor,
     .reply = &kprof__v1__prof_response__descriptor,
-    .load_rank = true,
+    .load_rank = false,
     .key = prof_key,
     .compute = prof_compute,
 };

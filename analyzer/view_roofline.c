@@ -112,9 +112,12 @@ static int roofline_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
         return -ENOMEM;
     }
     kprof__v1__roofline_response__init(&s->m);
-    rc = kp_roofline_create(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows,
-                            o.group_by == 1 ? KP_ROOFLINE_BY_OP : KP_ROOFLINE_BY_KERNEL, &s->rl,
-                            c->err, c->errlen);
+    rc = kp_view_check_rank(c);
+    if (rc == 0) {
+        rc = kp_roofline_create(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows,
+                                o.group_by == 1 ? KP_ROOFLINE_BY_OP : KP_ROOFLINE_BY_KERNEL, &s->rl,
+                                c->err, c->errlen);
+    }
     if (rc == 0) {
         rc = fill_roofline(&s->m, s->rl, &s->devs, &s->dptrs, &s->rows, &s->ptrs);
     }
@@ -131,12 +134,14 @@ static int roofline_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
     return 0;
 }
 
-/* The rank is loaded first only so that an unknown rank is NOT_FOUND as in the other views. */
+/* Not load_rank: the table reads its own rows (kp_pyprof_create), so loading the rank too
+ * would read it twice; kp_view_check_rank answers an unknown rank NOT_FOUND as the other views do.
+ */
 const struct kp_view kp_view_roofline = {
     .name = "Roofline",
     .request = &kprof__v1__roofline_request__descriptor,
     .reply = &kprof__v1__roofline_response__descriptor,
-    .load_rank = true,
+    .load_rank = false,
     .key = kp_view_group_by_key,
     .compute = roofline_compute,
 };

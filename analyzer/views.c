@@ -170,6 +170,17 @@ grpc_status_code kp_view_status(const struct kp_view *v, const struct kp_view_ke
     }
 }
 
+int kp_view_check_rank(struct kp_view_ctx *ctx)
+{
+    char runs[24], ranks[16];
+    const char *params[2] = { runs, ranks };
+
+    snprintf(runs, sizeof(runs), "%" PRIu64, ctx->key->run);
+    snprintf(ranks, sizeof(ranks), "%d", (int) ctx->key->rank);
+    return kp_an_check_rank(ctx->pg, params, (int64_t) ctx->key->run, (int) ctx->key->rank,
+                            ctx->err, ctx->errlen);
+}
+
 int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage *req,
                     const struct kp_view_key *k, size_t max_rows, struct kp_an **an,
                     struct kp_view_reply *out, grpc_status_code *code, char *err, size_t len)

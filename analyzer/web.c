@@ -407,11 +407,17 @@ static void append_run(struct kp_strbuf *sb, PGresult *r, int i)
     append_enum(sb, &kprof__v1__run_state__descriptor, atoi(PQgetvalue(r, i, 3)));
     kp_strbuf_append_str(sb, ",\"source\":");
     append_enum(sb, &kprof__v1__run_source__descriptor, atoi(PQgetvalue(r, i, 4)));
-    kp_strbuf_appendf(sb,
-                      ",\"world_size\":%s,\"created_ns\":%s,\"ended_ns\":%s,\"batches\":%s,"
-                      "\"ranks\":%s,\"hosts\":%s}",
-                      PQgetvalue(r, i, 5), PQgetvalue(r, i, 6),
-                      PQgetisnull(r, i, 7) ? "null" : PQgetvalue(r, i, 7), PQgetvalue(r, i, 8),
+    /* the times as every view's int64 (kp_pbjson): past 2^53, strings a browser reads exactly */
+    kp_strbuf_appendf(sb, ",\"world_size\":%s,\"created_ns\":", PQgetvalue(r, i, 5));
+    kp_pbjson_write_i64(sb, kp_pg_i64(r, i, 6, 0));
+    kp_strbuf_append_str(sb, ",\"ended_ns\":");
+    if (PQgetisnull(r, i, 7)) {
+        kp_strbuf_append_str(sb, "null");
+    }
+    else {
+        kp_pbjson_write_i64(sb, kp_pg_i64(r, i, 7, 0));
+    }
+    kp_strbuf_appendf(sb, ",\"batches\":%s,\"ranks\":%s,\"hosts\":%s}", PQgetvalue(r, i, 8),
                       PQgetvalue(r, i, 9), PQgetvalue(r, i, 10));
 }
 

@@ -42,7 +42,7 @@ static int write_double(struct kp_strbuf *sb, double v, bool is_float)
     return kp_strbuf_append_str(sb, buf);
 }
 
-static int write_i64(struct kp_strbuf *sb, int64_t v)
+int kp_pbjson_write_i64(struct kp_strbuf *sb, int64_t v)
 {
     bool exact = v >= -(int64_t) JS_SAFE_INT && v <= (int64_t) JS_SAFE_INT;
 
@@ -88,7 +88,7 @@ static int write_value(struct kp_strbuf *sb, const ProtobufCFieldDescriptor *f, 
     case PROTOBUF_C_TYPE_INT64:
     case PROTOBUF_C_TYPE_SINT64:
     case PROTOBUF_C_TYPE_SFIXED64:
-        return write_i64(sb, *(const int64_t *) p);
+        return kp_pbjson_write_i64(sb, *(const int64_t *) p);
     case PROTOBUF_C_TYPE_UINT64:
     case PROTOBUF_C_TYPE_FIXED64:
         return write_u64(sb, *(const uint64_t *) p);

@@ -51,6 +51,10 @@
  * holds part of the object). */
 int kp_pbjson_write(struct kp_strbuf *sb, const ProtobufCMessage *msg);
 
+/* Appends v as the writer does an int64 field: a number when |v| <= 2^53, else a decimal
+ * string (for JSON the API builds by hand, so that it follows the same rule). 0 or -ENOMEM. */
+int kp_pbjson_write_i64(struct kp_strbuf *sb, int64_t v);
+
 /*
  * Sets msg's fields (an initialized message whose memory the system allocator owns, so that
  * protobuf_c_message_free_unpacked frees it, with what this adds) from the query string

@@ -278,6 +278,37 @@ int kp_pg_query(PGconn *c, const char *sql, int n_params, const char *const *par
     return check_result(c, res, out, errbuf, errlen);
 }
 
+int kp_pg_copy_out(PGconn *c, const char *sql, kp_pg_row_fn *fn, void *ud, char *errbuf,
+                   size_t errlen)
+{
+    PGresult *res = PQexec(c, sql);
+    char *buf;
+    int n, rc = 0, prc;
+
+    if (res == NULL || PQresultStatus(res) != PGRES_COPY_OUT) {
+        prc = check_result(c, res, NULL, errbuf, errlen);
+        if (prc == 0) {
+            snprintf(errbuf, errlen, "statement did not start a COPY TO STDOUT");
+            fault_set("");
+            prc = KP_EPG;
+        }
+        return prc;
+    }
+    PQclear(res);
+    while ((n = PQgetCopyData(c, &buf, 0)) > 0) {
+        if (rc == 0) {
+            rc = fn(ud, buf, (size_t) n - (buf[n - 1] == '\n'));
+        }
+        PQfreemem(buf);
+    }
+    /* -1: the COPY is over, its result follows; -2: failed, the result says why */
+    prc = check_result(c, PQgetResult(c), NULL, errbuf, errlen);
+    while ((res = PQgetResult(c)) != NULL) {
+        PQclear(res);
+    }
+    return prc != 0 ? prc : rc;
+}
+
 int kp_pg_reopen(PGconn *c, char *errbuf, size_t errlen)
 {
     PQreset(c);

@@ -104,6 +104,17 @@ int kp_pg_query(PGconn *c, const char *sql, int n_params, const char *const *par
                 char *errbuf, size_t errlen);
 
 /*
+ * Runs sql, a "COPY (query) TO STDOUT" (text format, no parameters), handing each row to fn as
+ * it arrives, without its newline (fields tab-separated, NULL as \N; fn may change the bytes,
+ * they are freed after the call): no result of every row is kept. A nonzero return of fn stops
+ * the calls (the other rows are read and dropped) and is returned. Returns 0, fn's code or
+ * KP_EPG. Blocks.
+ */
+typedef int kp_pg_row_fn(void *ud, char *row, size_t len);
+int kp_pg_copy_out(PGconn *c, const char *sql, kp_pg_row_fn *fn, void *ud, char *errbuf,
+                   size_t errlen);
+
+/*
  * COPY in three steps: begin ("COPY table (columns) FROM STDIN", text format), put any number
  * of buffers (whole rows or not: they are one stream), end. kp_pg_copy_end returns the rows
  * copied, or KP_EPG; with abort_reason non-NULL it makes the server abandon the COPY instead

@@ -19,7 +19,8 @@
 # bin/openssl and etc/openssl.cnf: the openssl command kprof-stack makes the stack's CA,
 # certificates and tokens with (an image may have none, or one that does not match lib/);
 # pg/lib/postgresql/N/{bin,lib} and pg/share/postgresql/N/ PostgreSQL's server (relocatable:
-# it finds share/ relative to bin/), pg/zoneinfo/ the UTC time zone files; deploy/local/kprof-stack, agent/kprof-run, agent/python/
+# it finds share/ relative to bin/), pg/zoneinfo/ the UTC time zone files; web/ the analyzer's
+# pages (kprof-stack serves them); deploy/local/kprof-stack, agent/kprof-run, agent/python/
 # and gpukit/ the scripts; src/ the injection library's sources, to rebuild it against another
 # CUDA (gpukit/run-on-gpu.sh does when the bundled one does not load).
 #
@@ -122,6 +123,7 @@ build_bundle() {
   cp -L /usr/share/zoneinfo/Etc/UTC /usr/share/zoneinfo/Etc/GMT "$root/pg/zoneinfo/Etc/"
   # Scripts and the injection library's sources.
   cp "$src/deploy/local/kprof-stack" "$root/deploy/local/"
+  cp -r "$src/web" "$root/web"
   cp "$src/agent/kprof-run" "$root/agent/"
   cp -r "$src/agent/python" "$root/agent/python"
   find "$root/agent/python" -name '__pycache__' -prune -exec rm -rf {} +

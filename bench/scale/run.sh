@@ -28,12 +28,16 @@
 #
 # usage: bench/scale/run.sh [--quick] [--build DIR] [--steps S] [--kernels-per-step K]
 #                           [--compare-ranks LIST] [--compare-kernels K] [--reps R]
-#                           [--ingest] [--keep]
+#                           [--ingest] [--keep] [--variant LABEL=PATH]... [--no-compare]
 #   --quick   a smoke run (20 steps x 50 kernels; compare at 8 ranks x 3 steps x 50 kernels)
 #   --reps R  timed repetitions of each baseline and view (medians; default 1: each view
 #             restarts the analyzer, cold)
 #   --keep    keep the generated runs (default: dropped at the end; a throwaway database is
 #             removed anyway)
+#   --variant LABEL=PATH  (repeatable) also time the kprof-analyzer binary at PATH on the same
+#             rows, in the same reps, right after this build's (e.g. main's build, for a before
+#             and after side by side); reported as VIEW@LABEL
+#   --no-compare  skip (b)
 # Environment: KPROF_BUILD_DIR; KPROF_BENCH_PG with KPROF_COLLECTOR to use a running
 # PostgreSQL and its collectord, else throwaway ones (bench/stack.sh). The default run takes
 # about 1.5 minutes on 2 shared cores (--reps 3: about 3) and about 2 GB of disk.
@@ -43,6 +47,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${KPROF_BUILD_DIR:-}
 steps=500 kernels=400 cranks=64,256,1024 ckernels=200 csteps=10 reps=1 quick=0 ingest=0 keep=0
+variants=() compare=1
 
 die() {
     echo "bench/scale: $*" >&2
@@ -60,6 +65,8 @@ while [ $# -gt 0 ]; do
     --reps) reps=$2; shift ;;
     --ingest) ingest=1 ;;
     --keep) keep=1 ;;
+    --variant) variants+=("$2"); shift ;;
+    --no-compare) compare=0 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
@@ -76,6 +83,11 @@ collectord=$build/collectord/kprof-collectord
 analyzer=$build/analyzer/kprof-analyzer
 [ -x "$kprofctl" ] && [ -x "$loadgen" ] && [ -x "$analyzer" ] ||
     die "$build lacks kprofctl, kprof-loadgen or kprof-analyzer; build them"
+this_analyzer=$analyzer
+for v in "${variants[@]}"; do
+    [[ $v =~ ^[A-Za-z0-9_.-]+=. ]] && [ -x "${v#*=}" ] ||
+        die "--variant $v: LABEL=PATH of a kprof-analyzer binary"
+done
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 
@@ -176,11 +188,18 @@ for i in $(seq 1 "$reps"); do
     timed copy_binary copy_all binary
     timed scan scan_all
     for v in "${views[@]}"; do
-        an_restart
-        timed "$v" "$kprofctl" "$v" --analyzer "$an_addr" --timeout 3600s --run "$brun" --rank 0 --json
-        echo "$v $(an_hwm)" >>"$work/hwm"
+        for va in "=$this_analyzer" "${variants[@]}"; do
+            analyzer=${va#*=}
+            lab=${va%%=*}
+            label=$v${lab:+@$lab}
+            an_restart
+            timed "$label" "$kprofctl" "$v" --analyzer "$an_addr" --timeout 3600s --run "$brun" \
+                --rank 0 --json
+            echo "$label $(an_hwm)" >>"$work/hwm"
+        done
     done
-    echo "bench/scale: rep $i: $(tail -n 8 "$work/times" | tr '\n' ' ')" >&2
+    analyzer=$this_analyzer
+    echo "bench/scale: rep $i: $(tail -n $((3 + 5 * (1 + ${#variants[@]}))) "$work/times" | tr '\n' ' ')" >&2
 done
 "$py" - "$work/out.breakdown" "$steps" <<'PYEOF' || die "the breakdown is wrong"
 import json, sys
@@ -194,6 +213,7 @@ bpr_rank=$(bytes_per_row "$brun")
 # ---- (b) compare at each rank count ---------------------------------------------------------
 : >"$work/cmp"
 IFS=, read -r -a clist <<<"$cranks"
+[ "$compare" = 1 ] || clist=()
 for n in "${clist[@]}"; do
     [ "$n" -ge 2 ] || die "--compare-ranks: $n: 2 ranks or more"
     echo "bench/scale: generating $n ranks x $csteps steps x $ckernels kernels (not timed)" >&2
@@ -259,10 +279,12 @@ print(f"  read the rank once, COPY text    {med['copy_text']:8.3f} s", file=err)
 print(f"  read the rank once, COPY binary  {med['copy_binary']:8.3f} s", file=err)
 print(f"  count/sum scan of the rank       {med['scan']:8.3f} s", file=err)
 views = {}
-for v in ("breakdown", "ops", "kernels", "prof", "roofline"):
+labels = [k for k in times if k.split("@")[0] in ("breakdown", "ops", "kernels", "prof", "roofline")]
+for v in sorted(labels, key=lambda k: (("breakdown", "ops", "kernels", "prof", "roofline").index(
+        k.split("@")[0]), "@" in k, k)):
     views[v] = {"s": times[v], "ratio": round(med[v] / base, 2), "max_rss_kb": hwm.get(v)}
-    print(f"  {v:10s} cold {med[v]:8.3f} s  {med[v] / base:6.1f}x COPY  peak RSS "
-          f"{hwm.get(v, 0) / 1024:7.1f} MiB{tag}", file=err)
+    print(f"  {v:18s} cold {med[v]:8.3f} s ({min(times[v]):.3f}..{max(times[v]):.3f})  "
+          f"{med[v] / base:6.1f}x COPY  peak RSS {hwm.get(v, 0) / 1024:7.1f} MiB{tag}", file=err)
 print(f"  bytes per row on disk: kernels {bpr['kernels']:.0f}, ops {bpr['ops']:.0f}, "
       f"API calls {bpr['api_calls']:.0f}", file=err)
 cmps = {}

@@ -262,6 +262,11 @@ async function checkPage(context, p) {
   }
   const shot = path.join(spec.artifacts, p.name + '.png');
   await page.screenshot({ path: shot, fullPage: true });
+  if (p.view) {
+    // the top of the page as a reader first sees it (docs/img's pictures come from these)
+    await page.setViewportSize({ width: 1440, height: p.view });
+    await page.screenshot({ path: path.join(spec.artifacts, p.name + '-top.png') });
+  }
   await page.close();
   const res = { name: p.name, hash: p.hash, state, ms, slowest_api: slowest, figures_checked: figuresChecked, cells_checked: cellsChecked, cells_computed: cellsComputed, waived, figures, screenshot: shot, problems };
   if (p.expect) {

@@ -63,6 +63,68 @@ static void test_subtract(void **state)
     assert_int_equal(kp_ranges_subtract(a, 2, (const struct kp_range[]){ R(-5, 40) }, 1, out), 0);
 }
 
+/* Clipping a set to windows, as breakdown clips each category to each step: windows that cut
+ * ranges, windows that touch a range's end or start (no overlap), empty and inverted windows,
+ * windows before, between and after every range, consecutive windows that share a boundary
+ * (their clips add up to the whole), and a long set checked against a plain sum. */
+static void test_clip_length(void **state)
+{
+    const struct kp_range r[] = { R(-10, -5), R(0, 10), R(12, 13), R(20, 30), R(30, 31) };
+    const struct kp_range set[] = { R(-10, -5), R(0, 10), R(12, 13), R(20, 31) };
+    const struct {
+        int64_t s, e, want;
+    } cases[] = {
+        { -20, 100, 5 + 10 + 1 + 11 }, /* all of it */
+        { 5, 25, 5 + 1 + 5 },          /* cuts the first and the last range it meets */
+        { 10, 12, 0 },                 /* between two ranges, touching both */
+        { 10, 13, 1 },                 /* touches one, holds the next */
+        { 12, 12, 0 },                 /* empty */
+        { 13, 12, 0 },                 /* inverted */
+        { -100, -10, 0 },              /* before every range, touching the first */
+        { 31, 50, 0 },                 /* after every range, touching the last */
+        { 25, 26, 1 },                 /* inside one range */
+        { -7, 1, 2 + 1 },              /* across the first gap */
+        { 0, 10, 10 },                 /* exactly one range */
+        { 9, 21, 1 + 1 + 1 },          /* the tails of three ranges */
+    };
+    /* steps that touch: [-20, 0) [0, 12) [12, 20) [20, 20) [20, 30) [30, 40) */
+    const int64_t bounds[] = { -20, 0, 12, 20, 20, 30, 40 };
+    const int64_t want_steps[] = { 5, 10, 1, 0, 10, 1 };
+    struct kp_range big[1000], m[5];
+    int64_t total = 0;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        assert_int_equal(kp_ranges_clip_length(set, 4, cases[i].s, cases[i].e), cases[i].want);
+    }
+    assert_int_equal(kp_ranges_clip_length(set, 0, -100, 100), 0);
+    for (size_t i = 0; i + 1 < sizeof(bounds) / sizeof(bounds[0]); i++) {
+        int64_t got = kp_ranges_clip_length(set, 4, bounds[i], bounds[i + 1]);
+
+        assert_int_equal(got, want_steps[i]);
+        total += got;
+    }
+    assert_int_equal(total, kp_ranges_clip_length(set, 4, -20, 40));
+    /* the unmerged input (touching ranges) merges to the set above */
+    memcpy(m, r, sizeof(r));
+    assert_ranges(m, kp_ranges_merge(m, 5), set, 4);
+    /* ranges [10 i, 10 i + 3): each window of 7 from every start sees 3 + its share of the
+     * next range */
+    for (int i = 0; i < 1000; i++) {
+        big[i] = R(10 * i, 10 * i + 3);
+    }
+    for (int64_t s = -15; s < 10010; s += 7) {
+        int64_t want = 0;
+
+        for (int i = 0; i < 1000; i++) {
+            int64_t lo = big[i].start > s ? big[i].start : s;
+            int64_t hi = big[i].end < s + 7 ? big[i].end : s + 7;
+
+            want += hi > lo ? hi - lo : 0;
+        }
+        assert_int_equal(kp_ranges_clip_length(big, 1000, s, s + 7), want);
+    }
+}
+
 /* ---- the plugin's cases ---- */
 
 static char *slurp(const char *name)
@@ -197,6 +259,7 @@ int main(void)
         cmocka_unit_test(test_merge),
         cmocka_unit_test(test_intersect),
         cmocka_unit_test(test_subtract),
+        cmocka_unit_test(test_clip_length),
         cmocka_unit_test(test_plugin_merge_ranges),
         cmocka_unit_test(test_plugin_subtract_ranges_lists),
     };
