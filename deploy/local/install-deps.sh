@@ -21,8 +21,9 @@ pkgs=(
   # driven by playwright-core from npm (tests/browser, below)
   chromium fonts-dejavu-core fonts-liberation
 )
-# Node.js 20 or later with npm runs the browser test's driver; the machine's own is used when
-# there is one (Debian 12's nodejs is 18, too old for playwright-core).
+# Node.js 18 or later with npm runs the browser test's driver: Debian 12's nodejs (18) where
+# the machine has no npm of its own (tests/browser pins playwright-core 1.61.1, the last
+# release that runs on Node 18).
 if ! command -v npm >/dev/null; then
   pkgs+=(nodejs npm)
 fi

@@ -1,17 +1,30 @@
 // kprof's pages in Debian's headless Chromium, driven by playwright-core (no browser of its
 // own: /usr/bin/chromium). tests/it/test_web_ui.py starts the services, imports the runs and
 // writes the spec this reads (argv[2], JSON):
-//   {base, token, bad_token, artifacts, chromium, pages: [{name, hash}]}
-// For each page: sign-in (once, through the sign-in page), open it in a fresh tab, wait for
-// body[data-kp-state] to leave "loading"; any console error or warning, uncaught exception,
-// failed request, HTTP status >= 400 or CSP violation fails the page. Then every figure
-// ([data-kp-figure="ALIAS:PATH"]) and every table cell ([data-kp-table="ALIAS:PATH"] rows)
-// is compared with the API's answer at window.kpSources[ALIAS] (web/js/main.js's convention):
-// the page must show exactly what the API said, and a page that shows no checked figure
-// fails (a broken convention cannot pass). A full-page screenshot of each goes to artifacts.
+//   {base, token, bad_token, artifacts, chromium, pages: [{name, hash, allow?, serve?,
+//    expect?, no_figures?}], no_session: [hash], perfetto: [...]}
+// First, without a session: the API answers 401 to the page and a page sends the browser to
+// the sign-in page. The sign-in page refuses bad_token with a visible message and takes token
+// (once: the session's cookie serves every page after). For each page: open it in a fresh
+// tab, wait for body[data-kp-state] to leave "loading" ("error" fails with the page's error
+// text); any console error or warning, uncaught exception, failed request, HTTP status >= 400
+// (but the page's `allow` substrings) or CSP violation fails the page, and so does a document
+// served without the Content-Security-Policy that makes the CSP check mean something. Then
+// every figure ([data-kp-figure="ALIAS:PATH"]) and every displayed table cell
+// ([data-kp-table="ALIAS:PATH"] rows, data-kp-row the index in the array, data-kp-key a field
+// or dotted path of the row, "calc:..." for a column the page computes) is compared with the
+// API's answer at window.kpSources[ALIAS] (web/js/main.js's convention), fetched again in the
+// page with its session: the page must show exactly what the API said (String(value)); a
+// page that checks no figure and no cell fails, and so does a table that shows rows but
+// checks no cell (a broken convention cannot pass). A full-page screenshot of each page goes
+// to artifacts/NAME.png.
+// A page with `expect` (the harness's own trials: `serve` replaces files of the UI with
+// planted faults) passes when every expected text is among its problems. `no_figures` (why)
+// waives the zero-figure rule for a page that shows an empty state ([data-kp-empty]) of a
+// known gap of the page, and only that rule.
 // Prints one JSON report on stdout: {pages: [{name, hash, state, figures_checked,
-// cells_checked, figures: {name: value}, problems: [...]}], login: {...}}; exits 1 on any
-// problem.
+// cells_checked, figures: {name: value}, problems: [...]}], login: {...}, ...} and a
+// readable summary on stderr; exits 1 on any unexpected problem, 2 when it could not run.
 
 import fs from 'node:fs';
 import os from 'node:os';
@@ -65,11 +78,53 @@ function watch(page, problems, allowed) {
   });
 }
 
+// The page's CSP violations land in window.kpCsp (read by cspOf).
+function recordCsp(page) {
+  return page.addInitScript(() => {
+    window.kpCsp = [];
+    document.addEventListener('securitypolicyviolation', (e) => window.kpCsp.push(e.violatedDirective + ' ' + (e.blockedURI || 'inline')));
+  });
+}
+
+async function cspOf(page) {
+  return (await page.evaluate(() => window.kpCsp || [])).map((c) => 'CSP violation: ' + c);
+}
+
+// The document's own answer must carry the policy, or a violation could never be reported.
+function checkPolicy(resp, problems) {
+  const csp = resp ? resp.headers()['content-security-policy'] || '' : '';
+  if (!csp.includes("default-src 'self'")) problems.push('the page came without its Content-Security-Policy (got "' + csp + '")');
+}
+
+// Without a session: the API is 401 to the page's own fetch, and a page that reads the API
+// sends the browser to the sign-in page with the page to come back to.
+async function noSession(context, hash) {
+  const page = await context.newPage();
+  const problems = [];
+  watch(page, problems, ['/api/v1/', 'status of 401']);
+  await recordCsp(page);
+  checkPolicy(await page.goto(spec.base + '/' + hash, { waitUntil: 'load' }), problems);
+  let landed = '';
+  try {
+    await page.waitForFunction(() => location.hash.startsWith('#/login') && document.body.dataset.kpState === 'ready' &&
+      document.getElementById('kp-token') !== null, null, { timeout: TIMEOUT_MS });
+  } catch (e) {
+    problems.push('without a session ' + hash + ' did not end on the sign-in page');
+  }
+  landed = await page.evaluate(() => location.hash);
+  const status = await page.evaluate(async () => (await fetch('/api/v1/runs', { credentials: 'same-origin' })).status);
+  if (status !== 401) problems.push('without a session GET /api/v1/runs answered ' + status + ', not 401');
+  problems.push(...await cspOf(page));
+  await page.close();
+  return { hash, landed, api_status: status, problems };
+}
+
 async function signIn(context, token, expectOk) {
   const page = await context.newPage();
   const problems = [];
-  watch(page, problems, expectOk ? [] : ['/api/v1/session', '401']);
-  await page.goto(spec.base + '/#/login', { waitUntil: 'load' });
+  watch(page, problems, expectOk ? [] : ['/api/v1/session', 'status of 401']);
+  await recordCsp(page);
+  checkPolicy(await page.goto(spec.base + '/#/login', { waitUntil: 'load' }), problems);
   await page.waitForFunction(() => document.body.dataset.kpState !== 'loading', null, { timeout: TIMEOUT_MS });
   await page.fill('#kp-token', token);
   await page.click('form.kp-login button[type=submit]');
@@ -79,8 +134,11 @@ async function signIn(context, token, expectOk) {
   } else {
     await page.waitForFunction(() => document.querySelector('.kp-login-msg').textContent !== '', null, { timeout: TIMEOUT_MS });
     message = await page.textContent('.kp-login-msg');
+    if (!await page.isVisible('.kp-login-msg')) problems.push('the refusal "' + message + '" is not visible');
+    if (!(await page.evaluate(() => location.hash)).startsWith('#/login')) problems.push('a wrong token left the sign-in page');
     await page.screenshot({ path: path.join(spec.artifacts, 'login-refused.png') });
   }
+  problems.push(...await cspOf(page));
   await page.close();
   return { problems, message };
 }
@@ -89,12 +147,14 @@ async function checkPage(context, p) {
   const page = await context.newPage();
   const problems = [];
   watch(page, problems, p.allow || []);
-  await page.addInitScript(() => {
-    window.kpCsp = [];
-    document.addEventListener('securitypolicyviolation', (e) => window.kpCsp.push(e.violatedDirective + ' ' + e.blockedURI));
-  });
+  await recordCsp(page);
+  for (const [file, local] of Object.entries(p.serve || {})) {
+    const body = fs.readFileSync(local);
+    const type = local.endsWith('.html') ? 'text/html' : 'text/javascript';
+    await page.route(spec.base + file, (route) => route.fulfill({ status: 200, contentType: type, body }));
+  }
   const t0 = Date.now();
-  await page.goto(spec.base + '/' + p.hash, { waitUntil: 'load' });
+  checkPolicy(await page.goto(spec.base + '/' + p.hash, { waitUntil: 'load' }), problems);
   try {
     await page.waitForFunction(() => document.body.dataset.kpState !== 'loading', null, { timeout: TIMEOUT_MS });
   } catch (e) {
@@ -103,9 +163,13 @@ async function checkPage(context, p) {
   const ms = Date.now() - t0;
   const state = await page.evaluate(() => document.body.dataset.kpState);
   if (state !== 'ready') {
-    const err = await page.evaluate(() => (document.querySelector('.kp-error') || document.body).innerText);
+    const err = await page.evaluate(() => (document.querySelector('.kp-error') || document.body).innerText.replace(/\s+/g, ' '));
     problems.push('state ' + state + ': ' + err.slice(0, 500));
   }
+  // the page's slowest API call while it loaded (before the checks below read the API again)
+  const slowest = await page.evaluate(() => performance.getEntriesByType('resource')
+    .filter((e) => e.name.includes('/api/v1/'))
+    .reduce((m, e) => (e.duration > m.ms ? { ms: Math.round(e.duration), url: e.name.replace(location.origin, '') } : m), { ms: 0, url: '' }));
   // what the page shows, and the API's answers it came from (fetched in the page: its session)
   const shown = await page.evaluate(async () => {
     const sources = Object.assign({}, window.kpSources || {});
@@ -119,14 +183,15 @@ async function checkPage(context, p) {
     }));
     const tables = [...document.querySelectorAll('[data-kp-table]')].map((t) => ({
       id: t.dataset.kpTable,
+      shown_rows: t.querySelectorAll('tbody tr').length,
       rows: [...t.querySelectorAll('tbody tr[data-kp-row]')].map((tr) => ({
         row: Number(tr.dataset.kpRow),
         cells: [...tr.querySelectorAll('td[data-kp-key]')].map((td) => ({ key: td.dataset.kpKey, value: td.dataset.kpValue })),
       })),
     }));
-    return { sources, answers, figures, tables, csp: window.kpCsp };
+    const empty = [...document.querySelectorAll('[data-kp-empty]')].map((e) => e.dataset.kpEmpty);
+    return { sources, answers, figures, tables, empty, csp: window.kpCsp };
   });
-  for (const c of shown.csp) problems.push('CSP violation: ' + c);
   let figuresChecked = 0;
   let cellsChecked = 0;
   const figures = {};
@@ -149,16 +214,20 @@ async function checkPage(context, p) {
       figuresChecked++;
     }
   }
+  let cellsComputed = 0;
   for (const t of shown.tables) {
     const colon = t.id.indexOf(':');
-    const alias = t.id.slice(0, colon);
+    const alias = colon < 0 ? null : t.id.slice(0, colon);
     if (alias === 'calc') continue;
-    const ans = shown.answers[alias];
+    const ans = alias === null ? undefined : shown.answers[alias];
     const arr = ans ? resolve(ans.body, t.id.slice(colon + 1)) : undefined;
     if (!Array.isArray(arr)) {
-      problems.push('table ' + t.id + ': the API answer has no such array');
+      problems.push('table ' + t.id + ': ' + (ans ? 'the API answer has no such array' : 'no API answer named ' + alias +
+        ' (kpSources has ' + Object.keys(shown.answers).join(', ') + ')'));
       continue;
     }
+    if (t.rows.length !== t.shown_rows) problems.push('table ' + t.id + ': ' + (t.shown_rows - t.rows.length) + ' rows without data-kp-row');
+    let checked = 0;
     for (const r of t.rows) {
       const row = arr[r.row];
       if (row === undefined) {
@@ -166,17 +235,31 @@ async function checkPage(context, p) {
         continue;
       }
       for (const c of r.cells) {
+        if (c.key.startsWith('calc:')) {
+          cellsComputed++; // a column the page computes itself
+          continue;
+        }
         const want = typeof row === 'object' && row !== null ? resolve(row, c.key) : undefined;
-        if (want === undefined) continue; // a column the page computes (not a field of the row)
-        if (raw(want) !== c.value) {
+        if (want === undefined) {
+          problems.push('table ' + t.id + ' row ' + r.row + ' ' + c.key + ': the API\'s row has no such field (a computed column is named "calc:...")');
+        } else if (raw(want) !== c.value) {
           problems.push('table ' + t.id + ' row ' + r.row + ' ' + c.key + ': the page shows ' + c.value + ', the API says ' + raw(want));
         } else {
-          cellsChecked++;
+          checked++;
         }
       }
     }
+    if (t.rows.length > 0 && checked === 0) problems.push('table ' + t.id + ': shows ' + t.rows.length + ' rows but no cell of the API was checked');
+    cellsChecked += checked;
   }
-  if (figuresChecked + cellsChecked === 0) problems.push('no figure or table cell of the API was checked on this page');
+  problems.push(...shown.csp.map((c) => 'CSP violation: ' + c));
+  let waived = null;
+  if (figuresChecked + cellsChecked === 0) {
+    // A known empty state that shows no figure yet (spec's no_figures says why): waived only
+    // where the page does show an empty state ([data-kp-empty]); every other check stands.
+    if (p.no_figures && shown.empty.length > 0) waived = p.no_figures + ' (empty state: ' + shown.empty.join(', ') + ')';
+    else problems.push('no figure or table cell of the API was checked on this page');
+  }
   const shot = path.join(spec.artifacts, p.name + '.png');
   await page.screenshot({ path: shot, fullPage: true });
   if (p.view) {
@@ -185,7 +268,14 @@ async function checkPage(context, p) {
     await page.screenshot({ path: path.join(spec.artifacts, p.name + '-top.png') });
   }
   await page.close();
-  return { name: p.name, hash: p.hash, state, ms, figures_checked: figuresChecked, cells_checked: cellsChecked, figures, screenshot: shot, problems };
+  const res = { name: p.name, hash: p.hash, state, ms, slowest_api: slowest, figures_checked: figuresChecked, cells_checked: cellsChecked, cells_computed: cellsComputed, waived, figures, screenshot: shot, problems };
+  if (p.expect) {
+    // a planted fault: the problems it must cause, and nothing else counts against it
+    res.expected = problems;
+    res.missed = p.expect.filter((x) => !problems.some((q) => q.includes(x)));
+    res.problems = res.missed.map((x) => 'the planted fault was not caught: no problem says "' + x + '"');
+  }
+  return res;
 }
 
 // Perfetto's side of its postMessage handoff, played by a page served in place of
@@ -237,8 +327,9 @@ async function main() {
     executablePath: spec.chromium || '/usr/bin/chromium', headless: true, args: ARGS,
     viewport: { width: 1440, height: 1000 }, ignoreHTTPSErrors: false,
   });
-  const report = { pages: [] };
+  const report = { pages: [], no_session: [] };
   try {
+    for (const hash of spec.no_session || []) report.no_session.push(await noSession(context, hash));
     report.login_refused = await signIn(context, spec.bad_token, false);
     report.login = await signIn(context, spec.token, true);
     for (const p of spec.pages) report.pages.push(await checkPage(context, p));
@@ -249,10 +340,20 @@ async function main() {
     fs.rmSync(userDir, { recursive: true, force: true });
   }
   process.stdout.write(JSON.stringify(report) + '\n');
-  const bad = report.login.problems.length + report.login_refused.problems.length +
-    report.pages.reduce((n, p) => n + p.problems.length, 0) +
-    report.perfetto.reduce((n, p) => n + p.problems.length, 0);
-  process.exit(bad === 0 ? 0 : 1);
+  const bad = [];
+  for (const n of report.no_session) bad.push(...n.problems.map((x) => 'no session ' + n.hash + ': ' + x));
+  bad.push(...report.login_refused.problems.map((x) => 'sign-in, wrong token: ' + x));
+  bad.push(...report.login.problems.map((x) => 'sign-in: ' + x));
+  for (const p of report.pages) {
+    process.stderr.write(p.name.padEnd(34) + ' ' + String(p.state).padEnd(6) + String(p.ms).padStart(6) + ' ms ' +
+      String(p.figures_checked).padStart(5) + ' figures ' + String(p.cells_checked).padStart(6) + ' cells checked' +
+      (p.expect ? '  (planted fault: ' + (p.missed.length ? 'MISSED' : 'caught') + ')' : '') +
+      (p.waived ? '  (no figure: waived, ' + p.waived + ')' : '') + '\n');
+    bad.push(...p.problems.map((x) => p.name + ' (' + p.hash + '): ' + x));
+  }
+  for (const p of report.perfetto) bad.push(...p.problems.map((x) => p.name + ': ' + x));
+  if (bad.length) process.stderr.write('ui_test: ' + bad.length + ' problems:\n  ' + bad.join('\n  ') + '\n');
+  process.exit(bad.length === 0 ? 0 : 1);
 }
 
 main().catch((e) => {
