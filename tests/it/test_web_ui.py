@@ -80,10 +80,7 @@ FAULTS = {
 # check cannot tell it from a page that lost its figures): only the zero-figure rule is waived
 # there, and only while the page shows its [data-kp-empty] state. Drop an entry once the page
 # shows its empty state through ui.fig (e.g. fig('memory:devices', devices, ...)).
-NO_FIGURES = {
-    ("hta-pair", "memory"): "the memory tab's 'no memory records' names no figure of the Memory view",
-    ("nccl-pair", "memory"): "the memory tab's 'no memory records' names no figure of the Memory view",
-}
+NO_FIGURES = {}
 PLANTED_EXPECT = {}  # name of a planted page -> what it must cause
 TABS = ("overview", "operators", "kernels", "memory", "distributed", "pyprof", "roofline",
         "counters")

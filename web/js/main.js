@@ -12,7 +12,8 @@
 // answer it came from; PATH a JSON path in it, "average.kernel_ns", "ranks[3].step_ns"), and
 // every table of API rows through ui.table({id: "ALIAS:PATH"}) (PATH the array; a row's
 // data-kp-row its index there, a cell's data-kp-key its field). Figures a page computes
-// itself (a sum, a ratio) are named "calc:NAME" and not looked up.
+// itself (a sum, a ratio) are named "calc:NAME" and not looked up, and so are table columns it
+// computes (key "calc:NAME"); any other column must be a field of the API's rows.
 
 import { ApiError, logout, sources } from './api.js';
 import { crumbs, errorBox, h, loading } from './ui.js';

@@ -14,7 +14,8 @@ export async function render(root, ctx) {
   const rows = m.rows || [];
   if (devices.length === 0) {
     root.append(section('Memory', h('div', { class: 'kp-empty', 'data-kp-empty': 'memory' },
-      'No memory records on this rank: the trace has no [memory] events. Capture them with ',
+      'No memory records on this rank (devices with records: ', fig('memory:devices', devices, 'none'),
+      '): the trace has no [memory] events. Capture them with ',
       h('code', {}, 'profile_memory=True'), ' in torch.profiler (kprof-run and the agent\'s capture record them when asked to).')));
     return;
   }
