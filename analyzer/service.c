@@ -339,6 +339,7 @@ static void run_job(struct worker *w, struct job *j)
     state = ver.state;
     batches = ver.batches;
     if (rc == KP_ENOTFOUND) {
+        kp_log_debug("no such run method=%s run=%" PRIu64, v->name, k.k.run);
         finish_error(a, j, GRPC_STATUS_NOT_FOUND, err);
         return;
     }
