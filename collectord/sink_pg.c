@@ -420,6 +420,23 @@ static int last_seqs(struct kp_sink *s, size_t lo, size_t hi, const PGresult *re
     return 0;
 }
 
+/* The run ids of the pending items in [lo, hi) as a PostgreSQL array literal in ids. 0, or
+ * -ENOMEM. */
+static int pending_run_ids(struct kp_sink *s, size_t lo, size_t hi, struct kp_strbuf *ids)
+{
+    int rc;
+
+    if ((rc = arr_open(ids)) != 0) {
+        return rc;
+    }
+    for (size_t i = lo; i < hi; i++) {
+        if (s->state[i] == ST_PENDING) {
+            rc |= kp_pg_array_i64(ids, (int64_t) s->items[i]->batch->run_id);
+        }
+    }
+    return (rc | kp_pg_array_close(ids)) != 0 ? -ENOMEM : 0;
+}
+
 /* A batch goes into a run that has ended: its compare summary (collectord/summary.h), made
  * when it ended, is deleted in this transaction, so that compare reads the events from now on
  * (a later EndRun of the run makes it again). Of the pending items' runs, only those ended
@@ -431,16 +448,8 @@ static int drop_summaries(struct kp_sink *s, size_t lo, size_t hi)
     char err[384];
     int rc;
 
-    if ((rc = arr_open(ids)) != 0) {
+    if ((rc = pending_run_ids(s, lo, hi, ids)) != 0) {
         return rc;
-    }
-    for (size_t i = lo; i < hi; i++) {
-        if (s->state[i] == ST_PENDING) {
-            rc |= kp_pg_array_i64(ids, (int64_t) s->items[i]->batch->run_id);
-        }
-    }
-    if ((rc |= kp_pg_array_close(ids)) != 0) {
-        return -ENOMEM;
     }
     params[0] = ids->data;
     if ((rc = kp_pg_query(s->conn,
@@ -476,16 +485,8 @@ static int check_open(struct kp_sink *s, size_t lo, size_t hi)
     bool closed = false, stale = false;
     int rc = 0;
 
-    if ((rc = arr_open(ids)) != 0) {
+    if ((rc = pending_run_ids(s, lo, hi, ids)) != 0) {
         return rc;
-    }
-    for (size_t i = lo; i < hi; i++) {
-        if (s->state[i] == ST_PENDING) {
-            rc |= kp_pg_array_i64(ids, (int64_t) s->items[i]->batch->run_id);
-        }
-    }
-    if ((rc |= kp_pg_array_close(ids)) != 0) {
-        return -ENOMEM;
     }
     params[0] = ids->data;
     if ((rc = kp_pg_query(s->conn,
