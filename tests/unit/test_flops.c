@@ -641,6 +641,14 @@ static void test_junk(void **state)
     assert_int_equal(kp_flops_parse("[[8, 3, 2, 2], [16, 3, 3, 3]]", "['float', 'float']", &a), 0);
     kp_flops_compute("aten::conv2d", &a, KP_FLOPS_FWD, NULL, &r); /* output would be 0x0 */
     assert_false(r.known);
+    /* a 0-d operand to matmul, on either side or both (found by fuzz_shapes) */
+    static const char *const zero_d[] = { "[[], [4]]", "[[4], []]", "[[], []]", "[[], [3, 4]]",
+                                          "[[3, 4], []]" };
+    for (size_t i = 0; i < sizeof(zero_d) / sizeof(zero_d[0]); i++) {
+        assert_int_equal(kp_flops_parse(zero_d[i], "['float', 'float']", &a), 0);
+        kp_flops_compute("aten::matmul", &a, KP_FLOPS_FWD, NULL, &r);
+        assert_false(r.known);
+    }
     assert_int_equal(kp_flops_parse("[[8], [3]]", "['float', 'float']", &a), 0);
     kp_flops_compute("aten::scaled_dot_product_attention", &a, KP_FLOPS_BWD, NULL, &r);
     assert_false(r.known);
