@@ -146,6 +146,11 @@ static int metrics(void *ud, struct kp_strbuf *out)
             "Compare summaries that failed (the run is compared from its events).", sum.failed);
     COUNTER("compare_summary_milliseconds_total", "Time spent making compare summaries.",
             (uint64_t) (sum.seconds * 1000.0));
+    COUNTER("kernels_compacted_total",
+            "Kernel rows of ended runs moved into compressed chunks (kernel_chunks).",
+            sum.kernels_compacted);
+    COUNTER("kernel_compaction_milliseconds_total", "Time spent compacting kernel rows.",
+            (uint64_t) (sum.compact_seconds * 1000.0));
     COUNTER("grpc_listener_restarts_total",
             "gRPC listeners restarted after they stopped accepting (out of file descriptors).",
             d->server != NULL ? kp_rpc_server_restarts(d->server) : 0);

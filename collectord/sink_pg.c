@@ -795,7 +795,7 @@ static long insert_keys(struct kp_sink *s, size_t lo, size_t hi)
 static long copy_kind(struct kp_sink *s, enum kp_event_kind k, bool side, size_t lo, size_t hi)
 {
     const struct kp_event_kind_info *ki = &kp_event_kinds[k];
-    const char *table = side ? ki->side->table : ki->table;
+    const char *table = side ? ki->side->table : ki->store;
     size_t want = 0, chunk = KP_SINK_COPY_FIRST_CHUNK;
     long got;
     char err[384];

@@ -290,7 +290,7 @@ static void build_lock_sql(struct kp_sink *s)
 
     tables[n++] = "ingest_batches";
     for (int k = 0; k < KP_EV_COUNT; k++) {
-        tables[n++] = kp_event_kinds[k].table;
+        tables[n++] = kp_event_kinds[k].store;
         if (kp_event_kinds[k].side != NULL) {
             tables[n++] = kp_event_kinds[k].side->table;
         }

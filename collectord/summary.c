@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,8 +42,12 @@ static const char lock_sql[] =
 /* The event tables' parents, in name order: the order kp_drop_run and kp_create_run_partitions
  * (which lock them ACCESS EXCLUSIVE) and the sink take them in, so that a run dropped or
  * created meanwhile waits for the summary instead of deadlocking with it. */
-static const char tables_sql[] = "LOCK TABLE ONLY api_calls, ONLY kernels, ONLY memcpys, ONLY "
-                                 "memsets, ONLY ops, ONLY steps IN ACCESS SHARE MODE";
+static const char tables_sql[] = "LOCK TABLE ONLY api_calls, ONLY kernel_chunks, ONLY kernel_rows, "
+                                 "ONLY memcpys, ONLY memsets, ONLY ops, ONLY steps IN ACCESS "
+                                 "SHARE MODE";
+
+/* The run's kernel rows into chunks (migration 0015): the kernels moved. */
+static const char compact_sql[] = "SELECT kp_compact_kernels($1)";
 
 static const char *const clear_sql[] = {
     "DELETE FROM compare_runs WHERE run_id = $1",  "DELETE FROM compare_sums WHERE run_id = $1",
@@ -221,9 +226,6 @@ static int make_locked(PGconn *c, const char *id, double t0, char *errbuf, size_
     PGresult *r = NULL, *sums = NULL;
     int rc;
 
-    if ((rc = kp_pg_exec(c, tables_sql, errbuf, errlen)) != 0) {
-        return rc;
-    }
     for (size_t i = 0; i < sizeof(clear_sql) / sizeof(clear_sql[0]); i++) {
         if ((rc = kp_pg_query(c, clear_sql[i], 1, p4, NULL, errbuf, errlen)) != 0) {
             return rc;
@@ -274,7 +276,9 @@ int kp_summary_make(PGconn *c, uint64_t run_id, double *secs, char *errbuf, size
     char id[24], version[16];
     const char *p2[2] = { id, version };
     PGresult *r = NULL;
-    double t0 = kp_mono_s();
+    double t0 = kp_mono_s(), t1;
+    long long moved;
+    bool current;
     int rc;
 
     *secs = -1.0;
@@ -295,22 +299,40 @@ int kp_summary_make(PGconn *c, uint64_t run_id, double *secs, char *errbuf, size
         rc = KP_ENOTFOUND;
         goto rollback;
     }
-    /* open: nothing to summarise yet; or summarised already (EndRun again) */
-    if (strcmp(PQgetvalue(r, 0, 0), "1") == 0 || strcmp(PQgetvalue(r, 0, 1), "t") == 0) {
+    /* open: nothing to compact or summarise yet */
+    if (strcmp(PQgetvalue(r, 0, 0), "1") == 0) {
         PQclear(r);
         kp_pg_rollback(c);
         return 0;
     }
+    current = strcmp(PQgetvalue(r, 0, 1), "t") == 0; /* summarised already (EndRun again) */
     PQclear(r);
     r = NULL;
-    if ((rc = make_locked(c, id, t0, errbuf, errlen)) != 0 ||
+    /* The kernels first, so that the summary reads them as chunks like every later reader;
+     * EndRun again compacts the rows of late batches. */
+    if ((rc = kp_pg_exec(c, tables_sql, errbuf, errlen)) != 0 ||
+        (rc = kp_pg_query(c, compact_sql, 1, p2, &r, errbuf, errlen)) != 0) {
+        goto rollback;
+    }
+    moved = kp_pg_i64(r, 0, 0, 0);
+    PQclear(r);
+    r = NULL;
+    t1 = kp_mono_s();
+    if ((!current && (rc = make_locked(c, id, t1, errbuf, errlen)) != 0) ||
         (rc = kp_pg_exec(c, "COMMIT", errbuf, errlen)) != 0) {
         goto rollback;
     }
-    *secs = kp_mono_s() - t0;
     pthread_mutex_lock(&stats_mu);
-    stats.made++;
-    stats.seconds += *secs;
+    stats.kernels_compacted += (uint64_t) moved;
+    stats.compact_seconds += t1 - t0;
+    if (moved > 0) {
+        kp_log_info("kernels compacted run=%s kernels=%lld seconds=%.3f", id, moved, t1 - t0);
+    }
+    if (!current) {
+        *secs = kp_mono_s() - t1;
+        stats.made++;
+        stats.seconds += *secs;
+    }
     pthread_mutex_unlock(&stats_mu);
     return 0;
 rollback:

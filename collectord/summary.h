@@ -20,17 +20,22 @@ struct kp_summary_stats {
     uint64_t made;   /* summaries committed */
     uint64_t failed; /* summaries that failed (the run is then compared from its events) */
     double seconds;  /* time spent making the committed ones */
+    uint64_t kernels_compacted; /* kernel rows moved into chunks (kp_compact_kernels) */
+    double compact_seconds;     /* time spent moving them */
 };
 
 /*
- * Summarises run_id, which has ended (ENDED or FAILED), in one transaction that first locks
- * the run row FOR NO KEY UPDATE, so that no batch is stored into the run meanwhile (the sink
- * locks it FOR SHARE): what is summarised is every batch stored. Replaces a previous summary of
- * the run. An open run, and one summarised already in this format (EndRun again), are left
- * alone (returns 0, *secs -1). Blocks on PostgreSQL for about one scan of the run's kernels,
- * ops, API calls, copies and memsets. c is borrowed and idle (no transaction open). Returns 0
- * with the time taken in *secs, or KP_ENOTFOUND, KP_EPG, -ENOMEM with the reason in errbuf
- * (the transaction rolled back). Counts in the stats.
+ * Compacts and summarises run_id, which has ended (ENDED or FAILED), in one transaction that
+ * first locks the run row FOR NO KEY UPDATE, so that no batch is stored into the run meanwhile
+ * (the sink locks it FOR SHARE): what is compacted and summarised is every batch stored. First
+ * the run's kernel rows move into chunks (kp_compact_kernels, migration 0015; about 3 us a
+ * kernel), then the summary is made, replacing a previous one. An open run is left alone, and
+ * one summarised already in this format (EndRun again) only has its late kernel rows compacted
+ * (returns 0, *secs -1 for both). Blocks on PostgreSQL for about one sort of the run's kernel
+ * rows and one scan of its kernels, ops, API calls, copies and memsets. c is borrowed and idle
+ * (no transaction open). Returns 0 with the summary's time in *secs, or KP_ENOTFOUND, KP_EPG,
+ * -ENOMEM with the reason in errbuf (the transaction rolled back: neither happened). Counts in
+ * the stats.
  */
 int kp_summary_make(PGconn *c, uint64_t run_id, double *secs, char *errbuf, size_t errlen);
 

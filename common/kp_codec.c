@@ -138,16 +138,17 @@ static const struct kp_column_spec memory_cols[] = {
     { "step", I4, V, false },
 };
 
-#define KIND_SIDE(tbl, lbl, fld, cols, d, sd)                               \
+#define KIND_STORE(tbl, st, lbl, fld, cols, d, sd)                          \
     {                                                                       \
-        .table = tbl, .label = lbl, .field = fld, .columns = cols,          \
+        .table = tbl, .store = st, .label = lbl, .field = fld, .columns = cols, \
         .n_columns = sizeof(cols) / sizeof(cols[0]), .desc = &d, .side = sd \
     }
-#define KIND(tbl, lbl, fld, cols, d) KIND_SIDE(tbl, lbl, fld, cols, d, NULL)
+#define KIND_SIDE(tbl, lbl, fld, cols, d, sd) KIND_STORE(tbl, tbl, lbl, fld, cols, d, sd)
+#define KIND(tbl, lbl, fld, cols, d)          KIND_SIDE(tbl, lbl, fld, cols, d, NULL)
 
 const struct kp_event_kind_info kp_event_kinds[KP_EV_COUNT] = {
-    [KP_EV_KERNEL] = KIND_SIDE("kernels", "kernel", "kernels", kernel_cols,
-                               kprof__v1__kernels__descriptor, &kernel_side),
+    [KP_EV_KERNEL] = KIND_STORE("kernels", "kernel_rows", "kernel", "kernels", kernel_cols,
+                                kprof__v1__kernels__descriptor, &kernel_side),
     [KP_EV_MEMCPY] = KIND_SIDE("memcpys", "memcpy", "memcpys", memcpy_cols,
                                kprof__v1__memcpys__descriptor, &memcpy_side),
     [KP_EV_MEMSET] = KIND_SIDE("memsets", "memset", "memsets", memset_cols,

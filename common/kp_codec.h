@@ -76,7 +76,10 @@ struct kp_side_spec {
 };
 
 struct kp_event_kind_info {
-    const char *table; /* PostgreSQL table */
+    const char *table; /* what readers name in PostgreSQL (a table; for kernels, a view) */
+    const char *store; /* the table its rows are written to (COPY, LOCK): table, or for kernels
+                        * kernel_rows, which collectord compacts into kernel_chunks when a run
+                        * ends (sql/migrations/0015_kernel_chunks.sql) */
     const char *label; /* short name for logs and metrics: "kernel", "memcpy", ... */
     const char *field; /* the Batch field that holds this kind */
     const struct kp_column_spec *columns;

@@ -90,7 +90,7 @@ if [ -z "$run" ]; then
         --threads 2 --give-up 10m --json >"$work/gen.json" || die "kprof-loadgen failed"
     gen_s=$(secs "$t0" "$(now)")
     run=$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['run_id'])" "$work/gen.json")
-    psql "$pg" -qtAX -c "VACUUM ANALYZE kernels_r$run, ops_r$run, api_calls_r$run, memcpys_r$run,
+    psql "$pg" -qtAX -c "VACUUM ANALYZE kernel_rows_r$run, kernel_chunks_r$run, ops_r$run, api_calls_r$run, memcpys_r$run,
         memsets_r$run, steps_r$run" >/dev/null || die "VACUUM ANALYZE failed"
 fi
 [[ $run =~ ^[1-9][0-9]*$ ]] || die "--run must be a run id"

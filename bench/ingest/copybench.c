@@ -257,7 +257,7 @@ static int flush_copy(PGconn *c, struct kp_strbuf *bufs, const size_t *rows)
         if (rows[k] == 0) {
             continue;
         }
-        snprintf(sql, sizeof(sql), "COPY %s (%s) FROM STDIN", kp_event_kinds[k].table,
+        snprintf(sql, sizeof(sql), "COPY %s (%s) FROM STDIN", kp_event_kinds[k].store,
                  kp_codec_copy_columns((enum kp_event_kind) k, cols, sizeof(cols)));
         r = PQexec(c, sql);
         if (PQresultStatus(r) != PGRES_COPY_IN) {
@@ -535,8 +535,8 @@ int main(int argc, char **argv)
     secs = kp_mono_s() - t0;
 
     snprintf(err, sizeof(err),
-             "SELECT pg_total_relation_size('kernels_r%" PRIu64 "'), (SELECT count(*) FROM "
-             "kernels_r%" PRIu64 ")",
+             "SELECT pg_total_relation_size('kernel_rows_r%" PRIu64 "'), (SELECT count(*) FROM "
+             "kernel_rows_r%" PRIu64 ")",
              run_id, run_id);
     if ((r = exec_ok(c, err, 0, NULL)) == NULL) {
         goto out;

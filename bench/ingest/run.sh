@@ -24,8 +24,14 @@
 # the median of each rep's own ratio, which drift of a shared machine affects less), the CPU
 # seconds per million events of collectord (its /proc/PID/stat, throwaway stack only) and of
 # kprof-loadgen (getrusage) in each variant, which a busy machine disturbs less than events/s,
-# and the stored bytes per kernel row (pg_total_relation_size of the run's kernels partition /
-# its rows). Output: a human summary on stderr, one JSON line on stdout.
+# and the stored bytes per kernel: the raw COPY's rows (its kernel_rows partition / its rows)
+# and the end-to-end run's once it has ended and collectord has moved its kernels into chunks
+# (kernel_rows + kernel_chunks partitions, after a VACUUM, / its kernels; each push waits for
+# that move, which happens after the last ack and is not in events/s). The move itself is timed
+# on the last plain run, in the same run as the baseline: kp_expand_kernels, then
+# kp_compact_kernels timed from psql; reported as kernels/s and as the share of a raw COPY's
+# time for the run's events that it adds. Output: a human summary on stderr, one JSON line on
+# stdout.
 #
 # usage: bench/ingest/run.sh [--quick] [--build DIR] [--ranks N] [--steps S]
 #                            [--kernels-per-step K] [--reps R] [--no-secure] [--keep]
@@ -105,8 +111,33 @@ common=(--ranks "$ranks" --steps "$steps" --kernels-per-step "$kernels" --seed 1
 
 sql() { psql "$pg" -qtAX -v ON_ERROR_STOP=1 -c "$1"; }
 
+# Run $1's kernels on disk (rows and chunks, indexes and TOAST included) per kernel, once the
+# dead rows the compaction left are vacuumed (autovacuum's job in production).
 bytes_per_kernel() {
-    sql "SELECT round(pg_total_relation_size('kernels_r$1')::numeric / greatest(count(*), 1), 1) FROM kernels_r$1"
+    sql "VACUUM kernel_rows_r$1" >/dev/null
+    sql "SELECT round((pg_total_relation_size('kernel_rows_r$1') + pg_total_relation_size('kernel_chunks_r$1'))::numeric / greatest(count(*), 1), 1) FROM kernels WHERE run_id = $1"
+}
+
+# Waits until collectord has moved ended run $1's kernel rows into chunks (its summariser, a
+# moment after EndRun).
+wait_compacted() {
+    local i
+    for i in $(seq 1 600); do
+        [ "$(sql "SELECT count(*) FROM kernel_rows WHERE run_id = $1")" = 0 ] && return 0
+        sleep 0.2
+    done
+    die "run $1: its kernels were not compacted within 120 s"
+}
+
+# Times kp_compact_kernels on run $1 (moved back into rows first): "KERNELS SECONDS".
+time_compaction() {
+    local n t0 t1
+    sql "SELECT kp_expand_kernels($1)" >/dev/null
+    sql "VACUUM kernel_chunks_r$1" >/dev/null
+    t0=$(date +%s.%N)
+    n=$(sql "SELECT kp_compact_kernels($1)")
+    t1=$(date +%s.%N)
+    echo "$n $(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')"
 }
 
 # Checks that PostgreSQL holds exactly what loadgen says it sent.
@@ -198,6 +229,7 @@ push() {
     dcpu=$(awk -v a="$t0" -v b="$(cpu_ticks "${dpid[$1]}")" -v hz="$hz" 'BEGIN { print (b - a) / hz }')
     last_run=$(field "$2" run_id)
     check_totals "$2" "$last_run" || die "$1: stored rows differ from the sent ones"
+    wait_compacted "$last_run"
     events=$(field "$2" events)
 }
 
@@ -212,6 +244,7 @@ done
 declare -A got dcpus lcpus
 e2e_bpk=
 raw_bpk=
+compaction=
 events=
 last_run=
 order=("${variants[@]}" raw)
@@ -230,7 +263,10 @@ for i in $(seq 1 "$reps"); do
             push "$v" "$work/$v$i.json"
             dcpus[$v]+="$dcpu "
             lcpus[$v]+="$(field "$work/$v$i.json" cpu_seconds) "
-            [ "$v" = plain ] && e2e_bpk=$(bytes_per_kernel "$last_run")
+            if [ "$v" = plain ]; then
+                e2e_bpk=$(bytes_per_kernel "$last_run")
+                [ "$i" = "$reps" ] && compaction=$(time_compaction "$last_run")
+            fi
             [ "$keep" = 1 ] || sql "SELECT kp_drop_run($last_run)" >/dev/null
         fi
         rate=$(field "$work/$v$i.json" events_per_s)
@@ -247,7 +283,8 @@ fi
 "$py" - "$ranks" "$steps" "$kernels" "$reps" "$events" "$e2e_bpk" "$raw_bpk" "$quick" \
     "${got[plain]}" "${got[raw]}" "${got[token]:-}" "${got[mtls]:-}" \
     "${dcpus[plain]}" "${dcpus[token]:-}" "${dcpus[mtls]:-}" \
-    "${lcpus[plain]}" "${lcpus[token]:-}" "${lcpus[mtls]:-}" "$([ -n "$cpid" ] && echo 1)" <<'EOF'
+    "${lcpus[plain]}" "${lcpus[token]:-}" "${lcpus[mtls]:-}" "$([ -n "$cpid" ] && echo 1)" \
+    "$compaction" <<'EOF'
 import json, statistics, sys
 ranks, steps, kernels, reps, events = (int(x) for x in sys.argv[1:6])
 e2e_bpk, raw_bpk = float(sys.argv[6]), float(sys.argv[7])
@@ -256,6 +293,7 @@ e2e, raw, token, mtls = ([float(x) for x in a.split()] for a in sys.argv[9:13])
 dcpu = dict(zip(("plain", "tls_token", "mtls"), ([float(x) for x in a.split()] for a in sys.argv[13:16])))
 lcpu = dict(zip(("plain", "tls_token", "mtls"), ([float(x) for x in a.split()] for a in sys.argv[16:19])))
 have_dcpu = sys.argv[19] == "1"  # a throwaway collectord whose /proc we read
+comp_kernels, comp_s = (float(x) for x in sys.argv[20].split())
 me, mr = statistics.median(e2e), statistics.median(raw)
 ratio = me / mr if mr > 0 else 0.0
 note = "  [quick: not a measurement]" if quick else ""
@@ -298,7 +336,17 @@ for name in ("plain", "tls_token", "mtls"):
     print(f"    {name:<10} collectord {dtxt:>9}  loadgen {g:.3f} s", file=sys.stderr)
     out.update({f"{name}_collectord_cpu_s_per_mevent": None if d is None else round(d, 4),
                 f"{name}_loadgen_cpu_s_per_mevent": round(g, 4)})
-print(f"  stored bytes per kernel row: e2e {e2e_bpk}, raw {raw_bpk}", file=sys.stderr)
-out.update({"kernel_bytes_per_row_e2e": e2e_bpk, "kernel_bytes_per_row_raw": raw_bpk})
+print(f"  stored bytes per kernel: as rows (raw COPY) {raw_bpk}, after the run ended (chunks) {e2e_bpk}",
+      file=sys.stderr)
+# The compaction's time against the raw COPY's time for one run's events (median rate).
+comp_share = comp_s / (events / mr) if mr > 0 and events > 0 else 0.0
+comp_rate = comp_kernels / comp_s if comp_s > 0 else 0.0
+print(f"  compaction at the run's end: {comp_kernels:,.0f} kernels in {comp_s:.3f} s "
+      f"({comp_rate:,.0f} kernels/s), {comp_share:.2f}x a raw COPY of the run's events; "
+      f"e2e/raw counting it {me / mr / (1 + comp_share * me / mr) if mr > 0 else 0:.2f}{note}",
+      file=sys.stderr)
+out.update({"kernel_bytes_per_row_raw": raw_bpk, "kernel_bytes_per_kernel_e2e": e2e_bpk,
+            "compaction_kernels": comp_kernels, "compaction_s": round(comp_s, 4),
+            "compaction_kernels_per_s": round(comp_rate), "compaction_vs_raw_copy": round(comp_share, 3)})
 print(json.dumps(out))
 EOF

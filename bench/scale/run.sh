@@ -41,6 +41,10 @@
 #             rows, in the same reps, right after this build's (e.g. main's build, for a before
 #             and after side by side); reported as VIEW@LABEL
 #   --no-compare  skip (b)
+#   --rows-too  in every rep, also time the baselines and views with the rank's kernels as rows
+#             (kp_expand_kernels, then VACUUM ANALYZE; kp_compact_kernels after), reported as
+#             VIEW@rows and copy_text@rows: the layout before migration 0015 against the
+#             chunks an ended run has now, on the same kernels
 # Environment: KPROF_BUILD_DIR; KPROF_BENCH_PG with KPROF_COLLECTOR to use a running
 # PostgreSQL and its collectord, else throwaway ones (bench/stack.sh). The default run takes
 # about 1.5 minutes on 2 shared cores (--reps 3: about 3) and about 2 GB of disk.
@@ -50,7 +54,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${KPROF_BUILD_DIR:-}
 steps=500 kernels=400 cranks=64,256,1024 ckernels=200 csteps=10 reps=1 quick=0 ingest=0 keep=0
-variants=() compare=1
+variants=() compare=1 rows_too=0
 
 die() {
     echo "bench/scale: $*" >&2
@@ -70,6 +74,7 @@ while [ $# -gt 0 ]; do
     --keep) keep=1 ;;
     --variant) variants+=("$2"); shift ;;
     --no-compare) compare=0 ;;
+    --rows-too) rows_too=1 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
@@ -144,17 +149,21 @@ gen() {
         done
         sum_s=$(q "SELECT round(seconds::numeric, 3) FROM compare_runs WHERE run_id = $r")
     fi
-    q "VACUUM ANALYZE kernels_r$r, ops_r$r, api_calls_r$r, memcpys_r$r, memsets_r$r, steps_r$r" \
-        >/dev/null || die "VACUUM ANALYZE failed"
+    q "VACUUM ANALYZE kernel_rows_r$r, kernel_chunks_r$r, ops_r$r, api_calls_r$r, memcpys_r$r,
+        memsets_r$r, steps_r$r" >/dev/null || die "VACUUM ANALYZE failed"
     echo "$r $("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['events'])" "$work/gen.json") $(secs "$t0" "$t1") $sum_s"
 }
 
-# Bytes per row of a run's partitions: "kernels ops api_calls" (indexes and TOAST included).
+# Bytes per row of a run's partitions: "kernels ops api_calls" (indexes and TOAST included);
+# kernels: its kernel_rows and kernel_chunks partitions (migration 0015) per kernel of the run.
 bytes_per_row() {
-    q "SELECT string_agg(round(pg_total_relation_size(format('%s_r%s', t, $1)::regclass)::numeric
-        / greatest((xpath('/row/c/text()', query_to_xml(format('SELECT count(*) AS c FROM %s_r%s',
-        t, $1), false, true, '')))[1]::text::numeric, 1), 1)::text, ' ' ORDER BY o)
-        FROM unnest(ARRAY['kernels', 'ops', 'api_calls']) WITH ORDINALITY AS u(t, o)"
+    q "SELECT round((pg_total_relation_size('kernel_rows_r$1') +
+        pg_total_relation_size('kernel_chunks_r$1'))::numeric / greatest((SELECT count(*) FROM
+        kernels WHERE run_id = $1), 1), 1) || ' ' || string_agg(round(pg_total_relation_size(
+        format('%s_r%s', t, $1)::regclass)::numeric / greatest((xpath('/row/c/text()',
+        query_to_xml(format('SELECT count(*) AS c FROM %s_r%s', t, $1), false, true,
+        '')))[1]::text::numeric, 1), 1)::text, ' ' ORDER BY o)
+        FROM unnest(ARRAY['ops', 'api_calls']) WITH ORDINALITY AS u(t, o)"
 }
 
 timed() { # label command...: runs it, appends "label seconds" to $work/times
@@ -213,7 +222,22 @@ for i in $(seq 1 "$reps"); do
         done
     done
     analyzer=$this_analyzer
-    echo "bench/scale: rep $i: $(tail -n $((3 + 5 * (1 + ${#variants[@]}))) "$work/times" | tr '\n' ' ')" >&2
+    if [ "$rows_too" = 1 ]; then
+        q "SELECT kp_expand_kernels($brun)" >/dev/null
+        q "VACUUM ANALYZE kernel_rows_r$brun, kernel_chunks_r$brun" >/dev/null
+        timed copy_text@rows copy_all text
+        timed scan@rows scan_all
+        for v in "${views[@]}"; do
+            an_restart
+            timed "$v@rows" "$kprofctl" "$v" --analyzer "$an_addr" --timeout 3600s --run "$brun" \
+                --rank 0 --json
+            echo "$v@rows $(an_hwm)" >>"$work/hwm"
+        done
+        bpr_rows=$(bytes_per_row "$brun")
+        q "SELECT kp_compact_kernels($brun)" >/dev/null
+        q "VACUUM ANALYZE kernel_rows_r$brun, kernel_chunks_r$brun" >/dev/null
+    fi
+    echo "bench/scale: rep $i: $(tail -n $((3 + 5 * (1 + ${#variants[@]}) + 7 * rows_too)) "$work/times" | tr '\n' ' ')" >&2
 done
 "$py" - "$work/out.breakdown" "$steps" <<'PYEOF' || die "the breakdown is wrong"
 import json, sys
@@ -223,6 +247,7 @@ if n < int(sys.argv[2]) - 2:
     sys.exit(f"breakdown has {n} steps; {sys.argv[2]} were generated")
 PYEOF
 bpr_rank=$(bytes_per_row "$brun")
+bpr_rows=${bpr_rows:-}
 
 # ---- (b) compare at each rank count ---------------------------------------------------------
 : >"$work/cmp"
@@ -268,7 +293,7 @@ if [ "$ingest" = 1 ]; then
 fi
 
 "$py" - "$quick" "$steps" "$kernels" "$bevents" "$bgen" "$nk" "$no" "$na" "$bpr_rank" \
-    "$work/times" "$work/hwm" "$work/cmp" "$ingest_json" <<'PYEOF'
+    "$work/times" "$work/hwm" "$work/cmp" "$ingest_json" "$bpr_rows" <<'PYEOF'
 import json, statistics, sys
 quick = sys.argv[1] == "1"
 steps, kernels, events = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -292,6 +317,9 @@ print(f"bench/scale: one rank, {steps} steps x {kernels} kernels: {events} event
 print(f"  read the rank once, COPY text    {med['copy_text']:8.3f} s", file=err)
 print(f"  read the rank once, COPY binary  {med['copy_binary']:8.3f} s", file=err)
 print(f"  count/sum scan of the rank       {med['scan']:8.3f} s", file=err)
+if "copy_text@rows" in med:
+    print(f"  the same, kernels as rows: COPY text {med['copy_text@rows']:.3f} s, scan "
+          f"{med['scan@rows']:.3f} s", file=err)
 views = {}
 labels = [k for k in times if k.split("@")[0] in ("breakdown", "ops", "kernels", "prof", "roofline")]
 for v in sorted(labels, key=lambda k: (("breakdown", "ops", "kernels", "prof", "roofline").index(
@@ -299,8 +327,11 @@ for v in sorted(labels, key=lambda k: (("breakdown", "ops", "kernels", "prof", "
     views[v] = {"s": times[v], "ratio": round(med[v] / base, 2), "max_rss_kb": hwm.get(v)}
     print(f"  {v:18s} cold {med[v]:8.3f} s ({min(times[v]):.3f}..{max(times[v]):.3f})  "
           f"{med[v] / base:6.1f}x COPY  peak RSS {hwm.get(v, 0) / 1024:7.1f} MiB{tag}", file=err)
-print(f"  bytes per row on disk: kernels {bpr['kernels']:.0f}, ops {bpr['ops']:.0f}, "
+print(f"  bytes per row on disk: kernels {bpr['kernels']:.1f}, ops {bpr['ops']:.0f}, "
       f"API calls {bpr['api_calls']:.0f}", file=err)
+bpr_rows = float(sys.argv[14].split()[0]) if sys.argv[14] else None
+if bpr_rows is not None:
+    print(f"  bytes per kernel as rows (before the run's compaction): {bpr_rows:.1f}", file=err)
 cmps = {}
 for line in open(sys.argv[12]):
     n, ckn, cev, cgen, b, c, h, bp, sm = line.split()
@@ -329,6 +360,9 @@ print(json.dumps({"bench": "scale", "quick": quick,
                            "kernels": nk, "ops": no, "api_calls": na,
                            "generate_events_per_s": round(events / gen_s),
                            "copy_text_s": times["copy_text"], "copy_binary_s": times["copy_binary"],
-                           "scan_s": times["scan"], "views": views, "bytes_per_row": bpr},
+                           "scan_s": times["scan"], "views": views, "bytes_per_row": bpr,
+                           "kernel_bytes_as_rows": bpr_rows,
+                           "copy_text_rows_s": times.get("copy_text@rows"),
+                           "scan_rows_s": times.get("scan@rows")},
                   "compare": cmps, "ingest": ing}))
 PYEOF

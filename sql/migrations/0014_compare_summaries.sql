@@ -103,6 +103,11 @@ DECLARE
     t text;
 BEGIN
     FOREACH t IN ARRAY ARRAY['kernels', 'ops', 'api_calls', 'memcpys', 'memsets', 'steps'] LOOP
+        -- applied again after 0015, which made kernels a view over kernel_rows and
+        -- kernel_chunks: the rows' table is kernel_rows (0015 sees to kernel_chunks)
+        IF (SELECT relkind FROM pg_class WHERE oid = to_regclass(t)) = 'v' THEN
+            t := 'kernel_rows';
+        END IF;
         EXECUTE format('DROP TRIGGER IF EXISTS compare_stale_update ON %I', t);
         EXECUTE format('DROP TRIGGER IF EXISTS compare_stale_delete ON %I', t);
         EXECUTE format('DROP TRIGGER IF EXISTS compare_stale_insert ON %I', t);

@@ -40,8 +40,9 @@ def main():
                                                                    "\n".join(errors[:5]))
         assert len(set(ids)) == 40, ids
         parts = int(kpfix.psql("SELECT count(*) FROM pg_inherits i JOIN pg_class p ON "
-                               "p.oid = i.inhparent WHERE p.relname = 'kernels'", db=DB))
-        assert parts == 40, "kernels has %d partitions, want 40" % parts
+                               "p.oid = i.inhparent WHERE p.relname IN ('kernel_rows', "
+                               "'kernel_chunks')", db=DB))
+        assert parts == 80, "kernel_rows and kernel_chunks have %d partitions, want 80" % parts
         print("ok 40 runs created at once on 2 replicas")
     finally:
         for s in stubs:

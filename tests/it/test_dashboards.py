@@ -301,7 +301,7 @@ def main():
         attrs = q("SELECT rolcanlogin, rolsuper, rolcreatedb, rolcreaterole, rolinherit "
                   "FROM pg_roles WHERE rolname = '%s'" % ROLE)
         assert attrs and attrs[0][:4] == ("f", "f", "f", "f"), attrs
-        for t in ("kernels", "kernels_r%d" % run_c, "steps", "runs", "names", "captures",
+        for t in ("kernels", "kernel_rows", "kernel_chunks", "kernel_rows_r%d" % run_c, "steps", "runs", "names", "captures",
                   "capture_ranks", "kp_schema_migrations", "kprof_dash.gpu_events",
                   "kprof_dash.nccl_names"):
             as_role_fails("SELECT count(*) FROM %s" % t)
@@ -309,7 +309,7 @@ def main():
                     "INSERT INTO kprof_dash.runs (job, world_size) VALUES ('x', 1)",
                     "UPDATE kprof_dash.runs SET job = 'x'",
                     "DELETE FROM kprof_dash.runs",
-                    "DELETE FROM kernels",
+                    "DELETE FROM kernel_rows",
                     "CREATE TABLE kprof_dash.mine (x int)",
                     "CREATE VIEW kprof_dash.mine AS SELECT 1",
                     "SELECT kprof_dash.grant_dashboard_role()",

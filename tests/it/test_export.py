@@ -485,11 +485,12 @@ def check_occupancy_rows(run_id, paths):
     assert got == want, "run %d: %d kernel_occupancy rows, %d kernels carry figures" % (
         run_id, got, want)
     joined = kpfix.psql(
-        "SELECT count(*), count(*) FILTER (WHERE n <> 1) FROM (SELECT (SELECT count(*) FROM "
-        "kernels k WHERE k.run_id = o.run_id AND k.rank = o.rank AND k.start_ns = o.start_ns "
-        "AND coalesce(k.correlation, 0) = o.correlation AND coalesce(k.stream, 0) = o.stream "
-        "AND coalesce(k.device, 0) = o.device) AS n FROM kernel_occupancy o "
-        "WHERE o.run_id = %d) x" % run_id, db=DB).split("|")
+        # one join, not a subquery per row: each would read the run's kernels again
+        "SELECT count(*), count(*) FILTER (WHERE n <> 1) FROM (SELECT count(k.start_ns) AS n "
+        "FROM kernel_occupancy o LEFT JOIN kernels k ON k.run_id = %d AND k.rank = o.rank AND "
+        "k.start_ns = o.start_ns AND coalesce(k.correlation, 0) = o.correlation AND "
+        "coalesce(k.stream, 0) = o.stream AND coalesce(k.device, 0) = o.device "
+        "WHERE o.run_id = %d GROUP BY o.ctid) x" % (run_id, run_id), db=DB).split("|")
     assert joined == [str(got), "0"], "run %d: rows naming other than one kernel: %s" % (
         run_id, joined)
     return got

@@ -42,7 +42,7 @@ def main():
         lock = kpfix.subprocess.Popen([kpfix.PSQL, ci, "-qtAX", "-v", "ON_ERROR_STOP=1"],
                                       stdin=kpfix.subprocess.PIPE, stdout=kpfix.subprocess.PIPE,
                                       text=True)
-        lock.stdin.write("BEGIN; LOCK TABLE kernels IN ACCESS EXCLUSIVE MODE; SELECT 'locked';\n")
+        lock.stdin.write("BEGIN; LOCK TABLE kernel_rows IN ACCESS EXCLUSIVE MODE; SELECT 'locked';\n")
         lock.stdin.flush()
         assert lock.stdout.readline().strip() == "locked"
         acks = {}

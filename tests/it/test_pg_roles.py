@@ -111,7 +111,7 @@ def test_migrate_as_owner(pwfiles):
 def test_reader(pf):
     assert allowed("reader", "SELECT count(*) FROM runs", pf) is not None
     for sql in ("INSERT INTO names (name) VALUES ('x')", "UPDATE runs SET job = 'x'",
-                "DELETE FROM runs", "TRUNCATE kernels", "CREATE TABLE t_reader (i int)",
+                "DELETE FROM runs", "TRUNCATE kernel_rows", "CREATE TABLE t_reader (i int)",
                 "CREATE TEMP TABLE t_reader (i int)", "SELECT kp_create_run_partitions(9999)",
                 "SELECT kp_drop_run(9999)", "COPY names (name) FROM STDIN"):
         refused("reader", sql, pf)
@@ -126,7 +126,8 @@ def test_writer(pf):
                 "CREATE INDEX ON names (name)", "CREATE VIEW v_writer AS SELECT 1",
                 "INSERT INTO kp_schema_migrations (version, name) VALUES (9999, 'x')",
                 "DELETE FROM kp_schema_migrations", "INSERT INTO kp_run_tables VALUES ('names')",
-                "SELECT kp_grant_roles()", "TRUNCATE kernels"):
+                "SELECT kp_grant_roles()", "TRUNCATE kernel_rows",
+                "TRUNCATE kernel_chunks"):
         refused("writer", sql, pf)
     print("writer: no CREATE, ALTER, DROP, no write to the schema's own tables")
 
@@ -173,7 +174,8 @@ def test_daemons(pwfiles, tmp):
         drop(pb.DropRunRequest(run_id=run2), timeout=60)
         st.close()
         assert kpfix.psql("SELECT count(*) FROM runs WHERE id = %d" % run2, db=DB) == "0"
-        assert kpfix.psql("SELECT to_regclass('kernels_r%d') IS NULL" % run2, db=DB) == "t"
+        for t in ("kernel_rows", "kernel_chunks", "steps"):
+            assert kpfix.psql("SELECT to_regclass('%s_r%d') IS NULL" % (t, run2), db=DB) == "t"
         print("collectord as writer: run %d imported (%d kernels), run %d dropped; analyzer as "
               "reader: breakdown of %d rows" % (run_id, n, run2, len(bd)))
     finally:

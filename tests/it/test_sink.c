@@ -628,7 +628,9 @@ static int n_side_tables(void)
     return n;
 }
 
-/* (a) Every event table has exactly run_id, rank and the codec's columns, typed alike. */
+/* (a) Every event table (the one rows are written to) has exactly run_id, rank and the codec's
+ * columns, typed alike; where readers name another relation (kernels, a view over kernel_rows
+ * and kernel_chunks), it has the same columns in the same order. */
 static void test_schema_matches_codec(void **state)
 {
     need_db();
@@ -637,7 +639,7 @@ static void test_schema_matches_codec(void **state)
         long long n = kp_test_pg_int(db,
                                      "SELECT count(*) FROM information_schema.columns WHERE "
                                      "table_schema = current_schema() AND table_name = '%s'",
-                                     ki->table);
+                                     ki->store);
 
         long long n_side =
             ki->side == NULL
@@ -653,15 +655,26 @@ static void test_schema_matches_codec(void **state)
         if (n + n_side != (long long) ki->n_columns + 2) {
             fail_msg("table %s has %lld columns and its side table %lld values; the codec has "
                      "%zu + run_id, rank",
-                     ki->table, n, n_side, ki->n_columns);
+                     ki->store, n, n_side, ki->n_columns);
         }
         assert_int_equal(kp_test_pg_int(db,
                                         "SELECT count(*) FROM information_schema.columns WHERE "
                                         "table_schema = current_schema() AND table_name = '%s' "
                                         "AND column_name IN ('run_id', 'rank') "
                                         "AND data_type = 'integer' AND is_nullable = 'NO'",
-                                        ki->table),
+                                        ki->store),
                          2);
+        if (strcmp(ki->table, ki->store) != 0 &&
+            kp_test_pg_int(db,
+                           "SELECT ((SELECT string_agg(column_name || ' ' || data_type, ', ' "
+                           "ORDER BY ordinal_position) FROM information_schema.columns WHERE "
+                           "table_schema = current_schema() AND table_name = '%s') IS DISTINCT "
+                           "FROM (SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER "
+                           "BY ordinal_position) FROM information_schema.columns WHERE "
+                           "table_schema = current_schema() AND table_name = '%s'))::int",
+                           ki->table, ki->store) != 0) {
+            fail_msg("%s has other columns than %s, or in another order", ki->table, ki->store);
+        }
         for (size_t c = 0; c < ki->n_columns; c++) {
             const struct kp_column_spec *cs = &ki->columns[c];
             bool in_side = false;
@@ -689,11 +702,11 @@ static void test_schema_matches_codec(void **state)
                 "SELECT count(*) FROM information_schema.columns WHERE "
                 "table_schema = current_schema() AND table_name = '%s' AND column_name = '%s' "
                 "AND data_type = '%s' AND (is_nullable = 'YES') = %s",
-                in_side ? ki->side->table : ki->table, cs->name, sql_type(cs->sql),
+                in_side ? ki->side->table : ki->store, cs->name, sql_type(cs->sql),
                 cs->required || in_side ? "false" : "true");
 
             if (ok != 1) {
-                fail_msg("%s.%s: no %s %s column", in_side ? ki->side->table : ki->table, cs->name,
+                fail_msg("%s.%s: no %s %s column", in_side ? ki->side->table : ki->store, cs->name,
                          sql_type(cs->sql), cs->required || in_side ? "NOT NULL" : "nullable");
             }
         }
@@ -1099,7 +1112,7 @@ static void test_destroy_cancels_hung_flush(void **state)
     s = sink_open(100000, 100000);
     submit(s, make_batch(run, 0, 1, 0, 5, &ex));
     kp_test_pg_exec(db, "BEGIN");
-    kp_test_pg_exec(db, "LOCK TABLE kernels IN ACCESS EXCLUSIVE MODE");
+    kp_test_pg_exec(db, "LOCK TABLE kernel_rows IN ACCESS EXCLUSIVE MODE");
     t0 = kp_mono_s();
     kp_sink_destroy(s, 300);
     secs = kp_mono_s() - t0;
@@ -1152,8 +1165,9 @@ static void test_store(void **state)
                                     "SELECT count(*) FROM kp_run_tables t WHERE "
                                     "to_regclass(t.name || '_r%" PRIu64 "') IS NOT NULL",
                                     id),
-                     KP_EV_COUNT + 1 + n_side_tables()); /* the event tables, their side
-                                                          * tables and ingest_batches */
+                     KP_EV_COUNT + 2 + n_side_tables()); /* the event tables, their side
+                                                          * tables, ingest_batches and
+                                                          * kernel_chunks */
 
     s = sink_open(100000, 5);
     for (uint64_t seq = 0; seq < 3; seq++) {
@@ -1424,7 +1438,7 @@ static void test_drop_run(void **state)
 
         tables[n++] = "ingest_batches";
         for (int k = 0; k < KP_EV_COUNT; k++) {
-            tables[n++] = kp_event_kinds[k].table;
+            tables[n++] = kp_event_kinds[k].store;
         }
         qsort(tables, n, sizeof(tables[0]), cmp_str);
         o = (size_t) snprintf(lock, sizeof(lock), "BEGIN; LOCK TABLE ");
@@ -1560,7 +1574,7 @@ static void test_throughput(void **state)
     assert_int_equal(kp_pg_exec(c, "BEGIN", err, sizeof(err)), 0);
     for (int k = 0; k < KP_EV_COUNT; k++) {
         kp_codec_copy_columns((enum kp_event_kind) k, cols, sizeof(cols));
-        assert_true(kp_pg_copy_in(c, kp_event_kinds[k].table, cols, sb[k].data, sb[k].len, err,
+        assert_true(kp_pg_copy_in(c, kp_event_kinds[k].store, cols, sb[k].data, sb[k].len, err,
                                   sizeof(err)) > 0);
     }
     assert_int_equal(kp_pg_exec(c, "COMMIT", err, sizeof(err)), 0);
