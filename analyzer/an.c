@@ -210,30 +210,6 @@ struct an_copy {
     size_t n, cap; /* rows in the array being filled, its slots */
 };
 
-/* Splits row into nf fields in place (NULL for \N); 0, or -EINVAL for another field count. */
-static int split_row(char *row, size_t len, char **f, int nf)
-{
-    int k = 0;
-
-    row[len] = '\0'; /* the newline's byte, or the terminator libpq adds */
-    f[k++] = row;
-    for (char *p = row; *p; p++) {
-        if (*p == '\t') {
-            *p = '\0';
-            if (k == nf) {
-                return -EINVAL;
-            }
-            f[k++] = p + 1;
-        }
-    }
-    for (int i = 0; i < k; i++) {
-        if (f[i][0] == '\\' && f[i][1] == 'N' && f[i][2] == '\0') {
-            f[i] = NULL;
-        }
-    }
-    return k == nf ? 0 : -EINVAL;
-}
-
 /* Makes room for one more row of size sz in *v, zeroed, and one spare slot after it (the
  * runtimes' dummy); counts it against the budget. The room beyond is left untouched (realloc
  * moves big blocks by remapping them): it costs address space, not memory. 0, KP_ETOOBIG or
@@ -305,7 +281,7 @@ static int op_row(void *ud, char *row, size_t len)
     char *f[8];
     int rc;
 
-    if ((rc = split_row(row, len, f, 8)) < 0 ||
+    if ((rc = kp_pg_copy_fields(row, len, f, 8)) < 0 ||
         (rc = copy_slot(cp, (void **) &a->ops, sizeof(*a->ops))) < 0) {
         return rc;
     }
@@ -342,7 +318,7 @@ static int rt_row(void *ud, char *row, size_t len)
     char *f[5];
     int rc;
 
-    if ((rc = split_row(row, len, f, 5)) < 0 ||
+    if ((rc = kp_pg_copy_fields(row, len, f, 5)) < 0 ||
         (rc = copy_slot(cp, (void **) &a->rts, sizeof(*a->rts))) < 0) {
         return rc;
     }
@@ -380,7 +356,7 @@ static int dev_row(void *ud, char *row, size_t len)
     char *f[17];
     int rc;
 
-    if ((rc = split_row(row, len, f, 17)) < 0 ||
+    if ((rc = kp_pg_copy_fields(row, len, f, 17)) < 0 ||
         (rc = copy_slot(cp, (void **) &a->devs, sizeof(*a->devs))) < 0) {
         return rc;
     }
@@ -417,35 +393,154 @@ static int dev_row(void *ud, char *row, size_t len)
     return 0;
 }
 
-/* The device events: kernels with their launch and occupancy, memcpys, memsets. */
+/* One chunk of kernels (kernel_chunks: 15 arrays of the same length, element i of each being
+ * kernel i; migration 0015) into a->devs, a row per kernel as dev_row would make it. */
+static int chunk_row(void *ud, char *row, size_t len)
+{
+    struct an_copy *cp = ud;
+    struct kp_an *a = cp->a;
+    const char *c[15];
+    char *f[15];
+    int64_t v[15];
+    bool null[15];
+    int rc;
+
+    if ((rc = kp_pg_copy_fields(row, len, f, 15)) < 0) {
+        return rc;
+    }
+    for (int k = 0; k < 15; k++) {
+        if (!f[k]) {
+            return -EINVAL;
+        }
+        c[k] = f[k];
+    }
+    for (;;) {
+        struct an_dev *d;
+
+        if ((rc = kp_pg_arrays_next_i64(c, 15, v, null)) <= 0) {
+            return rc;
+        }
+        if ((rc = copy_slot(cp, (void **) &a->devs, sizeof(*a->devs))) < 0) {
+            return rc;
+        }
+        d = &a->devs[cp->n];
+        d->kind = DEV_KERNEL;
+        d->start = v[0];
+        d->end = v[0] + v[1];
+        d->corr = v[2];
+        d->ext = v[3];
+        d->name = !null[4] && v[4] > 0 && v[4] <= INT32_MAX ? (int32_t) v[4] : -1;
+        d->has_grid = !null[5];
+        d->has_block = !null[8];
+        for (int k = 0; k < 3; k++) {
+            d->grid[k] = (int32_t) v[5 + k];
+            d->block[k] = (int32_t) v[8 + k];
+        }
+        d->regs = (int32_t) v[11];
+        /* static_smem::bigint + coalesce(dynamic_smem, 0), NULL (0) without a static size */
+        d->smem = null[12] ? 0 : (int32_t) (v[12] + v[13]);
+        d->device = null[14] ? -1 : (int16_t) v[14];
+        d->bps = NAN;
+        d->occ = NAN;
+        d->rt = -1;
+        d->next = -1;
+        a->n_kernels++;
+        a->n_devs = ++cp->n;
+    }
+}
+
+/* The order an_read_devs' query gives: start, then the longer first; the rest only so that
+ * ties come out the same on every load. */
+static int cmp_dev(const void *pa, const void *pb)
+{
+    const struct an_dev *x = pa, *y = pb;
+
+    if (x->start != y->start) {
+        return x->start < y->start ? -1 : 1;
+    }
+    if (x->end != y->end) {
+        return x->end > y->end ? -1 : 1;
+    }
+    if (x->kind != y->kind) {
+        return x->kind < y->kind ? -1 : 1;
+    }
+    if (x->corr != y->corr) {
+        return x->corr < y->corr ? -1 : 1;
+    }
+    if (x->ext != y->ext) {
+        return x->ext < y->ext ? -1 : 1;
+    }
+    return (x->name > y->name) - (x->name < y->name);
+}
+
+#define DEV_COPY_MEM                                                                          \
+    " UNION ALL SELECT 1, start_ns, dur_ns, correlation, external_id, NULL, NULL, NULL, NULL, " \
+    "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memcpys" WHERE_RR                      \
+    " UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, NULL, NULL, " \
+    "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR
+
+/*
+ * The device events: kernels with their launch and occupancy, memcpys, memsets, in start
+ * order. An ended run's kernels are in chunks (migration 0015): the server would unnest them
+ * into rows at about 1.3 us a kernel, three times what shipping the arrays costs, so they come
+ * as arrays and are unnested here, the rest as rows, and the whole sorted here. Where the rank
+ * has occupancy figures (an import's side table, joined by key), it is all read through the
+ * kernels view, joined and sorted by the server.
+ */
 static int an_read_devs(struct kp_an *a, struct an_load *ld)
 {
     struct an_copy cp = { a, ld, 0, 0 };
+    PGresult *r = NULL;
+    bool side;
     int rc;
 
-    /* The occupancy side table is joined by key. Right after an import PostgreSQL has no
-     * statistics on the new partitions yet, estimates one row on each side and picks a nested
-     * loop that re-aggregates the side table for every kernel: 25 s instead of 25 ms on a
-     * resnet50 rank. A hash join is right at every size here, so say so (export does too). */
-    rc = kp_pg_exec(ld->c, "SET enable_nestloop = off", ld->errbuf, ld->errlen);
+    rc = kp_pg_query(ld->c,
+                     "SELECT EXISTS (SELECT 1 FROM kernel_occupancy" WHERE_RR ")", 2,
+                     ld->params, &r, ld->errbuf, ld->errlen);
     if (rc != 0) {
         return rc;
     }
-    rc = an_copy(&cp,
-                 "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, grid_y, "
-                 "grid_z, block_x, block_y, block_z, registers, "
-                 "static_smem::bigint + coalesce(dynamic_smem, 0), device, o.blocks_per_sm, "
-                 "o.est_occupancy FROM kernels" KP_SQL_KERNEL_OCCUPANCY_JOIN("$1", "$2") WHERE_RR
-                 " UNION ALL SELECT 1, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
-                 "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memcpys" WHERE_RR
-                 " UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, "
-                 "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR
-                 " ORDER BY 2, 3 DESC",
-                 dev_row);
-    if (rc != KP_EPG) {
-        char ignored[128];
+    side = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+    PQclear(r);
+    if (!side) {
+        rc = an_copy(&cp,
+                     "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, "
+                     "grid_y, grid_z, block_x, block_y, block_z, registers, "
+                     "static_smem::bigint + coalesce(dynamic_smem, 0), device, NULL, NULL FROM "
+                     "kernel_rows" WHERE_RR DEV_COPY_MEM,
+                     dev_row);
+        rc = rc != 0 ? rc
+                     : an_copy(&cp,
+                               "SELECT start_ns, dur_ns, correlation, external_id, name, "
+                               "grid_x, grid_y, grid_z, block_x, block_y, block_z, registers, "
+                               "static_smem, dynamic_smem, device FROM kernel_chunks" WHERE_RR,
+                               chunk_row);
+        if (rc == 0 && a->n_devs > 1) {
+            qsort(a->devs, a->n_devs, sizeof(*a->devs), cmp_dev);
+        }
+    }
+    else {
+        /* The occupancy side table is joined by key. Right after an import PostgreSQL has no
+         * statistics on the new partitions yet, estimates one row on each side and picks a
+         * nested loop that re-aggregates the side table for every kernel: 25 s instead of
+         * 25 ms on a resnet50 rank. A hash join is right at every size here, so say so
+         * (export does too). */
+        rc = kp_pg_exec(ld->c, "SET enable_nestloop = off", ld->errbuf, ld->errlen);
+        if (rc != 0) {
+            return rc;
+        }
+        rc = an_copy(&cp,
+                     "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, "
+                     "grid_y, grid_z, block_x, block_y, block_z, registers, "
+                     "static_smem::bigint + coalesce(dynamic_smem, 0), device, o.blocks_per_sm, "
+                     "o.est_occupancy FROM kernels" KP_SQL_KERNEL_OCCUPANCY_JOIN("$1", "$2")
+                         WHERE_RR DEV_COPY_MEM " ORDER BY 2, 3 DESC",
+                     dev_row);
+        if (rc != KP_EPG) {
+            char ignored[128];
 
-        (void) kp_pg_exec(ld->c, "RESET enable_nestloop", ignored, sizeof(ignored));
+            (void) kp_pg_exec(ld->c, "RESET enable_nestloop", ignored, sizeof(ignored));
+        }
     }
     if (rc == 0 && !a->devs && !(a->devs = calloc(1, sizeof(*a->devs)))) {
         return load_nomem(ld);

@@ -39,9 +39,19 @@ struct pp_key {
     int32_t idx;
 };
 
+/* A kernel as the table reads it; -1 for a NULL column. */
+struct pp_kern {
+    int64_t start, dur, corr, ext;
+    int64_t name, stream, device;
+    int64_t grid[3], block[3];
+    bool has_grid, has_block;
+};
+
 struct kp_pyprof {
-    PGresult *kr, * or ;     /* while the table is built */
-    struct kp_an_dict names; /* the names kr's and or's name ids refer to */
+    struct pp_kern *kern;    /* while the table is built: the rank's kernels, in launch order */
+    size_t n_kern, cap_kern;
+    PGresult * or ;          /* while the table is built */
+    struct kp_an_dict names; /* the names kern's and or's name ids refer to */
     struct pp_op *ops;
     size_t n_ops;
     struct kp_pyprof_row *rows;
@@ -582,19 +592,168 @@ static void share_work(struct kp_pyprof_row *rows, struct pp_share *sh, size_t n
     }
 }
 
-/* The rank's kernels (p->kr), API calls (*ar) and host ops (p->or). */
+/* Loading the kernels (pp_read_kernels). */
+struct pp_kload {
+    struct kp_pyprof *p;
+    size_t *budget, max_rows;
+};
+
+#define PP_KCOLS 13 /* start, dur, correlation, external id, name, stream, device, grid, block */
+
+static int pp_add_kernel(struct pp_kload *l, const int64_t *v, const bool *null)
+{
+    struct kp_pyprof *p = l->p;
+    struct pp_kern *k;
+
+    if (l->max_rows && *l->budget >= l->max_rows) {
+        return KP_ETOOBIG;
+    }
+    if (p->n_kern == p->cap_kern) {
+        size_t cap = p->cap_kern ? 2 * p->cap_kern : 4096;
+        struct pp_kern *g = realloc(p->kern, cap * sizeof(*g));
+
+        if (!g) {
+            return -ENOMEM;
+        }
+        p->kern = g;
+        p->cap_kern = cap;
+    }
+    k = &p->kern[p->n_kern++];
+    ++*l->budget;
+    k->start = v[0];
+    k->dur = null[1] ? -1 : v[1];
+    k->corr = null[2] ? -1 : v[2];
+    k->ext = null[3] ? -1 : v[3];
+    k->name = null[4] ? -1 : v[4];
+    k->stream = null[5] ? -1 : v[5];
+    k->device = null[6] ? -1 : v[6];
+    for (int i = 0; i < 3; i++) {
+        k->grid[i] = null[7 + i] ? -1 : v[7 + i];
+        k->block[i] = null[10 + i] ? -1 : v[10 + i];
+    }
+    k->has_grid = !null[7];
+    k->has_block = !null[10];
+    return 0;
+}
+
+/* A kernel_rows row of pp_read_kernels' first COPY. */
+static int pp_kernel_row(void *ud, char *row, size_t len)
+{
+    char *f[PP_KCOLS];
+    int64_t v[PP_KCOLS];
+    bool null[PP_KCOLS];
+    int rc;
+
+    if ((rc = kp_pg_copy_fields(row, len, f, PP_KCOLS)) < 0) {
+        return rc;
+    }
+    for (int k = 0; k < PP_KCOLS; k++) {
+        null[k] = f[k] == NULL;
+        v[k] = null[k] ? 0 : strtoll(f[k], NULL, 10);
+    }
+    return pp_add_kernel(ud, v, null);
+}
+
+/* A kernel_chunks row (migration 0015: the columns as arrays) of the second COPY. */
+static int pp_kernel_chunk(void *ud, char *row, size_t len)
+{
+    char *f[PP_KCOLS];
+    const char *cur[PP_KCOLS];
+    int64_t v[PP_KCOLS];
+    bool null[PP_KCOLS];
+    int rc;
+
+    if ((rc = kp_pg_copy_fields(row, len, f, PP_KCOLS)) < 0) {
+        return rc;
+    }
+    for (int k = 0; k < PP_KCOLS; k++) {
+        if (!f[k]) {
+            return -EINVAL;
+        }
+        cur[k] = f[k];
+    }
+    while ((rc = kp_pg_arrays_next_i64(cur, PP_KCOLS, v, null)) == 1) {
+        if ((rc = pp_add_kernel(ud, v, null)) < 0) {
+            return rc;
+        }
+    }
+    return rc;
+}
+
+/* Launch order: by correlation (none last), then start; the rest only so that ties come out
+ * the same on every load. */
+static int cmp_kern(const void *pa, const void *pb)
+{
+    const struct pp_kern *x = pa, *y = pb;
+
+    if ((x->corr < 0) != (y->corr < 0)) {
+        return x->corr < 0 ? 1 : -1;
+    }
+    if (x->corr != y->corr) {
+        return x->corr < y->corr ? -1 : 1;
+    }
+    if (x->start != y->start) {
+        return x->start < y->start ? -1 : 1;
+    }
+    if (x->dur != y->dur) {
+        return x->dur > y->dur ? -1 : 1;
+    }
+    if (x->ext != y->ext) {
+        return x->ext < y->ext ? -1 : 1;
+    }
+    return (x->name > y->name) - (x->name < y->name);
+}
+
+/*
+ * The rank's kernels into p->kern, in launch order. An ended run's kernels are in chunks
+ * (migration 0015), which come as arrays and are unnested here: the server would spend three
+ * times as long unnesting them into rows for the kernels view; the rows of an open run (and
+ * late batches) come as rows; the whole is sorted here.
+ */
+static int pp_read_kernels(PGconn *c, const char *const *params, size_t *budget, size_t max_rows,
+                           struct kp_pyprof *p, char *errbuf, size_t errlen)
+{
+    static const char cols[] = "start_ns, dur_ns, correlation, external_id, name, stream, "
+                               "device, grid_x, grid_y, grid_z, block_x, block_y, block_z";
+    struct pp_kload l = { p, budget, max_rows };
+    char sql[512];
+    int rc;
+
+    snprintf(sql, sizeof(sql),
+             "COPY (SELECT %s FROM kernel_rows WHERE run_id = %s AND rank = %s) TO STDOUT", cols,
+             params[0], params[1]);
+    rc = kp_pg_copy_out(c, sql, pp_kernel_row, &l, errbuf, errlen);
+    if (rc == 0) {
+        snprintf(sql, sizeof(sql),
+                 "COPY (SELECT %s FROM kernel_chunks WHERE run_id = %s AND rank = %s) TO STDOUT",
+                 cols, params[0], params[1]);
+        rc = kp_pg_copy_out(c, sql, pp_kernel_chunk, &l, errbuf, errlen);
+    }
+    if (rc == KP_ETOOBIG) {
+        kp_errbuf_set(errbuf, errlen, "the rank has more than %zu rows: raise the row limit",
+                      max_rows);
+    }
+    else if (rc == -EINVAL) {
+        kp_errbuf_set(errbuf, errlen, "PostgreSQL sent a kernel row the analyzer cannot read");
+        rc = KP_EPG;
+    }
+    else if (rc == -ENOMEM) {
+        kp_errbuf_set(errbuf, errlen, "out of memory loading the rank's kernels");
+    }
+    if (rc == 0 && p->n_kern > 1) {
+        qsort(p->kern, p->n_kern, sizeof(*p->kern), cmp_kern);
+    }
+    return rc;
+}
+
+/* The rank's kernels (p->kern), API calls (*ar) and host ops (p->or). */
 static int pp_query(PGconn *c, const char *const *params, size_t max_rows, struct kp_pyprof *p,
                     PGresult **ar, char *errbuf, size_t errlen)
 {
     size_t budget = 0;
     int rc;
 
-    rc = kp_an_query(c, 2,
-                     "SELECT x.start_ns, x.dur_ns, x.correlation, x.external_id, x.name, "
-                     "x.stream, x.device, x.grid_x, x.grid_y, x.grid_z, x.block_x, x.block_y, "
-                     "x.block_z FROM kernels x" WHERE_RR
-                     " ORDER BY x.correlation NULLS LAST, x.start_ns",
-                     params, &budget, max_rows, &p->kr, errbuf, errlen);
+    rc = pp_read_kernels(c, params, &budget, max_rows, p, errbuf, errlen);
     if (rc < 0) {
         return rc;
     }
@@ -617,7 +776,7 @@ static int pp_query(PGconn *c, const char *const *params, size_t max_rows, struc
  * joined on the server: the joins (three for each op) cost more than reading the rows. */
 static int pp_read_names(PGconn *c, struct kp_pyprof *p, char *errbuf, size_t errlen)
 {
-    size_t nk = (size_t) PQntuples(p->kr), no = (size_t) PQntuples(p->or), n = 0;
+    size_t nk = p->n_kern, no = (size_t) PQntuples(p->or), n = 0;
     int32_t *ids = calloc(nk + 3 * no + 1, sizeof(*ids));
     int rc;
 
@@ -625,7 +784,8 @@ static int pp_read_names(PGconn *c, struct kp_pyprof *p, char *errbuf, size_t er
         return -ENOMEM;
     }
     for (size_t i = 0; i < nk; i++) {
-        ids[n++] = (int32_t) kp_pg_i64(p->kr, (int) i, 4, 0);
+        ids[n++] = p->kern[i].name > 0 && p->kern[i].name <= INT32_MAX ? (int32_t) p->kern[i].name
+                                                                        : 0;
     }
     for (size_t i = 0; i < no; i++) {
         for (int col = 7; col <= 9; col++) {
@@ -637,13 +797,18 @@ static int pp_read_names(PGconn *c, struct kp_pyprof *p, char *errbuf, size_t er
     return rc;
 }
 
-/* The name of id col of row in r ("" for NULL or an unknown id), as the join's coalesce gave. */
-static const char *pp_name(const struct kp_pyprof *p, const PGresult *r, int row, int col)
+/* The name of an id (-1: NULL; "" for it or an unknown id), as the join's coalesce gave. */
+static const char *pp_name_of(const struct kp_pyprof *p, int64_t id)
 {
-    int32_t i =
-        PQgetisnull(r, row, col) ? -1 : kp_an_dict_find(&p->names, kp_pg_i64(r, row, col, 0));
+    int32_t i = id < 0 ? -1 : kp_an_dict_find(&p->names, id);
 
     return i >= 0 ? p->names.v[i].s : "";
+}
+
+/* The name of id col of row in r, as pp_name_of. */
+static const char *pp_name(const struct kp_pyprof *p, const PGresult *r, int row, int col)
+{
+    return pp_name_of(p, PQgetisnull(r, row, col) ? -1 : kp_pg_i64(r, row, col, 0));
 }
 
 /* The host ops, each with its enclosing op, indexed by op_id and seq; -ENOMEM. */
@@ -727,31 +892,29 @@ static int pp_read_calls(struct pp_build *b, const PGresult *ar)
 static void pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
 {
     struct kp_pyprof_row *r = &p->rows[i];
-    int row = (int) i;
-    int64_t corr = kp_pg_i64(p->kr, row, 2, -1), ext = kp_pg_i64(p->kr, row, 3, -1);
+    const struct pp_kern *k = &p->kern[i];
+    int64_t corr = k->corr, ext = k->ext;
     const struct pp_key *ck = corr >= 0 ? lower(b->by_corr, b->n_corr, corr) : NULL, *ok;
-    const char *kname = pp_name(p, p->kr, row, 4);
+    const char *kname = pp_name_of(p, k->name);
     int32_t oi = -1;
 
     r->idx = i + 1;
-    r->sil_ns = kp_pg_i64(p->kr, row, 1, -1);
-    r->stream = (int) kp_pg_i64(p->kr, row, 5, -1);
-    r->device = (int) kp_pg_i64(p->kr, row, 6, -1);
-    if (PQgetisnull(p->kr, row, 7)) {
+    r->sil_ns = k->dur;
+    r->stream = (int) k->stream;
+    r->device = (int) k->device;
+    if (!k->has_grid) {
         snprintf(r->grid, sizeof(r->grid), "-");
     }
     else {
-        snprintf(r->grid, sizeof(r->grid), "%" PRId64 ",%" PRId64 ",%" PRId64,
-                 kp_pg_i64(p->kr, row, 7, -1), kp_pg_i64(p->kr, row, 8, -1),
-                 kp_pg_i64(p->kr, row, 9, -1));
+        snprintf(r->grid, sizeof(r->grid), "%" PRId64 ",%" PRId64 ",%" PRId64, k->grid[0],
+                 k->grid[1], k->grid[2]);
     }
-    if (PQgetisnull(p->kr, row, 10)) {
+    if (!k->has_block) {
         snprintf(r->block, sizeof(r->block), "-");
     }
     else {
-        snprintf(r->block, sizeof(r->block), "%" PRId64 ",%" PRId64 ",%" PRId64,
-                 kp_pg_i64(p->kr, row, 10, -1), kp_pg_i64(p->kr, row, 11, -1),
-                 kp_pg_i64(p->kr, row, 12, -1));
+        snprintf(r->block, sizeof(r->block), "%" PRId64 ",%" PRId64 ",%" PRId64, k->block[0],
+                 k->block[1], k->block[2]);
     }
     short_kernel(kname, r->kernel, sizeof(r->kernel));
     r->kernel_full = kname;
@@ -809,7 +972,7 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
     p->or = NULL;
     PQclear(ar);
     ar = NULL;
-    n = (size_t) PQntuples(p->kr);
+    n = p->n_kern;
     p->rows = calloc(n ? n : 1, sizeof(*p->rows));
     b.share = calloc(n ? n : 1, sizeof(*b.share));
     if (!p->rows || !b.share) {
@@ -819,8 +982,8 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
     for (size_t i = 0; i < n; i++) {
         pp_fill_kernel(p, &b, i);
     }
-    PQclear(p->kr);
-    p->kr = NULL;
+    free(p->kern);
+    p->kern = NULL;
     share_work(p->rows, b.share, n);
     rc = 0;
     *out = p;
@@ -850,7 +1013,7 @@ void kp_pyprof_destroy(struct kp_pyprof *p)
     if (!p) {
         return;
     }
-    PQclear(p->kr);
+    free(p->kern);
     PQclear(p->or);
     kp_an_dict_fini(&p->names);
     free(p->ops);

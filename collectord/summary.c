@@ -362,6 +362,38 @@ static void make_logged(PGconn *c, uint64_t run_id)
     }
 }
 
+/* The ended runs a summariser left undone: kernel rows not moved into chunks (a collectord
+ * stopped with its queue full, a failed move, a database migrated to 0015 while a batch was
+ * late) or no summary in this format (one that failed, a summary format changed by an
+ * upgrade). */
+static const char undone_sql[] =
+    "SELECT r.id FROM runs r WHERE r.state <> 1 AND (EXISTS (SELECT 1 FROM kernel_rows k WHERE "
+    "k.run_id = r.id) OR NOT EXISTS (SELECT 1 FROM compare_runs c WHERE c.run_id = r.id AND "
+    "c.version = $1)) ORDER BY r.id";
+
+/* The start's sweep, on the summariser's worker: every undone run, oldest first. */
+static void sweep(PGconn *c)
+{
+    char version[16], err[512] = "";
+    const char *p1[1] = { version };
+    PGresult *r = NULL;
+
+    snprintf(version, sizeof(version), "%d", KP_COMPARE_SUMMARY_VERSION);
+    if (kp_pg_query(c, undone_sql, 1, p1, &r, err, sizeof(err)) != 0) {
+        kp_log_warn("looking for ended runs to compact or summarise failed err=\"%s\" (EndRun "
+                    "of a run does it)",
+                    err);
+        return;
+    }
+    if (PQntuples(r) > 0) {
+        kp_log_info("ended runs to compact or summarise at start runs=%d", PQntuples(r));
+    }
+    for (int i = 0; i < PQntuples(r); i++) {
+        make_logged(c, strtoull(PQgetvalue(r, i, 0), NULL, 10));
+    }
+    PQclear(r);
+}
+
 /* The summariser (kp_summary_start). */
 struct summariser {
     char *conninfo;
@@ -402,16 +434,26 @@ static void run_cb(void *ud, void *state, void *item)
         kp_pg_connect(s->conninfo, "kprof-collectord-summary", &s->pg, err, sizeof(err)) != 0) {
         kp_complain(&s->pg_complain, KP_LOG_ERROR, KP_LOG_MODULE,
                     "PostgreSQL unreachable for compare summaries err=\"%s\"", err);
-        failed_one(run_id, err);
+        if (run_id != 0) {
+            failed_one(run_id, err);
+        }
         return;
     }
     kp_release(&s->pg_complain, KP_LOG_MODULE, "PostgreSQL reachable again for compare summaries");
+    if (run_id == 0) {
+        sweep(s->pg);
+        return;
+    }
     make_logged(s->pg, run_id);
 }
 
 static void cancel_cb(void *ud, void *item)
 {
     (void) ud;
+    if (*(uint64_t *) item == 0) { /* the sweep: its runs are looked for again next start */
+        free(item);
+        return;
+    }
     failed_one(*(uint64_t *) item, "collectord stopped before it was made");
     free(item);
 }
@@ -421,6 +463,7 @@ int kp_summary_start(const char *conninfo, char *errbuf, size_t errlen)
     static const struct kp_workq_ops ops = { .run = run_cb, .cancel = cancel_cb };
     struct kp_workq_opts qo = { .workers = 1, .queue_max = KP_SUMMARY_QUEUE_MAX };
     struct summariser *s;
+    uint64_t *sweep_item;
     int rc = 0;
 
     pthread_mutex_lock(&the_mu);
@@ -441,6 +484,11 @@ int kp_summary_start(const char *conninfo, char *errbuf, size_t errlen)
     }
     the = s;
     the_users = 1;
+    /* Item 0 is the start's sweep (run_cb); without memory for it, EndRun still does each. */
+    if ((sweep_item = calloc(1, sizeof(*sweep_item))) != NULL &&
+        kp_workq_submit(s->q, sweep_item) != 0) {
+        free(sweep_item);
+    }
 out:
     pthread_mutex_unlock(&the_mu);
     return rc;
@@ -472,6 +520,9 @@ void kp_summary_after_end(PGconn *c, uint64_t run_id)
     uint64_t *item;
     int rc;
 
+    if (run_id == 0) { /* no run has id 0 (and item 0 is the summariser's sweep) */
+        return;
+    }
     pthread_mutex_lock(&the_mu);
     if (the == NULL) {
         pthread_mutex_unlock(&the_mu);

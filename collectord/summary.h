@@ -44,7 +44,10 @@ int kp_summary_make(PGconn *c, uint64_t run_id, double *secs, char *errbuf, size
  * reconnected on demand) that summarises the runs handed to kp_summary_after_end, one at a
  * time, so that a long summary (seconds at a thousand ranks) holds up neither EndRun nor the
  * control requests behind it. Process-wide: kp_summary_start once (kprof-collectord), then
- * kp_summary_stop at shutdown, after whatever calls kp_summary_after_end has stopped.
+ * kp_summary_stop at shutdown, after whatever calls kp_summary_after_end has stopped. The first
+ * start also queues a sweep: every ended run whose kernels are not all in chunks, or that has
+ * no summary in this format, is compacted and summarised, oldest first (what a collectord that
+ * stopped with runs queued, or an upgrade, left undone).
  * Returns 0, or a negative code with errbuf.
  */
 int kp_summary_start(const char *conninfo, char *errbuf, size_t errlen);

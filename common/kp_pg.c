@@ -807,3 +807,87 @@ int kp_pg_array_i64s(struct kp_strbuf *sb, const int64_t *v, size_t n)
     }
     return rc != 0 ? rc : kp_pg_array_close(sb);
 }
+
+int kp_pg_array_next_i64(const char **p, int64_t *v, bool *null)
+{
+    const char *s = *p;
+    uint64_t u = 0, lim;
+    bool neg;
+
+    if (*s == '{') {
+        s++;
+        if (*s == '}') {
+            *p = s + 1;
+            return 0;
+        }
+    }
+    else if (*s == '}') {
+        *p = s + 1;
+        return 0;
+    }
+    else if (*s++ != ',') {
+        return -EINVAL;
+    }
+    if (strncmp(s, "NULL", 4) == 0) {
+        s += 4;
+        *v = 0;
+        *null = true;
+    }
+    else {
+        neg = *s == '-';
+        s += neg;
+        lim = neg ? (uint64_t) INT64_MAX + 1 : (uint64_t) INT64_MAX;
+        if (*s < '0' || *s > '9') {
+            return -EINVAL;
+        }
+        for (; *s >= '0' && *s <= '9'; s++) {
+            if (u > (lim - (uint64_t) (*s - '0')) / 10) {
+                return -EINVAL;
+            }
+            u = u * 10 + (uint64_t) (*s - '0');
+        }
+        *v = neg ? (int64_t) (0 - u) : (int64_t) u;
+        *null = false;
+    }
+    if (*s != ',' && *s != '}') {
+        return -EINVAL;
+    }
+    *p = s;
+    return 1;
+}
+
+int kp_pg_arrays_next_i64(const char **cur, int n, int64_t *v, bool *null)
+{
+    int got = 0, rc;
+
+    for (int k = 0; k < n; k++) {
+        if ((rc = kp_pg_array_next_i64(&cur[k], &v[k], &null[k])) < 0) {
+            return rc;
+        }
+        got += rc;
+    }
+    return got == n ? 1 : got == 0 ? 0 : -EINVAL;
+}
+
+int kp_pg_copy_fields(char *row, size_t len, char **f, int nf)
+{
+    int k = 0;
+
+    row[len] = '\0'; /* the newline's byte, or the terminator libpq adds */
+    f[k++] = row;
+    for (char *p = row; *p; p++) {
+        if (*p == '\t') {
+            *p = '\0';
+            if (k == nf) {
+                return -EINVAL;
+            }
+            f[k++] = p + 1;
+        }
+    }
+    for (int i = 0; i < k; i++) {
+        if (f[i][0] == '\\' && f[i][1] == 'N' && f[i][2] == '\0') {
+            f[i] = NULL;
+        }
+    }
+    return k == nf ? 0 : -EINVAL;
+}

@@ -195,4 +195,24 @@ int kp_pg_array_text(struct kp_strbuf *sb, const char *s);
 /* The whole array "{v[0],...,v[n-1]}" ("{}" when n is 0). */
 int kp_pg_array_i64s(struct kp_strbuf *sb, const int64_t *v, size_t n);
 
+/*
+ * Reads an integer array's text as PostgreSQL writes it (COPY or a text result: "{1,-2,NULL}",
+ * no quotes, no blanks), one element a call: *p starts at the '{' and is left after what was
+ * read. Returns 1 with the element in *v (0 and *null true for NULL), 0 at the end (the '}'
+ * consumed), or -EINVAL for anything else (another type, a nested array, a value outside
+ * int64); *p is then left where it was.
+ */
+int kp_pg_array_next_i64(const char **p, int64_t *v, bool *null);
+
+/* The next element of each of n integer arrays walked in step (cur[k] as for
+ * kp_pg_array_next_i64): 1 with v[k] and null[k] filled, 0 when all of them end together, or
+ * -EINVAL for a malformed one or arrays of different lengths. */
+int kp_pg_arrays_next_i64(const char **cur, int n, int64_t *v, bool *null);
+
+/* Splits a row of COPY ... TO STDOUT text (as kp_pg_copy_out hands it over: len bytes, with a
+ * writable byte at row[len]) into nf fields in place, f[i] NULL for \N. The fields are not
+ * unescaped (numbers and arrays of numbers need no unescaping). 0, or -EINVAL when the row has
+ * another number of fields. */
+int kp_pg_copy_fields(char *row, size_t len, char **f, int nf);
+
 #endif

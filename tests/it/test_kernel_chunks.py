@@ -3,13 +3,15 @@ real kprof-collectord, kprof-analyzer, kprofctl and PostgreSQL:
   1. A run's kernels while it is open are rows (kernel_rows); EndRun moves them into chunks
      (kernel_chunks, 1024 kernels of one rank each) in the summariser's transaction. The
      `kernels` view gives the same rows before and after (every column, as a multiset), the
-     analyzer's answers (breakdown, kernels, ops, compare) are the same byte for byte, and so
+     analyzer's answers (breakdown, kernels, ops, prof, roofline, compare) are the same byte
+     for byte, and so
      are the dashboards' views over kernels. The chunks take less than 40 bytes a kernel on
      disk (indexes and TOAST included) where the rows took more than 100.
   2. A late batch into the ended run is stored as rows beside the chunks (the view shows both);
      EndRun again compacts them. kp_expand_kernels moves a run's chunks back into rows, for hand
      edits; the view is unchanged by it.
-  3. collectord's /metrics counts the kernels compacted.
+  3. collectord's /metrics counts the kernels compacted. A collectord that starts finds the
+     ended runs left undone (kernel rows not in chunks, no summary) and does them.
   4. Migration: a database built by migrations 0001-0014 as the previous release left it, with
      an ended and an open run, migrated by `kprof-collectord --migrate`: the ended run's kernels
      become chunks, the open run's stay rows, and the view and the dashboards' views give what
@@ -56,7 +58,8 @@ def answers(an, rid):
     """What the analyzer answers about the run, as kprofctl prints it (its cache is off)."""
     out = {}
     for verb, extra in (("breakdown", ["--rank", "1"]), ("kernels", ["--rank", "0"]),
-                        ("ops", ["--rank", "1"]), ("compare", [])):
+                        ("ops", ["--rank", "1"]), ("prof", ["--rank", "0"]),
+                        ("roofline", ["--rank", "1"]), ("compare", [])):
         out[verb] = run([KPROFCTL, verb, "--analyzer", an.grpc, "--run", str(rid), "--json"] +
                         extra)
     return out
@@ -156,7 +159,7 @@ def check_compaction(cd, an):
     chunk_bytes = bytes_per_kernel("kernel_chunks", rid, DB)
     assert row_bytes > 100 and chunk_bytes < 40, (row_bytes, chunk_bytes)
     print("run %d: %d kernels, rows %.1f B a kernel -> %d chunks %.1f B a kernel; the view, the "
-          "dashboards and breakdown, kernels, ops, compare answer the same"
+          "dashboards and breakdown, kernels, ops, prof, roofline, compare answer the same"
           % (rid, nchunked, row_bytes, chunks, chunk_bytes))
 
     # 2. a late batch: rows beside the chunks, in the view; EndRun again compacts them
@@ -177,6 +180,22 @@ def check_compaction(cd, an):
     print("late batch: %d rows beside the chunks, compacted by EndRun again; kp_expand_kernels "
           "and back: the same rows" % late)
     return rid
+
+
+def check_sweep(rid):
+    """A collectord starting on a database with an ended run whose kernels are rows again and
+    whose summary is gone compacts and summarises it, without an EndRun."""
+    want = rows(rid, DB)
+    assert int(kpfix.psql("SELECT kp_expand_kernels(%d)" % rid, db=DB)) > 0
+    kpfix.psql("DELETE FROM compare_runs WHERE run_id = %d" % rid, db=DB)
+    cd = kpfix.Collectord("kernel_chunks_sweep", kpfix.conninfo(DB))
+    try:
+        compacted(cd, rid, DB)
+        assert rows(rid, DB) == want
+        assert metric(cd, "kprof_collectord_kernels_compacted_total") == int(want.split("|")[0])
+    finally:
+        cd.stop()
+    print("a collectord starting found run %d undone (rows, no summary) and did it" % rid)
 
 
 def old_schema_db():
@@ -260,6 +279,7 @@ def main():
     finally:
         cd.stop()
         an.stop()
+    check_sweep(rid)
     check_migration(rid)
     kpfix.psql("DROP DATABASE IF EXISTS %s WITH (FORCE)" % DB_OLD, db="postgres")
     kpfix.psql("DROP DATABASE IF EXISTS %s WITH (FORCE)" % DB, db="postgres")

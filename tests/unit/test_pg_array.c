@@ -1,12 +1,15 @@
 /* Unit tests for kp_pg's array literals: element separators, quoting and escaping of text
  * elements (", \, "NULL", commas, braces, the empty string), NULL elements, the empty array,
- * and an array after other text in the same buffer. */
+ * and an array after other text in the same buffer; and the reader of integer arrays' text
+ * (kp_pg_array_next_i64): round trips, NULLs, the int64 limits, malformed text refused. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <cmocka.h>
 
+#include <errno.h>
 #include <stdint.h>
 
 #include "kp_err.h"
@@ -101,12 +104,61 @@ static void test_cap(void **state)
     kp_strbuf_fini(&sb);
 }
 
+/* Reads the whole of text; the elements into v (NULL as -7), their count, or the error. */
+static int read_all(const char *text, int64_t *v, int cap)
+{
+    const char *p = text;
+    int64_t x;
+    bool null;
+    int n = 0, rc;
+
+    while ((rc = kp_pg_array_next_i64(&p, &x, &null)) == 1) {
+        if (n == cap) {
+            return -ENOSPC;
+        }
+        v[n++] = null ? -7 : x;
+    }
+    if (rc == 0 && *p != '\0') {
+        return -EBADMSG; /* the reader stops right after the '}' */
+    }
+    return rc < 0 ? rc : n;
+}
+
+static void test_read_i64(void **state)
+{
+    static const int64_t want[] = { 0, -1, 42, INT64_MAX, INT64_MIN, 1700000000123456789 };
+    struct kp_strbuf sb;
+    int64_t got[8];
+
+    (void) state;
+    kp_strbuf_init(&sb, 0);
+    assert_int_equal(kp_pg_array_i64s(&sb, want, 6), 0);
+    assert_int_equal(read_all(sb.data, got, 8), 6);
+    assert_memory_equal(got, want, sizeof(want));
+    kp_strbuf_fini(&sb);
+    assert_int_equal(read_all("{}", got, 8), 0);
+    assert_int_equal(read_all("{NULL,3,NULL}", got, 8), 3);
+    assert_true(got[0] == -7 && got[1] == 3 && got[2] == -7);
+    assert_int_equal(read_all("{5}", got, 8), 1);
+    assert_true(got[0] == 5);
+    static const char *const bad[] = { "",         "5",        "{",        "{1,}",
+                                       "{,1}",     "{1 ,2}",   "{\"1\"}", "{{1}}",
+                                       "{1.5}",    "{-}",      "{NUL}",    "{NULLx}",
+                                       "{9223372036854775808}", "{-9223372036854775809}",
+                                       "{99999999999999999999}", "{1,2" };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (read_all(bad[i], got, 8) != -EINVAL) {
+            fail_msg("accepted %s", bad[i]);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_empty_array),  cmocka_unit_test(test_i64),
         cmocka_unit_test(test_text_quoting), cmocka_unit_test(test_after_other_text),
-        cmocka_unit_test(test_cap),
+        cmocka_unit_test(test_cap),          cmocka_unit_test(test_read_i64),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
