@@ -473,7 +473,7 @@ static int cmp_dev(const void *pa, const void *pb)
     return (x->name > y->name) - (x->name < y->name);
 }
 
-#define DEV_COPY_MEM                                                                          \
+#define DEV_COPY_MEM                                                                            \
     " UNION ALL SELECT 1, start_ns, dur_ns, correlation, external_id, NULL, NULL, NULL, NULL, " \
     "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memcpys" WHERE_RR                      \
     " UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, NULL, NULL, " \
@@ -494,8 +494,7 @@ static int an_read_devs(struct kp_an *a, struct an_load *ld)
     bool side;
     int rc;
 
-    rc = kp_pg_query(ld->c,
-                     "SELECT EXISTS (SELECT 1 FROM kernel_occupancy" WHERE_RR ")", 2,
+    rc = kp_pg_query(ld->c, "SELECT EXISTS (SELECT 1 FROM kernel_occupancy" WHERE_RR ")", 2,
                      ld->params, &r, ld->errbuf, ld->errlen);
     if (rc != 0) {
         return rc;

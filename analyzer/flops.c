@@ -529,8 +529,9 @@ static bool fam_matmul(struct ctx *c)
     }
     na = A->ndim;
     nb = B->ndim;
+    /* torch refuses a 0-d operand ("both arguments to matmul need to be at least 1D") */
     if (na < 1 || nb < 1) {
-        return false; /* torch refuses a 0-d operand: "both arguments to matmul need to be at least 1D" */
+        return false;
     }
     if (na == 1 && nb == 1) {
         return A->dim[0] == B->dim[0] && gemm(c, 1, 1, 1, (double) A->dim[0], A, B, false);

@@ -48,7 +48,7 @@ struct pp_kern {
 };
 
 struct kp_pyprof {
-    struct pp_kern *kern;    /* while the table is built: the rank's kernels, in launch order */
+    struct pp_kern *kern; /* while the table is built: the rank's kernels, in launch order */
     size_t n_kern, cap_kern;
     PGresult * or ;          /* while the table is built */
     struct kp_an_dict names; /* the names kern's and or's name ids refer to */
@@ -784,8 +784,8 @@ static int pp_read_names(PGconn *c, struct kp_pyprof *p, char *errbuf, size_t er
         return -ENOMEM;
     }
     for (size_t i = 0; i < nk; i++) {
-        ids[n++] = p->kern[i].name > 0 && p->kern[i].name <= INT32_MAX ? (int32_t) p->kern[i].name
-                                                                        : 0;
+        ids[n++] =
+            p->kern[i].name > 0 && p->kern[i].name <= INT32_MAX ? (int32_t) p->kern[i].name : 0;
     }
     for (size_t i = 0; i < no; i++) {
         for (int col = 7; col <= 9; col++) {

@@ -28,8 +28,9 @@ struct kp_summary_stats {
  * Compacts and summarises run_id, which has ended (ENDED or FAILED), in one transaction that
  * first locks the run row FOR NO KEY UPDATE, so that no batch is stored into the run meanwhile
  * (the sink locks it FOR SHARE): what is compacted and summarised is every batch stored. First
- * the run's kernel rows move into chunks (kp_compact_kernels, migration 0015; about 3 us a
- * kernel), then the summary is made, replacing a previous one. An open run is left alone, and
+ * the summary is made, replacing a previous one, while the kernels are still rows (cheaper to
+ * read than chunks); then the run's kernel rows move into chunks (kp_compact_kernels, migration
+ * 0015; about 3 us a kernel). An open run is left alone, and
  * one summarised already in this format (EndRun again) only has its late kernel rows compacted
  * (returns 0, *secs -1 for both). Blocks on PostgreSQL for about one sort of the run's kernel
  * rows and one scan of its kernels, ops, API calls, copies and memsets. c is borrowed and idle

@@ -138,10 +138,10 @@ static const struct kp_column_spec memory_cols[] = {
     { "step", I4, V, false },
 };
 
-#define KIND_STORE(tbl, st, lbl, fld, cols, d, sd)                          \
-    {                                                                       \
+#define KIND_STORE(tbl, st, lbl, fld, cols, d, sd)                              \
+    {                                                                           \
         .table = tbl, .store = st, .label = lbl, .field = fld, .columns = cols, \
-        .n_columns = sizeof(cols) / sizeof(cols[0]), .desc = &d, .side = sd \
+        .n_columns = sizeof(cols) / sizeof(cols[0]), .desc = &d, .side = sd     \
     }
 #define KIND_SIDE(tbl, lbl, fld, cols, d, sd) KIND_STORE(tbl, tbl, lbl, fld, cols, d, sd)
 #define KIND(tbl, lbl, fld, cols, d)          KIND_SIDE(tbl, lbl, fld, cols, d, NULL)

@@ -141,11 +141,22 @@ static void test_read_i64(void **state)
     assert_true(got[0] == -7 && got[1] == 3 && got[2] == -7);
     assert_int_equal(read_all("{5}", got, 8), 1);
     assert_true(got[0] == 5);
-    static const char *const bad[] = { "",         "5",        "{",        "{1,}",
-                                       "{,1}",     "{1 ,2}",   "{\"1\"}", "{{1}}",
-                                       "{1.5}",    "{-}",      "{NUL}",    "{NULLx}",
-                                       "{9223372036854775808}", "{-9223372036854775809}",
-                                       "{99999999999999999999}", "{1,2" };
+    static const char *const bad[] = { "",
+                                       "5",
+                                       "{",
+                                       "{1,}",
+                                       "{,1}",
+                                       "{1 ,2}",
+                                       "{\"1\"}",
+                                       "{{1}}",
+                                       "{1.5}",
+                                       "{-}",
+                                       "{NUL}",
+                                       "{NULLx}",
+                                       "{9223372036854775808}",
+                                       "{-9223372036854775809}",
+                                       "{99999999999999999999}",
+                                       "{1,2" };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         if (read_all(bad[i], got, 8) != -EINVAL) {
             fail_msg("accepted %s", bad[i]);
