@@ -162,6 +162,15 @@ def test_daemons(pwfiles, tmp):
                                           % run_id, db=DB) == "1", 60, "the compare summary")
         cmp = tas.ctl(an, "compare", "--run", str(run_id))
         assert [r["rank"] for r in cmp["ranks"]] == [0], cmp
+        # the summariser, as the writer, moved the run's kernels into chunks (migration 0015);
+        # the reader may not move them back, the writer may
+        assert kpfix.psql("SELECT count(*) FROM kernel_rows WHERE run_id = %d" % run_id,
+                          db=DB) == "0"
+        pf = os.path.join(tmp, "pgpass")  # main's, every user's password
+        refused("reader", "SELECT kp_expand_kernels(%d)" % run_id, pf)
+        assert allowed("writer", "SELECT kp_expand_kernels(%d)" % run_id, pf) == str(n), \
+            "the writer could not move the kernels"
+        assert allowed("writer", "SELECT kp_compact_kernels(%d)" % run_id, pf) == str(n)
         # a second run, dropped: kp_drop_run drops its partitions as their owner
         out = tas.run([KPROFCTL, "import", "--collector", cd.grpc, "--job", "pgroles2", "--json",
                        "--rank", "0", "--progress", "off", path], "kprofctl import as writer")
