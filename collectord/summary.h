@@ -25,18 +25,19 @@ struct kp_summary_stats {
 };
 
 /*
- * Compacts and summarises run_id, which has ended (ENDED or FAILED), in one transaction that
- * first locks the run row FOR NO KEY UPDATE, so that no batch is stored into the run meanwhile
- * (the sink locks it FOR SHARE): what is compacted and summarised is every batch stored. First
- * the summary is made, replacing a previous one, while the kernels are still rows (cheaper to
- * read than chunks); then the run's kernel rows move into chunks (kp_compact_kernels, migration
- * 0015; about 3 us a kernel). An open run is left alone, and
- * one summarised already in this format (EndRun again) only has its late kernel rows compacted
- * (returns 0, *secs -1 for both). Blocks on PostgreSQL for about one sort of the run's kernel
- * rows and one scan of its kernels, ops, API calls, copies and memsets. c is borrowed and idle
- * (no transaction open). Returns 0 with the summary's time in *secs, or KP_ENOTFOUND, KP_EPG,
- * -ENOMEM with the reason in errbuf (the transaction rolled back: neither happened). Counts in
- * the stats.
+ * Summarises run_id, which has ended (ENDED or FAILED), then moves its kernel rows into chunks.
+ * The summary is one transaction that first locks the run row FOR NO KEY UPDATE, so that no
+ * batch is stored into the run meanwhile (the sink locks it FOR SHARE): what is summarised is
+ * every batch stored; it replaces a previous summary and is made while the kernels are still
+ * rows (cheaper to read than chunks). The move (kp_compact_kernels, migration 0015; about 3 us
+ * a kernel) follows in steps of about 1 M kernels, each its own transaction with the run
+ * locked the same way; its failure is logged, and the rows then stay rows. An open run is left
+ * alone, and one summarised already in this format (EndRun again) only has its kernel rows
+ * moved (returns 0, *secs -1 for both). Blocks on PostgreSQL for about one scan of the run's
+ * kernels, ops, API calls, copies and memsets and one sort of its kernel rows. c is borrowed
+ * and idle (no transaction open). Returns 0 with the summary's time in *secs, or KP_ENOTFOUND,
+ * KP_EPG, -ENOMEM with the reason in errbuf (the summary's transaction rolled back, nothing
+ * moved). Counts in the stats.
  */
 int kp_summary_make(PGconn *c, uint64_t run_id, double *secs, char *errbuf, size_t errlen);
 

@@ -161,25 +161,38 @@ END $$;
 
 -- 5. Moves run rid's kernel rows into chunks, in one statement (the rows it deletes are the
 --    rows it chunks: one snapshot); rows stored later stay rows. Returns the kernels moved.
---    Chunks are cut per rank by position in start order (ties by duration, then
---    correlation), so a rank's chunks hold 1024 kernels each but the last; a second
---    compaction of the same run (late rows) adds chunks of its own. The arrays line up
+--    With first_page and pages, only the rows on those pages of the run's kernel_rows
+--    partition (a TID range scan): the summariser moves a big run in steps of its own
+--    transactions, so that a run created meanwhile (whose partitions need the parents'
+--    ACCESS EXCLUSIVE lock, which this one's INSERT and DELETE conflict with) waits for one
+--    step, not for the whole run. Chunks are cut per rank by position in start order (ties by
+--    duration, then correlation), so each call makes a rank's chunks of 1024 kernels each but
+--    the last; another call (the next step, late rows) adds chunks of its own. The parents
+--    are locked first, in the order kp_create_run_partitions takes them (by name), so that a
+--    run created meanwhile waits instead of deadlocking. The arrays line up
 --    because one aggregation step feeds every array_agg the same rows in the same order (the
 --    subquery's); an ORDER BY per aggregate would sort twenty times, and differently where
 --    rows tie. The caller holds the run against new batches if it wants all of them (the
 --    summariser does: runs row FOR NO KEY UPDATE). jit off: compiling this statement costs
 --    more than it saves at any run size measured.
-CREATE OR REPLACE FUNCTION kp_compact_kernels(rid integer) RETURNS bigint
+CREATE OR REPLACE FUNCTION kp_compact_kernels(rid integer, first_page bigint DEFAULT 0,
+                                              pages bigint DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql SET jit = off AS $$
 DECLARE
     moved bigint;
+    range text := '';
 BEGIN
     IF to_regclass(format('kernel_rows_r%s', rid)) IS NULL OR
        to_regclass(format('kernel_chunks_r%s', rid)) IS NULL THEN
         RETURN 0;
     END IF;
+    LOCK TABLE kernel_chunks, kernel_rows IN ACCESS SHARE MODE;
+    IF pages IS NOT NULL THEN
+        range := format(' WHERE ctid >= ''(%s,0)''::tid AND ctid < ''(%s,0)''::tid',
+                        first_page, first_page + pages);
+    END IF;
     EXECUTE format($q$
-        WITH gone AS (DELETE FROM %I RETURNING *),
+        WITH gone AS (DELETE FROM %I%s RETURNING *),
         cut AS (SELECT g.*, (row_number() OVER (PARTITION BY rank ORDER BY start_ns, dur_ns,
                                                 correlation) - 1) AS i
                 FROM gone g),
@@ -210,7 +223,7 @@ BEGIN
             GROUP BY run_id, rank, chunk
             RETURNING n)
         SELECT coalesce(sum(n), 0) FROM made $q$,
-        'kernel_rows_r' || rid, 'kernel_chunks_r' || rid) INTO moved;
+        'kernel_rows_r' || rid, range, 'kernel_chunks_r' || rid) INTO moved;
     RETURN moved;
 END $$;
 
@@ -227,6 +240,7 @@ BEGIN
        to_regclass(format('kernel_chunks_r%s', rid)) IS NULL THEN
         RETURN 0;
     END IF;
+    LOCK TABLE kernel_chunks, kernel_rows IN ACCESS SHARE MODE; -- as kp_compact_kernels
     EXECUTE format($q$
         WITH gone AS (DELETE FROM %I RETURNING *),
         made AS (

@@ -177,8 +177,20 @@ def check_compaction(cd, an):
     end_run(cd, rid)
     compacted(cd, rid, DB)
     assert rows(rid, DB) == want_rows
+    # in steps of pages (as the summariser moves a big run): every row once, into chunks that
+    # each hold one rank's kernels of one step, in start order
+    n = nchunked + late
+    assert int(kpfix.psql("SELECT kp_expand_kernels(%d)" % rid, db=DB)) == n
+    pages = int(kpfix.psql("SELECT pg_relation_size('kernel_rows_r%d') / 8192" % rid, db=DB))
+    moved = sum(int(kpfix.psql("SELECT kp_compact_kernels(%d, %d, 7)" % (rid, p), db=DB))
+                for p in range(0, pages, 7))
+    assert moved == n and where(rid, DB)[:2] == (0, n), (moved, n, where(rid, DB))
+    assert rows(rid, DB) == want_rows, "the view changed with a move in steps"
+    assert kpfix.psql("SELECT bool_and(n <= 1024 AND t0 = start_ns[1] AND start_ns = (SELECT "
+                      "array_agg(x ORDER BY x) FROM unnest(start_ns) x)) FROM kernel_chunks "
+                      "WHERE run_id = %d" % rid, db=DB) == "t"
     print("late batch: %d rows beside the chunks, compacted by EndRun again; kp_expand_kernels "
-          "and back: the same rows" % late)
+          "and back, at once and in steps of 7 pages (%d): the same rows" % (late, pages))
     return rid
 
 
