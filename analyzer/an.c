@@ -120,6 +120,22 @@ static int32_t name_id(const char *f)
     return id > 0 && id <= INT32_MAX ? (int32_t) id : -1;
 }
 
+int kp_an_snapshot_begin(PGconn *c, bool *began, char *errbuf, size_t errlen)
+{
+    *began = PQtransactionStatus(c) == PQTRANS_IDLE;
+    return *began ? kp_pg_exec(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", errbuf, errlen)
+                  : 0;
+}
+
+void kp_an_snapshot_end(PGconn *c, bool began, int rc)
+{
+    char ignored[128];
+
+    if (began) {
+        (void) kp_pg_exec(c, rc == 0 ? "COMMIT" : "ROLLBACK", ignored, sizeof(ignored));
+    }
+}
+
 int kp_an_query(PGconn *c, int n_params, const char *sql, const char *const *params, size_t *budget,
                 size_t max_rows, PGresult **out, char *errbuf, size_t errlen)
 {
@@ -491,12 +507,16 @@ static int an_read_devs(struct kp_an *a, struct an_load *ld)
 {
     struct an_copy cp = { a, ld, 0, 0 };
     PGresult *r = NULL;
-    bool side;
+    bool side, began;
     int rc;
 
+    if ((rc = kp_an_snapshot_begin(ld->c, &began, ld->errbuf, ld->errlen)) != 0) {
+        return rc;
+    }
     rc = kp_pg_query(ld->c, "SELECT EXISTS (SELECT 1 FROM kernel_occupancy" WHERE_RR ")", 2,
                      ld->params, &r, ld->errbuf, ld->errlen);
     if (rc != 0) {
+        kp_an_snapshot_end(ld->c, began, rc);
         return rc;
     }
     side = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
@@ -514,11 +534,13 @@ static int an_read_devs(struct kp_an *a, struct an_load *ld)
                                "grid_x, grid_y, grid_z, block_x, block_y, block_z, registers, "
                                "static_smem, dynamic_smem, device FROM kernel_chunks" WHERE_RR,
                                chunk_row);
+        kp_an_snapshot_end(ld->c, began, rc);
         if (rc == 0 && a->n_devs > 1) {
             qsort(a->devs, a->n_devs, sizeof(*a->devs), cmp_dev);
         }
     }
     else {
+        kp_an_snapshot_end(ld->c, began, 0);
         /* The occupancy side table is joined by key. Right after an import PostgreSQL has no
          * statistics on the new partitions yet, estimates one row on each side and picks a
          * nested loop that re-aggregates the side table for every kernel: 25 s instead of

@@ -209,6 +209,15 @@ int32_t kp_an_dict_find(const struct kp_an_dict *d, int64_t id);
 
 void kp_an_dict_fini(struct kp_an_dict *d);
 
+/* One snapshot for a rank's kernels, which come in two statements (kernel_rows' rows, then
+ * kernel_chunks' arrays) while collectord may move them from one to the other (migration 0015):
+ * kp_an_snapshot_begin opens a REPEATABLE READ, READ ONLY transaction on c unless one is open
+ * already (*began says which; 0 or KP_EPG), kp_an_snapshot_end closes the one it opened
+ * (COMMIT when rc is 0, else ROLLBACK; a failure of either leaves a broken connection, which
+ * the service replaces). */
+int kp_an_snapshot_begin(PGconn *c, bool *began, char *errbuf, size_t errlen);
+void kp_an_snapshot_end(PGconn *c, bool began, int rc);
+
 /* Runs sql with n_params text parameters and counts its rows against a budget: returns 0 and
  * *out (PQclear), KP_ETOOBIG past max_rows rows in all (0: no limit; the message says to raise
  * the limit), or KP_EPG. */

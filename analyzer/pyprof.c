@@ -47,11 +47,25 @@ struct pp_kern {
     bool has_grid, has_block;
 };
 
+/* A row's text columns while it is built, then interned (pp_intern). */
+struct pp_text {
+    char altseq[96], layer[128], mod[48], op[96], kernel[160], params[256], grid[40], block[40];
+};
+
+/* Each distinct text value once, for the rows to point into: most repeat from kernel to kernel,
+ * and a row of the buffers above for each kernel was most of the table's memory (1 KB a
+ * kernel). Open addressing over a power-of-two table; NULL slots are empty. */
+struct pp_pool {
+    char **slot;
+    size_t cap, n;
+};
+
 struct kp_pyprof {
     struct pp_kern *kern; /* while the table is built: the rank's kernels, in launch order */
     size_t n_kern, cap_kern;
     PGresult * or ;          /* while the table is built */
     struct kp_an_dict names; /* the names kern's and or's name ids refer to */
+    struct pp_pool pool;     /* the rows' text columns */
     struct pp_op *ops;
     size_t n_ops;
     struct kp_pyprof_row *rows;
@@ -66,6 +80,59 @@ static int cmp_key(const void *pa, const void *pb)
         return a->key < b->key ? -1 : 1;
     }
     return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
+static uint64_t pp_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+
+    for (; *s; s++) {
+        h = (h ^ (uint8_t) *s) * 1099511628211ull;
+    }
+    return h;
+}
+
+/* s's copy in the pool (made on first sight), or NULL without memory. */
+static const char *pp_intern(struct pp_pool *pl, const char *s)
+{
+    size_t h;
+
+    if (2 * (pl->n + 1) > pl->cap) {
+        size_t cap = pl->cap ? 2 * pl->cap : 1024;
+        char **slot = calloc(cap, sizeof(*slot));
+
+        if (!slot) {
+            return NULL;
+        }
+        for (size_t i = 0; i < pl->cap; i++) {
+            if (pl->slot[i]) {
+                for (h = pp_hash(pl->slot[i]) & (cap - 1); slot[h]; h = (h + 1) & (cap - 1)) {
+                }
+                slot[h] = pl->slot[i];
+            }
+        }
+        free(pl->slot);
+        pl->slot = slot;
+        pl->cap = cap;
+    }
+    for (h = pp_hash(s) & (pl->cap - 1); pl->slot[h]; h = (h + 1) & (pl->cap - 1)) {
+        if (strcmp(pl->slot[h], s) == 0) {
+            return pl->slot[h];
+        }
+    }
+    if (!(pl->slot[h] = strdup(s))) {
+        return NULL;
+    }
+    pl->n++;
+    return pl->slot[h];
+}
+
+static void pp_pool_fini(struct pp_pool *pl)
+{
+    for (size_t i = 0; i < pl->cap; i++) {
+        free(pl->slot[i]);
+    }
+    free(pl->slot);
 }
 
 /* The first entry of v with key k, or NULL. */
@@ -234,7 +301,7 @@ static bool is_functional(const char *op)
 }
 
 /* mod and op from an op name (pyprof.h). */
-static void mod_op(const char *name, struct kp_pyprof_row *r)
+static void mod_op(const char *name, struct pp_text *t)
 {
     const char *p = strstr(name, "::");
     size_t n;
@@ -243,27 +310,27 @@ static void mod_op(const char *name, struct kp_pyprof_row *r)
         const char *op = name + 6;
         size_t len = strlen(op);
 
-        snprintf(r->op, sizeof(r->op), "%s", op);
+        snprintf(t->op, sizeof(t->op), "%s", op);
         if (is_functional(op)) {
-            snprintf(r->mod, sizeof(r->mod), "torch.nn.functional");
+            snprintf(t->mod, sizeof(t->mod), "torch.nn.functional");
         }
         else if ((len > 1 && op[len - 1] == '_' && op[len - 2] != '_') ||
                  strncmp(op, "__", 2) == 0) {
-            snprintf(r->mod, sizeof(r->mod), "Tensor");
+            snprintf(t->mod, sizeof(t->mod), "Tensor");
         }
         else {
-            snprintf(r->mod, sizeof(r->mod), "torch");
+            snprintf(t->mod, sizeof(t->mod), "torch");
         }
         return;
     }
     if (p && p != name) {
         n = (size_t) (p - name);
-        snprintf(r->mod, sizeof(r->mod), "%.*s", (int) n, name);
-        snprintf(r->op, sizeof(r->op), "%s", p + 2);
+        snprintf(t->mod, sizeof(t->mod), "%.*s", (int) n, name);
+        snprintf(t->op, sizeof(t->op), "%s", p + 2);
         return;
     }
-    snprintf(r->mod, sizeof(r->mod), "na");
-    snprintf(r->op, sizeof(r->op), "%s", name[0] ? name : "na");
+    snprintf(t->mod, sizeof(t->mod), "na");
+    snprintf(t->op, sizeof(t->op), "%s", name[0] ? name : "na");
 }
 
 /* ---- building ------------------------------------------------------------------------ */
@@ -426,7 +493,7 @@ static struct pp_attr row_attribute(const struct kp_pyprof *p, const struct pp_b
 
 /* altseq: the stack's other seqs; layer: enclosing layer:NAME annotations, outermost first. */
 static void row_fill_stack(const struct kp_pyprof *p, const int32_t *chain, int n,
-                           struct kp_pyprof_row *r)
+                           const struct kp_pyprof_row *r, struct pp_text *t)
 {
     int64_t seqs[64];
     int ns = 0;
@@ -446,17 +513,17 @@ static void row_fill_stack(const struct kp_pyprof *p, const int32_t *chain, int 
         size_t len = 0;
 
         qsort(seqs, (size_t) ns, sizeof(seqs[0]), cmp_i64);
-        r->altseq[0] = '\0';
-        for (int j = 0; j < ns && len + 24 < sizeof(r->altseq); j++) {
-            len += (size_t) snprintf(r->altseq + len, sizeof(r->altseq) - len, "%s%" PRId64,
+        t->altseq[0] = '\0';
+        for (int j = 0; j < ns && len + 24 < sizeof(t->altseq); j++) {
+            len += (size_t) snprintf(t->altseq + len, sizeof(t->altseq) - len, "%s%" PRId64,
                                      j ? "," : "", seqs[j]);
         }
     }
     for (int i = n - 1, len = 0; i >= 0; i--) {
         const char *nm = p->ops[chain[i]].name;
 
-        if (strncmp(nm, "layer:", 6) == 0 && (size_t) len + 2 < sizeof(r->layer)) {
-            len += snprintf(r->layer + len, sizeof(r->layer) - (size_t) len, "%s%s", len ? ":" : "",
+        if (strncmp(nm, "layer:", 6) == 0 && (size_t) len + 2 < sizeof(t->layer)) {
+            len += snprintf(t->layer + len, sizeof(t->layer) - (size_t) len, "%s%s", len ? ":" : "",
                             nm + 6);
         }
     }
@@ -465,7 +532,7 @@ static void row_fill_stack(const struct kp_pyprof *p, const int32_t *chain, int 
 /* The attributed op's module, op, parameters, Tensor Core use and whole work (into sh). */
 static void row_compute_work(const struct kp_pyprof *p, const struct pp_build *b,
                              const struct pp_attr *at, int group, const char *kname,
-                             struct kp_pyprof_row *r, struct pp_share *sh)
+                             struct kp_pyprof_row *r, struct pp_text *t, struct pp_share *sh)
 {
     const struct pp_op *ao = &p->ops[at->attr];
     struct kp_flops_args args;
@@ -473,7 +540,7 @@ static void row_compute_work(const struct kp_pyprof *p, const struct pp_build *b
     struct kp_flops_tensor hint;
     bool have_hint;
 
-    mod_op(ao->name, r);
+    mod_op(ao->name, t);
     if (kp_flops_parse(ao->shapes, ao->dtypes, &args) < 0) {
         memset(&args, 0, sizeof(args));
     }
@@ -485,7 +552,7 @@ static void row_compute_work(const struct kp_pyprof *p, const struct pp_build *b
     }
     kp_flops_compute(ao->name, &args, at->as_bwd ? KP_FLOPS_BWD : KP_FLOPS_FWD,
                      have_hint ? &hint : NULL, &res);
-    snprintf(r->params, sizeof(r->params), "%s", res.params[0] ? res.params : "-");
+    snprintf(t->params, sizeof(t->params), "%s", res.params[0] ? res.params : "-");
     r->flops_known = res.known;
     r->bytes_known = res.known && res.bytes_known;
     /* the whole op's work, shared among its kernels by share_work */
@@ -506,8 +573,8 @@ static void row_compute_work(const struct kp_pyprof *p, const struct pp_build *b
 }
 
 /* The op-side columns of kernel row r, whose innermost op is oi (-1: none). */
-static void fill_row(struct kp_pyprof *p, struct pp_build *b, struct kp_pyprof_row *r, int32_t oi,
-                     const char *kname, struct pp_share *sh)
+static void fill_row(struct kp_pyprof *p, struct pp_build *b, struct kp_pyprof_row *r,
+                     struct pp_text *t, int32_t oi, const char *kname, struct pp_share *sh)
 {
     int32_t chain[64], node = -1;
     int n = 0, group;
@@ -516,13 +583,13 @@ static void fill_row(struct kp_pyprof *p, struct pp_build *b, struct kp_pyprof_r
     for (int32_t i = oi; i >= 0 && n < 64; i = p->ops[i].parent) {
         chain[n++] = i; /* innermost first */
     }
-    snprintf(r->layer, sizeof(r->layer), "-");
+    snprintf(t->layer, sizeof(t->layer), "-");
     r->trace = "-";
     r->seq = -1;
-    snprintf(r->altseq, sizeof(r->altseq), "-");
-    snprintf(r->mod, sizeof(r->mod), "na");
-    snprintf(r->op, sizeof(r->op), "na");
-    snprintf(r->params, sizeof(r->params), "na");
+    snprintf(t->altseq, sizeof(t->altseq), "-");
+    snprintf(t->mod, sizeof(t->mod), "na");
+    snprintf(t->op, sizeof(t->op), "na");
+    snprintf(t->params, sizeof(t->params), "na");
     r->tc = "na";
     if (n == 0) {
         return;
@@ -539,18 +606,18 @@ static void fill_row(struct kp_pyprof *p, struct pp_build *b, struct kp_pyprof_r
         }
     }
     at = row_attribute(p, b, chain, n, node, r);
-    row_fill_stack(p, chain, n, r);
+    row_fill_stack(p, chain, n, r, t);
     /* sub: ordinal within the backward node or the attributed op */
     group = at.node >= 0 ? at.node : at.attr;
     r->sub = group >= 0 ? b->sub_count[group]++ : 0;
     if (at.attr < 0) {
         if (at.node >= 0) {
-            bwd_base(p->ops[at.node].name, r->op, sizeof(r->op));
-            snprintf(r->mod, sizeof(r->mod), "na");
+            bwd_base(p->ops[at.node].name, t->op, sizeof(t->op));
+            snprintf(t->mod, sizeof(t->mod), "na");
         }
         return;
     }
-    row_compute_work(p, b, &at, group, kname, r, sh);
+    row_compute_work(p, b, &at, group, kname, r, t, sh);
 }
 
 static int cmp_share(const void *pa, const void *pb)
@@ -717,8 +784,12 @@ static int pp_read_kernels(PGconn *c, const char *const *params, size_t *budget,
                                "device, grid_x, grid_y, grid_z, block_x, block_y, block_z";
     struct pp_kload l = { p, budget, max_rows };
     char sql[512];
+    bool began;
     int rc;
 
+    if ((rc = kp_an_snapshot_begin(c, &began, errbuf, errlen)) != 0) {
+        return rc;
+    }
     snprintf(sql, sizeof(sql),
              "COPY (SELECT %s FROM kernel_rows WHERE run_id = %s AND rank = %s) TO STDOUT", cols,
              params[0], params[1]);
@@ -729,6 +800,7 @@ static int pp_read_kernels(PGconn *c, const char *const *params, size_t *budget,
                  cols, params[0], params[1]);
         rc = kp_pg_copy_out(c, sql, pp_kernel_chunk, &l, errbuf, errlen);
     }
+    kp_an_snapshot_end(c, began, rc);
     if (rc == KP_ETOOBIG) {
         kp_errbuf_set(errbuf, errlen, "the rank has more than %zu rows: raise the row limit",
                       max_rows);
@@ -889,9 +961,10 @@ static int pp_read_calls(struct pp_build *b, const PGresult *ar)
 
 /* Kernel row i: its own columns, its op (through the correlation's external id), then the
  * op-side columns. */
-static void pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
+static int pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
 {
     struct kp_pyprof_row *r = &p->rows[i];
+    struct pp_text text, *t = &text;
     const struct pp_kern *k = &p->kern[i];
     int64_t corr = k->corr, ext = k->ext;
     const struct pp_key *ck = corr >= 0 ? lower(b->by_corr, b->n_corr, corr) : NULL, *ok;
@@ -903,20 +976,20 @@ static void pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
     r->stream = (int) k->stream;
     r->device = (int) k->device;
     if (!k->has_grid) {
-        snprintf(r->grid, sizeof(r->grid), "-");
+        snprintf(t->grid, sizeof(t->grid), "-");
     }
     else {
-        snprintf(r->grid, sizeof(r->grid), "%" PRId64 ",%" PRId64 ",%" PRId64, k->grid[0],
+        snprintf(t->grid, sizeof(t->grid), "%" PRId64 ",%" PRId64 ",%" PRId64, k->grid[0],
                  k->grid[1], k->grid[2]);
     }
     if (!k->has_block) {
-        snprintf(r->block, sizeof(r->block), "-");
+        snprintf(t->block, sizeof(t->block), "-");
     }
     else {
-        snprintf(r->block, sizeof(r->block), "%" PRId64 ",%" PRId64 ",%" PRId64, k->block[0],
+        snprintf(t->block, sizeof(t->block), "%" PRId64 ",%" PRId64 ",%" PRId64, k->block[0],
                  k->block[1], k->block[2]);
     }
-    short_kernel(kname, r->kernel, sizeof(r->kernel));
+    short_kernel(kname, t->kernel, sizeof(t->kernel));
     r->kernel_full = kname;
     if (ext <= 0 && ck) {
         ext = b->corr_ext[ck->idx];
@@ -931,7 +1004,15 @@ static void pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
     r->tid = ck ? b->corr_tid[ck->idx] : 0;
     b->share[i].key = -1;
     b->share[i].row = i;
-    fill_row(p, b, r, oi, kname, &b->share[i]);
+    fill_row(p, b, r, t, oi, kname, &b->share[i]);
+    if (!(r->altseq = pp_intern(&p->pool, t->altseq)) ||
+        !(r->layer = pp_intern(&p->pool, t->layer)) || !(r->mod = pp_intern(&p->pool, t->mod)) ||
+        !(r->op = pp_intern(&p->pool, t->op)) || !(r->kernel = pp_intern(&p->pool, t->kernel)) ||
+        !(r->params = pp_intern(&p->pool, t->params)) ||
+        !(r->grid = pp_intern(&p->pool, t->grid)) || !(r->block = pp_intern(&p->pool, t->block))) {
+        return -ENOMEM;
+    }
+    return 0;
 }
 
 int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_pyprof **out,
@@ -980,7 +1061,9 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
     }
     p->n_rows = n;
     for (size_t i = 0; i < n; i++) {
-        pp_fill_kernel(p, &b, i);
+        if (pp_fill_kernel(p, &b, i) < 0) {
+            goto nomem;
+        }
     }
     free(p->kern);
     p->kern = NULL;
@@ -1016,6 +1099,7 @@ void kp_pyprof_destroy(struct kp_pyprof *p)
     free(p->kern);
     PQclear(p->or);
     kp_an_dict_fini(&p->names);
+    pp_pool_fini(&p->pool);
     free(p->ops);
     free(p->rows);
     free(p);

@@ -79,20 +79,22 @@ enum kp_pyprof_format {
 struct kp_pyprof_row {
     uint64_t idx;
     int64_t seq; /* -1: none */
-    char altseq[96];
+    /* The text columns point into the table (each distinct value stored once: they repeat
+     * from kernel to kernel) or, in rows rebuilt from a reply, into the reply. */
+    const char *altseq;
     int64_t tid;
-    char layer[128];   /* "-" when none */
+    const char *layer; /* "-" when none */
     const char *trace; /* "-" when none */
     bool bwd;
     int sub;
-    char mod[48], op[96], kernel[160]; /* kernel: PyProf's short name */
-    const char *kernel_full;           /* the stored name (as `kernels` shows it); borrowed from the
-                                        * table, NULL in rows rebuilt from a reply */
-    char params[256];
+    const char *mod, *op, *kernel; /* kernel: PyProf's short name */
+    const char *kernel_full;       /* the stored name (as `kernels` shows it); borrowed from the
+                                    * table, NULL in rows rebuilt from a reply */
+    const char *params;
     int64_t sil_ns;
     const char *tc;
     int device, stream; /* -1: none */
-    char grid[40], block[40];
+    const char *grid, *block;
     double flops, bytes;
     bool flops_known, bytes_known;
 };

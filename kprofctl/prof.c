@@ -52,12 +52,12 @@ static const struct kp_table_col prof_cols[KP_PYPROF_COL_COUNT] = {
     { "flops", KP_TABLE_NUMERIC },  { "bytes", KP_TABLE_NUMERIC },
 };
 
-static void copy_str(char *dst, size_t len, const char *src)
+static const char *str_or_empty(const char *s)
 {
-    snprintf(dst, len, "%s", src != NULL ? src : "");
+    return s != NULL ? s : "";
 }
 
-/* The reply's rows as pyprof.h's rows; strings point into resp or are copied. */
+/* The reply's rows as pyprof.h's rows; strings point into resp. */
 static void from_reply(const Kprof__V1__ProfResponse *resp, struct kp_pyprof_row *rows)
 {
     for (size_t i = 0; i < resp->n_rows; i++) {
@@ -66,22 +66,22 @@ static void from_reply(const Kprof__V1__ProfResponse *resp, struct kp_pyprof_row
 
         r->idx = o->idx;
         r->seq = o->seq;
-        copy_str(r->altseq, sizeof(r->altseq), o->altseq);
+        r->altseq = str_or_empty(o->altseq);
         r->tid = o->tid;
-        copy_str(r->layer, sizeof(r->layer), o->layer);
+        r->layer = str_or_empty(o->layer);
         r->trace = o->trace != NULL ? o->trace : "";
         r->bwd = o->bprop;
         r->sub = o->sub;
-        copy_str(r->mod, sizeof(r->mod), o->mod);
-        copy_str(r->op, sizeof(r->op), o->op);
-        copy_str(r->kernel, sizeof(r->kernel), o->kernel);
-        copy_str(r->params, sizeof(r->params), o->params);
+        r->mod = str_or_empty(o->mod);
+        r->op = str_or_empty(o->op);
+        r->kernel = str_or_empty(o->kernel);
+        r->params = str_or_empty(o->params);
         r->sil_ns = o->sil_ns;
         r->tc = o->tc != NULL ? o->tc : "";
         r->device = o->device;
         r->stream = o->stream;
-        copy_str(r->grid, sizeof(r->grid), o->grid);
-        copy_str(r->block, sizeof(r->block), o->block);
+        r->grid = str_or_empty(o->grid);
+        r->block = str_or_empty(o->block);
         r->flops = o->flops;
         r->flops_known = o->flops_known;
         r->bytes = o->bytes;
