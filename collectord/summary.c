@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,10 @@ static const char pages_sql[] =
 
 /* Pages of kernel_rows a step of the move takes: 128 MiB, about 1 M kernels, about 3 s. */
 #define KP_COMPACT_STEP_PAGES 16384
+
+/* Set while the summariser stops: a move ends after its current step (its rows stay rows until
+ * the next start's sweep), so that stopping collectord waits for one step, not a whole run. */
+static atomic_bool stopping;
 
 static const char *const clear_sql[] = {
     "DELETE FROM compare_runs WHERE run_id = $1",  "DELETE FROM compare_sums WHERE run_id = $1",
@@ -301,7 +306,7 @@ static void compact_steps(PGconn *c, const char *id, const char *version)
     pages = kp_pg_i64(r, 0, 0, 0);
     PQclear(r);
     r = NULL;
-    for (long long p = 0; p < pages; p += KP_COMPACT_STEP_PAGES) {
+    for (long long p = 0; p < pages && !atomic_load(&stopping); p += KP_COMPACT_STEP_PAGES) {
         snprintf(first, sizeof(first), "%lld", p);
         if ((rc = kp_pg_exec(c, "BEGIN", err, sizeof(err))) != 0 ||
             (rc = kp_pg_query(c, lock_sql, 2, p2, &r, err, sizeof(err))) != 0) {
@@ -570,7 +575,9 @@ void kp_summary_stop(void)
     if (s == NULL) {
         return;
     }
+    atomic_store(&stopping, true);
     kp_workq_destroy(s->q);
+    atomic_store(&stopping, false);
     if (s->pg != NULL) {
         PQfinish(s->pg);
     }

@@ -54,8 +54,10 @@ int kp_summary_make(PGconn *c, uint64_t run_id, double *secs, char *errbuf, size
  */
 int kp_summary_start(const char *conninfo, char *errbuf, size_t errlen);
 
-/* Stops the summariser: the summary running finishes, the queued ones are dropped (their runs
- * are compared from the events until an EndRun makes them). Accepts no summariser. */
+/* Stops the summariser: the summary running finishes and a move of kernels stops after its
+ * current step; the queued ones are dropped (their runs are compared from the events, and their
+ * kernels stay rows, until an EndRun or the next start's sweep does them). Accepts no
+ * summariser. */
 void kp_summary_stop(void);
 
 /*

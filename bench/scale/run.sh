@@ -150,6 +150,13 @@ gen() {
         done
         sum_s=$(q "SELECT round(seconds::numeric, 3) FROM compare_runs WHERE run_id = $r")
     fi
+    # then it moves the run's kernels into chunks (migration 0015), in steps after the summary
+    if [ "$(q "SELECT to_regclass('kernel_rows') IS NOT NULL")" = t ]; then
+        while [ "$(q "SELECT count(*) FROM kernel_rows WHERE run_id = $r")" != 0 ]; do
+            [ "$(date +%s)" -lt "$until_s" ] || die "run $r's kernels were not moved in 30 min"
+            sleep 0.2
+        done
+    fi
     q "VACUUM ANALYZE kernel_rows_r$r, kernel_chunks_r$r, ops_r$r, api_calls_r$r, memcpys_r$r,
         memsets_r$r, steps_r$r" >/dev/null || die "VACUUM ANALYZE failed"
     echo "$r $("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['events'])" "$work/gen.json") $(secs "$t0" "$t1") $sum_s"

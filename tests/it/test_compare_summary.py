@@ -185,8 +185,11 @@ def check_read_from_summary(rid, db):
 def check_stale(cd, rid, db):
     """Events changed by hand, or a late batch: the summary goes, EndRun again remakes it."""
     _, base = reply(rid, db)
-    # An ended run's kernels are chunks (migration 0015); back to rows, to edit them by hand.
-    # That move changes no kernel: the summary stays, and answers the same.
+    # An ended run's kernels are chunks (migration 0015; moved after the summary is made);
+    # back to rows, to edit them by hand. That move changes no kernel: the summary stays, and
+    # answers the same.
+    kpfix.wait_for(lambda: kpfix.psql("SELECT count(*) FROM kernel_rows WHERE run_id = %d" % rid,
+                                      db=db) == "0", 60, "run %d's kernels moved" % rid)
     assert int(kpfix.psql("SELECT kp_expand_kernels(%d)" % rid, db=db)) > 0
     assert summary_version(rid, db) is not None, "summary gone after kp_expand_kernels"
     assert reply(rid, db)[1].SerializeToString(deterministic=True) == base.SerializeToString(

@@ -164,8 +164,8 @@ def test_daemons(pwfiles, tmp):
         assert [r["rank"] for r in cmp["ranks"]] == [0], cmp
         # the summariser, as the writer, moved the run's kernels into chunks (migration 0015);
         # the reader may not move them back, the writer may
-        assert kpfix.psql("SELECT count(*) FROM kernel_rows WHERE run_id = %d" % run_id,
-                          db=DB) == "0"
+        kpfix.wait_for(lambda: kpfix.psql("SELECT count(*) FROM kernel_rows WHERE run_id = %d"
+                                          % run_id, db=DB) == "0", 60, "the kernels moved")
         pf = os.path.join(tmp, "pgpass")  # main's, every user's password
         refused("reader", "SELECT kp_expand_kernels(%d)" % run_id, pf)
         assert allowed("writer", "SELECT kp_expand_kernels(%d)" % run_id, pf) == str(n), \
