@@ -209,12 +209,10 @@ def check_stale(cd, rid, db):
     print("hand-made UPDATE, DELETE, INSERT of events: the summary goes, EndRun remakes it")
 
 
-def check_late_batch(cd, rid, db):
-    """A batch of the ended run's stream, older than the last one stored (a late one): stored,
-    and the summary deleted in its transaction."""
-    end_run(cd, rid, db)  # (a hand-made INSERT above deleted every summary)
-    assert summary_version(rid, db) == VERSION
-    # the stream's seq 9 stored (planted), so its seq 5 is one made before the end
+def push_late_batch(cd, rid, db):
+    """Pushes a batch of 3 kernels of the ended run's stream, older than the last one stored (a
+    late one, which collectord stores): the stream's seq 9 planted, so its seq 5 was made
+    before the end."""
     kpfix.psql("INSERT INTO ingest_batches (run_id, rank, stream, seq, rows) VALUES (%d, 0, "
                "987654321, 9, 1)" % rid, db=db)
     b = pb.Batch(run_id=rid, rank=0, stream=987654321, seq=5, base_ns=1)
@@ -229,6 +227,14 @@ def check_late_batch(cd, rid, db):
     finally:
         st.close()
     assert acks == [(5, False)], acks
+
+
+def check_late_batch(cd, rid, db):
+    """A batch of the ended run's stream, older than the last one stored (a late one): stored,
+    and the summary deleted in its transaction."""
+    end_run(cd, rid, db)  # (a hand-made INSERT above deleted every summary)
+    assert summary_version(rid, db) == VERSION
+    push_late_batch(cd, rid, db)
     assert summary_version(rid, db) is None, "summary kept after a late batch"
     end_run(cd, rid, db)
     check_same(rid, db, "after a late batch")
