@@ -439,7 +439,8 @@ static const char undone_sql[] =
     "k.run_id = r.id) OR NOT EXISTS (SELECT 1 FROM compare_runs c WHERE c.run_id = r.id AND "
     "c.version = $1)) ORDER BY r.id";
 
-/* The start's sweep, on the summariser's worker: every undone run, oldest first. */
+/* The start's sweep, on the summariser's worker: every undone run, oldest first, until the
+ * summariser stops (the rest waits for the next start). */
 static void sweep(PGconn *c)
 {
     char version[16], err[512] = "";
@@ -456,7 +457,7 @@ static void sweep(PGconn *c)
     if (PQntuples(r) > 0) {
         kp_log_info("ended runs to compact or summarise at start runs=%d", PQntuples(r));
     }
-    for (int i = 0; i < PQntuples(r); i++) {
+    for (int i = 0; i < PQntuples(r) && !atomic_load(&stopping); i++) {
         make_logged(c, strtoull(PQgetvalue(r, i, 0), NULL, 10));
     }
     PQclear(r);
