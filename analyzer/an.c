@@ -95,27 +95,11 @@ void kp_an_dict_fini(struct kp_an_dict *d)
     d->n = 0;
 }
 
-/* A field as an integer (no spaces, optional '-'), or null_value for NULL. */
-static int64_t fld_i64(const char *s, int64_t null_value)
-{
-    bool neg;
-    int64_t v = 0;
-
-    if (!s) {
-        return null_value;
-    }
-    neg = *s == '-';
-    for (s += neg; *s >= '0' && *s <= '9'; s++) {
-        v = v * 10 + (*s - '0');
-    }
-    return neg ? -v : v;
-}
-
 /* A name id field as read (-1 for NULL); an_resolve_names turns it into an index into
  * a->names. */
 static int32_t name_id(const char *f)
 {
-    int64_t id = fld_i64(f, -1);
+    int64_t id = kp_pg_field_i64(f, -1);
 
     return id > 0 && id <= INT32_MAX ? (int32_t) id : -1;
 }
@@ -301,13 +285,13 @@ static int op_row(void *ud, char *row, size_t len)
         (rc = copy_slot(cp, (void **) &a->ops, sizeof(*a->ops))) < 0) {
         return rc;
     }
-    a->ops[cp->n].start = fld_i64(f[0], 0);
-    a->ops[cp->n].end = a->ops[cp->n].start + fld_i64(f[1], 0);
-    a->ops[cp->n].tid = fld_i64(f[2], 0);
-    a->ops[cp->n].ext = fld_i64(f[3], 0);
+    a->ops[cp->n].start = kp_pg_field_i64(f[0], 0);
+    a->ops[cp->n].end = a->ops[cp->n].start + kp_pg_field_i64(f[1], 0);
+    a->ops[cp->n].tid = kp_pg_field_i64(f[2], 0);
+    a->ops[cp->n].ext = kp_pg_field_i64(f[3], 0);
     a->ops[cp->n].name = name_id(f[4]);
     a->ops[cp->n].shapes = name_id(f[5]);
-    a->ops[cp->n].kind = (uint8_t) fld_i64(f[6], 0);
+    a->ops[cp->n].kind = (uint8_t) kp_pg_field_i64(f[6], 0);
     a->ops[cp->n].dtypes = name_id(f[7]);
     a->n_ops = ++cp->n;
     return 0;
@@ -338,11 +322,11 @@ static int rt_row(void *ud, char *row, size_t len)
         (rc = copy_slot(cp, (void **) &a->rts, sizeof(*a->rts))) < 0) {
         return rc;
     }
-    a->rts[cp->n].start = fld_i64(f[0], 0);
-    a->rts[cp->n].end = a->rts[cp->n].start + fld_i64(f[1], 0);
-    a->rts[cp->n].tid = fld_i64(f[2], 0);
-    a->rts[cp->n].corr = fld_i64(f[3], 0);
-    a->rts[cp->n].ext = fld_i64(f[4], 0);
+    a->rts[cp->n].start = kp_pg_field_i64(f[0], 0);
+    a->rts[cp->n].end = a->rts[cp->n].start + kp_pg_field_i64(f[1], 0);
+    a->rts[cp->n].tid = kp_pg_field_i64(f[2], 0);
+    a->rts[cp->n].corr = kp_pg_field_i64(f[3], 0);
+    a->rts[cp->n].ext = kp_pg_field_i64(f[4], 0);
     a->n_rts = ++cp->n;
     return 0;
 }
@@ -377,21 +361,21 @@ static int dev_row(void *ud, char *row, size_t len)
         return rc;
     }
     d = &a->devs[cp->n];
-    d->kind = (uint8_t) fld_i64(f[0], 0);
-    d->start = fld_i64(f[1], 0);
-    d->end = d->start + fld_i64(f[2], 0);
-    d->corr = fld_i64(f[3], 0);
-    d->ext = fld_i64(f[4], 0);
+    d->kind = (uint8_t) kp_pg_field_i64(f[0], 0);
+    d->start = kp_pg_field_i64(f[1], 0);
+    d->end = d->start + kp_pg_field_i64(f[2], 0);
+    d->corr = kp_pg_field_i64(f[3], 0);
+    d->ext = kp_pg_field_i64(f[4], 0);
     d->name = name_id(f[5]);
     d->has_grid = f[6] != NULL;
     d->has_block = f[9] != NULL;
     for (int k = 0; k < 3; k++) {
-        d->grid[k] = (int32_t) fld_i64(f[6 + k], 0);
-        d->block[k] = (int32_t) fld_i64(f[9 + k], 0);
+        d->grid[k] = (int32_t) kp_pg_field_i64(f[6 + k], 0);
+        d->block[k] = (int32_t) kp_pg_field_i64(f[9 + k], 0);
     }
-    d->regs = (int32_t) fld_i64(f[12], 0);
-    d->smem = (int32_t) fld_i64(f[13], 0);
-    d->device = f[14] ? (int16_t) fld_i64(f[14], 0) : -1;
+    d->regs = (int32_t) kp_pg_field_i64(f[12], 0);
+    d->smem = (int32_t) kp_pg_field_i64(f[13], 0);
+    d->device = f[14] ? (int16_t) kp_pg_field_i64(f[14], 0) : -1;
     d->bps = f[15] ? strtod(f[15], NULL) : NAN;
     d->occ = f[16] ? strtod(f[16], NULL) : NAN;
     d->rt = -1;

@@ -1,11 +1,12 @@
 /*
  * pyprof: PyProf's per-kernel table (see pyprof.h).
  *
- * DESIGN. Three ordered queries: the rank's kernels (launch order: correlation, then start),
- * its API calls (correlation -> thread and external id) and its host ops (thread, start,
- * longest first). Strings point into the kept PGresults. One sweep per thread gives each op
- * its enclosing op (parent); two sorted indexes find an op by op_id and the ops of a seq.
- * Each kernel then walks its op's parent chain once.
+ * DESIGN. Three COPYs, each sorted here (the server's sorts and text result sets cost more
+ * than the rest of the load): the rank's kernels (launch order: correlation, then start), its
+ * API calls (correlation -> thread and external id) and its host ops (thread, start, longest
+ * first). Names come from the process's names cache (kp_an_names_for). One sweep per thread
+ * gives each op its enclosing op (parent); two sorted indexes find an op by op_id and the ops
+ * of a seq. Each kernel then walks its op's parent chain once.
  */
 #include "pyprof.h"
 
@@ -29,9 +30,18 @@ enum {
 
 struct pp_op {
     int64_t start, end, tid, op_id, seq, fwd_tid;
-    const char *name, *shapes, *dtypes;
+    const char *name, *shapes, *dtypes; /* set once the names are read (pp_read_ops) */
+    int64_t name_id[3];                 /* name, shapes, dtypes as the COPY sent them; -1: NULL */
+    uint32_t ord;                       /* its place in the COPY: ties of the sort keep it */
     int32_t parent;
     uint8_t kind;
+};
+
+/* An API call with a correlation, as the COPY sent it; -1 for NULL. */
+struct pp_call {
+    int64_t corr, tid, ext;
+    int32_t domain; /* INT32_MAX for NULL: last, as the server's ORDER BY had it */
+    uint32_t ord;
 };
 
 struct pp_key {
@@ -63,11 +73,12 @@ struct pp_pool {
 struct kp_pyprof {
     struct pp_kern *kern; /* while the table is built: the rank's kernels, in launch order */
     size_t n_kern, cap_kern;
-    PGresult * or ;          /* while the table is built */
-    struct kp_an_dict names; /* the names kern's and or's name ids refer to */
+    struct pp_call *calls; /* while the table is built: the rank's API calls, by correlation */
+    size_t n_calls, cap_calls;
+    struct kp_an_dict names; /* the names kern's and ops' name ids refer to */
     struct pp_pool pool;     /* the rows' text columns */
-    struct pp_op *ops;
-    size_t n_ops;
+    struct pp_op *ops;       /* by thread, start, longest first */
+    size_t n_ops, cap_ops;
     struct kp_pyprof_row *rows;
     size_t n_rows;
 };
@@ -659,11 +670,32 @@ static void share_work(struct kp_pyprof_row *rows, struct pp_share *sh, size_t n
     }
 }
 
-/* Loading the kernels (pp_read_kernels). */
+/* Loading the COPYs (pp_read_kernels, pp_read_rows). */
 struct pp_kload {
     struct kp_pyprof *p;
     size_t *budget, max_rows;
 };
+
+/* Room for one more of n elements of size sz in *v (capacity *cap), counted against the row
+ * budget. 0, KP_ETOOBIG or -ENOMEM. */
+static int pp_slot(struct pp_kload *l, void **v, size_t *cap, size_t n, size_t sz)
+{
+    if (l->max_rows && *l->budget >= l->max_rows) {
+        return KP_ETOOBIG;
+    }
+    if (n == *cap) {
+        size_t c = *cap ? 2 * *cap : 4096;
+        void *g = realloc(*v, c * sz);
+
+        if (!g) {
+            return -ENOMEM;
+        }
+        *v = g;
+        *cap = c;
+    }
+    ++*l->budget;
+    return 0;
+}
 
 #define PP_KCOLS 13 /* start, dur, correlation, external id, name, stream, device, grid, block */
 
@@ -671,22 +703,12 @@ static int pp_add_kernel(struct pp_kload *l, const int64_t *v, const bool *null)
 {
     struct kp_pyprof *p = l->p;
     struct pp_kern *k;
+    int rc = pp_slot(l, (void **) &p->kern, &p->cap_kern, p->n_kern, sizeof(*p->kern));
 
-    if (l->max_rows && *l->budget >= l->max_rows) {
-        return KP_ETOOBIG;
-    }
-    if (p->n_kern == p->cap_kern) {
-        size_t cap = p->cap_kern ? 2 * p->cap_kern : 4096;
-        struct pp_kern *g = realloc(p->kern, cap * sizeof(*g));
-
-        if (!g) {
-            return -ENOMEM;
-        }
-        p->kern = g;
-        p->cap_kern = cap;
+    if (rc < 0) {
+        return rc;
     }
     k = &p->kern[p->n_kern++];
-    ++*l->budget;
     k->start = v[0];
     k->dur = null[1] ? -1 : v[1];
     k->corr = null[2] ? -1 : v[2];
@@ -716,7 +738,7 @@ static int pp_kernel_row(void *ud, char *row, size_t len)
     }
     for (int k = 0; k < PP_KCOLS; k++) {
         null[k] = f[k] == NULL;
-        v[k] = null[k] ? 0 : strtoll(f[k], NULL, 10);
+        v[k] = kp_pg_field_i64(f[k], 0);
     }
     return pp_add_kernel(ud, v, null);
 }
@@ -818,37 +840,146 @@ static int pp_read_kernels(PGconn *c, const char *const *params, size_t *budget,
     return rc;
 }
 
-/* The rank's kernels (p->kern), API calls (*ar) and host ops (p->or). */
-static int pp_query(PGconn *c, const char *const *params, size_t max_rows, struct kp_pyprof *p,
-                    PGresult **ar, char *errbuf, size_t errlen)
+#define PP_OCOLS 11 /* start, dur, tid, op_id, seq, fwd_tid, external id, 3 names, kind */
+
+/* A row of pp_read_rows' ops COPY. */
+static int pp_op_row(void *ud, char *row, size_t len)
+{
+    struct pp_kload *l = ud;
+    struct kp_pyprof *p = l->p;
+    char *f[PP_OCOLS];
+    struct pp_op *o;
+    int64_t dur, ext;
+    int rc;
+
+    if ((rc = kp_pg_copy_fields(row, len, f, PP_OCOLS)) < 0 ||
+        (rc = pp_slot(l, (void **) &p->ops, &p->cap_ops, p->n_ops, sizeof(*p->ops))) < 0) {
+        return rc;
+    }
+    o = &p->ops[p->n_ops];
+    memset(o, 0, sizeof(*o));
+    o->ord = (uint32_t) p->n_ops++;
+    o->start = kp_pg_field_i64(f[0], -1);
+    dur = kp_pg_field_i64(f[1], -1);
+    o->end = o->start + (dur > 0 ? dur : 0);
+    o->tid = kp_pg_field_i64(f[2], -1);
+    o->op_id = kp_pg_field_i64(f[3], -1);
+    o->seq = kp_pg_field_i64(f[4], -1);
+    o->fwd_tid = kp_pg_field_i64(f[5], -1);
+    ext = kp_pg_field_i64(f[6], -1);
+    for (int k = 0; k < 3; k++) {
+        o->name_id[k] = kp_pg_field_i64(f[7 + k], -1);
+    }
+    o->kind = (uint8_t) kp_pg_field_i64(f[10], -1);
+    if (o->op_id < 0) {
+        o->op_id = ext;
+    }
+    return 0;
+}
+
+/* A row of pp_read_rows' API calls COPY. */
+static int pp_call_row(void *ud, char *row, size_t len)
+{
+    struct pp_kload *l = ud;
+    struct kp_pyprof *p = l->p;
+    char *f[4];
+    struct pp_call *c;
+    int rc;
+
+    if ((rc = kp_pg_copy_fields(row, len, f, 4)) < 0 ||
+        (rc = pp_slot(l, (void **) &p->calls, &p->cap_calls, p->n_calls, sizeof(*p->calls))) < 0) {
+        return rc;
+    }
+    c = &p->calls[p->n_calls];
+    c->ord = (uint32_t) p->n_calls++;
+    c->corr = kp_pg_field_i64(f[0], -1);
+    c->tid = kp_pg_field_i64(f[1], -1);
+    c->ext = kp_pg_field_i64(f[2], -1);
+    c->domain = (int32_t) kp_pg_field_i64(f[3], INT32_MAX);
+    return 0;
+}
+
+/* Host ops: by thread, start, longest first; ties in the COPY's order. */
+static int cmp_op(const void *pa, const void *pb)
+{
+    const struct pp_op *x = pa, *y = pb;
+
+    if (x->tid != y->tid) {
+        return x->tid < y->tid ? -1 : 1;
+    }
+    if (x->start != y->start) {
+        return x->start < y->start ? -1 : 1;
+    }
+    if (x->end - x->start != y->end - y->start) {
+        return x->end - x->start > y->end - y->start ? -1 : 1;
+    }
+    return (x->ord > y->ord) - (x->ord < y->ord);
+}
+
+/* API calls: by correlation, then domain; ties in the COPY's order. */
+static int cmp_call(const void *pa, const void *pb)
+{
+    const struct pp_call *x = pa, *y = pb;
+
+    if (x->corr != y->corr) {
+        return x->corr < y->corr ? -1 : 1;
+    }
+    if (x->domain != y->domain) {
+        return x->domain < y->domain ? -1 : 1;
+    }
+    return (x->ord > y->ord) - (x->ord < y->ord);
+}
+
+/* The rank's kernels (p->kern), API calls with a correlation (p->calls) and host ops of the
+ * kinds the table walks (p->ops), each sorted. */
+static int pp_read_rows(PGconn *c, const char *const *params, size_t max_rows, struct kp_pyprof *p,
+                        char *errbuf, size_t errlen)
 {
     size_t budget = 0;
+    struct pp_kload l = { p, &budget, max_rows };
+    char sql[512];
     int rc;
 
     rc = pp_read_kernels(c, params, &budget, max_rows, p, errbuf, errlen);
     if (rc < 0) {
         return rc;
     }
-    rc = kp_an_query(c, 2,
-                     "SELECT x.correlation, x.tid, x.external_id FROM api_calls x" WHERE_RR
-                     " AND x.correlation IS NOT NULL ORDER BY x.correlation, x.domain",
-                     params, &budget, max_rows, ar, errbuf, errlen);
-    if (rc < 0) {
-        return rc;
+    snprintf(sql, sizeof(sql),
+             "COPY (SELECT correlation, tid, external_id, domain FROM api_calls WHERE run_id = %s "
+             "AND rank = %s AND correlation IS NOT NULL) TO STDOUT",
+             params[0], params[1]);
+    rc = kp_pg_copy_out(c, sql, pp_call_row, &l, errbuf, errlen);
+    if (rc == 0) {
+        snprintf(sql, sizeof(sql),
+                 "COPY (SELECT start_ns, dur_ns, tid, op_id, seq, fwd_tid, external_id, name, "
+                 "input_shapes, input_dtypes, kind FROM ops WHERE run_id = %s AND rank = %s AND "
+                 "kind IN (1, 2, 4, 5, 6)) TO STDOUT",
+                 params[0], params[1]);
+        rc = kp_pg_copy_out(c, sql, pp_op_row, &l, errbuf, errlen);
     }
-    return kp_an_query(c, 2,
-                       "SELECT x.start_ns, x.dur_ns, x.tid, x.op_id, x.seq, x.fwd_tid, "
-                       "x.external_id, x.name, x.input_shapes, x.input_dtypes, x.kind "
-                       "FROM ops x" WHERE_RR
-                       " AND x.kind IN (1, 2, 4, 5, 6) ORDER BY x.tid, x.start_ns, x.dur_ns DESC",
-                       params, &budget, max_rows, &p->or, errbuf, errlen);
+    if (rc == KP_ETOOBIG) {
+        kp_errbuf_set(errbuf, errlen, "the rank has more than %zu rows: raise the row limit",
+                      max_rows);
+    }
+    else if (rc == -EINVAL) {
+        kp_errbuf_set(errbuf, errlen, "PostgreSQL sent a row the analyzer cannot read");
+        rc = KP_EPG;
+    }
+    else if (rc == -ENOMEM) {
+        kp_errbuf_set(errbuf, errlen, "out of memory loading the rank's API calls and ops");
+    }
+    if (rc == 0) {
+        qsort(p->calls, p->n_calls, sizeof(*p->calls), cmp_call);
+        qsort(p->ops, p->n_ops, sizeof(*p->ops), cmp_op);
+    }
+    return rc;
 }
 
 /* The names the rows refer to, from the process's names cache (kp_an_names_for) rather than
  * joined on the server: the joins (three for each op) cost more than reading the rows. */
 static int pp_read_names(PGconn *c, struct kp_pyprof *p, char *errbuf, size_t errlen)
 {
-    size_t nk = p->n_kern, no = (size_t) PQntuples(p->or), n = 0;
+    size_t nk = p->n_kern, no = p->n_ops, n = 0;
     int32_t *ids = calloc(nk + 3 * no + 1, sizeof(*ids));
     int rc;
 
@@ -860,8 +991,10 @@ static int pp_read_names(PGconn *c, struct kp_pyprof *p, char *errbuf, size_t er
             p->kern[i].name > 0 && p->kern[i].name <= INT32_MAX ? (int32_t) p->kern[i].name : 0;
     }
     for (size_t i = 0; i < no; i++) {
-        for (int col = 7; col <= 9; col++) {
-            ids[n++] = (int32_t) kp_pg_i64(p->or, (int) i, col, 0);
+        for (int k = 0; k < 3; k++) {
+            int64_t id = p->ops[i].name_id[k];
+
+            ids[n++] = id > 0 && id <= INT32_MAX ? (int32_t) id : 0;
         }
     }
     rc = kp_an_names_for(c, ids, n, &p->names, errbuf, errlen);
@@ -877,45 +1010,24 @@ static const char *pp_name_of(const struct kp_pyprof *p, int64_t id)
     return i >= 0 ? p->names.v[i].s : "";
 }
 
-/* The name of id col of row in r, as pp_name_of. */
-static const char *pp_name(const struct kp_pyprof *p, const PGresult *r, int row, int col)
-{
-    return pp_name_of(p, PQgetisnull(r, row, col) ? -1 : kp_pg_i64(r, row, col, 0));
-}
-
-/* The host ops, each with its enclosing op, indexed by op_id and seq; -ENOMEM. */
+/* The host ops' names, each op's enclosing op, the indexes by op_id and seq; -ENOMEM. */
 static int pp_read_ops(struct kp_pyprof *p, struct pp_build *b)
 {
-    size_t n = (size_t) PQntuples(p->or), depth = 0;
+    size_t n = p->n_ops, depth = 0;
 
-    p->ops = calloc(n ? n : 1, sizeof(*p->ops));
     b->by_id = calloc(n ? n : 1, sizeof(*b->by_id));
     b->by_seq = calloc(n ? n : 1, sizeof(*b->by_seq));
     b->stack = calloc(n ? n : 1, sizeof(*b->stack));
     b->sub_count = calloc(n ? n : 1, sizeof(*b->sub_count));
-    if (!p->ops || !b->by_id || !b->by_seq || !b->stack || !b->sub_count) {
+    if (!b->by_id || !b->by_seq || !b->stack || !b->sub_count) {
         return -ENOMEM;
     }
-    p->n_ops = n;
     for (size_t i = 0; i < n; i++) {
         struct pp_op *o = &p->ops[i];
-        int row = (int) i;
-        int64_t ext;
 
-        o->start = kp_pg_i64(p->or, row, 0, -1);
-        o->end = o->start + (kp_pg_i64(p->or, row, 1, -1) > 0 ? kp_pg_i64(p->or, row, 1, -1) : 0);
-        o->tid = kp_pg_i64(p->or, row, 2, -1);
-        o->op_id = kp_pg_i64(p->or, row, 3, -1);
-        o->seq = kp_pg_i64(p->or, row, 4, -1);
-        o->fwd_tid = kp_pg_i64(p->or, row, 5, -1);
-        ext = kp_pg_i64(p->or, row, 6, -1);
-        o->name = pp_name(p, p->or, row, 7);
-        o->shapes = pp_name(p, p->or, row, 8);
-        o->dtypes = pp_name(p, p->or, row, 9);
-        o->kind = (uint8_t) kp_pg_i64(p->or, row, 10, -1);
-        if (o->op_id < 0) {
-            o->op_id = ext;
-        }
+        o->name = pp_name_of(p, o->name_id[0]);
+        o->shapes = pp_name_of(p, o->name_id[1]);
+        o->dtypes = pp_name_of(p, o->name_id[2]);
         /* the enclosing op: the nearest earlier op of the thread that contains it */
         while (depth > 0) {
             const struct pp_op *t = &p->ops[b->stack[depth - 1]];
@@ -940,9 +1052,9 @@ static int pp_read_ops(struct kp_pyprof *p, struct pp_build *b)
 }
 
 /* The API calls by correlation, with their thread and external id; -ENOMEM. */
-static int pp_read_calls(struct pp_build *b, const PGresult *ar)
+static int pp_read_calls(struct kp_pyprof *p, struct pp_build *b)
 {
-    size_t n = (size_t) PQntuples(ar);
+    size_t n = p->n_calls;
 
     b->n_corr = n;
     b->by_corr = calloc(n ? n : 1, sizeof(*b->by_corr));
@@ -952,9 +1064,9 @@ static int pp_read_calls(struct pp_build *b, const PGresult *ar)
         return -ENOMEM;
     }
     for (size_t i = 0; i < n; i++) {
-        b->by_corr[i] = (struct pp_key){ kp_pg_i64(ar, (int) i, 0, -1), (int32_t) i };
-        b->corr_tid[i] = kp_pg_i64(ar, (int) i, 1, -1);
-        b->corr_ext[i] = kp_pg_i64(ar, (int) i, 2, -1);
+        b->by_corr[i] = (struct pp_key){ p->calls[i].corr, (int32_t) i };
+        b->corr_tid[i] = p->calls[i].tid;
+        b->corr_ext[i] = p->calls[i].ext;
     }
     return 0;
 }
@@ -1021,7 +1133,6 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
     char runs[24], ranks[16];
     const char *params[2] = { runs, ranks };
     struct kp_pyprof *p;
-    PGresult *ar = NULL;
     struct pp_build b = { 0 };
     size_t n;
     int rc;
@@ -1033,7 +1144,7 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
     if (!p) {
         return -ENOMEM;
     }
-    rc = pp_query(c, params, max_rows, p, &ar, errbuf, errlen);
+    rc = pp_read_rows(c, params, max_rows, p, errbuf, errlen);
     if (rc == 0) {
         rc = pp_read_names(c, p, errbuf, errlen);
         if (rc == -ENOMEM) {
@@ -1043,16 +1154,11 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
     if (rc < 0) {
         goto fail;
     }
-    if (pp_read_ops(p, &b) < 0 || pp_read_calls(&b, ar) < 0) {
+    if (pp_read_ops(p, &b) < 0 || pp_read_calls(p, &b) < 0) {
         goto nomem;
     }
-    /* the ops' and calls' results are in p->ops and b now (their names in p->names): freed
-     * before the table is built, so that the three results and the table are not all held at
-     * once */
-    PQclear(p->or);
-    p->or = NULL;
-    PQclear(ar);
-    ar = NULL;
+    free(p->calls); /* in b now */
+    p->calls = NULL;
     n = p->n_kern;
     p->rows = calloc(n ? n : 1, sizeof(*p->rows));
     b.share = calloc(n ? n : 1, sizeof(*b.share));
@@ -1079,7 +1185,6 @@ nomem:
 fail:
     kp_pyprof_destroy(p);
 out:
-    PQclear(ar);
     free(b.by_id);
     free(b.by_seq);
     free(b.by_corr);
@@ -1097,7 +1202,7 @@ void kp_pyprof_destroy(struct kp_pyprof *p)
         return;
     }
     free(p->kern);
-    PQclear(p->or);
+    free(p->calls);
     kp_an_dict_fini(&p->names);
     pp_pool_fini(&p->pool);
     free(p->ops);

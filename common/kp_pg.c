@@ -891,3 +891,18 @@ int kp_pg_copy_fields(char *row, size_t len, char **f, int nf)
     }
     return k == nf ? 0 : -EINVAL;
 }
+
+int64_t kp_pg_field_i64(const char *f, int64_t null_value)
+{
+    bool neg;
+    int64_t v = 0;
+
+    if (!f) {
+        return null_value;
+    }
+    neg = *f == '-';
+    for (f += neg; *f >= '0' && *f <= '9'; f++) {
+        v = v * 10 + (*f - '0');
+    }
+    return neg ? -v : v;
+}
