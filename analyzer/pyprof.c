@@ -70,6 +70,27 @@ struct pp_pool {
     size_t cap, n;
 };
 
+/* What row_compute_work derives from an attributed op. Ops of the same name, shapes, dtypes,
+ * direction and convolution hint come back step after step, so it is computed once for each
+ * (pp_work_of): parsing the shapes and finding the formula for every kernel was a fifth of
+ * prof's time. */
+struct pp_work {
+    /* the key: pointers into names (equal strings are one entry), the direction, the hint */
+    const char *name, *shapes, *dtypes;
+    bool bwd, have_hint, used;
+    struct kp_flops_tensor hint;
+    /* the value */
+    char mod[48], op[96], params[256];
+    bool known, bytes_known;
+    enum kp_flops_tc tc;
+    double flops, bytes; /* the whole op's */
+};
+
+struct pp_works {
+    struct pp_work *slot; /* open addressing over a power of two; used marks a full slot */
+    size_t cap, n;
+};
+
 struct kp_pyprof {
     struct pp_kern *kern; /* while the table is built: the rank's kernels, in launch order */
     size_t n_kern, cap_kern;
@@ -77,6 +98,7 @@ struct kp_pyprof {
     size_t n_calls, cap_calls;
     struct kp_an_dict names; /* the names kern's and ops' name ids refer to */
     struct pp_pool pool;     /* the rows' text columns */
+    struct pp_works works;   /* while the table is built */
     struct pp_op *ops;       /* by thread, start, longest first */
     size_t n_ops, cap_ops;
     struct kp_pyprof_row *rows;
@@ -540,52 +562,137 @@ static void row_fill_stack(const struct kp_pyprof *p, const int32_t *chain, int 
     }
 }
 
-/* The attributed op's module, op, parameters, Tensor Core use and whole work (into sh). */
-static void row_compute_work(const struct kp_pyprof *p, const struct pp_build *b,
-                             const struct pp_attr *at, int group, const char *kname,
-                             struct kp_pyprof_row *r, struct pp_text *t, struct pp_share *sh)
+static bool tensor_eq(const struct kp_flops_tensor *x, const struct kp_flops_tensor *y)
 {
-    const struct pp_op *ao = &p->ops[at->attr];
+    if (x->ndim != y->ndim || x->esize != y->esize || strcmp(x->dtype, y->dtype) != 0) {
+        return false;
+    }
+    for (int i = 0; i < x->ndim && i < KP_FLOPS_MAX_DIMS; i++) {
+        if (x->dim[i] != y->dim[i]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool work_eq(const struct pp_work *w, const struct pp_work *k)
+{
+    return w->name == k->name && w->shapes == k->shapes && w->dtypes == k->dtypes &&
+           w->bwd == k->bwd && w->have_hint == k->have_hint &&
+           (!k->have_hint || tensor_eq(&w->hint, &k->hint));
+}
+
+static size_t work_hash(const struct pp_work *k)
+{
+    uint64_t h = (uintptr_t) k->name * 0x9E3779B97F4A7C15ull;
+
+    h = (h ^ (uintptr_t) k->shapes) * 0x9E3779B97F4A7C15ull;
+    h = (h ^ (uintptr_t) k->dtypes) * 0x9E3779B97F4A7C15ull;
+    h ^= (uint64_t) k->bwd << 1 | (uint64_t) k->have_hint;
+    for (int i = 0; k->have_hint && i < k->hint.ndim && i < KP_FLOPS_MAX_DIMS; i++) {
+        h = (h ^ (uint64_t) k->hint.dim[i]) * 0x9E3779B97F4A7C15ull;
+    }
+    return (size_t) (h ^ h >> 29);
+}
+
+/* The entry of key k (name, shapes, dtypes, bwd, have_hint, hint), computed on first sight;
+ * NULL without memory. */
+static const struct pp_work *pp_work_of(struct pp_works *ws, const struct pp_work *k)
+{
+    struct pp_work *w;
+    size_t h;
+
+    if (2 * (ws->n + 1) > ws->cap) {
+        size_t cap = ws->cap ? 2 * ws->cap : 256;
+        struct pp_work *slot = calloc(cap, sizeof(*slot));
+
+        if (!slot) {
+            return NULL;
+        }
+        for (size_t i = 0; i < ws->cap; i++) {
+            if (ws->slot[i].used) {
+                for (h = work_hash(&ws->slot[i]) & (cap - 1); slot[h].used;
+                     h = (h + 1) & (cap - 1)) {
+                }
+                slot[h] = ws->slot[i];
+            }
+        }
+        free(ws->slot);
+        ws->slot = slot;
+        ws->cap = cap;
+    }
+    for (h = work_hash(k) & (ws->cap - 1); ws->slot[h].used; h = (h + 1) & (ws->cap - 1)) {
+        if (work_eq(&ws->slot[h], k)) {
+            return &ws->slot[h];
+        }
+    }
+    w = &ws->slot[h];
+    *w = *k;
+    w->used = true;
+    ws->n++;
+
     struct kp_flops_args args;
     struct kp_flops_result res;
-    struct kp_flops_tensor hint;
-    bool have_hint;
+    struct pp_text t;
 
-    mod_op(ao->name, t);
-    if (kp_flops_parse(ao->shapes, ao->dtypes, &args) < 0) {
+    mod_op(w->name, &t);
+    snprintf(w->mod, sizeof(w->mod), "%s", t.mod);
+    snprintf(w->op, sizeof(w->op), "%s", t.op);
+    if (kp_flops_parse(w->shapes, w->dtypes, &args) < 0) {
         memset(&args, 0, sizeof(args));
     }
-    if (at->as_bwd) {
-        have_hint = conv_hint(p, b->by_seq, b->n_seq, r->seq, &hint);
+    kp_flops_compute(w->name, &args, w->bwd ? KP_FLOPS_BWD : KP_FLOPS_FWD,
+                     w->have_hint ? &w->hint : NULL, &res);
+    snprintf(w->params, sizeof(w->params), "%s", res.params[0] ? res.params : "-");
+    w->known = res.known;
+    w->bytes_known = res.known && res.bytes_known;
+    w->tc = res.tc;
+    for (int i = 0; res.known && i < res.n_parts; i++) {
+        w->flops += kp_flops_part_flops(&res, i);
+        w->bytes += w->bytes_known ? kp_flops_part_bytes(&res, i) : 0;
     }
-    else {
-        have_hint = conv_hint(p, b->by_seq, b->n_seq, ao->seq, &hint);
+    return w;
+}
+
+/* The attributed op's module, op, parameters, Tensor Core use and whole work (into sh);
+ * -ENOMEM. */
+static int row_compute_work(struct kp_pyprof *p, const struct pp_build *b, const struct pp_attr *at,
+                            int group, const char *kname, struct kp_pyprof_row *r,
+                            struct pp_text *t, struct pp_share *sh)
+{
+    const struct pp_op *ao = &p->ops[at->attr];
+    struct pp_work key = { .name = ao->name, .shapes = ao->shapes, .dtypes = ao->dtypes };
+    const struct pp_work *w;
+
+    key.bwd = at->as_bwd;
+    key.have_hint = conv_hint(p, b->by_seq, b->n_seq, at->as_bwd ? r->seq : ao->seq, &key.hint);
+    if (!(w = pp_work_of(&p->works, &key))) {
+        return -ENOMEM;
     }
-    kp_flops_compute(ao->name, &args, at->as_bwd ? KP_FLOPS_BWD : KP_FLOPS_FWD,
-                     have_hint ? &hint : NULL, &res);
-    snprintf(t->params, sizeof(t->params), "%s", res.params[0] ? res.params : "-");
-    r->flops_known = res.known;
-    r->bytes_known = res.known && res.bytes_known;
+    snprintf(t->mod, sizeof(t->mod), "%s", w->mod);
+    snprintf(t->op, sizeof(t->op), "%s", w->op);
+    snprintf(t->params, sizeof(t->params), "%s", w->params);
+    r->flops_known = w->known;
+    r->bytes_known = w->bytes_known;
     /* the whole op's work, shared among its kernels by share_work */
     sh->key = ((int64_t) group << 32) | (uint32_t) at->attr;
-    for (int i = 0; res.known && i < res.n_parts; i++) {
-        sh->flops += kp_flops_part_flops(&res, i);
-        sh->bytes += r->bytes_known ? kp_flops_part_bytes(&res, i) : 0;
-    }
-    if (res.tc == KP_FLOPS_TC_GEMM) {
+    sh->flops += w->known ? w->flops : 0;
+    sh->bytes += w->bytes_known ? w->bytes : 0;
+    if (w->tc == KP_FLOPS_TC_GEMM) {
         r->tc = kp_an_is_tc_kernel(kname) ? "1" : "0";
     }
-    else if (res.tc == KP_FLOPS_TC_CONV) {
+    else if (w->tc == KP_FLOPS_TC_CONV) {
         r->tc = kp_an_is_tc_kernel(kname) ? "1" : "-";
     }
     else {
         r->tc = "-";
     }
+    return 0;
 }
 
-/* The op-side columns of kernel row r, whose innermost op is oi (-1: none). */
-static void fill_row(struct kp_pyprof *p, struct pp_build *b, struct kp_pyprof_row *r,
-                     struct pp_text *t, int32_t oi, const char *kname, struct pp_share *sh)
+/* The op-side columns of kernel row r, whose innermost op is oi (-1: none); -ENOMEM. */
+static int fill_row(struct kp_pyprof *p, struct pp_build *b, struct kp_pyprof_row *r,
+                    struct pp_text *t, int32_t oi, const char *kname, struct pp_share *sh)
 {
     int32_t chain[64], node = -1;
     int n = 0, group;
@@ -603,7 +710,7 @@ static void fill_row(struct kp_pyprof *p, struct pp_build *b, struct kp_pyprof_r
     snprintf(t->params, sizeof(t->params), "na");
     r->tc = "na";
     if (n == 0) {
-        return;
+        return 0;
     }
     r->tid = p->ops[chain[0]].tid;
     for (int i = 0; i < n; i++) {
@@ -626,9 +733,9 @@ static void fill_row(struct kp_pyprof *p, struct pp_build *b, struct kp_pyprof_r
             bwd_base(p->ops[at.node].name, t->op, sizeof(t->op));
             snprintf(t->mod, sizeof(t->mod), "na");
         }
-        return;
+        return 0;
     }
-    row_compute_work(p, b, &at, group, kname, r, t, sh);
+    return row_compute_work(p, b, &at, group, kname, r, t, sh);
 }
 
 static int cmp_share(const void *pa, const void *pb)
@@ -1116,8 +1223,8 @@ static int pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
     r->tid = ck ? b->corr_tid[ck->idx] : 0;
     b->share[i].key = -1;
     b->share[i].row = i;
-    fill_row(p, b, r, t, oi, kname, &b->share[i]);
-    if (!(r->altseq = pp_intern(&p->pool, t->altseq)) ||
+    if (fill_row(p, b, r, t, oi, kname, &b->share[i]) < 0 ||
+        !(r->altseq = pp_intern(&p->pool, t->altseq)) ||
         !(r->layer = pp_intern(&p->pool, t->layer)) || !(r->mod = pp_intern(&p->pool, t->mod)) ||
         !(r->op = pp_intern(&p->pool, t->op)) || !(r->kernel = pp_intern(&p->pool, t->kernel)) ||
         !(r->params = pp_intern(&p->pool, t->params)) ||
@@ -1173,6 +1280,8 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
     }
     free(p->kern);
     p->kern = NULL;
+    free(p->works.slot);
+    p->works = (struct pp_works){ 0 };
     share_work(p->rows, b.share, n);
     rc = 0;
     *out = p;
@@ -1205,6 +1314,7 @@ void kp_pyprof_destroy(struct kp_pyprof *p)
     free(p->calls);
     kp_an_dict_fini(&p->names);
     pp_pool_fini(&p->pool);
+    free(p->works.slot);
     free(p->ops);
     free(p->rows);
     free(p);
