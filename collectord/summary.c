@@ -6,7 +6,9 @@
  * one over the ops, the API calls, and the copies with the memsets, each a plain SELECT that
  * PostgreSQL may run in parallel (an INSERT ... SELECT never is), whose rows (a few per rank
  * and step, and the collectives) are copied back; the rows without a step (imports) take one
- * more pass per table, server-side, only where there are such rows.
+ * more pass per table, server-side, only where there are such rows. In the same transaction,
+ * the dashboards' sums (migration 0016: kprof_dash's per-step and per-kernel figures), two
+ * more passes through the functions the dashboards' views use on a run without them.
  */
 #define KP_LOG_MODULE "summary"
 #include "summary.h"
@@ -35,10 +37,15 @@ static struct kp_summary_stats stats;
 
 #define NC "nc AS (SELECT id, " KP_COMPARE_NAME_CLASS_SQL " AS c FROM names)"
 
+/* Whether run r.id has a current summary: compare's in this format, and the dashboards' (a
+ * run summarised before migration 0016 has only the first). */
+#define CURRENT_SQL(v)                                                                    \
+    "EXISTS (SELECT 1 FROM compare_runs c JOIN dash_runs d ON d.run_id = c.run_id WHERE " \
+    "c.run_id = r.id AND c.version = " v ")"
+
 /* Locks the run against the sink's flushes (FOR SHARE) and EndRun; its state. */
 static const char lock_sql[] =
-    "SELECT r.state, EXISTS (SELECT 1 FROM compare_runs c WHERE c.run_id = r.id AND c.version = "
-    "$2) FROM runs r WHERE r.id = $1 FOR NO KEY UPDATE OF r";
+    "SELECT r.state, " CURRENT_SQL("$2") " FROM runs r WHERE r.id = $1 FOR NO KEY UPDATE OF r";
 
 /* The event tables' parents, in name order: the order kp_drop_run and kp_create_run_partitions
  * (which lock them ACCESS EXCLUSIVE) and the sink take them in, so that a run dropped or
@@ -67,6 +74,7 @@ static const char *const clear_sql[] = {
     "DELETE FROM compare_runs WHERE run_id = $1",  "DELETE FROM compare_sums WHERE run_id = $1",
     "DELETE FROM compare_colls WHERE run_id = $1", "DELETE FROM compare_ops WHERE run_id = $1",
     "DELETE FROM compare_spans WHERE run_id = $1", "DELETE FROM compare_ranges WHERE run_id = $1",
+    "DELETE FROM dash_steps WHERE run_id = $1",    "DELETE FROM dash_kernels WHERE run_id = $1",
 };
 
 /* The name classes' ids compare filters on: NCCL kernels, synchronising API calls, the ops. */
@@ -142,6 +150,13 @@ static const char ranges_sql[] =
 static const char done_sql[] =
     "INSERT INTO compare_runs (run_id, version, seconds) VALUES ($1, $2, $3)";
 
+/* The dashboards' sums (migration 0016): the same functions their views use on the events,
+ * as plain SELECTs (parallel scans) whose rows are copied back; then the row that makes them
+ * count, after compare_runs' (which it references: what makes one stale drops both). */
+static const char dash_steps_sql[] = "SELECT * FROM kprof_dash.step_sums_events($1)";
+static const char dash_kernels_sql[] = "SELECT * FROM kprof_dash.kernel_sums_events($1)";
+static const char dash_done_sql[] = "INSERT INTO dash_runs (run_id) VALUES ($1)";
+
 static int cmp_span(const void *pa, const void *pb)
 {
     const int64_t *a = pa, *b = pb;
@@ -200,16 +215,16 @@ static int copy_sums(PGconn *c, const char *id, const PGresult *r, char *errbuf,
     return rc;
 }
 
-/* The rows of select (params: the run id, then one more) into table's columns, by COPY with
- * the run id first. */
-static int copy_rows(PGconn *c, const char *select, const char *const *params, const char *table,
-                     const char *columns, char *errbuf, size_t errlen)
+/* The rows of select (n params: the run id first) into table's columns, by COPY with the run
+ * id first. */
+static int copy_rows(PGconn *c, const char *select, int n, const char *const *params,
+                     const char *table, const char *columns, char *errbuf, size_t errlen)
 {
     struct kp_strbuf sb;
     PGresult *r = NULL;
     int rc;
 
-    if ((rc = kp_pg_query(c, select, 2, params, &r, errbuf, errlen)) != 0) {
+    if ((rc = kp_pg_query(c, select, n, params, &r, errbuf, errlen)) != 0) {
         return rc;
     }
     kp_strbuf_init(&sb, 0);
@@ -257,11 +272,11 @@ static int make_locked(PGconn *c, const char *id, double t0, char *errbuf, size_
     }
     PQclear(sums);
     p4[1] = PQgetvalue(r, 0, 0); /* the NCCL kernels */
-    rc = copy_rows(c, colls_sql, p4, "compare_colls", "run_id, rank, step, start_ns, dur_ns, name",
-                   errbuf, errlen);
+    rc = copy_rows(c, colls_sql, 2, p4, "compare_colls",
+                   "run_id, rank, step, start_ns, dur_ns, name", errbuf, errlen);
     p4[1] = PQgetvalue(r, 0, 2); /* the ops' classes */
     rc = rc != 0 ? rc
-                 : copy_rows(c, ops_sql, p4, "compare_ops",
+                 : copy_rows(c, ops_sql, 2, p4, "compare_ops",
                              "run_id, rank, step, name, start_ns, dur_ns", errbuf, errlen);
     PQclear(r);
     r = NULL;
@@ -275,14 +290,24 @@ static int make_locked(PGconn *c, const char *id, double t0, char *errbuf, size_
         rc = kp_pg_query(c, ranges_sql, 4, p4, NULL, errbuf, errlen);
     }
     PQclear(r);
-    if (rc != 0) {
+    if (rc != 0 ||
+        (rc = copy_rows(c, dash_steps_sql, 1, p4, "dash_steps",
+                        "run_id, rank, step, compute_ns, nccl_ns, memcpy_ns, memset_ns, kernels, "
+                        "nccl_kernels",
+                        errbuf, errlen)) != 0 ||
+        (rc = copy_rows(c, dash_kernels_sql, 1, p4, "dash_kernels",
+                        "run_id, rank, name, calls, total_ns, min_ns, max_ns", errbuf, errlen)) !=
+            0) {
         return rc;
     }
     snprintf(version, sizeof(version), "%d", KP_COMPARE_SUMMARY_VERSION);
     snprintf(secs, sizeof(secs), "%.6f", kp_mono_s() - t0);
     p4[1] = version;
     p4[2] = secs;
-    return kp_pg_query(c, done_sql, 3, p4, NULL, errbuf, errlen);
+    if ((rc = kp_pg_query(c, done_sql, 3, p4, NULL, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    return kp_pg_query(c, dash_done_sql, 1, p4, NULL, errbuf, errlen);
 }
 
 /* Moves ended run id's kernel rows into chunks, a step of KP_COMPACT_STEP_PAGES pages of its
@@ -433,11 +458,10 @@ static void make_logged(PGconn *c, uint64_t run_id)
 /* The ended runs a summariser left undone: kernel rows not moved into chunks (a collectord
  * stopped with its queue full, a failed move, a database migrated to 0015 while a batch was
  * late) or no summary in this format (one that failed, a summary format changed by an
- * upgrade). */
+ * upgrade, a run summarised before the dashboards' sums of migration 0016). */
 static const char undone_sql[] =
     "SELECT r.id FROM runs r WHERE r.state <> 1 AND (EXISTS (SELECT 1 FROM kernel_rows k WHERE "
-    "k.run_id = r.id) OR NOT EXISTS (SELECT 1 FROM compare_runs c WHERE c.run_id = r.id AND "
-    "c.version = $1)) ORDER BY r.id";
+    "k.run_id = r.id) OR NOT " CURRENT_SQL("$1") ") ORDER BY r.id";
 
 /* The start's sweep, on the summariser's worker: every undone run, oldest first, until the
  * summariser stops (the rest waits for the next start). */

@@ -6,6 +6,9 @@
  * compare_runs row has its format version (KP_COMPARE_SUMMARY_VERSION), and compares from the
  * events otherwise; so a summary that fails, or that a late batch makes stale (the sink deletes
  * the compare_runs row in the batch's transaction), costs time, never a different answer.
+ * The same transaction stores the dashboards' sums (migration 0016: kprof_dash's per-step and
+ * per-kernel figures), which count while the run's dash_runs row, bound to its compare_runs
+ * row, exists; the dashboards' views read the events otherwise.
  */
 #ifndef KP_SUMMARY_H
 #define KP_SUMMARY_H

@@ -23,7 +23,9 @@
 #       FROM kernels WHERE run_id = R`, with the analyzer's VmHWM. With a collectord that
 #       summarises ended runs for compare (migration 0014), compare waits for the run's
 #       summary and reads it; the summary's own time (compare_runs.seconds, on collectord's
-#       end path) is reported as "summary at the end".
+#       end path) is reported as "summary at the end". Then the Grafana dashboard's panels
+#       (bench/scale/dash.py: every panel query, every rank selected), from the run's
+#       dashboard sums (migration 0016) and from its events, against the same scan.
 #   For every run: bytes on disk per row (pg_total_relation_size of the run's partition,
 #   indexes and TOAST included, / its rows) of kernels, ops and api_calls, and the run's
 #   generation (ingest) rate. With --ingest, bench/ingest/run.sh --no-secure --reps 1 is run
@@ -286,8 +288,22 @@ got = [(s["rank"], s["cause"]) for s in d["stragglers"]]
 if got != [(int(sys.argv[2]), "compute")]:
     sys.exit("expected rank %s (compute), got %s: %s" % (sys.argv[2], got, d["verdict"]))
 PYEOF
-        echo "$n $ckn $cevents $cgen $b $c $(an_hwm) $(bytes_per_row "$crun" | tr ' ' ,) $csum" >>"$work/cmp"
-        echo "bench/scale: $n ranks ($ckn kernels): scan $b s, compare $c s, summary $csum s" >&2
+        # the dashboard's panels (every rank selected): from the run's dashboard sums
+        # (migration 0016), then from its events (without the dash_runs row that makes the
+        # sums count; put back after)
+        ds=- de=-
+        if [ "$(q "SELECT to_regclass('dash_runs') IS NOT NULL")" = t ]; then
+            ds=$("$py" "$root/$bench/dash.py" --pg "$pg" --run "$crun" --job "bench-scale-$n" \
+                --dashboard "$root/deploy/grafana/kprof-dashboard.json" | "$py" -c \
+                "import json,sys; print(json.load(sys.stdin)['total_s'])") || die "dash.py failed"
+            q "DELETE FROM dash_runs WHERE run_id = $crun" >/dev/null
+            de=$("$py" "$root/$bench/dash.py" --pg "$pg" --run "$crun" --job "bench-scale-$n" \
+                --dashboard "$root/deploy/grafana/kprof-dashboard.json" | "$py" -c \
+                "import json,sys; print(json.load(sys.stdin)['total_s'])") || die "dash.py failed"
+            q "INSERT INTO dash_runs (run_id) VALUES ($crun)" >/dev/null
+        fi
+        echo "$n $ckn $cevents $cgen $b $c $(an_hwm) $(bytes_per_row "$crun" | tr ' ' ,) $csum $ds $de" >>"$work/cmp"
+        echo "bench/scale: $n ranks ($ckn kernels): scan $b s, compare $c s, summary $csum s, dashboard $ds s (from the events $de s)" >&2
     done
     drop_runs
     runs=()
@@ -346,15 +362,19 @@ if bpr_rows is not None:
     print(f"  bytes per kernel as rows (before the run's compaction): {bpr_rows:.1f}", file=err)
 cmps = {}
 for line in open(sys.argv[12]):
-    n, ckn, cev, cgen, b, c, h, bp, sm = line.split()
+    n, ckn, cev, cgen, b, c, h, bp, sm, ds, de = line.split()
     e = cmps.setdefault(n, {"kernel_rows": int(ckn), "events": int(cev),
                             "generate_events_per_s": round(int(cev) / float(cgen)),
                             "scan_s": [], "compare_s": [], "max_rss_kb": 0,
+                            "dashboard_s": [], "dashboard_events_s": [],
                             "summary_s": None if sm == "-" else float(sm),
                             "bytes_per_row": dict(zip(("kernels", "ops", "api_calls"),
                                                       (float(x) for x in bp.split(","))))})
     e["scan_s"].append(float(b))
     e["compare_s"].append(float(c))
+    if ds != "-":
+        e["dashboard_s"].append(float(ds))
+        e["dashboard_events_s"].append(float(de))
     e["max_rss_kb"] = max(e["max_rss_kb"], int(h))
 for n, e in cmps.items():
     mb, mc = statistics.median(e["scan_s"]), statistics.median(e["compare_s"])
@@ -363,6 +383,11 @@ for n, e in cmps.items():
           f"{mc / mb:5.1f}x, peak RSS {e['max_rss_kb'] / 1024:6.1f} MiB, "
           f"{e['bytes_per_row']['kernels']:.0f} B/kernel, summary at the end "
           f"{'-' if e['summary_s'] is None else '%.3f s' % e['summary_s']}{tag}", file=err)
+    if e["dashboard_s"]:
+        md, mde = statistics.median(e["dashboard_s"]), statistics.median(e["dashboard_events_s"])
+        e["dashboard_ratio"] = round(md / mb, 2)
+        print(f"  dashboard {n:>5s} ranks (every panel, every rank): {md:7.3f} s from the sums, "
+              f"{md / mb:5.2f}x scan; {mde:7.3f} s from the events{tag}", file=err)
 ing = json.loads(sys.argv[13]) if sys.argv[13] else None
 if ing:
     print(f"  ingest (bench/ingest): {json.dumps({k: v for k, v in ing.items() if 'ratio' in k})}",

@@ -11,9 +11,12 @@ real schema, applied by kprof-collectord:
   3. (b) the figures: step times equal the steps table's dur_ns, step medians equal Python's
      median; the per-rank breakdown and NCCL time per step equal sums computed here in Python
      from the raw rows; the top kernels panel equals an aggregate of the kernels table; the
-     straggler flag names the planted rank and only it;
+     straggler flag names the planted rank and only it; (a) and (b) run twice: on the runs'
+     summaries (migration 0016's dashboard sums, which collectord makes when a run ends),
+     then on the events (the sums' dash_runs rows deleted, as a stale summary leaves them);
   4. (c) kprof_dashboard can log in nowhere, reads no base table or helper view, writes
-     nothing, and holds SELECT on the public views only;
+     nothing, and holds SELECT on the public views only (and EXECUTE on the two functions
+     they call, which nobody else holds);
   5. (d) a second database of the same cluster migrates (the role exists already) and its
      views work for the role."""
 import json
@@ -170,22 +173,6 @@ def main():
 
         _, jobs = as_role(substitute(tvars["job"]["query"], 0, "", "rank"))
         assert {j for (j,) in jobs} >= {"dash-compute", "dash-data's", "dash-hta"}, jobs
-        rows_by_panel = {}
-        for run, (job, nranks, _) in runs.items():
-            _, rr = as_role(substitute(tvars["run"]["query"], run, job, "rank"))
-            assert str(run) in {r[0] for r in rr}, (job, rr)
-            _, rk = as_role(substitute(tvars["rank"]["query"], run, job, "rank"))
-            assert [int(r[0]) for r in rk] == list(range(nranks)), rk
-            for ranks in ("rank", ",".join("'%d'" % r for r in range(nranks)), "'0'"):
-                for p in panels:
-                    sql = substitute(p["targets"][0]["rawSql"], run, job, ranks)
-                    head, rows = as_role(sql)
-                    rows_by_panel[(run, ranks, p["title"])] = (head, rows)
-                    empty_ok = run != run_c and p["title"] in ("Straggler steps",
-                                                               "Capture status")
-                    assert rows or empty_ok, (p["title"], run, ranks, sql)
-        print("%d variable and panel queries ran as %s" % (len(queries), ROLE))
-
         # every public view reads only the partitions of the run asked for
         for v in sorted(PUBLIC_VIEWS):
             plan = "\n".join(r[0] for r in q("EXPLAIN SELECT * FROM kprof_dash.%s "
@@ -193,100 +180,125 @@ def main():
             parts = set(re.findall(r"\b[a-z_]+_r(\d+)\b", plan))
             assert parts <= {str(run_d)}, (v, parts, plan)
 
-        # 3b. the figures
-        panel = {p["title"]: p for p in panels}
-        for run, (job, nranks, slow) in runs.items():
-            allr = "rank"
-            # step times: the panel's rows are the steps table's
-            head, rows = rows_by_panel[(run, allr, "Step time per rank")]
-            got = {(int(r[head.index("rank")]), int(r[head.index("step")])):
-                   f(r[head.index("dur_ms")]) for r in rows}
-            want = {(int(r), int(s)): int(d) for r, s, d in
-                    q("SELECT rank, step, dur_ns FROM steps WHERE run_id = %d" % run)}
-            assert got.keys() == want.keys() and len(want) >= 2, (got, want)
-            for k, d in want.items():
-                assert round(got[k] * 1e6) == d, (k, got[k], d)
-            # the medians and deviations of step_times
-            by_step = {}
-            for (r, s), d in want.items():
-                by_step.setdefault(s, []).append(d)
-            for r, s, med, dev in q("SELECT rank, step, median_ms, deviation_ms FROM "
-                                    "kprof_dash.step_times WHERE run_id = %d" % run):
-                m = statistics.median(by_step[int(s)]) / 1e6
-                assert close(f(med), m), (s, med, m)
-                assert close(f(dev), want[(int(r), int(s))] / 1e6 - m, 1e-4), (r, s, dev)
+        # 2a and 3b twice: with the runs' summaries (collectord makes them when a run ends:
+        # migration 0016's dashboard sums), then from the events (without the dash_runs row
+        # that makes the sums count, as a late batch or a change by hand leaves a run)
+        kpfix.wait_for(lambda: len(q("SELECT run_id FROM dash_runs WHERE run_id IN (%d, %d, %d)"
+                                    % (run_c, run_d, run_h))) == 3, 120 * kpfix.SCALE,
+                       "the runs' summaries")
+        for mode in ("summary", "events"):
+            if mode == "events":
+                q("DELETE FROM dash_runs")
+            rows_by_panel = {}
+            for run, (job, nranks, _) in runs.items():
+                _, rr = as_role(substitute(tvars["run"]["query"], run, job, "rank"))
+                assert str(run) in {r[0] for r in rr}, (job, rr)
+                _, rk = as_role(substitute(tvars["rank"]["query"], run, job, "rank"))
+                assert [int(r[0]) for r in rk] == list(range(nranks)), rk
+                for ranks in ("rank", ",".join("'%d'" % r for r in range(nranks)), "'0'"):
+                    for p in panels:
+                        sql = substitute(p["targets"][0]["rawSql"], run, job, ranks)
+                        head, rows = as_role(sql)
+                        rows_by_panel[(run, ranks, p["title"])] = (head, rows)
+                        empty_ok = run != run_c and p["title"] in ("Straggler steps",
+                                                                   "Capture status")
+                        assert rows or empty_ok, (p["title"], run, ranks, sql)
+            print("%s: %d variable and panel queries ran as %s" % (mode, len(queries), ROLE))
 
-            # the breakdown per rank and step, and per rank
-            exp = expected_breakdown(run)
-            got = {(int(r[0]), int(r[1])): r[2:] for r in q(
-                "SELECT rank, step, step_ms, compute_kernel_ms, nccl_ms, memcpy_ms, "
-                "memset_ms, kernels FROM kprof_dash.rank_step_breakdown WHERE run_id = %d"
-                % run)}
-            assert got.keys() == exp.keys(), (got.keys(), exp.keys())
-            for k, e in exp.items():
-                g = got[k]
-                for i, name in enumerate(("step", "kernel", "nccl", "memcpy", "memset")):
-                    assert round(f(g[i]) * 1e6) == e[name], (run, k, name, g, e)
-                assert int(g[5]) == e["n"], (run, k, g, e)
-            assert sum(e["nccl"] for e in exp.values()) > 0, run
-            head, rows = rows_by_panel[(run, allr, "Per-rank breakdown (mean per step)")]
-            assert [int(r[0]) for r in rows] == list(range(nranks)), rows
-            for r in rows:
-                mine = [e for (rk, _), e in exp.items() if rk == int(r[0])]
-                for col, name in (("step", "step"), ("compute kernels", "kernel"),
-                                  ("NCCL kernels", "nccl"), ("memcpy", "memcpy"),
-                                  ("memset", "memset")):
-                    m = sum(e[name] for e in mine) / len(mine) / 1e6
-                    assert close(f(r[head.index(col)]), m), (run, r, col, m)
+            # 3b. the figures
+            panel = {p["title"]: p for p in panels}
+            for run, (job, nranks, slow) in runs.items():
+                allr = "rank"
+                # step times: the panel's rows are the steps table's
+                head, rows = rows_by_panel[(run, allr, "Step time per rank")]
+                got = {(int(r[head.index("rank")]), int(r[head.index("step")])):
+                       f(r[head.index("dur_ms")]) for r in rows}
+                want = {(int(r), int(s)): int(d) for r, s, d in
+                        q("SELECT rank, step, dur_ns FROM steps WHERE run_id = %d" % run)}
+                assert got.keys() == want.keys() and len(want) >= 2, (got, want)
+                for k, d in want.items():
+                    assert round(got[k] * 1e6) == d, (k, got[k], d)
+                # the medians and deviations of step_times
+                by_step = {}
+                for (r, s), d in want.items():
+                    by_step.setdefault(s, []).append(d)
+                for r, s, med, dev in q("SELECT rank, step, median_ms, deviation_ms FROM "
+                                        "kprof_dash.step_times WHERE run_id = %d" % run):
+                    m = statistics.median(by_step[int(s)]) / 1e6
+                    assert close(f(med), m), (s, med, m)
+                    assert close(f(dev), want[(int(r), int(s))] / 1e6 - m, 1e-4), (r, s, dev)
 
-            # top kernels: the panel's rows are an aggregate of the kernels table
-            head, rows = rows_by_panel[(run, allr, "Top kernels")]
-            want = q("SELECT coalesce(n.name, '(unnamed)'), count(*), sum(k.dur_ns), "
-                     "max(k.dur_ns), count(DISTINCT k.rank) FROM kernels k LEFT JOIN names n "
-                     "ON n.id = k.name WHERE k.run_id = %d GROUP BY 1 "
-                     "ORDER BY 3 DESC, 1 LIMIT 25" % run)
-            assert len(rows) == len(want) and len(rows) >= 3, (len(rows), len(want))
-            for g, w in zip(rows, want):
-                assert g[head.index("kernel")] == w[0], (g, w)
-                assert int(g[head.index("calls")]) == int(w[1]), (g, w)
-                assert round(f(g[head.index("total_ms")]) * 1e6) == int(w[2]), (g, w)
-                assert round(f(g[head.index("max_us")]) * 1e3) == int(w[3]), (g, w)
-                assert close(f(g[head.index("mean_us")]), int(w[2]) / int(w[1]) / 1e3), (g, w)
-                assert int(g[head.index("ranks")]) == int(w[4]), (g, w)
-                nccl = w[0].startswith("ncclKernel_") or w[0].startswith("ncclDevKernel_")
-                assert g[head.index("nccl")] == ("t" if nccl else "f"), (g, w)
-            # one rank selected: that rank's kernels only
-            head1, rows1 = rows_by_panel[(run, "'0'", "Top kernels")]
-            top0 = q("SELECT sum(k.dur_ns) FROM kernels k WHERE run_id = %d AND rank = 0 "
-                     "GROUP BY name ORDER BY 1 DESC LIMIT 1" % run)[0][0]
-            assert round(f(rows1[0][head1.index("total_ms")]) * 1e6) == int(top0)
-            assert int(rows1[0][head1.index("ranks")]) == 1
+                # the breakdown per rank and step, and per rank
+                exp = expected_breakdown(run)
+                got = {(int(r[0]), int(r[1])): r[2:] for r in q(
+                    "SELECT rank, step, step_ms, compute_kernel_ms, nccl_ms, memcpy_ms, "
+                    "memset_ms, kernels FROM kprof_dash.rank_step_breakdown WHERE run_id = %d"
+                    % run)}
+                assert got.keys() == exp.keys(), (got.keys(), exp.keys())
+                for k, e in exp.items():
+                    g = got[k]
+                    for i, name in enumerate(("step", "kernel", "nccl", "memcpy", "memset")):
+                        assert round(f(g[i]) * 1e6) == e[name], (run, k, name, g, e)
+                    assert int(g[5]) == e["n"], (run, k, g, e)
+                assert sum(e["nccl"] for e in exp.values()) > 0, run
+                head, rows = rows_by_panel[(run, allr, "Per-rank breakdown (mean per step)")]
+                assert [int(r[0]) for r in rows] == list(range(nranks)), rows
+                for r in rows:
+                    mine = [e for (rk, _), e in exp.items() if rk == int(r[0])]
+                    for col, name in (("step", "step"), ("compute kernels", "kernel"),
+                                      ("NCCL kernels", "nccl"), ("memcpy", "memcpy"),
+                                      ("memset", "memset")):
+                        m = sum(e[name] for e in mine) / len(mine) / 1e6
+                        assert close(f(r[head.index(col)]), m), (run, r, col, m)
 
-            # stragglers: the planted rank, and only it (none in the HTA pair)
-            head, rows = rows_by_panel[(run, allr, "Stragglers by rank")]
-            flagged = [int(r[head.index("rank")]) for r in rows
-                       if r[head.index("straggler")] == "t"]
-            assert flagged == ([slow] if slow is not None else []), (run, flagged, rows)
-            if slow is not None:
-                assert int(rows[0][head.index("rank")]) == slow, rows  # sorted first
-                head, rows = rows_by_panel[(run, allr, "Straggler steps")]
-                assert {int(r[head.index("rank")]) for r in rows} == {slow}, rows
-                assert len(rows) == 8, rows  # every step
-            # the flags, recomputed from the breakdown with Python's median
-            for s in {s for (_, s) in exp}:
-                mine = {rk: e for (rk, st), e in exp.items() if st == s}
-                work = {rk: max(e["step"] - e["nccl"], 0) for rk, e in mine.items()}
-                mw = statistics.median(work.values())
-                ms = statistics.median(e["step"] for e in mine.values())
-                for rk, flag, late, spread in q(
-                        "SELECT rank, is_straggler, late_rank, nccl_spread_ms FROM "
-                        "kprof_dash.stragglers WHERE run_id = %d AND step = %d" % (run, s)):
-                    rk = int(rk)
-                    want_late = work[rk] > THRESHOLD * mw
-                    want_flag = want_late or mine[rk]["step"] > THRESHOLD * ms
-                    assert (late == "t") == want_late and (flag == "t") == want_flag, (run, s, rk)
-                    ns = [e["nccl"] for e in mine.values()]
-                    assert close(f(spread), (max(ns) - min(ns)) / 1e6, 1e-4), (run, s, spread)
+                # top kernels: the panel's rows are an aggregate of the kernels table
+                head, rows = rows_by_panel[(run, allr, "Top kernels")]
+                want = q("SELECT coalesce(n.name, '(unnamed)'), count(*), sum(k.dur_ns), "
+                         "max(k.dur_ns), count(DISTINCT k.rank) FROM kernels k LEFT JOIN names n "
+                         "ON n.id = k.name WHERE k.run_id = %d GROUP BY 1 "
+                         "ORDER BY 3 DESC, 1 LIMIT 25" % run)
+                assert len(rows) == len(want) and len(rows) >= 3, (len(rows), len(want))
+                for g, w in zip(rows, want):
+                    assert g[head.index("kernel")] == w[0], (g, w)
+                    assert int(g[head.index("calls")]) == int(w[1]), (g, w)
+                    assert round(f(g[head.index("total_ms")]) * 1e6) == int(w[2]), (g, w)
+                    assert round(f(g[head.index("max_us")]) * 1e3) == int(w[3]), (g, w)
+                    assert close(f(g[head.index("mean_us")]), int(w[2]) / int(w[1]) / 1e3), (g, w)
+                    assert int(g[head.index("ranks")]) == int(w[4]), (g, w)
+                    nccl = w[0].startswith("ncclKernel_") or w[0].startswith("ncclDevKernel_")
+                    assert g[head.index("nccl")] == ("t" if nccl else "f"), (g, w)
+                # one rank selected: that rank's kernels only
+                head1, rows1 = rows_by_panel[(run, "'0'", "Top kernels")]
+                top0 = q("SELECT sum(k.dur_ns) FROM kernels k WHERE run_id = %d AND rank = 0 "
+                         "GROUP BY name ORDER BY 1 DESC LIMIT 1" % run)[0][0]
+                assert round(f(rows1[0][head1.index("total_ms")]) * 1e6) == int(top0)
+                assert int(rows1[0][head1.index("ranks")]) == 1
+
+                # stragglers: the planted rank, and only it (none in the HTA pair)
+                head, rows = rows_by_panel[(run, allr, "Stragglers by rank")]
+                flagged = [int(r[head.index("rank")]) for r in rows
+                           if r[head.index("straggler")] == "t"]
+                assert flagged == ([slow] if slow is not None else []), (run, flagged, rows)
+                if slow is not None:
+                    assert int(rows[0][head.index("rank")]) == slow, rows  # sorted first
+                    head, rows = rows_by_panel[(run, allr, "Straggler steps")]
+                    assert {int(r[head.index("rank")]) for r in rows} == {slow}, rows
+                    assert len(rows) == 8, rows  # every step
+                # the flags, recomputed from the breakdown with Python's median
+                for s in {s for (_, s) in exp}:
+                    mine = {rk: e for (rk, st), e in exp.items() if st == s}
+                    work = {rk: max(e["step"] - e["nccl"], 0) for rk, e in mine.items()}
+                    mw = statistics.median(work.values())
+                    ms = statistics.median(e["step"] for e in mine.values())
+                    for rk, flag, late, spread in q(
+                            "SELECT rank, is_straggler, late_rank, nccl_spread_ms FROM "
+                            "kprof_dash.stragglers WHERE run_id = %d AND step = %d" % (run, s)):
+                        rk = int(rk)
+                        want_late = work[rk] > THRESHOLD * mw
+                        want_flag = want_late or mine[rk]["step"] > THRESHOLD * ms
+                        assert (late == "t") == want_late and (flag == "t") == want_flag, (run, s, rk)
+                        ns = [e["nccl"] for e in mine.values()]
+                        assert close(f(spread), (max(ns) - min(ns)) / 1e6, 1e-4), (run, s, spread)
 
         # capture status
         head, rows = rows_by_panel[(run_c, "rank", "Capture status")]
@@ -316,6 +328,14 @@ def main():
                     "TRUNCATE runs"):
             as_role_fails(sql)
         as_role_fails("SELECT kp_drop_run(%d)" % run_c, want="")
+        # the dashboard sums' functions: the role calls the two the views call (they run as
+        # their owner), nobody else may; the events' ones run as the caller, who reads no table
+        as_role_fails("SELECT count(*) FROM kprof_dash.step_sums_events(%d)" % run_c)
+        as_role_fails("SELECT count(*) FROM kprof_dash.kernel_sums_events(%d)" % run_c)
+        for fn in ("step_sums", "kernel_sums"):
+            assert q("SELECT has_function_privilege('public', 'kprof_dash.%s(integer)', "
+                     "'EXECUTE'), has_function_privilege('%s', 'kprof_dash.%s(integer)', "
+                     "'EXECUTE')" % (fn, ROLE, fn)) == [("f", "t")], fn
         assert q("SELECT count(*) FROM runs WHERE id = %d" % run_c) == [("1",)]
         if int(q("SHOW server_version_num")[0][0]) >= 150000:
             as_role_fails("CREATE TABLE public.mine (x int)")
