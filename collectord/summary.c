@@ -47,9 +47,10 @@ static struct kp_summary_stats stats;
 static const char lock_sql[] =
     "SELECT r.state, " CURRENT_SQL("$2") " FROM runs r WHERE r.id = $1 FOR NO KEY UPDATE OF r";
 
-/* The event tables' parents, in name order: the order kp_drop_run and kp_create_run_partitions
- * (which lock them ACCESS EXCLUSIVE) and the sink take them in, so that a run dropped or
- * created meanwhile waits for the summary instead of deadlocking with it. */
+/* The event tables' parents, in name order: the order kp_drop_run (which locks them ACCESS
+ * EXCLUSIVE), kp_create_run_partitions and the sink take them in, so that a run dropped
+ * meanwhile waits for the summary instead of deadlocking with it. (A run created meanwhile does
+ * not wait: since migration 0016 its partitions are attached, under SHARE UPDATE EXCLUSIVE.) */
 static const char tables_sql[] = "LOCK TABLE ONLY api_calls, ONLY kernel_chunks, ONLY kernel_rows, "
                                  "ONLY memcpys, ONLY memsets, ONLY ops, ONLY steps IN ACCESS "
                                  "SHARE MODE";
