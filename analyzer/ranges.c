@@ -1,7 +1,10 @@
 /* kp_ranges: interval sweeps (see ranges.h). */
 #include "ranges.h"
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int cmp_range(const void *pa, const void *pb)
 {
@@ -16,14 +19,72 @@ static int cmp_range(const void *pa, const void *pb)
     return 0;
 }
 
+/* r[0..n) by start, in linear time: a least-significant-byte radix sort over the bytes in
+ * which the starts differ (a rank's starts share their high bytes: usually 4 or 5 passes).
+ * The union taken after does not depend on the order of equal starts. false without memory
+ * for the scratch copy (the caller sorts another way). */
+static bool radix_by_start(struct kp_range *r, size_t n)
+{
+    size_t count[8][256] = { { 0 } };
+    struct kp_range *tmp = malloc(n * sizeof(*tmp)), *src = r, *dst = tmp;
+    uint64_t first, differ = 0;
+
+    if (!tmp) {
+        return false;
+    }
+    first = (uint64_t) r[0].start ^ (1ull << 63); /* signed order as unsigned */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t k = (uint64_t) r[i].start ^ (1ull << 63);
+
+        differ |= k ^ first;
+        for (int b = 0; b < 8; b++) {
+            count[b][(k >> (8 * b)) & 0xFF]++;
+        }
+    }
+    for (int b = 0; b < 8; b++) {
+        size_t sum = 0;
+        struct kp_range *t;
+
+        if (((differ >> (8 * b)) & 0xFF) == 0) {
+            continue; /* every start has the same byte here */
+        }
+        for (int v = 0; v < 256; v++) {
+            size_t c = count[b][v];
+
+            count[b][v] = sum;
+            sum += c;
+        }
+        for (size_t i = 0; i < n; i++) {
+            uint64_t k = (uint64_t) src[i].start ^ (1ull << 63);
+
+            dst[count[b][(k >> (8 * b)) & 0xFF]++] = src[i];
+        }
+        t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != r) {
+        memcpy(r, src, n * sizeof(*r));
+    }
+    free(tmp);
+    return true;
+}
+
 size_t kp_ranges_merge(struct kp_range *r, size_t n)
 {
-    size_t out = 0;
+    size_t out = 0, sorted = 1;
 
     if (n == 0) {
         return 0;
     }
-    qsort(r, n, sizeof(*r), cmp_range);
+    while (sorted < n && r[sorted - 1].start <= r[sorted].start) {
+        sorted++;
+    }
+    /* Already in order (a rank's device events are), else the radix sort: qsort's comparisons
+     * were a fifth of a breakdown's time. */
+    if (sorted < n && !radix_by_start(r, n)) {
+        qsort(r, n, sizeof(*r), cmp_range);
+    }
     for (size_t i = 0; i < n; i++) {
         if (r[i].end <= r[i].start) {
             continue;

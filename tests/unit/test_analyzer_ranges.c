@@ -7,6 +7,7 @@
 
 #include <cmocka.h>
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +37,68 @@ static void test_merge(void **state)
     assert_int_equal(kp_ranges_length(r, n), 6);
     assert_int_equal(kp_ranges_clip_length(r, n, 2, 6), 3);
     assert_int_equal(kp_ranges_merge(r, 0), 0);
+}
+
+/* The union by a plain O(n^2) walk: each point covered by some range is in the union. */
+static size_t naive_union(const struct kp_range *in, size_t n, struct kp_range *out)
+{
+    size_t no = 0;
+    bool *used = calloc(n + 1, sizeof(*used));
+
+    assert_non_null(used);
+    for (;;) { /* the range with the lowest start not taken yet, grown while others touch it */
+        size_t best = n;
+        struct kp_range cur;
+        bool grew = true;
+
+        for (size_t i = 0; i < n; i++) {
+            if (!used[i] && in[i].end > in[i].start &&
+                (best == n || in[i].start < in[best].start)) {
+                best = i;
+            }
+        }
+        if (best == n) {
+            break;
+        }
+        cur = in[best];
+        used[best] = true;
+        while (grew) {
+            grew = false;
+            for (size_t i = 0; i < n; i++) {
+                if (!used[i] && in[i].end > in[i].start && in[i].start <= cur.end) {
+                    cur.end = in[i].end > cur.end ? in[i].end : cur.end;
+                    used[i] = true;
+                    grew = true;
+                }
+            }
+        }
+        out[no++] = cur;
+    }
+    free(used);
+    return no;
+}
+
+/* Unsorted input (the radix sort's path) of every size up to 600, starts spread over the whole
+ * int64 range, negative ones and repeats included, against the naive union. */
+static void test_merge_unsorted(void **state)
+{
+    struct kp_range in[600], got[600], want[600];
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+
+    for (size_t n = 1; n <= 600; n += (n < 40 ? 1 : 37)) {
+        for (size_t i = 0; i < n; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* xorshift64 */
+            int shift = (int) (x % 4) * 16;          /* small, wide and full-width starts */
+            int64_t start = (int64_t) (x >> shift) - (int64_t) (x >> (shift + 1));
+
+            if (i % 5 == 4) {
+                start = in[i / 2].start; /* a repeated start */
+            }
+            in[i] = R(start, start > INT64_MAX - 1000 ? start : start + (int64_t) (x % 1000));
+        }
+        memcpy(got, in, n * sizeof(*in));
+        assert_ranges(got, kp_ranges_merge(got, n), want, naive_union(in, n, want));
+    }
 }
 
 static void test_intersect(void **state)
@@ -257,6 +320,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_merge),
+        cmocka_unit_test(test_merge_unsorted),
         cmocka_unit_test(test_intersect),
         cmocka_unit_test(test_subtract),
         cmocka_unit_test(test_clip_length),
