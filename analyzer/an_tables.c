@@ -164,30 +164,200 @@ static int cmp_kernel_rows_total(const void *pa, const void *pb)
     return cmp_kernel_rows_key(pa, pb);
 }
 
+/*
+ * Grouping the kernels (kp_an_kernels). A group's key is its strings (name, op name, grid,
+ * block) and two numbers: strings are compared by content, but each distinct pointer (names
+ * come from the rank's dictionary, op names too, or are literals) is hashed once and given the
+ * id of its content, so that a kernel costs a lookup by pointer, not a sort's strcmps. Kernels
+ * fold into their group in device order, as the stable sort this replaces folded them (the
+ * duration-weighted sums are the same doubles).
+ */
+struct str_id {
+    const char *s; /* NULL: free slot */
+    int32_t id;
+};
+
+struct kern_group {
+    int32_t name, op;          /* ids of the strings */
+    int32_t grid[3], block[3]; /* by op only */
+    bool has_grid, has_block;  /* by op only */
+    int64_t registers, smem;   /* by op only */
+    int32_t row;               /* its row; -1: free slot */
+};
+
+struct kern_groups {
+    struct str_id *by_ptr, *by_text; /* open addressing over powers of two */
+    size_t cap_ptr, n_ptr, cap_text, n_text;
+    struct kern_group *g;
+    size_t cap_g, n_g;
+};
+
+static uint64_t mix64(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+}
+
+static uint64_t text_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+
+    for (; *s; s++) {
+        h = (h ^ (uint8_t) *s) * 1099511628211ull;
+    }
+    return h;
+}
+
+/* Doubles a table of str_id, rehashing by text (by_text) or by pointer. */
+static int str_grow(struct str_id **t, size_t *cap, bool by_text)
+{
+    size_t nc = *cap ? 2 * *cap : 256;
+    struct str_id *g = calloc(nc, sizeof(*g));
+
+    if (!g) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < *cap; i++) {
+        if ((*t)[i].s) {
+            uint64_t h = by_text ? text_hash((*t)[i].s) : mix64((uintptr_t) (*t)[i].s);
+            size_t k = h & (nc - 1);
+
+            while (g[k].s) {
+                k = (k + 1) & (nc - 1);
+            }
+            g[k] = (*t)[i];
+        }
+    }
+    free(*t);
+    *t = g;
+    *cap = nc;
+    return 0;
+}
+
+/* The id of string s's content; -1 without memory. */
+static int32_t str_id(struct kern_groups *kg, const char *s)
+{
+    size_t k, kt;
+
+    if (2 * (kg->n_ptr + 1) > kg->cap_ptr && str_grow(&kg->by_ptr, &kg->cap_ptr, false) < 0) {
+        return -1;
+    }
+    for (k = mix64((uintptr_t) s) & (kg->cap_ptr - 1); kg->by_ptr[k].s;
+         k = (k + 1) & (kg->cap_ptr - 1)) {
+        if (kg->by_ptr[k].s == s) {
+            return kg->by_ptr[k].id;
+        }
+    }
+    /* a pointer seen for the first time: its content's id */
+    if (2 * (kg->n_text + 1) > kg->cap_text && str_grow(&kg->by_text, &kg->cap_text, true) < 0) {
+        return -1;
+    }
+    for (kt = text_hash(s) & (kg->cap_text - 1); kg->by_text[kt].s;
+         kt = (kt + 1) & (kg->cap_text - 1)) {
+        if (strcmp(kg->by_text[kt].s, s) == 0) {
+            break;
+        }
+    }
+    if (!kg->by_text[kt].s) {
+        kg->by_text[kt] = (struct str_id){ s, (int32_t) kg->n_text++ };
+    }
+    /* the pointer table may have grown above; its slot k is still free */
+    kg->by_ptr[k] = (struct str_id){ s, kg->by_text[kt].id };
+    kg->n_ptr++;
+    return kg->by_text[kt].id;
+}
+
+static bool group_eq(const struct kern_group *x, const struct kern_group *y)
+{
+    return x->name == y->name && x->op == y->op && x->has_grid == y->has_grid &&
+           x->has_block == y->has_block && x->registers == y->registers && x->smem == y->smem &&
+           (!x->has_grid || memcmp(x->grid, y->grid, sizeof(x->grid)) == 0) &&
+           (!x->has_block || memcmp(x->block, y->block, sizeof(x->block)) == 0);
+}
+
+static uint64_t group_hash(const struct kern_group *x)
+{
+    uint64_t h = mix64(((uint64_t) (uint32_t) x->name << 32) | (uint32_t) x->op);
+
+    h = mix64(h ^ ((uint64_t) x->registers * 31 + (uint64_t) x->smem));
+    for (int i = 0; x->has_grid && i < 3; i++) {
+        h = mix64(h ^ (uint64_t) (uint32_t) x->grid[i] ^ ((uint64_t) i << 40));
+    }
+    for (int i = 0; x->has_block && i < 3; i++) {
+        h = mix64(h ^ (uint64_t) (uint32_t) x->block[i] ^ ((uint64_t) (i + 3) << 40));
+    }
+    return h;
+}
+
+/* The slot of key x in kg->g (x->row -1 when new); NULL without memory. */
+static struct kern_group *group_slot(struct kern_groups *kg, const struct kern_group *x)
+{
+    size_t k;
+
+    if (2 * (kg->n_g + 1) > kg->cap_g) {
+        size_t nc = kg->cap_g ? 2 * kg->cap_g : 256;
+        struct kern_group *g = malloc(nc * sizeof(*g));
+
+        if (!g) {
+            return NULL;
+        }
+        for (size_t i = 0; i < nc; i++) {
+            g[i].row = -1;
+        }
+        for (size_t i = 0; i < kg->cap_g; i++) {
+            if (kg->g[i].row >= 0) {
+                for (k = group_hash(&kg->g[i]) & (nc - 1); g[k].row >= 0; k = (k + 1) & (nc - 1)) {
+                }
+                g[k] = kg->g[i];
+            }
+        }
+        free(kg->g);
+        kg->g = g;
+        kg->cap_g = nc;
+    }
+    for (k = group_hash(x) & (kg->cap_g - 1); kg->g[k].row >= 0; k = (k + 1) & (kg->cap_g - 1)) {
+        if (group_eq(&kg->g[k], x)) {
+            return &kg->g[k];
+        }
+    }
+    kg->g[k] = *x;
+    kg->g[k].row = -1;
+    return &kg->g[k];
+}
+
+static void kern_groups_fini(struct kern_groups *kg)
+{
+    free(kg->by_ptr);
+    free(kg->by_text);
+    free(kg->g);
+}
+
 int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
 {
     struct kp_an_table *t = &a->kern_tab[by_op];
-    struct kp_an_kernel_row *rows;
-    size_t n = 0, nr = 0;
+    struct kp_an_kernel_row *rows = NULL;
+    struct kern_groups kg = { 0 };
+    size_t nr = 0, cap = 0;
     int rc;
 
     if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;
     }
-    rows = calloc(a->n_kernels + 1, sizeof(*rows));
-    if (!rows) {
-        return -ENOMEM;
-    }
-    /* One row per kernel, then sorted by key and folded. */
+    /* One group per key, in device order. */
     for (size_t i = 0; i < a->n_devs; i++) {
         const struct an_dev *d = &a->devs[i];
-        struct kp_an_kernel_row *r = &rows[n];
+        struct kern_group key = { 0 }, *g;
+        struct kp_an_kernel_row *r;
+        const char *name, *op_name = "";
+        int64_t dur = d->end - d->start;
+        double bps, occ;
 
         if (d->kind != DEV_KERNEL) {
             continue;
         }
-        r->name = kp__an_nm(a, d->name);
-        r->op_name = "";
+        name = kp__an_nm(a, d->name);
         if (by_op) {
             int32_t owner = d->rt >= 0 ? a->rts[d->rt].owner : -1;
             const struct an_node *node;
@@ -196,36 +366,64 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
                 continue; /* not reached through the tree */
             }
             node = &a->nodes[owner];
-            r->op_name = node->op >= 0 ? kp__an_nm(a, a->ops[node->op].name) : "CallTreeRoot";
-            r->op_tc_eligible = node->eligible;
+            op_name = node->op >= 0 ? kp__an_nm(a, a->ops[node->op].name) : "CallTreeRoot";
+            key.has_grid = d->has_grid;
+            key.has_block = d->has_block;
+            if (d->has_grid) {
+                memcpy(key.grid, d->grid, sizeof(key.grid));
+            }
+            if (d->has_block) {
+                memcpy(key.block, d->block, sizeof(key.block));
+            }
+            key.registers = d->regs;
+            key.smem = d->smem;
+        }
+        if ((key.name = str_id(&kg, name)) < 0 || (key.op = str_id(&kg, op_name)) < 0 ||
+            !(g = group_slot(&kg, &key))) {
+            goto nomem;
+        }
+        /* duration-weighted means; a kernel without the figure counts as 0 (spec §6) */
+        bps = isnan(d->bps) ? 0.0 : d->bps * (double) dur;
+        occ = isnan(d->occ) ? 0.0 : d->occ * (double) dur;
+        if (g->row >= 0) {
+            r = &rows[g->row];
+            r->calls++;
+            r->total_ns += dur;
+            r->min_ns = dur < r->min_ns ? dur : r->min_ns;
+            r->max_ns = dur > r->max_ns ? dur : r->max_ns;
+            r->wsum_blocks_per_sm += bps;
+            r->wsum_occupancy += occ;
+            continue;
+        }
+        if (nr == cap) {
+            size_t nc = cap ? 2 * cap : 64;
+            struct kp_an_kernel_row *grown = realloc(rows, nc * sizeof(*rows));
+
+            if (!grown) {
+                goto nomem;
+            }
+            rows = grown;
+            cap = nc;
+        }
+        g->row = (int32_t) nr;
+        kg.n_g++;
+        r = &rows[nr++];
+        memset(r, 0, sizeof(*r));
+        r->name = name;
+        r->op_name = op_name;
+        if (by_op) {
+            r->op_tc_eligible = a->nodes[a->rts[d->rt].owner].eligible;
             fmt_dim(r->grid, sizeof(r->grid), d->has_grid, d->grid);
             fmt_dim(r->block, sizeof(r->block), d->has_block, d->block);
             r->registers = d->regs;
             r->shared_memory = d->smem;
         }
         r->calls = 1;
-        r->total_ns = r->min_ns = r->max_ns = d->end - d->start;
-        /* duration-weighted means; a kernel without the figure counts as 0 (spec §6) */
-        r->wsum_blocks_per_sm = isnan(d->bps) ? 0.0 : d->bps * (double) r->total_ns;
-        r->wsum_occupancy = isnan(d->occ) ? 0.0 : d->occ * (double) r->total_ns;
-        n++;
+        r->total_ns = r->min_ns = r->max_ns = dur;
+        r->wsum_blocks_per_sm = bps;
+        r->wsum_occupancy = occ;
     }
-    qsort(rows, n, sizeof(*rows), cmp_kernel_rows_key);
-    for (size_t i = 0; i < n; i++) {
-        if (nr > 0 && cmp_kernel_rows_key(&rows[nr - 1], &rows[i]) == 0) {
-            struct kp_an_kernel_row *r = &rows[nr - 1];
-
-            r->calls++;
-            r->total_ns += rows[i].total_ns;
-            r->min_ns = rows[i].min_ns < r->min_ns ? rows[i].min_ns : r->min_ns;
-            r->max_ns = rows[i].max_ns > r->max_ns ? rows[i].max_ns : r->max_ns;
-            r->wsum_blocks_per_sm += rows[i].wsum_blocks_per_sm;
-            r->wsum_occupancy += rows[i].wsum_occupancy;
-        }
-        else {
-            rows[nr++] = rows[i];
-        }
-    }
+    kern_groups_fini(&kg);
     for (size_t i = 0; i < nr; i++) {
         rows[i].tc_used = kp_an_is_tc_kernel(rows[i].name);
         rows[i].mean_blocks_per_sm =
@@ -233,12 +431,18 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
         rows[i].mean_est_achieved_occupancy =
             rows[i].total_ns ? rows[i].wsum_occupancy / (double) rows[i].total_ns : 0.0;
     }
-    qsort(rows, nr, sizeof(*rows), cmp_kernel_rows_total);
+    if (nr > 0) {
+        qsort(rows, nr, sizeof(*rows), cmp_kernel_rows_total);
+    }
     free(t->rows);
     t->rows = rows;
     t->n = nr;
     *out = t;
     return 0;
+nomem:
+    kern_groups_fini(&kg);
+    free(rows);
+    return -ENOMEM;
 }
 
 /* ---- Tensor Core statistics (spec §7) ------------------------------------------------- */
