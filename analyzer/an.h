@@ -287,6 +287,18 @@ void kp_an_tc_json(FILE *f, const struct kp_an_tc *t);
  * Strings: kp_json_fputs() (kp_json.h). */
 void kp_an_json_us(FILE *f, int64_t ns);
 
+/* FNV-1a of a string: the analyzer's hash tables of text (PyProf's pool, the kernel table's
+ * groups). */
+static inline uint64_t kp_an_str_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+
+    for (; *s; s++) {
+        h = (h ^ (uint8_t) *s) * 1099511628211ull;
+    }
+    return h;
+}
+
 /* Returns whether a kernel name marks a Tensor Core kernel (spec §7). */
 bool kp_an_is_tc_kernel(const char *name);
 

@@ -200,16 +200,6 @@ static uint64_t mix64(uint64_t h)
     return h;
 }
 
-static uint64_t text_hash(const char *s)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-
-    for (; *s; s++) {
-        h = (h ^ (uint8_t) *s) * 1099511628211ull;
-    }
-    return h;
-}
-
 /* Doubles a table of str_id, rehashing by text (by_text) or by pointer. */
 static int str_grow(struct str_id **t, size_t *cap, bool by_text)
 {
@@ -221,7 +211,7 @@ static int str_grow(struct str_id **t, size_t *cap, bool by_text)
     }
     for (size_t i = 0; i < *cap; i++) {
         if ((*t)[i].s) {
-            uint64_t h = by_text ? text_hash((*t)[i].s) : mix64((uintptr_t) (*t)[i].s);
+            uint64_t h = by_text ? kp_an_str_hash((*t)[i].s) : mix64((uintptr_t) (*t)[i].s);
             size_t k = h & (nc - 1);
 
             while (g[k].s) {
@@ -254,7 +244,7 @@ static int32_t str_id(struct kern_groups *kg, const char *s)
     if (2 * (kg->n_text + 1) > kg->cap_text && str_grow(&kg->by_text, &kg->cap_text, true) < 0) {
         return -1;
     }
-    for (kt = text_hash(s) & (kg->cap_text - 1); kg->by_text[kt].s;
+    for (kt = kp_an_str_hash(s) & (kg->cap_text - 1); kg->by_text[kt].s;
          kt = (kt + 1) & (kg->cap_text - 1)) {
         if (strcmp(kg->by_text[kt].s, s) == 0) {
             break;

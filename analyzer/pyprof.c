@@ -115,16 +115,6 @@ static int cmp_key(const void *pa, const void *pb)
     return a->idx < b->idx ? -1 : a->idx > b->idx;
 }
 
-static uint64_t pp_hash(const char *s)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-
-    for (; *s; s++) {
-        h = (h ^ (uint8_t) *s) * 1099511628211ull;
-    }
-    return h;
-}
-
 /* s's copy in the pool (made on first sight), or NULL without memory. */
 static const char *pp_intern(struct pp_pool *pl, const char *s)
 {
@@ -139,7 +129,8 @@ static const char *pp_intern(struct pp_pool *pl, const char *s)
         }
         for (size_t i = 0; i < pl->cap; i++) {
             if (pl->slot[i]) {
-                for (h = pp_hash(pl->slot[i]) & (cap - 1); slot[h]; h = (h + 1) & (cap - 1)) {
+                for (h = kp_an_str_hash(pl->slot[i]) & (cap - 1); slot[h];
+                     h = (h + 1) & (cap - 1)) {
                 }
                 slot[h] = pl->slot[i];
             }
@@ -148,7 +139,7 @@ static const char *pp_intern(struct pp_pool *pl, const char *s)
         pl->slot = slot;
         pl->cap = cap;
     }
-    for (h = pp_hash(s) & (pl->cap - 1); pl->slot[h]; h = (h + 1) & (pl->cap - 1)) {
+    for (h = kp_an_str_hash(s) & (pl->cap - 1); pl->slot[h]; h = (h + 1) & (pl->cap - 1)) {
         if (strcmp(pl->slot[h], s) == 0) {
             return pl->slot[h];
         }
