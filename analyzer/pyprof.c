@@ -35,6 +35,7 @@ struct pp_op {
     uint32_t ord;                       /* its place in the COPY: ties of the sort keep it */
     int32_t parent;
     uint8_t kind;
+    bool formula; /* kp_flops_has_formula(name) */
 };
 
 /* An API call with a correlation, as the COPY sent it; -1 for NULL. */
@@ -59,7 +60,7 @@ struct pp_kern {
 
 /* A row's text columns while it is built, then interned (pp_intern). */
 struct pp_text {
-    char altseq[96], layer[128], mod[48], op[96], kernel[160], params[256], grid[40], block[40];
+    char altseq[96], layer[128], mod[48], op[96], params[256], grid[64], block[64];
 };
 
 /* Each distinct text value once, for the rows to point into: most repeat from kernel to kernel,
@@ -450,6 +451,12 @@ struct pp_build {
     int32_t *stack;               /* pp_read_ops' open ops */
     int *sub_count;               /* kernels so far of each op (sub) */
     struct pp_share *share;       /* one per kernel row (share_work) */
+    /* per entry of names (and one more for "", an unknown or NULL name), computed on first use
+     * rather than once per op or kernel: whether an op name has a FLOP formula (-1: not yet),
+     * a kernel name's short form (interned; NULL: not yet) and Tensor Core use */
+    int8_t *formula;
+    const char **kshort;
+    bool *ktc;
 };
 
 /* The attribution of a kernel whose op stack is chain (innermost first). */
@@ -477,7 +484,7 @@ static struct pp_attr row_attribute(const struct kp_pyprof *p, const struct pp_b
         }
         else {
             for (int i = 0; i < n && chain[i] != at.node; i++) {
-                if (op_kind(&p->ops[chain[i]]) && kp_flops_has_formula(p->ops[chain[i]].name)) {
+                if (op_kind(&p->ops[chain[i]]) && p->ops[chain[i]].formula) {
                     at.attr = chain[i];
                     break;
                 }
@@ -487,13 +494,13 @@ static struct pp_attr row_attribute(const struct kp_pyprof *p, const struct pp_b
         return at;
     }
     for (int i = n - 1; i >= 0 && at.attr < 0; i--) {
-        if (op_kind(&p->ops[chain[i]]) && kp_flops_has_formula(p->ops[chain[i]].name) &&
+        if (op_kind(&p->ops[chain[i]]) && p->ops[chain[i]].formula &&
             strncmp(p->ops[chain[i]].name, "aten::", 6) == 0) {
             at.attr = chain[i];
         }
     }
     for (int i = 0; i < n && at.attr < 0; i++) {
-        if (op_kind(&p->ops[chain[i]]) && kp_flops_has_formula(p->ops[chain[i]].name)) {
+        if (op_kind(&p->ops[chain[i]]) && p->ops[chain[i]].formula) {
             at.attr = chain[i];
         }
     }
@@ -648,8 +655,8 @@ static const struct pp_work *pp_work_of(struct pp_works *ws, const struct pp_wor
 /* The attributed op's module, op, parameters, Tensor Core use and whole work (into sh);
  * -ENOMEM. */
 static int row_compute_work(struct kp_pyprof *p, const struct pp_build *b, const struct pp_attr *at,
-                            int group, const char *kname, struct kp_pyprof_row *r,
-                            struct pp_text *t, struct pp_share *sh)
+                            int group, bool kern_tc, struct kp_pyprof_row *r, struct pp_text *t,
+                            struct pp_share *sh)
 {
     const struct pp_op *ao = &p->ops[at->attr];
     struct pp_work key = { .name = ao->name, .shapes = ao->shapes, .dtypes = ao->dtypes };
@@ -670,10 +677,10 @@ static int row_compute_work(struct kp_pyprof *p, const struct pp_build *b, const
     sh->flops += w->known ? w->flops : 0;
     sh->bytes += w->bytes_known ? w->bytes : 0;
     if (w->tc == KP_FLOPS_TC_GEMM) {
-        r->tc = kp_an_is_tc_kernel(kname) ? "1" : "0";
+        r->tc = kern_tc ? "1" : "0";
     }
     else if (w->tc == KP_FLOPS_TC_CONV) {
-        r->tc = kp_an_is_tc_kernel(kname) ? "1" : "-";
+        r->tc = kern_tc ? "1" : "-";
     }
     else {
         r->tc = "-";
@@ -683,7 +690,7 @@ static int row_compute_work(struct kp_pyprof *p, const struct pp_build *b, const
 
 /* The op-side columns of kernel row r, whose innermost op is oi (-1: none); -ENOMEM. */
 static int fill_row(struct kp_pyprof *p, struct pp_build *b, struct kp_pyprof_row *r,
-                    struct pp_text *t, int32_t oi, const char *kname, struct pp_share *sh)
+                    struct pp_text *t, int32_t oi, bool kern_tc, struct pp_share *sh)
 {
     int32_t chain[64], node = -1;
     int n = 0, group;
@@ -726,7 +733,7 @@ static int fill_row(struct kp_pyprof *p, struct pp_build *b, struct kp_pyprof_ro
         }
         return 0;
     }
-    return row_compute_work(p, b, &at, group, kname, r, t, sh);
+    return row_compute_work(p, b, &at, group, kern_tc, r, t, sh);
 }
 
 static int cmp_share(const void *pa, const void *pb)
@@ -1100,12 +1107,24 @@ static int pp_read_names(PGconn *c, struct kp_pyprof *p, char *errbuf, size_t er
     return rc;
 }
 
-/* The name of an id (-1: NULL; "" for it or an unknown id), as the join's coalesce gave. */
-static const char *pp_name_of(const struct kp_pyprof *p, int64_t id)
+/* The index in p->names of an id; p->names.n for NULL (-1) and unknown ids, whose name is "". */
+static size_t pp_name_ix(const struct kp_pyprof *p, int64_t id)
 {
     int32_t i = id < 0 ? -1 : kp_an_dict_find(&p->names, id);
 
-    return i >= 0 ? p->names.v[i].s : "";
+    return i >= 0 ? (size_t) i : p->names.n;
+}
+
+/* The name at index ix of pp_name_ix, as the join's coalesce gave it. */
+static const char *pp_name_at(const struct kp_pyprof *p, size_t ix)
+{
+    return ix < p->names.n ? p->names.v[ix].s : "";
+}
+
+/* The name of an id (-1: NULL; "" for it or an unknown id). */
+static const char *pp_name_of(const struct kp_pyprof *p, int64_t id)
+{
+    return pp_name_at(p, pp_name_ix(p, id));
 }
 
 /* The host ops' names, each op's enclosing op, the indexes by op_id and seq; -ENOMEM. */
@@ -1117,13 +1136,23 @@ static int pp_read_ops(struct kp_pyprof *p, struct pp_build *b)
     b->by_seq = calloc(n ? n : 1, sizeof(*b->by_seq));
     b->stack = calloc(n ? n : 1, sizeof(*b->stack));
     b->sub_count = calloc(n ? n : 1, sizeof(*b->sub_count));
-    if (!b->by_id || !b->by_seq || !b->stack || !b->sub_count) {
+    b->formula = malloc(p->names.n + 1);
+    b->kshort = calloc(p->names.n + 1, sizeof(*b->kshort));
+    b->ktc = calloc(p->names.n + 1, sizeof(*b->ktc));
+    if (!b->by_id || !b->by_seq || !b->stack || !b->sub_count || !b->formula || !b->kshort ||
+        !b->ktc) {
         return -ENOMEM;
     }
+    memset(b->formula, -1, p->names.n + 1);
     for (size_t i = 0; i < n; i++) {
         struct pp_op *o = &p->ops[i];
+        size_t ix = pp_name_ix(p, o->name_id[0]);
 
-        o->name = pp_name_of(p, o->name_id[0]);
+        o->name = pp_name_at(p, ix);
+        if (b->formula[ix] < 0) {
+            b->formula[ix] = kp_flops_has_formula(o->name);
+        }
+        o->formula = b->formula[ix] == 1;
         o->shapes = pp_name_of(p, o->name_id[1]);
         o->dtypes = pp_name_of(p, o->name_id[2]);
         /* the enclosing op: the nearest earlier op of the thread that contains it */
@@ -1169,6 +1198,38 @@ static int pp_read_calls(struct kp_pyprof *p, struct pp_build *b)
     return 0;
 }
 
+/* A grid's or block's column: "x,y,z", or "-" without one (what "%lld,%lld,%lld" writes, without
+ * snprintf's cost at two a kernel). out holds 3 x 20 digits and signs, 2 commas, the NUL. */
+static void fmt_dims(char out[static 64], bool has, const int64_t v[3])
+{
+    char *o = out;
+
+    if (!has) {
+        strcpy(out, "-");
+        return;
+    }
+    for (int d = 0; d < 3; d++) {
+        char digits[20];
+        int n = 0;
+        uint64_t u = v[d] < 0 ? 0 - (uint64_t) v[d] : (uint64_t) v[d];
+
+        if (d > 0) {
+            *o++ = ',';
+        }
+        if (v[d] < 0) {
+            *o++ = '-';
+        }
+        do {
+            digits[n++] = (char) ('0' + u % 10);
+            u /= 10;
+        } while (u > 0);
+        while (n > 0) {
+            *o++ = digits[--n];
+        }
+    }
+    *o = '\0';
+}
+
 /* Kernel row i: its own columns, its op (through the correlation's external id), then the
  * op-side columns. */
 static int pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
@@ -1178,28 +1239,26 @@ static int pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
     const struct pp_kern *k = &p->kern[i];
     int64_t corr = k->corr, ext = k->ext;
     const struct pp_key *ck = corr >= 0 ? lower(b->by_corr, b->n_corr, corr) : NULL, *ok;
-    const char *kname = pp_name_of(p, k->name);
+    size_t kix = pp_name_ix(p, k->name);
+    const char *kname = pp_name_at(p, kix);
     int32_t oi = -1;
 
     r->idx = i + 1;
     r->sil_ns = k->dur;
     r->stream = (int) k->stream;
     r->device = (int) k->device;
-    if (!k->has_grid) {
-        snprintf(t->grid, sizeof(t->grid), "-");
+    fmt_dims(t->grid, k->has_grid, k->grid);
+    fmt_dims(t->block, k->has_block, k->block);
+    if (!b->kshort[kix]) { /* the name's first kernel */
+        char sk[160];      /* PyProf's short names are short; a long one is cut */
+
+        short_kernel(kname, sk, sizeof(sk));
+        if (!(b->kshort[kix] = pp_intern(&p->pool, sk))) {
+            return -ENOMEM;
+        }
+        b->ktc[kix] = kp_an_is_tc_kernel(kname);
     }
-    else {
-        snprintf(t->grid, sizeof(t->grid), "%" PRId64 ",%" PRId64 ",%" PRId64, k->grid[0],
-                 k->grid[1], k->grid[2]);
-    }
-    if (!k->has_block) {
-        snprintf(t->block, sizeof(t->block), "-");
-    }
-    else {
-        snprintf(t->block, sizeof(t->block), "%" PRId64 ",%" PRId64 ",%" PRId64, k->block[0],
-                 k->block[1], k->block[2]);
-    }
-    short_kernel(kname, t->kernel, sizeof(t->kernel));
+    r->kernel = b->kshort[kix];
     r->kernel_full = kname;
     if (ext <= 0 && ck) {
         ext = b->corr_ext[ck->idx];
@@ -1214,11 +1273,10 @@ static int pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
     r->tid = ck ? b->corr_tid[ck->idx] : 0;
     b->share[i].key = -1;
     b->share[i].row = i;
-    if (fill_row(p, b, r, t, oi, kname, &b->share[i]) < 0 ||
+    if (fill_row(p, b, r, t, oi, b->ktc[kix], &b->share[i]) < 0 ||
         !(r->altseq = pp_intern(&p->pool, t->altseq)) ||
         !(r->layer = pp_intern(&p->pool, t->layer)) || !(r->mod = pp_intern(&p->pool, t->mod)) ||
-        !(r->op = pp_intern(&p->pool, t->op)) || !(r->kernel = pp_intern(&p->pool, t->kernel)) ||
-        !(r->params = pp_intern(&p->pool, t->params)) ||
+        !(r->op = pp_intern(&p->pool, t->op)) || !(r->params = pp_intern(&p->pool, t->params)) ||
         !(r->grid = pp_intern(&p->pool, t->grid)) || !(r->block = pp_intern(&p->pool, t->block))) {
         return -ENOMEM;
     }
@@ -1293,6 +1351,9 @@ out:
     free(b.stack);
     free(b.sub_count);
     free(b.share);
+    free(b.formula);
+    free(b.kshort);
+    free(b.ktc);
     return rc;
 }
 
