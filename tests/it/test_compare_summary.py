@@ -232,14 +232,23 @@ def push_late_batch(cd, rid, db):
 def check_late_batch(cd, rid, db):
     """A batch of the ended run's stream, older than the last one stored (a late one): stored,
     and the summary deleted in its transaction."""
+    # the dashboards' sums (migration 0016) are made with the summary and go with it
+    dash = "SELECT count(*) FROM dash_runs WHERE run_id = %d" % rid
+    calls = ("SELECT coalesce(sum(calls), 0) FROM dash_kernels WHERE run_id = %d AND rank = 0"
+             % rid)
     end_run(cd, rid, db)  # (a hand-made INSERT above deleted every summary)
     assert summary_version(rid, db) == VERSION
+    assert kpfix.psql(dash, db=db) == "1"
+    before = int(kpfix.psql(calls, db=db))
     push_late_batch(cd, rid, db)
     assert summary_version(rid, db) is None, "summary kept after a late batch"
+    assert kpfix.psql(dash, db=db) == "0", "the dashboards' sums kept after a late batch"
     end_run(cd, rid, db)
     check_same(rid, db, "after a late batch")
-    print("a late batch into the ended run: stored, the summary gone in its transaction; EndRun "
-          "remakes it")
+    assert kpfix.psql(dash, db=db) == "1"
+    assert int(kpfix.psql(calls, db=db)) == before + 3, "the late kernels not in the sums"
+    print("a late batch into the ended run: stored, the summary (and the dashboards' sums) gone "
+          "in its transaction; EndRun remakes them, with its kernels")
 
 
 def check_spooled_batch(cd, db):
