@@ -895,14 +895,14 @@ int kp_pg_copy_fields(char *row, size_t len, char **f, int nf)
 int64_t kp_pg_field_i64(const char *f, int64_t null_value)
 {
     bool neg;
-    int64_t v = 0;
+    uint64_t v = 0; /* unsigned: INT64_MIN's digits, or a longer run of them, wrap, never UB */
 
     if (!f) {
         return null_value;
     }
     neg = *f == '-';
     for (f += neg; *f >= '0' && *f <= '9'; f++) {
-        v = v * 10 + (*f - '0');
+        v = v * 10 + (uint64_t) (*f - '0');
     }
-    return neg ? -v : v;
+    return (int64_t) (neg ? 0 - v : v);
 }

@@ -216,7 +216,8 @@ int kp_pg_arrays_next_i64(const char **cur, int n, int64_t *v, bool *null);
 int kp_pg_copy_fields(char *row, size_t len, char **f, int nf);
 
 /* A field of kp_pg_copy_fields that holds an integer the server wrote (optional '-', digits),
- * or null_value for NULL (f NULL). No checks: the server's text of a number column. */
+ * or null_value for NULL (f NULL). Reads up to the first other character; no range check (the
+ * server's text of a number column is in range; anything else gives some value, never UB). */
 int64_t kp_pg_field_i64(const char *f, int64_t null_value);
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * fuzz_pgtext: the analyzer's reader of PostgreSQL's COPY text for kernel chunks (common/kp_pg.h:
- * kp_pg_copy_fields splits a row, kp_pg_arrays_next_i64 walks its integer arrays in step, as
- * analyzer/an.c and analyzer/pyprof.c do). Any input must be read to its end or refused with
+ * kp_pg_copy_fields splits a row, kp_pg_field_i64 reads a field as a number,
+ * kp_pg_arrays_next_i64 walks its integer arrays in step, as analyzer/an.c and analyzer/pyprof.c
+ * do). Any input must be read to its end or refused with
  * -EINVAL, without a crash or sanitizer report, and never yield more elements than it has
  * commas and braces to delimit.
  */
@@ -53,6 +54,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         delims += data[i] == ',' || data[i] == '}';
     }
     if (kp_pg_copy_fields(row, size, f, NF) == 0) {
+        for (int k = 0; k < NF; k++) { /* a field as a number, as the analyzer's rows read it */
+            volatile int64_t x = kp_pg_field_i64(f[k], -1);
+
+            (void) x;
+        }
         for (int k = 0; k < NF; k++) {
             cur[k] = f[k] ? f[k] : "{}";
         }
