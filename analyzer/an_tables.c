@@ -424,6 +424,9 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
     if (nr > 0) {
         qsort(rows, nr, sizeof(*rows), cmp_kernel_rows_total);
     }
+    else if (!(rows = calloc(1, sizeof(*rows)))) { /* an empty table is still an array */
+        return -ENOMEM;
+    }
     free(t->rows);
     t->rows = rows;
     t->n = nr;

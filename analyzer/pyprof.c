@@ -1073,8 +1073,10 @@ static int pp_read_rows(PGconn *c, const char *const *params, size_t max_rows, s
     else if (rc == -ENOMEM) {
         kp_errbuf_set(errbuf, errlen, "out of memory loading the rank's API calls and ops");
     }
-    if (rc == 0) {
+    if (rc == 0 && p->n_calls > 1) { /* (qsort takes no NULL array, even empty) */
         qsort(p->calls, p->n_calls, sizeof(*p->calls), cmp_call);
+    }
+    if (rc == 0 && p->n_ops > 1) {
         qsort(p->ops, p->n_ops, sizeof(*p->ops), cmp_op);
     }
     return rc;

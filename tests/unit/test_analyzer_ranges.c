@@ -89,7 +89,7 @@ static void test_merge_unsorted(void **state)
         for (size_t i = 0; i < n; i++) {
             x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* xorshift64 */
             int shift = (int) (x % 4) * 16;          /* small, wide and full-width starts */
-            int64_t start = (int64_t) (x >> shift) - (int64_t) (x >> (shift + 1));
+            int64_t start = (int64_t) ((x >> shift) - (x >> (shift + 1)) * 3); /* wraps */
 
             if (i % 5 == 4) {
                 start = in[i / 2].start; /* a repeated start */
