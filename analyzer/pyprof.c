@@ -781,6 +781,27 @@ struct pp_kload {
     size_t *budget, max_rows;
 };
 
+/* The message of a failed load COPY of the rank's what (a row-callback's KP_ETOOBIG, -EINVAL,
+ * -ENOMEM; kp_pg_copy_out's own failures carry theirs) into errbuf; rc, with -EINVAL as KP_EPG. */
+static int pp_copy_failed(int rc, size_t max_rows, const char *what, char *errbuf, size_t errlen)
+{
+    if (rc == KP_ETOOBIG) {
+        kp_errbuf_set(errbuf, errlen, "the rank has more than %zu rows: raise the row limit",
+                      max_rows);
+    }
+    else if (rc == -EINVAL) {
+        kp_errbuf_set(errbuf, errlen,
+                      "PostgreSQL sent a row of the rank's %s the analyzer cannot "
+                      "read",
+                      what);
+        rc = KP_EPG;
+    }
+    else if (rc == -ENOMEM) {
+        kp_errbuf_set(errbuf, errlen, "out of memory loading the rank's %s", what);
+    }
+    return rc;
+}
+
 /* Room for one more of n elements of size sz in *v (capacity *cap), counted against the row
  * budget. 0, KP_ETOOBIG or -ENOMEM. */
 static int pp_slot(struct pp_kload *l, void **v, size_t *cap, size_t n, size_t sz)
@@ -928,17 +949,7 @@ static int pp_read_kernels(PGconn *c, const char *const *params, size_t *budget,
         rc = kp_pg_copy_out(c, sql, pp_kernel_chunk, &l, errbuf, errlen);
     }
     kp_an_snapshot_end(c, began, rc);
-    if (rc == KP_ETOOBIG) {
-        kp_errbuf_set(errbuf, errlen, "the rank has more than %zu rows: raise the row limit",
-                      max_rows);
-    }
-    else if (rc == -EINVAL) {
-        kp_errbuf_set(errbuf, errlen, "PostgreSQL sent a kernel row the analyzer cannot read");
-        rc = KP_EPG;
-    }
-    else if (rc == -ENOMEM) {
-        kp_errbuf_set(errbuf, errlen, "out of memory loading the rank's kernels");
-    }
+    rc = pp_copy_failed(rc, max_rows, "kernels", errbuf, errlen);
     if (rc == 0 && p->n_kern > 1) {
         qsort(p->kern, p->n_kern, sizeof(*p->kern), cmp_kern);
     }
@@ -1062,17 +1073,7 @@ static int pp_read_rows(PGconn *c, const char *const *params, size_t max_rows, s
                  params[0], params[1]);
         rc = kp_pg_copy_out(c, sql, pp_op_row, &l, errbuf, errlen);
     }
-    if (rc == KP_ETOOBIG) {
-        kp_errbuf_set(errbuf, errlen, "the rank has more than %zu rows: raise the row limit",
-                      max_rows);
-    }
-    else if (rc == -EINVAL) {
-        kp_errbuf_set(errbuf, errlen, "PostgreSQL sent a row the analyzer cannot read");
-        rc = KP_EPG;
-    }
-    else if (rc == -ENOMEM) {
-        kp_errbuf_set(errbuf, errlen, "out of memory loading the rank's API calls and ops");
-    }
+    rc = pp_copy_failed(rc, max_rows, "API calls and ops", errbuf, errlen);
     if (rc == 0 && p->n_calls > 1) { /* (qsort takes no NULL array, even empty) */
         qsort(p->calls, p->n_calls, sizeof(*p->calls), cmp_call);
     }
