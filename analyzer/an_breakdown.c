@@ -19,10 +19,11 @@
 
 /* A list of ranges that grows as it is filled: each category holds a fraction of the rank's
  * events, so sizing every list for all of them (8 x 830 k ranges, and twice that for each
- * share, at 1 M events) made most of the breakdown's peak memory. */
+ * share, at 1 M events) made most of the breakdown's peak memory. pushed counts what was
+ * pushed, before any merging. */
 struct rlist {
     struct kp_range *r;
-    size_t n, cap;
+    size_t n, cap, pushed;
 };
 
 /* Makes room for at least n ranges in l (its ranges kept); 0 or -ENOMEM. */
@@ -46,12 +47,22 @@ static int rl_reserve(struct rlist *l, size_t n)
     return 0;
 }
 
+/* Adds [s, e) to a category's list, which stands for the union of its ranges only: a full list
+ * is merged first and grows only if that leaves it over 3/4 full. A category's ranges nest and
+ * touch (a step's CPU ops merge into a few), so its list stays near the size of its union,
+ * not of its events: the lists of a 1 M-event rank held 63 MiB, all filled before any
+ * merge. The union, and every figure from it, is the same. */
 static int rl_push(struct rlist *l, int64_t s, int64_t e)
 {
-    if (l->n >= l->cap && rl_reserve(l, l->n + 1) < 0) {
-        return -ENOMEM;
+    if (l->n >= l->cap) {
+        l->n = kp_ranges_merge(l->r, l->n);
+        if (l->n >= l->cap / 4 * 3 &&
+            rl_reserve(l, l->n + 1 > 2 * l->cap ? l->n + 1 : 2 * l->cap) < 0) {
+            return -ENOMEM;
+        }
     }
     l->r[l->n++] = (struct kp_range){ s, e };
+    l->pushed++;
     return 0;
 }
 
@@ -98,6 +109,12 @@ static int cmp_sm_ev(const void *pa, const void *pb)
     return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
+/* Whether device event d is a kernel of GPU g that SM efficiency counts: blocks per SM > 0. */
+static bool sm_counts(const struct an_dev *d, int g)
+{
+    return d->kind == DEV_KERNEL && d->device == g && !isnan(d->bps) && d->bps > 0;
+}
+
 /* Est. SM efficiency of GPU g over [w0, w1] (spec §8): a sweep over its kernels with blocks per
  * SM > 0 keeps the running sum; each stretch between consecutive distinct times with a sum > 0
  * counts min(sum, 1) over its part inside the window. Undefined when none falls inside. The
@@ -105,12 +122,19 @@ static int cmp_sm_ev(const void *pa, const void *pb)
 static int sm_efficiency(struct kp_an *a, int g, size_t k, int64_t w0, int64_t w1)
 {
     struct kp_an_breakdown *b = &a->bd;
-    struct sm_ev *ev = calloc(2 * a->n_devs + 1, sizeof(*ev));
-    struct kp_an_sm_range *seg = calloc(2 * a->n_devs + 1, sizeof(*seg));
-    size_t n = 0, n_seg = 0;
+    struct sm_ev *ev;
+    struct kp_an_sm_range *seg;
+    size_t n = 0, n_seg = 0, n_k = 0;
     double sum = 0.0, acc = 0.0;
     bool any = false;
 
+    /* sized for the GPU's kernels with the figure (a capture has none), not for every device
+     * event of the rank */
+    for (size_t i = 0; i < a->n_devs; i++) {
+        n_k += sm_counts(&a->devs[i], g);
+    }
+    ev = calloc(2 * n_k + 1, sizeof(*ev));
+    seg = calloc(2 * n_k + 1, sizeof(*seg));
     b->est_sm_efficiency[k] = 0.0;
     b->est_sm_efficiency_defined[k] = false;
     if (!ev || !seg) {
@@ -121,7 +145,7 @@ static int sm_efficiency(struct kp_an *a, int g, size_t k, int64_t w0, int64_t w
     for (size_t i = 0; i < a->n_devs; i++) {
         const struct an_dev *d = &a->devs[i];
 
-        if (d->kind != DEV_KERNEL || d->device != g || isnan(d->bps) || !(d->bps > 0)) {
+        if (!sm_counts(d, g)) {
             continue;
         }
         ev[n] = (struct sm_ev){ d->start, 1, d->bps, n };
@@ -335,7 +359,7 @@ static int bd_collect_ops(struct kp_an *a, struct bd_work *w)
  * plugin_compat, named as one) is communication. 0 or -ENOMEM. */
 static int bd_collect_devs(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
 {
-    int rc = rl_reserve(&w->cat[KP_AN_RUNTIME], a->n_rts);
+    int rc = 0;
 
     for (size_t i = 0; i < a->n_rts && rc == 0; i++) {
         rc = rl_push(&w->cat[KP_AN_RUNTIME], a->rts[i].start, a->rts[i].end);
@@ -477,7 +501,7 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
     a->bd.has_runtime = a->n_rts > 0;
     a->bd.has_kernel = a->n_kernels > 0;
     a->bd.has_memcpy_or_memset = a->n_memcpy + a->n_memset > 0;
-    a->bd.has_communication = w.cat[KP_AN_COMMUNICATION].n > 0;
+    a->bd.has_communication = w.cat[KP_AN_COMMUNICATION].pushed > 0;
     a->bd.comm_node_count = w.n_nccl && w.n_gloo ? 0 : w.n_nccl + w.n_gloo;
     a->bd.comm_nccl = w.n_nccl > 0;
     if (bd_mask(a, &w, plugin_compat) < 0) {

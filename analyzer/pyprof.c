@@ -100,7 +100,7 @@ struct kp_pyprof {
     struct kp_an_dict names; /* the names kern's and ops' name ids refer to */
     struct pp_pool pool;     /* the rows' text columns */
     struct pp_works works;   /* while the table is built */
-    struct pp_op *ops;       /* by thread, start, longest first */
+    struct pp_op *ops;       /* while the table is built: by thread, start, longest first */
     size_t n_ops, cap_ops;
     struct kp_pyprof_row *rows;
     size_t n_rows;
@@ -1343,8 +1343,13 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
             goto nomem;
         }
     }
+    /* the rows point into the pool and the names, not into the loaded rows: those go before
+     * the caller copies the rows for the reply (a third of the peak at 1 M events) */
     free(p->kern);
     p->kern = NULL;
+    free(p->ops);
+    p->ops = NULL;
+    p->n_ops = p->cap_ops = 0;
     free(p->works.slot);
     p->works = (struct pp_works){ 0 };
     share_work(p->rows, b.share, n);
