@@ -133,6 +133,7 @@ struct model_build {
     struct key_idx *corr; /* runtime calls by correlation */
     int64_t main_tid;     /* the thread of the first ProfilerStep */
     bool has_main;
+    uint8_t *elig; /* model_eligible's answers by name index */
 };
 
 /* 1. One tree per thread: ops come sorted by (tid, start, end descending). */
@@ -288,8 +289,21 @@ static void model_merge_dups(struct kp_an *a)
     }
 }
 
+/* Whether ops of name index idx are eligible for Tensor Cores, worked out once a name (elig: 0
+ * not yet, 1 no, 2 yes; a->names.n entries) rather than once a node: a list of strcmps. */
+static bool model_eligible(const struct kp_an *a, uint8_t *elig, int32_t idx)
+{
+    if (idx < 0) {
+        return kp__an_is_tc_eligible_op("");
+    }
+    if (elig[idx] == 0) {
+        elig[idx] = kp__an_is_tc_eligible_op(kp__an_nm(a, idx)) ? 2 : 1;
+    }
+    return elig[idx] == 2;
+}
+
 /* 5. Bottom-up statistics (spec §2.6, §7): children have higher indexes. */
-static void model_compute_stats(struct kp_an *a)
+static void model_compute_stats(struct kp_an *a, uint8_t *elig)
 {
     for (size_t i = a->n_nodes; i-- > 0;) {
         struct an_node *n = &a->nodes[i];
@@ -299,7 +313,7 @@ static void model_compute_stats(struct kp_an *a)
             continue;
         }
         n->host_self = host ? n->end - n->start : 0;
-        n->eligible = n->op >= 0 && kp__an_is_tc_eligible_op(kp__an_nm(a, a->ops[n->op].name));
+        n->eligible = n->op >= 0 && model_eligible(a, elig, a->ops[n->op].name);
         for (int32_t r = n->first_rt; r >= 0; r = a->rts[r].next) {
             if (host) {
                 n->host_self -= a->rts[r].end - a->rts[r].start;
@@ -342,20 +356,22 @@ int kp__an_build_model(struct kp_an *a)
     mb.stack = calloc(a->n_ops + 2, sizeof(*mb.stack));
     mb.ext = calloc(a->n_ops + 1, sizeof(*mb.ext));
     mb.corr = calloc(a->n_rts + 1, sizeof(*mb.corr));
-    if (!a->nodes || !a->roots || !mb.stack || !mb.ext || !mb.corr) {
+    mb.elig = calloc(a->names.n + 1, 1);
+    if (!a->nodes || !a->roots || !mb.stack || !mb.ext || !mb.corr || !mb.elig) {
         goto out;
     }
     model_build_trees(a, &mb);
     model_link_rts(a, &mb);
     model_link_devs(a, &mb);
     model_merge_dups(a);
-    model_compute_stats(a);
+    model_compute_stats(a, mb.elig);
     a->built = true;
     rc = 0;
 out:
     free(mb.stack);
     free(mb.ext);
     free(mb.corr);
+    free(mb.elig);
     return rc;
 }
 

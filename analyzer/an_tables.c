@@ -17,35 +17,11 @@
 
 /* ---- operator view (spec §5) ---------------------------------------------------------- */
 
-struct op_sort {
-    const struct kp_an *a;
-    bool by_shape;
-};
-
 /* An op's input shapes as the operator view keys and shows them: "[]" when none were recorded,
  * so that every op of a name without shapes falls into one group, as the plugin's do. */
 static const char *op_shapes(const struct kp_an *a, const struct an_op *o)
 {
     return o->shapes >= 0 ? kp__an_nm(a, o->shapes) : "[]";
-}
-
-static int cmp_op_nodes(const void *pa, const void *pb, void *ctx)
-{
-    const struct kp_an *sort_an = ((const struct op_sort *) ctx)->a;
-    bool sort_by_shape = ((const struct op_sort *) ctx)->by_shape;
-    const struct an_node *x = &sort_an->nodes[*(const int32_t *) pa];
-    const struct an_node *y = &sort_an->nodes[*(const int32_t *) pb];
-    const struct an_op *ox = &sort_an->ops[x->op], *oy = &sort_an->ops[y->op];
-    int c = strcmp(kp__an_nm(sort_an, ox->name), kp__an_nm(sort_an, oy->name));
-
-    if (c == 0 && sort_by_shape) {
-        c = strcmp(op_shapes(sort_an, ox), op_shapes(sort_an, oy));
-    }
-    if (c == 0) {
-        c = (*(const int32_t *) pa > *(const int32_t *) pb) -
-            (*(const int32_t *) pa < *(const int32_t *) pb);
-    }
-    return c;
 }
 
 static int cmp_op_rows(const void *pa, const void *pb, void *ctx)
@@ -61,62 +37,6 @@ static int cmp_op_rows(const void *pa, const void *pb, void *ctx)
     }
     c = strcmp(x->name, y->name);
     return c ? c : strcmp(x->input_shape, y->input_shape);
-}
-
-int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
-{
-    struct kp_an_table *t = &a->ops_tab[by_shape];
-    struct kp_an_op_row *rows;
-    int32_t *idx;
-    size_t n = 0, nr = 0;
-    bool by_device;
-    int rc;
-
-    if (!a->built && (rc = kp__an_build_model(a)) < 0) {
-        return rc;
-    }
-    idx = calloc(a->n_nodes + 1, sizeof(*idx));
-    rows = calloc(a->n_nodes + 1, sizeof(*rows));
-    if (!idx || !rows) {
-        free(idx);
-        free(rows);
-        return -ENOMEM;
-    }
-    for (size_t i = 0; i < a->n_nodes; i++) {
-        if (!a->nodes[i].dead && a->nodes[i].type == NODE_OPERATOR) {
-            idx[n++] = (int32_t) i;
-        }
-    }
-    /* groups keep tree order inside */
-    qsort_r(idx, n, sizeof(*idx), cmp_op_nodes, &(struct op_sort){ a, by_shape });
-    for (size_t i = 0; i < n; i++) {
-        const struct an_node *x = &a->nodes[idx[i]];
-        const struct an_op *o = &a->ops[x->op];
-        struct kp_an_op_row *r = nr ? &rows[nr - 1] : NULL;
-
-        if (!r || strcmp(r->name, kp__an_nm(a, o->name)) != 0 ||
-            (by_shape && strcmp(r->input_shape, op_shapes(a, o)) != 0)) {
-            r = &rows[nr++];
-            r->name = kp__an_nm(a, o->name);
-            r->input_shape = op_shapes(a, o);
-        }
-        r->calls++;
-        r->host_total_ns += x->end - x->start;
-        r->host_self_ns += x->host_self;
-        r->device_total_ns += x->dev_total;
-        r->device_self_ns += x->dev_self;
-        r->tc_self_ns += x->tc_self;
-        r->tc_total_ns += x->tc_total;
-        r->tc_eligible = r->tc_eligible || x->eligible;
-    }
-    free(idx);
-    by_device = a->n_devs > 0;
-    qsort_r(rows, nr, sizeof(*rows), cmp_op_rows, &by_device);
-    free(t->rows);
-    t->rows = rows;
-    t->n = nr;
-    *out = t;
-    return 0;
 }
 
 /* ---- kernel view (spec §6) ------------------------------------------------------------ */
@@ -165,12 +85,12 @@ static int cmp_kernel_rows_total(const void *pa, const void *pb)
 }
 
 /*
- * Grouping the kernels (kp_an_kernels). A group's key is its strings (name, op name, grid,
- * block) and two numbers: strings are compared by content, but each distinct pointer (names
- * come from the rank's dictionary, op names too, or are literals) is hashed once and given the
- * id of its content, so that a kernel costs a lookup by pointer, not a sort's strcmps. Kernels
- * fold into their group in device order, as the stable sort this replaces folded them (the
- * duration-weighted sums are the same doubles).
+ * Grouping the kernels (kp_an_kernels) and the ops (kp_an_ops). A group's key is its strings
+ * (name, op name or the ops' input shapes, grid, block) and two numbers: strings are compared by
+ * content, but each distinct pointer (names come from the rank's dictionary, op names too, or are
+ * literals) is hashed once and given the id of its content, so that a kernel costs a lookup by
+ * pointer, not a sort's strcmps. Kernels fold into their group in device order, as the stable sort
+ * this replaces folded them (the duration-weighted sums are the same doubles).
  */
 struct str_id {
     const char *s; /* NULL: free slot */
@@ -322,6 +242,84 @@ static void kern_groups_fini(struct kern_groups *kg)
     free(kg->by_ptr);
     free(kg->by_text);
     free(kg->g);
+}
+
+/* The operator view: one row per name (by_shape: name and input shapes), folded in tree
+ * order, so that a row by name shows the shapes of its first op, as the stable sort by name
+ * this replaces did; the groups are kp_an_kernels', keyed by the name's and the shapes' ids. */
+int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
+{
+    struct kp_an_table *t = &a->ops_tab[by_shape];
+    struct kp_an_op_row *rows = NULL;
+    struct kern_groups kg = { 0 };
+    size_t nr = 0, cap = 0;
+    bool by_device;
+    int rc;
+
+    if (!a->built && (rc = kp__an_build_model(a)) < 0) {
+        return rc;
+    }
+    for (size_t i = 0; i < a->n_nodes; i++) {
+        const struct an_node *x = &a->nodes[i];
+        struct kern_group key = { 0 }, *g;
+        const struct an_op *o;
+        struct kp_an_op_row *r;
+
+        if (x->dead || x->type != NODE_OPERATOR) {
+            continue;
+        }
+        o = &a->ops[x->op];
+        key.op = -2; /* by name only */
+        if ((key.name = str_id(&kg, kp__an_nm(a, o->name))) < 0 ||
+            (by_shape && (key.op = str_id(&kg, op_shapes(a, o))) < 0) ||
+            !(g = group_slot(&kg, &key))) {
+            kern_groups_fini(&kg);
+            free(rows);
+            return -ENOMEM;
+        }
+        if (g->row < 0) {
+            if (nr == cap) {
+                size_t nc = cap ? 2 * cap : 64;
+                struct kp_an_op_row *grown = realloc(rows, nc * sizeof(*rows));
+
+                if (!grown) {
+                    kern_groups_fini(&kg);
+                    free(rows);
+                    return -ENOMEM;
+                }
+                rows = grown;
+                cap = nc;
+            }
+            g->row = (int32_t) nr;
+            kg.n_g++;
+            r = &rows[nr++];
+            memset(r, 0, sizeof(*r));
+            r->name = kp__an_nm(a, o->name);
+            r->input_shape = op_shapes(a, o);
+        }
+        r = &rows[g->row];
+        r->calls++;
+        r->host_total_ns += x->end - x->start;
+        r->host_self_ns += x->host_self;
+        r->device_total_ns += x->dev_total;
+        r->device_self_ns += x->dev_self;
+        r->tc_self_ns += x->tc_self;
+        r->tc_total_ns += x->tc_total;
+        r->tc_eligible = r->tc_eligible || x->eligible;
+    }
+    kern_groups_fini(&kg);
+    by_device = a->n_devs > 0;
+    if (nr > 0) {
+        qsort_r(rows, nr, sizeof(*rows), cmp_op_rows, &by_device);
+    }
+    else if (!(rows = calloc(1, sizeof(*rows)))) { /* an empty table is still an array */
+        return -ENOMEM;
+    }
+    free(t->rows);
+    t->rows = rows;
+    t->n = nr;
+    *out = t;
+    return 0;
 }
 
 int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
