@@ -236,7 +236,8 @@ void kp_an_destroy(struct kp_an *a);
  * double-counting figure and its classes: a kernel is Communication only when an nccl:* /
  * gloo:* op of its external id launched it. Without plugin_compat a kernel named as a
  * collective's (nccl*Kernel*, as compare counts them, or gloo*) is Communication too. Returns 0 or
- * -ENOMEM; the result stays valid until the next call or kp_an_destroy. */
+ * -ENOMEM; the result stays valid until the next call for the other figure or kp_an_destroy (a
+ * call for the figure it holds returns it as it is). */
 int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_breakdown **out);
 
 /* One communication node (spec §9): a communication op, keyed by its external id (an op

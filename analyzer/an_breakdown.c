@@ -484,6 +484,12 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
     size_t n_steps;
     int rc = -ENOMEM;
 
+    /* the breakdown view asks for the figure the recommendations worked out just before */
+    if (a->bd_done && a->bd_compat == plugin_compat) {
+        *out = &a->bd;
+        return 0;
+    }
+    a->bd_done = false;
     if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;
     }
@@ -519,6 +525,8 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
     if (rc < 0) {
         goto out;
     }
+    a->bd_done = true;
+    a->bd_compat = plugin_compat;
     *out = &a->bd;
 out:
     for (int c = 0; c < KP_AN_CAT_COUNT; c++) {

@@ -102,6 +102,7 @@ struct kp_an {
     size_t n_roots;
 
     struct kp_an_breakdown bd;
+    bool bd_done, bd_compat; /* bd holds a figure, and whether it is the plugin's */
     struct kp_an_step *steps;
     struct kp_an_table ops_tab[2], kern_tab[2];
 };
