@@ -199,6 +199,7 @@ static void put_cell(FILE *f, const char *sep, const char *s, int w, bool last)
     }
 }
 
+/* One JSON value; the caller holds f's lock (flockfile). */
 static void json_cell(FILE *f, const struct kp_pyprof_row *r, enum kp_pyprof_col c)
 {
     char buf[64];
@@ -207,29 +208,19 @@ static void json_cell(FILE *f, const struct kp_pyprof_row *r, enum kp_pyprof_col
     case KP_PYPROF_IDX:
     case KP_PYPROF_TID:
     case KP_PYPROF_SUB:
-        fputs(cell(r, c, buf, sizeof(buf)), f);
+        fputs_unlocked(cell(r, c, buf, sizeof(buf)), f);
         return;
     case KP_PYPROF_SIL:
-        fprintf(f, "%" PRId64, r->sil_ns);
+        fputs_unlocked(fmt_i64(buf, sizeof(buf), r->sil_ns), f);
         return;
     case KP_PYPROF_SEQ:
-        if (r->seq < 0) {
-            fputs("null", f);
-        }
-        else {
-            fprintf(f, "%" PRId64, r->seq);
-        }
+        fputs_unlocked(r->seq < 0 ? "null" : fmt_i64(buf, sizeof(buf), r->seq), f);
         return;
     case KP_PYPROF_DEVICE:
     case KP_PYPROF_STREAM: {
         int v = c == KP_PYPROF_DEVICE ? r->device : r->stream;
 
-        if (v < 0) {
-            fputs("null", f);
-        }
-        else {
-            fprintf(f, "%d", v);
-        }
+        fputs_unlocked(v < 0 ? "null" : fmt_i64(buf, sizeof(buf), v), f);
         return;
     }
     case KP_PYPROF_FLOPS:
@@ -237,7 +228,7 @@ static void json_cell(FILE *f, const struct kp_pyprof_row *r, enum kp_pyprof_col
         bool known = c == KP_PYPROF_FLOPS ? r->flops_known : r->bytes_known;
 
         if (!known) {
-            fputs("null", f);
+            fputs_unlocked("null", f);
         }
         else {
             fprintf(f, "%.17g", c == KP_PYPROF_FLOPS ? r->flops : r->bytes);
@@ -255,6 +246,7 @@ void kp_pyprof_write_rows(FILE *f, const struct kp_pyprof_row *rows, size_t n_ro
                           enum kp_pyprof_format fmt, int width)
 {
     char buf[64];
+    char keys[KP_PYPROF_COL_COUNT][24]; /* ", \"altseq\": " at most */
     int w[KP_PYPROF_COL_COUNT] = { 0 };
 
     if (fmt == KP_PYPROF_JSON) {
@@ -263,14 +255,20 @@ void kp_pyprof_write_rows(FILE *f, const struct kp_pyprof_row *rows, size_t n_ro
             fprintf(f, "%s\"%s\"", c ? ", " : "", json_key(cols[c]));
         }
         fputs("], \"rows\": [", f);
+        /* each cell's key with its separator, once, not a format a cell */
+        for (int c = 0; c < ncols; c++) {
+            snprintf(keys[c], sizeof(keys[c]), "%s\"%s\": ", c ? ", " : "", json_key(cols[c]));
+        }
+        flockfile(f);
         for (size_t i = 0; i < n_rows; i++) {
-            fputs(i ? ",\n  {" : "\n  {", f);
+            fputs_unlocked(i ? ",\n  {" : "\n  {", f);
             for (int c = 0; c < ncols; c++) {
-                fprintf(f, "%s\"%s\": ", c ? ", " : "", json_key(cols[c]));
+                fputs_unlocked(keys[c], f);
                 json_cell(f, &rows[i], cols[c]);
             }
-            fputc('}', f);
+            putc_unlocked('}', f);
         }
+        funlockfile(f);
         fputs("]}\n", f);
         return;
     }
