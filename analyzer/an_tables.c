@@ -244,6 +244,48 @@ static void kern_groups_fini(struct kern_groups *kg)
     free(kg->g);
 }
 
+/* The index of group g's row (g from group_slot) in *rows (*nr rows of size bytes, room for
+ * *cap): a new row of zeros at the end when g has none yet. -1 without memory. */
+static int32_t group_row(struct kern_groups *kg, struct kern_group *g, void **rows, size_t *nr,
+                         size_t *cap, size_t size)
+{
+    if (g->row >= 0) {
+        return g->row;
+    }
+    if (*nr == *cap) {
+        size_t nc = *cap ? 2 * *cap : 64;
+        void *grown = realloc(*rows, nc * size);
+
+        if (!grown) {
+            return -1;
+        }
+        *rows = grown;
+        *cap = nc;
+    }
+    memset((char *) *rows + *nr * size, 0, size);
+    g->row = (int32_t) (*nr)++;
+    kg->n_g++;
+    return g->row;
+}
+
+/* Makes rows[0..nr) (rows of size bytes, owned) table t's rows, in place of the ones it had, and
+ * *out t. An empty table is still an array. 0 or -ENOMEM (rows then freed). */
+static int table_take(struct kp_an_table *t, void *rows, size_t nr, size_t size,
+                      const struct kp_an_table **out)
+{
+    if (nr == 0) {
+        free(rows);
+        if (!(rows = calloc(1, size))) {
+            return -ENOMEM;
+        }
+    }
+    free(t->rows);
+    t->rows = rows;
+    t->n = nr;
+    *out = t;
+    return 0;
+}
+
 /* The operator view: one row per name (by_shape: name and input shapes), folded in tree
  * order, so that a row by name shows the shapes of its first op, as the stable sort by name
  * this replaces did; the groups are kp_an_kernels', keyed by the name's and the shapes' ids. */
@@ -264,6 +306,7 @@ int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
         struct kern_group key = { 0 }, *g;
         const struct an_op *o;
         struct kp_an_op_row *r;
+        int32_t ri;
 
         if (x->dead || x->type != NODE_OPERATOR) {
             continue;
@@ -272,32 +315,17 @@ int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
         key.op = -2; /* by name only */
         if ((key.name = str_id(&kg, kp__an_nm(a, o->name))) < 0 ||
             (by_shape && (key.op = str_id(&kg, op_shapes(a, o))) < 0) ||
-            !(g = group_slot(&kg, &key))) {
+            !(g = group_slot(&kg, &key)) ||
+            (ri = group_row(&kg, g, (void **) &rows, &nr, &cap, sizeof(*rows))) < 0) {
             kern_groups_fini(&kg);
             free(rows);
             return -ENOMEM;
         }
-        if (g->row < 0) {
-            if (nr == cap) {
-                size_t nc = cap ? 2 * cap : 64;
-                struct kp_an_op_row *grown = realloc(rows, nc * sizeof(*rows));
-
-                if (!grown) {
-                    kern_groups_fini(&kg);
-                    free(rows);
-                    return -ENOMEM;
-                }
-                rows = grown;
-                cap = nc;
-            }
-            g->row = (int32_t) nr;
-            kg.n_g++;
-            r = &rows[nr++];
-            memset(r, 0, sizeof(*r));
+        r = &rows[ri];
+        if (r->calls == 0) { /* the group's first op */
             r->name = kp__an_nm(a, o->name);
             r->input_shape = op_shapes(a, o);
         }
-        r = &rows[g->row];
         r->calls++;
         r->host_total_ns += x->end - x->start;
         r->host_self_ns += x->host_self;
@@ -312,14 +340,7 @@ int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
     if (nr > 0) {
         qsort_r(rows, nr, sizeof(*rows), cmp_op_rows, &by_device);
     }
-    else if (!(rows = calloc(1, sizeof(*rows)))) { /* an empty table is still an array */
-        return -ENOMEM;
-    }
-    free(t->rows);
-    t->rows = rows;
-    t->n = nr;
-    *out = t;
-    return 0;
+    return table_take(t, rows, nr, sizeof(*rows), out);
 }
 
 int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
@@ -341,6 +362,7 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
         const char *name, *op_name = "";
         int64_t dur = d->end - d->start;
         double bps, occ;
+        int32_t ri;
 
         if (d->kind != DEV_KERNEL) {
             continue;
@@ -367,49 +389,32 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
             key.smem = d->smem;
         }
         if ((key.name = str_id(&kg, name)) < 0 || (key.op = str_id(&kg, op_name)) < 0 ||
-            !(g = group_slot(&kg, &key))) {
+            !(g = group_slot(&kg, &key)) ||
+            (ri = group_row(&kg, g, (void **) &rows, &nr, &cap, sizeof(*rows))) < 0) {
             goto nomem;
+        }
+        r = &rows[ri];
+        if (r->calls == 0) { /* the group's first kernel */
+            r->name = name;
+            r->op_name = op_name;
+            if (by_op) {
+                r->op_tc_eligible = a->nodes[a->rts[d->rt].owner].eligible;
+                fmt_dim(r->grid, sizeof(r->grid), d->has_grid, d->grid);
+                fmt_dim(r->block, sizeof(r->block), d->has_block, d->block);
+                r->registers = d->regs;
+                r->shared_memory = d->smem;
+            }
+            r->min_ns = r->max_ns = dur;
         }
         /* duration-weighted means; a kernel without the figure counts as 0 (spec §6) */
         bps = isnan(d->bps) ? 0.0 : d->bps * (double) dur;
         occ = isnan(d->occ) ? 0.0 : d->occ * (double) dur;
-        if (g->row >= 0) {
-            r = &rows[g->row];
-            r->calls++;
-            r->total_ns += dur;
-            r->min_ns = dur < r->min_ns ? dur : r->min_ns;
-            r->max_ns = dur > r->max_ns ? dur : r->max_ns;
-            r->wsum_blocks_per_sm += bps;
-            r->wsum_occupancy += occ;
-            continue;
-        }
-        if (nr == cap) {
-            size_t nc = cap ? 2 * cap : 64;
-            struct kp_an_kernel_row *grown = realloc(rows, nc * sizeof(*rows));
-
-            if (!grown) {
-                goto nomem;
-            }
-            rows = grown;
-            cap = nc;
-        }
-        g->row = (int32_t) nr;
-        kg.n_g++;
-        r = &rows[nr++];
-        memset(r, 0, sizeof(*r));
-        r->name = name;
-        r->op_name = op_name;
-        if (by_op) {
-            r->op_tc_eligible = a->nodes[a->rts[d->rt].owner].eligible;
-            fmt_dim(r->grid, sizeof(r->grid), d->has_grid, d->grid);
-            fmt_dim(r->block, sizeof(r->block), d->has_block, d->block);
-            r->registers = d->regs;
-            r->shared_memory = d->smem;
-        }
-        r->calls = 1;
-        r->total_ns = r->min_ns = r->max_ns = dur;
-        r->wsum_blocks_per_sm = bps;
-        r->wsum_occupancy = occ;
+        r->calls++;
+        r->total_ns += dur;
+        r->min_ns = dur < r->min_ns ? dur : r->min_ns;
+        r->max_ns = dur > r->max_ns ? dur : r->max_ns;
+        r->wsum_blocks_per_sm += bps;
+        r->wsum_occupancy += occ;
     }
     kern_groups_fini(&kg);
     for (size_t i = 0; i < nr; i++) {
@@ -422,14 +427,7 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
     if (nr > 0) {
         qsort(rows, nr, sizeof(*rows), cmp_kernel_rows_total);
     }
-    else if (!(rows = calloc(1, sizeof(*rows)))) { /* an empty table is still an array */
-        return -ENOMEM;
-    }
-    free(t->rows);
-    t->rows = rows;
-    t->n = nr;
-    *out = t;
-    return 0;
+    return table_take(t, rows, nr, sizeof(*rows), out);
 nomem:
     kern_groups_fini(&kg);
     free(rows);
