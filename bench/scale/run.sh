@@ -5,7 +5,7 @@
 #   (a) one big rank: kprof-loadgen makes a 1-rank run of --steps steps x --kernels-per-step
 #       kernels (kp_synth's mix: per kernel its launch API call and its op, plus copies,
 #       memsets, collectives, syncs and steps; 500 x 400 is about 1 M events). Then, per view
-#       (breakdown, ops, kernels, prof, roofline), a fresh kprof-analyzer (--cache-bytes 0,
+#       (breakdown, ops, kernels, prof, roofline, memory), a fresh kprof-analyzer (--cache-bytes 0,
 #       --max-rows 0: cold, every call computes) answers `kprofctl VIEW --run R --rank 0`;
 #       timed end to end, with the analyzer's peak RSS (VmHWM) after that one view.
 #       Baselines, in the same run on the same rows: "read the rank's rows once", i.e. psql
@@ -217,7 +217,7 @@ scan_all() {
         echo "SELECT count(*), sum(dur_ns) FROM $t WHERE $rr;"
     done | psql "$pg" -qtAX -v ON_ERROR_STOP=1 -f - >/dev/null
 }
-views=(breakdown ops kernels prof roofline)
+views=(breakdown ops kernels prof roofline memory)
 for i in $(seq 1 "$reps"); do
     timed copy_text copy_all text
     timed copy_binary copy_all binary
@@ -347,9 +347,9 @@ if "copy_text@rows" in med:
     print(f"  the same, kernels as rows: COPY text {med['copy_text@rows']:.3f} s, scan "
           f"{med['scan@rows']:.3f} s", file=err)
 views = {}
-labels = [k for k in times if k.split("@")[0] in ("breakdown", "ops", "kernels", "prof", "roofline")]
-for v in sorted(labels, key=lambda k: (("breakdown", "ops", "kernels", "prof", "roofline").index(
-        k.split("@")[0]), "@" in k, k)):
+view_names = ("breakdown", "ops", "kernels", "prof", "roofline", "memory")
+labels = [k for k in times if k.split("@")[0] in view_names]
+for v in sorted(labels, key=lambda k: (view_names.index(k.split("@")[0]), "@" in k, k)):
     # a view on the rows layout against reading the rows once, the others against the chunks
     b = med["copy_text@rows"] if v.endswith("@rows") else base
     views[v] = {"s": times[v], "ratio": round(med[v] / b, 2), "max_rss_kb": hwm.get(v)}
