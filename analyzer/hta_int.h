@@ -29,8 +29,9 @@ struct hta_ev {
 
 struct kp_hta {
     struct kp_hta_opts opts;
-    struct kp_an_dict names; /* kernels' and calls' names */
-    char **extra;            /* memcpy/memset names made here */
+    struct kp_an_dict names;  /* the calls' names */
+    struct kp_an_dict knames; /* the GPU rows' names */
+    char **extra;             /* memcpy/memset names made here */
     size_t n_extra;
     struct hta_rt *rts; /* kept calls */
     size_t n_rts;
