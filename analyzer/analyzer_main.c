@@ -48,6 +48,12 @@ static const struct kp_config_def analyzer_config[] = {
       false },
     { "max-rows", KP_CONFIG_INT, "50000000", 0, 1LL << 40, OFF(max_rows),
       "refuse a rank with more rows than this (RESOURCE_EXHAUSTED); 0: no limit", NULL, false },
+    { "memory-budget", KP_CONFIG_SIZE, "2GiB", 0, 1LL << 50, OFF(memory_budget),
+      "memory the analyses in progress may hold together, estimated per request from the events "
+      "it reads before it starts: one that needs more is refused (RESOURCE_EXHAUSTED), one that "
+      "does not fit beside the others waits for them (up to a minute); keep it under the "
+      "process's memory limit, less --cache-bytes; 0: no budget",
+      NULL, false },
     { "shutdown-grace", KP_CONFIG_DURATION, "10s", 0, 600000, OFF(shutdown_grace_ms),
       "on SIGTERM, how long analyses in progress get to finish", NULL, false },
 };

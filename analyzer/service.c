@@ -71,6 +71,7 @@ struct stats {
     uint64_t rejected;
     uint64_t cache_hits, cache_misses, cache_evictions;
     uint64_t pg_ok; /* 1 while the last connection attempt or query worked */
+    uint64_t memory_refused, memory_waits;
 };
 
 /* A view's method's ud: the service and the view's index in kp_views. */
@@ -98,6 +99,11 @@ struct kp_analyzer {
     pthread_mutex_t cache_mu; /* the cache list and its byte count */
     struct cache_entry *lru_head, *lru_tail;
     size_t cache_used, cache_entries;
+
+    pthread_mutex_t mem_mu; /* mem_held, mem_stopping */
+    pthread_cond_t mem_cv;  /* signalled when memory is released, or on stop */
+    size_t mem_held;        /* the estimates of the analyses in progress (--memory-budget) */
+    bool mem_stopping;
 
     struct stats st; /* __atomic */
 };
@@ -304,6 +310,133 @@ static int run_version(PGconn *pg, void *ud, char *err, size_t len)
     return kp_view_run_version(pg, v->run, &v->state, &v->batches, err, len);
 }
 
+/* ---- the memory budget (--memory-budget) ------------------------------------------------ */
+
+/* How long a request waits for the analyses in progress to leave it room. */
+#define MEM_WAIT_MS 60000
+
+/* The events (ranks.records) of run's rank, or of its largest rank for rank < 0; 0, or KP_EPG
+ * with a message in err. */
+static int rank_events(PGconn *pg, uint64_t run, int32_t rank, int64_t *n, char *err, size_t len)
+{
+    char runs[24], ranks[16];
+    const char *params[2] = { runs, ranks };
+    PGresult *r = NULL;
+    int rc;
+
+    snprintf(runs, sizeof(runs), "%" PRIu64, run);
+    snprintf(ranks, sizeof(ranks), "%d", (int) rank);
+    rc = kp_pg_query(pg,
+                     "SELECT coalesce(max(records), 0) FROM ranks WHERE run_id = $1 AND "
+                     "($2::int < 0 OR rank = $2::int)",
+                     2, params, &r, err, len);
+    *n = rc == 0 ? kp_pg_i64(r, 0, 0, 0) : 0;
+    PQclear(r);
+    return rc;
+}
+
+/*
+ * Holds the memory request k of view v is estimated to need (*need, 0 when the view or the
+ * service has no budget) against the budget, before it computes: the events it reads times
+ * the view's bytes an event. A request that alone needs more than the budget is refused; one
+ * that does not fit beside the analyses in progress waits for them, up to MEM_WAIT_MS.
+ * Returns 0, or -1 with the status in *code and its details in err (logged here).
+ */
+static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *v,
+                       const struct kp_view_key *k, size_t *need, grpc_status_code *code, char *err,
+                       size_t len)
+{
+    size_t budget = (size_t) a->cfg.memory_budget, bytes;
+    int64_t n = 0, other = 0;
+    long long until = kp_mono_ms() + MEM_WAIT_MS;
+    bool waited = false, got = false;
+
+    *need = 0;
+    if (budget == 0 || v->bytes_per_event == 0) {
+        return 0;
+    }
+    if (rank_events(pg, k->run, v->whole_run ? -1 : k->rank, &n, err, len) == 0 &&
+        v->other_rank != NULL) {
+        uint64_t orun;
+        int32_t orank;
+
+        v->other_rank(k, &orun, &orank);
+        (void) rank_events(pg, orun, orank, &other, err, len);
+    }
+    if (err[0] != '\0') {
+        char pgerr[512];
+
+        kp_log_warn("memory estimate failed method=%s run=%" PRIu64 " err=\"%s\"", v->name, k->run,
+                    err);
+        snprintf(pgerr, sizeof(pgerr), "%s", err);
+        snprintf(err, len, "PostgreSQL failed (%s); retry later", pgerr);
+        *code = GRPC_STATUS_UNAVAILABLE;
+        return -1;
+    }
+    bytes = (size_t) (n + other) * v->bytes_per_event;
+    if (bytes > budget) {
+        char rank[24] = "";
+
+        INC(a->st.memory_refused);
+        if (!v->whole_run) {
+            snprintf(rank, sizeof(rank), " rank %d", (int) k->rank);
+        }
+        snprintf(err, len,
+                 "%s of run %" PRIu64 "%s reads %" PRId64 " events: about %zu MiB, over the "
+                 "analyzer's --memory-budget of %zu MiB; raise --memory-budget (and the "
+                 "analyzer's memory limit) to analyse it",
+                 v->name, k->run, rank, n + other, bytes >> 20, budget >> 20);
+        kp_log_warn("analysis refused method=%s run=%" PRIu64 " rank=%d err=\"%s\"", v->name,
+                    k->run, (int) k->rank, err);
+        *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        return -1;
+    }
+    pthread_mutex_lock(&a->mem_mu);
+    while (!a->mem_stopping && a->mem_held + bytes > budget && kp_mono_ms() < until) {
+        struct timespec ts;
+
+        waited = true;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1; /* re-checks the deadline and the stop */
+        pthread_cond_timedwait(&a->mem_cv, &a->mem_mu, &ts);
+    }
+    if (!a->mem_stopping && a->mem_held + bytes <= budget) {
+        a->mem_held += bytes;
+        *need = bytes;
+        got = true;
+    }
+    else {
+        snprintf(err, len,
+                 a->mem_stopping ? "kprof-analyzer is shutting down; retry"
+                                 : "kprof-analyzer is busy: the analyses in progress hold %zu MiB "
+                                   "of its --memory-budget of %zu MiB, and this one needs %zu "
+                                   "MiB; retry later",
+                 a->mem_held >> 20, budget >> 20, bytes >> 20);
+    }
+    pthread_mutex_unlock(&a->mem_mu);
+    if (waited) {
+        INC(a->st.memory_waits);
+    }
+    if (!got) {
+        kp_log_warn("analysis postponed method=%s run=%" PRIu64 " err=\"%s\"", v->name, k->run,
+                    err);
+        *code = GRPC_STATUS_UNAVAILABLE;
+        return -1;
+    }
+    return 0;
+}
+
+static void mem_release(struct kp_analyzer *a, size_t need)
+{
+    if (need == 0) {
+        return;
+    }
+    pthread_mutex_lock(&a->mem_mu);
+    a->mem_held -= need;
+    pthread_cond_broadcast(&a->mem_cv);
+    pthread_mutex_unlock(&a->mem_mu);
+}
+
 static void run_job(struct worker *w, struct job *j)
 {
     struct kp_analyzer *a = w->a;
@@ -318,6 +451,8 @@ static void run_job(struct worker *w, struct job *j)
     int64_t batches = 0;
     struct run_version ver = { 0 };
     int state = 0, rc;
+    size_t need = 0; /* held in --memory-budget */
+    grpc_status_code code;
     PGconn *pg;
 
     memset(&k, 0, sizeof(k));
@@ -370,9 +505,13 @@ static void run_job(struct worker *w, struct job *j)
         return;
     }
     INC(a->st.cache_misses);
+    err[0] = '\0';
+    if (mem_reserve(a, pg, v, &k.k, &need, &code, err, sizeof(err)) != 0) {
+        finish_error(a, j, code, err);
+        return;
+    }
     {
         long long t0 = kp_mono_ns();
-        grpc_status_code code;
 
         rc = kp_view_compute(v, pg, j->req, &k.k, (size_t) a->cfg.max_rows, &an, &out, &code, err,
                              sizeof(err));
@@ -381,6 +520,7 @@ static void run_job(struct worker *w, struct job *j)
         if (rc != 0) {
             finish_error(a, j, code, err);
             kp_an_destroy(an);
+            mem_release(a, need);
             return;
         }
     }
@@ -390,6 +530,7 @@ static void run_job(struct worker *w, struct job *j)
     j->sink->reply(j->ud, out.msg);
     out.free_fn(out.state);
     kp_an_destroy(an); /* last: a reply may point into the loaded rank */
+    mem_release(a, need);
 }
 
 /* ---- the queue's callbacks (kp_workq) ---------------------------------------------------- */
@@ -593,12 +734,15 @@ static bool readyz(void *ud, char *why, size_t len)
 static int metrics(void *ud, struct kp_strbuf *out)
 {
     struct kp_analyzer *a = ud;
-    size_t used, entries, queued;
+    size_t used, entries, queued, held;
 
     pthread_mutex_lock(&a->cache_mu);
     used = a->cache_used;
     entries = a->cache_entries;
     pthread_mutex_unlock(&a->cache_mu);
+    pthread_mutex_lock(&a->mem_mu);
+    held = a->mem_held;
+    pthread_mutex_unlock(&a->mem_mu);
     queued = a->q != NULL ? kp_workq_queued(a->q) : 0;
 #define METRIC(type, name, help, v)                                                          \
     kp_strbuf_appendf(out,                                                                   \
@@ -623,6 +767,14 @@ static int metrics(void *ud, struct kp_strbuf *out)
     METRIC("gauge", "cache_bytes", "Bytes held by the cache.", used);
     METRIC("gauge", "cache_entries", "Results held by the cache.", entries);
     METRIC("gauge", "queued_requests", "Requests waiting for a worker.", queued);
+    METRIC("gauge", "memory_reserved_bytes",
+           "Memory the analyses in progress are estimated to hold (--memory-budget).", held);
+    METRIC("counter", "memory_refused_total",
+           "Requests refused: their estimate alone is over --memory-budget.",
+           GET(a->st.memory_refused));
+    METRIC("counter", "memory_waits_total",
+           "Requests that waited for others to leave room in --memory-budget.",
+           GET(a->st.memory_waits));
     METRIC("counter", "grpc_listener_restarts_total",
            "gRPC listeners restarted after they stopped accepting (out of file descriptors).",
            a->server != NULL ? kp_rpc_server_restarts(a->server) : 0);
@@ -669,6 +821,8 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
     a->cfg = *cfg;
     pthread_mutex_init(&a->mu, NULL);
     pthread_mutex_init(&a->cache_mu, NULL);
+    pthread_mutex_init(&a->mem_mu, NULL);
+    pthread_cond_init(&a->mem_cv, NULL);
     if ((rc = kp_daemon_security(&cfg->base, &a->auth, errbuf, errlen)) != 0) {
         goto fail;
     }
@@ -772,6 +926,10 @@ void kp_analyzer_destroy(struct kp_analyzer *a)
     if (a == NULL) {
         return;
     }
+    pthread_mutex_lock(&a->mem_mu); /* requests waiting for memory give up */
+    a->mem_stopping = true;
+    pthread_cond_broadcast(&a->mem_cv);
+    pthread_mutex_unlock(&a->mem_mu);
     kp_http_destroy(a->http);
     kp_web_destroy(a->web); /* first: its requests wait on the workers, which still run */
     /* Live calls get the grace period; the workers keep answering meanwhile. */
@@ -785,6 +943,8 @@ void kp_analyzer_destroy(struct kp_analyzer *a)
         cache_drop(a, a->lru_head);
     }
     pthread_mutex_destroy(&a->cache_mu);
+    pthread_mutex_destroy(&a->mem_mu);
+    pthread_cond_destroy(&a->mem_cv);
     pthread_mutex_destroy(&a->mu);
     kp_auth_destroy(a->auth);
     free(a);

@@ -45,6 +45,9 @@ struct kp_analyzer_config {
     long long queue_max;          /* requests waiting for a worker */
     long long cache_bytes;        /* packed replies kept; 0 disables the cache */
     long long max_rows; /* a rank with more rows is refused (RESOURCE_EXHAUSTED); 0: none */
+    /* bytes the analyses in progress may hold together, each estimated before it starts from
+     * the events it reads (view.h bytes_per_event); 0: no budget */
+    long long memory_budget;
     long long shutdown_grace_ms;
     char *web_listen; /* the JSON HTTP API (web.h, docs/web-api.md); "" or NULL: off */
     char *web_root;   /* the UI's files (web_static.h); "" or NULL: the installed ones

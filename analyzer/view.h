@@ -79,6 +79,14 @@ struct kp_view {
     /* Never answered from nor kept in the cache, though it only reads (Diff: the cache checks
      * one run's version, and a diff reads two runs). */
     bool uncached;
+    /* The compute's peak memory per event of the rank it reads (ranks.records counts them), as
+     * measured at 1 M events with a quarter more, for the service's --memory-budget; 0: what
+     * it reads does not grow with the rank (Compare reads summaries). A whole-run view with a
+     * figure reads one rank at a time: its largest rank counts. */
+    unsigned bytes_per_event;
+    /* NULL, or the second rank the request reads, which counts too (Diff's other side; rank
+     * KP_VIEW_ONLY_RANK: the run's only one). */
+    void (*other_rank)(const struct kp_view_key *k, uint64_t *run, int32_t *rank);
 };
 
 extern const struct kp_view kp_view_breakdown, kp_view_ops, kp_view_kernels, kp_view_prof,

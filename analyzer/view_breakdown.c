@@ -201,4 +201,5 @@ const struct kp_view kp_view_breakdown = {
     .load_rank = true,
     .key = breakdown_key,
     .compute = breakdown_compute,
+    .bytes_per_event = 168,
 };

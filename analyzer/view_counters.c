@@ -127,4 +127,5 @@ const struct kp_view kp_view_counters = {
     .reply = &kprof__v1__counters_response__descriptor,
     .key = counters_key,
     .compute = counters_compute,
+    .bytes_per_event = 40,
 };

@@ -315,6 +315,16 @@ static int diff_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
     return 0;
 }
 
+/* The other side of the diff, which the service's memory budget counts too. */
+static void diff_other_rank(const struct kp_view_key *k, uint64_t *run, int32_t *rank)
+{
+    struct diff_opts o;
+
+    memcpy(&o, k->opts, sizeof(o));
+    *run = o.other_run;
+    *rank = o.other_rank;
+}
+
 const struct kp_view kp_view_diff = {
     .name = "Diff",
     .request = &kprof__v1__diff_request__descriptor,
@@ -323,4 +333,6 @@ const struct kp_view kp_view_diff = {
     .key = diff_key,
     .compute = diff_compute,
     .uncached = true,
+    .bytes_per_event = 150,
+    .other_rank = diff_other_rank,
 };

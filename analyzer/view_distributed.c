@@ -121,4 +121,5 @@ const struct kp_view kp_view_distributed = {
     .whole_run = true,
     .key = dist_key,
     .compute = dist_compute,
+    .bytes_per_event = 168,
 };

@@ -375,4 +375,5 @@ const struct kp_view kp_view_hta = {
     .reply = &kprof__v1__hta_response__descriptor,
     .key = hta_key,
     .compute = hta_compute,
+    .bytes_per_event = 100,
 };

@@ -109,4 +109,5 @@ const struct kp_view kp_view_kernels = {
     .load_rank = true,
     .key = kp_view_group_by_key,
     .compute = kernels_compute,
+    .bytes_per_event = 150,
 };

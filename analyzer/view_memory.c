@@ -102,4 +102,5 @@ const struct kp_view kp_view_memory = {
     .load_rank = true,
     .key = memory_key,
     .compute = memory_compute,
+    .bytes_per_event = 165,
 };

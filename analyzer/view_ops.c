@@ -86,4 +86,5 @@ const struct kp_view kp_view_ops = {
     .load_rank = true,
     .key = kp_view_group_by_key,
     .compute = ops_compute,
+    .bytes_per_event = 150,
 };

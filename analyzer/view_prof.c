@@ -118,4 +118,5 @@ const struct kp_view kp_view_prof = {
     .load_rank = false,
     .key = prof_key,
     .compute = prof_compute,
+    .bytes_per_event = 180,
 };

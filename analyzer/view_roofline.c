@@ -144,4 +144,5 @@ const struct kp_view kp_view_roofline = {
     .load_rank = false,
     .key = kp_view_group_by_key,
     .compute = roofline_compute,
+    .bytes_per_event = 170,
 };

@@ -18,7 +18,9 @@ them. Checks:
     receives another batch between two calls is recomputed (new figures, a miss), and so is
     one whose state changes (EndRun), after which it is reused;
   - limits: --max-rows refuses a bigger rank (exit 1); a small --cache-bytes evicts the
-    least recently used results and stays under its limit;
+    least recently used results and stays under its limit; --memory-budget refuses a rank
+    whose estimate is over it (exit 1, naming the flag), and requests that fit only one at a
+    time all answer and release what they held;
   - PostgreSQL down: /readyz answers 503 and requests UNAVAILABLE (exit 5);
   - malformed requests over grpcio (undecodable bytes, run_id 0, an unknown group_by) get
     INVALID_ARGUMENT and the daemon keeps serving;
@@ -550,6 +552,53 @@ def check_limits(ci, run_small, run_big):
           "results and stays under its limit")
 
 
+def check_memory_budget(ci, run_small, run_big):
+    """--memory-budget: a request whose estimate (the rank's events, ranks.records, times the
+    view's bytes an event) alone is over the budget is refused (exit 1) with a message naming
+    the flag, and counted; a view that reads summaries (Compare) still answers; requests that
+    fit one at a time but not together all answer (they wait for each other), and what they
+    held is released afterwards."""
+    big = int(kpfix.psql("SELECT records FROM ranks WHERE run_id = %d AND rank = 0" % run_big,
+                         DB))
+    small = int(kpfix.psql("SELECT records FROM ranks WHERE run_id = %d AND rank = 0"
+                           % run_small, DB))
+    assert big > 0 and small > 0, (big, small)
+    an = Analyzer("it_analyzer_service_membudget", ci,
+                  ["--memory-budget", str(big * 100), "--cache-bytes", "0"])
+    try:
+        rc, _, err = ctl_status(an.grpc, "breakdown", "--run", str(run_big))
+        assert rc == 1 and "--memory-budget" in err and "%d events" % big in err, (rc, err)
+        ctl(an, "compare", "--run", str(run_big))
+        m = an.metrics()
+        assert m["kprof_analyzer_memory_refused_total"] == 1, m
+        assert an.stop() == 0
+    finally:
+        an.stop()
+    # room for one breakdown of the small run at a time, not two (its bytes an event: 168)
+    an = Analyzer("it_analyzer_service_membudget2", ci,
+                  ["--memory-budget", str(small * 250), "--cache-bytes", "0", "--workers", "2"])
+    try:
+        procs = [subprocess.Popen([KPROFCTL, "breakdown", "--analyzer", an.grpc, "--json",
+                                   "--run", str(run_small)] + (["--plugin-compat"] if i % 2 else []),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for i in range(6)]
+        for p in procs:
+            out, err = p.communicate(timeout=300 * kpfix.SCALE)
+            assert p.returncode == 0, (p.returncode, err)
+            assert json.loads(out)["steps"], out[:200]
+        m = an.metrics()
+        assert m["kprof_analyzer_memory_reserved_bytes"] == 0, m
+        assert m["kprof_analyzer_memory_refused_total"] == 0, m
+        assert an.stop() == 0
+        for bad in SANITIZER:
+            assert bad not in an.log_text(), an.log_text()
+    finally:
+        an.stop()
+    print("memory budget: a rank over it is refused (exit 1, names --memory-budget), Compare "
+          "still answers; 6 concurrent breakdowns that fit one at a time all answer (%d waited) "
+          "and release what they held" % m["kprof_analyzer_memory_waits_total"])
+
+
 def check_pg_down(tmp):
     """PostgreSQL unreachable: /readyz says so (503), requests get UNAVAILABLE (exit 5), and
     the daemon still stops cleanly."""
@@ -596,6 +645,7 @@ def main():
         check_cache(an, cd, runs[1][1])
         check_malformed(an, runs[0][1])
         check_limits(ci, runs[0][1], runs[1][1])
+        check_memory_budget(ci, runs[0][1], runs[1][1])
         check_pg_down(tmp)
         rc = an.stop()
         log = an.log_text()
