@@ -121,9 +121,11 @@ static pthread_mutex_t g_async_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_async_cv = PTHREAD_COND_INITIALIZER;      /* work queued */
 static pthread_cond_t g_async_idle_cv = PTHREAD_COND_INITIALIZER; /* queue drained */
 static struct fc_done *g_async_head, *g_async_tail;
-static int g_async_busy;    /* the worker is delivering one */
-static int g_async_started; /* the worker thread exists */
-static int g_async_quit;    /* at unload: the worker exits, later deliveries are synchronous */
+static int g_async_busy;      /* the worker is delivering one */
+static int g_async_started;   /* the worker thread exists */
+static pthread_t g_async_thr; /* joinable: at unload it is joined, not only told to quit */
+static int g_async_joinable;  /* g_async_thr is a thread of this process not yet joined */
+static int g_async_quit;      /* at unload: the worker exits, later deliveries are synchronous */
 
 /* ---- small helpers ---- */
 
@@ -365,15 +367,12 @@ static void fc_deliver(struct fc_done *d)
         return;
     }
     if (!g_async_started) {
-        pthread_t th;
-        pthread_attr_t a;
-
-        pthread_attr_init(&a);
-        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&th, &a, fc_async_main, NULL) == 0) {
+        /* Not started means never started (or forked away): the worker only quits at unload,
+         * and g_async_quit turns deliveries synchronous above. */
+        if (pthread_create(&g_async_thr, NULL, fc_async_main, NULL) == 0) {
             g_async_started = 1;
+            g_async_joinable = 1;
         }
-        pthread_attr_destroy(&a);
         if (!g_async_started) {
             pthread_mutex_unlock(&g_async_mu);
             free(q);
@@ -1366,6 +1365,7 @@ static void fc_atfork_child(void)
     g_async_head = g_async_tail = NULL; /* leaked in the child: their memory is the parent's */
     g_async_busy = 0;
     g_async_started = 0;
+    g_async_joinable = 0; /* the parent's worker is not a thread of the child */
 }
 
 __attribute__((constructor)) static void fc_init(void)
@@ -1385,7 +1385,10 @@ __attribute__((constructor)) static void fc_init(void)
 }
 
 /* At exit or unload: the async worker delivers what it holds and exits (bounded wait), so no
- * thread of ours outlives the library; later completions run synchronously. */
+ * thread of ours outlives the library; later completions run synchronously. It is joined, not
+ * only waited for: a thread that has returned is still tearing down its TLS until the join, and
+ * LeakSanitizer's exit-time scan of such a thread's dynamic TLS crashes its tracer (seen under
+ * load in CI, about 1 run in 100). */
 __attribute__((destructor)) static void fc_fini(void)
 {
     struct timespec dl;
@@ -1399,6 +1402,11 @@ __attribute__((destructor)) static void fc_fini(void)
         if (pthread_cond_timedwait(&g_async_idle_cv, &g_async_mu, &dl) == ETIMEDOUT) {
             break;
         }
+    }
+    if (g_async_joinable && !g_async_started) {
+        /* It has left its loop: the join returns as soon as the thread is gone. */
+        pthread_join(g_async_thr, NULL);
+        g_async_joinable = 0;
     }
     pthread_mutex_unlock(&g_async_mu);
 }
