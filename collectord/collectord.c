@@ -151,6 +151,11 @@ static int metrics(void *ud, struct kp_strbuf *out)
             sum.kernels_compacted);
     COUNTER("kernel_compaction_milliseconds_total", "Time spent compacting kernel rows.",
             (uint64_t) (sum.compact_seconds * 1000.0));
+    COUNTER("runs_settled_total",
+            "Ended runs whose partitions were indexed by rank and analysed (kp_settle_run).",
+            sum.settled);
+    COUNTER("run_settle_milliseconds_total", "Time spent settling ended runs' partitions.",
+            (uint64_t) (sum.settle_seconds * 1000.0));
     COUNTER("grpc_listener_restarts_total",
             "gRPC listeners restarted after they stopped accepting (out of file descriptors).",
             d->server != NULL ? kp_rpc_server_restarts(d->server) : 0);

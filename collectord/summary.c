@@ -372,6 +372,37 @@ fail:
                 id, err);
 }
 
+/* The run's partitions indexed by rank and analysed (migration 0017). */
+static const char settle_sql[] = "SELECT kp_settle_run($1)";
+
+/* Settles run id's partitions (summary.h); logs how it went. */
+static void settle(PGconn *c, const char *id)
+{
+    char err[512] = "";
+    const char *p1[1] = { id };
+    PGresult *r = NULL;
+    double t0 = kp_mono_s(), dt;
+    long long indexed;
+
+    if (atomic_load(&stopping)) {
+        return; /* seconds at a thousand ranks: the next start's sweep settles it */
+    }
+    if (kp_pg_query(c, settle_sql, 1, p1, &r, err, sizeof(err)) != 0) {
+        kp_log_warn("settling the run's partitions failed run=%s err=\"%s\" (a read of one "
+                    "rank scans the whole run until its next EndRun or collectord's start)",
+                    id, err);
+        return;
+    }
+    indexed = kp_pg_i64(r, 0, 0, 0);
+    PQclear(r);
+    dt = kp_mono_s() - t0;
+    pthread_mutex_lock(&stats_mu);
+    stats.settled++;
+    stats.settle_seconds += dt;
+    pthread_mutex_unlock(&stats_mu);
+    kp_log_info("run partitions settled run=%s indexed=%lld seconds=%.3f", id, indexed, dt);
+}
+
 int kp_summary_make(PGconn *c, uint64_t run_id, double *secs, char *errbuf, size_t errlen)
 {
     char id[24], version[16];
@@ -426,8 +457,10 @@ int kp_summary_make(PGconn *c, uint64_t run_id, double *secs, char *errbuf, size
         stats.seconds += *secs;
         pthread_mutex_unlock(&stats_mu);
     }
-    /* Then the kernels move (EndRun again: the rows of late batches). */
+    /* Then the kernels move (EndRun again: the rows of late batches), and the partitions,
+     * whole now, are settled. */
     compact_steps(c, id, version);
+    settle(c, id);
     return 0;
 rollback:
     PQclear(r);
@@ -458,11 +491,15 @@ static void make_logged(PGconn *c, uint64_t run_id)
 
 /* The ended runs a summariser left undone: kernel rows not moved into chunks (a collectord
  * stopped with its queue full, a failed move, a database migrated to 0015 while a batch was
- * late) or no summary in this format (one that failed, a summary format changed by an
- * upgrade, a run summarised before the dashboards' sums of migration 0016). */
+ * late), no summary in this format (one that failed, a summary format changed by an
+ * upgrade, a run summarised before the dashboards' sums of migration 0016) or partitions not
+ * settled (its ops partition not indexed by rank: a settle that failed, migration 0017). */
+#define UNSETTLED_SQL                                                                             \
+    "(to_regclass('ops_r' || r.id) IS NOT NULL AND to_regclass('ops_r' || r.id || '_rank_brin') " \
+    "IS NULL)"
 static const char undone_sql[] =
     "SELECT r.id FROM runs r WHERE r.state <> 1 AND (EXISTS (SELECT 1 FROM kernel_rows k WHERE "
-    "k.run_id = r.id) OR NOT " CURRENT_SQL("$1") ") ORDER BY r.id";
+    "k.run_id = r.id) OR NOT " CURRENT_SQL("$1") " OR " UNSETTLED_SQL ") ORDER BY r.id";
 
 /* The start's sweep, on the summariser's worker: every undone run, oldest first, until the
  * summariser stops (the rest waits for the next start). */

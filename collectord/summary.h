@@ -25,6 +25,8 @@ struct kp_summary_stats {
     double seconds;  /* time spent making the committed ones */
     uint64_t kernels_compacted; /* kernel rows moved into chunks (kp_compact_kernels) */
     double compact_seconds;     /* time spent moving them */
+    uint64_t settled;           /* runs whose partitions kp_settle_run settled */
+    double settle_seconds;      /* time spent settling them */
 };
 
 /*
@@ -40,7 +42,11 @@ struct kp_summary_stats {
  * kernels, ops, API calls, copies and memsets and one sort of its kernel rows. c is borrowed
  * and idle (no transaction open). Returns 0 with the summary's time in *secs, or KP_ENOTFOUND,
  * KP_EPG, -ENOMEM with the reason in errbuf (the summary's transaction rolled back, nothing
- * moved). Counts in the stats.
+ * moved). Last, whatever happened to the move, the run's partitions are settled (kp_settle_run,
+ * migration 0017: indexed by rank where they are not, and their planner statistics gathered,
+ * so that a read of one rank prunes the others; about one read of the run's events, its own
+ * transaction); a failure there is logged and leaves reads correct, only slower. Counts in the
+ * stats.
  */
 int kp_summary_make(PGconn *c, uint64_t run_id, double *secs, char *errbuf, size_t errlen);
 

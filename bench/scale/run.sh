@@ -2,7 +2,8 @@
 # bench/scale: where kprof stands at LLM scale, measured before anything is changed
 # (FINDINGS.md next to this script holds the figures and where the time goes).
 #
-#   (a) one big rank: kprof-loadgen makes a 1-rank run of --steps steps x --kernels-per-step
+#   (a) one big rank: kprof-loadgen makes a 1-rank run (--rank-of N: an N-rank run, every
+#       rank as big, the views asked for rank 0) of --steps steps x --kernels-per-step
 #       kernels (kp_synth's mix: per kernel its launch API call and its op, plus copies,
 #       memsets, collectives, syncs and steps; 500 x 400 is about 1 M events). Then, per view
 #       (breakdown, ops, kernels, prof, roofline, memory), a fresh kprof-analyzer (--cache-bytes 0,
@@ -35,6 +36,7 @@
 # usage: bench/scale/run.sh [--quick] [--build DIR] [--steps S] [--kernels-per-step K]
 #                           [--compare-ranks LIST] [--compare-kernels K] [--reps R]
 #                           [--ingest] [--keep] [--variant LABEL=PATH]... [--no-compare]
+#                           [--rank-of N] [--scan-too]
 #   --quick   a smoke run (20 steps x 50 kernels; compare at 8 ranks x 3 steps x 50 kernels)
 #   --reps R  timed repetitions of each baseline and view (medians; default 1: each view
 #             restarts the analyzer, cold)
@@ -48,6 +50,12 @@
 #             (kp_expand_kernels, then VACUUM ANALYZE; kp_compact_kernels after), reported as
 #             VIEW@rows and copy_text@rows: the layout before migration 0015 against the
 #             chunks an ended run has now, on the same kernels
+#   --rank-of N  the big rank is rank 0 of an N-rank run (default 1), every rank the same size:
+#             a per-rank read then has N ranks' rows beside its own in each partition
+#   --scan-too  in every rep, also time the baselines and views with the planner's bitmap scans
+#             off (PGOPTIONS, for psql and the analyzer), reported as VIEW@scan and
+#             copy_text@scan: a rank's rows read as before migration 0017 (a scan of the run's
+#             partitions) against its BRIN index by rank, on the same rows
 # Environment: KPROF_BUILD_DIR; KPROF_BENCH_PG with KPROF_COLLECTOR to use a running
 # PostgreSQL and its collectord, else throwaway ones (bench/stack.sh). The default run takes
 # about 1.5 minutes on 2 shared cores (--reps 3: about 3) and about 2 GB of disk.
@@ -57,7 +65,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${KPROF_BUILD_DIR:-}
 steps=500 kernels=400 cranks=64,256,1024 ckernels=200 csteps=10 reps=1 quick=0 ingest=0 keep=0
-variants=() compare=1 rows_too=0
+variants=() compare=1 rows_too=0 rank_of=1 scan_too=0
 
 die() {
     echo "bench/scale: $*" >&2
@@ -78,12 +86,14 @@ while [ $# -gt 0 ]; do
     --variant) variants+=("$2"); shift ;;
     --no-compare) compare=0 ;;
     --rows-too) rows_too=1 ;;
+    --rank-of) rank_of=$2; shift ;;
+    --scan-too) scan_too=1 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
     shift
 done
-for v in steps kernels ckernels reps; do
+for v in steps kernels ckernels reps rank_of; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "--${v} must be a positive integer"
 done
 [[ $cranks =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--compare-ranks must be a list like 64,256"
@@ -159,6 +169,14 @@ gen() {
             sleep 0.2
         done
     fi
+    # and last settles its partitions (migration 0017: indexed by rank, analysed); the VACUUM
+    # below would otherwise wait for it, or run beside it and leave kernel_rows untruncated
+    if [ "$(q "SELECT to_regproc('kp_settle_run') IS NOT NULL")" = t ]; then
+        while [ "$(q "SELECT to_regclass('ops_r${r}_rank_brin') IS NOT NULL")" != t ]; do
+            [ "$(date +%s)" -lt "$until_s" ] || die "run $r was not settled in 30 min"
+            sleep 0.2
+        done
+    fi
     q "VACUUM ANALYZE kernel_rows_r$r, kernel_chunks_r$r, ops_r$r, api_calls_r$r, memcpys_r$r,
         memsets_r$r, steps_r$r" >/dev/null || die "VACUUM ANALYZE failed"
     echo "$r $("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['events'])" "$work/gen.json") $(secs "$t0" "$t1") $sum_s"
@@ -187,8 +205,8 @@ timed() { # label command...: runs it, appends "label seconds" to $work/times
 : >"$work/times"
 : >"$work/hwm"
 # ---- (a) one big rank ----------------------------------------------------------------------
-echo "bench/scale: generating 1 rank x $steps steps x $kernels kernels (not timed)" >&2
-read -r brun bevents bgen _ < <(gen 1 "$steps" "$kernels" bench-scale-rank)
+echo "bench/scale: generating $rank_of rank(s) x $steps steps x $kernels kernels (not timed)" >&2
+read -r brun bevents bgen _ < <(gen "$rank_of" "$steps" "$kernels" bench-scale-rank)
 [ -n "$brun" ] || die "the big rank's run was not generated"
 runs+=("$brun")
 rr="run_id = $brun AND rank = 0"
@@ -234,6 +252,18 @@ for i in $(seq 1 "$reps"); do
         done
     done
     analyzer=$this_analyzer
+    if [ "$scan_too" = 1 ]; then
+        export PGOPTIONS="-c enable_bitmapscan=off"
+        timed copy_text@scan copy_all text
+        for v in "${views[@]}"; do
+            an_restart
+            timed "$v@scan" "$kprofctl" "$v" --analyzer "$an_addr" --timeout 3600s --run "$brun" \
+                --rank 0 --json
+            echo "$v@scan $(an_hwm)" >>"$work/hwm"
+        done
+        unset PGOPTIONS
+        an_restart
+    fi
     if [ "$rows_too" = 1 ]; then
         q "SELECT kp_expand_kernels($brun)" >/dev/null
         q "VACUUM ANALYZE kernel_rows_r$brun, kernel_chunks_r$brun" >/dev/null
@@ -249,7 +279,7 @@ for i in $(seq 1 "$reps"); do
         q "SELECT kp_compact_kernels($brun)" >/dev/null
         q "VACUUM ANALYZE kernel_rows_r$brun, kernel_chunks_r$brun" >/dev/null
     fi
-    echo "bench/scale: rep $i: $(tail -n $((3 + 5 * (1 + ${#variants[@]}) + 7 * rows_too)) "$work/times" | tr '\n' ' ')" >&2
+    echo "bench/scale: rep $i: $(tail -n $((3 + 6 * (1 + ${#variants[@]}) + 7 * rows_too + 7 * scan_too)) "$work/times" | tr '\n' ' ')" >&2
 done
 "$py" - "$work/out.breakdown" "$steps" <<'PYEOF' || die "the breakdown is wrong"
 import json, sys
@@ -319,7 +349,7 @@ if [ "$ingest" = 1 ]; then
 fi
 
 "$py" - "$quick" "$steps" "$kernels" "$bevents" "$bgen" "$nk" "$no" "$na" "$bpr_rank" \
-    "$work/times" "$work/hwm" "$work/cmp" "$ingest_json" "$bpr_rows" <<'PYEOF'
+    "$work/times" "$work/hwm" "$work/cmp" "$ingest_json" "$bpr_rows" "$rank_of" <<'PYEOF'
 import json, statistics, sys
 quick = sys.argv[1] == "1"
 steps, kernels, events = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -338,11 +368,16 @@ med = {k: statistics.median(v) for k, v in times.items()}
 base = med["copy_text"]
 tag = "  [quick: not a measurement]" if quick else ""
 err = sys.stderr
-print(f"bench/scale: one rank, {steps} steps x {kernels} kernels: {events} events "
-      f"({nk} kernels, {no} ops, {na} API calls), generated at {events / gen_s:,.0f} events/s", file=err)
+rank_of = int(sys.argv[15])
+print(f"bench/scale: one rank{f' (rank 0 of {rank_of})' if rank_of > 1 else ''}, {steps} steps x "
+      f"{kernels} kernels: {events // rank_of} events ({nk} kernels, {no} ops, {na} API calls), "
+      f"generated at {events / gen_s:,.0f} events/s", file=err)
 print(f"  read the rank once, COPY text    {med['copy_text']:8.3f} s", file=err)
 print(f"  read the rank once, COPY binary  {med['copy_binary']:8.3f} s", file=err)
 print(f"  count/sum scan of the rank       {med['scan']:8.3f} s", file=err)
+if "copy_text@scan" in med:
+    print(f"  the same, bitmap scans off (a scan of the run's partitions): COPY text "
+          f"{med['copy_text@scan']:.3f} s", file=err)
 if "copy_text@rows" in med:
     print(f"  the same, kernels as rows: COPY text {med['copy_text@rows']:.3f} s, scan "
           f"{med['scan@rows']:.3f} s", file=err)
@@ -350,8 +385,9 @@ views = {}
 view_names = ("breakdown", "ops", "kernels", "prof", "roofline", "memory")
 labels = [k for k in times if k.split("@")[0] in view_names]
 for v in sorted(labels, key=lambda k: (view_names.index(k.split("@")[0]), "@" in k, k)):
-    # a view on the rows layout against reading the rows once, the others against the chunks
-    b = med["copy_text@rows"] if v.endswith("@rows") else base
+    # a view on the rows layout (or with bitmap scans off) against reading the rows once so,
+    # the others (variants too) against the chunks through the index
+    b = med.get("copy_text@" + v.split("@")[1], base) if "@" in v else base
     views[v] = {"s": times[v], "ratio": round(med[v] / b, 2), "max_rss_kb": hwm.get(v)}
     print(f"  {v:18s} cold {med[v]:8.3f} s ({min(times[v]):.3f}..{max(times[v]):.3f})  "
           f"{med[v] / b:6.1f}x COPY  peak RSS {hwm.get(v, 0) / 1024:7.1f} MiB{tag}", file=err)
@@ -394,6 +430,7 @@ if ing:
           file=err)
 print(json.dumps({"bench": "scale", "quick": quick,
                   "rank": {"steps": steps, "kernels_per_step": kernels, "events": events,
+                           "ranks_in_run": rank_of, "copy_text_scan_s": times.get("copy_text@scan"),
                            "kernels": nk, "ops": no, "api_calls": na,
                            "generate_events_per_s": round(events / gen_s),
                            "copy_text_s": times["copy_text"], "copy_binary_s": times["copy_binary"],

@@ -8,8 +8,9 @@ real login users that authenticate with scram-sha-256 passwords:
      kp_run_tables, or re-apply the grants;
   4. a login in kprof_dashboard cannot SELECT the raw tables, but reads the kprof_dash views;
   5. kprof-collectord as the writer ingests (kprofctl import, and a run dropped: its partitions
-     go through the owner's functions) and summarises the ended run for compare, and
-     kprof-analyzer as the reader answers a breakdown and compare;
+     go through the owner's functions) and summarises the ended run for compare (and settles
+     its partitions: kp_settle_run), and kprof-analyzer as the reader answers a breakdown and
+     compare;
   6. with a migration pending, kprof-collectord as the writer refuses to start, saying the
      schema's version, the one it needs and to run --migrate as the owner; --migrate as the
      writer fails the same way; --migrate as the owner applies it, and the writer starts; a
@@ -113,7 +114,8 @@ def test_reader(pf):
     for sql in ("INSERT INTO names (name) VALUES ('x')", "UPDATE runs SET job = 'x'",
                 "DELETE FROM runs", "TRUNCATE kernel_rows", "CREATE TABLE t_reader (i int)",
                 "CREATE TEMP TABLE t_reader (i int)", "SELECT kp_create_run_partitions(9999)",
-                "SELECT kp_drop_run(9999)", "COPY names (name) FROM STDIN"):
+                "SELECT kp_drop_run(9999)", "SELECT kp_settle_run(9999)",
+                "COPY names (name) FROM STDIN"):
         refused("reader", sql, pf)
     print("reader: SELECT only")
 
@@ -166,6 +168,9 @@ def test_daemons(pwfiles, tmp):
         # the reader may not move them back, the writer may
         kpfix.wait_for(lambda: kpfix.psql("SELECT count(*) FROM kernel_rows WHERE run_id = %d"
                                           % run_id, db=DB) == "0", 60, "the kernels moved")
+        # and settled its partitions (migration 0017) through the owner's function
+        kpfix.wait_for(lambda: "run partitions settled run=%d " % run_id in cd.log_text(), 60,
+                       "the run's partitions settled")
         pf = os.path.join(tmp, "pgpass")  # main's, every user's password
         refused("reader", "SELECT kp_expand_kernels(%d)" % run_id, pf)
         assert allowed("writer", "SELECT kp_expand_kernels(%d)" % run_id, pf) == str(n), \
