@@ -184,6 +184,11 @@ int kp_an_check_rank(PGconn *c, const char *const *params, int64_t run, int rank
 struct an_load {
     PGconn *c;
     const char *const *params; /* run, rank as text */
+    /* A window's conditions (kp_an_create_window), "" for the whole rank: $3 on the host rows'
+     * start, $4 on the device events' correlation, $5 on the chunks of kernels (whose kernels
+     * are then taken by correlation as they are unnested). */
+    const char *host_cond, *dev_cond, *chunk_cond;
+    const struct kp_an_window *win;
     int64_t run;
     int rank;
     size_t budget, max_rows; /* rows read so far, the limit (0: none) */
@@ -240,7 +245,9 @@ static int copy_slot(struct an_copy *cp, void **v, size_t sz)
 static int an_copy(struct an_copy *cp, const char *query, kp_pg_row_fn *fn)
 {
     struct an_load *ld = cp->ld;
-    size_t len = strlen(query) + 64, o;
+    size_t len = strlen(query) + 64 +
+                 4 * (strlen(ld->host_cond) + strlen(ld->dev_cond) + strlen(ld->chunk_cond)),
+           o;
     char *sql = malloc(len);
     int rc;
 
@@ -249,8 +256,13 @@ static int an_copy(struct an_copy *cp, const char *query, kp_pg_row_fn *fn)
     }
     o = (size_t) snprintf(sql, len, "COPY (");
     for (const char *q = query; *q; q++) {
-        if (q[0] == '$' && (q[1] == '1' || q[1] == '2')) {
-            o += (size_t) snprintf(sql + o, len - o, "%s", ld->params[q[1] - '1']);
+        if (q[0] == '$' && q[1] >= '1' && q[1] <= '5') {
+            const char *v = q[1] == '3'   ? ld->host_cond
+                            : q[1] == '4' ? ld->dev_cond
+                            : q[1] == '5' ? ld->chunk_cond
+                                          : ld->params[q[1] - '1'];
+
+            o += (size_t) snprintf(sql + o, len - o, "%s", v);
             q++;
         }
         else {
@@ -297,13 +309,18 @@ static int op_row(void *ud, char *row, size_t len)
     return 0;
 }
 
+/* Ops in the order the trees are built from: by thread and start, the longer first; ops of the
+ * same thread, start and duration (a trace of microseconds has them: aten::to and its
+ * aten::_to_copy) in the order they were stored, the trace's, so that which one is the parent
+ * does not depend on the sort's whim, nor on what else the query read (a window). */
 static int an_read_ops(struct kp_an *a, struct an_load *ld)
 {
     struct an_copy cp = { a, ld, 0, 0 };
-    int rc = an_copy(&cp,
-                     "SELECT start_ns, dur_ns, tid, external_id, name, input_shapes, kind, "
-                     "input_dtypes FROM ops" WHERE_RR " ORDER BY tid, start_ns, dur_ns DESC",
-                     op_row);
+    int rc =
+        an_copy(&cp,
+                "SELECT start_ns, dur_ns, tid, external_id, name, input_shapes, kind, "
+                "input_dtypes FROM ops" WHERE_RR "$3 ORDER BY tid, start_ns, dur_ns DESC, ctid",
+                op_row);
 
     if (rc == 0 && !a->ops && !(a->ops = calloc(1, sizeof(*a->ops)))) {
         return load_nomem(ld);
@@ -338,7 +355,7 @@ static int an_read_rts(struct kp_an *a, struct an_load *ld)
     int rc =
         an_copy(&cp,
                 "SELECT start_ns, dur_ns, tid, correlation, external_id FROM api_calls" WHERE_RR
-                " AND domain = 1 ORDER BY start_ns, dur_ns DESC",
+                " AND domain = 1$3 ORDER BY start_ns, dur_ns DESC, ctid",
                 rt_row);
 
     if (rc == 0 && !a->rts && !(a->rts = calloc(1, sizeof(*a->rts)))) {
@@ -420,6 +437,9 @@ static int chunk_row(void *ud, char *row, size_t len)
         if ((rc = kp_pg_arrays_next_i64(c, 15, v, null)) <= 0) {
             return rc;
         }
+        if (cp->ld->win && !kp__an_window_has(cp->ld->win, null[2], v[2])) {
+            continue; /* launched in another window */
+        }
         if ((rc = copy_slot(cp, (void **) &a->devs, sizeof(*a->devs))) < 0) {
             return rc;
         }
@@ -476,8 +496,8 @@ static int cmp_dev(const void *pa, const void *pb)
 #define DEV_COPY_MEM                                                                            \
     " UNION ALL SELECT 1, start_ns, dur_ns, correlation, external_id, NULL, NULL, NULL, NULL, " \
     "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memcpys" WHERE_RR                      \
-    " UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, NULL, NULL, " \
-    "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR
+    "$4 UNION ALL SELECT 2, start_ns, dur_ns, correlation, external_id, NULL, NULL, NULL, "     \
+    "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM memsets" WHERE_RR "$4"
 
 /*
  * The device events: kernels with their launch and occupancy, memcpys, memsets, in start
@@ -510,13 +530,13 @@ static int an_read_devs(struct kp_an *a, struct an_load *ld)
                      "SELECT 0, start_ns, dur_ns, correlation, external_id, name, grid_x, "
                      "grid_y, grid_z, block_x, block_y, block_z, registers, "
                      "static_smem::bigint + coalesce(dynamic_smem, 0), device, NULL, NULL FROM "
-                     "kernel_rows" WHERE_RR DEV_COPY_MEM,
+                     "kernel_rows" WHERE_RR "$4" DEV_COPY_MEM,
                      dev_row);
         rc = rc != 0 ? rc
                      : an_copy(&cp,
                                "SELECT start_ns, dur_ns, correlation, external_id, name, "
                                "grid_x, grid_y, grid_z, block_x, block_y, block_z, registers, "
-                               "static_smem, dynamic_smem, device FROM kernel_chunks" WHERE_RR,
+                               "static_smem, dynamic_smem, device FROM kernel_chunks" WHERE_RR "$5",
                                chunk_row);
         kp_an_snapshot_end(ld->c, began, rc);
         if (rc == 0 && a->n_devs > 1) {
@@ -539,7 +559,7 @@ static int an_read_devs(struct kp_an *a, struct an_load *ld)
                      "grid_y, grid_z, block_x, block_y, block_z, registers, "
                      "static_smem::bigint + coalesce(dynamic_smem, 0), device, o.blocks_per_sm, "
                      "o.est_occupancy FROM kernels" KP_SQL_KERNEL_OCCUPANCY_JOIN("$1", "$2")
-                         WHERE_RR DEV_COPY_MEM " ORDER BY 2, 3 DESC",
+                         WHERE_RR "$4" DEV_COPY_MEM " ORDER BY 2, 3 DESC",
                      dev_row);
         if (rc != KP_EPG) {
             char ignored[128];
@@ -974,13 +994,18 @@ out:
     return rc == -ENOMEM ? load_nomem(ld) : rc;
 }
 
-int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out,
-                 char *errbuf, size_t errlen)
+/* kp_an_create, or window w of the rank (w NULL: the whole rank). */
+static int an_create(PGconn *c, int64_t run, int rank, size_t max_rows,
+                     const struct kp_an_window *w, struct kp_an **out, char *errbuf, size_t errlen)
 {
-    char runs[24], ranks[16];
+    char runs[24], ranks[16], host[96] = "", dev[128] = "", chunk[192] = "";
     const char *params[2] = { runs, ranks };
     struct an_load ld = { .c = c,
                           .params = params,
+                          .host_cond = host,
+                          .dev_cond = dev,
+                          .chunk_cond = chunk,
+                          .win = w,
                           .run = run,
                           .rank = rank,
                           .max_rows = max_rows,
@@ -992,6 +1017,45 @@ int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an
     *out = NULL;
     snprintf(runs, sizeof(runs), "%" PRId64, run);
     snprintf(ranks, sizeof(ranks), "%d", rank);
+    if (w) {
+        /* kp__an_window_has in SQL */
+        size_t o = 0;
+
+        if (!w->first) {
+            o +=
+                (size_t) snprintf(host + o, sizeof(host) - o, " AND start_ns >= %" PRId64, w->t_lo);
+        }
+        /* A kernel ends after it starts, which is after its launch, in the window: a chunk that
+         * ended before the window has none of its kernels. A chunk's correlations (c0, c1:
+         * migration 0017; NULL in older chunks) must meet the window's, but for the last
+         * window, which takes the kernels without one too. */
+        if (!w->first && w->last) {
+            snprintf(chunk, sizeof(chunk), " AND t1 >= %" PRId64, w->t_lo);
+        }
+        else if (!w->first) {
+            snprintf(chunk, sizeof(chunk),
+                     " AND t1 >= %" PRId64 " AND (c0 IS NULL OR (c1 > %" PRId64
+                     " AND c0 <= %" PRId64 "))",
+                     w->t_lo, w->c_lo, w->c_hi);
+        }
+        else if (!w->last) {
+            snprintf(chunk, sizeof(chunk), " AND (c0 IS NULL OR c0 <= %" PRId64 ")", w->c_hi);
+        }
+        if (!w->last) {
+            snprintf(host + o, sizeof(host) - o, " AND start_ns < %" PRId64, w->t_hi);
+        }
+        if (w->first && !w->last) {
+            snprintf(dev, sizeof(dev), " AND correlation <= %" PRId64, w->c_hi);
+        }
+        else if (!w->first && w->last) {
+            snprintf(dev, sizeof(dev), " AND (correlation > %" PRId64 " OR correlation IS NULL)",
+                     w->c_lo);
+        }
+        else if (!w->first && !w->last) {
+            snprintf(dev, sizeof(dev), " AND correlation > %" PRId64 " AND correlation <= %" PRId64,
+                     w->c_lo, w->c_hi);
+        }
+    }
     rc = kp_an_check_rank(c, params, run, rank, errbuf, errlen);
     if (rc < 0) {
         return rc;
@@ -999,6 +1063,10 @@ int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an
     a = calloc(1, sizeof(*a));
     if (!a) {
         return -ENOMEM;
+    }
+    if (w) {
+        a->main_set = w->main_set;
+        a->main_tid = w->main_tid;
     }
     rc = an_read_ops(a, &ld);
     if (rc < 0) {
@@ -1030,6 +1098,19 @@ int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an
 fail:
     kp_an_destroy(a);
     return rc;
+}
+
+int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out,
+                 char *errbuf, size_t errlen)
+{
+    return an_create(c, run, rank, max_rows, NULL, out, errbuf, errlen);
+}
+
+int kp__an_create_window(PGconn *c, int64_t run, int rank, size_t max_rows,
+                         const struct kp_an_window *w, struct kp_an **out, char *errbuf,
+                         size_t errlen)
+{
+    return an_create(c, run, rank, max_rows, w, out, errbuf, errlen);
 }
 
 void kp_an_destroy(struct kp_an *a)

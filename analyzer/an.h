@@ -143,6 +143,7 @@ struct kp_an_op_row {
     int64_t host_total_ns, host_self_ns, device_total_ns, device_self_ns;
     int64_t tc_self_ns, tc_total_ns; /* Tensor Core kernel time, self and total */
     bool tc_eligible;
+    int64_t first_tid, first_start; /* the group's first op, in tree order (windows merge by it) */
 };
 
 struct kp_an_kernel_row {
@@ -157,6 +158,7 @@ struct kp_an_kernel_row {
      * they come from (Σ value × duration in ns) */
     double mean_blocks_per_sm, mean_est_achieved_occupancy;
     double wsum_blocks_per_sm, wsum_occupancy;
+    int64_t first_start, first_end, first_corr; /* the group's first kernel, in device order */
 };
 
 struct kp_an_table {
@@ -171,6 +173,9 @@ struct kp_an_tc {
     double tc_ratio[KP_AN_MAX_GPUS];  /* TC kernel time / kernel time, operators' kernels */
     bool tc_ratio_defined;            /* false when no operator launched a kernel */
     double eligible_ops_kernel_ratio; /* bottom TC-eligible ops' / all ops' self kernel time */
+    /* the sums the ratios are made of (gpu_ids' order), which windows add up */
+    int64_t op_kernel_ns[KP_AN_MAX_GPUS], op_tc_ns[KP_AN_MAX_GPUS];
+    int64_t eligible_bottom_ns, eligible_all_ns;
 };
 
 /* Loads run `run`, rank `rank` over c. Returns 0 and *out (free with kp_an_destroy), or
@@ -178,6 +183,19 @@ struct kp_an_tc {
  * KP_ETOOBIG (over max_rows rows; 0: no limit), with a message in errbuf. */
 int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out,
                  char *errbuf, size_t errlen);
+
+/* The operator and kernel views and the Tensor Core statistics of run `run`, rank `rank`, read
+ * a window of about window_events host events at a time (an_window.c): *out then answers
+ * kp_an_ops, kp_an_kernels and kp_an_tensor_cores, and nothing else, with what a whole load
+ * would, while no more than a window's rows and the tables are held. Returns 0 with *out (free
+ * with kp_an_destroy), or 0 with *out NULL where the rank cannot be cut (no quiet point in its
+ * host time, correlations out of launch order, under two windows' worth of events,
+ * window_events 0): load it whole. Errors as kp_an_create's. */
+int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, size_t window_events,
+                          struct kp_an **out, char *errbuf, size_t errlen);
+
+/* How many windows a was read in (1: loaded whole). */
+size_t kp_an_windows(const struct kp_an *a);
 
 /* Shared by the analyzer's loaders (kp_analyzer, pyprof, hta, counters, ...). */
 

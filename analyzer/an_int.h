@@ -95,6 +95,13 @@ struct kp_an {
     size_t n_rec_steps;
     int64_t prof_start, prof_end; /* the profiler's span (ranks.profiler_*); 0, 0: unknown */
 
+    /* A window's model (kp_an_create_window) takes the whole rank's main thread, which its own
+     * ops may not show; a windowed handle (kp_an_create_windowed) holds only its tables. */
+    bool main_set, windowed;
+    int64_t main_tid;
+    size_t windows;     /* windowed: how many the rank was read in */
+    struct kp_an_tc tc; /* windowed: the Tensor Core statistics */
+
     bool built;
     struct an_node *nodes;
     size_t n_nodes;
@@ -106,6 +113,34 @@ struct kp_an {
     struct kp_an_step *steps;
     struct kp_an_table ops_tab[2], kern_tab[2];
 };
+
+/*
+ * A window of a rank (an_window.c): its host rows (ops, runtime calls) are those that start in
+ * [t_lo, t_hi), its device events those whose correlation is in (c_lo, c_hi]; the first window
+ * has no lower bounds (and takes correlation 0), the last no upper ones (and takes the device
+ * events without a correlation).
+ */
+struct kp_an_window {
+    int64_t t_lo, t_hi, c_lo, c_hi;
+    bool first, last;
+    int64_t main_tid; /* the rank's main thread (its first ProfilerStep's), if main_set */
+    bool main_set;
+};
+
+/* Whether a device event of this correlation (null: none) belongs to window w. */
+static inline bool kp__an_window_has(const struct kp_an_window *w, bool null, int64_t corr)
+{
+    if (null) {
+        return w->last;
+    }
+    return (w->first || corr > w->c_lo) && (w->last || corr <= w->c_hi);
+}
+
+/* an.c: loads window w of run `run`, rank `rank` (kp_an_create's contract, the rows restricted
+ * to the window). */
+int kp__an_create_window(PGconn *c, int64_t run, int rank, size_t max_rows,
+                         const struct kp_an_window *w, struct kp_an **out, char *errbuf,
+                         size_t errlen);
 
 /* A query's filter on the (run, rank) of its parameters $1 and $2. */
 #define WHERE_RR " WHERE run_id = $1 AND rank = $2"
@@ -136,6 +171,12 @@ bool kp__an_is_dataloader_name(const char *s);
 bool kp__an_is_tc_eligible_op(const char *s);
 /* The node type of an op, or -1 if it is not a host node (spec §2.4). */
 int kp__an_host_type(const struct kp_an *a, const struct an_op *o);
+
+/* an_tables.c: an operator table's order (by device self time when the rank has device
+ * events, else by host self time; then name, shapes), and a kernel table's last step (its
+ * means from their sums, tc_used, the order by total time). */
+void kp__an_sort_op_rows(struct kp_an_op_row *rows, size_t n, bool by_device);
+void kp__an_finish_kernel_rows(struct kp_an_kernel_row *rows, size_t n);
 
 /* an_model.c */
 int kp__an_cmp_key_idx(const void *pa, const void *pb);

@@ -141,6 +141,10 @@ static void model_build_trees(struct kp_an *a, struct model_build *mb)
 {
     size_t sp = 0;
 
+    if (a->main_set) { /* a window: the whole rank's */
+        mb->has_main = true;
+        mb->main_tid = a->main_tid;
+    }
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
         int type = kp__an_host_type(a, o);
@@ -177,17 +181,22 @@ static void model_build_trees(struct kp_an *a, struct model_build *mb)
             sp--;
         }
     }
-    /* Threads with runtime calls but no host node get a root too. */
-    for (size_t i = 0; i < a->n_rts; i++) {
+    /* Threads with runtime calls but no host node get a root too, and so does a window's main
+     * thread (its stale kernels' dummy runtime hangs there) if it has neither here. */
+    for (size_t i = 0; i <= a->n_rts; i++) {
+        int64_t tid = i < a->n_rts ? a->rts[i].tid : mb->main_tid;
         bool found = false;
 
+        if (i == a->n_rts && !a->main_set) {
+            break;
+        }
         for (size_t k = 0; k < a->n_roots && !found; k++) {
-            found = a->roots[k].tid == a->rts[i].tid;
+            found = a->roots[k].tid == tid;
         }
         if (!found && a->n_roots < mb->cap) {
             int32_t root = new_node(a, -1, INT64_MIN, INT64_MAX, NODE_ROOT);
 
-            a->roots[a->n_roots++] = (struct an_tid_root){ a->rts[i].tid, root };
+            a->roots[a->n_roots++] = (struct an_tid_root){ tid, root };
         }
     }
     qsort(a->roots, a->n_roots, sizeof(*a->roots), cmp_tid_root);

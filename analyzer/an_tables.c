@@ -298,6 +298,10 @@ int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
     bool by_device;
     int rc;
 
+    if (a->windowed) { /* summed over the windows (an_window.c) */
+        *out = t;
+        return 0;
+    }
     if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;
     }
@@ -325,6 +329,8 @@ int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
         if (r->calls == 0) { /* the group's first op */
             r->name = kp__an_nm(a, o->name);
             r->input_shape = op_shapes(a, o);
+            r->first_tid = o->tid;
+            r->first_start = o->start;
         }
         r->calls++;
         r->host_total_ns += x->end - x->start;
@@ -337,10 +343,29 @@ int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
     }
     kern_groups_fini(&kg);
     by_device = a->n_devs > 0;
-    if (nr > 0) {
-        qsort_r(rows, nr, sizeof(*rows), cmp_op_rows, &by_device);
-    }
+    kp__an_sort_op_rows(rows, nr, by_device);
     return table_take(t, rows, nr, sizeof(*rows), out);
+}
+
+void kp__an_sort_op_rows(struct kp_an_op_row *rows, size_t n, bool by_device)
+{
+    if (n > 0) {
+        qsort_r(rows, n, sizeof(*rows), cmp_op_rows, &by_device);
+    }
+}
+
+void kp__an_finish_kernel_rows(struct kp_an_kernel_row *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        rows[i].tc_used = kp_an_is_tc_kernel(rows[i].name);
+        rows[i].mean_blocks_per_sm =
+            rows[i].total_ns ? rows[i].wsum_blocks_per_sm / (double) rows[i].total_ns : 0.0;
+        rows[i].mean_est_achieved_occupancy =
+            rows[i].total_ns ? rows[i].wsum_occupancy / (double) rows[i].total_ns : 0.0;
+    }
+    if (n > 0) {
+        qsort(rows, n, sizeof(*rows), cmp_kernel_rows_total);
+    }
 }
 
 int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
@@ -351,6 +376,10 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
     size_t nr = 0, cap = 0;
     int rc;
 
+    if (a->windowed) {
+        *out = t;
+        return 0;
+    }
     if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;
     }
@@ -405,6 +434,9 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
                 r->shared_memory = d->smem;
             }
             r->min_ns = r->max_ns = dur;
+            r->first_start = d->start;
+            r->first_end = d->end;
+            r->first_corr = d->corr;
         }
         /* duration-weighted means; a kernel without the figure counts as 0 (spec §6) */
         bps = isnan(d->bps) ? 0.0 : d->bps * (double) dur;
@@ -417,16 +449,7 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
         r->wsum_occupancy += occ;
     }
     kern_groups_fini(&kg);
-    for (size_t i = 0; i < nr; i++) {
-        rows[i].tc_used = kp_an_is_tc_kernel(rows[i].name);
-        rows[i].mean_blocks_per_sm =
-            rows[i].total_ns ? rows[i].wsum_blocks_per_sm / (double) rows[i].total_ns : 0.0;
-        rows[i].mean_est_achieved_occupancy =
-            rows[i].total_ns ? rows[i].wsum_occupancy / (double) rows[i].total_ns : 0.0;
-    }
-    if (nr > 0) {
-        qsort(rows, nr, sizeof(*rows), cmp_kernel_rows_total);
-    }
+    kp__an_finish_kernel_rows(rows, nr);
     return table_take(t, rows, nr, sizeof(*rows), out);
 nomem:
     kern_groups_fini(&kg);
@@ -442,6 +465,10 @@ int kp_an_tensor_cores(struct kp_an *a, struct kp_an_tc *out)
     bool seen[KP_AN_MAX_GPUS] = { false }, any = false;
     int rc;
 
+    if (a->windowed) {
+        *out = a->tc;
+        return 0;
+    }
     if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;
     }
@@ -470,6 +497,8 @@ int kp_an_tensor_cores(struct kp_an *a, struct kp_an_tc *out)
         }
         out->gpu_ids[out->n_gpus] = g;
         out->tc_ratio[out->n_gpus] = kern[g] ? (double) tc[g] / (double) kern[g] : 0.0;
+        out->op_kernel_ns[out->n_gpus] = kern[g];
+        out->op_tc_ns[out->n_gpus] = tc[g];
         out->n_gpus++;
     }
     out->tc_ratio_defined = any;
@@ -485,5 +514,7 @@ int kp_an_tensor_cores(struct kp_an *a, struct kp_an_tc *out)
         }
     }
     out->eligible_ops_kernel_ratio = all ? (double) bottom / (double) all : 0.0;
+    out->eligible_bottom_ns = bottom;
+    out->eligible_all_ns = all;
     return 0;
 }

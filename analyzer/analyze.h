@@ -10,11 +10,17 @@
  * anything else. */
 int kp_analyze_hta(int argc, char **argv);
 
-/* `kprof-analyze --pg CONNINFO [--max-rows N] kprofctl VERB ...` (argv from VERB on): kprofctl's
- * analysis verb VERB, its Analyzer calls answered in process by the views of view.h
- * (analyze_ctl.c). Returns the verb's exit status (kprofctl.h); 5 when PostgreSQL is
- * unreachable. */
-int kp_analyze_ctl(const char *conninfo, size_t max_rows, int argc, char **argv);
+/* `kprof-analyze --pg CONNINFO [--max-rows N] [--window-events N] kprofctl VERB ...` (argv from
+ * VERB on): kprofctl's analysis verb VERB, its Analyzer calls answered in process by the views
+ * of view.h (analyze_ctl.c), window_events as kprof-analyzer's --window-events. Returns the
+ * verb's exit status (kprofctl.h); 5 when PostgreSQL is unreachable. */
+/* kprof-analyzer's and kprof-analyze's default --window-events (a string for the config
+ * table). */
+#define KP_ANALYZE_WINDOW_EVENTS   1000000
+#define KP_ANALYZE_WINDOW_EVENTS_S "1000000"
+
+int kp_analyze_ctl(const char *conninfo, size_t max_rows, size_t window_events, int argc,
+                   char **argv);
 
 /* The flags of kprof-analyze that its hta verb shares (kprof_analyze.c): opt, getopt_long's
  * 'p' (--pg), 'r' (--run) or 'k' (--rank) with its argument arg, into *conninfo, *run or *rank.

@@ -21,7 +21,7 @@
 #include "view.h"
 
 static PGconn *conn;
-static size_t row_budget;
+static size_t row_budget, window_events;
 
 static const struct kprofctl_verb verbs[] = {
     { "breakdown", "", kprofctl_breakdown }, { "ops", "", kprofctl_ops },
@@ -65,7 +65,7 @@ static int local_call(const char *method, const ProtobufCMessage *req,
         st->code = kp_view_status(v, &k, rc, st->details, sizeof(st->details));
         return -1;
     }
-    rc = kp_view_compute(v, conn, req, &k, row_budget, &an, &out, &code, st->details,
+    rc = kp_view_compute(v, conn, req, &k, row_budget, window_events, &an, &out, &code, st->details,
                          sizeof(st->details));
     if (rc != 0) {
         st->code = code;
@@ -89,7 +89,7 @@ static int local_call(const char *method, const ProtobufCMessage *req,
     return 0;
 }
 
-int kp_analyze_ctl(const char *conninfo, size_t max_rows, int argc, char **argv)
+int kp_analyze_ctl(const char *conninfo, size_t max_rows, size_t window, int argc, char **argv)
 {
     char err[512];
     int rc = -1;
@@ -108,6 +108,7 @@ int kp_analyze_ctl(const char *conninfo, size_t max_rows, int argc, char **argv)
             return 5;
         }
         row_budget = max_rows;
+        window_events = window;
         kp_rpcverb_set_local(local_call, "kprof-analyze");
         rc = verbs[i].run(argc, argv);
         kp_rpcverb_set_local(NULL, NULL);

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "analyze.h"
 #include "kp_config.h"
 #include "kp_daemon.h"
 #include "kp_log.h"
@@ -53,6 +54,12 @@ static const struct kp_config_def analyzer_config[] = {
       "it reads before it starts: one that needs more is refused (RESOURCE_EXHAUSTED), one that "
       "does not fit beside the others waits for them (up to a minute); keep it under the "
       "process's memory limit, less --cache-bytes; 0: no budget",
+      NULL, false },
+    { "window-events", KP_CONFIG_INT, KP_ANALYZE_WINDOW_EVENTS_S, 0, 1LL << 40, OFF(window_events),
+      "the operator and kernel views (and their Tensor Core figures) read a rank of more "
+      "events than this a window of this many host events at a time, cut where no op or "
+      "runtime call is open: memory for one window instead of the rank; 0: read every rank "
+      "whole",
       NULL, false },
     { "shutdown-grace", KP_CONFIG_DURATION, "10s", 0, 600000, OFF(shutdown_grace_ms),
       "on SIGTERM, how long analyses in progress get to finish", NULL, false },

@@ -25,6 +25,7 @@
  * These are the offline mode of kprof-analyzer's views: the same computes, in process, reading
  * PostgreSQL directly; kprofctl's verbs get the same figures from the service.
  * --max-rows refuses a rank with more rows than that (0, the default: no limit).
+ * --window-events (kprofctl verbs only): as kprof-analyzer's, the same default; 0: whole.
  * Exit codes: 0 ok, 2 usage, 3 unknown run or rank, 1 anything else.
  */
 #include <errno.h>
@@ -47,16 +48,18 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kprof-analyze --pg CONNINFO --run R [--rank N] [--plugin-compat] "
-               "[--max-rows N] breakdown|ops|kernels [--json]\n"
-               "       kprof-analyze ... prof [-c COLUMNS] [--csv|--json] [-w WIDTH]\n"
-               "       kprof-analyze ... roofline [--by kernel|op] [--top N] [--csv|--json]\n"
-               "       kprof-analyze ... counters [-c COLUMNS] [--csv|--json]\n"
-               "       kprof-analyze ... memory\n"
-               "       kprof-analyze --pg CONNINFO [--max-rows N] kprofctl VERB [VERB's flags]\n"
-               "       kprof-analyze ... [--exact-ns] [--include-last-step] "
-               "[--consecutive-kernel-delay-us N] hta temporal|idle|overlap|kernels|launch|queue\n"
-               "       kprof-analyze ... distributed [--json]\n");
+    fprintf(f,
+            "usage: kprof-analyze --pg CONNINFO --run R [--rank N] [--plugin-compat] "
+            "[--max-rows N] breakdown|ops|kernels [--json]\n"
+            "       kprof-analyze ... prof [-c COLUMNS] [--csv|--json] [-w WIDTH]\n"
+            "       kprof-analyze ... roofline [--by kernel|op] [--top N] [--csv|--json]\n"
+            "       kprof-analyze ... counters [-c COLUMNS] [--csv|--json]\n"
+            "       kprof-analyze ... memory\n"
+            "       kprof-analyze --pg CONNINFO [--max-rows N] [--window-events N] kprofctl VERB "
+            "[VERB's flags]\n"
+            "       kprof-analyze ... [--exact-ns] [--include-last-step] "
+            "[--consecutive-kernel-delay-us N] hta temporal|idle|overlap|kernels|launch|queue\n"
+            "       kprof-analyze ... distributed [--json]\n");
 }
 
 static void text_breakdown(const struct kp_an_breakdown *b)
@@ -246,12 +249,12 @@ struct args {
     enum kp_roofline_by by;
 };
 
-/* `... kprofctl VERB ...` at argv[i]: only --pg and --max-rows come before it (analyze_ctl.c).
- * Returns the exit status. */
+/* `... kprofctl VERB ...` at argv[i]: only --pg, --max-rows and --window-events come before it
+ * (analyze_ctl.c). Returns the exit status. */
 static int ctl_verb(int argc, char **argv, int i)
 {
     const char *conninfo = NULL;
-    unsigned long long max_rows = 0;
+    unsigned long long max_rows = 0, window_events = KP_ANALYZE_WINDOW_EVENTS;
     char *end;
 
     for (int k = 1; k < i; k++) {
@@ -265,9 +268,17 @@ static int ctl_verb(int argc, char **argv, int i)
                 return 2;
             }
         }
+        else if (strcmp(argv[k], "--window-events") == 0 && k + 1 < i) {
+            window_events = strtoull(argv[++k], &end, 10);
+            if (*end || argv[k][0] == '-' || argv[k][0] == '\0') {
+                fprintf(stderr, "kprof-analyze: --window-events takes a count, not '%s'\n",
+                        argv[k]);
+                return 2;
+            }
+        }
         else {
             fprintf(stderr,
-                    "kprof-analyze: before kprofctl only --pg and --max-rows "
+                    "kprof-analyze: before kprofctl only --pg, --max-rows and --window-events "
                     "(the verb takes the rest), not '%s'\n",
                     argv[k]);
             return 2;
@@ -277,7 +288,8 @@ static int ctl_verb(int argc, char **argv, int i)
         usage(stderr);
         return 2;
     }
-    return kp_analyze_ctl(conninfo, (size_t) max_rows, argc - i - 1, argv + i + 1);
+    return kp_analyze_ctl(conninfo, (size_t) max_rows, (size_t) window_events, argc - i - 1,
+                          argv + i + 1);
 }
 
 /* One flag of the verbs other than kprofctl and hta into *a. Returns -1 to go on, or the exit

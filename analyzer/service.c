@@ -315,26 +315,6 @@ static int run_version(PGconn *pg, void *ud, char *err, size_t len)
 /* How long a request waits for the analyses in progress to leave it room. */
 #define MEM_WAIT_MS 60000
 
-/* The events (ranks.records) of run's rank, or of its largest rank for rank < 0; 0, or KP_EPG
- * with a message in err. */
-static int rank_events(PGconn *pg, uint64_t run, int32_t rank, int64_t *n, char *err, size_t len)
-{
-    char runs[24], ranks[16];
-    const char *params[2] = { runs, ranks };
-    PGresult *r = NULL;
-    int rc;
-
-    snprintf(runs, sizeof(runs), "%" PRIu64, run);
-    snprintf(ranks, sizeof(ranks), "%d", (int) rank);
-    rc = kp_pg_query(pg,
-                     "SELECT coalesce(max(records), 0) FROM ranks WHERE run_id = $1 AND "
-                     "($2::int < 0 OR rank = $2::int)",
-                     2, params, &r, err, len);
-    *n = rc == 0 ? kp_pg_i64(r, 0, 0, 0) : 0;
-    PQclear(r);
-    return rc;
-}
-
 /*
  * Holds the memory request k of view v is estimated to need (*need, 0 when the view or the
  * service has no budget) against the budget, before it computes: the events it reads times
@@ -355,13 +335,13 @@ static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *
     if (budget == 0 || v->bytes_per_event == 0) {
         return 0;
     }
-    if (rank_events(pg, k->run, v->whole_run ? -1 : k->rank, &n, err, len) == 0 &&
+    if (kp_view_rank_events(pg, k->run, v->whole_run ? -1 : k->rank, &n, err, len) == 0 &&
         v->other_rank != NULL) {
         uint64_t orun;
         int32_t orank;
 
         v->other_rank(k, &orun, &orank);
-        (void) rank_events(pg, orun, orank, &other, err, len);
+        (void) kp_view_rank_events(pg, orun, orank, &other, err, len);
     }
     if (err[0] != '\0') {
         char pgerr[512];
@@ -373,7 +353,12 @@ static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *
         *code = GRPC_STATUS_UNAVAILABLE;
         return -1;
     }
+    /* a rank read by windows holds about one window's rows: window_events host events and
+     * the device events they launched (a host event launches at most about one) */
     bytes = (size_t) (n + other) * v->bytes_per_event;
+    if (v->windowed && a->cfg.window_events > 0 && n > 2 * a->cfg.window_events) {
+        bytes = (size_t) (2 * a->cfg.window_events) * v->bytes_per_event;
+    }
     if (bytes > budget) {
         char rank[24] = "";
 
@@ -513,8 +498,8 @@ static void run_job(struct worker *w, struct job *j)
     {
         long long t0 = kp_mono_ns();
 
-        rc = kp_view_compute(v, pg, j->req, &k.k, (size_t) a->cfg.max_rows, &an, &out, &code, err,
-                             sizeof(err));
+        rc = kp_view_compute(v, pg, j->req, &k.k, (size_t) a->cfg.max_rows,
+                             (size_t) a->cfg.window_events, &an, &out, &code, err, sizeof(err));
         kp_log_debug("computed method=%s run=%" PRIu64 " rank=%d ms=%lld rc=%d", v->name, k.k.run,
                      (int) k.k.rank, (kp_mono_ns() - t0) / 1000000, rc);
         if (rc != 0) {

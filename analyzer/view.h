@@ -64,6 +64,10 @@ struct kp_view {
     const ProtobufCMessageDescriptor *reply;
     bool whole_run; /* a view of every rank: its request has no rank */
     bool load_rank; /* kp_an_create (run, rank) before the compute (ctx->an) */
+    /* load_rank, and the compute asks ctx->an only for kp_an_ops, kp_an_kernels and
+     * kp_an_tensor_cores: a rank of more events than the service's window (--window-events) is
+     * read by windows (kp_an_create_windowed), in bounded memory */
+    bool windowed;
     /* The request as a key: run, rank and options (key zeroed by the caller). Returns true, or
      * false with INVALID_ARGUMENT's details in err. max_rows is the service's budget. */
     bool (*key)(const ProtobufCMessage *req, size_t max_rows, struct kp_view_key *k, char *err,
@@ -138,11 +142,17 @@ grpc_status_code kp_view_status(const struct kp_view *v, const struct kp_view_ke
                                 char *err, size_t len);
 
 /* Answers req (keyed as k, its rank resolved) with v over pg: loads the rank when the view
- * wants it, computes. Returns 0 and *out, with *an the loaded rank (or NULL), which the reply
- * may point into: free the reply, then kp_an_destroy(*an). Or returns nonzero with *code and
- * its details in err (*an still to destroy). */
+ * wants it (a windowed view's rank of more than window_events events by windows of that many
+ * host events; 0: never by windows), computes. Returns 0 and *out, with *an the loaded rank (or
+ * NULL), which the reply may point into: free the reply, then kp_an_destroy(*an). Or returns
+ * nonzero with *code and its details in err (*an still to destroy). */
 int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage *req,
-                    const struct kp_view_key *k, size_t max_rows, struct kp_an **an,
-                    struct kp_view_reply *out, grpc_status_code *code, char *err, size_t len);
+                    const struct kp_view_key *k, size_t max_rows, size_t window_events,
+                    struct kp_an **an, struct kp_view_reply *out, grpc_status_code *code, char *err,
+                    size_t len);
+
+/* The events of run's rank (ranks.records), or of its largest rank for rank < 0: what the
+ * memory budget and the windows go by. 0, or KP_EPG with a message in err. */
+int kp_view_rank_events(PGconn *pg, uint64_t run, int32_t rank, int64_t *n, char *err, size_t len);
 
 #endif

@@ -107,6 +107,7 @@ const struct kp_view kp_view_kernels = {
     .request = &kprof__v1__kernels_request__descriptor,
     .reply = &kprof__v1__kernels_response__descriptor,
     .load_rank = true,
+    .windowed = true,
     .key = kp_view_group_by_key,
     .compute = kernels_compute,
     .bytes_per_event = 150,

@@ -84,6 +84,7 @@ const struct kp_view kp_view_ops = {
     .request = &kprof__v1__ops_request__descriptor,
     .reply = &kprof__v1__ops_response__descriptor,
     .load_rank = true,
+    .windowed = true,
     .key = kp_view_group_by_key,
     .compute = ops_compute,
     .bytes_per_event = 150,

@@ -181,9 +181,56 @@ int kp_view_check_rank(struct kp_view_ctx *ctx)
                             ctx->err, ctx->errlen);
 }
 
+int kp_view_rank_events(PGconn *pg, uint64_t run, int32_t rank, int64_t *n, char *err, size_t len)
+{
+    char runs[24], ranks[16];
+    const char *params[2] = { runs, ranks };
+    PGresult *r = NULL;
+    int rc;
+
+    snprintf(runs, sizeof(runs), "%" PRIu64, run);
+    snprintf(ranks, sizeof(ranks), "%d", (int) rank);
+    rc = kp_pg_query(pg,
+                     "SELECT coalesce(max(records), 0) FROM ranks WHERE run_id = $1 AND "
+                     "($2::int < 0 OR rank = $2::int)",
+                     2, params, &r, err, len);
+    *n = rc == 0 ? kp_pg_i64(r, 0, 0, 0) : 0;
+    PQclear(r);
+    return rc;
+}
+
+/* Loads k's rank for v into *an: by windows where v allows it and the rank has more than
+ * window_events events (and can be cut), else whole. */
+static int load_rank(const struct kp_view *v, PGconn *pg, const struct kp_view_key *k,
+                     size_t max_rows, size_t window_events, struct kp_an **an, char *err,
+                     size_t len)
+{
+    int64_t events = 0;
+    int rc;
+
+    if (v->windowed && window_events > 0) {
+        if ((rc = kp_view_rank_events(pg, k->run, k->rank, &events, err, len)) != 0) {
+            return rc;
+        }
+        if (events > (int64_t) window_events &&
+            (rc = kp_an_create_windowed(pg, (int64_t) k->run, (int) k->rank, max_rows,
+                                        window_events, an, err, len)) != 0) {
+            return rc;
+        }
+        if (*an != NULL) {
+            kp_log_info("rank read by windows method=%s run=%" PRIu64 " rank=%d events=%" PRId64
+                        " windows=%zu",
+                        v->name, k->run, (int) k->rank, events, kp_an_windows(*an));
+            return 0;
+        }
+    }
+    return kp_an_create(pg, (int64_t) k->run, (int) k->rank, max_rows, an, err, len);
+}
+
 int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage *req,
-                    const struct kp_view_key *k, size_t max_rows, struct kp_an **an,
-                    struct kp_view_reply *out, grpc_status_code *code, char *err, size_t len)
+                    const struct kp_view_key *k, size_t max_rows, size_t window_events,
+                    struct kp_an **an, struct kp_view_reply *out, grpc_status_code *code, char *err,
+                    size_t len)
 {
     struct kp_view_ctx ctx = { .pg = pg,
                                .req = req,
@@ -196,8 +243,7 @@ int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage 
     *an = NULL;
     memset(out, 0, sizeof(*out));
     err[0] = '\0';
-    if (v->load_rank &&
-        (rc = kp_an_create(pg, (int64_t) k->run, (int) k->rank, max_rows, an, err, len)) != 0) {
+    if (v->load_rank && (rc = load_rank(v, pg, k, max_rows, window_events, an, err, len)) != 0) {
         *code = kp_view_status(v, k, rc, err, len);
         return rc;
     }

@@ -7,7 +7,8 @@
 # bench_stack_up sets pg (a conninfo) and addr (collectord's host:port).
 # bench_analyzer_up (after it; needs analyzer, the kprof-analyzer binary) starts a throwaway
 # kprof-analyzer on pg, stopped by pid at exit, and sets an_addr and an_pid. Its cache is off
-# (--cache-bytes 0) and it has no row limit (--max-rows 0), so that every timed call computes.
+# (--cache-bytes 0) and it has no row limit (--max-rows 0), so that every timed call computes;
+# the array an_extra (the caller's, may be empty) adds flags.
 # bench_secure_up (after bench_stack_up, on a throwaway stack only) makes a CA, a server
 # certificate for 127.0.0.1, an agent's client certificate (urn:kprof:agent:bench-node) and an
 # agent token with the openssl CLI in $work/tls, starts a second kprof-collectord on pg that
@@ -21,6 +22,7 @@
 
 cpid=
 apid=
+an_extra=()
 spid=
 started_pg=0
 bench_stack_cleanup() {
@@ -86,6 +88,7 @@ bench_analyzer_up() {
     [ -x "$analyzer" ] || die "$analyzer is missing; build it"
     "$analyzer" --listen 127.0.0.1:0 --http-listen "" --pg-conninfo "$pg" --cache-bytes 0 --plaintext --allow-anonymous \
         --max-rows 0 --workers 1 --ready-file "$work/analyzer.ready" --log-level warn \
+        "${an_extra[@]}" \
         >"$work/analyzer.log" 2>&1 &
     apid=$!
     an_addr=$(bench_wait_ready "$apid" "$work/analyzer.ready" "$work/analyzer.log" kprof-analyzer)

@@ -36,7 +36,7 @@
 # usage: bench/scale/run.sh [--quick] [--build DIR] [--steps S] [--kernels-per-step K]
 #                           [--compare-ranks LIST] [--compare-kernels K] [--reps R]
 #                           [--ingest] [--keep] [--variant LABEL=PATH]... [--no-compare]
-#                           [--rank-of N] [--scan-too]
+#                           [--rank-of N] [--scan-too] [--windows-too N] [--views LIST]
 #   --quick   a smoke run (20 steps x 50 kernels; compare at 8 ranks x 3 steps x 50 kernels)
 #   --reps R  timed repetitions of each baseline and view (medians; default 1: each view
 #             restarts the analyzer, cold)
@@ -56,6 +56,11 @@
 #             off (PGOPTIONS, for psql and the analyzer), reported as VIEW@scan and
 #             copy_text@scan: a rank's rows read as before migration 0017 (a scan of the run's
 #             partitions) against its BRIN index by rank, on the same rows
+#   --views LIST  the per-rank views to time (default breakdown,ops,kernels,prof,roofline,memory;
+#             prof's reply passes gRPC's 64 MiB a message beyond about 3 M events)
+#   --windows-too N  in every rep, also time the views that read by windows (ops, kernels) with
+#             kprof-analyzer --window-events N, reported as VIEW@win; the others run with
+#             --window-events 0 (the rank read whole), so that the two stand side by side
 # Environment: KPROF_BUILD_DIR; KPROF_BENCH_PG with KPROF_COLLECTOR to use a running
 # PostgreSQL and its collectord, else throwaway ones (bench/stack.sh). The default run takes
 # about 1.5 minutes on 2 shared cores (--reps 3: about 3) and about 2 GB of disk.
@@ -65,7 +70,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${KPROF_BUILD_DIR:-}
 steps=500 kernels=400 cranks=64,256,1024 ckernels=200 csteps=10 reps=1 quick=0 ingest=0 keep=0
-variants=() compare=1 rows_too=0 rank_of=1 scan_too=0
+variants=() compare=1 rows_too=0 rank_of=1 scan_too=0 windows_too=0
+view_list=breakdown,ops,kernels,prof,roofline,memory
 
 die() {
     echo "bench/scale: $*" >&2
@@ -88,6 +94,8 @@ while [ $# -gt 0 ]; do
     --rows-too) rows_too=1 ;;
     --rank-of) rank_of=$2; shift ;;
     --scan-too) scan_too=1 ;;
+    --windows-too) windows_too=$2; shift ;;
+    --views) view_list=$2; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
@@ -97,6 +105,7 @@ for v in steps kernels ckernels reps rank_of; do
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "--${v} must be a positive integer"
 done
 [[ $cranks =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--compare-ranks must be a list like 64,256"
+[[ $windows_too =~ ^[0-9]+$ ]] || die "--windows-too takes a count of host events"
 [ -n "$build" ] || build=$root/build
 kprofctl=$build/kprofctl/kprofctl
 loadgen=$build/tools/kprof-loadgen
@@ -119,6 +128,7 @@ bench=bench/scale
 # shellcheck source=../stack.sh
 . "$root/bench/stack.sh"
 bench_stack_up
+[ "$windows_too" = 0 ] || an_extra=(--window-events 0) # the other views: the rank read whole
 
 now() { date +%s.%N; }
 secs() { "$py" -c "print($2 - $1)"; }
@@ -235,7 +245,10 @@ scan_all() {
         echo "SELECT count(*), sum(dur_ns) FROM $t WHERE $rr;"
     done | psql "$pg" -qtAX -v ON_ERROR_STOP=1 -f - >/dev/null
 }
-views=(breakdown ops kernels prof roofline memory)
+IFS=, read -r -a views <<<"$view_list"
+for v in "${views[@]}"; do
+    [[ $v =~ ^(breakdown|ops|kernels|prof|roofline|memory)$ ]] || die "--views: no view $v"
+done
 for i in $(seq 1 "$reps"); do
     timed copy_text copy_all text
     timed copy_binary copy_all binary
@@ -252,6 +265,20 @@ for i in $(seq 1 "$reps"); do
         done
     done
     analyzer=$this_analyzer
+    if [ "$windows_too" != 0 ]; then
+        an_extra=(--window-events "$windows_too")
+        for v in ops kernels; do
+            [[ ,$view_list, == *,$v,* ]] || continue
+            an_restart
+            timed "$v@win" "$kprofctl" "$v" --analyzer "$an_addr" --timeout 3600s --run "$brun" \
+                --rank 0 --json
+            echo "$v@win $(an_hwm)" >>"$work/hwm"
+            cmp -s "$work/out.$v" "$work/out.$v@win" || echo "bench/scale: $v by windows differs \
+from the whole read (the means' last digits may: the sums are added in another order)" >&2
+        done
+        an_extra=(--window-events 0)
+        an_restart
+    fi
     if [ "$scan_too" = 1 ]; then
         export PGOPTIONS="-c enable_bitmapscan=off"
         timed copy_text@scan copy_all text
@@ -279,8 +306,9 @@ for i in $(seq 1 "$reps"); do
         q "SELECT kp_compact_kernels($brun)" >/dev/null
         q "VACUUM ANALYZE kernel_rows_r$brun, kernel_chunks_r$brun" >/dev/null
     fi
-    echo "bench/scale: rep $i: $(tail -n $((3 + 6 * (1 + ${#variants[@]}) + 7 * rows_too + 7 * scan_too)) "$work/times" | tr '\n' ' ')" >&2
+    echo "bench/scale: rep $i: $(tail -n $((3 + ${#views[@]} * (1 + ${#variants[@]} + rows_too + scan_too) + 2 * rows_too + scan_too + 2 * (windows_too > 0))) "$work/times" | tr '\n' ' ')" >&2
 done
+[ ! -e "$work/out.breakdown" ] ||
 "$py" - "$work/out.breakdown" "$steps" <<'PYEOF' || die "the breakdown is wrong"
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -387,7 +415,7 @@ labels = [k for k in times if k.split("@")[0] in view_names]
 for v in sorted(labels, key=lambda k: (view_names.index(k.split("@")[0]), "@" in k, k)):
     # a view on the rows layout (or with bitmap scans off) against reading the rows once so,
     # the others (variants too) against the chunks through the index
-    b = med.get("copy_text@" + v.split("@")[1], base) if "@" in v else base
+    b = med.get("copy_text@" + v.split("@")[1], base) if "@" in v else base  # @win: base
     views[v] = {"s": times[v], "ratio": round(med[v] / b, 2), "max_rss_kb": hwm.get(v)}
     print(f"  {v:18s} cold {med[v]:8.3f} s ({min(times[v]):.3f}..{max(times[v]):.3f})  "
           f"{med[v] / b:6.1f}x COPY  peak RSS {hwm.get(v, 0) / 1024:7.1f} MiB{tag}", file=err)

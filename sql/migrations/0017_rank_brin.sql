@@ -25,6 +25,68 @@
 -- waits for it); their planner statistics are autovacuum's, as before. Idempotent, as every
 -- migration: it may be applied again.
 
+-- A chunk's range of correlations (c0, c1: its kernels' least and greatest, NULL where it has
+-- none or was made before this migration): the analyzer's windows (an_window.c) take a window's
+-- kernels by correlation, and with the range they read only the chunks that may hold some
+-- instead of every chunk of the rank after the window's start. kp_compact_kernels (0015) is
+-- the same, with the two columns filled. Chunks made before are not backfilled (that would
+-- read every chunk stored): windows read them all, as they would without the columns.
+ALTER TABLE kernel_chunks ADD COLUMN IF NOT EXISTS c0 bigint, ADD COLUMN IF NOT EXISTS c1 bigint;
+
+CREATE OR REPLACE FUNCTION kp_compact_kernels(rid integer, first_page bigint DEFAULT 0,
+                                              pages bigint DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    moved bigint;
+    range text := '';
+BEGIN
+    IF to_regclass(format('kernel_rows_r%s', rid)) IS NULL OR
+       to_regclass(format('kernel_chunks_r%s', rid)) IS NULL THEN
+        RETURN 0;
+    END IF;
+    LOCK TABLE kernel_chunks, kernel_rows IN ACCESS SHARE MODE;
+    IF pages IS NOT NULL THEN
+        range := format(' WHERE ctid >= ''(%s,0)''::tid AND ctid < ''(%s,0)''::tid',
+                        first_page, first_page + pages);
+    END IF;
+    EXECUTE format($q$
+        WITH gone AS (DELETE FROM %I%s RETURNING *),
+        cut AS (SELECT g.*, (row_number() OVER (PARTITION BY rank ORDER BY start_ns, dur_ns,
+                                                correlation) - 1) AS i
+                FROM gone g),
+        made AS (
+            INSERT INTO %I
+            SELECT run_id, rank, min(start_ns), max(start_ns + dur_ns), count(*),
+                   array_agg(start_ns),
+                   array_agg(dur_ns),
+                   array_agg(correlation),
+                   array_agg(external_id),
+                   array_agg(graph_node_id),
+                   array_agg(name),
+                   array_agg(context),
+                   array_agg(stream),
+                   array_agg(grid_x),
+                   array_agg(grid_y),
+                   array_agg(grid_z),
+                   array_agg(static_smem),
+                   array_agg(dynamic_smem),
+                   array_agg(graph_id),
+                   array_agg(step),
+                   array_agg(device),
+                   array_agg(block_x),
+                   array_agg(block_y),
+                   array_agg(block_z),
+                   array_agg(registers),
+                   min(correlation),
+                   max(correlation)
+            FROM (SELECT *, i / 1024 AS chunk FROM cut ORDER BY run_id, rank, chunk, i) o
+            GROUP BY run_id, rank, chunk
+            RETURNING n)
+        SELECT coalesce(sum(n), 0) FROM made $q$,
+        'kernel_rows_r' || rid, range, 'kernel_chunks_r' || rid) INTO moved;
+    RETURN moved;
+END $$;
+
 -- Indexes run rid's partitions by rank (those not indexed yet) and summarises the ranges not
 -- summarised yet: pages after the last live row at the build, pages late rows added. Returns the partitions indexed now. SECURITY DEFINER: an
 -- index and a summary need the tables' owner, and the writer is not; it touches only the
@@ -47,8 +109,13 @@ BEGIN
         CONTINUE WHEN p IS NULL;
         i := to_regclass(t || '_r' || rid || '_rank_brin');
         IF i IS NULL THEN
-            EXECUTE format('CREATE INDEX %I ON %s USING brin (rank) '
-                           'WITH (pages_per_range = 16)', t || '_r' || rid || '_rank_brin', p);
+            -- and by start where the table has one: a rank's rows come about in time order,
+            -- so a time window of a rank (the analyzer's windows, an_window.c) prunes too
+            EXECUTE format('CREATE INDEX %I ON %s USING brin (rank%s) '
+                           'WITH (pages_per_range = 16)', t || '_r' || rid || '_rank_brin', p,
+                           CASE WHEN EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = p
+                                             AND a.attname = 'start_ns' AND NOT a.attisdropped)
+                                THEN ', start_ns' ELSE '' END);
             i := to_regclass(t || '_r' || rid || '_rank_brin');
             n := n + 1;
         END IF;

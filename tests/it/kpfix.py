@@ -64,6 +64,38 @@ def fresh_db(name):
     return conninfo(name)
 
 
+MIGRATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sql",
+                          "migrations")
+
+
+def schema_before(db, version):
+    """A fresh database db as the migrations before version left it (what an earlier release's
+    --migrate made): the same files, each in one transaction, recorded in
+    kp_schema_migrations."""
+    import re
+    fresh_db(db)
+    psql("CREATE TABLE kp_schema_migrations (version integer PRIMARY KEY, name text NOT NULL, "
+         "applied_at timestamptz NOT NULL DEFAULT now())", db=db)
+    for f in sorted(os.listdir(MIGRATIONS)):
+        m = re.match(r"(\d{4})_(.*)\.sql$", f)
+        if not m or int(m.group(1)) >= version:
+            continue
+        p = subprocess.run([PSQL, conninfo(db), "-qX", "-1", "-v", "ON_ERROR_STOP=1", "-f",
+                            os.path.join(MIGRATIONS, f)], capture_output=True, text=True)
+        assert p.returncode == 0, (f, p.stderr)
+        psql("INSERT INTO kp_schema_migrations (version, name) VALUES (%d, '%s')"
+             % (int(m.group(1)), f[:-4]), db=db)
+
+
+def migrate(db, expect):
+    """`kprof-collectord --migrate` on db: it exits 0 and prints expect (e.g. "applied
+    0017_rank_brin", "0 migrations applied")."""
+    p = subprocess.run([os.path.join(BIN, "collectord", "kprof-collectord"), "--migrate",
+                        "--pg-conninfo", conninfo(db)], capture_output=True, text=True,
+                       timeout=300 * SCALE)
+    assert p.returncode == 0 and expect in p.stdout, (expect, p.stdout, p.stderr)
+
+
 def wait_for(cond, timeout_s, what):
     deadline = time.monotonic() + timeout_s * SCALE
     while time.monotonic() < deadline:
@@ -290,6 +322,14 @@ class Collectord:
     def log_text(self):
         with open(self.log_path) as f:
             return f.read()
+
+    def metric(self, name):
+        """The value of one unlabelled metric on the daemon's /metrics."""
+        with urllib.request.urlopen("http://%s/metrics" % self.http, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        raise AssertionError("no metric " + name)
 
     def assert_clean_log(self):
         text = self.log_text()

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import time
-import urllib.request
 
 import kpfix
 
@@ -137,14 +136,6 @@ def code_of(fn):
 
 def Agent(ch, md, host, agent_id, ranks=()):
     return kpfix.AttachAgent(ch, md, host, agent_id, JOB, ranks=ranks, world=2)
-
-
-def metric(cd, name):
-    with urllib.request.urlopen("http://%s/metrics" % cd.http, timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError("no metric " + name)
 
 
 def token_lines(now, rotated):
@@ -299,7 +290,7 @@ def test_agents(cd, pki):
     code, details = thief2.wait_end()
     assert code == SC.PERMISSION_DENIED and "agent_id" in details, details
 
-    assert metric(cd, "kprof_collectord_attach_refused_total") == 3
+    assert cd.metric("kprof_collectord_attach_refused_total") == 3
 
     # node-b attaches honestly (no process of the job)
     other = Agent(ch, b_md, "node-b", 0xB2)
@@ -316,9 +307,9 @@ def test_agents(cd, pki):
                       "WHERE run_id = %d" % run, db=DB) == "agent:node-a,agent:node-a"
 
     # node-b reports rank 0 DONE: ignored, counted
-    before = metric(cd, "kprof_collectord_foreign_rank_reports_total")
+    before = cd.metric("kprof_collectord_foreign_rank_reports_total")
     other.set_state(run, 0, RS.RANK_STATE_DONE)
-    kpfix.wait_for(lambda: metric(cd, "kprof_collectord_foreign_rank_reports_total") > before,
+    kpfix.wait_for(lambda: cd.metric("kprof_collectord_foreign_rank_reports_total") > before,
                    10, "the foreign report counted")
     status = unary(ch, "CaptureStatus", pb.CaptureStatusRequest, pb.CaptureStatusResponse,
                    view_md)

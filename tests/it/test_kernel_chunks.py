@@ -18,9 +18,7 @@ real kprof-collectord, kprof-analyzer, kprofctl and PostgreSQL:
      the table gave before; new runs get both partitions and kp_drop_run drops them."""
 import json
 import os
-import re
 import subprocess
-import urllib.request
 
 import kpfix
 
@@ -33,9 +31,6 @@ DB = "kp_it_kernel_chunks"
 DB_OLD = "kp_it_kernel_chunks_old"
 LOADGEN = os.path.join(kpfix.BIN, "tools", "kprof-loadgen")
 KPROFCTL = os.path.join(kpfix.BIN, "kprofctl", "kprofctl")
-COLLECTORD = os.path.join(kpfix.BIN, "collectord", "kprof-collectord")
-MIGRATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sql",
-                          "migrations")
 ROWS_MD5 = ("SELECT count(*), md5(string_agg(k::text, ',' ORDER BY k::text)) FROM kernels k "
             "WHERE run_id = %d")
 DASH_MD5 = ("SELECT md5(string_agg(t::text, ',' ORDER BY t::text)) FROM %s t WHERE run_id = %d")
@@ -104,14 +99,6 @@ def compacted(cd, rid, db):
         "run %d compacted and summarised" % rid)
 
 
-def metric(cd, name):
-    with urllib.request.urlopen("http://%s/metrics" % cd.http, timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError("no metric " + name)
-
-
 def check_compaction(cd, an):
     rid = loadgen(cd, "--ranks", "2", "--steps", "6", "--job", "chunks", "--end-run=false")
     nrows, nchunked, _ = where(rid, DB)
@@ -119,7 +106,7 @@ def check_compaction(cd, an):
     want_rows, want_dash, want = rows(rid, DB), dash(rid, DB), answers(an, rid)
     kpfix.psql("VACUUM ANALYZE kernel_rows_r%d" % rid, db=DB)
     row_bytes = bytes_per_kernel("kernel_rows", rid, DB)
-    m0 = metric(cd, "kprof_collectord_kernels_compacted_total")
+    m0 = cd.metric("kprof_collectord_kernels_compacted_total")
     end_run(cd, rid)
     compacted(cd, rid, DB)
     nrows, nchunked, chunks = where(rid, DB)
@@ -137,7 +124,7 @@ def check_compaction(cd, an):
     got = answers(an, rid)
     for verb in want:
         assert got[verb] == want[verb], (verb, "answers otherwise from chunks")
-    assert metric(cd, "kprof_collectord_kernels_compacted_total") - m0 == nchunked
+    assert cd.metric("kprof_collectord_kernels_compacted_total") - m0 == nchunked
     chunk_bytes = bytes_per_kernel("kernel_chunks", rid, DB)
     assert row_bytes > 100 and chunk_bytes < 40, (row_bytes, chunk_bytes)
     print("run %d: %d kernels, rows %.1f B a kernel -> %d chunks %.1f B a kernel; the view, the "
@@ -186,7 +173,7 @@ def check_sweep(rid):
     try:
         compacted(cd, rid, DB)
         assert rows(rid, DB) == want
-        assert metric(cd, "kprof_collectord_kernels_compacted_total") == int(want.split("|")[0])
+        assert cd.metric("kprof_collectord_kernels_compacted_total") == int(want.split("|")[0])
     finally:
         cd.stop()
     print("a collectord starting found run %d undone (rows, no summary) and did it" % rid)
@@ -194,20 +181,8 @@ def check_sweep(rid):
 
 def old_schema_db():
     """A database as migrations 0001-0014 left it (what the previous release's --migrate
-    made): the same files, each in one transaction, recorded in kp_schema_migrations."""
-    kpfix.fresh_db(DB_OLD)
-    kpfix.psql("CREATE TABLE kp_schema_migrations (version integer PRIMARY KEY, name text NOT "
-               "NULL, applied_at timestamptz NOT NULL DEFAULT now())", db=DB_OLD)
-    for f in sorted(os.listdir(MIGRATIONS)):
-        m = re.match(r"(\d{4})_(.*)\.sql$", f)
-        if not m or int(m.group(1)) >= 15:
-            continue
-        p = subprocess.run([kpfix.PSQL, kpfix.conninfo(DB_OLD), "-qX", "-1", "-v",
-                            "ON_ERROR_STOP=1", "-f", os.path.join(MIGRATIONS, f)],
-                           capture_output=True, text=True)
-        assert p.returncode == 0, (f, p.stderr)
-        kpfix.psql("INSERT INTO kp_schema_migrations (version, name) VALUES (%d, '%s')"
-                   % (int(m.group(1)), f[:-4]), db=DB_OLD)
+    made)."""
+    kpfix.schema_before(DB_OLD, 15)
     assert kpfix.psql("SELECT relkind FROM pg_class WHERE relname = 'kernels'", db=DB_OLD) == "p"
 
 
@@ -240,9 +215,7 @@ def check_migration(rid):
     copy_run(rid, 2, 1)   # open
     want = {r: (rows(r, DB_OLD), dash(r, DB_OLD)) for r in (1, 2)}
     assert want[1][0].split("|")[0] == rows(rid, DB).split("|")[0]
-    p = subprocess.run([COLLECTORD, "--migrate", "--pg-conninfo", kpfix.conninfo(DB_OLD)],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and "applied 0015_kernel_chunks" in p.stdout, (p.stdout, p.stderr)
+    kpfix.migrate(DB_OLD, "applied 0015_kernel_chunks")
     n = int(want[1][0].split("|")[0])
     assert where(1, DB_OLD) == (0, n, where(1, DB_OLD)[2]) and where(1, DB_OLD)[2] > 0
     assert where(2, DB_OLD) == (n, 0, 0), "the open run's kernels must stay rows"
@@ -257,9 +230,7 @@ def check_migration(rid):
     kpfix.psql("SELECT kp_drop_run(1)", db=DB_OLD)
     assert kpfix.psql("SELECT to_regclass('kernel_rows_r1') IS NULL AND "
                       "to_regclass('kernel_chunks_r1') IS NULL", db=DB_OLD) == "t"
-    p = subprocess.run([COLLECTORD, "--migrate", "--pg-conninfo", kpfix.conninfo(DB_OLD)],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and "0 migrations applied" in p.stdout, (p.stdout, p.stderr)
+    kpfix.migrate(DB_OLD, "0 migrations applied")
     print("migration from 0014: the ended run's %d kernels into chunks, the open run's kept as "
           "rows, the same rows and dashboards; new runs get both partitions" % n)
 

@@ -17,9 +17,7 @@ real kprof-collectord, kprof-analyze and PostgreSQL:
      open run's are not, nor a new run's; a second --migrate applies none."""
 import json
 import os
-import re
 import subprocess
-import urllib.request
 
 import kpfix
 
@@ -29,9 +27,6 @@ DB = "kp_it_rank_index"
 DB_OLD = "kp_it_rank_index_old"
 LOADGEN = os.path.join(kpfix.BIN, "tools", "kprof-loadgen")
 ANALYZE = os.path.join(kpfix.BIN, "analyzer", "kprof-analyze")
-COLLECTORD = os.path.join(kpfix.BIN, "collectord", "kprof-collectord")
-MIGRATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sql",
-                          "migrations")
 # The tables a per-rank read filters by rank through the BRIN index.
 INDEXED = ("api_calls", "collectives", "counters", "kernel_occupancy", "kernel_rows",
            "memcpy_bandwidth", "memcpys", "memory_events", "memset_bandwidth", "memsets", "ops",
@@ -43,14 +38,6 @@ def run(args, env=None):
                        timeout=300 * kpfix.SCALE)
     assert p.returncode == 0, (args, p.returncode, p.stdout, p.stderr)
     return p.stdout
-
-
-def metric(cd, name):
-    with urllib.request.urlopen("http://%s/metrics" % cd.http, timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError("no metric " + name)
 
 
 def brin_indexes(part, db):
@@ -98,15 +85,15 @@ def analyzer_json(view, rid, rank, env=None):
 
 
 def check_new_runs(cd):
-    base = metric(cd, "kprof_collectord_runs_settled_total")
+    base = cd.metric("kprof_collectord_runs_settled_total")
     out = run([LOADGEN, "--collector", cd.grpc, "--json", "--ranks", "4", "--threads", "4",
                "--steps", "30", "--kernels-per-step", "100", "--job", "rank_index"])
     rid = json.loads(out)["run_id"]
-    kpfix.wait_for(lambda: metric(cd, "kprof_collectord_runs_settled_total") > base, 120,
+    kpfix.wait_for(lambda: cd.metric("kprof_collectord_runs_settled_total") > base, 120,
                    "run %d settled" % rid)
     check_partitions(rid, DB)
     assert "run partitions settled run=%d " % rid in cd.log_text(), cd.log_text()
-    assert metric(cd, "kprof_collectord_run_settle_milliseconds_total") >= 0
+    assert cd.metric("kprof_collectord_run_settle_milliseconds_total") >= 0
     kpfix.wait_for(lambda: kpfix.psql(
         "SELECT count(*) FROM pg_stat_user_tables WHERE relname IN ('ops_r%d', 'api_calls_r%d') "
         "AND last_analyze IS NOT NULL" % (rid, rid), db=DB) == "2", 30,
@@ -158,19 +145,7 @@ def old_schema_db():
     """A database as migrations 0001-0016 left it (what the previous release's --migrate made),
     with runs 1 (ended) and 2 (open): ops and API calls of ranks 0 and 1, written rank by
     rank."""
-    kpfix.fresh_db(DB_OLD)
-    kpfix.psql("CREATE TABLE kp_schema_migrations (version integer PRIMARY KEY, name text NOT "
-               "NULL, applied_at timestamptz NOT NULL DEFAULT now())", db=DB_OLD)
-    for f in sorted(os.listdir(MIGRATIONS)):
-        m = re.match(r"(\d{4})_(.*)\.sql$", f)
-        if not m or int(m.group(1)) >= 17:
-            continue
-        p = subprocess.run([kpfix.PSQL, kpfix.conninfo(DB_OLD), "-qX", "-1", "-v",
-                            "ON_ERROR_STOP=1", "-f", os.path.join(MIGRATIONS, f)],
-                           capture_output=True, text=True)
-        assert p.returncode == 0, (f, p.stderr)
-        kpfix.psql("INSERT INTO kp_schema_migrations (version, name) VALUES (%d, '%s')"
-                   % (int(m.group(1)), f[:-4]), db=DB_OLD)
+    kpfix.schema_before(DB_OLD, 17)
     for rid, state in ((1, 2), (2, 1)):
         kpfix.psql("INSERT INTO runs (id, job, world_size, state) VALUES (%d, 'old', 2, %d); "
                    "SELECT kp_create_run_partitions(%d)" % (rid, state, rid), db=DB_OLD)
@@ -184,9 +159,7 @@ def old_schema_db():
 
 def check_migration():
     old_schema_db()
-    p = subprocess.run([COLLECTORD, "--migrate", "--pg-conninfo", kpfix.conninfo(DB_OLD)],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and "applied 0017_rank_brin" in p.stdout, (p.stdout, p.stderr)
+    kpfix.migrate(DB_OLD, "applied 0017_rank_brin")
     check_partitions(1, DB_OLD)
     check_partitions(2, DB_OLD, indexed=False)
     assert kpfix.psql("SELECT kp_settle_run(1)", db=DB_OLD) == "0"
@@ -198,9 +171,7 @@ def check_migration():
     kpfix.psql("INSERT INTO runs (id, job, world_size) VALUES (3, 'new', 1); "
                "SELECT kp_create_run_partitions(3)", db=DB_OLD)
     check_partitions(3, DB_OLD, indexed=False)
-    p = subprocess.run([COLLECTORD, "--migrate", "--pg-conninfo", kpfix.conninfo(DB_OLD)],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and "0 migrations applied" in p.stdout, (p.stdout, p.stderr)
+    kpfix.migrate(DB_OLD, "0 migrations applied")
     print("migration from 0016: the ended run's partitions indexed by rank, a rank read through "
           "the index (%d pages of ops); the open run's and a new run's not" % relpages)
 

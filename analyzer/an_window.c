@@ -1,0 +1,524 @@
+/*
+ * kp_an_create_windowed: the operator and kernel tables and the Tensor Core statistics of a
+ * rank, read a window at a time, so that what the analyzer holds is one window's model and the
+ * tables, not the rank's rows (bench/scale/FINDINGS.md, "Memory").
+ *
+ * Windows are cut at quiet points of the rank's host time: instants that no host op (CPU op,
+ * user annotation, ProfilerStep) and no runtime call of any thread spans, the first one after
+ * every window_events host events. Each window's model is then the whole rank's model
+ * restricted to it: its trees are closed, and every runtime call's op is in it. Its device
+ * events are those launched from it, by correlation: CUPTI numbers calls as they enter, so a
+ * window's correlations all lie above the previous window's (checked here; a rank where they
+ * do not, or with no quiet point, is read whole instead). Stale device events (no launch) go
+ * to the window whose correlation range holds theirs, under the rank's main thread, as they
+ * would in the whole rank.
+ *
+ * The tables add up over windows: calls and times are sums, minima and maxima fold, the
+ * duration-weighted means are kept as sums, and what a group shows from its first op or kernel
+ * (the shapes of an operator by name, the op's Tensor Core eligibility of a kernel by op) is
+ * taken from the window that holds the earliest one. The means' double sums are added in
+ * window order rather than in the rank's device order: the same to the last bits unless
+ * kernels of a group launched in two windows overlap in time.
+ */
+#include "an_int.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kp_err.h"
+#include "kp_pg.h"
+#include "kp_strbuf.h"
+
+/* ---- the windows ------------------------------------------------------------------------ */
+
+/* The first quiet point after every n host events ($3), in time order. The window function
+ * gives each host event the latest end of those before it in start order; where that end is at
+ * or before the event's start, nothing open before spans it. */
+static const char cuts_sql[] =
+    "WITH h AS (SELECT start_ns AS s, start_ns + dur_ns AS e FROM ops WHERE run_id = $1 AND "
+    "rank = $2 AND kind IN (1, 2, 6) UNION ALL SELECT start_ns, start_ns + dur_ns FROM "
+    "api_calls WHERE run_id = $1 AND rank = $2 AND domain = 1), "
+    "o AS (SELECT s, max(e) OVER (ORDER BY s, e DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 "
+    "PRECEDING) AS pe, row_number() OVER (ORDER BY s, e DESC) AS n FROM h) "
+    "SELECT min(s) FROM o WHERE n > $3::bigint AND pe <= s GROUP BY (n - 1) / $3::bigint "
+    "ORDER BY 1";
+
+/* Per window (0: before the first cut, i: from cut i), its runtime calls' correlations. */
+static const char corr_sql[] =
+    "SELECT width_bucket(start_ns, $3::bigint[]), min(correlation), max(correlation) FROM "
+    "api_calls WHERE run_id = $1 AND rank = $2 AND domain = 1 AND correlation IS NOT NULL AND "
+    "correlation <> 0 GROUP BY 1 ORDER BY 1";
+
+/* The main thread: the first ProfilerStep's in the order the model reads ops (tid, NULLs last). */
+static const char main_sql[] =
+    "SELECT min(tid), count(*) > 0 FROM ops WHERE run_id = $1 AND rank = $2 AND kind = 6";
+
+/* The windows of the rank into *out (*n of them); *n 0 when it cannot be cut. 0 or KP_EPG,
+ * -ENOMEM with a message. */
+static int plan(PGconn *c, const char *const *p2, size_t window_events, struct kp_an_window **out,
+                size_t *n, char *errbuf, size_t errlen)
+{
+    char per[24];
+    const char *p3[3] = { p2[0], p2[1], per };
+    struct kp_strbuf arr;
+    struct kp_an_window *w = NULL;
+    PGresult *r = NULL;
+    size_t m, i;
+    int rc;
+    bool main_set = false;
+    int64_t main_tid = 0;
+
+    *out = NULL;
+    *n = 0;
+    kp_strbuf_init(&arr, 0);
+    snprintf(per, sizeof(per), "%zu", window_events);
+    if ((rc = kp_pg_query(c, cuts_sql, 3, p3, &r, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    m = (size_t) PQntuples(r);
+    if (m == 0) {
+        PQclear(r);
+        return 0;
+    }
+    if (!(w = calloc(m + 1, sizeof(*w)))) {
+        PQclear(r);
+        return -ENOMEM;
+    }
+    rc = kp_strbuf_append_str(&arr, "{");
+    for (i = 0; i < m; i++) {
+        w[i + 1].t_lo = w[i].t_hi = kp_pg_i64(r, (int) i, 0, 0);
+        rc = rc ? rc : kp_strbuf_appendf(&arr, "%s%" PRId64, i ? "," : "", w[i].t_hi);
+    }
+    rc = rc ? rc : kp_strbuf_append_str(&arr, "}");
+    PQclear(r);
+    r = NULL;
+    w[0].first = true;
+    w[m].last = true;
+    if (rc != 0) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    p3[2] = arr.data;
+    if ((rc = kp_pg_query(c, corr_sql, 3, p3, &r, errbuf, errlen)) != 0) {
+        goto fail;
+    }
+    /* c_hi of each window: its calls' largest correlation, or the previous window's; a window
+     * whose smallest is not above every earlier one's cannot be cut off by correlation */
+    {
+        int64_t hi = INT64_MIN;
+        size_t row = 0, rows = (size_t) PQntuples(r);
+
+        for (i = 0; i <= m; i++) {
+            if (row < rows && (size_t) kp_pg_i64(r, (int) row, 0, -1) == i) {
+                int64_t lo_i = kp_pg_i64(r, (int) row, 1, 0), hi_i = kp_pg_i64(r, (int) row, 2, 0);
+
+                if (i > 0 && lo_i <= hi) {
+                    PQclear(r);
+                    free(w);
+                    kp_strbuf_fini(&arr);
+                    return 0; /* correlations not in launch order across the cut */
+                }
+                hi = hi_i;
+                row++;
+            }
+            w[i].c_hi = hi;
+            if (i > 0) {
+                w[i].c_lo = w[i - 1].c_hi;
+            }
+        }
+    }
+    PQclear(r);
+    r = NULL;
+    if ((rc = kp_pg_query(c, main_sql, 2, p2, &r, errbuf, errlen)) != 0) {
+        goto fail;
+    }
+    main_set = strcmp(PQgetvalue(r, 0, 1), "t") == 0;
+    main_tid = kp_pg_i64(r, 0, 0, 0); /* only NULL tids: min() is NULL, and they load as 0 */
+    PQclear(r);
+    for (i = 0; i <= m; i++) {
+        w[i].main_set = main_set;
+        w[i].main_tid = main_tid;
+    }
+    kp_strbuf_fini(&arr);
+    *out = w;
+    *n = m + 1;
+    return 0;
+fail:
+    PQclear(r);
+    free(w);
+    kp_strbuf_fini(&arr);
+    if (rc == -ENOMEM) {
+        kp_errbuf_set(errbuf, errlen, "out of memory planning the rank's windows");
+    }
+    return rc;
+}
+
+/* ---- the sums ------------------------------------------------------------------------- */
+
+/* Rows of one table keyed by their strings, the strings owned by the handle's dictionary. */
+struct fold {
+    size_t size; /* of a row */
+    void *rows;  /* n of them, room for cap */
+    size_t n, cap;
+    char **keys;   /* open addressing, key_cap slots: the key text, NULL free */
+    int32_t *slot; /* the row of each key */
+    size_t key_cap;
+};
+
+struct folds {
+    struct kp_an *h; /* the handle whose tables they become */
+    struct fold ops[2], kern[2];
+    char **pool; /* interned strings: open addressing, pool_cap slots */
+    size_t pool_n, pool_cap;
+    int64_t tc_kern[KP_AN_MAX_GPUS], tc_tc[KP_AN_MAX_GPUS], bottom, all;
+    bool tc_seen[KP_AN_MAX_GPUS], tc_any, by_device;
+};
+
+/* The interned copy of s (owned by h->names), or NULL without memory. */
+static const char *intern(struct folds *f, const char *s)
+{
+    size_t k;
+
+    if (2 * (f->pool_n + 1) > f->pool_cap) {
+        size_t nc = f->pool_cap ? 2 * f->pool_cap : 256;
+        char **g = calloc(nc, sizeof(*g));
+
+        if (!g) {
+            return NULL;
+        }
+        for (size_t i = 0; i < f->pool_cap; i++) {
+            if (f->pool[i]) {
+                for (k = kp_an_str_hash(f->pool[i]) & (nc - 1); g[k]; k = (k + 1) & (nc - 1)) {
+                }
+                g[k] = f->pool[i];
+            }
+        }
+        free(f->pool);
+        f->pool = g;
+        f->pool_cap = nc;
+    }
+    for (k = kp_an_str_hash(s) & (f->pool_cap - 1); f->pool[k]; k = (k + 1) & (f->pool_cap - 1)) {
+        if (strcmp(f->pool[k], s) == 0) {
+            return f->pool[k];
+        }
+    }
+    {
+        struct kp_an_dict *d = &f->h->names;
+        struct kp_an_name *v = realloc(d->v, (d->n + 1) * sizeof(*v));
+        char *copy = strdup(s);
+
+        if (v) {
+            d->v = v;
+        }
+        if (!v || !copy) {
+            free(copy);
+            return NULL;
+        }
+        d->v[d->n++] = (struct kp_an_name){ (int64_t) d->n, copy };
+        f->pool[k] = copy;
+        f->pool_n++;
+        return copy;
+    }
+}
+
+/* The row of key (a transient string) in fo: *fresh when new (zeroed). NULL without memory. */
+static void *fold_row(struct fold *fo, const char *key, bool *fresh)
+{
+    size_t k;
+
+    *fresh = false;
+    if (2 * (fo->n + 1) > fo->key_cap) {
+        size_t nc = fo->key_cap ? 2 * fo->key_cap : 256;
+        char **g = calloc(nc, sizeof(*g));
+        int32_t *gs = calloc(nc, sizeof(*gs));
+
+        if (!g || !gs) {
+            free(g);
+            free(gs);
+            return NULL;
+        }
+        for (size_t i = 0; i < fo->key_cap; i++) {
+            if (fo->keys[i]) {
+                for (k = kp_an_str_hash(fo->keys[i]) & (nc - 1); g[k]; k = (k + 1) & (nc - 1)) {
+                }
+                g[k] = fo->keys[i];
+                gs[k] = fo->slot[i];
+            }
+        }
+        free(fo->keys);
+        free(fo->slot);
+        fo->keys = g;
+        fo->slot = gs;
+        fo->key_cap = nc;
+    }
+    for (k = kp_an_str_hash(key) & (fo->key_cap - 1); fo->keys[k];
+         k = (k + 1) & (fo->key_cap - 1)) {
+        if (strcmp(fo->keys[k], key) == 0) {
+            return (char *) fo->rows + (size_t) fo->slot[k] * fo->size;
+        }
+    }
+    if (fo->n == fo->cap) {
+        size_t nc = fo->cap ? 2 * fo->cap : 64;
+        void *g = realloc(fo->rows, nc * fo->size);
+
+        if (!g) {
+            return NULL;
+        }
+        fo->rows = g;
+        fo->cap = nc;
+    }
+    if (!(fo->keys[k] = strdup(key))) {
+        return NULL;
+    }
+    fo->slot[k] = (int32_t) fo->n;
+    memset((char *) fo->rows + fo->n * fo->size, 0, fo->size);
+    *fresh = true;
+    return (char *) fo->rows + fo->n++ * fo->size;
+}
+
+static void fold_fini(struct fold *fo)
+{
+    for (size_t i = 0; i < fo->key_cap; i++) {
+        free(fo->keys[i]);
+    }
+    free(fo->keys);
+    free(fo->slot);
+    free(fo->rows);
+}
+
+/* Adds window table t (operator rows; by_shape as keyed) into fo. 0 or -ENOMEM. */
+static int fold_ops(struct folds *f, struct fold *fo, const struct kp_an_table *t, bool by_shape)
+{
+    const struct kp_an_op_row *w = t->rows;
+    struct kp_strbuf key;
+
+    kp_strbuf_init(&key, 0);
+    for (size_t i = 0; i < t->n; i++) {
+        struct kp_an_op_row *r;
+        bool fresh, earlier;
+
+        kp_strbuf_reset(&key);
+        if (kp_strbuf_appendf(&key, "%s\x1f%s", w[i].name, by_shape ? w[i].input_shape : "") ||
+            !(r = fold_row(fo, key.data, &fresh))) {
+            kp_strbuf_fini(&key);
+            return -ENOMEM;
+        }
+        earlier = fresh || w[i].first_tid < r->first_tid ||
+                  (w[i].first_tid == r->first_tid && w[i].first_start < r->first_start);
+        if (fresh && !(r->name = intern(f, w[i].name))) {
+            kp_strbuf_fini(&key);
+            return -ENOMEM;
+        }
+        if (earlier) {
+            if (!(r->input_shape = intern(f, w[i].input_shape))) {
+                kp_strbuf_fini(&key);
+                return -ENOMEM;
+            }
+            r->first_tid = w[i].first_tid;
+            r->first_start = w[i].first_start;
+        }
+        r->calls += w[i].calls;
+        r->host_total_ns += w[i].host_total_ns;
+        r->host_self_ns += w[i].host_self_ns;
+        r->device_total_ns += w[i].device_total_ns;
+        r->device_self_ns += w[i].device_self_ns;
+        r->tc_self_ns += w[i].tc_self_ns;
+        r->tc_total_ns += w[i].tc_total_ns;
+        r->tc_eligible = r->tc_eligible || w[i].tc_eligible;
+    }
+    kp_strbuf_fini(&key);
+    return 0;
+}
+
+/* Adds window table t (kernel rows) into fo. 0 or -ENOMEM. */
+static int fold_kernels(struct folds *f, struct fold *fo, const struct kp_an_table *t)
+{
+    const struct kp_an_kernel_row *w = t->rows;
+    struct kp_strbuf key;
+
+    kp_strbuf_init(&key, 0);
+    for (size_t i = 0; i < t->n; i++) {
+        struct kp_an_kernel_row *r;
+        bool fresh, earlier;
+
+        kp_strbuf_reset(&key);
+        if (kp_strbuf_appendf(&key, "%s\x1f%s\x1f%s\x1f%s\x1f%" PRId64 "\x1f%" PRId64, w[i].name,
+                              w[i].op_name, w[i].grid, w[i].block, w[i].registers,
+                              w[i].shared_memory) ||
+            !(r = fold_row(fo, key.data, &fresh))) {
+            kp_strbuf_fini(&key);
+            return -ENOMEM;
+        }
+        earlier = fresh || w[i].first_start < r->first_start ||
+                  (w[i].first_start == r->first_start &&
+                   (w[i].first_end > r->first_end ||
+                    (w[i].first_end == r->first_end && w[i].first_corr < r->first_corr)));
+        if (fresh) {
+            if (!(r->name = intern(f, w[i].name)) || !(r->op_name = intern(f, w[i].op_name))) {
+                kp_strbuf_fini(&key);
+                return -ENOMEM;
+            }
+            memcpy(r->grid, w[i].grid, sizeof(r->grid));
+            memcpy(r->block, w[i].block, sizeof(r->block));
+            r->registers = w[i].registers;
+            r->shared_memory = w[i].shared_memory;
+            r->min_ns = w[i].min_ns;
+            r->max_ns = w[i].max_ns;
+        }
+        if (earlier) {
+            r->op_tc_eligible = w[i].op_tc_eligible;
+            r->first_start = w[i].first_start;
+            r->first_end = w[i].first_end;
+            r->first_corr = w[i].first_corr;
+        }
+        r->calls += w[i].calls;
+        r->total_ns += w[i].total_ns;
+        r->min_ns = w[i].min_ns < r->min_ns ? w[i].min_ns : r->min_ns;
+        r->max_ns = w[i].max_ns > r->max_ns ? w[i].max_ns : r->max_ns;
+        r->wsum_blocks_per_sm += w[i].wsum_blocks_per_sm;
+        r->wsum_occupancy += w[i].wsum_occupancy;
+    }
+    kp_strbuf_fini(&key);
+    return 0;
+}
+
+/* Adds window a's tables and Tensor Core sums into f. 0 or -ENOMEM. */
+static int fold_window(struct folds *f, struct kp_an *a)
+{
+    const struct kp_an_table *t;
+    struct kp_an_tc tc;
+    int rc;
+
+    for (int by = 0; by < 2; by++) {
+        if ((rc = kp_an_ops(a, by != 0, &t)) < 0 || (rc = fold_ops(f, &f->ops[by], t, by)) < 0 ||
+            (rc = kp_an_kernels(a, by != 0, &t)) < 0 ||
+            (rc = fold_kernels(f, &f->kern[by], t)) < 0) {
+            return rc;
+        }
+    }
+    if ((rc = kp_an_tensor_cores(a, &tc)) < 0) {
+        return rc;
+    }
+    for (size_t g = 0; g < tc.n_gpus; g++) {
+        int id = tc.gpu_ids[g];
+
+        f->tc_seen[id] = true;
+        f->tc_kern[id] += tc.op_kernel_ns[g];
+        f->tc_tc[id] += tc.op_tc_ns[g];
+    }
+    f->tc_any = f->tc_any || tc.tc_ratio_defined;
+    f->bottom += tc.eligible_bottom_ns;
+    f->all += tc.eligible_all_ns;
+    f->by_device = f->by_device || a->n_devs > 0;
+    return 0;
+}
+
+/* The sums into h's tables, in the orders a whole rank's have. */
+static void folds_finish(struct folds *f)
+{
+    struct kp_an *h = f->h;
+    struct kp_an_tc *tc = &h->tc;
+
+    for (int by = 0; by < 2; by++) {
+        kp__an_sort_op_rows(f->ops[by].rows, f->ops[by].n, f->by_device);
+        kp__an_finish_kernel_rows(f->kern[by].rows, f->kern[by].n);
+        h->ops_tab[by] = (struct kp_an_table){ f->ops[by].n, f->ops[by].rows };
+        h->kern_tab[by] = (struct kp_an_table){ f->kern[by].n, f->kern[by].rows };
+        f->ops[by].rows = f->kern[by].rows = NULL;
+    }
+    memset(tc, 0, sizeof(*tc));
+    for (int g = 0; g < KP_AN_MAX_GPUS; g++) {
+        if (!f->tc_seen[g]) {
+            continue;
+        }
+        tc->gpu_ids[tc->n_gpus] = g;
+        tc->tc_ratio[tc->n_gpus] =
+            f->tc_kern[g] ? (double) f->tc_tc[g] / (double) f->tc_kern[g] : 0.0;
+        tc->op_kernel_ns[tc->n_gpus] = f->tc_kern[g];
+        tc->op_tc_ns[tc->n_gpus] = f->tc_tc[g];
+        tc->n_gpus++;
+    }
+    tc->tc_ratio_defined = f->tc_any;
+    tc->eligible_ops_kernel_ratio = f->all ? (double) f->bottom / (double) f->all : 0.0;
+    tc->eligible_bottom_ns = f->bottom;
+    tc->eligible_all_ns = f->all;
+}
+
+static void folds_fini(struct folds *f)
+{
+    for (int by = 0; by < 2; by++) {
+        fold_fini(&f->ops[by]);
+        fold_fini(&f->kern[by]);
+    }
+    free(f->pool); /* the strings are the handle's */
+}
+
+int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, size_t window_events,
+                          struct kp_an **out, char *errbuf, size_t errlen)
+{
+    char runs[24], ranks[16];
+    const char *p2[2] = { runs, ranks };
+    struct kp_an_window *w = NULL;
+    struct folds f = { 0 };
+    size_t n = 0;
+    bool began = false;
+    int rc;
+
+    *out = NULL;
+    snprintf(runs, sizeof(runs), "%" PRId64, run);
+    snprintf(ranks, sizeof(ranks), "%d", rank);
+    if (window_events == 0) {
+        return 0;
+    }
+    /* every window and the plan read one snapshot */
+    if ((rc = kp_an_snapshot_begin(c, &began, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    if ((rc = plan(c, p2, window_events, &w, &n, errbuf, errlen)) != 0 || n < 2) {
+        kp_an_snapshot_end(c, began, rc);
+        free(w);
+        return rc;
+    }
+    if (!(f.h = calloc(1, sizeof(*f.h)))) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    f.ops[0].size = f.ops[1].size = sizeof(struct kp_an_op_row);
+    f.kern[0].size = f.kern[1].size = sizeof(struct kp_an_kernel_row);
+    for (size_t i = 0; i < n; i++) {
+        struct kp_an *a = NULL;
+
+        if ((rc = kp__an_create_window(c, run, rank, max_rows, &w[i], &a, errbuf, errlen)) != 0) {
+            goto out;
+        }
+        rc = fold_window(&f, a);
+        kp_an_destroy(a);
+        if (rc != 0) {
+            goto out;
+        }
+    }
+    folds_finish(&f);
+    f.h->windowed = true;
+    f.h->windows = n;
+    f.h->built = true;
+    *out = f.h;
+    f.h = NULL;
+out:
+    kp_an_snapshot_end(c, began, rc);
+    if (rc == -ENOMEM && errbuf[0] == '\0') {
+        kp_errbuf_set(errbuf, errlen, "out of memory reading run %" PRId64 " rank %d by windows",
+                      run, rank);
+    }
+    folds_fini(&f);
+    kp_an_destroy(f.h);
+    free(w);
+    return rc;
+}
+
+size_t kp_an_windows(const struct kp_an *a)
+{
+    return a->windowed ? a->windows : 1;
+}
