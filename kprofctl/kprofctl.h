@@ -38,6 +38,9 @@ enum kprofctl_exit {
 };
 
 /* --help's line for exit 7, the same in every verb. */
+/* The largest reply kprofctl takes from a daemon (gRPC's default is 64 MiB). */
+#define KPROFCTL_MAX_REPLY ((size_t) 1 << 30)
+
 #define KPROFCTL_EXIT_REFUSED_HELP                                                       \
     "refused: no or wrong credential, or a role that may not do this (UNAUTHENTICATED, " \
     "PERMISSION_DENIED): give --token-file (KPROF_TOKEN_FILE) with a token of the role " \

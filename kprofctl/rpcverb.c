@@ -513,6 +513,9 @@ int kp_rpcverb_channel(const char *verb, const char *flag, const char *target,
     co.tls_cert_file = given(creds->tls_cert) ? creds->tls_cert : NULL;
     co.tls_key_file = given(creds->tls_key) ? creds->tls_key : NULL;
     co.token_file = given(creds->token_file) ? creds->token_file : NULL;
+    /* A reply is printed whole, and some are large: PyProf's table is a row per kernel, 130 MB
+     * at 4 M events of a rank, past gRPC's default of 64 MiB. */
+    co.max_message_bytes = KPROFCTL_MAX_REPLY;
     if (kp_rpc_channel_create(target, &co, out, err, sizeof(err)) != 0) {
         fprintf(stderr, "kprofctl %s: --%s=%s: %s\n", verb, flag, target, err);
         return KPROFCTL_EXIT_USAGE;
@@ -716,11 +719,18 @@ failed:
         struct kp_rpcverb_creds creds;
 
         kp_rpcverb_creds_of(v->common, &creds);
-        kp_rpcverb_error(v, "%s at %s refused %s%s%s%s: %s: %s%s",
-                         v->spec->analyzer ? "kprof-analyzer" : "collectord", v->common->collector,
-                         method, v->subject[0] != '\0' ? " (" : "", v->subject,
-                         v->subject[0] != '\0' ? ")" : "", kp_rpc_status_name(st.code), st.details,
-                         kp_rpcverb_refused_hint(st.code, v->spec->analyzer, method, &creds));
+        kp_rpcverb_error(
+            v, "%s at %s refused %s%s%s%s: %s: %s%s",
+            v->spec->analyzer ? "kprof-analyzer" : "collectord", v->common->collector, method,
+            v->subject[0] != '\0' ? " (" : "", v->subject, v->subject[0] != '\0' ? ")" : "",
+            kp_rpc_status_name(st.code), st.details,
+            /* gRPC's own words for a reply over the channel's limit: kprofctl's, not the
+             * server's refusal */
+            st.code == GRPC_STATUS_RESOURCE_EXHAUSTED &&
+                    strstr(st.details, "Received message larger than max") != NULL
+                ? "; kprofctl: the reply is larger than the 1 GiB kprofctl takes: ask for one "
+                  "rank at a time, or export the run (kprofctl export)"
+                : kp_rpcverb_refused_hint(st.code, v->spec->analyzer, method, &creds));
     }
     return rc;
 }
