@@ -8,9 +8,11 @@ with the real kprof-collectord, kprof-analyze, kprof-analyzer, kprofctl and Post
      means to 1e-12 (their sums are added in another order).
   2. A rank that cannot be cut (an op spanning all of it, added here) is read whole, and
      answers the same.
-  3. kprof-analyzer --window-events 20 with a --memory-budget that a whole read of the rank
-     would pass: the operator and kernel views answer (a window's estimate fits), the breakdown,
-     which reads the rank whole, is refused naming the budget."""
+  3. kprof-analyzer --window-events 20 with a --memory-budget below what a whole read of the
+     rank is estimated to take: the operator and kernel views answer (two windows' estimate
+     fits), the breakdown, which reads the rank whole, is refused naming the budget.
+  4. --window-events that is not a count is refused (exit 2) by kprof-analyze and
+     kprof-analyzer."""
 import json
 import os
 import subprocess
@@ -76,8 +78,23 @@ def import_trace(cd, path):
     return json.loads(out)["run_id"]
 
 
+def check_bad_flags():
+    """--window-events takes a count: anything else is refused with exit 2 and says so."""
+    for bad in ("abc", "-5", ""):
+        p = subprocess.run([tas.ANALYZE, "--pg", kpfix.conninfo(DB), "--window-events", bad,
+                            "kprofctl", "ops", "--run", "1"], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 2 and "--window-events takes a count" in p.stderr, (bad, p)
+    for bad in ("abc", "-1"):
+        p = subprocess.run([tas.ANALYZER, "--window-events", bad, "--dry-run"],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "window-events" in p.stderr, (bad, p.returncode, p.stderr)
+    print("--window-events refuses what is not a count (kprof-analyze and kprof-analyzer)")
+
+
 def main():
     kpfix.fresh_db(DB)
+    check_bad_flags()
     cd = kpfix.Collectord("analyzer_windows", kpfix.conninfo(DB))
     an = None
     try:
