@@ -49,13 +49,29 @@ def psql_rows(sql, db="kprof"):
 
 def free_port():
     """A TCP port on 127.0.0.1 that was free a moment ago (for a server that must come back on
-    the same port after a restart)."""
+    the same port after a restart, or a stack whose ports are given ahead). Taken below the
+    kernel's ephemeral range: a port from bind(0) is one any outgoing connection (a daemon's
+    to PostgreSQL or Kafka) may take as its local port before the server binds it, which made
+    kprof-stack fail with "Address already in use" in CI."""
+    import random
     import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    lo = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    for _ in range(200):
+        port = random.randrange(max(1024, lo - 12000), lo)
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise AssertionError("no free TCP port below %d on 127.0.0.1" % lo)
 
 
 def fresh_db(name):
