@@ -95,6 +95,51 @@ void kp_an_dict_fini(struct kp_an_dict *d)
     d->n = 0;
 }
 
+const char *kp_an_pool_intern(struct kp_an_pool *pl, const char *s)
+{
+    size_t h;
+
+    if (2 * (pl->n + 1) > pl->cap) {
+        size_t cap = pl->cap ? 2 * pl->cap : 1024;
+        char **slot = calloc(cap, sizeof(*slot));
+
+        if (!slot) {
+            return NULL;
+        }
+        for (size_t i = 0; i < pl->cap; i++) {
+            if (pl->slot[i]) {
+                for (h = kp_an_str_hash(pl->slot[i]) & (cap - 1); slot[h];
+                     h = (h + 1) & (cap - 1)) {
+                }
+                slot[h] = pl->slot[i];
+            }
+        }
+        free(pl->slot);
+        pl->slot = slot;
+        pl->cap = cap;
+    }
+    for (h = kp_an_str_hash(s) & (pl->cap - 1); pl->slot[h]; h = (h + 1) & (pl->cap - 1)) {
+        if (strcmp(pl->slot[h], s) == 0) {
+            return pl->slot[h];
+        }
+    }
+    if (!(pl->slot[h] = strdup(s))) {
+        return NULL;
+    }
+    pl->n++;
+    return pl->slot[h];
+}
+
+void kp_an_pool_fini(struct kp_an_pool *pl)
+{
+    for (size_t i = 0; i < pl->cap; i++) {
+        free(pl->slot[i]);
+    }
+    free(pl->slot);
+    pl->slot = NULL;
+    pl->cap = pl->n = 0;
+}
+
 /* A name id field as read (-1 for NULL); an_resolve_names turns it into an index into
  * a->names. */
 static int32_t name_id(const char *f)
@@ -1119,6 +1164,7 @@ void kp_an_destroy(struct kp_an *a)
         return;
     }
     kp_an_dict_fini(&a->names);
+    kp_an_pool_fini(&a->strs);
     free(a->name_tc);
     free(a->ops);
     free(a->rts);

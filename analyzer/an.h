@@ -318,6 +318,17 @@ static inline uint64_t kp_an_str_hash(const char *s)
     return h;
 }
 
+/* A set of strings, each kept once (the analyzer's tables' text columns: PyProf's rows, the
+ * windowed tables). Zero-initialised empty; owns its copies until kp_an_pool_fini. */
+struct kp_an_pool {
+    char **slot; /* open addressing over a power of two: a copy, or NULL */
+    size_t cap, n;
+};
+
+/* s's copy in pl (made on first sight), or NULL without memory. */
+const char *kp_an_pool_intern(struct kp_an_pool *pl, const char *s);
+void kp_an_pool_fini(struct kp_an_pool *pl);
+
 /* Returns whether a kernel name marks a Tensor Core kernel (spec §7). */
 bool kp_an_is_tc_kernel(const char *name);
 

@@ -99,8 +99,9 @@ struct kp_an {
      * ops may not show; a windowed handle (kp_an_create_windowed) holds only its tables. */
     bool main_set, windowed;
     int64_t main_tid;
-    size_t windows;     /* windowed: how many the rank was read in */
-    struct kp_an_tc tc; /* windowed: the Tensor Core statistics */
+    size_t windows;         /* windowed: how many the rank was read in */
+    struct kp_an_pool strs; /* windowed: the tables' strings */
+    struct kp_an_tc tc;     /* windowed: the Tensor Core statistics */
 
     bool built;
     struct an_node *nodes;

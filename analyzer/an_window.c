@@ -158,7 +158,7 @@ fail:
 
 /* ---- the sums ------------------------------------------------------------------------- */
 
-/* Rows of one table keyed by their strings, the strings owned by the handle's dictionary. */
+/* Rows of one table keyed by their strings, the rows' strings interned in the handle. */
 struct fold {
     size_t size; /* of a row */
     void *rows;  /* n of them, room for cap */
@@ -171,57 +171,14 @@ struct fold {
 struct folds {
     struct kp_an *h; /* the handle whose tables they become */
     struct fold ops[2], kern[2];
-    char **pool; /* interned strings: open addressing, pool_cap slots */
-    size_t pool_n, pool_cap;
     int64_t tc_kern[KP_AN_MAX_GPUS], tc_tc[KP_AN_MAX_GPUS], bottom, all;
     bool tc_seen[KP_AN_MAX_GPUS], tc_any, by_device;
 };
 
-/* The interned copy of s (owned by h->names), or NULL without memory. */
+/* The interned copy of s (owned by the handle), or NULL without memory. */
 static const char *intern(struct folds *f, const char *s)
 {
-    size_t k;
-
-    if (2 * (f->pool_n + 1) > f->pool_cap) {
-        size_t nc = f->pool_cap ? 2 * f->pool_cap : 256;
-        char **g = calloc(nc, sizeof(*g));
-
-        if (!g) {
-            return NULL;
-        }
-        for (size_t i = 0; i < f->pool_cap; i++) {
-            if (f->pool[i]) {
-                for (k = kp_an_str_hash(f->pool[i]) & (nc - 1); g[k]; k = (k + 1) & (nc - 1)) {
-                }
-                g[k] = f->pool[i];
-            }
-        }
-        free(f->pool);
-        f->pool = g;
-        f->pool_cap = nc;
-    }
-    for (k = kp_an_str_hash(s) & (f->pool_cap - 1); f->pool[k]; k = (k + 1) & (f->pool_cap - 1)) {
-        if (strcmp(f->pool[k], s) == 0) {
-            return f->pool[k];
-        }
-    }
-    {
-        struct kp_an_dict *d = &f->h->names;
-        struct kp_an_name *v = realloc(d->v, (d->n + 1) * sizeof(*v));
-        char *copy = strdup(s);
-
-        if (v) {
-            d->v = v;
-        }
-        if (!v || !copy) {
-            free(copy);
-            return NULL;
-        }
-        d->v[d->n++] = (struct kp_an_name){ (int64_t) d->n, copy };
-        f->pool[k] = copy;
-        f->pool_n++;
-        return copy;
-    }
+    return kp_an_pool_intern(&f->h->strs, s);
 }
 
 /* The row of key (a transient string) in fo: *fresh when new (zeroed). NULL without memory. */
@@ -453,7 +410,6 @@ static void folds_fini(struct folds *f)
         fold_fini(&f->ops[by]);
         fold_fini(&f->kern[by]);
     }
-    free(f->pool); /* the strings are the handle's */
 }
 
 int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, size_t window_events,

@@ -58,7 +58,7 @@ struct pp_kern {
     bool has_grid, has_block;
 };
 
-/* A row's text columns while it is built, then interned (pp_intern). */
+/* A row's text columns while it is built, then interned (kp_an_pool_intern). */
 struct pp_text {
     char altseq[96], layer[128], mod[48], op[96], params[256], grid[64], block[64];
 };
@@ -66,11 +66,6 @@ struct pp_text {
 /* Each distinct text value once, for the rows to point into: most repeat from kernel to kernel,
  * and a row of the buffers above for each kernel was most of the table's memory (1 KB a
  * kernel). Open addressing over a power-of-two table; NULL slots are empty. */
-struct pp_pool {
-    char **slot;
-    size_t cap, n;
-};
-
 /* What row_compute_work derives from an attributed op. Ops of the same name, shapes, dtypes,
  * direction and convolution hint come back step after step, so it is computed once for each
  * (pp_work_of): parsing the shapes and finding the formula for every kernel was a fifth of
@@ -98,7 +93,7 @@ struct kp_pyprof {
     struct pp_call *calls; /* while the table is built: the rank's API calls, by correlation */
     size_t n_calls, cap_calls;
     struct kp_an_dict names; /* the names kern's and ops' name ids refer to */
-    struct pp_pool pool;     /* the rows' text columns */
+    struct kp_an_pool pool;  /* the rows' text columns */
     struct pp_works works;   /* while the table is built */
     struct pp_op *ops;       /* while the table is built: by thread, start, longest first */
     size_t n_ops, cap_ops;
@@ -114,50 +109,6 @@ static int cmp_key(const void *pa, const void *pb)
         return a->key < b->key ? -1 : 1;
     }
     return a->idx < b->idx ? -1 : a->idx > b->idx;
-}
-
-/* s's copy in the pool (made on first sight), or NULL without memory. */
-static const char *pp_intern(struct pp_pool *pl, const char *s)
-{
-    size_t h;
-
-    if (2 * (pl->n + 1) > pl->cap) {
-        size_t cap = pl->cap ? 2 * pl->cap : 1024;
-        char **slot = calloc(cap, sizeof(*slot));
-
-        if (!slot) {
-            return NULL;
-        }
-        for (size_t i = 0; i < pl->cap; i++) {
-            if (pl->slot[i]) {
-                for (h = kp_an_str_hash(pl->slot[i]) & (cap - 1); slot[h];
-                     h = (h + 1) & (cap - 1)) {
-                }
-                slot[h] = pl->slot[i];
-            }
-        }
-        free(pl->slot);
-        pl->slot = slot;
-        pl->cap = cap;
-    }
-    for (h = kp_an_str_hash(s) & (pl->cap - 1); pl->slot[h]; h = (h + 1) & (pl->cap - 1)) {
-        if (strcmp(pl->slot[h], s) == 0) {
-            return pl->slot[h];
-        }
-    }
-    if (!(pl->slot[h] = strdup(s))) {
-        return NULL;
-    }
-    pl->n++;
-    return pl->slot[h];
-}
-
-static void pp_pool_fini(struct pp_pool *pl)
-{
-    for (size_t i = 0; i < pl->cap; i++) {
-        free(pl->slot[i]);
-    }
-    free(pl->slot);
 }
 
 /* The first entry of v with key k, or NULL. */
@@ -1269,7 +1220,7 @@ static int pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
         char sk[160];      /* PyProf's short names are short; a long one is cut */
 
         short_kernel(kname, sk, sizeof(sk));
-        if (!(b->kshort[kix] = pp_intern(&p->pool, sk))) {
+        if (!(b->kshort[kix] = kp_an_pool_intern(&p->pool, sk))) {
             return -ENOMEM;
         }
         b->ktc[kix] = kp_an_is_tc_kernel(kname);
@@ -1290,10 +1241,13 @@ static int pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
     b->share[i].key = -1;
     b->share[i].row = i;
     if (fill_row(p, b, r, t, oi, b->ktc[kix], &b->share[i]) < 0 ||
-        !(r->altseq = pp_intern(&p->pool, t->altseq)) ||
-        !(r->layer = pp_intern(&p->pool, t->layer)) || !(r->mod = pp_intern(&p->pool, t->mod)) ||
-        !(r->op = pp_intern(&p->pool, t->op)) || !(r->params = pp_intern(&p->pool, t->params)) ||
-        !(r->grid = pp_intern(&p->pool, t->grid)) || !(r->block = pp_intern(&p->pool, t->block))) {
+        !(r->altseq = kp_an_pool_intern(&p->pool, t->altseq)) ||
+        !(r->layer = kp_an_pool_intern(&p->pool, t->layer)) ||
+        !(r->mod = kp_an_pool_intern(&p->pool, t->mod)) ||
+        !(r->op = kp_an_pool_intern(&p->pool, t->op)) ||
+        !(r->params = kp_an_pool_intern(&p->pool, t->params)) ||
+        !(r->grid = kp_an_pool_intern(&p->pool, t->grid)) ||
+        !(r->block = kp_an_pool_intern(&p->pool, t->block))) {
         return -ENOMEM;
     }
     return 0;
@@ -1386,7 +1340,7 @@ void kp_pyprof_destroy(struct kp_pyprof *p)
     free(p->kern);
     free(p->calls);
     kp_an_dict_fini(&p->names);
-    pp_pool_fini(&p->pool);
+    kp_an_pool_fini(&p->pool);
     free(p->works.slot);
     free(p->ops);
     free(p->rows);
