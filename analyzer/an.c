@@ -482,7 +482,7 @@ static int chunk_row(void *ud, char *row, size_t len)
         if ((rc = kp_pg_arrays_next_i64(c, 15, v, null)) <= 0) {
             return rc;
         }
-        if (cp->ld->win && !kp__an_window_has(cp->ld->win, null[2], v[2])) {
+        if (cp->ld->win && !kp_an_window_has(cp->ld->win, null[2], v[2])) {
             continue; /* launched in another window */
         }
         if ((rc = copy_slot(cp, (void **) &a->devs, sizeof(*a->devs))) < 0) {
@@ -1039,6 +1039,47 @@ out:
     return rc == -ENOMEM ? load_nomem(ld) : rc;
 }
 
+/* kp_an_window_has in SQL. */
+void kp_an_window_sql(const struct kp_an_window *w, char host[static 96], char dev[static 128],
+                      char chunk[static 192])
+{
+    size_t o = 0;
+
+    host[0] = dev[0] = chunk[0] = '\0';
+    if (!w->first) {
+        o += (size_t) snprintf(host + o, 96 - o, " AND start_ns >= %" PRId64, w->t_lo);
+    }
+    /* A kernel ends after it starts, which is after its launch, in the window: a chunk that
+     * ended before the window has none of its kernels. A chunk's correlations (c0, c1:
+     * migration 0017; NULL in older chunks) must meet the window's, but for the last
+     * window, which takes the kernels without one too. */
+    if (!w->first && w->last) {
+        snprintf(chunk, 192, " AND t1 >= %" PRId64, w->t_lo);
+    }
+    else if (!w->first) {
+        snprintf(chunk, 192,
+                 " AND t1 >= %" PRId64 " AND (c0 IS NULL OR (c1 > %" PRId64 " AND c0 <= %" PRId64
+                 "))",
+                 w->t_lo, w->c_lo, w->c_hi);
+    }
+    else if (!w->last) {
+        snprintf(chunk, 192, " AND (c0 IS NULL OR c0 <= %" PRId64 ")", w->c_hi);
+    }
+    if (!w->last) {
+        snprintf(host + o, 96 - o, " AND start_ns < %" PRId64, w->t_hi);
+    }
+    if (w->first && !w->last) {
+        snprintf(dev, 128, " AND correlation <= %" PRId64, w->c_hi);
+    }
+    else if (!w->first && w->last) {
+        snprintf(dev, 128, " AND (correlation > %" PRId64 " OR correlation IS NULL)", w->c_lo);
+    }
+    else if (!w->first && !w->last) {
+        snprintf(dev, 128, " AND correlation > %" PRId64 " AND correlation <= %" PRId64, w->c_lo,
+                 w->c_hi);
+    }
+}
+
 /* kp_an_create, or window w of the rank (w NULL: the whole rank). */
 static int an_create(PGconn *c, int64_t run, int rank, size_t max_rows,
                      const struct kp_an_window *w, struct kp_an **out, char *errbuf, size_t errlen)
@@ -1063,43 +1104,7 @@ static int an_create(PGconn *c, int64_t run, int rank, size_t max_rows,
     snprintf(runs, sizeof(runs), "%" PRId64, run);
     snprintf(ranks, sizeof(ranks), "%d", rank);
     if (w) {
-        /* kp__an_window_has in SQL */
-        size_t o = 0;
-
-        if (!w->first) {
-            o +=
-                (size_t) snprintf(host + o, sizeof(host) - o, " AND start_ns >= %" PRId64, w->t_lo);
-        }
-        /* A kernel ends after it starts, which is after its launch, in the window: a chunk that
-         * ended before the window has none of its kernels. A chunk's correlations (c0, c1:
-         * migration 0017; NULL in older chunks) must meet the window's, but for the last
-         * window, which takes the kernels without one too. */
-        if (!w->first && w->last) {
-            snprintf(chunk, sizeof(chunk), " AND t1 >= %" PRId64, w->t_lo);
-        }
-        else if (!w->first) {
-            snprintf(chunk, sizeof(chunk),
-                     " AND t1 >= %" PRId64 " AND (c0 IS NULL OR (c1 > %" PRId64
-                     " AND c0 <= %" PRId64 "))",
-                     w->t_lo, w->c_lo, w->c_hi);
-        }
-        else if (!w->last) {
-            snprintf(chunk, sizeof(chunk), " AND (c0 IS NULL OR c0 <= %" PRId64 ")", w->c_hi);
-        }
-        if (!w->last) {
-            snprintf(host + o, sizeof(host) - o, " AND start_ns < %" PRId64, w->t_hi);
-        }
-        if (w->first && !w->last) {
-            snprintf(dev, sizeof(dev), " AND correlation <= %" PRId64, w->c_hi);
-        }
-        else if (!w->first && w->last) {
-            snprintf(dev, sizeof(dev), " AND (correlation > %" PRId64 " OR correlation IS NULL)",
-                     w->c_lo);
-        }
-        else if (!w->first && !w->last) {
-            snprintf(dev, sizeof(dev), " AND correlation > %" PRId64 " AND correlation <= %" PRId64,
-                     w->c_lo, w->c_hi);
-        }
+        kp_an_window_sql(w, host, dev, chunk);
     }
     rc = kp_an_check_rank(c, params, run, rank, errbuf, errlen);
     if (rc < 0) {
@@ -1173,6 +1178,7 @@ void kp_an_destroy(struct kp_an *a)
     free(a->nodes);
     free(a->roots);
     free(a->steps);
+    kp__an_bdsums_free(a->bd_sums);
     for (int i = 0; i < KP_AN_MAX_GPUS; i++) {
         free(a->bd.util_timeline[i]);
         free(a->bd.sm_ranges[i]);

@@ -184,15 +184,58 @@ struct kp_an_tc {
 int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out,
                  char *errbuf, size_t errlen);
 
-/* The operator and kernel views and the Tensor Core statistics of run `run`, rank `rank`, read
- * a window of about window_events host events at a time (an_window.c): *out then answers
- * kp_an_ops, kp_an_kernels and kp_an_tensor_cores, and nothing else, with what a whole load
- * would, while no more than a window's rows and the tables are held. Returns 0 with *out (free
- * with kp_an_destroy), or 0 with *out NULL where the rank cannot be cut (no quiet point in its
- * host time, correlations out of launch order, under two windows' worth of events,
- * window_events 0): load it whole. Errors as kp_an_create's. */
+/* The operator and kernel views and the Tensor Core statistics of run `run`, rank `rank`, and
+ * with breakdown the step-time breakdown (both figures, an_bdwin.c), read a window of about
+ * window_events host events at a time (an_window.c): *out then answers kp_an_ops,
+ * kp_an_kernels, kp_an_tensor_cores and, with breakdown, kp_an_breakdown (whose trace counters,
+ * util_timeline and sm_ranges, are then empty), and nothing else, with what a whole load would,
+ * while no more than a window's rows, the tables and a few sums per step are held. Returns 0
+ * with *out (free with kp_an_destroy), or 0 with *out NULL where the rank cannot be read so (no
+ * quiet point in its host time, correlations out of launch order, under two windows' worth of
+ * events, window_events 0; for the breakdown also: no steps, steps that overlap, device events
+ * that start before their window): load it whole. Errors as kp_an_create's. */
 int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, size_t window_events,
-                          struct kp_an **out, char *errbuf, size_t errlen);
+                          bool breakdown, struct kp_an **out, char *errbuf, size_t errlen);
+
+/*
+ * A window of a rank (kp_an_plan_windows): its host rows (ops, runtime calls) are those that
+ * start in [t_lo, t_hi), its device events those whose correlation is in (c_lo, c_hi]; the
+ * first window has no lower bounds (and takes correlation 0), the last no upper ones (and takes
+ * the device events without a correlation).
+ */
+struct kp_an_window {
+    int64_t t_lo, t_hi, c_lo, c_hi;
+    bool first, last;
+    int64_t main_tid; /* the rank's main thread (its first ProfilerStep's), if main_set */
+    bool main_set;
+};
+
+/* Whether a device event of this correlation (null: none) belongs to window w. */
+static inline bool kp_an_window_has(const struct kp_an_window *w, bool null, int64_t corr)
+{
+    if (null) {
+        return w->last;
+    }
+    return (w->first || corr > w->c_lo) && (w->last || corr <= w->c_hi);
+}
+
+/* Window w as SQL conditions to append to a WHERE on (run, rank): host (start_ns of ops and API
+ * calls), dev (correlation of kernel_rows, memcpys, memsets) and chunk (kernel_chunks: those
+ * that may hold one of its kernels; the unnested kernels then go through kp_an_window_has).
+ * Each buffer as sized; "" where w has no bound. */
+void kp_an_window_sql(const struct kp_an_window *w, char host[static 96], char dev[static 128],
+                      char chunk[static 192]);
+
+/* Cuts run `run`, rank `rank` into windows of about window_events host events each, at quiet
+ * points of its host time (an_window.c); with whole_steps only between steps: where no step of
+ * the steps table spans the cut either (ProfilerStep ops are host events: no cut ever falls
+ * inside one), and not at all in a rank with neither.
+ * Returns 0 with *w (free) and *n >= 2, or 0 with *n 0 where the rank cannot be cut (no quiet
+ * point after the first window_events, correlations not in launch order across a cut, no steps
+ * with whole_steps); KP_EPG
+ * or -ENOMEM with a message. */
+int kp_an_plan_windows(PGconn *c, int64_t run, int rank, size_t window_events, bool whole_steps,
+                       struct kp_an_window **w, size_t *n, char *errbuf, size_t errlen);
 
 /* How many windows a was read in (1: loaded whole). */
 size_t kp_an_windows(const struct kp_an *a);

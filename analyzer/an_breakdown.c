@@ -17,17 +17,10 @@
 
 /* ---- breakdown (spec §4) ------------------------------------------------------------- */
 
-/* A list of ranges that grows as it is filled: each category holds a fraction of the rank's
- * events, so sizing every list for all of them (8 x 830 k ranges, and twice that for each
- * share, at 1 M events) made most of the breakdown's peak memory. pushed counts what was
- * pushed, before any merging. */
-struct rlist {
-    struct kp_range *r;
-    size_t n, cap, pushed;
-};
-
-/* Makes room for at least n ranges in l (its ranges kept); 0 or -ENOMEM. */
-static int rl_reserve(struct rlist *l, size_t n)
+/* A category's list grows as it is filled: each holds a fraction of the rank's events, so
+ * sizing every list for all of them (8 x 830 k ranges, and twice that for each share, at 1 M
+ * events) made most of the breakdown's peak memory. */
+int kp__an_rl_reserve(struct kp__an_rlist *l, size_t n)
 {
     struct kp_range *r;
     size_t cap = l->cap ? l->cap : 64;
@@ -47,17 +40,16 @@ static int rl_reserve(struct rlist *l, size_t n)
     return 0;
 }
 
-/* Adds [s, e) to a category's list, which stands for the union of its ranges only: a full list
- * is merged first and grows only if that leaves it over 3/4 full. A category's ranges nest and
- * touch (a step's CPU ops merge into a few), so its list stays near the size of its union,
- * not of its events: the lists of a 1 M-event rank held 63 MiB, all filled before any
- * merge. The union, and every figure from it, is the same. */
-static int rl_push(struct rlist *l, int64_t s, int64_t e)
+/* A full list is merged first and grows only if that leaves it over 3/4 full. A category's
+ * ranges nest and touch (a step's CPU ops merge into a few), so its list stays near the size
+ * of its union, not of its events: the lists of a 1 M-event rank held 63 MiB, all filled
+ * before any merge. The union, and every figure from it, is the same. */
+int kp__an_rl_push(struct kp__an_rlist *l, int64_t s, int64_t e)
 {
     if (l->n >= l->cap) {
         l->n = kp_ranges_merge(l->r, l->n);
         if (l->n >= l->cap / 4 * 3 &&
-            rl_reserve(l, l->n + 1 > 2 * l->cap ? l->n + 1 : 2 * l->cap) < 0) {
+            kp__an_rl_reserve(l, l->n + 1 > 2 * l->cap ? l->n + 1 : 2 * l->cap) < 0) {
             return -ENOMEM;
         }
     }
@@ -75,8 +67,8 @@ static int cmp_i64(const void *pa, const void *pb)
 
 /* Computation, communication and their overlap per step (spec §9); tmp holds comp->n +
  * comm->n ranges. */
-static void overlap(struct kp_an *a, const struct rlist *comp, const struct rlist *comm,
-                    struct kp_range *tmp)
+static void overlap(struct kp_an *a, const struct kp__an_rlist *comp,
+                    const struct kp__an_rlist *comm, struct kp_range *tmp)
 {
     size_t n = kp_ranges_intersect(comp->r, comp->n, comm->r, comm->n, tmp);
 
@@ -89,16 +81,9 @@ static void overlap(struct kp_an *a, const struct rlist *comp, const struct rlis
     }
 }
 
-struct sm_ev {
-    int64_t t;
-    int start; /* 1: a kernel starts (sorted before ends at equal times) */
-    double bps;
-    size_t idx; /* insertion order, to keep the float sums reproducible */
-};
-
-static int cmp_sm_ev(const void *pa, const void *pb)
+int kp__an_cmp_sm_ev(const void *pa, const void *pb)
 {
-    const struct sm_ev *x = pa, *y = pb;
+    const struct kp__an_sm_ev *x = pa, *y = pb;
 
     if (x->t != y->t) {
         return x->t < y->t ? -1 : 1;
@@ -122,7 +107,7 @@ static bool sm_counts(const struct an_dev *d, int g)
 static int sm_efficiency(struct kp_an *a, int g, size_t k, int64_t w0, int64_t w1)
 {
     struct kp_an_breakdown *b = &a->bd;
-    struct sm_ev *ev;
+    struct kp__an_sm_ev *ev;
     struct kp_an_sm_range *seg;
     size_t n = 0, n_seg = 0, n_k = 0;
     double sum = 0.0, acc = 0.0;
@@ -148,12 +133,12 @@ static int sm_efficiency(struct kp_an *a, int g, size_t k, int64_t w0, int64_t w
         if (!sm_counts(d, g)) {
             continue;
         }
-        ev[n] = (struct sm_ev){ d->start, 1, d->bps, n };
+        ev[n] = (struct kp__an_sm_ev){ d->start, 1, d->bps, n };
         n++;
-        ev[n] = (struct sm_ev){ d->end, 0, d->bps, n };
+        ev[n] = (struct kp__an_sm_ev){ d->end, 0, d->bps, n };
         n++;
     }
-    qsort(ev, n, sizeof(*ev), cmp_sm_ev);
+    qsort(ev, n, sizeof(*ev), kp__an_cmp_sm_ev);
     for (size_t i = 0; i + 1 <= n; i++) {
         sum += ev[i].start ? ev[i].bps : -ev[i].bps;
         if (i + 1 < n && ev[i + 1].t > ev[i].t && sum > 0) {
@@ -311,33 +296,37 @@ static int gpu_utilization(struct kp_an *a, struct kp_range *tmp)
 /* What kp_an_breakdown's phases share: each category's intervals, their shares after priority
  * masking, and scratch. */
 struct bd_work {
-    struct rlist cat[KP_AN_CAT_COUNT], share[KP_AN_CAT_COUNT];
-    struct rlist free_r, tmp; /* the time no category before has taken; scratch */
+    struct kp__an_bd_sets sets;
+    struct kp__an_rlist share[KP_AN_CAT_COUNT];
+    struct kp__an_rlist free_r, tmp; /* the time no category before has taken; scratch */
     struct kp_range *all_steps;
     size_t n_all;
-    int64_t *comm_ext; /* the communication ops' external ids, sorted */
-    size_t n_comm, n_nccl, n_gloo;
 };
 
-/* The host ops' intervals: communication, data loading, CPU execution. 0 or -ENOMEM. */
-static int bd_collect_ops(struct kp_an *a, struct bd_work *w)
+/* The host ops' intervals: communication, data loading, CPU execution; the communication ops'
+ * external ids into s->comm_ext (a's only). 0 or -ENOMEM. */
+static int bd_collect_ops(const struct kp_an *a, struct kp__an_bd_sets *w)
 {
     int rc = 0;
 
-    a->bd.use_dp = a->bd.use_ddp = false;
+    free(w->comm_ext);
+    w->n_comm = 0;
+    if (!(w->comm_ext = calloc(a->n_ops + 1, sizeof(*w->comm_ext)))) {
+        return -ENOMEM;
+    }
     for (size_t i = 0; i < a->n_ops; i++) {
         const struct an_op *o = &a->ops[i];
         const char *s = kp__an_nm(a, o->name);
         bool host = o->kind == OPK_CPU_OP || o->kind == OPK_USER_ANNOTATION;
 
         if (strcmp(s, "DataParallel.forward") == 0) {
-            a->bd.use_dp = true;
+            w->use_dp = true;
         }
         else if (strcmp(s, "DistributedDataParallel.forward") == 0) {
-            a->bd.use_ddp = true;
+            w->use_ddp = true;
         }
         if (kp__an_is_comm_op(o, s)) {
-            rc |= rl_push(&w->cat[KP_AN_COMMUNICATION], o->start, o->end);
+            rc |= kp__an_rl_push(&w->cat[KP_AN_COMMUNICATION], o->start, o->end);
             w->n_nccl += s[0] == 'n';
             w->n_gloo += s[0] == 'g';
             if (o->ext) {
@@ -345,24 +334,24 @@ static int bd_collect_ops(struct kp_an *a, struct bd_work *w)
             }
         }
         if (host && kp__an_is_dataloader_name(s)) {
-            rc |= rl_push(&w->cat[KP_AN_DATALOADER], o->start, o->end);
+            rc |= kp__an_rl_push(&w->cat[KP_AN_DATALOADER], o->start, o->end);
         }
         else if (host || o->kind == OPK_GPU_USER_ANNOTATION || o->kind == OPK_NVTX) {
-            rc |= rl_push(&w->cat[KP_AN_CPU_EXEC], o->start, o->end);
+            rc |= kp__an_rl_push(&w->cat[KP_AN_CPU_EXEC], o->start, o->end);
         }
     }
     qsort(w->comm_ext, w->n_comm, sizeof(*w->comm_ext), cmp_i64);
     return rc < 0 ? -ENOMEM : 0;
 }
 
-/* The runtime calls' and device events' intervals; a kernel of a communication op (or, unless
- * plugin_compat, named as one) is communication. 0 or -ENOMEM. */
-static int bd_collect_devs(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
+/* The runtime calls' and device events' intervals; a kernel of a communication op is
+ * communication, one only named as a collective's goes to KP__AN_NAMED_COMM. 0 or -ENOMEM. */
+static int bd_collect_devs(const struct kp_an *a, struct kp__an_bd_sets *w)
 {
     int rc = 0;
 
     for (size_t i = 0; i < a->n_rts && rc == 0; i++) {
-        rc = rl_push(&w->cat[KP_AN_RUNTIME], a->rts[i].start, a->rts[i].end);
+        rc = kp__an_rl_push(&w->cat[KP_AN_RUNTIME], a->rts[i].start, a->rts[i].end);
     }
     for (size_t i = 0; i < a->n_devs; i++) {
         const struct an_dev *d = &a->devs[i];
@@ -373,17 +362,54 @@ static int bd_collect_devs(const struct kp_an *a, struct bd_work *w, bool plugin
         if (c == KP_AN_KERNEL) {
             int64_t e = kp__an_dev_ext(a, d);
 
-            if ((e && bsearch(&e, w->comm_ext, w->n_comm, sizeof(*w->comm_ext), cmp_i64)) ||
-                (!plugin_compat && d->kind == DEV_KERNEL &&
-                 kp__an_is_comm_kernel_name(kp__an_nm(a, d->name)))) {
+            if (e && bsearch(&e, w->comm_ext, w->n_comm, sizeof(*w->comm_ext), cmp_i64)) {
                 c = KP_AN_COMMUNICATION;
+            }
+            else if (d->kind == DEV_KERNEL && kp__an_is_comm_kernel_name(kp__an_nm(a, d->name))) {
+                c = KP__AN_NAMED_COMM;
             }
         }
         if (rc == 0) {
-            rc = rl_push(&w->cat[c], d->start, d->end);
+            rc = kp__an_rl_push(&w->cat[c], d->start, d->end);
         }
     }
     return rc;
+}
+
+int kp__an_bd_collect(const struct kp_an *a, struct kp__an_bd_sets *s)
+{
+    int rc = bd_collect_ops(a, s);
+
+    return rc < 0 ? rc : bd_collect_devs(a, s);
+}
+
+void kp__an_bd_sets_fini(struct kp__an_bd_sets *s)
+{
+    for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
+        free(s->cat[c].r);
+    }
+    free(s->comm_ext);
+    memset(s, 0, sizeof(*s));
+}
+
+/* The named collectives' kernels into the category the figure gives them: Kernel for the
+ * plugin's, Communication for kprof's. 0 or -ENOMEM. */
+static int bd_place_named(struct kp__an_bd_sets *w, bool plugin_compat)
+{
+    struct kp__an_rlist *nm = &w->cat[KP__AN_NAMED_COMM];
+    struct kp__an_rlist *to = &w->cat[plugin_compat ? KP_AN_KERNEL : KP_AN_COMMUNICATION];
+    size_t pushed = nm->pushed;
+
+    for (size_t i = 0; i < nm->n; i++) {
+        if (kp__an_rl_push(to, nm->r[i].start, nm->r[i].end) < 0) {
+            return -ENOMEM;
+        }
+    }
+    /* what was pushed counts (has_communication), merged away or not */
+    to->pushed += pushed - nm->n;
+    free(nm->r);
+    memset(nm, 0, sizeof(*nm));
+    return 0;
 }
 
 /* Each category's share: its merged intervals within the steps, less those of the categories
@@ -403,13 +429,13 @@ static int bd_mask(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
     size_t n_steps = a->bd.n_steps;
 
     for (int c = 0; c < KP_AN_OTHER; c++) {
-        w->cat[c].n = kp_ranges_merge(w->cat[c].r, w->cat[c].n);
+        w->sets.cat[c].n = kp_ranges_merge(w->sets.cat[c].r, w->sets.cat[c].n);
     }
     for (size_t s = 0; s < n_steps; s++) {
         w->all_steps[s] = (struct kp_range){ a->steps[s].start_ns, a->steps[s].end_ns };
     }
     w->n_all = kp_ranges_merge(w->all_steps, n_steps);
-    if (rl_reserve(&w->free_r, w->n_all + 1) < 0) {
+    if (kp__an_rl_reserve(&w->free_r, w->n_all + 1) < 0) {
         return -ENOMEM;
     }
 
@@ -421,30 +447,31 @@ static int bd_mask(const struct kp_an *a, struct bd_work *w, bool plugin_compat)
         w->free_r.n = w->n_all;
     }
     for (int c = 0; c < KP_AN_OTHER; c++) {
-        struct rlist *sh = &w->share[c];
+        struct kp__an_rlist *sh = &w->share[c];
 
-        if (rl_reserve(sh, w->cat[c].n + w->free_r.n + 1) < 0) {
+        if (kp__an_rl_reserve(sh, w->sets.cat[c].n + w->free_r.n + 1) < 0) {
             return -ENOMEM;
         }
         if (plugin_compat && w->free_r.n == 0) {
-            ranges_copy(sh->r, w->cat[c].r, w->cat[c].n);
-            sh->n = w->cat[c].n;
+            ranges_copy(sh->r, w->sets.cat[c].r, w->sets.cat[c].n);
+            sh->n = w->sets.cat[c].n;
             ranges_copy(w->free_r.r, w->all_steps, w->n_all);
             w->free_r.n = w->n_all;
         }
         else {
-            sh->n = kp_ranges_intersect(w->cat[c].r, w->cat[c].n, w->free_r.r, w->free_r.n, sh->r);
+            sh->n = kp_ranges_intersect(w->sets.cat[c].r, w->sets.cat[c].n, w->free_r.r,
+                                        w->free_r.n, sh->r);
         }
-        if (rl_reserve(&w->tmp, w->free_r.n + sh->n + 1) < 0) {
+        if (kp__an_rl_reserve(&w->tmp, w->free_r.n + sh->n + 1) < 0) {
             return -ENOMEM;
         }
         w->free_r.n = kp_ranges_subtract(w->free_r.r, w->free_r.n, sh->r, sh->n, w->tmp.r);
-        if (rl_reserve(&w->free_r, w->free_r.n + 1) < 0) {
+        if (kp__an_rl_reserve(&w->free_r, w->free_r.n + 1) < 0) {
             return -ENOMEM;
         }
         ranges_copy(w->free_r.r, w->tmp.r, w->free_r.n);
     }
-    if (rl_reserve(&w->share[KP_AN_OTHER], w->free_r.n + 1) < 0) {
+    if (kp__an_rl_reserve(&w->share[KP_AN_OTHER], w->free_r.n + 1) < 0) {
         return -ENOMEM;
     }
     ranges_copy(w->share[KP_AN_OTHER].r, w->free_r.r, w->free_r.n);
@@ -480,7 +507,7 @@ static void bd_step_costs(struct kp_an *a, const struct bd_work *w)
 int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_breakdown **out)
 {
     struct bd_work w = { 0 };
-    const struct rlist *comp;
+    const struct kp__an_rlist *comp;
     size_t n_steps;
     int rc = -ENOMEM;
 
@@ -490,6 +517,9 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
         return 0;
     }
     a->bd_done = false;
+    if (a->windowed) {
+        return kp__an_bdwin_figure(a, plugin_compat, out);
+    }
     if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;
     }
@@ -499,28 +529,29 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
     rc = -ENOMEM;
     n_steps = a->bd.n_steps;
     w.all_steps = calloc(n_steps + 1, sizeof(*w.all_steps));
-    w.comm_ext = calloc(a->n_ops + 1, sizeof(*w.comm_ext));
-    if (!w.all_steps || !w.comm_ext || bd_collect_ops(a, &w) < 0 ||
-        bd_collect_devs(a, &w, plugin_compat) < 0) {
+    if (!w.all_steps || kp__an_bd_collect(a, &w.sets) < 0 ||
+        bd_place_named(&w.sets, plugin_compat) < 0) {
         goto out;
     }
+    a->bd.use_dp = w.sets.use_dp;
+    a->bd.use_ddp = w.sets.use_ddp;
     a->bd.has_runtime = a->n_rts > 0;
     a->bd.has_kernel = a->n_kernels > 0;
     a->bd.has_memcpy_or_memset = a->n_memcpy + a->n_memset > 0;
-    a->bd.has_communication = w.cat[KP_AN_COMMUNICATION].pushed > 0;
-    a->bd.comm_node_count = w.n_nccl && w.n_gloo ? 0 : w.n_nccl + w.n_gloo;
-    a->bd.comm_nccl = w.n_nccl > 0;
+    a->bd.has_communication = w.sets.cat[KP_AN_COMMUNICATION].pushed > 0;
+    a->bd.comm_node_count = w.sets.n_nccl && w.sets.n_gloo ? 0 : w.sets.n_nccl + w.sets.n_gloo;
+    a->bd.comm_nccl = w.sets.n_nccl > 0;
     if (bd_mask(a, &w, plugin_compat) < 0) {
         goto out;
     }
     bd_step_costs(a, &w);
-    comp = w.cat[KP_AN_KERNEL].n ? &w.cat[KP_AN_KERNEL] : &w.cat[KP_AN_CPU_EXEC];
+    comp = w.sets.cat[KP_AN_KERNEL].n ? &w.sets.cat[KP_AN_KERNEL] : &w.sets.cat[KP_AN_CPU_EXEC];
     /* overlap's intersection, then gpu_utilization's kernels of one GPU */
-    if (rl_reserve(&w.tmp, comp->n + w.cat[KP_AN_COMMUNICATION].n + 1) < 0 ||
-        rl_reserve(&w.tmp, a->n_devs + 1) < 0) {
+    if (kp__an_rl_reserve(&w.tmp, comp->n + w.sets.cat[KP_AN_COMMUNICATION].n + 1) < 0 ||
+        kp__an_rl_reserve(&w.tmp, a->n_devs + 1) < 0) {
         goto out;
     }
-    overlap(a, comp, &w.cat[KP_AN_COMMUNICATION], w.tmp.r);
+    overlap(a, comp, &w.sets.cat[KP_AN_COMMUNICATION], w.tmp.r);
     rc = gpu_utilization(a, w.tmp.r);
     if (rc < 0) {
         goto out;
@@ -530,12 +561,11 @@ int kp_an_breakdown(struct kp_an *a, bool plugin_compat, const struct kp_an_brea
     *out = &a->bd;
 out:
     for (int c = 0; c < KP_AN_CAT_COUNT; c++) {
-        free(w.cat[c].r);
         free(w.share[c].r);
     }
+    kp__an_bd_sets_fini(&w.sets);
     free(w.free_r.r);
     free(w.all_steps);
     free(w.tmp.r);
-    free(w.comm_ext);
     return rc;
 }

@@ -75,6 +75,8 @@ struct an_node {
     uint8_t type;
 };
 
+struct kp__an_bdsums;
+
 struct an_tid_root {
     int64_t tid;
     int32_t node;
@@ -96,7 +98,8 @@ struct kp_an {
     int64_t prof_start, prof_end; /* the profiler's span (ranks.profiler_*); 0, 0: unknown */
 
     /* A window's model (kp_an_create_window) takes the whole rank's main thread, which its own
-     * ops may not show; a windowed handle (kp_an_create_windowed) holds only its tables. */
+     * ops may not show; a windowed handle (kp_an_create_windowed) holds only its tables (and
+     * bd_sums). */
     bool main_set, windowed;
     int64_t main_tid;
     size_t windows;         /* windowed: how many the rank was read in */
@@ -111,37 +114,86 @@ struct kp_an {
 
     struct kp_an_breakdown bd;
     bool bd_done, bd_compat; /* bd holds a figure, and whether it is the plugin's */
+    /* windowed with the breakdown: what both figures are made of (an_bdwin.c), owned */
+    struct kp__an_bdsums *bd_sums;
     struct kp_an_step *steps;
     struct kp_an_table ops_tab[2], kern_tab[2];
 };
-
-/*
- * A window of a rank (an_window.c): its host rows (ops, runtime calls) are those that start in
- * [t_lo, t_hi), its device events those whose correlation is in (c_lo, c_hi]; the first window
- * has no lower bounds (and takes correlation 0), the last no upper ones (and takes the device
- * events without a correlation).
- */
-struct kp_an_window {
-    int64_t t_lo, t_hi, c_lo, c_hi;
-    bool first, last;
-    int64_t main_tid; /* the rank's main thread (its first ProfilerStep's), if main_set */
-    bool main_set;
-};
-
-/* Whether a device event of this correlation (null: none) belongs to window w. */
-static inline bool kp__an_window_has(const struct kp_an_window *w, bool null, int64_t corr)
-{
-    if (null) {
-        return w->last;
-    }
-    return (w->first || corr > w->c_lo) && (w->last || corr <= w->c_hi);
-}
 
 /* an.c: loads window w of run `run`, rank `rank` (kp_an_create's contract, the rows restricted
  * to the window). */
 int kp__an_create_window(PGconn *c, int64_t run, int rank, size_t max_rows,
                          const struct kp_an_window *w, struct kp_an **out, char *errbuf,
                          size_t errlen);
+
+/* ---- the breakdown's intervals (an_breakdown.c), which the windowed breakdown shares ---- */
+
+/* A list of ranges that grows as it is filled and stands for their union only (it merges
+ * itself when full). pushed counts what was pushed, before any merging. Zero-initialised
+ * empty; free(r) releases it. */
+struct kp__an_rlist {
+    struct kp_range *r;
+    size_t n, cap, pushed;
+};
+
+/* Makes room for at least n ranges in l (its ranges kept); 0 or -ENOMEM. */
+int kp__an_rl_reserve(struct kp__an_rlist *l, size_t n);
+/* Adds [s, e) to l. 0 or -ENOMEM. */
+int kp__an_rl_push(struct kp__an_rlist *l, int64_t s, int64_t e);
+
+/* The breakdown's classes of a rank's (or a window's) intervals: cat[c] for each category c
+ * but KP_AN_OTHER, whose list holds instead the kernels that only their name makes a
+ * collective's (nccl*Kernel*, gloo*): the plugin counts them as Kernel, kprof as
+ * Communication, so a figure decides. Zero-initialised empty; kp__an_bd_sets_fini. */
+#define KP__AN_NAMED_COMM KP_AN_OTHER
+struct kp__an_bd_sets {
+    struct kp__an_rlist cat[KP_AN_CAT_COUNT];
+    int64_t *comm_ext; /* the communication ops' external ids, sorted */
+    size_t n_comm, n_nccl, n_gloo;
+    bool use_dp, use_ddp;
+};
+
+/* Adds a's host ops, runtime calls and device events to s by class (a's model built: a
+ * kernel's external id is its runtime call's). 0 or -ENOMEM. */
+int kp__an_bd_collect(const struct kp_an *a, struct kp__an_bd_sets *s);
+void kp__an_bd_sets_fini(struct kp__an_bd_sets *s);
+
+/* A kernel's start or end in the SM efficiency's sweep; kp__an_cmp_sm_ev orders them by time,
+ * starts before ends at equal times, then as they were added (which keeps the double sums
+ * reproducible). */
+struct kp__an_sm_ev {
+    int64_t t;
+    int start; /* 1: a kernel starts */
+    double bps;
+    size_t idx;
+};
+int kp__an_cmp_sm_ev(const void *pa, const void *pb);
+
+/* ---- the breakdown of a rank read by windows (an_bdwin.c) ------------------------------ */
+
+struct kp__an_bdwin;
+
+/* Starts the breakdown of a rank whose host steps (kp__an_build_steps' before they meet the
+ * device: the ProfilerStep ops, else the recorded steps) are steps[0..n), by start, each
+ * ending before the next starts (the caller checks). 0 or -ENOMEM. */
+int kp__an_bdwin_new(const struct kp_an_step *steps, size_t n, struct kp__an_bdwin **out);
+
+/* Adds window a (its model built), whose host events start before t_hi (last: the rank's
+ * last window, t_hi unused). Returns 0; 1 where the rank's breakdown cannot be made by these
+ * windows (a device event starts before time already summed, a runtime call falls in a step
+ * already closed, a device event outside the steps would move the first step's start after
+ * it was used): read it whole; or -ENOMEM. */
+int kp__an_bdwin_add(struct kp__an_bdwin *b, const struct kp_an *a, int64_t t_hi, bool last);
+
+/* After the last window: moves the steps, the GPUs' figures and the sums into handle h
+ * (kp_an_breakdown then answers both figures from them). 0 or -ENOMEM; b is freed either
+ * way. */
+int kp__an_bdwin_finish(struct kp__an_bdwin *b, struct kp_an *h);
+void kp__an_bdwin_free(struct kp__an_bdwin *b);
+
+/* The figure of a windowed handle's breakdown from its sums (kp_an_breakdown's contract). */
+int kp__an_bdwin_figure(struct kp_an *a, bool plugin_compat, const struct kp_an_breakdown **out);
+void kp__an_bdsums_free(struct kp__an_bdsums *s);
 
 /* A query's filter on the (run, rank) of its parameters $1 and $2. */
 #define WHERE_RR " WHERE run_id = $1 AND rank = $2"
@@ -186,6 +238,17 @@ const struct key_idx *kp__an_find_key(const struct key_idx *v, size_t n, int64_t
 /* The root node of thread tid, or -1. */
 int32_t kp__an_root_of(const struct kp_an *a, int64_t tid);
 int64_t kp__an_dev_ext(const struct kp_an *a, const struct an_dev *d);
+/* A step's device events (those its runtime calls launched): their span and count. */
+struct kp__an_step_dev {
+    int64_t min_start, max_end;
+    uint64_t count;
+};
+/* Stretches host step st over its device events sd, starting no earlier than prev_end (the
+ * step before's end). */
+void kp__an_step_fit(struct kp_an_step *st, const struct kp__an_step_dev *sd, int64_t prev_end);
+/* How many of n fitted steps are left once the tail is trimmed (trailing steps without device
+ * events, and a last one with under 0.8 of the one before's); some step has one. */
+size_t kp__an_steps_trim(const struct kp__an_step_dev *sd, size_t n);
 /* Builds the trees and the per-node statistics (spec §2); then a->built. 0 or -ENOMEM. */
 int kp__an_build_model(struct kp_an *a);
 /* The steps (spec §3) into a->steps and the breakdown's step list. 0 or -ENOMEM. */

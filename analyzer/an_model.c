@@ -386,11 +386,6 @@ out:
 
 /* ---- steps (spec §3) ----------------------------------------------------------------- */
 
-struct step_dev {
-    int64_t min_start, max_end;
-    uint64_t count;
-};
-
 static int cmp_step(const void *pa, const void *pb)
 {
     const struct kp_an_step *a = pa, *b = pb;
@@ -471,7 +466,7 @@ static void steps_assign_rts(struct kp_an *a, size_t n)
 }
 
 /* Each step's device span and count into sd; false if no device event was launched in one. */
-static bool steps_count_devs(const struct kp_an *a, struct step_dev *sd)
+static bool steps_count_devs(const struct kp_an *a, struct kp__an_step_dev *sd)
 {
     bool launched = false;
 
@@ -490,9 +485,44 @@ static bool steps_count_devs(const struct kp_an *a, struct step_dev *sd)
     return launched;
 }
 
+void kp__an_step_fit(struct kp_an_step *st, const struct kp__an_step_dev *sd, int64_t prev_end)
+{
+    int64_t start = prev_end > st->start_ns ? prev_end : st->start_ns;
+    int64_t end;
+
+    if (sd->count > 0) {
+        end = st->end_ns > sd->max_end ? st->end_ns : sd->max_end;
+    }
+    else {
+        end = st->end_ns > start ? st->end_ns : start;
+    }
+    if (end < start) {
+        end = start;
+    }
+    st->start_ns = start;
+    st->end_ns = end;
+}
+
+size_t kp__an_steps_trim(const struct kp__an_step_dev *sd, size_t n)
+{
+    size_t last = n - 1;
+
+    if (n <= 1) {
+        return n;
+    }
+    while (sd[last].count == 0) {
+        last--;
+    }
+    n = last + 1;
+    if (last > 0 && (double) sd[last].count < 0.8 * (double) sd[last - 1].count) {
+        n = last;
+    }
+    return n;
+}
+
 /* The steps stretched over their device events, back to back, and the tail trimmed.
  * Returns how many steps are left. */
-static size_t steps_fit_devs(struct kp_an *a, const struct step_dev *sd, size_t n)
+static size_t steps_fit_devs(struct kp_an *a, const struct kp__an_step_dev *sd, size_t n)
 {
     int64_t prev_end = a->steps[0].start_ns;
 
@@ -509,41 +539,16 @@ static size_t steps_fit_devs(struct kp_an *a, const struct step_dev *sd, size_t 
         }
     }
     for (size_t s = 0; s < n; s++) {
-        struct kp_an_step *st = &a->steps[s];
-        int64_t start = prev_end > st->start_ns ? prev_end : st->start_ns;
-        int64_t end;
-
-        if (sd[s].count > 0) {
-            end = st->end_ns > sd[s].max_end ? st->end_ns : sd[s].max_end;
-        }
-        else {
-            end = st->end_ns > start ? st->end_ns : start;
-        }
-        if (end < start) {
-            end = start;
-        }
-        st->start_ns = start;
-        st->end_ns = end;
-        prev_end = end;
+        kp__an_step_fit(&a->steps[s], &sd[s], prev_end);
+        prev_end = a->steps[s].end_ns;
     }
-    if (n > 1) { /* tail trimming */
-        size_t last = n - 1;
-
-        while (sd[last].count == 0) {
-            last--;
-        }
-        n = last + 1;
-        if (last > 0 && (double) sd[last].count < 0.8 * (double) sd[last - 1].count) {
-            n = last;
-        }
-    }
-    return n;
+    return kp__an_steps_trim(sd, n);
 }
 
 int kp__an_build_steps(struct kp_an *a)
 {
     size_t n;
-    struct step_dev *sd = NULL;
+    struct kp__an_step_dev *sd = NULL;
     size_t cap = a->n_rec_steps;
     size_t n_prof = 0;
 

@@ -1,7 +1,8 @@
 /*
  * kp_an_create_windowed: the operator and kernel tables and the Tensor Core statistics of a
- * rank, read a window at a time, so that what the analyzer holds is one window's model and the
- * tables, not the rank's rows (bench/scale/FINDINGS.md, "Memory").
+ * rank, and if asked its step-time breakdown (an_bdwin.c, which each window is handed to), read
+ * a window at a time, so that what the analyzer holds is one window's model and the tables, not
+ * the rank's rows (bench/scale/FINDINGS.md, "Memory").
  *
  * Windows are cut at quiet points of the rank's host time: instants that no host op (CPU op,
  * user annotation, ProfilerStep) and no runtime call of any thread spans, the first one after
@@ -29,6 +30,7 @@
 #include <string.h>
 
 #include "kp_err.h"
+#include "kp_log.h"
 #include "kp_pg.h"
 #include "kp_strbuf.h"
 
@@ -37,14 +39,23 @@
 /* The first quiet point after every n host events ($3), in time order. The window function
  * gives each host event the latest end of those before it in start order; where that end is at
  * or before the event's start, nothing open before spans it. */
-static const char cuts_sql[] =
-    "WITH h AS (SELECT start_ns AS s, start_ns + dur_ns AS e FROM ops WHERE run_id = $1 AND "
-    "rank = $2 AND kind IN (1, 2, 6) UNION ALL SELECT start_ns, start_ns + dur_ns FROM "
-    "api_calls WHERE run_id = $1 AND rank = $2 AND domain = 1), "
-    "o AS (SELECT s, max(e) OVER (ORDER BY s, e DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 "
-    "PRECEDING) AS pe, row_number() OVER (ORDER BY s, e DESC) AS n FROM h) "
-    "SELECT min(s) FROM o WHERE n > $3::bigint AND pe <= s GROUP BY (n - 1) / $3::bigint "
-    "ORDER BY 1";
+#define CUTS_HOST                                                                             \
+    "WITH h AS (SELECT start_ns AS s, start_ns + dur_ns AS e FROM ops WHERE run_id = $1 AND " \
+    "rank = $2 AND kind IN (1, 2, 6) UNION ALL SELECT start_ns, start_ns + dur_ns FROM "      \
+    "api_calls WHERE run_id = $1 AND rank = $2 AND domain = 1"
+#define CUTS_STEPS " UNION ALL SELECT start_ns, start_ns + dur_ns FROM steps" WHERE_RR
+#define CUTS_REST                                                                              \
+    "), o AS (SELECT s, max(e) OVER (ORDER BY s, e DESC ROWS BETWEEN UNBOUNDED PRECEDING AND " \
+    "1 PRECEDING) AS pe, row_number() OVER (ORDER BY s, e DESC) AS n FROM h) "                 \
+    "SELECT min(s) FROM o WHERE n > $3::bigint AND pe <= s GROUP BY (n - 1) / $3::bigint "     \
+    "ORDER BY 1"
+static const char cuts_sql[] = CUTS_HOST CUTS_REST;
+/* the same where no recorded step spans the cut either (whole_steps) */
+static const char cuts_steps_sql[] = CUTS_HOST CUTS_STEPS CUTS_REST;
+/* whole_steps needs steps to keep cuts between */
+static const char has_steps_sql[] =
+    "SELECT EXISTS (SELECT 1 FROM ops" WHERE_RR " AND kind = 6) OR EXISTS (SELECT 1 FROM "
+    "steps" WHERE_RR ")";
 
 /* Per window (0: before the first cut, i: from cut i), its runtime calls' correlations. */
 static const char corr_sql[] =
@@ -56,13 +67,78 @@ static const char corr_sql[] =
 static const char main_sql[] =
     "SELECT min(tid), count(*) > 0 FROM ops WHERE run_id = $1 AND rank = $2 AND kind = 6";
 
-/* The windows of the rank into *out (*n of them); *n 0 when it cannot be cut. 0 or KP_EPG,
- * -ENOMEM with a message. */
-static int plan(PGconn *c, const char *const *p2, size_t window_events, struct kp_an_window **out,
-                size_t *n, char *errbuf, size_t errlen)
+/* The host steps (kp__an_build_steps before they meet the device): the ProfilerStep ops, else
+ * the steps the capture recorded, by start. */
+static const char prof_steps_sql[] =
+    "SELECT coalesce(o.start_ns, 0), coalesce(o.start_ns, 0) + coalesce(o.dur_ns, 0), "
+    "coalesce(n.name, '') FROM ops o LEFT JOIN names n ON n.id = o.name WHERE o.run_id = $1 AND "
+    "o.rank = $2 AND o.kind = 6 ORDER BY 1, 2";
+static const char rec_steps_sql[] =
+    "SELECT step, start_ns, start_ns + dur_ns FROM steps WHERE run_id = $1 AND rank = $2 "
+    "ORDER BY start_ns, dur_ns";
+
+/* The rank's host steps into *out (*n of them, by start), as the whole read's model makes them;
+ * *n 0 where the breakdown cannot be made by windows: no steps (the one step over every CPU op
+ * spans the rank), or steps that overlap or share a start. 0 or KP_EPG, -ENOMEM. */
+static int plan_steps(PGconn *c, const char *const *p2, struct kp_an_step **out, size_t *n,
+                      char *errbuf, size_t errlen)
 {
-    char per[24];
-    const char *p3[3] = { p2[0], p2[1], per };
+    struct kp_an_step *st;
+    PGresult *r = NULL;
+    bool prof = true;
+    size_t m;
+    int rc;
+
+    *out = NULL;
+    *n = 0;
+    if ((rc = kp_pg_query(c, prof_steps_sql, 2, p2, &r, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    if (PQntuples(r) == 0) {
+        PQclear(r);
+        prof = false;
+        if ((rc = kp_pg_query(c, rec_steps_sql, 2, p2, &r, errbuf, errlen)) != 0) {
+            return rc;
+        }
+    }
+    m = (size_t) PQntuples(r);
+    if (m == 0 || !(st = calloc(m, sizeof(*st)))) {
+        PQclear(r);
+        return m == 0 ? 0 : -ENOMEM;
+    }
+    for (size_t i = 0; i < m; i++) {
+        if (prof) {
+            const char *s = PQgetvalue(r, (int) i, 2);
+
+            st[i].start_ns = kp_pg_i64(r, (int) i, 0, 0);
+            st[i].end_ns = kp_pg_i64(r, (int) i, 1, 0);
+            snprintf(st[i].name, sizeof(st[i].name), "%s",
+                     strncmp(s, "ProfilerStep#", 13) == 0 ? s + 13 : s);
+        }
+        else {
+            snprintf(st[i].name, sizeof(st[i].name), "%" PRId64, kp_pg_i64(r, (int) i, 0, 0));
+            st[i].start_ns = kp_pg_i64(r, (int) i, 1, 0);
+            st[i].end_ns = kp_pg_i64(r, (int) i, 2, 0);
+        }
+        if (st[i].end_ns < st[i].start_ns || (i > 0 && (st[i].start_ns <= st[i - 1].start_ns ||
+                                                        st[i].start_ns < st[i - 1].end_ns))) {
+            PQclear(r);
+            free(st);
+            return 0;
+        }
+    }
+    PQclear(r);
+    *out = st;
+    *n = m;
+    return 0;
+}
+
+int kp_an_plan_windows(PGconn *c, int64_t run, int rank, size_t window_events, bool whole_steps,
+                       struct kp_an_window **out, size_t *n, char *errbuf, size_t errlen)
+{
+    char per[24], runs[24], ranks[16];
+    const char *p2[2] = { runs, ranks };
+    const char *p3[3] = { runs, ranks, per };
     struct kp_strbuf arr;
     struct kp_an_window *w = NULL;
     PGresult *r = NULL;
@@ -74,8 +150,24 @@ static int plan(PGconn *c, const char *const *p2, size_t window_events, struct k
     *out = NULL;
     *n = 0;
     kp_strbuf_init(&arr, 0);
+    snprintf(runs, sizeof(runs), "%" PRId64, run);
+    snprintf(ranks, sizeof(ranks), "%d", rank);
     snprintf(per, sizeof(per), "%zu", window_events);
-    if ((rc = kp_pg_query(c, cuts_sql, 3, p3, &r, errbuf, errlen)) != 0) {
+    if (whole_steps) {
+        bool any;
+
+        if ((rc = kp_pg_query(c, has_steps_sql, 2, p2, &r, errbuf, errlen)) != 0) {
+            return rc;
+        }
+        any = strcmp(PQgetvalue(r, 0, 0), "t") == 0;
+        PQclear(r);
+        r = NULL;
+        if (!any) {
+            return 0;
+        }
+    }
+    if ((rc = kp_pg_query(c, whole_steps ? cuts_steps_sql : cuts_sql, 3, p3, &r, errbuf, errlen)) !=
+        0) {
         return rc;
     }
     m = (size_t) PQntuples(r);
@@ -413,12 +505,13 @@ static void folds_fini(struct folds *f)
 }
 
 int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, size_t window_events,
-                          struct kp_an **out, char *errbuf, size_t errlen)
+                          bool breakdown, struct kp_an **out, char *errbuf, size_t errlen)
 {
     char runs[24], ranks[16];
     const char *p2[2] = { runs, ranks };
     struct kp_an_window *w = NULL;
     struct folds f = { 0 };
+    struct kp__an_bdwin *bw = NULL;
     size_t n = 0;
     bool began = false;
     int rc;
@@ -433,10 +526,23 @@ int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, siz
     if ((rc = kp_an_snapshot_begin(c, &began, errbuf, errlen)) != 0) {
         return rc;
     }
-    if ((rc = plan(c, p2, window_events, &w, &n, errbuf, errlen)) != 0 || n < 2) {
+    if ((rc = kp_an_plan_windows(c, run, rank, window_events, false, &w, &n, errbuf, errlen)) !=
+            0 ||
+        n < 2) {
         kp_an_snapshot_end(c, began, rc);
         free(w);
         return rc;
+    }
+    if (breakdown) {
+        struct kp_an_step *steps = NULL;
+        size_t n_steps = 0;
+
+        if ((rc = plan_steps(c, p2, &steps, &n_steps, errbuf, errlen)) != 0 || n_steps == 0 ||
+            (rc = kp__an_bdwin_new(steps, n_steps, &bw)) != 0) {
+            free(steps);
+            goto out; /* rc 0 and no handle where the steps cannot be windowed: read whole */
+        }
+        free(steps);
     }
     if (!(f.h = calloc(1, sizeof(*f.h)))) {
         rc = -ENOMEM;
@@ -451,12 +557,29 @@ int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, siz
             goto out;
         }
         rc = fold_window(&f, a);
+        if (rc == 0 && bw) {
+            rc = kp__an_bdwin_add(bw, a, w[i].t_hi, w[i].last);
+        }
         kp_an_destroy(a);
+        if (rc == 1) {
+            kp_log_info("breakdown not by windows run=%" PRId64 " rank=%d window=%zu: device "
+                        "time out of launch order with the cuts; reading whole",
+                        run, rank, i);
+            rc = 0;
+            goto out;
+        }
         if (rc != 0) {
             goto out;
         }
     }
     folds_finish(&f);
+    if (bw) {
+        rc = kp__an_bdwin_finish(bw, f.h);
+        bw = NULL;
+        if (rc != 0) {
+            goto out;
+        }
+    }
     f.h->windowed = true;
     f.h->windows = n;
     f.h->built = true;
@@ -469,6 +592,7 @@ out:
                       run, rank);
     }
     folds_fini(&f);
+    kp__an_bdwin_free(bw);
     kp_an_destroy(f.h);
     free(w);
     return rc;

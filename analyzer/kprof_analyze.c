@@ -410,8 +410,8 @@ static int roofline_verb(PGconn *c, const struct args *a)
 {
     char err[512] = "";
     struct kp_roofline *rl = NULL;
-    int rc =
-        kp_roofline_create(c, a->run, a->rank, (size_t) a->max_rows, a->by, &rl, err, sizeof(err));
+    int rc = kp_roofline_create(c, a->run, a->rank, (size_t) a->max_rows, 0, a->by, &rl, err,
+                                sizeof(err));
 
     if (rc == 0) {
         kp_roofline_write(stdout, rl, a->run, a->rank,

@@ -99,6 +99,7 @@ struct kp_pyprof {
     size_t n_ops, cap_ops;
     struct kp_pyprof_row *rows;
     size_t n_rows;
+    uint64_t idx0; /* a window's: the rows before it */
 };
 
 static int cmp_key(const void *pa, const void *pb)
@@ -730,6 +731,7 @@ static void share_work(struct kp_pyprof_row *rows, struct pp_share *sh, size_t n
 struct pp_kload {
     struct kp_pyprof *p;
     size_t *budget, max_rows;
+    const struct kp_an_window *win; /* NULL: the whole rank */
 };
 
 /* The message of a failed load COPY of the rank's what (a row-callback's KP_ETOOBIG, -EINVAL,
@@ -839,6 +841,11 @@ static int pp_kernel_chunk(void *ud, char *row, size_t len)
         cur[k] = f[k];
     }
     while ((rc = kp_pg_arrays_next_i64(cur, PP_KCOLS, v, null)) == 1) {
+        const struct pp_kload *l = ud;
+
+        if (l->win && !kp_an_window_has(l->win, null[2], v[2])) {
+            continue; /* launched in another window */
+        }
         if ((rc = pp_add_kernel(ud, v, null)) < 0) {
             return rc;
         }
@@ -892,26 +899,30 @@ static int cmp_kern(const void *pa, const void *pb)
  * late batches) come as rows; the whole is sorted here.
  */
 static int pp_read_kernels(PGconn *c, const char *const *params, size_t *budget, size_t max_rows,
-                           struct kp_pyprof *p, char *errbuf, size_t errlen)
+                           struct kp_pyprof *p, const struct kp_an_window *w, char *errbuf,
+                           size_t errlen)
 {
     static const char cols[] = "start_ns, dur_ns, correlation, external_id, name, stream, "
                                "device, grid_x, grid_y, grid_z, block_x, block_y, block_z";
-    struct pp_kload l = { p, budget, max_rows };
-    char sql[512];
+    struct pp_kload l = { p, budget, max_rows, w };
+    char sql[768], host[96] = "", dev[128] = "", chunk[192] = "";
     bool began;
     int rc;
 
+    if (w) {
+        kp_an_window_sql(w, host, dev, chunk);
+    }
     if ((rc = kp_an_snapshot_begin(c, &began, errbuf, errlen)) != 0) {
         return rc;
     }
     snprintf(sql, sizeof(sql),
-             "COPY (SELECT %s FROM kernel_rows WHERE run_id = %s AND rank = %s) TO STDOUT", cols,
-             params[0], params[1]);
+             "COPY (SELECT %s FROM kernel_rows WHERE run_id = %s AND rank = %s%s) TO STDOUT", cols,
+             params[0], params[1], dev);
     rc = kp_pg_copy_out(c, sql, pp_kernel_row, &l, errbuf, errlen);
     if (rc == 0) {
         snprintf(sql, sizeof(sql),
-                 "COPY (SELECT %s FROM kernel_chunks WHERE run_id = %s AND rank = %s) TO STDOUT",
-                 cols, params[0], params[1]);
+                 "COPY (SELECT %s FROM kernel_chunks WHERE run_id = %s AND rank = %s%s) TO STDOUT",
+                 cols, params[0], params[1], chunk);
         rc = kp_pg_copy_out(c, sql, pp_kernel_chunk, &l, errbuf, errlen);
     }
     kp_an_snapshot_end(c, began, rc);
@@ -1013,30 +1024,47 @@ static int cmp_call(const void *pa, const void *pb)
 }
 
 /* The rank's kernels (p->kern), API calls with a correlation (p->calls) and host ops of the
- * kinds the table walks (p->ops), each sorted. */
+ * kinds the table walks (p->ops), each sorted; of window w only (NULL: all): its kernels and
+ * API calls by correlation, its ops by start, but for the python functions and NVTX ranges,
+ * which no cut avoids: those that overlap it, as they may enclose its ops. */
 static int pp_read_rows(PGconn *c, const char *const *params, size_t max_rows, struct kp_pyprof *p,
-                        char *errbuf, size_t errlen)
+                        const struct kp_an_window *w, char *errbuf, size_t errlen)
 {
     size_t budget = 0;
-    struct pp_kload l = { p, &budget, max_rows };
-    char sql[512];
+    struct pp_kload l = { p, &budget, max_rows, w };
+    char sql[1024], host[96] = "", dev[128] = "", chunk[192] = "", ops[384] = "";
     int rc;
 
-    rc = pp_read_kernels(c, params, &budget, max_rows, p, errbuf, errlen);
+    rc = pp_read_kernels(c, params, &budget, max_rows, p, w, errbuf, errlen);
     if (rc < 0) {
         return rc;
     }
+    if (w) {
+        size_t o = 0;
+
+        kp_an_window_sql(w, host, dev, chunk);
+        o += (size_t) snprintf(ops, sizeof(ops), " AND (kind IN (1, 2, 6)%s OR kind IN (4, 5)",
+                               host);
+        if (!w->last) {
+            o += (size_t) snprintf(ops + o, sizeof(ops) - o, " AND start_ns < %" PRId64, w->t_hi);
+        }
+        if (!w->first) {
+            o += (size_t) snprintf(ops + o, sizeof(ops) - o,
+                                   " AND start_ns + coalesce(dur_ns, 0) >= %" PRId64, w->t_lo);
+        }
+        snprintf(ops + o, sizeof(ops) - o, ")");
+    }
     snprintf(sql, sizeof(sql),
              "COPY (SELECT correlation, tid, external_id, domain FROM api_calls WHERE run_id = %s "
-             "AND rank = %s AND correlation IS NOT NULL) TO STDOUT",
-             params[0], params[1]);
+             "AND rank = %s AND correlation IS NOT NULL%s) TO STDOUT",
+             params[0], params[1], dev);
     rc = kp_pg_copy_out(c, sql, pp_call_row, &l, errbuf, errlen);
     if (rc == 0) {
         snprintf(sql, sizeof(sql),
                  "COPY (SELECT start_ns, dur_ns, tid, op_id, seq, fwd_tid, external_id, name, "
                  "input_shapes, input_dtypes, kind FROM ops WHERE run_id = %s AND rank = %s AND "
-                 "kind IN (1, 2, 4, 5, 6)) TO STDOUT",
-                 params[0], params[1]);
+                 "kind IN (1, 2, 4, 5, 6)%s) TO STDOUT",
+                 params[0], params[1], ops);
         rc = kp_pg_copy_out(c, sql, pp_op_row, &l, errbuf, errlen);
     }
     rc = pp_copy_failed(rc, max_rows, "API calls and ops", errbuf, errlen);
@@ -1210,7 +1238,7 @@ static int pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
     const char *kname = pp_name_at(p, kix);
     int32_t oi = -1;
 
-    r->idx = i + 1;
+    r->idx = p->idx0 + i + 1;
     r->sil_ns = k->dur;
     r->stream = (int) k->stream;
     r->device = (int) k->device;
@@ -1253,7 +1281,9 @@ static int pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
     return 0;
 }
 
-int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_pyprof **out,
+/* kp_pyprof_create, or of window w (NULL: the whole rank) with its rows numbered from idx0. */
+static int pp_create(PGconn *c, int64_t run, int rank, size_t max_rows,
+                     const struct kp_an_window *w, uint64_t idx0, struct kp_pyprof **out,
                      char *errbuf, size_t errlen)
 {
     char runs[24], ranks[16];
@@ -1270,7 +1300,8 @@ int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct k
     if (!p) {
         return -ENOMEM;
     }
-    rc = pp_read_rows(c, params, max_rows, p, errbuf, errlen);
+    p->idx0 = idx0;
+    rc = pp_read_rows(c, params, max_rows, p, w, errbuf, errlen);
     if (rc == 0) {
         rc = pp_read_names(c, p, errbuf, errlen);
         if (rc == -ENOMEM) {
@@ -1330,6 +1361,19 @@ out:
     free(b.kshort);
     free(b.ktc);
     return rc;
+}
+
+int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_pyprof **out,
+                     char *errbuf, size_t errlen)
+{
+    return pp_create(c, run, rank, max_rows, NULL, 0, out, errbuf, errlen);
+}
+
+int kp_pyprof_create_window(PGconn *c, int64_t run, int rank, size_t max_rows,
+                            const struct kp_an_window *w, uint64_t idx0, struct kp_pyprof **out,
+                            char *errbuf, size_t errlen)
+{
+    return pp_create(c, run, rank, max_rows, w, idx0, out, errbuf, errlen);
 }
 
 void kp_pyprof_destroy(struct kp_pyprof *p)

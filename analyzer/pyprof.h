@@ -107,6 +107,17 @@ struct kp_pyprof;
 int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_pyprof **out,
                      char *errbuf, size_t errlen);
 
+struct kp_an_window;
+
+/* kp_pyprof_create's table of window w of the rank (an.h: kp_an_plan_windows with whole_steps,
+ * so that a backward op's forward op, of the same step, is in its window), its rows numbered
+ * from idx0 + 1: the windows' tables, in order, are the rank's (kernels come in launch order,
+ * and a window's are those it launched), while only a window's rows are loaded. The python
+ * functions and NVTX ranges that enclose its ops, which may span cuts, are read with it. */
+int kp_pyprof_create_window(PGconn *c, int64_t run, int rank, size_t max_rows,
+                            const struct kp_an_window *w, uint64_t idx0, struct kp_pyprof **out,
+                            char *errbuf, size_t errlen);
+
 /* Frees a table; NULL is fine. */
 void kp_pyprof_destroy(struct kp_pyprof *p);
 

@@ -3,9 +3,10 @@
  *
  * DESIGN. One pass over PyProf's table (kp_pyprof_create) assigns each kernel its device's peak
  * for its class and adds it to its group (kernel full name, or op and direction); a group
- * keeps sums only, so the figures are ratios of sums (roofline.h). Devices come from the
- * `devices` rows of the rank. The table stays with the result: the rows' names point into
- * it.
+ * keeps sums only, so the figures are ratios of sums (roofline.h), and the table may come a
+ * window at a time (kp_pyprof_create_window): its rows arrive in the same order either way.
+ * Devices come from the `devices` rows of the rank. The groups' names are copies (r->names):
+ * the table goes as soon as it is summed.
  */
 #include "roofline.h"
 
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "an.h"
 #include "kp_err.h"
 #include "kp_pg.h"
 #include "pyprof.h"
@@ -74,7 +76,8 @@ struct kp_roofline {
     size_t n_devs;
     struct kp_roofline_row *rows;
     size_t n_rows;
-    struct kp_pyprof *prof; /* the rows' names */
+    struct kp_an_pool names; /* the rows' names */
+    size_t windows;          /* the rank was read in (1: whole) */
 };
 
 /* A group's sums while building. */
@@ -346,15 +349,196 @@ static void finish_row(struct kp_roofline_row *g, const struct acc *a)
     flag_row(g);
 }
 
-int kp_roofline_create(PGconn *c, int64_t run, int rank, size_t max_rows, enum kp_roofline_by by,
-                       struct kp_roofline **out, char *errbuf, size_t errlen)
+/* The groups while they are summed: rows and their sums, found by key through open addressing
+ * (a group's index + 1, 0 empty) that grows with them. */
+struct groups {
+    struct kp_roofline *r;
+    struct acc *acc;
+    size_t cap;
+    size_t *slots, mask;
+};
+
+/* Room for one more group (the table at most half full). 0 or -ENOMEM. */
+static int groups_grow(struct groups *gs)
 {
+    struct kp_roofline *r = gs->r;
+
+    if (r->n_rows == gs->cap) {
+        size_t nc = gs->cap ? 2 * gs->cap : 256;
+        struct kp_roofline_row *rows = realloc(r->rows, nc * sizeof(*rows));
+        struct acc *acc = rows ? realloc(gs->acc, nc * sizeof(*acc)) : NULL;
+
+        if (rows) {
+            r->rows = rows;
+        }
+        if (!acc) {
+            return -ENOMEM;
+        }
+        gs->acc = acc;
+        gs->cap = nc;
+    }
+    if (2 * (r->n_rows + 1) > gs->mask + 1 || gs->slots == NULL) {
+        size_t m = gs->slots ? 2 * (gs->mask + 1) : 512;
+        size_t *slots = calloc(m, sizeof(*slots));
+
+        if (!slots) {
+            return -ENOMEM;
+        }
+        for (size_t j = 0; j < r->n_rows; j++) {
+            size_t h = key_hash(r->rows[j].name, r->rows[j].dir) & (m - 1);
+
+            while (slots[h] != 0) {
+                h = (h + 1) & (m - 1);
+            }
+            slots[h] = j + 1;
+        }
+        free(gs->slots);
+        gs->slots = slots;
+        gs->mask = m - 1;
+    }
+    return 0;
+}
+
+/* Adds PyProf's row k to its group. 0 or -ENOMEM. */
+static int groups_add(struct groups *gs, const struct kp_pyprof_row *k)
+{
+    struct kp_roofline *r = gs->r;
+    const char *name = r->by == KP_ROOFLINE_BY_OP ? k->op
+                       : k->kernel_full           ? k->kernel_full
+                                                  : k->kernel;
+    const char *dir = r->by == KP_ROOFLINE_BY_OP ? (k->bwd ? "bprop" : "fprop") : "";
+    const struct kp_roofline_device *d = find_dev(r, k->device);
+    enum kp_roofline_peak pk = kernel_peak(k);
+    double t = (double) (k->sil_ns > 0 ? k->sil_ns : 0), peak = device_peak(d, pk);
+    struct kp_roofline_row *g;
+    struct acc *a;
+    size_t j, h;
+
+    if (groups_grow(gs) < 0) {
+        return -ENOMEM;
+    }
+    for (j = r->n_rows, h = key_hash(name, dir) & gs->mask; gs->slots[h] != 0;
+         h = (h + 1) & gs->mask) {
+        const struct kp_roofline_row *x = &r->rows[gs->slots[h] - 1];
+
+        if (strcmp(x->name, name) == 0 && strcmp(x->dir, dir) == 0) {
+            j = gs->slots[h] - 1;
+            break;
+        }
+    }
+    g = &r->rows[j];
+    a = &gs->acc[j];
+    if (j == r->n_rows) {
+        memset(g, 0, sizeof(*g));
+        memset(a, 0, sizeof(*a));
+        if (!(g->name = kp_an_pool_intern(&r->names, name))) {
+            return -ENOMEM;
+        }
+        gs->slots[h] = j + 1;
+        r->n_rows++;
+        snprintf(g->dir, sizeof(g->dir), "%s", dir);
+        g->device = k->device;
+        g->bandwidth_bytes_per_s = d != NULL ? d->bandwidth_bytes_per_s : 0;
+        a->peak = -1;
+    }
+    g->kernels++;
+    g->time_ns += (int64_t) t;
+    if (k->flops_known) {
+        g->flops_known = true;
+        g->flops += k->flops;
+        a->flops_time += t;
+        a->peak_work += peak * t;
+        a->peak_missing = a->peak_missing || peak <= 0;
+        if (a->peak < 0) {
+            a->peak = (int) pk;
+        }
+        else if (a->peak != (int) pk) {
+            a->peak = KP_ROOFLINE_PEAK_COUNT + 1;
+        }
+    }
+    if (k->bytes_known) {
+        g->bytes_known = true;
+        g->bytes += k->bytes;
+        a->bytes_time += t;
+        if (d == NULL || d->bandwidth_bytes_per_s != g->bandwidth_bytes_per_s) {
+            g->bandwidth_bytes_per_s = 0; /* kernels on devices with other bandwidths */
+        }
+    }
+    if (k->flops_known && k->bytes_known) {
+        a->ai_flops += k->flops;
+        a->ai_bytes += k->bytes;
+    }
+    return 0;
+}
+
+/* Adds every row of PyProf's table p to the groups. 0 or -ENOMEM. */
+static int groups_add_table(struct groups *gs, const struct kp_pyprof *p)
+{
+    size_t n;
+    const struct kp_pyprof_row *pr = kp_pyprof_rows(p, &n);
+
+    for (size_t i = 0; i < n; i++) {
+        if (groups_add(gs, &pr[i]) < 0) {
+            return -ENOMEM;
+        }
+    }
+    return 0;
+}
+
+/* PyProf's tables of the rank into gs: by windows of window_events host events cut between
+ * steps where there are more (0: whole), else whole. Returns 0, or a kp_pyprof_create error. */
+static int read_tables(PGconn *c, int64_t run, int rank, size_t max_rows, size_t window_events,
+                       struct groups *gs, char *errbuf, size_t errlen)
+{
+    struct kp_an_window *w = NULL;
     struct kp_pyprof *p = NULL;
-    const struct kp_pyprof_row *pr;
+    size_t n = 0;
+    uint64_t idx0 = 0;
+    bool began = false;
+    int rc;
+
+    gs->r->windows = 1;
+    if (window_events == 0) {
+        if ((rc = kp_pyprof_create(c, run, rank, max_rows, &p, errbuf, errlen)) == 0) {
+            rc = groups_add_table(gs, p);
+        }
+        kp_pyprof_destroy(p);
+        return rc;
+    }
+    /* the plan and every window read one snapshot */
+    if ((rc = kp_an_snapshot_begin(c, &began, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    rc = kp_an_plan_windows(c, run, rank, window_events, true, &w, &n, errbuf, errlen);
+    if (rc == 0 && n == 0) {
+        rc = read_tables(c, run, rank, max_rows, 0, gs, errbuf, errlen);
+    }
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        if ((rc = kp_pyprof_create_window(c, run, rank, max_rows, &w[i], idx0, &p, errbuf,
+                                          errlen)) == 0) {
+            size_t rows;
+
+            (void) kp_pyprof_rows(p, &rows);
+            idx0 += rows;
+            rc = groups_add_table(gs, p);
+        }
+        kp_pyprof_destroy(p);
+        p = NULL;
+    }
+    if (rc == 0 && n > 0) {
+        gs->r->windows = n;
+    }
+    kp_an_snapshot_end(c, began, rc);
+    free(w);
+    return rc;
+}
+
+int kp_roofline_create(PGconn *c, int64_t run, int rank, size_t max_rows, size_t window_events,
+                       enum kp_roofline_by by, struct kp_roofline **out, char *errbuf,
+                       size_t errlen)
+{
     struct kp_roofline *r = calloc(1, sizeof(*r));
-    struct acc *acc = NULL;
-    size_t *slots = NULL; /* open addressing: group index + 1, 0 empty */
-    size_t n, mask = 1;
+    struct groups gs = { .r = r };
     int rc;
 
     *out = NULL;
@@ -362,102 +546,31 @@ int kp_roofline_create(PGconn *c, int64_t run, int rank, size_t max_rows, enum k
         return -ENOMEM;
     }
     r->by = by;
-    if ((rc = load_devices(c, r, run, rank, errbuf, errlen)) < 0) {
+    if ((rc = load_devices(c, r, run, rank, errbuf, errlen)) < 0 ||
+        (rc = read_tables(c, run, rank, max_rows, window_events, &gs, errbuf, errlen)) < 0) {
+        if (rc == -ENOMEM) {
+            kp_errbuf_set(errbuf, errlen, "out of memory building the roofline");
+        }
         goto fail;
-    }
-    if ((rc = kp_pyprof_create(c, run, rank, max_rows, &p, errbuf, errlen)) < 0) {
-        goto fail;
-    }
-    pr = kp_pyprof_rows(p, &n);
-    r->rows = calloc(n ? n : 1, sizeof(*r->rows));
-    acc = calloc(n ? n : 1, sizeof(*acc));
-    while (mask < 2 * n) {
-        mask <<= 1;
-    }
-    slots = calloc(mask, sizeof(*slots));
-    mask--;
-    if (r->rows == NULL || acc == NULL || slots == NULL) {
-        rc = -ENOMEM;
-        kp_errbuf_set(errbuf, errlen, "out of memory building the roofline");
-        goto fail;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const struct kp_pyprof_row *k = &pr[i];
-        const char *name = by == KP_ROOFLINE_BY_OP ? k->op
-                           : k->kernel_full        ? k->kernel_full
-                                                   : k->kernel;
-        const char *dir = by == KP_ROOFLINE_BY_OP ? (k->bwd ? "bprop" : "fprop") : "";
-        const struct kp_roofline_device *d = find_dev(r, k->device);
-        enum kp_roofline_peak pk = kernel_peak(k);
-        double t = (double) (k->sil_ns > 0 ? k->sil_ns : 0), peak = device_peak(d, pk);
-        struct kp_roofline_row *g = NULL;
-        struct acc *a;
-        size_t j, h = key_hash(name, dir) & mask;
-
-        for (j = r->n_rows; slots[h] != 0; h = (h + 1) & mask) {
-            const struct kp_roofline_row *x = &r->rows[slots[h] - 1];
-
-            if (strcmp(x->name, name) == 0 && strcmp(x->dir, dir) == 0) {
-                j = slots[h] - 1;
-                break;
-            }
-        }
-        if (j == r->n_rows) {
-            slots[h] = j + 1;
-        }
-        g = &r->rows[j];
-        a = &acc[j];
-        if (j == r->n_rows) {
-            r->n_rows++;
-            g->name = name;
-            snprintf(g->dir, sizeof(g->dir), "%s", dir);
-            g->device = k->device;
-            g->bandwidth_bytes_per_s = d != NULL ? d->bandwidth_bytes_per_s : 0;
-            a->peak = -1;
-        }
-        g->kernels++;
-        g->time_ns += (int64_t) t;
-        if (k->flops_known) {
-            g->flops_known = true;
-            g->flops += k->flops;
-            a->flops_time += t;
-            a->peak_work += peak * t;
-            a->peak_missing = a->peak_missing || peak <= 0;
-            if (a->peak < 0) {
-                a->peak = (int) pk;
-            }
-            else if (a->peak != (int) pk) {
-                a->peak = KP_ROOFLINE_PEAK_COUNT + 1;
-            }
-        }
-        if (k->bytes_known) {
-            g->bytes_known = true;
-            g->bytes += k->bytes;
-            a->bytes_time += t;
-            if (d == NULL || d->bandwidth_bytes_per_s != g->bandwidth_bytes_per_s) {
-                g->bandwidth_bytes_per_s = 0; /* kernels on devices with other bandwidths */
-            }
-        }
-        if (k->flops_known && k->bytes_known) {
-            a->ai_flops += k->flops;
-            a->ai_bytes += k->bytes;
-        }
     }
     for (size_t j = 0; j < r->n_rows; j++) {
-        finish_row(&r->rows[j], &acc[j]);
+        finish_row(&r->rows[j], &gs.acc[j]);
     }
-    qsort(r->rows, r->n_rows, sizeof(*r->rows), cmp_rows);
-    rc = 0;
-    r->prof = p;
-    p = NULL;
+    if (r->n_rows > 0) {
+        qsort(r->rows, r->n_rows, sizeof(*r->rows), cmp_rows);
+    }
     *out = r;
     r = NULL;
 fail:
-    free(slots);
-    free(acc);
-    kp_pyprof_destroy(p);
+    free(gs.slots);
+    free(gs.acc);
     kp_roofline_destroy(r);
     return rc;
+}
+
+size_t kp_roofline_windows(const struct kp_roofline *r)
+{
+    return r->windows;
 }
 
 void kp_roofline_destroy(struct kp_roofline *r)
@@ -466,7 +579,7 @@ void kp_roofline_destroy(struct kp_roofline *r)
         return;
     }
     free(r->rows);
-    kp_pyprof_destroy(r->prof);
+    kp_an_pool_fini(&r->names);
     free(r);
 }
 

@@ -1,10 +1,12 @@
 /* The Roofline view (Analyzer.Roofline): achieved FLOP/s and bytes/s of one rank against its
  * devices' peaks, per kernel or per op (roofline.h, view.h). */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kp_log.h"
 #include "kprof.pb-c.h"
 #include "roofline.h"
 #include "view.h"
@@ -105,6 +107,7 @@ static int roofline_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
     const struct kp_view_key *k = c->key;
     struct roofline_opts o;
     struct roofline_state *s = calloc(1, sizeof(*s));
+    size_t window = 0;
     int rc;
 
     memcpy(&o, k->opts, sizeof(o));
@@ -114,9 +117,16 @@ static int roofline_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
     kprof__v1__roofline_response__init(&s->m);
     rc = kp_view_check_rank(c);
     if (rc == 0) {
-        rc = kp_roofline_create(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows,
+        rc = kp_view_window(c, &window);
+    }
+    if (rc == 0) {
+        rc = kp_roofline_create(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows, window,
                                 o.group_by == 1 ? KP_ROOFLINE_BY_OP : KP_ROOFLINE_BY_KERNEL, &s->rl,
                                 c->err, c->errlen);
+    }
+    if (rc == 0 && kp_roofline_windows(s->rl) > 1) {
+        kp_log_info("rank read by windows method=Roofline run=%" PRIu64 " rank=%d windows=%zu",
+                    k->run, (int) k->rank, kp_roofline_windows(s->rl));
     }
     if (rc == 0) {
         rc = fill_roofline(&s->m, s->rl, &s->devs, &s->dptrs, &s->rows, &s->ptrs);
@@ -136,12 +146,14 @@ static int roofline_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
 
 /* Not load_rank: the table reads its own rows (kp_pyprof_create), so loading the rank too
  * would read it twice; kp_view_check_rank answers an unknown rank NOT_FOUND as the other views do.
- */
+ * windowed: a rank of more than --window-events events is read by windows cut between steps
+ * (kp_roofline_create), so the service estimates it for two windows. */
 const struct kp_view kp_view_roofline = {
     .name = "Roofline",
     .request = &kprof__v1__roofline_request__descriptor,
     .reply = &kprof__v1__roofline_response__descriptor,
     .load_rank = false,
+    .windowed = true,
     .key = kp_view_group_by_key,
     .compute = roofline_compute,
     .bytes_per_event = 170,

@@ -181,6 +181,21 @@ int kp_view_check_rank(struct kp_view_ctx *ctx)
                             ctx->err, ctx->errlen);
 }
 
+int kp_view_window(struct kp_view_ctx *ctx, size_t *window)
+{
+    int64_t events = 0;
+    int rc = 0;
+
+    *window = 0;
+    if (ctx->window_events > 0 &&
+        (rc = kp_view_rank_events(ctx->pg, ctx->key->run, ctx->key->rank, &events, ctx->err,
+                                  ctx->errlen)) == 0 &&
+        events > (int64_t) ctx->window_events) {
+        *window = ctx->window_events;
+    }
+    return rc;
+}
+
 int kp_view_rank_events(PGconn *pg, uint64_t run, int32_t rank, int64_t *n, char *err, size_t len)
 {
     char runs[24], ranks[16];
@@ -214,7 +229,7 @@ static int load_rank(const struct kp_view *v, PGconn *pg, const struct kp_view_k
         }
         if (events > (int64_t) window_events &&
             (rc = kp_an_create_windowed(pg, (int64_t) k->run, (int) k->rank, max_rows,
-                                        window_events, an, err, len)) != 0) {
+                                        window_events, v->windowed_breakdown, an, err, len)) != 0) {
             return rc;
         }
         if (*an != NULL) {
@@ -236,6 +251,7 @@ int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage 
                                .req = req,
                                .key = k,
                                .max_rows = max_rows,
+                               .window_events = window_events,
                                .err = err,
                                .errlen = len };
     int rc;

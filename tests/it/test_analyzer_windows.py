@@ -1,16 +1,23 @@
-"""The operator and kernel views read a rank by windows (analyzer/an_window.c, --window-events),
-with the real kprof-collectord, kprof-analyze, kprof-analyzer, kprofctl and PostgreSQL:
-  1. On kprof-loadgen's ranks and on real traces imported (HTA's sampled rank 0, whose
-     microsecond timestamps give ops of the same thread, start and duration; the plugin's
-     resnet50 span; HTA's nanosecond rank), kprofctl ops (by name, by shapes) and kernels (by
-     name, by op) read by windows of 20 host events (the log says how many windows: two or
-     more) answer what the rank read whole answers: every field equal, the duration-weighted
-     means to 1e-12 (their sums are added in another order).
+"""The operator, kernel, breakdown and roofline views read a rank by windows (analyzer/an_window.c,
+analyzer/an_bdwin.c, PyProf's windows for the roofline; --window-events), with the real
+kprof-collectord, kprof-analyze, kprof-analyzer, kprofctl and PostgreSQL:
+  1. On kprof-loadgen's ranks (ProfilerStep ops and recorded steps; then recorded steps only,
+     which the breakdown's windows cut through and PyProf's do not) and on real traces imported
+     (HTA's sampled rank 0, whose microsecond timestamps give ops of the same thread, start and
+     duration; the plugin's resnet50 span, with backward ops; HTA's nanosecond rank, with NCCL
+     kernels), kprofctl ops (by name, by shapes), kernels (by name, by op), breakdown (kprof's
+     figure and the plugin's, with the recommendations and the GPUs' figures) and roofline (by
+     kernel, by op) read by windows of 20 host events (the log says how many windows: two or
+     more) answer what the rank read whole answers: every field equal, the kernels'
+     duration-weighted means and the GPUs' SM efficiency and occupancy to 1e-12 (their double
+     sums are added in another order).
   2. A rank that cannot be cut (an op spanning all of it, added here) is read whole, and
-     answers the same.
+     answers the same; so are the breakdown and the roofline of a rank without steps (the one
+     step over every CPU op spans it; PyProf's windows have no steps to cut between), while its
+     operator table is still read by windows.
   3. kprof-analyzer --window-events 20 with a --memory-budget below what a whole read of the
-     rank is estimated to take: the operator and kernel views answer (two windows' estimate
-     fits), the breakdown, which reads the rank whole, is refused naming the budget.
+     rank is estimated to take: the operator, kernel, breakdown and roofline views answer (two
+     windows' estimate fits), prof, which reads the rank whole, is refused naming the budget.
   4. --window-events that is not a count is refused (exit 2) by kprof-analyze and
      kprof-analyzer."""
 import json
@@ -29,7 +36,13 @@ TRACES = ("hta/trace_filter_2rank/sampled_rank-0.json.gz",
           "tbplugin/resnet50/traces/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz",
           "hta/ns_resolution_rank0/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz")
 VIEWS = (("ops", "--group-by", "name"), ("ops", "--group-by", "shapes"),
-         ("kernels", "--group-by", "name"), ("kernels", "--group-by", "op"))
+         ("kernels", "--group-by", "name"), ("kernels", "--group-by", "op"),
+         ("breakdown",), ("breakdown", "--plugin-compat"),
+         ("roofline", "--by", "kernel"), ("roofline", "--by", "op"))
+BREAKDOWN = VIEWS[4:6]
+ROOFLINE = VIEWS[6:]
+# the breakdown's figures made of double sums
+GPU_SUMS = ("est_sm_efficiency_pct", "est_achieved_occupancy_pct")
 WINDOW = 20
 
 
@@ -47,19 +60,37 @@ def offline(run_id, rank, window, view):
     return json.loads(p.stdout), windows
 
 
+def close(a, b):
+    return abs(a - b) <= 1e-12 * max(abs(a), abs(b), 1.0)
+
+
 def same(whole, win, where):
+    if isinstance(whole, dict):  # the breakdown
+        assert set(whole) == set(win), (where, whole, win)
+        for k in whole:
+            if k == "gpus":
+                assert len(whole[k]) == len(win[k]), (where, whole[k], win[k])
+                for a, b in zip(whole[k], win[k]):
+                    assert set(a) == set(b), (where, a, b)
+                    for f in a:
+                        ok = (close(a[f], b[f]) if f in GPU_SUMS and a[f] is not None and
+                              b[f] is not None else a[f] == b[f])
+                        assert ok, (where, f, a, b)
+            else:
+                assert whole[k] == win[k], (where, k, whole[k], win[k])
+        return
     assert len(whole) == len(win), (where, len(whole), len(win))
     for a, b in zip(whole, win):
         assert set(a) == set(b), (where, a, b)
         for k in a:
             if k in tas.OCC:
-                assert abs(a[k] - b[k]) <= 1e-12 * max(abs(a[k]), abs(b[k]), 1.0), (where, k, a, b)
+                assert close(a[k], b[k]), (where, k, a, b)
             else:
                 assert a[k] == b[k], (where, k, a, b)
 
 
-def check_rank(run_id, rank, what, cut=True):
-    for view in VIEWS:
+def check_rank(run_id, rank, what, cut=True, views=VIEWS):
+    for view in views:
         whole, w0 = offline(run_id, rank, 0, view)
         win, w = offline(run_id, rank, WINDOW, view)
         assert w0 == [], w0
@@ -68,6 +99,10 @@ def check_rank(run_id, rank, what, cut=True):
         else:
             assert w == [], (what, view, w)
         assert whole, (what, view, "no rows")
+        if view[0] == "breakdown":
+            assert whole["steps"] and whole["gpus"], (what, view, whole)
+        if view[0] == "roofline":
+            assert whole["rows"], (what, view, whole)
         same(whole, win, (what, view))
     return w[0] if cut else 1
 
@@ -117,24 +152,46 @@ def main():
         check_rank(gen, 0, "loadgen rank 0 with an op over it all", cut=False)
         print("a rank with an op over all of it: read whole, the same tables")
 
-        # the service: windows keep the operator and kernel views inside a budget a whole read
-        # of the rank would pass (bytes_per_event 150 for ops and kernels; breakdown's 168)
+        # a capture's steps: the recorded ones (kprof_step), which windows cut through, as no
+        # ProfilerStep op keeps a cut out of them
+        gen2 = json.loads(tas.run([LOADGEN, "--collector", cd.grpc, "--json", "--ranks", "1",
+                                   "--steps", "6", "--kernels-per-step", "40", "--job",
+                                   "windows-nosteps"], "kprof-loadgen"))["run_id"]
+        kpfix.psql("DELETE FROM ops WHERE run_id = %d AND kind = 6" % gen2, db=DB)
+        n = check_rank(gen2, 0, "recorded steps", views=BREAKDOWN)
+        assert n > 6, n  # more windows than steps: steps cut
+        m = check_rank(gen2, 0, "recorded steps", views=ROOFLINE)
+        assert m <= 7, m  # PyProf's windows: between steps only
+        print("recorded steps: %d windows, the same breakdown; %d, the same roofline" % (n, m))
+        # no steps at all: the breakdown's one step spans the rank, and PyProf's windows have no
+        # steps to cut between, so both read the rank whole; the operator table still by windows
+        kpfix.psql("DELETE FROM steps WHERE run_id = %d" % gen2, db=DB)
+        check_rank(gen2, 0, "a rank without steps", views=VIEWS[:1])
+        check_rank(gen2, 0, "a rank without steps", cut=False, views=BREAKDOWN + ROOFLINE)
+        print("a rank without steps: its breakdown and roofline read whole, its operator table "
+              "by windows")
+
+        # the service: windows keep the operator, kernel and breakdown views inside a budget a
+        # whole read of the rank would pass (bytes_per_event 150 for ops and kernels, 168 for the
+        # breakdown, 180 for prof)
         events = int(kpfix.psql("SELECT records FROM ranks WHERE run_id = %d AND rank = 1" % gen,
                                 db=DB))
         budget = events * 100
-        assert 2 * WINDOW * 150 < budget < events * 150, (events, budget)
+        assert 2 * WINDOW * 170 < budget < events * 150, (events, budget)
         an = tas.Analyzer("analyzer_windows_an", kpfix.conninfo(DB),
                           ["--window-events", str(WINDOW), "--memory-budget", str(budget),
                            "--cache-bytes", "0"])
         for view in VIEWS:
             got = tas.ctl(an, *(list(view) + ["--run", str(gen), "--rank", "1"]))
             same(offline(gen, 1, 0, view)[0], got, ("service", view))
-        rc, _, err = tas.ctl_status(an.grpc, "breakdown", "--run", str(gen), "--rank", "1")
+        rc, _, err = tas.ctl_status(an.grpc, "prof", "--run", str(gen), "--rank", "1")
         assert rc == 1 and "--memory-budget" in err, (rc, err)
-        assert "rank read by windows method=Ops run=%d rank=1" % gen in an.log_text()
-        print("kprof-analyzer --window-events %d --memory-budget %d B: ops and kernels of run %d "
-              "rank 1 (%d events) answered by windows, breakdown refused" % (WINDOW, budget, gen,
-                                                                             events))
+        for method in ("Ops", "Kernels", "Breakdown", "Roofline"):
+            assert "rank read by windows method=%s run=%d rank=1" % (method, gen) in \
+                an.log_text(), method
+        print("kprof-analyzer --window-events %d --memory-budget %d B: ops, kernels, breakdown "
+              "and roofline of run %d rank 1 (%d events) answered by windows, prof refused" % (
+                  WINDOW, budget, gen, events))
     finally:
         if an is not None:
             an.stop()
