@@ -1080,6 +1080,21 @@ void kp_an_window_sql(const struct kp_an_window *w, char host[static 96], char d
     }
 }
 
+void kp_an_window_calls_sql(const struct kp_an_window *w, char calls[static 256])
+{
+    char host[96], dev[128], chunk[192];
+    size_t o;
+
+    kp_an_window_sql(w, host, dev, chunk);
+    o = (size_t) snprintf(calls, 256, "%s", dev);
+    if (w->calls_lo != INT64_MIN) {
+        o += (size_t) snprintf(calls + o, 256 - o, " AND start_ns >= %" PRId64, w->calls_lo);
+    }
+    if (w->calls_hi != INT64_MAX) {
+        snprintf(calls + o, 256 - o, " AND start_ns < %" PRId64, w->calls_hi);
+    }
+}
+
 /* kp_an_create, or window w of the rank (w NULL: the whole rank). */
 static int an_create(PGconn *c, int64_t run, int rank, size_t max_rows,
                      const struct kp_an_window *w, struct kp_an **out, char *errbuf, size_t errlen)

@@ -206,6 +206,10 @@ int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, siz
 struct kp_an_window {
     int64_t t_lo, t_hi, c_lo, c_hi;
     bool first, last;
+    bool has_calls; /* runtime calls start in it */
+    /* its API calls (by correlation, any domain) start in [calls_lo, calls_hi): bounds by time
+     * that let a query of them read a few windows' pages (INT64_MIN, INT64_MAX: none) */
+    int64_t calls_lo, calls_hi;
     int64_t main_tid; /* the rank's main thread (its first ProfilerStep's), if main_set */
     bool main_set;
 };
@@ -225,6 +229,9 @@ static inline bool kp_an_window_has(const struct kp_an_window *w, bool null, int
  * Each buffer as sized; "" where w has no bound. */
 void kp_an_window_sql(const struct kp_an_window *w, char host[static 96], char dev[static 128],
                       char chunk[static 192]);
+/* Its API calls of any domain (by correlation, with the time bounds that make the query cheap)
+ * as conditions to append, into calls. */
+void kp_an_window_calls_sql(const struct kp_an_window *w, char calls[static 256]);
 
 /* Cuts run `run`, rank `rank` into windows of about window_events host events each, at quiet
  * points of its host time (an_window.c); with whole_steps only between steps: where no step of

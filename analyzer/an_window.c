@@ -215,6 +215,7 @@ int kp_an_plan_windows(PGconn *c, int64_t run, int rank, size_t window_events, b
                 }
                 hi = hi_i;
                 row++;
+                w[i].has_calls = true;
             }
             w[i].c_hi = hi;
             if (i > 0) {
@@ -223,6 +224,28 @@ int kp_an_plan_windows(PGconn *c, int64_t run, int rank, size_t window_events, b
         }
     }
     PQclear(r);
+    /* An API call of any domain whose correlation is window i's entered after the runtime call
+     * of correlation c_lo and before the first one above c_hi (CUPTI numbers calls as they
+     * enter): after the start of the last earlier window with runtime calls, before the end of
+     * the first later one. */
+    for (i = 0; i <= m; i++) {
+        size_t j;
+
+        w[i].calls_lo = INT64_MIN;
+        w[i].calls_hi = INT64_MAX;
+        for (j = i; j-- > 1;) {
+            if (w[j].has_calls) {
+                w[i].calls_lo = w[j].t_lo;
+                break;
+            }
+        }
+        for (j = i + 1; j < m; j++) {
+            if (w[j].has_calls) {
+                w[i].calls_hi = w[j].t_hi;
+                break;
+            }
+        }
+    }
     r = NULL;
     if ((rc = kp_pg_query(c, main_sql, 2, p2, &r, errbuf, errlen)) != 0) {
         goto fail;

@@ -65,8 +65,8 @@ static int local_call(const char *method, const ProtobufCMessage *req,
         st->code = kp_view_status(v, &k, rc, st->details, sizeof(st->details));
         return -1;
     }
-    rc = kp_view_compute(v, conn, req, &k, row_budget, window_events, &an, &out, &code, st->details,
-                         sizeof(st->details));
+    rc = kp_view_compute(v, conn, req, &k, row_budget, window_events, false, &an, &out, &code,
+                         st->details, sizeof(st->details));
     if (rc != 0) {
         st->code = code;
         kp_an_destroy(an);

@@ -19,6 +19,7 @@
 #include "flops.h"
 #include "kp_err.h"
 #include "kp_pg.h"
+#include "kp_strbuf.h"
 
 /* OpKind (proto/kprof.proto). */
 enum {
@@ -98,8 +99,8 @@ struct kp_pyprof {
     struct pp_op *ops;       /* while the table is built: by thread, start, longest first */
     size_t n_ops, cap_ops;
     struct kp_pyprof_row *rows;
-    size_t n_rows;
-    uint64_t idx0; /* a window's: the rows before it */
+    size_t n_rows, cap_rows; /* cap_rows: a table gathered from windows (pp_append) */
+    uint64_t idx0;           /* a window's: the rows before it */
 };
 
 static int cmp_key(const void *pa, const void *pb)
@@ -1023,16 +1024,50 @@ static int cmp_call(const void *pa, const void *pb)
     return (x->ord > y->ord) - (x->ord < y->ord);
 }
 
+/* The ops' columns pp_op_row reads. */
+#define PP_OPS_SELECT                                                                      \
+    "SELECT start_ns, dur_ns, tid, op_id, seq, fwd_tid, external_id, name, input_shapes, " \
+    "input_dtypes, kind FROM ops WHERE run_id = %s AND rank = %s AND kind IN "
+
+/* The python functions and NVTX ranges that cross a cut between windows (pp_spans_load): the
+ * only ops of a window that may start before it. */
+struct kp_pyprof_spans {
+    struct pp_op *ops;
+    size_t n;
+};
+
+/* Appends to p->ops the spans that reach into window w from before it. 0 or a pp_slot error. */
+static int pp_add_spans(struct pp_kload *l, const struct kp_pyprof_spans *sp,
+                        const struct kp_an_window *w)
+{
+    struct kp_pyprof *p = l->p;
+    int rc;
+
+    for (size_t i = 0; sp && !w->first && i < sp->n; i++) {
+        if (sp->ops[i].start >= w->t_lo || sp->ops[i].end < w->t_lo) {
+            continue;
+        }
+        if ((rc = pp_slot(l, (void **) &p->ops, &p->cap_ops, p->n_ops, sizeof(*p->ops))) < 0) {
+            return rc;
+        }
+        p->ops[p->n_ops] = sp->ops[i];
+        p->ops[p->n_ops].ord = (uint32_t) p->n_ops;
+        p->n_ops++;
+    }
+    return 0;
+}
+
 /* The rank's kernels (p->kern), API calls with a correlation (p->calls) and host ops of the
  * kinds the table walks (p->ops), each sorted; of window w only (NULL: all): its kernels and
- * API calls by correlation, its ops by start, but for the python functions and NVTX ranges,
- * which no cut avoids: those that overlap it, as they may enclose its ops. */
+ * API calls by correlation, its ops by start, and the python functions and NVTX ranges that
+ * reach into it from before (sp), which no cut avoids and which may enclose its ops. */
 static int pp_read_rows(PGconn *c, const char *const *params, size_t max_rows, struct kp_pyprof *p,
-                        const struct kp_an_window *w, char *errbuf, size_t errlen)
+                        const struct kp_an_window *w, const struct kp_pyprof_spans *sp,
+                        char *errbuf, size_t errlen)
 {
     size_t budget = 0;
     struct pp_kload l = { p, &budget, max_rows, w };
-    char sql[1024], host[96] = "", dev[128] = "", chunk[192] = "", ops[384] = "";
+    char sql[1024], host[96] = "", dev[128] = "", chunk[192] = "", calls[256] = "";
     int rc;
 
     rc = pp_read_kernels(c, params, &budget, max_rows, p, w, errbuf, errlen);
@@ -1040,32 +1075,21 @@ static int pp_read_rows(PGconn *c, const char *const *params, size_t max_rows, s
         return rc;
     }
     if (w) {
-        size_t o = 0;
-
         kp_an_window_sql(w, host, dev, chunk);
-        o += (size_t) snprintf(ops, sizeof(ops), " AND (kind IN (1, 2, 6)%s OR kind IN (4, 5)",
-                               host);
-        if (!w->last) {
-            o += (size_t) snprintf(ops + o, sizeof(ops) - o, " AND start_ns < %" PRId64, w->t_hi);
-        }
-        if (!w->first) {
-            o += (size_t) snprintf(ops + o, sizeof(ops) - o,
-                                   " AND start_ns + coalesce(dur_ns, 0) >= %" PRId64, w->t_lo);
-        }
-        snprintf(ops + o, sizeof(ops) - o, ")");
+        kp_an_window_calls_sql(w, calls);
     }
     snprintf(sql, sizeof(sql),
              "COPY (SELECT correlation, tid, external_id, domain FROM api_calls WHERE run_id = %s "
              "AND rank = %s AND correlation IS NOT NULL%s) TO STDOUT",
-             params[0], params[1], dev);
+             params[0], params[1], calls);
     rc = kp_pg_copy_out(c, sql, pp_call_row, &l, errbuf, errlen);
     if (rc == 0) {
-        snprintf(sql, sizeof(sql),
-                 "COPY (SELECT start_ns, dur_ns, tid, op_id, seq, fwd_tid, external_id, name, "
-                 "input_shapes, input_dtypes, kind FROM ops WHERE run_id = %s AND rank = %s AND "
-                 "kind IN (1, 2, 4, 5, 6)%s) TO STDOUT",
-                 params[0], params[1], ops);
+        snprintf(sql, sizeof(sql), "COPY (" PP_OPS_SELECT "(1, 2, 4, 5, 6)%s) TO STDOUT", params[0],
+                 params[1], host);
         rc = kp_pg_copy_out(c, sql, pp_op_row, &l, errbuf, errlen);
+    }
+    if (rc == 0 && w) {
+        rc = pp_add_spans(&l, sp, w);
     }
     rc = pp_copy_failed(rc, max_rows, "API calls and ops", errbuf, errlen);
     if (rc == 0) {
@@ -1283,8 +1307,8 @@ static int pp_fill_kernel(struct kp_pyprof *p, struct pp_build *b, size_t i)
 
 /* kp_pyprof_create, or of window w (NULL: the whole rank) with its rows numbered from idx0. */
 static int pp_create(PGconn *c, int64_t run, int rank, size_t max_rows,
-                     const struct kp_an_window *w, uint64_t idx0, struct kp_pyprof **out,
-                     char *errbuf, size_t errlen)
+                     const struct kp_an_window *w, const struct kp_pyprof_spans *sp, uint64_t idx0,
+                     struct kp_pyprof **out, char *errbuf, size_t errlen)
 {
     char runs[24], ranks[16];
     const char *params[2] = { runs, ranks };
@@ -1301,7 +1325,7 @@ static int pp_create(PGconn *c, int64_t run, int rank, size_t max_rows,
         return -ENOMEM;
     }
     p->idx0 = idx0;
-    rc = pp_read_rows(c, params, max_rows, p, w, errbuf, errlen);
+    rc = pp_read_rows(c, params, max_rows, p, w, sp, errbuf, errlen);
     if (rc == 0) {
         rc = pp_read_names(c, p, errbuf, errlen);
         if (rc == -ENOMEM) {
@@ -1366,14 +1390,175 @@ out:
 int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_pyprof **out,
                      char *errbuf, size_t errlen)
 {
-    return pp_create(c, run, rank, max_rows, NULL, 0, out, errbuf, errlen);
+    return pp_create(c, run, rank, max_rows, NULL, NULL, 0, out, errbuf, errlen);
 }
 
-int kp_pyprof_create_window(PGconn *c, int64_t run, int rank, size_t max_rows,
-                            const struct kp_an_window *w, uint64_t idx0, struct kp_pyprof **out,
-                            char *errbuf, size_t errlen)
+/* The python functions and NVTX ranges of the rank that cross a cut between windows w[0..n),
+ * into *out (kp_pyprof_spans_free). 0, or kp_pyprof_create's errors. */
+static int pp_spans_load(PGconn *c, int64_t run, int rank, const struct kp_an_window *w, size_t n,
+                         size_t max_rows, struct kp_pyprof_spans **out, char *errbuf, size_t errlen)
 {
-    return pp_create(c, run, rank, max_rows, w, idx0, out, errbuf, errlen);
+    struct kp_pyprof holder = { 0 };
+    size_t budget = 0;
+    struct pp_kload l = { &holder, &budget, max_rows, NULL };
+    struct kp_strbuf cuts, sql;
+    char runs[24], ranks[16];
+    int rc = 0;
+
+    *out = NULL;
+    snprintf(runs, sizeof(runs), "%" PRId64, run);
+    snprintf(ranks, sizeof(ranks), "%d", rank);
+    kp_strbuf_init(&cuts, 0);
+    kp_strbuf_init(&sql, 0);
+    /* the cuts: each window's start but the first's; width_bucket puts a time at a cut in the
+     * window it starts, so that a span ending at a cut counts as reaching it (>= t_lo) */
+    rc = kp_strbuf_append_str(&cuts, "'{");
+    for (size_t i = 1; i < n && rc == 0; i++) {
+        rc = kp_strbuf_appendf(&cuts, "%s%" PRId64, i > 1 ? "," : "", w[i].t_lo);
+    }
+    rc = rc ? rc : kp_strbuf_append_str(&cuts, "}'::bigint[]");
+    rc = rc ? rc
+            : kp_strbuf_appendf(&sql,
+                                "COPY (" PP_OPS_SELECT "(4, 5) AND width_bucket(start_ns, %s) <> "
+                                "width_bucket(start_ns + coalesce(dur_ns, 0), %s)) TO STDOUT",
+                                runs, ranks, cuts.data, cuts.data);
+    rc = rc ? -ENOMEM : kp_pg_copy_out(c, sql.data, pp_op_row, &l, errbuf, errlen);
+    kp_strbuf_fini(&cuts);
+    kp_strbuf_fini(&sql);
+    rc = pp_copy_failed(rc, max_rows, "python functions and NVTX ranges", errbuf, errlen);
+    if (rc == 0 && !(*out = calloc(1, sizeof(**out)))) {
+        rc = -ENOMEM;
+    }
+    if (rc != 0) {
+        free(holder.ops);
+        return rc;
+    }
+    (*out)->ops = holder.ops;
+    (*out)->n = holder.n_ops;
+    return 0;
+}
+
+static void pp_spans_free(struct kp_pyprof_spans *s)
+{
+    if (s) {
+        free(s->ops);
+        free(s);
+    }
+}
+
+int kp_pyprof_each(PGconn *c, int64_t run, int rank, size_t max_rows, size_t window_events,
+                   int (*each)(void *ud, const struct kp_pyprof *table), void *ud, size_t *windows,
+                   char *errbuf, size_t errlen)
+{
+    struct kp_an_window *w = NULL;
+    struct kp_pyprof *p = NULL;
+    struct kp_pyprof_spans *sp = NULL;
+    size_t n = 0;
+    uint64_t idx0 = 0;
+    bool began = false;
+    int rc;
+
+    *windows = 1;
+    if (window_events == 0) {
+        if ((rc = kp_pyprof_create(c, run, rank, max_rows, &p, errbuf, errlen)) == 0) {
+            rc = each(ud, p);
+        }
+        kp_pyprof_destroy(p);
+        return rc;
+    }
+    /* the plan and every window read one snapshot */
+    if ((rc = kp_an_snapshot_begin(c, &began, errbuf, errlen)) != 0) {
+        return rc;
+    }
+    rc = kp_an_plan_windows(c, run, rank, window_events, true, &w, &n, errbuf, errlen);
+    if (rc == 0 && n == 0) {
+        rc = KP_EWHOLE;
+        kp_errbuf_set(errbuf, errlen,
+                      "run %" PRId64 " rank %d cannot be cut between steps: read it whole", run,
+                      rank);
+    }
+    if (rc == 0) {
+        rc = pp_spans_load(c, run, rank, w, n, max_rows, &sp, errbuf, errlen);
+    }
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        if ((rc = pp_create(c, run, rank, max_rows, &w[i], sp, idx0, &p, errbuf, errlen)) == 0) {
+            idx0 += p->n_rows;
+            rc = each(ud, p);
+        }
+        kp_pyprof_destroy(p);
+        p = NULL;
+    }
+    if (rc == 0) {
+        *windows = n;
+    }
+    kp_an_snapshot_end(c, began, rc);
+    pp_spans_free(sp);
+    free(w);
+    return rc;
+}
+
+/* s's copy in dst's pool (NULL stays NULL); false without memory. */
+static bool pp_keep(struct kp_pyprof *dst, const char **s)
+{
+    return *s == NULL || (*s = kp_an_pool_intern(&dst->pool, *s)) != NULL;
+}
+
+/* kp_pyprof_each's callback for kp_pyprof_create_windowed: a window's rows appended to the
+ * table ud, their text copied into its pool. 0 or -ENOMEM. */
+static int pp_append(void *ud, const struct kp_pyprof *src)
+{
+    struct kp_pyprof *dst = ud;
+
+    if (dst->n_rows + src->n_rows > dst->cap_rows) {
+        size_t nc = dst->cap_rows ? dst->cap_rows : 4096;
+        struct kp_pyprof_row *r;
+
+        while (nc < dst->n_rows + src->n_rows) {
+            nc *= 2;
+        }
+        if (!(r = realloc(dst->rows, nc * sizeof(*r)))) {
+            return -ENOMEM;
+        }
+        dst->rows = r;
+        dst->cap_rows = nc;
+    }
+    for (size_t i = 0; i < src->n_rows; i++) {
+        struct kp_pyprof_row *r = &dst->rows[dst->n_rows];
+
+        *r = src->rows[i];
+        if (!pp_keep(dst, &r->altseq) || !pp_keep(dst, &r->layer) || !pp_keep(dst, &r->trace) ||
+            !pp_keep(dst, &r->mod) || !pp_keep(dst, &r->op) || !pp_keep(dst, &r->kernel) ||
+            !pp_keep(dst, &r->kernel_full) || !pp_keep(dst, &r->params) || !pp_keep(dst, &r->tc) ||
+            !pp_keep(dst, &r->grid) || !pp_keep(dst, &r->block)) {
+            return -ENOMEM;
+        }
+        dst->n_rows++;
+    }
+    return 0;
+}
+
+int kp_pyprof_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows,
+                              size_t window_events, struct kp_pyprof **out, size_t *windows,
+                              char *errbuf, size_t errlen)
+{
+    struct kp_pyprof *p = calloc(1, sizeof(*p));
+    int rc;
+
+    *out = NULL;
+    if (!p) {
+        return -ENOMEM;
+    }
+    rc = kp_pyprof_each(c, run, rank, max_rows, window_events, pp_append, p, windows, errbuf,
+                        errlen);
+    if (rc == -ENOMEM) {
+        kp_errbuf_set(errbuf, errlen, "out of memory building the PyProf table");
+    }
+    if (rc != 0) {
+        kp_pyprof_destroy(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
 }
 
 void kp_pyprof_destroy(struct kp_pyprof *p)

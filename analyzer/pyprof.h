@@ -107,16 +107,27 @@ struct kp_pyprof;
 int kp_pyprof_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_pyprof **out,
                      char *errbuf, size_t errlen);
 
-struct kp_an_window;
+/* Calls each(ud, table) with PyProf's table of run `run`, rank `rank`: with window_events 0 the
+ * whole table once, else the tables of its windows of about window_events host events, cut
+ * between steps (kp_an_plan_windows whole_steps: a backward op's forward op, of the same step,
+ * is in its window), in order, each freed when each returns, only a window's rows loaded at a
+ * time. Their rows together are the whole table's: kernels come in launch order, a window's
+ * are those it launched, numbered on from the windows before; a window's ops are those that
+ * start in it and the python functions and NVTX ranges that reach into it from before (read
+ * once: no cut avoids them, a script's top frame spans the run). *windows says how many tables
+ * came. Returns 0,
+ * KP_EWHOLE where the rank cannot be cut between steps (none came), each's nonzero return, or
+ * kp_pyprof_create's errors. */
+int kp_pyprof_each(PGconn *c, int64_t run, int rank, size_t max_rows, size_t window_events,
+                   int (*each)(void *ud, const struct kp_pyprof *table), void *ud, size_t *windows,
+                   char *errbuf, size_t errlen);
 
-/* kp_pyprof_create's table of window w of the rank (an.h: kp_an_plan_windows with whole_steps,
- * so that a backward op's forward op, of the same step, is in its window), its rows numbered
- * from idx0 + 1: the windows' tables, in order, are the rank's (kernels come in launch order,
- * and a window's are those it launched), while only a window's rows are loaded. The python
- * functions and NVTX ranges that enclose its ops, which may span cuts, are read with it. */
-int kp_pyprof_create_window(PGconn *c, int64_t run, int rank, size_t max_rows,
-                            const struct kp_an_window *w, uint64_t idx0, struct kp_pyprof **out,
-                            char *errbuf, size_t errlen);
+/* kp_pyprof_create's table gathered from kp_pyprof_each's windows (window_events 0: whole),
+ * what each window loads freed before the next: the same rows, while the rank's rows are never
+ * loaded at once. Returns as kp_pyprof_each. */
+int kp_pyprof_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows,
+                              size_t window_events, struct kp_pyprof **out, size_t *windows,
+                              char *errbuf, size_t errlen);
 
 /* Frees a table; NULL is fine. */
 void kp_pyprof_destroy(struct kp_pyprof *p);

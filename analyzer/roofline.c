@@ -471,9 +471,11 @@ static int groups_add(struct groups *gs, const struct kp_pyprof_row *k)
     return 0;
 }
 
-/* Adds every row of PyProf's table p to the groups. 0 or -ENOMEM. */
-static int groups_add_table(struct groups *gs, const struct kp_pyprof *p)
+/* kp_pyprof_each's callback: every row of PyProf's table p (a window's, or the rank's) to the
+ * groups ud. 0 or -ENOMEM. */
+static int groups_add_table(void *ud, const struct kp_pyprof *p)
 {
+    struct groups *gs = ud;
     size_t n;
     const struct kp_pyprof_row *pr = kp_pyprof_rows(p, &n);
 
@@ -483,54 +485,6 @@ static int groups_add_table(struct groups *gs, const struct kp_pyprof *p)
         }
     }
     return 0;
-}
-
-/* PyProf's tables of the rank into gs: by windows of window_events host events cut between
- * steps where there are more (0: whole), else whole. Returns 0, or a kp_pyprof_create error. */
-static int read_tables(PGconn *c, int64_t run, int rank, size_t max_rows, size_t window_events,
-                       struct groups *gs, char *errbuf, size_t errlen)
-{
-    struct kp_an_window *w = NULL;
-    struct kp_pyprof *p = NULL;
-    size_t n = 0;
-    uint64_t idx0 = 0;
-    bool began = false;
-    int rc;
-
-    gs->r->windows = 1;
-    if (window_events == 0) {
-        if ((rc = kp_pyprof_create(c, run, rank, max_rows, &p, errbuf, errlen)) == 0) {
-            rc = groups_add_table(gs, p);
-        }
-        kp_pyprof_destroy(p);
-        return rc;
-    }
-    /* the plan and every window read one snapshot */
-    if ((rc = kp_an_snapshot_begin(c, &began, errbuf, errlen)) != 0) {
-        return rc;
-    }
-    rc = kp_an_plan_windows(c, run, rank, window_events, true, &w, &n, errbuf, errlen);
-    if (rc == 0 && n == 0) {
-        rc = read_tables(c, run, rank, max_rows, 0, gs, errbuf, errlen);
-    }
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        if ((rc = kp_pyprof_create_window(c, run, rank, max_rows, &w[i], idx0, &p, errbuf,
-                                          errlen)) == 0) {
-            size_t rows;
-
-            (void) kp_pyprof_rows(p, &rows);
-            idx0 += rows;
-            rc = groups_add_table(gs, p);
-        }
-        kp_pyprof_destroy(p);
-        p = NULL;
-    }
-    if (rc == 0 && n > 0) {
-        gs->r->windows = n;
-    }
-    kp_an_snapshot_end(c, began, rc);
-    free(w);
-    return rc;
 }
 
 int kp_roofline_create(PGconn *c, int64_t run, int rank, size_t max_rows, size_t window_events,
@@ -547,7 +501,8 @@ int kp_roofline_create(PGconn *c, int64_t run, int rank, size_t max_rows, size_t
     }
     r->by = by;
     if ((rc = load_devices(c, r, run, rank, errbuf, errlen)) < 0 ||
-        (rc = read_tables(c, run, rank, max_rows, window_events, &gs, errbuf, errlen)) < 0) {
+        (rc = kp_pyprof_each(c, run, rank, max_rows, window_events, groups_add_table, &gs,
+                             &r->windows, errbuf, errlen)) < 0) {
         if (rc == -ENOMEM) {
             kp_errbuf_set(errbuf, errlen, "out of memory building the roofline");
         }

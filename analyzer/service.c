@@ -319,12 +319,14 @@ static int run_version(PGconn *pg, void *ud, char *err, size_t len)
  * Holds the memory request k of view v is estimated to need (*need, 0 when the view or the
  * service has no budget) against the budget, before it computes: the events it reads times
  * the view's bytes an event. A request that alone needs more than the budget is refused; one
- * that does not fit beside the analyses in progress waits for them, up to MEM_WAIT_MS.
+ * that does not fit beside the analyses in progress waits for them, up to MEM_WAIT_MS. A
+ * windowed view's rank of over two windows is estimated for two windows (*by_windows then
+ * true) unless whole: then for the rank.
  * Returns 0, or -1 with the status in *code and its details in err (logged here).
  */
 static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *v,
-                       const struct kp_view_key *k, size_t *need, grpc_status_code *code, char *err,
-                       size_t len)
+                       const struct kp_view_key *k, bool whole, size_t *need, bool *by_windows,
+                       grpc_status_code *code, char *err, size_t len)
 {
     size_t budget = (size_t) a->cfg.memory_budget, bytes;
     int64_t n = 0, other = 0;
@@ -332,6 +334,7 @@ static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *
     bool waited = false, got = false;
 
     *need = 0;
+    *by_windows = false;
     if (budget == 0 || v->bytes_per_event == 0) {
         return 0;
     }
@@ -356,8 +359,9 @@ static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *
     /* a rank read by windows holds about one window's rows: window_events host events and
      * the device events they launched (a host event launches at most about one) */
     bytes = (size_t) (n + other) * v->bytes_per_event;
-    if (v->windowed && a->cfg.window_events > 0 && n > 2 * a->cfg.window_events) {
+    if (!whole && v->windowed && a->cfg.window_events > 0 && n > 2 * a->cfg.window_events) {
         bytes = (size_t) (2 * a->cfg.window_events) * v->bytes_per_event;
+        *by_windows = true;
     }
     if (bytes > budget) {
         char rank[24] = "";
@@ -436,7 +440,8 @@ static void run_job(struct worker *w, struct job *j)
     int64_t batches = 0;
     struct run_version ver = { 0 };
     int state = 0, rc;
-    size_t need = 0; /* held in --memory-budget */
+    size_t need = 0;         /* held in --memory-budget */
+    bool by_windows = false; /* need is for windows, not a whole read */
     grpc_status_code code;
     PGconn *pg;
 
@@ -491,7 +496,7 @@ static void run_job(struct worker *w, struct job *j)
     }
     INC(a->st.cache_misses);
     err[0] = '\0';
-    if (mem_reserve(a, pg, v, &k.k, &need, &code, err, sizeof(err)) != 0) {
+    if (mem_reserve(a, pg, v, &k.k, false, &need, &by_windows, &code, err, sizeof(err)) != 0) {
         finish_error(a, j, code, err);
         return;
     }
@@ -499,7 +504,25 @@ static void run_job(struct worker *w, struct job *j)
         long long t0 = kp_mono_ns();
 
         rc = kp_view_compute(v, pg, j->req, &k.k, (size_t) a->cfg.max_rows,
-                             (size_t) a->cfg.window_events, &an, &out, &code, err, sizeof(err));
+                             (size_t) a->cfg.window_events, by_windows, &an, &out, &code, err,
+                             sizeof(err));
+        if (rc == KP_EWHOLE) {
+            /* held for two windows, the rank cannot be cut: hold what a whole read takes */
+            kp_an_destroy(an);
+            an = NULL;
+            mem_release(a, need);
+            kp_log_info("rank cannot be read by windows method=%s run=%" PRIu64
+                        " rank=%d: estimated whole",
+                        v->name, k.k.run, (int) k.k.rank);
+            err[0] = '\0';
+            if (mem_reserve(a, pg, v, &k.k, true, &need, &by_windows, &code, err, sizeof(err)) !=
+                0) {
+                finish_error(a, j, code, err);
+                return;
+            }
+            rc = kp_view_compute(v, pg, j->req, &k.k, (size_t) a->cfg.max_rows, 0, false, &an, &out,
+                                 &code, err, sizeof(err));
+        }
         kp_log_debug("computed method=%s run=%" PRIu64 " rank=%d ms=%lld rc=%d", v->name, k.k.run,
                      (int) k.k.rank, (kp_mono_ns() - t0) / 1000000, rc);
         if (rc != 0) {

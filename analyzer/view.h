@@ -45,7 +45,11 @@ struct kp_view_ctx {
     const struct kp_view_key *key; /* as the view's key function set it */
     size_t max_rows;               /* the service's row budget per rank (0: none) */
     size_t window_events;          /* the service's --window-events (kp_view_window) */
-    char *err;                     /* a message for a failure */
+    /* the memory reserved is for windows: a rank that cannot be cut is not read whole, the
+     * compute returns KP_EWHOLE instead (the service reserves for a whole read, then asks
+     * again without) */
+    bool windows_only;
+    char *err; /* a message for a failure */
     size_t errlen;
     /* A compute may set this (a grpc_status_code) with err as the details, to answer with that
      * status instead of the one its return code maps to (service.c's status_for). */
@@ -153,11 +157,12 @@ grpc_status_code kp_view_status(const struct kp_view *v, const struct kp_view_ke
  * wants it (a windowed view's rank of more than window_events events by windows of that many
  * host events; 0: never by windows), computes. Returns 0 and *out, with *an the loaded rank (or
  * NULL), which the reply may point into: free the reply, then kp_an_destroy(*an). Or returns
- * nonzero with *code and its details in err (*an still to destroy). */
+ * nonzero with *code and its details in err (*an still to destroy); with windows_only, KP_EWHOLE
+ * where the rank (over window_events) cannot be read by windows and was not read. */
 int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage *req,
                     const struct kp_view_key *k, size_t max_rows, size_t window_events,
-                    struct kp_an **an, struct kp_view_reply *out, grpc_status_code *code, char *err,
-                    size_t len);
+                    bool windows_only, struct kp_an **an, struct kp_view_reply *out,
+                    grpc_status_code *code, char *err, size_t len);
 
 /* The events of run's rank (ranks.records), or of its largest rank for rank < 0: what the
  * memory budget and the windows go by. 0, or KP_EPG with a message in err. */

@@ -1,7 +1,10 @@
 /* The Prof view (Analyzer.Prof): PyProf's per-kernel table of one rank (pyprof.h, view.h). */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 
+#include "kp_err.h"
+#include "kp_log.h"
 #include "kprof.pb-c.h"
 #include "pyprof.h"
 #include "view.h"
@@ -82,6 +85,7 @@ static int prof_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
 {
     const struct kp_view_key *k = c->key;
     struct prof_state *s = calloc(1, sizeof(*s));
+    size_t window = 0, windows = 1;
     int rc;
 
     if (s == NULL) {
@@ -90,8 +94,19 @@ static int prof_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
     kprof__v1__prof_response__init(&s->m);
     rc = kp_view_check_rank(c);
     if (rc == 0) {
+        rc = kp_view_window(c, &window);
+    }
+    if (rc == 0) {
+        rc = kp_pyprof_create_windowed(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows, window,
+                                       &s->prof, &windows, c->err, c->errlen);
+    }
+    if (rc == KP_EWHOLE) { /* cannot be cut between steps: whole */
         rc = kp_pyprof_create(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows, &s->prof, c->err,
                               c->errlen);
+    }
+    if (rc == 0 && windows > 1) {
+        kp_log_info("rank read by windows method=Prof run=%" PRIu64 " rank=%d windows=%zu", k->run,
+                    (int) k->rank, windows);
     }
     if (rc == 0) {
         rc = fill_prof(&s->m, s->prof, &s->rows, &s->ptrs);
@@ -110,6 +125,8 @@ static int prof_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
 
 /* Not load_rank: the table reads its own rows (kp_pyprof_create), so loading the rank too
  * would read it twice; kp_view_check_rank answers an unknown rank NOT_FOUND as the other views do.
+ * A rank of more than --window-events events is read by windows (kp_pyprof_create_windowed),
+ * but the reply holds a row per kernel: not .windowed, the service estimates the whole rank.
  */
 const struct kp_view kp_view_prof = {
     .name = "Prof",

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kp_err.h"
 #include "kp_log.h"
 #include "kprof.pb-c.h"
 #include "roofline.h"
@@ -121,6 +122,11 @@ static int roofline_compute(struct kp_view_ctx *c, struct kp_view_reply *out)
     }
     if (rc == 0) {
         rc = kp_roofline_create(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows, window,
+                                o.group_by == 1 ? KP_ROOFLINE_BY_OP : KP_ROOFLINE_BY_KERNEL, &s->rl,
+                                c->err, c->errlen);
+    }
+    if (rc == KP_EWHOLE && !c->windows_only) { /* cannot be cut between steps: whole */
+        rc = kp_roofline_create(c->pg, (int64_t) k->run, (int) k->rank, c->max_rows, 0,
                                 o.group_by == 1 ? KP_ROOFLINE_BY_OP : KP_ROOFLINE_BY_KERNEL, &s->rl,
                                 c->err, c->errlen);
     }

@@ -215,10 +215,10 @@ int kp_view_rank_events(PGconn *pg, uint64_t run, int32_t rank, int64_t *n, char
 }
 
 /* Loads k's rank for v into *an: by windows where v allows it and the rank has more than
- * window_events events (and can be cut), else whole. */
+ * window_events events (and can be cut), else whole, but KP_EWHOLE with windows_only. */
 static int load_rank(const struct kp_view *v, PGconn *pg, const struct kp_view_key *k,
-                     size_t max_rows, size_t window_events, struct kp_an **an, char *err,
-                     size_t len)
+                     size_t max_rows, size_t window_events, bool windows_only, struct kp_an **an,
+                     char *err, size_t len)
 {
     int64_t events = 0;
     int rc;
@@ -238,20 +238,24 @@ static int load_rank(const struct kp_view *v, PGconn *pg, const struct kp_view_k
                         v->name, k->run, (int) k->rank, events, kp_an_windows(*an));
             return 0;
         }
+        if (events > (int64_t) window_events && windows_only) {
+            return KP_EWHOLE;
+        }
     }
     return kp_an_create(pg, (int64_t) k->run, (int) k->rank, max_rows, an, err, len);
 }
 
 int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage *req,
                     const struct kp_view_key *k, size_t max_rows, size_t window_events,
-                    struct kp_an **an, struct kp_view_reply *out, grpc_status_code *code, char *err,
-                    size_t len)
+                    bool windows_only, struct kp_an **an, struct kp_view_reply *out,
+                    grpc_status_code *code, char *err, size_t len)
 {
     struct kp_view_ctx ctx = { .pg = pg,
                                .req = req,
                                .key = k,
                                .max_rows = max_rows,
                                .window_events = window_events,
+                               .windows_only = windows_only,
                                .err = err,
                                .errlen = len };
     int rc;
@@ -259,14 +263,20 @@ int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage 
     *an = NULL;
     memset(out, 0, sizeof(*out));
     err[0] = '\0';
-    if (v->load_rank && (rc = load_rank(v, pg, k, max_rows, window_events, an, err, len)) != 0) {
-        *code = kp_view_status(v, k, rc, err, len);
+    if (v->load_rank &&
+        (rc = load_rank(v, pg, k, max_rows, window_events, windows_only, an, err, len)) != 0) {
+        /* KP_EWHOLE is the caller's to handle (it asked), not an answer */
+        *code = rc == KP_EWHOLE ? GRPC_STATUS_INTERNAL : kp_view_status(v, k, rc, err, len);
         return rc;
     }
     ctx.an = *an;
     err[0] = '\0';
     if ((rc = v->compute(&ctx, out)) == 0) {
         return 0;
+    }
+    if (rc == KP_EWHOLE) {
+        *code = GRPC_STATUS_INTERNAL;
+        return rc;
     }
     if (err[0] == '\0') {
         snprintf(err, len, "%s", kp_strerror(rc));

@@ -25,6 +25,8 @@ const char *kp_strerror(int err)
         return "database schema is newer than this binary";
     case KP_ESHUTDOWN:
         return "shutting down";
+    case KP_EWHOLE:
+        return "can only be read whole";
     default:
         break;
     }

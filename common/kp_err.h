@@ -16,6 +16,7 @@ enum kp_err {
     KP_ECONFIG = -10006,   /* bad configuration value */
     KP_ESCHEMA = -10007,   /* database schema is newer than this binary */
     KP_ESHUTDOWN = -10008, /* the object is stopping */
+    KP_EWHOLE = -10009,    /* asked to read by windows what can only be read whole */
 };
 
 /* Returns a static description of a code from either range. Thread-safe. */

@@ -1,23 +1,27 @@
-"""The operator, kernel, breakdown and roofline views read a rank by windows (analyzer/an_window.c,
-analyzer/an_bdwin.c, PyProf's windows for the roofline; --window-events), with the real
-kprof-collectord, kprof-analyze, kprof-analyzer, kprofctl and PostgreSQL:
-  1. On kprof-loadgen's ranks (ProfilerStep ops and recorded steps; then recorded steps only,
-     which the breakdown's windows cut through and PyProf's do not) and on real traces imported
-     (HTA's sampled rank 0, whose microsecond timestamps give ops of the same thread, start and
+"""The operator, kernel, breakdown, roofline and prof views read a rank by windows
+(analyzer/an_window.c, analyzer/an_bdwin.c, PyProf's windows for the roofline and prof;
+--window-events), with the real kprof-collectord, kprof-analyze, kprof-analyzer, kprofctl and
+PostgreSQL:
+  1. On kprof-loadgen's ranks (ProfilerStep ops and recorded steps, with python functions added
+     over all of rank 0 and over its middle third; then recorded steps only, which the
+     breakdown's windows cut through and PyProf's do not) and on real traces imported (HTA's
+     sampled rank 0, whose microsecond timestamps give ops of the same thread, start and
      duration; the plugin's resnet50 span, with backward ops; HTA's nanosecond rank, with NCCL
      kernels), kprofctl ops (by name, by shapes), kernels (by name, by op), breakdown (kprof's
-     figure and the plugin's, with the recommendations and the GPUs' figures) and roofline (by
-     kernel, by op) read by windows of 20 host events (the log says how many windows: two or
-     more) answer what the rank read whole answers: every field equal, the kernels'
-     duration-weighted means and the GPUs' SM efficiency and occupancy to 1e-12 (their double
-     sums are added in another order).
+     figure and the plugin's, with the recommendations and the GPUs' figures), roofline (by
+     kernel, by op) and prof (all 20 columns: the python functions' trace column included) read
+     by windows of 20 host events (the log says how many windows: two or more) answer what the
+     rank read whole answers: every field equal, the kernels' duration-weighted means and the
+     GPUs' SM efficiency and occupancy to 1e-12 (their double sums are added in another order).
   2. A rank that cannot be cut (an op spanning all of it, added here) is read whole, and
-     answers the same; so are the breakdown and the roofline of a rank without steps (the one
+     answers the same; so are the breakdown, roofline and prof of a rank without steps (the one
      step over every CPU op spans it; PyProf's windows have no steps to cut between), while its
      operator table is still read by windows.
   3. kprof-analyzer --window-events 20 with a --memory-budget below what a whole read of the
      rank is estimated to take: the operator, kernel, breakdown and roofline views answer (two
-     windows' estimate fits), prof, which reads the rank whole, is refused naming the budget.
+     windows' estimate fits), prof, whose reply holds every kernel and which is estimated
+     whole, is refused naming the budget; so are the operator and roofline views of the rank
+     that cannot be cut, which the estimate for windows admitted but which would read it whole.
   4. --window-events that is not a count is refused (exit 2) by kprof-analyze and
      kprof-analyzer."""
 import json
@@ -38,9 +42,29 @@ TRACES = ("hta/trace_filter_2rank/sampled_rank-0.json.gz",
 VIEWS = (("ops", "--group-by", "name"), ("ops", "--group-by", "shapes"),
          ("kernels", "--group-by", "name"), ("kernels", "--group-by", "op"),
          ("breakdown",), ("breakdown", "--plugin-compat"),
-         ("roofline", "--by", "kernel"), ("roofline", "--by", "op"))
+         ("roofline", "--by", "kernel"), ("roofline", "--by", "op"),
+         ("prof", "-c", "idx,seq,altseq,tid,layer,trace,dir,sub,mod,op,kernel,params,sil,tc,"
+          "device,stream,grid,block,flops,bytes"))
 BREAKDOWN = VIEWS[4:6]
-ROOFLINE = VIEWS[6:]
+ROOFLINE = VIEWS[6:]  # and prof: PyProf's windows
+MODULE = "train.py(10): <module>"  # a python function over all of a rank
+
+
+def add_python_functions(run_id, rank):
+    """Python functions on the rank's busiest thread: one over all of it (a script's top frame),
+    one over its middle third; both cross cuts, so every PyProf window must read them."""
+    kpfix.psql("INSERT INTO names (name) VALUES ('%s'), ('train.py(42): step') ON CONFLICT DO "
+               "NOTHING" % MODULE, db=DB)
+    tid = ("(SELECT tid FROM ops WHERE run_id = %d AND rank = %d AND kind = 1 GROUP BY tid "
+           "ORDER BY count(*) DESC LIMIT 1)" % (run_id, rank))
+    for start, dur, name in (("min(start_ns) - 1", "max(start_ns + dur_ns) - min(start_ns) + 2",
+                              MODULE),
+                             ("min(start_ns) + (max(start_ns) - min(start_ns)) / 3",
+                              "(max(start_ns) - min(start_ns)) / 3", "train.py(42): step")):
+        kpfix.psql("INSERT INTO ops (run_id, rank, start_ns, dur_ns, tid, name, kind) SELECT "
+                   "run_id, rank, %s, %s, %s, (SELECT id FROM names WHERE name = '%s'), 4 FROM "
+                   "ops WHERE run_id = %d AND rank = %d GROUP BY run_id, rank" % (
+                       start, dur, tid, name, run_id, rank), db=DB)
 # the breakdown's figures made of double sums
 GPU_SUMS = ("est_sm_efficiency_pct", "est_achieved_occupancy_pct")
 WINDOW = 20
@@ -101,7 +125,7 @@ def check_rank(run_id, rank, what, cut=True, views=VIEWS):
         assert whole, (what, view, "no rows")
         if view[0] == "breakdown":
             assert whole["steps"] and whole["gpus"], (what, view, whole)
-        if view[0] == "roofline":
+        if view[0] in ("roofline", "prof"):
             assert whole["rows"], (what, view, whole)
         same(whole, win, (what, view))
     return w[0] if cut else 1
@@ -136,6 +160,9 @@ def main():
         out = tas.run([LOADGEN, "--collector", cd.grpc, "--json", "--ranks", "2", "--steps", "12",
                        "--kernels-per-step", "40", "--job", "windows"], "kprof-loadgen")
         gen = json.loads(out)["run_id"]
+        add_python_functions(gen, 0)
+        win, _ = offline(gen, 0, WINDOW, VIEWS[-1])
+        assert {MODULE, "train.py(42): step"} <= {r["trace"] for r in win["rows"]}, "no spans"
         for rank in (0, 1):
             n = check_rank(gen, rank, "loadgen rank %d" % rank)
             print("loadgen run %d rank %d: %d windows, the same tables" % (gen, rank, n))
@@ -158,6 +185,7 @@ def main():
                                    "--steps", "6", "--kernels-per-step", "40", "--job",
                                    "windows-nosteps"], "kprof-loadgen"))["run_id"]
         kpfix.psql("DELETE FROM ops WHERE run_id = %d AND kind = 6" % gen2, db=DB)
+        add_python_functions(gen2, 0)
         n = check_rank(gen2, 0, "recorded steps", views=BREAKDOWN)
         assert n > 6, n  # more windows than steps: steps cut
         m = check_rank(gen2, 0, "recorded steps", views=ROOFLINE)
@@ -181,11 +209,19 @@ def main():
         an = tas.Analyzer("analyzer_windows_an", kpfix.conninfo(DB),
                           ["--window-events", str(WINDOW), "--memory-budget", str(budget),
                            "--cache-bytes", "0"])
-        for view in VIEWS:
+        for view in VIEWS[:-1]:  # prof: estimated whole, refused below
             got = tas.ctl(an, *(list(view) + ["--run", str(gen), "--rank", "1"]))
             same(offline(gen, 1, 0, view)[0], got, ("service", view))
         rc, _, err = tas.ctl_status(an.grpc, "prof", "--run", str(gen), "--rank", "1")
         assert rc == 1 and "--memory-budget" in err, (rc, err)
+        # rank 0 cannot be cut (the op over all of it): held for two windows, it is not read
+        # whole under that estimate but estimated again as a whole read, which the budget
+        # refuses
+        for verb in ("ops", "roofline"):
+            rc, _, err = tas.ctl_status(an.grpc, verb, "--run", str(gen), "--rank", "0")
+            assert rc == 1 and "--memory-budget" in err, (verb, rc, err)
+            assert "rank cannot be read by windows method=%s run=%d rank=0" % (
+                verb.capitalize(), gen) in an.log_text(), verb
         for method in ("Ops", "Kernels", "Breakdown", "Roofline"):
             assert "rank read by windows method=%s run=%d rank=1" % (method, gen) in \
                 an.log_text(), method
