@@ -1541,11 +1541,15 @@ int kp_pyprof_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows,
                               size_t window_events, struct kp_pyprof **out, size_t *windows,
                               char *errbuf, size_t errlen)
 {
-    struct kp_pyprof *p = calloc(1, sizeof(*p));
+    struct kp_pyprof *p;
     int rc;
 
     *out = NULL;
-    if (!p) {
+    *windows = 1;
+    if (window_events == 0) { /* the table as it is built, not a copy */
+        return kp_pyprof_create(c, run, rank, max_rows, out, errbuf, errlen);
+    }
+    if (!(p = calloc(1, sizeof(*p)))) {
         return -ENOMEM;
     }
     rc = kp_pyprof_each(c, run, rank, max_rows, window_events, pp_append, p, windows, errbuf,

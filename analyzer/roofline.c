@@ -4,7 +4,7 @@
  * DESIGN. One pass over PyProf's table (kp_pyprof_create) assigns each kernel its device's peak
  * for its class and adds it to its group (kernel full name, or op and direction); a group
  * keeps sums only, so the figures are ratios of sums (roofline.h), and the table may come a
- * window at a time (kp_pyprof_create_window): its rows arrive in the same order either way.
+ * window at a time (kp_pyprof_each): its rows arrive in the same order either way.
  * Devices come from the `devices` rows of the rank. The groups' names are copies (r->names):
  * the table goes as soon as it is summed.
  */

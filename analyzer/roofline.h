@@ -110,7 +110,7 @@ void kp_roofline_device_peaks(struct kp_roofline_device *d, int sm_count, int cl
 
 /* Builds the roofline of run `run`, rank `rank` over c (the caller has checked that they
  * exist), rows by total time, longest first. With window_events > 0, PyProf's table is read a
- * window of about that many host events at a time, cut between steps (kp_pyprof_create_window):
+ * window of about that many host events at a time, cut between steps (kp_pyprof_each):
  * the groups' sums are the same, added in the same order, while only a window's rows are held;
  * a rank that cannot be cut so returns KP_EWHOLE (0: whole). Returns 0 and *out
  * (kp_roofline_destroy), KP_EWHOLE, KP_EPG, -ENOMEM or KP_ETOOBIG (over max_rows rows; 0: no
