@@ -1194,6 +1194,7 @@ void kp_an_destroy(struct kp_an *a)
     free(a->roots);
     free(a->steps);
     kp__an_bdsums_free(a->bd_sums);
+    kp_an_memory_fini(&a->mem);
     for (int i = 0; i < KP_AN_MAX_GPUS; i++) {
         free(a->bd.util_timeline[i]);
         free(a->bd.sm_ranges[i]);

@@ -110,6 +110,7 @@ struct kp_an_breakdown {
 struct kp_an_mem_row {
     int slot;         /* 0: CPU, 1 + n: GPU n */
     const char *name; /* borrowed from the handle */
+    int64_t id;       /* the name's (names.id): the rows' order within a slot */
     /* self increase, self alloc bytes, self alloc count, increase, alloc bytes, alloc count
      * (inclusive of the op's children), calls */
     int64_t v[7];
@@ -184,18 +185,25 @@ struct kp_an_tc {
 int kp_an_create(PGconn *c, int64_t run, int rank, size_t max_rows, struct kp_an **out,
                  char *errbuf, size_t errlen);
 
-/* The operator and kernel views and the Tensor Core statistics of run `run`, rank `rank`, and
- * with breakdown the step-time breakdown (both figures, an_bdwin.c), read a window of about
- * window_events host events at a time (an_window.c): *out then answers kp_an_ops,
- * kp_an_kernels, kp_an_tensor_cores and, with breakdown, kp_an_breakdown (whose trace counters,
- * util_timeline and sm_ranges, are then empty), and nothing else, with what a whole load would,
- * while no more than a window's rows, the tables and a few sums per step are held. Returns 0
- * with *out (free with kp_an_destroy), or 0 with *out NULL where the rank cannot be read so (no
- * quiet point in its host time, correlations out of launch order, under two windows' worth of
- * events, window_events 0; for the breakdown also: no steps, steps that overlap, device events
- * that start before their window): load it whole. Errors as kp_an_create's. */
+/* What `what` asks (KP_AN_WIN_*, below) of run `run`, rank `rank`, read a window of about
+ * window_events host events at a time (an_window.c): the operator and kernel views and the
+ * Tensor Core statistics, the step-time breakdown (both figures, an_bdwin.c), the memory view.
+ * *out then answers those (kp_an_ops, kp_an_kernels, kp_an_tensor_cores; kp_an_breakdown,
+ * whose trace counters, util_timeline and sm_ranges, are then empty; kp_an_memory), and nothing
+ * else, with what a whole load would, while no more than a window's rows, the results and a few
+ * sums per step are held. Returns 0 with *out (free with kp_an_destroy), or 0 with *out NULL
+ * where the rank cannot be read so (no quiet point in its host time, correlations out of launch
+ * order, under two windows' worth of events, window_events 0; for the breakdown also: no steps,
+ * steps that overlap, device events that start before their window): load it whole. Errors as
+ * kp_an_create's. */
 int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, size_t window_events,
-                          bool breakdown, struct kp_an **out, char *errbuf, size_t errlen);
+                          unsigned what, struct kp_an **out, char *errbuf, size_t errlen);
+
+/* What kp_an_create_windowed computes (what): */
+#define KP_AN_WIN_TABLES    1u /* kp_an_ops, kp_an_kernels, kp_an_tensor_cores */
+#define KP_AN_WIN_BREAKDOWN 2u /* kp_an_breakdown, both figures */
+#define KP_AN_WIN_MEMORY    4u /* kp_an_memory */
+#define KP_AN_WIN_ALL       7u
 
 /*
  * A window of a rank (kp_an_plan_windows): its host rows (ops, runtime calls) are those that

@@ -102,9 +102,11 @@ struct kp_an {
      * bd_sums). */
     bool main_set, windowed;
     int64_t main_tid;
-    size_t windows;         /* windowed: how many the rank was read in */
-    struct kp_an_pool strs; /* windowed: the tables' strings */
-    struct kp_an_tc tc;     /* windowed: the Tensor Core statistics */
+    size_t windows;             /* windowed: how many the rank was read in */
+    struct kp_an_pool strs;     /* windowed: the tables' strings */
+    struct kp_an_tc tc;         /* windowed: the Tensor Core statistics */
+    struct kp_an_memory mem;    /* windowed with the memory view: its rows (names in strs) */
+    bool mem_done, tables_done; /* windowed: what it was read for (KP_AN_WIN_*) */
 
     bool built;
     struct an_node *nodes;
@@ -190,6 +192,21 @@ int kp__an_bdwin_add(struct kp__an_bdwin *b, const struct kp_an *a, int64_t t_hi
  * way. */
 int kp__an_bdwin_finish(struct kp__an_bdwin *b, struct kp_an *h);
 void kp__an_bdwin_free(struct kp__an_bdwin *b);
+
+/* ---- the memory view of a rank read by windows (an_memory.c) ------------------------------ */
+
+struct kp__an_memfold;
+
+/* Starts the memory view's sums for windowed handle h. 0 or -ENOMEM. */
+int kp__an_memfold_new(struct kp_an *h, struct kp__an_memfold **out);
+/* Adds window a (window w of run `run`, rank `rank`): its memory events' sums per (device,
+ * operator name) and its operators' calls per name. 0 or kp_an_memory's errors. */
+int kp__an_memfold_add(struct kp__an_memfold *f, struct kp_an *a, PGconn *c, int64_t run, int rank,
+                       size_t max_rows, const struct kp_an_window *w, char *errbuf, size_t errlen);
+/* After the last window: the view's rows into h->mem (kp_an_memory then answers them). 0 or
+ * -ENOMEM. */
+int kp__an_memfold_finish(struct kp__an_memfold *f);
+void kp__an_memfold_free(struct kp__an_memfold *f);
 
 /* The figure of a windowed handle's breakdown from its sums (kp_an_breakdown's contract). */
 int kp__an_bdwin_figure(struct kp_an *a, bool plugin_compat, const struct kp_an_breakdown **out);

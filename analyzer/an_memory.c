@@ -163,6 +163,7 @@ static int mem_fill_rows(const struct kp_an *a, struct mem_walk *w, struct kp_an
             v[6] = calls[m];
             o->slot = s;
             o->name = a->names.v[m].s;
+            o->id = a->names.v[m].id;
             memcpy(o->v, v, sizeof(o->v));
             out->n_rows++;
         }
@@ -171,10 +172,13 @@ static int mem_fill_rows(const struct kp_an *a, struct mem_walk *w, struct kp_an
     return 0;
 }
 
-int kp_an_memory(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_rows,
-                 struct kp_an_memory *out, char *errbuf, size_t errlen)
+/* The memory view of a (a rank, or window w of one: its memory events, NULL: all) into *out.
+ * Returns as kp_an_memory. */
+static int mem_compute(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_rows,
+                       const struct kp_an_window *win, struct kp_an_memory *out, char *errbuf,
+                       size_t errlen)
 {
-    char runs[24], ranks[16];
+    char runs[24], ranks[16], sql[384], host[96] = "", dev[128], chunk[192];
     const char *params[2] = { runs, ranks };
     PGresult *r = NULL;
     size_t budget = 0;
@@ -187,10 +191,14 @@ int kp_an_memory(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_r
     }
     snprintf(runs, sizeof(runs), "%" PRId64, run);
     snprintf(ranks, sizeof(ranks), "%d", rank);
-    rc = kp_an_query(c, 2,
-                     "SELECT start_ns, bytes, tid, device_type, device FROM memory_events" WHERE_RR
-                     " ORDER BY start_ns",
-                     params, &budget, max_rows, &r, errbuf, errlen);
+    if (win) {
+        kp_an_window_sql(win, host, dev, chunk);
+    }
+    snprintf(sql, sizeof(sql),
+             "SELECT start_ns, bytes, tid, device_type, device FROM memory_events" WHERE_RR
+             "%s ORDER BY start_ns",
+             host);
+    rc = kp_an_query(c, 2, sql, params, &budget, max_rows, &r, errbuf, errlen);
     if (rc < 0) {
         return rc;
     }
@@ -221,10 +229,206 @@ out:
     return rc;
 }
 
+int kp_an_memory(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_rows,
+                 struct kp_an_memory *out, char *errbuf, size_t errlen)
+{
+    if (a->windowed) {
+        memset(out, 0, sizeof(*out));
+        if (!a->mem_done) {
+            return -EINVAL; /* read by windows without the memory view */
+        }
+        memcpy(out->seen, a->mem.seen, sizeof(out->seen));
+        if (!(out->rows = calloc(a->mem.n_rows + 1, sizeof(*out->rows)))) {
+            return -ENOMEM;
+        }
+        if (a->mem.n_rows > 0) {
+            memcpy(out->rows, a->mem.rows, a->mem.n_rows * sizeof(*out->rows));
+        }
+        out->n_rows = a->mem.n_rows;
+        return 0;
+    }
+    return mem_compute(a, c, run, rank, max_rows, NULL, out, errbuf, errlen);
+}
+
 void kp_an_memory_fini(struct kp_an_memory *m)
 {
     free(m->rows);
     memset(m, 0, sizeof(*m));
+}
+
+/* ---- the memory view by windows ------------------------------------------------------- */
+
+/* A row of a window (or rows folded so far), keyed by (slot, name id): the view's order. */
+struct mem_entry {
+    int slot;
+    int64_t id;
+    const char *name; /* interned in the windowed handle */
+    int64_t v[MEM_FIELDS];
+};
+
+/* Each window's memory rows and its operators' calls per name, appended; folded (sorted by
+ * key, sums added) whenever they have doubled, so they stay near the rows the view has. The
+ * calls count every operator of a name, with memory events in its window or not. */
+struct kp__an_memfold {
+    struct kp_an *h;
+    bool seen[MEM_SLOTS];
+    struct mem_entry *e, *calls; /* calls: slot 0, v[6] the count */
+    size_t n_e, cap_e, folded_e, n_calls, cap_calls, folded_calls;
+};
+
+static int cmp_mem_entry(const void *pa, const void *pb)
+{
+    const struct mem_entry *x = pa, *y = pb;
+
+    if (x->slot != y->slot) {
+        return x->slot < y->slot ? -1 : 1;
+    }
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Sorts v[0..*n) by key and adds up the entries of a key. */
+static void mem_fold(struct mem_entry *v, size_t *n)
+{
+    size_t k = 0;
+
+    if (*n == 0) {
+        return;
+    }
+    qsort(v, *n, sizeof(*v), cmp_mem_entry);
+    for (size_t i = 1; i < *n; i++) {
+        if (cmp_mem_entry(&v[k], &v[i]) == 0) {
+            for (int f = 0; f < MEM_FIELDS; f++) {
+                v[k].v[f] += v[i].v[f];
+            }
+        }
+        else {
+            v[++k] = v[i];
+        }
+    }
+    *n = k + 1;
+}
+
+/* Appends an entry to *v (n, cap, folded as in struct kp__an_memfold). 0 or -ENOMEM. */
+static int mem_push(struct mem_entry **v, size_t *n, size_t *cap, size_t *folded,
+                    const struct mem_entry *x)
+{
+    if (*n == *cap) {
+        size_t nc;
+        struct mem_entry *g;
+
+        if (*n > 2 * *folded + 256) { /* fold before growing */
+            mem_fold(*v, n);
+            *folded = *n;
+        }
+        nc = *n < *cap ? *cap : (*cap ? 2 * *cap : 256);
+        if (nc != *cap) {
+            if (!(g = realloc(*v, nc * sizeof(*g)))) {
+                return -ENOMEM;
+            }
+            *v = g;
+            *cap = nc;
+        }
+    }
+    (*v)[(*n)++] = *x;
+    return 0;
+}
+
+int kp__an_memfold_new(struct kp_an *h, struct kp__an_memfold **out)
+{
+    if (!(*out = calloc(1, sizeof(**out)))) {
+        return -ENOMEM;
+    }
+    (*out)->h = h;
+    return 0;
+}
+
+void kp__an_memfold_free(struct kp__an_memfold *f)
+{
+    if (f) {
+        free(f->e);
+        free(f->calls);
+        free(f);
+    }
+}
+
+int kp__an_memfold_add(struct kp__an_memfold *f, struct kp_an *a, PGconn *c, int64_t run, int rank,
+                       size_t max_rows, const struct kp_an_window *w, char *errbuf, size_t errlen)
+{
+    struct kp_an_memory m;
+    int64_t *calls;
+    int rc = mem_compute(a, c, run, rank, max_rows, w, &m, errbuf, errlen);
+
+    if (rc < 0) {
+        return rc;
+    }
+    for (int s = 0; s < MEM_SLOTS; s++) {
+        f->seen[s] = f->seen[s] || m.seen[s];
+    }
+    for (size_t i = 0; i < m.n_rows && rc == 0; i++) {
+        struct mem_entry x = { .slot = m.rows[i].slot };
+
+        memcpy(x.v, m.rows[i].v, sizeof(x.v));
+        x.v[6] = 0; /* the calls come from every operator below */
+        x.name = kp_an_pool_intern(&f->h->strs, m.rows[i].name);
+        x.id = m.rows[i].id;
+        rc = x.name ? mem_push(&f->e, &f->n_e, &f->cap_e, &f->folded_e, &x) : -ENOMEM;
+    }
+    kp_an_memory_fini(&m);
+    /* every operator's calls, per name */
+    if (rc == 0 && !(calls = calloc(a->names.n + 1, sizeof(*calls)))) {
+        rc = -ENOMEM;
+    }
+    if (rc == 0) {
+        for (size_t i = 0; i < a->n_nodes; i++) {
+            const struct an_node *x = &a->nodes[i];
+
+            if (!x->dead && x->type == NODE_OPERATOR && a->ops[x->op].name >= 0) {
+                calls[a->ops[x->op].name]++;
+            }
+        }
+        for (size_t k = 0; k < a->names.n && rc == 0; k++) {
+            struct mem_entry x = { .slot = 0, .id = a->names.v[k].id };
+
+            if (calls[k] == 0) {
+                continue;
+            }
+            x.v[6] = calls[k];
+            rc = mem_push(&f->calls, &f->n_calls, &f->cap_calls, &f->folded_calls, &x);
+        }
+        free(calls);
+    }
+    return rc;
+}
+
+int kp__an_memfold_finish(struct kp__an_memfold *f)
+{
+    struct kp_an *h = f->h;
+
+    mem_fold(f->e, &f->n_e);
+    mem_fold(f->calls, &f->n_calls);
+    memset(&h->mem, 0, sizeof(h->mem));
+    memcpy(h->mem.seen, f->seen, sizeof(h->mem.seen));
+    if (!(h->mem.rows = calloc(f->n_e + 1, sizeof(*h->mem.rows)))) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < f->n_e; i++) {
+        struct kp_an_mem_row *o = &h->mem.rows[h->mem.n_rows];
+        struct mem_entry key = { .slot = 0, .id = f->e[i].id };
+        const struct mem_entry *cl;
+
+        if (mem_row_empty(f->e[i].v)) {
+            continue;
+        }
+        cl = f->n_calls ? bsearch(&key, f->calls, f->n_calls, sizeof(key), cmp_mem_entry) : NULL;
+        o->slot = f->e[i].slot;
+        o->name = f->e[i].name;
+        o->id = f->e[i].id;
+        memcpy(o->v, f->e[i].v, sizeof(o->v));
+        o->v[6] = cl ? cl->v[6] : 0;
+        h->mem.n_rows++;
+    }
+    h->mem_done = true;
+    return 0;
 }
 
 int kp_an_memory_json(struct kp_an *a, PGconn *c, int64_t run, int rank, size_t max_rows, FILE *f,

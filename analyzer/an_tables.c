@@ -300,7 +300,7 @@ int kp_an_ops(struct kp_an *a, bool by_shape, const struct kp_an_table **out)
 
     if (a->windowed) { /* summed over the windows (an_window.c) */
         *out = t;
-        return 0;
+        return a->tables_done ? 0 : -EINVAL;
     }
     if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;
@@ -378,7 +378,7 @@ int kp_an_kernels(struct kp_an *a, bool by_op, const struct kp_an_table **out)
 
     if (a->windowed) {
         *out = t;
-        return 0;
+        return a->tables_done ? 0 : -EINVAL;
     }
     if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;
@@ -467,7 +467,7 @@ int kp_an_tensor_cores(struct kp_an *a, struct kp_an_tc *out)
 
     if (a->windowed) {
         *out = a->tc;
-        return 0;
+        return a->tables_done ? 0 : -EINVAL;
     }
     if (!a->built && (rc = kp__an_build_model(a)) < 0) {
         return rc;

@@ -528,13 +528,14 @@ static void folds_fini(struct folds *f)
 }
 
 int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, size_t window_events,
-                          bool breakdown, struct kp_an **out, char *errbuf, size_t errlen)
+                          unsigned what, struct kp_an **out, char *errbuf, size_t errlen)
 {
     char runs[24], ranks[16];
     const char *p2[2] = { runs, ranks };
     struct kp_an_window *w = NULL;
     struct folds f = { 0 };
     struct kp__an_bdwin *bw = NULL;
+    struct kp__an_memfold *mf = NULL;
     size_t n = 0;
     bool began = false;
     int rc;
@@ -556,7 +557,7 @@ int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, siz
         free(w);
         return rc;
     }
-    if (breakdown) {
+    if (what & KP_AN_WIN_BREAKDOWN) {
         struct kp_an_step *steps = NULL;
         size_t n_steps = 0;
 
@@ -567,7 +568,8 @@ int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, siz
         }
         free(steps);
     }
-    if (!(f.h = calloc(1, sizeof(*f.h)))) {
+    if (!(f.h = calloc(1, sizeof(*f.h))) ||
+        ((what & KP_AN_WIN_MEMORY) && kp__an_memfold_new(f.h, &mf) < 0)) {
         rc = -ENOMEM;
         goto out;
     }
@@ -579,9 +581,12 @@ int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, siz
         if ((rc = kp__an_create_window(c, run, rank, max_rows, &w[i], &a, errbuf, errlen)) != 0) {
             goto out;
         }
-        rc = fold_window(&f, a);
+        rc = (what & KP_AN_WIN_TABLES) ? fold_window(&f, a) : kp__an_build_model(a);
         if (rc == 0 && bw) {
             rc = kp__an_bdwin_add(bw, a, w[i].t_hi, w[i].last);
+        }
+        if (rc == 0 && mf) {
+            rc = kp__an_memfold_add(mf, a, c, run, rank, max_rows, &w[i], errbuf, errlen);
         }
         kp_an_destroy(a);
         if (rc == 1) {
@@ -595,7 +600,13 @@ int kp_an_create_windowed(PGconn *c, int64_t run, int rank, size_t max_rows, siz
             goto out;
         }
     }
-    folds_finish(&f);
+    if (what & KP_AN_WIN_TABLES) {
+        folds_finish(&f);
+        f.h->tables_done = true;
+    }
+    if (mf && (rc = kp__an_memfold_finish(mf)) != 0) {
+        goto out;
+    }
     if (bw) {
         rc = kp__an_bdwin_finish(bw, f.h);
         bw = NULL;
@@ -616,6 +627,7 @@ out:
     }
     folds_fini(&f);
     kp__an_bdwin_free(bw);
+    kp__an_memfold_free(mf);
     kp_an_destroy(f.h);
     free(w);
     return rc;

@@ -56,9 +56,9 @@ static const struct kp_config_def analyzer_config[] = {
       "process's memory limit, less --cache-bytes; 0: no budget",
       NULL, false },
     { "window-events", KP_CONFIG_INT, KP_ANALYZE_WINDOW_EVENTS_S, 0, 1LL << 40, OFF(window_events),
-      "the breakdown, operator, kernel and roofline views read a rank of more events than this a "
-      "window of this many host events at a time, cut where no op or runtime call is open: "
-      "memory for one window instead of the rank; 0: read every rank whole",
+      "the breakdown, operator, kernel, memory and roofline views read a rank of more events "
+      "than this a window of this many host events at a time, cut where no op or runtime call "
+      "is open: memory for one window instead of the rank; 0: read every rank whole",
       NULL, false },
     { "shutdown-grace", KP_CONFIG_DURATION, "10s", 0, 600000, OFF(shutdown_grace_ms),
       "on SIGTERM, how long analyses in progress get to finish", NULL, false },

@@ -48,9 +48,9 @@ struct kp_analyzer_config {
     /* bytes the analyses in progress may hold together, each estimated before it starts from
      * the events it reads (view.h bytes_per_event); 0: no budget */
     long long memory_budget;
-    /* the breakdown, operator, kernel and roofline views read a rank of more events than this
-     * a window of this many host events at a time (kp_an_create_windowed, kp_roofline_create);
-     * 0: whole */
+    /* the breakdown, operator, kernel, memory and roofline views read a rank of more events
+     * than this a window of this many host events at a time (kp_an_create_windowed,
+     * kp_roofline_create); 0: whole */
     long long window_events;
     long long shutdown_grace_ms;
     char *web_listen; /* the JSON HTTP API (web.h, docs/web-api.md); "" or NULL: off */

@@ -69,12 +69,12 @@ struct kp_view {
     const ProtobufCMessageDescriptor *reply;
     bool whole_run; /* a view of every rank: its request has no rank */
     bool load_rank; /* kp_an_create (run, rank) before the compute (ctx->an) */
-    /* load_rank, and the compute asks ctx->an only for kp_an_ops, kp_an_kernels and
-     * kp_an_tensor_cores (and, with windowed_breakdown, kp_an_breakdown): a rank of more events
-     * than the service's window (--window-events) is read by windows (kp_an_create_windowed),
-     * in bounded memory; without load_rank: the compute reads its rows by windows of that size
-     * itself (kp_view_window); either way the service estimates it for two windows */
-    bool windowed, windowed_breakdown;
+    /* With load_rank, what the compute asks of ctx->an (KP_AN_WIN_*, an.h) when all it asks is
+     * what a windowed read answers: a rank of more events than the service's window
+     * (--window-events) is then read by windows (kp_an_create_windowed), in bounded memory.
+     * Without load_rank, KP_VIEW_WIN_SELF: the compute reads its rows by windows of that size
+     * itself (kp_view_window). Either way the service estimates it for two windows. 0: whole. */
+    unsigned windowed;
     /* The request as a key: run, rank and options (key zeroed by the caller). Returns true, or
      * false with INVALID_ARGUMENT's details in err. max_rows is the service's budget. */
     bool (*key)(const ProtobufCMessage *req, size_t max_rows, struct kp_view_key *k, char *err,
@@ -108,6 +108,8 @@ extern const struct kp_view kp_view_diff; /* two sides: the other one in its key
 /* For a view without load_rank that reads the rank's rows itself: 0, or KP_ENOTFOUND (an
  * unknown run or rank, the message in ctx->err, as kp_an_create says it) or KP_EPG. */
 int kp_view_check_rank(struct kp_view_ctx *ctx);
+
+#define KP_VIEW_WIN_SELF 0x100u
 
 /* For a .windowed view that reads its own rows: the window to read ctx's rank by into *window,
  * the service's --window-events where the rank has more events than that, else 0 (whole).

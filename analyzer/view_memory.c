@@ -100,6 +100,7 @@ const struct kp_view kp_view_memory = {
     .request = &kprof__v1__memory_request__descriptor,
     .reply = &kprof__v1__memory_response__descriptor,
     .load_rank = true,
+    .windowed = KP_AN_WIN_MEMORY,
     .key = memory_key,
     .compute = memory_compute,
     .bytes_per_event = 165,

@@ -223,13 +223,14 @@ static int load_rank(const struct kp_view *v, PGconn *pg, const struct kp_view_k
     int64_t events = 0;
     int rc;
 
-    if (v->windowed && window_events > 0) {
+    if ((v->windowed & KP_AN_WIN_ALL) && window_events > 0) {
         if ((rc = kp_view_rank_events(pg, k->run, k->rank, &events, err, len)) != 0) {
             return rc;
         }
         if (events > (int64_t) window_events &&
-            (rc = kp_an_create_windowed(pg, (int64_t) k->run, (int) k->rank, max_rows,
-                                        window_events, v->windowed_breakdown, an, err, len)) != 0) {
+            (rc =
+                 kp_an_create_windowed(pg, (int64_t) k->run, (int) k->rank, max_rows, window_events,
+                                       v->windowed & KP_AN_WIN_ALL, an, err, len)) != 0) {
             return rc;
         }
         if (*an != NULL) {

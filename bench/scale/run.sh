@@ -59,7 +59,7 @@
 #   --views LIST  the per-rank views to time (default breakdown,ops,kernels,prof,roofline,memory;
 #             prof's reply passes gRPC's 64 MiB a message beyond about 3 M events)
 #   --windows-too N  in every rep, also time the views that read by windows (breakdown, ops,
-#             kernels, prof, roofline) with kprof-analyzer --window-events N, reported as
+#             kernels, memory, prof, roofline) with kprof-analyzer --window-events N, reported as
 #             VIEW@win; the others run with --window-events 0 (the rank read whole), so that the
 #             two stand side by side
 # Environment: KPROF_BUILD_DIR; KPROF_BENCH_PG with KPROF_COLLECTOR to use a running
@@ -268,7 +268,7 @@ for i in $(seq 1 "$reps"); do
     analyzer=$this_analyzer
     if [ "$windows_too" != 0 ]; then
         an_extra=(--window-events "$windows_too")
-        for v in breakdown ops kernels prof roofline; do
+        for v in breakdown ops kernels memory prof roofline; do
             [[ ,$view_list, == *,$v,* ]] || continue
             an_restart
             timed "$v@win" "$kprofctl" "$v" --analyzer "$an_addr" --timeout 3600s --run "$brun" \
@@ -307,7 +307,7 @@ from the whole read (the means' last digits may: the sums are added in another o
         q "SELECT kp_compact_kernels($brun)" >/dev/null
         q "VACUUM ANALYZE kernel_rows_r$brun, kernel_chunks_r$brun" >/dev/null
     fi
-    echo "bench/scale: rep $i: $(tail -n $((3 + ${#views[@]} * (1 + ${#variants[@]} + rows_too + scan_too) + 2 * rows_too + scan_too + 5 * (windows_too > 0))) "$work/times" | tr '\n' ' ')" >&2
+    echo "bench/scale: rep $i: $(tail -n $((3 + ${#views[@]} * (1 + ${#variants[@]} + rows_too + scan_too) + 2 * rows_too + scan_too + 6 * (windows_too > 0))) "$work/times" | tr '\n' ' ')" >&2
 done
 [ ! -e "$work/out.breakdown" ] ||
 "$py" - "$work/out.breakdown" "$steps" <<'PYEOF' || die "the breakdown is wrong"

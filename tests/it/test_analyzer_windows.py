@@ -1,27 +1,29 @@
-"""The operator, kernel, breakdown, roofline and prof views read a rank by windows
-(analyzer/an_window.c, analyzer/an_bdwin.c, PyProf's windows for the roofline and prof;
+"""The operator, kernel, memory, breakdown, roofline and prof views read a rank by windows
+(analyzer/an_window.c, an_bdwin.c, an_memory.c; PyProf's windows for roofline and prof;
 --window-events), with the real kprof-collectord, kprof-analyze, kprof-analyzer, kprofctl and
 PostgreSQL:
   1. On kprof-loadgen's ranks (ProfilerStep ops and recorded steps, with python functions added
      over all of rank 0 and over its middle third; then recorded steps only, which the
      breakdown's windows cut through and PyProf's do not) and on real traces imported (HTA's
      sampled rank 0, whose microsecond timestamps give ops of the same thread, start and
-     duration; the plugin's resnet50 span, with backward ops; HTA's nanosecond rank, with NCCL
-     kernels), kprofctl ops (by name, by shapes), kernels (by name, by op), breakdown (kprof's
-     figure and the plugin's, with the recommendations and the GPUs' figures), roofline (by
-     kernel, by op) and prof (all 20 columns: the python functions' trace column included) read
-     by windows of 20 host events (the log says how many windows: two or more) answer what the
-     rank read whole answers: every field equal, the kernels' duration-weighted means and the
-     GPUs' SM efficiency and occupancy to 1e-12 (their double sums are added in another order).
+     duration; the plugin's resnet50 span, with backward ops and memory events; HTA's
+     nanosecond rank, with NCCL kernels), kprofctl ops (by name, by shapes), kernels (by name,
+     by op), memory, breakdown (kprof's figure and the plugin's, with the recommendations and
+     the GPUs' figures), roofline (by kernel, by op) and prof (all 20 columns: the python
+     functions' trace column included) read by windows of 20 host events (the log says how
+     many windows: two or more) answer what the rank read whole answers: every field equal,
+     the kernels' duration-weighted means and the GPUs' SM efficiency and occupancy to 1e-12
+     (their double sums are added in another order).
   2. A rank that cannot be cut (an op spanning all of it, added here) is read whole, and
      answers the same; so are the breakdown, roofline and prof of a rank without steps (the one
      step over every CPU op spans it; PyProf's windows have no steps to cut between), while its
      operator table is still read by windows.
   3. kprof-analyzer --window-events 20 with a --memory-budget below what a whole read of the
-     rank is estimated to take: the operator, kernel, breakdown and roofline views answer (two
-     windows' estimate fits), prof, whose reply holds every kernel and which is estimated
-     whole, is refused naming the budget; so are the operator and roofline views of the rank
-     that cannot be cut, which the estimate for windows admitted but which would read it whole.
+     rank is estimated to take: the operator, kernel, memory, breakdown and roofline views
+     answer (two windows' estimate fits), prof, whose reply holds every kernel and which is
+     estimated whole, is refused naming the budget; so are the operator and roofline views of
+     the rank that cannot be cut, which the estimate for windows admitted but which would read
+     it whole.
   4. --window-events that is not a count is refused (exit 2) by kprof-analyze and
      kprof-analyzer."""
 import json
@@ -39,14 +41,13 @@ PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "
 TRACES = ("hta/trace_filter_2rank/sampled_rank-0.json.gz",
           "tbplugin/resnet50/traces/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz",
           "hta/ns_resolution_rank0/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz")
-VIEWS = (("ops", "--group-by", "name"), ("ops", "--group-by", "shapes"),
-         ("kernels", "--group-by", "name"), ("kernels", "--group-by", "op"),
-         ("breakdown",), ("breakdown", "--plugin-compat"),
-         ("roofline", "--by", "kernel"), ("roofline", "--by", "op"),
-         ("prof", "-c", "idx,seq,altseq,tid,layer,trace,dir,sub,mod,op,kernel,params,sil,tc,"
-          "device,stream,grid,block,flops,bytes"))
-BREAKDOWN = VIEWS[4:6]
-ROOFLINE = VIEWS[6:]  # and prof: PyProf's windows
+TABLES = (("ops", "--group-by", "name"), ("ops", "--group-by", "shapes"),
+          ("kernels", "--group-by", "name"), ("kernels", "--group-by", "op"), ("memory",))
+BREAKDOWN = (("breakdown",), ("breakdown", "--plugin-compat"))
+PROF = ("prof", "-c", "idx,seq,altseq,tid,layer,trace,dir,sub,mod,op,kernel,params,sil,tc,"
+        "device,stream,grid,block,flops,bytes")
+ROOFLINE = (("roofline", "--by", "kernel"), ("roofline", "--by", "op"), PROF)  # PyProf's windows
+VIEWS = TABLES + BREAKDOWN + ROOFLINE
 MODULE = "train.py(10): <module>"  # a python function over all of a rank
 
 
@@ -122,7 +123,7 @@ def check_rank(run_id, rank, what, cut=True, views=VIEWS):
             assert len(w) == 1 and w[0] >= 2, (what, view, w)
         else:
             assert w == [], (what, view, w)
-        assert whole, (what, view, "no rows")
+        assert whole or view[0] == "memory", (what, view, "no rows")
         if view[0] == "breakdown":
             assert whole["steps"] and whole["gpus"], (what, view, whole)
         if view[0] in ("roofline", "prof"):
@@ -161,13 +162,16 @@ def main():
                        "--kernels-per-step", "40", "--job", "windows"], "kprof-loadgen")
         gen = json.loads(out)["run_id"]
         add_python_functions(gen, 0)
-        win, _ = offline(gen, 0, WINDOW, VIEWS[-1])
+        win, _ = offline(gen, 0, WINDOW, PROF)
         assert {MODULE, "train.py(42): step"} <= {r["trace"] for r in win["rows"]}, "no spans"
         for rank in (0, 1):
             n = check_rank(gen, rank, "loadgen rank %d" % rank)
             print("loadgen run %d rank %d: %d windows, the same tables" % (gen, rank, n))
+        assert any(r["alloc_count"] for r in offline(gen, 0, 0, ("memory",))[0])
         for t in TRACES:
             rid = import_trace(cd, os.path.join(PEERS, t))
+            if "resnet50" in t:  # the trace with memory events
+                assert any(r["alloc_count"] for r in offline(rid, 0, 0, ("memory",))[0])
             n = check_rank(rid, 0, t)
             print("%s: %d windows, the same tables" % (os.path.basename(t), n))
 
@@ -194,7 +198,7 @@ def main():
         # no steps at all: the breakdown's one step spans the rank, and PyProf's windows have no
         # steps to cut between, so both read the rank whole; the operator table still by windows
         kpfix.psql("DELETE FROM steps WHERE run_id = %d" % gen2, db=DB)
-        check_rank(gen2, 0, "a rank without steps", views=VIEWS[:1])
+        check_rank(gen2, 0, "a rank without steps", views=TABLES)
         check_rank(gen2, 0, "a rank without steps", cut=False, views=BREAKDOWN + ROOFLINE)
         print("a rank without steps: its breakdown and roofline read whole, its operator table "
               "by windows")
@@ -209,7 +213,7 @@ def main():
         an = tas.Analyzer("analyzer_windows_an", kpfix.conninfo(DB),
                           ["--window-events", str(WINDOW), "--memory-budget", str(budget),
                            "--cache-bytes", "0"])
-        for view in VIEWS[:-1]:  # prof: estimated whole, refused below
+        for view in TABLES + BREAKDOWN + ROOFLINE[:2]:  # prof: estimated whole, refused below
             got = tas.ctl(an, *(list(view) + ["--run", str(gen), "--rank", "1"]))
             same(offline(gen, 1, 0, view)[0], got, ("service", view))
         rc, _, err = tas.ctl_status(an.grpc, "prof", "--run", str(gen), "--rank", "1")
@@ -222,7 +226,7 @@ def main():
             assert rc == 1 and "--memory-budget" in err, (verb, rc, err)
             assert "rank cannot be read by windows method=%s run=%d rank=0" % (
                 verb.capitalize(), gen) in an.log_text(), verb
-        for method in ("Ops", "Kernels", "Breakdown", "Roofline"):
+        for method in ("Ops", "Kernels", "Memory", "Breakdown", "Roofline"):
             assert "rank read by windows method=%s run=%d rank=1" % (method, gen) in \
                 an.log_text(), method
         print("kprof-analyzer --window-events %d --memory-budget %d B: ops, kernels, breakdown "
