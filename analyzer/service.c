@@ -315,6 +315,21 @@ static int run_version(PGconn *pg, void *ud, char *err, size_t len)
 /* How long a request waits for the analyses in progress to leave it room. */
 #define MEM_WAIT_MS 60000
 
+/* b in the unit --memory-budget is written in (MiB, else KiB, else B), rounded down. */
+static const char *size_text(char buf[32], size_t b)
+{
+    if (b >= (1u << 20)) {
+        snprintf(buf, 32, "%zu MiB", b >> 20);
+    }
+    else if (b >= (1u << 10)) {
+        snprintf(buf, 32, "%zu KiB", b >> 10);
+    }
+    else {
+        snprintf(buf, 32, "%zu B", b);
+    }
+    return buf;
+}
+
 /*
  * Holds the memory request k of view v is estimated to need (*need, 0 when the view or the
  * service has no budget) against the budget, before it computes: the events it reads times
@@ -364,17 +379,18 @@ static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *
         *by_windows = true;
     }
     if (bytes > budget) {
-        char rank[24] = "";
+        char rank[24] = "", need_s[32], budget_s[32];
 
         INC(a->st.memory_refused);
         if (!v->whole_run) {
             snprintf(rank, sizeof(rank), " rank %d", (int) k->rank);
         }
         snprintf(err, len,
-                 "%s of run %" PRIu64 "%s reads %" PRId64 " events: about %zu MiB, over the "
-                 "analyzer's --memory-budget of %zu MiB; raise --memory-budget (and the "
+                 "%s of run %" PRIu64 "%s reads %" PRId64 " events: about %s, over the "
+                 "analyzer's --memory-budget of %s; raise --memory-budget (and the "
                  "analyzer's memory limit) to analyse it",
-                 v->name, k->run, rank, n + other, bytes >> 20, budget >> 20);
+                 v->name, k->run, rank, n + other, size_text(need_s, bytes),
+                 size_text(budget_s, budget));
         kp_log_warn("analysis refused method=%s run=%" PRIu64 " rank=%d err=\"%s\"", v->name,
                     k->run, (int) k->rank, err);
         *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
