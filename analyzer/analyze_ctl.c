@@ -32,12 +32,15 @@ static const struct kprofctl_verb verbs[] = {
     { "diff", "", kprofctl_diff },
 };
 
-/* kp_rpcverb_local_fn: the service's answer, computed here. */
+/* kp_rpcverb_local_fn: the service's answer, computed here; a stream's pages go to page as
+ * the compute sends them (borrowed: the verb reads them before the next is built). */
 static int local_call(const char *method, const ProtobufCMessage *req,
-                      const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
-                      struct kp_rpc_status *st)
+                      const ProtobufCMessageDescriptor *resp_desc, kp_rpcverb_page_fn *page,
+                      void *page_ud, ProtobufCMessage **resp, struct kp_rpc_status *st)
 {
-    const struct kp_view *v = kp_view_find(method);
+    bool stream = false;
+    const struct kp_view *v = kp_view_find(method, &stream);
+    const struct kp_view_pages pages = { .send = page, .ud = page_ud };
     struct kp_view_key k;
     struct kp_view_reply out = { 0 };
     struct kp_an *an = NULL;
@@ -48,7 +51,7 @@ static int local_call(const char *method, const ProtobufCMessage *req,
     int state, rc;
 
     *resp = NULL;
-    if (v == NULL || v->reply != resp_desc) {
+    if (v == NULL || (stream ? v->page : v->reply) != resp_desc || stream != (page != NULL)) {
         st->code = GRPC_STATUS_UNIMPLEMENTED;
         snprintf(st->details, sizeof(st->details), "no view %s", method);
         return -1;
@@ -65,8 +68,8 @@ static int local_call(const char *method, const ProtobufCMessage *req,
         st->code = kp_view_status(v, &k, rc, st->details, sizeof(st->details));
         return -1;
     }
-    rc = kp_view_compute(v, conn, req, &k, row_budget, window_events, false, &an, &out, &code,
-                         st->details, sizeof(st->details));
+    rc = kp_view_compute(v, conn, req, &k, row_budget, window_events, false, stream ? &pages : NULL,
+                         &an, &out, &code, st->details, sizeof(st->details));
     if (rc != 0) {
         st->code = code;
         kp_an_destroy(an);

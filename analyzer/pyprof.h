@@ -153,10 +153,34 @@ void kp_pyprof_write(FILE *f, const struct kp_pyprof *p, int64_t run, int rank,
                      const enum kp_pyprof_col *cols, int ncols, enum kp_pyprof_format fmt,
                      int width);
 
-/* The same for rows the caller holds (e.g. kprofctl's, from the Analyzer.Prof reply), so
+/* The same for rows the caller holds (e.g. a reply of Analyzer.Prof), so
  * every output of the table comes from one writer. */
 void kp_pyprof_write_rows(FILE *f, const struct kp_pyprof_row *rows, size_t n_rows, int64_t run,
                           int rank, const enum kp_pyprof_col *cols, int ncols,
                           enum kp_pyprof_format fmt, int width);
+
+/*
+ * The same table written as its rows come (kprofctl prof, from Analyzer.ProfRows' pages), byte
+ * for byte what kp_pyprof_write_rows writes for them all: JSON and CSV rows are written as they
+ * come; a text table's columns are as wide as their longest cell, so its cells are kept until
+ * the end (in memory up to 16 MiB, then in an unlinked file in $TMPDIR) and its lines written
+ * at close. Memory stays bounded either way.
+ */
+struct kp_pyprof_writer;
+
+/* Starts a table on f (borrowed), writing its header (JSON, CSV). Returns 0 and *out (end it
+ * with kp_pyprof_writer_close), or -ENOMEM. */
+int kp_pyprof_writer_open(FILE *f, int64_t run, int rank, const enum kp_pyprof_col *cols, int ncols,
+                          enum kp_pyprof_format fmt, int width, struct kp_pyprof_writer **out);
+
+/* The next rows (borrowed for the call). Returns 0, or a negative errno with a message in
+ * errbuf (text: its cells could not be kept). */
+int kp_pyprof_writer_rows(struct kp_pyprof_writer *w, const struct kp_pyprof_row *rows, size_t n,
+                          char *errbuf, size_t errlen);
+
+/* Ends the table and frees w (NULL is fine): with complete, JSON's closing or every line of the
+ * text; without (the rows stopped short), nothing more is written. Returns 0, or a negative
+ * errno with a message in errbuf (text: its kept cells could not be read back). */
+int kp_pyprof_writer_close(struct kp_pyprof_writer *w, bool complete, char *errbuf, size_t errlen);
 
 #endif

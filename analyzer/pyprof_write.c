@@ -1,14 +1,16 @@
 /* PyProf's table writers (pyprof.h): text, CSV and JSON, and the column names. In
  * kp_analyzer_print, which links no libpq, so that kprofctl prof prints with them. */
-#define _GNU_SOURCE /* fputs_unlocked, fwrite_unlocked */
+#define _GNU_SOURCE /* fputs_unlocked, fwrite_unlocked, getdelim */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kp_err.h"
 #include "kp_json.h"
+#include "kp_str.h"
 #include "pyprof.h"
 
 static const char *const col_names[KP_PYPROF_COL_COUNT] = {
@@ -241,6 +243,89 @@ static void json_cell(FILE *f, const struct kp_pyprof_row *r, enum kp_pyprof_col
     }
 }
 
+/* JSON's opening, up to the rows' '[', and each cell's key with its separator into keys (once,
+ * not a format a cell). */
+static void json_begin(FILE *f, int64_t run, int rank, const enum kp_pyprof_col *cols, int ncols,
+                       char keys[][24])
+{
+    fprintf(f, "{\"run\": %" PRId64 ", \"rank\": %d, \"columns\": [", run, rank);
+    for (int c = 0; c < ncols; c++) {
+        fprintf(f, "%s\"%s\"", c ? ", " : "", json_key(cols[c]));
+    }
+    fputs("], \"rows\": [", f);
+    for (int c = 0; c < ncols; c++) {
+        snprintf(keys[c], 24, "%s\"%s\": ", c ? ", " : "", json_key(cols[c]));
+    }
+}
+
+/* JSON rows; first: no row came before them. */
+static void json_rows(FILE *f, const struct kp_pyprof_row *rows, size_t n_rows, bool first,
+                      const enum kp_pyprof_col *cols, int ncols, char keys[][24])
+{
+    flockfile(f);
+    for (size_t i = 0; i < n_rows; i++) {
+        fputs_unlocked(i || !first ? ",\n  {" : "\n  {", f);
+        for (int c = 0; c < ncols; c++) {
+            fputs_unlocked(keys[c], f);
+            json_cell(f, &rows[i], cols[c]);
+        }
+        putc_unlocked('}', f);
+    }
+    funlockfile(f);
+}
+
+static void csv_header(FILE *f, const enum kp_pyprof_col *cols, int ncols)
+{
+    for (int c = 0; c < ncols; c++) {
+        fprintf(f, "%s\"%s\"", c ? "," : "", col_headers[cols[c]]);
+    }
+    fputc('\n', f);
+}
+
+static void csv_rows(FILE *f, const struct kp_pyprof_row *rows, size_t n_rows,
+                     const enum kp_pyprof_col *cols, int ncols)
+{
+    char buf[64];
+
+    for (size_t i = 0; i < n_rows; i++) {
+        for (int c = 0; c < ncols; c++) {
+            const char *s = cell(&rows[i], cols[c], buf, sizeof(buf));
+
+            fputs(c ? ",\"" : "\"", f);
+            for (; *s; s++) {
+                if (*s == '"') {
+                    fputc('"', f);
+                }
+                fputc(*s, f);
+            }
+            fputc('"', f);
+        }
+        fputc('\n', f);
+    }
+}
+
+/* Text's widths before any row: the headers'. */
+static void text_widths(const enum kp_pyprof_col *cols, int ncols, int *w)
+{
+    for (int c = 0; c < ncols; c++) {
+        w[c] = disp_width(col_headers[cols[c]]);
+    }
+}
+
+/* Text's widths cut to width (> 0), then its header line. The caller holds f's lock. */
+static void text_header(FILE *f, const enum kp_pyprof_col *cols, int ncols, int *w, int width)
+{
+    for (int c = 0; c < ncols; c++) {
+        if (width > 0 && w[c] > width) {
+            w[c] = width;
+        }
+    }
+    for (int c = 0; c < ncols; c++) {
+        put_cell(f, c ? " " : "", col_headers[cols[c]], w[c], c == ncols - 1);
+    }
+    putc_unlocked('\n', f);
+}
+
 void kp_pyprof_write_rows(FILE *f, const struct kp_pyprof_row *rows, size_t n_rows, int64_t run,
                           int rank, const enum kp_pyprof_col *cols, int ncols,
                           enum kp_pyprof_format fmt, int width)
@@ -250,53 +335,20 @@ void kp_pyprof_write_rows(FILE *f, const struct kp_pyprof_row *rows, size_t n_ro
     int w[KP_PYPROF_COL_COUNT] = { 0 };
 
     if (fmt == KP_PYPROF_JSON) {
-        fprintf(f, "{\"run\": %" PRId64 ", \"rank\": %d, \"columns\": [", run, rank);
-        for (int c = 0; c < ncols; c++) {
-            fprintf(f, "%s\"%s\"", c ? ", " : "", json_key(cols[c]));
-        }
-        fputs("], \"rows\": [", f);
-        /* each cell's key with its separator, once, not a format a cell */
-        for (int c = 0; c < ncols; c++) {
-            snprintf(keys[c], sizeof(keys[c]), "%s\"%s\": ", c ? ", " : "", json_key(cols[c]));
-        }
-        flockfile(f);
-        for (size_t i = 0; i < n_rows; i++) {
-            fputs_unlocked(i ? ",\n  {" : "\n  {", f);
-            for (int c = 0; c < ncols; c++) {
-                fputs_unlocked(keys[c], f);
-                json_cell(f, &rows[i], cols[c]);
-            }
-            putc_unlocked('}', f);
-        }
-        funlockfile(f);
+        json_begin(f, run, rank, cols, ncols, keys);
+        json_rows(f, rows, n_rows, true, cols, ncols, keys);
         fputs("]}\n", f);
         return;
     }
     if (fmt == KP_PYPROF_CSV) {
-        for (int c = 0; c < ncols; c++) {
-            fprintf(f, "%s\"%s\"", c ? "," : "", col_headers[cols[c]]);
-        }
-        fputc('\n', f);
-        for (size_t i = 0; i < n_rows; i++) {
-            for (int c = 0; c < ncols; c++) {
-                const char *s = cell(&rows[i], cols[c], buf, sizeof(buf));
-
-                fputs(c ? ",\"" : "\"", f);
-                for (; *s; s++) {
-                    if (*s == '"') {
-                        fputc('"', f);
-                    }
-                    fputc(*s, f);
-                }
-                fputc('"', f);
-            }
-            fputc('\n', f);
-        }
+        csv_header(f, cols, ncols);
+        csv_rows(f, rows, n_rows, cols, ncols);
         return;
     }
-    /* columnated: each column as wide as its longest cell, at most width */
+    /* columnated: each column as wide as its longest cell, at most width (the rows are all
+     * here: two passes over them, nothing kept) */
+    text_widths(cols, ncols, w);
     for (int c = 0; c < ncols; c++) {
-        w[c] = disp_width(col_headers[cols[c]]);
         for (size_t i = 0; i < n_rows; i++) {
             int l = disp_width(cell(&rows[i], cols[c], buf, sizeof(buf)));
 
@@ -304,15 +356,9 @@ void kp_pyprof_write_rows(FILE *f, const struct kp_pyprof_row *rows, size_t n_ro
                 w[c] = l;
             }
         }
-        if (width > 0 && w[c] > width) {
-            w[c] = width;
-        }
     }
     flockfile(f); /* once, not once a cell */
-    for (int c = 0; c < ncols; c++) {
-        put_cell(f, c ? " " : "", col_headers[cols[c]], w[c], c == ncols - 1);
-    }
-    putc_unlocked('\n', f);
+    text_header(f, cols, ncols, w, width);
     for (size_t i = 0; i < n_rows; i++) {
         for (int c = 0; c < ncols; c++) {
             put_cell(f, c ? " " : "", cell(&rows[i], cols[c], buf, sizeof(buf)), w[c],
@@ -321,4 +367,220 @@ void kp_pyprof_write_rows(FILE *f, const struct kp_pyprof_row *rows, size_t n_ro
         putc_unlocked('\n', f);
     }
     funlockfile(f);
+}
+
+/* ---- the writer of rows as they come ----------------------------------------------------- */
+
+/* Text cells kept in memory up to this, then in a file. */
+#define SPOOL_MEM_MAX (16u << 20)
+
+struct kp_pyprof_writer {
+    FILE *f;
+    enum kp_pyprof_col cols[KP_PYPROF_COL_COUNT];
+    int ncols;
+    enum kp_pyprof_format fmt;
+    int width;
+    size_t rows; /* written or kept */
+    char keys[KP_PYPROF_COL_COUNT][24];
+    int w[KP_PYPROF_COL_COUNT];
+    /* text: every cell, each ended by a NUL (no cell holds one: they are C strings) */
+    char *mem;
+    size_t len, cap;
+    FILE *spool; /* past SPOOL_MEM_MAX: an unlinked file in $TMPDIR, mem then empty */
+    char spool_dir[256];
+};
+
+int kp_pyprof_writer_open(FILE *f, int64_t run, int rank, const enum kp_pyprof_col *cols, int ncols,
+                          enum kp_pyprof_format fmt, int width, struct kp_pyprof_writer **out)
+{
+    struct kp_pyprof_writer *w = calloc(1, sizeof(*w));
+
+    *out = NULL;
+    if (w == NULL) {
+        return -ENOMEM;
+    }
+    w->f = f;
+    w->ncols = ncols < KP_PYPROF_COL_COUNT ? ncols : KP_PYPROF_COL_COUNT;
+    memcpy(w->cols, cols, (size_t) w->ncols * sizeof(cols[0]));
+    w->fmt = fmt;
+    w->width = width;
+    if (fmt == KP_PYPROF_JSON) {
+        json_begin(f, run, rank, w->cols, w->ncols, w->keys);
+    }
+    else if (fmt == KP_PYPROF_CSV) {
+        csv_header(f, w->cols, w->ncols);
+    }
+    else {
+        text_widths(w->cols, w->ncols, w->w);
+    }
+    *out = w;
+    return 0;
+}
+
+/* Moves the cells kept in memory to an unlinked file in $TMPDIR (else /tmp). 0 or -errno. */
+static int spool_to_file(struct kp_pyprof_writer *w, char *errbuf, size_t errlen)
+{
+    const char *dir = getenv("TMPDIR");
+    char path[300];
+    int fd, e;
+
+    kp_strlcpy(w->spool_dir, sizeof(w->spool_dir), dir != NULL && dir[0] ? dir : "/tmp");
+    snprintf(path, sizeof(path), "%s/kprof-prof-XXXXXX", w->spool_dir);
+    if ((fd = mkstemp(path)) < 0) {
+        e = errno;
+        kp_errbuf_set(errbuf, errlen,
+                      "cannot keep the table's cells in %s (%s): the text table is printed "
+                      "once every row has come; set TMPDIR, or print --csv or --json, which "
+                      "stream",
+                      w->spool_dir, strerror(e));
+        return -e;
+    }
+    unlink(path); /* gone with the writer, whatever happens */
+    if ((w->spool = fdopen(fd, "w+")) == NULL) {
+        e = errno;
+        close(fd);
+        kp_errbuf_set(errbuf, errlen, "cannot keep the table's cells in %s: %s", w->spool_dir,
+                      strerror(e));
+        return -e;
+    }
+    if (w->len > 0 && fwrite(w->mem, 1, w->len, w->spool) != w->len) {
+        e = errno ? errno : EIO;
+        kp_errbuf_set(errbuf, errlen, "cannot keep the table's cells in %s: %s", w->spool_dir,
+                      strerror(e));
+        return -e;
+    }
+    free(w->mem);
+    w->mem = NULL;
+    w->len = w->cap = 0;
+    return 0;
+}
+
+/* Keeps one cell (and its NUL). 0 or -errno. */
+static int keep(struct kp_pyprof_writer *w, const char *s, char *errbuf, size_t errlen)
+{
+    size_t n = strlen(s) + 1;
+
+    if (w->spool != NULL) {
+        return fwrite(s, 1, n, w->spool) == n ? 0 : -(errno ? errno : EIO);
+    }
+    if (w->len + n > w->cap) {
+        size_t cap = w->cap ? w->cap : 1u << 16;
+        char *m;
+
+        while (cap < w->len + n) {
+            cap *= 2;
+        }
+        if (cap > SPOOL_MEM_MAX) {
+            int rc = spool_to_file(w, errbuf, errlen);
+
+            return rc != 0 ? rc : keep(w, s, errbuf, errlen);
+        }
+        if ((m = realloc(w->mem, cap)) == NULL) {
+            return -ENOMEM;
+        }
+        w->mem = m;
+        w->cap = cap;
+    }
+    memcpy(w->mem + w->len, s, n);
+    w->len += n;
+    return 0;
+}
+
+int kp_pyprof_writer_rows(struct kp_pyprof_writer *w, const struct kp_pyprof_row *rows, size_t n,
+                          char *errbuf, size_t errlen)
+{
+    char buf[64];
+    int rc = 0;
+
+    if (errlen > 0) {
+        errbuf[0] = '\0';
+    }
+    if (w->fmt == KP_PYPROF_JSON) {
+        json_rows(w->f, rows, n, w->rows == 0, w->cols, w->ncols, w->keys);
+    }
+    else if (w->fmt == KP_PYPROF_CSV) {
+        csv_rows(w->f, rows, n, w->cols, w->ncols);
+    }
+    else {
+        for (size_t i = 0; i < n && rc == 0; i++) {
+            for (int c = 0; c < w->ncols && rc == 0; c++) {
+                const char *s = cell(&rows[i], w->cols[c], buf, sizeof(buf));
+                int l = disp_width(s);
+
+                if (l > w->w[c]) {
+                    w->w[c] = l;
+                }
+                rc = keep(w, s, errbuf, errlen);
+            }
+        }
+        if (rc != 0 && errbuf[0] == '\0') {
+            kp_errbuf_set(errbuf, errlen, "cannot keep the table's cells%s%s: %s",
+                          w->spool != NULL ? " in " : "", w->spool != NULL ? w->spool_dir : "",
+                          strerror(-rc));
+        }
+    }
+    w->rows += n;
+    return rc;
+}
+
+/* Text: the header, then the kept cells, a line a row. 0 or -errno. */
+static int text_end(struct kp_pyprof_writer *w, char *errbuf, size_t errlen)
+{
+    FILE *f = w->f;
+    char *line = NULL;
+    size_t cap = 0;
+    int rc = 0;
+
+    if (w->spool != NULL && (fflush(w->spool) != 0 || fseek(w->spool, 0, SEEK_SET) != 0)) {
+        rc = -(errno ? errno : EIO);
+    }
+    flockfile(f);
+    text_header(f, w->cols, w->ncols, w->w, w->width);
+    for (size_t i = 0, at = 0; i < w->rows && rc == 0; i++) {
+        for (int c = 0; c < w->ncols; c++) {
+            const char *s;
+
+            if (w->spool == NULL) {
+                s = w->mem + at;
+                at += strlen(s) + 1;
+            }
+            else if (getdelim(&line, &cap, '\0', w->spool) < 0) {
+                rc = -(ferror(w->spool) && errno ? errno : EIO);
+                break;
+            }
+            else {
+                s = line;
+            }
+            put_cell(f, c ? " " : "", s, w->w[c], c == w->ncols - 1);
+        }
+        putc_unlocked('\n', f);
+    }
+    funlockfile(f);
+    free(line);
+    if (rc != 0) {
+        kp_errbuf_set(errbuf, errlen, "cannot read the table's cells back from %s: %s",
+                      w->spool_dir, strerror(-rc));
+    }
+    return rc;
+}
+
+int kp_pyprof_writer_close(struct kp_pyprof_writer *w, bool complete, char *errbuf, size_t errlen)
+{
+    int rc = 0;
+
+    if (w == NULL) {
+        return 0;
+    }
+    if (complete && w->fmt == KP_PYPROF_JSON) {
+        fputs("]}\n", w->f);
+    }
+    else if (complete && w->fmt == KP_PYPROF_TEXT) {
+        rc = text_end(w, errbuf, errlen);
+    }
+    if (w->spool != NULL) {
+        fclose(w->spool);
+    }
+    free(w->mem);
+    free(w);
+    return rc;
 }

@@ -82,8 +82,10 @@ struct view_slot {
 
 struct kp_analyzer {
     struct kp_analyzer_config cfg; /* borrowed strings */
-    struct kp_rpc_method methods[KP_ANALYZER_MAX_VIEWS + KP_ANALYZER_EXTRA_METHODS];
-    char paths[KP_ANALYZER_MAX_VIEWS][64]; /* "/kprof.v1.Analyzer/<view>" */
+    /* a method per view, one per view's stream, and the extra ones */
+    struct kp_rpc_method methods[2 * KP_ANALYZER_MAX_VIEWS + KP_ANALYZER_EXTRA_METHODS];
+    char paths[KP_ANALYZER_MAX_VIEWS][64];        /* "/kprof.v1.Analyzer/<view>" */
+    char stream_paths[KP_ANALYZER_MAX_VIEWS][64]; /* "/kprof.v1.Analyzer/<view's stream>" */
     struct view_slot slots[KP_ANALYZER_MAX_VIEWS];
     size_t n_methods;
     struct kp_export_svc *export_svc; /* Analyzer.Export (export_rpc.h) */
@@ -148,6 +150,24 @@ static void grpc_release(void *ud)
 static const struct kp_analyzer_sink grpc_sink = { .reply = grpc_reply,
                                                    .error = grpc_error,
                                                    .release = grpc_release };
+
+/* How long a streaming view's page waits for a client that does not read before the call is
+ * given up: the compute holds a worker (and its memory) meanwhile. */
+#define VIEW_PAGE_TIMEOUT_MS 60000LL
+
+/* A streaming view's page: sent once the one before has reached the transport (one in
+ * flight: a slow client slows the compute, never grows the analyzer). */
+static int grpc_page(void *ud, const ProtobufCMessage *msg)
+{
+    int rc = kp_rpc_call_wait_sent(ud, VIEW_PAGE_TIMEOUT_MS);
+
+    return rc != 0 ? rc : kp_rpc_call_send(ud, msg);
+}
+
+static const struct kp_analyzer_sink grpc_stream_sink = { .reply = grpc_reply,
+                                                          .error = grpc_error,
+                                                          .release = grpc_release,
+                                                          .page = grpc_page };
 
 /* ---- cache ------------------------------------------------------------------------------ */
 
@@ -335,13 +355,13 @@ static const char *size_text(char buf[32], size_t b)
  * service has no budget) against the budget, before it computes: the events it reads times
  * the view's bytes an event. A request that alone needs more than the budget is refused; one
  * that does not fit beside the analyses in progress waits for them, up to MEM_WAIT_MS. A
- * windowed view's rank of over two windows is estimated for two windows (*by_windows then
- * true) unless whole: then for the rank.
+ * windowed view's rank of over two windows (or a streaming view's: stream) is estimated for
+ * two windows (*by_windows then true) unless whole: then for the rank.
  * Returns 0, or -1 with the status in *code and its details in err (logged here).
  */
 static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *v,
-                       const struct kp_view_key *k, bool whole, size_t *need, bool *by_windows,
-                       grpc_status_code *code, char *err, size_t len)
+                       const struct kp_view_key *k, bool stream, bool whole, size_t *need,
+                       bool *by_windows, grpc_status_code *code, char *err, size_t len)
 {
     size_t budget = (size_t) a->cfg.memory_budget, bytes;
     int64_t n = 0, other = 0;
@@ -374,7 +394,8 @@ static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *
     /* a rank read by windows holds about one window's rows: window_events host events and
      * the device events they launched (a host event launches at most about one) */
     bytes = (size_t) (n + other) * v->bytes_per_event;
-    if (!whole && v->windowed && a->cfg.window_events > 0 && n > 2 * a->cfg.window_events) {
+    if (!whole && (v->windowed || stream) && a->cfg.window_events > 0 &&
+        n > 2 * a->cfg.window_events) {
         bytes = (size_t) (2 * a->cfg.window_events) * v->bytes_per_event;
         *by_windows = true;
     }
@@ -388,9 +409,11 @@ static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *
         snprintf(err, len,
                  "%s of run %" PRIu64 "%s reads %" PRId64 " events: about %s, over the "
                  "analyzer's --memory-budget of %s; raise --memory-budget (and the "
-                 "analyzer's memory limit) to analyse it",
-                 v->name, k->run, rank, n + other, size_text(need_s, bytes),
-                 size_text(budget_s, budget));
+                 "analyzer's memory limit) to analyse it%s%s%s",
+                 stream ? v->stream : v->name, k->run, rank, n + other, size_text(need_s, bytes),
+                 size_text(budget_s, budget), v->stream != NULL && !stream ? ", or call " : "",
+                 v->stream != NULL && !stream ? v->stream : "",
+                 v->stream != NULL && !stream ? ", which streams it in pages (kprofctl does)" : "");
         kp_log_warn("analysis refused method=%s run=%" PRIu64 " rank=%d err=\"%s\"", v->name,
                     k->run, (int) k->rank, err);
         *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
@@ -451,8 +474,12 @@ static void run_job(struct worker *w, struct job *j)
     struct kp_an *an = NULL;
     struct kp_view_reply out = { 0 };
     ProtobufCMessage *hit;
-    /* not cached: a request that writes, or a view the cache cannot check (kp_view.uncached) */
-    bool writes = (v->writes != NULL && v->writes(j->req)) || v->uncached;
+    /* a streaming call's pages (kp_view.stream), or NULL */
+    const struct kp_view_pages pages = { .send = j->sink->page, .ud = j->ud };
+    const bool stream = j->sink->page != NULL;
+    /* not cached: a request that writes, a view the cache cannot check (kp_view.uncached), or
+     * a stream (its pages are gone once sent) */
+    bool writes = (v->writes != NULL && v->writes(j->req)) || v->uncached || stream;
     int64_t batches = 0;
     struct run_version ver = { 0 };
     int state = 0, rc;
@@ -512,7 +539,8 @@ static void run_job(struct worker *w, struct job *j)
     }
     INC(a->st.cache_misses);
     err[0] = '\0';
-    if (mem_reserve(a, pg, v, &k.k, false, &need, &by_windows, &code, err, sizeof(err)) != 0) {
+    if (mem_reserve(a, pg, v, &k.k, stream, false, &need, &by_windows, &code, err, sizeof(err)) !=
+        0) {
         finish_error(a, j, code, err);
         return;
     }
@@ -520,8 +548,8 @@ static void run_job(struct worker *w, struct job *j)
         long long t0 = kp_mono_ns();
 
         rc = kp_view_compute(v, pg, j->req, &k.k, (size_t) a->cfg.max_rows,
-                             (size_t) a->cfg.window_events, by_windows, &an, &out, &code, err,
-                             sizeof(err));
+                             (size_t) a->cfg.window_events, by_windows, stream ? &pages : NULL, &an,
+                             &out, &code, err, sizeof(err));
         if (rc == KP_EWHOLE) {
             /* held for two windows, the rank cannot be cut: hold what a whole read takes */
             kp_an_destroy(an);
@@ -531,13 +559,13 @@ static void run_job(struct worker *w, struct job *j)
                         " rank=%d: estimated whole",
                         v->name, k.k.run, (int) k.k.rank);
             err[0] = '\0';
-            if (mem_reserve(a, pg, v, &k.k, true, &need, &by_windows, &code, err, sizeof(err)) !=
-                0) {
+            if (mem_reserve(a, pg, v, &k.k, stream, true, &need, &by_windows, &code, err,
+                            sizeof(err)) != 0) {
                 finish_error(a, j, code, err);
                 return;
             }
-            rc = kp_view_compute(v, pg, j->req, &k.k, (size_t) a->cfg.max_rows, 0, false, &an, &out,
-                                 &code, err, sizeof(err));
+            rc = kp_view_compute(v, pg, j->req, &k.k, (size_t) a->cfg.max_rows, 0, false,
+                                 stream ? &pages : NULL, &an, &out, &code, err, sizeof(err));
         }
         kp_log_debug("computed method=%s run=%" PRIu64 " rank=%d ms=%lld rc=%d", v->name, k.k.run,
                      (int) k.k.rank, (kp_mono_ns() - t0) / 1000000, rc);
@@ -734,6 +762,66 @@ static void on_view(struct kp_rpc_call *call, ProtobufCMessage *req, void *ud)
     }
 }
 
+/* A view's streaming method (kp_view.stream): one request, then the pages. The call's state:
+ * whether its request came. */
+struct stream_call {
+    struct view_slot *slot;
+    bool got_request;
+};
+
+static void *on_stream_open(struct kp_rpc_call *call, void *ud)
+{
+    struct stream_call *c = calloc(1, sizeof(*c));
+
+    (void) call;
+    if (c != NULL) {
+        c->slot = ud;
+    }
+    return c;
+}
+
+static enum kp_rpc_next on_stream_message(struct kp_rpc_call *call, ProtobufCMessage *msg,
+                                          size_t wire_bytes, void *state)
+{
+    struct stream_call *c = state;
+    char key[KP_WORKQ_KEY_MAX];
+
+    (void) wire_bytes;
+    if (c == NULL) {
+        protobuf_c_message_free_unpacked(msg, NULL);
+        kp_rpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "kprof-analyzer is out of memory");
+        return KP_RPC_STOP;
+    }
+    c->got_request = true;
+    client_key(call, key, sizeof(key));
+    kp_rpc_call_ref(call);
+    if (kp_analyzer_submit(c->slot->a, kp_views[c->slot->view], msg, key, kp_rpc_call_peer(call),
+                           &grpc_stream_sink, call) != 0) {
+        kp_rpc_call_unref(call);
+    }
+    return KP_RPC_STOP; /* one request: anything after it is not read */
+}
+
+static void on_stream_half_close(struct kp_rpc_call *call, void *state)
+{
+    const struct stream_call *c = state;
+
+    if (c != NULL && !c->got_request) {
+        char why[128];
+
+        snprintf(why, sizeof(why), "%s takes one %s; none was sent",
+                 kp_views[c->slot->view]->stream, kp_views[c->slot->view]->request->short_name);
+        kp_rpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, why);
+    }
+}
+
+static void on_stream_close(struct kp_rpc_call *call, bool cancelled, void *state)
+{
+    (void) call;
+    (void) cancelled;
+    free(state);
+}
+
 /* ---- HTTP ------------------------------------------------------------------------------- */
 
 static bool healthz(void *ud)
@@ -874,6 +962,24 @@ int kp_analyzer_create(const struct kp_analyzer_config *cfg, struct kp_analyzer 
             .kind = KP_RPC_UNARY,
             .request = kp_views[i]->request,
             .on_request = on_view,
+            .ud = &a->slots[i],
+            .roles = KP_ROLE_VIEWER,
+        };
+    }
+    for (size_t i = 0; i < kp_n_views; i++) {
+        if (kp_views[i]->stream == NULL) {
+            continue;
+        }
+        snprintf(a->stream_paths[i], sizeof(a->stream_paths[i]), "/kprof.v1.Analyzer/%s",
+                 kp_views[i]->stream);
+        a->methods[a->n_methods++] = (struct kp_rpc_method){
+            .path = a->stream_paths[i],
+            .kind = KP_RPC_STREAM,
+            .request = kp_views[i]->request,
+            .on_open = on_stream_open,
+            .on_message = on_stream_message,
+            .on_half_close = on_stream_half_close,
+            .on_close = on_stream_close,
             .ud = &a->slots[i],
             .roles = KP_ROLE_VIEWER,
         };

@@ -81,6 +81,10 @@ struct kp_analyzer_sink {
     void (*reply)(void *ud, const ProtobufCMessage *msg);
     void (*error)(void *ud, grpc_status_code code, const char *details);
     void (*release)(void *ud);
+    /* NULL, or the request is the view's streaming method (kp_view.stream): its pages come
+     * here first, each once the one before has gone (0, or nonzero when the client went away:
+     * the compute stops), then reply with the last one. Never from the cache. */
+    int (*page)(void *ud, const ProtobufCMessage *msg);
 };
 
 /*

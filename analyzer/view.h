@@ -37,6 +37,15 @@ struct kp_view_key {
     unsigned char opts[KP_VIEW_OPTS_BYTES];
 };
 
+/* How a streaming call's pages go out (kp_view.stream): send(ud, page) sends one page
+ * (borrowed: packed before it returns) once the one before has reached the client, so a slow
+ * client slows the compute instead of growing the analyzer. Returns 0, or nonzero when the
+ * client went away or stopped reading: stop, the call is over. */
+struct kp_view_pages {
+    int (*send)(void *ud, const ProtobufCMessage *page);
+    void *ud;
+};
+
 /* What a compute gets. */
 struct kp_view_ctx {
     PGconn *pg;                    /* the worker's connection (borrowed) */
@@ -49,6 +58,9 @@ struct kp_view_ctx {
      * compute returns KP_EWHOLE instead (the service reserves for a whole read, then asks
      * again without) */
     bool windows_only;
+    /* A streaming call's (kp_view.stream): the compute sends its reply's pages here as it makes
+     * them and returns the last one (kp_view.page, its `last` set) as its reply. NULL: unary. */
+    const struct kp_view_pages *pages;
     char *err; /* a message for a failure */
     size_t errlen;
     /* A compute may set this (a grpc_status_code) with err as the details, to answer with that
@@ -98,6 +110,13 @@ struct kp_view {
     /* NULL, or the second rank the request reads, which counts too (Diff's other side; rank
      * KP_VIEW_ONLY_RANK: the run's only one). */
     void (*other_rank)(const struct kp_view_key *k, uint64_t *run, int32_t *rank);
+    /* NULL, or a server-streaming method answering the same request in pages of `page`
+     * ("ProfRows" for Prof: a row per kernel), sent as the compute makes them (ctx->pages):
+     * what the reply holds is then bounded too. The compute reads the rank by windows of
+     * --window-events where it can (the service estimates it as a KP_VIEW_WIN_SELF view);
+     * never cached. */
+    const char *stream;
+    const ProtobufCMessageDescriptor *page;
 };
 
 extern const struct kp_view kp_view_breakdown, kp_view_ops, kp_view_kernels, kp_view_prof,
@@ -120,8 +139,9 @@ int kp_view_window(struct kp_view_ctx *ctx, size_t *window);
 extern const struct kp_view *const kp_views[];
 extern const size_t kp_n_views;
 
-/* The view named name ("Breakdown"), or NULL. */
-const struct kp_view *kp_view_find(const char *name);
+/* The view whose method is name ("Breakdown"), or whose streaming method it is ("ProfRows":
+ * *stream true; stream may be NULL), or NULL. */
+const struct kp_view *kp_view_find(const char *name, bool *stream);
 
 /* Sets k's run and rank from the request's run_id and rank (whole_run: views whose requests
  * have no rank; k->rank is -1), checking them (run 1..INT32_MAX, rank >= 0 or
@@ -160,11 +180,12 @@ grpc_status_code kp_view_status(const struct kp_view *v, const struct kp_view_ke
  * host events; 0: never by windows), computes. Returns 0 and *out, with *an the loaded rank (or
  * NULL), which the reply may point into: free the reply, then kp_an_destroy(*an). Or returns
  * nonzero with *code and its details in err (*an still to destroy); with windows_only, KP_EWHOLE
- * where the rank (over window_events) cannot be read by windows and was not read. */
+ * where the rank (over window_events) cannot be read by windows and was not read (no page was
+ * sent). pages: v->stream's call (its pages go there, *out is the last), or NULL. */
 int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage *req,
                     const struct kp_view_key *k, size_t max_rows, size_t window_events,
-                    bool windows_only, struct kp_an **an, struct kp_view_reply *out,
-                    grpc_status_code *code, char *err, size_t len);
+                    bool windows_only, const struct kp_view_pages *pages, struct kp_an **an,
+                    struct kp_view_reply *out, grpc_status_code *code, char *err, size_t len);
 
 /* The events of run's rank (ranks.records), or of its largest rank for rank < 0: what the
  * memory budget and the windows go by. 0, or KP_EPG with a message in err. */

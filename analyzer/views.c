@@ -21,11 +21,16 @@ const struct kp_view *const kp_views[] = {
 };
 const size_t kp_n_views = sizeof(kp_views) / sizeof(kp_views[0]);
 
-const struct kp_view *kp_view_find(const char *name)
+const struct kp_view *kp_view_find(const char *name, bool *stream)
 {
     for (size_t i = 0; i < kp_n_views; i++) {
-        if (strcmp(kp_views[i]->name, name) == 0) {
-            return kp_views[i];
+        const struct kp_view *v = kp_views[i];
+
+        if (strcmp(v->name, name) == 0 || (v->stream != NULL && strcmp(v->stream, name) == 0)) {
+            if (stream != NULL) {
+                *stream = strcmp(v->name, name) != 0;
+            }
+            return v;
         }
     }
     return NULL;
@@ -248,8 +253,8 @@ static int load_rank(const struct kp_view *v, PGconn *pg, const struct kp_view_k
 
 int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage *req,
                     const struct kp_view_key *k, size_t max_rows, size_t window_events,
-                    bool windows_only, struct kp_an **an, struct kp_view_reply *out,
-                    grpc_status_code *code, char *err, size_t len)
+                    bool windows_only, const struct kp_view_pages *pages, struct kp_an **an,
+                    struct kp_view_reply *out, grpc_status_code *code, char *err, size_t len)
 {
     struct kp_view_ctx ctx = { .pg = pg,
                                .req = req,
@@ -257,6 +262,7 @@ int kp_view_compute(const struct kp_view *v, PGconn *pg, const ProtobufCMessage 
                                .max_rows = max_rows,
                                .window_events = window_events,
                                .windows_only = windows_only,
+                               .pages = pages,
                                .err = err,
                                .errlen = len };
     int rc;

@@ -317,33 +317,10 @@ static int print_csv(const struct kp_rpcverb *v, const struct rank_result *r, si
     return rc;
 }
 
-/* Prints why the call failed and returns its exit status. */
-static int call_failed(const struct kp_rpcverb *v, const struct kp_rpc_status *st, long run)
-{
-    int rc = kp_rpcverb_exit_code(st->code);
-
-    if (rc == KPROFCTL_EXIT_OK) {
-        rc = KPROFCTL_EXIT_FAILED;
-    }
-    if (rc == KPROFCTL_EXIT_UNREACHABLE) {
-        kp_rpcverb_error(v,
-                         "cannot reach kprof-analyzer: %s: %s; is kprof-analyzer running at %s? "
-                         "(set --analyzer or KPROF_ANALYZER)",
-                         kp_rpc_status_name(st->code), st->details, v->common->collector);
-    }
-    else if (rc == KPROFCTL_EXIT_NOT_FOUND || rc == KPROFCTL_EXIT_USAGE) {
-        kp_rpcverb_error(v, "%s", st->details);
-    }
-    else {
-        kp_rpcverb_error(v, "kprof-analyzer at %s refused Export (run %ld): %s: %s",
-                         v->common->collector, run, kp_rpc_status_name(st->code), st->details);
-    }
-    return rc;
-}
-
 /* One export: where it writes and what it wrote. */
 struct export
 {
+    struct kp_rpcverb *v;
     const struct export_config *cfg;
     bool dir_mode; /* -o DIR: one file per rank */
     bool gz;
@@ -447,64 +424,29 @@ static int take_chunk(const struct kp_rpcverb *v, struct export *ex,
     return c->end_of_rank ? file_end(v, ex, c) : 0;
 }
 
+/* kp_rpcverb_stream's taker: a chunk into its file. */
+static int export_chunk(void *ud, const ProtobufCMessage *msg)
+{
+    struct export *ex = ud;
+
+    return take_chunk(ex->v, ex, (const Kprof__V1__ExportChunk *) msg);
+}
+
 /* Streams Analyzer.Export into the files. Returns 0 or the exit status (printed). */
 static int stream_export(struct kp_rpcverb *v, struct export *ex,
                          const Kprof__V1__ExportRequest *req)
 {
-    struct kp_rpc_stream *s = NULL;
-    struct kp_rpc_status st;
-    int rc = KPROFCTL_EXIT_FAILED;
+    int rc = kp_rpcverb_stream(v, "Export", &req->base, &kprof__v1__export_chunk__descriptor,
+                               export_chunk, ex);
 
-    memset(&st, 0, sizeof(st));
-    if (kp_rpc_stream_open(v->ch, "/kprof.v1.Analyzer/Export", &kprof__v1__export_chunk__descriptor,
-                           0, &s, &st) != 0 ||
-        kp_rpc_stream_send(s, &req->base) != 0 || kp_rpc_stream_close_send(s) != 0) {
-        if (s != NULL) {
-            (void) kp_rpc_stream_finish(s, &st, v->common->timeout_ms);
-        }
-        rc = call_failed(v, &st, (long) ex->cfg->common.run);
-        goto out;
-    }
-    for (;;) {
-        ProtobufCMessage *m = NULL;
-        int r = kp_rpc_stream_recv(s, &m, v->common->timeout_ms);
-
-        if (r == 0) {
-            break;
-        }
-        if (r == -ETIMEDOUT) {
-            kp_rpcverb_error(v,
-                             "kprof-analyzer at %s sent nothing for %lld ms: giving up (raise "
-                             "--timeout)",
-                             v->common->collector, v->common->timeout_ms);
-            rc = KPROFCTL_EXIT_UNREACHABLE;
-            goto out;
-        }
-        if (r < 0) {
-            if (r == KP_EPROTO) {
-                kp_rpcverb_error(v, "kprof-analyzer sent a chunk that does not unpack");
-                goto out;
-            }
-            break; /* the status tells */
-        }
-        r = take_chunk(v, ex, (const Kprof__V1__ExportChunk *) m);
-        protobuf_c_message_free_unpacked(m, NULL);
-        if (r != 0) {
-            goto out;
-        }
-    }
-    if (kp_rpc_stream_finish(s, &st, v->common->timeout_ms) != 0) {
-        rc = call_failed(v, &st, (long) ex->cfg->common.run);
-        goto out;
+    if (rc != 0) {
+        return rc;
     }
     if (ex->f.path != NULL || ex->n_res == 0) {
         kp_rpcverb_error(v, "kprof-analyzer ended the export in the middle of a file");
-        goto out;
+        return KPROFCTL_EXIT_FAILED;
     }
-    rc = 0;
-out:
-    kp_rpc_stream_destroy(s);
-    return rc;
+    return 0;
 }
 
 /* What was written: one line (on stderr when the trace went to stdout), --json or --csv.
@@ -554,8 +496,8 @@ static int output_dir(const struct kp_rpcverb *v, struct export *ex)
 int kprofctl_export(int argc, char **argv)
 {
     struct export_config cfg;
-    struct export ex = { .cfg = &cfg, .f = { NULL, NULL, -1 } };
     struct kp_rpcverb v;
+    struct export ex = { .v = &v, .cfg = &cfg, .f = { NULL, NULL, -1 } };
     Kprof__V1__ExportRequest req = KPROF__V1__EXPORT_REQUEST__INIT;
     char **av = NULL;
     double t0;

@@ -98,7 +98,7 @@ int kprofctl_ops(int argc, char **argv);
 int kprofctl_kernels(int argc, char **argv);
 
 /* kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]: PyProf's per-kernel
- * table (Analyzer.Prof; prof.c), as kprof-analyze prof prints it. */
+ * table (Analyzer.ProfRows, streamed; prof.c), as kprof-analyze prof prints it. */
 int kprofctl_prof(int argc, char **argv);
 
 /* kprofctl roofline --run R [--rank N] [--by kernel|op] [--top N]: achieved FLOP/s and

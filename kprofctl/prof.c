@@ -1,12 +1,15 @@
 /*
  * kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]: PyProf's per-kernel
- * table of one rank (analyzer/pyprof.h) from kprof-analyzer's Analyzer.Prof. The default
+ * table of one rank (analyzer/pyprof.h) from kprof-analyzer's Analyzer.ProfRows, page by page as
+ * the analyzer reads the rank by windows: CSV and JSON rows are printed as they come, and a text
+ * table (whose columns need every row) keeps its cells until the end, past 16 MiB in an
+ * unlinked file in $TMPDIR, so neither kprofctl nor the analyzer holds a large rank. The default
  * columns are PyProf's: idx,dir,sub,mod,op,kernel,params,sil (sil in µs; JSON: sil_ns); -w
  * cuts text cells wider than WIDTH with "…", as in every verb (default: none).
  *
  * Output: exactly what `kprof-analyze prof` prints for the same run, rank and flags
  * (tests/it/test_analyzer_roofline.py checks it): the reply's rows go through pyprof.c's own
- * writer, kp_pyprof_write_rows.
+ * writer (kp_pyprof_writer_*).
  *
  * Exit status: 0 shown, 2 bad usage, 3 unknown run or rank, 5 kprof-analyzer (or its
  * PostgreSQL) unreachable, 1 anything else.
@@ -32,6 +35,12 @@ struct prof_config {
     struct kp_rpcverb_common common; /* first: the common rows' offsets */
     enum kp_pyprof_col cols[64];     /* -c, parsed */
     int ncols;
+    /* the stream's state: the writer (from the first page on), a page's rows as pyprof.h's */
+    struct kp_pyprof_writer *w;
+    struct kp_pyprof_row *rows;
+    size_t cap;
+    uint64_t seen, total; /* rows come, and the last page's count */
+    bool got_last;
 };
 
 #define OFF(f) offsetof(struct prof_config, f)
@@ -57,11 +66,11 @@ static const char *str_or_empty(const char *s)
     return s != NULL ? s : "";
 }
 
-/* The reply's rows as pyprof.h's rows; strings point into resp. */
-static void from_reply(const Kprof__V1__ProfResponse *resp, struct kp_pyprof_row *rows)
+/* A page's rows as pyprof.h's rows; strings point into the page. */
+static void from_page(const Kprof__V1__ProfPage *page, struct kp_pyprof_row *rows)
 {
-    for (size_t i = 0; i < resp->n_rows; i++) {
-        const Kprof__V1__ProfRow *o = resp->rows[i];
+    for (size_t i = 0; i < page->n_rows; i++) {
+        const Kprof__V1__ProfRow *o = page->rows[i];
         struct kp_pyprof_row *r = &rows[i];
 
         r->idx = o->idx;
@@ -108,36 +117,88 @@ static int prof_check(struct kp_rpcverb *v)
     return KP_RPCVERB_RUN;
 }
 
-/* The reply's rows through pyprof.c's writer. */
-static int prof_print(struct kp_rpcverb *v, const struct kp_table *t, const ProtobufCMessage *msg)
+static enum kp_pyprof_format format_of(const struct kp_rpcverb *v)
 {
-    const struct prof_config *cfg = v->cfg;
-    const Kprof__V1__ProfResponse *resp = (const Kprof__V1__ProfResponse *) msg;
-    struct kp_pyprof_row *rows = calloc(resp->n_rows ? resp->n_rows : 1, sizeof(*rows));
+    return v->format == KP_TABLE_FORMAT_JSON  ? KP_PYPROF_JSON
+           : v->format == KP_TABLE_FORMAT_CSV ? KP_PYPROF_CSV
+                                              : KP_PYPROF_TEXT;
+}
+
+/* Each ProfRows page through pyprof.c's writer as it comes: CSV and JSON rows are printed at
+ * once, text's kept until the last page (its widths need every row). */
+static int prof_page(void *ud, const ProtobufCMessage *msg)
+{
+    struct kp_rpcverb *v = ud;
+    struct prof_config *cfg = v->cfg;
+    const Kprof__V1__ProfPage *page = (const Kprof__V1__ProfPage *) msg;
+    char err[512] = "";
     int rc;
 
-    (void) t;
-    if (rows == NULL) {
+    if (cfg->got_last) {
+        kp_rpcverb_error(v, "kprof-analyzer sent rows after the table's last page");
+        return KPROFCTL_EXIT_FAILED;
+    }
+    if (cfg->w == NULL && kp_pyprof_writer_open(stdout, cfg->common.run, page->rank, cfg->cols,
+                                                cfg->ncols, format_of(v),
+                                                cfg->common.width > 0 ? (int) cfg->common.width
+                                                                      : KP_PYPROF_DEFAULT_WIDTH,
+                                                &cfg->w) != 0) {
         kp_rpcverb_error(v, "out of memory");
         return KPROFCTL_EXIT_FAILED;
     }
-    from_reply(resp, rows);
-    kp_pyprof_write_rows(stdout, rows, resp->n_rows, cfg->common.run, resp->rank, cfg->cols,
-                         cfg->ncols,
-                         v->format == KP_TABLE_FORMAT_JSON  ? KP_PYPROF_JSON
-                         : v->format == KP_TABLE_FORMAT_CSV ? KP_PYPROF_CSV
-                                                            : KP_PYPROF_TEXT,
-                         cfg->common.width > 0 ? (int) cfg->common.width : KP_PYPROF_DEFAULT_WIDTH);
-    rc = fflush(stdout) == 0 && !ferror(stdout) ? KPROFCTL_EXIT_OK : KPROFCTL_EXIT_FAILED;
-    free(rows);
-    return rc;
+    if (page->n_rows > cfg->cap) {
+        struct kp_pyprof_row *r = realloc(cfg->rows, page->n_rows * sizeof(*r));
+
+        if (r == NULL) {
+            kp_rpcverb_error(v, "out of memory");
+            return KPROFCTL_EXIT_FAILED;
+        }
+        cfg->rows = r;
+        cfg->cap = page->n_rows;
+    }
+    from_page(page, cfg->rows);
+    if ((rc = kp_pyprof_writer_rows(cfg->w, cfg->rows, page->n_rows, err, sizeof(err))) != 0) {
+        kp_rpcverb_error(v, "%s", err);
+        return KPROFCTL_EXIT_FAILED;
+    }
+    cfg->seen += page->n_rows;
+    if (page->last) {
+        cfg->got_last = true;
+        cfg->total = page->total_rows;
+    }
+    return 0;
+}
+
+/* After the stream ended OK: the table's end (text: all of it). */
+static int prof_end(struct kp_rpcverb *v, const struct kp_table *t, const ProtobufCMessage *msg)
+{
+    struct prof_config *cfg = v->cfg;
+    char err[512] = "";
+    int rc;
+
+    (void) t;
+    (void) msg;
+    if (!cfg->got_last || cfg->seen != cfg->total) {
+        kp_rpcverb_error(v,
+                         "kprof-analyzer ended the table short (%" PRIu64 " rows of %" PRIu64
+                         "%s): run it again",
+                         cfg->seen, cfg->total, cfg->got_last ? "" : ", no last page");
+        return KPROFCTL_EXIT_FAILED;
+    }
+    rc = kp_pyprof_writer_close(cfg->w, true, err, sizeof(err));
+    cfg->w = NULL;
+    if (rc != 0) {
+        kp_rpcverb_error(v, "%s", err);
+        return KPROFCTL_EXIT_FAILED;
+    }
+    return fflush(stdout) == 0 && !ferror(stdout) ? KPROFCTL_EXIT_OK : KPROFCTL_EXIT_FAILED;
 }
 
 static const struct kp_rpcverb_spec prof_spec = {
     .name = "prof",
     .synopsis =
         "kprofctl prof --run R [--rank N] [-c COLS] [--csv|--json] [-w WIDTH]\n"
-        "  PyProf's per-kernel table of one rank (Analyzer.Prof), one row per kernel in\n"
+        "  PyProf's per-kernel table of one rank (Analyzer.ProfRows), one row per kernel in\n"
         "  launch order; -c picks PyProf's columns (default " KP_PYPROF_DEFAULT_COLUMNS ")\n"
         "  and -w cuts text cells (default: none). Sil is in µs (JSON: exact sil_ns).\n"
         "  The same output as kprof-analyze prof.\n",
@@ -149,17 +210,23 @@ static const struct kp_rpcverb_spec prof_spec = {
     .n_cols = KP_PYPROF_COL_COUNT,
     .analyzer = true,
     .flags = KP_RPCVERB_F_RUN | KP_RPCVERB_F_RANK,
-    .method = "Prof",
+    .method = "ProfRows",
     .req_desc = &kprof__v1__prof_request__descriptor,
-    .resp_desc = &kprof__v1__prof_response__descriptor,
+    .resp_desc = &kprof__v1__prof_page__descriptor,
     .check = prof_check,
-    .print = prof_print,
+    .page = prof_page,
+    .print = prof_end,
 };
 
 int kprofctl_prof(int argc, char **argv)
 {
     struct prof_config cfg;
+    char err[64];
+    int rc;
 
     memset(&cfg, 0, sizeof(cfg));
-    return kp_rpcverb_main(&prof_spec, &cfg, argc, argv);
+    rc = kp_rpcverb_main(&prof_spec, &cfg, argc, argv);
+    (void) kp_pyprof_writer_close(cfg.w, false, err, sizeof(err)); /* a stream cut short */
+    free(cfg.rows);
+    return rc;
 }

@@ -373,8 +373,16 @@ static int run_verb(struct kp_rpcverb *v)
     if (spec->rows != NULL && (rc = kp_rpcverb_table(v, &t)) != 0) {
         return rc;
     }
-    if ((rc = build_request(v, &req)) != 0 ||
-        (rc = kp_rpcverb_call(v, spec->method, req, spec->resp_desc, &resp)) != 0) {
+    if ((rc = build_request(v, &req)) != 0) {
+        goto out;
+    }
+    if (spec->page != NULL) { /* a stream: the hook takes every message, then print */
+        if ((rc = kp_rpcverb_stream(v, spec->method, req, spec->resp_desc, spec->page, v)) == 0) {
+            rc = spec->print(v, t, NULL);
+        }
+        goto out;
+    }
+    if ((rc = kp_rpcverb_call(v, spec->method, req, spec->resp_desc, &resp)) != 0) {
         goto out;
     }
     if (spec->rows != NULL && (rc = spec->rows(v, t, resp)) != 0) {
@@ -641,6 +649,19 @@ static int follow(struct kp_rpcverb *v)
     return 0;
 }
 
+static int call_failed(struct kp_rpcverb *v, const char *method, const struct kp_rpc_status *st);
+
+/* The in-process Analyzer refused method with st: prints it. Returns the exit status. */
+static int local_failed(struct kp_rpcverb *v, const char *method, const struct kp_rpc_status *st)
+{
+    int rc = kp_rpcverb_exit_code(st->code);
+
+    kp_rpcverb_error(v, "%s refused %s%s%s%s: %s: %s", local_name, method,
+                     v->subject[0] != '\0' ? " (" : "", v->subject,
+                     v->subject[0] != '\0' ? ")" : "", kp_rpc_status_name(st->code), st->details);
+    return rc == KPROFCTL_EXIT_OK ? KPROFCTL_EXIT_FAILED : rc;
+}
+
 int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMessage *req,
                     const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp)
 {
@@ -655,14 +676,10 @@ int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMes
              method);
     memset(&st, 0, sizeof(st));
     if (v->spec->analyzer && local_fn != NULL) {
-        if (local_fn(method, req, resp_desc, resp, &st) == 0) {
+        if (local_fn(method, req, resp_desc, NULL, NULL, resp, &st) == 0) {
             return 0;
         }
-        rc = kp_rpcverb_exit_code(st.code);
-        kp_rpcverb_error(v, "%s refused %s%s%s%s: %s: %s", local_name, method,
-                         v->subject[0] != '\0' ? " (" : "", v->subject,
-                         v->subject[0] != '\0' ? ")" : "", kp_rpc_status_name(st.code), st.details);
-        return rc == KPROFCTL_EXIT_OK ? KPROFCTL_EXIT_FAILED : rc;
+        return local_failed(v, method, &st);
     }
     capture = !v->spec->analyzer && capture_method(method);
     if (capture && !v->resolved && (rc = follow(v)) != 0) {
@@ -691,7 +708,15 @@ int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMes
     }
     return 0;
 failed:
-    rc = kp_rpcverb_exit_code(st.code);
+    return call_failed(v, method, &st);
+}
+
+/* A call that failed with st: prints why, with what to do. Returns the exit status. */
+static int call_failed(struct kp_rpcverb *v, const char *method, const struct kp_rpc_status *sp)
+{
+    struct kp_rpc_status st = *sp;
+    int rc = kp_rpcverb_exit_code(st.code);
+
     if (rc == KPROFCTL_EXIT_OK) {
         rc = KPROFCTL_EXIT_FAILED; /* OK with no usable reply */
     }
@@ -732,6 +757,86 @@ failed:
                   "rank at a time, or export the run (kprofctl export)"
                 : kp_rpcverb_refused_hint(st.code, v->spec->analyzer, method, &creds));
     }
+    return rc;
+}
+
+/* An in-process stream's page to the verb's hook; its exit status is kept (it printed why). */
+struct local_pages {
+    kp_rpcverb_page_fn *page;
+    void *ud;
+    int exit;
+};
+
+static int local_page(void *ud, const ProtobufCMessage *msg)
+{
+    struct local_pages *lp = ud;
+
+    return lp->exit = lp->page(lp->ud, msg);
+}
+
+int kp_rpcverb_stream(struct kp_rpcverb *v, const char *method, const ProtobufCMessage *req,
+                      const ProtobufCMessageDescriptor *resp_desc, kp_rpcverb_page_fn *page,
+                      void *ud)
+{
+    char path[RPCVERB_PATH_MAX];
+    struct kp_rpc_status st;
+    struct kp_rpc_stream *s = NULL;
+    int rc;
+
+    memset(&st, 0, sizeof(st));
+    if (v->spec->analyzer && local_fn != NULL) {
+        struct local_pages lp = { .page = page, .ud = ud };
+        ProtobufCMessage *last = NULL;
+
+        if (local_fn(method, req, resp_desc, local_page, &lp, &last, &st) != 0) {
+            return lp.exit != 0 ? lp.exit : local_failed(v, method, &st);
+        }
+        rc = page(ud, last);
+        protobuf_c_message_free_unpacked(last, NULL);
+        return rc;
+    }
+    snprintf(path, sizeof(path), "/kprof.v1.%s/%s", v->spec->analyzer ? "Analyzer" : "Control",
+             method);
+    if (kp_rpc_stream_open(v->ch, path, resp_desc, 0, &s, &st) != 0 ||
+        kp_rpc_stream_send(s, req) != 0 || kp_rpc_stream_close_send(s) != 0) {
+        if (s != NULL) {
+            (void) kp_rpc_stream_finish(s, &st, v->common->timeout_ms);
+        }
+        rc = call_failed(v, method, &st);
+        goto out;
+    }
+    for (;;) {
+        ProtobufCMessage *m = NULL;
+        int r = kp_rpc_stream_recv(s, &m, v->common->timeout_ms);
+
+        if (r == 0) {
+            break;
+        }
+        if (r == -ETIMEDOUT) {
+            kp_rpcverb_error(v, "%s at %s sent nothing for %lld ms: giving up (raise --timeout)",
+                             v->spec->analyzer ? "kprof-analyzer" : "collectord",
+                             v->common->collector, v->common->timeout_ms);
+            rc = KPROFCTL_EXIT_UNREACHABLE;
+            goto out;
+        }
+        if (r == KP_EPROTO) {
+            kp_rpcverb_error(v, "%s sent a %s that does not unpack",
+                             v->spec->analyzer ? "kprof-analyzer" : "collectord", resp_desc->name);
+            rc = KPROFCTL_EXIT_FAILED;
+            goto out;
+        }
+        if (r < 0) {
+            break; /* the status tells */
+        }
+        rc = page(ud, m);
+        protobuf_c_message_free_unpacked(m, NULL);
+        if (rc != 0) {
+            goto out; /* destroy cancels the call */
+        }
+    }
+    rc = kp_rpc_stream_finish(s, &st, v->common->timeout_ms) != 0 ? call_failed(v, method, &st) : 0;
+out:
+    kp_rpc_stream_destroy(s);
     return rc;
 }
 

@@ -16,8 +16,10 @@
  *   output  the verb's table (table.h) with the -c selection, printed as text, CSV or JSON.
  *
  * kp_rpcverb_main runs a verb from its spec: parse, check, build the request, call, fill the
- * table, print. The verb keeps only its own parts, in the spec's hooks. A verb whose call is
- * not one unary call (export streams) uses the steps below it: kp_rpcverb_init, _call, _print.
+ * table, print; or, for a streamed reply (spec.page: prof), call and hand each message to the
+ * verb as it comes, then print. The verb keeps only its own parts, in the spec's hooks. A verb
+ * whose call is neither (export writes files) uses the steps below it: kp_rpcverb_init, _call or
+ * _stream, _print.
  *
  * Messages go to stderr as "kprofctl VERB: ...". Not thread-safe.
  */
@@ -159,6 +161,10 @@ struct kp_rpcverb_spec {
     int (*rows)(struct kp_rpcverb *v, struct kp_table *t, const ProtobufCMessage *resp);
     /* Prints the result. Returns the exit status. NULL: kp_rpcverb_print(t) to stdout. */
     int (*print)(struct kp_rpcverb *v, const struct kp_table *t, const ProtobufCMessage *resp);
+    /* A verb whose method streams its reply (a server stream of resp_desc): each message goes
+     * here (ud: the struct kp_rpcverb) as it comes (kp_rpcverb_stream), then print runs with
+     * resp NULL once the stream ended OK; rows is not used. NULL: one unary call. */
+    int (*page)(void *ud, const ProtobufCMessage *msg);
 };
 
 /* One verb's run. Caller-owned (kp_rpcverb_init/fini). */
@@ -263,14 +269,32 @@ void kp_rpcverb_error(const struct kp_rpcverb *v, const char *fmt, ...)
 int kp_rpcverb_call(struct kp_rpcverb *v, const char *method, const ProtobufCMessage *req,
                     const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp);
 
+/* A streamed message's taker (kp_rpcverb_stream): msg is borrowed for the call. Returns 0, or
+ * the exit status after printing why (the call is then cancelled). */
+typedef int kp_rpcverb_page_fn(void *ud, const ProtobufCMessage *msg);
+
+/*
+ * The server-streaming counterpart of kp_rpcverb_call: calls method (its replies resp_desc)
+ * with req, handing each message to page(ud, msg) as it comes, within --timeout of each other.
+ * Returns 0 once the server ended the stream with OK, page's nonzero return, or the exit status
+ * for the failed call after printing it as kp_rpcverb_call does (a stream cut short may have
+ * given page some messages first). Blocks.
+ */
+int kp_rpcverb_stream(struct kp_rpcverb *v, const char *method, const ProtobufCMessage *req,
+                      const ProtobufCMessageDescriptor *resp_desc, kp_rpcverb_page_fn *page,
+                      void *ud);
+
 /*
  * An in-process Analyzer (kprof-analyze's offline mode): called instead of the channel for
  * analyzer verbs once set, with the method's name ("Breakdown"). Returns 0 and *resp (owned,
- * of resp_desc), or fills st with the status the service would have answered.
+ * of resp_desc), or fills st with the status the service would have answered. For a streaming
+ * method ("ProfRows"), page is set: every message but the last goes to page(page_ud, msg)
+ * (borrowed) as it is computed, its nonzero return stopping the call, and *resp is the last.
  */
 typedef int kp_rpcverb_local_fn(const char *method, const ProtobufCMessage *req,
                                 const ProtobufCMessageDescriptor *resp_desc,
-                                ProtobufCMessage **resp, struct kp_rpc_status *st);
+                                kp_rpcverb_page_fn *page, void *page_ud, ProtobufCMessage **resp,
+                                struct kp_rpc_status *st);
 
 /* Sets (or with NULL clears) the in-process Analyzer, and the name its refusals carry
  * ("kprof-analyze"). Not thread-safe: set it before running a verb. */

@@ -21,11 +21,17 @@ PostgreSQL:
      operator table is still read by windows.
   3. kprof-analyzer --window-events 20 with a --memory-budget below what a whole read of the
      rank is estimated to take: the operator, kernel, memory, breakdown and roofline views
-     answer (two windows' estimate fits), prof, whose reply holds every kernel and which is
-     estimated whole, is refused naming the budget; so are the operator and roofline views of
-     the rank that cannot be cut, which the estimate for windows admitted but which would read
-     it whole.
-  4. --window-events that is not a count is refused (exit 2) by kprof-analyze and
+     answer (two windows' estimate fits), and so does kprofctl prof, whose rows stream in pages
+     (Analyzer.ProfRows), in text, CSV and JSON, byte for byte kprof-analyze's whole table;
+     the unary Prof, whose one reply holds every kernel, is refused naming the budget and
+     ProfRows; so are the operator and roofline views and ProfRows of the rank that cannot be
+     cut, which the estimate for windows admitted but which would read it whole.
+  4. ProfRows through a plain gRPC client (grpcio) on a rank of 41 k kernels: pages of a
+     window's rows, at most 4096 each, the last one marked with the count of rows and windows,
+     the rows those of Prof; a client that goes away after the first page stops the table there
+     (logged) and the next call is answered; a bad rank, an unknown run and a call that sends
+     no request are refused with INVALID_ARGUMENT, NOT_FOUND and INVALID_ARGUMENT.
+  5. --window-events that is not a count is refused (exit 2) by kprof-analyze and
      kprof-analyzer."""
 import json
 import os
@@ -34,6 +40,8 @@ import subprocess
 import kpfix
 
 kpfix.require_env()
+import grpc  # noqa: E402
+import kprof_pb2 as pb  # noqa: E402
 import test_analyzer_service as tas  # noqa: E402
 
 DB = "kp_it_analyzer_windows"
@@ -139,6 +147,76 @@ def import_trace(cd, path):
     return json.loads(out)["run_id"]
 
 
+def prof_rows(ch, run_id, rank, first_only=False):
+    """Analyzer.ProfRows through grpcio: the pages (the first one only: then cancelled)."""
+    it = ch.unary_stream("/kprof.v1.Analyzer/ProfRows",
+                         request_serializer=pb.ProfRequest.SerializeToString,
+                         response_deserializer=pb.ProfPage.FromString)(
+        pb.ProfRequest(run_id=run_id, rank=rank), timeout=120 * kpfix.SCALE)
+    if first_only:
+        page = next(it)
+        it.cancel()
+        return [page]
+    return list(it)
+
+
+def status_of(fn):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+    return grpc.StatusCode.OK, ""
+
+
+def check_prof_rows(cd):
+    """ProfRows as any gRPC client sees it: pages, their end, the client going away, bad input.
+    The rank's 40 windows take the analyzer a second or two: a client gone after the first page
+    is seen long before the last."""
+    gen = json.loads(tas.run([LOADGEN, "--collector", cd.grpc, "--json", "--ranks", "1",
+                              "--steps", "100", "--kernels-per-step", "400", "--job",
+                              "windows-pages"], "kprof-loadgen"))["run_id"]
+    an = tas.Analyzer("analyzer_windows_pages", kpfix.conninfo(DB),
+                      ["--window-events", "5000", "--cache-bytes", "0"])
+    try:  # Prof's one reply of 41 k rows is 6 MB, over grpcio's default 4 MiB a message
+        with grpc.insecure_channel(an.grpc, options=[("grpc.max_receive_message_length",
+                                                      64 << 20)]) as ch:
+            pages = prof_rows(ch, gen, 0)
+            whole = ch.unary_unary("/kprof.v1.Analyzer/Prof",
+                                   request_serializer=pb.ProfRequest.SerializeToString,
+                                   response_deserializer=pb.ProfResponse.FromString)(
+                pb.ProfRequest(run_id=gen, rank=0), timeout=120 * kpfix.SCALE)
+            rows = [r for p in pages for r in p.rows]
+            assert len(whole.rows) > 2 * 4096, len(whole.rows)
+            assert len(pages) >= 3 and all(0 < len(p.rows) <= 4096 for p in pages[:-1]), [
+                len(p.rows) for p in pages]
+            assert [p.last for p in pages] == [False] * (len(pages) - 1) + [True]
+            assert pages[-1].total_rows == len(rows) == len(whole.rows), pages[-1]
+            assert pages[-1].windows >= 2, pages[-1]
+            assert all(p.run_id == gen and p.rank == 0 for p in pages)
+            assert rows == list(whole.rows)
+            assert [r.idx for r in rows] == list(range(1, len(rows) + 1))
+            # a client that goes away after the first page: the table stops there
+            first = prof_rows(ch, gen, 0, first_only=True)
+            assert 0 < len(first[0].rows) <= 4096 and not first[0].last, first[0]
+            kpfix.wait_for(lambda: "stream stopped method=ProfRows run=%d" % gen in
+                           an.log_text(), 60, "the stopped stream's log line")
+            assert prof_rows(ch, gen, 0)[-1].total_rows == len(rows)  # still serving
+            # bad input
+            code, det = status_of(lambda: prof_rows(ch, gen, -5))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, det)
+            code, det = status_of(lambda: prof_rows(ch, 999999, 0))
+            assert code == grpc.StatusCode.NOT_FOUND and "999999" in det, (code, det)
+            code, det = status_of(lambda: list(ch.stream_stream(
+                "/kprof.v1.Analyzer/ProfRows", request_serializer=pb.ProfRequest.SerializeToString,
+                response_deserializer=pb.ProfPage.FromString)(iter([]), timeout=60)))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "none was sent" in det, (code, det)
+    finally:
+        an.stop()
+    print("ProfRows through grpcio: %d rows in %d pages (%d windows), the rows of Prof; a client "
+          "gone after a page stops it; bad input refused" % (len(rows), len(pages),
+                                                             pages[-1].windows))
+
+
 def check_bad_flags():
     """--window-events takes a count: anything else is refused with exit 2 and says so."""
     for bad in ("abc", "-5", ""):
@@ -222,22 +300,46 @@ def main():
         for view in TABLES + BREAKDOWN + ROOFLINE[:2]:  # prof: estimated whole, refused below
             got = tas.ctl(an, *(list(view) + ["--run", str(gen), "--rank", "1"]))
             same(offline(gen, 1, 0, view)[0], got, ("service", view))
-        rc, _, err = tas.ctl_status(an.grpc, "prof", "--run", str(gen), "--rank", "1")
-        assert rc == 1 and "--memory-budget of %d KiB" % (budget >> 10) in err, (rc, err)
+        # prof streams its rows (ProfRows), by windows: inside the budget, in every format
+        for fmt in ((), ("--csv",), ("--json",)):
+            args = list(PROF) + ["--run", str(gen), "--rank", "1"] + list(fmt)
+            got = tas.run([tas.KPROFCTL, args[0], "--analyzer", an.grpc] + args[1:],
+                          "kprofctl prof " + " ".join(fmt))
+            want = tas.run([tas.ANALYZE, "--pg", kpfix.conninfo(DB), "--window-events", "0",
+                            "kprofctl"] + args, "kprof-analyze kprofctl prof")
+            assert got == want, (fmt, got[:400], want[:400])
+        assert "rank read by windows method=ProfRows run=%d rank=1" % gen in an.log_text()
+        # the unary Prof holds every row in one reply: estimated whole, refused, naming ProfRows
+        with grpc.insecure_channel(an.grpc) as ch:
+            try:
+                ch.unary_unary("/kprof.v1.Analyzer/Prof",
+                               request_serializer=pb.ProfRequest.SerializeToString,
+                               response_deserializer=pb.ProfResponse.FromString)(
+                    pb.ProfRequest(run_id=gen, rank=1), timeout=60)
+                raise AssertionError("Prof answered over the budget")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                assert "--memory-budget of %d KiB" % (budget >> 10) in e.details(), e.details()
+                assert "ProfRows" in e.details(), e.details()
         # rank 0 cannot be cut (the op over all of it): held for two windows, it is not read
         # whole under that estimate but estimated again as a whole read, which the budget
         # refuses
-        for verb in ("ops", "roofline"):
+        for verb in ("ops", "roofline", "prof"):
             rc, _, err = tas.ctl_status(an.grpc, verb, "--run", str(gen), "--rank", "0")
             assert rc == 1 and "--memory-budget" in err, (verb, rc, err)
             assert "rank cannot be read by windows method=%s run=%d rank=0" % (
                 verb.capitalize(), gen) in an.log_text(), verb
+            if verb == "prof":  # the stream's refusal names it
+                assert "ProfRows of run %d rank 0" % gen in err, err
         for method in ("Ops", "Kernels", "Memory", "Breakdown", "Roofline"):
             assert "rank read by windows method=%s run=%d rank=1" % (method, gen) in \
                 an.log_text(), method
-        print("kprof-analyzer --window-events %d --memory-budget %d B: ops, kernels, breakdown "
-              "and roofline of run %d rank 1 (%d events) answered by windows, prof refused" % (
-                  WINDOW, budget, gen, events))
+        print("kprof-analyzer --window-events %d --memory-budget %d B: ops, kernels, breakdown, "
+              "roofline and prof (streamed) of run %d rank 1 (%d events) answered by windows, "
+              "the unary Prof refused" % (WINDOW, budget, gen, events))
+        an.stop()
+        an = None
+        check_prof_rows(cd)
     finally:
         if an is not None:
             an.stop()

@@ -72,6 +72,7 @@ ANALYZER = {m: ("unary", getattr(pb, m + "Request"), getattr(pb, m + "Response")
             for m in ("Breakdown", "Ops", "Kernels", "Prof", "Roofline", "Counters", "Compare",
                       "Hta", "Memory", "Distributed", "Diff")}
 ANALYZER["Export"] = ("server_stream", pb.ExportRequest, pb.ExportChunk, {VIEWER, OPERATOR})
+ANALYZER["ProfRows"] = ("server_stream", pb.ProfRequest, pb.ProfPage, {VIEWER, OPERATOR})
 
 
 def call(ch, service, method, spec, md, timeout=15):

@@ -1274,11 +1274,13 @@ static Kprof__V1__BreakdownRequest main_seen;
 
 /* The in-process Analyzer: keeps the request and refuses it as an unknown run. */
 static int main_local(const char *method, const ProtobufCMessage *req,
-                      const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
-                      struct kp_rpc_status *st)
+                      const ProtobufCMessageDescriptor *resp_desc, kp_rpcverb_page_fn *page,
+                      void *page_ud, ProtobufCMessage **resp, struct kp_rpc_status *st)
 {
     (void) resp_desc;
     (void) resp;
+    (void) page_ud;
+    assert_null(page); /* a unary verb */
     assert_string_equal(method, "Breakdown");
     assert_ptr_equal(req->descriptor, &kprof__v1__breakdown_request__descriptor);
     main_seen = *(const Kprof__V1__BreakdownRequest *) req;

@@ -42,9 +42,18 @@ static void test_complete_and_unique(void **state)
         for (size_t j = 0; j < i; j++) {
             assert_string_not_equal(v->name, kp_views[j]->name);
         }
-        assert_ptr_equal(kp_view_find(v->name), v);
+        assert_ptr_equal(kp_view_find(v->name, NULL), v);
+        if (v->stream != NULL) {
+            bool stream = false;
+
+            assert_ptr_equal(kp_view_find(v->stream, &stream), v);
+            assert_true(stream);
+            assert_non_null(v->page);
+            assert_ptr_equal(kp_view_find(v->name, &stream), v);
+            assert_false(stream);
+        }
     }
-    assert_null(kp_view_find("NoSuchView"));
+    assert_null(kp_view_find("NoSuchView", NULL));
 }
 
 static void test_matches_proto(void **state)
@@ -80,6 +89,17 @@ static void test_matches_proto(void **state)
         else {
             assert_non_null(f);
             assert_int_equal(f->type, PROTOBUF_C_TYPE_INT32);
+        }
+        if (v->stream != NULL) { /* the same request, its pages' message, a server stream */
+            m = protobuf_c_service_descriptor_get_method_by_name(svc, v->stream);
+            if (m == NULL) {
+                fail_msg("view %s's stream %s is no method of kprof.v1.Analyzer", v->name,
+                         v->stream);
+            }
+            assert_ptr_equal(m->input, v->request);
+            assert_ptr_equal(m->output, v->page);
+            assert_non_null(field(v->page, "last"));
+            assert_non_null(field(v->page, "rows"));
         }
     }
 }
@@ -141,8 +161,9 @@ static void test_keys(void **state)
 
 /* The table is every view: each method of the Analyzer service with a unary reply is the
  * view of the same name, in the service's order (view.h: "in the order of the Analyzer
- * service"), and each view's reply is a message of its own (no two views share one). Export,
- * the one streamed method, is export_rpc.c's. A view written but left out of views.c, or a
+ * service"), and each view's reply is a message of its own (no two views share one). Export
+ * is export_rpc.c's; a view's streaming method (ProfRows) answers its request in pages. A view
+ * written but left out of views.c, or a
  * method added to the proto without its view, fails here. */
 static void test_every_method_is_a_view(void **state)
 {
@@ -152,9 +173,11 @@ static void test_every_method_is_a_view(void **state)
     (void) state;
     for (unsigned i = 0; i < svc->n_methods; i++) {
         const ProtobufCMethodDescriptor *m = &svc->methods[i];
+        bool stream = false;
 
-        if (strcmp(m->name, "Export") == 0) {
-            continue;
+        if (strcmp(m->name, "Export") == 0 ||
+            (kp_view_find(m->name, &stream) != NULL && stream)) {
+            continue; /* export_rpc.c's, or a view's pages (kp_view.stream) */
         }
         if (k >= kp_n_views) {
             fail_msg("method %s of kprof.v1.Analyzer has no view in views.c", m->name);
