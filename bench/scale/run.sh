@@ -8,7 +8,8 @@
 #       memsets, collectives, syncs and steps; 500 x 400 is about 1 M events). Then, per view
 #       (breakdown, ops, kernels, prof, roofline, memory), a fresh kprof-analyzer (--cache-bytes 0,
 #       --max-rows 0: cold, every call computes) answers `kprofctl VIEW --run R --rank 0`;
-#       timed end to end, with the analyzer's peak RSS (VmHWM) after that one view.
+#       timed end to end, with the analyzer's peak RSS (VmHWM) after that one view, and kprofctl's
+#       (GNU time, when /usr/bin/time is there).
 #       Baselines, in the same run on the same rows: "read the rank's rows once", i.e. psql
 #       `COPY (SELECT the columns the views load) TO STDOUT` of the rank's ops, API calls,
 #       kernels (kernel_rows and kernel_chunks' arrays), copies and memsets, text and binary,
@@ -44,7 +45,9 @@
 #             removed anyway)
 #   --variant LABEL=PATH  (repeatable) also time the kprof-analyzer binary at PATH on the same
 #             rows, in the same reps, right after this build's (e.g. main's build, for a before
-#             and after side by side); reported as VIEW@LABEL
+#             and after side by side), asked by the kprofctl of its build tree when PATH is in one
+#             (BUILD/analyzer/kprof-analyzer: BUILD/kprofctl/kprofctl), else this build's;
+#             reported as VIEW@LABEL
 #   --no-compare  skip (b)
 #   --rows-too  in every rep, also time the baselines and views with the rank's kernels as rows
 #             (kp_expand_kernels, then VACUUM ANALYZE; kp_compact_kernels after), reported as
@@ -57,7 +60,7 @@
 #             copy_text@scan: a rank's rows read as before migration 0017 (a scan of the run's
 #             partitions) against its BRIN index by rank, on the same rows
 #   --views LIST  the per-rank views to time (default breakdown,ops,kernels,prof,roofline,memory;
-#             prof's reply passes gRPC's 64 MiB a message beyond about 3 M events)
+#             prof streams its rows, the others answer in one reply)
 #   --windows-too N  in every rep, also time the views that read by windows (breakdown, ops,
 #             kernels, memory, prof, roofline) with kprof-analyzer --window-events N, reported as
 #             VIEW@win; the others run with --window-events 0 (the rank read whole), so that the
@@ -205,12 +208,16 @@ bytes_per_row() {
         FROM unnest(ARRAY['ops', 'api_calls']) WITH ORDINALITY AS u(t, o)"
 }
 
-timed() { # label command...: runs it, appends "label seconds" to $work/times
-    local t0 t1
+# label command...: runs it, appends "label seconds" to $work/times and, for kprofctl (with GNU
+# time), "label KiB" of its peak RSS to $work/cli_hwm
+timed() {
+    local t0 t1 rss=()
+    [ "${2##*/}" = kprofctl ] && [ -x /usr/bin/time ] && rss=(/usr/bin/time -f %M -o "$work/cli.rss")
     t0=$(now)
-    "${@:2}" >"$work/out.$1" || die "$1 failed (see $work/analyzer.log)"
+    "${rss[@]}" "${@:2}" >"$work/out.$1" || die "$1 failed (see $work/analyzer.log)"
     t1=$(now)
     echo "$1 $(secs "$t0" "$t1")" >>"$work/times"
+    [ ${#rss[@]} = 0 ] || echo "$1 $(tail -n 1 "$work/cli.rss")" >>"$work/cli_hwm"
 }
 
 : >"$work/times"
@@ -259,8 +266,10 @@ for i in $(seq 1 "$reps"); do
             analyzer=${va#*=}
             lab=${va%%=*}
             label=$v${lab:+@$lab}
+            ctl=$kprofctl # a variant's own kprofctl where it is a build tree (its calls are its own)
+            [ -x "${analyzer%/*}/../kprofctl/kprofctl" ] && ctl=${analyzer%/*}/../kprofctl/kprofctl
             an_restart
-            timed "$label" "$kprofctl" "$v" --analyzer "$an_addr" --timeout 3600s --run "$brun" \
+            timed "$label" "$ctl" "$v" --analyzer "$an_addr" --timeout 3600s --run "$brun" \
                 --rank 0 --json
             echo "$label $(an_hwm)" >>"$work/hwm"
         done
@@ -393,6 +402,13 @@ hwm = {}
 for line in open(sys.argv[11]):
     k, v = line.split()
     hwm[k] = max(hwm.get(k, 0), int(v))
+cli_hwm = {}  # kprofctl's own peak (GNU time), beside the file of the analyzer's
+try:
+    for line in open(sys.argv[11].rsplit("/", 1)[0] + "/cli_hwm"):
+        k, v = line.split()
+        cli_hwm[k] = max(cli_hwm.get(k, 0), int(v))
+except FileNotFoundError:
+    pass
 med = {k: statistics.median(v) for k, v in times.items()}
 base = med["copy_text"]
 tag = "  [quick: not a measurement]" if quick else ""
@@ -417,9 +433,11 @@ for v in sorted(labels, key=lambda k: (view_names.index(k.split("@")[0]), "@" in
     # a view on the rows layout (or with bitmap scans off) against reading the rows once so,
     # the others (variants too) against the chunks through the index
     b = med.get("copy_text@" + v.split("@")[1], base) if "@" in v else base  # @win: base
-    views[v] = {"s": times[v], "ratio": round(med[v] / b, 2), "max_rss_kb": hwm.get(v)}
+    views[v] = {"s": times[v], "ratio": round(med[v] / b, 2), "max_rss_kb": hwm.get(v),
+                "kprofctl_max_rss_kb": cli_hwm.get(v)}
     print(f"  {v:18s} cold {med[v]:8.3f} s ({min(times[v]):.3f}..{max(times[v]):.3f})  "
-          f"{med[v] / b:6.1f}x COPY  peak RSS {hwm.get(v, 0) / 1024:7.1f} MiB{tag}", file=err)
+          f"{med[v] / b:6.1f}x COPY  peak RSS {hwm.get(v, 0) / 1024:7.1f} MiB"
+          f"{f' (kprofctl {cli_hwm[v] / 1024:.1f} MiB)' if v in cli_hwm else ''}{tag}", file=err)
 print(f"  bytes per row on disk: kernels {bpr['kernels']:.1f}, ops {bpr['ops']:.0f}, "
       f"API calls {bpr['api_calls']:.0f}", file=err)
 bpr_rows = float(sys.argv[14].split()[0]) if sys.argv[14] else None
