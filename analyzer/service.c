@@ -364,6 +364,7 @@ static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *
                        bool *by_windows, grpc_status_code *code, char *err, size_t len)
 {
     size_t budget = (size_t) a->cfg.memory_budget, bytes;
+    const char *method = stream ? v->stream : v->name;
     int64_t n = 0, other = 0;
     long long until = kp_mono_ms() + MEM_WAIT_MS;
     bool waited = false, got = false;
@@ -384,7 +385,7 @@ static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *
     if (err[0] != '\0') {
         char pgerr[512];
 
-        kp_log_warn("memory estimate failed method=%s run=%" PRIu64 " err=\"%s\"", v->name, k->run,
+        kp_log_warn("memory estimate failed method=%s run=%" PRIu64 " err=\"%s\"", method, k->run,
                     err);
         snprintf(pgerr, sizeof(pgerr), "%s", err);
         snprintf(err, len, "PostgreSQL failed (%s); retry later", pgerr);
@@ -410,12 +411,12 @@ static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *
                  "%s of run %" PRIu64 "%s reads %" PRId64 " events: about %s, over the "
                  "analyzer's --memory-budget of %s; raise --memory-budget (and the "
                  "analyzer's memory limit) to analyse it%s%s%s",
-                 stream ? v->stream : v->name, k->run, rank, n + other, size_text(need_s, bytes),
+                 method, k->run, rank, n + other, size_text(need_s, bytes),
                  size_text(budget_s, budget), v->stream != NULL && !stream ? ", or call " : "",
                  v->stream != NULL && !stream ? v->stream : "",
                  v->stream != NULL && !stream ? ", which streams it in pages (kprofctl does)" : "");
-        kp_log_warn("analysis refused method=%s run=%" PRIu64 " rank=%d err=\"%s\"", v->name,
-                    k->run, (int) k->rank, err);
+        kp_log_warn("analysis refused method=%s run=%" PRIu64 " rank=%d err=\"%s\"", method, k->run,
+                    (int) k->rank, err);
         *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
         return -1;
     }
@@ -446,8 +447,7 @@ static int mem_reserve(struct kp_analyzer *a, PGconn *pg, const struct kp_view *
         INC(a->st.memory_waits);
     }
     if (!got) {
-        kp_log_warn("analysis postponed method=%s run=%" PRIu64 " err=\"%s\"", v->name, k->run,
-                    err);
+        kp_log_warn("analysis postponed method=%s run=%" PRIu64 " err=\"%s\"", method, k->run, err);
         *code = GRPC_STATUS_UNAVAILABLE;
         return -1;
     }
@@ -477,6 +477,7 @@ static void run_job(struct worker *w, struct job *j)
     /* a streaming call's pages (kp_view.stream), or NULL */
     const struct kp_view_pages pages = { .send = j->sink->page, .ud = j->ud };
     const bool stream = j->sink->page != NULL;
+    const char *method = stream ? v->stream : v->name; /* for the log */
     /* not cached: a request that writes, a view the cache cannot check (kp_view.uncached), or
      * a stream (its pages are gone once sent) */
     bool writes = (v->writes != NULL && v->writes(j->req)) || v->uncached || stream;
@@ -507,7 +508,7 @@ static void run_job(struct worker *w, struct job *j)
     state = ver.state;
     batches = ver.batches;
     if (rc == KP_ENOTFOUND) {
-        kp_log_debug("no such run method=%s run=%" PRIu64, v->name, k.k.run);
+        kp_log_debug("no such run method=%s run=%" PRIu64, method, k.k.run);
         finish_error(a, j, GRPC_STATUS_NOT_FOUND, err);
         return;
     }
@@ -557,7 +558,7 @@ static void run_job(struct worker *w, struct job *j)
             mem_release(a, need);
             kp_log_info("rank cannot be read by windows method=%s run=%" PRIu64
                         " rank=%d: estimated whole",
-                        v->name, k.k.run, (int) k.k.rank);
+                        method, k.k.run, (int) k.k.rank);
             err[0] = '\0';
             if (mem_reserve(a, pg, v, &k.k, stream, true, &need, &by_windows, &code, err,
                             sizeof(err)) != 0) {
@@ -567,7 +568,7 @@ static void run_job(struct worker *w, struct job *j)
             rc = kp_view_compute(v, pg, j->req, &k.k, (size_t) a->cfg.max_rows, 0, false,
                                  stream ? &pages : NULL, &an, &out, &code, err, sizeof(err));
         }
-        kp_log_debug("computed method=%s run=%" PRIu64 " rank=%d ms=%lld rc=%d", v->name, k.k.run,
+        kp_log_debug("computed method=%s run=%" PRIu64 " rank=%d ms=%lld rc=%d", method, k.k.run,
                      (int) k.k.rank, (kp_mono_ns() - t0) / 1000000, rc);
         if (rc != 0) {
             finish_error(a, j, code, err);

@@ -324,11 +324,11 @@ def main():
         # rank 0 cannot be cut (the op over all of it): held for two windows, it is not read
         # whole under that estimate but estimated again as a whole read, which the budget
         # refuses
-        for verb in ("ops", "roofline", "prof"):
+        for verb, method in (("ops", "Ops"), ("roofline", "Roofline"), ("prof", "ProfRows")):
             rc, _, err = tas.ctl_status(an.grpc, verb, "--run", str(gen), "--rank", "0")
             assert rc == 1 and "--memory-budget" in err, (verb, rc, err)
             assert "rank cannot be read by windows method=%s run=%d rank=0" % (
-                verb.capitalize(), gen) in an.log_text(), verb
+                method, gen) in an.log_text(), verb
             if verb == "prof":  # the stream's refusal names it
                 assert "ProfRows of run %d rank 0" % gen in err, err
         for method in ("Ops", "Kernels", "Memory", "Breakdown", "Roofline"):
